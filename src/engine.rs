@@ -1,0 +1,258 @@
+//! The state machine every door uses: claim → run (renewing the lease) → complete or release.
+//!
+//! The engine compares fingerprints and decodes records, so every store behaves alike. It knows
+//! nothing of HTTP: a door turns its request into a [`StoreKey`] and a [`Fingerprint`], asks
+//! [`Engine::begin`] what to do, and reports the result with [`Engine::complete`] or
+//! [`Engine::release`].
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_idempotency::{Begin, Engine, Fingerprint, IdempotencyKey, MemoryStore, Scope, StoreKey, StoredResponse};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let engine = Engine::new(MemoryStore::new()).with_lease(Duration::from_secs(30));
+//! let key = StoreKey::derive("jobs", &Scope::principal("worker"), &IdempotencyKey::new("job-1", 255).unwrap());
+//! let fp = Fingerprint::builder().field(b"payload").finish();
+//!
+//! let Begin::Run(ticket) = engine.begin(key, fp).await.unwrap() else { panic!("first run") };
+//! let status = engine.run(&ticket, async { 200 }).await;
+//! engine.complete(ticket, &StoredResponse::new(status, vec![], None)).await.unwrap();
+//!
+//! assert!(matches!(engine.begin(key, fp).await.unwrap(), Begin::Replay(r) if r.status == 200));
+//! # }
+//! ```
+
+use crate::fingerprint::Fingerprint;
+use crate::record::{RecordError, StoredResponse};
+use crate::scope::StoreKey;
+use crate::store::{Claim, Store, StoreError, StoreErrorKind, Token};
+use std::fmt;
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::sync::Arc;
+use std::task::Poll;
+use std::time::Duration;
+
+/// The default lease: how long a claim holds a key before another claimant may take it.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+/// The default retention of a completed record.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+/// The default largest recorded body.
+pub const DEFAULT_MAX_RECORD_BODY: usize = 1024 * 1024;
+
+/// The idempotency engine over a store. Cheap to clone (the store is shared).
+pub struct Engine<S> {
+    store: Arc<S>,
+    lease: Duration,
+    ttl: Duration,
+    max_record_body: usize,
+}
+
+impl<S> Clone for Engine<S> {
+    fn clone(&self) -> Self {
+        Self {
+            store: Arc::clone(&self.store),
+            lease: self.lease,
+            ttl: self.ttl,
+            max_record_body: self.max_record_body,
+        }
+    }
+}
+
+impl<S> fmt::Debug for Engine<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("lease", &self.lease)
+            .field("ttl", &self.ttl)
+            .field("max_record_body", &self.max_record_body)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What to do with a request, as decided by [`Engine::begin`].
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Begin {
+    /// The key is claimed: run the work, then complete or release the ticket.
+    Run(Ticket),
+    /// The same request holds the key and has not finished (HTTP: 409).
+    InFlight,
+    /// The key is held or done by a different request (HTTP: 422).
+    KeyReused,
+    /// The same request finished: answer with its record.
+    Replay(StoredResponse),
+    /// A record was found but failed validation; never replay it (HTTP: 503).
+    Invalid(RecordError),
+}
+
+/// Proof of a claim: the key, the request's fingerprint and the fencing token.
+#[derive(Debug)]
+pub struct Ticket {
+    key: StoreKey,
+    fingerprint: Fingerprint,
+    token: Token,
+}
+
+impl Ticket {
+    /// The claimed store key.
+    #[must_use]
+    pub fn key(&self) -> &StoreKey {
+        &self.key
+    }
+}
+
+impl<S: Store> Engine<S> {
+    /// An engine with the default lease (60 s), retention (24 h) and record body limit (1 MiB).
+    #[must_use]
+    pub fn new(store: S) -> Self {
+        Self::from_arc(Arc::new(store))
+    }
+
+    /// An engine over a store that is already shared.
+    #[must_use]
+    pub fn from_arc(store: Arc<S>) -> Self {
+        Self { store, lease: DEFAULT_LEASE, ttl: DEFAULT_TTL, max_record_body: DEFAULT_MAX_RECORD_BODY }
+    }
+
+    /// How long a claim holds a key; renewed while the work runs (at a third of the lease).
+    #[must_use]
+    pub fn with_lease(mut self, lease: Duration) -> Self {
+        self.lease = lease.max(Duration::from_millis(3));
+        self
+    }
+
+    /// How long a completed record is kept.
+    #[must_use]
+    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The largest body a record may hold; longer records fail validation when read back.
+    #[must_use]
+    pub fn with_max_record_body(mut self, bytes: usize) -> Self {
+        self.max_record_body = bytes;
+        self
+    }
+
+    /// The lease.
+    #[must_use]
+    pub fn lease(&self) -> Duration {
+        self.lease
+    }
+
+    /// The retention of completed records.
+    #[must_use]
+    pub fn ttl(&self) -> Duration {
+        self.ttl
+    }
+
+    /// The record body limit.
+    #[must_use]
+    pub fn max_record_body(&self) -> usize {
+        self.max_record_body
+    }
+
+    /// The store.
+    #[must_use]
+    pub fn store(&self) -> &S {
+        &self.store
+    }
+
+    /// Claims the key, or says what the record found means for a request with `fingerprint`.
+    ///
+    /// # Errors
+    /// The store's error; the work must not run.
+    pub async fn begin(&self, key: StoreKey, fingerprint: Fingerprint) -> Result<Begin, StoreError> {
+        Ok(match self.store.claim(&key, &fingerprint, self.lease).await? {
+            Claim::Claimed(token) => Begin::Run(Ticket { key, fingerprint, token }),
+            Claim::Pending { fingerprint: held } if held == fingerprint => Begin::InFlight,
+            Claim::Done { fingerprint: held, record } if held == fingerprint => {
+                match record.decode(self.max_record_body) {
+                    Ok(r) => Begin::Replay(r),
+                    Err(e) => Begin::Invalid(e),
+                }
+            }
+            Claim::Pending { .. } | Claim::Done { .. } => Begin::KeyReused,
+        })
+    }
+
+    /// Runs `work` while renewing the ticket's lease every third of the lease, so work slower
+    /// than the lease keeps its claim. Renewal stops when the work finishes or this future is
+    /// dropped; the key then stays pending until its lease lapses.
+    pub async fn run<F: Future>(&self, ticket: &Ticket, work: F) -> F::Output {
+        let every = self.lease / 3;
+        let mut work = pin!(work);
+        let mut sleep = pin!(tokio::time::sleep(every));
+        let mut renewing: Option<Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send + '_>>> =
+            None;
+        let mut lost = false;
+        std::future::poll_fn(|cx| {
+            if let Poll::Ready(out) = work.as_mut().poll(cx) {
+                return Poll::Ready(out);
+            }
+            if let Some(fut) = renewing.as_mut() {
+                if let Poll::Ready(res) = fut.as_mut().poll(cx) {
+                    renewing = None;
+                    match res {
+                        Ok(true) => {}
+                        Ok(false) => {
+                            lost = true;
+                            tracing::warn!(key = ?ticket.key, "idempotency lease lost while the work ran; a duplicate may run");
+                        }
+                        Err(e) => tracing::warn!(key = ?ticket.key, error = %e, "idempotency lease renewal failed"),
+                    }
+                }
+            }
+            if !lost && renewing.is_none() && sleep.as_mut().poll(cx).is_ready() {
+                sleep.as_mut().reset(tokio::time::Instant::now() + every);
+                let _ = sleep.as_mut().poll(cx);
+                let mut fut = Box::pin(self.store.renew(&ticket.key, &ticket.token, self.lease));
+                match fut.as_mut().poll(cx) {
+                    Poll::Ready(Ok(true)) => {}
+                    Poll::Ready(Ok(false)) => {
+                        lost = true;
+                        tracing::warn!(key = ?ticket.key, "idempotency lease lost while the work ran; a duplicate may run");
+                    }
+                    Poll::Ready(Err(e)) => {
+                        tracing::warn!(key = ?ticket.key, error = %e, "idempotency lease renewal failed");
+                    }
+                    Poll::Pending => renewing = Some(fut),
+                }
+            }
+            Poll::Pending
+        })
+        .await
+    }
+
+    /// Records the result under the ticket for the retention period.
+    ///
+    /// Returns `Ok(false)` when the ticket's lease had lapsed and another claimant holds the key
+    /// (the new holder is left alone).
+    ///
+    /// # Errors
+    /// The store's error, or a `Protocol` error when the response cannot be encoded (the key is
+    /// then released so a retry can run).
+    pub async fn complete(&self, ticket: Ticket, response: &StoredResponse) -> Result<bool, StoreError> {
+        match response.encode() {
+            Ok(record) => {
+                self.store
+                    .complete(&ticket.key, &ticket.token, &ticket.fingerprint, record, self.ttl)
+                    .await
+            }
+            Err(e) => {
+                let _ = self.release(ticket).await;
+                Err(StoreError::with_source(StoreErrorKind::Protocol, "response cannot be recorded", e))
+            }
+        }
+    }
+
+    /// Frees the key so a retry runs the work again. Returns `Ok(false)` when the ticket no
+    /// longer held it.
+    ///
+    /// # Errors
+    /// The store's error; the key then stays pending until its lease lapses.
+    pub async fn release(&self, ticket: Ticket) -> Result<bool, StoreError> {
+        self.store.release(&ticket.key, &ticket.token).await
+    }
+}

@@ -1,0 +1,95 @@
+//! The request fingerprint: tells a repeat of a request from another request under the same key.
+//!
+//! A fingerprint is a SHA-256 over length-prefixed fields, domain-separated from every other
+//! hash the crate makes, so no two field lists can produce the same input.
+
+use sha2::{Digest, Sha256};
+use std::fmt;
+
+const DOMAIN: &[u8] = b"tower-idempotency/fingerprint/v1";
+
+/// A 32-byte digest of the parts of a request that must match for a repeat to be a replay.
+///
+/// ```
+/// use tower_idempotency::Fingerprint;
+///
+/// let a = Fingerprint::builder().field(b"POST").field(b"/orders").finish();
+/// let b = Fingerprint::builder().field(b"POST/").field(b"orders").finish();
+/// assert_ne!(a, b, "fields are length-prefixed");
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Fingerprint([u8; 32]);
+
+impl Fingerprint {
+    /// Starts a fingerprint over a sequence of fields.
+    #[must_use]
+    pub fn builder() -> FingerprintBuilder {
+        FingerprintBuilder::new()
+    }
+
+    /// A fingerprint from its 32 bytes (as a store returns them).
+    #[must_use]
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    /// The 32 bytes of the digest.
+    #[must_use]
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Fingerprint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Fingerprint(")?;
+        for b in &self.0[..6] {
+            write!(f, "{b:02x}")?;
+        }
+        f.write_str("…)")
+    }
+}
+
+/// Builds a [`Fingerprint`] one length-prefixed field at a time.
+#[derive(Clone)]
+#[must_use]
+pub struct FingerprintBuilder {
+    hasher: Sha256,
+}
+
+impl fmt::Debug for FingerprintBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FingerprintBuilder").finish_non_exhaustive()
+    }
+}
+
+impl FingerprintBuilder {
+    fn new() -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(DOMAIN);
+        Self { hasher }
+    }
+
+    /// Adds one field (its length first, so field boundaries cannot shift).
+    pub fn field(mut self, bytes: &[u8]) -> Self {
+        self.hasher.update((bytes.len() as u64).to_be_bytes());
+        self.hasher.update(bytes);
+        self
+    }
+
+    /// Adds one field made of several chunks (a body in pieces), hashing each once.
+    pub fn field_chunks<'a>(mut self, chunks: impl IntoIterator<Item = &'a [u8]> + Clone) -> Self {
+        let len: usize = chunks.clone().into_iter().map(<[u8]>::len).sum();
+        self.hasher.update((len as u64).to_be_bytes());
+        for c in chunks {
+            self.hasher.update(c);
+        }
+        self
+    }
+
+    /// The finished fingerprint.
+    #[must_use]
+    pub fn finish(self) -> Fingerprint {
+        Fingerprint(self.hasher.finalize().into())
+    }
+}

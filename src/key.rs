@@ -1,0 +1,261 @@
+//! The client's idempotency key: parsing and validation (DESIGN.md §6).
+//!
+//! A header value that starts with `"` is an RFC 9651 Item whose bare item must be a String
+//! (parameters after it are ignored). Anything else is taken verbatim, as many clients send bare
+//! UUIDs that are not sf-tokens, and must be visible ASCII without `"`, `,` or spaces.
+//! `"abc"` and `abc` are the same key.
+
+use std::fmt;
+
+/// The default longest key, in bytes.
+pub const DEFAULT_MAX_KEY_LEN: usize = 255;
+
+/// A validated idempotency key as the client sent it (after sf-string unquoting).
+///
+/// Its `Debug` output is redacted so a key never reaches a log by accident; use
+/// [`as_str`](Self::as_str) when you need the value.
+///
+/// ```
+/// use tower_idempotency::IdempotencyKey;
+///
+/// let quoted = IdempotencyKey::parse_header(br#""8e03978e-40d5" ;p=1"#, 255).unwrap();
+/// let bare = IdempotencyKey::parse_header(b"8e03978e-40d5", 255).unwrap();
+/// assert_eq!(quoted, bare);
+/// assert!(IdempotencyKey::parse_header(b"a, b", 255).is_err());
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct IdempotencyKey(Box<str>);
+
+impl IdempotencyKey {
+    /// Parses one header value under the key rules, with keys of `1..=max_len` bytes.
+    ///
+    /// # Errors
+    /// A [`KeyError`] saying why the value is not a key.
+    pub fn parse_header(value: &[u8], max_len: usize) -> Result<Self, KeyError> {
+        let value = trim_ows(value);
+        if value.is_empty() {
+            return Err(KeyError::new(KeyErrorKind::Empty));
+        }
+        if value[0] == b'"' {
+            return Self::parse_sf_string(value, max_len);
+        }
+        if let Some(&b) = value.iter().find(|b| !is_bare_key_byte(**b)) {
+            return Err(KeyError::new(match b {
+                b',' => KeyErrorKind::List,
+                b' ' | b'\t' | b'"' => KeyErrorKind::InvalidCharacter,
+                0x80..=0xff => KeyErrorKind::NonAscii,
+                _ => KeyErrorKind::InvalidCharacter,
+            }));
+        }
+        let s = std::str::from_utf8(value).map_err(|_| KeyError::new(KeyErrorKind::NonAscii))?;
+        Self::checked(s, max_len)
+    }
+
+    /// Validates a key that did not come from a header (a key closure, a message field): it must
+    /// be `1..=max_len` bytes of visible ASCII or spaces (what an sf-string can carry).
+    ///
+    /// # Errors
+    /// A [`KeyError`] saying why the value is not a key.
+    pub fn new(key: &str, max_len: usize) -> Result<Self, KeyError> {
+        if let Some(b) = key.bytes().find(|b| !(0x20..=0x7e).contains(b)) {
+            return Err(KeyError::new(if b >= 0x80 {
+                KeyErrorKind::NonAscii
+            } else {
+                KeyErrorKind::InvalidCharacter
+            }));
+        }
+        Self::checked(key, max_len)
+    }
+
+    fn parse_sf_string(value: &[u8], max_len: usize) -> Result<Self, KeyError> {
+        let parsed = sfv::Parser::new(value).parse_item_with_visitor(StringItem);
+        match parsed {
+            Ok(Some(s)) => Self::checked(&s, max_len),
+            Ok(None) => Err(KeyError::new(KeyErrorKind::NotAString)),
+            Err(_) if value.iter().any(|b| *b >= 0x80) => Err(KeyError::new(KeyErrorKind::NonAscii)),
+            Err(_) if is_list(value) => Err(KeyError::new(KeyErrorKind::List)),
+            Err(_) => Err(KeyError::new(KeyErrorKind::BrokenString)),
+        }
+    }
+
+    fn checked(s: &str, max_len: usize) -> Result<Self, KeyError> {
+        if s.is_empty() {
+            Err(KeyError::new(KeyErrorKind::Empty))
+        } else if s.len() > max_len {
+            Err(KeyError::new(KeyErrorKind::TooLong { max: max_len }))
+        } else {
+            Ok(Self(s.into()))
+        }
+    }
+
+    /// The key as the client sent it (unquoted).
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for IdempotencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "IdempotencyKey(<{} bytes>)", self.0.len())
+    }
+}
+
+/// Takes the bare item of an sf Item if it is a String, ignoring its parameters.
+struct StringItem;
+
+impl<'de> sfv::visitor::ItemVisitor<'de> for StringItem {
+    type Out = Option<String>;
+    type Error = sfv::Error;
+
+    fn bare_item(
+        self,
+        bare_item: sfv::BareItemFromInput<'de>,
+    ) -> Result<impl sfv::visitor::ParameterVisitor<'de, Out = Self::Out>, Self::Error> {
+        let s = match bare_item {
+            sfv::BareItemFromInput::String(s) => Some(s.as_str().to_owned()),
+            _ => None,
+        };
+        Ok(sfv::visitor::parameter_visitor_with(sfv::visitor::Ignored, move |()| Ok(s)))
+    }
+}
+
+fn trim_ows(mut v: &[u8]) -> &[u8] {
+    while let [b' ' | b'\t', rest @ ..] = v {
+        v = rest;
+    }
+    while let [rest @ .., b' ' | b'\t'] = v {
+        v = rest;
+    }
+    v
+}
+
+fn is_bare_key_byte(b: u8) -> bool {
+    (0x21..=0x7e).contains(&b) && b != b'"' && b != b','
+}
+
+/// A quoted value followed by a comma outside the quotes reads as a list.
+fn is_list(value: &[u8]) -> bool {
+    let mut in_string = false;
+    let mut escaped = false;
+    for &b in value {
+        match (in_string, escaped, b) {
+            (true, false, b'\\') => escaped = true,
+            (true, true, _) => escaped = false,
+            (_, false, b'"') => in_string = !in_string,
+            (false, _, b',') => return true,
+            _ => {}
+        }
+    }
+    false
+}
+
+/// Why a value is not a valid idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyError {
+    kind: KeyErrorKind,
+}
+
+impl KeyError {
+    pub(crate) fn new(kind: KeyErrorKind) -> Self {
+        Self { kind }
+    }
+
+    /// What was wrong with the key.
+    #[must_use]
+    pub fn kind(&self) -> &KeyErrorKind {
+        &self.kind
+    }
+}
+
+/// The reasons a key is refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyErrorKind {
+    /// The value is empty (or `""`).
+    Empty,
+    /// The key is longer than the configured maximum.
+    TooLong {
+        /// The configured maximum, in bytes.
+        max: usize,
+    },
+    /// A control character, space (outside quotes) or `"` inside a bare key.
+    InvalidCharacter,
+    /// A byte outside ASCII.
+    NonAscii,
+    /// A quoted string that does not parse (unterminated, a bad escape, trailing bytes).
+    BrokenString,
+    /// A structured item that is not a String (e.g. an integer after a quote was expected).
+    NotAString,
+    /// A list of values where one key was expected.
+    List,
+    /// More than one header line carried a key.
+    MultipleValues,
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.kind {
+            KeyErrorKind::Empty => f.write_str("the idempotency key is empty"),
+            KeyErrorKind::TooLong { max } => {
+                write!(f, "the idempotency key is longer than {max} bytes")
+            }
+            KeyErrorKind::InvalidCharacter => f.write_str(
+                "the idempotency key contains a control character, a space or a quote; quote it as an sf-string or use visible ASCII only",
+            ),
+            KeyErrorKind::NonAscii => f.write_str("the idempotency key contains non-ASCII bytes"),
+            KeyErrorKind::BrokenString => {
+                f.write_str("the idempotency key is not a valid quoted string (RFC 9651)")
+            }
+            KeyErrorKind::NotAString => {
+                f.write_str("the idempotency key must be a string, not another structured item")
+            }
+            KeyErrorKind::List => f.write_str("the idempotency key must be one value, not a list"),
+            KeyErrorKind::MultipleValues => {
+                f.write_str("the idempotency key header must appear exactly once")
+            }
+        }
+    }
+}
+
+impl std::error::Error for KeyError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(v: &[u8]) -> Result<IdempotencyKey, KeyErrorKind> {
+        IdempotencyKey::parse_header(v, 16).map_err(|e| e.kind().clone())
+    }
+
+    #[test]
+    fn quoted_and_bare_are_one_key() {
+        assert_eq!(parse(b"\"abc\"").unwrap(), parse(b"abc").unwrap());
+        assert_eq!(parse(b"  \"abc\";x=1 ").unwrap().as_str(), "abc");
+        assert_eq!(parse(br#""a\"b\\c""#).unwrap().as_str(), r#"a"b\c"#);
+        assert_eq!(parse(b"\"a b\"").unwrap().as_str(), "a b");
+        assert_eq!(parse(b"123e4567-e89b").unwrap().as_str(), "123e4567-e89b");
+    }
+
+    #[test]
+    fn refuses_bad_values_with_a_reason() {
+        assert_eq!(parse(b""), Err(KeyErrorKind::Empty));
+        assert_eq!(parse(b"\"\""), Err(KeyErrorKind::Empty));
+        assert_eq!(parse(b"   "), Err(KeyErrorKind::Empty));
+        assert_eq!(parse(&[b'a'; 17]), Err(KeyErrorKind::TooLong { max: 16 }));
+        assert_eq!(parse(b"a\x01b"), Err(KeyErrorKind::InvalidCharacter));
+        assert_eq!(parse(b"a b"), Err(KeyErrorKind::InvalidCharacter));
+        assert_eq!(parse("ké".as_bytes()), Err(KeyErrorKind::NonAscii));
+        assert_eq!(parse(b"a,b"), Err(KeyErrorKind::List));
+        assert_eq!(parse(b"\"a\", \"b\""), Err(KeyErrorKind::List));
+        assert_eq!(parse(b"\"abc"), Err(KeyErrorKind::BrokenString));
+        assert_eq!(parse(b"\"a\\x\""), Err(KeyErrorKind::BrokenString));
+        assert_eq!(parse("\"ké\"".as_bytes()), Err(KeyErrorKind::NonAscii));
+    }
+
+    #[test]
+    fn debug_is_redacted() {
+        let k = parse(b"secret").unwrap();
+        assert!(!format!("{k:?}").contains("secret"));
+    }
+}

@@ -1,0 +1,17 @@
+#![doc = include_str!("../README.md")]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+pub mod clock;
+pub mod engine;
+pub mod fingerprint;
+pub mod key;
+pub mod record;
+pub mod scope;
+pub mod store;
+
+pub use engine::{Begin, Engine, Ticket};
+pub use fingerprint::Fingerprint;
+pub use key::{IdempotencyKey, KeyError, KeyErrorKind};
+pub use record::{Record, RecordError, StoredResponse};
+pub use scope::{DerivedKey, Scope, StoreKey};
+pub use store::{Claim, MemoryStore, Store, StoreError, StoreErrorKind, Token};

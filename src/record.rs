@@ -1,0 +1,340 @@
+//! The record of a finished request, and its versioned binary encoding.
+//!
+//! A store keeps a [`Record`] as opaque bytes; only this module reads or writes them. Decoding
+//! re-validates everything (version, flags, lengths, status range, header bytes, body size), so
+//! a record that was truncated, flipped or written by someone else is refused instead of
+//! replayed. Body and header values decode as slices of the record's `Bytes`: no copies.
+//!
+//! Layout (version 1, big-endian):
+//!
+//! ```text
+//! "TI" 0x01 flags:u8 status:u16
+//! headers:u16 { name_len:u16 name value_len:u16 value }*
+//! body_len:u32 body
+//! trailers:u16 { name_len:u16 name value_len:u16 value }*   (present when flags & HAS_TRAILERS)
+//! ```
+
+use bytes::{BufMut, Bytes, BytesMut};
+use std::fmt;
+
+const MAGIC: &[u8; 2] = b"TI";
+const VERSION: u8 = 1;
+const FLAG_BODY: u8 = 0b0000_0001;
+const FLAG_TRAILERS: u8 = 0b0000_0010;
+const KNOWN_FLAGS: u8 = FLAG_BODY | FLAG_TRAILERS;
+
+/// An encoded record: opaque bytes to a store.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Record(Bytes);
+
+impl Record {
+    /// Wraps bytes read back from a store. They are validated when decoded, not here.
+    #[must_use]
+    pub fn from_bytes(bytes: Bytes) -> Self {
+        Self(bytes)
+    }
+
+    /// The encoded bytes.
+    #[must_use]
+    pub fn as_bytes(&self) -> &Bytes {
+        &self.0
+    }
+
+    /// The encoded bytes, owned.
+    #[must_use]
+    pub fn into_bytes(self) -> Bytes {
+        self.0
+    }
+
+    /// The encoded length in bytes.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether the record holds no bytes at all (never true of an encoded response).
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Decodes and validates the record, refusing bodies over `max_body` bytes.
+    ///
+    /// # Errors
+    /// A [`RecordError`] naming the first thing that is wrong.
+    pub fn decode(&self, max_body: usize) -> Result<StoredResponse, RecordError> {
+        let mut r = Reader { buf: &self.0, pos: 0 };
+        if r.take(2)? != MAGIC {
+            return Err(RecordError::new("bad magic"));
+        }
+        let version = r.u8()?;
+        if version != VERSION {
+            return Err(RecordError::new("unknown record version"));
+        }
+        let flags = r.u8()?;
+        if flags & !KNOWN_FLAGS != 0 {
+            return Err(RecordError::new("unknown record flags"));
+        }
+        let status = r.u16()?;
+        if !(100..=999).contains(&status) {
+            return Err(RecordError::new("status out of range"));
+        }
+        let headers = r.fields()?;
+        let body_len = r.u32()? as usize;
+        if body_len > max_body {
+            return Err(RecordError::new("body over the record limit"));
+        }
+        if flags & FLAG_BODY == 0 && body_len != 0 {
+            return Err(RecordError::new("body in a status-only record"));
+        }
+        let body = r.slice(body_len)?;
+        let trailers = if flags & FLAG_TRAILERS != 0 { r.fields()? } else { Vec::new() };
+        if r.pos != self.0.len() {
+            return Err(RecordError::new("trailing bytes"));
+        }
+        Ok(StoredResponse {
+            status,
+            headers,
+            body: (flags & FLAG_BODY != 0).then_some(body),
+            trailers: (flags & FLAG_TRAILERS != 0).then_some(trailers),
+        })
+    }
+}
+
+impl fmt::Debug for Record {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Record(<{} bytes>)", self.0.len())
+    }
+}
+
+/// A header (or trailer) field as stored: lowercase name and raw value bytes.
+pub type Field = (Bytes, Bytes);
+
+/// A response as recorded, free of any HTTP crate's types.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct StoredResponse {
+    /// The status code.
+    pub status: u16,
+    /// Header fields in order, repeated names kept.
+    pub headers: Vec<Field>,
+    /// The body, or `None` when only the status was recorded.
+    pub body: Option<Bytes>,
+    /// Trailer fields (gRPC status and metadata), when the response had trailers.
+    pub trailers: Option<Vec<Field>>,
+}
+
+impl StoredResponse {
+    /// A record of `status`, `headers` and `body` (`None`: status-only).
+    #[must_use]
+    pub fn new(status: u16, headers: Vec<Field>, body: Option<Bytes>) -> Self {
+        Self { status, headers, body, trailers: None }
+    }
+
+    /// The same record with trailers.
+    #[must_use]
+    pub fn with_trailers(mut self, trailers: Vec<Field>) -> Self {
+        self.trailers = Some(trailers);
+        self
+    }
+
+    /// Encodes the response into a [`Record`].
+    ///
+    /// # Errors
+    /// When a field is too long for the layout (a name or value over 64 KiB, more than 65 535
+    /// fields, a body over 4 GiB) or a name or value holds bytes a header may not.
+    pub fn encode(&self) -> Result<Record, RecordError> {
+        let fields_len = |fs: &[Field]| fs.iter().map(|(n, v)| 4 + n.len() + v.len()).sum::<usize>();
+        let body = self.body.as_deref().unwrap_or_default();
+        let cap = 6
+            + 2
+            + fields_len(&self.headers)
+            + 4
+            + body.len()
+            + self.trailers.as_deref().map_or(0, |t| 2 + fields_len(t));
+        let mut out = BytesMut::with_capacity(cap);
+        out.put_slice(MAGIC);
+        out.put_u8(VERSION);
+        let mut flags = 0;
+        if self.body.is_some() {
+            flags |= FLAG_BODY;
+        }
+        if self.trailers.is_some() {
+            flags |= FLAG_TRAILERS;
+        }
+        out.put_u8(flags);
+        if !(100..=999).contains(&self.status) {
+            return Err(RecordError::new("status out of range"));
+        }
+        out.put_u16(self.status);
+        put_fields(&mut out, &self.headers)?;
+        out.put_u32(u32::try_from(body.len()).map_err(|_| RecordError::new("body too long"))?);
+        out.put_slice(body);
+        if let Some(t) = &self.trailers {
+            put_fields(&mut out, t)?;
+        }
+        Ok(Record(out.freeze()))
+    }
+}
+
+fn put_fields(out: &mut BytesMut, fields: &[Field]) -> Result<(), RecordError> {
+    out.put_u16(u16::try_from(fields.len()).map_err(|_| RecordError::new("too many fields"))?);
+    for (n, v) in fields {
+        if !valid_name(n) || !valid_value(v) {
+            return Err(RecordError::new("invalid field"));
+        }
+        out.put_u16(u16::try_from(n.len()).map_err(|_| RecordError::new("field name too long"))?);
+        out.put_slice(n);
+        out.put_u16(u16::try_from(v.len()).map_err(|_| RecordError::new("field value too long"))?);
+        out.put_slice(v);
+    }
+    Ok(())
+}
+
+/// A lowercase RFC 9110 token.
+fn valid_name(n: &[u8]) -> bool {
+    !n.is_empty()
+        && n.iter().all(|&b| {
+            b.is_ascii_lowercase()
+                || b.is_ascii_digit()
+                || b"!#$%&'*+-.^_`|~".contains(&b)
+        })
+}
+
+/// Visible ASCII, space, tab and obs-text; never CR, LF or NUL.
+fn valid_value(v: &[u8]) -> bool {
+    v.iter().all(|&b| b == b'\t' || (b >= 0x20 && b != 0x7f))
+}
+
+struct Reader<'a> {
+    buf: &'a Bytes,
+    pos: usize,
+}
+
+impl Reader<'_> {
+    fn take(&mut self, n: usize) -> Result<&[u8], RecordError> {
+        let end = self.pos.checked_add(n).filter(|e| *e <= self.buf.len());
+        let end = end.ok_or_else(|| RecordError::new("truncated record"))?;
+        let s = &self.buf[self.pos..end];
+        self.pos = end;
+        Ok(s)
+    }
+    fn slice(&mut self, n: usize) -> Result<Bytes, RecordError> {
+        let start = self.pos;
+        self.take(n)?;
+        Ok(self.buf.slice(start..self.pos))
+    }
+    fn u8(&mut self) -> Result<u8, RecordError> {
+        Ok(self.take(1)?[0])
+    }
+    fn u16(&mut self) -> Result<u16, RecordError> {
+        let b = self.take(2)?;
+        Ok(u16::from_be_bytes([b[0], b[1]]))
+    }
+    fn u32(&mut self) -> Result<u32, RecordError> {
+        let b = self.take(4)?;
+        Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn fields(&mut self) -> Result<Vec<Field>, RecordError> {
+        let count = self.u16()?;
+        let mut out = Vec::with_capacity(usize::from(count).min(64));
+        for _ in 0..count {
+            let n = usize::from(self.u16()?);
+            let name = self.slice(n)?;
+            let n = usize::from(self.u16()?);
+            let value = self.slice(n)?;
+            if !valid_name(&name) || !valid_value(&value) {
+                return Err(RecordError::new("invalid field"));
+            }
+            out.push((name, value));
+        }
+        Ok(out)
+    }
+}
+
+/// A record that cannot be encoded, or that failed validation when read back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RecordError {
+    reason: &'static str,
+}
+
+impl RecordError {
+    pub(crate) const fn new(reason: &'static str) -> Self {
+        Self { reason }
+    }
+
+    /// What was wrong, in a few words.
+    #[must_use]
+    pub fn reason(&self) -> &'static str {
+        self.reason
+    }
+}
+
+impl fmt::Display for RecordError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "invalid idempotency record: {}", self.reason)
+    }
+}
+
+impl std::error::Error for RecordError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> StoredResponse {
+        StoredResponse::new(
+            201,
+            vec![
+                (Bytes::from_static(b"content-type"), Bytes::from_static(b"application/json")),
+                (Bytes::from_static(b"link"), Bytes::from_static(b"<a>")),
+                (Bytes::from_static(b"link"), Bytes::from_static(b"<b>")),
+            ],
+            Some(Bytes::from_static(b"{\"id\":1}")),
+        )
+    }
+
+    #[test]
+    fn round_trips() {
+        let r = sample();
+        assert_eq!(r.encode().unwrap().decode(1024).unwrap(), r);
+        let s = StoredResponse::new(204, vec![], None);
+        assert_eq!(s.encode().unwrap().decode(0).unwrap(), s);
+        let t = sample().with_trailers(vec![(Bytes::from_static(b"grpc-status"), Bytes::from_static(b"0"))]);
+        assert_eq!(t.encode().unwrap().decode(1024).unwrap(), t);
+    }
+
+    #[test]
+    fn refuses_every_truncation_and_extension() {
+        let bytes = sample().encode().unwrap().into_bytes();
+        for n in 0..bytes.len() {
+            assert!(Record::from_bytes(bytes.slice(..n)).decode(1024).is_err(), "prefix {n}");
+        }
+        let mut longer = bytes.to_vec();
+        longer.push(0);
+        assert!(Record::from_bytes(longer.into()).decode(1024).is_err());
+    }
+
+    #[test]
+    fn refuses_wrong_version_flags_status_and_big_bodies() {
+        let bytes = sample().encode().unwrap().into_bytes().to_vec();
+        let mut v = bytes.clone();
+        v[2] = 2;
+        assert_eq!(Record::from_bytes(v.into()).decode(1024).unwrap_err().reason(), "unknown record version");
+        let mut v = bytes.clone();
+        v[3] |= 0x80;
+        assert!(Record::from_bytes(v.into()).decode(1024).is_err());
+        let mut v = bytes.clone();
+        v[4..6].copy_from_slice(&5000u16.to_be_bytes());
+        assert!(Record::from_bytes(v.into()).decode(1024).is_err());
+        assert!(Record::from_bytes(bytes.into()).decode(3).is_err());
+    }
+
+    #[test]
+    fn refuses_header_injection() {
+        let bad = StoredResponse::new(200, vec![(Bytes::from_static(b"x"), Bytes::from_static(b"a\r\nb"))], None);
+        assert!(bad.encode().is_err());
+        let bad = StoredResponse::new(200, vec![(Bytes::from_static(b"X-Up"), Bytes::from_static(b"a"))], None);
+        assert!(bad.encode().is_err());
+    }
+}

@@ -1,0 +1,235 @@
+//! Who a key belongs to, and the hashes a store sees instead of the raw key.
+//!
+//! A client key is only unique for one caller, so every key is scoped by the namespace (one per
+//! application or route group), the tenant and the principal. The store is given a
+//! domain-separated SHA-256 of those parts and never the parts themselves, so a store dump holds
+//! no raw key, principal or namespace.
+
+use crate::key::IdempotencyKey;
+use sha2::{Digest, Sha256};
+use std::fmt;
+
+const SCOPE_DOMAIN: &[u8] = b"tower-idempotency/scope/v1";
+const STORE_KEY_DOMAIN: &[u8] = b"tower-idempotency/store-key/v1";
+const DERIVED_DOMAIN: &[u8] = b"tower-idempotency/derived-key/v1";
+
+/// The caller a key belongs to: an authenticated principal and an optional tenant.
+///
+/// `Scope::anonymous()` is the one scope all callers without a principal share (only used with
+/// an optional principal; see the layer's docs for the risk).
+#[derive(Clone, Default, PartialEq, Eq, Hash)]
+pub struct Scope {
+    tenant: Option<String>,
+    principal: Option<String>,
+}
+
+impl Scope {
+    /// The scope of one principal, without a tenant.
+    #[must_use]
+    pub fn principal(id: impl Into<String>) -> Self {
+        Self { tenant: None, principal: Some(id.into()) }
+    }
+
+    /// The shared scope of callers without a principal.
+    #[must_use]
+    pub fn anonymous() -> Self {
+        Self::default()
+    }
+
+    /// The same scope under a tenant.
+    #[must_use]
+    pub fn with_tenant(mut self, tenant: impl Into<String>) -> Self {
+        self.tenant = Some(tenant.into());
+        self
+    }
+
+    /// The principal, if any.
+    #[must_use]
+    pub fn principal_id(&self) -> Option<&str> {
+        self.principal.as_deref()
+    }
+
+    /// The tenant, if any.
+    #[must_use]
+    pub fn tenant(&self) -> Option<&str> {
+        self.tenant.as_deref()
+    }
+
+    fn hash_into(&self, h: &mut Sha256, namespace: &str) {
+        lp(h, namespace.as_bytes());
+        opt(h, self.tenant.as_deref());
+        opt(h, self.principal.as_deref());
+    }
+}
+
+impl fmt::Debug for Scope {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Principals are personal data: say whether they are there, not what they are.
+        f.debug_struct("Scope")
+            .field("tenant", &self.tenant.as_ref().map(|_| ".."))
+            .field("principal", &self.principal.as_ref().map(|_| ".."))
+            .finish()
+    }
+}
+
+fn lp(h: &mut Sha256, bytes: &[u8]) {
+    h.update((bytes.len() as u64).to_be_bytes());
+    h.update(bytes);
+}
+
+fn opt(h: &mut Sha256, v: Option<&str>) {
+    match v {
+        None => h.update([0u8]),
+        Some(v) => {
+            h.update([1u8]);
+            lp(h, v.as_bytes());
+        }
+    }
+}
+
+/// What a store is keyed by: the hash of the scope (for per-scope caps) and the hash of the whole
+/// key (namespace, scope and client key). Neither can be turned back into its parts.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StoreKey {
+    scope: [u8; 32],
+    id: [u8; 32],
+}
+
+impl StoreKey {
+    /// Derives the store key of `key` for `scope` under `namespace`.
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyKey, Scope, StoreKey};
+    ///
+    /// let key = IdempotencyKey::new("k1", 255).unwrap();
+    /// let alice = StoreKey::derive("app", &Scope::principal("alice"), &key);
+    /// let bob = StoreKey::derive("app", &Scope::principal("bob"), &key);
+    /// assert_ne!(alice, bob);
+    /// ```
+    #[must_use]
+    pub fn derive(namespace: &str, scope: &Scope, key: &IdempotencyKey) -> Self {
+        let mut h = Sha256::new();
+        h.update(SCOPE_DOMAIN);
+        scope.hash_into(&mut h, namespace);
+        let scope_hash: [u8; 32] = h.finalize().into();
+
+        let mut h = Sha256::new();
+        h.update(STORE_KEY_DOMAIN);
+        h.update(scope_hash);
+        lp(&mut h, key.as_str().as_bytes());
+        Self { scope: scope_hash, id: h.finalize().into() }
+    }
+
+    /// A store key from its two hashes (for tests and stores that rebuild keys).
+    #[must_use]
+    pub const fn from_parts(scope: [u8; 32], id: [u8; 32]) -> Self {
+        Self { scope, id }
+    }
+
+    /// The hash of the namespace and scope, shared by every key of one caller.
+    #[must_use]
+    pub const fn scope_hash(&self) -> &[u8; 32] {
+        &self.scope
+    }
+
+    /// The hash that identifies this key; unique per namespace, scope and client key.
+    #[must_use]
+    pub const fn id(&self) -> &[u8; 32] {
+        &self.id
+    }
+
+    /// The id as lowercase hex (64 characters), for stores keyed by text.
+    #[must_use]
+    pub fn id_hex(&self) -> String {
+        hex(&self.id)
+    }
+}
+
+impl fmt::Debug for StoreKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StoreKey({}…)", &hex(&self.id)[..12])
+    }
+}
+
+/// A stable key derived from the client's key, to forward to a provider that de-duplicates
+/// (a payment API, say), so a retry reaches the provider under the same key.
+///
+/// It is the hex SHA-256 of the namespace, scope and client key under its own domain tag, so it
+/// differs from the store key (a provider never learns what the store is keyed by) and from the
+/// client's key (a provider never learns that either).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct DerivedKey(String);
+
+impl DerivedKey {
+    /// Derives the forwarding key of `key` for `scope` under `namespace`.
+    #[must_use]
+    pub fn derive(namespace: &str, scope: &Scope, key: &IdempotencyKey) -> Self {
+        let mut h = Sha256::new();
+        h.update(DERIVED_DOMAIN);
+        scope.hash_into(&mut h, namespace);
+        lp(&mut h, key.as_str().as_bytes());
+        Self(hex(&h.finalize()))
+    }
+
+    /// The key as 64 lowercase hex characters.
+    #[must_use]
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for DerivedKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("DerivedKey").field(&self.0).finish()
+    }
+}
+
+impl fmt::Display for DerivedKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        s.push(DIGITS[usize::from(b >> 4)] as char);
+        s.push(DIGITS[usize::from(b & 0xf)] as char);
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key(s: &str) -> IdempotencyKey {
+        IdempotencyKey::new(s, 255).unwrap()
+    }
+
+    #[test]
+    fn every_part_changes_the_store_key() {
+        let base = StoreKey::derive("ns", &Scope::principal("p"), &key("k"));
+        assert_ne!(base, StoreKey::derive("ns2", &Scope::principal("p"), &key("k")));
+        assert_ne!(base, StoreKey::derive("ns", &Scope::principal("p").with_tenant("t"), &key("k")));
+        assert_ne!(base, StoreKey::derive("ns", &Scope::anonymous(), &key("k")));
+        assert_ne!(base, StoreKey::derive("ns", &Scope::principal("p"), &key("k2")));
+        assert_eq!(base, StoreKey::derive("ns", &Scope::principal("p"), &key("k")));
+    }
+
+    #[test]
+    fn tenant_and_principal_cannot_be_swapped() {
+        let a = StoreKey::derive("ns", &Scope::principal("x").with_tenant("y"), &key("k"));
+        let b = StoreKey::derive("ns", &Scope::principal("y").with_tenant("x"), &key("k"));
+        assert_ne!(a, b);
+    }
+
+    #[test]
+    fn derived_key_differs_from_store_key() {
+        let s = Scope::principal("p");
+        let d = DerivedKey::derive("ns", &s, &key("k"));
+        assert_eq!(d.as_str().len(), 64);
+        assert_ne!(d.as_str(), StoreKey::derive("ns", &s, &key("k")).id_hex());
+    }
+}

@@ -1,0 +1,231 @@
+//! The store contract: three atomic steps (and a lease renewal), each one round trip.
+//!
+//! | step | does |
+//! | --- | --- |
+//! | [`claim`](Store::claim) | no live record: hold the key *pending* for `lease` under a fresh token → [`Claim::Claimed`]; else the record found |
+//! | [`complete`](Store::complete) | store the key *done* with the record for `ttl`, only if the token still holds it (or nothing does) |
+//! | [`release`](Store::release) | delete the key, only if the token holds it pending |
+//! | [`renew`](Store::renew) | extend a pending lease, only if the token holds it |
+//!
+//! The token fences a claim: once a lease has lapsed and another claimant holds the key, the
+//! first holder's late `complete` or `release` leaves the new holder alone. The store never
+//! compares fingerprints; the engine does, so every store answers alike.
+
+use crate::fingerprint::Fingerprint;
+use crate::record::Record;
+use crate::scope::StoreKey;
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+pub mod memory;
+
+pub use memory::MemoryStore;
+
+/// A backend that keeps idempotency records.
+///
+/// Every method is one atomic step; a networked store should make each one round trip.
+/// Futures are `Send` so the layer can run on a multi-threaded runtime.
+pub trait Store: Send + Sync + 'static {
+    /// Holds `key` pending for `lease` under a new token, unless a live record holds it.
+    fn claim(
+        &self,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
+
+    /// Stores `record` as the key's result for `ttl`, if `token` still holds the key or nothing
+    /// does. Returns whether the record was written (`false`: another holder has the key).
+    fn complete(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        fingerprint: &Fingerprint,
+        record: Record,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Deletes the key if `token` holds it pending. Returns whether it was deleted.
+    fn release(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// Extends the pending lease of `key` to `lease` from now, if `token` holds it. Returns
+    /// whether the lease was extended.
+    fn renew(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+}
+
+impl<S: Store> Store for Arc<S> {
+    fn claim(
+        &self,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
+        (**self).claim(key, fingerprint, lease)
+    }
+    fn complete(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        fingerprint: &Fingerprint,
+        record: Record,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        (**self).complete(key, token, fingerprint, record, ttl)
+    }
+    fn release(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        (**self).release(key, token)
+    }
+    fn renew(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        (**self).renew(key, token, lease)
+    }
+}
+
+/// What a claim found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Claim {
+    /// The key was free and is now held pending under this token.
+    Claimed(Token),
+    /// Another claimant holds the key and its work has not finished.
+    Pending {
+        /// The fingerprint of the request that holds the key.
+        fingerprint: Fingerprint,
+    },
+    /// The key's work finished; this is its record.
+    Done {
+        /// The fingerprint of the request that completed the key.
+        fingerprint: Fingerprint,
+        /// The stored result.
+        record: Record,
+    },
+}
+
+/// An unguessable token that fences one claim: 16 bytes from the OS CSPRNG.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Token([u8; 16]);
+
+impl Token {
+    /// A fresh token from the operating system's CSPRNG.
+    ///
+    /// # Errors
+    /// When the OS random source fails (then nothing may be claimed).
+    pub fn generate() -> Result<Self, StoreError> {
+        let mut b = [0u8; 16];
+        getrandom::fill(&mut b).map_err(|e| {
+            StoreError::with_source(StoreErrorKind::Unavailable, "OS random source failed", e)
+        })?;
+        Ok(Self(b))
+    }
+
+    /// A token from bytes a store kept.
+    #[must_use]
+    pub const fn from_bytes(bytes: [u8; 16]) -> Self {
+        Self(bytes)
+    }
+
+    /// The token's 16 bytes.
+    #[must_use]
+    pub const fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Token {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Token(..)")
+    }
+}
+
+/// A store step that failed. The layer answers a failed claim with 503 (or 429 for a full scope)
+/// and never runs the work on an unclear answer.
+#[derive(Debug)]
+pub struct StoreError {
+    kind: StoreErrorKind,
+    message: &'static str,
+    source: Option<Box<dyn StdError + Send + Sync + 'static>>,
+}
+
+impl StoreError {
+    /// An error of `kind` with a short message.
+    #[must_use]
+    pub fn new(kind: StoreErrorKind, message: &'static str) -> Self {
+        Self { kind, message, source: None }
+    }
+
+    /// An error of `kind` caused by `source`.
+    #[must_use]
+    pub fn with_source(
+        kind: StoreErrorKind,
+        message: &'static str,
+        source: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
+    ) -> Self {
+        Self { kind, message, source: Some(source.into()) }
+    }
+
+    /// What kind of failure this is.
+    #[must_use]
+    pub fn kind(&self) -> StoreErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "idempotency store {}: {}", self.kind, self.message)
+    }
+}
+
+impl StdError for StoreError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        self.source.as_deref().map(|e| e as &(dyn StdError + 'static))
+    }
+}
+
+/// The kinds of store failure.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// The backend could not be reached or refused the operation.
+    Unavailable,
+    /// The operation did not finish within its time limit.
+    Timeout,
+    /// The backend answered something the store does not understand.
+    Protocol,
+    /// The store is full and holds nothing it may drop (answered 503).
+    StoreFull,
+    /// The caller's scope is at its cap and all its records are pending (answered 429).
+    ScopeFull,
+}
+
+impl fmt::Display for StoreErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Unavailable => "unavailable",
+            Self::Timeout => "timeout",
+            Self::Protocol => "protocol error",
+            Self::StoreFull => "full",
+            Self::ScopeFull => "scope full",
+        })
+    }
+}
