@@ -1,1 +1,143 @@
-fn main() {}
+//! The quickstart: an order API behind `IdempotencyLayer`.
+//!
+//! ```text
+//! cargo run --example quickstart            # memory store, 127.0.0.1:3000 (PORT overrides)
+//! ```
+//!
+//! - `Authorization: Bearer <name>` makes `<name>` the principal (demo authentication).
+//! - `POST /orders` with `{"item": "book", "delay_ms": 100?, "fail": 503?}` counts an execution,
+//!   sleeps `delay_ms`, answers `fail` as the status if given, else 201 with the order.
+//! - `GET /stats` answers `{"executions": n}`.
+
+use axum::extract::Request;
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use serde::Deserialize;
+use serde_json::json;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tower_http::cors::{AllowOrigin, CorsLayer};
+use tower_idempotency::{IdempotencyLayer, Principal, Store};
+
+#[derive(Deserialize)]
+struct NewOrder {
+    item: String,
+    delay_ms: Option<u64>,
+    fail: Option<u16>,
+}
+
+#[derive(Clone, Default)]
+struct App {
+    executions: Arc<AtomicU64>,
+}
+
+fn random_hex(bytes: usize) -> String {
+    let mut b = vec![0u8; bytes];
+    getrandom::fill(&mut b).expect("OS random source");
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+async fn create_order(
+    axum::extract::State(app): axum::extract::State<App>,
+    Json(order): Json<NewOrder>,
+) -> Response {
+    let execution = app.executions.fetch_add(1, Ordering::SeqCst) + 1;
+    if let Some(ms) = order.delay_ms {
+        tokio::time::sleep(Duration::from_millis(ms.min(600_000))).await;
+    }
+    if let Some(code) = order.fail {
+        let status = StatusCode::from_u16(code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        return (
+            status,
+            Json(json!({ "error": "failed on request", "execution": execution })),
+        )
+            .into_response();
+    }
+    let id = random_hex(8);
+    let mut res = (
+        StatusCode::CREATED,
+        Json(json!({ "id": id, "item": order.item, "execution": execution })),
+    )
+        .into_response();
+    let h = res.headers_mut();
+    h.insert(
+        header::LOCATION,
+        HeaderValue::from_str(&format!("/orders/{id}")).expect("hex id"),
+    );
+    h.insert(
+        header::SET_COOKIE,
+        HeaderValue::from_str(&format!("session={}", random_hex(16))).expect("hex"),
+    );
+    h.insert(
+        "x-request-id",
+        HeaderValue::from_str(&random_hex(8)).expect("hex"),
+    );
+    res
+}
+
+async fn stats(axum::extract::State(app): axum::extract::State<App>) -> Json<serde_json::Value> {
+    Json(json!({ "executions": app.executions.load(Ordering::SeqCst) }))
+}
+
+/// Demo authentication: `Authorization: Bearer <name>` → principal `<name>`.
+async fn demo_auth(mut req: Request, next: Next) -> Response {
+    let name = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(str::to_owned);
+    if let Some(name) = name {
+        req.extensions_mut().insert(Principal::new(name));
+    }
+    next.run(req).await
+}
+
+fn app<St: Store>(idempotency: IdempotencyLayer<St>) -> Router {
+    let cors = CorsLayer::new()
+        .allow_origin(AllowOrigin::any())
+        .allow_methods([axum::http::Method::GET, axum::http::Method::POST])
+        .allow_headers([
+            header::AUTHORIZATION,
+            header::CONTENT_TYPE,
+            header::HeaderName::from_static("idempotency-key"),
+        ])
+        .expose_headers([header::HeaderName::from_static("idempotent-replayed")]);
+    Router::new()
+        .route("/orders", post(create_order))
+        .route("/stats", get(stats))
+        .with_state(App::default())
+        // Layers run outside-in from the last one: CORS, then authentication, then idempotency.
+        .layer(idempotency)
+        .layer(middleware::from_fn(demo_auth))
+        .layer(cors)
+}
+
+#[tokio::main]
+async fn main() -> std::io::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .init();
+    let port: u16 = std::env::var("PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(3000);
+    let router = app(IdempotencyLayer::new().required(false));
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    let addr = listener.local_addr()?;
+    println!("tower-idempotency quickstart on http://{addr} (memory store)");
+    println!("try it (run the same command twice: the second answer is a replay):");
+    println!(
+        "  curl -i -X POST http://{addr}/orders -H 'authorization: Bearer alice' -H 'idempotency-key: order-1' -H 'content-type: application/json' -d '{{\"item\":\"book\"}}'"
+    );
+    println!("  curl http://{addr}/stats");
+    axum::serve(listener, router).await
+}

@@ -111,7 +111,12 @@ impl<S: Store> Engine<S> {
     /// An engine over a store that is already shared.
     #[must_use]
     pub fn from_arc(store: Arc<S>) -> Self {
-        Self { store, lease: DEFAULT_LEASE, ttl: DEFAULT_TTL, max_record_body: DEFAULT_MAX_RECORD_BODY }
+        Self {
+            store,
+            lease: DEFAULT_LEASE,
+            ttl: DEFAULT_TTL,
+            max_record_body: DEFAULT_MAX_RECORD_BODY,
+        }
     }
 
     /// How long a claim holds a key; renewed while the work runs (at a third of the lease).
@@ -163,18 +168,29 @@ impl<S: Store> Engine<S> {
     ///
     /// # Errors
     /// The store's error; the work must not run.
-    pub async fn begin(&self, key: StoreKey, fingerprint: Fingerprint) -> Result<Begin, StoreError> {
-        Ok(match self.store.claim(&key, &fingerprint, self.lease).await? {
-            Claim::Claimed(token) => Begin::Run(Ticket { key, fingerprint, token }),
-            Claim::Pending { fingerprint: held } if held == fingerprint => Begin::InFlight,
-            Claim::Done { fingerprint: held, record } if held == fingerprint => {
-                match record.decode(self.max_record_body) {
+    pub async fn begin(
+        &self,
+        key: StoreKey,
+        fingerprint: Fingerprint,
+    ) -> Result<Begin, StoreError> {
+        Ok(
+            match self.store.claim(&key, &fingerprint, self.lease).await? {
+                Claim::Claimed(token) => Begin::Run(Ticket {
+                    key,
+                    fingerprint,
+                    token,
+                }),
+                Claim::Pending { fingerprint: held } if held == fingerprint => Begin::InFlight,
+                Claim::Done {
+                    fingerprint: held,
+                    record,
+                } if held == fingerprint => match record.decode(self.max_record_body) {
                     Ok(r) => Begin::Replay(r),
                     Err(e) => Begin::Invalid(e),
-                }
-            }
-            Claim::Pending { .. } | Claim::Done { .. } => Begin::KeyReused,
-        })
+                },
+                Claim::Pending { .. } | Claim::Done { .. } => Begin::KeyReused,
+            },
+        )
     }
 
     /// Runs `work` while renewing the ticket's lease every third of the lease, so work slower
@@ -184,8 +200,9 @@ impl<S: Store> Engine<S> {
         let every = self.lease / 3;
         let mut work = pin!(work);
         let mut sleep = pin!(tokio::time::sleep(every));
-        let mut renewing: Option<Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send + '_>>> =
-            None;
+        let mut renewing: Option<
+            Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send + '_>>,
+        > = None;
         let mut lost = false;
         std::future::poll_fn(|cx| {
             if let Poll::Ready(out) = work.as_mut().poll(cx) {
@@ -233,16 +250,30 @@ impl<S: Store> Engine<S> {
     /// # Errors
     /// The store's error, or a `Protocol` error when the response cannot be encoded (the key is
     /// then released so a retry can run).
-    pub async fn complete(&self, ticket: Ticket, response: &StoredResponse) -> Result<bool, StoreError> {
+    pub async fn complete(
+        &self,
+        ticket: Ticket,
+        response: &StoredResponse,
+    ) -> Result<bool, StoreError> {
         match response.encode() {
             Ok(record) => {
                 self.store
-                    .complete(&ticket.key, &ticket.token, &ticket.fingerprint, record, self.ttl)
+                    .complete(
+                        &ticket.key,
+                        &ticket.token,
+                        &ticket.fingerprint,
+                        record,
+                        self.ttl,
+                    )
                     .await
             }
             Err(e) => {
                 let _ = self.release(ticket).await;
-                Err(StoreError::with_source(StoreErrorKind::Protocol, "response cannot be recorded", e))
+                Err(StoreError::with_source(
+                    StoreErrorKind::Protocol,
+                    "response cannot be recorded",
+                    e,
+                ))
             }
         }
     }

@@ -15,3 +15,10 @@ pub use key::{IdempotencyKey, KeyError, KeyErrorKind};
 pub use record::{Record, RecordError, StoredResponse};
 pub use scope::{DerivedKey, Scope, StoreKey};
 pub use store::{Claim, MemoryStore, Store, StoreError, StoreErrorKind, Token};
+pub mod http;
+
+pub use crate::http::{IdempotencyLayer, Principal};
+
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub mod axum;

@@ -1,0 +1,111 @@
+//! axum extractors for handlers behind the [`IdempotencyLayer`](crate::IdempotencyLayer).
+//!
+//! When the layer claims a key it puts the validated [`IdempotencyKey`] and the
+//! [`DerivedKey`] into the request's extensions; these extractors read them. `Option<…>` never
+//! fails: it is `None` when the request carried no key (or the layer is not installed).
+//!
+//! ```
+//! use axum::{Router, routing::post};
+//! use tower_idempotency::{DerivedKey, IdempotencyKey, IdempotencyLayer, http::PrincipalMode};
+//!
+//! async fn charge(key: Option<IdempotencyKey>, derived: DerivedKey) -> String {
+//!     // Forward `derived` to a payment provider that de-duplicates on it.
+//!     format!("charging under {derived} (client key present: {})", key.is_some())
+//! }
+//!
+//! let app: Router = Router::new()
+//!     .route("/charges", post(charge))
+//!     .layer(IdempotencyLayer::new().principal(PrincipalMode::Optional));
+//! ```
+
+use crate::http::KeyAbsent;
+use crate::key::IdempotencyKey;
+use crate::scope::DerivedKey;
+use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
+use axum_core::response::{IntoResponse, Response};
+use http::StatusCode;
+use http::request::Parts;
+use std::convert::Infallible;
+use std::fmt;
+
+/// The rejection of [`IdempotencyKey`] and [`DerivedKey`] when the request has no claimed key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// The layer saw the request, which had no key (the layer runs with `required(false)`):
+    /// 400, use `Option<…>` in the handler to accept unkeyed requests.
+    NotSent,
+    /// No `IdempotencyLayer` ran before this handler: 500, a wiring error.
+    LayerMissing,
+}
+
+impl fmt::Display for MissingKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::NotSent => "this request requires an idempotency key",
+            Self::LayerMissing => {
+                "no idempotency key in the request extensions: is `IdempotencyLayer` installed on this route?"
+            }
+        })
+    }
+}
+
+impl std::error::Error for MissingKey {}
+
+impl IntoResponse for MissingKey {
+    fn into_response(self) -> Response {
+        let status = match self {
+            Self::NotSent => StatusCode::BAD_REQUEST,
+            Self::LayerMissing => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        (status, self.to_string()).into_response()
+    }
+}
+
+fn missing(parts: &Parts) -> MissingKey {
+    if parts.extensions.get::<KeyAbsent>().is_some() {
+        MissingKey::NotSent
+    } else {
+        MissingKey::LayerMissing
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
+    type Rejection = MissingKey;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        parts
+            .extensions
+            .get::<Self>()
+            .cloned()
+            .ok_or_else(|| missing(parts))
+    }
+}
+
+impl<S: Send + Sync> OptionalFromRequestParts<S> for IdempotencyKey {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Option<Self>, Self::Rejection> {
+        Ok(parts.extensions.get::<Self>().cloned())
+    }
+}
+
+impl<S: Send + Sync> FromRequestParts<S> for DerivedKey {
+    type Rejection = MissingKey;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        parts
+            .extensions
+            .get::<Self>()
+            .cloned()
+            .ok_or_else(|| missing(parts))
+    }
+}
+
+impl<S: Send + Sync> OptionalFromRequestParts<S> for DerivedKey {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Option<Self>, Self::Rejection> {
+        Ok(parts.extensions.get::<Self>().cloned())
+    }
+}

@@ -1,0 +1,207 @@
+//! The request and response bodies the layer hands on.
+
+use bytes::{Buf, Bytes};
+use http::HeaderMap;
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+pin_project! {
+    /// The request body the inner service sees: the caller's body untouched, or the bytes the
+    /// layer buffered to fingerprint it.
+    #[derive(Debug)]
+    pub struct RequestBody<B> {
+        #[pin]
+        inner: RequestInner<B>,
+    }
+}
+
+pin_project! {
+    #[project = RequestInnerProj]
+    #[derive(Debug)]
+    enum RequestInner<B> {
+        Passthrough { #[pin] body: B },
+        Buffered { data: Option<Bytes> },
+    }
+}
+
+impl<B> RequestBody<B> {
+    pub(crate) fn passthrough(body: B) -> Self {
+        Self {
+            inner: RequestInner::Passthrough { body },
+        }
+    }
+
+    pub(crate) fn buffered(data: Bytes) -> Self {
+        Self {
+            inner: RequestInner::Buffered {
+                data: (!data.is_empty()).then_some(data),
+            },
+        }
+    }
+}
+
+impl<B> Body for RequestBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        match self.project().inner.project() {
+            RequestInnerProj::Passthrough { body } => body.poll_frame(cx),
+            RequestInnerProj::Buffered { data } => {
+                Poll::Ready(data.take().map(|d| Ok(Frame::data(d))))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            RequestInner::Passthrough { body } => body.is_end_stream(),
+            RequestInner::Buffered { data } => data.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            RequestInner::Passthrough { body } => body.size_hint(),
+            RequestInner::Buffered { data } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64))
+            }
+        }
+    }
+}
+
+pin_project! {
+    /// The response body the layer returns: the handler's body streamed untouched, a buffered
+    /// body (recorded, replayed or a rejection), or what was buffered followed by the rest.
+    pub struct ResponseBody<B> where B: Body {
+        #[pin]
+        inner: ResponseInner<B>,
+    }
+}
+
+pin_project! {
+    #[project = ResponseInnerProj]
+    enum ResponseInner<B> where B: Body {
+        Passthrough { #[pin] body: B },
+        Buffered { data: Option<Bytes>, trailers: Option<HeaderMap> },
+        // Bytes read while trying to record, then the rest of the handler's body.
+        Prefixed { prefix: Option<Bytes>, rest: Pin<Box<B>> },
+        // Bytes read before the handler's body failed, then its error.
+        Failed { prefix: Option<Bytes>, error: Option<B::Error> },
+    }
+}
+
+impl<B: Body> ResponseBody<B> {
+    pub(crate) fn passthrough(body: B) -> Self {
+        Self {
+            inner: ResponseInner::Passthrough { body },
+        }
+    }
+
+    pub(crate) fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
+        Self {
+            inner: ResponseInner::Buffered {
+                data: (!data.is_empty()).then_some(data),
+                trailers,
+            },
+        }
+    }
+
+    pub(crate) fn prefixed(prefix: Bytes, rest: Pin<Box<B>>) -> Self {
+        Self {
+            inner: ResponseInner::Prefixed {
+                prefix: (!prefix.is_empty()).then_some(prefix),
+                rest,
+            },
+        }
+    }
+
+    pub(crate) fn failed(prefix: Bytes, error: B::Error) -> Self {
+        Self {
+            inner: ResponseInner::Failed {
+                prefix: (!prefix.is_empty()).then_some(prefix),
+                error: Some(error),
+            },
+        }
+    }
+}
+
+impl<B> Body for ResponseBody<B>
+where
+    B: Body<Data = Bytes>,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        match self.project().inner.project() {
+            ResponseInnerProj::Passthrough { body } => body.poll_frame(cx),
+            ResponseInnerProj::Buffered { data, trailers } => Poll::Ready(match data.take() {
+                Some(d) => Some(Ok(Frame::data(d))),
+                None => trailers.take().map(|t| Ok(Frame::trailers(t))),
+            }),
+            ResponseInnerProj::Prefixed { prefix, rest } => match prefix.take() {
+                Some(p) => Poll::Ready(Some(Ok(Frame::data(p)))),
+                None => rest.as_mut().poll_frame(cx),
+            },
+            ResponseInnerProj::Failed { prefix, error } => Poll::Ready(match prefix.take() {
+                Some(p) => Some(Ok(Frame::data(p))),
+                None => error.take().map(Err),
+            }),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match &self.inner {
+            ResponseInner::Passthrough { body } => body.is_end_stream(),
+            ResponseInner::Buffered { data, trailers } => data.is_none() && trailers.is_none(),
+            ResponseInner::Prefixed { prefix, rest } => prefix.is_none() && rest.is_end_stream(),
+            ResponseInner::Failed { prefix, error } => prefix.is_none() && error.is_none(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match &self.inner {
+            ResponseInner::Passthrough { body } => body.size_hint(),
+            ResponseInner::Buffered { data, .. } => {
+                SizeHint::with_exact(data.as_ref().map_or(0, |d| d.remaining() as u64))
+            }
+            ResponseInner::Prefixed { prefix, rest } => {
+                let p = prefix.as_ref().map_or(0, |d| d.len() as u64);
+                let r = rest.size_hint();
+                let mut h = SizeHint::new();
+                h.set_lower(r.lower() + p);
+                if let Some(u) = r.upper() {
+                    h.set_upper(u + p);
+                }
+                h
+            }
+            ResponseInner::Failed { .. } => SizeHint::default(),
+        }
+    }
+}
+
+impl<B: Body> std::fmt::Debug for ResponseBody<B> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let state = match &self.inner {
+            ResponseInner::Passthrough { .. } => "passthrough",
+            ResponseInner::Buffered { .. } => "buffered",
+            ResponseInner::Prefixed { .. } => "prefixed",
+            ResponseInner::Failed { .. } => "failed",
+        };
+        f.debug_struct("ResponseBody")
+            .field("state", &state)
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,243 @@
+use super::config::{Config, ConfigError, ConfigErrorKind, KeySource, PrincipalMode, ResponseMode};
+use super::rejection::Rejection;
+use super::service::Idempotency;
+use crate::engine::Engine;
+use crate::fingerprint::Fingerprint;
+use crate::scope::Scope;
+use crate::store::{MemoryStore, Store};
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderName, Method, Response};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+use tower_layer::Layer;
+
+/// Applies [`Idempotency`] to a service. Built with `#[must_use]` options; cheap to clone.
+///
+/// See the [module docs](crate::http) for the check order and every option's default.
+pub struct IdempotencyLayer<St = MemoryStore> {
+    pub(crate) shared: Arc<Shared<St>>,
+}
+
+pub(crate) struct Shared<St> {
+    pub(crate) engine: Engine<St>,
+    pub(crate) config: Config,
+}
+
+impl<St> Clone for Shared<St> {
+    fn clone(&self) -> Self {
+        Self {
+            engine: self.engine.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
+impl<St> Clone for IdempotencyLayer<St> {
+    fn clone(&self) -> Self {
+        Self {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<St> fmt::Debug for IdempotencyLayer<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("IdempotencyLayer")
+            .field("engine", &self.shared.engine)
+            .field("config", &self.shared.config)
+            .finish()
+    }
+}
+
+impl IdempotencyLayer<MemoryStore> {
+    /// A layer over a new [`MemoryStore`] with its default bounds.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::with_store(MemoryStore::new())
+    }
+}
+
+impl Default for IdempotencyLayer<MemoryStore> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<St: Store> IdempotencyLayer<St> {
+    /// A layer over `store`.
+    #[must_use]
+    pub fn with_store(store: St) -> Self {
+        Self::with_engine(Engine::new(store))
+    }
+
+    /// A layer over an engine (to share one store, lease and retention with other doors).
+    #[must_use]
+    pub fn with_engine(engine: Engine<St>) -> Self {
+        Self {
+            shared: Arc::new(Shared {
+                engine,
+                config: Config::default(),
+            }),
+        }
+    }
+
+    fn config(mut self, f: impl FnOnce(&mut Config)) -> Self {
+        f(&mut Arc::make_mut(&mut self.shared).config);
+        self
+    }
+
+    fn engine(mut self, f: impl FnOnce(Engine<St>) -> Engine<St>) -> Self {
+        let shared = Arc::make_mut(&mut self.shared);
+        shared.engine = f(shared.engine.clone());
+        self
+    }
+
+    /// Reads the key from this header (default `Idempotency-Key`).
+    #[must_use]
+    pub fn header_name(self, name: HeaderName) -> Self {
+        self.config(|c| c.key_source = KeySource::Header(name))
+    }
+
+    /// Reads the key with a closure instead of a header (e.g. from a path segment). The value
+    /// is validated as a key: `1..=max_key_len` bytes of visible ASCII or spaces.
+    #[must_use]
+    pub fn key_fn(self, f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
+        self.config(|c| c.key_source = KeySource::Fn(Arc::new(f)))
+    }
+
+    /// Whether a request without a key is refused (400, the default) or passed through.
+    #[must_use]
+    pub fn required(self, required: bool) -> Self {
+        self.config(|c| c.required = required)
+    }
+
+    /// Reads the caller's scope with a closure instead of the [`Principal`](super::Principal)
+    /// request extension (the default).
+    #[must_use]
+    pub fn principal_fn(self, f: impl Fn(&Parts) -> Option<Scope> + Send + Sync + 'static) -> Self {
+        self.config(|c| c.principal_fn = Some(Arc::new(f)))
+    }
+
+    /// Whether a principal is required (401 without one, the default) or optional (one
+    /// shared anonymous scope).
+    #[must_use]
+    pub fn principal(self, mode: PrincipalMode) -> Self {
+        self.config(|c| c.principal_mode = mode)
+    }
+
+    /// The methods the layer acts on (default: every method but GET, HEAD, OPTIONS, TRACE).
+    #[must_use]
+    pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
+        let methods = methods.into_iter().collect();
+        self.config(|c| c.methods = Some(methods))
+    }
+
+    /// The namespace keys live in (default `default`): one per application or route group, so
+    /// two of them sharing a store never read each other's records.
+    #[must_use]
+    pub fn namespace(self, namespace: impl Into<String>) -> Self {
+        let ns: String = namespace.into();
+        self.config(|c| c.namespace = Arc::from(ns))
+    }
+
+    /// How long a claim holds a key (default 60 s), renewed while the handler runs.
+    #[must_use]
+    pub fn lease(self, lease: Duration) -> Self {
+        self.engine(|e| e.with_lease(lease))
+    }
+
+    /// How long a completed record is kept (default 24 h).
+    #[must_use]
+    pub fn ttl(self, ttl: Duration) -> Self {
+        self.engine(|e| e.with_ttl(ttl))
+    }
+
+    /// The largest request body buffered for the fingerprint (default 1 MiB); larger → 413.
+    #[must_use]
+    pub fn max_request_body(self, bytes: usize) -> Self {
+        self.config(|c| c.max_request_body = bytes)
+    }
+
+    /// The largest response body recorded (default 1 MiB); a larger response is recorded as
+    /// status and headers only, and a warning is logged.
+    #[must_use]
+    pub fn max_record_body(self, bytes: usize) -> Self {
+        self.engine(|e| e.with_max_record_body(bytes))
+    }
+
+    /// The longest key accepted, in bytes (default 255).
+    #[must_use]
+    pub fn max_key_len(self, bytes: usize) -> Self {
+        self.config(|c| c.max_key_len = bytes.max(1))
+    }
+
+    /// What a record keeps (default [`ResponseMode::Full`]).
+    #[must_use]
+    pub fn response_mode(self, mode: ResponseMode) -> Self {
+        self.config(|c| c.response_mode = mode)
+    }
+
+    /// Adds a header to the allow list of recorded and replayed headers.
+    ///
+    /// # Errors
+    /// [`ConfigErrorKind::DeniedHeader`] for a header on the fixed deny list (`set-cookie`,
+    /// `date`, `content-length`, hop-by-hop headers, `retry-after`, `ratelimit-*`, …).
+    ///
+    /// ```
+    /// use tower_idempotency::http::IdempotencyLayer;
+    /// use http::HeaderName;
+    ///
+    /// let layer = IdempotencyLayer::new().allow_header(HeaderName::from_static("x-order-id")).unwrap();
+    /// assert!(IdempotencyLayer::new().allow_header(HeaderName::from_static("set-cookie")).is_err());
+    /// ```
+    pub fn allow_header(mut self, name: HeaderName) -> Result<Self, ConfigError> {
+        let shared = Arc::make_mut(&mut self.shared);
+        if shared.config.headers.allow(name.clone()) {
+            Ok(self)
+        } else {
+            Err(ConfigError::new(
+                ConfigErrorKind::DeniedHeader,
+                format!("the header `{name}` is never recorded or replayed and cannot be allowed"),
+            ))
+        }
+    }
+
+    /// Renders rejections with your own function instead of problem+json. The layer still
+    /// inserts the [`Rejection`] into the response's extensions.
+    #[must_use]
+    pub fn render_rejection(
+        self,
+        f: impl Fn(&Rejection) -> Response<Bytes> + Send + Sync + 'static,
+    ) -> Self {
+        self.config(|c| c.renderer = Some(Arc::new(f)))
+    }
+
+    /// Computes the fingerprint with your own function (given the request head and the
+    /// buffered body) instead of method, path, raw query, content-type and body.
+    #[must_use]
+    pub fn fingerprint_fn(
+        self,
+        f: impl Fn(&Parts, &Bytes) -> Fingerprint + Send + Sync + 'static,
+    ) -> Self {
+        self.config(|c| c.fingerprint_fn = Some(Arc::new(f)))
+    }
+
+    /// The engine the layer uses (its store, lease and retention).
+    #[must_use]
+    pub fn engine_ref(&self) -> &Engine<St> {
+        &self.shared.engine
+    }
+}
+
+impl<S, St> Layer<S> for IdempotencyLayer<St> {
+    type Service = Idempotency<S, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Idempotency {
+            inner,
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}

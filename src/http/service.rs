@@ -1,0 +1,487 @@
+use super::body::{RequestBody, ResponseBody};
+use super::config::ResponseMode;
+use super::future::ResponseFuture;
+use super::layer::{IdempotencyLayer, Shared};
+use super::rejection::{Rejection, RejectionKind};
+use super::replay::{HeaderPolicy, is_recordable};
+use crate::engine::{Begin, Ticket};
+use crate::key::IdempotencyKey;
+use crate::record::StoredResponse;
+use crate::scope::{DerivedKey, Scope, StoreKey};
+use crate::store::{Store, StoreError, StoreErrorKind};
+use bytes::{Bytes, BytesMut};
+use http::{HeaderMap, Request, Response, header};
+use http_body::Body;
+use http_body_util::BodyExt;
+use std::fmt;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tower_service::Service;
+
+/// Retry-After for a retryable rejection (in flight, store failure, full store or scope).
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The idempotency middleware service. See the [module docs](crate::http).
+pub struct Idempotency<S, St> {
+    pub(crate) inner: S,
+    pub(crate) shared: Arc<Shared<St>>,
+}
+
+impl<S: Clone, St> Clone for Idempotency<S, St> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: fmt::Debug, St> fmt::Debug for Idempotency<S, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Idempotency")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, St: Store> Idempotency<S, St> {
+    /// Wraps `inner` with the settings of `layer`.
+    pub fn new(inner: S, layer: &IdempotencyLayer<St>) -> Self {
+        Self {
+            inner,
+            shared: Arc::clone(&layer.shared),
+        }
+    }
+
+    /// A reference to the inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// A mutable reference to the inner service.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, St, ReqB, ResB> Service<Request<ReqB>> for Idempotency<S, St>
+where
+    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    St: Store,
+    ReqB: Body<Data = Bytes> + Send + 'static,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Send,
+{
+    type Response = Response<ResponseBody<ResB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResB, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let config = &self.shared.config;
+        // 1. Methods the layer does not act on pass through without a store call.
+        if !config.applies_to(req.method()) {
+            return ResponseFuture::passthrough(self.inner.call(req.map(RequestBody::passthrough)));
+        }
+        let (parts, body) = req.into_parts();
+        // 2. The key.
+        let key = config.key(&parts);
+        // 3. No key, not required: pass through before any principal check.
+        if key.is_none() && !config.required {
+            // Lets the extractors tell "no key sent" from "layer not installed".
+            let mut parts = parts;
+            parts.extensions.insert(super::KeyAbsent);
+            let req = Request::from_parts(parts, RequestBody::passthrough(body));
+            return ResponseFuture::passthrough(self.inner.call(req));
+        }
+        // 4. The principal.
+        let Some(scope) = config.scope(&parts) else {
+            return self.reject(Rejection::new(
+                RejectionKind::PrincipalMissing,
+                "an idempotent request must be authenticated",
+            ));
+        };
+        // 5. Missing or invalid key.
+        let key = match key {
+            None => {
+                return self.reject(Rejection::new(
+                    RejectionKind::KeyMissing,
+                    format!(
+                        "this request requires an `{}` header",
+                        config_key_name(config)
+                    ),
+                ));
+            }
+            Some(Err(e)) => {
+                tracing::debug!(reason = %e, "idempotency key refused");
+                return self.reject(Rejection::new(RejectionKind::KeyInvalid, e.to_string()));
+            }
+            Some(Ok(k)) => k,
+        };
+        // 6a. A declared length over the limit is refused before reading.
+        let limit = config.max_request_body;
+        if content_length(&parts.headers).is_some_and(|n| n > limit as u64) {
+            return self.reject(body_too_large(limit));
+        }
+        // Keep the instance that was polled ready; the clone takes its place.
+        let clone = self.inner.clone();
+        let inner = std::mem::replace(&mut self.inner, clone);
+        let shared = Arc::clone(&self.shared);
+        ResponseFuture::keyed(Box::pin(keyed(shared, inner, parts, body, key, scope)))
+    }
+}
+
+fn config_key_name(config: &super::config::Config) -> String {
+    match &config.key_source {
+        super::config::KeySource::Header(h) => h.as_str().to_owned(),
+        super::config::KeySource::Fn(_) => "idempotency key".to_owned(),
+    }
+}
+
+impl<S, St> Idempotency<S, St> {
+    fn reject<F, B: Body, E>(&self, rejection: Rejection) -> ResponseFuture<F, B, E> {
+        ResponseFuture::ready(render(&self.shared, rejection))
+    }
+}
+
+fn render<St, B: Body>(shared: &Shared<St>, rejection: Rejection) -> Response<ResponseBody<B>> {
+    tracing::debug!(code = rejection.kind().code(), "idempotency rejection");
+    let mut res = shared
+        .config
+        .render(&rejection)
+        .map(|b| ResponseBody::buffered(b, None));
+    res.extensions_mut().insert(rejection);
+    res
+}
+
+fn body_too_large(limit: usize) -> Rejection {
+    Rejection::new(
+        RejectionKind::BodyTooLarge,
+        format!("the request body is over the limit of {limit} bytes"),
+    )
+}
+
+fn content_length(headers: &HeaderMap) -> Option<u64> {
+    headers
+        .get(header::CONTENT_LENGTH)?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Steps 6–9 for a keyed request: buffer and fingerprint, claim, run, classify, record.
+async fn keyed<S, St, ReqB, ResB>(
+    shared: Arc<Shared<St>>,
+    mut inner: S,
+    mut parts: http::request::Parts,
+    body: ReqB,
+    key: IdempotencyKey,
+    scope: Scope,
+) -> Result<Response<ResponseBody<ResB>>, S::Error>
+where
+    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+    St: Store,
+    ReqB: Body<Data = Bytes>,
+    ResB: Body<Data = Bytes> + Send + 'static,
+{
+    let config = &shared.config;
+    let engine = &shared.engine;
+    let body = match read_limited(body, config.max_request_body).await {
+        Ok(b) => b,
+        Err(r) => return Ok(render(&shared, r)),
+    };
+    let fingerprint = config.fingerprint(&parts, &body);
+    let store_key = StoreKey::derive(&config.namespace, &scope, &key);
+
+    let ticket = match engine.begin(store_key, fingerprint).await {
+        Ok(Begin::Run(ticket)) => ticket,
+        Ok(Begin::Replay(record)) => {
+            return Ok(match config.headers.replay(record) {
+                Ok(res) => {
+                    tracing::debug!(outcome = "replayed", key = ?store_key, "idempotency replay");
+                    res
+                }
+                Err(reason) => {
+                    tracing::warn!(outcome = "record_invalid", key = ?store_key, reason, "stored record failed re-validation; not replayed");
+                    render(
+                        &shared,
+                        Rejection::new(
+                            RejectionKind::RecordInvalid,
+                            "the stored response for this key could not be replayed",
+                        ),
+                    )
+                }
+            });
+        }
+        Ok(Begin::InFlight) => {
+            tracing::info!(outcome = "in_flight", key = ?store_key, "idempotent request already in progress");
+            return Ok(render(
+                &shared,
+                Rejection::new(
+                    RejectionKind::InFlight,
+                    "a request with this key is still being processed; retry later",
+                )
+                .retry_after(RETRY_AFTER),
+            ));
+        }
+        Ok(Begin::KeyReused) => {
+            tracing::warn!(outcome = "key_reused", key = ?store_key, "idempotency key reused with a different request");
+            return Ok(render(
+                &shared,
+                Rejection::new(
+                    RejectionKind::KeyReused,
+                    "this key was already used for a different request",
+                ),
+            ));
+        }
+        Ok(Begin::Invalid(e)) => {
+            tracing::warn!(outcome = "record_invalid", key = ?store_key, error = %e, "stored record failed validation; not replayed");
+            return Ok(render(
+                &shared,
+                Rejection::new(
+                    RejectionKind::RecordInvalid,
+                    "the stored response for this key could not be replayed",
+                ),
+            ));
+        }
+        Err(e) => return Ok(render(&shared, store_rejection(&e))),
+    };
+    tracing::debug!(outcome = "claimed", key = ?store_key, "idempotency key claimed");
+
+    parts
+        .extensions
+        .insert(DerivedKey::derive(&config.namespace, &scope, &key));
+    parts.extensions.insert(key);
+    let req = Request::from_parts(parts, RequestBody::buffered(body));
+
+    // The handler and the reading of its body both run under lease renewal.
+    let outcome = engine
+        .run(&ticket, async {
+            std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+            let res = inner.call(req).await?;
+            let status = res.status().as_u16();
+            if !is_recordable(status) {
+                return Ok(Outcome::Release(res.map(ResponseBody::passthrough)));
+            }
+            let (parts, body) = res.into_parts();
+            let record_headers = config.headers.record(&parts.headers);
+            let max = engine.max_record_body();
+            let exact_too_big = body.size_hint().lower() > max as u64;
+            if config.response_mode == ResponseMode::Status || exact_too_big {
+                if exact_too_big {
+                    tracing::warn!(key = ?store_key, "response body over the record limit; recording status and headers only");
+                }
+                let record = StoredResponse::new(status, record_headers, None);
+                return Ok(Outcome::Record(Response::from_parts(parts, ResponseBody::passthrough(body)), record));
+            }
+            Ok(match collect_limited(body, max).await {
+                Collected::Whole { data, trailers } => {
+                    let mut record = StoredResponse::new(status, record_headers, Some(data.clone()));
+                    if let Some(t) = &trailers {
+                        record = record.with_trailers(HeaderPolicy::record_trailers(t));
+                    }
+                    Outcome::Record(Response::from_parts(parts, ResponseBody::buffered(data, trailers)), record)
+                }
+                Collected::TooLarge { prefix, rest } => {
+                    tracing::warn!(key = ?store_key, "response body over the record limit; recording status and headers only");
+                    let record = StoredResponse::new(status, record_headers, None);
+                    Outcome::Record(Response::from_parts(parts, ResponseBody::prefixed(prefix, rest)), record)
+                }
+                Collected::Failed { prefix, error } => {
+                    Outcome::Release(Response::from_parts(parts, ResponseBody::failed(prefix, error)))
+                }
+            })
+        })
+        .await;
+
+    match outcome {
+        Err(e) => {
+            release(engine, ticket, store_key).await;
+            Err(e)
+        }
+        Ok(Outcome::Release(res)) => {
+            release(engine, ticket, store_key).await;
+            Ok(res)
+        }
+        Ok(Outcome::Record(res, record)) => {
+            complete(engine, ticket, store_key, &record).await;
+            Ok(res)
+        }
+    }
+}
+
+enum Outcome<B: Body> {
+    Release(Response<ResponseBody<B>>),
+    Record(Response<ResponseBody<B>>, StoredResponse),
+}
+
+async fn release<St: Store>(engine: &crate::Engine<St>, ticket: Ticket, key: StoreKey) {
+    match engine.release(ticket).await {
+        Ok(_) => tracing::debug!(outcome = "released", key = ?key, "idempotency key released"),
+        Err(e) => {
+            tracing::warn!(outcome = "release_failed", key = ?key, error = %e, "idempotency release failed; the key stays pending until its lease lapses")
+        }
+    }
+}
+
+async fn complete<St: Store>(
+    engine: &crate::Engine<St>,
+    ticket: Ticket,
+    key: StoreKey,
+    record: &StoredResponse,
+) {
+    match engine.complete(ticket, record).await {
+        Ok(true) => tracing::debug!(outcome = "completed", key = ?key, "idempotency record stored"),
+        Ok(false) => {
+            tracing::warn!(outcome = "lease_lost", key = ?key, "idempotency lease was lost before completion; record not stored")
+        }
+        Err(e) => {
+            tracing::warn!(outcome = "complete_failed", key = ?key, error = %e, "idempotency record could not be stored; the key stays pending until its lease lapses")
+        }
+    }
+}
+
+fn store_rejection(e: &StoreError) -> Rejection {
+    match e.kind() {
+        StoreErrorKind::ScopeFull => {
+            tracing::warn!(outcome = "scope_full", error = %e, "idempotency scope full");
+            Rejection::new(
+                RejectionKind::ScopeFull,
+                "too many requests of this caller are in progress",
+            )
+            .retry_after(RETRY_AFTER)
+        }
+        StoreErrorKind::StoreFull => {
+            tracing::warn!(outcome = "store_full", error = %e, "idempotency store full");
+            Rejection::new(
+                RejectionKind::StoreFull,
+                "the idempotency store is full; retry later",
+            )
+            .retry_after(RETRY_AFTER)
+        }
+        _ => {
+            tracing::warn!(outcome = "store_failed", error = %e, "idempotency claim failed; the handler did not run");
+            Rejection::new(
+                RejectionKind::StoreFailed,
+                "the idempotency store is unavailable; retry later",
+            )
+            .retry_after(RETRY_AFTER)
+        }
+    }
+}
+
+async fn read_limited<B: Body<Data = Bytes>>(body: B, limit: usize) -> Result<Bytes, Rejection> {
+    let mut body = std::pin::pin!(body);
+    let mut first: Option<Bytes> = None;
+    let mut buf = BytesMut::new();
+    let mut len = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|_| {
+            Rejection::new(
+                RejectionKind::BodyUnreadable,
+                "the request body could not be read",
+            )
+        })?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        len += data.len();
+        if len > limit {
+            return Err(body_too_large(limit));
+        }
+        // One chunk is kept as is; only a body in several chunks is copied together.
+        match first.take() {
+            None if buf.is_empty() => first = Some(data),
+            Some(f) => {
+                buf.reserve(len);
+                buf.extend_from_slice(&f);
+                buf.extend_from_slice(&data);
+            }
+            None => buf.extend_from_slice(&data),
+        }
+    }
+    Ok(first.unwrap_or_else(|| buf.freeze()))
+}
+
+enum Collected<B: Body> {
+    Whole {
+        data: Bytes,
+        trailers: Option<HeaderMap>,
+    },
+    TooLarge {
+        prefix: Bytes,
+        rest: Pin<Box<B>>,
+    },
+    Failed {
+        prefix: Bytes,
+        error: B::Error,
+    },
+}
+
+async fn collect_limited<B: Body<Data = Bytes>>(body: B, limit: usize) -> Collected<B> {
+    let mut body = Box::pin(body);
+    let mut first: Option<Bytes> = None;
+    let mut buf = BytesMut::new();
+    let mut len = 0usize;
+    let mut trailers: Option<HeaderMap> = None;
+    let take = |first: &mut Option<Bytes>, buf: &mut BytesMut| {
+        first.take().unwrap_or_else(|| std::mem::take(buf).freeze())
+    };
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(error) => {
+                return Collected::Failed {
+                    prefix: take(&mut first, &mut buf),
+                    error,
+                };
+            }
+        };
+        let data = match frame.into_data() {
+            Ok(d) => d,
+            Err(frame) => {
+                if let Ok(t) = frame.into_trailers() {
+                    match &mut trailers {
+                        Some(all) => all.extend(t),
+                        None => trailers = Some(t),
+                    }
+                }
+                continue;
+            }
+        };
+        len += data.len();
+        match first.take() {
+            None if buf.is_empty() => first = Some(data),
+            Some(f) => {
+                buf.reserve(len);
+                buf.extend_from_slice(&f);
+                buf.extend_from_slice(&data);
+            }
+            None => buf.extend_from_slice(&data),
+        }
+        if len > limit {
+            return Collected::TooLarge {
+                prefix: take(&mut first, &mut buf),
+                rest: body,
+            };
+        }
+    }
+    Collected::Whole {
+        data: take(&mut first, &mut buf),
+        trailers,
+    }
+}
