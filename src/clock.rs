@@ -22,7 +22,9 @@ impl TokioClock {
     /// A clock starting now.
     #[must_use]
     pub fn new() -> Self {
-        Self { start: tokio::time::Instant::now() }
+        Self {
+            start: tokio::time::Instant::now(),
+        }
     }
 }
 

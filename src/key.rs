@@ -72,7 +72,9 @@ impl IdempotencyKey {
         match parsed {
             Ok(Some(s)) => Self::checked(&s, max_len),
             Ok(None) => Err(KeyError::new(KeyErrorKind::NotAString)),
-            Err(_) if value.iter().any(|b| *b >= 0x80) => Err(KeyError::new(KeyErrorKind::NonAscii)),
+            Err(_) if value.iter().any(|b| *b >= 0x80) => {
+                Err(KeyError::new(KeyErrorKind::NonAscii))
+            }
             Err(_) if is_list(value) => Err(KeyError::new(KeyErrorKind::List)),
             Err(_) => Err(KeyError::new(KeyErrorKind::BrokenString)),
         }
@@ -116,7 +118,10 @@ impl<'de> sfv::visitor::ItemVisitor<'de> for StringItem {
             sfv::BareItemFromInput::String(s) => Some(s.as_str().to_owned()),
             _ => None,
         };
-        Ok(sfv::visitor::parameter_visitor_with(sfv::visitor::Ignored, move |()| Ok(s)))
+        Ok(sfv::visitor::parameter_visitor_with(
+            sfv::visitor::Ignored,
+            move |()| Ok(s),
+        ))
     }
 }
 

@@ -63,7 +63,10 @@ impl Record {
     /// # Errors
     /// A [`RecordError`] naming the first thing that is wrong.
     pub fn decode(&self, max_body: usize) -> Result<StoredResponse, RecordError> {
-        let mut r = Reader { buf: &self.0, pos: 0 };
+        let mut r = Reader {
+            buf: &self.0,
+            pos: 0,
+        };
         if r.take(2)? != MAGIC {
             return Err(RecordError::new("bad magic"));
         }
@@ -88,7 +91,11 @@ impl Record {
             return Err(RecordError::new("body in a status-only record"));
         }
         let body = r.slice(body_len)?;
-        let trailers = if flags & FLAG_TRAILERS != 0 { r.fields()? } else { Vec::new() };
+        let trailers = if flags & FLAG_TRAILERS != 0 {
+            r.fields()?
+        } else {
+            Vec::new()
+        };
         if r.pos != self.0.len() {
             return Err(RecordError::new("trailing bytes"));
         }
@@ -128,7 +135,12 @@ impl StoredResponse {
     /// A record of `status`, `headers` and `body` (`None`: status-only).
     #[must_use]
     pub fn new(status: u16, headers: Vec<Field>, body: Option<Bytes>) -> Self {
-        Self { status, headers, body, trailers: None }
+        Self {
+            status,
+            headers,
+            body,
+            trailers: None,
+        }
     }
 
     /// The same record with trailers.
@@ -144,7 +156,8 @@ impl StoredResponse {
     /// When a field is too long for the layout (a name or value over 64 KiB, more than 65 535
     /// fields, a body over 4 GiB) or a name or value holds bytes a header may not.
     pub fn encode(&self) -> Result<Record, RecordError> {
-        let fields_len = |fs: &[Field]| fs.iter().map(|(n, v)| 4 + n.len() + v.len()).sum::<usize>();
+        let fields_len =
+            |fs: &[Field]| fs.iter().map(|(n, v)| 4 + n.len() + v.len()).sum::<usize>();
         let body = self.body.as_deref().unwrap_or_default();
         let cap = 6
             + 2
@@ -195,9 +208,7 @@ fn put_fields(out: &mut BytesMut, fields: &[Field]) -> Result<(), RecordError> {
 fn valid_name(n: &[u8]) -> bool {
     !n.is_empty()
         && n.iter().all(|&b| {
-            b.is_ascii_lowercase()
-                || b.is_ascii_digit()
-                || b"!#$%&'*+-.^_`|~".contains(&b)
+            b.is_ascii_lowercase() || b.is_ascii_digit() || b"!#$%&'*+-.^_`|~".contains(&b)
         })
 }
 
@@ -286,7 +297,10 @@ mod tests {
         StoredResponse::new(
             201,
             vec![
-                (Bytes::from_static(b"content-type"), Bytes::from_static(b"application/json")),
+                (
+                    Bytes::from_static(b"content-type"),
+                    Bytes::from_static(b"application/json"),
+                ),
                 (Bytes::from_static(b"link"), Bytes::from_static(b"<a>")),
                 (Bytes::from_static(b"link"), Bytes::from_static(b"<b>")),
             ],
@@ -300,7 +314,10 @@ mod tests {
         assert_eq!(r.encode().unwrap().decode(1024).unwrap(), r);
         let s = StoredResponse::new(204, vec![], None);
         assert_eq!(s.encode().unwrap().decode(0).unwrap(), s);
-        let t = sample().with_trailers(vec![(Bytes::from_static(b"grpc-status"), Bytes::from_static(b"0"))]);
+        let t = sample().with_trailers(vec![(
+            Bytes::from_static(b"grpc-status"),
+            Bytes::from_static(b"0"),
+        )]);
         assert_eq!(t.encode().unwrap().decode(1024).unwrap(), t);
     }
 
@@ -308,7 +325,10 @@ mod tests {
     fn refuses_every_truncation_and_extension() {
         let bytes = sample().encode().unwrap().into_bytes();
         for n in 0..bytes.len() {
-            assert!(Record::from_bytes(bytes.slice(..n)).decode(1024).is_err(), "prefix {n}");
+            assert!(
+                Record::from_bytes(bytes.slice(..n)).decode(1024).is_err(),
+                "prefix {n}"
+            );
         }
         let mut longer = bytes.to_vec();
         longer.push(0);
@@ -320,7 +340,13 @@ mod tests {
         let bytes = sample().encode().unwrap().into_bytes().to_vec();
         let mut v = bytes.clone();
         v[2] = 2;
-        assert_eq!(Record::from_bytes(v.into()).decode(1024).unwrap_err().reason(), "unknown record version");
+        assert_eq!(
+            Record::from_bytes(v.into())
+                .decode(1024)
+                .unwrap_err()
+                .reason(),
+            "unknown record version"
+        );
         let mut v = bytes.clone();
         v[3] |= 0x80;
         assert!(Record::from_bytes(v.into()).decode(1024).is_err());
@@ -332,9 +358,17 @@ mod tests {
 
     #[test]
     fn refuses_header_injection() {
-        let bad = StoredResponse::new(200, vec![(Bytes::from_static(b"x"), Bytes::from_static(b"a\r\nb"))], None);
+        let bad = StoredResponse::new(
+            200,
+            vec![(Bytes::from_static(b"x"), Bytes::from_static(b"a\r\nb"))],
+            None,
+        );
         assert!(bad.encode().is_err());
-        let bad = StoredResponse::new(200, vec![(Bytes::from_static(b"X-Up"), Bytes::from_static(b"a"))], None);
+        let bad = StoredResponse::new(
+            200,
+            vec![(Bytes::from_static(b"X-Up"), Bytes::from_static(b"a"))],
+            None,
+        );
         assert!(bad.encode().is_err());
     }
 }

@@ -27,7 +27,10 @@ impl Scope {
     /// The scope of one principal, without a tenant.
     #[must_use]
     pub fn principal(id: impl Into<String>) -> Self {
-        Self { tenant: None, principal: Some(id.into()) }
+        Self {
+            tenant: None,
+            principal: Some(id.into()),
+        }
     }
 
     /// The shared scope of callers without a principal.
@@ -117,7 +120,10 @@ impl StoreKey {
         h.update(STORE_KEY_DOMAIN);
         h.update(scope_hash);
         lp(&mut h, key.as_str().as_bytes());
-        Self { scope: scope_hash, id: h.finalize().into() }
+        Self {
+            scope: scope_hash,
+            id: h.finalize().into(),
+        }
     }
 
     /// A store key from its two hashes (for tests and stores that rebuild keys).
@@ -211,11 +217,23 @@ mod tests {
     #[test]
     fn every_part_changes_the_store_key() {
         let base = StoreKey::derive("ns", &Scope::principal("p"), &key("k"));
-        assert_ne!(base, StoreKey::derive("ns2", &Scope::principal("p"), &key("k")));
-        assert_ne!(base, StoreKey::derive("ns", &Scope::principal("p").with_tenant("t"), &key("k")));
+        assert_ne!(
+            base,
+            StoreKey::derive("ns2", &Scope::principal("p"), &key("k"))
+        );
+        assert_ne!(
+            base,
+            StoreKey::derive("ns", &Scope::principal("p").with_tenant("t"), &key("k"))
+        );
         assert_ne!(base, StoreKey::derive("ns", &Scope::anonymous(), &key("k")));
-        assert_ne!(base, StoreKey::derive("ns", &Scope::principal("p"), &key("k2")));
-        assert_eq!(base, StoreKey::derive("ns", &Scope::principal("p"), &key("k")));
+        assert_ne!(
+            base,
+            StoreKey::derive("ns", &Scope::principal("p"), &key("k2"))
+        );
+        assert_eq!(
+            base,
+            StoreKey::derive("ns", &Scope::principal("p"), &key("k"))
+        );
     }
 
     #[test]
