@@ -1,1 +1,167 @@
-fn main() {}
+//! Micro-benchmarks: the fingerprint, the memory store, and one request through the layer in
+//! process (`oneshot`), next to the bare handler measured in the same run.
+//!
+//! ```text
+//! cargo bench --bench layer
+//! ```
+
+#![allow(missing_docs)] // criterion's macros generate undocumented items
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::post;
+use bytes::Bytes;
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use http::Request;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tower::ServiceExt;
+use tower_idempotency::{
+    Engine, Fingerprint, IdempotencyKey, IdempotencyLayer, MemoryStore, Principal, Scope,
+    StoreKey, StoredResponse, http::PrincipalMode,
+};
+
+fn json_body(len: usize) -> Bytes {
+    let mut s = String::from("{\"item\":\"");
+    while s.len() < len - 2 {
+        s.push('x');
+    }
+    s.push_str("\"}");
+    Bytes::from(s)
+}
+
+fn fingerprint(c: &mut Criterion) {
+    let mut g = c.benchmark_group("fingerprint");
+    for size in [1024usize, 64 * 1024] {
+        let body = vec![7u8; size];
+        g.throughput(Throughput::Bytes(size as u64));
+        g.bench_with_input(BenchmarkId::from_parameter(size), &body, |b, body| {
+            b.iter(|| {
+                Fingerprint::builder()
+                    .field(b"POST")
+                    .field(b"/orders")
+                    .field(b"")
+                    .field(b"application/json")
+                    .field(body)
+                    .finish()
+            });
+        });
+    }
+    g.finish();
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+fn fresh_key(scope: &Scope) -> StoreKey {
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    StoreKey::derive("bench", scope, &IdempotencyKey::new(&n.to_string(), 255).expect("key"))
+}
+
+fn memory_store(c: &mut Criterion) {
+    let mut g = c.benchmark_group("memory_store");
+    let record = StoredResponse::new(201, vec![], Some(Bytes::from_static(b"{\"id\":\"1\"}")));
+    let fp = Fingerprint::builder().field(b"x").finish();
+    // Retention short enough that the store stays near steady state instead of filling up.
+    let make = || Engine::new(MemoryStore::new()).with_ttl(Duration::from_millis(50));
+
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    let engine = make();
+    g.bench_function("claim_complete/1_thread", |b| {
+        b.to_async(&rt).iter(|| async {
+            let scope = Scope::principal("p");
+            let key = fresh_key(&scope);
+            let tower_idempotency::Begin::Run(t) = engine.begin(key, fp).await.expect("claim") else {
+                panic!("fresh key must be claimed")
+            };
+            engine.complete(t, &record).await.expect("complete");
+        });
+    });
+
+    let rt2 = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
+    let engine = make();
+    g.bench_function("claim_complete/2_threads_x2", |b| {
+        b.to_async(&rt2).iter(|| {
+            let e1 = engine.clone();
+            let e2 = engine.clone();
+            let record = record.clone();
+            async move {
+                let one = |e: Engine<MemoryStore>, p: &'static str, record: StoredResponse| {
+                    tokio::spawn(async move {
+                        let key = fresh_key(&Scope::principal(p));
+                        let tower_idempotency::Begin::Run(t) = e.begin(key, fp).await.expect("claim") else {
+                            panic!("fresh key must be claimed")
+                        };
+                        e.complete(t, &record).await.expect("complete");
+                    })
+                };
+                let a = one(e1, "a", record.clone());
+                let b = one(e2, "b", record);
+                a.await.expect("task");
+                b.await.expect("task");
+            }
+        });
+    });
+    g.finish();
+}
+
+async fn handler(body: Bytes) -> (http::StatusCode, &'static str) {
+    let _: serde_json::Value = serde_json::from_slice(&body).expect("json");
+    (http::StatusCode::CREATED, "{\"id\":\"42\"}")
+}
+
+fn request(key: Option<String>, body: &Bytes) -> Request<Body> {
+    let mut b = Request::post("/orders").header("content-type", "application/json");
+    if let Some(k) = key {
+        b = b.header("idempotency-key", k);
+    }
+    let mut req = b.body(Body::from(body.clone())).expect("request");
+    req.extensions_mut().insert(Principal::new("bench"));
+    req
+}
+
+fn layer_overhead(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    let body = json_body(1024);
+    let bare: Router = Router::new().route("/orders", post(handler));
+    let layered: Router = Router::new().route("/orders", post(handler)).layer(
+        IdempotencyLayer::with_store(MemoryStore::new())
+            .principal(PrincipalMode::Required)
+            .ttl(Duration::from_secs(5)),
+    );
+    // Warm one key for the replay row.
+    rt.block_on(async {
+        let res = layered.clone().oneshot(request(Some("replay-key".into()), &body)).await.expect("warm");
+        assert_eq!(res.status(), 201);
+    });
+    let n = Arc::new(AtomicU64::new(0));
+
+    let mut g = c.benchmark_group("layer_1KiB_json");
+    g.bench_function("bare", |b| {
+        b.to_async(&rt).iter(|| async {
+            let res = bare.clone().oneshot(request(None, &body)).await.expect("bare");
+            assert_eq!(res.status(), 201);
+        });
+    });
+    g.bench_function("first_run", |b| {
+        b.to_async(&rt).iter(|| async {
+            let k = n.fetch_add(1, Ordering::Relaxed);
+            let res = layered.clone().oneshot(request(Some(format!("k-{k}")), &body)).await.expect("first");
+            assert_eq!(res.status(), 201);
+        });
+    });
+    g.bench_function("replay", |b| {
+        b.to_async(&rt).iter(|| async {
+            let res = layered.clone().oneshot(request(Some("replay-key".into()), &body)).await.expect("replay");
+            assert_eq!(res.status(), 201);
+        });
+    });
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    targets = fingerprint, memory_store, layer_overhead
+}
+criterion_main!(benches);
