@@ -25,6 +25,7 @@
 use crate::fingerprint::Fingerprint;
 use crate::record::{RecordError, StoredResponse};
 use crate::scope::StoreKey;
+use crate::secret::Secret;
 use crate::store::{Claim, Store, StoreError, StoreErrorKind, Token};
 use std::fmt;
 use std::future::Future;
@@ -46,6 +47,7 @@ pub struct Engine<S> {
     lease: Duration,
     ttl: Duration,
     max_record_body: usize,
+    secret: Option<Secret>,
 }
 
 impl<S> Clone for Engine<S> {
@@ -55,6 +57,7 @@ impl<S> Clone for Engine<S> {
             lease: self.lease,
             ttl: self.ttl,
             max_record_body: self.max_record_body,
+            secret: self.secret.clone(),
         }
     }
 }
@@ -65,6 +68,7 @@ impl<S> fmt::Debug for Engine<S> {
             .field("lease", &self.lease)
             .field("ttl", &self.ttl)
             .field("max_record_body", &self.max_record_body)
+            .field("authenticated", &self.secret.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -116,6 +120,7 @@ impl<S: Store> Engine<S> {
             lease: DEFAULT_LEASE,
             ttl: DEFAULT_TTL,
             max_record_body: DEFAULT_MAX_RECORD_BODY,
+            secret: None,
         }
     }
 
@@ -137,6 +142,14 @@ impl<S: Store> Engine<S> {
     #[must_use]
     pub fn with_max_record_body(mut self, bytes: usize) -> Self {
         self.max_record_body = bytes;
+        self
+    }
+
+    /// Authenticates records and keys fingerprints with `secret` (see [`crate::secret`]).
+    /// Off by default.
+    #[must_use]
+    pub fn with_secret(mut self, secret: Secret) -> Self {
+        self.secret = Some(secret);
         self
     }
 
@@ -173,24 +186,35 @@ impl<S: Store> Engine<S> {
         key: StoreKey,
         fingerprint: Fingerprint,
     ) -> Result<Begin, StoreError> {
-        Ok(
-            match self.store.claim(&key, &fingerprint, self.lease).await? {
-                Claim::Claimed(token) => Begin::Run(Ticket {
-                    key,
-                    fingerprint,
-                    token,
-                }),
-                Claim::Pending { fingerprint: held } if held == fingerprint => Begin::InFlight,
-                Claim::Done {
-                    fingerprint: held,
-                    record,
-                } if held == fingerprint => match record.decode(self.max_record_body) {
+        let fingerprint = match &self.secret {
+            Some(s) => s.key_fingerprint(&fingerprint),
+            None => fingerprint,
+        };
+        let claim = self.store.claim(&key, &fingerprint, self.lease).await?;
+        Ok(match claim {
+            Claim::Claimed(token) => Begin::Run(Ticket {
+                key,
+                fingerprint,
+                token,
+            }),
+            Claim::Pending { fingerprint: held } if held == fingerprint => Begin::InFlight,
+            Claim::Done {
+                fingerprint: held,
+                record,
+            } if held == fingerprint => {
+                let decoded = match &self.secret {
+                    Some(s) => {
+                        record.decode_verified(self.max_record_body, s, key.id(), &fingerprint)
+                    }
+                    None => record.decode(self.max_record_body),
+                };
+                match decoded {
                     Ok(r) => Begin::Replay(r),
                     Err(e) => Begin::Invalid(e),
-                },
-                Claim::Pending { .. } | Claim::Done { .. } => Begin::KeyReused,
-            },
-        )
+                }
+            }
+            Claim::Pending { .. } | Claim::Done { .. } => Begin::KeyReused,
+        })
     }
 
     /// Runs `work` while renewing the ticket's lease every third of the lease, so work slower
@@ -257,6 +281,10 @@ impl<S: Store> Engine<S> {
     ) -> Result<bool, StoreError> {
         match response.encode() {
             Ok(record) => {
+                let record = match &self.secret {
+                    Some(s) => record.seal(s, ticket.key.id(), &ticket.fingerprint),
+                    None => record,
+                };
                 self.store
                     .complete(
                         &ticket.key,

@@ -7,6 +7,7 @@ pub mod fingerprint;
 pub mod key;
 pub mod record;
 pub mod scope;
+pub mod secret;
 pub mod store;
 
 pub use engine::{Begin, Engine, Ticket};
@@ -14,6 +15,7 @@ pub use fingerprint::Fingerprint;
 pub use key::{IdempotencyKey, KeyError, KeyErrorKind};
 pub use record::{Record, RecordError, StoredResponse};
 pub use scope::{DerivedKey, Scope, StoreKey};
+pub use secret::{Secret, SecretTooShort};
 pub use store::{Claim, MemoryStore, Store, StoreError, StoreErrorKind, Token};
 pub mod http;
 

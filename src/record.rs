@@ -12,6 +12,7 @@
 //! headers:u16 { name_len:u16 name value_len:u16 value }*
 //! body_len:u32 body
 //! trailers:u16 { name_len:u16 name value_len:u16 value }*   (present when flags & HAS_TRAILERS)
+//! tag:[u8; 32]                                               (present when flags & MAC)
 //! ```
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -21,7 +22,9 @@ const MAGIC: &[u8; 2] = b"TI";
 const VERSION: u8 = 1;
 const FLAG_BODY: u8 = 0b0000_0001;
 const FLAG_TRAILERS: u8 = 0b0000_0010;
-const KNOWN_FLAGS: u8 = FLAG_BODY | FLAG_TRAILERS;
+/// The last 32 bytes are an HMAC tag (see [`Secret`](crate::Secret)).
+const FLAG_MAC: u8 = 0b0000_0100;
+const KNOWN_FLAGS: u8 = FLAG_BODY | FLAG_TRAILERS | FLAG_MAC;
 
 /// An encoded record: opaque bytes to a store.
 #[derive(Clone, PartialEq, Eq)]
@@ -63,10 +66,58 @@ impl Record {
     /// # Errors
     /// A [`RecordError`] naming the first thing that is wrong.
     pub fn decode(&self, max_body: usize) -> Result<StoredResponse, RecordError> {
-        let mut r = Reader {
-            buf: &self.0,
-            pos: 0,
+        let content = match self.0.get(3) {
+            Some(flags) if flags & FLAG_MAC != 0 => {
+                let end = self.0.len().checked_sub(crate::secret::TAG_LEN);
+                self.0
+                    .slice(..end.ok_or(RecordError::new("truncated record"))?)
+            }
+            _ => self.0.clone(),
         };
+        Self::decode_content(&content, max_body)
+    }
+
+    /// Verifies the record's tag under `secret` for this key and fingerprint, then decodes it.
+    pub(crate) fn decode_verified(
+        &self,
+        max_body: usize,
+        secret: &crate::Secret,
+        key_id: &[u8; 32],
+        fingerprint: &crate::Fingerprint,
+    ) -> Result<StoredResponse, RecordError> {
+        let flags = *self.0.get(3).ok_or(RecordError::new("truncated record"))?;
+        if flags & FLAG_MAC == 0 {
+            return Err(RecordError::new("record is not authenticated"));
+        }
+        let end = self
+            .0
+            .len()
+            .checked_sub(crate::secret::TAG_LEN)
+            .ok_or(RecordError::new("truncated record"))?;
+        if !secret.verify(key_id, fingerprint, &self.0[..end], &self.0[end..]) {
+            return Err(RecordError::new("record authentication failed"));
+        }
+        Self::decode_content(&self.0.slice(..end), max_body)
+    }
+
+    /// Appends the tag of `secret` for this key and fingerprint.
+    pub(crate) fn seal(
+        self,
+        secret: &crate::Secret,
+        key_id: &[u8; 32],
+        fingerprint: &crate::Fingerprint,
+    ) -> Self {
+        let mut bytes = BytesMut::from(self.0);
+        if let Some(flags) = bytes.get_mut(3) {
+            *flags |= FLAG_MAC;
+        }
+        let tag = secret.tag(key_id, fingerprint, &bytes);
+        bytes.extend_from_slice(&tag);
+        Self(bytes.freeze())
+    }
+
+    fn decode_content(buf: &Bytes, max_body: usize) -> Result<StoredResponse, RecordError> {
+        let mut r = Reader { buf, pos: 0 };
         if r.take(2)? != MAGIC {
             return Err(RecordError::new("bad magic"));
         }
@@ -96,7 +147,7 @@ impl Record {
         } else {
             Vec::new()
         };
-        if r.pos != self.0.len() {
+        if r.pos != buf.len() {
             return Err(RecordError::new("trailing bytes"));
         }
         Ok(StoredResponse {
@@ -370,5 +421,62 @@ mod tests {
             None,
         );
         assert!(bad.encode().is_err());
+    }
+}
+
+#[cfg(test)]
+mod mac_tests {
+    use super::*;
+    use crate::{Fingerprint, Secret};
+
+    fn secret(b: u8) -> Secret {
+        Secret::new(vec![b; 32]).unwrap()
+    }
+
+    #[test]
+    fn sealed_records_verify_only_under_their_key_fingerprint_and_secret() {
+        let fp = Fingerprint::builder().field(b"a").finish();
+        let other_fp = Fingerprint::builder().field(b"b").finish();
+        let r = StoredResponse::new(201, vec![], Some(Bytes::from_static(b"hi")));
+        let sealed = r.encode().unwrap().seal(&secret(1), &[7; 32], &fp);
+        assert_eq!(
+            sealed
+                .decode_verified(1024, &secret(1), &[7; 32], &fp)
+                .unwrap(),
+            r
+        );
+        assert_eq!(
+            sealed.decode(1024).unwrap(),
+            r,
+            "a tag does not stop plain decoding"
+        );
+        assert!(
+            sealed
+                .decode_verified(1024, &secret(2), &[7; 32], &fp)
+                .is_err()
+        );
+        assert!(
+            sealed
+                .decode_verified(1024, &secret(1), &[8; 32], &fp)
+                .is_err()
+        );
+        assert!(
+            sealed
+                .decode_verified(1024, &secret(1), &[7; 32], &other_fp)
+                .is_err()
+        );
+        let unsealed = r.encode().unwrap();
+        assert!(
+            unsealed
+                .decode_verified(1024, &secret(1), &[7; 32], &fp)
+                .is_err()
+        );
+        let mut flipped = sealed.as_bytes().to_vec();
+        flipped[8] ^= 1;
+        assert!(
+            Record::from_bytes(flipped.into())
+                .decode_verified(1024, &secret(1), &[7; 32], &fp)
+                .is_err()
+        );
     }
 }

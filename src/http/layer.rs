@@ -224,6 +224,14 @@ impl<St: Store> IdempotencyLayer<St> {
         self.config(|c| c.fingerprint_fn = Some(Arc::new(f)))
     }
 
+    /// Authenticates records with an HMAC under `secret` and keys the stored fingerprints, so
+    /// a record written into the store by someone else is refused (503), not replayed. Off by
+    /// default; see [`crate::secret`].
+    #[must_use]
+    pub fn secret(self, secret: crate::Secret) -> Self {
+        self.engine(|e| e.with_secret(secret))
+    }
+
     /// The engine the layer uses (its store, lease and retention).
     #[must_use]
     pub fn engine_ref(&self) -> &Engine<St> {
