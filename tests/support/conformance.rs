@@ -1,0 +1,721 @@
+//! The store conformance suite: one test per behaviour of the [`Store`] contract, expanded once
+//! per backend by [`store_conformance!`](crate::store_conformance) (the tower-sessions way).
+//!
+//! A backend's test file mounts this module at `crate::support::conformance` (with `mod
+//! support;`, as `tests/support/mod.rs` declares `pub mod conformance;`), implements
+//! [`Harness`] and expands the macro with an expression that evaluates to a future of a fresh
+//! harness. The expression is evaluated once per test:
+//!
+//! ```ignore
+//! mod support;
+//! use support::conformance::Harness;
+//!
+//! struct MyHarness { store: MyStore }
+//!
+//! impl Harness for MyHarness {
+//!     type S = MyStore;
+//!     fn store(&self) -> &MyStore { &self.store }
+//!     // The store's time: a real sleep for a store whose expiry runs on a server.
+//!     fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send { tokio::time::sleep(d) }
+//! }
+//!
+//! store_conformance!(async { MyHarness { store: MyStore::connect().await } });
+//! ```
+//!
+//! Every test uses fresh random keys, each in its own random scope, so tests may share one
+//! server and run in parallel, and keys spread over cluster slots. Expiry tests use a 300 ms
+//! lease or retention and move time 600 ms, so a store on real time stays fast; everything else
+//! uses a 60 s lease and retention that never lapses during a test.
+
+// A test crate that mounts `support` without expanding the macro uses none of this.
+#![allow(dead_code, unreachable_pub)]
+
+use bytes::Bytes;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tower_idempotency::{
+    Begin, Claim, Engine, Fingerprint, Record, Store, StoreError, StoreKey, StoredResponse, Token,
+};
+
+/// What the suite needs from a backend: the store, and a way to move its time.
+pub trait Harness: Send + Sync + 'static {
+    /// The store under test.
+    type S: Store;
+
+    /// The store under test.
+    fn store(&self) -> &Self::S;
+
+    /// Moves the store's time forward by at least `d` (a `ManualClock` advance for the memory
+    /// store; a real sleep for Redis, whose expiry is server-side `PX`).
+    fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send;
+}
+
+/// Expands the conformance suite: one `#[tokio::test]` per behaviour, each starting with
+/// `let h = $make.await;` (so `$make` is an expression evaluating to a future of a fresh
+/// [`Harness`]).
+///
+/// The suite module must be mounted at `crate::support::conformance`. Expand the macro once per
+/// module (the test names are fixed); for a second configuration of the same store, expand it
+/// inside a submodule with `crate::store_conformance!(...)`.
+#[macro_export]
+macro_rules! store_conformance {
+    ($make:expr) => {
+        $crate::store_conformance!(@current_thread $make;
+            claim_on_free_key_is_claimed,
+            second_claim_sees_pending_with_first_fingerprint,
+            claim_then_replay,
+            other_fingerprint_gets_stored_fingerprint,
+            lease_expiry_frees_key,
+            record_expires_after_ttl,
+            stale_token_is_fenced,
+            renew_extends_lease,
+            renew_needs_the_holding_token,
+            release_frees_pending_key,
+            release_after_complete_keeps_record,
+            complete_is_written_once,
+            complete_without_holder_writes_record,
+            keys_are_independent,
+            engine_run_in_flight_reused_replay,
+            engine_release_lets_work_run_again,
+        );
+
+        #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
+        async fn concurrent_claims_have_one_winner() {
+            let h = $make.await;
+            $crate::support::conformance::concurrent_claims_have_one_winner(h).await;
+        }
+    };
+    (@current_thread $make:expr; $($name:ident),+ $(,)?) => {
+        $(
+            #[::tokio::test]
+            async fn $name() {
+                let h = $make.await;
+                $crate::support::conformance::$name(h).await;
+            }
+        )+
+    };
+}
+
+/// A lease or retention that never lapses during a test.
+pub const LONG: Duration = Duration::from_secs(60);
+/// The lease or retention of expiry tests.
+pub const SHORT: Duration = Duration::from_millis(300);
+/// How far expiry tests move time: comfortably past [`SHORT`].
+pub const PAST_SHORT: Duration = Duration::from_millis(600);
+
+/// A fresh random key in a fresh random scope.
+pub fn random_key() -> StoreKey {
+    StoreKey::from_parts(random_bytes(), random_bytes())
+}
+
+/// Two fresh random keys in one (fresh random) scope.
+pub fn random_keys_in_one_scope() -> (StoreKey, StoreKey) {
+    let scope = random_bytes();
+    (
+        StoreKey::from_parts(scope, random_bytes()),
+        StoreKey::from_parts(scope, random_bytes()),
+    )
+}
+
+fn random_bytes() -> [u8; 32] {
+    let mut b = [0u8; 32];
+    getrandom::fill(&mut b).expect("the OS random source works");
+    b
+}
+
+/// The fingerprint of a request named `tag`.
+pub fn fingerprint(tag: &str) -> Fingerprint {
+    Fingerprint::builder().field(tag.as_bytes()).finish()
+}
+
+/// An opaque record named `tag`, with bytes a text-only store would mangle.
+pub fn record(tag: &str) -> Record {
+    let mut b = tag.as_bytes().to_vec();
+    b.extend_from_slice(&[0, 0xff, 0x80, b'\r', b'\n', b'"', b'\\', 0x7f, 0]);
+    b.extend((0..=255u8).rev());
+    Record::from_bytes(Bytes::from(b))
+}
+
+/// A token no claim handed out.
+pub fn stranger() -> Token {
+    Token::generate().expect("the OS random source works")
+}
+
+/// Claims `key`, which must be free, and returns the token.
+pub async fn claim_free<S: Store>(
+    store: &S,
+    key: &StoreKey,
+    fp: &Fingerprint,
+    lease: Duration,
+) -> Token {
+    match store.claim(key, fp, lease).await {
+        Ok(Claim::Claimed(token)) => token,
+        other => panic!("a claim on the free key {key:?} must be Claimed, got {other:?}"),
+    }
+}
+
+/// Claims `key` (the claim must find it pending) and returns the holder's fingerprint.
+pub async fn expect_pending<S: Store>(store: &S, key: &StoreKey, why: &str) -> Fingerprint {
+    match store.claim(key, &fingerprint("probe"), LONG).await {
+        Ok(Claim::Pending { fingerprint }) => fingerprint,
+        other => panic!("{why}: a claim on {key:?} must find it Pending, got {other:?}"),
+    }
+}
+
+/// Claims `key` (the claim must find it done) and returns the fingerprint and record.
+pub async fn expect_done<S: Store>(store: &S, key: &StoreKey, why: &str) -> (Fingerprint, Record) {
+    match store.claim(key, &fingerprint("probe"), LONG).await {
+        Ok(Claim::Done {
+            fingerprint,
+            record,
+        }) => (fingerprint, record),
+        other => panic!("{why}: a claim on {key:?} must find it Done, got {other:?}"),
+    }
+}
+
+fn ok<T>(result: Result<T, StoreError>, step: &str) -> T {
+    result.unwrap_or_else(|e| panic!("{step} failed: {e} ({e:?})"))
+}
+
+// ---- the behaviours -----------------------------------------------------------------------
+
+/// A claim on a free key holds it.
+pub async fn claim_on_free_key_is_claimed<H: Harness>(h: H) {
+    let key = random_key();
+    claim_free(h.store(), &key, &fingerprint("a"), LONG).await;
+}
+
+/// A second claim finds the key pending, with the first claimant's fingerprint.
+pub async fn second_claim_sees_pending_with_first_fingerprint<H: Harness>(h: H) {
+    let s = h.store();
+    let key = random_key();
+    claim_free(s, &key, &fingerprint("first"), LONG).await;
+    match ok(s.claim(&key, &fingerprint("first"), LONG).await, "claim") {
+        Claim::Pending { fingerprint: held } => assert_eq!(
+            held,
+            fingerprint("first"),
+            "Pending must carry the holder's fingerprint"
+        ),
+        other => panic!("a held key must answer Pending, got {other:?}"),
+    }
+}
+
+/// After `complete`, a claim finds the key done with its fingerprint and exactly the record.
+pub async fn claim_then_replay<H: Harness>(h: H) {
+    let s = h.store();
+    let key = random_key();
+    let fp = fingerprint("a");
+    let token = claim_free(s, &key, &fp, LONG).await;
+    assert!(
+        ok(
+            s.complete(&key, &token, &fp, record("a"), LONG).await,
+            "complete"
+        ),
+        "the holder's complete must write the record"
+    );
+    for round in 0..2 {
+        let (held, stored) = expect_done(s, &key, "after complete").await;
+        assert_eq!(
+            held, fp,
+            "Done must carry the completing request's fingerprint"
+        );
+        assert_eq!(
+            stored.as_bytes(),
+            record("a").as_bytes(),
+            "Done must return exactly the record's bytes (read {round})"
+        );
+    }
+}
+
+/// A claim with another fingerprint still gets the stored fingerprint: the engine, not the
+/// store, decides that the key was reused.
+pub async fn other_fingerprint_gets_stored_fingerprint<H: Harness>(h: H) {
+    let s = h.store();
+    let key = random_key();
+    let token = claim_free(s, &key, &fingerprint("a"), LONG).await;
+    match ok(s.claim(&key, &fingerprint("b"), LONG).await, "claim") {
+        Claim::Pending { fingerprint: held } => {
+            assert_eq!(
+                held,
+                fingerprint("a"),
+                "Pending must carry the holder's fingerprint, not the caller's"
+            );
+        }
+        other => panic!("a held key must answer Pending to any fingerprint, got {other:?}"),
+    }
+    ok(
+        s.complete(&key, &token, &fingerprint("a"), record("a"), LONG)
+            .await,
+        "complete",
+    );
+    match ok(s.claim(&key, &fingerprint("b"), LONG).await, "claim") {
+        Claim::Done {
+            fingerprint: held,
+            record: stored,
+        } => {
+            assert_eq!(
+                held,
+                fingerprint("a"),
+                "Done must carry the stored fingerprint, not the caller's"
+            );
+            assert_eq!(stored, record("a"));
+        }
+        other => panic!("a done key must answer Done to any fingerprint, got {other:?}"),
+    }
+}
+
+/// Once a lease lapses, a new claimant claims the key under a new token.
+pub async fn lease_expiry_frees_key<H: Harness>(h: H) {
+    let s = h.store();
+    let key = random_key();
+    let first = claim_free(s, &key, &fingerprint("a"), SHORT).await;
+    expect_pending(s, &key, "inside the lease").await;
+    h.advance(PAST_SHORT).await;
+    let second = match ok(s.claim(&key, &fingerprint("b"), LONG).await, "claim") {
+        Claim::Claimed(token) => token,
+        other => panic!("a key whose lease lapsed must be claimable, got {other:?}"),
+    };
+    assert_ne!(first, second, "each claim must get a fresh token");
+    assert_eq!(
+        expect_pending(s, &key, "after the new claim").await,
+        fingerprint("b"),
+        "the new claimant holds the key"
+    );
+}
+
+/// Once a record's retention ends, the key is free again.
+pub async fn record_expires_after_ttl<H: Harness>(h: H) {
+    let s = h.store();
+    let key = random_key();
+    let fp = fingerprint("a");
+    let token = claim_free(s, &key, &fp, LONG).await;
+    assert!(ok(
+        s.complete(&key, &token, &fp, record("a"), SHORT).await,
+        "complete"
+    ));
+    expect_done(s, &key, "inside the retention").await;
+    h.advance(PAST_SHORT).await;
+    match ok(s.claim(&key, &fp, LONG).await, "claim") {
+        Claim::Claimed(_) => {}
+        other => panic!("a record past its retention must be gone, got {other:?}"),
+    }
+}
+
+/// After a lease lapsed and another claim took the key, the first token's late steps leave the
+/// new holder alone, pending or done.
+pub async fn stale_token_is_fenced<H: Harness>(h: H) {
+    let s = h.store();
+    let key = random_key();
+    let (fa, fb) = (fingerprint("a"), fingerprint("b"));
+    let stale = claim_free(s, &key, &fa, SHORT).await;
+    h.advance(PAST_SHORT).await;
+    let holder = claim_free(s, &key, &fb, LONG).await;
+
+    assert!(
+        !ok(
+            s.complete(&key, &stale, &fa, record("a"), LONG).await,
+            "stale complete"
+        ),
+        "a stale token's complete must return false"
+    );
+    assert!(
+        !ok(s.release(&key, &stale).await, "stale release"),
+        "a stale token's release must return false"
+    );
+    assert!(
+        !ok(s.renew(&key, &stale, LONG).await, "stale renew"),
+        "a stale token's renew must return false"
+    );
+    assert_eq!(
+        expect_pending(s, &key, "after the stale steps").await,
+        fb,
+        "the new holder's claim must be intact"
+    );
+
+    assert!(ok(
+        s.complete(&key, &holder, &fb, record("b"), LONG).await,
+        "complete"
+    ));
+    assert!(!ok(
+        s.complete(&key, &stale, &fa, record("a"), LONG).await,
+        "stale complete"
+    ));
+    assert!(!ok(s.release(&key, &stale).await, "stale release"));
+    let (held, stored) = expect_done(s, &key, "after the stale steps on a done key").await;
+    assert_eq!(
+        (held, stored),
+        (fb, record("b")),
+        "the new holder's record must be intact"
+    );
+}
+
+/// Renewing with the holding token extends the lease past its original end, and the renewed
+/// lease ends in turn.
+pub async fn renew_extends_lease<H: Harness>(h: H) {
+    const LEASE: Duration = Duration::from_millis(1000);
+    let s = h.store();
+    let key = random_key();
+    let token = claim_free(s, &key, &fingerprint("a"), LEASE).await;
+    h.advance(Duration::from_millis(500)).await;
+    assert!(
+        ok(s.renew(&key, &token, LEASE).await, "renew"),
+        "the holder's renew inside the lease must succeed"
+    );
+    h.advance(Duration::from_millis(700)).await; // 1.2 s: past the original lease, not the renewed one
+    expect_pending(s, &key, "after the original lease, inside the renewed one").await;
+    h.advance(Duration::from_millis(800)).await; // 2.0 s: past the renewed lease
+    match ok(s.claim(&key, &fingerprint("b"), LONG).await, "claim") {
+        Claim::Claimed(_) => {}
+        other => panic!("a renewed lease must lapse in turn, got {other:?}"),
+    }
+}
+
+/// Renew succeeds only for the token that holds the key pending.
+pub async fn renew_needs_the_holding_token<H: Harness>(h: H) {
+    let s = h.store();
+    let key = random_key();
+    let fp = fingerprint("a");
+    let token = claim_free(s, &key, &fp, LONG).await;
+    assert!(
+        !ok(s.renew(&key, &stranger(), LONG).await, "renew"),
+        "renew with a token that never held the key must return false"
+    );
+    assert!(ok(
+        s.complete(&key, &token, &fp, record("a"), LONG).await,
+        "complete"
+    ));
+    assert!(
+        !ok(s.renew(&key, &token, LONG).await, "renew"),
+        "renew of a done key must return false"
+    );
+    assert_eq!(
+        expect_done(s, &key, "after renew on a done key").await,
+        (fp, record("a"))
+    );
+
+    // A lapsed lease is not brought back.
+    let key = random_key();
+    let token = claim_free(s, &key, &fp, SHORT).await;
+    h.advance(PAST_SHORT).await;
+    assert!(
+        !ok(s.renew(&key, &token, LONG).await, "renew"),
+        "renew after the lease lapsed must return false"
+    );
+    match ok(s.claim(&key, &fp, LONG).await, "claim") {
+        Claim::Claimed(_) => {}
+        other => panic!("a failed renew must not bring a lapsed lease back, got {other:?}"),
+    }
+}
+
+/// Release frees a key held pending by the token, and nothing else.
+pub async fn release_frees_pending_key<H: Harness>(h: H) {
+    let s = h.store();
+    let key = random_key();
+    let first = claim_free(s, &key, &fingerprint("a"), LONG).await;
+    assert!(
+        !ok(s.release(&key, &stranger()).await, "release"),
+        "release with another token must return false"
+    );
+    expect_pending(s, &key, "after a stranger's release").await;
+    assert!(
+        ok(s.release(&key, &first).await, "release"),
+        "the holder's release must delete the key"
+    );
+    let _second = claim_free(s, &key, &fingerprint("b"), LONG).await;
+    assert!(
+        !ok(s.release(&key, &first).await, "release"),
+        "a released token must not release the next holder"
+    );
+    assert_eq!(
+        expect_pending(s, &key, "after the old token's release").await,
+        fingerprint("b")
+    );
+    assert!(
+        !ok(s.release(&random_key(), &first).await, "release"),
+        "release of a free key must return false"
+    );
+
+    // A lapsed lease no longer holds the key, even with nobody claiming since.
+    let key = random_key();
+    let token = claim_free(s, &key, &fingerprint("a"), SHORT).await;
+    h.advance(PAST_SHORT).await;
+    assert!(
+        !ok(s.release(&key, &token).await, "release"),
+        "release after the lease lapsed must return false"
+    );
+}
+
+/// Release after complete returns false and the record stays.
+pub async fn release_after_complete_keeps_record<H: Harness>(h: H) {
+    let s = h.store();
+    let key = random_key();
+    let fp = fingerprint("a");
+    let token = claim_free(s, &key, &fp, LONG).await;
+    assert!(ok(
+        s.complete(&key, &token, &fp, record("a"), LONG).await,
+        "complete"
+    ));
+    assert!(
+        !ok(s.release(&key, &token).await, "release"),
+        "release must only delete a pending key"
+    );
+    assert_eq!(
+        expect_done(s, &key, "after release on a done key").await,
+        (fp, record("a"))
+    );
+}
+
+/// A done key is not overwritten by a second complete with the same token.
+pub async fn complete_is_written_once<H: Harness>(h: H) {
+    let s = h.store();
+    let key = random_key();
+    let fp = fingerprint("a");
+    let token = claim_free(s, &key, &fp, LONG).await;
+    assert!(ok(
+        s.complete(&key, &token, &fp, record("first"), LONG).await,
+        "complete"
+    ));
+    assert!(
+        !ok(
+            s.complete(&key, &token, &fp, record("second"), LONG).await,
+            "complete"
+        ),
+        "a second complete on a done key must return false"
+    );
+    assert_eq!(
+        expect_done(s, &key, "after the second complete").await,
+        (fp, record("first"))
+    );
+}
+
+/// `complete` writes the record when nothing holds the key: the lease lapsed and nobody claimed
+/// since, or nobody ever claimed it.
+pub async fn complete_without_holder_writes_record<H: Harness>(h: H) {
+    let s = h.store();
+    let fp = fingerprint("a");
+    let key = random_key();
+    let token = claim_free(s, &key, &fp, SHORT).await;
+    h.advance(PAST_SHORT).await;
+    assert!(
+        ok(
+            s.complete(&key, &token, &fp, record("a"), LONG).await,
+            "complete"
+        ),
+        "complete after the lease lapsed, with no new holder, must write the record"
+    );
+    assert_eq!(
+        expect_done(s, &key, "after a late complete").await,
+        (fp, record("a"))
+    );
+
+    let key = random_key();
+    assert!(
+        ok(
+            s.complete(&key, &stranger(), &fp, record("b"), LONG).await,
+            "complete"
+        ),
+        "complete on a key nobody ever held must write the record"
+    );
+    assert_eq!(
+        expect_done(s, &key, "after complete on a free key").await,
+        (fp, record("b"))
+    );
+
+    // A lapsed lease holds nothing: any token's complete writes.
+    let key = random_key();
+    claim_free(s, &key, &fp, SHORT).await;
+    h.advance(PAST_SHORT).await;
+    assert!(
+        ok(
+            s.complete(&key, &stranger(), &fp, record("c"), LONG).await,
+            "complete"
+        ),
+        "complete on a key whose lease lapsed must write the record, whatever the token"
+    );
+    assert_eq!(
+        expect_done(s, &key, "after complete on a lapsed key").await,
+        (fp, record("c"))
+    );
+}
+
+/// Keys of one scope and of other scopes do not interfere.
+pub async fn keys_are_independent<H: Harness>(h: H) {
+    let s = h.store();
+    let (k1, k2) = random_keys_in_one_scope();
+    let k3 = random_key();
+    let t1 = claim_free(s, &k1, &fingerprint("1"), LONG).await;
+    claim_free(s, &k2, &fingerprint("2"), LONG).await;
+    claim_free(s, &k3, &fingerprint("3"), LONG).await;
+    assert!(ok(
+        s.complete(&k1, &t1, &fingerprint("1"), record("1"), LONG)
+            .await,
+        "complete"
+    ));
+    assert_eq!(
+        expect_done(s, &k1, "the completed key").await,
+        (fingerprint("1"), record("1"))
+    );
+    assert_eq!(
+        expect_pending(s, &k2, "the same scope's other key").await,
+        fingerprint("2")
+    );
+    assert_eq!(
+        expect_pending(s, &k3, "another scope's key").await,
+        fingerprint("3")
+    );
+}
+
+/// 64 tasks claim one fresh key at once: exactly one wins, the others see the winner pending.
+pub async fn concurrent_claims_have_one_winner<H: Harness>(h: H) {
+    const TASKS: usize = 64;
+    let h = Arc::new(h);
+    let key = random_key();
+    let barrier = Arc::new(tokio::sync::Barrier::new(TASKS));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|i| {
+            let (h, barrier) = (Arc::clone(&h), Arc::clone(&barrier));
+            tokio::spawn(async move {
+                let fp = fingerprint(&format!("claimant {i}"));
+                barrier.wait().await;
+                (fp, h.store().claim(&key, &fp, LONG).await)
+            })
+        })
+        .collect();
+    let mut winners = Vec::new();
+    let mut seen = Vec::new();
+    for task in tasks {
+        let (fp, result) = task.await.expect("a claimant task panicked");
+        match ok(result, "concurrent claim") {
+            Claim::Claimed(_) => winners.push(fp),
+            Claim::Pending { fingerprint } => seen.push(fingerprint),
+            other => panic!("a concurrent claim must be Claimed or Pending, got {other:?}"),
+        }
+    }
+    assert_eq!(
+        winners.len(),
+        1,
+        "exactly one of {TASKS} concurrent claims must win"
+    );
+    assert!(
+        seen.iter().all(|fp| *fp == winners[0]),
+        "every loser must see the winner's fingerprint"
+    );
+}
+
+/// The engine over the store: run, in flight, key reused, replay.
+pub async fn engine_run_in_flight_reused_replay<H: Harness>(h: H) {
+    let engine = Engine::new(HarnessStore(Arc::new(h)))
+        .with_lease(LONG)
+        .with_ttl(LONG);
+    let key = random_key();
+    let (fa, fb) = (fingerprint("a"), fingerprint("b"));
+    let ticket = match ok(engine.begin(key, fa).await, "begin") {
+        Begin::Run(ticket) => ticket,
+        other => panic!("a free key must be run, got {other:?}"),
+    };
+    assert!(
+        matches!(ok(engine.begin(key, fa).await, "begin"), Begin::InFlight),
+        "the same request while the first runs is in flight"
+    );
+    assert!(
+        matches!(ok(engine.begin(key, fb).await, "begin"), Begin::KeyReused),
+        "another request under a held key is a reused key"
+    );
+    let response = StoredResponse::new(
+        201,
+        vec![
+            (
+                Bytes::from_static(b"content-type"),
+                Bytes::from_static(b"application/json"),
+            ),
+            (
+                Bytes::from_static(b"location"),
+                Bytes::from_static(b"/orders/7"),
+            ),
+        ],
+        Some(Bytes::from_static(b"{\"id\":7}")),
+    );
+    assert!(
+        ok(engine.complete(ticket, &response).await, "complete"),
+        "the ticket's complete must be written"
+    );
+    match ok(engine.begin(key, fa).await, "begin") {
+        Begin::Replay(replayed) => assert_eq!(
+            replayed, response,
+            "the replay must equal the stored response"
+        ),
+        other => panic!("the same request after completion must be replayed, got {other:?}"),
+    }
+    assert!(
+        matches!(ok(engine.begin(key, fb).await, "begin"), Begin::KeyReused),
+        "another request under a done key is a reused key"
+    );
+}
+
+/// A released ticket lets the same request run again.
+pub async fn engine_release_lets_work_run_again<H: Harness>(h: H) {
+    let engine = Engine::new(HarnessStore(Arc::new(h)))
+        .with_lease(LONG)
+        .with_ttl(LONG);
+    let key = random_key();
+    let fp = fingerprint("a");
+    let Begin::Run(ticket) = ok(engine.begin(key, fp).await, "begin") else {
+        panic!("a free key must be run");
+    };
+    assert!(ok(engine.release(ticket).await, "release"));
+    assert!(
+        matches!(ok(engine.begin(key, fp).await, "begin"), Begin::Run(_)),
+        "a released key must be run again"
+    );
+}
+
+/// A harness's store as an owned [`Store`], for the engine (which owns its store).
+pub struct HarnessStore<H>(pub Arc<H>);
+
+impl<H> std::fmt::Debug for HarnessStore<H> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HarnessStore(..)")
+    }
+}
+
+impl<H: Harness> Store for HarnessStore<H> {
+    fn claim(
+        &self,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
+        self.0.store().claim(key, fingerprint, lease)
+    }
+
+    fn complete(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        fingerprint: &Fingerprint,
+        record: Record,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.0
+            .store()
+            .complete(key, token, fingerprint, record, ttl)
+    }
+
+    fn release(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.0.store().release(key, token)
+    }
+
+    fn renew(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.0.store().renew(key, token, lease)
+    }
+}
