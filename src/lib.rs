@@ -16,6 +16,9 @@ pub use key::{IdempotencyKey, KeyError, KeyErrorKind};
 pub use record::{Record, RecordError, StoredResponse};
 pub use scope::{DerivedKey, Scope, StoreKey};
 pub use secret::{Secret, SecretTooShort};
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub use store::redis::RedisStore;
 pub use store::{Claim, MemoryStore, Store, StoreError, StoreErrorKind, Token};
 pub mod http;
 

@@ -21,6 +21,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 pub mod memory;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis;
 
 pub use memory::MemoryStore;
 

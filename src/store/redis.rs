@@ -1,0 +1,657 @@
+//! A Redis store, shared by every replica of a service: standalone Redis or Redis Cluster.
+//!
+//! When a service runs as more than one process, a retry may land on another replica than the
+//! first attempt; the [`MemoryStore`](super::MemoryStore) of that replica has never seen the
+//! key and would run the work again. [`RedisStore`] keeps the records in Redis, where every
+//! replica finds them.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tower_idempotency::Engine;
+//! use tower_idempotency::store::redis::RedisStore;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::connect("redis://127.0.0.1:6379", "orders")
+//!     .await?
+//!     .with_timeout(Duration::from_millis(500));
+//! let report = store.verify().await?; // version floor, eviction policy (warns when risky)
+//! println!("{report:?}");
+//! let engine = Engine::new(store);
+//! # let _ = engine; Ok(()) }
+//! ```
+//!
+//! # One round trip per step
+//!
+//! Each step of the [`Store`] contract is one Lua script, sent as one `EVALSHA` (the script is
+//! loaded with `SCRIPT LOAD` the first time a server answers `NOSCRIPT`). A script runs
+//! atomically on the server and checks the fencing token before it writes anything:
+//!
+//! | step | script |
+//! | --- | --- |
+//! | claim | `GET`; absent → `SET NX PX lease` the pending value and answer `1`; present → answer the stored value |
+//! | complete | write the done value with `PX ttl` only if the key is absent or pending under the caller's token |
+//! | release | `DEL` only if the key is pending under the caller's token |
+//! | renew | `PEXPIRE lease` only if the key is pending under the caller's token |
+//!
+//! A first execution therefore costs two Redis commands (claim, complete); a replay, an
+//! in-flight answer and a key-reuse answer cost one. The token is made by the client from the
+//! operating system's CSPRNG ([`Token::generate`]), never by the script.
+//!
+//! Expiry belongs to the server (`PX`, `PEXPIRE`): a pending key lapses with its lease, a done
+//! key with its retention, and no sweeper runs anywhere.
+//!
+//! # Keys and values
+//!
+//! A record is one Redis string, keyed `ti:<ns>:{<id>}`: `<ns>` is the first 16 hex digits of a
+//! domain-separated SHA-256 of the namespace (the namespace itself is never stored), `<id>` the
+//! hex [`StoreKey::id`], already a hash of namespace, scope and client key. The id sits inside a
+//! hash tag, so each record is its own cluster slot and one busy caller's keys spread over the
+//! whole cluster. The value is compact binary:
+//!
+//! ```text
+//! pending: 'P' fingerprint:32 token:16
+//! done:    'D' fingerprint:32 record            (the engine's encoded record, bytes as bytes)
+//! ```
+//!
+//! Anything else found under a key fails the request as a
+//! [`Protocol`](StoreErrorKind::Protocol) error: the work never runs on an unclear answer.
+//!
+//! # Server requirements
+//!
+//! Redis **5.0** or newer ([`MIN_REDIS_VERSION`]); [`RedisStore::verify`] checks it. The
+//! scripts use only `GET`, `SET … NX PX`, `DEL` and `PEXPIRE` (all older than 3.0), but 5.0 is
+//! the first version that replicates a script by its effects by default: replicas and the AOF
+//! receive the writes the script made, rather than re-running the script against their own
+//! copy of the data and clock. Redis Cluster (hash tags) and Valkey work alike.
+//!
+//! # Failures
+//!
+//! Every call is bounded by an operation timeout ([`DEFAULT_TIMEOUT`], 1 s; see
+//! [`RedisStore::with_timeout`]). Errors keep the Redis error as their source and map to:
+//!
+//! | Redis error | [`StoreErrorKind`] |
+//! | --- | --- |
+//! | the operation timeout, or an I/O timeout | `Timeout` |
+//! | connection refused, reset or dropped; cluster down, moved, read-only, loading; refused by the server (OOM, ACL) | `Unavailable` |
+//! | an answer that does not parse, an unexpected type, a script error | `Protocol` |
+//!
+//! A claim that fails answers 503 and the work does not run. A step that timed out may still
+//! have been applied by the server: a claim may leave the key pending until its lease lapses
+//! (a retry gets 409 until then), a complete may have stored the record.
+//!
+//! The connection made by [`RedisStore::connect`] is a
+//! [`ConnectionManager`]: when Redis goes away, calls fail fast, and the first call after Redis
+//! is back reconnects; the application needs no restart.
+//!
+//! # Durability: what "no duplicate processing" rests on
+//!
+//! The promise holds only while Redis keeps the records. Two ordinary events make Redis lose
+//! a record it already acknowledged, and then the next duplicate **runs the work again**:
+//!
+//! - **Eviction.** With a `maxmemory-policy` other than `noeviction`, a full Redis deletes keys
+//!   to make room, idempotency records included. Use `noeviction` (writes then fail, claims
+//!   answer 503, and nothing is run twice); [`RedisStore::verify`] warns otherwise.
+//! - **Failover.** Redis replicates asynchronously. When a primary fails and a replica is
+//!   promoted, the writes the replica had not yet received are gone: a record completed a
+//!   moment before the failure may not exist on the new primary. The same holds after a
+//!   restart of a server without persistence.
+//!
+//! Keep the retention (the engine's ttl) at least as long as clients retry.
+//!
+//! [`ConnectionManager`]: ::redis::aio::ConnectionManager
+
+use super::{Claim, Store, StoreError, StoreErrorKind, Token};
+use crate::fingerprint::Fingerprint;
+use crate::record::Record;
+use crate::scope::StoreKey;
+use ::redis::aio::ConnectionLike;
+use ::redis::{ErrorKind, RedisError, Script, ServerErrorKind, Value};
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, LazyLock};
+use std::time::Duration;
+
+mod verify;
+
+pub use self::verify::{EvictionCheck, VerifyReport};
+/// The `redis` crate this store is built on, for building connections of your own.
+pub use ::redis;
+
+/// The oldest Redis server the store works with: 5.0 (see the [module docs](self)).
+pub const MIN_REDIS_VERSION: (u32, u32, u32) = (5, 0, 0);
+
+/// The default bound on one store operation: 1 second.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
+const NAMESPACE_DOMAIN: &[u8] = b"tower-idempotency/redis-ns/v1";
+const PENDING: u8 = b'P';
+const DONE: u8 = b'D';
+const FP_END: usize = 1 + 32;
+const PENDING_LEN: usize = FP_END + 16;
+/// Longest expiry sent to Redis (about 100 years): far past any lease or retention, and far
+/// from the overflow Redis refuses when it adds an expiry to its clock.
+const MAX_EXPIRY_MS: u64 = 100 * 365 * 24 * 60 * 60 * 1000;
+
+static CLAIM: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis/claim.lua")));
+static COMPLETE: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("redis/complete.lua")));
+static RELEASE: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis/release.lua")));
+static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redis/renew.lua")));
+
+/// An idempotency [`Store`] in Redis or Redis Cluster, generic over the connection.
+///
+/// `C` is any `redis` async connection that is cheap to clone: the default
+/// [`ConnectionManager`](::redis::aio::ConnectionManager) (reconnects by itself), a
+/// `MultiplexedConnection`, or, with the `redis-cluster` feature, a
+/// `cluster_async::ClusterConnection`. Cloning the store clones the connection handle.
+///
+/// See the [module docs](self) for the key layout, the scripts, the version floor and the
+/// durability caveats.
+pub struct RedisStore<C = ::redis::aio::ConnectionManager> {
+    conn: C,
+    prefix: Arc<str>,
+    timeout: Duration,
+}
+
+impl<C: Clone> Clone for RedisStore<C> {
+    fn clone(&self) -> Self {
+        Self {
+            conn: self.conn.clone(),
+            prefix: Arc::clone(&self.prefix),
+            timeout: self.timeout,
+        }
+    }
+}
+
+impl<C> fmt::Debug for RedisStore<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The namespace given to a [`RedisStore`] was empty.
+///
+/// Two applications that share one Redis must use different namespaces, or they would answer
+/// each other's requests; an empty namespace is refused so none is forgotten.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InvalidNamespace;
+
+impl fmt::Display for InvalidNamespace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the Redis store's namespace must not be empty")
+    }
+}
+
+impl std::error::Error for InvalidNamespace {}
+
+impl RedisStore<::redis::aio::ConnectionManager> {
+    /// Connects to the Redis at `url` (`redis://host:port/db`, `rediss://` with a TLS feature
+    /// of the `redis` crate) through a [`ConnectionManager`](::redis::aio::ConnectionManager),
+    /// which reconnects by itself after Redis comes back.
+    ///
+    /// Each connection attempt is bounded by the operation timeout ([`DEFAULT_TIMEOUT`]), and a
+    /// lost connection is retried twice with a short back-off before calls fail fast (the next
+    /// call then tries again). Responses are bounded by the store's operation timeout, not by
+    /// the connection. For other settings, build a `ConnectionManager` and use
+    /// [`RedisStore::new`].
+    ///
+    /// # Errors
+    /// `Unavailable` when the namespace is empty (source: [`InvalidNamespace`]), the URL is
+    /// invalid or the server cannot be reached; `Timeout` when connecting takes longer than a
+    /// few seconds.
+    pub async fn connect(url: &str, namespace: &str) -> Result<Self, StoreError> {
+        let prefix = prefix_of(namespace).map_err(invalid_namespace)?;
+        let client = ::redis::Client::open(url).map_err(|e| map_err("invalid Redis URL", e))?;
+        let config = ::redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(DEFAULT_TIMEOUT))
+            .set_response_timeout(None)
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let connecting = ::redis::aio::ConnectionManager::new_with_config(client, config);
+        let conn = tokio::time::timeout(DEFAULT_TIMEOUT * 5, connecting)
+            .await
+            .map_err(|e| timed_out("connecting to Redis timed out", e))?
+            .map_err(|e| map_err("connecting to Redis failed", e))?;
+        Ok(Self::with_prefix(conn, prefix))
+    }
+}
+
+#[cfg(feature = "redis-cluster")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+impl RedisStore<::redis::cluster_async::ClusterConnection> {
+    /// Connects to a Redis Cluster through any of its `nodes` (`redis://host:port` each); the
+    /// client learns the rest of the cluster from them and follows slot moves and failovers.
+    ///
+    /// Connection attempts and responses are bounded by [`DEFAULT_TIMEOUT`]. For other
+    /// settings, build a `ClusterConnection` with [`redis::cluster::ClusterClient::builder`]
+    /// and use [`RedisStore::new`].
+    ///
+    /// # Errors
+    /// `Unavailable` when the namespace is empty (source: [`InvalidNamespace`]), a node URL is
+    /// invalid or no node can be reached; `Timeout` when connecting takes longer than a few
+    /// seconds.
+    pub async fn connect_cluster<I, T>(nodes: I, namespace: &str) -> Result<Self, StoreError>
+    where
+        I: IntoIterator<Item = T>,
+        T: ::redis::IntoConnectionInfo,
+    {
+        let prefix = prefix_of(namespace).map_err(invalid_namespace)?;
+        let client = ::redis::cluster::ClusterClient::builder(nodes)
+            .connection_timeout(DEFAULT_TIMEOUT)
+            .response_timeout(DEFAULT_TIMEOUT)
+            .build()
+            .map_err(|e| map_err("invalid Redis Cluster nodes", e))?;
+        let conn = tokio::time::timeout(DEFAULT_TIMEOUT * 5, client.get_async_connection())
+            .await
+            .map_err(|e| timed_out("connecting to Redis Cluster timed out", e))?
+            .map_err(|e| map_err("connecting to Redis Cluster failed", e))?;
+        Ok(Self::with_prefix(conn, prefix))
+    }
+}
+
+impl<C> RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// A store over an existing connection, keeping records under `namespace`.
+    ///
+    /// ```no_run
+    /// use tower_idempotency::store::redis::{RedisStore, redis};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+    /// let conn = client.get_multiplexed_async_connection().await?;
+    /// let store = RedisStore::new(conn, "orders")?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`InvalidNamespace`] when `namespace` is empty.
+    pub fn new(conn: C, namespace: &str) -> Result<Self, InvalidNamespace> {
+        Ok(Self::with_prefix(conn, prefix_of(namespace)?))
+    }
+
+    fn with_prefix(conn: C, prefix: String) -> Self {
+        Self {
+            conn,
+            prefix: prefix.into(),
+            timeout: DEFAULT_TIMEOUT,
+        }
+    }
+
+    /// Bounds every store operation (each one round trip) to `timeout`; a call that takes
+    /// longer fails with [`StoreErrorKind::Timeout`]. Default: [`DEFAULT_TIMEOUT`] (1 s).
+    ///
+    /// Keep it well below the lease: a claim must not outlive the lease it takes.
+    #[must_use]
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The operation timeout.
+    #[must_use]
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The prefix of every key this store writes (`ti:` and 16 hex digits of the hashed
+    /// namespace), for operators looking at Redis.
+    #[must_use]
+    pub fn key_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The Redis key holding the record of `key`.
+    #[must_use]
+    pub fn redis_key(&self, key: &StoreKey) -> String {
+        format!("{}:{{{}}}", self.prefix, key.id_hex())
+    }
+
+    /// The connection.
+    #[must_use]
+    pub fn connection(&self) -> &C {
+        &self.conn
+    }
+
+    /// Checks the server at start-up: its version is at least [`MIN_REDIS_VERSION`], and its
+    /// `maxmemory-policy` is `noeviction` (warned through `tracing` otherwise, since an evicted
+    /// record lets the next duplicate run). On Redis Cluster every primary is checked.
+    ///
+    /// The policy is read from `INFO`, or from `CONFIG GET maxmemory-policy` when `INFO` does
+    /// not show it; where both are refused (managed Redis), the report says the policy could
+    /// not be checked ([`EvictionCheck::Unknown`]) instead of failing.
+    ///
+    /// # Errors
+    /// The usual store errors when Redis cannot be asked; `Protocol` when the server is older
+    /// than the floor or its `INFO` carries no version.
+    pub async fn verify(&self) -> Result<VerifyReport, StoreError> {
+        let mut conn = self.conn.clone();
+        let info: Value = self
+            .bounded("Redis INFO", ::redis::cmd("INFO").query_async(&mut conn))
+            .await?;
+        let mut report = verify::from_info(&info)?;
+        if matches!(report.eviction, EvictionCheck::Unknown { .. }) {
+            let mut cmd = ::redis::cmd("CONFIG");
+            cmd.arg("GET").arg("maxmemory-policy");
+            report.eviction = match self
+                .bounded("Redis CONFIG GET", cmd.query_async::<Value>(&mut conn))
+                .await
+            {
+                Ok(v) => verify::from_config_get(&v),
+                Err(e) if e.kind() == StoreErrorKind::Protocol || is_refused(&e) => {
+                    EvictionCheck::Unknown {
+                        reason: "CONFIG GET was refused",
+                    }
+                }
+                Err(e) => return Err(e),
+            };
+        }
+        report.warn();
+        Ok(report)
+    }
+
+    async fn bounded<T>(
+        &self,
+        op: &'static str,
+        fut: impl Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(map_err(op, e)),
+            Err(e) => Err(timed_out(op, e)),
+        }
+    }
+
+    async fn run(
+        &self,
+        op: &'static str,
+        script: &Script,
+        key: &StoreKey,
+        args: &[&[u8]],
+    ) -> Result<Value, StoreError> {
+        let mut invocation = script.key(self.redis_key(key));
+        for a in args {
+            invocation.arg(*a);
+        }
+        let mut conn = self.conn.clone();
+        self.bounded(op, invocation.invoke_async(&mut conn)).await
+    }
+}
+
+impl<C> Store for RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn claim(
+        &self,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        let token = Token::generate()?;
+        let mut pending = Vec::with_capacity(PENDING_LEN);
+        pending.push(PENDING);
+        pending.extend_from_slice(fingerprint.as_bytes());
+        pending.extend_from_slice(token.as_bytes());
+        let lease = millis(lease);
+        let reply = self
+            .run("Redis claim", &CLAIM, key, &[&pending, lease.as_bytes()])
+            .await?;
+        match reply {
+            Value::Int(1) => Ok(Claim::Claimed(token)),
+            Value::BulkString(stored) => parse_stored(stored),
+            _ => Err(protocol("unexpected answer to claim")),
+        }
+    }
+
+    async fn complete(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        fingerprint: &Fingerprint,
+        record: Record,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let record = record.into_bytes();
+        let mut done = Vec::with_capacity(FP_END + record.len());
+        done.push(DONE);
+        done.extend_from_slice(fingerprint.as_bytes());
+        done.extend_from_slice(&record);
+        let ttl = millis(ttl);
+        let args: [&[u8]; 3] = [token.as_bytes(), &done, ttl.as_bytes()];
+        flag(
+            self.run("Redis complete", &COMPLETE, key, &args).await?,
+            "unexpected answer to complete",
+        )
+    }
+
+    async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
+        flag(
+            self.run("Redis release", &RELEASE, key, &[token.as_bytes()])
+                .await?,
+            "unexpected answer to release",
+        )
+    }
+
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let lease = millis(lease);
+        flag(
+            self.run(
+                "Redis renew",
+                &RENEW,
+                key,
+                &[token.as_bytes(), lease.as_bytes()],
+            )
+            .await?,
+            "unexpected answer to renew",
+        )
+    }
+}
+
+/// `ti:` and the first 16 hex digits of the namespace's domain-separated SHA-256.
+fn prefix_of(namespace: &str) -> Result<String, InvalidNamespace> {
+    if namespace.is_empty() {
+        return Err(InvalidNamespace);
+    }
+    let mut h = Sha256::new();
+    h.update(NAMESPACE_DOMAIN);
+    h.update(namespace.as_bytes());
+    let digest = h.finalize();
+    Ok(format!("ti:{}", crate::scope::hex(&digest[..8])))
+}
+
+/// A duration as whole milliseconds for `PX`/`PEXPIRE`: rounded up, at least 1, at most
+/// [`MAX_EXPIRY_MS`].
+fn millis(d: Duration) -> String {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    let ms = u64::try_from(ms)
+        .unwrap_or(u64::MAX)
+        .clamp(1, MAX_EXPIRY_MS);
+    ms.to_string()
+}
+
+/// Parses a value the claim script found under the key. Strict: a value of another layout is
+/// a protocol error, never a claim.
+fn parse_stored(stored: Vec<u8>) -> Result<Claim, StoreError> {
+    let fingerprint = |b: &[u8]| -> Fingerprint {
+        let mut fp = [0u8; 32];
+        fp.copy_from_slice(&b[1..FP_END]);
+        Fingerprint::from_bytes(fp)
+    };
+    match stored.first() {
+        Some(&PENDING) if stored.len() == PENDING_LEN => Ok(Claim::Pending {
+            fingerprint: fingerprint(&stored),
+        }),
+        Some(&DONE) if stored.len() >= FP_END => {
+            let fp = fingerprint(&stored);
+            let record = Record::from_bytes(Bytes::from(stored).slice(FP_END..));
+            Ok(Claim::Done {
+                fingerprint: fp,
+                record,
+            })
+        }
+        _ => Err(protocol("unrecognised value under an idempotency key")),
+    }
+}
+
+/// The 1/0 answer of complete, release and renew; anything else is a protocol error.
+fn flag(reply: Value, unexpected: &'static str) -> Result<bool, StoreError> {
+    match reply {
+        Value::Int(1) => Ok(true),
+        Value::Int(0) => Ok(false),
+        _ => Err(protocol(unexpected)),
+    }
+}
+
+fn protocol(message: &'static str) -> StoreError {
+    StoreError::new(StoreErrorKind::Protocol, message)
+}
+
+fn invalid_namespace(e: InvalidNamespace) -> StoreError {
+    StoreError::with_source(StoreErrorKind::Unavailable, "invalid namespace", e)
+}
+
+fn timed_out(op: &'static str, e: tokio::time::error::Elapsed) -> StoreError {
+    StoreError::with_source(StoreErrorKind::Timeout, op, e)
+}
+
+fn is_refused(e: &StoreError) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<RedisError>())
+        .is_some_and(|r| {
+            matches!(
+                r.kind(),
+                ErrorKind::Server(ServerErrorKind::NoPerm) | ErrorKind::Extension
+            )
+        })
+}
+
+/// Maps a Redis error to a store error kind, keeping it as the source.
+fn map_err(op: &'static str, e: RedisError) -> StoreError {
+    let kind = if e.is_timeout() {
+        StoreErrorKind::Timeout
+    } else {
+        match e.kind() {
+            // The server (or our script) answered something we do not understand.
+            ErrorKind::Parse
+            | ErrorKind::UnexpectedReturnType
+            | ErrorKind::Server(
+                ServerErrorKind::ResponseError
+                | ServerErrorKind::NoScript
+                | ServerErrorKind::CrossSlot
+                | ServerErrorKind::ExecAbort,
+            ) => StoreErrorKind::Protocol,
+            // Not reachable, not ready, or refused: I/O, cluster state, OOM, ACL, auth.
+            _ => StoreErrorKind::Unavailable,
+        }
+    };
+    StoreError::with_source(kind, op, e)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prefix_hides_the_namespace() {
+        let p = prefix_of("orders").unwrap();
+        assert_eq!(p.len(), 3 + 16);
+        assert!(p.starts_with("ti:") && !p.contains("orders"));
+        assert_ne!(p, prefix_of("orders2").unwrap());
+        assert_eq!(prefix_of(""), Err(InvalidNamespace));
+    }
+
+    #[test]
+    fn millis_round_up_and_stay_in_range() {
+        assert_eq!(millis(Duration::ZERO), "1");
+        assert_eq!(millis(Duration::from_micros(1500)), "2");
+        assert_eq!(millis(Duration::from_secs(60)), "60000");
+        assert_eq!(millis(Duration::MAX), MAX_EXPIRY_MS.to_string());
+    }
+
+    #[test]
+    fn parses_pending_and_done_values() {
+        let mut v = vec![PENDING];
+        v.extend_from_slice(&[7; 32]);
+        v.extend_from_slice(&[9; 16]);
+        assert_eq!(
+            parse_stored(v).unwrap(),
+            Claim::Pending {
+                fingerprint: Fingerprint::from_bytes([7; 32])
+            }
+        );
+        let mut v = vec![DONE];
+        v.extend_from_slice(&[7; 32]);
+        v.extend_from_slice(b"rec");
+        let Claim::Done {
+            fingerprint,
+            record,
+        } = parse_stored(v).unwrap()
+        else {
+            panic!("done")
+        };
+        assert_eq!(fingerprint, Fingerprint::from_bytes([7; 32]));
+        assert_eq!(record.as_bytes().as_ref(), b"rec");
+    }
+
+    #[test]
+    fn refuses_values_of_another_layout() {
+        let mut pending = vec![PENDING];
+        pending.extend_from_slice(&[0; 48]);
+        for bad in [
+            vec![],
+            vec![b'X'; 49],
+            pending[..48].to_vec(),
+            [&pending[..], b"x"].concat(),
+            vec![DONE; 32],
+        ] {
+            let err = parse_stored(bad).unwrap_err();
+            assert_eq!(err.kind(), StoreErrorKind::Protocol);
+        }
+    }
+
+    #[test]
+    fn flags_are_strict() {
+        assert!(flag(Value::Int(1), "renew").unwrap());
+        assert!(!flag(Value::Int(0), "renew").unwrap());
+        for bad in [
+            Value::Int(2),
+            Value::Nil,
+            Value::BulkString(b"1".to_vec()),
+            Value::Okay,
+        ] {
+            assert_eq!(
+                flag(bad, "renew").unwrap_err().kind(),
+                StoreErrorKind::Protocol
+            );
+        }
+    }
+
+    #[test]
+    fn scripts_check_the_pending_layout() {
+        // The scripts index the token at bytes 34..=49 of a 49-byte pending value ('P' = 80).
+        assert_eq!((PENDING_LEN, FP_END + 1, PENDING), (49, 34, 80));
+        for src in [
+            include_str!("redis/complete.lua"),
+            include_str!("redis/release.lua"),
+            include_str!("redis/renew.lua"),
+        ] {
+            assert!(src.contains(
+                "#held == 49 and string.byte(held, 1) == 80 and string.sub(held, 34, 49) == ARGV[1]"
+            ));
+        }
+    }
+}

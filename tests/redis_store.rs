@@ -1,0 +1,615 @@
+//! `RedisStore` on a real standalone `redis-server`: the conformance suite, the command count
+//! of each answer, outages, start-up checks and namespaces.
+//!
+//! Without `redis-server` on `PATH` these tests print a notice and pass, unless
+//! `TOWER_IDEMPOTENCY_REQUIRE_SERVERS` is set (as `scripts/test.sh` does), where they fail.
+#![cfg(feature = "redis")]
+#![allow(clippy::unwrap_used)]
+
+// Only the helpers this suite uses, mounted where `store_conformance!` expects them, so this
+// suite does not depend on the HTTP helpers compiling.
+mod support {
+    #[path = "conformance.rs"]
+    pub mod conformance;
+    #[path = "redis_server.rs"]
+    pub mod redis_server;
+}
+
+use bytes::Bytes;
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+use support::conformance::{Harness, fingerprint, random_key, record};
+use support::redis_server::{self, RedisServer};
+use tower_idempotency::store::redis::{EvictionCheck, InvalidNamespace, RedisStore, redis};
+use tower_idempotency::{
+    Begin, Claim, Engine, IdempotencyKey, Scope, Store, StoreErrorKind, StoreKey, StoredResponse,
+};
+
+/// One server for the whole suite; the tests use random keys, so they may share it.
+fn shared_server() -> Option<&'static RedisServer> {
+    static SERVER: OnceLock<RedisServer> = OnceLock::new();
+    redis_server::available().then(|| SERVER.get_or_init(RedisServer::start))
+}
+
+struct RedisHarness {
+    store: RedisStore,
+}
+
+impl Harness for RedisHarness {
+    type S = RedisStore;
+
+    fn store(&self) -> &RedisStore {
+        &self.store
+    }
+
+    // Expiry is the server's (`PX`), on real time.
+    fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send {
+        tokio::time::sleep(d)
+    }
+}
+
+/// A fresh harness on the shared server, or `None` (skip) when no server can be run.
+fn harness() -> Option<impl Future<Output = RedisHarness>> {
+    let server = shared_server()?;
+    Some(async move {
+        let store = RedisStore::connect(&server.url(), "conformance")
+            .await
+            .expect("connect");
+        RedisHarness { store }
+    })
+}
+
+// `return` in the expression leaves the test early (the notice is already printed).
+store_conformance!(match harness() {
+    Some(make) => make,
+    None => return,
+});
+
+// ---- one round trip per step ------------------------------------------------------------
+
+/// `INFO commandstats` as `command → calls`, without the INFO that asks.
+fn commandstats(server: &RedisServer) -> BTreeMap<String, u64> {
+    server
+        .command(&["INFO", "commandstats"])
+        .lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+            let calls = rest.split(',').next()?.parse().ok()?;
+            (name != "info").then(|| (name.to_owned(), calls))
+        })
+        .collect()
+}
+
+fn delta(before: &BTreeMap<String, u64>, after: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .filter_map(|(k, v)| {
+            let d = v - before.get(k).copied().unwrap_or(0);
+            (d > 0).then(|| (k.clone(), d))
+        })
+        .collect()
+}
+
+fn counts(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
+    pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
+}
+
+fn response() -> StoredResponse {
+    StoredResponse::new(
+        201,
+        vec![(
+            Bytes::from_static(b"content-type"),
+            Bytes::from_static(b"application/json"),
+        )],
+        Some(Bytes::from_static(b"{\"id\":1}")),
+    )
+}
+
+/// Counted on a server of its own, through the engine: the client sends one `EVALSHA` per
+/// step. `INFO commandstats` also counts the commands a script runs (`redis.call`), so the
+/// expected deltas name those too: each script runs one `GET`, and at most one write.
+#[tokio::test]
+async fn each_answer_costs_one_command_and_a_first_run_two() {
+    if !redis_server::available() {
+        return;
+    }
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url(), "count")
+        .await
+        .expect("connect");
+    let engine = Engine::new(store);
+    let scope = Scope::principal("counter");
+    let key = |k: &str| StoreKey::derive("count", &scope, &IdempotencyKey::new(k, 255).unwrap());
+    let (fa, fb) = (fingerprint("a"), fingerprint("b"));
+
+    // Warm up: the first EVALSHA of each script meets NOSCRIPT and loads it.
+    let Begin::Run(t) = engine.begin(key("warm"), fa).await.unwrap() else {
+        panic!("warm-up runs")
+    };
+    engine.complete(t, &response()).await.unwrap();
+    assert!(matches!(
+        engine.begin(key("warm"), fa).await.unwrap(),
+        Begin::Replay(_)
+    ));
+
+    let before = commandstats(&server);
+    let Begin::Run(t) = engine.begin(key("first"), fa).await.unwrap() else {
+        panic!("first run")
+    };
+    assert!(engine.complete(t, &response()).await.unwrap());
+    let first = delta(&before, &commandstats(&server));
+    assert_eq!(
+        first,
+        counts(&[("evalsha", 2), ("get", 2), ("set", 2)]),
+        "a first execution is two script calls (claim, complete) and nothing else"
+    );
+
+    let before = commandstats(&server);
+    assert!(
+        matches!(engine.begin(key("first"), fa).await.unwrap(), Begin::Replay(r) if r == response())
+    );
+    let replay = delta(&before, &commandstats(&server));
+    assert_eq!(
+        replay,
+        counts(&[("evalsha", 1), ("get", 1)]),
+        "a replay is one script call"
+    );
+
+    let Begin::Run(_held) = engine.begin(key("held"), fa).await.unwrap() else {
+        panic!("held runs")
+    };
+    let before = commandstats(&server);
+    assert!(matches!(
+        engine.begin(key("held"), fa).await.unwrap(),
+        Begin::InFlight
+    ));
+    let in_flight = delta(&before, &commandstats(&server));
+    assert_eq!(
+        in_flight,
+        counts(&[("evalsha", 1), ("get", 1)]),
+        "an in-flight answer is one script call"
+    );
+
+    let before = commandstats(&server);
+    assert!(matches!(
+        engine.begin(key("first"), fb).await.unwrap(),
+        Begin::KeyReused
+    ));
+    let mismatch = delta(&before, &commandstats(&server));
+    assert_eq!(
+        mismatch,
+        counts(&[("evalsha", 1), ("get", 1)]),
+        "a key-reuse answer is one script call"
+    );
+
+    eprintln!(
+        "commands sent (EVALSHA) per answer: first run {}, replay {}, in flight {}, mismatch {}; \
+         server-side deltas: {first:?} {replay:?} {in_flight:?} {mismatch:?}",
+        first["evalsha"], replay["evalsha"], in_flight["evalsha"], mismatch["evalsha"],
+    );
+}
+
+// ---- failures ---------------------------------------------------------------------------
+
+fn is_outage(kind: StoreErrorKind) -> bool {
+    matches!(kind, StoreErrorKind::Unavailable | StoreErrorKind::Timeout)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_fails_steps_and_the_same_store_recovers_after_a_restart() {
+    if !redis_server::available() {
+        return;
+    }
+    let mut server = RedisServer::start();
+    let store = RedisStore::connect(&server.url(), "outage")
+        .await
+        .expect("connect")
+        .with_timeout(Duration::from_millis(500));
+    let engine = Engine::new(store);
+    let fp = fingerprint("a");
+    let Begin::Run(ticket) = engine.begin(random_key(), fp).await.unwrap() else {
+        panic!("runs")
+    };
+
+    // Requests keep arriving while the server dies.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let load: Vec<_> = (0..8)
+        .map(|_| {
+            let (engine, stop) = (engine.clone(), Arc::clone(&stop));
+            tokio::spawn(async move {
+                let mut errors = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    match engine.begin(random_key(), fp).await {
+                        Ok(Begin::Run(_)) => {}
+                        Ok(other) => panic!("a fresh key must run or fail, got {other:?}"),
+                        Err(e) => {
+                            assert!(
+                                is_outage(e.kind()),
+                                "an outage is Unavailable or Timeout, got {e:?}"
+                            );
+                            errors += 1;
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                }
+                errors
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.stop();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let err = engine
+        .complete(ticket, &response())
+        .await
+        .expect_err("complete while Redis is down");
+    assert!(is_outage(err.kind()), "complete during the outage: {err:?}");
+    assert!(
+        std::error::Error::source(&err).is_some(),
+        "the Redis error is kept as the source"
+    );
+    let err = engine
+        .begin(random_key(), fp)
+        .await
+        .expect_err("claim while Redis is down");
+    assert!(is_outage(err.kind()), "claim during the outage: {err:?}");
+
+    server.restart();
+    let restarted = Instant::now();
+    let mut last = None;
+    while restarted.elapsed() < Duration::from_secs(10) {
+        match engine.begin(random_key(), fp).await {
+            Ok(Begin::Run(_)) => {
+                last = None;
+                break;
+            }
+            Ok(other) => panic!("a fresh key must run, got {other:?}"),
+            Err(e) => last = Some(e),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        last.is_none(),
+        "claims must succeed again after the restart: {last:?}"
+    );
+    let recovered = restarted.elapsed();
+    assert!(
+        recovered < Duration::from_secs(5),
+        "recovered only after {recovered:?}"
+    );
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut errors = 0;
+    for task in load {
+        errors += task.await.expect("no request panics during the outage");
+    }
+    assert!(errors > 0, "the load saw the outage");
+    eprintln!(
+        "recovered {recovered:?} after the restart; {errors} requests failed during the outage"
+    );
+}
+
+#[tokio::test]
+async fn a_server_that_stops_answering_times_out() {
+    if !redis_server::available() {
+        return;
+    }
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url(), "hang")
+        .await
+        .expect("connect")
+        .with_timeout(Duration::from_millis(200));
+    let key = random_key();
+    assert!(matches!(
+        store
+            .claim(&key, &fingerprint("a"), Duration::from_secs(60))
+            .await,
+        Ok(Claim::Claimed(_))
+    ));
+
+    signal(server.pid(), "-STOP");
+    let started = Instant::now();
+    let result = store
+        .claim(&random_key(), &fingerprint("a"), Duration::from_secs(60))
+        .await;
+    let took = started.elapsed();
+    signal(server.pid(), "-CONT");
+
+    let err = result.expect_err("a paused server cannot answer");
+    assert_eq!(err.kind(), StoreErrorKind::Timeout, "{err:?}");
+    assert!(
+        took < Duration::from_secs(1),
+        "the operation timeout bounds the call, took {took:?}"
+    );
+    // Once the server answers again, so does the store.
+    assert!(matches!(
+        store
+            .claim(&key, &fingerprint("a"), Duration::from_secs(60))
+            .await,
+        Ok(Claim::Pending { .. })
+    ));
+}
+
+fn signal(pid: u32, sig: &str) {
+    let status = std::process::Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill {sig} {pid}");
+}
+
+#[tokio::test]
+async fn a_foreign_value_under_a_key_is_a_protocol_error_and_never_a_claim() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url(), "foreign")
+        .await
+        .expect("connect");
+    let key = random_key();
+    server.command(&["SET", &store.redis_key(&key), "not a record"]);
+    let err = store
+        .claim(&key, &fingerprint("a"), Duration::from_secs(60))
+        .await
+        .expect_err("claim");
+    assert_eq!(err.kind(), StoreErrorKind::Protocol, "{err:?}");
+    let engine = Engine::new(store);
+    let err = engine
+        .begin(key, fingerprint("a"))
+        .await
+        .expect_err("begin");
+    assert_eq!(
+        err.kind(),
+        StoreErrorKind::Protocol,
+        "the work must not run: {err:?}"
+    );
+}
+
+#[tokio::test]
+async fn connecting_to_nothing_is_unavailable() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let err = RedisStore::connect(&format!("redis://127.0.0.1:{port}/"), "nothing")
+        .await
+        .expect_err("nothing listens there");
+    assert!(is_outage(err.kind()), "{err:?}");
+}
+
+// ---- start-up checks --------------------------------------------------------------------
+
+#[tokio::test]
+async fn verify_passes_on_a_real_server() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url(), "verify")
+        .await
+        .expect("connect");
+    let report = store.verify().await.expect("verify");
+    assert!(report.version >= (5, 0, 0), "{report:?}");
+    assert_eq!(report.servers, 1);
+    assert!(
+        report.is_noeviction(),
+        "a default server does not evict: {report:?}"
+    );
+}
+
+#[tokio::test]
+async fn verify_reports_an_evicting_policy() {
+    if !redis_server::available() {
+        return;
+    }
+    let server = RedisServer::start();
+    assert_eq!(
+        server.command(&["CONFIG", "SET", "maxmemory-policy", "allkeys-lru"]),
+        "OK"
+    );
+    let store = RedisStore::connect(&server.url(), "verify")
+        .await
+        .expect("connect");
+    let report = store
+        .verify()
+        .await
+        .expect("verify still passes: a warning, not a failure");
+    assert!(!report.is_noeviction());
+    assert_eq!(
+        report.eviction,
+        EvictionCheck::Evicts {
+            policy: "allkeys-lru".into()
+        }
+    );
+}
+
+#[tokio::test]
+async fn verify_passes_where_config_is_disabled() {
+    if !redis_server::available() {
+        return;
+    }
+    let server = RedisServer::start_with(&["--rename-command", "CONFIG", ""]);
+    let store = RedisStore::connect(&server.url(), "verify")
+        .await
+        .expect("connect");
+    let report = store.verify().await.expect("verify without CONFIG");
+    assert!(report.is_noeviction(), "INFO shows the policy: {report:?}");
+}
+
+/// A connection that answers INFO without a policy and refuses CONFIG (a managed Redis).
+#[derive(Clone)]
+struct ManagedRedis;
+
+impl redis::aio::ConnectionLike for ManagedRedis {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        let first = cmd.args_iter().next().and_then(|a| match a {
+            redis::Arg::Simple(b) => Some(b.to_vec()),
+            _ => None,
+        });
+        let answer = match first.as_deref() {
+            Some(b"INFO") => Ok(redis::Value::BulkString(
+                b"# Server\r\nredis_version:7.2.4\r\n".to_vec(),
+            )),
+            _ => Err(redis::RedisError::from((
+                redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError),
+                "unknown command 'CONFIG'",
+            ))),
+        };
+        Box::pin(std::future::ready(answer))
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        _: &'a redis::Pipeline,
+        _: usize,
+        _: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        Box::pin(std::future::ready(Err(redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "no pipelines",
+        )))))
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
+#[tokio::test]
+async fn verify_says_it_could_not_check_when_config_is_refused() {
+    let store = RedisStore::new(ManagedRedis, "managed").unwrap();
+    let report = store
+        .verify()
+        .await
+        .expect("a refused CONFIG is not a failure");
+    assert_eq!(report.version, (7, 2, 4));
+    assert!(
+        matches!(report.eviction, EvictionCheck::Unknown { .. }),
+        "{report:?}"
+    );
+    assert!(!report.is_noeviction());
+}
+
+#[tokio::test]
+async fn an_unexpected_script_answer_is_a_protocol_error() {
+    let store = RedisStore::new(ManagedRedis, "managed").unwrap();
+    let err = store
+        .claim(&random_key(), &fingerprint("a"), Duration::from_secs(1))
+        .await
+        .expect_err("claim");
+    assert_eq!(err.kind(), StoreErrorKind::Protocol, "{err:?}");
+}
+
+// ---- namespaces -------------------------------------------------------------------------
+
+#[tokio::test]
+async fn an_empty_namespace_is_refused() {
+    assert!(matches!(
+        RedisStore::new(ManagedRedis, "").err(),
+        Some(InvalidNamespace { .. })
+    ));
+    // Refused before any connection is tried (nothing listens on port 1).
+    let err = RedisStore::connect("redis://127.0.0.1:1/", "")
+        .await
+        .expect_err("empty namespace");
+    assert!(
+        std::error::Error::source(&err).is_some_and(|s| s.is::<InvalidNamespace>()),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn namespaces_never_see_each_others_records_and_keys_hold_nothing_raw() {
+    if !redis_server::available() {
+        return;
+    }
+    let server = RedisServer::start();
+    let (ns_a, ns_b) = ("namespace-alpha-visible", "namespace-beta-visible");
+    let a = RedisStore::connect(&server.url(), ns_a)
+        .await
+        .expect("connect");
+    let b = RedisStore::connect(&server.url(), ns_b)
+        .await
+        .expect("connect");
+    assert_ne!(a.key_prefix(), b.key_prefix());
+
+    // The same store key under both namespaces: two separate records.
+    let key = StoreKey::derive(
+        "shared",
+        &Scope::principal("principal-visible"),
+        &IdempotencyKey::new("client-key-visible", 255).unwrap(),
+    );
+    let fp = fingerprint("a");
+    let Ok(Claim::Claimed(ta)) = a.claim(&key, &fp, Duration::from_secs(60)).await else {
+        panic!("a claims")
+    };
+    let Ok(Claim::Claimed(tb)) = b.claim(&key, &fp, Duration::from_secs(60)).await else {
+        panic!("b must not see a's pending record")
+    };
+    assert!(
+        a.complete(&key, &ta, &fp, record("a"), Duration::from_secs(60))
+            .await
+            .unwrap()
+    );
+    assert!(
+        matches!(
+            b.claim(&key, &fp, Duration::from_secs(60)).await,
+            Ok(Claim::Pending { .. })
+        ),
+        "b sees only its own"
+    );
+    assert!(
+        !b.release(&key, &ta).await.unwrap(),
+        "a's token means nothing in b"
+    );
+    assert!(b.release(&key, &tb).await.unwrap());
+    assert!(
+        matches!(
+            a.claim(&key, &fp, Duration::from_secs(60)).await,
+            Ok(Claim::Done { .. })
+        ),
+        "b's release left a alone"
+    );
+
+    let mut conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys: Vec<Vec<u8>> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "only a's record is left");
+    let value: Vec<u8> = redis::cmd("GET")
+        .arg(&keys[0])
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    for raw in [
+        ns_a,
+        ns_b,
+        "shared",
+        "principal-visible",
+        "client-key-visible",
+    ] {
+        let contains = |hay: &[u8]| hay.windows(raw.len()).any(|w| w == raw.as_bytes());
+        assert!(
+            !contains(&keys[0]) && !contains(&value),
+            "{raw:?} must not be stored"
+        );
+    }
+    let name = String::from_utf8(keys[0].clone()).unwrap();
+    assert_eq!(name, a.redis_key(&key));
+    assert!(
+        name.starts_with("ti:") && name.ends_with('}') && name.contains(":{"),
+        "{name}"
+    );
+}

@@ -1,0 +1,386 @@
+//! Real Redis servers for tests: a standalone `redis-server` or a three-primary Redis Cluster,
+//! each on free loopback ports with persistence off, stopped when dropped.
+//!
+//! When `redis-server` is not on `PATH`, [`available`] prints a notice and the test returns
+//! early; with `TOWER_IDEMPOTENCY_REQUIRE_SERVERS` set (as `scripts/test.sh` does) it panics,
+//! so a missing server is a failure there, never a skip.
+
+// Each test crate uses part of this.
+#![allow(dead_code, unreachable_pub)]
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Once;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+/// The environment variable that turns a missing server into a failure.
+pub const REQUIRE_SERVERS: &str = "TOWER_IDEMPOTENCY_REQUIRE_SERVERS";
+
+/// Whether `redis-server` and `redis-cli` can be run. When they cannot: panics if
+/// [`REQUIRE_SERVERS`] is set, else prints a notice and returns `false` (skip the test).
+pub fn available() -> bool {
+    let missing: Vec<&str> = ["redis-server", "redis-cli"]
+        .into_iter()
+        .filter(|b| !on_path(b))
+        .collect();
+    if missing.is_empty() {
+        return true;
+    }
+    assert!(
+        std::env::var_os(REQUIRE_SERVERS).is_none(),
+        "{REQUIRE_SERVERS} is set but these are not on PATH: {}; install Redis (scripts/test.sh \
+         does) or unset {REQUIRE_SERVERS}",
+        missing.join(", "),
+    );
+    // Once per test binary, and past libtest's output capture (which hides what passing tests
+    // print), so a plain `cargo test` shows that the server tests did not run.
+    static NOTICE: Once = Once::new();
+    NOTICE.call_once(|| {
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipping: redis-server not found; run scripts/test.sh to run the server tests"
+        );
+    });
+    false
+}
+
+fn on_path(bin: &str) -> bool {
+    std::env::var_os("PATH")
+        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(bin).is_file()))
+}
+
+/// One `redis-server` process on a loopback port, killed on drop.
+#[derive(Debug)]
+pub struct RedisServer {
+    port: u16,
+    dir: PathBuf,
+    extra: Vec<String>,
+    child: Option<Child>,
+    watchdog: Option<Child>,
+}
+
+impl RedisServer {
+    /// A standalone server on a free port.
+    pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// A standalone server with extra `redis-server` arguments (`["--maxmemory", "10mb"]`).
+    pub fn start_with(extra: &[&str]) -> Self {
+        let extra: Vec<String> = extra.iter().map(ToString::to_string).collect();
+        let mut last = String::new();
+        for _ in 0..5 {
+            let port = free_port(false);
+            let mut server = Self {
+                port,
+                dir: temp_dir(port),
+                extra: extra.clone(),
+                child: None,
+                watchdog: None,
+            };
+            match server.spawn() {
+                Ok(()) => return server,
+                Err(e) => last = e,
+            }
+        }
+        panic!("could not start redis-server: {last}");
+    }
+
+    /// The port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The `redis://` URL of the server.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Kills the server (as a crash would: no shutdown, no save).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        if let Some(mut w) = self.watchdog.take() {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
+    }
+
+    /// Starts the server again on the same port (empty: persistence is off).
+    pub fn restart(&mut self) {
+        self.stop();
+        if let Err(e) = self.spawn() {
+            panic!("could not restart redis-server on port {}: {e}", self.port);
+        }
+    }
+
+    /// The server's process id, to pause it with `SIGSTOP`.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("server is running").id()
+    }
+
+    /// Sends one command and returns its reply (simple, integer, bulk or error line as text).
+    pub fn command(&self, args: &[&str]) -> String {
+        command(self.port, args).unwrap_or_else(|e| panic!("redis command {args:?} failed: {e}"))
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?;
+        let mut cmd = Command::new("redis-server");
+        cmd.args([
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            &self.port.to_string(),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ])
+        .arg("--dir")
+        .arg(&self.dir)
+        .args(&self.extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+        let mut child = cmd
+            .spawn()
+            .map_err(|e| format!("spawning redis-server: {e}"))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "redis-server on port {} exited at start: {status}",
+                    self.port
+                ));
+            }
+            if command(self.port, &["PING"]).is_ok_and(|r| r == "PONG") {
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "redis-server on port {} did not answer PING within 10 s",
+                    self.port
+                ));
+            }
+            sleep(Duration::from_millis(20));
+        }
+        self.watchdog = Some(watchdog(child.id(), &self.dir));
+        self.child = Some(child);
+        Ok(())
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.stop();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Redis Cluster of three primaries (no replicas) on loopback, killed on drop.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts three cluster-enabled servers, creates the cluster with `redis-cli --cluster
+    /// create`, and waits until every node reports `cluster_state:ok`.
+    pub fn start() -> Self {
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|i| {
+                let mut last = String::new();
+                for _ in 0..5 {
+                    let port = free_port(true);
+                    let dir = temp_dir(port);
+                    let conf = dir.join(format!("nodes-{i}.conf"));
+                    let extra = vec![
+                        "--cluster-enabled".to_owned(),
+                        "yes".to_owned(),
+                        "--cluster-config-file".to_owned(),
+                        conf.display().to_string(),
+                        "--cluster-node-timeout".to_owned(),
+                        "5000".to_owned(),
+                    ];
+                    let mut node = RedisServer {
+                        port,
+                        dir,
+                        extra,
+                        child: None,
+                        watchdog: None,
+                    };
+                    match node.spawn() {
+                        Ok(()) => return node,
+                        Err(e) => last = e,
+                    }
+                }
+                panic!("could not start a cluster node: {last}");
+            })
+            .collect();
+
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for n in &nodes {
+            create.arg(format!("127.0.0.1:{}", n.port));
+        }
+        create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null());
+        let out = run_bounded(create, Duration::from_secs(30));
+        assert!(out.0, "redis-cli --cluster create failed:\n{}", out.1);
+
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !nodes.iter().all(|n| {
+            command(n.port, &["CLUSTER", "INFO"]).is_ok_and(|i| i.contains("cluster_state:ok"))
+        }) {
+            assert!(
+                Instant::now() < deadline,
+                "the cluster did not reach cluster_state:ok within 30 s"
+            );
+            sleep(Duration::from_millis(50));
+        }
+        Self { nodes }
+    }
+
+    /// The nodes' `redis://` URLs.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The nodes.
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+}
+
+/// A port nothing listens on (for a cluster node, its bus port, +10000, is free too).
+fn free_port(cluster: bool) -> u16 {
+    for _ in 0..100 {
+        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind a loopback port");
+        let port = l.local_addr().expect("local addr").port();
+        if !cluster {
+            return port;
+        }
+        let bus_free = port
+            .checked_add(10_000)
+            .is_some_and(|bus| TcpListener::bind((Ipv4Addr::LOCALHOST, bus)).is_ok());
+        if bus_free {
+            return port;
+        }
+    }
+    panic!("no free loopback port found");
+}
+
+fn temp_dir(port: u16) -> PathBuf {
+    static SEQ: AtomicU32 = AtomicU32::new(0);
+    let n = SEQ.fetch_add(1, Ordering::Relaxed);
+    std::env::temp_dir().join(format!("ti-redis-{}-{n}-{port}", std::process::id()))
+}
+
+/// A shell loop that kills the server and removes its directory once this test process is
+/// gone, so a server held in a `static` (never dropped) does not outlive the test binary.
+fn watchdog(server: u32, dir: &Path) -> Child {
+    let script = format!(
+        "while kill -0 {parent} 2>/dev/null && kill -0 {server} 2>/dev/null; do sleep 1; done; \
+         kill -9 {server} 2>/dev/null; if ! kill -0 {parent} 2>/dev/null; then rm -rf '{dir}'; fi",
+        parent = std::process::id(),
+        dir = dir.display(),
+    );
+    Command::new("sh")
+        .args(["-c", &script])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn the watchdog shell")
+}
+
+/// Runs a command with a deadline; returns (success, combined output).
+fn run_bounded(mut cmd: Command, limit: Duration) -> (bool, String) {
+    let mut child = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("spawning {cmd:?}: {e}"));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait for child") {
+            break Some(s);
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        sleep(Duration::from_millis(50));
+    };
+    let mut out = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        let _ = o.read_to_string(&mut out);
+    }
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut out);
+    }
+    (status.is_some_and(|s| s.success()), out)
+}
+
+/// Sends one RESP command to 127.0.0.1:`port` and reads one reply that is not an array:
+/// `+OK` → `OK`, `:1` → `1`, `$n` → the bulk text, `-ERR x` → `Err`.
+pub fn command(port: u16, args: &[&str]) -> std::io::Result<String> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
+    s.set_read_timeout(Some(Duration::from_secs(2)))?;
+    s.set_write_timeout(Some(Duration::from_secs(2)))?;
+    let mut req = format!("*{}\r\n", args.len());
+    for a in args {
+        req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    s.write_all(req.as_bytes())?;
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        if let Some(reply) = parse_reply(&buf)? {
+            return Ok(reply);
+        }
+        let n = s.read(&mut chunk)?;
+        if n == 0 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::UnexpectedEof,
+                "connection closed",
+            ));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+fn parse_reply(buf: &[u8]) -> std::io::Result<Option<String>> {
+    let bad = |m: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, m.to_owned());
+    let Some(end) = buf.windows(2).position(|w| w == b"\r\n") else {
+        return Ok(None);
+    };
+    let line = String::from_utf8_lossy(&buf[1..end]).into_owned();
+    match buf.first() {
+        Some(b'+' | b':') => Ok(Some(line)),
+        Some(b'-') => Err(bad(&line)),
+        Some(b'$') => {
+            let len: usize = line.parse().map_err(|_| bad("bad bulk length"))?;
+            let start = end + 2;
+            if buf.len() < start + len + 2 {
+                return Ok(None);
+            }
+            Ok(Some(
+                String::from_utf8_lossy(&buf[start..start + len]).into_owned(),
+            ))
+        }
+        _ => Err(bad("unsupported reply type")),
+    }
+}
