@@ -41,6 +41,23 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// The default largest recorded body.
 pub const DEFAULT_MAX_RECORD_BODY: usize = 1024 * 1024;
 
+/// Logs a renewal's outcome; `true` when the lease is lost for good (stop renewing).
+fn renewal_lost(res: Result<bool, StoreError>, key: &StoreKey) -> bool {
+    match res {
+        Ok(true) => false,
+        Ok(false) => {
+            tracing::warn!(key = ?key, "idempotency lease lost while the work ran; a duplicate may run");
+            true
+        }
+        Err(e) => {
+            tracing::warn!(key = ?key, error = %e, "idempotency lease renewal failed; retrying");
+            false
+        }
+    }
+}
+
+type RenewFuture<'a> = Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send + 'a>>;
+
 /// The idempotency engine over a store. Cheap to clone (the store is shared).
 pub struct Engine<S> {
     store: Arc<S>,
@@ -224,40 +241,24 @@ impl<S: Store> Engine<S> {
         let every = self.lease / 3;
         let mut work = pin!(work);
         let mut sleep = pin!(tokio::time::sleep(every));
-        let mut renewing: Option<
-            Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send + '_>>,
-        > = None;
+        let mut renewing: Option<RenewFuture<'_>> = None;
         let mut lost = false;
         std::future::poll_fn(|cx| {
             if let Poll::Ready(out) = work.as_mut().poll(cx) {
                 return Poll::Ready(out);
             }
-            if let Some(fut) = renewing.as_mut() {
-                if let Poll::Ready(res) = fut.as_mut().poll(cx) {
-                    renewing = None;
-                    match res {
-                        Ok(true) => {}
-                        Ok(false) => {
-                            lost = true;
-                            tracing::warn!(key = ?ticket.key, "idempotency lease lost while the work ran; a duplicate may run");
-                        }
-                        Err(e) => tracing::warn!(key = ?ticket.key, error = %e, "idempotency lease renewal failed"),
-                    }
-                }
+            if let Some(fut) = renewing.as_mut()
+                && let Poll::Ready(res) = fut.as_mut().poll(cx)
+            {
+                renewing = None;
+                lost = renewal_lost(res, &ticket.key);
             }
             if !lost && renewing.is_none() && sleep.as_mut().poll(cx).is_ready() {
                 sleep.as_mut().reset(tokio::time::Instant::now() + every);
                 let _ = sleep.as_mut().poll(cx);
                 let mut fut = Box::pin(self.store.renew(&ticket.key, &ticket.token, self.lease));
                 match fut.as_mut().poll(cx) {
-                    Poll::Ready(Ok(true)) => {}
-                    Poll::Ready(Ok(false)) => {
-                        lost = true;
-                        tracing::warn!(key = ?ticket.key, "idempotency lease lost while the work ran; a duplicate may run");
-                    }
-                    Poll::Ready(Err(e)) => {
-                        tracing::warn!(key = ?ticket.key, error = %e, "idempotency lease renewal failed");
-                    }
+                    Poll::Ready(res) => lost = renewal_lost(res, &ticket.key),
                     Poll::Pending => renewing = Some(fut),
                 }
             }

@@ -22,7 +22,6 @@ pub struct Fingerprint([u8; 32]);
 
 impl Fingerprint {
     /// Starts a fingerprint over a sequence of fields.
-    #[must_use]
     pub fn builder() -> FingerprintBuilder {
         FingerprintBuilder::new()
     }
