@@ -1,0 +1,559 @@
+//! After the handler (DESIGN.md §3 step 9: what is recorded, what is released) and what a
+//! replay carries (§4: allowed and denied headers, repeated lines, response modes, records that
+//! fail re-validation), over a real TCP server.
+
+#[allow(dead_code, unreachable_pub)]
+mod support;
+
+use bytes::Bytes;
+use http::{HeaderName, StatusCode};
+use http_body_util::Full;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use support::http::{
+    Answer, RequestExt, SpyStore, TestServer, Work, default_fingerprint, plant, send, store_key,
+};
+use tokio::time::Instant;
+use tower::{Layer, ServiceExt, service_fn};
+use tower_idempotency::http::{ConfigErrorKind, RequestBody, ResponseMode};
+use tower_idempotency::record::Record;
+use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal, Secret, StoredResponse};
+
+const BODY: &str = r#"{"item":"book"}"#;
+
+async fn server_with<St: tower_idempotency::Store>(
+    layer: IdempotencyLayer<St>,
+) -> (TestServer, Work) {
+    let work = Work::new();
+    let server = TestServer::start(work.app(layer)).await;
+    (server, work)
+}
+
+/// The same keyed request twice, the handler answering `status`.
+async fn twice(server: &TestServer, key: &str, status: u16) -> (Answer, Answer) {
+    let request = || {
+        server
+            .post("/work", BODY)
+            .principal("alice")
+            .key(key)
+            .respond(status)
+    };
+    let first = send(request()).await;
+    let second = send(request()).await;
+    assert_eq!(
+        first.status.as_u16(),
+        status,
+        "the handler's status: {}",
+        first.describe()
+    );
+    assert!(!first.is_replay(), "a first run is not a replay");
+    (first, second)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Step 9: recorded or released
+// ---------------------------------------------------------------------------------------------
+
+async fn assert_recorded(statuses: &[u16]) {
+    let store = SpyStore::new();
+    let (server, work) = server_with(IdempotencyLayer::with_store(store.clone())).await;
+    for &s in statuses {
+        let (first, second) = twice(&server, &format!("k-{s}"), s).await;
+        assert!(
+            second.is_replay(),
+            "{s} is recorded and replayed: {}",
+            second.describe()
+        );
+        assert_eq!(second.status, first.status, "{s}: same status");
+        assert_eq!(second.body, first.body, "{s}: same body");
+    }
+    assert_eq!(work.executions(), statuses.len(), "each ran once");
+    assert_eq!(store.completes(), statuses.len(), "each was recorded");
+    assert_eq!(store.releases(), 0, "nothing was released");
+}
+
+async fn assert_released(statuses: &[u16]) {
+    let store = SpyStore::new();
+    let (server, work) = server_with(IdempotencyLayer::with_store(store.clone())).await;
+    for &s in statuses {
+        let (first, second) = twice(&server, &format!("k-{s}"), s).await;
+        assert!(
+            !second.is_replay(),
+            "{s} is released, not replayed: {}",
+            second.describe()
+        );
+        assert_eq!(
+            second.status.as_u16(),
+            s,
+            "{s}: the retry ran and answered again"
+        );
+        assert_eq!(
+            second.header("location").map(str::to_owned),
+            Some(format!("/things/{}", work.executions())),
+            "{s}: the retry is a new execution"
+        );
+        assert_ne!(first.header("location"), second.header("location"));
+    }
+    assert_eq!(work.executions(), 2 * statuses.len(), "each ran twice");
+    assert_eq!(store.completes(), 0, "nothing was recorded");
+    assert_eq!(
+        store.releases(),
+        2 * statuses.len(),
+        "every run was released"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn success_statuses_are_recorded_and_replayed() {
+    assert_recorded(&[200, 201, 202, 204]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn client_errors_other_than_408_425_429_are_recorded_and_replayed() {
+    assert_recorded(&[400, 401, 403, 404, 409, 410, 422]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_errors_are_released_so_the_retry_runs_again() {
+    assert_released(&[500, 502, 503, 504]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retryable_client_errors_408_425_429_are_released_so_the_retry_runs_again() {
+    assert_released(&[408, 425, 429]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redirects_are_released_so_the_retry_runs_again() {
+    assert_released(&[301, 302, 303, 307]).await;
+}
+
+#[derive(Debug, PartialEq, Eq)]
+struct Boom(&'static str);
+
+fn keyed_request() -> http::Request<Full<Bytes>> {
+    http::Request::post("/work")
+        .header("idempotency-key", "k-err")
+        .header("content-type", "application/json")
+        .extension(Principal::new("alice"))
+        .body(Full::new(Bytes::from_static(BODY.as_bytes())))
+        .expect("request")
+}
+
+#[tokio::test]
+async fn inner_service_error_releases_the_key_and_comes_back_unchanged() {
+    let store = SpyStore::new();
+    let layer = IdempotencyLayer::with_store(store.clone());
+    let calls = Arc::new(AtomicUsize::new(0));
+
+    let c = Arc::clone(&calls);
+    let failing = layer.layer(service_fn(
+        move |_req: http::Request<RequestBody<Full<Bytes>>>| {
+            c.fetch_add(1, Ordering::SeqCst);
+            async { Err::<http::Response<Full<Bytes>>, _>(Boom("the inner service failed")) }
+        },
+    ));
+    let err = failing
+        .oneshot(keyed_request())
+        .await
+        .expect_err("the inner error comes back");
+    assert_eq!(err, Boom("the inner service failed"), "unchanged");
+    assert_eq!(store.releases(), 1, "the key was released");
+    assert_eq!(store.completes(), 0, "nothing was recorded");
+
+    let c = Arc::clone(&calls);
+    let working = layer.layer(service_fn(
+        move |_req: http::Request<RequestBody<Full<Bytes>>>| {
+            c.fetch_add(1, Ordering::SeqCst);
+            async {
+                Ok::<_, Boom>(
+                    http::Response::builder()
+                        .status(201)
+                        .body(Full::new(Bytes::from_static(b"made")))
+                        .expect("response"),
+                )
+            }
+        },
+    ));
+    let res = working
+        .oneshot(keyed_request())
+        .await
+        .expect("the retry succeeds");
+    assert_eq!(res.status(), StatusCode::CREATED, "the retry ran");
+    assert!(!res.headers().contains_key("idempotent-replayed"));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        2,
+        "the inner service ran twice"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_body_failing_while_streamed_releases_the_key() {
+    let store = SpyStore::new();
+    let (server, work) = server_with(IdempotencyLayer::with_store(store.clone())).await;
+    let request = || {
+        server
+            .post("/work", BODY)
+            .principal("alice")
+            .key("k-broken")
+            .header("x-fail-body-first", "1")
+    };
+    // The first execution's body fails after one chunk: the client sees a broken answer.
+    match request().send().await {
+        Ok(res) => assert!(
+            res.bytes().await.is_err(),
+            "the client cannot read a whole body from a failed stream"
+        ),
+        Err(e) => assert!(!e.is_timeout(), "the failure is not a timeout: {e}"),
+    }
+    assert_eq!(work.executions(), 1);
+    assert_eq!(store.releases(), 1, "the key was released");
+    assert_eq!(store.completes(), 0, "nothing was recorded");
+
+    let retry = send(request()).await;
+    assert_eq!(retry.status, 201, "{}", retry.describe());
+    assert!(!retry.is_replay(), "the retry runs again");
+    assert_eq!(retry.execution(), 2);
+    let replay = send(request()).await;
+    assert!(replay.is_replay(), "{}", replay.describe());
+    assert_eq!(replay.execution(), 2, "the retry's answer is the record");
+}
+
+async fn assert_over_limit_recorded_as_status_only(header: &str, value: &str, expected: &[u8]) {
+    let store = SpyStore::new();
+    let layer = IdempotencyLayer::with_store(store.clone()).max_record_body(8);
+    let (server, work) = server_with(layer).await;
+    let request = || {
+        server
+            .post("/work", BODY)
+            .principal("alice")
+            .key("k-big")
+            .header(header, value)
+    };
+    let first = send(request()).await;
+    assert_eq!(first.status, 201, "{}", first.describe());
+    assert_eq!(
+        &first.body[..],
+        expected,
+        "the client receives the whole body"
+    );
+    assert_eq!(store.completes(), 1, "recorded (status and headers)");
+
+    let replay = send(request()).await;
+    assert!(replay.is_replay(), "{}", replay.describe());
+    assert_eq!(replay.status, 201, "the same status");
+    assert!(
+        replay.body.is_empty(),
+        "a status-only record has an empty body"
+    );
+    assert_eq!(
+        replay.header("location"),
+        Some("/things/1"),
+        "allowed headers are kept"
+    );
+    assert_eq!(work.executions(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_of_known_length_over_the_record_limit_is_sent_whole_and_recorded_as_status_only()
+{
+    assert_over_limit_recorded_as_status_only("x-body-bytes", "100", &[b'x'; 100]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streamed_response_over_the_record_limit_is_sent_whole_and_recorded_as_status_only() {
+    let expected = b"0123456789".repeat(10);
+    assert_over_limit_recorded_as_status_only("x-stream-chunks", "10", &expected).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_complete_still_answers_the_handlers_response_and_the_key_stays_pending_until_its_lease_lapses()
+ {
+    let lease = Duration::from_millis(1_000);
+    let store = SpyStore::new();
+    store.fail_completes(true);
+    let (server, work) =
+        server_with(IdempotencyLayer::with_store(store.clone()).lease(lease)).await;
+    let request = || {
+        server
+            .post("/work", BODY)
+            .principal("alice")
+            .key("k-unrecorded")
+    };
+
+    let first = send(request()).await;
+    let answered_at = Instant::now();
+    assert_eq!(
+        first.status,
+        201,
+        "the caller gets the handler's response: {}",
+        first.describe()
+    );
+    assert!(!first.is_replay());
+    assert_eq!(first.execution(), 1);
+    assert!(
+        first.header("set-cookie").is_some(),
+        "the handler's own response, cookies and all"
+    );
+    assert_eq!(store.completes(), 1, "complete was tried");
+
+    let right_after = send(request()).await;
+    assert!(
+        answered_at.elapsed() < lease / 2,
+        "the check ran well within the lease (took {:?}); the machine is too slow for this test",
+        answered_at.elapsed()
+    );
+    right_after.assert_problem(409, "idempotency.in_flight");
+
+    tokio::time::sleep_until(answered_at + lease + Duration::from_millis(300)).await;
+    let after_lease = send(request()).await;
+    assert_eq!(after_lease.status, 201, "{}", after_lease.describe());
+    assert!(!after_lease.is_replay(), "re-run after the lease");
+    assert_eq!(after_lease.execution(), 2);
+    assert_eq!(work.executions(), 2);
+}
+
+// ---------------------------------------------------------------------------------------------
+// §4: what a replay carries
+// ---------------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn set_cookie_and_request_id_are_never_replayed() {
+    let (server, _work) = server_with(IdempotencyLayer::new()).await;
+    let (first, replay) = twice(&server, "k-cookie", 201).await;
+    assert!(
+        first.header("set-cookie").is_some(),
+        "the first answer sets a cookie"
+    );
+    assert!(first.header("x-request-id").is_some());
+    assert!(replay.is_replay(), "{}", replay.describe());
+    assert!(
+        replay.header("set-cookie").is_none(),
+        "Set-Cookie is never replayed: {:?}",
+        replay.headers
+    );
+    assert!(
+        replay.header("x-request-id").is_none(),
+        "X-Request-Id is never replayed: {:?}",
+        replay.headers
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn location_and_content_type_are_replayed() {
+    let (server, _work) = server_with(IdempotencyLayer::new()).await;
+    let (first, replay) = twice(&server, "k-loc", 201).await;
+    assert!(replay.is_replay(), "{}", replay.describe());
+    assert_eq!(replay.header("location"), first.header("location"));
+    assert_eq!(replay.header("location"), Some("/things/1"));
+    assert_eq!(replay.header("content-type"), Some("application/json"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_link_lines_are_replayed_in_order() {
+    let (server, _work) = server_with(IdempotencyLayer::new()).await;
+    let (first, replay) = twice(&server, "k-link", 201).await;
+    let expected = vec![
+        "<a>; rel=\"first\"".to_owned(),
+        "<b>; rel=\"second\"".to_owned(),
+    ];
+    assert_eq!(
+        first.header_all("link"),
+        expected,
+        "the handler sent two lines"
+    );
+    assert!(replay.is_replay(), "{}", replay.describe());
+    assert_eq!(replay.header_all("link"), expected, "both lines, in order");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_off_the_allow_list_is_not_replayed() {
+    let (server, _work) = server_with(IdempotencyLayer::new()).await;
+    let (first, replay) = twice(&server, "k-plain", 201).await;
+    assert_eq!(first.header("x-order-id"), Some("order-1"));
+    assert!(replay.is_replay());
+    assert!(
+        replay.header("x-order-id").is_none(),
+        "{:?}",
+        replay.headers
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn header_added_with_allow_header_is_replayed() {
+    let layer = IdempotencyLayer::new()
+        .allow_header(HeaderName::from_static("x-order-id"))
+        .expect("x-order-id may be allowed");
+    let (server, _work) = server_with(layer).await;
+    let (_first, replay) = twice(&server, "k-allowed", 201).await;
+    assert!(replay.is_replay(), "{}", replay.describe());
+    assert_eq!(replay.header("x-order-id"), Some("order-1"));
+}
+
+#[test]
+fn allow_header_refuses_denied_headers_at_build_time() {
+    for name in [
+        "set-cookie",
+        "x-request-id",
+        "content-length",
+        "transfer-encoding",
+        "date",
+        "retry-after",
+        "ratelimit-remaining",
+        "x-ratelimit-limit",
+        "traceparent",
+        "idempotent-replayed",
+    ] {
+        let err = IdempotencyLayer::new()
+            .allow_header(HeaderName::from_static(name))
+            .expect_err(name);
+        assert_eq!(err.kind(), ConfigErrorKind::DeniedHeader, "{name}");
+        assert!(
+            err.to_string().contains(name),
+            "the error names {name}: {err}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_mode_replays_status_and_headers_with_an_empty_body() {
+    let (server, work) =
+        server_with(IdempotencyLayer::new().response_mode(ResponseMode::Status)).await;
+    let (first, replay) = twice(&server, "k-status", 201).await;
+    assert!(!first.body.is_empty(), "the caller gets the whole body");
+    assert!(replay.is_replay(), "{}", replay.describe());
+    assert_eq!(replay.status, 201);
+    assert!(
+        replay.body.is_empty(),
+        "no body was kept: {}",
+        replay.describe()
+    );
+    assert_eq!(replay.header("location"), Some("/things/1"));
+    assert_eq!(replay.header("content-type"), Some("application/json"));
+    assert_eq!(work.executions(), 1);
+}
+
+// ---------------------------------------------------------------------------------------------
+// §4: re-validation at replay
+// ---------------------------------------------------------------------------------------------
+
+/// Plants `record` for alice's `key` with the fingerprint of `POST /work` + [`BODY`], then
+/// sends that request: the answer must be 503 `record_invalid` with the handler not run.
+async fn assert_planted_record_refused(key: &str, record: Record) {
+    let store = Arc::new(MemoryStore::new());
+    let fp = default_fingerprint("POST", "/work", "", "application/json", BODY.as_bytes());
+    plant(&*store, &store_key("default", "alice", key), &fp, record).await;
+    let (server, work) = server_with(IdempotencyLayer::with_store(Arc::clone(&store))).await;
+    let a = send(server.post("/work", BODY).principal("alice").key(key)).await;
+    a.assert_problem(503, "idempotency.record_invalid");
+    assert_eq!(
+        work.executions(),
+        0,
+        "a refused record is not a reason to run again"
+    );
+}
+
+fn encoded(status: u16, headers: &[(&'static str, &'static str)]) -> Record {
+    let fields = headers
+        .iter()
+        .map(|(n, v)| {
+            (
+                Bytes::from_static(n.as_bytes()),
+                Bytes::from_static(v.as_bytes()),
+            )
+        })
+        .collect();
+    StoredResponse::new(status, fields, Some(Bytes::from_static(b"{}")))
+        .encode()
+        .expect("encode the planted record")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_with_a_non_recordable_status_is_503_record_invalid() {
+    assert_planted_record_refused(
+        "k-500",
+        encoded(500, &[("content-type", "application/json")]),
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_with_a_denied_header_is_503_record_invalid() {
+    let record = encoded(201, &[("location", "/x"), ("set-cookie", "session=stolen")]);
+    assert_planted_record_refused("k-cookie", record).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_with_corrupt_bytes_is_503_record_invalid() {
+    let record = Record::from_bytes(Bytes::from_static(b"not a record"));
+    assert_planted_record_refused("k-corrupt", record).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_with_a_header_no_longer_allowed_is_503_record_invalid() {
+    let store = Arc::new(MemoryStore::new());
+    let loose = IdempotencyLayer::with_store(Arc::clone(&store))
+        .allow_header(HeaderName::from_static("x-order-id"))
+        .expect("x-order-id may be allowed");
+    let (before, work) = server_with(loose).await;
+    let first = send(
+        before
+            .post("/work", BODY)
+            .principal("alice")
+            .key("k-narrowed"),
+    )
+    .await;
+    assert_eq!(first.status, 201, "{}", first.describe());
+
+    // The same store under the default allow list: the record is checked against it.
+    let (after, work_after) = server_with(IdempotencyLayer::with_store(Arc::clone(&store))).await;
+    let a = send(
+        after
+            .post("/work", BODY)
+            .principal("alice")
+            .key("k-narrowed"),
+    )
+    .await;
+    a.assert_problem(503, "idempotency.record_invalid");
+    assert_eq!(
+        work.executions() + work_after.executions(),
+        1,
+        "no second run"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_secret_a_record_planted_without_it_is_503_record_invalid() {
+    let secret = Secret::new([7u8; 32]).expect("a 32-byte secret");
+    let store = SpyStore::new();
+    let (server, work) =
+        server_with(IdempotencyLayer::with_store(store.clone()).secret(secret)).await;
+    // A first request shows which (keyed) fingerprint the store sees for this request.
+    let probe = send(server.post("/work", BODY).principal("alice").key("k-probe")).await;
+    assert_eq!(probe.status, 201, "{}", probe.describe());
+    let keyed = store.last_fingerprint().expect("the probe was claimed");
+
+    // Someone with store access but without the secret writes a well-formed record.
+    plant(
+        store.memory(),
+        &store_key("default", "alice", "k-forged"),
+        &keyed,
+        encoded(201, &[]),
+    )
+    .await;
+    let a = send(
+        server
+            .post("/work", BODY)
+            .principal("alice")
+            .key("k-forged"),
+    )
+    .await;
+    a.assert_problem(503, "idempotency.record_invalid");
+    assert_eq!(work.executions(), 1, "only the probe ran");
+
+    // A record the layer wrote itself still replays.
+    let replay = send(server.post("/work", BODY).principal("alice").key("k-probe")).await;
+    assert!(replay.is_replay(), "{}", replay.describe());
+}
