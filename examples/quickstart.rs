@@ -2,7 +2,11 @@
 //!
 //! ```text
 //! cargo run --example quickstart            # memory store, 127.0.0.1:3000 (PORT overrides)
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example quickstart --features redis
 //! ```
+//!
+//! With `REDIS_URL` set (and the `redis` feature), records live in Redis under the namespace
+//! `quickstart`, so several quickstart processes share them.
 //!
 //! - `Authorization: Bearer <name>` makes `<name>` the principal (demo authentication).
 //! - `POST /orders` with `{"item": "book", "delay_ms": 100?, "fail": 503?}` counts an execution,
@@ -117,6 +121,23 @@ fn app<St: Store>(idempotency: IdempotencyLayer<St>) -> Router {
         .layer(idempotency)
         .layer(middleware::from_fn(demo_auth))
         .layer(cors)
+}
+
+#[cfg(feature = "redis")]
+async fn redis_app(url: &str) -> std::io::Result<Router> {
+    let store = tower_idempotency::RedisStore::connect(url, "quickstart")
+        .await
+        .map_err(std::io::Error::other)?;
+    let report = store.verify().await.map_err(std::io::Error::other)?;
+    println!("redis: {report:?}");
+    Ok(app(IdempotencyLayer::with_store(store).required(false)))
+}
+
+#[cfg(not(feature = "redis"))]
+async fn redis_app(_url: &str) -> std::io::Result<Router> {
+    Err(std::io::Error::other(
+        "REDIS_URL is set but the example was built without the `redis` feature: add `--features redis`",
+    ))
 }
 
 #[tokio::main]

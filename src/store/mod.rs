@@ -25,7 +25,7 @@ pub mod memory;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
-pub use memory::MemoryStore;
+pub use memory::{MemoryStats, MemoryStore, MemoryStoreBuilder};
 
 /// A backend that keeps idempotency records.
 ///
@@ -173,7 +173,11 @@ impl StoreError {
     /// An error of `kind` with a short message.
     #[must_use]
     pub fn new(kind: StoreErrorKind, message: &'static str) -> Self {
-        Self { kind, message, source: None }
+        Self {
+            kind,
+            message,
+            source: None,
+        }
     }
 
     /// An error of `kind` caused by `source`.
@@ -183,7 +187,11 @@ impl StoreError {
         message: &'static str,
         source: impl Into<Box<dyn StdError + Send + Sync + 'static>>,
     ) -> Self {
-        Self { kind, message, source: Some(source.into()) }
+        Self {
+            kind,
+            message,
+            source: Some(source.into()),
+        }
     }
 
     /// What kind of failure this is.
@@ -201,7 +209,9 @@ impl fmt::Display for StoreError {
 
 impl StdError for StoreError {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        self.source.as_deref().map(|e| e as &(dyn StdError + 'static))
+        self.source
+            .as_deref()
+            .map(|e| e as &(dyn StdError + 'static))
     }
 }
 
