@@ -124,6 +124,15 @@ impl<B: Body> ResponseBody<B> {
         }
     }
 
+    /// Takes the trailers out of a buffered body (a gRPC replay without messages sends them
+    /// as the headers of a Trailers-Only response).
+    pub(crate) fn take_trailers(&mut self) -> Option<HeaderMap> {
+        match &mut self.inner {
+            ResponseInner::Buffered { trailers, .. } => trailers.take(),
+            _ => None,
+        }
+    }
+
     pub(crate) fn failed(prefix: Bytes, error: B::Error) -> Self {
         Self {
             inner: ResponseInner::Failed {

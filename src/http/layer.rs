@@ -161,7 +161,8 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// The largest response body recorded (default 1 MiB); a larger response is recorded as
-    /// status and headers only, and a warning is logged.
+    /// status and headers only, and a warning is logged. (A larger gRPC response is released
+    /// instead: see [gRPC mode](super::grpc).)
     #[must_use]
     pub fn max_record_body(self, bytes: usize) -> Self {
         self.engine(|e| e.with_max_record_body(bytes))
@@ -205,7 +206,9 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// Renders rejections with your own function instead of problem+json. The layer still
-    /// inserts the [`Rejection`] into the response's extensions.
+    /// inserts the [`Rejection`] into the response's extensions. Applies to HTTP requests
+    /// only: a gRPC request is always rejected with a gRPC status
+    /// ([`Rejection::to_grpc_response`]).
     #[must_use]
     pub fn render_rejection(
         self,

@@ -24,6 +24,13 @@
 //! renewal stops and the key stays pending until its lease lapses: the work may have happened,
 //! so it is neither recorded nor released.
 //!
+//! # gRPC
+//!
+//! A request whose `content-type` starts with `application/grpc` is handled in
+//! [gRPC mode](grpc): the same steps, but classified by its gRPC status (read from the
+//! trailers), replayed with its trailers, and rejected with gRPC statuses instead of
+//! problem+json. One layer serves HTTP and gRPC callers side by side.
+//!
 //! # Example
 //!
 //! ```
@@ -38,6 +45,7 @@
 mod body;
 mod config;
 mod future;
+pub mod grpc;
 mod layer;
 mod rejection;
 mod replay;

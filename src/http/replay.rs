@@ -14,7 +14,8 @@ use http_body::Body;
 /// The header added to every replayed response.
 pub const REPLAYED_HEADER: HeaderName = HeaderName::from_static("idempotent-replayed");
 
-/// Headers stored and replayed by default.
+/// Headers stored and replayed by default, together with
+/// [`grpc::GRPC_ENCODING`](super::grpc::GRPC_ENCODING) (see [gRPC mode](super::grpc)).
 pub const DEFAULT_ALLOWED_HEADERS: &[HeaderName] = &[
     header::CONTENT_TYPE,
     header::CONTENT_ENCODING,
@@ -82,7 +83,11 @@ pub(crate) struct HeaderPolicy {
 impl Default for HeaderPolicy {
     fn default() -> Self {
         Self {
-            allowed: DEFAULT_ALLOWED_HEADERS.to_vec(),
+            allowed: DEFAULT_ALLOWED_HEADERS
+                .iter()
+                .cloned()
+                .chain([super::grpc::GRPC_ENCODING])
+                .collect(),
         }
     }
 }
@@ -98,7 +103,7 @@ impl HeaderPolicy {
         true
     }
 
-    fn allows(&self, name: &[u8]) -> bool {
+    pub(crate) fn allows(&self, name: &[u8]) -> bool {
         self.allowed.iter().any(|a| a.as_str().as_bytes() == name)
     }
 

@@ -96,6 +96,8 @@ where
             return ResponseFuture::passthrough(self.inner.call(req.map(RequestBody::passthrough)));
         }
         let (parts, body) = req.into_parts();
+        // A gRPC request: classified by its gRPC status, rejected with gRPC statuses.
+        let grpc = super::grpc::is_grpc(&parts.headers);
         // 2. The key.
         let key = config.key(&parts);
         // 3. No key, not required: pass through before any principal check.
@@ -108,38 +110,49 @@ where
         }
         // 4. The principal.
         let Some(scope) = config.scope(&parts) else {
-            return self.reject(Rejection::new(
-                RejectionKind::PrincipalMissing,
-                "an idempotent request must be authenticated",
-            ));
+            return self.reject(
+                Rejection::new(
+                    RejectionKind::PrincipalMissing,
+                    "an idempotent request must be authenticated",
+                ),
+                grpc,
+            );
         };
         // 5. Missing or invalid key.
         let key = match key {
             None => {
-                return self.reject(Rejection::new(
-                    RejectionKind::KeyMissing,
-                    format!(
-                        "this request requires an `{}` header",
-                        config_key_name(config)
+                return self.reject(
+                    Rejection::new(
+                        RejectionKind::KeyMissing,
+                        format!(
+                            "this request requires an `{}` header",
+                            config_key_name(config)
+                        ),
                     ),
-                ));
+                    grpc,
+                );
             }
             Some(Err(e)) => {
                 tracing::debug!(reason = %e, "idempotency key refused");
-                return self.reject(Rejection::new(RejectionKind::KeyInvalid, e.to_string()));
+                return self.reject(
+                    Rejection::new(RejectionKind::KeyInvalid, e.to_string()),
+                    grpc,
+                );
             }
             Some(Ok(k)) => k,
         };
         // 6a. A declared length over the limit is refused before reading.
         let limit = config.max_request_body;
         if content_length(&parts.headers).is_some_and(|n| n > limit as u64) {
-            return self.reject(body_too_large(limit));
+            return self.reject(body_too_large(limit), grpc);
         }
         // Keep the instance that was polled ready; the clone takes its place.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let shared = Arc::clone(&self.shared);
-        ResponseFuture::keyed(Box::pin(keyed(shared, inner, parts, body, key, scope)))
+        ResponseFuture::keyed(Box::pin(keyed(
+            shared, inner, parts, body, key, scope, grpc,
+        )))
     }
 }
 
@@ -151,17 +164,24 @@ fn config_key_name(config: &super::config::Config) -> String {
 }
 
 impl<S, St> Idempotency<S, St> {
-    fn reject<F, B: Body, E>(&self, rejection: Rejection) -> ResponseFuture<F, B, E> {
-        ResponseFuture::ready(render(&self.shared, rejection))
+    fn reject<F, B: Body, E>(&self, rejection: Rejection, grpc: bool) -> ResponseFuture<F, B, E> {
+        ResponseFuture::ready(render(&self.shared, rejection, grpc))
     }
 }
 
-fn render<St, B: Body>(shared: &Shared<St>, rejection: Rejection) -> Response<ResponseBody<B>> {
+fn render<St, B: Body>(
+    shared: &Shared<St>,
+    rejection: Rejection,
+    grpc: bool,
+) -> Response<ResponseBody<B>> {
     tracing::debug!(code = rejection.kind().code(), "idempotency rejection");
-    let mut res = shared
-        .config
-        .render(&rejection)
-        .map(|b| ResponseBody::buffered(b, None));
+    // A gRPC caller gets a gRPC status; a custom renderer applies to HTTP only.
+    let res = if grpc {
+        rejection.to_grpc_response()
+    } else {
+        shared.config.render(&rejection)
+    };
+    let mut res = res.map(|b| ResponseBody::buffered(b, None));
     res.extensions_mut().insert(rejection);
     res
 }
@@ -191,6 +211,7 @@ async fn keyed<S, St, ReqB, ResB>(
     body: ReqB,
     key: IdempotencyKey,
     scope: Scope,
+    grpc: bool,
 ) -> Result<Response<ResponseBody<ResB>>, S::Error>
 where
     S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
@@ -202,7 +223,7 @@ where
     let engine = &shared.engine;
     let body = match read_limited(body, config.max_request_body).await {
         Ok(b) => b,
-        Err(r) => return Ok(render(&shared, r)),
+        Err(r) => return Ok(render(&shared, r, grpc)),
     };
     let fingerprint = config.fingerprint(&parts, &body);
     let store_key = StoreKey::derive(&config.namespace, &scope, &key);
@@ -210,7 +231,12 @@ where
     let ticket = match engine.begin(store_key, fingerprint).await {
         Ok(Begin::Run(ticket)) => ticket,
         Ok(Begin::Replay(record)) => {
-            return Ok(match config.headers.replay(record) {
+            let replayed = if grpc {
+                super::grpc::replay(&config.headers, record)
+            } else {
+                config.headers.replay(record)
+            };
+            return Ok(match replayed {
                 Ok(res) => {
                     tracing::debug!(outcome = "replayed", key = ?store_key, "idempotency replay");
                     res
@@ -223,6 +249,7 @@ where
                             RejectionKind::RecordInvalid,
                             "the stored response for this key could not be replayed",
                         ),
+                        grpc,
                     )
                 }
             });
@@ -236,6 +263,7 @@ where
                     "a request with this key is still being processed; retry later",
                 )
                 .retry_after(RETRY_AFTER),
+                grpc,
             ));
         }
         Ok(Begin::KeyReused) => {
@@ -246,6 +274,7 @@ where
                     RejectionKind::KeyReused,
                     "this key was already used for a different request",
                 ),
+                grpc,
             ));
         }
         Ok(Begin::Invalid(e)) => {
@@ -256,9 +285,10 @@ where
                     RejectionKind::RecordInvalid,
                     "the stored response for this key could not be replayed",
                 ),
+                grpc,
             ));
         }
-        Err(e) => return Ok(render(&shared, store_rejection(&e))),
+        Err(e) => return Ok(render(&shared, store_rejection(&e), grpc)),
     };
     tracing::debug!(outcome = "claimed", key = ?store_key, "idempotency key claimed");
 
@@ -273,6 +303,10 @@ where
         .run(&ticket, async {
             std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
             let res = inner.call(req).await?;
+            // gRPC mode: the outcome is in the gRPC status (a non-200 follows the HTTP table).
+            if grpc && res.status() == http::StatusCode::OK {
+                return Ok(super::grpc::classify(config, engine.max_record_body(), &store_key, res).await);
+            }
             let status = res.status().as_u16();
             if !is_recordable(status) {
                 return Ok(Outcome::Release(res.map(ResponseBody::passthrough)));
@@ -324,7 +358,7 @@ where
     }
 }
 
-enum Outcome<B: Body> {
+pub(super) enum Outcome<B: Body> {
     Release(Response<ResponseBody<B>>),
     Record(Response<ResponseBody<B>>, StoredResponse),
 }
@@ -417,7 +451,7 @@ async fn read_limited<B: Body<Data = Bytes>>(body: B, limit: usize) -> Result<By
     Ok(first.unwrap_or_else(|| buf.freeze()))
 }
 
-enum Collected<B: Body> {
+pub(super) enum Collected<B: Body> {
     Whole {
         data: Bytes,
         trailers: Option<HeaderMap>,
@@ -432,7 +466,7 @@ enum Collected<B: Body> {
     },
 }
 
-async fn collect_limited<B: Body<Data = Bytes>>(body: B, limit: usize) -> Collected<B> {
+pub(super) async fn collect_limited<B: Body<Data = Bytes>>(body: B, limit: usize) -> Collected<B> {
     let mut body = Box::pin(body);
     let mut first: Option<Bytes> = None;
     let mut buf = BytesMut::new();
