@@ -151,10 +151,13 @@ async fn main() -> std::io::Result<()> {
         .ok()
         .and_then(|p| p.parse().ok())
         .unwrap_or(3000);
-    let router = app(IdempotencyLayer::new().required(false));
+    let (router, store) = match std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()) {
+        Some(url) => (redis_app(&url).await?, "redis store"),
+        None => (app(IdempotencyLayer::new().required(false)), "memory store"),
+    };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     let addr = listener.local_addr()?;
-    println!("tower-idempotency quickstart on http://{addr} (memory store)");
+    println!("tower-idempotency quickstart on http://{addr} ({store})");
     println!("try it (run the same command twice: the second answer is a replay):");
     println!(
         "  curl -i -X POST http://{addr}/orders -H 'authorization: Bearer alice' -H 'idempotency-key: order-1' -H 'content-type: application/json' -d '{{\"item\":\"book\"}}'"
