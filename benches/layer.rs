@@ -18,8 +18,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tower::ServiceExt;
 use tower_idempotency::{
-    Engine, Fingerprint, IdempotencyKey, IdempotencyLayer, MemoryStore, Principal, Scope,
-    StoreKey, StoredResponse, http::PrincipalMode,
+    Engine, Fingerprint, IdempotencyKey, IdempotencyLayer, MemoryStore, Principal, Scope, StoreKey,
+    StoredResponse, http::PrincipalMode,
 };
 
 fn json_body(len: usize) -> Bytes {
@@ -55,7 +55,11 @@ static COUNTER: AtomicU64 = AtomicU64::new(0);
 
 fn fresh_key(scope: &Scope) -> StoreKey {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    StoreKey::derive("bench", scope, &IdempotencyKey::new(&n.to_string(), 255).expect("key"))
+    StoreKey::derive(
+        "bench",
+        scope,
+        &IdempotencyKey::new(&n.to_string(), 255).expect("key"),
+    )
 }
 
 fn memory_store(c: &mut Criterion) {
@@ -65,20 +69,28 @@ fn memory_store(c: &mut Criterion) {
     // Retention short enough that the store stays near steady state instead of filling up.
     let make = || Engine::new(MemoryStore::new()).with_ttl(Duration::from_millis(50));
 
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
     let engine = make();
     g.bench_function("claim_complete/1_thread", |b| {
         b.to_async(&rt).iter(|| async {
             let scope = Scope::principal("p");
             let key = fresh_key(&scope);
-            let tower_idempotency::Begin::Run(t) = engine.begin(key, fp).await.expect("claim") else {
+            let tower_idempotency::Begin::Run(t) = engine.begin(key, fp).await.expect("claim")
+            else {
                 panic!("fresh key must be claimed")
             };
             engine.complete(t, &record).await.expect("complete");
         });
     });
 
-    let rt2 = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("rt");
+    let rt2 = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("rt");
     let engine = make();
     g.bench_function("claim_complete/2_threads_x2", |b| {
         b.to_async(&rt2).iter(|| {
@@ -89,7 +101,9 @@ fn memory_store(c: &mut Criterion) {
                 let one = |e: Engine<MemoryStore>, p: &'static str, record: StoredResponse| {
                     tokio::spawn(async move {
                         let key = fresh_key(&Scope::principal(p));
-                        let tower_idempotency::Begin::Run(t) = e.begin(key, fp).await.expect("claim") else {
+                        let tower_idempotency::Begin::Run(t) =
+                            e.begin(key, fp).await.expect("claim")
+                        else {
                             panic!("fresh key must be claimed")
                         };
                         e.complete(t, &record).await.expect("complete");
@@ -121,7 +135,10 @@ fn request(key: Option<String>, body: &Bytes) -> Request<Body> {
 }
 
 fn layer_overhead(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("rt");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
     let body = json_body(1024);
     let bare: Router = Router::new().route("/orders", post(handler));
     let layered: Router = Router::new().route("/orders", post(handler)).layer(
@@ -131,7 +148,11 @@ fn layer_overhead(c: &mut Criterion) {
     );
     // Warm one key for the replay row.
     rt.block_on(async {
-        let res = layered.clone().oneshot(request(Some("replay-key".into()), &body)).await.expect("warm");
+        let res = layered
+            .clone()
+            .oneshot(request(Some("replay-key".into()), &body))
+            .await
+            .expect("warm");
         assert_eq!(res.status(), 201);
     });
     let n = Arc::new(AtomicU64::new(0));
@@ -139,20 +160,32 @@ fn layer_overhead(c: &mut Criterion) {
     let mut g = c.benchmark_group("layer_1KiB_json");
     g.bench_function("bare", |b| {
         b.to_async(&rt).iter(|| async {
-            let res = bare.clone().oneshot(request(None, &body)).await.expect("bare");
+            let res = bare
+                .clone()
+                .oneshot(request(None, &body))
+                .await
+                .expect("bare");
             assert_eq!(res.status(), 201);
         });
     });
     g.bench_function("first_run", |b| {
         b.to_async(&rt).iter(|| async {
             let k = n.fetch_add(1, Ordering::Relaxed);
-            let res = layered.clone().oneshot(request(Some(format!("k-{k}")), &body)).await.expect("first");
+            let res = layered
+                .clone()
+                .oneshot(request(Some(format!("k-{k}")), &body))
+                .await
+                .expect("first");
             assert_eq!(res.status(), 201);
         });
     });
     g.bench_function("replay", |b| {
         b.to_async(&rt).iter(|| async {
-            let res = layered.clone().oneshot(request(Some("replay-key".into()), &body)).await.expect("replay");
+            let res = layered
+                .clone()
+                .oneshot(request(Some("replay-key".into()), &body))
+                .await
+                .expect("replay");
             assert_eq!(res.status(), 201);
         });
     });

@@ -9,7 +9,10 @@ use tower::{Layer, ServiceExt};
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Principal, Record};
 
 fn config() -> ProptestConfig {
-    ProptestConfig { cases: 2_000, ..ProptestConfig::default() }
+    ProptestConfig {
+        cases: 2_000,
+        ..ProptestConfig::default()
+    }
 }
 
 /// Header-ish bytes: mostly printable, with quotes, commas, escapes and the odd control byte.
