@@ -79,6 +79,20 @@ impl<S> Clone for Engine<S> {
     }
 }
 
+impl<S> Engine<S> {
+    /// These settings (lease, retention, record limit, secret) over another store.
+    #[cfg(feature = "macros")]
+    pub(crate) fn map_store<T>(&self, store: T) -> Engine<T> {
+        Engine {
+            store: Arc::new(store),
+            lease: self.lease,
+            ttl: self.ttl,
+            max_record_body: self.max_record_body,
+            secret: self.secret.clone(),
+        }
+    }
+}
+
 impl<S> fmt::Debug for Engine<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Engine")

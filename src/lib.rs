@@ -27,3 +27,17 @@ pub use crate::http::{IdempotencyLayer, Principal};
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod axum;
+
+#[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
+pub mod route;
+#[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
+pub use route::IdempotencyConfig;
+#[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
+pub use tower_idempotency_macros::idempotent;
+#[cfg(feature = "macros")]
+#[doc(hidden)]
+#[path = "macros_support.rs"]
+pub mod __private;

@@ -142,6 +142,14 @@ impl<St: Store> IdempotencyLayer<St> {
         self.config(|c| c.namespace = Arc::from(ns))
     }
 
+    /// Appends `/suffix` to the namespace (`payments` → `payments/refunds`), so one route or
+    /// route group keeps its keys apart from the rest of the namespace. Used by the
+    /// `#[idempotent(namespace = "…")]` option.
+    #[must_use]
+    pub fn namespace_suffix(self, suffix: &str) -> Self {
+        self.config(|c| c.namespace = Arc::from(format!("{}/{suffix}", c.namespace)))
+    }
+
     /// How long a claim holds a key (default 60 s), renewed while the handler runs.
     #[must_use]
     pub fn lease(self, lease: Duration) -> Self {
@@ -239,6 +247,23 @@ impl<St: Store> IdempotencyLayer<St> {
     #[must_use]
     pub fn engine_ref(&self) -> &Engine<St> {
         &self.shared.engine
+    }
+
+    /// The same settings over another store, made from this layer's engine; every engine
+    /// setting (lease, retention, record limit, secret) carries over. (Erases the store type
+    /// for `IdempotencyConfig`.)
+    #[cfg(feature = "macros")]
+    pub(crate) fn map_store<T: Store>(
+        &self,
+        f: impl FnOnce(Engine<St>) -> T,
+    ) -> IdempotencyLayer<T> {
+        let engine = &self.shared.engine;
+        IdempotencyLayer {
+            shared: Arc::new(Shared {
+                engine: engine.map_store(f(engine.clone())),
+                config: self.shared.config.clone(),
+            }),
+        }
     }
 }
 

@@ -1,0 +1,149 @@
+//! The `#[idempotent]` attribute for axum handlers.
+//!
+//! Use it through `tower-idempotency` with its `macros` feature (`tower_idempotency::idempotent`):
+//! the generated code refers to that crate's hidden support module.
+
+mod expand;
+mod options;
+
+use proc_macro::TokenStream;
+
+/// Makes one axum handler idempotent where it is written: a repeat of a request under the same
+/// `Idempotency-Key` is answered from the record of the first run instead of running the
+/// handler again.
+///
+/// The handler keeps its name and is routed like any handler (`post(create_payment)`). It runs
+/// **the same machinery as [`IdempotencyLayer`]**: the same check order, classification of the
+/// handler's response and replay, with the options given in the attribute merged over a shared
+/// configuration.
+///
+/// # The shared configuration: an [`IdempotencyConfig`] request extension
+///
+/// The store, the principal source, the namespace and the limits come from an
+/// [`IdempotencyConfig`] that the router puts into every request's extensions, built from an
+/// `IdempotencyLayer` once:
+///
+/// ```text
+/// .layer(Extension(IdempotencyConfig::new(IdempotencyLayer::with_store(store).namespace("payments"))))
+/// ```
+///
+/// An extension (rather than router state read with `FromRef`) works with any state type and
+/// needs no impl. A request that reaches an attributed handler without one is answered `500`
+/// with a problem+json body whose detail says "no IdempotencyConfig in the request extensions:
+/// add `.layer(Extension(IdempotencyConfig::new(...)))` to the router", and an error is logged;
+/// it never panics.
+///
+/// # What it expands to
+///
+/// `async fn name(args…) -> Ret { body }` becomes a handler with the same name, visibility,
+/// attributes and doc comments that takes the router state (`State<S>`, only when there is
+/// one) and the whole `Request`, and returns a `Response`. Its body:
+///
+/// 1. holds the original function, unchanged, as an inner `async fn` (so every extractor of
+///    the original works as before, and runs only when the key is claimed);
+/// 2. holds the attribute's options in a `static`, checked and converted at compile time
+///    (durations become milliseconds);
+/// 3. reads the [`IdempotencyConfig`] from the request extensions and merges the options over
+///    it: a clone with overrides, made once per configuration and route and then cached in the
+///    configuration;
+/// 4. wraps the inner function, given the state, in the [`Idempotency`] service of that merged
+///    layer (`IdempotencyLayer::layer`) and sends the request through it once.
+///
+/// So steps 1–9 of the layer's check order, the recording rules and the replay are exactly the
+/// layer's; there is no second implementation.
+///
+/// `S` is the `T` of the handler's own `State<T>` argument; a handler without one gets `()`
+/// (its extractors must then work with any state, as the built-in ones do). `state = Type`
+/// overrides it: use it when the handler extracts a `FromRef` sub-state but another extractor
+/// needs the whole router state, or when it extracts several `State` types.
+///
+/// # Options
+///
+/// All are optional; an option not given keeps the shared configuration's setting (the
+/// defaults below are `IdempotencyLayer`'s).
+///
+/// | option | default | meaning |
+/// | --- | --- | --- |
+/// | `required` / `required = false` | `true` | refuse a request without a key (400), or pass it through to the handler |
+/// | `header = "x-key"` | `Idempotency-Key` | the header the key is read from |
+/// | `lease = "30s"` | 60 s | how long a claim holds the key; renewed while the handler runs |
+/// | `ttl = "1h"` | 24 h | how long a completed record is kept |
+/// | `response = "full"` or `"status"` | `"full"` | `"status"` keeps status and allowed headers only (no body at rest; a replay has an empty body) |
+/// | `namespace = "suffix"` | the shared namespace | this route's keys live in `<shared namespace>/<suffix>`, apart from other routes' |
+/// | `max_record_body = 65536` | 1 MiB | a larger response is recorded as status and headers only |
+/// | `max_request_body = 65536` | 1 MiB | a larger request body is refused with 413 |
+/// | `principal = "required"` or `"optional"` | `"required"` | 401 without a `Principal`, or all anonymous callers share one scope (pair with `response = "status"`) |
+/// | `state = Type` | the handler's `State<T>`, else `()` | the router state the handler runs with |
+///
+/// Durations are string literals: a whole number and a unit, `ms`, `s`, `m`, `h` or `d`
+/// (`"1500ms"`, `"30s"`, `"10m"`, `"24h"`, also `"1h30m"`). Byte limits are integer literals.
+///
+/// As with the layer, only non-safe methods are acted on: on a `get(…)` route the handler
+/// just runs.
+///
+/// # Errors at compile time
+///
+/// An unknown or repeated option, a malformed duration, header name, response or principal
+/// mode, and use on something that is not a handler (a plain `fn`, a method taking `self`, a
+/// generic function) are compile errors pointing at the offending tokens. An argument that is
+/// not an extractor is reported at the function's name, as axum reports a non-handler.
+///
+/// An associated function (no `self`) works, but its body cannot name `Self`: it becomes an
+/// inner function, which does not see the enclosing `impl`.
+///
+/// # Example
+///
+/// ```
+/// use axum::extract::{Extension, State};
+/// use axum::http::StatusCode;
+/// use axum::routing::post;
+/// use axum::{Json, Router};
+/// use serde::Deserialize;
+/// use tower_idempotency::{IdempotencyConfig, IdempotencyLayer, MemoryStore, idempotent};
+///
+/// #[derive(Clone)]
+/// struct App;
+///
+/// #[derive(Deserialize)]
+/// struct NewPayment {
+///     amount: u64,
+/// }
+///
+/// /// Charges once per key.
+/// #[idempotent(required, lease = "30s", ttl = "1h", response = "status")]
+/// async fn create_payment(State(_app): State<App>, Json(p): Json<NewPayment>) -> (StatusCode, String) {
+///     (StatusCode::CREATED, format!("charged {}", p.amount))
+/// }
+///
+/// let shared = IdempotencyLayer::with_store(MemoryStore::new()).namespace("payments");
+/// let app: Router = Router::new()
+///     .route("/payments", post(create_payment))
+///     .layer(Extension(IdempotencyConfig::new(shared)))
+///     .with_state(App);
+/// ```
+///
+/// [`IdempotencyLayer`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/http/struct.IdempotencyLayer.html
+/// [`IdempotencyConfig`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/route/struct.IdempotencyConfig.html
+/// [`Idempotency`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/http/struct.Idempotency.html
+#[proc_macro_attribute]
+pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {
+    let options = match syn::parse::<options::Options>(attr) {
+        Ok(o) => o,
+        Err(e) => return with_item(e, item),
+    };
+    let function = match syn::parse::<syn::ItemFn>(item.clone()) {
+        Ok(f) => f,
+        Err(e) => return with_item(e, item),
+    };
+    match expand::expand(options, function) {
+        Ok(tokens) => tokens.into(),
+        Err(e) => with_item(e, item),
+    }
+}
+
+/// The error, followed by the item unchanged, so its uses do not add errors of their own.
+fn with_item(error: syn::Error, item: TokenStream) -> TokenStream {
+    let mut out: TokenStream = error.into_compile_error().into();
+    out.extend(item);
+    out
+}
