@@ -1,0 +1,6 @@
+use tower_idempotency::idempotent;
+
+#[idempotent(header = "idempotency key")]
+async fn create() {}
+
+fn main() {}

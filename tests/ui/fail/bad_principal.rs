@@ -1,0 +1,6 @@
+use tower_idempotency::idempotent;
+
+#[idempotent(principal = "anonymous")]
+async fn create() {}
+
+fn main() {}

@@ -1,0 +1,6 @@
+use tower_idempotency::idempotent;
+
+#[idempotent(response = "body")]
+async fn create() {}
+
+fn main() {}
