@@ -18,7 +18,7 @@
 //!     .layer(IdempotencyLayer::new().principal(PrincipalMode::Optional));
 //! ```
 
-use crate::http::KeyAbsent;
+use crate::http::{ClaimedKey, KeyAbsent};
 use crate::key::IdempotencyKey;
 use crate::scope::DerivedKey;
 use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
@@ -74,10 +74,8 @@ impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
     type Rejection = MissingKey;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        parts
-            .extensions
-            .get::<Self>()
-            .cloned()
+        claimed(parts)
+            .map(|c| c.key().clone())
             .ok_or_else(|| missing(parts))
     }
 }
@@ -86,7 +84,7 @@ impl<S: Send + Sync> OptionalFromRequestParts<S> for IdempotencyKey {
     type Rejection = Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Option<Self>, Self::Rejection> {
-        Ok(parts.extensions.get::<Self>().cloned())
+        Ok(claimed(parts).map(|c| c.key().clone()))
     }
 }
 
@@ -94,10 +92,8 @@ impl<S: Send + Sync> FromRequestParts<S> for DerivedKey {
     type Rejection = MissingKey;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        parts
-            .extensions
-            .get::<Self>()
-            .cloned()
+        claimed(parts)
+            .map(ClaimedKey::derived_key)
             .ok_or_else(|| missing(parts))
     }
 }
@@ -106,6 +102,11 @@ impl<S: Send + Sync> OptionalFromRequestParts<S> for DerivedKey {
     type Rejection = Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Option<Self>, Self::Rejection> {
-        Ok(parts.extensions.get::<Self>().cloned())
+        Ok(claimed(parts).map(ClaimedKey::derived_key))
     }
+}
+
+/// What the layer put into the extensions when it claimed the key.
+fn claimed(parts: &Parts) -> Option<&ClaimedKey> {
+    parts.extensions.get::<ClaimedKey>()
 }

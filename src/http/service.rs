@@ -7,7 +7,7 @@ use super::replay::{HeaderPolicy, is_recordable};
 use crate::engine::{Begin, Ticket};
 use crate::key::IdempotencyKey;
 use crate::record::StoredResponse;
-use crate::scope::{DerivedKey, Scope, StoreKey};
+use crate::scope::{Scope, StoreKey};
 use crate::store::{Store, StoreError, StoreErrorKind};
 use bytes::{Bytes, BytesMut};
 use http::{HeaderMap, Request, Response, header};
@@ -292,10 +292,12 @@ where
     };
     tracing::debug!(outcome = "claimed", key = ?store_key, "idempotency key claimed");
 
-    parts
-        .extensions
-        .insert(DerivedKey::derive(&config.namespace, &scope, &key));
-    parts.extensions.insert(key);
+    // One extension; the derived key is only hashed if a handler asks for it.
+    parts.extensions.insert(super::ClaimedKey {
+        key,
+        namespace: Arc::clone(&config.namespace),
+        scope,
+    });
     let req = Request::from_parts(parts, RequestBody::buffered(body));
 
     // The handler and the reading of its body both run under lease renewal.
