@@ -15,16 +15,12 @@ mod raw_http;
 mod redis_server;
 
 use bytes::Bytes;
-use raw_http::{Raw, Server, Work, keyed, post, with_auth};
+use raw_http::{BODY, Raw, Server, Work, default_fingerprint, keyed, post, store_key, with_auth};
 use redis_server::{RedisServer, available};
 use std::sync::OnceLock;
 use tower_idempotency::http::PrincipalMode;
 use tower_idempotency::store::redis::{RedisStore, redis};
-use tower_idempotency::{
-    Fingerprint, IdempotencyKey, IdempotencyLayer, Scope, Secret, StoreKey, StoredResponse,
-};
-
-const BODY: &[u8] = br#"{"item":"book"}"#;
+use tower_idempotency::{IdempotencyLayer, Secret, StoreKey, StoredResponse};
 
 fn shared_server() -> Option<&'static RedisServer> {
     static SERVER: OnceLock<RedisServer> = OnceLock::new();
@@ -40,24 +36,6 @@ async fn app(layer: IdempotencyLayer<RedisStore>) -> (Server, Work) {
     let work = Work::new();
     let server = Server::start(with_auth(work.routes().layer(layer))).await;
     (server, work)
-}
-
-/// The layer's namespace (its default); the store's own namespace only prefixes Redis keys.
-const LAYER_NS: &str = "default";
-
-fn store_key(scope: &Scope, key: &str) -> StoreKey {
-    StoreKey::derive(LAYER_NS, scope, &IdempotencyKey::new(key, 255).unwrap())
-}
-
-/// The layer's default (plain, unkeyed) fingerprint of `POST /work` with a JSON body.
-fn plain_fingerprint(body: &[u8]) -> Fingerprint {
-    Fingerprint::builder()
-        .field(b"POST")
-        .field(b"/work")
-        .field(b"")
-        .field(b"application/json")
-        .field(body)
-        .finish()
 }
 
 async fn get(store: &RedisStore, key: &StoreKey) -> Vec<u8> {
@@ -308,7 +286,6 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
     let Some(redis) = shared_server() else { return };
     let ns = "auth";
     let st = store(redis, ns).await;
-    let alice = Scope::principal("alice");
     let (a, work_a) = app(IdempotencyLayer::with_store(st.clone()).secret(secret(1))).await;
     let (b, work_b) = app(IdempotencyLayer::with_store(st.clone()).secret(secret(2))).await;
     let req = |key: &str| post("/work", &keyed("alice", key.as_bytes()), BODY);
@@ -316,7 +293,7 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
     // A's own record replays; its value tells us A's keyed fingerprint of this request.
     assert_eq!(a.one(&req("k-own")).await.status, 201);
     assert!(a.one(&req("k-own")).await.is_replay());
-    let own = get(&st, &store_key(&alice, "k-own")).await;
+    let own = get(&st, &store_key("alice", "k-own")).await;
     let fp_a = &own[1..33];
 
     // A valid record that is not sealed, under the right key and fingerprint.
@@ -324,13 +301,13 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
         .encode()
         .unwrap();
     let value = [&b"D"[..], fp_a, unsealed.as_bytes()].concat();
-    set(&st, &store_key(&alice, "k-unsealed"), &value).await;
+    set(&st, &store_key("alice", "k-unsealed"), &value).await;
     a.one(&req("k-unsealed"))
         .await
         .assert_problem(503, "idempotency.record_invalid");
 
     // A's own sealed record copied under another key: the tag binds the key.
-    set(&st, &store_key(&alice, "k-moved"), &own).await;
+    set(&st, &store_key("alice", "k-moved"), &own).await;
     a.one(&req("k-moved"))
         .await
         .assert_problem(503, "idempotency.record_invalid");
@@ -341,7 +318,7 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
         b.one(&req("k-b")).await.is_replay(),
         "B replays its own record"
     );
-    let theirs = get(&st, &store_key(&alice, "k-b")).await;
+    let theirs = get(&st, &store_key("alice", "k-b")).await;
     assert_ne!(
         &theirs[1..33],
         fp_a,
@@ -351,7 +328,7 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
     foreign.assert_problem(422, "idempotency.key_reused");
     // Even relabelled with A's fingerprint, B's seal does not verify under A's secret.
     let relabelled = [&b"D"[..], fp_a, &theirs[33..]].concat();
-    set(&st, &store_key(&alice, "k-b"), &relabelled).await;
+    set(&st, &store_key("alice", "k-b"), &relabelled).await;
     a.one(&req("k-b"))
         .await
         .assert_problem(503, "idempotency.record_invalid");
@@ -365,7 +342,6 @@ async fn keyed_fingerprint_keeps_a_low_entropy_body_from_being_confirmed() {
     let Some(redis) = shared_server() else { return };
     let ns = "keyed-fp";
     let st = store(redis, ns).await;
-    let alice = Scope::principal("alice");
     let pin_body = |pin: u32| format!(r#"{{"pin":"{pin:04}"}}"#).into_bytes();
     // The secret body: one of 10 000 PINs.
     let body = pin_body(4217);
@@ -375,9 +351,9 @@ async fn keyed_fingerprint_keeps_a_low_entropy_body_from_being_confirmed() {
     assert_eq!(plain.one(&req("k-plain")).await.status, 201);
     assert_eq!(keyed_app.one(&req("k-keyed")).await.status, 201);
 
-    let stored_plain = get(&st, &store_key(&alice, "k-plain")).await;
-    let stored_keyed = get(&st, &store_key(&alice, "k-keyed")).await;
-    let plain_fp = plain_fingerprint(&body);
+    let stored_plain = get(&st, &store_key("alice", "k-plain")).await;
+    let stored_keyed = get(&st, &store_key("alice", "k-keyed")).await;
+    let plain_fp = default_fingerprint(&body);
     assert_eq!(
         &stored_plain[1..33],
         plain_fp.as_bytes(),
@@ -391,7 +367,7 @@ async fn keyed_fingerprint_keeps_a_low_entropy_body_from_being_confirmed() {
 
     // Someone with a dump tries every PIN against the stored fingerprints.
     let guess = |stored: &[u8]| {
-        (0..10_000).find(|pin| plain_fingerprint(&pin_body(*pin)).as_bytes() == stored)
+        (0..10_000).find(|pin| default_fingerprint(&pin_body(*pin)).as_bytes() == stored)
     };
     assert_eq!(
         guess(&stored_plain[1..33]),

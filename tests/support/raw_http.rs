@@ -31,10 +31,18 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
-use tower_idempotency::Principal;
+use tower_idempotency::{
+    Fingerprint, IdempotencyKey, IdempotencyLayer, MemoryStore, Principal, Scope, StoreKey,
+};
 
 /// A `Content-Disposition` value with obs-text bytes (0x80–0xff): not UTF-8.
 pub const OBS_TEXT: &[u8] = b"attachment; filename=\"r\xe9sum\xe9-\x80\xff.txt\"";
+
+/// The JSON request body the tests send.
+pub const BODY: &[u8] = br#"{"item":"book"}"#;
+
+/// The layer's namespace when none is set.
+pub const LAYER_NS: &str = "default";
 
 /// How long a raw exchange may take before the test fails.
 pub const EXCHANGE_TIMEOUT: Duration = Duration::from_secs(10);
@@ -149,6 +157,37 @@ pub async fn auth(mut req: Request, next: Next) -> Response {
 /// Wraps `router` in the demo authentication.
 pub fn with_auth(router: Router) -> Router {
     router.layer(middleware::from_fn(auth))
+}
+
+/// The store key the layer derives for `principal`'s `key` (default namespace, no tenant).
+pub fn store_key(principal: &str, key: &str) -> StoreKey {
+    StoreKey::derive(
+        LAYER_NS,
+        &Scope::principal(principal),
+        &IdempotencyKey::new(key, 255).expect("a valid test key"),
+    )
+}
+
+/// The layer's default (plain) fingerprint of `POST /work` with a JSON `body`: method, path,
+/// raw query, content-type, body.
+pub fn default_fingerprint(body: &[u8]) -> Fingerprint {
+    Fingerprint::builder()
+        .field(b"POST")
+        .field(b"/work")
+        .field(b"")
+        .field(b"application/json")
+        .field(body)
+        .finish()
+}
+
+/// Auth → the layer `layer` builds over a shared memory store → the handler, on a server.
+pub async fn memory_app(
+    layer: impl Fn(Arc<MemoryStore>) -> IdempotencyLayer<Arc<MemoryStore>>,
+) -> (Server, Work, Arc<MemoryStore>) {
+    let store = Arc::new(MemoryStore::new());
+    let work = Work::new();
+    let router = with_auth(work.routes().layer(layer(Arc::clone(&store))));
+    (Server::start(router).await, work, store)
 }
 
 /// An app served by `axum::serve` on a fresh loopback port; aborted on drop.
