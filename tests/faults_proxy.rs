@@ -1,0 +1,452 @@
+//! Store faults between the application and Redis, through the HTTP layer with `RedisStore`
+//! (operation timeout 300 ms): a TCP proxy (`support/proxy.rs`) adds latency, drops every
+//! connection, or black-holes the traffic, and is restored at run time.
+//!
+//! - a claim that times out or fails answers 503 `idempotency.store_failed` with `Retry-After`
+//!   and the handler does not run;
+//! - a complete lost to a fault still returns the handler's 201; the key stays pending (409)
+//!   until its lease lapses, then runs exactly once more;
+//! - after the fault clears the same store (same `ConnectionManager`) recovers by itself;
+//! - no request takes longer than the store timeout per store step plus the handler's own time
+//!   (plus a small slack for a debug build).
+//!
+//! ```text
+//! cargo test --features redis --test faults_proxy -- --nocapture
+//! ```
+#![cfg(feature = "redis")]
+#![allow(clippy::unwrap_used)]
+
+mod support {
+    #[path = "apps.rs"]
+    pub mod apps;
+    #[path = "proxy.rs"]
+    pub mod proxy;
+    #[path = "redis_server.rs"]
+    pub mod redis_server;
+}
+
+use std::time::{Duration, Instant};
+use support::apps::{Answer, Kind, Mix, Server, Work, bounded, client, send};
+use support::proxy::Proxy;
+use support::redis_server::{self, RedisServer};
+use tower_idempotency::{IdempotencyLayer, RedisStore};
+
+const TIMEOUT: Duration = Duration::from_millis(300);
+const LEASE: Duration = Duration::from_millis(1500);
+/// Scheduling slack for a debug build on a busy machine.
+const SLACK: Duration = Duration::from_millis(400);
+
+struct Rig {
+    _redis: RedisServer,
+    proxy: Proxy,
+    work: Work,
+    server: Server,
+    http: reqwest::Client,
+}
+
+/// Redis, a proxy in front of it, and the app whose `RedisStore` connects through the proxy.
+async fn rig() -> Option<Rig> {
+    if !redis_server::available() {
+        return None;
+    }
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(redis.port()).await;
+    let store = RedisStore::connect(&proxy.url(), "faults-proxy")
+        .await
+        .unwrap()
+        .with_timeout(TIMEOUT);
+    let work = Work::new();
+    let server = Server::start(work.app(IdempotencyLayer::with_store(store).lease(LEASE))).await;
+    // One full run first, so the claim and complete scripts are loaded in Redis (a script's
+    // first call answers NOSCRIPT and is sent again with SCRIPT LOAD; a step abandoned by its
+    // timeout in between never loads it, which would blur what the faults below show).
+    let http = client();
+    let warm = send(server.work(&http, "warm-up")).await;
+    assert_eq!(warm.kind(), Kind::Fresh, "{}", warm.describe());
+    Some(Rig {
+        _redis: redis,
+        proxy,
+        work,
+        server,
+        http,
+    })
+}
+
+impl Rig {
+    /// `n` fresh keys at once; returns the answers.
+    async fn burst(&self, tag: &str, n: usize) -> Vec<Answer> {
+        let tasks: Vec<_> = (0..n)
+            .map(|i| tokio::spawn(send(self.server.work(&self.http, &format!("{tag}-{i}")))))
+            .collect();
+        let mut out = Vec::new();
+        for t in tasks {
+            out.push(t.await.unwrap());
+        }
+        out
+    }
+
+    /// Sends fresh keys until one answers 201 (bounded); returns how long it took.
+    async fn recover(&self, tag: &str) -> Duration {
+        let start = Instant::now();
+        bounded(Duration::from_secs(10), "recovery after the fault", async {
+            for i in 0.. {
+                let a = send(self.server.work(&self.http, &format!("{tag}-{i}"))).await;
+                assert_bounded(&a, 2, Duration::ZERO);
+                match a.kind() {
+                    Kind::Fresh => break,
+                    Kind::StoreFailed => tokio::time::sleep(Duration::from_millis(20)).await,
+                    other => panic!("unexpected {other:?} while recovering: {}", a.describe()),
+                }
+            }
+        })
+        .await;
+        start.elapsed()
+    }
+}
+
+/// A request may take the store timeout per store step, plus the handler's time, plus slack.
+fn assert_bounded(a: &Answer, steps: u32, handler: Duration) {
+    let limit = TIMEOUT * steps + handler + SLACK;
+    assert!(
+        a.elapsed <= limit,
+        "a request took {:?}, over {limit:?}: {}",
+        a.elapsed,
+        a.describe()
+    );
+}
+
+fn max_elapsed<'a>(answers: impl IntoIterator<Item = &'a Answer>) -> Duration {
+    answers
+        .into_iter()
+        .map(|a| a.elapsed)
+        .max()
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_that_fail_answer_503_without_running_the_handler_and_recover() {
+    let Some(rig) = rig().await else { return };
+    let mut all: Vec<Answer> = Vec::new();
+    let mut report = Vec::new();
+
+    // Latency under the timeout: slower, still correct.
+    rig.proxy.set_latency(Duration::from_millis(40));
+    let slow = rig.burst("slow", 10).await;
+    assert!(
+        slow.iter().all(|a| a.kind() == Kind::Fresh),
+        "{}",
+        Mix::of(&slow)
+    );
+    report.push(format!(
+        "latency 40 ms: {} (max {:.0?})",
+        Mix::of(&slow),
+        max_elapsed(&slow)
+    ));
+    all.extend(slow);
+    let runs_before = rig.work.total();
+
+    // Latency over the timeout: every claim times out; the handler never runs.
+    rig.proxy.set_latency(Duration::from_millis(500));
+    let late = rig.burst("late", 10).await;
+    for a in &late {
+        assert_eq!(a.kind(), Kind::StoreFailed, "{}", a.describe());
+        assert_bounded(a, 1, Duration::ZERO);
+    }
+    assert_eq!(
+        rig.work.total(),
+        runs_before,
+        "no handler ran on a timed-out claim"
+    );
+    report.push(format!(
+        "latency 500 ms: {} (max {:.0?})",
+        Mix::of(&late),
+        max_elapsed(&late)
+    ));
+    all.extend(late);
+
+    // The claims that timed out were still delivered (late) by the proxy and applied by Redis:
+    // such a key stays pending until its lease lapses (409), then runs exactly once.
+    rig.proxy.restore();
+    let started = Instant::now();
+    let mut seen = Mix::default();
+    bounded(
+        Duration::from_secs(10),
+        "the late claims' leases to lapse",
+        async {
+            loop {
+                let a = send(rig.server.work(&rig.http, "late-0")).await;
+                *seen.0.entry(a.kind()).or_insert(0) += 1;
+                match a.kind() {
+                    Kind::Fresh => break,
+                    Kind::InFlight => tokio::time::sleep(Duration::from_millis(50)).await,
+                    other => panic!("unexpected {other:?}: {}", a.describe()),
+                }
+            }
+        },
+    )
+    .await;
+    assert!(
+        seen.get(&Kind::InFlight) > 0,
+        "the late claim held the key until its lease lapsed: {seen}"
+    );
+    let replay = send(rig.server.work(&rig.http, "late-0")).await;
+    assert_eq!(replay.kind(), Kind::Replay);
+    assert_eq!(rig.work.runs_of("late-0"), 1, "exactly one run");
+    report.push(format!(
+        "a key whose claim timed out under latency: {seen} until it ran once, after {:.0?}",
+        started.elapsed()
+    ));
+
+    // Black hole: connections stay open, nothing comes back.
+    let runs_before = rig.work.total();
+    rig.proxy.black_hole();
+    let hole = rig.burst("hole", 10).await;
+    for a in &hole {
+        assert_eq!(a.kind(), Kind::StoreFailed, "{}", a.describe());
+        assert_bounded(a, 1, Duration::ZERO);
+    }
+    // Connections dropped while the hole lasts: the reconnections are black-holed too.
+    rig.proxy.drop_all();
+    let dropped = rig.burst("hole-dropped", 10).await;
+    for a in &dropped {
+        assert_eq!(a.kind(), Kind::StoreFailed, "{}", a.describe());
+        assert_bounded(a, 1, Duration::ZERO);
+    }
+    assert_eq!(
+        rig.work.total(),
+        runs_before,
+        "no handler ran on a failed claim"
+    );
+    report.push(format!(
+        "black hole: {} (max {:.0?}); black hole + connections dropped: {} (max {:.0?})",
+        Mix::of(&hole),
+        max_elapsed(&hole),
+        Mix::of(&dropped),
+        max_elapsed(&dropped)
+    ));
+    all.extend(hole);
+    all.extend(dropped);
+
+    // Restored: the same store recovers by itself.
+    rig.proxy.drop_all();
+    rig.proxy.restore();
+    let recovered = rig.recover("after-hole").await;
+    report.push(format!("recovered after the black hole in {recovered:.0?}"));
+
+    // Connections dropped with no other fault: at most a few 503s, never a run without a claim.
+    let runs = rig.work.total();
+    rig.proxy.drop_all();
+    let mut after_drop = Vec::new();
+    for i in 0..10 {
+        let a = send(rig.server.work(&rig.http, &format!("drop-{i}"))).await;
+        assert!(
+            matches!(a.kind(), Kind::Fresh | Kind::StoreFailed),
+            "{}",
+            a.describe()
+        );
+        assert_bounded(&a, 2, Duration::ZERO);
+        after_drop.push(a);
+    }
+    let fresh = after_drop
+        .iter()
+        .filter(|a| a.kind() == Kind::Fresh)
+        .count();
+    assert_eq!(
+        rig.work.total() - runs,
+        fresh as u64,
+        "runs only for 201 answers"
+    );
+    assert!(fresh > 0, "the store reconnected: {}", Mix::of(&after_drop));
+    report.push(format!(
+        "connections dropped: {} (max {:.0?})",
+        Mix::of(&after_drop),
+        max_elapsed(&after_drop)
+    ));
+    all.extend(after_drop);
+
+    println!("store faults (timeout {TIMEOUT:?}, lease {LEASE:?}):");
+    for r in &report {
+        println!("  {r}");
+    }
+    println!(
+        "  max request time {:.0?} over {} requests",
+        max_elapsed(&all),
+        all.len()
+    );
+}
+
+/// The handler sleeps 400 ms; the fault starts 150 ms into it, so the claim went through and
+/// the complete meets the fault.
+const HANDLER: Duration = Duration::from_millis(400);
+
+async fn run_into_a_fault(rig: &Rig, key: &str) -> Answer {
+    let req = rig
+        .server
+        .work(&rig.http, key)
+        .header("x-delay-ms", HANDLER.as_millis().to_string());
+    let a = tokio::spawn(send(req));
+    rig.work.wait_runs(key, 1).await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    rig.proxy.black_hole();
+    let a = a.await.unwrap();
+    assert_eq!(
+        a.kind(),
+        Kind::Fresh,
+        "the handler's own answer: {}",
+        a.describe()
+    );
+    assert_eq!(a.execution(), 1);
+    // claim + complete (the complete times out), plus the handler.
+    assert_bounded(&a, 2, HANDLER);
+    a
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_complete_returns_the_response_and_leaves_the_key_pending_for_one_rerun() {
+    let Some(rig) = rig().await else { return };
+    let key = "lost-complete";
+    let first = run_into_a_fault(&rig, key).await;
+    let lost_at = Instant::now();
+    // The held complete is lost with the connection; then the network is back.
+    rig.proxy.drop_all();
+    rig.proxy.restore();
+
+    // During the lease: 409 (or 503 while the store reconnects), never a run.
+    let mut during = Vec::new();
+    let rerun = bounded(
+        Duration::from_secs(10),
+        "the re-run after the lease",
+        async {
+            loop {
+                let a = send(rig.server.work(&rig.http, key)).await;
+                assert_bounded(&a, 2, HANDLER);
+                match a.kind() {
+                    Kind::InFlight | Kind::StoreFailed => {
+                        during.push(a);
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                    }
+                    Kind::Fresh => break a,
+                    other => panic!("unexpected {other:?}: {}", a.describe()),
+                }
+            }
+        },
+    )
+    .await;
+    let rerun_after = lost_at.elapsed();
+    let during_mix = Mix::of(&during);
+    assert!(
+        during_mix.get(&Kind::InFlight) > 0,
+        "the key stayed pending during the lease: {during_mix}"
+    );
+    assert_eq!(rerun.execution(), 2, "one re-run");
+    assert_ne!(rerun.body, first.body);
+
+    // Ten more duplicates at once: all replays of the re-run; no third run.
+    let tasks: Vec<_> = (0..10)
+        .map(|_| tokio::spawn(send(rig.server.work(&rig.http, key))))
+        .collect();
+    for t in tasks {
+        let a = t.await.unwrap();
+        assert_eq!(a.kind(), Kind::Replay, "{}", a.describe());
+        assert_eq!(a.body, rerun.body);
+    }
+    assert_eq!(
+        rig.work.runs_of(key),
+        2,
+        "exactly one re-run after the lease"
+    );
+    let max = max_elapsed(during.iter().chain([&first, &rerun]));
+    println!(
+        "lost complete: first answer 201 in {:.0?} (handler {HANDLER:?}, timeout {TIMEOUT:?}); \
+         then {during_mix} for {rerun_after:.0?} (lease {LEASE:?}); then exactly one re-run \
+         (201), 10 duplicates replayed; max request {max:.0?}",
+        first.elapsed
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_complete_delayed_by_a_healed_partition_is_stored_late() {
+    let Some(rig) = rig().await else { return };
+    let key = "healed-complete";
+    let first = run_into_a_fault(&rig, key).await;
+    // The partition heals without the connection being lost: the held complete arrives late.
+    rig.proxy.restore();
+    let a = bounded(
+        Duration::from_secs(10),
+        "the late complete to land",
+        async {
+            loop {
+                let a = send(rig.server.work(&rig.http, key)).await;
+                match a.kind() {
+                    Kind::Replay => break a,
+                    Kind::InFlight | Kind::StoreFailed => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    other => panic!("unexpected {other:?}: {}", a.describe()),
+                }
+            }
+        },
+    )
+    .await;
+    assert_eq!(a.body, first.body, "the replay is the first run's response");
+    assert_eq!(rig.work.runs_of(key), 1, "no re-run");
+    println!(
+        "healed partition: the complete that timed out (201 after {:.0?}) was applied late; \
+         duplicates replay the first run, runs 1",
+        first.elapsed
+    );
+}
+
+/// How long the half-open test watches for a recovery that does not come.
+const HALF_OPEN_WATCH: Duration = Duration::from_secs(3);
+
+/// The connection goes silent for good but stays open (half-open: the peer or a middlebox lost
+/// its state and no reset arrives), while new connections would work. Safety holds: every
+/// request answers 503 within the timeout and no handler runs. Recovery does not happen by
+/// itself: `ConnectionManager` reconnects on connection errors, never on timeouts, so the
+/// store keeps using the silent connection until the OS errors it (for a vanished peer, the
+/// kernel's retransmission timeout, about 15 minutes by default on Linux). The test reports
+/// what it sees and asserts recovery only once the connection is closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_open_connection_fails_safe_but_is_not_replaced_until_it_errors() {
+    let Some(rig) = rig().await else { return };
+    let runs = rig.work.total();
+    let connections = rig.proxy.accepted();
+    rig.proxy.freeze_existing();
+    let start = Instant::now();
+    let mut answers = Vec::new();
+    let mut recovered_after = None;
+    while start.elapsed() < HALF_OPEN_WATCH {
+        let a = send(
+            rig.server
+                .work(&rig.http, &format!("half-open-{}", answers.len())),
+        )
+        .await;
+        assert_bounded(&a, 2, Duration::ZERO);
+        let kind = a.kind();
+        answers.push(a);
+        match kind {
+            Kind::StoreFailed => {}
+            Kind::Fresh => {
+                recovered_after = Some(start.elapsed());
+                break;
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let mix = Mix::of(&answers);
+    let fresh = mix.get(&Kind::Fresh) as u64;
+    assert_eq!(rig.work.total() - runs, fresh, "runs only for 201 answers");
+    let new_connections = rig.proxy.accepted() - connections;
+    // Closing the silent connection lets the store reconnect at once.
+    rig.proxy.drop_all();
+    let after_close = rig.recover("half-open-closed").await;
+    println!(
+        "half-open connection: {mix} over {:.1?} (max {:.0?}); recovered by itself: {}; new \
+         connections opened: {new_connections}; after the connection was closed: recovered in \
+         {after_close:.0?}",
+        start.elapsed(),
+        max_elapsed(&answers),
+        recovered_after.map_or("no".to_owned(), |d| format!("after {d:.1?}")),
+    );
+}

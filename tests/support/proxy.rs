@@ -1,0 +1,234 @@
+//! A small TCP proxy for fault tests: `127.0.0.1:<free port>` ↔ a target port (Redis), with
+//! faults switched at run time.
+//!
+//! | fault | what the client sees |
+//! | --- | --- |
+//! | [`Proxy::set_latency`] | every chunk, both ways, is held for the delay before it is forwarded |
+//! | [`Proxy::black_hole`] | connections (old and new) stay open but nothing is forwarded; bytes wait in the socket buffers, as in a network partition that TCP has not yet given up on |
+//! | [`Proxy::drop_all`] | every open connection is closed at once; bytes held by a black hole are lost with it |
+//! | [`Proxy::freeze_existing`] | the connections open now go silent for good but stay open (a half-open TCP connection: the peer or a middlebox lost its state and no reset arrives); new connections work |
+//! | [`Proxy::restore`] | no latency, no black hole: held bytes flow again (a healed partition) |
+//!
+//! Nothing is ever dropped from the middle of a stream: a fault either delays bytes or closes
+//! the whole connection, as real networks do under TCP.
+
+// Each test crate uses part of this.
+#![allow(dead_code, unreachable_pub)]
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// The proxy's current fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mode {
+    /// Held per chunk before it is forwarded.
+    pub latency: Duration,
+    /// Nothing is forwarded while set.
+    pub black_hole: bool,
+}
+
+impl Mode {
+    const NORMAL: Self = Self {
+        latency: Duration::ZERO,
+        black_hole: false,
+    };
+}
+
+/// A running proxy; stops (closing every connection) when dropped.
+#[derive(Debug)]
+pub struct Proxy {
+    addr: SocketAddr,
+    mode: watch::Sender<Mode>,
+    /// Bumped by `drop_all`; a connection closes when it sees a newer generation.
+    generation: watch::Sender<u64>,
+    /// Bumped by `freeze_existing`; a connection of an older epoch forwards nothing again.
+    epoch: Arc<AtomicU64>,
+    accepted: Arc<AtomicUsize>,
+    forwarded: Arc<AtomicU64>,
+    task: JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Starts a proxy on a free loopback port in front of `127.0.0.1:target`.
+    pub async fn start(target: u16) -> Self {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .await
+            .expect("bind the proxy");
+        let addr = listener.local_addr().expect("proxy address");
+        let (mode, _) = watch::channel(Mode::NORMAL);
+        let (generation, _) = watch::channel(0u64);
+        let epoch = Arc::new(AtomicU64::new(0));
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let forwarded = Arc::new(AtomicU64::new(0));
+        let task = tokio::spawn(accept_loop(
+            listener,
+            SocketAddr::from((Ipv4Addr::LOCALHOST, target)),
+            mode.clone(),
+            generation.clone(),
+            Arc::clone(&epoch),
+            Arc::clone(&accepted),
+            Arc::clone(&forwarded),
+        ));
+        Self {
+            addr,
+            mode,
+            generation,
+            epoch,
+            accepted,
+            forwarded,
+            task,
+        }
+    }
+
+    /// The proxy's port.
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// `redis://127.0.0.1:<proxy port>/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.addr.port())
+    }
+
+    /// Holds every chunk for `latency` before forwarding it (both directions).
+    pub fn set_latency(&self, latency: Duration) {
+        self.mode.send_modify(|m| m.latency = latency);
+    }
+
+    /// Forwards nothing until [`restore`](Self::restore); connections stay open and new ones
+    /// are accepted.
+    pub fn black_hole(&self) {
+        self.mode.send_modify(|m| m.black_hole = true);
+    }
+
+    /// Closes every open connection (bytes held by a black hole are lost). New connections are
+    /// accepted under the current mode.
+    pub fn drop_all(&self) {
+        self.generation.send_modify(|g| *g += 1);
+    }
+
+    /// The connections open now forward nothing ever again but stay open, as a half-open TCP
+    /// connection does; connections made afterwards work normally.
+    pub fn freeze_existing(&self) {
+        self.epoch.fetch_add(1, Ordering::SeqCst);
+    }
+
+    /// No latency, no black hole.
+    pub fn restore(&self) {
+        self.mode.send_replace(Mode::NORMAL);
+    }
+
+    /// Connections accepted so far.
+    pub fn accepted(&self) -> usize {
+        self.accepted.load(Ordering::Relaxed)
+    }
+
+    /// Bytes forwarded so far (both directions).
+    pub fn forwarded(&self) -> u64 {
+        self.forwarded.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+        self.drop_all();
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    target: SocketAddr,
+    mode: watch::Sender<Mode>,
+    generation: watch::Sender<u64>,
+    epoch: Arc<AtomicU64>,
+    accepted: Arc<AtomicUsize>,
+    forwarded: Arc<AtomicU64>,
+) {
+    loop {
+        let Ok((client, _)) = listener.accept().await else {
+            continue;
+        };
+        accepted.fetch_add(1, Ordering::Relaxed);
+        let mode = mode.subscribe();
+        let generation = generation.subscribe();
+        let forwarded = Arc::clone(&forwarded);
+        let epoch = Arc::clone(&epoch);
+        tokio::spawn(async move {
+            let born = *generation.borrow();
+            let era = (Arc::clone(&epoch), epoch.load(Ordering::SeqCst));
+            let Ok(server) = TcpStream::connect(target).await else {
+                return;
+            };
+            let _ = client.set_nodelay(true);
+            let _ = server.set_nodelay(true);
+            let (cr, cw) = client.into_split();
+            let (sr, sw) = server.into_split();
+            let up = pump(
+                cr,
+                sw,
+                mode.clone(),
+                (generation.clone(), born),
+                era.clone(),
+                Arc::clone(&forwarded),
+            );
+            let down = pump(sr, cw, mode, (generation.clone(), born), era, forwarded);
+            let mut gen_rx = generation;
+            let dropped = async move {
+                let _ = gen_rx.wait_for(|g| *g != born).await;
+            };
+            // The first to finish closes both halves (the others are dropped with it).
+            tokio::select! {
+                () = up => {}
+                () = down => {}
+                () = dropped => {}
+            }
+        });
+    }
+}
+
+/// Copies one direction chunk by chunk, honouring the mode before each chunk is forwarded.
+/// Stops without writing once the connection was dropped (`drop_all`), so bytes a black hole
+/// held are lost with it even when the hole is restored right after.
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut mode: watch::Receiver<Mode>,
+    (generation, born): (watch::Receiver<u64>, u64),
+    (epoch, era): (Arc<AtomicU64>, u64),
+    forwarded: Arc<AtomicU64>,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        // A black hole does not even read: bytes wait in the kernel's buffers.
+        if mode.wait_for(|m| !m.black_hole).await.is_err() {
+            return;
+        }
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        let latency = mode.borrow().latency;
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        // A black hole that started while this chunk was read holds it too.
+        if mode.wait_for(|m| !m.black_hole).await.is_err() || *generation.borrow() != born {
+            return;
+        }
+        // Frozen: silent for good, but the socket stays open.
+        if epoch.load(Ordering::SeqCst) != era {
+            std::future::pending::<()>().await;
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+        forwarded.fetch_add(n as u64, Ordering::Relaxed);
+    }
+}
