@@ -376,3 +376,18 @@ async fn keyed_fingerprint_keeps_a_low_entropy_body_from_being_confirmed() {
     );
     assert_eq!(guess(&stored_keyed[1..33]), None, "the keyed one does not");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_secret_a_record_copied_under_another_key_replays() {
+    // The default's limit, stated in RELIABILITY.md: records are not bound to their key.
+    let Some(redis) = shared_server() else { return };
+    let st = store(redis, "copy").await;
+    let (server, work) = app(IdempotencyLayer::with_store(st.clone())).await;
+    let req = |key: &str| post("/work", &keyed("alice", key.as_bytes()), BODY);
+    assert_eq!(server.one(&req("k-original")).await.status, 201);
+    let original = get(&st, &store_key("alice", "k-original")).await;
+    set(&st, &store_key("alice", "k-copy"), &original).await;
+    let copy = server.one(&req("k-copy")).await;
+    assert!(copy.is_replay(), "{}", copy.describe());
+    assert_eq!(work.executions(), 1, "the copied record stood in for a run");
+}
