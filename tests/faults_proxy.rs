@@ -7,6 +7,8 @@
 //! - a complete lost to a fault still returns the handler's 201; the key stays pending (409)
 //!   until its lease lapses, then runs exactly once more;
 //! - after the fault clears the same store (same `ConnectionManager`) recovers by itself;
+//! - a connection that goes half-open (silent, never failing) is replaced by the store after a
+//!   run of timeouts, and keyed requests succeed again within a few seconds;
 //! - no request takes longer than the store timeout per store step plus the handler's own time
 //!   (plus a small slack for a debug build).
 //!
@@ -25,10 +27,14 @@ mod support {
     pub mod redis_server;
 }
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 use support::apps::{Answer, Kind, Mix, Server, Work, bounded, client, send};
 use support::proxy::Proxy;
 use support::redis_server::{self, RedisServer};
+use tower_idempotency::store::redis::RECONNECT_AFTER_TIMEOUTS;
+use tower_idempotency::store::redis::redis::{self, aio::ConnectionManager};
 use tower_idempotency::{IdempotencyLayer, RedisStore};
 
 const TIMEOUT: Duration = Duration::from_millis(300);
@@ -397,56 +403,160 @@ async fn a_complete_delayed_by_a_healed_partition_is_stored_late() {
     );
 }
 
-/// How long the half-open test watches for a recovery that does not come.
-const HALF_OPEN_WATCH: Duration = Duration::from_secs(3);
+/// The bound on a store's recovery from a half-open connection.
+const HALF_OPEN_RECOVERY: Duration = Duration::from_secs(5);
+
+/// Sends fresh keys `{tag}-{n}` one after another until one answers 201, within
+/// [`HALF_OPEN_RECOVERY`]. Every answer before it must be a 503 within the store timeout.
+/// Returns the answers (the last is the 201) and how long recovery took.
+async fn until_fresh(rig: &Rig, tag: &str) -> (Vec<Answer>, Duration) {
+    let start = Instant::now();
+    let mut answers = Vec::new();
+    bounded(
+        HALF_OPEN_RECOVERY,
+        "recovery from a half-open connection",
+        async {
+            loop {
+                let a = send(
+                    rig.server
+                        .work(&rig.http, &format!("{tag}-{}", answers.len())),
+                )
+                .await;
+                assert_bounded(&a, 2, Duration::ZERO);
+                let kind = a.kind();
+                answers.push(a);
+                match kind {
+                    Kind::StoreFailed => {}
+                    Kind::Fresh => break,
+                    other => panic!(
+                        "unexpected {other:?}: {}",
+                        answers[answers.len() - 1].describe()
+                    ),
+                }
+            }
+        },
+    )
+    .await;
+    (answers, start.elapsed())
+}
+
+/// After recovery: every key that got 503 runs exactly once when retried (its claim, held by
+/// the silent connection, never reached Redis), the recovered key replays, and a burst of
+/// fresh keys all answer 201. Returns the number of keys retried.
+async fn keyed_requests_work_again(rig: &Rig, tag: &str, answers: &[Answer]) -> usize {
+    let failed = answers.len() - 1;
+    for i in 0..failed {
+        let key = format!("{tag}-{i}");
+        let a = send(rig.server.work(&rig.http, &key)).await;
+        assert_eq!(a.kind(), Kind::Fresh, "retry of {key}: {}", a.describe());
+        assert_eq!(rig.work.runs_of(&key), 1, "{key} ran once");
+    }
+    let recovered = format!("{tag}-{failed}");
+    let replay = send(rig.server.work(&rig.http, &recovered)).await;
+    assert_eq!(replay.kind(), Kind::Replay, "{}", replay.describe());
+    assert_eq!(replay.body, answers[failed].body);
+    let burst = rig.burst(&format!("{tag}-burst"), 10).await;
+    assert!(
+        burst.iter().all(|a| a.kind() == Kind::Fresh),
+        "{}",
+        Mix::of(&burst)
+    );
+    failed
+}
 
 /// The connection goes silent for good but stays open (half-open: the peer or a middlebox lost
-/// its state and no reset arrives), while new connections would work. Safety holds: every
-/// request answers 503 within the timeout and no handler runs. Recovery does not happen by
-/// itself: `ConnectionManager` reconnects on connection errors, never on timeouts, so the
-/// store keeps using the silent connection until the OS errors it (for a vanished peer, the
-/// kernel's retransmission timeout, about 15 minutes by default on Linux). The test reports
-/// what it sees and asserts recovery only once the connection is closed.
+/// its state and no reset arrives), while new connections work. `ConnectionManager` reconnects
+/// on connection errors, never on timeouts, and the OS would error the socket only after its
+/// retransmission timeout (about 15 minutes on Linux), or never behind a proxy. The store
+/// replaces the connection itself after `RECONNECT_AFTER_TIMEOUTS` timeouts in a row. Safety
+/// holds meanwhile (every request answers 503 within the timeout, no handler runs for it),
+/// and keyed requests succeed again within [`HALF_OPEN_RECOVERY`] over a new connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_half_open_connection_fails_safe_but_is_not_replaced_until_it_errors() {
+async fn a_half_open_connection_fails_safe_and_is_replaced() {
     let Some(rig) = rig().await else { return };
     let runs = rig.work.total();
     let connections = rig.proxy.accepted();
     rig.proxy.freeze_existing();
-    let start = Instant::now();
-    let mut answers = Vec::new();
-    let mut recovered_after = None;
-    while start.elapsed() < HALF_OPEN_WATCH {
-        let a = send(
-            rig.server
-                .work(&rig.http, &format!("half-open-{}", answers.len())),
-        )
-        .await;
-        assert_bounded(&a, 2, Duration::ZERO);
-        let kind = a.kind();
-        answers.push(a);
-        match kind {
-            Kind::StoreFailed => {}
-            Kind::Fresh => {
-                recovered_after = Some(start.elapsed());
-                break;
-            }
-            other => panic!("unexpected {other:?}"),
-        }
-    }
+    let (answers, recovered_in) = until_fresh(&rig, "half-open").await;
     let mix = Mix::of(&answers);
-    let fresh = mix.get(&Kind::Fresh) as u64;
-    assert_eq!(rig.work.total() - runs, fresh, "runs only for 201 answers");
+    let failed = mix.get(&Kind::StoreFailed);
+    assert!(
+        failed >= RECONNECT_AFTER_TIMEOUTS as usize,
+        "the silent connection timed out before it was replaced: {mix}"
+    );
+    assert_eq!(rig.work.total() - runs, 1, "runs only for the 201 answer");
     let new_connections = rig.proxy.accepted() - connections;
-    // Closing the silent connection lets the store reconnect at once.
-    rig.proxy.drop_all();
-    let after_close = rig.recover("half-open-closed").await;
+    assert!(new_connections >= 1, "the store opened a new connection");
+    let retried = keyed_requests_work_again(&rig, "half-open", &answers).await;
     println!(
-        "half-open connection: {mix} over {:.1?} (max {:.0?}); recovered by itself: {}; new \
-         connections opened: {new_connections}; after the connection was closed: recovered in \
-         {after_close:.0?}",
-        start.elapsed(),
+        "half-open connection (timeout {TIMEOUT:?}): {mix} (max {:.0?}); replaced after \
+         {RECONNECT_AFTER_TIMEOUTS} timeouts in a row: first 201 {} ms after the \
+         connection went silent (bound {HALF_OPEN_RECOVERY:?}); new connections opened: \
+         {new_connections}; then the {retried} keys that got 503 ran once each when retried, \
+         the recovered key replayed, 10/10 fresh keys 201",
         max_elapsed(&answers),
-        recovered_after.map_or("no".to_owned(), |d| format!("after {d:.1?}")),
+        recovered_in.as_millis(),
+    );
+}
+
+/// As above, but the first replacement cannot be made: the store keeps the silent connection,
+/// starts counting again, and the next run of timeouts makes a second attempt, which succeeds.
+/// The store is built with `RedisStore::new` and `with_reconnect`, whose first call fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_replacement_keeps_the_connection_and_is_tried_again() {
+    if !redis_server::available() {
+        return;
+    }
+    let redis = RedisServer::start();
+    let proxy = Proxy::start(redis.port()).await;
+    let redis_client = redis::Client::open(proxy.url()).unwrap();
+    let conn = ConnectionManager::new(redis_client.clone()).await.unwrap();
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&attempts);
+    let store = RedisStore::new(conn, "faults-proxy-reconnect")
+        .unwrap()
+        .with_timeout(TIMEOUT)
+        .with_reconnect(move || {
+            let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
+            let client = redis_client.clone();
+            async move {
+                if first {
+                    return Err(std::io::Error::from(std::io::ErrorKind::ConnectionRefused).into());
+                }
+                ConnectionManager::new(client).await
+            }
+        });
+    let work = Work::new();
+    let server = Server::start(work.app(IdempotencyLayer::with_store(store).lease(LEASE))).await;
+    let http = client();
+    let warm = send(server.work(&http, "warm-up")).await;
+    assert_eq!(warm.kind(), Kind::Fresh, "{}", warm.describe());
+    let rig = Rig {
+        _redis: redis,
+        proxy,
+        work,
+        server,
+        http,
+    };
+
+    rig.proxy.freeze_existing();
+    let (answers, recovered_in) = until_fresh(&rig, "replace-fails").await;
+    let mix = Mix::of(&answers);
+    assert_eq!(
+        attempts.load(Ordering::SeqCst),
+        2,
+        "one failed replacement, then one that worked: {mix}"
+    );
+    assert!(
+        mix.get(&Kind::StoreFailed) >= 2 * RECONNECT_AFTER_TIMEOUTS as usize,
+        "a run of timeouts before each attempt: {mix}"
+    );
+    let retried = keyed_requests_work_again(&rig, "replace-fails", &answers).await;
+    println!(
+        "half-open connection, first replacement failing: {mix} (max {:.0?}); recovered on the \
+         second attempt, first 201 {} ms after the connection went silent; the \
+         {retried} keys that got 503 ran once each when retried",
+        max_elapsed(&answers),
+        recovered_in.as_millis(),
     );
 }

@@ -83,6 +83,27 @@
 //! [`ConnectionManager`]: when Redis goes away, calls fail fast, and the first call after Redis
 //! is back reconnects; the application needs no restart.
 //!
+//! A connection can also go silent without ever failing: a half-open TCP connection, when the
+//! peer or a NAT, firewall or load balancer on the way lost its state and no reset arrives.
+//! The kernel keeps the socket open (for a vanished peer, Linux gives up after its
+//! retransmission timeout, about 15 minutes), and the `ConnectionManager` reconnects only on a
+//! connection *error*, never on a timeout, so every call would time out until then. The store
+//! made by [`RedisStore::connect`] therefore counts consecutive operation timeouts on its
+//! connection: after [`RECONNECT_AFTER_TIMEOUTS`] (2) in a row it makes a fresh
+//! `ConnectionManager` from the same URL and settings, in the background (bounded by
+//! [`RECONNECT_TIMEOUT`]), and the calls after it use the new connection (logged at `warn`).
+//! Any successful call resets the count; one replacement is made at a time; a replacement
+//! that fails keeps the old connection and is tried again after the next run of timeouts.
+//! Calls already in flight finish on the connection they started on, which closes once the
+//! last of them is done. Measured in `tests/faults_proxy.rs`: with a 300 ms operation timeout,
+//! a store whose connection went half-open answers again about 0.9 s later (three 503s: the two
+//! timeouts that start the replacement, and a call that began on the old connection while the
+//! new one was being made). A Redis that is merely slow (a long script, a latency spike) also
+//! gets its connection replaced; that costs one new connection per run of timeouts, nothing
+//! more. A store built with [`RedisStore::new`], or with `connect_cluster`, keeps its
+//! connection as given, unless it is handed a way to make another with
+//! [`RedisStore::with_reconnect`].
+//!
 //! # Durability: what "no duplicate processing" rests on
 //!
 //! The promise holds only while Redis keeps the records. Two ordinary events make Redis lose
@@ -110,7 +131,10 @@ use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, LazyLock};
+use std::ops::Deref;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, LazyLock, PoisonError, RwLock};
 use std::time::Duration;
 
 mod verify;
@@ -124,6 +148,15 @@ pub const MIN_REDIS_VERSION: (u32, u32, u32) = (5, 0, 0);
 
 /// The default bound on one store operation: 1 second.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Consecutive operation timeouts after which a store that can reconnect (made by
+/// [`RedisStore::connect`], or given [`RedisStore::with_reconnect`]) replaces its connection:
+/// 2. See the [module docs](self#failures).
+pub const RECONNECT_AFTER_TIMEOUTS: u32 = 2;
+
+/// The bound on making a connection: the first one in [`RedisStore::connect`], and each
+/// replacement after a run of timeouts: 5 seconds.
+pub const RECONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 const NAMESPACE_DOMAIN: &[u8] = b"tower-idempotency/redis-ns/v1";
 const PENDING: u8 = b'P';
@@ -145,20 +178,81 @@ static RENEW: LazyLock<Script> = LazyLock::new(|| Script::new(include_str!("redi
 /// `C` is any `redis` async connection that is cheap to clone: the default
 /// [`ConnectionManager`](::redis::aio::ConnectionManager) (reconnects by itself), a
 /// `MultiplexedConnection`, or, with the `redis-cluster` feature, a
-/// `cluster_async::ClusterConnection`. Cloning the store clones the connection handle.
+/// `cluster_async::ClusterConnection`. Clones of the store share one connection, and its
+/// replacement when the store replaces it after a run of timeouts (see the
+/// [module docs](self#failures)).
 ///
 /// See the [module docs](self) for the key layout, the scripts, the version floor and the
 /// durability caveats.
 pub struct RedisStore<C = ::redis::aio::ConnectionManager> {
-    conn: C,
+    shared: Arc<Shared<C>>,
+    /// Makes a replacement connection; `None`: the connection is kept as given.
+    reconnect: Option<Reconnect<C>>,
     prefix: Arc<str>,
     timeout: Duration,
 }
 
-impl<C: Clone> Clone for RedisStore<C> {
+/// The future of a replacement connection.
+type Connecting<C> = Pin<Box<dyn Future<Output = Result<C, RedisError>> + Send>>;
+/// Makes a replacement connection.
+type Reconnect<C> = Arc<dyn Fn() -> Connecting<C> + Send + Sync>;
+
+/// The connection all clones of a store use, and the state that decides when to replace it.
+struct Shared<C> {
+    /// The connection in use. Each operation clones it out; the lock is never held across an
+    /// `.await`.
+    current: RwLock<C>,
+    /// Bumped, under the write lock, each time the connection is replaced: a timeout met on a
+    /// connection already replaced does not count against its successor.
+    generation: AtomicU64,
+    /// Consecutive operation timeouts on the current connection.
+    timeouts: AtomicU32,
+    /// A replacement is being made (at most one at a time).
+    reconnecting: AtomicBool,
+}
+
+impl<C: Clone> Shared<C> {
+    fn new(conn: C) -> Self {
+        Self {
+            current: RwLock::new(conn),
+            generation: AtomicU64::new(0),
+            timeouts: AtomicU32::new(0),
+            reconnecting: AtomicBool::new(false),
+        }
+    }
+
+    /// The connection in use and its generation.
+    fn checkout(&self) -> (u64, C) {
+        let current = self.current.read().unwrap_or_else(PoisonError::into_inner);
+        // Written under the write lock only: consistent with `current` while it is read.
+        (self.generation.load(Ordering::Relaxed), current.clone())
+    }
+
+    /// Puts `conn` in place of the current connection; returns the old one (dropped by the
+    /// caller, outside the lock).
+    fn replace(&self, conn: C) -> C {
+        let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+        self.generation.fetch_add(1, Ordering::Relaxed);
+        self.timeouts.store(0, Ordering::Relaxed);
+        std::mem::replace(&mut *current, conn)
+    }
+}
+
+/// Clears [`Shared::reconnecting`] when the replacement attempt ends, however it ends (done,
+/// failed, or its task dropped with the runtime).
+struct ReconnectGuard<C>(Arc<Shared<C>>);
+
+impl<C> Drop for ReconnectGuard<C> {
+    fn drop(&mut self) {
+        self.0.reconnecting.store(false, Ordering::Release);
+    }
+}
+
+impl<C> Clone for RedisStore<C> {
     fn clone(&self) -> Self {
         Self {
-            conn: self.conn.clone(),
+            shared: Arc::clone(&self.shared),
+            reconnect: self.reconnect.clone(),
             prefix: Arc::clone(&self.prefix),
             timeout: self.timeout,
         }
@@ -170,6 +264,7 @@ impl<C> fmt::Debug for RedisStore<C> {
         f.debug_struct("RedisStore")
             .field("prefix", &self.prefix)
             .field("timeout", &self.timeout)
+            .field("reconnects", &self.reconnect.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -198,8 +293,10 @@ impl RedisStore<::redis::aio::ConnectionManager> {
     /// Each connection attempt is bounded by the operation timeout ([`DEFAULT_TIMEOUT`]), and a
     /// lost connection is retried twice with a short back-off before calls fail fast (the next
     /// call then tries again). Responses are bounded by the store's operation timeout, not by
-    /// the connection. For other settings, build a `ConnectionManager` and use
-    /// [`RedisStore::new`].
+    /// the connection. A connection that only times out (half-open) is replaced after
+    /// [`RECONNECT_AFTER_TIMEOUTS`] timeouts in a row (see the [module docs](self#failures)).
+    /// For other settings, build a `ConnectionManager` and use [`RedisStore::new`] (with
+    /// [`RedisStore::with_reconnect`] to keep the replacement).
     ///
     /// # Errors
     /// `Unavailable` when the namespace is empty (source: [`InvalidNamespace`]), the URL is
@@ -213,12 +310,14 @@ impl RedisStore<::redis::aio::ConnectionManager> {
             .set_response_timeout(None)
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500));
-        let connecting = ::redis::aio::ConnectionManager::new_with_config(client, config);
-        let conn = tokio::time::timeout(DEFAULT_TIMEOUT * 5, connecting)
+        let connect = move || {
+            ::redis::aio::ConnectionManager::new_with_config(client.clone(), config.clone())
+        };
+        let conn = tokio::time::timeout(RECONNECT_TIMEOUT, connect())
             .await
             .map_err(|e| timed_out("connecting to Redis timed out", e))?
             .map_err(|e| map_err("connecting to Redis failed", e))?;
-        Ok(Self::with_prefix(conn, prefix))
+        Ok(Self::with_prefix(conn, prefix).with_reconnect(connect))
     }
 }
 
@@ -279,10 +378,45 @@ where
 
     fn with_prefix(conn: C, prefix: String) -> Self {
         Self {
-            conn,
+            shared: Arc::new(Shared::new(conn)),
+            reconnect: None,
             prefix: prefix.into(),
             timeout: DEFAULT_TIMEOUT,
         }
+    }
+
+    /// Replaces the connection with one made by `connect` after [`RECONNECT_AFTER_TIMEOUTS`]
+    /// operation timeouts in a row, as [`RedisStore::connect`] does with its
+    /// `ConnectionManager` (see the [module docs](self#failures)): for a connection that can go
+    /// silent without failing (half-open), which its own reconnection never notices.
+    ///
+    /// `connect` runs in a task of its own, one at a time, bounded by [`RECONNECT_TIMEOUT`];
+    /// when it fails or times out the store keeps its connection and tries again after the next
+    /// run of timeouts. Set it before cloning the store: a clone made earlier shares the
+    /// connection but does not replace it.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tower_idempotency::store::redis::{RedisStore, redis};
+    /// use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+    /// let config = ConnectionManagerConfig::new()
+    ///     .set_connection_timeout(Some(Duration::from_millis(200)));
+    /// let conn = ConnectionManager::new_with_config(client.clone(), config.clone()).await?;
+    /// let store = RedisStore::new(conn, "orders")?
+    ///     .with_reconnect(move || ConnectionManager::new_with_config(client.clone(), config.clone()));
+    /// # let _ = store; Ok(()) }
+    /// ```
+    #[must_use]
+    pub fn with_reconnect<F, Fut>(mut self, connect: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<C, RedisError>> + Send + 'static,
+    {
+        self.reconnect = Some(Arc::new(move || -> Connecting<C> { Box::pin(connect()) }));
+        self
     }
 
     /// Bounds every store operation (each one round trip) to `timeout`; a call that takes
@@ -314,10 +448,18 @@ where
         format!("{}:{{{}}}", self.prefix, key.id_hex())
     }
 
-    /// The connection.
+    /// The connection in use now; clone it to send commands of your own.
+    ///
+    /// A store that reconnects ([`RedisStore::connect`], [`RedisStore::with_reconnect`])
+    /// replaces its connection after a run of timeouts, so take it afresh for each use rather
+    /// than keeping a clone, and do not hold the returned reference across an `.await` (it
+    /// holds a read lock that a replacement waits for).
     #[must_use]
-    pub fn connection(&self) -> &C {
-        &self.conn
+    pub fn connection(&self) -> impl Deref<Target = C> + '_ {
+        self.shared
+            .current
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Checks the server at start-up: its version is at least [`MIN_REDIS_VERSION`], and its
@@ -332,16 +474,24 @@ where
     /// The usual store errors when Redis cannot be asked; `Protocol` when the server is older
     /// than the floor or its `INFO` carries no version.
     pub async fn verify(&self) -> Result<VerifyReport, StoreError> {
-        let mut conn = self.conn.clone();
+        let (generation, mut conn) = self.shared.checkout();
         let info: Value = self
-            .bounded("Redis INFO", ::redis::cmd("INFO").query_async(&mut conn))
+            .bounded(
+                "Redis INFO",
+                generation,
+                ::redis::cmd("INFO").query_async(&mut conn),
+            )
             .await?;
         let mut report = verify::from_info(&info)?;
         if matches!(report.eviction, EvictionCheck::Unknown { .. }) {
             let mut cmd = ::redis::cmd("CONFIG");
             cmd.arg("GET").arg("maxmemory-policy");
             report.eviction = match self
-                .bounded("Redis CONFIG GET", cmd.query_async::<Value>(&mut conn))
+                .bounded(
+                    "Redis CONFIG GET",
+                    generation,
+                    cmd.query_async::<Value>(&mut conn),
+                )
                 .await
             {
                 Ok(v) => verify::from_config_get(&v),
@@ -357,16 +507,96 @@ where
         Ok(report)
     }
 
+    /// Runs one operation on the connection of `generation` within the operation timeout,
+    /// and counts its outcome towards replacing that connection.
     async fn bounded<T>(
         &self,
         op: &'static str,
+        generation: u64,
         fut: impl Future<Output = Result<T, RedisError>>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.timeout, fut).await {
+        let result = match tokio::time::timeout(self.timeout, fut).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(map_err(op, e)),
             Err(e) => Err(timed_out(op, e)),
+        };
+        if let Some(reconnect) = &self.reconnect {
+            self.observe(reconnect, generation, result.as_ref().err());
         }
+        result
+    }
+
+    /// A success resets the count of timeouts; a timeout adds one, and the
+    /// [`RECONNECT_AFTER_TIMEOUTS`]th in a row starts a replacement unless one is under way.
+    /// Other errors leave the count alone (the `ConnectionManager` handles a connection that
+    /// fails). Outcomes on a connection already replaced are ignored.
+    fn observe(&self, reconnect: &Reconnect<C>, generation: u64, error: Option<&StoreError>) {
+        let shared = &self.shared;
+        let current = || shared.generation.load(Ordering::Relaxed) == generation;
+        match error {
+            None => {
+                // Read first: the common case writes nothing.
+                if shared.timeouts.load(Ordering::Relaxed) != 0 && current() {
+                    shared.timeouts.store(0, Ordering::Relaxed);
+                }
+            }
+            Some(e) if e.kind() == StoreErrorKind::Timeout && current() => {
+                let timeouts = shared.timeouts.fetch_add(1, Ordering::Relaxed) + 1;
+                if timeouts >= RECONNECT_AFTER_TIMEOUTS
+                    && !shared.reconnecting.swap(true, Ordering::AcqRel)
+                {
+                    self.spawn_reconnect(reconnect, timeouts);
+                }
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// Makes a replacement connection in a task of its own and puts it in place; on failure,
+    /// keeps the current one and starts the count again. The caller set `reconnecting`.
+    fn spawn_reconnect(&self, reconnect: &Reconnect<C>, timeouts: u32) {
+        let guard = ReconnectGuard(Arc::clone(&self.shared));
+        // The `redis` feature's `tokio-comp` brings tokio's runtime; a store is only used in one.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let reconnect = Arc::clone(reconnect);
+        let prefix = Arc::clone(&self.prefix);
+        runtime.spawn(async move {
+            let shared = &guard.0;
+            match tokio::time::timeout(RECONNECT_TIMEOUT, reconnect()).await {
+                Ok(Ok(conn)) => {
+                    let old = shared.replace(conn);
+                    tracing::warn!(
+                        key_prefix = %prefix,
+                        timeouts,
+                        "Redis connection replaced after consecutive operation timeouts \
+                         (silent or half-open connection)",
+                    );
+                    drop(old);
+                }
+                Ok(Err(e)) => {
+                    shared.timeouts.store(0, Ordering::Relaxed);
+                    tracing::warn!(
+                        key_prefix = %prefix,
+                        timeouts,
+                        error = %e,
+                        "Redis connection timing out, but a replacement could not be made; \
+                         keeping it and trying again after the next timeouts",
+                    );
+                }
+                Err(_) => {
+                    shared.timeouts.store(0, Ordering::Relaxed);
+                    tracing::warn!(
+                        key_prefix = %prefix,
+                        timeouts,
+                        timeout = ?RECONNECT_TIMEOUT,
+                        "Redis connection timing out, and making a replacement timed out; \
+                         keeping it and trying again after the next timeouts",
+                    );
+                }
+            }
+        });
     }
 
     async fn run(
@@ -380,8 +610,9 @@ where
         for a in args {
             invocation.arg(*a);
         }
-        let mut conn = self.conn.clone();
-        self.bounded(op, invocation.invoke_async(&mut conn)).await
+        let (generation, mut conn) = self.shared.checkout();
+        self.bounded(op, generation, invocation.invoke_async(&mut conn))
+            .await
     }
 }
 
