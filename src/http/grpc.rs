@@ -3,8 +3,8 @@
 //! A request whose `content-type` starts with `application/grpc` (`application/grpc`,
 //! `application/grpc+proto`, …) is handled in gRPC mode, every other request in HTTP mode, so
 //! one layer can sit in front of a server that speaks both. Nothing needs configuring and no
-//! cargo feature is needed; the `tonic` feature only adds [`Rejection::to_status`] and
-//! [`NamedService`](tonic::server::NamedService) for the layered service.
+//! cargo feature is needed; the `tonic` feature only adds `Rejection::to_status` and
+//! tonic's `NamedService` for the layered service.
 //!
 //! ```no_run
 //! use tonic::transport::Server;
