@@ -1,4 +1,4 @@
-//! The client's idempotency key: parsing and validation (DESIGN.md §6).
+//! The client's idempotency key: parsing and validation.
 //!
 //! A header value that starts with `"` is an RFC 9651 Item whose bare item must be a String
 //! (parameters after it are ignored). Anything else is taken verbatim, as many clients send bare
