@@ -80,11 +80,12 @@ impl<S> Clone for Engine<S> {
 }
 
 impl<S> Engine<S> {
-    /// These settings (lease, retention, record limit, secret) over another store.
+    /// These settings (lease, retention, record limit, secret) over a store made from this one
+    /// (the macro door wraps it to erase its type).
     #[cfg(feature = "macros")]
-    pub(crate) fn map_store<T>(&self, store: T) -> Engine<T> {
+    pub(crate) fn map_store<T>(&self, f: impl FnOnce(&Arc<S>) -> T) -> Engine<T> {
         Engine {
-            store: Arc::new(store),
+            store: Arc::new(f(&self.store)),
             lease: self.lease,
             ttl: self.ttl,
             max_record_body: self.max_record_body,

@@ -32,7 +32,6 @@
 //! ```
 
 use crate::__private::RouteOptions;
-use crate::engine::Engine;
 use crate::fingerprint::Fingerprint;
 use crate::http::IdempotencyLayer;
 use crate::record::Record;
@@ -83,7 +82,7 @@ impl IdempotencyConfig {
     pub fn new<St: Store>(layer: IdempotencyLayer<St>) -> Self {
         Self {
             inner: Arc::new(Inner {
-                layer: layer.map_store(|engine| DynStore::new(EngineStore(engine))),
+                layer: layer.map_store(|store| DynStore::new(Arc::clone(store))),
                 routes: RwLock::new(HashMap::new()),
             }),
         }
@@ -250,48 +249,6 @@ impl Store for DynStore {
         lease: Duration,
     ) -> Result<bool, StoreError> {
         self.0.renew(key, token, lease).await
-    }
-}
-
-/// The store of a layer's engine (the engine keeps its store behind an `Arc` it does not hand
-/// out, so the erased store holds the engine and reaches the store through it).
-struct EngineStore<St>(Engine<St>);
-
-impl<St: Store> Store for EngineStore<St> {
-    fn claim(
-        &self,
-        key: &StoreKey,
-        fingerprint: &Fingerprint,
-        lease: Duration,
-    ) -> impl Future<Output = Result<Claim, StoreError>> + Send {
-        self.0.store().claim(key, fingerprint, lease)
-    }
-    fn complete(
-        &self,
-        key: &StoreKey,
-        token: &Token,
-        fingerprint: &Fingerprint,
-        record: Record,
-        ttl: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        self.0
-            .store()
-            .complete(key, token, fingerprint, record, ttl)
-    }
-    fn release(
-        &self,
-        key: &StoreKey,
-        token: &Token,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        self.0.store().release(key, token)
-    }
-    fn renew(
-        &self,
-        key: &StoreKey,
-        token: &Token,
-        lease: Duration,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        self.0.store().renew(key, token, lease)
     }
 }
 

@@ -255,12 +255,11 @@ impl<St: Store> IdempotencyLayer<St> {
     #[cfg(feature = "macros")]
     pub(crate) fn map_store<T: Store>(
         &self,
-        f: impl FnOnce(Engine<St>) -> T,
+        f: impl FnOnce(&Arc<St>) -> T,
     ) -> IdempotencyLayer<T> {
-        let engine = &self.shared.engine;
         IdempotencyLayer {
             shared: Arc::new(Shared {
-                engine: engine.map_store(f(engine.clone())),
+                engine: self.shared.engine.map_store(f),
                 config: self.shared.config.clone(),
             }),
         }
