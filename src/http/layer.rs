@@ -253,10 +253,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// setting (lease, retention, record limit, secret) carries over. (Erases the store type
     /// for `IdempotencyConfig`.)
     #[cfg(feature = "macros")]
-    pub(crate) fn map_store<T: Store>(
-        &self,
-        f: impl FnOnce(&Arc<St>) -> T,
-    ) -> IdempotencyLayer<T> {
+    pub(crate) fn map_store<T: Store>(&self, f: impl FnOnce(&Arc<St>) -> T) -> IdempotencyLayer<T> {
         IdempotencyLayer {
             shared: Arc::new(Shared {
                 engine: self.shared.engine.map_store(f),
