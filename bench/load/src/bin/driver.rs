@@ -1,0 +1,1030 @@
+//! The load benchmark's driver: one command runs every row × workload, `--runs` times, and
+//! prints the setup and a markdown table of medians.
+//!
+//! ```text
+//! load-driver [--runs 3] [--warmup 3] [--duration 10] [--connections 64] [--body 1024]
+//!             [--rows bare,memory,redis,idempotent-memory,idempotent-redis,axum-idempotent]
+//!             [--workloads fresh,replay] [--out FILE]
+//! load-driver --mode long [--rows memory,memory-bounded,redis] [--duration 60] [--out FILE]
+//! ```
+//!
+//! It spawns its own `redis-server` on a free loopback port (`--save "" --appendonly no`) when a
+//! Redis row is asked for, and one `load-server` per row × workload (a fresh process, so RSS
+//! and executions start from zero), with the server and redis-server pinned to core 0 and the
+//! generator to core 1 (`taskset`). Redis is `FLUSHALL`ed and its stats reset before each
+//! Redis case. Everything listens on 127.0.0.1 only, every request is bounded in time, and every
+//! process it started is killed before it returns (or panics).
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ALL_ROWS: &str = "bare,memory,redis,idempotent-memory,idempotent-redis,axum-idempotent";
+
+fn arg(args: &[String], name: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+#[derive(Clone)]
+struct Cfg {
+    bin_dir: PathBuf,
+    runs: usize,
+    warmup: f64,
+    duration: f64,
+    connections: usize,
+    body: usize,
+    server_core: String,
+    gen_core: String,
+    log_dir: PathBuf,
+}
+
+/// Kills the process when dropped (the driver never leaves a server behind).
+struct Proc {
+    child: Child,
+    name: &'static str,
+}
+
+impl Proc {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = self.name;
+    }
+}
+
+/// A command whose process gets SIGKILL when the driver dies, even by a signal (`taskset`
+/// execs the program, so the setting carries over to it).
+fn command(program: &str) -> Command {
+    use std::os::unix::process::CommandExt;
+    let mut cmd = Command::new(program);
+    // SAFETY: prctl is async-signal-safe and touches only the child's own state.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) == -1 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+fn is_redis_row(row: &str) -> bool {
+    row.contains("redis")
+}
+
+// ---------- a minimal RESP client (enough for INFO, CONFIG, FLUSHALL, DBSIZE, PING) ----------
+
+struct Redis {
+    proc: Proc,
+    port: u16,
+}
+
+#[derive(Debug)]
+#[allow(dead_code)] // the payloads show in panics' Debug output
+enum Resp {
+    Simple(String),
+    Int(i64),
+    Bulk(Option<Vec<u8>>),
+    Array(Vec<Resp>),
+    Error(String),
+}
+
+fn read_resp(r: &mut impl BufRead) -> std::io::Result<Resp> {
+    let mut line = String::new();
+    r.read_line(&mut line)?;
+    let line = line.trim_end_matches("\r\n");
+    let (t, rest) = line.split_at(1.min(line.len()));
+    Ok(match t {
+        "+" => Resp::Simple(rest.into()),
+        "-" => Resp::Error(rest.into()),
+        ":" => Resp::Int(rest.parse().unwrap_or(0)),
+        "$" => {
+            let n: i64 = rest.parse().unwrap_or(-1);
+            if n < 0 {
+                Resp::Bulk(None)
+            } else {
+                let mut buf = vec![0; n as usize + 2];
+                r.read_exact(&mut buf)?;
+                buf.truncate(n as usize);
+                Resp::Bulk(Some(buf))
+            }
+        }
+        "*" => {
+            let n: i64 = rest.parse().unwrap_or(-1);
+            let mut v = Vec::new();
+            for _ in 0..n.max(0) {
+                v.push(read_resp(r)?);
+            }
+            Resp::Array(v)
+        }
+        _ => Resp::Error(format!("unexpected reply `{line}`")),
+    })
+}
+
+impl Redis {
+    fn start(cfg: &Cfg) -> Self {
+        let port = free_port();
+        let log = std::fs::File::create(cfg.log_dir.join("redis.log")).expect("log");
+        let child = command("taskset")
+            .args([
+                "-c",
+                &cfg.server_core,
+                "redis-server",
+                "--port",
+                &port.to_string(),
+            ])
+            .args([
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--daemonize",
+                "no",
+            ])
+            .args(["--loglevel", "warning"])
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn redis-server (is it installed?)");
+        let r = Self {
+            proc: Proc {
+                child,
+                name: "redis-server",
+            },
+            port,
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Resp::Simple(s)) = r.cmd(&["PING"]) {
+                if s == "PONG" {
+                    return r;
+                }
+            }
+            assert!(Instant::now() < deadline, "redis-server did not start");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    fn cmd(&self, args: &[&str]) -> std::io::Result<Resp> {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
+        s.set_read_timeout(Some(Duration::from_secs(10)))?;
+        let mut out = format!("*{}\r\n", args.len());
+        for a in args {
+            let _ = write!(out, "${}\r\n{a}\r\n", a.len());
+        }
+        s.write_all(out.as_bytes())?;
+        read_resp(&mut BufReader::new(s))
+    }
+
+    fn info(&self, section: &str) -> BTreeMap<String, String> {
+        let Ok(Resp::Bulk(Some(b))) = self.cmd(&["INFO", section]) else {
+            panic!("INFO {section} failed")
+        };
+        String::from_utf8_lossy(&b)
+            .lines()
+            .filter_map(|l| l.split_once(':'))
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect()
+    }
+
+    /// Calls per command, from `INFO commandstats`.
+    fn commandstats(&self) -> BTreeMap<String, u64> {
+        self.info("commandstats")
+            .into_iter()
+            .filter_map(|(k, v)| {
+                let name = k.strip_prefix("cmdstat_")?.to_owned();
+                let calls = v
+                    .split(',')
+                    .find_map(|f| f.strip_prefix("calls="))?
+                    .parse()
+                    .ok()?;
+                Some((name, calls))
+            })
+            .collect()
+    }
+
+    fn used_memory(&self) -> i64 {
+        self.info("memory")
+            .get("used_memory")
+            .and_then(|v| v.parse().ok())
+            .expect("used_memory")
+    }
+
+    /// Watches `MONITOR` for `secs` and counts the commands clients sent and the commands
+    /// scripts called (`[0 lua]` lines), by name.
+    fn monitor_sample(&self, secs: f64) -> (BTreeMap<String, u64>, BTreeMap<String, u64>) {
+        let (mut client, mut lua) = (BTreeMap::new(), BTreeMap::new());
+        let Ok(mut s) = TcpStream::connect(("127.0.0.1", self.port)) else {
+            return (client, lua);
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_millis(100)));
+        let _ = s.write_all(b"*1\r\n$7\r\nMONITOR\r\n");
+        let mut r = BufReader::new(s);
+        let end = Instant::now() + Duration::from_secs_f64(secs);
+        let mut line = String::new();
+        while Instant::now() < end {
+            line.clear();
+            match r.read_line(&mut line) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(_) => continue,
+            }
+            // +1700000000.123456 [0 127.0.0.1:5555] "evalsha" "…"   |   … [0 lua] "get" "…"
+            let Some((meta, rest)) = line.split_once("] \"") else {
+                continue;
+            };
+            let name = rest.split('"').next().unwrap_or("").to_ascii_lowercase();
+            let map = if meta.ends_with(" lua") {
+                &mut lua
+            } else {
+                &mut client
+            };
+            *map.entry(name).or_default() += 1;
+        }
+        (client, lua)
+    }
+
+    fn dbsize(&self) -> i64 {
+        match self.cmd(&["DBSIZE"]) {
+            Ok(Resp::Int(n)) => n,
+            other => panic!("DBSIZE: {other:?}"),
+        }
+    }
+}
+
+// ---------- the server under test ----------
+
+fn http_get_json(port: u16, path: &str) -> std::io::Result<Value> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    )?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf)?;
+    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or("");
+    serde_json::from_str(body).map_err(std::io::Error::other)
+}
+
+/// utime + stime of a process, in seconds.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after = stat.rsplit_once(')').map(|(_, a)| a).unwrap_or("");
+    let f: Vec<&str> = after.split_whitespace().collect();
+    // after ')': state is field 3, utime 14, stime 15 → indices 11, 12 here.
+    let ticks: f64 = f.get(11).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+        + f.get(12).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    ticks / 100.0
+}
+
+fn start_server(cfg: &Cfg, row: &str, redis: Option<&Redis>) -> (Proc, u16) {
+    let port = free_port();
+    let log = std::fs::File::create(cfg.log_dir.join(format!("server-{row}.log"))).expect("log");
+    let mut cmd = command("taskset");
+    cmd.args(["-c", &cfg.server_core])
+        .arg(cfg.bin_dir.join("load-server"))
+        .args(["--row", row, "--port", &port.to_string()]);
+    if let Some(r) = redis {
+        cmd.args(["--redis-url", &r.url()]);
+    }
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn load-server");
+    let p = Proc {
+        child,
+        name: "load-server",
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while http_get_json(port, "/stats").is_err() {
+        assert!(
+            Instant::now() < deadline,
+            "load-server --row {row} did not start (see its log)"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    (p, port)
+}
+
+fn spawn_gen(
+    cfg: &Cfg,
+    port: u16,
+    workload: &str,
+    login: bool,
+    warmup: f64,
+    duration: f64,
+) -> Child {
+    let mut cmd = command("taskset");
+    cmd.args(["-c", &cfg.gen_core])
+        .arg(cfg.bin_dir.join("load-gen"))
+        .args([
+            "--addr",
+            &format!("127.0.0.1:{port}"),
+            "--workload",
+            workload,
+        ])
+        .args([
+            "--connections",
+            &cfg.connections.to_string(),
+            "--body",
+            &cfg.body.to_string(),
+        ])
+        .args([
+            "--warmup",
+            &warmup.to_string(),
+            "--duration",
+            &duration.to_string(),
+        ]);
+    if login {
+        cmd.arg("--login");
+    }
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn load-gen")
+}
+
+/// Waits for the generator; also returns its CPU seconds (read while it is a zombie).
+fn wait_gen(mut child: Child) -> (Value, f64) {
+    let mut stdout = child.stdout.take().expect("piped");
+    let mut buf = Vec::new();
+    stdout.read_to_end(&mut buf).expect("load-gen output");
+    // The pipe closed: the generator is exiting. Wait for it without reaping, read its CPU
+    // time, then reap it.
+    let pid = child.id();
+    let mut cpu = 0.0;
+    for _ in 0..200 {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        cpu = cpu_seconds(pid);
+        if stat
+            .rsplit_once(')')
+            .is_some_and(|(_, a)| a.trim_start().starts_with('Z'))
+        {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let status = child.wait().expect("load-gen");
+    assert!(status.success(), "load-gen failed");
+    (serde_json::from_slice(&buf).expect("load-gen JSON"), cpu)
+}
+
+#[derive(Clone, Debug, Default)]
+struct Case {
+    rps: f64,
+    p50_us: f64,
+    p99_us: f64,
+    sent: f64,
+    executions: f64,
+    non_201: f64,
+    replayed: f64,
+    errors: f64,
+    rss_before_kib: f64,
+    rss_after_kib: f64,
+    records: Option<f64>,
+    core0_busy: f64,
+    core1_busy: f64,
+    redis_cmds: Option<BTreeMap<String, u64>>,
+    redis_top_level: Option<f64>,
+    redis_client_names: Vec<String>,
+    redis_mem_delta: Option<f64>,
+    redis_keys: Option<f64>,
+    per_second: Vec<f64>,
+}
+
+fn run_case(
+    cfg: &Cfg,
+    row: &str,
+    workload: &str,
+    redis: Option<&Redis>,
+    warmup: f64,
+    duration: f64,
+) -> Case {
+    let redis = if is_redis_row(row) { redis } else { None };
+    let mut mem0 = 0;
+    if let Some(r) = redis {
+        r.cmd(&["FLUSHALL"]).expect("FLUSHALL");
+        r.cmd(&["CONFIG", "RESETSTAT"]).expect("RESETSTAT");
+        mem0 = r.used_memory();
+    }
+    let (server, port) = start_server(cfg, row, redis);
+    let s0 = http_get_json(port, "/stats").expect("stats");
+    let cs0 = redis.map_or(BTreeMap::new(), Redis::commandstats);
+    let cpu0 = cpu_seconds(server.pid()) + redis.map_or(0.0, |r| cpu_seconds(r.proc.pid()));
+    let t0 = Instant::now();
+    let gen_proc = spawn_gen(
+        cfg,
+        port,
+        workload,
+        row == "axum-idempotent",
+        warmup,
+        duration,
+    );
+    // Which of the Redis commands are sent by the client and which run inside scripts: a
+    // MONITOR sample in the middle of the warm-up (never in the measured window).
+    let sample = redis.map(|r| {
+        std::thread::sleep(Duration::from_secs_f64(warmup * 0.4));
+        r.monitor_sample((warmup * 0.3).min(0.5))
+    });
+    let (g, gen_cpu) = wait_gen(gen_proc);
+    let wall = t0.elapsed().as_secs_f64();
+    let cpu1 = cpu_seconds(server.pid()) + redis.map_or(0.0, |r| cpu_seconds(r.proc.pid()));
+    let s1 = http_get_json(port, "/stats").expect("stats");
+    let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
+    let statuses = g["statuses"].as_object().cloned().unwrap_or_default();
+    let non_201: f64 = statuses
+        .iter()
+        .filter(|(k, _)| *k != "201")
+        .map(|(_, v)| v.as_f64().unwrap_or(0.0))
+        .sum();
+    let mut c = Case {
+        rps: f(&g, "rps"),
+        p50_us: f(&g, "p50_us"),
+        p99_us: f(&g, "p99_us"),
+        sent: f(&g, "sent_total"),
+        executions: f(&s1, "executions") - f(&s0, "executions"),
+        non_201,
+        replayed: f(&g, "replayed"),
+        errors: f(&g, "errors"),
+        rss_before_kib: f(&s0, "rss_kib"),
+        rss_after_kib: f(&s1, "rss_kib"),
+        records: s1["records"].as_f64(),
+        core0_busy: (cpu1 - cpu0) / wall,
+        core1_busy: gen_cpu / wall,
+        per_second: g["per_second"]
+            .as_array()
+            .map(|a| a.iter().filter_map(Value::as_f64).collect())
+            .unwrap_or_default(),
+        ..Case::default()
+    };
+    if let Some(r) = redis {
+        let cs1 = r.commandstats();
+        let mut d = BTreeMap::new();
+        for (k, v) in &cs1 {
+            // The driver's own commands between the snapshots: the first INFO and the MONITOR.
+            let own = match k.as_str() {
+                "info" => 1,
+                "monitor" => 1,
+                _ => 0,
+            };
+            let delta = v
+                .saturating_sub(cs0.get(k).copied().unwrap_or(0))
+                .saturating_sub(own);
+            if delta > 0 {
+                d.insert(k.clone(), delta);
+            }
+        }
+        // commandstats counts every call, those made inside a script included; the share the
+        // client sent comes from the MONITOR sample.
+        if let Some((client, lua)) = sample {
+            let (nc, nl) = (
+                client.values().sum::<u64>() as f64,
+                lua.values().sum::<u64>() as f64,
+            );
+            let all: f64 = d.values().sum::<u64>() as f64;
+            if nc + nl > 0.0 {
+                c.redis_top_level = Some(all * nc / (nc + nl));
+            }
+            c.redis_client_names = client.keys().cloned().collect();
+        }
+        c.redis_cmds = Some(d);
+        c.redis_mem_delta = Some((r.used_memory() - mem0) as f64);
+        c.redis_keys = Some(r.dbsize() as f64);
+    }
+    drop(server);
+    c
+}
+
+// ---------- reporting ----------
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.retain(|x| x.is_finite());
+    if v.is_empty() {
+        return f64::NAN;
+    }
+    v.sort_by(|a, b| a.partial_cmp(b).expect("finite"));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    }
+}
+
+fn fmt_us(us: f64) -> String {
+    if us >= 1000.0 {
+        format!("{:.2} ms", us / 1000.0)
+    } else {
+        format!("{us:.0} µs")
+    }
+}
+
+fn fmt_bytes(b: f64) -> String {
+    if !b.is_finite() {
+        "—".into()
+    } else if b.abs() >= 10_000.0 {
+        format!("{:.1} KiB", b / 1024.0)
+    } else {
+        format!("{b:.0} B")
+    }
+}
+
+fn setup_text(cfg: &Cfg, mode: &str) -> String {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let model = cpuinfo
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("model name")
+                .and_then(|r| r.split_once(':'))
+                .map(|(_, m)| m.trim().to_owned())
+        })
+        .unwrap_or_else(|| "unknown CPU".into());
+    let cpus = cpuinfo
+        .lines()
+        .filter(|l| l.starts_with("processor"))
+        .count();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
+    let mem = std::fs::read_to_string("/proc/meminfo").unwrap_or_default();
+    let mem_total = mem
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .nth(1)
+        .unwrap_or("?")
+        .to_owned();
+    let redis = Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .split_whitespace()
+                .nth(2)
+                .unwrap_or("?")
+                .to_owned()
+        })
+        .unwrap_or_else(|_| "not installed".into());
+    let rustc = Command::new("rustc")
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default();
+    let mut s = String::new();
+    let gib = mem_total.parse::<f64>().unwrap_or(0.0) / 1_048_576.0;
+    let _ = writeln!(
+        s,
+        "- machine: {model}, {cpus} CPUs (nproc {}), {gib:.0} GiB RAM, Linux {}",
+        nproc(),
+        kernel.trim()
+    );
+    let _ = writeln!(
+        s,
+        "- load average at start: {}",
+        load.split_whitespace()
+            .take(3)
+            .collect::<Vec<_>>()
+            .join(" ")
+    );
+    let _ = writeln!(
+        s,
+        "- {rustc}; redis-server {redis}; release build (thin LTO, 1 codegen unit)"
+    );
+    let _ = writeln!(
+        s,
+        "- server: Tokio, 1 worker thread, pinned to core {} (with redis-server); generator: hyper 1 client, 1 thread, pinned to core {}",
+        cfg.server_core, cfg.gen_core
+    );
+    let _ = writeln!(
+        s,
+        "- {} keep-alive HTTP/1.1 connections, closed loop; `POST /orders` with a {}-byte JSON body parsed by serde_json, answered 201 with a ~50-byte JSON body",
+        cfg.connections, cfg.body
+    );
+    if mode == "long" {
+        let _ = writeln!(
+            s,
+            "- long mode: warm-up {} s, then {} s of fresh keys",
+            cfg.warmup, cfg.duration
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "- each case: a fresh server process, warm-up {} s, then {} s measured; {} runs of every row × workload, medians reported (ratios are taken within each run, then the median)",
+            cfg.warmup, cfg.duration, cfg.runs
+        );
+    }
+    s
+}
+
+fn nproc() -> String {
+    Command::new("nproc")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_default()
+}
+
+fn table(
+    rows: &[String],
+    workloads: &[String],
+    runs: &[BTreeMap<(String, String), Case>],
+) -> String {
+    let mut s = String::new();
+    s.push_str("| row | workload | req/s | p50 | p99 | req/s ÷ bare | p99 ÷ bare | executions / request | non-201 | server RSS after | RSS / record | Redis commands / request: sent by the client / all (commandstats) | Redis memory / record | CPU: server (+ Redis) / generator |\n");
+    s.push_str("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |\n");
+    for row in rows {
+        for w in workloads {
+            let key = (row.clone(), w.clone());
+            let cases: Vec<&Case> = runs.iter().filter_map(|r| r.get(&key)).collect();
+            if cases.is_empty() {
+                continue;
+            }
+            let m = |f: &dyn Fn(&Case) -> f64| median(cases.iter().map(|c| f(c)).collect());
+            let ratio = |f: &dyn Fn(&Case) -> f64| {
+                median(
+                    runs.iter()
+                        .filter_map(|r| {
+                            Some(f(r.get(&key)?) / f(r.get(&("bare".to_owned(), w.clone()))?))
+                        })
+                        .collect(),
+                )
+            };
+            let fresh = w == "fresh";
+            let rss_per = if fresh {
+                fmt_bytes(m(&|c| {
+                    (c.rss_after_kib - c.rss_before_kib) * 1024.0 / c.executions
+                }))
+            } else {
+                "—".into()
+            };
+            let (cmds, rmem) = if cases[0].redis_cmds.is_some() {
+                let top = m(&|c| c.redis_top_level.unwrap_or(f64::NAN) / c.sent);
+                let all = m(&|c| {
+                    c.redis_cmds
+                        .as_ref()
+                        .map_or(f64::NAN, |d| d.values().sum::<u64>() as f64)
+                        / c.sent
+                });
+                let mut names: Vec<String> = cases[0]
+                    .redis_cmds
+                    .as_ref()
+                    .map(|d| d.keys().cloned().collect())
+                    .unwrap_or_default();
+                names.sort();
+                let parts: Vec<String> = names
+                    .iter()
+                    .map(|n| {
+                        let v = m(&|c| {
+                            c.redis_cmds
+                                .as_ref()
+                                .and_then(|d| d.get(n))
+                                .copied()
+                                .unwrap_or(0) as f64
+                                / c.sent
+                        });
+                        format!("{n} {v:.2}")
+                    })
+                    .filter(|p| !p.ends_with(" 0.00"))
+                    .collect();
+                let rmem = if fresh {
+                    fmt_bytes(m(&|c| c.redis_mem_delta.unwrap_or(f64::NAN) / c.executions))
+                } else {
+                    "—".into()
+                };
+                let client: Vec<&str> = cases[0]
+                    .redis_client_names
+                    .iter()
+                    .map(String::as_str)
+                    .collect();
+                (
+                    format!(
+                        "{top:.2} / {all:.2} ({}; client: {})",
+                        parts.join(", "),
+                        client.join(", ")
+                    ),
+                    rmem,
+                )
+            } else {
+                ("—".into(), "—".into())
+            };
+            let _ = writeln!(
+                s,
+                "| {row} | {w} | {:.0} | {} | {} | {:.2}× | {:.2}× | {} | {:.0} | {:.1} MiB | {rss_per} | {cmds} | {rmem} | {:.0}% / {:.0}% |",
+                m(&|c| c.rps),
+                fmt_us(m(&|c| c.p50_us)),
+                fmt_us(m(&|c| c.p99_us)),
+                ratio(&|c| c.rps),
+                ratio(&|c| c.p99_us),
+                if fresh {
+                    format!("{:.3}", m(&|c| c.executions / c.sent))
+                } else {
+                    format!("{:.5}", m(&|c| c.executions / c.sent))
+                },
+                m(&|c| c.non_201 + c.errors),
+                m(&|c| c.rss_after_kib / 1024.0),
+                m(&|c| c.core0_busy * 100.0),
+                m(&|c| c.core1_busy * 100.0),
+            );
+        }
+    }
+    s
+}
+
+fn per_run(
+    rows: &[String],
+    workloads: &[String],
+    runs: &[BTreeMap<(String, String), Case>],
+) -> String {
+    let mut s = String::from(
+        "| run | row | workload | req/s | p50 | p99 | executions | requests sent | answered as replays | records (store) | Redis keys |\n| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    for (i, r) in runs.iter().enumerate() {
+        for row in rows {
+            for w in workloads {
+                if let Some(c) = r.get(&(row.clone(), w.clone())) {
+                    let _ = writeln!(
+                        s,
+                        "| {} | {row} | {w} | {:.0} | {} | {} | {:.0} | {:.0} | {:.0} | {} | {} |",
+                        i + 1,
+                        c.rps,
+                        fmt_us(c.p50_us),
+                        fmt_us(c.p99_us),
+                        c.executions,
+                        c.sent,
+                        c.replayed,
+                        c.records.map_or("—".into(), |n| format!("{n:.0}")),
+                        c.redis_keys.map_or("—".into(), |n| format!("{n:.0}")),
+                    );
+                }
+            }
+        }
+    }
+    s
+}
+
+/// The targets of issue 5, each the median over the runs of a value taken within one run.
+fn targets(runs: &[BTreeMap<(String, String), Case>]) -> String {
+    type Run = BTreeMap<(String, String), Case>;
+    let get = |r: &Run, row: &str, w: &str| r.get(&(row.to_owned(), w.to_owned())).cloned();
+    let med = |f: &dyn Fn(&Run) -> Option<f64>| median(runs.iter().filter_map(f).collect());
+    let mut s = String::from(
+        "| target | measured (median of per-run values) | holds |\n| --- | ---: | --- |\n",
+    );
+    let mut line = |name: &str, v: f64, ok: bool, unit: &str| {
+        if v.is_finite() {
+            let _ = writeln!(
+                s,
+                "| {name} | {v:.2}{unit} | {} |",
+                if ok { "yes" } else { "no" }
+            );
+        }
+    };
+    let v = med(&|r| Some(get(r, "memory", "fresh")?.rps / get(r, "bare", "fresh")?.rps));
+    line("memory fresh ≥ 0.95× bare req/s", v, v >= 0.95, "×");
+    let v = med(&|r| Some(get(r, "memory", "fresh")?.p99_us / get(r, "bare", "fresh")?.p99_us));
+    line("memory fresh p99 ≤ 1.5× bare p99", v, v <= 1.5, "×");
+    let v = med(&|r| {
+        let best = ["idempotent-memory", "idempotent-redis", "axum-idempotent"]
+            .iter()
+            .filter_map(|p| get(r, p, "replay").map(|c| c.rps))
+            .fold(f64::NAN, f64::max);
+        Some(get(r, "memory", "replay")?.rps / best)
+    });
+    line(
+        "memory replay ≥ 1.2× the best peer's replay req/s",
+        v,
+        v >= 1.2,
+        "×",
+    );
+    let v = med(&|r| {
+        let c = get(r, "memory", "fresh")?;
+        Some((c.rss_after_kib - c.rss_before_kib) * 1024.0 / c.executions)
+    });
+    line("memory RSS per stored record ≤ 300 B", v, v <= 300.0, " B");
+    let v =
+        med(&|r| Some(get(r, "redis", "fresh")?.rps / get(r, "idempotent-redis", "fresh")?.rps));
+    line(
+        "Redis fresh ≥ 2× idempotent's Redis fresh req/s",
+        v,
+        v >= 2.0,
+        "×",
+    );
+    let v =
+        med(&|r| Some(get(r, "redis", "replay")?.rps / get(r, "idempotent-redis", "replay")?.rps));
+    line(
+        "Redis replay ≥ 1.5× idempotent's Redis replay req/s",
+        v,
+        v >= 1.5,
+        "×",
+    );
+    let cmds = |r: &Run, w: &str, client: bool| -> Option<f64> {
+        let c = get(r, "redis", w)?;
+        let n = if client {
+            c.redis_top_level?
+        } else {
+            c.redis_cmds.as_ref()?.values().sum::<u64>() as f64
+        };
+        Some(n / c.sent)
+    };
+    let v = med(&|r| cmds(r, "fresh", true));
+    line(
+        "Redis fresh: 2 commands per request, counting those the client sends",
+        v,
+        v <= 2.05,
+        "",
+    );
+    let v = med(&|r| cmds(r, "fresh", false));
+    line(
+        "Redis fresh: 2 commands per request, counting in-script calls too (commandstats)",
+        v,
+        v <= 2.05,
+        "",
+    );
+    let v = med(&|r| cmds(r, "replay", true));
+    line(
+        "Redis replay: 1 command per request, counting those the client sends",
+        v,
+        v <= 1.05,
+        "",
+    );
+    let v = med(&|r| cmds(r, "replay", false));
+    line(
+        "Redis replay: 1 command per request, counting in-script calls too (commandstats)",
+        v,
+        v <= 1.05,
+        "",
+    );
+    let v = med(&|r| {
+        let c = get(r, "redis", "fresh")?;
+        Some(c.redis_mem_delta? / c.executions)
+    });
+    line(
+        "Redis memory per stored record ≤ 350 B",
+        v,
+        v <= 350.0,
+        " B",
+    );
+    s
+}
+
+fn emit(out: Option<&Path>, text: &str) {
+    print!("{text}");
+    let _ = std::io::stdout().flush();
+    if let Some(p) = out {
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(p)
+            .expect("--out file");
+        f.write_all(text.as_bytes()).expect("write --out");
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let mode = arg(&args, "--mode").unwrap_or_else(|| "table".into());
+    let long = mode == "long";
+    let bin_dir = std::env::current_exe()
+        .expect("exe")
+        .parent()
+        .expect("dir")
+        .to_path_buf();
+    let log_dir =
+        std::env::temp_dir().join(format!("tower-idempotency-load-{}", std::process::id()));
+    std::fs::create_dir_all(&log_dir).expect("log dir");
+    let cfg = Cfg {
+        bin_dir,
+        runs: arg(&args, "--runs").map_or(3, |v| v.parse().expect("number")),
+        warmup: arg(&args, "--warmup").map_or(3.0, |v| v.parse().expect("secs")),
+        duration: arg(&args, "--duration")
+            .map_or(if long { 60.0 } else { 10.0 }, |v| v.parse().expect("secs")),
+        connections: arg(&args, "--connections").map_or(64, |v| v.parse().expect("number")),
+        body: arg(&args, "--body").map_or(1024, |v| v.parse().expect("bytes")),
+        server_core: arg(&args, "--server-core").unwrap_or_else(|| "0".into()),
+        gen_core: arg(&args, "--gen-core").unwrap_or_else(|| "1".into()),
+        log_dir: log_dir.clone(),
+    };
+    let rows: Vec<String> = arg(&args, "--rows")
+        .unwrap_or_else(|| {
+            if long {
+                "memory,memory-bounded,redis".into()
+            } else {
+                ALL_ROWS.into()
+            }
+        })
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let workloads: Vec<String> = arg(&args, "--workloads")
+        .unwrap_or_else(|| "fresh,replay".into())
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let out = arg(&args, "--out").map(PathBuf::from);
+    let command = std::env::var("LOAD_COMMAND").unwrap_or_else(|_| args.join(" "));
+
+    emit(
+        out.as_deref(),
+        &format!(
+            "## Setup ({mode} mode)\n\n`{command}`\n\n{}\n",
+            setup_text(&cfg, &mode)
+        ),
+    );
+    let redis = rows
+        .iter()
+        .any(|r| is_redis_row(r))
+        .then(|| Redis::start(&cfg));
+
+    if long {
+        let mut s = String::from(
+            "| row | req/s, first 10 s | req/s, last 10 s | last ÷ first | p99 (whole run) | executions / request | server RSS after |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+        );
+        for row in &rows {
+            eprintln!("load-driver: long {row}");
+            let c = run_case(&cfg, row, "fresh", redis.as_ref(), cfg.warmup, cfg.duration);
+            let n = c.per_second.len();
+            let first: f64 = c.per_second.iter().take(10).sum::<f64>() / 10.0;
+            let last: f64 = c.per_second.iter().skip(n.saturating_sub(10)).sum::<f64>() / 10.0;
+            let _ = writeln!(
+                s,
+                "| {row} | {first:.0} | {last:.0} | {:.3} | {} | {:.3} | {:.1} MiB |",
+                last / first,
+                fmt_us(c.p99_us),
+                c.executions / c.sent,
+                c.rss_after_kib / 1024.0
+            );
+            let per_s: Vec<String> = c.per_second.iter().map(|v| format!("{v:.0}")).collect();
+            eprintln!("load-driver: {row} per second: {}", per_s.join(" "));
+        }
+        emit(out.as_deref(), &format!("{s}\n"));
+    } else {
+        let mut runs = Vec::new();
+        for i in 0..cfg.runs {
+            let mut r = BTreeMap::new();
+            for row in &rows {
+                for w in &workloads {
+                    eprintln!("load-driver: run {}/{} {row} {w}", i + 1, cfg.runs);
+                    let c = run_case(&cfg, row, w, redis.as_ref(), cfg.warmup, cfg.duration);
+                    eprintln!(
+                        "load-driver:   {:.0} req/s, p50 {}, p99 {}, executions {:.0} / sent {:.0}, non-201 {:.0}",
+                        c.rps,
+                        fmt_us(c.p50_us),
+                        fmt_us(c.p99_us),
+                        c.executions,
+                        c.sent,
+                        c.non_201 + c.errors
+                    );
+                    r.insert((row.clone(), w.clone()), c);
+                }
+            }
+            runs.push(r);
+        }
+        emit(
+            out.as_deref(),
+            &format!(
+                "## Medians of {} runs\n\n{}\n",
+                cfg.runs,
+                table(&rows, &workloads, &runs)
+            ),
+        );
+        emit(
+            out.as_deref(),
+            &format!("### Targets of issue 5\n\n{}\n", targets(&runs)),
+        );
+        emit(
+            out.as_deref(),
+            &format!("### Every run\n\n{}\n", per_run(&rows, &workloads, &runs)),
+        );
+    }
+    drop(redis);
+    let _ = std::fs::remove_dir_all(&log_dir);
+}

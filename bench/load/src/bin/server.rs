@@ -1,0 +1,245 @@
+//! The load benchmark's server: `POST /orders` behind one of the rows' middleware, on a Tokio
+//! runtime with ONE worker thread.
+//!
+//! ```text
+//! load-server --row <bare|memory|memory-bounded|redis|idempotent-memory|idempotent-redis|axum-idempotent>
+//!             --port N [--redis-url redis://127.0.0.1:P]
+//! ```
+//!
+//! - `POST /orders`: parses the JSON body (about 1 KiB) into a typed order with serde_json,
+//!   counts one handler execution, answers 201 with a small JSON body.
+//! - `POST /login` (axum-idempotent row only): creates a session, answers its cookie.
+//! - `GET /stats` (outside every idempotency layer): `{"executions": n, "rss_kib": r,
+//!   "records": m | null}` — RSS from /proc/self/status, records from the store where it says.
+//!
+//! Keys are scoped per caller: the generator sends `x-client: c<connection>`; this crate and
+//! `idempotent` scope by that header, `axum-idempotent` by its session (one per connection).
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::serve::ListenerExt;
+use axum::{Json, Router};
+use serde::Deserialize;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+/// The retention every row uses (the crates' common default): records outlive the run.
+const TTL: Duration = Duration::from_secs(24 * 60 * 60);
+
+#[derive(Deserialize)]
+#[allow(dead_code)] // parsed, not used: the parse is the work
+struct Order {
+    customer: String,
+    currency: String,
+    items: Vec<Item>,
+    note: String,
+}
+
+#[derive(Deserialize)]
+#[allow(dead_code)]
+struct Item {
+    sku: String,
+    quantity: u32,
+    price_cents: u64,
+}
+
+type RecordsFn = Arc<dyn Fn() -> Pin<Box<dyn Future<Output = Option<u64>> + Send>> + Send + Sync>;
+
+#[derive(Clone)]
+struct App {
+    executions: Arc<AtomicU64>,
+    records: Option<RecordsFn>,
+}
+
+async fn create_order(State(app): State<App>, body: Bytes) -> Response {
+    let order: Order = match serde_json::from_slice(&body) {
+        Ok(o) => o,
+        Err(_) => return (StatusCode::BAD_REQUEST, "bad json").into_response(),
+    };
+    let n = app.executions.fetch_add(1, Ordering::Relaxed) + 1;
+    let body = format!(
+        r#"{{"id":"o-{n}","items":{},"status":"created"}}"#,
+        order.items.len()
+    );
+    (
+        StatusCode::CREATED,
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+async fn stats(State(app): State<App>) -> Json<serde_json::Value> {
+    let records = match &app.records {
+        Some(f) => f().await,
+        None => None,
+    };
+    Json(serde_json::json!({
+        "executions": app.executions.load(Ordering::Relaxed),
+        "rss_kib": rss_kib(),
+        "records": records,
+    }))
+}
+
+fn client_of(headers: &HeaderMap) -> Option<&str> {
+    headers.get("x-client").and_then(|v| v.to_str().ok())
+}
+
+fn arg(args: &[String], name: &str) -> Option<String> {
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1).cloned())
+}
+
+async fn build(row: &str, redis_url: Option<String>) -> (Router<App>, Option<RecordsFn>) {
+    let orders = || Router::<App>::new().route("/orders", post(create_order));
+    match row {
+        "bare" => (orders(), None),
+        "memory" | "memory-bounded" => {
+            use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope};
+            let store = if row == "memory" {
+                // Bounds high enough that nothing is dropped during a run: every record of the
+                // run stays, as with the peers (their stores are unbounded).
+                MemoryStore::builder()
+                    .max_entries(64 << 20)
+                    .max_bytes(64 << 30)
+                    .max_entries_per_scope(64 << 20)
+                    .build()
+            } else {
+                MemoryStore::new() // default bounds: 100 000 records, 64 MiB
+            };
+            let store = Arc::new(store);
+            let layer = IdempotencyLayer::with_store(Arc::clone(&store))
+                .principal_fn(|p| client_of(&p.headers).map(Scope::principal))
+                .ttl(TTL);
+            let records: RecordsFn = Arc::new(move || {
+                let n = store.stats().entries as u64;
+                Box::pin(async move { Some(n) })
+            });
+            (orders().layer(layer), Some(records))
+        }
+        "redis" => {
+            use tower_idempotency::{IdempotencyLayer, RedisStore, Scope};
+            let url = redis_url.expect("--redis-url");
+            let store = RedisStore::connect(&url, "bench")
+                .await
+                .expect("connect to Redis");
+            let layer = IdempotencyLayer::with_store(store)
+                .principal_fn(|p| client_of(&p.headers).map(Scope::principal))
+                .ttl(TTL);
+            (orders().layer(layer), None)
+        }
+        "idempotent-memory" => {
+            use idempotent::memory::MemoryStore;
+            use idempotent::middleware::IdempotencyLayer;
+            let store = MemoryStore::builder()
+                .try_build()
+                .expect("idempotent memory store");
+            let counter = store.clone();
+            let layer = IdempotencyLayer::new(store)
+                .scope(|p| client_of(&p.headers).map(String::from))
+                .completed_ttl(TTL);
+            let records: RecordsFn = Arc::new(move || {
+                let s = counter.clone();
+                Box::pin(async move { s.len().await.ok().map(|n| n as u64) })
+            });
+            (orders().layer(layer), Some(records))
+        }
+        "idempotent-redis" => {
+            use idempotent::middleware::IdempotencyLayer;
+            use idempotent::valkey::ValkeyStore;
+            let url = redis_url.expect("--redis-url");
+            let store = ValkeyStore::with_url(url)
+                .prefix("bench")
+                .try_build()
+                .await
+                .expect("idempotent valkey store");
+            let layer = IdempotencyLayer::new(store)
+                .scope(|p| client_of(&p.headers).map(String::from))
+                .completed_ttl(TTL);
+            (orders().layer(layer), None)
+        }
+        "axum-idempotent" => {
+            use axum_idempotent::{IdempotentLayer, IdempotentOptions};
+            use ruts::store::moka::MokaStore;
+            use ruts::{CookieOptions, Session, SessionLayer};
+            let store = Arc::new(MokaStore::builder().max_capacity(100_000).build());
+            let secs = TTL.as_secs();
+            let options = IdempotentOptions::default()
+                .use_idempotency_key_header(Some("idempotency-key"), true)
+                .expire_after(secs as i64);
+            async fn login(session: Session<MokaStore>) -> StatusCode {
+                let ttl = ruts::store::Ttl::new(24 * 60 * 60).expect("ttl");
+                match session.set("user", &"bench", ttl, None).await {
+                    Ok(()) => StatusCode::NO_CONTENT,
+                    Err(_) => StatusCode::INTERNAL_SERVER_ERROR,
+                }
+            }
+            let app = Router::<App>::new()
+                .route("/login", post(login))
+                .merge(orders().layer(IdempotentLayer::<MokaStore>::new(options)))
+                .layer(
+                    SessionLayer::new(store).with_cookie_options(
+                        CookieOptions::build()
+                            .name("session")
+                            .max_age(secs)
+                            .path("/"),
+                    ),
+                )
+                .layer(tower_cookies::CookieManagerLayer::new());
+            (app, None)
+        }
+        other => panic!("unknown row `{other}`"),
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    let row = arg(&args, "--row").expect("--row");
+    let port: u16 = arg(&args, "--port")
+        .and_then(|p| p.parse().ok())
+        .expect("--port N");
+    let redis_url = arg(&args, "--redis-url");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async move {
+        let executions = Arc::new(AtomicU64::new(0));
+        let (routes, records) = build(&row, redis_url).await;
+        let app = App {
+            executions,
+            records,
+        };
+        let router = Router::new()
+            .route("/stats", get(stats))
+            .merge(routes)
+            .with_state(app);
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", port))
+            .await
+            .expect("bind");
+        let listener = listener.tap_io(|tcp| {
+            let _ = tcp.set_nodelay(true);
+        });
+        eprintln!("load-server: row {row} on 127.0.0.1:{port}");
+        axum::serve(listener, router).await.expect("serve");
+    });
+}

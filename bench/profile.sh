@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Instruction counts of one row's server under valgrind's callgrind, for a fixed number of
+# requests (deterministic, unlike timings on a busy machine):
+#
+#   bench/profile.sh ROW [WORKLOAD] [REQUESTS]     # e.g. bench/profile.sh memory fresh 5000
+#
+# Starts redis-server for the Redis rows, load-server under callgrind on 127.0.0.1, zeroes the
+# counters once it answers, sends REQUESTS requests over 8 connections, dumps, and prints the
+# instructions per request and the top inclusive / exclusive functions. Output files stay in
+# $OUT (default /tmp/tower-idempotency-profile).
+set -euo pipefail
+
+row="${1:?row}"; workload="${2:-fresh}"; requests="${3:-5000}"
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(dirname "$here")"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target-bench}"
+out="${OUT:-/tmp/tower-idempotency-profile}"
+mkdir -p "$out"
+cargo build --release --ignore-rust-version --manifest-path "$here/load/Cargo.toml" --bins >&2
+bin="$CARGO_TARGET_DIR/release"
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+
+extra=()
+if [[ "$row" == *redis* ]]; then
+    rport="$(free_port)"
+    redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --loglevel warning >"$out/redis.log" 2>&1 &
+    pids+=($!)
+    for _ in $(seq 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
+    extra=(--redis-url "redis://127.0.0.1:$rport/")
+fi
+
+port="$(free_port)"
+file="$out/callgrind.$row.$workload.out"
+rm -f "$file"*
+valgrind --tool=callgrind --callgrind-out-file="$file" \
+    "$bin/load-server" --row "$row" --port "$port" "${extra[@]}" 2>"$out/valgrind.$row.log" &
+vpid=$!
+pids+=($vpid)
+for _ in $(seq 600); do curl -sf "http://127.0.0.1:$port/stats" >/dev/null && break; sleep 0.1; done
+login=(); [[ "$row" == axum-idempotent ]] && login=(--login)
+# The replay workload's pre-warm requests run before the counters are zeroed.
+if [[ "$workload" == replay ]]; then
+    timeout 300 "$bin/load-gen" --addr "127.0.0.1:$port" --workload replay --connections 8 --requests 8 "${login[@]}" >/dev/null
+fi
+callgrind_control -z "$vpid" >/dev/null
+timeout 900 "$bin/load-gen" --addr "127.0.0.1:$port" --workload "$workload" --connections 8 --requests "$requests" "${login[@]}" >"$out/gen.$row.$workload.json"
+callgrind_control -d "$vpid" >/dev/null
+sleep 1
+dump="$(ls -t "$file"* | head -1)"
+sent="$(python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["sent_total"])' "$out/gen.$row.$workload.json")"
+total="$(callgrind_annotate "$dump" 2>/dev/null | awk '/PROGRAM TOTALS/ {gsub(",","",$1); print $1; exit}')"
+echo "row $row, workload $workload: $sent requests, $total instructions, $((total / sent)) per request"
+echo "--- inclusive (top 40) ---"
+callgrind_annotate --inclusive=yes "$dump" 2>/dev/null | sed -n '/^Ir/,$p' | head -45
+echo "--- exclusive (top 40) ---"
+callgrind_annotate "$dump" 2>/dev/null | sed -n '/^Ir/,$p' | head -45

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The load benchmark, one command (see BENCHMARKS.md):
+#
+#   bench/run.sh                       # every row × workload, 3 runs, medians (about 10 minutes)
+#   bench/run.sh --runs 1 --duration 2 --warmup 1     # a quick smoke run
+#   bench/run.sh --mode long           # 60 s of fresh keys: req/s of the first and last 10 s
+#   bench/run.sh --rows bare,memory --workloads fresh --out /tmp/x.md
+#
+# Builds bench/load (its own workspace, not part of the crate's) in release mode, then runs
+# load-driver, which starts redis-server and one load-server per case on 127.0.0.1, pins them
+# to core 0 and the generator to core 1, and kills everything it started before it exits.
+# Needs: Linux with 2+ cores, taskset (util-linux), redis-server (Debian: apt-get install
+# redis-server). The peer crate `idempotent` 2.0.0 declares rust-version 1.98; it builds with
+# older compilers, hence --ignore-rust-version.
+set -euo pipefail
+
+here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+root="$(dirname "$here")"
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target-bench}"
+
+for tool in taskset redis-server; do
+    command -v "$tool" >/dev/null || { echo "bench/run.sh: $tool is not installed" >&2; exit 1; }
+done
+if [ "$(nproc)" -lt 2 ]; then
+    echo "bench/run.sh: needs 2 cores (server on core 0, generator on core 1)" >&2
+    exit 1
+fi
+
+cargo build --release --ignore-rust-version --manifest-path "$here/load/Cargo.toml" --bins >&2
+
+# Bounded: the whole run is stopped after an hour whatever happens.
+LOAD_COMMAND="bench/run.sh${*:+ $*}" exec timeout --signal=TERM --kill-after=10 3600 \
+    "$CARGO_TARGET_DIR/release/load-driver" "$@"
