@@ -170,8 +170,11 @@ async fn claims_that_fail_answer_503_without_running_the_handler_and_recover() {
     ));
     all.extend(late);
 
-    // The claims that timed out were still delivered (late) by the proxy and applied by Redis:
-    // such a key stays pending until its lease lapses (409), then runs exactly once.
+    // A claim that timed out may still be delivered late by the proxy and applied by Redis:
+    // such a key stays pending until its lease lapses (409), then runs exactly once. Whether it
+    // is delivered depends on timing (the store replaces its connection after two timeouts in
+    // a row, which can drop the queued claim), so both outcomes are allowed; either way the key
+    // runs exactly once.
     rig.proxy.restore();
     let started = Instant::now();
     let mut seen = Mix::default();
@@ -191,10 +194,6 @@ async fn claims_that_fail_answer_503_without_running_the_handler_and_recover() {
         },
     )
     .await;
-    assert!(
-        seen.get(&Kind::InFlight) > 0,
-        "the late claim held the key until its lease lapsed: {seen}"
-    );
     let replay = send(rig.server.work(&rig.http, "late-0")).await;
     assert_eq!(replay.kind(), Kind::Replay);
     assert_eq!(rig.work.runs_of("late-0"), 1, "exactly one run");
