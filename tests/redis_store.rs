@@ -67,6 +67,27 @@ store_conformance!(match harness() {
     None => return,
 });
 
+/// The same suite with claims sent as the script (servers older than 7.0, or proxies).
+mod script_claims {
+    use super::*;
+
+    fn harness() -> Option<impl Future<Output = RedisHarness>> {
+        let server = shared_server()?;
+        Some(async move {
+            let store = RedisStore::connect(&server.url(), "conformance-script")
+                .await
+                .expect("connect")
+                .with_native_claim(false);
+            RedisHarness { store }
+        })
+    }
+
+    crate::store_conformance!(match harness() {
+        Some(make) => make,
+        None => return,
+    });
+}
+
 // ---- one round trip per step ------------------------------------------------------------
 
 /// `INFO commandstats` as `command → calls`, without the INFO that asks.
@@ -107,18 +128,14 @@ fn response() -> StoredResponse {
     )
 }
 
-/// Counted on a server of its own, through the engine: the client sends one `EVALSHA` per
-/// step. `INFO commandstats` also counts the commands a script runs (`redis.call`), so the
-/// expected deltas name those too: each script runs one `GET`, and at most one write.
-#[tokio::test]
-async fn each_answer_costs_one_command_and_a_first_run_two() {
-    if !redis_server::available() {
-        return;
-    }
+/// Counted on a server of its own, through the engine. `INFO commandstats` also counts the
+/// commands a script runs (`redis.call`), so the expected deltas name those too.
+async fn command_counts(native: bool) -> [BTreeMap<String, u64>; 4] {
     let server = RedisServer::start();
     let store = RedisStore::connect(&server.url(), "count")
         .await
-        .expect("connect");
+        .expect("connect")
+        .with_native_claim(native);
     let engine = Engine::new(store);
     let scope = Scope::principal("counter");
     let key = |k: &str| StoreKey::derive("count", &scope, &IdempotencyKey::new(k, 255).unwrap());
@@ -140,22 +157,12 @@ async fn each_answer_costs_one_command_and_a_first_run_two() {
     };
     assert!(engine.complete(t, &response()).await.unwrap());
     let first = delta(&before, &commandstats(&server));
-    assert_eq!(
-        first,
-        counts(&[("evalsha", 2), ("get", 2), ("set", 2)]),
-        "a first execution is two script calls (claim, complete) and nothing else"
-    );
 
     let before = commandstats(&server);
     assert!(
         matches!(engine.begin(key("first"), fa).await.unwrap(), Begin::Replay(r) if r == response())
     );
     let replay = delta(&before, &commandstats(&server));
-    assert_eq!(
-        replay,
-        counts(&[("evalsha", 1), ("get", 1)]),
-        "a replay is one script call"
-    );
 
     let Begin::Run(_held) = engine.begin(key("held"), fa).await.unwrap() else {
         panic!("held runs")
@@ -166,11 +173,6 @@ async fn each_answer_costs_one_command_and_a_first_run_two() {
         Begin::InFlight
     ));
     let in_flight = delta(&before, &commandstats(&server));
-    assert_eq!(
-        in_flight,
-        counts(&[("evalsha", 1), ("get", 1)]),
-        "an in-flight answer is one script call"
-    );
 
     let before = commandstats(&server);
     assert!(matches!(
@@ -178,17 +180,123 @@ async fn each_answer_costs_one_command_and_a_first_run_two() {
         Begin::KeyReused
     ));
     let mismatch = delta(&before, &commandstats(&server));
-    assert_eq!(
-        mismatch,
-        counts(&[("evalsha", 1), ("get", 1)]),
-        "a key-reuse answer is one script call"
-    );
-
     eprintln!(
-        "commands sent (EVALSHA) per answer: first run {}, replay {}, in flight {}, mismatch {}; \
-         server-side deltas: {first:?} {replay:?} {in_flight:?} {mismatch:?}",
-        first["evalsha"], replay["evalsha"], in_flight["evalsha"], mismatch["evalsha"],
+        "native claim {native}: server-side commands per answer: first run {first:?}, \
+         replay {replay:?}, in flight {in_flight:?}, mismatch {mismatch:?}"
     );
+    [first, replay, in_flight, mismatch]
+}
+
+/// Native claims: a first execution is `SET … NX PX … GET` and the complete script (its
+/// `GET` and `SET` counted inside); every other answer is that one `SET`, no script at all.
+#[tokio::test]
+async fn each_answer_costs_one_command_and_a_first_run_two() {
+    if !redis_server::available() {
+        return;
+    }
+    let [first, replay, in_flight, mismatch] = command_counts(true).await;
+    assert_eq!(
+        first,
+        counts(&[("evalsha", 1), ("get", 1), ("set", 2)]),
+        "a first execution is the native claim and one script call (complete)"
+    );
+    for (answer, what) in [(replay, "replay"), (in_flight, "in flight"), (mismatch, "mismatch")] {
+        assert_eq!(answer, counts(&[("set", 1)]), "a {what} answer is one native SET");
+    }
+}
+
+/// Script claims: one `EVALSHA` per step, each running one `GET` and at most one write.
+#[tokio::test]
+async fn script_claims_cost_one_script_call_per_step() {
+    if !redis_server::available() {
+        return;
+    }
+    let [first, replay, in_flight, mismatch] = command_counts(false).await;
+    assert_eq!(
+        first,
+        counts(&[("evalsha", 2), ("get", 2), ("set", 2)]),
+        "a first execution is two script calls (claim, complete) and nothing else"
+    );
+    for (answer, what) in [(replay, "replay"), (in_flight, "in flight"), (mismatch, "mismatch")] {
+        assert_eq!(
+            answer,
+            counts(&[("evalsha", 1), ("get", 1)]),
+            "a {what} answer is one script call"
+        );
+    }
+}
+
+/// A real connection that answers `SET … GET` the way Redis before 7.0 does.
+#[derive(Clone)]
+struct OldRedis(redis::aio::MultiplexedConnection);
+
+impl redis::aio::ConnectionLike for OldRedis {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        let args: Vec<Vec<u8>> = cmd
+            .args_iter()
+            .filter_map(|a| match a {
+                redis::Arg::Simple(b) => Some(b.to_vec()),
+                _ => None,
+            })
+            .collect();
+        if args.first().map(Vec::as_slice) == Some(b"SET") && args.iter().any(|a| a == b"GET") {
+            let refused = redis::parse_redis_value(b"-ERR syntax error\r\n")
+                .and_then(redis::Value::extract_error);
+            return Box::pin(std::future::ready(refused));
+        }
+        self.0.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        self.0.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.0.get_db()
+    }
+}
+
+/// Against a server that refuses the native claim, the first claim falls back to the script
+/// (nothing was written by the refused command) and later claims go straight to it.
+#[tokio::test]
+async fn a_server_without_set_nx_get_gets_the_claim_script() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let store = RedisStore::new(OldRedis(conn), "old-redis").unwrap();
+    assert!(store.native_claim());
+    let engine = Engine::new(store.clone());
+    let scope = Scope::principal("old");
+    let key = StoreKey::derive("old", &scope, &IdempotencyKey::new("k", 255).unwrap());
+    let Begin::Run(t) = engine.begin(key, fingerprint("a")).await.unwrap() else {
+        panic!("the first claim runs, through the script")
+    };
+    assert!(!store.native_claim(), "the store remembers the refusal");
+    assert!(matches!(
+        engine.begin(key, fingerprint("a")).await.unwrap(),
+        Begin::InFlight
+    ));
+    assert!(engine.complete(t, &response()).await.unwrap());
+    assert!(
+        matches!(engine.begin(key, fingerprint("a")).await.unwrap(), Begin::Replay(r) if r == response())
+    );
+    assert!(matches!(
+        engine.begin(key, fingerprint("b")).await.unwrap(),
+        Begin::KeyReused
+    ));
 }
 
 // ---- failures ---------------------------------------------------------------------------

@@ -22,20 +22,31 @@
 //!
 //! # One round trip per step
 //!
-//! Each step of the [`Store`] contract is one Lua script, sent as one `EVALSHA` (the script is
-//! loaded with `SCRIPT LOAD` the first time a server answers `NOSCRIPT`). A script runs
-//! atomically on the server and checks the fencing token before it writes anything:
+//! Each step of the [`Store`] contract is one command. The claim is Redis's own
+//! `SET key pending NX PX lease GET` (Redis 7.0 and newer): it writes the pending value only
+//! when the key is absent and answers what the key held, atomically, with no script. The other
+//! steps must check the fencing token before they write, so each is a Lua script, sent as one
+//! `EVALSHA` (loaded with `SCRIPT LOAD` the first time a server answers `NOSCRIPT`), which runs
+//! atomically on the server:
 //!
-//! | step | script |
+//! | step | command |
 //! | --- | --- |
-//! | claim | `GET`; absent → `SET NX PX lease` the pending value and answer `1`; present → answer the stored value |
-//! | complete | write the done value with `PX ttl` only if the key is absent or pending under the caller's token |
-//! | release | `DEL` only if the key is pending under the caller's token |
-//! | renew | `PEXPIRE lease` only if the key is pending under the caller's token |
+//! | claim | `SET key pending NX PX lease GET`: nil → claimed; a value → that record, unchanged |
+//! | complete | script: write the done value with `PX ttl` only if the key is absent or pending under the caller's token |
+//! | release | script: `DEL` only if the key is pending under the caller's token |
+//! | renew | script: `PEXPIRE lease` only if the key is pending under the caller's token |
 //!
-//! A first execution therefore costs two Redis commands (claim, complete); a replay, an
-//! in-flight answer and a key-reuse answer cost one. The token is made by the client from the
-//! operating system's CSPRNG ([`Token::generate`]), never by the script.
+//! A first execution therefore costs two round trips (claim, complete); a replay, an in-flight
+//! answer and a key-reuse answer cost one, a single native command. A native command costs the
+//! server much less than a script call, which is why the claim, the step every request makes,
+//! is not a script.
+//!
+//! A server older than 7.0 refuses `SET … NX … GET` with a syntax error, which executes
+//! nothing; the store then sends the claim as a script (`GET`, and `SET NX PX` when absent) from
+//! that call on, and logs it once at `info`. [`RedisStore::with_native_claim`] chooses the
+//! script from the start (for a proxy in front of Redis that rejects the syntax some other
+//! way). The token is made by the client from the operating system's CSPRNG
+//! ([`Token::generate`]), never by the server.
 //!
 //! Expiry belongs to the server (`PX`, `PEXPIRE`): a pending key lapses with its lease, a done
 //! key with its retention, and no sweeper runs anywhere.
@@ -58,7 +69,8 @@
 //!
 //! # Server requirements
 //!
-//! Redis **5.0** or newer ([`MIN_REDIS_VERSION`]); [`RedisStore::verify`] checks it. The
+//! Redis **5.0** or newer ([`MIN_REDIS_VERSION`]); [`RedisStore::verify`] checks it, and 7.0 or
+//! newer for the native claim (older servers get the claim script, above). The
 //! scripts use only `GET`, `SET … NX PX`, `DEL` and `PEXPIRE` (all older than 3.0), but 5.0 is
 //! the first version that replicates a script by its effects by default: replicas and the AOF
 //! receive the writes the script made, rather than re-running the script against their own
@@ -209,6 +221,9 @@ struct Shared<C> {
     timeouts: AtomicU32,
     /// A replacement is being made (at most one at a time).
     reconnecting: AtomicBool,
+    /// Claims are sent as the native `SET … NX PX … GET`; cleared for good when the server
+    /// refuses that syntax (before 7.0) or by [`RedisStore::with_native_claim`].
+    native_claim: AtomicBool,
 }
 
 impl<C: Clone> Shared<C> {
@@ -218,6 +233,7 @@ impl<C: Clone> Shared<C> {
             generation: AtomicU64::new(0),
             timeouts: AtomicU32::new(0),
             reconnecting: AtomicBool::new(false),
+            native_claim: AtomicBool::new(true),
         }
     }
 
@@ -429,6 +445,26 @@ where
         self
     }
 
+    /// Sends claims as Redis's native `SET … NX PX … GET` (`true`, the default, on Redis 7.0
+    /// and newer) or as a Lua script (`false`). The default falls back to the script by itself
+    /// when the server refuses the syntax; choose `false` where something in front of Redis
+    /// (a proxy) rejects it in another way. Applies to every clone of the store.
+    ///
+    /// Both answer alike; the script costs the server more per claim (see the
+    /// [module docs](self)).
+    #[must_use]
+    pub fn with_native_claim(self, native: bool) -> Self {
+        self.shared.native_claim.store(native, Ordering::Relaxed);
+        self
+    }
+
+    /// Whether claims are sent as the native `SET … NX PX … GET` (see
+    /// [`RedisStore::with_native_claim`]); `false` after the server refused it.
+    #[must_use]
+    pub fn native_claim(&self) -> bool {
+        self.shared.native_claim.load(Ordering::Relaxed)
+    }
+
     /// The operation timeout.
     #[must_use]
     pub fn timeout(&self) -> Duration {
@@ -632,6 +668,35 @@ where
         pending.extend_from_slice(fingerprint.as_bytes());
         pending.extend_from_slice(token.as_bytes());
         let lease = millis(lease);
+        if self.shared.native_claim.load(Ordering::Relaxed) {
+            let mut cmd = ::redis::cmd("SET");
+            cmd.arg(self.redis_key(key))
+                .arg(&pending)
+                .arg("NX")
+                .arg("PX")
+                .arg(lease.as_bytes())
+                .arg("GET");
+            let (generation, mut conn) = self.shared.checkout();
+            match self
+                .bounded("Redis claim", generation, cmd.query_async(&mut conn))
+                .await
+            {
+                // Nil: the key was absent and now holds our pending value.
+                Ok(Value::Nil) => return Ok(Claim::Claimed(token)),
+                Ok(Value::BulkString(stored)) => return parse_stored(stored),
+                Ok(_) => return Err(protocol("unexpected answer to claim")),
+                // Refused before it ran (Redis < 7.0): nothing was written; use the script.
+                Err(e) if is_syntax_error(&e) => {
+                    if self.shared.native_claim.swap(false, Ordering::Relaxed) {
+                        tracing::info!(
+                            key_prefix = %self.prefix,
+                            "Redis refused SET NX GET (older than 7.0); claims use a script from now on",
+                        );
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
         let reply = self
             .run("Redis claim", &CLAIM, key, &[&pending, lease.as_bytes()])
             .await?;
@@ -713,7 +778,7 @@ fn millis(d: Duration) -> String {
     ms.to_string()
 }
 
-/// Parses a value the claim script found under the key. Strict: a value of another layout is
+/// Parses a value the claim found under the key. Strict: a value of another layout is
 /// a protocol error, never a claim.
 fn parse_stored(stored: Vec<u8>) -> Result<Claim, StoreError> {
     let fingerprint = |b: &[u8]| -> Fingerprint {
@@ -766,6 +831,17 @@ fn is_refused(e: &StoreError) -> bool {
                 r.kind(),
                 ErrorKind::Server(ServerErrorKind::NoPerm) | ErrorKind::Extension
             )
+        })
+}
+
+/// The server refused a command's syntax (`ERR syntax error`): it did not run.
+fn is_syntax_error(e: &StoreError) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<RedisError>())
+        .is_some_and(|r| {
+            r.code() == Some("ERR")
+                && r.detail()
+                    .is_some_and(|d| d.to_ascii_lowercase().starts_with("syntax error"))
         })
 }
 

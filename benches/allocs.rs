@@ -1,0 +1,112 @@
+//! Heap allocations per request through the layer (counted by `dhat`), in process, next to the bare handler: the
+//! count the load benchmark's profile pointed at (`malloc`/`free` are the largest entries
+//! after the kernel's TCP path). Prints a table; it measures no time.
+//!
+//! ```text
+//! cargo bench --bench allocs
+//! ```
+
+#![allow(missing_docs)]
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::post;
+use bytes::Bytes;
+use http::Request;
+use std::time::Duration;
+use tower::ServiceExt;
+use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope};
+
+#[global_allocator]
+static GLOBAL: dhat::Alloc = dhat::Alloc;
+
+fn counts() -> (u64, u64) {
+    let s = dhat::HeapStats::get();
+    (s.total_blocks, s.total_bytes)
+}
+
+async fn handler(body: Bytes) -> (http::StatusCode, [(http::HeaderName, &'static str); 1], String) {
+    let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
+    (
+        http::StatusCode::CREATED,
+        [(http::header::CONTENT_TYPE, "application/json")],
+        format!(r#"{{"id":"o-1","items":{},"status":"created"}}"#, v["items"].as_array().map_or(0, Vec::len)),
+    )
+}
+
+fn body() -> Bytes {
+    let mut items = String::new();
+    for i in 0..8 {
+        if i > 0 {
+            items.push(',');
+        }
+        items.push_str(&format!(r#"{{"sku":"SKU-{i:06}","quantity":{i},"price_cents":{}}}"#, 1000 + i));
+    }
+    let mut s = format!(r#"{{"customer":"c-1","currency":"EUR","items":[{items}],"note":""#);
+    while s.len() < 1024 - 2 {
+        s.push('x');
+    }
+    s.push_str("\"}");
+    Bytes::from(s)
+}
+
+fn request(key: &str, body: &Bytes) -> Request<Body> {
+    Request::post("/orders")
+        .header("content-type", "application/json")
+        .header("x-client", "c1")
+        .header("idempotency-key", key)
+        .body(Body::from(body.clone()))
+        .expect("request")
+}
+
+fn main() {
+    // Counts only (dhat's testing mode writes no profile file).
+    let _profiler = dhat::Profiler::builder().testing().build();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
+    let body = body();
+    let bare: Router = Router::new().route("/orders", post(handler));
+    let layered: Router = Router::new().route("/orders", post(handler)).layer(
+        IdempotencyLayer::with_store(MemoryStore::new())
+            .principal_fn(|p| {
+                p.headers
+                    .get("x-client")
+                    .and_then(|v| v.to_str().ok())
+                    .map(Scope::principal)
+            })
+            .ttl(Duration::from_secs(3600)),
+    );
+    const N: u64 = 2000;
+    // Keys made before counting, so their strings are not counted.
+    let keys: Vec<String> = (0..2 * N).map(|i| format!("k-{i}")).collect();
+    let run = |router: &Router, keys: &mut dyn Iterator<Item = &String>| {
+        rt.block_on(async {
+            // Warm-up: first-use allocations (runtime, lazies) are not per request.
+            let res = router.clone().oneshot(request("warm", &body)).await.expect("call");
+            let _ = axum::body::to_bytes(res.into_body(), usize::MAX).await;
+            let (a0, b0) = counts();
+            for _ in 0..N {
+                let key = keys.next().expect("key");
+                let req = request(key, &body);
+                let res = router.clone().oneshot(req).await.expect("call");
+                assert!(res.status().is_success(), "{}", res.status());
+                let _ = axum::body::to_bytes(res.into_body(), usize::MAX).await;
+            }
+            let (a1, b1) = counts();
+            ((a1 - a0) as f64 / N as f64, (b1 - b0) as f64 / N as f64)
+        })
+    };
+    // The request itself (headers, body handle) is made inside the loop for every row alike.
+    let (bare_a, bare_b) = run(&bare, &mut keys[..N as usize].iter());
+    let (fresh_a, fresh_b) = run(&layered, &mut keys[N as usize..].iter());
+    let replay_key = "k-0".to_owned();
+    let (replay_a, replay_b) = run(&layered, &mut std::iter::repeat_n(&replay_key, N as usize));
+    println!("allocations per request (in process, 1 KiB JSON body, {N} requests)");
+    println!("| row | allocations | bytes allocated | allocations over bare |");
+    println!("| --- | ---: | ---: | ---: |");
+    println!("| bare | {bare_a:.1} | {bare_b:.0} | — |");
+    println!("| memory, fresh | {fresh_a:.1} | {fresh_b:.0} | {:+.1} |", fresh_a - bare_a);
+    println!("| memory, replay | {replay_a:.1} | {replay_b:.0} | {:+.1} |", replay_a - bare_a);
+}
