@@ -25,12 +25,21 @@ fn counts() -> (u64, u64) {
     (s.total_blocks, s.total_bytes)
 }
 
-async fn handler(body: Bytes) -> (http::StatusCode, [(http::HeaderName, &'static str); 1], String) {
+async fn handler(
+    body: Bytes,
+) -> (
+    http::StatusCode,
+    [(http::HeaderName, &'static str); 1],
+    String,
+) {
     let v: serde_json::Value = serde_json::from_slice(&body).expect("json");
     (
         http::StatusCode::CREATED,
         [(http::header::CONTENT_TYPE, "application/json")],
-        format!(r#"{{"id":"o-1","items":{},"status":"created"}}"#, v["items"].as_array().map_or(0, Vec::len)),
+        format!(
+            r#"{{"id":"o-1","items":{},"status":"created"}}"#,
+            v["items"].as_array().map_or(0, Vec::len)
+        ),
     )
 }
 
@@ -40,7 +49,10 @@ fn body() -> Bytes {
         if i > 0 {
             items.push(',');
         }
-        items.push_str(&format!(r#"{{"sku":"SKU-{i:06}","quantity":{i},"price_cents":{}}}"#, 1000 + i));
+        items.push_str(&format!(
+            r#"{{"sku":"SKU-{i:06}","quantity":{i},"price_cents":{}}}"#,
+            1000 + i
+        ));
     }
     let mut s = format!(r#"{{"customer":"c-1","currency":"EUR","items":[{items}],"note":""#);
     while s.len() < 1024 - 2 {
@@ -84,7 +96,11 @@ fn main() {
     let run = |router: &Router, keys: &mut dyn Iterator<Item = &String>| {
         rt.block_on(async {
             // Warm-up: first-use allocations (runtime, lazies) are not per request.
-            let res = router.clone().oneshot(request("warm", &body)).await.expect("call");
+            let res = router
+                .clone()
+                .oneshot(request("warm", &body))
+                .await
+                .expect("call");
             let _ = axum::body::to_bytes(res.into_body(), usize::MAX).await;
             let (a0, b0) = counts();
             for _ in 0..N {
@@ -107,6 +123,12 @@ fn main() {
     println!("| row | allocations | bytes allocated | allocations over bare |");
     println!("| --- | ---: | ---: | ---: |");
     println!("| bare | {bare_a:.1} | {bare_b:.0} | — |");
-    println!("| memory, fresh | {fresh_a:.1} | {fresh_b:.0} | {:+.1} |", fresh_a - bare_a);
-    println!("| memory, replay | {replay_a:.1} | {replay_b:.0} | {:+.1} |", replay_a - bare_a);
+    println!(
+        "| memory, fresh | {fresh_a:.1} | {fresh_b:.0} | {:+.1} |",
+        fresh_a - bare_a
+    );
+    println!(
+        "| memory, replay | {replay_a:.1} | {replay_b:.0} | {:+.1} |",
+        replay_a - bare_a
+    );
 }

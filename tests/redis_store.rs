@@ -200,8 +200,16 @@ async fn each_answer_costs_one_command_and_a_first_run_two() {
         counts(&[("evalsha", 1), ("get", 1), ("set", 2)]),
         "a first execution is the native claim and one script call (complete)"
     );
-    for (answer, what) in [(replay, "replay"), (in_flight, "in flight"), (mismatch, "mismatch")] {
-        assert_eq!(answer, counts(&[("set", 1)]), "a {what} answer is one native SET");
+    for (answer, what) in [
+        (replay, "replay"),
+        (in_flight, "in flight"),
+        (mismatch, "mismatch"),
+    ] {
+        assert_eq!(
+            answer,
+            counts(&[("set", 1)]),
+            "a {what} answer is one native SET"
+        );
     }
 }
 
@@ -217,7 +225,11 @@ async fn script_claims_cost_one_script_call_per_step() {
         counts(&[("evalsha", 2), ("get", 2), ("set", 2)]),
         "a first execution is two script calls (claim, complete) and nothing else"
     );
-    for (answer, what) in [(replay, "replay"), (in_flight, "in flight"), (mismatch, "mismatch")] {
+    for (answer, what) in [
+        (replay, "replay"),
+        (in_flight, "in flight"),
+        (mismatch, "mismatch"),
+    ] {
         assert_eq!(
             answer,
             counts(&[("evalsha", 1), ("get", 1)]),

@@ -36,7 +36,7 @@
 //! | release | script: `DEL` only if the key is pending under the caller's token |
 //! | renew | script: `PEXPIRE lease` only if the key is pending under the caller's token |
 //!
-//! A first execution therefore costs two round trips (claim, complete); a replay, an in-flight
+//! A first execution therefore costs two commands (claim, complete); a replay, an in-flight
 //! answer and a key-reuse answer cost one, a single native command. A native command costs the
 //! server much less than a script call, which is why the claim, the step every request makes,
 //! is not a script.
@@ -47,6 +47,24 @@
 //! script from the start (for a proxy in front of Redis that rejects the syntax some other
 //! way). The token is made by the client from the operating system's CSPRNG
 //! ([`Token::generate`]), never by the server.
+//!
+//! # Pipelining
+//!
+//! A busy server has many requests in flight at once, each waiting on its own Redis command.
+//! Written one by one, every command costs a `write` on the client and a `read` and a `write`
+//! on the server; on loopback that system-call and TCP work, not Redis's own, is most of what
+//! a command costs. The store made by [`RedisStore::connect`] therefore queues the commands of
+//! concurrent requests and writes them as one pipeline: the first command queued spawns a
+//! small task that yields once to the runtime (so the other tasks that are ready run and queue
+//! theirs), then sends everything queued in one write and hands each caller its own answer.
+//! Batches do not wait for each other; a lone request costs one extra task wake-up.
+//!
+//! Nothing about the guarantees changes: each command is still atomic on the server and
+//! answered on its own (a `NOSCRIPT` or `OOM` error reaches only the caller whose command
+//! met it), and each caller's operation timeout runs from the moment its command is queued.
+//! [`RedisStore::with_pipelining`] turns it on or off; it is off for stores made with
+//! [`RedisStore::new`] and for Redis Cluster, whose connection cannot take one pipeline of
+//! keys in many slots.
 //!
 //! Expiry belongs to the server (`PX`, `PEXPIRE`): a pending key lapses with its lease, a done
 //! key with its retention, and no sweeper runs anywhere.
@@ -146,8 +164,9 @@ use std::future::Future;
 use std::ops::Deref;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, LazyLock, PoisonError, RwLock};
+use std::sync::{Arc, LazyLock, Mutex, PoisonError, RwLock};
 use std::time::Duration;
+use tokio::sync::oneshot;
 
 mod verify;
 
@@ -224,6 +243,21 @@ struct Shared<C> {
     /// Claims are sent as the native `SET … NX PX … GET`; cleared for good when the server
     /// refuses that syntax (before 7.0) or by [`RedisStore::with_native_claim`].
     native_claim: AtomicBool,
+    /// Commands are queued and written together (see [`RedisStore::with_pipelining`]).
+    pipelining: AtomicBool,
+    /// Commands waiting for the next write.
+    outbox: Mutex<Outbox>,
+}
+
+/// A command waiting in the outbox, and where its answer goes.
+type Queued = (::redis::Cmd, oneshot::Sender<Result<Value, RedisError>>);
+
+/// The commands queued since the last write.
+#[derive(Default)]
+struct Outbox {
+    queued: Vec<Queued>,
+    /// A flush task is spawned and has not yet taken the queue.
+    scheduled: bool,
 }
 
 impl<C: Clone> Shared<C> {
@@ -234,6 +268,8 @@ impl<C: Clone> Shared<C> {
             timeouts: AtomicU32::new(0),
             reconnecting: AtomicBool::new(false),
             native_claim: AtomicBool::new(true),
+            pipelining: AtomicBool::new(false),
+            outbox: Mutex::new(Outbox::default()),
         }
     }
 
@@ -251,6 +287,82 @@ impl<C: Clone> Shared<C> {
         self.generation.fetch_add(1, Ordering::Relaxed);
         self.timeouts.store(0, Ordering::Relaxed);
         std::mem::replace(&mut *current, conn)
+    }
+}
+
+impl<C> Shared<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Queues `cmd` for the next write, spawning the task that writes it unless one is
+    /// already waiting to.
+    fn enqueue(
+        self: &Arc<Self>,
+        runtime: &tokio::runtime::Handle,
+        cmd: ::redis::Cmd,
+    ) -> oneshot::Receiver<Result<Value, RedisError>> {
+        let (tx, rx) = oneshot::channel();
+        let spawn = {
+            let mut outbox = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
+            outbox.queued.push((cmd, tx));
+            !std::mem::replace(&mut outbox.scheduled, true)
+        };
+        if spawn {
+            runtime.spawn(Arc::clone(self).flush());
+        }
+        rx
+    }
+
+    /// Writes everything queued as one pipeline and hands each caller its own answer.
+    async fn flush(self: Arc<Self>) {
+        // Yield once: the tasks that are ready now run first and queue their commands, so
+        // a busy server writes one pipeline per round of its scheduler, not one per command.
+        tokio::task::yield_now().await;
+        let queued = {
+            let mut outbox = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
+            outbox.scheduled = false;
+            std::mem::take(&mut outbox.queued)
+        };
+        let (_, mut conn) = self.checkout();
+        if let [(cmd, _)] = &queued[..] {
+            // A server error comes back as a value; make it the caller's error.
+            let answer = conn
+                .req_packed_command(cmd)
+                .await
+                .and_then(Value::extract_error);
+            if let Some((_, tx)) = queued.into_iter().next() {
+                let _ = tx.send(answer);
+            }
+            return;
+        }
+        let mut pipe = ::redis::pipe();
+        let mut senders = Vec::with_capacity(queued.len());
+        for (cmd, tx) in queued {
+            pipe.add_command(cmd);
+            senders.push(tx);
+        }
+        match conn.req_packed_commands(&pipe, 0, senders.len()).await {
+            Ok(answers) if answers.len() == senders.len() => {
+                for (answer, tx) in answers.into_iter().zip(senders) {
+                    // A command's own error (NOSCRIPT, OOM, …) goes to its caller only.
+                    let _ = tx.send(answer.extract_error());
+                }
+            }
+            Ok(_) => {
+                let e = RedisError::from((
+                    ErrorKind::Parse,
+                    "a pipeline was answered with the wrong number of replies",
+                ));
+                for tx in senders {
+                    let _ = tx.send(Err(e.clone()));
+                }
+            }
+            Err(e) => {
+                for tx in senders {
+                    let _ = tx.send(Err(e.clone()));
+                }
+            }
+        }
     }
 }
 
@@ -333,7 +445,9 @@ impl RedisStore<::redis::aio::ConnectionManager> {
             .await
             .map_err(|e| timed_out("connecting to Redis timed out", e))?
             .map_err(|e| map_err("connecting to Redis failed", e))?;
-        Ok(Self::with_prefix(conn, prefix).with_reconnect(connect))
+        Ok(Self::with_prefix(conn, prefix)
+            .with_reconnect(connect)
+            .with_pipelining(true))
     }
 }
 
@@ -375,6 +489,9 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// A store over an existing connection, keeping records under `namespace`.
+    ///
+    /// Pipelining is off (a cluster connection cannot take it); for a standalone connection,
+    /// turn it on with [`RedisStore::with_pipelining`] as [`RedisStore::connect`] does.
     ///
     /// ```no_run
     /// use tower_idempotency::store::redis::{RedisStore, redis};
@@ -456,6 +573,26 @@ where
     pub fn with_native_claim(self, native: bool) -> Self {
         self.shared.native_claim.store(native, Ordering::Relaxed);
         self
+    }
+
+    /// Queues the commands of concurrent requests and writes them to Redis together, as one
+    /// pipeline per round of the runtime's scheduler, instead of one write per command.
+    /// On by default for [`RedisStore::connect`], off for [`RedisStore::new`] and Redis
+    /// Cluster (a cluster connection cannot take one pipeline of keys in many slots). Applies
+    /// to every clone of the store. See the [module docs](self#pipelining).
+    ///
+    /// Each command still has its own answer and its own error, and the operation timeout
+    /// counts from the moment it is queued.
+    #[must_use]
+    pub fn with_pipelining(self, on: bool) -> Self {
+        self.shared.pipelining.store(on, Ordering::Relaxed);
+        self
+    }
+
+    /// Whether commands are pipelined (see [`RedisStore::with_pipelining`]).
+    #[must_use]
+    pub fn pipelining(&self) -> bool {
+        self.shared.pipelining.load(Ordering::Relaxed)
     }
 
     /// Whether claims are sent as the native `SET … NX PX … GET` (see
@@ -635,6 +772,30 @@ where
         });
     }
 
+    /// Sends one command: through the outbox when pipelining (inside a Tokio runtime),
+    /// directly otherwise; bounded by the operation timeout either way.
+    async fn query(&self, op: &'static str, cmd: ::redis::Cmd) -> Result<Value, StoreError> {
+        if self.shared.pipelining.load(Ordering::Relaxed)
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let generation = self.shared.generation.load(Ordering::Relaxed);
+            let answer = self.shared.enqueue(&runtime, cmd);
+            return self
+                .bounded(op, generation, async move {
+                    answer.await.unwrap_or_else(|_| {
+                        Err(RedisError::from((
+                            ErrorKind::Io,
+                            "the pipeline carrying the command was dropped",
+                        )))
+                    })
+                })
+                .await;
+        }
+        let (generation, mut conn) = self.shared.checkout();
+        self.bounded(op, generation, cmd.query_async(&mut conn))
+            .await
+    }
+
     async fn run(
         &self,
         op: &'static str,
@@ -642,13 +803,26 @@ where
         key: &StoreKey,
         args: &[&[u8]],
     ) -> Result<Value, StoreError> {
-        let mut invocation = script.key(self.redis_key(key));
+        let redis_key = self.redis_key(key);
+        let mut cmd = ::redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(1).arg(&redis_key);
         for a in args {
-            invocation.arg(*a);
+            cmd.arg(*a);
         }
-        let (generation, mut conn) = self.shared.checkout();
-        self.bounded(op, generation, invocation.invoke_async(&mut conn))
-            .await
+        match self.query(op, cmd).await {
+            // The server does not have the script yet (first use, restart, SCRIPT FLUSH):
+            // `invoke_async` loads it and runs it again.
+            Err(e) if is_no_script(&e) => {
+                let mut invocation = script.key(redis_key);
+                for a in args {
+                    invocation.arg(*a);
+                }
+                let (generation, mut conn) = self.shared.checkout();
+                self.bounded(op, generation, invocation.invoke_async(&mut conn))
+                    .await
+            }
+            other => other,
+        }
     }
 }
 
@@ -676,11 +850,7 @@ where
                 .arg("PX")
                 .arg(lease.as_bytes())
                 .arg("GET");
-            let (generation, mut conn) = self.shared.checkout();
-            match self
-                .bounded("Redis claim", generation, cmd.query_async(&mut conn))
-                .await
-            {
+            match self.query("Redis claim", cmd).await {
                 // Nil: the key was absent and now holds our pending value.
                 Ok(Value::Nil) => return Ok(Claim::Claimed(token)),
                 Ok(Value::BulkString(stored)) => return parse_stored(stored),
@@ -832,6 +1002,13 @@ fn is_refused(e: &StoreError) -> bool {
                 ErrorKind::Server(ServerErrorKind::NoPerm) | ErrorKind::Extension
             )
         })
+}
+
+/// The server does not hold the script (`NOSCRIPT`).
+fn is_no_script(e: &StoreError) -> bool {
+    std::error::Error::source(e)
+        .and_then(|s| s.downcast_ref::<RedisError>())
+        .is_some_and(|r| r.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
 }
 
 /// The server refused a command's syntax (`ERR syntax error`): it did not run.
