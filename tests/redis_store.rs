@@ -276,6 +276,130 @@ impl redis::aio::ConnectionLike for OldRedis {
     }
 }
 
+/// A real connection that counts what the store hands it: single commands and pipelines.
+#[derive(Clone)]
+struct Counting {
+    conn: redis::aio::MultiplexedConnection,
+    singles: Arc<std::sync::atomic::AtomicUsize>,
+    pipelines: Arc<std::sync::Mutex<Vec<usize>>>,
+}
+
+impl redis::aio::ConnectionLike for Counting {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        self.singles
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        self.conn.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        self.pipelines.lock().unwrap().push(count);
+        self.conn.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.conn.get_db()
+    }
+}
+
+/// With pipelining, the commands of requests in flight together leave in one write, and each
+/// still gets its own answer: 64 claims at once (8 keys × 8 callers) make one pipeline, with
+/// exactly one winner per key; then the winners' completes travel together too.
+#[tokio::test]
+async fn concurrent_commands_share_one_pipeline_and_keep_their_own_answers() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let counting = Counting {
+        conn: redis::Client::open(server.url())
+            .unwrap()
+            .get_multiplexed_async_connection()
+            .await
+            .unwrap(),
+        singles: Arc::default(),
+        pipelines: Arc::default(),
+    };
+    let store = RedisStore::new(counting.clone(), "pipelined")
+        .unwrap()
+        .with_pipelining(true);
+    assert!(store.pipelining());
+    let engine = Engine::new(store);
+    let keys: Vec<StoreKey> = (0..8).map(|_| random_key()).collect();
+    let claims = keys
+        .iter()
+        .flat_map(|k| std::iter::repeat_n(*k, 8))
+        .map(|k| engine.begin(k, fingerprint("a")));
+    let answers = futures_join_all(claims).await;
+    assert_eq!(
+        *counting.pipelines.lock().unwrap(),
+        vec![64],
+        "one pipeline of all 64 claims"
+    );
+    let mut winners = Vec::new();
+    for (i, answer) in answers.into_iter().enumerate() {
+        match answer.unwrap() {
+            Begin::Run(t) => winners.push((i / 8, t)),
+            Begin::InFlight => {}
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let mut won: Vec<usize> = winners.iter().map(|(k, _)| *k).collect();
+    won.sort_unstable();
+    assert_eq!(won, (0..8).collect::<Vec<_>>(), "one winner per key");
+
+    // The completes are script calls, pipelined too (a server without the script yet answers
+    // NOSCRIPT to each, which then loads it and runs directly).
+    let record = response();
+    let completes = winners
+        .into_iter()
+        .map(|(_, t)| engine.complete(t, &record));
+    for done in futures_join_all(completes).await {
+        assert!(done.unwrap());
+    }
+    for key in &keys {
+        assert!(matches!(
+            engine.begin(*key, fingerprint("a")).await.unwrap(),
+            Begin::Replay(r) if r == response()
+        ));
+    }
+    let pipelines = counting.pipelines.lock().unwrap().clone();
+    assert_eq!(
+        pipelines[1], 8,
+        "the 8 completes left together: {pipelines:?}"
+    );
+}
+
+/// Polls every future in one task, as a server's concurrent requests are (no extra crate).
+async fn futures_join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Vec<F::Output> {
+    let mut pending: Vec<_> = futures.into_iter().map(Box::pin).collect();
+    let mut out: Vec<Option<F::Output>> = pending.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut all = true;
+        for (fut, slot) in pending.iter_mut().zip(out.iter_mut()) {
+            if slot.is_none() {
+                match fut.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *slot = Some(v),
+                    std::task::Poll::Pending => all = false,
+                }
+            }
+        }
+        if all {
+            std::task::Poll::Ready(())
+        } else {
+            std::task::Poll::Pending
+        }
+    })
+    .await;
+    out.into_iter().map(|v| v.unwrap()).collect()
+}
+
 /// Against a server that refuses the native claim, the first claim falls back to the script
 /// (nothing was written by the refused command) and later claims go straight to it.
 #[tokio::test]

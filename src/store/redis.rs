@@ -249,8 +249,12 @@ struct Shared<C> {
     outbox: Mutex<Outbox>,
 }
 
-/// A command waiting in the outbox, and where its answer goes.
-type Queued = (::redis::Cmd, oneshot::Sender<Result<Value, RedisError>>);
+/// A command waiting in the outbox, where its answer goes, and its caller's timeout.
+type Queued = (
+    ::redis::Cmd,
+    oneshot::Sender<Result<Value, RedisError>>,
+    Duration,
+);
 
 /// The commands queued since the last write.
 #[derive(Default)]
@@ -300,11 +304,12 @@ where
         self: &Arc<Self>,
         runtime: &tokio::runtime::Handle,
         cmd: ::redis::Cmd,
+        timeout: Duration,
     ) -> oneshot::Receiver<Result<Value, RedisError>> {
         let (tx, rx) = oneshot::channel();
         let spawn = {
             let mut outbox = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
-            outbox.queued.push((cmd, tx));
+            outbox.queued.push((cmd, tx, timeout));
             !std::mem::replace(&mut outbox.scheduled, true)
         };
         if spawn {
@@ -323,25 +328,32 @@ where
             outbox.scheduled = false;
             std::mem::take(&mut outbox.queued)
         };
+        // Bounded like its callers: a silent connection must not keep this task (and the
+        // connection it holds) alive after every caller has given up.
+        let limit = queued.iter().map(|q| q.2).max().unwrap_or(DEFAULT_TIMEOUT);
         let (_, mut conn) = self.checkout();
-        if let [(cmd, _)] = &queued[..] {
+        if let [(cmd, _, _)] = &queued[..] {
             // A server error comes back as a value; make it the caller's error.
-            let answer = conn
-                .req_packed_command(cmd)
+            let answer = tokio::time::timeout(limit, conn.req_packed_command(cmd))
                 .await
+                .unwrap_or_else(|_| Err(elapsed()))
                 .and_then(Value::extract_error);
-            if let Some((_, tx)) = queued.into_iter().next() {
+            if let Some((_, tx, _)) = queued.into_iter().next() {
                 let _ = tx.send(answer);
             }
             return;
         }
         let mut pipe = ::redis::pipe();
         let mut senders = Vec::with_capacity(queued.len());
-        for (cmd, tx) in queued {
+        for (cmd, tx, _) in queued {
             pipe.add_command(cmd);
             senders.push(tx);
         }
-        match conn.req_packed_commands(&pipe, 0, senders.len()).await {
+        let answers =
+            tokio::time::timeout(limit, conn.req_packed_commands(&pipe, 0, senders.len()))
+                .await
+                .unwrap_or_else(|_| Err(elapsed()));
+        match answers {
             Ok(answers) if answers.len() == senders.len() => {
                 for (answer, tx) in answers.into_iter().zip(senders) {
                     // A command's own error (NOSCRIPT, OOM, …) goes to its caller only.
@@ -364,6 +376,14 @@ where
             }
         }
     }
+}
+
+/// The error of a pipeline that outlived its callers' timeouts.
+fn elapsed() -> RedisError {
+    RedisError::from(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        "the pipeline timed out",
+    ))
 }
 
 /// Clears [`Shared::reconnecting`] when the replacement attempt ends, however it ends (done,
@@ -779,7 +799,7 @@ where
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
             let generation = self.shared.generation.load(Ordering::Relaxed);
-            let answer = self.shared.enqueue(&runtime, cmd);
+            let answer = self.shared.enqueue(&runtime, cmd, self.timeout);
             return self
                 .bounded(op, generation, async move {
                     answer.await.unwrap_or_else(|_| {
