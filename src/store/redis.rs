@@ -641,6 +641,12 @@ where
         format!("{}:{{{}}}", self.prefix, key.id_hex())
     }
 
+    /// [`RedisStore::redis_key`] on the stack: every command names its key, and the hot path
+    /// makes no allocation for it.
+    fn key_bytes(&self, key: &StoreKey) -> KeyBytes {
+        KeyBytes::new(&self.prefix, key)
+    }
+
     /// The connection in use now; clone it to send commands of your own.
     ///
     /// A store that reconnects ([`RedisStore::connect`], [`RedisStore::with_reconnect`])
@@ -823,9 +829,9 @@ where
         key: &StoreKey,
         args: &[&[u8]],
     ) -> Result<Value, StoreError> {
-        let redis_key = self.redis_key(key);
+        let redis_key = self.key_bytes(key);
         let mut cmd = ::redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(1).arg(&redis_key);
+        cmd.arg(script.get_hash()).arg(1).arg(redis_key.as_bytes());
         for a in args {
             cmd.arg(*a);
         }
@@ -833,7 +839,7 @@ where
             // The server does not have the script yet (first use, restart, SCRIPT FLUSH):
             // `invoke_async` loads it and runs it again.
             Err(e) if is_no_script(&e) => {
-                let mut invocation = script.key(redis_key);
+                let mut invocation = script.key(redis_key.as_bytes());
                 for a in args {
                     invocation.arg(*a);
                 }
@@ -857,14 +863,14 @@ where
         lease: Duration,
     ) -> Result<Claim, StoreError> {
         let token = Token::generate()?;
-        let mut pending = Vec::with_capacity(PENDING_LEN);
-        pending.push(PENDING);
-        pending.extend_from_slice(fingerprint.as_bytes());
-        pending.extend_from_slice(token.as_bytes());
-        let lease = millis(lease);
+        let mut pending = [0u8; PENDING_LEN];
+        pending[0] = PENDING;
+        pending[1..FP_END].copy_from_slice(fingerprint.as_bytes());
+        pending[FP_END..].copy_from_slice(token.as_bytes());
+        let lease = Digits::new(millis(lease));
         if self.shared.native_claim.load(Ordering::Relaxed) {
             let mut cmd = ::redis::cmd("SET");
-            cmd.arg(self.redis_key(key))
+            cmd.arg(self.key_bytes(key).as_bytes())
                 .arg(&pending)
                 .arg("NX")
                 .arg("PX")
@@ -888,7 +894,12 @@ where
             }
         }
         let reply = self
-            .run("Redis claim", &CLAIM, key, &[&pending, lease.as_bytes()])
+            .run(
+                "Redis claim",
+                &CLAIM,
+                key,
+                &[&pending[..], lease.as_bytes()],
+            )
             .await?;
         match reply {
             Value::Int(1) => Ok(Claim::Claimed(token)),
@@ -910,7 +921,7 @@ where
         done.push(DONE);
         done.extend_from_slice(fingerprint.as_bytes());
         done.extend_from_slice(&record);
-        let ttl = millis(ttl);
+        let ttl = Digits::new(millis(ttl));
         let args: [&[u8]; 3] = [token.as_bytes(), &done, ttl.as_bytes()];
         flag(
             self.run("Redis complete", &COMPLETE, key, &args).await?,
@@ -932,7 +943,7 @@ where
         token: &Token,
         lease: Duration,
     ) -> Result<bool, StoreError> {
-        let lease = millis(lease);
+        let lease = Digits::new(millis(lease));
         flag(
             self.run(
                 "Redis renew",
@@ -960,12 +971,67 @@ fn prefix_of(namespace: &str) -> Result<String, InvalidNamespace> {
 
 /// A duration as whole milliseconds for `PX`/`PEXPIRE`: rounded up, at least 1, at most
 /// [`MAX_EXPIRY_MS`].
-fn millis(d: Duration) -> String {
+fn millis(d: Duration) -> u64 {
     let ms = d.as_nanos().div_ceil(1_000_000);
-    let ms = u64::try_from(ms)
+    u64::try_from(ms)
         .unwrap_or(u64::MAX)
-        .clamp(1, MAX_EXPIRY_MS);
-    ms.to_string()
+        .clamp(1, MAX_EXPIRY_MS)
+}
+
+/// A number's decimal digits, on the stack (a command argument).
+struct Digits {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl Digits {
+    #[allow(clippy::cast_possible_truncation)] // `n % 10` is a digit
+    fn new(mut n: u64) -> Self {
+        let mut buf = [b'0'; 20];
+        let mut start = buf.len();
+        loop {
+            start -= 1;
+            buf[start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                return Self { buf, start };
+            }
+        }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
+/// `<prefix>:{<64 hex digits>}`, on the stack.
+struct KeyBytes {
+    buf: [u8; KEY_LEN],
+}
+
+/// `ti:` + 16 hex digits, `:{`, 64 hex digits, `}`.
+const KEY_LEN: usize = 3 + 16 + 2 + 64 + 1;
+
+impl KeyBytes {
+    fn new(prefix: &str, key: &StoreKey) -> Self {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let mut buf = [0u8; KEY_LEN];
+        let p = prefix.as_bytes();
+        // Every prefix is made by `prefix_of`: `ti:` and 16 hex digits.
+        debug_assert_eq!(p.len(), 19);
+        buf[..19].copy_from_slice(&p[..19]);
+        buf[19..21].copy_from_slice(b":{");
+        for (i, b) in key.id().iter().enumerate() {
+            buf[21 + 2 * i] = HEX[usize::from(b >> 4)];
+            buf[22 + 2 * i] = HEX[usize::from(b & 15)];
+        }
+        buf[KEY_LEN - 1] = b'}';
+        Self { buf }
+    }
+
+    fn as_bytes(&self) -> &[u8] {
+        &self.buf
+    }
 }
 
 /// Parses a value the claim found under the key. Strict: a value of another layout is
@@ -1069,6 +1135,32 @@ fn map_err(op: &'static str, e: RedisError) -> StoreError {
 mod tests {
     use super::*;
 
+    /// A connection that is never used.
+    #[derive(Clone)]
+    struct NoConnection;
+
+    impl ConnectionLike for NoConnection {
+        fn req_packed_command<'a>(
+            &'a mut self,
+            _: &'a ::redis::Cmd,
+        ) -> ::redis::RedisFuture<'a, Value> {
+            unreachable!("not used")
+        }
+
+        fn req_packed_commands<'a>(
+            &'a mut self,
+            _: &'a ::redis::Pipeline,
+            _: usize,
+            _: usize,
+        ) -> ::redis::RedisFuture<'a, Vec<Value>> {
+            unreachable!("not used")
+        }
+
+        fn get_db(&self) -> i64 {
+            0
+        }
+    }
+
     #[test]
     fn prefix_hides_the_namespace() {
         let p = prefix_of("orders").unwrap();
@@ -1080,10 +1172,27 @@ mod tests {
 
     #[test]
     fn millis_round_up_and_stay_in_range() {
-        assert_eq!(millis(Duration::ZERO), "1");
-        assert_eq!(millis(Duration::from_micros(1500)), "2");
-        assert_eq!(millis(Duration::from_secs(60)), "60000");
-        assert_eq!(millis(Duration::MAX), MAX_EXPIRY_MS.to_string());
+        assert_eq!(millis(Duration::ZERO), 1);
+        assert_eq!(millis(Duration::from_micros(1500)), 2);
+        assert_eq!(millis(Duration::from_secs(60)), 60_000);
+        assert_eq!(millis(Duration::MAX), MAX_EXPIRY_MS);
+        for n in [0, 1, 9, 10, 60_000, MAX_EXPIRY_MS, u64::MAX] {
+            assert_eq!(Digits::new(n).as_bytes(), n.to_string().as_bytes());
+        }
+    }
+
+    #[test]
+    fn key_bytes_match_the_documented_key() {
+        let store = RedisStore::new(NoConnection, "orders").unwrap();
+        let key = StoreKey::derive(
+            "orders",
+            &crate::Scope::principal("p"),
+            &crate::IdempotencyKey::new("k", 255).unwrap(),
+        );
+        assert_eq!(
+            store.key_bytes(&key).as_bytes(),
+            store.redis_key(&key).as_bytes()
+        );
     }
 
     #[test]
