@@ -378,6 +378,11 @@ async fn concurrent_commands_share_one_pipeline_and_keep_their_own_answers() {
         pipelines[1], 8,
         "the 8 completes left together: {pipelines:?}"
     );
+    let after = delta(&before, &commandstats(&server));
+    assert!(
+        after.get("script|load").is_some_and(|n| *n >= 1),
+        "NOSCRIPT met inside the pipeline and the script loaded: {after:?}"
+    );
 }
 
 /// Polls every future in one task, as a server's concurrent requests are (no extra crate).
