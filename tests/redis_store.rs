@@ -238,7 +238,8 @@ async fn script_claims_cost_one_script_call_per_step() {
     }
 }
 
-/// A real connection that answers `SET … GET` the way Redis before 7.0 does.
+/// A real connection that answers `SET … GET` the way Redis before 7.0 does, and says it is
+/// Redis 6.2.14 in `INFO`.
 #[derive(Clone)]
 struct OldRedis(redis::aio::MultiplexedConnection);
 
@@ -259,6 +260,23 @@ impl redis::aio::ConnectionLike for OldRedis {
                 .and_then(redis::Value::extract_error);
             return Box::pin(std::future::ready(refused));
         }
+        if args.first().map(Vec::as_slice) == Some(b"INFO") {
+            let info = self.0.req_packed_command(cmd);
+            return Box::pin(async move {
+                let redis::Value::BulkString(text) = info.await? else {
+                    panic!("INFO answers a bulk string");
+                };
+                let text = String::from_utf8(text).unwrap();
+                let version = text
+                    .lines()
+                    .find(|l| l.starts_with("redis_version:"))
+                    .unwrap()
+                    .to_owned();
+                Ok(redis::Value::BulkString(
+                    text.replace(&version, "redis_version:6.2.14").into_bytes(),
+                ))
+            });
+        }
         self.0.req_packed_command(cmd)
     }
 
@@ -274,6 +292,37 @@ impl redis::aio::ConnectionLike for OldRedis {
     fn get_db(&self) -> i64 {
         self.0.get_db()
     }
+}
+
+/// `verify()` on a server older than 7.0 switches claims to the script up front: the first
+/// claim is not refused first.
+#[tokio::test]
+async fn verify_on_a_server_before_7_0_chooses_the_claim_script() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let conn = redis::Client::open(server.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let store = RedisStore::new(OldRedis(conn), "old-redis-verify").unwrap();
+    let report = store.verify().await.unwrap();
+    assert_eq!(report.version, (6, 2, 14));
+    assert!(
+        !store.native_claim(),
+        "claims go to the script after verify"
+    );
+    let engine = Engine::new(store);
+    let key = StoreKey::derive(
+        "old",
+        &Scope::principal("old"),
+        &IdempotencyKey::new("v", 255).unwrap(),
+    );
+    assert!(matches!(
+        engine.begin(key, fingerprint("a")).await.unwrap(),
+        Begin::Run(_)
+    ));
 }
 
 /// A real connection that counts what the store hands it: single commands and pipelines.

@@ -43,7 +43,8 @@
 //!
 //! A server older than 7.0 refuses `SET … NX … GET` with a syntax error, which executes
 //! nothing; the store then sends the claim as a script (`GET`, and `SET NX PX` when absent) from
-//! that call on, and logs it once at `info`. [`RedisStore::with_native_claim`] chooses the
+//! that call on, and logs it once at `info` ([`RedisStore::verify`] on such a server makes
+//! that choice before the first claim). [`RedisStore::with_native_claim`] chooses the
 //! script from the start (for a proxy in front of Redis that rejects the syntax some other
 //! way). The token is made by the client from the operating system's CSPRNG
 //! ([`Token::generate`]), never by the server.
@@ -176,6 +177,10 @@ pub use ::redis;
 
 /// The oldest Redis server the store works with: 5.0 (see the [module docs](self)).
 pub const MIN_REDIS_VERSION: (u32, u32, u32) = (5, 0, 0);
+
+/// The first Redis version whose `SET` takes `NX` and `GET` together: 7.0 (claims are then one
+/// native command; see the [module docs](self)).
+pub const NATIVE_CLAIM_VERSION: (u32, u32, u32) = (7, 0, 0);
 
 /// The default bound on one store operation: 1 second.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
@@ -661,7 +666,8 @@ where
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Checks the server at start-up: its version is at least [`MIN_REDIS_VERSION`], and its
+    /// Checks the server at start-up: its version is at least [`MIN_REDIS_VERSION`] (below
+    /// [`NATIVE_CLAIM_VERSION`], claims use the script from then on), and its
     /// `maxmemory-policy` is `noeviction` (warned through `tracing` otherwise, since an evicted
     /// record lets the next duplicate run). On Redis Cluster every primary is checked.
     ///
@@ -703,6 +709,11 @@ where
             };
         }
         report.warn();
+        // A server that cannot take `SET … NX … GET` gets the script from the first claim on,
+        // instead of after one refused attempt.
+        if report.version < NATIVE_CLAIM_VERSION {
+            self.shared.native_claim.store(false, Ordering::Relaxed);
+        }
         Ok(report)
     }
 
