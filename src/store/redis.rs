@@ -594,6 +594,18 @@ where
     ///
     /// Both answer alike; the script costs the server more per claim (see the
     /// [module docs](self)).
+    ///
+    /// ```no_run
+    /// use tower_idempotency::store::redis::RedisStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Behind a proxy that rejects `SET … NX … GET` without saying "syntax error".
+    /// let store = RedisStore::connect("redis://127.0.0.1:6379", "orders")
+    ///     .await?
+    ///     .with_native_claim(false);
+    /// assert!(!store.native_claim());
+    /// # Ok(()) }
+    /// ```
     #[must_use]
     pub fn with_native_claim(self, native: bool) -> Self {
         self.shared.native_claim.store(native, Ordering::Relaxed);
@@ -608,6 +620,17 @@ where
     ///
     /// Each command still has its own answer and its own error, and the operation timeout
     /// counts from the moment it is queued.
+    ///
+    /// ```no_run
+    /// use tower_idempotency::store::redis::{RedisStore, redis};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+    /// let conn = client.get_multiplexed_async_connection().await?;
+    /// let store = RedisStore::new(conn, "orders")?.with_pipelining(true);
+    /// assert!(store.pipelining());
+    /// # Ok(()) }
+    /// ```
     #[must_use]
     pub fn with_pipelining(self, on: bool) -> Self {
         self.shared.pipelining.store(on, Ordering::Relaxed);
