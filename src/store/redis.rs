@@ -1048,17 +1048,13 @@ const KEY_LEN: usize = 3 + 16 + 2 + 64 + 1;
 
 impl KeyBytes {
     fn new(prefix: &str, key: &StoreKey) -> Self {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut buf = [0u8; KEY_LEN];
         let p = prefix.as_bytes();
         // Every prefix is made by `prefix_of`: `ti:` and 16 hex digits.
         debug_assert_eq!(p.len(), 19);
         buf[..19].copy_from_slice(&p[..19]);
         buf[19..21].copy_from_slice(b":{");
-        for (i, b) in key.id().iter().enumerate() {
-            buf[21 + 2 * i] = HEX[usize::from(b >> 4)];
-            buf[22 + 2 * i] = HEX[usize::from(b & 15)];
-        }
+        crate::scope::hex_into(key.id(), &mut buf[21..KEY_LEN - 1]);
         buf[KEY_LEN - 1] = b'}';
         Self { buf }
     }
@@ -1113,33 +1109,32 @@ fn timed_out(op: &'static str, e: tokio::time::error::Elapsed) -> StoreError {
     StoreError::with_source(StoreErrorKind::Timeout, op, e)
 }
 
+/// The Redis error behind a store error, if one is.
+fn redis_source(e: &StoreError) -> Option<&RedisError> {
+    std::error::Error::source(e).and_then(|s| s.downcast_ref::<RedisError>())
+}
+
 fn is_refused(e: &StoreError) -> bool {
-    std::error::Error::source(e)
-        .and_then(|s| s.downcast_ref::<RedisError>())
-        .is_some_and(|r| {
-            matches!(
-                r.kind(),
-                ErrorKind::Server(ServerErrorKind::NoPerm) | ErrorKind::Extension
-            )
-        })
+    redis_source(e).is_some_and(|r| {
+        matches!(
+            r.kind(),
+            ErrorKind::Server(ServerErrorKind::NoPerm) | ErrorKind::Extension
+        )
+    })
 }
 
 /// The server does not hold the script (`NOSCRIPT`).
 fn is_no_script(e: &StoreError) -> bool {
-    std::error::Error::source(e)
-        .and_then(|s| s.downcast_ref::<RedisError>())
-        .is_some_and(|r| r.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
+    redis_source(e).is_some_and(|r| r.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
 }
 
 /// The server refused a command's syntax (`ERR syntax error`): it did not run.
 fn is_syntax_error(e: &StoreError) -> bool {
-    std::error::Error::source(e)
-        .and_then(|s| s.downcast_ref::<RedisError>())
-        .is_some_and(|r| {
-            r.code() == Some("ERR")
-                && r.detail()
-                    .is_some_and(|d| d.to_ascii_lowercase().starts_with("syntax error"))
-        })
+    redis_source(e).is_some_and(|r| {
+        r.code() == Some("ERR")
+            && r.detail()
+                .is_some_and(|d| d.to_ascii_lowercase().starts_with("syntax error"))
+    })
 }
 
 /// Maps a Redis error to a store error kind, keeping it as the source.
