@@ -1,43 +1,151 @@
-#![doc = include_str!("../README.md")]
+//! Tower middleware that makes retries safe.
+//!
+//! A client retries a `POST` after a timeout, a queue redelivers a message, a job runs twice:
+//! each repeat carries the same idempotency key, and the repeat is answered from the record of
+//! the first run instead of doing the work again.
+//!
+//! **The guarantee: no duplicate processing within the limits of the store.** It is
+//! at-least-once execution with de-duplication, not exactly-once. The limits are the *lease*
+//! (a process that dies mid-request, or cannot renew its claim, lets another run the work once
+//! the lease lapses), the *retention* (a repeat after the record expired runs again) and the
+//! *store's durability* (a record the store lost cannot answer a repeat).
+//!
+//! # Example
+//!
+//! ```
+//! use axum::extract::Request;
+//! use axum::http::{StatusCode, header::AUTHORIZATION};
+//! use axum::middleware::{self, Next};
+//! use axum::response::Response;
+//! use axum::{Router, routing::post};
+//! use tower_idempotency::{IdempotencyLayer, Principal};
+//!
+//! async fn create_order() -> (StatusCode, &'static str) {
+//!     (StatusCode::CREATED, r#"{"id":"o-1"}"#)
+//! }
+//!
+//! // Keys are scoped per caller, so the layer needs to know who calls: your authentication
+//! // puts a `Principal` into the request extensions before the idempotency layer runs. This
+//! // demo takes the bearer token's text as the user name; a real service verifies the token
+//! // first. Never give every caller the same principal: callers would then share keys, and
+//! // one could be answered with another's recorded response.
+//! async fn authenticate(mut req: Request, next: Next) -> Response {
+//!     let user = req
+//!         .headers()
+//!         .get(AUTHORIZATION)
+//!         .and_then(|v| v.to_str().ok())
+//!         .and_then(|v| v.strip_prefix("Bearer "))
+//!         .map(str::to_owned);
+//!     if let Some(user) = user {
+//!         req.extensions_mut().insert(Principal::new(user));
+//!     }
+//!     next.run(req).await // no principal: the layer answers a keyed request with 401
+//! }
+//!
+//! let app: Router = Router::new()
+//!     .route("/orders", post(create_order))
+//!     .layer(IdempotencyLayer::new()) // inner: runs after authentication
+//!     .layer(middleware::from_fn(authenticate)); // outer: runs first
+//! ```
+//!
+//! A client sends `Idempotency-Key: <unique value>` on a request it may retry. The first
+//! request runs; a repeat with the same key, caller and request gets the same status, headers
+//! and body back with `Idempotent-Replayed: true`; a repeat while the first still runs gets
+//! `409`, and the same key on a different request `422`.
+//!
+//! # Where to start
+//!
+//! **The layer.** [`IdempotencyLayer`] wraps any tower HTTP service (axum, hyper, tonic): the
+//! check order, what is recorded and what is released, replays and rejections are in the
+//! [`http`] module. The caller's identity comes from a [`Principal`] in the request
+//! extensions; [`PrincipalMode`] and [`ResponseMode`] are its two most used settings.
+//!
+//! **Stores.** [`MemoryStore`] (the default) keeps records in the process, bounded;
+//! `RedisStore` (feature `redis`) shares them between replicas. Implement the [`Store`]
+//! trait for your own backend: the [`store`] module shows how, and its conformance suite
+//! (feature `test-util`) checks that your store answers like ours.
+//!
+//! **In handlers.** The [`IdempotencyKey`] and [`DerivedKey`] extractors (feature `axum`,
+//! see [`extract`]) give a handler its request's key, e.g. to forward a stable key to a
+//! payment provider. The `#[idempotent]` attribute (feature `macros`, see `route`) makes one
+//! axum handler idempotent where it is written, with options per route.
+//!
+//! **Below the doors.** A *door* is one way into the same machinery: the HTTP layer, the
+//! attribute and the extractors are doors today. Each turns its input into a key, a scope and a
+//! fingerprint and asks the [`engine`] to claim, run, and complete or release; only the engine
+//! talks to the store. A new door (a queue consumer, an outbound call) is built on
+//! [`engine::Engine`].
+//!
+//! # Features
+//!
+//! | feature | default | adds |
+//! | --- | --- | --- |
+//! | `axum` | yes | the extractors |
+//! | `redis` | no | `RedisStore` |
+//! | `redis-cluster` | no | `RedisStore` over Redis Cluster |
+//! | `macros` | no | `#[idempotent]` (enables `axum`) |
+//! | `tonic` | no | `Rejection::to_status` and tonic's `NamedService` for the layered service |
+//! | `test-util` | no | the store conformance suite, for your own `Store` |
+
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod clock;
+mod clock;
+mod fingerprint;
+mod key;
+mod record;
+mod scope;
+mod secret;
+
 pub mod engine;
-pub mod fingerprint;
-pub mod key;
-pub mod record;
-pub mod scope;
-pub mod secret;
-pub mod store;
-
-pub use engine::{Begin, Engine, Ticket};
-pub use fingerprint::Fingerprint;
-pub use key::{IdempotencyKey, KeyError, KeyErrorKind};
-pub use record::{Record, RecordError, StoredResponse};
-pub use scope::{DerivedKey, Scope, StoreKey};
-pub use secret::{Secret, SecretTooShort};
-#[cfg(feature = "redis")]
-#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
-pub use store::redis::RedisStore;
-pub use store::{Claim, MemoryStore, Store, StoreError, StoreErrorKind, Token};
 pub mod http;
-
-pub use crate::http::{IdempotencyLayer, Principal};
+pub mod store;
 
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-pub mod axum;
+pub mod extract;
 
 #[cfg(feature = "macros")]
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
 pub mod route;
+
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod conformance;
+
+#[doc(inline)]
+pub use crate::http::{IdempotencyLayer, Principal, PrincipalMode, ResponseMode};
+#[doc(inline)]
+pub use crate::key::IdempotencyKey;
+#[doc(inline)]
+pub use crate::scope::DerivedKey;
+#[doc(inline)]
+pub use crate::secret::Secret;
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+#[doc(inline)]
+pub use crate::store::RedisStore;
+#[doc(inline)]
+pub use crate::store::{MemoryStore, Store};
+
 #[cfg(feature = "macros")]
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
-pub use route::IdempotencyConfig;
+#[doc(inline)]
+pub use crate::route::IdempotentRoutes;
 #[cfg(feature = "macros")]
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
 pub use tower_idempotency_macros::idempotent;
+
 #[cfg(feature = "macros")]
 #[doc(hidden)]
 #[path = "macros_support.rs"]
 pub mod __private;
+
+// The README's examples, compiled as doctests so they cannot rot (they need every feature).
+#[cfg(all(
+    doctest,
+    feature = "redis",
+    feature = "macros",
+    feature = "tonic"
+))]
+#[doc = include_str!("../README.md")]
+struct ReadmeDoctests;

@@ -2,7 +2,7 @@
 //! or http imports. Not public API: it changes with the macro.
 
 use crate::http::IdempotencyLayer;
-use crate::route::{DynStore, IdempotencyConfig};
+use crate::route::{DynStore, IdempotentRoutes};
 use ::axum::body::Body;
 use ::axum::handler::Handler;
 use bytes::Bytes;
@@ -16,9 +16,9 @@ pub use ::axum::extract::{Request, State};
 pub use ::axum::response::Response;
 pub use core::time::Duration;
 
-/// The detail of the 500 answered when no [`IdempotencyConfig`] is installed.
-pub(crate) const CONFIG_MISSING: &str = "no IdempotencyConfig in the request extensions: add \
-    `.layer(Extension(IdempotencyConfig::new(...)))` to the router";
+/// The detail of the 500 answered when no [`IdempotentRoutes`] is installed.
+pub(crate) const CONFIG_MISSING: &str = "no IdempotentRoutes in the request extensions: add \
+    `.layer(Extension(IdempotentRoutes::new(...)))` to the router";
 
 /// One route's options from the attribute; `None` keeps the shared configuration's setting.
 /// Built in a `static` by the generated code.
@@ -204,7 +204,7 @@ where
 {
     let Some(layer) = req
         .extensions()
-        .get::<IdempotencyConfig>()
+        .get::<IdempotentRoutes>()
         .map(|config| config.layer_for(route))
     else {
         return config_missing(&req);

@@ -1,5 +1,5 @@
 //! Per-route idempotency with the [`#[idempotent]`](crate::idempotent) attribute, and the
-//! shared [`IdempotencyConfig`] it reads from the request extensions.
+//! shared [`IdempotentRoutes`] it reads from the request extensions.
 //!
 //! The attribute marks one axum handler idempotent where it is written, with per-route options
 //! (lease, retention, response mode, namespace suffix, …) merged over one shared configuration:
@@ -12,7 +12,7 @@
 //! use axum::http::StatusCode;
 //! use axum::routing::post;
 //! use axum::Router;
-//! use tower_idempotency::{IdempotencyConfig, IdempotencyLayer, MemoryStore, idempotent};
+//! use tower_idempotency::{IdempotentRoutes, IdempotencyLayer, MemoryStore, idempotent};
 //!
 //! #[idempotent(ttl = "1h", namespace = "payments")]
 //! async fn create_payment(body: String) -> (StatusCode, String) {
@@ -28,7 +28,7 @@
 //! let app: Router = Router::new()
 //!     .route("/payments", post(create_payment))
 //!     .route("/refunds", post(create_refund))
-//!     .layer(Extension(IdempotencyConfig::new(shared)));
+//!     .layer(Extension(IdempotentRoutes::new(shared)));
 //! ```
 
 use crate::__private::RouteOptions;
@@ -44,16 +44,18 @@ use std::pin::Pin;
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
-/// The configuration every [`#[idempotent]`](crate::idempotent) handler shares: the store,
-/// principal source, namespace, limits and defaults of an [`IdempotencyLayer`], read from the
-/// request extensions.
+/// The idempotent routes of one router: the shared settings of every
+/// [`#[idempotent]`](crate::idempotent) handler (the store, principal source, namespace, limits
+/// and defaults of an [`IdempotencyLayer`]), and each route's layer, built from them and the
+/// route's own options on its first request and kept. The handlers read it from the request
+/// extensions.
 ///
 /// Install it once on the router, after the routes (so it wraps them):
 ///
 /// ```
 /// # use axum::{Extension, Router};
-/// # use tower_idempotency::{IdempotencyConfig, IdempotencyLayer, MemoryStore};
-/// let config = IdempotencyConfig::new(IdempotencyLayer::with_store(MemoryStore::new()).namespace("payments"));
+/// # use tower_idempotency::{IdempotentRoutes, IdempotencyLayer, MemoryStore};
+/// let config = IdempotentRoutes::new(IdempotencyLayer::with_store(MemoryStore::new()).namespace("payments"));
 /// let app: Router = Router::new() /* .route(…) */ .layer(Extension(config));
 /// ```
 ///
@@ -64,7 +66,7 @@ use std::time::Duration;
 /// Cheap to clone. The merged settings of each attributed route are built on first use and
 /// kept here, so a request does not rebuild them.
 #[derive(Clone)]
-pub struct IdempotencyConfig {
+pub struct IdempotentRoutes {
     inner: Arc<Inner>,
 }
 
@@ -75,7 +77,7 @@ struct Inner {
     routes: RwLock<HashMap<usize, IdempotencyLayer<DynStore>>>,
 }
 
-impl IdempotencyConfig {
+impl IdempotentRoutes {
     /// The configuration of `layer`: its store, settings and defaults, shared by every
     /// attributed handler of the router.
     #[must_use]
@@ -118,15 +120,15 @@ impl IdempotencyConfig {
     }
 }
 
-impl<St: Store> From<IdempotencyLayer<St>> for IdempotencyConfig {
+impl<St: Store> From<IdempotencyLayer<St>> for IdempotentRoutes {
     fn from(layer: IdempotencyLayer<St>) -> Self {
         Self::new(layer)
     }
 }
 
-impl fmt::Debug for IdempotencyConfig {
+impl fmt::Debug for IdempotentRoutes {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("IdempotencyConfig")
+        f.debug_struct("IdempotentRoutes")
             .field("layer", &self.inner.layer)
             .finish_non_exhaustive()
     }
@@ -276,7 +278,7 @@ mod tests {
 
     #[test]
     fn erasing_the_store_keeps_every_engine_setting() {
-        let config = IdempotencyConfig::new(shared());
+        let config = IdempotentRoutes::new(shared());
         let engine = config.layer().engine_ref();
         assert_eq!(
             (engine.lease(), engine.ttl(), engine.max_record_body()),
@@ -290,7 +292,7 @@ mod tests {
 
     #[test]
     fn route_options_override_the_shared_settings() {
-        let config = IdempotencyConfig::new(shared());
+        let config = IdempotentRoutes::new(shared());
         let layer = config.layer_for(&ROUTE);
         let engine = layer.engine_ref();
         assert_eq!(
@@ -311,7 +313,7 @@ mod tests {
 
     #[test]
     fn a_route_layer_is_built_once_per_config() {
-        let config = IdempotencyConfig::new(shared());
+        let config = IdempotentRoutes::new(shared());
         let first = config.layer_for(&ROUTE);
         let clone = config.clone();
         let again = clone.layer_for(&ROUTE);
@@ -324,7 +326,7 @@ mod tests {
             Arc::ptr_eq(&plain.shared, &config.layer().shared),
             "no options: the shared layer itself"
         );
-        let other = IdempotencyConfig::new(shared()).layer_for(&ROUTE);
+        let other = IdempotentRoutes::new(shared()).layer_for(&ROUTE);
         assert!(
             !Arc::ptr_eq(&first.shared, &other.shared),
             "another config builds its own"

@@ -52,7 +52,7 @@ fn locate_or_build() -> Result<PathBuf, String> {
         .ok_or_else(|| format!("no target directory above {}", profile.display()))?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "--example", "quickstart"])
+    cmd.args(["build", "-p", "tower-idempotency-quickstart", "--example", "quickstart"])
         .env("CARGO_TARGET_DIR", target)
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .stdin(Stdio::null());

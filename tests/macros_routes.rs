@@ -1,5 +1,5 @@
 //! `#[idempotent]` handlers over a real TCP server: replay, per-route options merged over the
-//! shared `IdempotencyConfig`, extractors and state, the principal from a middleware, and a
+//! shared `IdempotentRoutes`, extractors and state, the principal from a middleware, and a
 //! router that forgot the configuration.
 
 #![cfg(feature = "macros")]
@@ -17,7 +17,7 @@ use std::time::Duration;
 use tower_idempotency::http::PrincipalMode;
 use tower_idempotency::record::Record;
 use tower_idempotency::{
-    Claim, Fingerprint, IdempotencyConfig, IdempotencyLayer, MemoryStore, Principal, Store,
+    Claim, Fingerprint, IdempotentRoutes, IdempotencyLayer, MemoryStore, Principal, Store,
     StoreError, StoreKey, Token, idempotent,
 };
 
@@ -137,7 +137,7 @@ async fn server<St: Store>(
     let runs = Runs::default();
     let app = routes
         .layer(Extension(runs.clone()))
-        .layer(Extension(IdempotencyConfig::new(layer)));
+        .layer(Extension(IdempotentRoutes::new(layer)));
     (serve(app).await, runs, reqwest::Client::new())
 }
 
@@ -429,7 +429,7 @@ async fn a_missing_config_is_a_500_that_says_what_to_add() {
     );
     assert!(
         answer.body.contains(
-            "no IdempotencyConfig in the request extensions: add `.layer(Extension(IdempotencyConfig::new(...)))` to the router"
+            "no IdempotentRoutes in the request extensions: add `.layer(Extension(IdempotentRoutes::new(...)))` to the router"
         ),
         "the detail says what to add: {}",
         answer.body

@@ -17,20 +17,20 @@ use proc_macro::TokenStream;
 /// handler's response and replay, with the options given in the attribute merged over a shared
 /// configuration.
 ///
-/// # The shared configuration: an [`IdempotencyConfig`] request extension
+/// # The shared configuration: an [`IdempotentRoutes`] request extension
 ///
 /// The store, the principal source, the namespace and the limits come from an
-/// [`IdempotencyConfig`] that the router puts into every request's extensions, built from an
+/// [`IdempotentRoutes`] that the router puts into every request's extensions, built from an
 /// `IdempotencyLayer` once:
 ///
 /// ```text
-/// .layer(Extension(IdempotencyConfig::new(IdempotencyLayer::with_store(store).namespace("payments"))))
+/// .layer(Extension(IdempotentRoutes::new(IdempotencyLayer::with_store(store).namespace("payments"))))
 /// ```
 ///
 /// An extension (rather than router state read with `FromRef`) works with any state type and
 /// needs no impl. A request that reaches an attributed handler without one is answered `500`
-/// with a problem+json body whose detail says "no IdempotencyConfig in the request extensions:
-/// add `.layer(Extension(IdempotencyConfig::new(...)))` to the router", and an error is logged;
+/// with a problem+json body whose detail says "no IdempotentRoutes in the request extensions:
+/// add `.layer(Extension(IdempotentRoutes::new(...)))` to the router", and an error is logged;
 /// it never panics.
 ///
 /// # What it expands to
@@ -43,7 +43,7 @@ use proc_macro::TokenStream;
 ///    the original works as before, and runs only when the key is claimed);
 /// 2. holds the attribute's options in a `static`, checked and converted at compile time
 ///    (durations become milliseconds);
-/// 3. reads the [`IdempotencyConfig`] from the request extensions and merges the options over
+/// 3. reads the [`IdempotentRoutes`] from the request extensions and merges the options over
 ///    it: a clone with overrides, made once per configuration and route and then cached in the
 ///    configuration;
 /// 4. wraps the inner function, given the state, in the [`Idempotency`] service of that merged
@@ -99,7 +99,7 @@ use proc_macro::TokenStream;
 /// use axum::routing::post;
 /// use axum::{Json, Router};
 /// use serde::Deserialize;
-/// use tower_idempotency::{IdempotencyConfig, IdempotencyLayer, MemoryStore, idempotent};
+/// use tower_idempotency::{IdempotentRoutes, IdempotencyLayer, MemoryStore, idempotent};
 ///
 /// #[derive(Clone)]
 /// struct App;
@@ -118,12 +118,12 @@ use proc_macro::TokenStream;
 /// let shared = IdempotencyLayer::with_store(MemoryStore::new()).namespace("payments");
 /// let app: Router = Router::new()
 ///     .route("/payments", post(create_payment))
-///     .layer(Extension(IdempotencyConfig::new(shared)))
+///     .layer(Extension(IdempotentRoutes::new(shared)))
 ///     .with_state(App);
 /// ```
 ///
 /// [`IdempotencyLayer`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/http/struct.IdempotencyLayer.html
-/// [`IdempotencyConfig`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/route/struct.IdempotencyConfig.html
+/// [`IdempotentRoutes`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/route/struct.IdempotentRoutes.html
 /// [`Idempotency`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/http/struct.Idempotency.html
 #[proc_macro_attribute]
 pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {

@@ -251,7 +251,7 @@ impl<St: Store> IdempotencyLayer<St> {
 
     /// The same settings over another store, made from this layer's engine; every engine
     /// setting (lease, retention, record limit, secret) carries over. (Erases the store type
-    /// for `IdempotencyConfig`.)
+    /// for `IdempotentRoutes`.)
     #[cfg(feature = "macros")]
     pub(crate) fn map_store<T: Store>(&self, f: impl FnOnce(&Arc<St>) -> T) -> IdempotencyLayer<T> {
         IdempotencyLayer {

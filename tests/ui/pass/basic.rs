@@ -3,7 +3,7 @@ use axum::extract::Extension;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::post;
-use tower_idempotency::{IdempotencyConfig, IdempotencyLayer, idempotent};
+use tower_idempotency::{IdempotentRoutes, IdempotencyLayer, idempotent};
 
 /// Doc comments and attributes stay on the handler.
 #[idempotent]
@@ -36,5 +36,5 @@ fn main() {
         .route("/nothing", post(no_return_type))
         .route("/opaque", post(opaque))
         .route("/api", post(Api::create))
-        .layer(Extension(IdempotencyConfig::new(IdempotencyLayer::new())));
+        .layer(Extension(IdempotentRoutes::new(IdempotencyLayer::new())));
 }

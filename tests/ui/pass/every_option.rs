@@ -1,7 +1,7 @@
 use axum::Router;
 use axum::extract::{Extension, FromRef, State};
 use axum::routing::put;
-use tower_idempotency::{IdempotencyConfig, IdempotencyLayer, MemoryStore, idempotent};
+use tower_idempotency::{IdempotentRoutes, IdempotencyLayer, MemoryStore, idempotent};
 
 #[derive(Clone)]
 struct App {
@@ -44,7 +44,7 @@ async fn update_order(State(_db): State<Db>, body: String) -> String {
 async fn replace_order() {}
 
 fn main() {
-    let config = IdempotencyConfig::new(IdempotencyLayer::with_store(MemoryStore::new()));
+    let config = IdempotentRoutes::new(IdempotencyLayer::with_store(MemoryStore::new()));
     let _app: Router = Router::new()
         .route("/orders/1", put(update_order))
         .route("/orders/2", put(replace_order))

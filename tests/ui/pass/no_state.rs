@@ -3,7 +3,7 @@ use axum::extract::{Extension, Query};
 use axum::http::HeaderMap;
 use axum::routing::post;
 use std::collections::HashMap;
-use tower_idempotency::{IdempotencyConfig, IdempotencyLayer, idempotent};
+use tower_idempotency::{IdempotentRoutes, IdempotencyLayer, idempotent};
 
 #[derive(Clone)]
 struct App;
@@ -23,5 +23,5 @@ fn main() {
     let with_state: Router<App> = Router::new().route("/search-with-state", post(search));
     let _app: Router = stateless
         .merge(with_state.with_state(App))
-        .layer(Extension(IdempotencyConfig::new(IdempotencyLayer::new())));
+        .layer(Extension(IdempotentRoutes::new(IdempotencyLayer::new())));
 }

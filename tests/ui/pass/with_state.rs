@@ -3,7 +3,7 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
 use serde::Deserialize;
-use tower_idempotency::{IdempotencyConfig, IdempotencyKey, IdempotencyLayer, idempotent};
+use tower_idempotency::{IdempotentRoutes, IdempotencyKey, IdempotencyLayer, idempotent};
 
 #[derive(Clone)]
 struct App {
@@ -39,7 +39,7 @@ fn main() {
     let _app: Router = Router::new()
         .route("/accounts/{account}/payments", post(create_payment))
         .route("/by-path", post(by_path))
-        .layer(Extension(IdempotencyConfig::new(IdempotencyLayer::new())))
+        .layer(Extension(IdempotentRoutes::new(IdempotencyLayer::new())))
         .with_state(App {
             name: "shop".to_owned(),
         });

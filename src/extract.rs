@@ -31,18 +31,18 @@ use std::fmt;
 /// The rejection of [`IdempotencyKey`] and [`DerivedKey`] when the request has no claimed key.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
-pub enum MissingKey {
+pub enum KeyRejection {
     /// The layer saw the request, which had no key (the layer runs with `required(false)`):
     /// 400, use `Option<…>` in the handler to accept unkeyed requests.
-    NotSent,
+    KeyMissing,
     /// No `IdempotencyLayer` ran before this handler: 500, a wiring error.
     LayerMissing,
 }
 
-impl fmt::Display for MissingKey {
+impl fmt::Display for KeyRejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
-            Self::NotSent => "this request requires an idempotency key",
+            Self::KeyMissing => "this request requires an idempotency key",
             Self::LayerMissing => {
                 "no idempotency key in the request extensions: is `IdempotencyLayer` installed on this route?"
             }
@@ -50,28 +50,28 @@ impl fmt::Display for MissingKey {
     }
 }
 
-impl std::error::Error for MissingKey {}
+impl std::error::Error for KeyRejection {}
 
-impl IntoResponse for MissingKey {
+impl IntoResponse for KeyRejection {
     fn into_response(self) -> Response {
         let status = match self {
-            Self::NotSent => StatusCode::BAD_REQUEST,
+            Self::KeyMissing => StatusCode::BAD_REQUEST,
             Self::LayerMissing => StatusCode::INTERNAL_SERVER_ERROR,
         };
         (status, self.to_string()).into_response()
     }
 }
 
-fn missing(parts: &Parts) -> MissingKey {
+fn missing(parts: &Parts) -> KeyRejection {
     if parts.extensions.get::<KeyAbsent>().is_some() {
-        MissingKey::NotSent
+        KeyRejection::KeyMissing
     } else {
-        MissingKey::LayerMissing
+        KeyRejection::LayerMissing
     }
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
-    type Rejection = MissingKey;
+    type Rejection = KeyRejection;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
         claimed(parts)
@@ -89,7 +89,7 @@ impl<S: Send + Sync> OptionalFromRequestParts<S> for IdempotencyKey {
 }
 
 impl<S: Send + Sync> FromRequestParts<S> for DerivedKey {
-    type Rejection = MissingKey;
+    type Rejection = KeyRejection;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
         claimed(parts)
