@@ -123,7 +123,6 @@ pub mod extract;
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
 pub mod route;
 
-
 #[doc(inline)]
 pub use crate::http::{IdempotencyLayer, Principal, PrincipalMode, ResponseMode};
 #[doc(inline)]
@@ -153,11 +152,6 @@ pub use tower_idempotency_macros::idempotent;
 pub mod __private;
 
 // The README's examples, compiled as doctests so they cannot rot (they need every feature).
-#[cfg(all(
-    doctest,
-    feature = "redis",
-    feature = "macros",
-    feature = "tonic"
-))]
+#[cfg(all(doctest, feature = "redis", feature = "macros", feature = "tonic"))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

@@ -126,7 +126,7 @@
 //! Any successful call resets the count; one replacement is made at a time; a replacement
 //! that fails keeps the old connection and is tried again after the next run of timeouts.
 //! Calls already in flight finish on the connection they started on, which closes once the
-//! last of them is done. Measured in `tests/faults_proxy.rs`: with a 300 ms operation timeout,
+//! last of them is done. Measured in `tests/faults/proxy.rs`: with a 300 ms operation timeout,
 //! a store whose connection went half-open answers again about 0.9 s later (three 503s: the two
 //! timeouts that start the replacement, and a call that began on the old connection while the
 //! new one was being made). A Redis that is merely slow (a long script, a latency spike) also

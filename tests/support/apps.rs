@@ -622,7 +622,11 @@ fn newest_source() -> Option<SystemTime> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut newest = None;
     walk(&root.join("src"), &mut newest);
-    for f in ["examples/quickstart/main.rs", "examples/quickstart/Cargo.toml", "Cargo.toml"] {
+    for f in [
+        "examples/quickstart/main.rs",
+        "examples/quickstart/Cargo.toml",
+        "Cargo.toml",
+    ] {
         newest = newest.max(modified(&root.join(f)));
     }
     newest
@@ -636,10 +640,18 @@ fn build_quickstart() -> Result<(), String> {
         .ok_or_else(|| format!("no target directory above {}", profile.display()))?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "-p", "tower-idempotency-quickstart", "--example", "quickstart", "--features", "redis"])
-        .env("CARGO_TARGET_DIR", target)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .stdin(Stdio::null());
+    cmd.args([
+        "build",
+        "-p",
+        "tower-idempotency-quickstart",
+        "--example",
+        "quickstart",
+        "--features",
+        "redis",
+    ])
+    .env("CARGO_TARGET_DIR", target)
+    .current_dir(env!("CARGO_MANIFEST_DIR"))
+    .stdin(Stdio::null());
     if profile.file_name().is_some_and(|p| p == "release") {
         cmd.arg("--release");
     }

@@ -1,11 +1,9 @@
 //! The store conformance suite over [`MemoryStore`], on a manual clock.
 
+use crate::support;
+
 // Only the suite, mounted where the macro expects it (`crate::support::conformance`); the
 // other support modules (HTTP, Redis) are not needed here.
-#[path = "support"]
-mod support {
-    pub mod conformance;
-}
 
 use std::future::Future;
 use std::time::Duration;

@@ -1,9 +1,9 @@
 //! The axum extractors `IdempotencyKey` and `DerivedKey` (and their `Option` forms) in handlers
 //! behind the layer, over a real TCP server.
 
-#[allow(dead_code, unreachable_pub)]
-mod support;
+use crate::support;
 
+#[allow(dead_code, unreachable_pub)]
 use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{Value, json};

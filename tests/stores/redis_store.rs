@@ -6,14 +6,10 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
 
+use crate::support;
+
 // Only the helpers this suite uses, mounted where `store_conformance!` expects them, so this
 // suite does not depend on the HTTP helpers compiling.
-mod support {
-    #[path = "conformance.rs"]
-    pub mod conformance;
-    #[path = "redis_server.rs"]
-    pub mod redis_server;
-}
 
 use bytes::Bytes;
 use std::collections::BTreeMap;

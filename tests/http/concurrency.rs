@@ -1,9 +1,9 @@
 //! Concurrency over a real TCP server: many duplicates at once, a handler slower than its lease
 //! (renewal), and a client that goes away while its handler runs.
 
-#[allow(dead_code, unreachable_pub)]
-mod support;
+use crate::support;
 
+#[allow(dead_code, unreachable_pub)]
 use std::time::Duration;
 use support::http::{Answer, RequestExt, SpyStore, TestServer, Work, bounded, eventually, send};
 use tokio::io::AsyncWriteExt;

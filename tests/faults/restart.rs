@@ -8,17 +8,12 @@
 //! - the same store (same `ConnectionManager`) reconnects by itself.
 //!
 //! ```text
-//! cargo test --features redis --test faults_restart -- --nocapture
+//! cargo test --features redis --test faults -- restart:: --nocapture
 //! ```
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
 
-mod support {
-    #[path = "apps.rs"]
-    pub mod apps;
-    #[path = "redis_server.rs"]
-    pub mod redis_server;
-}
+use crate::support;
 
 use std::time::{Duration, Instant};
 use support::apps::{Kind, Mix, Server, Work, bounded, client, send};

@@ -1,9 +1,9 @@
 //! Rejections over a real TCP server: bad keys (DESIGN.md §6), the request body limit, store
 //! failures, full scopes and stores, and the problem+json shape (§5), plus a custom renderer.
 
-#[allow(dead_code, unreachable_pub)]
-mod support;
+use crate::support;
 
+#[allow(dead_code, unreachable_pub)]
 use axum::extract::Request;
 use axum::middleware::{self, Next};
 use bytes::Bytes;

@@ -17,7 +17,7 @@ use std::time::Duration;
 use tower_idempotency::http::PrincipalMode;
 use tower_idempotency::record::Record;
 use tower_idempotency::{
-    Claim, Fingerprint, IdempotentRoutes, IdempotencyLayer, MemoryStore, Principal, Store,
+    Claim, Fingerprint, IdempotencyLayer, IdempotentRoutes, MemoryStore, Principal, Store,
     StoreError, StoreKey, Token, idempotent,
 };
 

@@ -2,9 +2,9 @@
 //! replay carries (§4: allowed and denied headers, repeated lines, response modes, records that
 //! fail re-validation), over a real TCP server.
 
-#[allow(dead_code, unreachable_pub)]
-mod support;
+use crate::support;
 
+#[allow(dead_code, unreachable_pub)]
 use bytes::Bytes;
 use http::{HeaderName, StatusCode};
 use http_body_util::Full;

@@ -19,8 +19,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[cfg(feature = "redis")]
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use crate::support::redis_server;
 
 use bytes::Bytes;
 use proptest::prelude::*;

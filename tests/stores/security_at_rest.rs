@@ -1,18 +1,16 @@
 //! Security on a real `redis-server`: principal isolation, the optional-principal mode's shared
 //! anonymous scope, nothing secret at rest, record authentication and keyed fingerprints.
 //!
-//! The same isolation on the memory store is covered in `tests/http_layer.rs`; a record planted
-//! without the secret on the memory store in `tests/http_replay.rs`.
+//! The same isolation on the memory store is covered in `tests/http/layer.rs`; a record planted
+//! without the secret on the memory store in `tests/http/replay.rs`.
 //!
 //! Without `redis-server` on `PATH` these tests print a notice and pass, unless
 //! `TOWER_IDEMPOTENCY_REQUIRE_SERVERS` is set (as `scripts/test.sh` does).
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "support/raw_http.rs"]
-mod raw_http;
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use crate::support::raw_http;
+use crate::support::redis_server;
 
 use bytes::Bytes;
 use raw_http::{BODY, Raw, Server, Work, default_fingerprint, keyed, post, store_key, with_auth};

@@ -4,15 +4,11 @@
 //! store's layout), and every single-bit flip of a record with and without a `Secret`.
 //!
 //! Planted records with a denied header, a 500 status or corrupt bytes are also covered, one
-//! each over reqwest, in `tests/http_replay.rs`.
+//! each over reqwest, in `tests/http/replay.rs`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "support/raw_http.rs"]
-mod raw_http;
-#[cfg(feature = "redis")]
-#[path = "support/redis_server.rs"]
-mod redis_server;
+use crate::support::raw_http;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -334,8 +330,8 @@ async fn without_a_secret_bit_flips_are_refused_or_replayed_as_valid_records_nev
 #[cfg(feature = "redis")]
 mod on_redis {
     use super::*;
-    use crate::raw_http::{Server, Work, with_auth};
-    use crate::redis_server::{RedisServer, available};
+    use crate::support::raw_http::{Server, Work, with_auth};
+    use crate::support::redis_server::{RedisServer, available};
     use tower_idempotency::StoreKey;
     use tower_idempotency::store::redis::{RedisStore, redis};
 

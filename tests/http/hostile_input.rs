@@ -3,15 +3,14 @@
 //! (or, for a response quirk, a byte-exact replay), with nothing stored and no panic; a valid
 //! retry then runs normally.
 //!
-//! Bad keys sent through reqwest (one value each) are covered in `tests/http_rejections.rs`;
+//! Bad keys sent through reqwest (one value each) are covered in `tests/http/rejections.rs`;
 //! this file sends what reqwest cannot: raw non-ASCII and control bytes, obs-fold, 10 KiB
 //! keys, mixed-case repeated lines, lying `Content-Length`s and broken chunked bodies.
-//! Tampered records in the store are in `tests/hostile_records.rs`.
+//! Tampered records in the store are in `tests/stores/hostile_records.rs`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "support/raw_http.rs"]
-mod raw_http;
+use crate::support::raw_http;
 
 use axum::response::IntoResponse;
 use bytes::Bytes;

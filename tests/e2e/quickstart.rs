@@ -3,12 +3,12 @@
 //!
 //! The binary is `<target>/<profile>/examples/quickstart`, found next to this test binary
 //! (`<target>/<profile>/deps/…`). `cargo test` builds examples before it runs tests; when only
-//! this test target was built (`cargo test --test http_quickstart`), the binary is built once
+//! this test target was built (`cargo test --test e2e quickstart::`), the binary is built once
 //! with `cargo build --example quickstart` into the same target directory.
 
-#[allow(dead_code, unreachable_pub)]
-mod support;
+use crate::support;
 
+#[allow(dead_code, unreachable_pub)]
 use reqwest::Method;
 use serde_json::json;
 use std::io::{BufRead, BufReader, Read};
@@ -52,10 +52,16 @@ fn locate_or_build() -> Result<PathBuf, String> {
         .ok_or_else(|| format!("no target directory above {}", profile.display()))?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.args(["build", "-p", "tower-idempotency-quickstart", "--example", "quickstart"])
-        .env("CARGO_TARGET_DIR", target)
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .stdin(Stdio::null());
+    cmd.args([
+        "build",
+        "-p",
+        "tower-idempotency-quickstart",
+        "--example",
+        "quickstart",
+    ])
+    .env("CARGO_TARGET_DIR", target)
+    .current_dir(env!("CARGO_MANIFEST_DIR"))
+    .stdin(Stdio::null());
     if profile.file_name().is_some_and(|p| p == "release") {
         cmd.arg("--release");
     }

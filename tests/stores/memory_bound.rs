@@ -11,14 +11,11 @@
 //!   other shards still claim; once a claim completes, its record is dropped to make room.
 //!
 //! ```text
-//! cargo test --test memory_bound -- --nocapture
+//! cargo test --test stores -- memory_bound:: --nocapture
 //! ```
 #![allow(clippy::unwrap_used)]
 
-mod support {
-    #[path = "apps.rs"]
-    pub mod apps;
-}
+use crate::support;
 
 use bytes::Bytes;
 use std::sync::Arc;

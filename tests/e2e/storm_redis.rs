@@ -8,7 +8,7 @@
 //! build on two cores, too long for every test run; run it with
 //!
 //! ```text
-//! STORM_KEYS=1000 STORM_DUPLICATES=50 cargo test --features redis --test storm_redis -- --nocapture
+//! STORM_KEYS=1000 STORM_DUPLICATES=50 cargo test --features redis --test e2e -- storm_redis:: --nocapture
 //! ```
 //!
 //! Without `redis-server` on `PATH` the test prints a notice and passes, unless
@@ -16,12 +16,7 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
 
-mod support {
-    #[path = "apps.rs"]
-    pub mod apps;
-    #[path = "redis_server.rs"]
-    pub mod redis_server;
-}
+use crate::support;
 
 use support::apps::{Kind, Quickstart, storm};
 use support::redis_server::{self, RedisServer};

@@ -5,15 +5,7 @@
 //! it does not).
 #![cfg(feature = "tonic")]
 
-#[path = "support/grpc/orders.v1.rs"]
-#[allow(
-    unreachable_pub,
-    missing_docs,
-    missing_debug_implementations,
-    rust_2018_idioms,
-    clippy::all
-)]
-mod pb;
+use crate::support::pb;
 
 use bytes::Bytes;
 use pb::orders_client::OrdersClient;

@@ -5,14 +5,11 @@
 //! Size: `STORM_KEYS` (default 1000) × `STORM_DUPLICATES` (default 50).
 //!
 //! ```text
-//! cargo test --test storm_memory -- --nocapture
+//! cargo test --test e2e -- storm_memory:: --nocapture
 //! ```
 #![allow(clippy::unwrap_used)]
 
-mod support {
-    #[path = "apps.rs"]
-    pub mod apps;
-}
+use crate::support;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

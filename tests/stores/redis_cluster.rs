@@ -5,13 +5,9 @@
 //! `TOWER_IDEMPOTENCY_REQUIRE_SERVERS` is set (as `scripts/test.sh` does), where they fail.
 #![cfg(feature = "redis-cluster")]
 
+use crate::support;
+
 // Only the helpers this suite uses, mounted where `store_conformance!` expects them.
-mod support {
-    #[path = "conformance.rs"]
-    pub mod conformance;
-    #[path = "redis_server.rs"]
-    pub mod redis_server;
-}
 
 use std::future::Future;
 use std::sync::OnceLock;

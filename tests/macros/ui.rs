@@ -1,6 +1,6 @@
 //! Compile tests of `#[idempotent]`: handlers that must compile (`ui/pass`) and misuses that
 //! must fail with an error at the offending tokens (`ui/fail`, with `.stderr` snapshots;
-//! regenerate them with `TRYBUILD=overwrite cargo test --all-features --test macros_ui`).
+//! regenerate them with `TRYBUILD=overwrite cargo test --all-features --test macros ui::`).
 
 #![cfg(feature = "macros")]
 

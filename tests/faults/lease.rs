@@ -10,17 +10,11 @@
 //! the pending key by itself (`PX`), on real time, with a short lease.
 //!
 //! ```text
-//! cargo test --features redis --test faults_lease -- --nocapture
+//! cargo test --features redis --test faults -- lease:: --nocapture
 //! ```
 #![allow(clippy::unwrap_used)]
 
-mod support {
-    #[path = "apps.rs"]
-    pub mod apps;
-    #[cfg(feature = "redis")]
-    #[path = "redis_server.rs"]
-    pub mod redis_server;
-}
+use crate::support;
 
 use std::time::Duration;
 use support::apps::{

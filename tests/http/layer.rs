@@ -7,9 +7,9 @@
 //! `http_concurrency.rs`; the extractors in `http_extractors.rs`; the quickstart example's
 //! contract in `http_quickstart.rs`.
 
-#[allow(dead_code, unreachable_pub)]
-mod support;
+use crate::support;
 
+#[allow(dead_code, unreachable_pub)]
 use axum::Router;
 use axum::routing::post;
 use bytes::Bytes;

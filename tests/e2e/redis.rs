@@ -10,17 +10,12 @@
 //! `TOWER_IDEMPOTENCY_REQUIRE_SERVERS` is set (as `scripts/test.sh` does).
 //!
 //! ```text
-//! cargo test --features redis --test e2e_redis -- --nocapture
+//! cargo test --features redis --test e2e -- redis:: --nocapture
 //! ```
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
 
-mod support {
-    #[path = "apps.rs"]
-    pub mod apps;
-    #[path = "redis_server.rs"]
-    pub mod redis_server;
-}
+use crate::support;
 
 use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};

@@ -13,19 +13,12 @@
 //!   (plus a small slack for a debug build).
 //!
 //! ```text
-//! cargo test --features redis --test faults_proxy -- --nocapture
+//! cargo test --features redis --test faults -- proxy:: --nocapture
 //! ```
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
 
-mod support {
-    #[path = "apps.rs"]
-    pub mod apps;
-    #[path = "proxy.rs"]
-    pub mod proxy;
-    #[path = "redis_server.rs"]
-    pub mod redis_server;
-}
+use crate::support;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};

@@ -1,0 +1,13 @@
+//! End to end: the quickstart binary as a child process, duplicate storms, two processes on Redis.
+//!
+//! One test binary per door or store family (they build and link once); the helpers they share
+//! live in `tests/support/`, mounted the same way by every binary.
+
+#[macro_use]
+#[path = "../support/mod.rs"]
+mod support;
+
+mod quickstart;
+mod redis;
+mod storm_memory;
+mod storm_redis;

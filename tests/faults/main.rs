@@ -1,0 +1,12 @@
+//! Store faults through the HTTP layer: lapsed leases, a TCP fault proxy, a Redis restart.
+//!
+//! One test binary per door or store family (they build and link once); the helpers they share
+//! live in `tests/support/`, mounted the same way by every binary.
+
+#[macro_use]
+#[path = "../support/mod.rs"]
+mod support;
+
+mod lease;
+mod proxy;
+mod restart;

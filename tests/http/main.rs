@@ -1,0 +1,17 @@
+//! The HTTP door (the layer, replay, rejections, extractors, gRPC) over real servers.
+//!
+//! One test binary per door or store family (they build and link once); the helpers they share
+//! live in `tests/support/`, mounted the same way by every binary.
+
+#[macro_use]
+#[path = "../support/mod.rs"]
+mod support;
+
+mod concurrency;
+mod extractors;
+mod fuzz_standins;
+mod grpc;
+mod hostile_input;
+mod layer;
+mod rejections;
+mod replay;
