@@ -1,4 +1,13 @@
-//! The store contract: three atomic steps (and a lease renewal), each one round trip.
+//! Where records live: the [`Store`] contract, and the stores that ship with the crate.
+//!
+//! | store | where | for |
+//! | --- | --- | --- |
+//! | [`MemoryStore`] (default) | this process, bounded | one replica, or tests |
+//! | `RedisStore` (feature `redis`) | a Redis server or cluster | many replicas sharing records |
+//!
+//! # The contract
+//!
+//! Three atomic steps (and a lease renewal), each one round trip on a networked store:
 //!
 //! | step | does |
 //! | --- | --- |
@@ -9,7 +18,120 @@
 //!
 //! The token fences a claim: once a lease has lapsed and another claimant holds the key, the
 //! first holder's late `complete` or `release` leaves the new holder alone. The store never
-//! compares fingerprints; the engine does, so every store answers alike.
+//! compares fingerprints; the engine does, so every store answers alike. A store sees hashes
+//! and opaque bytes only ([`StoreKey`], [`Fingerprint`](crate::engine::Fingerprint),
+//! [`Record`]): no raw key, principal or HTTP type reaches it.
+//!
+//! # Your own store
+//!
+//! A store for another backend implements the four steps. This one keeps records in a
+//! `HashMap` behind a mutex, with expiry on the process clock (a database would use its own
+//! clock, so that every replica agrees):
+//!
+//! ```
+//! use std::collections::HashMap;
+//! use std::sync::Mutex;
+//! use std::time::{Duration, Instant};
+//! use tower_idempotency::engine::Fingerprint;
+//! use tower_idempotency::store::{Claim, Record, Store, StoreError, StoreKey, Token};
+//!
+//! enum Entry {
+//!     Pending { token: Token, fingerprint: Fingerprint, until: Instant },
+//!     Done { fingerprint: Fingerprint, record: Record, until: Instant },
+//! }
+//!
+//! impl Entry {
+//!     fn live(&self, now: Instant) -> bool {
+//!         match self {
+//!             Entry::Pending { until, .. } | Entry::Done { until, .. } => *until > now,
+//!         }
+//!     }
+//!     fn held_by(&self, holder: &Token, now: Instant) -> bool {
+//!         matches!(self, Entry::Pending { token, .. } if token == holder) && self.live(now)
+//!     }
+//! }
+//!
+//! #[derive(Default)]
+//! struct HashMapStore(Mutex<HashMap<StoreKey, Entry>>);
+//!
+//! impl Store for HashMapStore {
+//!     async fn claim(&self, key: &StoreKey, fp: &Fingerprint, lease: Duration) -> Result<Claim, StoreError> {
+//!         let token = Token::generate()?; // from the OS CSPRNG, never guessable
+//!         let now = Instant::now();
+//!         let mut map = self.0.lock().expect("not poisoned");
+//!         match map.get(key).filter(|e| e.live(now)) {
+//!             Some(Entry::Pending { fingerprint, .. }) => Ok(Claim::Pending { fingerprint: *fingerprint }),
+//!             Some(Entry::Done { fingerprint, record, .. }) => {
+//!                 Ok(Claim::Done { fingerprint: *fingerprint, record: record.clone() })
+//!             }
+//!             None => {
+//!                 let until = now + lease;
+//!                 map.insert(*key, Entry::Pending { token: token.clone(), fingerprint: *fp, until });
+//!                 Ok(Claim::Claimed(token))
+//!             }
+//!         }
+//!     }
+//!
+//!     async fn complete(
+//!         &self, key: &StoreKey, token: &Token, fp: &Fingerprint, record: Record, ttl: Duration,
+//!     ) -> Result<bool, StoreError> {
+//!         let now = Instant::now();
+//!         let mut map = self.0.lock().expect("not poisoned");
+//!         // Written if this token still holds the key, or if nothing live holds it.
+//!         let free = map.get(key).is_none_or(|e| e.held_by(token, now) || !e.live(now));
+//!         if free {
+//!             map.insert(*key, Entry::Done { fingerprint: *fp, record, until: now + ttl });
+//!         }
+//!         Ok(free)
+//!     }
+//!
+//!     async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
+//!         let mut map = self.0.lock().expect("not poisoned");
+//!         let held = map.get(key).is_some_and(|e| e.held_by(token, Instant::now()));
+//!         if held {
+//!             map.remove(key);
+//!         }
+//!         Ok(held)
+//!     }
+//!
+//!     async fn renew(&self, key: &StoreKey, token: &Token, lease: Duration) -> Result<bool, StoreError> {
+//!         let now = Instant::now();
+//!         let mut map = self.0.lock().expect("not poisoned");
+//!         match map.get_mut(key) {
+//!             Some(Entry::Pending { token: t, until, .. }) if t == token && *until > now => {
+//!                 *until = now + lease;
+//!                 Ok(true)
+//!             }
+//!             _ => Ok(false),
+//!         }
+//!     }
+//! }
+//!
+//! // Use it like any store:
+//! let layer = tower_idempotency::IdempotencyLayer::with_store(HashMapStore::default());
+//! ```
+//!
+//! Then prove that it answers like the stores of this crate: the conformance suite (feature
+//! `test-util`) expands one test per behaviour of the contract (claims, fencing, expiry,
+//! concurrent claims, replays through the engine) in your own test file:
+//!
+//! ```ignore
+//! // tests/conformance.rs, with `tower-idempotency = { features = ["test-util"] }` and
+//! // `tokio = { features = ["macros", "rt-multi-thread", "time"] }` as dev-dependencies.
+//! use std::time::Duration;
+//! use tower_idempotency::conformance::Harness;
+//!
+//! struct MyHarness(HashMapStore);
+//!
+//! impl Harness for MyHarness {
+//!     type S = HashMapStore;
+//!     fn store(&self) -> &HashMapStore { &self.0 }
+//!     // The store's time: a real sleep for a store on a real clock.
+//!     async fn advance(&self, d: Duration) { tokio::time::sleep(d).await }
+//! }
+//!
+//! tower_idempotency::store_conformance!(async { MyHarness(HashMapStore::default()) });
+//! ```
 
 use crate::fingerprint::Fingerprint;
 use crate::record::Record;
