@@ -60,8 +60,6 @@
 //! | the inner service returns `Err` | released, the error is returned unchanged |
 //! | an HTTP status other than 200 | the HTTP table: 2xx and 4xx (but 408, 425, 429) recorded, the rest released |
 //!
-//! [`is_recorded_code`] is this table as a function.
-//!
 //! # What is recorded and replayed
 //!
 //! - the initial metadata (response headers) through the same allow list as HTTP: by default
@@ -140,13 +138,13 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
 use http_body::Body;
 
 /// The gRPC status header or trailer.
-pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+pub(crate) const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 /// The gRPC status message header or trailer (percent-encoded).
-pub const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+pub(crate) const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 /// The compression of a gRPC response's messages: on the default allow list, so a compressed
 /// response replays. (`grpc-accept-encoding` is not: it describes the server, not the
 /// response, and a replay is valid without it.)
-pub const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
+pub(crate) const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
 /// The retry delay a server suggests to a gRPC client with a retry policy, in milliseconds.
 const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
@@ -173,19 +171,7 @@ mod code {
 
 /// Whether a request (or response) with these headers is gRPC: its `content-type` starts
 /// with `application/grpc`.
-///
-/// ```
-/// use http::{HeaderMap, HeaderValue, header::CONTENT_TYPE};
-/// use tower_idempotency::http::grpc::is_grpc;
-///
-/// let mut h = HeaderMap::new();
-/// h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc+proto"));
-/// assert!(is_grpc(&h));
-/// h.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-/// assert!(!is_grpc(&h));
-/// ```
-#[must_use]
-pub fn is_grpc(headers: &HeaderMap) -> bool {
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
@@ -194,17 +180,7 @@ pub fn is_grpc(headers: &HeaderMap) -> bool {
 /// Whether a response with this gRPC status code is recorded (`OK` and the caller-caused
 /// codes) or released (the transient codes, and any number that is not a gRPC code). See the
 /// [classification table](self#classification).
-///
-/// ```
-/// use tower_idempotency::http::grpc::is_recorded_code;
-///
-/// assert!(is_recorded_code(0)); // OK
-/// assert!(is_recorded_code(3)); // INVALID_ARGUMENT
-/// assert!(!is_recorded_code(14)); // UNAVAILABLE
-/// assert!(!is_recorded_code(17));
-/// ```
-#[must_use]
-pub fn is_recorded_code(code: i32) -> bool {
+pub(crate) fn is_recorded_code(code: i32) -> bool {
     use code::*;
     match code {
         OK | INVALID_ARGUMENT | NOT_FOUND | ALREADY_EXISTS | PERMISSION_DENIED
@@ -457,6 +433,22 @@ mod tests {
         }
         assert!(!is_recorded_code(-1));
         assert!(!is_recorded_code(17));
+    }
+
+    #[test]
+    fn grpc_is_told_by_its_content_type() {
+        let mut h = HeaderMap::new();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc+proto"),
+        );
+        assert!(is_grpc(&h));
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
+        assert!(!is_grpc(&h));
+        assert!(!is_grpc(&HeaderMap::new()));
     }
 
     #[test]

@@ -145,6 +145,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// Appends `/suffix` to the namespace (`payments` → `payments/refunds`), so one route or
     /// route group keeps its keys apart from the rest of the namespace. Used by the
     /// `#[idempotent(namespace = "…")]` option.
+    #[doc(hidden)]
     #[must_use]
     pub fn namespace_suffix(self, suffix: &str) -> Self {
         self.config(|c| c.namespace = Arc::from(format!("{}/{suffix}", c.namespace)))

@@ -58,9 +58,7 @@ pub use config::{
 pub use future::ResponseFuture;
 pub use layer::IdempotencyLayer;
 pub use rejection::{Rejection, RejectionKind};
-pub use replay::{
-    DEFAULT_ALLOWED_HEADERS, DENIED_HEADERS, REPLAYED_HEADER, is_denied, is_recordable,
-};
+pub use replay::{DEFAULT_ALLOWED_HEADERS, DENIED_HEADERS, REPLAYED_HEADER};
 pub use service::Idempotency;
 
 /// Marks a request the layer saw without a key (for the extractors' rejection messages).

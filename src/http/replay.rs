@@ -14,8 +14,8 @@ use http_body::Body;
 /// The header added to every replayed response.
 pub const REPLAYED_HEADER: HeaderName = HeaderName::from_static("idempotent-replayed");
 
-/// Headers stored and replayed by default, together with
-/// [`grpc::GRPC_ENCODING`](super::grpc::GRPC_ENCODING) (see [gRPC mode](super::grpc)).
+/// Headers stored and replayed by default, together with `grpc-encoding` (see
+/// [gRPC mode](super::grpc)).
 pub const DEFAULT_ALLOWED_HEADERS: &[HeaderName] = &[
     header::CONTENT_TYPE,
     header::CONTENT_ENCODING,
@@ -63,14 +63,12 @@ pub const DENIED_HEADERS: &[&str] = &[
 const DENIED_PREFIXES: &[&str] = &["ratelimit", "x-ratelimit-"];
 
 /// Whether `name` is on the fixed deny list.
-#[must_use]
-pub fn is_denied(name: &str) -> bool {
+pub(crate) fn is_denied(name: &str) -> bool {
     DENIED_HEADERS.contains(&name) || DENIED_PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
 /// Whether a response with this status is recorded: 2xx, and 4xx except 408, 425 and 429.
-#[must_use]
-pub fn is_recordable(status: u16) -> bool {
+pub(crate) fn is_recordable(status: u16) -> bool {
     matches!(status, 200..=299)
         || (matches!(status, 400..=499) && !matches!(status, 408 | 425 | 429))
 }
