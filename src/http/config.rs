@@ -1,7 +1,7 @@
 //! The layer's settings, shared by every clone of the service.
 
+use super::headers::HeaderPolicy;
 use super::rejection::{Rejection, Renderer};
-use super::replay::HeaderPolicy;
 use crate::fingerprint::Fingerprint;
 use crate::key::{DEFAULT_MAX_KEY_LEN, IdempotencyKey, KeyError, KeyErrorKind};
 use crate::scope::Scope;

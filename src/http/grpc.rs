@@ -126,27 +126,16 @@
 //! its trailers inside the body, which the layer does not parse: such responses are released
 //! (never recorded) unless they are Trailers-Only.
 
-use super::body::ResponseBody;
+use super::body::{Collected, ResponseBody, collect_limited};
 use super::config::{Config, ResponseMode};
+use super::headers::{GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, HeaderPolicy};
 use super::rejection::{Rejection, RejectionKind};
-use super::replay::{HeaderPolicy, is_denied};
-use super::service::{Collected, Outcome, collect_limited};
-use crate::record::{Field, StoredResponse};
+use super::service::Outcome;
+use crate::record::StoredResponse;
 use crate::scope::StoreKey;
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
+use http::{HeaderMap, HeaderValue, Response, StatusCode, header};
 use http_body::Body;
-
-/// The gRPC status header or trailer.
-pub(crate) const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-/// The gRPC status message header or trailer (percent-encoded).
-pub(crate) const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
-/// The compression of a gRPC response's messages: on the default allow list, so a compressed
-/// response replays. (`grpc-accept-encoding` is not: it describes the server, not the
-/// response, and a replay is valid without it.)
-pub(crate) const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
-/// The retry delay a server suggests to a gRPC client with a retry policy, in milliseconds.
-const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
 
 /// gRPC status codes, as numbers (no tonic dependency needed).
 mod code {
@@ -304,13 +293,6 @@ fn status_of(headers: &HeaderMap) -> Option<i32> {
     parse_code(headers.get(GRPC_STATUS)?.as_bytes())
 }
 
-fn field(name: &HeaderName, value: &HeaderValue) -> Field {
-    (
-        Bytes::copy_from_slice(name.as_str().as_bytes()),
-        Bytes::copy_from_slice(value.as_bytes()),
-    )
-}
-
 /// Step 9 in gRPC mode, for an HTTP 200 response: read the body up to the record limit, find
 /// the gRPC status, then record or release.
 pub(super) async fn classify<B>(
@@ -361,13 +343,7 @@ where
     let mut trailer_fields = Vec::new();
     if trailers_only {
         // The headers of a Trailers-Only response are its trailers.
-        trailer_fields.extend(
-            parts
-                .headers
-                .iter()
-                .filter(|(n, _)| !policy.allows(n.as_str().as_bytes()) && !is_denied(n.as_str()))
-                .map(|(n, v)| field(n, v)),
-        );
+        trailer_fields.extend(policy.record_trailers_only(&parts.headers));
     }
     if let Some(t) = &trailers {
         trailer_fields.extend(HeaderPolicy::record_trailers(t));
@@ -424,6 +400,7 @@ impl<S: tonic::server::NamedService, St> tonic::server::NamedService for super::
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::Field;
 
     #[test]
     fn every_code_is_classified() {

@@ -115,6 +115,14 @@ impl Rejection {
         }
     }
 
+    /// A request body over `limit` bytes (413), declared or read.
+    pub(crate) fn body_too_large(limit: usize) -> Self {
+        Self::new(
+            RejectionKind::BodyTooLarge,
+            format!("the request body is over the limit of {limit} bytes"),
+        )
+    }
+
     pub(crate) fn retry_after(mut self, after: Duration) -> Self {
         self.retry_after = Some(after);
         self

@@ -1,20 +1,20 @@
-use super::body::{RequestBody, ResponseBody};
+use super::body::{Collected, ReadError, RequestBody, ResponseBody, collect_limited, read_limited};
 use super::config::ResponseMode;
+use super::extensions::{ClaimedKey, KeyAbsent};
 use super::future::ResponseFuture;
+use super::headers::HeaderPolicy;
 use super::layer::{IdempotencyLayer, Shared};
 use super::rejection::{Rejection, RejectionKind};
-use super::replay::{HeaderPolicy, is_recordable};
+use super::replay::is_recordable;
 use crate::engine::{Begin, Ticket};
 use crate::key::IdempotencyKey;
 use crate::record::StoredResponse;
 use crate::scope::{Scope, StoreKey};
 use crate::store::{Store, StoreError, StoreErrorKind};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{HeaderMap, Request, Response, header};
 use http_body::Body;
-use http_body_util::BodyExt;
 use std::fmt;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -104,7 +104,7 @@ where
         if key.is_none() && !config.required {
             // Lets the extractors tell "no key sent" from "layer not installed".
             let mut parts = parts;
-            parts.extensions.insert(super::KeyAbsent);
+            parts.extensions.insert(KeyAbsent);
             let req = Request::from_parts(parts, RequestBody::passthrough(body));
             return ResponseFuture::passthrough(self.inner.call(req));
         }
@@ -144,7 +144,7 @@ where
         // 6a. A declared length over the limit is refused before reading.
         let limit = config.max_request_body;
         if content_length(&parts.headers).is_some_and(|n| n > limit as u64) {
-            return self.reject(body_too_large(limit), grpc);
+            return self.reject(Rejection::body_too_large(limit), grpc);
         }
         // Keep the instance that was polled ready; the clone takes its place.
         let clone = self.inner.clone();
@@ -186,13 +186,6 @@ fn render<St, B: Body>(
     res
 }
 
-fn body_too_large(limit: usize) -> Rejection {
-    Rejection::new(
-        RejectionKind::BodyTooLarge,
-        format!("the request body is over the limit of {limit} bytes"),
-    )
-}
-
 fn content_length(headers: &HeaderMap) -> Option<u64> {
     headers
         .get(header::CONTENT_LENGTH)?
@@ -223,7 +216,20 @@ where
     let engine = &shared.engine;
     let body = match read_limited(body, config.max_request_body).await {
         Ok(b) => b,
-        Err(r) => return Ok(render(&shared, r, grpc)),
+        Err(ReadError::TooLarge) => {
+            return Ok(render(
+                &shared,
+                Rejection::body_too_large(config.max_request_body),
+                grpc,
+            ));
+        }
+        Err(ReadError::Failed) => {
+            let rejection = Rejection::new(
+                RejectionKind::BodyUnreadable,
+                "the request body could not be read",
+            );
+            return Ok(render(&shared, rejection, grpc));
+        }
     };
     let fingerprint = config.fingerprint(&parts, &body);
     let store_key = StoreKey::derive(&config.namespace, &scope, &key);
@@ -293,11 +299,9 @@ where
     tracing::debug!(outcome = "claimed", key = ?store_key, "idempotency key claimed");
 
     // One extension; the derived key is only hashed if a handler asks for it.
-    parts.extensions.insert(super::ClaimedKey {
-        key,
-        namespace: Arc::clone(&config.namespace),
-        scope,
-    });
+    parts
+        .extensions
+        .insert(ClaimedKey::new(key, Arc::clone(&config.namespace), scope));
     let req = Request::from_parts(parts, RequestBody::buffered(body));
 
     // The handler and the reading of its body both run under lease renewal.
@@ -417,107 +421,5 @@ fn store_rejection(e: &StoreError) -> Rejection {
             )
             .retry_after(RETRY_AFTER)
         }
-    }
-}
-
-async fn read_limited<B: Body<Data = Bytes>>(body: B, limit: usize) -> Result<Bytes, Rejection> {
-    let mut body = std::pin::pin!(body);
-    let mut first: Option<Bytes> = None;
-    let mut buf = BytesMut::new();
-    let mut len = 0usize;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|_| {
-            Rejection::new(
-                RejectionKind::BodyUnreadable,
-                "the request body could not be read",
-            )
-        })?;
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        len += data.len();
-        if len > limit {
-            return Err(body_too_large(limit));
-        }
-        // One chunk is kept as is; only a body in several chunks is copied together.
-        match first.take() {
-            None if buf.is_empty() => first = Some(data),
-            Some(f) => {
-                buf.reserve(len);
-                buf.extend_from_slice(&f);
-                buf.extend_from_slice(&data);
-            }
-            None => buf.extend_from_slice(&data),
-        }
-    }
-    Ok(first.unwrap_or_else(|| buf.freeze()))
-}
-
-pub(super) enum Collected<B: Body> {
-    Whole {
-        data: Bytes,
-        trailers: Option<HeaderMap>,
-    },
-    TooLarge {
-        prefix: Bytes,
-        rest: Pin<Box<B>>,
-    },
-    Failed {
-        prefix: Bytes,
-        error: B::Error,
-    },
-}
-
-pub(super) async fn collect_limited<B: Body<Data = Bytes>>(body: B, limit: usize) -> Collected<B> {
-    let mut body = Box::pin(body);
-    let mut first: Option<Bytes> = None;
-    let mut buf = BytesMut::new();
-    let mut len = 0usize;
-    let mut trailers: Option<HeaderMap> = None;
-    let take = |first: &mut Option<Bytes>, buf: &mut BytesMut| {
-        first.take().unwrap_or_else(|| std::mem::take(buf).freeze())
-    };
-    while let Some(frame) = body.frame().await {
-        let frame = match frame {
-            Ok(f) => f,
-            Err(error) => {
-                return Collected::Failed {
-                    prefix: take(&mut first, &mut buf),
-                    error,
-                };
-            }
-        };
-        let data = match frame.into_data() {
-            Ok(d) => d,
-            Err(frame) => {
-                if let Ok(t) = frame.into_trailers() {
-                    match &mut trailers {
-                        Some(all) => all.extend(t),
-                        None => trailers = Some(t),
-                    }
-                }
-                continue;
-            }
-        };
-        len += data.len();
-        match first.take() {
-            None if buf.is_empty() => first = Some(data),
-            Some(f) => {
-                buf.reserve(len);
-                buf.extend_from_slice(&f);
-                buf.extend_from_slice(&data);
-            }
-            None => buf.extend_from_slice(&data),
-        }
-        if len > limit {
-            return Collected::TooLarge {
-                prefix: take(&mut first, &mut buf),
-                rest: body,
-            };
-        }
-    }
-    Collected::Whole {
-        data: take(&mut first, &mut buf),
-        trailers,
     }
 }
