@@ -42,7 +42,11 @@
 //!     .layer(IdempotencyLayer::new().required(false).principal(PrincipalMode::Optional));
 //! ```
 
+// Imports run one way. `body`, `headers` and `extensions` import no sibling, `grpc` only
+// `headers`; then `rejection` → `config` → `classify` → `replay` → `future` → `service` →
+// `layer`, each using only modules before it, never one after it.
 mod body;
+mod classify;
 mod config;
 mod extensions;
 mod future;

@@ -1,11 +1,11 @@
-use super::body::{Collected, ReadError, RequestBody, ResponseBody, collect_limited, read_limited};
-use super::config::ResponseMode;
+use super::body::{ReadError, RequestBody, ResponseBody, read_limited};
+use super::classify::{Outcome, classify};
 use super::extensions::{ClaimedKey, KeyAbsent};
 use super::future::ResponseFuture;
-use super::headers::HeaderPolicy;
+use super::grpc::is_grpc;
 use super::layer::{IdempotencyLayer, Shared};
 use super::rejection::{Rejection, RejectionKind};
-use super::replay::is_recordable;
+use super::replay::replay;
 use crate::engine::{Begin, Ticket};
 use crate::key::IdempotencyKey;
 use crate::record::StoredResponse;
@@ -97,7 +97,7 @@ where
         }
         let (parts, body) = req.into_parts();
         // A gRPC request: classified by its gRPC status, rejected with gRPC statuses.
-        let grpc = super::grpc::is_grpc(&parts.headers);
+        let grpc = is_grpc(&parts.headers);
         // 2. The key.
         let key = config.key(&parts);
         // 3. No key, not required: pass through before any principal check.
@@ -237,12 +237,7 @@ where
     let ticket = match engine.begin(store_key, fingerprint).await {
         Ok(Begin::Run(ticket)) => ticket,
         Ok(Begin::Replay(record)) => {
-            let replayed = if grpc {
-                super::grpc::replay(&config.headers, record)
-            } else {
-                config.headers.replay(record)
-            };
-            return Ok(match replayed {
+            return Ok(match replay(&config.headers, record, grpc) {
                 Ok(res) => {
                     tracing::debug!(outcome = "replayed", key = ?store_key, "idempotency replay");
                     res
@@ -309,42 +304,7 @@ where
         .run(&ticket, async {
             std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
             let res = inner.call(req).await?;
-            // gRPC mode: the outcome is in the gRPC status (a non-200 follows the HTTP table).
-            if grpc && res.status() == http::StatusCode::OK {
-                return Ok(super::grpc::classify(config, engine.max_record_body(), &store_key, res).await);
-            }
-            let status = res.status().as_u16();
-            if !is_recordable(status) {
-                return Ok(Outcome::Release(res.map(ResponseBody::passthrough)));
-            }
-            let (parts, body) = res.into_parts();
-            let record_headers = config.headers.record(&parts.headers);
-            let max = engine.max_record_body();
-            let exact_too_big = body.size_hint().lower() > max as u64;
-            if config.response_mode == ResponseMode::Status || exact_too_big {
-                if exact_too_big {
-                    tracing::warn!(key = ?store_key, "response body over the record limit; recording status and headers only");
-                }
-                let record = StoredResponse::new(status, record_headers, None);
-                return Ok(Outcome::Record(Response::from_parts(parts, ResponseBody::passthrough(body)), record));
-            }
-            Ok(match collect_limited(body, max).await {
-                Collected::Whole { data, trailers } => {
-                    let mut record = StoredResponse::new(status, record_headers, Some(data.clone()));
-                    if let Some(t) = &trailers {
-                        record = record.with_trailers(HeaderPolicy::record_trailers(t));
-                    }
-                    Outcome::Record(Response::from_parts(parts, ResponseBody::buffered(data, trailers)), record)
-                }
-                Collected::TooLarge { prefix, rest } => {
-                    tracing::warn!(key = ?store_key, "response body over the record limit; recording status and headers only");
-                    let record = StoredResponse::new(status, record_headers, None);
-                    Outcome::Record(Response::from_parts(parts, ResponseBody::prefixed(prefix, rest)), record)
-                }
-                Collected::Failed { prefix, error } => {
-                    Outcome::Release(Response::from_parts(parts, ResponseBody::failed(prefix, error)))
-                }
-            })
+            Ok(classify(config, engine.max_record_body(), &store_key, res, grpc).await)
         })
         .await;
 
@@ -362,11 +322,6 @@ where
             Ok(res)
         }
     }
-}
-
-pub(super) enum Outcome<B: Body> {
-    Release(Response<ResponseBody<B>>),
-    Record(Response<ResponseBody<B>>, StoredResponse),
 }
 
 async fn release<St: Store>(engine: &crate::Engine<St>, ticket: Ticket, key: StoreKey) {
@@ -422,4 +377,10 @@ fn store_rejection(e: &StoreError) -> Rejection {
             .retry_after(RETRY_AFTER)
         }
     }
+}
+
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+impl<S: tonic::server::NamedService, St> tonic::server::NamedService for Idempotency<S, St> {
+    const NAME: &'static str = S::NAME;
 }
