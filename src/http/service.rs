@@ -1,12 +1,15 @@
+//! The service: steps 1–5 of the check order at once, then the keyed sequence (buffer,
+//! fingerprint, claim, run, classify, record) in one future.
+
 use super::body::{ReadError, RequestBody, ResponseBody, read_limited};
 use super::classify::{Outcome, classify};
+use super::config::LayerState;
 use super::extensions::{ClaimedKey, KeyAbsent};
 use super::future::ResponseFuture;
 use super::grpc::is_grpc;
-use super::layer::{IdempotencyLayer, Shared};
 use super::rejection::{Rejection, RejectionKind};
 use super::replay::replay;
-use crate::engine::{Begin, Ticket};
+use crate::engine::{Begin, Engine, Ticket};
 use crate::key::IdempotencyKey;
 use crate::record::StoredResponse;
 use crate::scope::{Scope, StoreKey};
@@ -26,14 +29,14 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The idempotency middleware service. See the [module docs](crate::http).
 pub struct Idempotency<S, St> {
     pub(crate) inner: S,
-    pub(crate) shared: Arc<Shared<St>>,
+    pub(crate) state: Arc<LayerState<St>>,
 }
 
 impl<S: Clone, St> Clone for Idempotency<S, St> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            shared: Arc::clone(&self.shared),
+            state: Arc::clone(&self.state),
         }
     }
 }
@@ -46,15 +49,7 @@ impl<S: fmt::Debug, St> fmt::Debug for Idempotency<S, St> {
     }
 }
 
-impl<S, St: Store> Idempotency<S, St> {
-    /// Wraps `inner` with the settings of `layer`.
-    pub fn new(inner: S, layer: &IdempotencyLayer<St>) -> Self {
-        Self {
-            inner,
-            shared: Arc::clone(&layer.shared),
-        }
-    }
-
+impl<S, St> Idempotency<S, St> {
     /// A reference to the inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -90,7 +85,7 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let config = &self.shared.config;
+        let config = &self.state.config;
         // 1. Methods the layer does not act on pass through without a store call.
         if !config.applies_to(req.method()) {
             return ResponseFuture::passthrough(self.inner.call(req.map(RequestBody::passthrough)));
@@ -124,10 +119,7 @@ where
                 return self.reject(
                     Rejection::new(
                         RejectionKind::KeyMissing,
-                        format!(
-                            "this request requires an `{}` header",
-                            config_key_name(config)
-                        ),
+                        format!("this request requires an `{}` header", config.key_name()),
                     ),
                     grpc,
                 );
@@ -149,28 +141,19 @@ where
         // Keep the instance that was polled ready; the clone takes its place.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let shared = Arc::clone(&self.shared);
-        ResponseFuture::keyed(Box::pin(keyed(
-            shared, inner, parts, body, key, scope, grpc,
-        )))
-    }
-}
-
-fn config_key_name(config: &super::config::Config) -> String {
-    match &config.key_source {
-        super::config::KeySource::Header(h) => h.as_str().to_owned(),
-        super::config::KeySource::Fn(_) => "idempotency key".to_owned(),
+        let state = Arc::clone(&self.state);
+        ResponseFuture::keyed(Box::pin(keyed(state, inner, parts, body, key, scope, grpc)))
     }
 }
 
 impl<S, St> Idempotency<S, St> {
     fn reject<F, B: Body, E>(&self, rejection: Rejection, grpc: bool) -> ResponseFuture<F, B, E> {
-        ResponseFuture::ready(render(&self.shared, rejection, grpc))
+        ResponseFuture::ready(render(&self.state, rejection, grpc))
     }
 }
 
 fn render<St, B: Body>(
-    shared: &Shared<St>,
+    state: &LayerState<St>,
     rejection: Rejection,
     grpc: bool,
 ) -> Response<ResponseBody<B>> {
@@ -179,7 +162,7 @@ fn render<St, B: Body>(
     let res = if grpc {
         rejection.to_grpc_response()
     } else {
-        shared.config.render(&rejection)
+        state.config.render(&rejection)
     };
     let mut res = res.map(|b| ResponseBody::buffered(b, None));
     res.extensions_mut().insert(rejection);
@@ -198,7 +181,7 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
 
 /// Steps 6–9 for a keyed request: buffer and fingerprint, claim, run, classify, record.
 async fn keyed<S, St, ReqB, ResB>(
-    shared: Arc<Shared<St>>,
+    state: Arc<LayerState<St>>,
     mut inner: S,
     mut parts: http::request::Parts,
     body: ReqB,
@@ -212,13 +195,13 @@ where
     ReqB: Body<Data = Bytes>,
     ResB: Body<Data = Bytes> + Send + 'static,
 {
-    let config = &shared.config;
-    let engine = &shared.engine;
+    let config = &state.config;
+    let engine = &state.engine;
     let body = match read_limited(body, config.max_request_body).await {
         Ok(b) => b,
         Err(ReadError::TooLarge) => {
             return Ok(render(
-                &shared,
+                &state,
                 Rejection::body_too_large(config.max_request_body),
                 grpc,
             ));
@@ -228,7 +211,7 @@ where
                 RejectionKind::BodyUnreadable,
                 "the request body could not be read",
             );
-            return Ok(render(&shared, rejection, grpc));
+            return Ok(render(&state, rejection, grpc));
         }
     };
     let fingerprint = config.fingerprint(&parts, &body);
@@ -245,7 +228,7 @@ where
                 Err(reason) => {
                     tracing::warn!(outcome = "record_invalid", key = ?store_key, reason, "stored record failed re-validation; not replayed");
                     render(
-                        &shared,
+                        &state,
                         Rejection::new(
                             RejectionKind::RecordInvalid,
                             "the stored response for this key could not be replayed",
@@ -258,7 +241,7 @@ where
         Ok(Begin::InFlight) => {
             tracing::info!(outcome = "in_flight", key = ?store_key, "idempotent request already in progress");
             return Ok(render(
-                &shared,
+                &state,
                 Rejection::new(
                     RejectionKind::InFlight,
                     "a request with this key is still being processed; retry later",
@@ -270,7 +253,7 @@ where
         Ok(Begin::KeyReused) => {
             tracing::warn!(outcome = "key_reused", key = ?store_key, "idempotency key reused with a different request");
             return Ok(render(
-                &shared,
+                &state,
                 Rejection::new(
                     RejectionKind::KeyReused,
                     "this key was already used for a different request",
@@ -281,7 +264,7 @@ where
         Ok(Begin::Invalid(e)) => {
             tracing::warn!(outcome = "record_invalid", key = ?store_key, error = %e, "stored record failed validation; not replayed");
             return Ok(render(
-                &shared,
+                &state,
                 Rejection::new(
                     RejectionKind::RecordInvalid,
                     "the stored response for this key could not be replayed",
@@ -289,7 +272,7 @@ where
                 grpc,
             ));
         }
-        Err(e) => return Ok(render(&shared, store_rejection(&e), grpc)),
+        Err(e) => return Ok(render(&state, store_rejection(&e), grpc)),
     };
     tracing::debug!(outcome = "claimed", key = ?store_key, "idempotency key claimed");
 
@@ -324,7 +307,7 @@ where
     }
 }
 
-async fn release<St: Store>(engine: &crate::Engine<St>, ticket: Ticket, key: StoreKey) {
+async fn release<St: Store>(engine: &Engine<St>, ticket: Ticket, key: StoreKey) {
     match engine.release(ticket).await {
         Ok(_) => tracing::debug!(outcome = "released", key = ?key, "idempotency key released"),
         Err(e) => {
@@ -334,7 +317,7 @@ async fn release<St: Store>(engine: &crate::Engine<St>, ticket: Ticket, key: Sto
 }
 
 async fn complete<St: Store>(
-    engine: &crate::Engine<St>,
+    engine: &Engine<St>,
     ticket: Ticket,
     key: StoreKey,
     record: &StoredResponse,
