@@ -301,11 +301,11 @@ mod tests {
             "lease and ttl from the route, the record limit shared"
         );
         assert!(format!("{engine:?}").contains("authenticated: true"));
-        let c = &layer.shared.config;
+        let c = &layer.state.config;
         assert_eq!(&*c.namespace, "billing/refunds");
         assert_eq!(c.response_mode, ResponseMode::Status);
         assert_eq!(
-            &*config.layer().shared.config.namespace,
+            &*config.layer().state.config.namespace,
             "billing",
             "the shared layer is untouched"
         );
@@ -318,17 +318,17 @@ mod tests {
         let clone = config.clone();
         let again = clone.layer_for(&ROUTE);
         assert!(
-            Arc::ptr_eq(&first.shared, &again.shared),
+            Arc::ptr_eq(&first.state, &again.state),
             "cached, also for clones of the config"
         );
         let plain = config.layer_for(&PLAIN);
         assert!(
-            Arc::ptr_eq(&plain.shared, &config.layer().shared),
+            Arc::ptr_eq(&plain.state, &config.layer().state),
             "no options: the shared layer itself"
         );
         let other = IdempotentRoutes::new(shared()).layer_for(&ROUTE);
         assert!(
-            !Arc::ptr_eq(&first.shared, &other.shared),
+            !Arc::ptr_eq(&first.state, &other.state),
             "another config builds its own"
         );
     }

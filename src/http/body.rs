@@ -1,8 +1,10 @@
-//! The request and response bodies the layer hands on.
+//! The request and response bodies the layer hands on, and the reading of a body up to a
+//! limit (a request body to fingerprint it, a response body to record it).
 
-use bytes::{Buf, Bytes};
+use bytes::{Buf, Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -212,5 +214,119 @@ impl<B: Body> std::fmt::Debug for ResponseBody<B> {
         f.debug_struct("ResponseBody")
             .field("state", &state)
             .finish_non_exhaustive()
+    }
+}
+
+/// Why a request body could not be buffered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ReadError {
+    /// Over the limit.
+    TooLarge,
+    /// The body failed while read.
+    Failed,
+}
+
+/// Reads a request body whole, up to `limit` bytes (trailers are dropped).
+pub(crate) async fn read_limited<B: Body<Data = Bytes>>(
+    body: B,
+    limit: usize,
+) -> Result<Bytes, ReadError> {
+    let mut body = std::pin::pin!(body);
+    let mut first: Option<Bytes> = None;
+    let mut buf = BytesMut::new();
+    let mut len = 0usize;
+    while let Some(frame) = body.frame().await {
+        let frame = frame.map_err(|_| ReadError::Failed)?;
+        let Ok(data) = frame.into_data() else {
+            continue;
+        };
+        len += data.len();
+        if len > limit {
+            return Err(ReadError::TooLarge);
+        }
+        // One chunk is kept as is; only a body in several chunks is copied together.
+        match first.take() {
+            None if buf.is_empty() => first = Some(data),
+            Some(f) => {
+                buf.reserve(len);
+                buf.extend_from_slice(&f);
+                buf.extend_from_slice(&data);
+            }
+            None => buf.extend_from_slice(&data),
+        }
+    }
+    Ok(first.unwrap_or_else(|| buf.freeze()))
+}
+
+/// A response body read up to a limit: whole (with its trailers), or what was read before it
+/// grew over the limit or failed.
+pub(crate) enum Collected<B: Body> {
+    Whole {
+        data: Bytes,
+        trailers: Option<HeaderMap>,
+    },
+    TooLarge {
+        prefix: Bytes,
+        rest: Pin<Box<B>>,
+    },
+    Failed {
+        prefix: Bytes,
+        error: B::Error,
+    },
+}
+
+/// Reads a response body up to `limit` bytes, keeping its trailers; stops at the first byte
+/// over the limit and hands back what it read and the rest.
+pub(crate) async fn collect_limited<B: Body<Data = Bytes>>(body: B, limit: usize) -> Collected<B> {
+    let mut body = Box::pin(body);
+    let mut first: Option<Bytes> = None;
+    let mut buf = BytesMut::new();
+    let mut len = 0usize;
+    let mut trailers: Option<HeaderMap> = None;
+    let take = |first: &mut Option<Bytes>, buf: &mut BytesMut| {
+        first.take().unwrap_or_else(|| std::mem::take(buf).freeze())
+    };
+    while let Some(frame) = body.frame().await {
+        let frame = match frame {
+            Ok(f) => f,
+            Err(error) => {
+                return Collected::Failed {
+                    prefix: take(&mut first, &mut buf),
+                    error,
+                };
+            }
+        };
+        let data = match frame.into_data() {
+            Ok(d) => d,
+            Err(frame) => {
+                if let Ok(t) = frame.into_trailers() {
+                    match &mut trailers {
+                        Some(all) => all.extend(t),
+                        None => trailers = Some(t),
+                    }
+                }
+                continue;
+            }
+        };
+        len += data.len();
+        match first.take() {
+            None if buf.is_empty() => first = Some(data),
+            Some(f) => {
+                buf.reserve(len);
+                buf.extend_from_slice(&f);
+                buf.extend_from_slice(&data);
+            }
+            None => buf.extend_from_slice(&data),
+        }
+        if len > limit {
+            return Collected::TooLarge {
+                prefix: take(&mut first, &mut buf),
+                rest: body,
+            };
+        }
+    }
+    Collected::Whole {
+        data: take(&mut first, &mut buf),
+        trailers,
     }
 }

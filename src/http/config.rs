@@ -1,7 +1,8 @@
-//! The layer's settings, shared by every clone of the service.
+//! The layer's settings and the state every clone of the layer and its services share.
 
+use super::headers::HeaderPolicy;
 use super::rejection::{Rejection, Renderer};
-use super::replay::HeaderPolicy;
+use crate::engine::Engine;
 use crate::fingerprint::Fingerprint;
 use crate::key::{DEFAULT_MAX_KEY_LEN, IdempotencyKey, KeyError, KeyErrorKind};
 use crate::scope::Scope;
@@ -87,6 +88,22 @@ pub(crate) enum KeySource {
     Fn(KeyFn),
 }
 
+/// What a layer and every service it makes share, behind one `Arc`: the engine (store, lease,
+/// retention) and the HTTP settings.
+pub(crate) struct LayerState<St> {
+    pub(crate) engine: Engine<St>,
+    pub(crate) config: Config,
+}
+
+impl<St> Clone for LayerState<St> {
+    fn clone(&self) -> Self {
+        Self {
+            engine: self.engine.clone(),
+            config: self.config.clone(),
+        }
+    }
+}
+
 #[derive(Clone)]
 pub(crate) struct Config {
     pub(crate) key_source: KeySource,
@@ -164,6 +181,14 @@ impl Config {
                 ))
             }
             KeySource::Fn(f) => f(parts).map(|k| IdempotencyKey::new(&k, self.max_key_len)),
+        }
+    }
+
+    /// The key's source as named in a rejection: the header, or a generic name for `key_fn`.
+    pub(crate) fn key_name(&self) -> &str {
+        match &self.key_source {
+            KeySource::Header(h) => h.as_str(),
+            KeySource::Fn(_) => "idempotency key",
         }
     }
 

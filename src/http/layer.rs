@@ -1,4 +1,8 @@
-use super::config::{Config, ConfigError, ConfigErrorKind, KeySource, PrincipalMode, ResponseMode};
+//! The layer: a builder over the shared settings, and the [`Layer`] that wraps a service.
+
+use super::config::{
+    Config, ConfigError, ConfigErrorKind, KeySource, LayerState, PrincipalMode, ResponseMode,
+};
 use super::rejection::Rejection;
 use super::service::Idempotency;
 use crate::engine::Engine;
@@ -17,27 +21,13 @@ use tower_layer::Layer;
 ///
 /// See the [module docs](crate::http) for the check order and every option's default.
 pub struct IdempotencyLayer<St = MemoryStore> {
-    pub(crate) shared: Arc<Shared<St>>,
-}
-
-pub(crate) struct Shared<St> {
-    pub(crate) engine: Engine<St>,
-    pub(crate) config: Config,
-}
-
-impl<St> Clone for Shared<St> {
-    fn clone(&self) -> Self {
-        Self {
-            engine: self.engine.clone(),
-            config: self.config.clone(),
-        }
-    }
+    pub(crate) state: Arc<LayerState<St>>,
 }
 
 impl<St> Clone for IdempotencyLayer<St> {
     fn clone(&self) -> Self {
         Self {
-            shared: Arc::clone(&self.shared),
+            state: Arc::clone(&self.state),
         }
     }
 }
@@ -45,8 +35,8 @@ impl<St> Clone for IdempotencyLayer<St> {
 impl<St> fmt::Debug for IdempotencyLayer<St> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("IdempotencyLayer")
-            .field("engine", &self.shared.engine)
-            .field("config", &self.shared.config)
+            .field("engine", &self.state.engine)
+            .field("config", &self.state.config)
             .finish()
     }
 }
@@ -76,7 +66,7 @@ impl<St: Store> IdempotencyLayer<St> {
     #[must_use]
     pub fn with_engine(engine: Engine<St>) -> Self {
         Self {
-            shared: Arc::new(Shared {
+            state: Arc::new(LayerState {
                 engine,
                 config: Config::default(),
             }),
@@ -84,13 +74,13 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     fn config(mut self, f: impl FnOnce(&mut Config)) -> Self {
-        f(&mut Arc::make_mut(&mut self.shared).config);
+        f(&mut Arc::make_mut(&mut self.state).config);
         self
     }
 
     fn engine(mut self, f: impl FnOnce(Engine<St>) -> Engine<St>) -> Self {
-        let shared = Arc::make_mut(&mut self.shared);
-        shared.engine = f(shared.engine.clone());
+        let state = Arc::make_mut(&mut self.state);
+        state.engine = f(state.engine.clone());
         self
     }
 
@@ -145,6 +135,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// Appends `/suffix` to the namespace (`payments` → `payments/refunds`), so one route or
     /// route group keeps its keys apart from the rest of the namespace. Used by the
     /// `#[idempotent(namespace = "…")]` option.
+    #[doc(hidden)]
     #[must_use]
     pub fn namespace_suffix(self, suffix: &str) -> Self {
         self.config(|c| c.namespace = Arc::from(format!("{}/{suffix}", c.namespace)))
@@ -202,8 +193,8 @@ impl<St: Store> IdempotencyLayer<St> {
     /// assert!(IdempotencyLayer::new().allow_header(HeaderName::from_static("set-cookie")).is_err());
     /// ```
     pub fn allow_header(mut self, name: HeaderName) -> Result<Self, ConfigError> {
-        let shared = Arc::make_mut(&mut self.shared);
-        if shared.config.headers.allow(name.clone()) {
+        let state = Arc::make_mut(&mut self.state);
+        if state.config.headers.allow(name.clone()) {
             Ok(self)
         } else {
             Err(ConfigError::new(
@@ -246,7 +237,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// The engine the layer uses (its store, lease and retention).
     #[must_use]
     pub fn engine_ref(&self) -> &Engine<St> {
-        &self.shared.engine
+        &self.state.engine
     }
 
     /// The same settings over another store, made from this layer's engine; every engine
@@ -255,9 +246,9 @@ impl<St: Store> IdempotencyLayer<St> {
     #[cfg(feature = "macros")]
     pub(crate) fn map_store<T: Store>(&self, f: impl FnOnce(&Arc<St>) -> T) -> IdempotencyLayer<T> {
         IdempotencyLayer {
-            shared: Arc::new(Shared {
-                engine: self.shared.engine.map_store(f),
-                config: self.shared.config.clone(),
+            state: Arc::new(LayerState {
+                engine: self.state.engine.map_store(f),
+                config: self.state.config.clone(),
             }),
         }
     }
@@ -269,7 +260,7 @@ impl<S, St> Layer<S> for IdempotencyLayer<St> {
     fn layer(&self, inner: S) -> Self::Service {
         Idempotency {
             inner,
-            shared: Arc::clone(&self.shared),
+            state: Arc::clone(&self.state),
         }
     }
 }

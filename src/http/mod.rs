@@ -42,10 +42,16 @@
 //!     .layer(IdempotencyLayer::new().required(false).principal(PrincipalMode::Optional));
 //! ```
 
+// Imports run one way. `body`, `headers` and `extensions` import no sibling, `grpc` only
+// `headers`; then `rejection` → `config` → `classify` → `replay` → `future` → `service` →
+// `layer`, each using only modules before it, never one after it.
 mod body;
+mod classify;
 mod config;
+mod extensions;
 mod future;
 pub mod grpc;
+mod headers;
 mod layer;
 mod rejection;
 mod replay;
@@ -55,38 +61,10 @@ pub use body::{RequestBody, ResponseBody};
 pub use config::{
     ConfigError, ConfigErrorKind, DEFAULT_MAX_REQUEST_BODY, Principal, PrincipalMode, ResponseMode,
 };
+pub use extensions::ClaimedKey;
+pub(crate) use extensions::KeyAbsent;
 pub use future::ResponseFuture;
+pub use headers::{DEFAULT_ALLOWED_HEADERS, DENIED_HEADERS, REPLAYED_HEADER};
 pub use layer::IdempotencyLayer;
 pub use rejection::{Rejection, RejectionKind};
-pub use replay::{
-    DEFAULT_ALLOWED_HEADERS, DENIED_HEADERS, REPLAYED_HEADER, is_denied, is_recordable,
-};
 pub use service::Idempotency;
-
-/// Marks a request the layer saw without a key (for the extractors' rejection messages).
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct KeyAbsent;
-
-/// The key a request was claimed under, put into the request's extensions by the layer before
-/// the inner service runs (the axum extractors read it; other servers, tonic say, can read it
-/// with `req.extensions().get::<ClaimedKey>()`).
-#[derive(Clone, Debug)]
-pub struct ClaimedKey {
-    key: crate::IdempotencyKey,
-    namespace: std::sync::Arc<str>,
-    scope: crate::Scope,
-}
-
-impl ClaimedKey {
-    /// The client's validated key.
-    #[must_use]
-    pub fn key(&self) -> &crate::IdempotencyKey {
-        &self.key
-    }
-
-    /// The stable key to forward to a provider that de-duplicates (hashed on each call).
-    #[must_use]
-    pub fn derived_key(&self) -> crate::DerivedKey {
-        crate::DerivedKey::derive(&self.namespace, &self.scope, &self.key)
-    }
-}

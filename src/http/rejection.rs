@@ -1,6 +1,9 @@
 //! Rejections: why the layer answered instead of the handler, rendered as RFC 9457
-//! `application/problem+json` with a stable machine code.
+//! `application/problem+json` with a stable machine code, or for a gRPC caller as a gRPC
+//! status.
 
+use super::grpc::GrpcCode;
+use super::headers::{GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS};
 use bytes::Bytes;
 use http::{HeaderValue, Response, StatusCode, header};
 use serde::Serialize;
@@ -89,6 +92,31 @@ impl RejectionKind {
             Self::RecordInvalid => "Stored response could not be replayed",
         }
     }
+
+    /// The gRPC status code of this case (a `tonic::Code` as `i32`); see the
+    /// [mapping](crate::http::grpc#rejections).
+    ///
+    /// ```
+    /// use tower_idempotency::http::RejectionKind;
+    ///
+    /// assert_eq!(RejectionKind::InFlight.grpc_code(), 10); // ABORTED
+    /// assert_eq!(RejectionKind::KeyReused.grpc_code(), 9); // FAILED_PRECONDITION
+    /// ```
+    #[must_use]
+    pub fn grpc_code(self) -> i32 {
+        self.grpc_status().as_i32()
+    }
+
+    fn grpc_status(self) -> GrpcCode {
+        match self {
+            Self::KeyMissing | Self::KeyInvalid | Self::BodyUnreadable => GrpcCode::InvalidArgument,
+            Self::PrincipalMissing => GrpcCode::Unauthenticated,
+            Self::InFlight => GrpcCode::Aborted,
+            Self::KeyReused => GrpcCode::FailedPrecondition,
+            Self::BodyTooLarge | Self::ScopeFull => GrpcCode::ResourceExhausted,
+            Self::StoreFailed | Self::StoreFull | Self::RecordInvalid => GrpcCode::Unavailable,
+        }
+    }
 }
 
 impl fmt::Display for RejectionKind {
@@ -113,6 +141,14 @@ impl Rejection {
             detail: detail.into(),
             retry_after: None,
         }
+    }
+
+    /// A request body over `limit` bytes (413), declared or read.
+    pub(crate) fn body_too_large(limit: usize) -> Self {
+        Self::new(
+            RejectionKind::BodyTooLarge,
+            format!("the request body is over the limit of {limit} bytes"),
+        )
     }
 
     pub(crate) fn retry_after(mut self, after: Duration) -> Self {
@@ -177,6 +213,82 @@ impl Rejection {
         }
         res
     }
+
+    /// The gRPC status message: the machine code, then the detail
+    /// (`idempotency.key_reused: this key was already used for a different request`).
+    #[must_use]
+    pub fn grpc_message(&self) -> String {
+        format!("{}: {}", self.kind().code(), self.detail())
+    }
+
+    /// The gRPC rendering: a Trailers-Only response (HTTP 200, `content-type:
+    /// application/grpc`, `grpc-status`, percent-encoded `grpc-message`, and
+    /// `grpc-retry-pushback-ms` when a retry may succeed). The layer uses it for every
+    /// rejection of a gRPC request.
+    #[must_use]
+    pub fn to_grpc_response(&self) -> Response<Bytes> {
+        let mut res = Response::new(Bytes::new());
+        let h = res.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        h.insert(GRPC_STATUS, HeaderValue::from(self.kind().grpc_code()));
+        if let Ok(message) = HeaderValue::from_maybe_shared(percent_encode(&self.grpc_message())) {
+            h.insert(GRPC_MESSAGE, message);
+        }
+        if let Some(after) = self.retry_after_hint() {
+            h.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(millis(after)));
+        }
+        res
+    }
+
+    /// The rejection as a `tonic::Status`: the same code, message and pushback metadata as
+    /// the layer's gRPC rendering. For code that answers by itself (an interceptor that checks
+    /// keys first, say) and for tests.
+    ///
+    /// ```
+    /// # fn doc(res: http::Response<()>) -> Option<tonic::Status> {
+    /// use tower_idempotency::http::Rejection;
+    ///
+    /// let status = res.extensions().get::<Rejection>()?.to_status();
+    /// assert!(status.message().starts_with("idempotency."));
+    /// # Some(status) }
+    /// ```
+    #[cfg(feature = "tonic")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+    #[must_use]
+    pub fn to_status(&self) -> tonic::Status {
+        let mut status = tonic::Status::new(
+            tonic::Code::from_i32(self.kind().grpc_code()),
+            self.grpc_message(),
+        );
+        if let Some(after) = self.retry_after_hint() {
+            status.metadata_mut().insert(
+                "grpc-retry-pushback-ms",
+                tonic::metadata::MetadataValue::from(millis(after)),
+            );
+        }
+        status
+    }
+}
+
+fn millis(d: std::time::Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Percent-encodes a `grpc-message` value: bytes outside visible ASCII and space, and `%`.
+fn percent_encode(s: &str) -> Bytes {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    let mut out = Vec::with_capacity(s.len());
+    for &b in s.as_bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(b);
+        } else {
+            out.extend_from_slice(&[b'%', HEX[usize::from(b >> 4)], HEX[usize::from(b & 0xf)]]);
+        }
+    }
+    Bytes::from(out)
 }
 
 impl fmt::Display for Rejection {
@@ -189,3 +301,48 @@ impl std::error::Error for Rejection {}
 
 /// Renders a rejection as a response (the layer adds the `Rejection` to its extensions).
 pub(crate) type Renderer = Arc<dyn Fn(&Rejection) -> Response<Bytes> + Send + Sync>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_percent_encoded() {
+        assert_eq!(&percent_encode("a b%c")[..], b"a b%25c");
+        assert_eq!(&percent_encode("é\n")[..], b"%C3%A9%0A");
+    }
+
+    #[test]
+    fn rejection_renders_trailers_only() {
+        let r = Rejection::new(RejectionKind::InFlight, "busy 100%")
+            .retry_after(std::time::Duration::from_secs(1));
+        let res = r.to_grpc_response();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert!(res.body().is_empty());
+        let h = res.headers();
+        assert_eq!(h["content-type"], "application/grpc");
+        assert_eq!(h["grpc-status"], "10");
+        assert_eq!(h["grpc-message"], "idempotency.in_flight: busy 100%25");
+        assert_eq!(h["grpc-retry-pushback-ms"], "1000");
+    }
+
+    #[test]
+    fn every_rejection_has_a_code() {
+        use RejectionKind::*;
+        for (kind, code) in [
+            (KeyMissing, 3),
+            (KeyInvalid, 3),
+            (BodyUnreadable, 3),
+            (PrincipalMissing, 16),
+            (InFlight, 10),
+            (KeyReused, 9),
+            (BodyTooLarge, 8),
+            (ScopeFull, 8),
+            (StoreFailed, 14),
+            (StoreFull, 14),
+            (RecordInvalid, 14),
+        ] {
+            assert_eq!(kind.grpc_code(), code, "{kind}");
+        }
+    }
+}

@@ -1,182 +1,102 @@
-//! What is recorded from a response, and how a record becomes a response again.
-//!
-//! Only headers on the ALLOW list are stored and replayed; the fixed DENY list is never stored,
-//! never replayed and cannot be added to the allow list. A record is re-validated against the
-//! *current* lists at every replay, so a record written under looser settings, or tampered
-//! with, is refused (503) instead of replayed.
+//! How a record becomes a response again. A record is re-validated at every replay, against
+//! the *current* header lists and the classification rules: one that fails is refused (503,
+//! or `UNAVAILABLE` in gRPC mode) instead of replayed.
 
 use super::body::ResponseBody;
-use crate::record::{Field, StoredResponse};
+use super::classify::{is_recordable, is_recorded_status};
+use super::grpc::parse_status;
+use super::headers::{GRPC_STATUS, HeaderPolicy, REPLAYED_HEADER, is_denied_bytes};
+use crate::record::StoredResponse;
 use bytes::Bytes;
-use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode, header};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body::Body;
 
-/// The header added to every replayed response.
-pub const REPLAYED_HEADER: HeaderName = HeaderName::from_static("idempotent-replayed");
-
-/// Headers stored and replayed by default, together with
-/// [`grpc::GRPC_ENCODING`](super::grpc::GRPC_ENCODING) (see [gRPC mode](super::grpc)).
-pub const DEFAULT_ALLOWED_HEADERS: &[HeaderName] = &[
-    header::CONTENT_TYPE,
-    header::CONTENT_ENCODING,
-    header::CONTENT_DISPOSITION,
-    header::CONTENT_LOCATION,
-    header::LOCATION,
-    header::ETAG,
-    header::LAST_MODIFIED,
-    header::CACHE_CONTROL,
-    header::EXPIRES,
-    header::VARY,
-    header::LINK,
-];
-
-/// Headers that are never stored nor replayed: per-connection, per-response or secret.
-pub const DENIED_HEADERS: &[&str] = &[
-    "set-cookie",
-    "cookie",
-    "authorization",
-    "proxy-authorization",
-    "proxy-authenticate",
-    "www-authenticate",
-    "date",
-    "age",
-    "content-length",
-    "transfer-encoding",
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "te",
-    "trailer",
-    "upgrade",
-    "content-language",
-    "retry-after",
-    "x-request-id",
-    "x-correlation-id",
-    "traceparent",
-    "tracestate",
-    "server",
-    "alt-svc",
-    "idempotent-replayed",
-];
-
-/// Name prefixes that are never stored (rate-limit state belongs to the moment it was sent).
-const DENIED_PREFIXES: &[&str] = &["ratelimit", "x-ratelimit-"];
-
-/// Whether `name` is on the fixed deny list.
-#[must_use]
-pub fn is_denied(name: &str) -> bool {
-    DENIED_HEADERS.contains(&name) || DENIED_PREFIXES.iter().any(|p| name.starts_with(p))
-}
-
-/// Whether a response with this status is recorded: 2xx, and 4xx except 408, 425 and 429.
-#[must_use]
-pub fn is_recordable(status: u16) -> bool {
-    matches!(status, 200..=299)
-        || (matches!(status, 400..=499) && !matches!(status, 408 | 425 | 429))
-}
-
-#[derive(Clone, Debug)]
-pub(crate) struct HeaderPolicy {
-    allowed: Vec<HeaderName>,
-}
-
-impl Default for HeaderPolicy {
-    fn default() -> Self {
-        Self {
-            allowed: DEFAULT_ALLOWED_HEADERS
-                .iter()
-                .cloned()
-                .chain([super::grpc::GRPC_ENCODING])
-                .collect(),
-        }
+/// Re-validates a record and builds the replayed response (in gRPC mode, for a gRPC
+/// request); the reason a record was refused otherwise.
+pub(crate) fn replay<B: Body>(
+    policy: &HeaderPolicy,
+    record: StoredResponse,
+    grpc: bool,
+) -> Result<Response<ResponseBody<B>>, &'static str> {
+    if grpc {
+        replay_grpc(policy, record)
+    } else {
+        replay_http(policy, record)
     }
 }
 
-impl HeaderPolicy {
-    pub(crate) fn allow(&mut self, name: HeaderName) -> bool {
-        if is_denied(name.as_str()) {
-            return false;
-        }
-        if !self.allowed.contains(&name) {
-            self.allowed.push(name);
-        }
-        true
+/// The HTTP replay: stored status, allowed headers, `idempotent-replayed: true`, stored body
+/// and trailers.
+fn replay_http<B: Body>(
+    policy: &HeaderPolicy,
+    record: StoredResponse,
+) -> Result<Response<ResponseBody<B>>, &'static str> {
+    if !is_recordable(record.status) {
+        return Err("status is not recordable");
     }
-
-    pub(crate) fn allows(&self, name: &[u8]) -> bool {
-        self.allowed.iter().any(|a| a.as_str().as_bytes() == name)
-    }
-
-    /// The allowed headers of a response, in order, repeated lines kept.
-    pub(crate) fn record(&self, headers: &HeaderMap) -> Vec<Field> {
-        let mut out = Vec::new();
-        for (name, value) in headers {
-            if self.allowed.contains(name) {
-                out.push((
-                    Bytes::copy_from_slice(name.as_str().as_bytes()),
-                    Bytes::copy_from_slice(value.as_bytes()),
-                ));
-            }
+    let status = StatusCode::from_u16(record.status).map_err(|_| "invalid status")?;
+    let mut headers = HeaderMap::with_capacity(record.headers.len() + 1);
+    for (name, value) in record.headers {
+        if is_denied_bytes(&name) || !policy.allows(&name) {
+            return Err("header not on the allow list");
         }
-        out
+        headers.append(to_name(&name)?, to_value(value)?);
     }
-
-    /// Trailers (gRPC status and metadata): everything but the deny list.
-    pub(crate) fn record_trailers(trailers: &HeaderMap) -> Vec<Field> {
-        trailers
-            .iter()
-            .filter(|(n, _)| !is_denied(n.as_str()))
-            .map(|(n, v)| {
-                (
-                    Bytes::copy_from_slice(n.as_str().as_bytes()),
-                    Bytes::copy_from_slice(v.as_bytes()),
-                )
-            })
-            .collect()
-    }
-
-    /// Re-validates a record against the current rules and builds the replayed response.
-    pub(crate) fn replay<B: Body>(
-        &self,
-        record: StoredResponse,
-    ) -> Result<Response<ResponseBody<B>>, &'static str> {
-        if !is_recordable(record.status) {
-            return Err("status is not recordable");
-        }
-        let status = StatusCode::from_u16(record.status).map_err(|_| "invalid status")?;
-        let mut headers = HeaderMap::with_capacity(record.headers.len() + 1);
-        for (name, value) in record.headers {
-            if is_denied_bytes(&name) || !self.allows(&name) {
-                return Err("header not on the allow list");
-            }
-            headers.append(to_name(&name)?, to_value(value)?);
-        }
-        headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
-        let trailers = match record.trailers {
-            None => None,
-            Some(fields) => {
-                let mut t = HeaderMap::with_capacity(fields.len());
-                for (name, value) in fields {
-                    if is_denied_bytes(&name) {
-                        return Err("denied trailer");
-                    }
-                    t.append(to_name(&name)?, to_value(value)?);
+    headers.insert(REPLAYED_HEADER, HeaderValue::from_static("true"));
+    let trailers = match record.trailers {
+        None => None,
+        Some(fields) => {
+            let mut t = HeaderMap::with_capacity(fields.len());
+            for (name, value) in fields {
+                if is_denied_bytes(&name) {
+                    return Err("denied trailer");
                 }
-                Some(t)
+                t.append(to_name(&name)?, to_value(value)?);
             }
-        };
-        let mut res = Response::new(ResponseBody::buffered(
-            record.body.unwrap_or_default(),
-            trailers,
-        ));
-        *res.status_mut() = status;
-        *res.headers_mut() = headers;
-        Ok(res)
-    }
+            Some(t)
+        }
+    };
+    let mut res = Response::new(ResponseBody::buffered(
+        record.body.unwrap_or_default(),
+        trailers,
+    ));
+    *res.status_mut() = status;
+    *res.headers_mut() = headers;
+    Ok(res)
 }
 
-fn is_denied_bytes(name: &[u8]) -> bool {
-    std::str::from_utf8(name).map_or(true, is_denied)
+/// The gRPC replay: the HTTP re-validation, plus a recorded 200 must carry a recorded
+/// `grpc-status`. A record without messages is sent Trailers-Only.
+fn replay_grpc<B: Body>(
+    policy: &HeaderPolicy,
+    record: StoredResponse,
+) -> Result<Response<ResponseBody<B>>, &'static str> {
+    if record.status == StatusCode::OK.as_u16() {
+        let code = record
+            .trailers
+            .iter()
+            .flatten()
+            .chain(&record.headers)
+            .find(|(n, _)| n.as_ref() == GRPC_STATUS.as_str().as_bytes())
+            .and_then(|(_, v)| parse_status(v));
+        match code {
+            Some(c) if is_recorded_status(c) => {}
+            Some(_) => return Err("gRPC status is not recordable"),
+            None => return Err("gRPC status missing"),
+        }
+    }
+    let trailers_only = record.body.as_ref().is_none_or(Bytes::is_empty);
+    let mut res = replay_http(policy, record)?;
+    if trailers_only
+        && res.status() == StatusCode::OK
+        && let Some(trailers) = res.body_mut().take_trailers()
+    {
+        let headers = res.headers_mut();
+        for (name, value) in &trailers {
+            headers.append(name.clone(), value.clone());
+        }
+    }
+    Ok(res)
 }
 
 fn to_name(name: &[u8]) -> Result<HeaderName, &'static str> {
@@ -190,22 +110,83 @@ fn to_value(value: Bytes) -> Result<HeaderValue, &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::record::Field;
 
-    #[test]
-    fn classification_table() {
-        for s in [200, 201, 204, 299, 400, 401, 404, 409, 422, 499] {
-            assert!(is_recordable(s), "{s} is recorded");
-        }
-        for s in [100, 101, 199, 300, 304, 408, 425, 429, 500, 502, 503, 599] {
-            assert!(!is_recordable(s), "{s} is released");
-        }
+    fn f(name: &'static str, value: &'static str) -> Field {
+        (
+            Bytes::from_static(name.as_bytes()),
+            Bytes::from_static(value.as_bytes()),
+        )
+    }
+
+    fn grpc_record(body: Option<&'static [u8]>, trailers: Vec<Field>) -> StoredResponse {
+        StoredResponse::new(
+            200,
+            vec![f("content-type", "application/grpc")],
+            body.map(Bytes::from_static),
+        )
+        .with_trailers(trailers)
+    }
+
+    type Res = Response<ResponseBody<http_body_util::Empty<Bytes>>>;
+
+    fn replayed(record: StoredResponse) -> Result<Res, &'static str> {
+        replay(&HeaderPolicy::default(), record, true)
     }
 
     #[test]
-    fn deny_list_cannot_be_allowed() {
-        let mut p = HeaderPolicy::default();
-        assert!(!p.allow(HeaderName::from_static("set-cookie")));
-        assert!(!p.allow(HeaderName::from_static("ratelimit-remaining")));
-        assert!(p.allow(HeaderName::from_static("x-order-id")));
+    fn a_replay_needs_a_recorded_grpc_status() {
+        let frame: &'static [u8] = b"\0\0\0\0\0";
+        let res = replayed(grpc_record(Some(frame), vec![f("grpc-status", "0")])).expect("ok");
+        assert_eq!(res.headers()["idempotent-replayed"], "true");
+        assert!(
+            !res.headers().contains_key("grpc-status"),
+            "sent as a trailer"
+        );
+        for (trailers, reason) in [
+            (
+                vec![f("grpc-status", "14")],
+                "gRPC status is not recordable",
+            ),
+            (vec![f("grpc-status", "x")], "gRPC status missing"),
+            (vec![f("x-other", "1")], "gRPC status missing"),
+        ] {
+            let err = replayed(grpc_record(Some(frame), trailers)).expect_err(reason);
+            assert_eq!(err, reason);
+        }
+        let no_trailers = StoredResponse::new(200, vec![], Some(Bytes::from_static(frame)));
+        assert_eq!(
+            replayed(no_trailers).expect_err("missing"),
+            "gRPC status missing"
+        );
+        // A non-200 recorded under the HTTP table replays as in HTTP mode.
+        let http_404 = StoredResponse::new(404, vec![], Some(Bytes::from_static(b"gone")));
+        assert_eq!(
+            replayed(http_404).expect("404").status(),
+            StatusCode::NOT_FOUND
+        );
+        // The deny list still applies to trailers.
+        let denied = grpc_record(None, vec![f("grpc-status", "3"), f("set-cookie", "a=b")]);
+        assert_eq!(replayed(denied).expect_err("denied"), "denied trailer");
+    }
+
+    #[test]
+    fn a_replay_without_messages_is_trailers_only() {
+        let record = grpc_record(
+            None,
+            vec![
+                f("grpc-status", "3"),
+                f("grpc-message", "bad%20quantity"),
+                f("x-field", "quantity"),
+            ],
+        );
+        let res = replayed(record).expect("replay");
+        let h = res.headers();
+        assert_eq!(h["content-type"], "application/grpc");
+        assert_eq!(h["grpc-status"], "3");
+        assert_eq!(h["grpc-message"], "bad%20quantity");
+        assert_eq!(h["x-field"], "quantity");
+        assert_eq!(h["idempotent-replayed"], "true");
+        assert!(res.body().is_end_stream(), "no body, no trailers left");
     }
 }

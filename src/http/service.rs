@@ -1,20 +1,23 @@
-use super::body::{RequestBody, ResponseBody};
-use super::config::ResponseMode;
+//! The service: steps 1–5 of the check order at once, then the keyed sequence (buffer,
+//! fingerprint, claim, run, classify, record) in one future.
+
+use super::body::{ReadError, RequestBody, ResponseBody, read_limited};
+use super::classify::{Outcome, classify};
+use super::config::LayerState;
+use super::extensions::{ClaimedKey, KeyAbsent};
 use super::future::ResponseFuture;
-use super::layer::{IdempotencyLayer, Shared};
+use super::grpc::is_grpc;
 use super::rejection::{Rejection, RejectionKind};
-use super::replay::{HeaderPolicy, is_recordable};
-use crate::engine::{Begin, Ticket};
+use super::replay::replay;
+use crate::engine::{Begin, Engine, Ticket};
 use crate::key::IdempotencyKey;
 use crate::record::StoredResponse;
 use crate::scope::{Scope, StoreKey};
 use crate::store::{Store, StoreError, StoreErrorKind};
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use http::{HeaderMap, Request, Response, header};
 use http_body::Body;
-use http_body_util::BodyExt;
 use std::fmt;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -26,14 +29,14 @@ const RETRY_AFTER: Duration = Duration::from_secs(1);
 /// The idempotency middleware service. See the [module docs](crate::http).
 pub struct Idempotency<S, St> {
     pub(crate) inner: S,
-    pub(crate) shared: Arc<Shared<St>>,
+    pub(crate) state: Arc<LayerState<St>>,
 }
 
 impl<S: Clone, St> Clone for Idempotency<S, St> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            shared: Arc::clone(&self.shared),
+            state: Arc::clone(&self.state),
         }
     }
 }
@@ -46,15 +49,7 @@ impl<S: fmt::Debug, St> fmt::Debug for Idempotency<S, St> {
     }
 }
 
-impl<S, St: Store> Idempotency<S, St> {
-    /// Wraps `inner` with the settings of `layer`.
-    pub fn new(inner: S, layer: &IdempotencyLayer<St>) -> Self {
-        Self {
-            inner,
-            shared: Arc::clone(&layer.shared),
-        }
-    }
-
+impl<S, St> Idempotency<S, St> {
     /// A reference to the inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -90,21 +85,21 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let config = &self.shared.config;
+        let config = &self.state.config;
         // 1. Methods the layer does not act on pass through without a store call.
         if !config.applies_to(req.method()) {
             return ResponseFuture::passthrough(self.inner.call(req.map(RequestBody::passthrough)));
         }
         let (parts, body) = req.into_parts();
         // A gRPC request: classified by its gRPC status, rejected with gRPC statuses.
-        let grpc = super::grpc::is_grpc(&parts.headers);
+        let grpc = is_grpc(&parts.headers);
         // 2. The key.
         let key = config.key(&parts);
         // 3. No key, not required: pass through before any principal check.
         if key.is_none() && !config.required {
             // Lets the extractors tell "no key sent" from "layer not installed".
             let mut parts = parts;
-            parts.extensions.insert(super::KeyAbsent);
+            parts.extensions.insert(KeyAbsent);
             let req = Request::from_parts(parts, RequestBody::passthrough(body));
             return ResponseFuture::passthrough(self.inner.call(req));
         }
@@ -124,10 +119,7 @@ where
                 return self.reject(
                     Rejection::new(
                         RejectionKind::KeyMissing,
-                        format!(
-                            "this request requires an `{}` header",
-                            config_key_name(config)
-                        ),
+                        format!("this request requires an `{}` header", config.key_name()),
                     ),
                     grpc,
                 );
@@ -144,33 +136,24 @@ where
         // 6a. A declared length over the limit is refused before reading.
         let limit = config.max_request_body;
         if content_length(&parts.headers).is_some_and(|n| n > limit as u64) {
-            return self.reject(body_too_large(limit), grpc);
+            return self.reject(Rejection::body_too_large(limit), grpc);
         }
         // Keep the instance that was polled ready; the clone takes its place.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
-        let shared = Arc::clone(&self.shared);
-        ResponseFuture::keyed(Box::pin(keyed(
-            shared, inner, parts, body, key, scope, grpc,
-        )))
-    }
-}
-
-fn config_key_name(config: &super::config::Config) -> String {
-    match &config.key_source {
-        super::config::KeySource::Header(h) => h.as_str().to_owned(),
-        super::config::KeySource::Fn(_) => "idempotency key".to_owned(),
+        let state = Arc::clone(&self.state);
+        ResponseFuture::keyed(Box::pin(keyed(state, inner, parts, body, key, scope, grpc)))
     }
 }
 
 impl<S, St> Idempotency<S, St> {
     fn reject<F, B: Body, E>(&self, rejection: Rejection, grpc: bool) -> ResponseFuture<F, B, E> {
-        ResponseFuture::ready(render(&self.shared, rejection, grpc))
+        ResponseFuture::ready(render(&self.state, rejection, grpc))
     }
 }
 
 fn render<St, B: Body>(
-    shared: &Shared<St>,
+    state: &LayerState<St>,
     rejection: Rejection,
     grpc: bool,
 ) -> Response<ResponseBody<B>> {
@@ -179,18 +162,11 @@ fn render<St, B: Body>(
     let res = if grpc {
         rejection.to_grpc_response()
     } else {
-        shared.config.render(&rejection)
+        state.config.render(&rejection)
     };
     let mut res = res.map(|b| ResponseBody::buffered(b, None));
     res.extensions_mut().insert(rejection);
     res
-}
-
-fn body_too_large(limit: usize) -> Rejection {
-    Rejection::new(
-        RejectionKind::BodyTooLarge,
-        format!("the request body is over the limit of {limit} bytes"),
-    )
 }
 
 fn content_length(headers: &HeaderMap) -> Option<u64> {
@@ -205,7 +181,7 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
 
 /// Steps 6–9 for a keyed request: buffer and fingerprint, claim, run, classify, record.
 async fn keyed<S, St, ReqB, ResB>(
-    shared: Arc<Shared<St>>,
+    state: Arc<LayerState<St>>,
     mut inner: S,
     mut parts: http::request::Parts,
     body: ReqB,
@@ -219,11 +195,24 @@ where
     ReqB: Body<Data = Bytes>,
     ResB: Body<Data = Bytes> + Send + 'static,
 {
-    let config = &shared.config;
-    let engine = &shared.engine;
+    let config = &state.config;
+    let engine = &state.engine;
     let body = match read_limited(body, config.max_request_body).await {
         Ok(b) => b,
-        Err(r) => return Ok(render(&shared, r, grpc)),
+        Err(ReadError::TooLarge) => {
+            return Ok(render(
+                &state,
+                Rejection::body_too_large(config.max_request_body),
+                grpc,
+            ));
+        }
+        Err(ReadError::Failed) => {
+            let rejection = Rejection::new(
+                RejectionKind::BodyUnreadable,
+                "the request body could not be read",
+            );
+            return Ok(render(&state, rejection, grpc));
+        }
     };
     let fingerprint = config.fingerprint(&parts, &body);
     let store_key = StoreKey::derive(&config.namespace, &scope, &key);
@@ -231,12 +220,7 @@ where
     let ticket = match engine.begin(store_key, fingerprint).await {
         Ok(Begin::Run(ticket)) => ticket,
         Ok(Begin::Replay(record)) => {
-            let replayed = if grpc {
-                super::grpc::replay(&config.headers, record)
-            } else {
-                config.headers.replay(record)
-            };
-            return Ok(match replayed {
+            return Ok(match replay(&config.headers, record, grpc) {
                 Ok(res) => {
                     tracing::debug!(outcome = "replayed", key = ?store_key, "idempotency replay");
                     res
@@ -244,7 +228,7 @@ where
                 Err(reason) => {
                     tracing::warn!(outcome = "record_invalid", key = ?store_key, reason, "stored record failed re-validation; not replayed");
                     render(
-                        &shared,
+                        &state,
                         Rejection::new(
                             RejectionKind::RecordInvalid,
                             "the stored response for this key could not be replayed",
@@ -257,7 +241,7 @@ where
         Ok(Begin::InFlight) => {
             tracing::info!(outcome = "in_flight", key = ?store_key, "idempotent request already in progress");
             return Ok(render(
-                &shared,
+                &state,
                 Rejection::new(
                     RejectionKind::InFlight,
                     "a request with this key is still being processed; retry later",
@@ -269,7 +253,7 @@ where
         Ok(Begin::KeyReused) => {
             tracing::warn!(outcome = "key_reused", key = ?store_key, "idempotency key reused with a different request");
             return Ok(render(
-                &shared,
+                &state,
                 Rejection::new(
                     RejectionKind::KeyReused,
                     "this key was already used for a different request",
@@ -280,7 +264,7 @@ where
         Ok(Begin::Invalid(e)) => {
             tracing::warn!(outcome = "record_invalid", key = ?store_key, error = %e, "stored record failed validation; not replayed");
             return Ok(render(
-                &shared,
+                &state,
                 Rejection::new(
                     RejectionKind::RecordInvalid,
                     "the stored response for this key could not be replayed",
@@ -288,16 +272,14 @@ where
                 grpc,
             ));
         }
-        Err(e) => return Ok(render(&shared, store_rejection(&e), grpc)),
+        Err(e) => return Ok(render(&state, store_rejection(&e), grpc)),
     };
     tracing::debug!(outcome = "claimed", key = ?store_key, "idempotency key claimed");
 
     // One extension; the derived key is only hashed if a handler asks for it.
-    parts.extensions.insert(super::ClaimedKey {
-        key,
-        namespace: Arc::clone(&config.namespace),
-        scope,
-    });
+    parts
+        .extensions
+        .insert(ClaimedKey::new(key, Arc::clone(&config.namespace), scope));
     let req = Request::from_parts(parts, RequestBody::buffered(body));
 
     // The handler and the reading of its body both run under lease renewal.
@@ -305,42 +287,7 @@ where
         .run(&ticket, async {
             std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
             let res = inner.call(req).await?;
-            // gRPC mode: the outcome is in the gRPC status (a non-200 follows the HTTP table).
-            if grpc && res.status() == http::StatusCode::OK {
-                return Ok(super::grpc::classify(config, engine.max_record_body(), &store_key, res).await);
-            }
-            let status = res.status().as_u16();
-            if !is_recordable(status) {
-                return Ok(Outcome::Release(res.map(ResponseBody::passthrough)));
-            }
-            let (parts, body) = res.into_parts();
-            let record_headers = config.headers.record(&parts.headers);
-            let max = engine.max_record_body();
-            let exact_too_big = body.size_hint().lower() > max as u64;
-            if config.response_mode == ResponseMode::Status || exact_too_big {
-                if exact_too_big {
-                    tracing::warn!(key = ?store_key, "response body over the record limit; recording status and headers only");
-                }
-                let record = StoredResponse::new(status, record_headers, None);
-                return Ok(Outcome::Record(Response::from_parts(parts, ResponseBody::passthrough(body)), record));
-            }
-            Ok(match collect_limited(body, max).await {
-                Collected::Whole { data, trailers } => {
-                    let mut record = StoredResponse::new(status, record_headers, Some(data.clone()));
-                    if let Some(t) = &trailers {
-                        record = record.with_trailers(HeaderPolicy::record_trailers(t));
-                    }
-                    Outcome::Record(Response::from_parts(parts, ResponseBody::buffered(data, trailers)), record)
-                }
-                Collected::TooLarge { prefix, rest } => {
-                    tracing::warn!(key = ?store_key, "response body over the record limit; recording status and headers only");
-                    let record = StoredResponse::new(status, record_headers, None);
-                    Outcome::Record(Response::from_parts(parts, ResponseBody::prefixed(prefix, rest)), record)
-                }
-                Collected::Failed { prefix, error } => {
-                    Outcome::Release(Response::from_parts(parts, ResponseBody::failed(prefix, error)))
-                }
-            })
+            Ok(classify(config, engine.max_record_body(), &store_key, res, grpc).await)
         })
         .await;
 
@@ -360,12 +307,7 @@ where
     }
 }
 
-pub(super) enum Outcome<B: Body> {
-    Release(Response<ResponseBody<B>>),
-    Record(Response<ResponseBody<B>>, StoredResponse),
-}
-
-async fn release<St: Store>(engine: &crate::Engine<St>, ticket: Ticket, key: StoreKey) {
+async fn release<St: Store>(engine: &Engine<St>, ticket: Ticket, key: StoreKey) {
     match engine.release(ticket).await {
         Ok(_) => tracing::debug!(outcome = "released", key = ?key, "idempotency key released"),
         Err(e) => {
@@ -375,7 +317,7 @@ async fn release<St: Store>(engine: &crate::Engine<St>, ticket: Ticket, key: Sto
 }
 
 async fn complete<St: Store>(
-    engine: &crate::Engine<St>,
+    engine: &Engine<St>,
     ticket: Ticket,
     key: StoreKey,
     record: &StoredResponse,
@@ -420,104 +362,8 @@ fn store_rejection(e: &StoreError) -> Rejection {
     }
 }
 
-async fn read_limited<B: Body<Data = Bytes>>(body: B, limit: usize) -> Result<Bytes, Rejection> {
-    let mut body = std::pin::pin!(body);
-    let mut first: Option<Bytes> = None;
-    let mut buf = BytesMut::new();
-    let mut len = 0usize;
-    while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|_| {
-            Rejection::new(
-                RejectionKind::BodyUnreadable,
-                "the request body could not be read",
-            )
-        })?;
-        let Ok(data) = frame.into_data() else {
-            continue;
-        };
-        len += data.len();
-        if len > limit {
-            return Err(body_too_large(limit));
-        }
-        // One chunk is kept as is; only a body in several chunks is copied together.
-        match first.take() {
-            None if buf.is_empty() => first = Some(data),
-            Some(f) => {
-                buf.reserve(len);
-                buf.extend_from_slice(&f);
-                buf.extend_from_slice(&data);
-            }
-            None => buf.extend_from_slice(&data),
-        }
-    }
-    Ok(first.unwrap_or_else(|| buf.freeze()))
-}
-
-pub(super) enum Collected<B: Body> {
-    Whole {
-        data: Bytes,
-        trailers: Option<HeaderMap>,
-    },
-    TooLarge {
-        prefix: Bytes,
-        rest: Pin<Box<B>>,
-    },
-    Failed {
-        prefix: Bytes,
-        error: B::Error,
-    },
-}
-
-pub(super) async fn collect_limited<B: Body<Data = Bytes>>(body: B, limit: usize) -> Collected<B> {
-    let mut body = Box::pin(body);
-    let mut first: Option<Bytes> = None;
-    let mut buf = BytesMut::new();
-    let mut len = 0usize;
-    let mut trailers: Option<HeaderMap> = None;
-    let take = |first: &mut Option<Bytes>, buf: &mut BytesMut| {
-        first.take().unwrap_or_else(|| std::mem::take(buf).freeze())
-    };
-    while let Some(frame) = body.frame().await {
-        let frame = match frame {
-            Ok(f) => f,
-            Err(error) => {
-                return Collected::Failed {
-                    prefix: take(&mut first, &mut buf),
-                    error,
-                };
-            }
-        };
-        let data = match frame.into_data() {
-            Ok(d) => d,
-            Err(frame) => {
-                if let Ok(t) = frame.into_trailers() {
-                    match &mut trailers {
-                        Some(all) => all.extend(t),
-                        None => trailers = Some(t),
-                    }
-                }
-                continue;
-            }
-        };
-        len += data.len();
-        match first.take() {
-            None if buf.is_empty() => first = Some(data),
-            Some(f) => {
-                buf.reserve(len);
-                buf.extend_from_slice(&f);
-                buf.extend_from_slice(&data);
-            }
-            None => buf.extend_from_slice(&data),
-        }
-        if len > limit {
-            return Collected::TooLarge {
-                prefix: take(&mut first, &mut buf),
-                rest: body,
-            };
-        }
-    }
-    Collected::Whole {
-        data: take(&mut first, &mut buf),
-        trailers,
-    }
+#[cfg(feature = "tonic")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
+impl<S: tonic::server::NamedService, St> tonic::server::NamedService for Idempotency<S, St> {
+    const NAME: &'static str = S::NAME;
 }

@@ -1,0 +1,207 @@
+//! Step 9: what becomes of the handler's response, HTTP and gRPC side by side. A response is
+//! recorded (then sent) or released (sent, the key freed for a retry).
+//!
+//! HTTP: 2xx and 4xx (but 408, 425, 429) are recorded; a body over the record limit is
+//! recorded as status and headers only. gRPC (an HTTP 200 to a gRPC request): the outcome is
+//! the gRPC status, read from the headers of a Trailers-Only response or else from the
+//! trailers, so the body is read first (see [gRPC mode](super::grpc#classification)).
+
+use super::body::{Collected, ResponseBody, collect_limited};
+use super::config::{Config, ResponseMode};
+use super::grpc::{GrpcCode, status_of};
+use super::headers::{GRPC_STATUS, HeaderPolicy};
+use crate::record::StoredResponse;
+use crate::scope::StoreKey;
+use bytes::Bytes;
+use http::{Response, StatusCode};
+use http_body::Body;
+
+/// Whether a response with this status is recorded: 2xx, and 4xx except 408, 425 and 429.
+pub(crate) fn is_recordable(status: u16) -> bool {
+    matches!(status, 200..=299)
+        || (matches!(status, 400..=499) && !matches!(status, 408 | 425 | 429))
+}
+
+/// Whether a gRPC response with this status is recorded: `OK` and the codes the caller caused
+/// (the same request gets the same answer); the transient ones are released.
+pub(crate) fn is_recorded_code(code: GrpcCode) -> bool {
+    use GrpcCode::*;
+    match code {
+        Ok | InvalidArgument | NotFound | AlreadyExists | PermissionDenied | FailedPrecondition
+        | OutOfRange | Unimplemented | Unauthenticated => true,
+        Cancelled | Unknown | DeadlineExceeded | ResourceExhausted | Aborted | Internal
+        | Unavailable | DataLoss => false,
+    }
+}
+
+/// Whether a `grpc-status` number is recorded (one that is no gRPC code is not).
+pub(crate) fn is_recorded_status(status: i32) -> bool {
+    GrpcCode::from_i32(status).is_some_and(is_recorded_code)
+}
+
+/// What to do with the key, and the response that goes out either way.
+pub(crate) enum Outcome<B: Body> {
+    Release(Response<ResponseBody<B>>),
+    Record(Response<ResponseBody<B>>, StoredResponse),
+}
+
+/// Classifies the handler's response (reading its body up to `max` bytes when it is to be
+/// recorded, or in gRPC mode to find the status).
+pub(crate) async fn classify<B>(
+    config: &Config,
+    max: usize,
+    key: &StoreKey,
+    res: Response<B>,
+    grpc: bool,
+) -> Outcome<B>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+{
+    // gRPC mode: the outcome is in the gRPC status (a non-200 follows the HTTP table).
+    if grpc && res.status() == StatusCode::OK {
+        classify_grpc(config, max, key, res).await
+    } else {
+        classify_http(config, max, key, res).await
+    }
+}
+
+async fn classify_http<B>(
+    config: &Config,
+    max: usize,
+    key: &StoreKey,
+    res: Response<B>,
+) -> Outcome<B>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+{
+    let status = res.status().as_u16();
+    if !is_recordable(status) {
+        return Outcome::Release(res.map(ResponseBody::passthrough));
+    }
+    let (parts, body) = res.into_parts();
+    let record_headers = config.headers.record(&parts.headers);
+    let exact_too_big = body.size_hint().lower() > max as u64;
+    if config.response_mode == ResponseMode::Status || exact_too_big {
+        if exact_too_big {
+            tracing::warn!(key = ?key, "response body over the record limit; recording status and headers only");
+        }
+        let record = StoredResponse::new(status, record_headers, None);
+        return Outcome::Record(
+            Response::from_parts(parts, ResponseBody::passthrough(body)),
+            record,
+        );
+    }
+    match collect_limited(body, max).await {
+        Collected::Whole { data, trailers } => {
+            let mut record = StoredResponse::new(status, record_headers, Some(data.clone()));
+            if let Some(t) = &trailers {
+                record = record.with_trailers(HeaderPolicy::record_trailers(t));
+            }
+            Outcome::Record(
+                Response::from_parts(parts, ResponseBody::buffered(data, trailers)),
+                record,
+            )
+        }
+        Collected::TooLarge { prefix, rest } => {
+            tracing::warn!(key = ?key, "response body over the record limit; recording status and headers only");
+            let record = StoredResponse::new(status, record_headers, None);
+            Outcome::Record(
+                Response::from_parts(parts, ResponseBody::prefixed(prefix, rest)),
+                record,
+            )
+        }
+        Collected::Failed { prefix, error } => Outcome::Release(Response::from_parts(
+            parts,
+            ResponseBody::failed(prefix, error),
+        )),
+    }
+}
+
+/// gRPC mode, for an HTTP 200 response: read the body up to the record limit, find the gRPC
+/// status, then record or release.
+async fn classify_grpc<B>(
+    config: &Config,
+    max: usize,
+    key: &StoreKey,
+    res: Response<B>,
+) -> Outcome<B>
+where
+    B: Body<Data = Bytes> + Send + 'static,
+{
+    let (parts, body) = res.into_parts();
+    if body.size_hint().lower() > max as u64 {
+        tracing::warn!(key = ?key, "gRPC response over the record limit; released, not recorded");
+        return Outcome::Release(Response::from_parts(parts, ResponseBody::passthrough(body)));
+    }
+    let (data, trailers) = match collect_limited(body, max).await {
+        Collected::Whole { data, trailers } => (data, trailers),
+        Collected::TooLarge { prefix, rest } => {
+            tracing::warn!(key = ?key, "gRPC response over the record limit; released, not recorded");
+            return Outcome::Release(Response::from_parts(
+                parts,
+                ResponseBody::prefixed(prefix, rest),
+            ));
+        }
+        Collected::Failed { prefix, error } => {
+            return Outcome::Release(Response::from_parts(
+                parts,
+                ResponseBody::failed(prefix, error),
+            ));
+        }
+    };
+    // A Trailers-Only response has its status in the headers (tonic's clients look there first).
+    let trailers_only = parts.headers.contains_key(GRPC_STATUS);
+    let code = if trailers_only {
+        status_of(&parts.headers)
+    } else {
+        trailers.as_ref().and_then(status_of)
+    };
+    if !code.is_some_and(is_recorded_status) {
+        tracing::debug!(key = ?key, grpc_status = ?code, "gRPC status not recorded");
+        return Outcome::Release(Response::from_parts(
+            parts,
+            ResponseBody::buffered(data, trailers),
+        ));
+    }
+    let policy = &config.headers;
+    let mut trailer_fields = Vec::new();
+    if trailers_only {
+        // The headers of a Trailers-Only response are its trailers.
+        trailer_fields.extend(policy.record_trailers_only(&parts.headers));
+    }
+    if let Some(t) = &trailers {
+        trailer_fields.extend(HeaderPolicy::record_trailers(t));
+    }
+    let body = (config.response_mode == ResponseMode::Full).then(|| data.clone());
+    let record = StoredResponse::new(StatusCode::OK.as_u16(), policy.record(&parts.headers), body)
+        .with_trailers(trailer_fields);
+    Outcome::Record(
+        Response::from_parts(parts, ResponseBody::buffered(data, trailers)),
+        record,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn classification_table() {
+        for s in [200, 201, 204, 299, 400, 401, 404, 409, 422, 499] {
+            assert!(is_recordable(s), "{s} is recorded");
+        }
+        for s in [100, 101, 199, 300, 304, 408, 425, 429, 500, 502, 503, 599] {
+            assert!(!is_recordable(s), "{s} is released");
+        }
+    }
+
+    #[test]
+    fn every_code_is_classified() {
+        let recorded = [0, 3, 5, 6, 7, 9, 11, 12, 16];
+        for c in 0..=16 {
+            assert_eq!(is_recorded_status(c), recorded.contains(&c), "code {c}");
+        }
+        assert!(!is_recorded_status(-1));
+        assert!(!is_recorded_status(17));
+    }
+}

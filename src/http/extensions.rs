@@ -1,0 +1,41 @@
+//! What the layer puts into a request's extensions for the handler (and the axum extractors).
+
+use crate::key::IdempotencyKey;
+use crate::scope::{DerivedKey, Scope};
+use std::sync::Arc;
+
+/// Marks a request the layer saw without a key (for the extractors' rejection messages).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KeyAbsent;
+
+/// The key a request was claimed under, put into the request's extensions by the layer before
+/// the inner service runs (the axum extractors read it; other servers, tonic say, can read it
+/// with `req.extensions().get::<ClaimedKey>()`).
+#[derive(Clone, Debug)]
+pub struct ClaimedKey {
+    key: IdempotencyKey,
+    namespace: Arc<str>,
+    scope: Scope,
+}
+
+impl ClaimedKey {
+    pub(crate) fn new(key: IdempotencyKey, namespace: Arc<str>, scope: Scope) -> Self {
+        Self {
+            key,
+            namespace,
+            scope,
+        }
+    }
+
+    /// The client's validated key.
+    #[must_use]
+    pub fn key(&self) -> &IdempotencyKey {
+        &self.key
+    }
+
+    /// The stable key to forward to a provider that de-duplicates (hashed on each call).
+    #[must_use]
+    pub fn derived_key(&self) -> DerivedKey {
+        DerivedKey::derive(&self.namespace, &self.scope, &self.key)
+    }
+}
