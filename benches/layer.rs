@@ -17,10 +17,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tower::ServiceExt;
-use tower_idempotency::{
-    Engine, Fingerprint, IdempotencyKey, IdempotencyLayer, MemoryStore, Principal, Scope, StoreKey,
-    StoredResponse, http::PrincipalMode,
-};
+use tower_idempotency::{http::PrincipalMode, IdempotencyKey, IdempotencyLayer, MemoryStore, Principal};
+use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse, Scope};
+use tower_idempotency::store::StoreKey;
 
 fn json_body(len: usize) -> Bytes {
     let mut s = String::from("{\"item\":\"");
@@ -58,13 +57,13 @@ fn fresh_key(scope: &Scope) -> StoreKey {
     StoreKey::derive(
         "bench",
         scope,
-        &IdempotencyKey::new(&n.to_string(), 255).expect("key"),
+        &IdempotencyKey::new(&n.to_string()).expect("key"),
     )
 }
 
 fn memory_store(c: &mut Criterion) {
     let mut g = c.benchmark_group("memory_store");
-    let record = StoredResponse::new(201, vec![], Some(Bytes::from_static(b"{\"id\":\"1\"}")));
+    let record = RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{\"id\":\"1\"}")));
     let fp = Fingerprint::builder().field(b"x").finish();
     // Retention short enough that the store stays near steady state instead of filling up.
     let make = || Engine::new(MemoryStore::new()).with_ttl(Duration::from_millis(50));
@@ -78,7 +77,7 @@ fn memory_store(c: &mut Criterion) {
         b.to_async(&rt).iter(|| async {
             let scope = Scope::principal("p");
             let key = fresh_key(&scope);
-            let tower_idempotency::Begin::Run(t) = engine.begin(key, fp).await.expect("claim")
+            let tower_idempotency::engine::Begin::Run(t) = engine.begin(key, fp).await.expect("claim")
             else {
                 panic!("fresh key must be claimed")
             };
@@ -98,10 +97,10 @@ fn memory_store(c: &mut Criterion) {
             let e2 = engine.clone();
             let record = record.clone();
             async move {
-                let one = |e: Engine<MemoryStore>, p: &'static str, record: StoredResponse| {
+                let one = |e: Engine<MemoryStore>, p: &'static str, record: RecordedResponse| {
                     tokio::spawn(async move {
                         let key = fresh_key(&Scope::principal(p));
-                        let tower_idempotency::Begin::Run(t) =
+                        let tower_idempotency::engine::Begin::Run(t) =
                             e.begin(key, fp).await.expect("claim")
                         else {
                             panic!("fresh key must be claimed")

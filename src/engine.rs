@@ -7,23 +7,29 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use tower_idempotency::{Begin, Engine, Fingerprint, IdempotencyKey, MemoryStore, Scope, StoreKey, StoredResponse};
+//! use tower_idempotency::{IdempotencyKey, MemoryStore};
+//! use tower_idempotency::engine::{Begin, Engine, Fingerprint, RecordedResponse, Scope};
+//! use tower_idempotency::store::StoreKey;
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
-//! let engine = Engine::new(MemoryStore::new()).with_lease(Duration::from_secs(30));
-//! let key = StoreKey::derive("jobs", &Scope::principal("worker"), &IdempotencyKey::new("job-1", 255).unwrap());
+//! let engine = Engine::builder(MemoryStore::new()).lease(Duration::from_secs(30)).build();
+//! let key = StoreKey::derive("jobs", &Scope::principal("worker"), &IdempotencyKey::new("job-1").unwrap());
 //! let fp = Fingerprint::builder().field(b"payload").finish();
 //!
 //! let Begin::Run(ticket) = engine.begin(key, fp).await.unwrap() else { panic!("first run") };
 //! let status = engine.run(&ticket, async { 200 }).await;
-//! engine.complete(ticket, &StoredResponse::new(status, vec![], None)).await.unwrap();
+//! engine.complete(ticket, &RecordedResponse::new(status, vec![], None)).await.unwrap();
 //!
 //! assert!(matches!(engine.begin(key, fp).await.unwrap(), Begin::Replay(r) if r.status == 200));
 //! # }
 //! ```
 
-use crate::fingerprint::Fingerprint;
-use crate::record::{RecordError, StoredResponse};
+pub use crate::fingerprint::{Fingerprint, FingerprintBuilder};
+pub use crate::key::{DEFAULT_MAX_KEY_LEN, KeyError, KeyErrorKind};
+pub use crate::record::{Field, RecordError, RecordedResponse};
+pub use crate::scope::Scope;
+pub use crate::secret::SecretTooShort;
+
 use crate::scope::StoreKey;
 use crate::secret::Secret;
 use crate::store::{Claim, Store, StoreError, StoreErrorKind, Token};
@@ -116,7 +122,7 @@ pub enum Begin {
     /// The key is held or done by a different request (HTTP: 422).
     KeyReused,
     /// The same request finished: answer with its record.
-    Replay(StoredResponse),
+    Replay(RecordedResponse),
     /// A record was found but failed validation; never replay it (HTTP: 503).
     Invalid(RecordError),
 }
@@ -156,33 +162,28 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// How long a claim holds a key; renewed while the work runs (at a third of the lease).
+    /// An engine with settings of its own: `Engine::builder(store).lease(..).ttl(..).build()`.
     #[must_use]
-    pub fn with_lease(mut self, lease: Duration) -> Self {
+    pub fn builder(store: S) -> EngineBuilder<S> {
+        EngineBuilder {
+            engine: Self::new(store),
+        }
+    }
+
+    pub(crate) fn set_lease(&mut self, lease: Duration) {
         self.lease = lease.max(Duration::from_millis(3));
-        self
     }
 
-    /// How long a completed record is kept.
-    #[must_use]
-    pub fn with_ttl(mut self, ttl: Duration) -> Self {
+    pub(crate) fn set_ttl(&mut self, ttl: Duration) {
         self.ttl = ttl.max(Duration::from_millis(1));
-        self
     }
 
-    /// The largest body a record may hold; longer records fail validation when read back.
-    #[must_use]
-    pub fn with_max_record_body(mut self, bytes: usize) -> Self {
+    pub(crate) fn set_max_record_body(&mut self, bytes: usize) {
         self.max_record_body = bytes;
-        self
     }
 
-    /// Authenticates records and keys fingerprints with `secret` (see [`crate::secret`]).
-    /// Off by default.
-    #[must_use]
-    pub fn with_secret(mut self, secret: Secret) -> Self {
+    pub(crate) fn set_secret(&mut self, secret: Secret) {
         self.secret = Some(secret);
-        self
     }
 
     /// The lease.
@@ -293,7 +294,7 @@ impl<S: Store> Engine<S> {
     pub async fn complete(
         &self,
         ticket: Ticket,
-        response: &StoredResponse,
+        response: &RecordedResponse,
     ) -> Result<bool, StoreError> {
         match response.encode() {
             Ok(record) => {
@@ -329,5 +330,58 @@ impl<S: Store> Engine<S> {
     /// The store's error; the key then stays pending until its lease lapses.
     pub async fn release(&self, ticket: Ticket) -> Result<bool, StoreError> {
         self.store.release(&ticket.key, &ticket.token).await
+    }
+}
+
+/// Builds an [`Engine`] with settings other than the defaults; made by [`Engine::builder`].
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::MemoryStore;
+/// use tower_idempotency::engine::Engine;
+///
+/// let engine = Engine::builder(MemoryStore::new())
+///     .lease(Duration::from_secs(30))
+///     .ttl(Duration::from_secs(3600))
+///     .build();
+/// assert_eq!(engine.lease(), Duration::from_secs(30));
+/// ```
+#[must_use]
+#[derive(Debug)]
+pub struct EngineBuilder<S> {
+    engine: Engine<S>,
+}
+
+impl<S: Store> EngineBuilder<S> {
+    /// How long a claim holds a key (default 60 s); renewed while the work runs, at a third of
+    /// the lease. At least 3 ms.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.engine.set_lease(lease);
+        self
+    }
+
+    /// How long a completed record is kept (default 24 h). At least 1 ms.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.engine.set_ttl(ttl);
+        self
+    }
+
+    /// The largest body a record may hold (default 1 MiB); longer records fail validation when
+    /// read back.
+    pub fn max_record_body(mut self, bytes: usize) -> Self {
+        self.engine.set_max_record_body(bytes);
+        self
+    }
+
+    /// Authenticates records and keys fingerprints with `secret` (see [`Secret`]). Off by
+    /// default.
+    pub fn secret(mut self, secret: Secret) -> Self {
+        self.engine.set_secret(secret);
+        self
+    }
+
+    /// The engine.
+    pub fn build(self) -> Engine<S> {
+        self.engine
     }
 }

@@ -6,7 +6,7 @@
 //!
 //! ```
 //! use axum::{Router, routing::post};
-//! use tower_idempotency::{DerivedKey, IdempotencyKey, IdempotencyLayer, http::PrincipalMode};
+//! use tower_idempotency::{http::PrincipalMode, DerivedKey, IdempotencyKey, IdempotencyLayer};
 //!
 //! async fn charge(key: Option<IdempotencyKey>, derived: DerivedKey) -> String {
 //!     // Forward `derived` to a payment provider that de-duplicates on it.
@@ -18,7 +18,7 @@
 //!     .layer(IdempotencyLayer::new().principal(PrincipalMode::Optional));
 //! ```
 
-use crate::http::{ClaimedKey, KeyAbsent};
+use crate::http::{ClaimedKey, KeyMissing};
 use crate::key::IdempotencyKey;
 use crate::scope::DerivedKey;
 use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
@@ -63,7 +63,7 @@ impl IntoResponse for KeyRejection {
 }
 
 fn missing(parts: &Parts) -> KeyRejection {
-    if parts.extensions.get::<KeyAbsent>().is_some() {
+    if parts.extensions.get::<KeyMissing>().is_some() {
         KeyRejection::KeyMissing
     } else {
         KeyRejection::LayerMissing

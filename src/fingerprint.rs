@@ -11,7 +11,7 @@ const DOMAIN: &[u8] = b"tower-idempotency/fingerprint/v1";
 /// A 32-byte digest of the parts of a request that must match for a repeat to be a replay.
 ///
 /// ```
-/// use tower_idempotency::Fingerprint;
+/// use tower_idempotency::engine::Fingerprint;
 ///
 /// let a = Fingerprint::builder().field(b"POST").field(b"/orders").finish();
 /// let b = Fingerprint::builder().field(b"POST/").field(b"orders").finish();

@@ -19,19 +19,28 @@ pub const DEFAULT_MAX_KEY_LEN: usize = 255;
 /// use tower_idempotency::IdempotencyKey;
 ///
 /// let quoted = IdempotencyKey::parse_header(br#""8e03978e-40d5";p=1"#, 255).unwrap();
-/// let bare = IdempotencyKey::parse_header(b"8e03978e-40d5", 255).unwrap();
+/// let bare = IdempotencyKey::parse_header(b"8e03978e-40d5").unwrap();
 /// assert_eq!(quoted, bare);
-/// assert!(IdempotencyKey::parse_header(b"a, b", 255).is_err());
+/// assert!(IdempotencyKey::parse_header(b"a, b").is_err());
 /// ```
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct IdempotencyKey(Box<str>);
 
 impl IdempotencyKey {
+    /// Parses one header value under the key rules, with keys of 1 to
+    /// [`DEFAULT_MAX_KEY_LEN`] (255) bytes.
+    ///
+    /// # Errors
+    /// A [`KeyError`] saying why the value is not a key.
+    pub fn parse_header(value: &[u8]) -> Result<Self, KeyError> {
+        Self::parse_header_with_max_len(value, DEFAULT_MAX_KEY_LEN)
+    }
+
     /// Parses one header value under the key rules, with keys of `1..=max_len` bytes.
     ///
     /// # Errors
     /// A [`KeyError`] saying why the value is not a key.
-    pub fn parse_header(value: &[u8], max_len: usize) -> Result<Self, KeyError> {
+    pub fn parse_header_with_max_len(value: &[u8], max_len: usize) -> Result<Self, KeyError> {
         let value = trim_ows(value);
         if value.is_empty() {
             return Err(KeyError::new(KeyErrorKind::Empty));
@@ -52,11 +61,27 @@ impl IdempotencyKey {
     }
 
     /// Validates a key that did not come from a header (a key closure, a message field): it must
-    /// be `1..=max_len` bytes of visible ASCII or spaces (what an sf-string can carry).
+    /// be 1 to [`DEFAULT_MAX_KEY_LEN`] (255) bytes of visible ASCII or spaces (what an
+    /// sf-string can carry).
+    ///
+    /// ```
+    /// use tower_idempotency::IdempotencyKey;
+    ///
+    /// assert_eq!(IdempotencyKey::new("order-17").unwrap().as_str(), "order-17");
+    /// assert!(IdempotencyKey::new("").is_err());
+    /// ```
     ///
     /// # Errors
     /// A [`KeyError`] saying why the value is not a key.
-    pub fn new(key: &str, max_len: usize) -> Result<Self, KeyError> {
+    pub fn new(key: &str) -> Result<Self, KeyError> {
+        Self::with_max_len(key, DEFAULT_MAX_KEY_LEN)
+    }
+
+    /// As [`new`](Self::new), with keys of `1..=max_len` bytes.
+    ///
+    /// # Errors
+    /// A [`KeyError`] saying why the value is not a key.
+    pub fn with_max_len(key: &str, max_len: usize) -> Result<Self, KeyError> {
         if let Some(b) = key.bytes().find(|b| !(0x20..=0x7e).contains(b)) {
             return Err(KeyError::new(if b >= 0x80 {
                 KeyErrorKind::NonAscii
@@ -230,7 +255,7 @@ mod tests {
     use super::*;
 
     fn parse(v: &[u8]) -> Result<IdempotencyKey, KeyErrorKind> {
-        IdempotencyKey::parse_header(v, 16).map_err(|e| e.kind().clone())
+        IdempotencyKey::parse_header_with_max_len(v, 16).map_err(|e| e.kind().clone())
     }
 
     #[test]

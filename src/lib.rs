@@ -89,27 +89,11 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-pub mod clock;
-pub mod fingerprint;
-pub mod key;
-pub mod record;
-pub mod scope;
-pub mod secret;
-// TEMP(rename pass): the old root paths, until the tests move to the new ones.
-#[doc(hidden)]
-pub use engine::{Begin, Engine, Ticket};
-#[doc(hidden)]
-pub use fingerprint::Fingerprint;
-#[doc(hidden)]
-pub use key::{KeyError, KeyErrorKind};
-#[doc(hidden)]
-pub use record::{Record, RecordError, StoredResponse};
-#[doc(hidden)]
-pub use scope::{Scope, StoreKey};
-#[doc(hidden)]
-pub use secret::SecretTooShort;
-#[doc(hidden)]
-pub use store::{Claim, StoreError, StoreErrorKind, Token};
+mod fingerprint;
+mod key;
+mod record;
+mod scope;
+mod secret;
 
 pub mod engine;
 pub mod http;

@@ -65,7 +65,7 @@ impl Record {
     ///
     /// # Errors
     /// A [`RecordError`] naming the first thing that is wrong.
-    pub fn decode(&self, max_body: usize) -> Result<StoredResponse, RecordError> {
+    pub fn decode(&self, max_body: usize) -> Result<RecordedResponse, RecordError> {
         let content = match self.0.get(3) {
             Some(flags) if flags & FLAG_MAC != 0 => {
                 let end = self.0.len().checked_sub(crate::secret::TAG_LEN);
@@ -83,8 +83,8 @@ impl Record {
         max_body: usize,
         secret: &crate::Secret,
         key_id: &[u8; 32],
-        fingerprint: &crate::Fingerprint,
-    ) -> Result<StoredResponse, RecordError> {
+        fingerprint: &crate::fingerprint::Fingerprint,
+    ) -> Result<RecordedResponse, RecordError> {
         let flags = *self.0.get(3).ok_or(RecordError::new("truncated record"))?;
         if flags & FLAG_MAC == 0 {
             return Err(RecordError::new("record is not authenticated"));
@@ -105,7 +105,7 @@ impl Record {
         self,
         secret: &crate::Secret,
         key_id: &[u8; 32],
-        fingerprint: &crate::Fingerprint,
+        fingerprint: &crate::fingerprint::Fingerprint,
     ) -> Self {
         let mut bytes = BytesMut::from(self.0);
         if let Some(flags) = bytes.get_mut(3) {
@@ -116,7 +116,7 @@ impl Record {
         Self(bytes.freeze())
     }
 
-    fn decode_content(buf: &Bytes, max_body: usize) -> Result<StoredResponse, RecordError> {
+    fn decode_content(buf: &Bytes, max_body: usize) -> Result<RecordedResponse, RecordError> {
         let mut r = Reader { buf, pos: 0 };
         if r.take(2)? != MAGIC {
             return Err(RecordError::new("bad magic"));
@@ -150,7 +150,7 @@ impl Record {
         if r.pos != buf.len() {
             return Err(RecordError::new("trailing bytes"));
         }
-        Ok(StoredResponse {
+        Ok(RecordedResponse {
             status,
             headers,
             body: (flags & FLAG_BODY != 0).then_some(body),
@@ -171,7 +171,7 @@ pub type Field = (Bytes, Bytes);
 /// A response as recorded, free of any HTTP crate's types.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct StoredResponse {
+pub struct RecordedResponse {
     /// The status code.
     pub status: u16,
     /// Header fields in order, repeated names kept.
@@ -182,7 +182,7 @@ pub struct StoredResponse {
     pub trailers: Option<Vec<Field>>,
 }
 
-impl StoredResponse {
+impl RecordedResponse {
     /// A record of `status`, `headers` and `body` (`None`: status-only).
     #[must_use]
     pub fn new(status: u16, headers: Vec<Field>, body: Option<Bytes>) -> Self {
@@ -344,8 +344,8 @@ impl std::error::Error for RecordError {}
 mod tests {
     use super::*;
 
-    fn sample() -> StoredResponse {
-        StoredResponse::new(
+    fn sample() -> RecordedResponse {
+        RecordedResponse::new(
             201,
             vec![
                 (
@@ -363,7 +363,7 @@ mod tests {
     fn round_trips() {
         let r = sample();
         assert_eq!(r.encode().unwrap().decode(1024).unwrap(), r);
-        let s = StoredResponse::new(204, vec![], None);
+        let s = RecordedResponse::new(204, vec![], None);
         assert_eq!(s.encode().unwrap().decode(0).unwrap(), s);
         let t = sample().with_trailers(vec![(
             Bytes::from_static(b"grpc-status"),
@@ -409,13 +409,13 @@ mod tests {
 
     #[test]
     fn refuses_header_injection() {
-        let bad = StoredResponse::new(
+        let bad = RecordedResponse::new(
             200,
             vec![(Bytes::from_static(b"x"), Bytes::from_static(b"a\r\nb"))],
             None,
         );
         assert!(bad.encode().is_err());
-        let bad = StoredResponse::new(
+        let bad = RecordedResponse::new(
             200,
             vec![(Bytes::from_static(b"X-Up"), Bytes::from_static(b"a"))],
             None,
@@ -437,7 +437,7 @@ mod mac_tests {
     fn sealed_records_verify_only_under_their_key_fingerprint_and_secret() {
         let fp = Fingerprint::builder().field(b"a").finish();
         let other_fp = Fingerprint::builder().field(b"b").finish();
-        let r = StoredResponse::new(201, vec![], Some(Bytes::from_static(b"hi")));
+        let r = RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"hi")));
         let sealed = r.encode().unwrap().seal(&secret(1), &[7; 32], &fp);
         assert_eq!(
             sealed

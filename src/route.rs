@@ -12,7 +12,7 @@
 //! use axum::http::StatusCode;
 //! use axum::routing::post;
 //! use axum::Router;
-//! use tower_idempotency::{IdempotentRoutes, IdempotencyLayer, MemoryStore, idempotent};
+//! use tower_idempotency::{idempotent, IdempotencyLayer, IdempotentRoutes, MemoryStore};
 //!
 //! #[idempotent(ttl = "1h", namespace = "payments")]
 //! async fn create_payment(body: String) -> (StatusCode, String) {
@@ -54,7 +54,7 @@ use std::time::Duration;
 ///
 /// ```
 /// # use axum::{Extension, Router};
-/// # use tower_idempotency::{IdempotentRoutes, IdempotencyLayer, MemoryStore};
+/// # use tower_idempotency::{IdempotencyLayer, IdempotentRoutes, MemoryStore};
 /// let config = IdempotentRoutes::new(IdempotencyLayer::with_store(MemoryStore::new()).namespace("payments"));
 /// let app: Router = Router::new() /* .route(…) */ .layer(Extension(config));
 /// ```
@@ -140,7 +140,7 @@ impl fmt::Debug for IdempotentRoutes {
 /// Each call boxes the store's future: one small allocation per store step.
 ///
 /// ```
-/// use tower_idempotency::{IdempotencyLayer, MemoryStore, route::DynStore};
+/// use tower_idempotency::{route::DynStore, IdempotencyLayer, MemoryStore};
 ///
 /// let layer: IdempotencyLayer<DynStore> = IdempotencyLayer::with_store(DynStore::new(MemoryStore::new()));
 /// ```
@@ -264,7 +264,7 @@ mod tests {
         .lease(Duration::from_millis(1500))
         .ttl(Duration::from_secs(60))
         .namespace("refunds")
-        .response(ResponseMode::Status);
+        .response(ResponseMode::StatusAndHeaders);
     static PLAIN: RouteOptions = RouteOptions::new();
 
     fn shared() -> IdempotencyLayer<MemoryStore> {
@@ -279,7 +279,7 @@ mod tests {
     #[test]
     fn erasing_the_store_keeps_every_engine_setting() {
         let config = IdempotentRoutes::new(shared());
-        let engine = config.layer().engine_ref();
+        let engine = config.layer().engine();
         assert_eq!(
             (engine.lease(), engine.ttl(), engine.max_record_body()),
             (Duration::from_secs(7), Duration::from_secs(70), 512)
@@ -294,7 +294,7 @@ mod tests {
     fn route_options_override_the_shared_settings() {
         let config = IdempotentRoutes::new(shared());
         let layer = config.layer_for(&ROUTE);
-        let engine = layer.engine_ref();
+        let engine = layer.engine();
         assert_eq!(
             (engine.lease(), engine.ttl(), engine.max_record_body()),
             (Duration::from_millis(1500), Duration::from_secs(60), 512),
@@ -303,7 +303,7 @@ mod tests {
         assert!(format!("{engine:?}").contains("authenticated: true"));
         let c = &layer.state.config;
         assert_eq!(&*c.namespace, "billing/refunds");
-        assert_eq!(c.response_mode, ResponseMode::Status);
+        assert_eq!(c.response_mode, ResponseMode::StatusAndHeaders);
         assert_eq!(
             &*config.layer().state.config.namespace,
             "billing",

@@ -102,9 +102,11 @@ impl StoreKey {
     /// Derives the store key of `key` for `scope` under `namespace`.
     ///
     /// ```
-    /// use tower_idempotency::{IdempotencyKey, Scope, StoreKey};
+    /// use tower_idempotency::IdempotencyKey;
+    /// use tower_idempotency::engine::Scope;
+    /// use tower_idempotency::store::StoreKey;
     ///
-    /// let key = IdempotencyKey::new("k1", 255).unwrap();
+    /// let key = IdempotencyKey::new("k1").unwrap();
     /// let alice = StoreKey::derive("app", &Scope::principal("alice"), &key);
     /// let bob = StoreKey::derive("app", &Scope::principal("bob"), &key);
     /// assert_ne!(alice, bob);
@@ -219,7 +221,7 @@ mod tests {
     use super::*;
 
     fn key(s: &str) -> IdempotencyKey {
-        IdempotencyKey::new(s, 255).unwrap()
+        IdempotencyKey::new(s).unwrap()
     }
 
     #[test]

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use tower_idempotency::Record;
+use tower_idempotency::store::Record;
 
 fuzz_target!(|data: &[u8]| {
     let record = Record::from_bytes(bytes::Bytes::copy_from_slice(data));

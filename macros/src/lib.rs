@@ -99,7 +99,7 @@ use proc_macro::TokenStream;
 /// use axum::routing::post;
 /// use axum::{Json, Router};
 /// use serde::Deserialize;
-/// use tower_idempotency::{IdempotentRoutes, IdempotencyLayer, MemoryStore, idempotent};
+/// use tower_idempotency::{idempotent, IdempotencyLayer, IdempotentRoutes, MemoryStore};
 ///
 /// #[derive(Clone)]
 /// struct App;

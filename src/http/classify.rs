@@ -10,7 +10,7 @@ use super::body::{Collected, ResponseBody, collect_limited};
 use super::config::{Config, ResponseMode};
 use super::grpc::{GrpcCode, status_of};
 use super::headers::{GRPC_STATUS, HeaderPolicy};
-use crate::record::StoredResponse;
+use crate::record::RecordedResponse;
 use crate::scope::StoreKey;
 use bytes::Bytes;
 use http::{Response, StatusCode};
@@ -42,7 +42,7 @@ pub(crate) fn is_recorded_status(status: i32) -> bool {
 /// What to do with the key, and the response that goes out either way.
 pub(crate) enum Outcome<B: Body> {
     Release(Response<ResponseBody<B>>),
-    Record(Response<ResponseBody<B>>, StoredResponse),
+    Record(Response<ResponseBody<B>>, RecordedResponse),
 }
 
 /// Classifies the handler's response (reading its body up to `max` bytes when it is to be
@@ -81,11 +81,11 @@ where
     let (parts, body) = res.into_parts();
     let record_headers = config.headers.record(&parts.headers);
     let exact_too_big = body.size_hint().lower() > max as u64;
-    if config.response_mode == ResponseMode::Status || exact_too_big {
+    if config.response_mode == ResponseMode::StatusAndHeaders || exact_too_big {
         if exact_too_big {
             tracing::warn!(key = ?key, "response body over the record limit; recording status and headers only");
         }
-        let record = StoredResponse::new(status, record_headers, None);
+        let record = RecordedResponse::new(status, record_headers, None);
         return Outcome::Record(
             Response::from_parts(parts, ResponseBody::passthrough(body)),
             record,
@@ -93,7 +93,7 @@ where
     }
     match collect_limited(body, max).await {
         Collected::Whole { data, trailers } => {
-            let mut record = StoredResponse::new(status, record_headers, Some(data.clone()));
+            let mut record = RecordedResponse::new(status, record_headers, Some(data.clone()));
             if let Some(t) = &trailers {
                 record = record.with_trailers(HeaderPolicy::record_trailers(t));
             }
@@ -104,7 +104,7 @@ where
         }
         Collected::TooLarge { prefix, rest } => {
             tracing::warn!(key = ?key, "response body over the record limit; recording status and headers only");
-            let record = StoredResponse::new(status, record_headers, None);
+            let record = RecordedResponse::new(status, record_headers, None);
             Outcome::Record(
                 Response::from_parts(parts, ResponseBody::prefixed(prefix, rest)),
                 record,
@@ -173,7 +173,7 @@ where
         trailer_fields.extend(HeaderPolicy::record_trailers(t));
     }
     let body = (config.response_mode == ResponseMode::Full).then(|| data.clone());
-    let record = StoredResponse::new(StatusCode::OK.as_u16(), policy.record(&parts.headers), body)
+    let record = RecordedResponse::new(StatusCode::OK.as_u16(), policy.record(&parts.headers), body)
         .with_trailers(trailer_fields);
     Outcome::Record(
         Response::from_parts(parts, ResponseBody::buffered(data, trailers)),

@@ -62,7 +62,7 @@ pub enum PrincipalMode {
     Required,
     /// Requests without a principal share ONE anonymous scope: an anonymous caller who sends
     /// another anonymous caller's key is served that caller's stored response. Pair it with
-    /// [`ResponseMode::Status`] unless the responses are safe for any anonymous caller.
+    /// [`ResponseMode::StatusAndHeaders`] unless the responses are safe for any anonymous caller.
     Optional,
 }
 
@@ -75,7 +75,7 @@ pub enum ResponseMode {
     Full,
     /// Status and allowed headers only, for bodies that must not rest in the store; a replay
     /// has an empty body.
-    Status,
+    StatusAndHeaders,
 }
 
 pub(crate) type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
@@ -175,12 +175,12 @@ impl Config {
                 if values.next().is_some() {
                     return Some(Err(KeyError::new(KeyErrorKind::MultipleValues)));
                 }
-                Some(IdempotencyKey::parse_header(
+                Some(IdempotencyKey::parse_header_with_max_len(
                     first.as_bytes(),
                     self.max_key_len,
                 ))
             }
-            KeySource::Fn(f) => f(parts).map(|k| IdempotencyKey::new(&k, self.max_key_len)),
+            KeySource::Fn(f) => f(parts).map(|k| IdempotencyKey::with_max_len(&k, self.max_key_len)),
         }
     }
 

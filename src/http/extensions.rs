@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 /// Marks a request the layer saw without a key (for the extractors' rejection messages).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct KeyAbsent;
+pub(crate) struct KeyMissing;
 
 /// The key a request was claimed under, put into the request's extensions by the layer before
 /// the inner service runs (the axum extractors read it; other servers, tonic say, can read it

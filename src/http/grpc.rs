@@ -65,7 +65,7 @@
 //! - the initial metadata (response headers) through the same allow list as HTTP: by default
 //!   `content-type` and `grpc-encoding` (so a compressed response replays), plus what you add
 //!   with `allow_header` (e.g. `x-order-id`);
-//! - the response messages (the body), unless [`ResponseMode::Status`](super::ResponseMode);
+//! - the response messages (the body), unless [`ResponseMode::StatusAndHeaders`](super::ResponseMode);
 //! - the trailing metadata (`grpc-status`, `grpc-message`, `grpc-status-details-bin` and the
 //!   status's custom metadata): everything but the fixed deny list. In a Trailers-Only response
 //!   (how tonic sends an error returned by a handler) the status and its metadata are headers;
@@ -79,7 +79,7 @@
 //! recorded 200 must carry a `grpc-status` that is recorded); one that fails is answered
 //! `UNAVAILABLE` with `idempotency.record_invalid`, never replayed.
 //!
-//! [`ResponseMode::Status`](super::ResponseMode) keeps no messages: a replay has the status
+//! [`ResponseMode::StatusAndHeaders`](super::ResponseMode) keeps no messages: a replay has the status
 //! and metadata but no message, which a unary client takes as an error (tonic: `INTERNAL`,
 //! "Missing response message") even for `OK`. Use it only for RPCs whose answer is the status
 //! and metadata, or for streams where an empty stream is a valid answer.

@@ -78,9 +78,8 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
-    fn engine(mut self, f: impl FnOnce(Engine<St>) -> Engine<St>) -> Self {
-        let state = Arc::make_mut(&mut self.state);
-        state.engine = f(state.engine.clone());
+    fn map_engine(mut self, f: impl FnOnce(&mut Engine<St>)) -> Self {
+        f(&mut Arc::make_mut(&mut self.state).engine);
         self
     }
 
@@ -144,13 +143,13 @@ impl<St: Store> IdempotencyLayer<St> {
     /// How long a claim holds a key (default 60 s), renewed while the handler runs.
     #[must_use]
     pub fn lease(self, lease: Duration) -> Self {
-        self.engine(|e| e.with_lease(lease))
+        self.map_engine(|e| e.set_lease(lease))
     }
 
     /// How long a completed record is kept (default 24 h).
     #[must_use]
     pub fn ttl(self, ttl: Duration) -> Self {
-        self.engine(|e| e.with_ttl(ttl))
+        self.map_engine(|e| e.set_ttl(ttl))
     }
 
     /// The largest request body buffered for the fingerprint (default 1 MiB); larger → 413.
@@ -164,7 +163,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// instead: see [gRPC mode](super::grpc).)
     #[must_use]
     pub fn max_record_body(self, bytes: usize) -> Self {
-        self.engine(|e| e.with_max_record_body(bytes))
+        self.map_engine(|e| e.set_max_record_body(bytes))
     }
 
     /// The longest key accepted, in bytes (default 255).
@@ -231,12 +230,12 @@ impl<St: Store> IdempotencyLayer<St> {
     /// default; see [`crate::secret`].
     #[must_use]
     pub fn secret(self, secret: crate::Secret) -> Self {
-        self.engine(|e| e.with_secret(secret))
+        self.map_engine(|e| e.set_secret(secret))
     }
 
     /// The engine the layer uses (its store, lease and retention).
     #[must_use]
-    pub fn engine_ref(&self) -> &Engine<St> {
+    pub fn engine(&self) -> &Engine<St> {
         &self.state.engine
     }
 

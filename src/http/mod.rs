@@ -62,7 +62,7 @@ pub use config::{
     ConfigError, ConfigErrorKind, DEFAULT_MAX_REQUEST_BODY, Principal, PrincipalMode, ResponseMode,
 };
 pub use extensions::ClaimedKey;
-pub(crate) use extensions::KeyAbsent;
+pub(crate) use extensions::KeyMissing;
 pub use future::ResponseFuture;
 pub use headers::{DEFAULT_ALLOWED_HEADERS, DENIED_HEADERS, REPLAYED_HEADER};
 pub use layer::IdempotencyLayer;

@@ -6,7 +6,7 @@ use super::body::ResponseBody;
 use super::classify::{is_recordable, is_recorded_status};
 use super::grpc::parse_status;
 use super::headers::{GRPC_STATUS, HeaderPolicy, REPLAYED_HEADER, is_denied_bytes};
-use crate::record::StoredResponse;
+use crate::record::RecordedResponse;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body::Body;
@@ -15,7 +15,7 @@ use http_body::Body;
 /// request); the reason a record was refused otherwise.
 pub(crate) fn replay<B: Body>(
     policy: &HeaderPolicy,
-    record: StoredResponse,
+    record: RecordedResponse,
     grpc: bool,
 ) -> Result<Response<ResponseBody<B>>, &'static str> {
     if grpc {
@@ -29,7 +29,7 @@ pub(crate) fn replay<B: Body>(
 /// and trailers.
 fn replay_http<B: Body>(
     policy: &HeaderPolicy,
-    record: StoredResponse,
+    record: RecordedResponse,
 ) -> Result<Response<ResponseBody<B>>, &'static str> {
     if !is_recordable(record.status) {
         return Err("status is not recordable");
@@ -69,7 +69,7 @@ fn replay_http<B: Body>(
 /// `grpc-status`. A record without messages is sent Trailers-Only.
 fn replay_grpc<B: Body>(
     policy: &HeaderPolicy,
-    record: StoredResponse,
+    record: RecordedResponse,
 ) -> Result<Response<ResponseBody<B>>, &'static str> {
     if record.status == StatusCode::OK.as_u16() {
         let code = record
@@ -119,8 +119,8 @@ mod tests {
         )
     }
 
-    fn grpc_record(body: Option<&'static [u8]>, trailers: Vec<Field>) -> StoredResponse {
-        StoredResponse::new(
+    fn grpc_record(body: Option<&'static [u8]>, trailers: Vec<Field>) -> RecordedResponse {
+        RecordedResponse::new(
             200,
             vec![f("content-type", "application/grpc")],
             body.map(Bytes::from_static),
@@ -130,7 +130,7 @@ mod tests {
 
     type Res = Response<ResponseBody<http_body_util::Empty<Bytes>>>;
 
-    fn replayed(record: StoredResponse) -> Result<Res, &'static str> {
+    fn replayed(record: RecordedResponse) -> Result<Res, &'static str> {
         replay(&HeaderPolicy::default(), record, true)
     }
 
@@ -154,13 +154,13 @@ mod tests {
             let err = replayed(grpc_record(Some(frame), trailers)).expect_err(reason);
             assert_eq!(err, reason);
         }
-        let no_trailers = StoredResponse::new(200, vec![], Some(Bytes::from_static(frame)));
+        let no_trailers = RecordedResponse::new(200, vec![], Some(Bytes::from_static(frame)));
         assert_eq!(
             replayed(no_trailers).expect_err("missing"),
             "gRPC status missing"
         );
         // A non-200 recorded under the HTTP table replays as in HTTP mode.
-        let http_404 = StoredResponse::new(404, vec![], Some(Bytes::from_static(b"gone")));
+        let http_404 = RecordedResponse::new(404, vec![], Some(Bytes::from_static(b"gone")));
         assert_eq!(
             replayed(http_404).expect("404").status(),
             StatusCode::NOT_FOUND

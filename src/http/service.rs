@@ -4,14 +4,14 @@
 use super::body::{ReadError, RequestBody, ResponseBody, read_limited};
 use super::classify::{Outcome, classify};
 use super::config::LayerState;
-use super::extensions::{ClaimedKey, KeyAbsent};
+use super::extensions::{ClaimedKey, KeyMissing};
 use super::future::ResponseFuture;
 use super::grpc::is_grpc;
 use super::rejection::{Rejection, RejectionKind};
 use super::replay::replay;
 use crate::engine::{Begin, Engine, Ticket};
 use crate::key::IdempotencyKey;
-use crate::record::StoredResponse;
+use crate::record::RecordedResponse;
 use crate::scope::{Scope, StoreKey};
 use crate::store::{Store, StoreError, StoreErrorKind};
 use bytes::Bytes;
@@ -99,7 +99,7 @@ where
         if key.is_none() && !config.required {
             // Lets the extractors tell "no key sent" from "layer not installed".
             let mut parts = parts;
-            parts.extensions.insert(KeyAbsent);
+            parts.extensions.insert(KeyMissing);
             let req = Request::from_parts(parts, RequestBody::passthrough(body));
             return ResponseFuture::passthrough(self.inner.call(req));
         }
@@ -320,7 +320,7 @@ async fn complete<St: Store>(
     engine: &Engine<St>,
     ticket: Ticket,
     key: StoreKey,
-    record: &StoredResponse,
+    record: &RecordedResponse,
 ) {
     match engine.complete(ticket, record).await {
         Ok(true) => tracing::debug!(outcome = "completed", key = ?key, "idempotency record stored"),

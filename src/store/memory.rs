@@ -49,10 +49,12 @@
 //! use std::time::Duration;
 //! use bytes::Bytes;
 //! use tower_idempotency::store::memory::MemoryStore;
-//! use tower_idempotency::{Claim, Fingerprint, IdempotencyKey, Record, Scope, Store, StoreKey};
+//! use tower_idempotency::{IdempotencyKey, Store};
+//! use tower_idempotency::engine::{Fingerprint, Scope};
+//! use tower_idempotency::store::{Claim, Record, StoreKey};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), tower_idempotency::StoreError> {
+//! # async fn main() -> Result<(), tower_idempotency::store::StoreError> {
 //! let store = MemoryStore::builder()
 //!     .max_entries(10_000)
 //!     .max_bytes(8 * 1024 * 1024)
@@ -60,7 +62,7 @@
 //!     .shards(4)
 //!     .build();
 //!
-//! let key = StoreKey::derive("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1", 255).unwrap());
+//! let key = StoreKey::derive("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1").unwrap());
 //! let fp = Fingerprint::builder().field(b"POST").field(b"/orders").finish();
 //! let lease = Duration::from_secs(30);
 //!
@@ -78,7 +80,7 @@
 //! ```
 
 use super::{Claim, Store, StoreError, StoreErrorKind, Token};
-use crate::clock::{Clock, TokioClock};
+use crate::store::clock::{Clock, TokioClock};
 use crate::fingerprint::Fingerprint;
 use crate::record::Record;
 use crate::scope::StoreKey;
@@ -303,7 +305,7 @@ pub struct MemoryStats {
 /// record. A shard holds at most `u32::MAX - 1` records.
 ///
 /// ```
-/// use tower_idempotency::clock::ManualClock;
+/// use tower_idempotency::store::clock::ManualClock;
 /// use tower_idempotency::store::memory::MemoryStore;
 ///
 /// let clock = ManualClock::new();
@@ -359,7 +361,7 @@ impl MemoryStoreBuilder {
     }
 
     /// The clock that decides expiry (default: [`TokioClock`], so `tokio::time::pause` moves
-    /// it; tests use [`ManualClock`](crate::clock::ManualClock)).
+    /// it; tests use [`ManualClock`](crate::store::clock::ManualClock)).
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Arc::new(clock));
         self
@@ -973,7 +975,7 @@ fn index_of(len: usize) -> Result<u32, StoreError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::clock::ManualClock;
+    use crate::store::clock::ManualClock;
     use bytes::Bytes;
 
     const LEASE: Duration = Duration::from_secs(10);

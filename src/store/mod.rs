@@ -134,19 +134,20 @@
 //! ```
 
 use crate::fingerprint::Fingerprint;
-use crate::record::Record;
-use crate::scope::StoreKey;
 use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+pub mod clock;
 pub mod memory;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
+pub use crate::record::Record;
+pub use crate::scope::StoreKey;
 pub use memory::{MemoryStats, MemoryStore, MemoryStoreBuilder};
 
 /// A backend that keeps idempotency records.

@@ -7,7 +7,7 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use tower_idempotency::Engine;
+//! use tower_idempotency::engine::Engine;
 //! use tower_idempotency::store::redis::RedisStore;
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -1216,7 +1216,7 @@ mod tests {
         let key = StoreKey::derive(
             "orders",
             &crate::Scope::principal("p"),
-            &crate::IdempotencyKey::new("k", 255).unwrap(),
+            &crate::IdempotencyKey::new("k").unwrap(),
         );
         assert_eq!(
             store.key_bytes(&key).as_bytes(),

@@ -20,8 +20,9 @@ use std::time::Duration;
 use support::apps::{
     Answer, Event, FaultStore, Kind, RenewFault, Server, Work, bounded, client, send,
 };
-use tower_idempotency::clock::ManualClock;
-use tower_idempotency::{IdempotencyLayer, MemoryStore, Store, StoreKey};
+use tower_idempotency::store::clock::ManualClock;
+use tower_idempotency::{IdempotencyLayer, MemoryStore, Store};
+use tower_idempotency::store::StoreKey;
 
 /// How a scenario ends for the first holder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,7 +9,8 @@ use axum::{Json, Router};
 use serde_json::{Value, json};
 use support::http::{RequestExt, TestServer, send, store_key, with_auth};
 use tower_idempotency::http::PrincipalMode;
-use tower_idempotency::{DerivedKey, IdempotencyKey, IdempotencyLayer, Scope};
+use tower_idempotency::{DerivedKey, IdempotencyKey, IdempotencyLayer};
+use tower_idempotency::engine::Scope;
 
 const BODY: &str = r#"{"item":"book"}"#;
 
@@ -78,7 +79,7 @@ async fn derived_key_is_64_hex_and_matches_derived_key_derive() {
             .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
         "lowercase hex: {derived}"
     );
-    let key = IdempotencyKey::new("pay-1", 255).expect("key");
+    let key = IdempotencyKey::new("pay-1").expect("key");
     let expected = DerivedKey::derive("payments", &Scope::principal("alice"), &key);
     assert_eq!(derived, expected.as_str(), "namespace + scope + key");
     assert_ne!(
@@ -165,7 +166,7 @@ async fn optional_extractors_share_the_anonymous_scope_in_optional_principal_mod
     let layer = IdempotencyLayer::new().principal(PrincipalMode::Optional);
     let server = serve(Router::new().route("/keys", post(keys)).layer(layer)).await;
     let a = send(server.post("/keys", BODY).key("k1")).await;
-    let key = IdempotencyKey::new("k1", 255).expect("key");
+    let key = IdempotencyKey::new("k1").expect("key");
     let expected = DerivedKey::derive("default", &Scope::anonymous(), &key);
     assert_eq!(
         a.json()["derived"],

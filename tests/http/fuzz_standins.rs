@@ -6,7 +6,8 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use std::convert::Infallible;
 use tower::{Layer, ServiceExt};
-use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Principal, Record};
+use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Principal};
+use tower_idempotency::store::Record;
 
 fn config() -> ProptestConfig {
     ProptestConfig {
@@ -32,18 +33,18 @@ proptest! {
 
     #[test]
     fn key_parser_never_panics_and_accepts_only_valid_keys(data in header_bytes()) {
-        if let Ok(key) = IdempotencyKey::parse_header(&data, 255) {
+        if let Ok(key) = IdempotencyKey::parse_header(&data) {
             let k = key.as_str();
             prop_assert!(!k.is_empty() && k.len() <= 255);
             prop_assert!(k.bytes().all(|b| (0x20..=0x7e).contains(&b)), "key {:?}", k);
-            prop_assert!(IdempotencyKey::new(k, 255).is_ok());
+            prop_assert!(IdempotencyKey::new(k).is_ok());
         }
     }
 
     #[test]
     fn quoted_and_bare_forms_agree(key in "[A-Za-z0-9_.:/+-]{1,64}") {
-        let bare = IdempotencyKey::parse_header(key.as_bytes(), 255).unwrap();
-        let quoted = IdempotencyKey::parse_header(format!("\"{key}\"").as_bytes(), 255).unwrap();
+        let bare = IdempotencyKey::parse_header(key.as_bytes()).unwrap();
+        let quoted = IdempotencyKey::parse_header(format!("\"{key}\"").as_bytes()).unwrap();
         prop_assert_eq!(bare, quoted);
     }
 

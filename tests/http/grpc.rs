@@ -734,12 +734,12 @@ async fn a_bidirectional_stream_is_recorded_and_replayed() {
     server.stop().await;
 }
 
-/// `ResponseMode::Status` keeps no messages: statuses and metadata replay, a stream replays
+/// `ResponseMode::StatusAndHeaders` keeps no messages: statuses and metadata replay, a stream replays
 /// empty, and a unary OK replays without its message (which a tonic client refuses).
 #[tokio::test]
 async fn status_mode_replays_statuses_and_metadata_without_messages() {
     use tower_idempotency::http::ResponseMode;
-    let (server, svc) = serve(layer().response_mode(ResponseMode::Status)).await;
+    let (server, svc) = serve(layer().response_mode(ResponseMode::StatusAndHeaders)).await;
     let mut client = server.client().await;
 
     let (_, first, status) = watch(&mut client, "status-mode", 2, 10).await;

@@ -17,8 +17,9 @@ use support::http::{
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt, service_fn};
 use tower_idempotency::http::{ConfigErrorKind, RequestBody, ResponseMode};
-use tower_idempotency::record::Record;
-use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal, Secret, StoredResponse};
+use tower_idempotency::store::Record;
+use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal, Secret};
+use tower_idempotency::engine::RecordedResponse;
 
 const BODY: &str = r#"{"item":"book"}"#;
 
@@ -420,7 +421,7 @@ fn allow_header_refuses_denied_headers_at_build_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_mode_replays_status_and_headers_with_an_empty_body() {
     let (server, work) =
-        server_with(IdempotencyLayer::new().response_mode(ResponseMode::Status)).await;
+        server_with(IdempotencyLayer::new().response_mode(ResponseMode::StatusAndHeaders)).await;
     let (first, replay) = twice(&server, "k-status", 201).await;
     assert!(!first.body.is_empty(), "the caller gets the whole body");
     assert!(replay.is_replay(), "{}", replay.describe());
@@ -465,7 +466,7 @@ fn encoded(status: u16, headers: &[(&'static str, &'static str)]) -> Record {
             )
         })
         .collect();
-    StoredResponse::new(status, fields, Some(Bytes::from_static(b"{}")))
+    RecordedResponse::new(status, fields, Some(Bytes::from_static(b"{}")))
         .encode()
         .expect("encode the planted record")
 }

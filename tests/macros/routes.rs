@@ -15,11 +15,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tower_idempotency::http::PrincipalMode;
-use tower_idempotency::record::Record;
-use tower_idempotency::{
-    Claim, Fingerprint, IdempotencyLayer, IdempotentRoutes, MemoryStore, Principal, Store,
-    StoreError, StoreKey, Token, idempotent,
-};
+use tower_idempotency::store::Record;
+use tower_idempotency::{idempotent, IdempotencyLayer, IdempotentRoutes, MemoryStore, Principal, Store};
+use tower_idempotency::engine::Fingerprint;
+use tower_idempotency::store::{Claim, StoreError, StoreKey, Token};
 
 // ---------------------------------------------------------------------------------------------
 // Handlers

@@ -19,14 +19,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tower::{Layer, ServiceExt, service_fn};
 use tower_idempotency::http::{Rejection, RejectionKind, RequestBody};
-use tower_idempotency::{
-    Claim, Fingerprint, IdempotencyLayer, MemoryStore, Principal, Record, Secret, Store,
-    StoredResponse,
-};
+use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal, Secret, Store};
+use tower_idempotency::engine::{Fingerprint, RecordedResponse};
+use tower_idempotency::store::{Claim, Record};
 
 /// A genuine record of the handler's kind of answer.
-fn genuine() -> StoredResponse {
-    StoredResponse::new(
+fn genuine() -> RecordedResponse {
+    RecordedResponse::new(
         201,
         vec![
             (
@@ -42,7 +41,7 @@ fn genuine() -> StoredResponse {
     )
 }
 
-fn encode(r: &StoredResponse) -> Vec<u8> {
+fn encode(r: &RecordedResponse) -> Vec<u8> {
     r.encode().unwrap().into_bytes().to_vec()
 }
 
@@ -68,7 +67,7 @@ fn with_headers(status: u16, extra: &[(&'static str, &'static str)]) -> Vec<u8> 
 fn tampered() -> Vec<(&'static str, Vec<u8>)> {
     let len = encode(&genuine()).len();
     let body_len_at = len - genuine().body.unwrap().len() - 4;
-    let big = StoredResponse::new(201, vec![], Some(Bytes::from(vec![b'x'; (1 << 20) + 1])));
+    let big = RecordedResponse::new(201, vec![], Some(Bytes::from(vec![b'x'; (1 << 20) + 1])));
     vec![
         ("wrong version byte (2)", edit(|b| b[2] = 2)),
         ("wrong version byte (0)", edit(|b| b[2] = 0)),
@@ -332,7 +331,7 @@ mod on_redis {
     use super::*;
     use crate::support::raw_http::{Server, Work, with_auth};
     use crate::support::redis_server::{RedisServer, available};
-    use tower_idempotency::StoreKey;
+    use tower_idempotency::store::StoreKey;
     use tower_idempotency::store::redis::{RedisStore, redis};
 
     async fn set_raw(store: &RedisStore, key: &StoreKey, value: &[u8]) {

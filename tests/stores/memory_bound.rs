@@ -21,11 +21,10 @@ use bytes::Bytes;
 use std::sync::Arc;
 use std::time::Instant;
 use support::apps::{Kind, Server, Work, client, send};
-use tower_idempotency::clock::ManualClock;
-use tower_idempotency::{
-    Begin, Engine, Fingerprint, IdempotencyKey, IdempotencyLayer, MemoryStore, Scope,
-    StoreErrorKind, StoreKey, StoredResponse, Ticket,
-};
+use tower_idempotency::store::clock::ManualClock;
+use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore};
+use tower_idempotency::engine::{Begin, Engine, Fingerprint, RecordedResponse, Scope, Ticket};
+use tower_idempotency::store::{StoreErrorKind, StoreKey};
 
 const MIB: usize = 1024 * 1024;
 const MAX_BYTES: usize = 32 * MIB;
@@ -60,13 +59,13 @@ fn fp(n: u64) -> Fingerprint {
 }
 
 /// A 201 with a JSON content type and a 200-byte body (about 250 encoded bytes).
-fn response(n: u64) -> StoredResponse {
+fn response(n: u64) -> RecordedResponse {
     let mut body = format!("{{\"order\":{n},\"pad\":\"");
     while body.len() < 198 {
         body.push('x');
     }
     body.push_str("\"}");
-    StoredResponse::new(
+    RecordedResponse::new(
         201,
         vec![(
             Bytes::from_static(b"content-type"),
@@ -212,7 +211,7 @@ fn derived(user: &str, k: &str) -> StoreKey {
     StoreKey::derive(
         NS,
         &Scope::principal(user),
-        &IdempotencyKey::new(k, 255).unwrap(),
+        &IdempotencyKey::new(k).unwrap(),
     )
 }
 

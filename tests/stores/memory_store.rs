@@ -9,7 +9,7 @@ use std::future::Future;
 use std::time::Duration;
 use support::conformance::Harness;
 use tower_idempotency::MemoryStore;
-use tower_idempotency::clock::ManualClock;
+use tower_idempotency::store::clock::ManualClock;
 
 /// A memory store whose time moves only when the suite says so.
 struct MemoryHarness {

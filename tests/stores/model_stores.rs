@@ -26,8 +26,10 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use std::collections::HashMap;
 use std::time::Duration;
-use tower_idempotency::clock::ManualClock;
-use tower_idempotency::{Claim, Fingerprint, MemoryStore, Record, Store, StoreKey, Token};
+use tower_idempotency::store::clock::ManualClock;
+use tower_idempotency::{MemoryStore, Store};
+use tower_idempotency::engine::Fingerprint;
+use tower_idempotency::store::{Claim, Record, StoreKey, Token};
 
 // ---------------------------------------------------------------------------------------------
 // Operations

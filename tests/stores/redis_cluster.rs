@@ -16,7 +16,8 @@ use support::conformance::{Harness, fingerprint, random_key};
 use support::redis_server::{self, RedisCluster};
 use tower_idempotency::store::redis::RedisStore;
 use tower_idempotency::store::redis::redis::cluster_async::ClusterConnection;
-use tower_idempotency::{Claim, Store};
+use tower_idempotency::Store;
+use tower_idempotency::store::Claim;
 
 /// One cluster for the whole suite (creating one takes seconds); the tests use random keys.
 fn shared_cluster() -> Option<&'static RedisCluster> {

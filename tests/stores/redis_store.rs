@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use support::conformance::{Harness, fingerprint, random_key, record};
 use support::redis_server::{self, RedisServer};
 use tower_idempotency::store::redis::{EvictionCheck, InvalidNamespace, RedisStore, redis};
-use tower_idempotency::{
-    Begin, Claim, Engine, IdempotencyKey, Scope, Store, StoreErrorKind, StoreKey, StoredResponse,
-};
+use tower_idempotency::{IdempotencyKey, Store};
+use tower_idempotency::engine::{Begin, Engine, RecordedResponse, Scope};
+use tower_idempotency::store::{Claim, StoreErrorKind, StoreKey};
 
 /// One server for the whole suite; the tests use random keys, so they may share it.
 fn shared_server() -> Option<&'static RedisServer> {
@@ -113,8 +113,8 @@ fn counts(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
     pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
 }
 
-fn response() -> StoredResponse {
-    StoredResponse::new(
+fn response() -> RecordedResponse {
+    RecordedResponse::new(
         201,
         vec![(
             Bytes::from_static(b"content-type"),
@@ -134,7 +134,7 @@ async fn command_counts(native: bool) -> [BTreeMap<String, u64>; 4] {
         .with_native_claim(native);
     let engine = Engine::new(store);
     let scope = Scope::principal("counter");
-    let key = |k: &str| StoreKey::derive("count", &scope, &IdempotencyKey::new(k, 255).unwrap());
+    let key = |k: &str| StoreKey::derive("count", &scope, &IdempotencyKey::new(k).unwrap());
     let (fa, fb) = (fingerprint("a"), fingerprint("b"));
 
     // Warm up: the first EVALSHA of each script meets NOSCRIPT and loads it.
@@ -313,7 +313,7 @@ async fn verify_on_a_server_before_7_0_chooses_the_claim_script() {
     let key = StoreKey::derive(
         "old",
         &Scope::principal("old"),
-        &IdempotencyKey::new("v", 255).unwrap(),
+        &IdempotencyKey::new("v").unwrap(),
     );
     assert!(matches!(
         engine.begin(key, fingerprint("a")).await.unwrap(),
@@ -470,7 +470,7 @@ async fn a_server_without_set_nx_get_gets_the_claim_script() {
     assert!(store.native_claim());
     let engine = Engine::new(store.clone());
     let scope = Scope::principal("old");
-    let key = StoreKey::derive("old", &scope, &IdempotencyKey::new("k", 255).unwrap());
+    let key = StoreKey::derive("old", &scope, &IdempotencyKey::new("k").unwrap());
     let Begin::Run(t) = engine.begin(key, fingerprint("a")).await.unwrap() else {
         panic!("the first claim runs, through the script")
     };
@@ -841,7 +841,7 @@ async fn namespaces_never_see_each_others_records_and_keys_hold_nothing_raw() {
     let key = StoreKey::derive(
         "shared",
         &Scope::principal("principal-visible"),
-        &IdempotencyKey::new("client-key-visible", 255).unwrap(),
+        &IdempotencyKey::new("client-key-visible").unwrap(),
     );
     let fp = fingerprint("a");
     let Ok(Claim::Claimed(ta)) = a.claim(&key, &fp, Duration::from_secs(60)).await else {

@@ -18,7 +18,9 @@ use redis_server::{RedisServer, available};
 use std::sync::OnceLock;
 use tower_idempotency::http::PrincipalMode;
 use tower_idempotency::store::redis::{RedisStore, redis};
-use tower_idempotency::{IdempotencyLayer, Secret, StoreKey, StoredResponse};
+use tower_idempotency::{IdempotencyLayer, Secret};
+use tower_idempotency::engine::RecordedResponse;
+use tower_idempotency::store::StoreKey;
 
 fn shared_server() -> Option<&'static RedisServer> {
     static SERVER: OnceLock<RedisServer> = OnceLock::new();
@@ -295,7 +297,7 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
     let fp_a = &own[1..33];
 
     // A valid record that is not sealed, under the right key and fingerprint.
-    let unsealed = StoredResponse::new(201, vec![], Some(Bytes::from_static(b"{}")))
+    let unsealed = RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{}")))
         .encode()
         .unwrap();
     let value = [&b"D"[..], fp_a, unsealed.as_bytes()].concat();

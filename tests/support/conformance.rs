@@ -34,9 +34,9 @@ use bytes::Bytes;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tower_idempotency::{
-    Begin, Claim, Engine, Fingerprint, Record, Store, StoreError, StoreKey, StoredResponse, Token,
-};
+use tower_idempotency::Store;
+use tower_idempotency::engine::{Begin, Engine, Fingerprint, RecordedResponse};
+use tower_idempotency::store::{Claim, Record, StoreError, StoreKey, Token};
 
 /// What the suite needs from a backend: the store, and a way to move its time.
 pub trait Harness: Send + Sync + 'static {
@@ -622,7 +622,7 @@ pub async fn engine_run_in_flight_reused_replay<H: Harness>(h: H) {
         matches!(ok(engine.begin(key, fb).await, "begin"), Begin::KeyReused),
         "another request under a held key is a reused key"
     );
-    let response = StoredResponse::new(
+    let response = RecordedResponse::new(
         201,
         vec![
             (

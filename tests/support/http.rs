@@ -39,11 +39,10 @@ use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tower_idempotency::http::REPLAYED_HEADER;
-use tower_idempotency::record::Record;
-use tower_idempotency::{
-    Claim, Fingerprint, IdempotencyKey, MemoryStore, Principal, Scope, Store, StoreError,
-    StoreErrorKind, StoreKey, Token,
-};
+use tower_idempotency::store::Record;
+use tower_idempotency::{IdempotencyKey, MemoryStore, Principal, Store};
+use tower_idempotency::engine::{Fingerprint, Scope};
+use tower_idempotency::store::{Claim, StoreError, StoreErrorKind, StoreKey, Token};
 
 /// The time limit of every request a test client sends.
 pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
@@ -668,7 +667,7 @@ pub(crate) fn store_key(namespace: &str, principal: &str, key: &str) -> StoreKey
     StoreKey::derive(
         namespace,
         &Scope::principal(principal),
-        &IdempotencyKey::new(key, 255).expect("a valid test key"),
+        &IdempotencyKey::new(key).expect("a valid test key"),
     )
 }
 

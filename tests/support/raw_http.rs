@@ -31,9 +31,9 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
-use tower_idempotency::{
-    Fingerprint, IdempotencyKey, IdempotencyLayer, MemoryStore, Principal, Scope, StoreKey,
-};
+use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore, Principal};
+use tower_idempotency::engine::{Fingerprint, Scope};
+use tower_idempotency::store::StoreKey;
 
 /// A `Content-Disposition` value with obs-text bytes (0x80–0xff): not UTF-8.
 pub const OBS_TEXT: &[u8] = b"attachment; filename=\"r\xe9sum\xe9-\x80\xff.txt\"";
@@ -164,7 +164,7 @@ pub fn store_key(principal: &str, key: &str) -> StoreKey {
     StoreKey::derive(
         LAYER_NS,
         &Scope::principal(principal),
-        &IdempotencyKey::new(key, 255).expect("a valid test key"),
+        &IdempotencyKey::new(key).expect("a valid test key"),
     )
 }
 

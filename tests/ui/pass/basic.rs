@@ -3,7 +3,7 @@ use axum::extract::Extension;
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::post;
-use tower_idempotency::{IdempotentRoutes, IdempotencyLayer, idempotent};
+use tower_idempotency::{idempotent, IdempotencyLayer, IdempotentRoutes};
 
 /// Doc comments and attributes stay on the handler.
 #[idempotent]

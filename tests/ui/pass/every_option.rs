@@ -1,7 +1,7 @@
 use axum::Router;
 use axum::extract::{Extension, FromRef, State};
 use axum::routing::put;
-use tower_idempotency::{IdempotentRoutes, IdempotencyLayer, MemoryStore, idempotent};
+use tower_idempotency::{idempotent, IdempotencyLayer, IdempotentRoutes, MemoryStore};
 
 #[derive(Clone)]
 struct App {

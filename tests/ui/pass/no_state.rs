@@ -3,7 +3,7 @@ use axum::extract::{Extension, Query};
 use axum::http::HeaderMap;
 use axum::routing::post;
 use std::collections::HashMap;
-use tower_idempotency::{IdempotentRoutes, IdempotencyLayer, idempotent};
+use tower_idempotency::{idempotent, IdempotencyLayer, IdempotentRoutes};
 
 #[derive(Clone)]
 struct App;

@@ -3,7 +3,7 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
 use serde::Deserialize;
-use tower_idempotency::{IdempotentRoutes, IdempotencyKey, IdempotencyLayer, idempotent};
+use tower_idempotency::{idempotent, IdempotencyKey, IdempotencyLayer, IdempotentRoutes};
 
 #[derive(Clone)]
 struct App {

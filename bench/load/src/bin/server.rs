@@ -113,7 +113,8 @@ async fn build(row: &str, redis_url: Option<String>) -> (Router<App>, Option<Rec
     match row {
         "bare" => (orders(), None),
         "memory" | "memory-bounded" => {
-            use tower_idempotency::{IdempotencyLayer, MemoryStore, Scope};
+            use tower_idempotency::{IdempotencyLayer, MemoryStore};
+            use tower_idempotency::engine::Scope;
             let store = if row == "memory" {
                 // Bounds high enough that nothing is dropped during a run: every record of the
                 // run stays, as with the peers (their stores are unbounded).
@@ -136,7 +137,8 @@ async fn build(row: &str, redis_url: Option<String>) -> (Router<App>, Option<Rec
             (orders().layer(layer), Some(records))
         }
         "redis" => {
-            use tower_idempotency::{IdempotencyLayer, RedisStore, Scope};
+            use tower_idempotency::{IdempotencyLayer, RedisStore};
+            use tower_idempotency::engine::Scope;
             let url = redis_url.expect("--redis-url");
             let store = RedisStore::connect(&url, "bench")
                 .await

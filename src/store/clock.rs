@@ -50,7 +50,7 @@ impl Clock for TokioClock {
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_idempotency::clock::{Clock, ManualClock};
+/// use tower_idempotency::store::clock::{Clock, ManualClock};
 ///
 /// let clock = ManualClock::new();
 /// clock.advance(Duration::from_secs(5));
