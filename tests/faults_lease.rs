@@ -240,7 +240,7 @@ mod redis {
         let handle = store.clone();
         let r = scenario(store, LEASE, fault, late, async |key| {
             // Redis expires the pending key itself when the lease ends.
-            let redis_key = handle.redis_key(&key);
+            let redis_key = redis_server::redis_key(handle.key_prefix(), &key);
             bounded(
                 Duration::from_secs(10),
                 "the lease to lapse in Redis",

@@ -335,14 +335,14 @@ async fn without_a_secret_bit_flips_are_refused_or_replayed_as_valid_records_nev
 mod on_redis {
     use super::*;
     use crate::raw_http::{Server, Work, with_auth};
-    use crate::redis_server::{RedisServer, available};
+    use crate::redis_server::{RedisServer, available, redis_key};
     use tower_idempotency::StoreKey;
     use tower_idempotency::store::redis::{RedisStore, redis};
 
-    async fn set_raw(store: &RedisStore, key: &StoreKey, value: &[u8]) {
-        let mut conn = store.connection().clone();
+    async fn set_raw(server: &RedisServer, store: &RedisStore, key: &StoreKey, value: &[u8]) {
+        let mut conn = server.connection().await;
         redis::cmd("SET")
-            .arg(store.redis_key(key))
+            .arg(redis_key(store.key_prefix(), key))
             .arg(value)
             .arg("PX")
             .arg(60_000)
@@ -371,7 +371,13 @@ mod on_redis {
 
         for (i, (name, bytes)) in tampered().into_iter().enumerate() {
             let key = format!("k-tampered-{i}");
-            set_raw(&store, &store_key("alice", &key), &done_value(&fp, &bytes)).await;
+            set_raw(
+                &server,
+                &store,
+                &store_key("alice", &key),
+                &done_value(&fp, &bytes),
+            )
+            .await;
             let a = app
                 .one(&post("/work", &keyed("alice", key.as_bytes()), BODY))
                 .await;
@@ -395,7 +401,7 @@ mod on_redis {
         ];
         for (i, (name, value)) in garbage.into_iter().enumerate() {
             let key = format!("k-garbage-{i}");
-            set_raw(&store, &store_key("alice", &key), &value).await;
+            set_raw(&server, &store, &store_key("alice", &key), &value).await;
             let a = app
                 .one(&post("/work", &keyed("alice", key.as_bytes()), BODY))
                 .await;
@@ -410,6 +416,7 @@ mod on_redis {
 
         // Control: the genuine record, written the same way, replays.
         set_raw(
+            &server,
             &store,
             &store_key("alice", "k-genuine"),
             &done_value(&fp, &encode(&genuine())),

@@ -17,7 +17,7 @@ use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
 use support::conformance::{Harness, fingerprint, random_key};
-use support::redis_server::{self, RedisCluster};
+use support::redis_server::{self, RedisCluster, redis_key};
 use tower_idempotency::store::redis::RedisStore;
 use tower_idempotency::store::redis::redis::cluster_async::ClusterConnection;
 use tower_idempotency::{Claim, Store};
@@ -82,7 +82,11 @@ async fn keys_spread_over_every_primary() {
     }
     let mut slots = std::collections::BTreeSet::new();
     for key in keys.iter().take(8) {
-        let slot = cluster.nodes()[0].command(&["CLUSTER", "KEYSLOT", &store.redis_key(key)]);
+        let slot = cluster.nodes()[0].command(&[
+            "CLUSTER",
+            "KEYSLOT",
+            &redis_key(store.key_prefix(), key),
+        ]);
         slots.insert(slot);
     }
     assert_eq!(

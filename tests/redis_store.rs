@@ -21,8 +21,10 @@ use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 use support::conformance::{Harness, fingerprint, random_key, record};
-use support::redis_server::{self, RedisServer};
-use tower_idempotency::store::redis::{EvictionCheck, InvalidNamespace, RedisStore, redis};
+use support::redis_server::{self, RedisServer, redis_key};
+use tower_idempotency::store::redis::{
+    DEFAULT_TIMEOUT, EvictionCheck, InvalidNamespace, RedisStore, redis,
+};
 use tower_idempotency::{
     Begin, Claim, Engine, IdempotencyKey, Scope, Store, StoreErrorKind, StoreKey, StoredResponse,
 };
@@ -74,10 +76,11 @@ mod script_claims {
     fn harness() -> Option<impl Future<Output = RedisHarness>> {
         let server = shared_server()?;
         Some(async move {
-            let store = RedisStore::connect(&server.url(), "conformance-script")
+            let store = RedisStore::builder("conformance-script")
+                .native_claim(false)
+                .connect(&server.url())
                 .await
-                .expect("connect")
-                .with_native_claim(false);
+                .expect("connect");
             RedisHarness { store }
         })
     }
@@ -132,10 +135,11 @@ fn response() -> StoredResponse {
 /// commands a script runs (`redis.call`), so the expected deltas name those too.
 async fn command_counts(native: bool) -> [BTreeMap<String, u64>; 4] {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url(), "count")
+    let store = RedisStore::builder("count")
+        .native_claim(native)
+        .connect(&server.url())
         .await
-        .expect("connect")
-        .with_native_claim(native);
+        .expect("connect");
     let engine = Engine::new(store);
     let scope = Scope::principal("counter");
     let key = |k: &str| StoreKey::derive("count", &scope, &IdempotencyKey::new(k, 255).unwrap());
@@ -377,9 +381,10 @@ async fn concurrent_commands_share_one_pipeline_and_keep_their_own_answers() {
         singles: Arc::default(),
         pipelines: Arc::default(),
     };
-    let store = RedisStore::new(counting.clone(), "pipelined")
-        .unwrap()
-        .with_pipelining(true);
+    let store = RedisStore::builder("pipelined")
+        .pipelining(true)
+        .build(counting.clone())
+        .unwrap();
     assert!(store.pipelining());
     let engine = Engine::new(store);
     let keys: Vec<StoreKey> = (0..8).map(|_| random_key()).collect();
@@ -505,10 +510,11 @@ async fn an_outage_fails_steps_and_the_same_store_recovers_after_a_restart() {
         return;
     }
     let mut server = RedisServer::start();
-    let store = RedisStore::connect(&server.url(), "outage")
+    let store = RedisStore::builder("outage")
+        .timeout(Duration::from_millis(500))
+        .connect(&server.url())
         .await
-        .expect("connect")
-        .with_timeout(Duration::from_millis(500));
+        .expect("connect");
     let engine = Engine::new(store);
     let fp = fingerprint("a");
     let Begin::Run(ticket) = engine.begin(random_key(), fp).await.unwrap() else {
@@ -600,10 +606,11 @@ async fn a_server_that_stops_answering_times_out() {
         return;
     }
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url(), "hang")
+    let store = RedisStore::builder("hang")
+        .timeout(Duration::from_millis(200))
+        .connect(&server.url())
         .await
-        .expect("connect")
-        .with_timeout(Duration::from_millis(200));
+        .expect("connect");
     let key = random_key();
     assert!(matches!(
         store
@@ -652,7 +659,7 @@ async fn a_foreign_value_under_a_key_is_a_protocol_error_and_never_a_claim() {
         .await
         .expect("connect");
     let key = random_key();
-    server.command(&["SET", &store.redis_key(&key), "not a record"]);
+    server.command(&["SET", &redis_key(store.key_prefix(), &key), "not a record"]);
     let err = store
         .claim(&key, &fingerprint("a"), Duration::from_secs(60))
         .await
@@ -808,6 +815,43 @@ async fn an_unexpected_script_answer_is_a_protocol_error() {
     assert_eq!(err.kind(), StoreErrorKind::Protocol, "{err:?}");
 }
 
+// ---- settings ---------------------------------------------------------------------------
+
+/// Settings are made on the builder and fixed when the store is built: a clone has the same,
+/// and the shortcuts give the defaults.
+#[test]
+fn the_builder_fixes_the_settings_and_clones_keep_them() {
+    let ms = Duration::from_millis;
+    let store = RedisStore::builder("settings")
+        .timeout(ms(250))
+        .native_claim(false)
+        .pipelining(true)
+        .build(ManagedRedis)
+        .unwrap();
+    let clone = store.clone();
+    for s in [&store, &clone] {
+        assert_eq!(
+            (s.timeout(), s.native_claim(), s.pipelining()),
+            (ms(250), false, true)
+        );
+    }
+    let defaults = RedisStore::new(ManagedRedis, "settings").unwrap();
+    assert_eq!(
+        (
+            defaults.timeout(),
+            defaults.native_claim(),
+            defaults.pipelining()
+        ),
+        (DEFAULT_TIMEOUT, true, false),
+        "a store built over a connection: 1 s, native claims, no pipelining"
+    );
+    assert_eq!(defaults.key_prefix(), store.key_prefix());
+    assert!(
+        RedisStore::builder("").build(ManagedRedis).is_err(),
+        "the builder refuses an empty namespace too"
+    );
+}
+
 // ---- namespaces -------------------------------------------------------------------------
 
 #[tokio::test]
@@ -909,7 +953,7 @@ async fn namespaces_never_see_each_others_records_and_keys_hold_nothing_raw() {
         );
     }
     let name = String::from_utf8(keys[0].clone()).unwrap();
-    assert_eq!(name, a.redis_key(&key));
+    assert_eq!(name, redis_key(a.key_prefix(), &key));
     assert!(
         name.starts_with("ti:") && name.ends_with('}') && name.contains(":{"),
         "{name}"
