@@ -642,6 +642,130 @@ async fn a_server_that_stops_answering_times_out() {
     ));
 }
 
+/// A fake Redis on a paused clock that takes `delay` over every answer: it refuses
+/// `SET … GET` (as before 7.0) and holds no script until `SCRIPT LOAD`.
+#[derive(Clone)]
+struct SlowWithoutScripts {
+    delay: Duration,
+    loaded: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SlowWithoutScripts {
+    fn new(delay: Duration) -> Self {
+        Self {
+            delay,
+            loaded: Arc::default(),
+        }
+    }
+}
+
+impl redis::aio::ConnectionLike for SlowWithoutScripts {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        let args: Vec<Vec<u8>> = cmd
+            .args_iter()
+            .filter_map(|a| match a {
+                redis::Arg::Simple(b) => Some(b.to_vec()),
+                _ => None,
+            })
+            .collect();
+        let error =
+            |line: &[u8]| redis::parse_redis_value(line).and_then(redis::Value::extract_error);
+        let loaded = &self.loaded;
+        let answer = match args.first().map(Vec::as_slice) {
+            Some(b"SET") => error(b"-ERR syntax error\r\n"),
+            Some(b"SCRIPT") => {
+                loaded.store(true, std::sync::atomic::Ordering::SeqCst);
+                // `SCRIPT LOAD <source>` answers the source's SHA-1, which the client checks.
+                let source = std::str::from_utf8(&args[2]).unwrap();
+                let sha = redis::Script::new(source).get_hash().to_owned();
+                Ok(redis::Value::BulkString(sha.into_bytes()))
+            }
+            Some(b"EVALSHA") if loaded.load(std::sync::atomic::Ordering::SeqCst) => {
+                Ok(redis::Value::Int(1))
+            }
+            Some(b"EVALSHA") => error(b"-NOSCRIPT No matching script.\r\n"),
+            _ => Ok(redis::Value::Okay),
+        };
+        let delay = self.delay;
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            answer
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        _: &'a redis::Pipeline,
+        _: usize,
+        _: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        unreachable!("the store is built without pipelining")
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
+/// A step that meets `NOSCRIPT` sends `SCRIPT LOAD` and the `EVALSHA` again: all of it within
+/// one operation timeout, not one timeout for the first `EVALSHA` and another for the rest.
+/// Each answer takes 400 ms, the timeout is 1 s: 4 round trips do not fit.
+#[tokio::test(start_paused = true)]
+async fn loading_a_script_stays_within_the_steps_one_timeout() {
+    let timeout = Duration::from_secs(1);
+    let store = RedisStore::builder("one-deadline")
+        .timeout(timeout)
+        .build(SlowWithoutScripts::new(Duration::from_millis(400)))
+        .unwrap();
+    let token = tower_idempotency::Token::generate().unwrap();
+    let started = tokio::time::Instant::now();
+    let err = store
+        .release(&random_key(), &token)
+        .await
+        .expect_err("4 round trips of 400 ms do not fit in 1 s");
+    let took = started.elapsed();
+    assert_eq!(err.kind(), StoreErrorKind::Timeout, "{err:?}");
+    assert!(
+        took <= timeout,
+        "the step took {took:?}, over its {timeout:?} timeout"
+    );
+
+    // Answers of 200 ms: the same 4 round trips fit, and the step succeeds.
+    let store = RedisStore::builder("one-deadline")
+        .timeout(timeout)
+        .build(SlowWithoutScripts::new(Duration::from_millis(200)))
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    assert!(store.release(&random_key(), &token).await.unwrap());
+    assert_eq!(started.elapsed(), Duration::from_millis(800));
+}
+
+/// A native claim the server refuses falls back to the script within the same timeout: the
+/// refused `SET`, the `EVALSHA`, the `SCRIPT LOAD` and the retry share one deadline.
+#[tokio::test(start_paused = true)]
+async fn a_claim_falling_back_to_the_script_stays_within_one_timeout() {
+    let timeout = Duration::from_secs(1);
+    let store = RedisStore::builder("one-deadline")
+        .timeout(timeout)
+        .build(SlowWithoutScripts::new(Duration::from_millis(300)))
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let err = store
+        .claim(&random_key(), &fingerprint("a"), Duration::from_secs(60))
+        .await
+        .expect_err("5 round trips of 300 ms do not fit in 1 s");
+    let took = started.elapsed();
+    assert_eq!(err.kind(), StoreErrorKind::Timeout, "{err:?}");
+    assert!(
+        took <= timeout,
+        "the claim took {took:?}, over its {timeout:?} timeout"
+    );
+    assert!(!store.native_claim(), "the refusal is remembered");
+}
+
 fn signal(pid: u32, sig: &str) {
     let status = std::process::Command::new("kill")
         .args([sig, &pid.to_string()])

@@ -59,9 +59,9 @@ impl<C> RedisStoreBuilder<C> {
         }
     }
 
-    /// Bounds every store operation (each one round trip) to `timeout`; a call that takes
-    /// longer fails with [`StoreErrorKind::Timeout`]. Default: [`DEFAULT_TIMEOUT`] (1 s).
-    /// At least 1 ms.
+    /// Bounds every store step (claim, complete, release, renew) to `timeout`, including the
+    /// script load and retry a step may need; a step that takes longer fails with
+    /// [`StoreErrorKind::Timeout`]. Default: [`DEFAULT_TIMEOUT`] (1 s). At least 1 ms.
     ///
     /// Keep it well below the lease: a claim must not outlive the lease it takes.
     pub fn timeout(mut self, timeout: Duration) -> Self {

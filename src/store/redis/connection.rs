@@ -10,6 +10,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use tokio::time::Instant;
 
 /// The future of a replacement connection.
 pub(super) type Connecting<C> = Pin<Box<dyn Future<Output = Result<C, RedisError>> + Send>>;
@@ -86,14 +87,20 @@ impl<C> RedisStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// Runs one round trip on the connection of `generation` within the operation timeout,
-    /// and counts its outcome towards replacing that connection.
+    /// The deadline of a step starting now: one operation timeout for all its round trips.
+    pub(super) fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout
+    }
+
+    /// Runs one round trip of a step on the connection of `generation`, until the step's
+    /// `deadline`, and counts its outcome towards replacing that connection.
     pub(super) async fn bounded<T>(
         &self,
         generation: u64,
+        deadline: Instant,
         fut: impl Future<Output = Result<T, RedisError>>,
     ) -> Result<T, OpError> {
-        let result = match tokio::time::timeout(self.timeout, fut).await {
+        let result = match tokio::time::timeout_at(deadline, fut).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(OpError::Redis(e)),
             Err(e) => Err(OpError::Elapsed(e)),

@@ -107,8 +107,11 @@
 //!
 //! # Failures
 //!
-//! Every call is bounded by an operation timeout ([`DEFAULT_TIMEOUT`], 1 s; see
-//! [`RedisStoreBuilder::timeout`]). Errors keep the Redis error as their source and map to:
+//! Every step is bounded by one operation timeout ([`DEFAULT_TIMEOUT`], 1 s; see
+//! [`RedisStoreBuilder::timeout`]), however many round trips it takes: a script the server
+//! answered `NOSCRIPT` for is loaded and sent again, and a native claim the server refused is
+//! sent as the script, all before the same deadline. Errors keep the Redis error as their
+//! source and map to:
 //!
 //! | Redis error | [`StoreErrorKind`] |
 //! | --- | --- |
@@ -172,6 +175,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
+use tokio::time::Instant;
 
 mod builder;
 mod codec;
@@ -369,12 +373,13 @@ where
     }
 
     /// A claim's answer: the native `SET … NX PX … GET` unless the store was built without it
-    /// or the server refused it, else the claim script.
+    /// or the server refused it, else the claim script; by one `deadline` either way.
     async fn claim_reply(
         &self,
         key: &KeyBytes,
         pending: &[u8],
         lease: &[u8],
+        deadline: Instant,
     ) -> Result<ClaimReply, OpError> {
         if self.native_claim() {
             let mut cmd = ::redis::cmd("SET");
@@ -384,7 +389,7 @@ where
                 .arg("PX")
                 .arg(lease)
                 .arg("GET");
-            match self.query(cmd).await {
+            match self.query(cmd, deadline).await {
                 Ok(reply) => return Ok(ClaimReply::Native(reply)),
                 // Refused before it ran (Redis < 7.0): nothing was written; use the script.
                 Err(e) if e.is_syntax_error() => {
@@ -402,7 +407,9 @@ where
                 Err(e) => return Err(e),
             }
         }
-        let reply = self.eval(&scripts::CLAIM, key, &[pending, lease]).await?;
+        let reply = self
+            .eval(&scripts::CLAIM, key, &[pending, lease], deadline)
+            .await?;
         Ok(ClaimReply::Script(reply))
     }
 }
@@ -417,11 +424,12 @@ where
         fingerprint: &Fingerprint,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
+        let deadline = self.deadline();
         let token = Token::generate()?;
         let pending = codec::pending_value(fingerprint, &token);
         let lease = Digits::new(codec::millis(lease));
         let reply = self
-            .claim_reply(&self.key_bytes(key), &pending, lease.as_bytes())
+            .claim_reply(&self.key_bytes(key), &pending, lease.as_bytes(), deadline)
             .await
             .map_err(|e| e.into_store("Redis claim"))?;
         codec::parse_claim(reply, token)
@@ -435,19 +443,26 @@ where
         record: Record,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
+        let deadline = self.deadline();
         let done = codec::done_value(fingerprint, record);
         let ttl = Digits::new(codec::millis(ttl));
         let args: [&[u8]; 3] = [token.as_bytes(), &done, ttl.as_bytes()];
         let reply = self
-            .eval(&scripts::COMPLETE, &self.key_bytes(key), &args)
+            .eval(&scripts::COMPLETE, &self.key_bytes(key), &args, deadline)
             .await
             .map_err(|e| e.into_store("Redis complete"))?;
         codec::flag(reply, "unexpected answer to complete")
     }
 
     async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
+        let deadline = self.deadline();
         let reply = self
-            .eval(&scripts::RELEASE, &self.key_bytes(key), &[token.as_bytes()])
+            .eval(
+                &scripts::RELEASE,
+                &self.key_bytes(key),
+                &[token.as_bytes()],
+                deadline,
+            )
             .await
             .map_err(|e| e.into_store("Redis release"))?;
         codec::flag(reply, "unexpected answer to release")
@@ -459,10 +474,11 @@ where
         token: &Token,
         lease: Duration,
     ) -> Result<bool, StoreError> {
+        let deadline = self.deadline();
         let lease = Digits::new(codec::millis(lease));
         let args: [&[u8]; 2] = [token.as_bytes(), lease.as_bytes()];
         let reply = self
-            .eval(&scripts::RENEW, &self.key_bytes(key), &args)
+            .eval(&scripts::RENEW, &self.key_bytes(key), &args, deadline)
             .await
             .map_err(|e| e.into_store("Redis renew"))?;
         codec::flag(reply, "unexpected answer to renew")

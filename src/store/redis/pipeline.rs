@@ -1,20 +1,20 @@
 //! Sending commands: one by one, or queued and written together as one pipeline (see the
 //! [module docs](super#pipelining)).
 
+use super::RedisStore;
 use super::connection::Inner;
 use super::error::OpError;
-use super::{DEFAULT_TIMEOUT, RedisStore};
 use ::redis::aio::ConnectionLike;
 use ::redis::{ErrorKind, RedisError, Value};
 use std::sync::{Arc, PoisonError};
-use std::time::Duration;
 use tokio::sync::oneshot;
+use tokio::time::Instant;
 
-/// A command waiting in the outbox, where its answer goes, and its caller's timeout.
+/// A command waiting in the outbox, where its answer goes, and its caller's deadline.
 type Queued = (
     ::redis::Cmd,
     oneshot::Sender<Result<Value, RedisError>>,
-    Duration,
+    Instant,
 );
 
 /// The commands queued since the last write.
@@ -29,16 +29,20 @@ impl<C> RedisStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// Sends one command: through the outbox when pipelining (inside a Tokio runtime),
-    /// directly otherwise; bounded by the operation timeout either way.
-    pub(super) async fn query(&self, cmd: ::redis::Cmd) -> Result<Value, OpError> {
+    /// Sends one command of a step: through the outbox when pipelining (inside a Tokio
+    /// runtime), directly otherwise; bounded by the step's `deadline` either way.
+    pub(super) async fn query(
+        &self,
+        cmd: ::redis::Cmd,
+        deadline: Instant,
+    ) -> Result<Value, OpError> {
         if self.pipelining
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
             let generation = self.inner.generation();
-            let answer = self.inner.enqueue(&runtime, cmd, self.timeout);
+            let answer = self.inner.enqueue(&runtime, cmd, deadline);
             return self
-                .bounded(generation, async move {
+                .bounded(generation, deadline, async move {
                     answer.await.unwrap_or_else(|_| {
                         Err(RedisError::from((
                             ErrorKind::Io,
@@ -49,7 +53,8 @@ where
                 .await;
         }
         let (generation, mut conn) = self.inner.checkout();
-        self.bounded(generation, cmd.query_async(&mut conn)).await
+        self.bounded(generation, deadline, cmd.query_async(&mut conn))
+            .await
     }
 }
 
@@ -63,12 +68,12 @@ where
         self: &Arc<Self>,
         runtime: &tokio::runtime::Handle,
         cmd: ::redis::Cmd,
-        timeout: Duration,
+        deadline: Instant,
     ) -> oneshot::Receiver<Result<Value, RedisError>> {
         let (tx, rx) = oneshot::channel();
         let spawn = {
             let mut outbox = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
-            outbox.queued.push((cmd, tx, timeout));
+            outbox.queued.push((cmd, tx, deadline));
             !std::mem::replace(&mut outbox.scheduled, true)
         };
         if spawn {
@@ -89,11 +94,13 @@ where
         };
         // Bounded like its callers: a silent connection must not keep this task (and the
         // connection it holds) alive after every caller has given up.
-        let limit = queued.iter().map(|q| q.2).max().unwrap_or(DEFAULT_TIMEOUT);
+        let Some(limit) = queued.iter().map(|q| q.2).max() else {
+            return;
+        };
         let (_, mut conn) = self.checkout();
         if let [(cmd, _, _)] = &queued[..] {
             // A server error comes back as a value; make it the caller's error.
-            let answer = tokio::time::timeout(limit, conn.req_packed_command(cmd))
+            let answer = tokio::time::timeout_at(limit, conn.req_packed_command(cmd))
                 .await
                 .unwrap_or_else(|_| Err(elapsed()))
                 .and_then(Value::extract_error);
@@ -109,7 +116,7 @@ where
             senders.push(tx);
         }
         let answers =
-            tokio::time::timeout(limit, conn.req_packed_commands(&pipe, 0, senders.len()))
+            tokio::time::timeout_at(limit, conn.req_packed_commands(&pipe, 0, senders.len()))
                 .await
                 .unwrap_or_else(|_| Err(elapsed()));
         match answers {

@@ -9,6 +9,7 @@ use super::error::OpError;
 use ::redis::aio::ConnectionLike;
 use ::redis::{Script, Value};
 use std::sync::LazyLock;
+use tokio::time::Instant;
 
 /// Claim (servers that refuse `SET … NX … GET`, or by choice): `GET`, and `SET NX PX` when
 /// absent.
@@ -29,19 +30,21 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// Runs `script` on `key` with `args`: `EVALSHA` (pipelined when the store pipelines);
-    /// on `NOSCRIPT`, loads the script and runs it again.
+    /// on `NOSCRIPT`, loads the script and runs it again. All of it by the step's `deadline`:
+    /// loading a script never stretches a step past its operation timeout.
     pub(super) async fn eval(
         &self,
         script: &Script,
         key: &KeyBytes,
         args: &[&[u8]],
+        deadline: Instant,
     ) -> Result<Value, OpError> {
         let mut cmd = ::redis::cmd("EVALSHA");
         cmd.arg(script.get_hash()).arg(1).arg(key.as_bytes());
         for a in args {
             cmd.arg(*a);
         }
-        match self.query(cmd).await {
+        match self.query(cmd, deadline).await {
             // The server does not have the script yet (first use, restart, SCRIPT FLUSH):
             // `invoke_async` loads it and runs it again.
             Err(e) if e.is_no_script() => {
@@ -50,7 +53,7 @@ where
                     invocation.arg(*a);
                 }
                 let (generation, mut conn) = self.inner.checkout();
-                self.bounded(generation, invocation.invoke_async(&mut conn))
+                self.bounded(generation, deadline, invocation.invoke_async(&mut conn))
                     .await
             }
             other => other,

@@ -25,7 +25,11 @@ where
     pub async fn verify(&self) -> Result<VerifyReport, StoreError> {
         let (generation, mut conn) = self.inner.checkout();
         let info: Value = self
-            .bounded(generation, ::redis::cmd("INFO").query_async(&mut conn))
+            .bounded(
+                generation,
+                self.deadline(),
+                ::redis::cmd("INFO").query_async(&mut conn),
+            )
             .await
             .map_err(|e| e.into_store("Redis INFO"))?;
         let mut report = from_info(&info)?;
@@ -33,7 +37,11 @@ where
             let mut cmd = ::redis::cmd("CONFIG");
             cmd.arg("GET").arg("maxmemory-policy");
             report.eviction = match self
-                .bounded(generation, cmd.query_async::<Value>(&mut conn))
+                .bounded(
+                    generation,
+                    self.deadline(),
+                    cmd.query_async::<Value>(&mut conn),
+                )
                 .await
             {
                 Ok(v) => from_config_get(&v),
