@@ -122,8 +122,8 @@ impl<C> RedisStoreBuilder<C> {
     /// [`RECONNECT_AFTER_TIMEOUTS`](super::RECONNECT_AFTER_TIMEOUTS) operation timeouts in a
     /// row (see the [module docs](super#failures)): for a connection that can go silent
     /// without failing (half-open), which its own reconnection never notices.
-    /// [`connect`](RedisStoreBuilder::connect) sets one by itself (a new `ConnectionManager`
-    /// from the same URL); this one takes its place.
+    /// [`connect`](RedisStoreBuilder::connect) and `connect_cluster` set one by themselves (a
+    /// new connection from the same URL or nodes); this one takes its place.
     ///
     /// `connect` runs in a task of its own, one at a time, bounded by [`RECONNECT_TIMEOUT`];
     /// when it fails or times out the store keeps its connection and tries again after the next
@@ -225,16 +225,19 @@ impl RedisStoreBuilder<::redis::cluster_async::ClusterConnection> {
     /// client learns the rest of the cluster from them and follows slot moves and failovers.
     /// Pipelining is off unless set.
     ///
-    /// Connection attempts and responses are bounded by [`DEFAULT_TIMEOUT`]. For other
-    /// settings, build a `ClusterConnection` with [`redis::cluster::ClusterClient::builder`]
-    /// and use [`build`](Self::build).
+    /// Connection attempts and responses are bounded by [`DEFAULT_TIMEOUT`]. A connection that
+    /// only times out (half-open) is replaced by a new `ClusterConnection` from the same nodes
+    /// after a run of timeouts, as [`connect`](RedisStoreBuilder::connect) does (see the
+    /// [module docs](super#failures)), unless [`reconnect`](Self::reconnect) says otherwise.
+    /// For other settings, build a `ClusterConnection` with
+    /// [`redis::cluster::ClusterClient::builder`] and use [`build`](Self::build).
     ///
     /// # Errors
     /// `Unavailable` when the namespace is empty (source: [`InvalidNamespace`]), a node URL is
     /// invalid or no node can be reached; `Timeout` when connecting takes longer than
     /// [`RECONNECT_TIMEOUT`].
     pub async fn connect_cluster<I, T>(
-        self,
+        mut self,
         nodes: I,
     ) -> Result<RedisStore<::redis::cluster_async::ClusterConnection>, StoreError>
     where
@@ -253,6 +256,14 @@ impl RedisStoreBuilder<::redis::cluster_async::ClusterConnection> {
             .await
             .map_err(|e| OpError::from(e).into_store("connecting to Redis Cluster timed out"))?
             .map_err(|e| OpError::from(e).into_store("connecting to Redis Cluster failed"))?;
+        // The cluster client reconnects a node after an error, never after a timeout: a
+        // silent connection needs replacing as a standalone one does.
+        if self.reconnect.is_none() {
+            self = self.reconnect(move || {
+                let client = client.clone();
+                async move { client.get_async_connection().await }
+            });
+        }
         self.build(conn).map_err(invalid_namespace)
     }
 }

@@ -144,8 +144,10 @@
 //! timeouts that start the replacement, and a call that began on the old connection while the
 //! new one was being made). A Redis that is merely slow (a long script, a latency spike) also
 //! gets its connection replaced; that costs one new connection per run of timeouts, nothing
-//! more. A store built over a connection ([`RedisStore::new`], [`RedisStoreBuilder::build`]),
-//! or with `connect_cluster`, keeps its connection as given, unless it is handed a way to
+//! more. A store made by `connect_cluster` does the same with a new `ClusterConnection` from
+//! the same nodes: the cluster client reconnects a node after a connection error, never after
+//! a timeout. A store built over a connection ([`RedisStore::new`],
+//! [`RedisStoreBuilder::build`]) keeps its connection as given, unless it is handed a way to
 //! make another with [`RedisStoreBuilder::reconnect`].
 //!
 //! # Durability: what "no duplicate processing" rests on
@@ -205,8 +207,8 @@ pub const NATIVE_CLAIM_VERSION: (u32, u32, u32) = (7, 0, 0);
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Consecutive operation timeouts after which a store that can reconnect (made by
-/// [`RedisStore::connect`], or given [`RedisStoreBuilder::reconnect`]) replaces its
-/// connection: 2. See the [module docs](self#failures).
+/// [`RedisStore::connect`] or `connect_cluster`, or given [`RedisStoreBuilder::reconnect`])
+/// replaces its connection: 2. See the [module docs](self#failures).
 pub const RECONNECT_AFTER_TIMEOUTS: u32 = 2;
 
 /// The bound on making a connection: the first one in [`RedisStore::connect`], and each
