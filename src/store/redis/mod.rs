@@ -150,6 +150,40 @@
 //! [`RedisStoreBuilder::build`]) keeps its connection as given, unless it is handed a way to
 //! make another with [`RedisStoreBuilder::reconnect`].
 //!
+//! # Bounds
+//!
+//! Nothing bounds what one caller keeps in Redis. The [`MemoryStore`](super::MemoryStore)
+//! caps each scope and drops the records of the scope that holds the most; a `RedisStore`
+//! has no per-scope count, only Redis's `maxmemory` for everyone together, and each record
+//! lives until its retention ends (the engine's ttl, 24 h by default) whoever wrote it. A
+//! flood of fresh keys from one principal therefore:
+//!
+//! - under `noeviction` (the recommended policy), fills Redis until writes fail with `OOM`:
+//!   every caller's claim then answers 503 and nothing runs (Redis refuses the native
+//!   `SET … NX GET` before reading, so even a request that would replay gets 503; the claim
+//!   script still replays), completes of work in flight fail (the caller still gets the
+//!   handler's response; the key stays pending until its lease ends), and this lasts until
+//!   enough of the flood's records expire;
+//! - under an eviction policy, makes Redis evict other callers' records, and their next
+//!   duplicates **run again**.
+//!
+//! Bound it in front of the layer: rate-limit per principal (at the gateway, or a limiter
+//! keyed on the same principal before the idempotency layer), so one caller cannot write more
+//! than its rate times the retention. Size `maxmemory` for the sum of the callers' rates
+//! times the retention times a record's size (about 270 bytes for a pending key on Redis 7.0,
+//! key and expiry included; a done record adds the stored response, up to the record body
+//! limit), keep the retention as short as clients retry, and use the HTTP layer's `status`
+//! response mode where bodies are large.
+//!
+//! The store offers no per-scope cap of its own because none fits the one-round-trip design.
+//! The claim and its count would have to change together, atomically: one script touching the
+//! record and a counter of the scope, so both keys in one hash slot. That slot would be the
+//! scope's, putting all of one caller's keys on one node, the hot slot the key layout avoids
+//! by hashing the whole key. The claim would become a script, losing the native one-command
+//! `SET … NX GET`. And the count would drift: a pending key that expires with its lease runs
+//! no code on the server, so nothing would decrement it. A count kept by each process does
+//! not bound a caller whose requests spread over several replicas.
+//!
 //! # Durability: what "no duplicate processing" rests on
 //!
 //! The promise holds only while Redis keeps the records. Two ordinary events make Redis lose
