@@ -15,8 +15,8 @@ use bytes::Bytes;
 use http::Request;
 use std::time::Duration;
 use tower::ServiceExt;
-use tower_idempotency::{IdempotencyLayer, MemoryStore};
 use tower_idempotency::engine::Scope;
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 #[global_allocator]
 static GLOBAL: dhat::Alloc = dhat::Alloc;

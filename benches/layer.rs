@@ -17,9 +17,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tower::ServiceExt;
-use tower_idempotency::{http::PrincipalMode, IdempotencyKey, IdempotencyLayer, MemoryStore, Principal};
 use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse, Scope};
 use tower_idempotency::store::StoreKey;
+use tower_idempotency::{
+    IdempotencyKey, IdempotencyLayer, MemoryStore, Principal, http::PrincipalMode,
+};
 
 fn json_body(len: usize) -> Bytes {
     let mut s = String::from("{\"item\":\"");
@@ -66,7 +68,11 @@ fn memory_store(c: &mut Criterion) {
     let record = RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{\"id\":\"1\"}")));
     let fp = Fingerprint::builder().field(b"x").finish();
     // Retention short enough that the store stays near steady state instead of filling up.
-    let make = || Engine::new(MemoryStore::new()).with_ttl(Duration::from_millis(50));
+    let make = || {
+        Engine::builder(MemoryStore::new())
+            .ttl(Duration::from_millis(50))
+            .build()
+    };
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -77,7 +83,8 @@ fn memory_store(c: &mut Criterion) {
         b.to_async(&rt).iter(|| async {
             let scope = Scope::principal("p");
             let key = fresh_key(&scope);
-            let tower_idempotency::engine::Begin::Run(t) = engine.begin(key, fp).await.expect("claim")
+            let tower_idempotency::engine::Begin::Run(t) =
+                engine.begin(key, fp).await.expect("claim")
             else {
                 panic!("fresh key must be claimed")
             };

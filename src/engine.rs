@@ -163,7 +163,6 @@ impl<S: Store> Engine<S> {
     }
 
     /// An engine with settings of its own: `Engine::builder(store).lease(..).ttl(..).build()`.
-    #[must_use]
     pub fn builder(store: S) -> EngineBuilder<S> {
         EngineBuilder {
             engine: Self::new(store),

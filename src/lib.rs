@@ -107,6 +107,10 @@ pub mod extract;
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
 pub mod route;
 
+#[cfg(feature = "test-util")]
+#[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
+pub mod conformance;
+
 #[doc(inline)]
 pub use crate::http::{IdempotencyLayer, Principal, PrincipalMode, ResponseMode};
 #[doc(inline)]

@@ -80,7 +80,7 @@ impl RouteOptions {
         self
     }
 
-    /// `response = "full" | "status"`.
+    /// `response = "full" | "status_and_headers"`.
     #[must_use]
     pub const fn response(mut self, mode: ResponseMode) -> Self {
         self.response = Some(mode);

@@ -427,7 +427,8 @@ mod tests {
 #[cfg(test)]
 mod mac_tests {
     use super::*;
-    use crate::{Fingerprint, Secret};
+    use crate::fingerprint::Fingerprint;
+    use crate::secret::Secret;
 
     fn secret(b: u8) -> Secret {
         Secret::new(vec![b; 32]).unwrap()

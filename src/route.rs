@@ -19,7 +19,7 @@
 //!     (StatusCode::CREATED, format!("charged for {body}"))
 //! }
 //!
-//! #[idempotent(response = "status", namespace = "refunds")]
+//! #[idempotent(response = "status_and_headers", namespace = "refunds")]
 //! async fn create_refund() -> StatusCode {
 //!     StatusCode::ACCEPTED
 //! }

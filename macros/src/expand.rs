@@ -151,7 +151,7 @@ fn route_options(o: &Options, private: &TokenStream) -> TokenStream {
     if let Some(mode) = o.response {
         let variant = match mode {
             Response::Full => quote!(Full),
-            Response::Status => quote!(Status),
+            Response::StatusAndHeaders => quote!(StatusAndHeaders),
         };
         chain = quote!(#chain.response(#private::ResponseMode::#variant));
     }

@@ -68,11 +68,11 @@ use proc_macro::TokenStream;
 /// | `header = "x-key"` | `Idempotency-Key` | the header the key is read from |
 /// | `lease = "30s"` | 60 s | how long a claim holds the key; renewed while the handler runs |
 /// | `ttl = "1h"` | 24 h | how long a completed record is kept |
-/// | `response = "full"` or `"status"` | `"full"` | `"status"` keeps status and allowed headers only (no body at rest; a replay has an empty body) |
+/// | `response = "full"` or `"status_and_headers"` | `"full"` | `"status_and_headers"` keeps status and allowed headers only (no body at rest; a replay has an empty body) |
 /// | `namespace = "suffix"` | the shared namespace | this route's keys live in `<shared namespace>/<suffix>`, apart from other routes' |
 /// | `max_record_body = 65536` | 1 MiB | a larger response is recorded as status and headers only |
 /// | `max_request_body = 65536` | 1 MiB | a larger request body is refused with 413 |
-/// | `principal = "required"` or `"optional"` | `"required"` | 401 without a `Principal`, or all anonymous callers share one scope (pair with `response = "status"`) |
+/// | `principal = "required"` or `"optional"` | `"required"` | 401 without a `Principal`, or all anonymous callers share one scope (pair with `response = "status_and_headers"`) |
 /// | `state = Type` | the handler's `State<T>`, else `()` | the router state the handler runs with |
 ///
 /// Durations are string literals: a whole number and a unit, `ms`, `s`, `m`, `h` or `d`
@@ -110,7 +110,7 @@ use proc_macro::TokenStream;
 /// }
 ///
 /// /// Charges once per key.
-/// #[idempotent(required, lease = "30s", ttl = "1h", response = "status")]
+/// #[idempotent(required, lease = "30s", ttl = "1h", response = "status_and_headers")]
 /// async fn create_payment(State(_app): State<App>, Json(p): Json<NewPayment>) -> (StatusCode, String) {
 ///     (StatusCode::CREATED, format!("charged {}", p.amount))
 /// }

@@ -25,11 +25,11 @@ const KNOWN: &str = "`required`, `header`, `lease`, `ttl`, `response`, `namespac
 const DURATION_FORM: &str = "a whole number followed by a unit (`ms`, `s`, `m`, `h` or `d`), \
                              e.g. \"1500ms\", \"30s\", \"10m\", \"24h\"";
 
-/// What a record keeps (`response = "full" | "status"`).
+/// What a record keeps (`response = "full" | "status_and_headers"`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Response {
     Full,
-    Status,
+    StatusAndHeaders,
 }
 
 /// Whether a principal is required (`principal = "required" | "optional"`).
@@ -102,12 +102,12 @@ impl Parse for Options {
                 let lit: LitStr = value(input)?;
                 let v = match lit.value().as_str() {
                     "full" => Response::Full,
-                    "status" => Response::Status,
+                    "status_and_headers" => Response::StatusAndHeaders,
                     other => {
                         return Err(syn::Error::new(
                             lit.span(),
                             format!(
-                                "unknown response mode `{other}`: expected \"full\" (status, headers and body) or \"status\" (status and headers only)"
+                                "unknown response mode `{other}`: expected \"full\" (status, headers and body) or \"status_and_headers\" (no body)"
                             ),
                         ));
                     }
@@ -280,7 +280,7 @@ mod tests {
     #[test]
     fn parses_every_option() {
         let o: Options = syn::parse_str(
-            r#"required = false, header = "X-Key", lease = "30s", ttl = "1h", response = "status",
+            r#"required = false, header = "X-Key", lease = "30s", ttl = "1h", response = "status_and_headers",
                namespace = "payments", max_record_body = 65_536, max_request_body = 1024,
                principal = "optional", state = crate::App"#,
         )
@@ -289,7 +289,7 @@ mod tests {
         assert_eq!(o.header.map(|h| h.value()).as_deref(), Some("x-key"));
         assert_eq!(o.lease_ms, Some(30_000));
         assert_eq!(o.ttl_ms, Some(3_600_000));
-        assert_eq!(o.response, Some(Response::Status));
+        assert_eq!(o.response, Some(Response::StatusAndHeaders));
         assert_eq!(o.max_record_body, Some(65_536));
         assert_eq!(o.max_request_body, Some(1024));
         assert_eq!(o.principal, Some(Principal::Optional));

@@ -173,8 +173,9 @@ where
         trailer_fields.extend(HeaderPolicy::record_trailers(t));
     }
     let body = (config.response_mode == ResponseMode::Full).then(|| data.clone());
-    let record = RecordedResponse::new(StatusCode::OK.as_u16(), policy.record(&parts.headers), body)
-        .with_trailers(trailer_fields);
+    let record =
+        RecordedResponse::new(StatusCode::OK.as_u16(), policy.record(&parts.headers), body)
+            .with_trailers(trailer_fields);
     Outcome::Record(
         Response::from_parts(parts, ResponseBody::buffered(data, trailers)),
         record,

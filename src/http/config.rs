@@ -180,7 +180,9 @@ impl Config {
                     self.max_key_len,
                 ))
             }
-            KeySource::Fn(f) => f(parts).map(|k| IdempotencyKey::with_max_len(&k, self.max_key_len)),
+            KeySource::Fn(f) => {
+                f(parts).map(|k| IdempotencyKey::with_max_len(&k, self.max_key_len))
+            }
         }
     }
 

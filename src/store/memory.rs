@@ -80,10 +80,10 @@
 //! ```
 
 use super::{Claim, Store, StoreError, StoreErrorKind, Token};
-use crate::store::clock::{Clock, TokioClock};
 use crate::fingerprint::Fingerprint;
 use crate::record::Record;
 use crate::scope::StoreKey;
+use crate::store::clock::{Clock, TokioClock};
 use hashbrown::HashTable;
 use std::fmt;
 use std::hash::BuildHasher;

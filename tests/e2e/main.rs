@@ -3,7 +3,6 @@
 //! One test binary per door or store family (they build and link once); the helpers they share
 //! live in `tests/support/`, mounted the same way by every binary.
 
-#[macro_use]
 #[path = "../support/mod.rs"]
 mod support;
 

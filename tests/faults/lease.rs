@@ -20,9 +20,9 @@ use std::time::Duration;
 use support::apps::{
     Answer, Event, FaultStore, Kind, RenewFault, Server, Work, bounded, client, send,
 };
+use tower_idempotency::store::StoreKey;
 use tower_idempotency::store::clock::ManualClock;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Store};
-use tower_idempotency::store::StoreKey;
 
 /// How a scenario ends for the first holder.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -235,7 +235,7 @@ mod redis {
         let handle = store.clone();
         let r = scenario(store, LEASE, fault, late, async |key| {
             // Redis expires the pending key itself when the lease ends.
-            let redis_key = handle.redis_key(&key);
+            let redis_key = redis_server::redis_key(handle.key_prefix(), &key);
             bounded(
                 Duration::from_secs(10),
                 "the lease to lapse in Redis",

@@ -50,10 +50,11 @@ async fn rig() -> Option<Rig> {
     }
     let redis = RedisServer::start();
     let proxy = Proxy::start(redis.port()).await;
-    let store = RedisStore::connect(&proxy.url(), "faults-proxy")
+    let store = RedisStore::builder("faults-proxy")
+        .timeout(TIMEOUT)
+        .connect(&proxy.url())
         .await
-        .unwrap()
-        .with_timeout(TIMEOUT);
+        .unwrap();
     let work = Work::new();
     let server = Server::start(work.app(IdempotencyLayer::with_store(store).lease(LEASE))).await;
     // One full run first, so the claim and complete scripts are loaded in Redis (a script's
@@ -493,7 +494,8 @@ async fn a_half_open_connection_fails_safe_and_is_replaced() {
 
 /// As above, but the first replacement cannot be made: the store keeps the silent connection,
 /// starts counting again, and the next run of timeouts makes a second attempt, which succeeds.
-/// The store is built with `RedisStore::new` and `with_reconnect`, whose first call fails.
+/// The store is built over a connection with `RedisStoreBuilder::reconnect`, whose first call
+/// fails.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_replacement_keeps_the_connection_and_is_tried_again() {
     if !redis_server::available() {
@@ -505,10 +507,9 @@ async fn a_failed_replacement_keeps_the_connection_and_is_tried_again() {
     let conn = ConnectionManager::new(redis_client.clone()).await.unwrap();
     let attempts = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&attempts);
-    let store = RedisStore::new(conn, "faults-proxy-reconnect")
-        .unwrap()
-        .with_timeout(TIMEOUT)
-        .with_reconnect(move || {
+    let store = RedisStore::builder("faults-proxy-reconnect")
+        .timeout(TIMEOUT)
+        .reconnect(move || {
             let first = counted.fetch_add(1, Ordering::SeqCst) == 0;
             let client = redis_client.clone();
             async move {
@@ -517,7 +518,9 @@ async fn a_failed_replacement_keeps_the_connection_and_is_tried_again() {
                 }
                 ConnectionManager::new(client).await
             }
-        });
+        })
+        .build(conn)
+        .unwrap();
     let work = Work::new();
     let server = Server::start(work.app(IdempotencyLayer::with_store(store).lease(LEASE))).await;
     let http = client();

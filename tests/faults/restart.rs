@@ -26,10 +26,11 @@ async fn redis_restart_with_data_loss_runs_the_next_duplicate_once() {
         return;
     }
     let mut redis = RedisServer::start();
-    let store = RedisStore::connect(&redis.url(), "faults-restart")
+    let store = RedisStore::builder("faults-restart")
+        .timeout(Duration::from_millis(500))
+        .connect(&redis.url())
         .await
-        .unwrap()
-        .with_timeout(Duration::from_millis(500));
+        .unwrap();
     let work = Work::new();
     let server = Server::start(work.app(IdempotencyLayer::with_store(store))).await;
     let http = client();

@@ -8,9 +8,9 @@ use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{Value, json};
 use support::http::{RequestExt, TestServer, send, store_key, with_auth};
+use tower_idempotency::engine::Scope;
 use tower_idempotency::http::PrincipalMode;
 use tower_idempotency::{DerivedKey, IdempotencyKey, IdempotencyLayer};
-use tower_idempotency::engine::Scope;
 
 const BODY: &str = r#"{"item":"book"}"#;
 

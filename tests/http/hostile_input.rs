@@ -29,8 +29,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_idempotency::http::{Rejection, RejectionKind, RequestBody};
-use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal, Store};
 use tower_idempotency::store::Claim;
+use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal, Store};
 
 async fn app_with(
     layer: impl Fn(Arc<MemoryStore>) -> IdempotencyLayer<Arc<MemoryStore>>,

@@ -2,10 +2,10 @@
 //! principal, tenant and namespace isolation, and the three ways to mount the layer in axum.
 //!
 //! Rejections in detail (bad keys, body limits, store failures, problem+json) are in
-//! `http_rejections.rs`; what happens after the handler and what a replay carries are in
-//! `http_replay.rs`; concurrent duplicates, lease renewal and dropped clients are in
-//! `http_concurrency.rs`; the extractors in `http_extractors.rs`; the quickstart example's
-//! contract in `http_quickstart.rs`.
+//! `http/rejections.rs`; what happens after the handler and what a replay carries are in
+//! `http/replay.rs`; concurrent duplicates, lease renewal and dropped clients are in
+//! `http/concurrency.rs`; the extractors in `http/extractors.rs`; the quickstart example's
+//! contract in `e2e/quickstart.rs`.
 
 use crate::support;
 

@@ -16,10 +16,10 @@ use support::http::{
 };
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt, service_fn};
+use tower_idempotency::engine::RecordedResponse;
 use tower_idempotency::http::{ConfigErrorKind, RequestBody, ResponseMode};
 use tower_idempotency::store::Record;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal, Secret};
-use tower_idempotency::engine::RecordedResponse;
 
 const BODY: &str = r#"{"item":"book"}"#;
 

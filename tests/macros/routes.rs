@@ -14,11 +14,13 @@ use serde::Deserialize;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use tower_idempotency::engine::Fingerprint;
 use tower_idempotency::http::PrincipalMode;
 use tower_idempotency::store::Record;
-use tower_idempotency::{idempotent, IdempotencyLayer, IdempotentRoutes, MemoryStore, Principal, Store};
-use tower_idempotency::engine::Fingerprint;
 use tower_idempotency::store::{Claim, StoreError, StoreKey, Token};
+use tower_idempotency::{
+    IdempotencyLayer, IdempotentRoutes, MemoryStore, Principal, Store, idempotent,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Handlers
@@ -62,7 +64,7 @@ async fn timed(Extension(runs): Extension<Runs>) -> (StatusCode, String) {
     (StatusCode::CREATED, format!("run {}", runs.next()))
 }
 
-#[idempotent(response = "status")]
+#[idempotent(response = "status_and_headers")]
 async fn status_only(Extension(runs): Extension<Runs>) -> (StatusCode, String) {
     (StatusCode::CREATED, format!("secret {}", runs.next()))
 }

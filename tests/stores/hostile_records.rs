@@ -18,10 +18,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use tower::{Layer, ServiceExt, service_fn};
-use tower_idempotency::http::{Rejection, RejectionKind, RequestBody};
-use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal, Secret, Store};
 use tower_idempotency::engine::{Fingerprint, RecordedResponse};
+use tower_idempotency::http::{Rejection, RejectionKind, RequestBody};
 use tower_idempotency::store::{Claim, Record};
+use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal, Secret, Store};
 
 /// A genuine record of the handler's kind of answer.
 fn genuine() -> RecordedResponse {
@@ -330,14 +330,14 @@ async fn without_a_secret_bit_flips_are_refused_or_replayed_as_valid_records_nev
 mod on_redis {
     use super::*;
     use crate::support::raw_http::{Server, Work, with_auth};
-    use crate::support::redis_server::{RedisServer, available};
+    use crate::support::redis_server::{RedisServer, available, redis_key};
     use tower_idempotency::store::StoreKey;
     use tower_idempotency::store::redis::{RedisStore, redis};
 
-    async fn set_raw(store: &RedisStore, key: &StoreKey, value: &[u8]) {
-        let mut conn = store.connection().clone();
+    async fn set_raw(server: &RedisServer, store: &RedisStore, key: &StoreKey, value: &[u8]) {
+        let mut conn = server.connection().await;
         redis::cmd("SET")
-            .arg(store.redis_key(key))
+            .arg(redis_key(store.key_prefix(), key))
             .arg(value)
             .arg("PX")
             .arg(60_000)
@@ -366,7 +366,13 @@ mod on_redis {
 
         for (i, (name, bytes)) in tampered().into_iter().enumerate() {
             let key = format!("k-tampered-{i}");
-            set_raw(&store, &store_key("alice", &key), &done_value(&fp, &bytes)).await;
+            set_raw(
+                &server,
+                &store,
+                &store_key("alice", &key),
+                &done_value(&fp, &bytes),
+            )
+            .await;
             let a = app
                 .one(&post("/work", &keyed("alice", key.as_bytes()), BODY))
                 .await;
@@ -390,7 +396,7 @@ mod on_redis {
         ];
         for (i, (name, value)) in garbage.into_iter().enumerate() {
             let key = format!("k-garbage-{i}");
-            set_raw(&store, &store_key("alice", &key), &value).await;
+            set_raw(&server, &store, &store_key("alice", &key), &value).await;
             let a = app
                 .one(&post("/work", &keyed("alice", key.as_bytes()), BODY))
                 .await;
@@ -405,6 +411,7 @@ mod on_redis {
 
         // Control: the genuine record, written the same way, replays.
         set_raw(
+            &server,
             &store,
             &store_key("alice", "k-genuine"),
             &done_value(&fp, &encode(&genuine())),

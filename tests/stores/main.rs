@@ -3,14 +3,19 @@
 //! One test binary per door or store family (they build and link once); the helpers they share
 //! live in `tests/support/`, mounted the same way by every binary.
 
-#[macro_use]
 #[path = "../support/mod.rs"]
 mod support;
 
+#[cfg(feature = "test-util")]
+mod custom_store;
 mod hostile_records;
 mod memory_bound;
+// The conformance suite needs the `test-util` feature (scripts/test.sh enables every feature).
+#[cfg(feature = "test-util")]
 mod memory_store;
 mod model_stores;
+#[cfg(feature = "test-util")]
 mod redis_cluster;
+#[cfg(feature = "test-util")]
 mod redis_store;
 mod security_at_rest;

@@ -21,10 +21,10 @@ use bytes::Bytes;
 use std::sync::Arc;
 use std::time::Instant;
 use support::apps::{Kind, Server, Work, client, send};
-use tower_idempotency::store::clock::ManualClock;
-use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore};
 use tower_idempotency::engine::{Begin, Engine, Fingerprint, RecordedResponse, Scope, Ticket};
+use tower_idempotency::store::clock::ManualClock;
 use tower_idempotency::store::{StoreErrorKind, StoreKey};
+use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore};
 
 const MIB: usize = 1024 * 1024;
 const MAX_BYTES: usize = 32 * MIB;

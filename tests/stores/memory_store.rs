@@ -1,14 +1,9 @@
 //! The store conformance suite over [`MemoryStore`], on a manual clock.
 
-use crate::support;
-
-// Only the suite, mounted where the macro expects it (`crate::support::conformance`); the
-// other support modules (HTTP, Redis) are not needed here.
-
 use std::future::Future;
 use std::time::Duration;
-use support::conformance::Harness;
 use tower_idempotency::MemoryStore;
+use tower_idempotency::conformance::Harness;
 use tower_idempotency::store::clock::ManualClock;
 
 /// A memory store whose time moves only when the suite says so.
@@ -41,11 +36,11 @@ impl Harness for MemoryHarness {
     }
 }
 
-store_conformance!(MemoryHarness::new(16));
+tower_idempotency::store_conformance!(MemoryHarness::new(16));
 
 /// The same suite on a single shard (one lock for every scope).
 mod one_shard {
     use super::MemoryHarness;
 
-    crate::store_conformance!(MemoryHarness::new(1));
+    tower_idempotency::store_conformance!(MemoryHarness::new(1));
 }

@@ -26,10 +26,10 @@ use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
 use std::collections::HashMap;
 use std::time::Duration;
-use tower_idempotency::store::clock::ManualClock;
-use tower_idempotency::{MemoryStore, Store};
 use tower_idempotency::engine::Fingerprint;
+use tower_idempotency::store::clock::ManualClock;
 use tower_idempotency::store::{Claim, Record, StoreKey, Token};
+use tower_idempotency::{MemoryStore, Store};
 
 // ---------------------------------------------------------------------------------------------
 // Operations
@@ -597,9 +597,12 @@ mod redis_model {
             .unwrap();
         let ns = format!("model-{}", hex(&random32()[..6]));
         let store = rt
-            .block_on(RedisStore::connect(&server.url(), &ns))
-            .unwrap()
-            .with_timeout(Duration::from_secs(2));
+            .block_on(
+                RedisStore::builder(&ns)
+                    .timeout(Duration::from_secs(2))
+                    .connect(&server.url()),
+            )
+            .unwrap();
         // Loads the scripts, so no case pays for NOSCRIPT round trips.
         rt.block_on(async {
             let k = StoreKey::from_parts(random32(), random32());

@@ -1,5 +1,6 @@
 //! `RedisStore` on a real Redis Cluster of three primaries: the conformance suite with keys
-//! spread over all slots, and the start-up check on every primary.
+//! spread over all slots, the start-up check on every primary, and the replacement of a
+//! connection gone silent (each node behind a TCP proxy, `support/proxy.rs`).
 //!
 //! Without `redis-server` on `PATH` these tests print a notice and pass, unless
 //! `TOWER_IDEMPOTENCY_REQUIRE_SERVERS` is set (as `scripts/test.sh` does), where they fail.
@@ -11,13 +12,14 @@ use crate::support;
 
 use std::future::Future;
 use std::sync::OnceLock;
-use std::time::Duration;
-use support::conformance::{Harness, fingerprint, random_key};
-use support::redis_server::{self, RedisCluster};
-use tower_idempotency::store::redis::RedisStore;
-use tower_idempotency::store::redis::redis::cluster_async::ClusterConnection;
+use std::time::{Duration, Instant};
+use support::proxy::Proxy;
+use support::redis_server::{self, RedisCluster, redis_key};
 use tower_idempotency::Store;
-use tower_idempotency::store::Claim;
+use tower_idempotency::conformance::{Harness, fingerprint, random_key};
+use tower_idempotency::store::redis::redis::cluster_async::ClusterConnection;
+use tower_idempotency::store::redis::{RECONNECT_AFTER_TIMEOUTS, RedisStore};
+use tower_idempotency::store::{Claim, StoreErrorKind};
 
 /// One cluster for the whole suite (creating one takes seconds); the tests use random keys.
 fn shared_cluster() -> Option<&'static RedisCluster> {
@@ -59,7 +61,7 @@ fn harness() -> Option<impl Future<Output = ClusterHarness>> {
 }
 
 // `return` in the expression leaves the test early (the notice is already printed).
-store_conformance!(match harness() {
+tower_idempotency::store_conformance!(match harness() {
     Some(make) => make,
     None => return,
 });
@@ -79,7 +81,11 @@ async fn keys_spread_over_every_primary() {
     }
     let mut slots = std::collections::BTreeSet::new();
     for key in keys.iter().take(8) {
-        let slot = cluster.nodes()[0].command(&["CLUSTER", "KEYSLOT", &store.redis_key(key)]);
+        let slot = cluster.nodes()[0].command(&[
+            "CLUSTER",
+            "KEYSLOT",
+            &redis_key(store.key_prefix(), key),
+        ]);
         slots.insert(slot);
     }
     assert_eq!(
@@ -110,4 +116,102 @@ async fn verify_checks_every_primary() {
     assert_eq!(report.servers, 3, "{report:?}");
     assert!(report.version >= (5, 0, 0));
     assert!(report.is_noeviction(), "{report:?}");
+}
+
+/// A cluster of its own whose nodes announce a proxy in front of each as their address, so
+/// every connection the cluster client makes goes through a proxy the test can freeze.
+async fn cluster_behind_proxies() -> (RedisCluster, Vec<Proxy>) {
+    let cluster = tokio::task::block_in_place(RedisCluster::start);
+    let mut proxies = Vec::new();
+    for node in cluster.nodes() {
+        let proxy = Proxy::start(node.port()).await;
+        let port = proxy.port().to_string();
+        assert_eq!(
+            node.command(&["CONFIG", "SET", "cluster-announce-port", &port]),
+            "OK"
+        );
+        proxies.push(proxy);
+    }
+    // Every node learns the others' announced ports by gossip.
+    let started = Instant::now();
+    let announced = |nodes: String| {
+        proxies
+            .iter()
+            .all(|p| nodes.contains(&format!("127.0.0.1:{}@", p.port())))
+    };
+    while !cluster
+        .nodes()
+        .iter()
+        .all(|n| announced(n.command(&["CLUSTER", "NODES"])))
+    {
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "the nodes did not announce their proxies"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    (cluster, proxies)
+}
+
+/// A cluster store whose connections go silent for good but stay open (half-open: no reset
+/// arrives) replaces its connection after `RECONNECT_AFTER_TIMEOUTS` timeouts in a row, as a
+/// standalone store does; the cluster client's own reconnection reacts to errors, never to
+/// timeouts. Every answer until then is a timeout within the operation timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_cluster_connection_is_replaced() {
+    if !redis_server::available() {
+        return;
+    }
+    let (_cluster, proxies) = cluster_behind_proxies().await;
+    let timeout = Duration::from_millis(300);
+    let store = RedisStore::builder("silent-cluster")
+        .timeout(timeout)
+        .connect_cluster(proxies.iter().map(Proxy::url))
+        .await
+        .expect("connect to the cluster through the proxies");
+    for _ in 0..8 {
+        let claimed = store
+            .claim(&random_key(), &fingerprint("a"), Duration::from_secs(60))
+            .await;
+        assert!(matches!(claimed, Ok(Claim::Claimed(_))), "{claimed:?}");
+    }
+    let connections: usize = proxies.iter().map(Proxy::accepted).sum();
+
+    for p in &proxies {
+        p.freeze_existing();
+    }
+    let frozen = Instant::now();
+    let mut timeouts = 0;
+    loop {
+        assert!(
+            frozen.elapsed() < Duration::from_secs(5),
+            "still failing 5 s after the connections went silent ({timeouts} timeouts)"
+        );
+        let started = Instant::now();
+        let claimed = store
+            .claim(&random_key(), &fingerprint("a"), Duration::from_secs(60))
+            .await;
+        let took = started.elapsed();
+        assert!(
+            took < timeout + Duration::from_millis(200),
+            "a claim took {took:?}, over the operation timeout"
+        );
+        match claimed {
+            Ok(Claim::Claimed(_)) => break,
+            Err(e) if e.kind() == StoreErrorKind::Timeout => timeouts += 1,
+            other => panic!("unexpected answer while the connections are silent: {other:?}"),
+        }
+    }
+    let recovered = frozen.elapsed();
+    assert!(
+        timeouts >= RECONNECT_AFTER_TIMEOUTS,
+        "the silent connections timed out before they were replaced ({timeouts})"
+    );
+    let opened = proxies.iter().map(Proxy::accepted).sum::<usize>() - connections;
+    assert!(opened >= 1, "the store made new connections");
+    println!(
+        "silent cluster connections (timeout {timeout:?}): {timeouts} timeouts, then claims \
+         worked again {} ms after the connections went silent; {opened} new connections",
+        recovered.as_millis()
+    );
 }

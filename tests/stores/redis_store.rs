@@ -16,12 +16,14 @@ use std::collections::BTreeMap;
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
-use support::conformance::{Harness, fingerprint, random_key, record};
-use support::redis_server::{self, RedisServer};
-use tower_idempotency::store::redis::{EvictionCheck, InvalidNamespace, RedisStore, redis};
-use tower_idempotency::{IdempotencyKey, Store};
+use support::redis_server::{self, RedisServer, redis_key};
+use tower_idempotency::conformance::{Harness, fingerprint, random_key, record};
 use tower_idempotency::engine::{Begin, Engine, RecordedResponse, Scope};
+use tower_idempotency::store::redis::{
+    DEFAULT_TIMEOUT, EvictionCheck, InvalidNamespace, RedisStore, redis,
+};
 use tower_idempotency::store::{Claim, StoreErrorKind, StoreKey};
+use tower_idempotency::{IdempotencyKey, Store};
 
 /// One server for the whole suite; the tests use random keys, so they may share it.
 fn shared_server() -> Option<&'static RedisServer> {
@@ -58,7 +60,7 @@ fn harness() -> Option<impl Future<Output = RedisHarness>> {
 }
 
 // `return` in the expression leaves the test early (the notice is already printed).
-store_conformance!(match harness() {
+tower_idempotency::store_conformance!(match harness() {
     Some(make) => make,
     None => return,
 });
@@ -70,15 +72,16 @@ mod script_claims {
     fn harness() -> Option<impl Future<Output = RedisHarness>> {
         let server = shared_server()?;
         Some(async move {
-            let store = RedisStore::connect(&server.url(), "conformance-script")
+            let store = RedisStore::builder("conformance-script")
+                .native_claim(false)
+                .connect(&server.url())
                 .await
-                .expect("connect")
-                .with_native_claim(false);
+                .expect("connect");
             RedisHarness { store }
         })
     }
 
-    crate::store_conformance!(match harness() {
+    tower_idempotency::store_conformance!(match harness() {
         Some(make) => make,
         None => return,
     });
@@ -128,10 +131,11 @@ fn response() -> RecordedResponse {
 /// commands a script runs (`redis.call`), so the expected deltas name those too.
 async fn command_counts(native: bool) -> [BTreeMap<String, u64>; 4] {
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url(), "count")
+    let store = RedisStore::builder("count")
+        .native_claim(native)
+        .connect(&server.url())
         .await
-        .expect("connect")
-        .with_native_claim(native);
+        .expect("connect");
     let engine = Engine::new(store);
     let scope = Scope::principal("counter");
     let key = |k: &str| StoreKey::derive("count", &scope, &IdempotencyKey::new(k).unwrap());
@@ -373,9 +377,10 @@ async fn concurrent_commands_share_one_pipeline_and_keep_their_own_answers() {
         singles: Arc::default(),
         pipelines: Arc::default(),
     };
-    let store = RedisStore::new(counting.clone(), "pipelined")
-        .unwrap()
-        .with_pipelining(true);
+    let store = RedisStore::builder("pipelined")
+        .pipelining(true)
+        .build(counting.clone())
+        .unwrap();
     assert!(store.pipelining());
     let engine = Engine::new(store);
     let keys: Vec<StoreKey> = (0..8).map(|_| random_key()).collect();
@@ -501,10 +506,11 @@ async fn an_outage_fails_steps_and_the_same_store_recovers_after_a_restart() {
         return;
     }
     let mut server = RedisServer::start();
-    let store = RedisStore::connect(&server.url(), "outage")
+    let store = RedisStore::builder("outage")
+        .timeout(Duration::from_millis(500))
+        .connect(&server.url())
         .await
-        .expect("connect")
-        .with_timeout(Duration::from_millis(500));
+        .expect("connect");
     let engine = Engine::new(store);
     let fp = fingerprint("a");
     let Begin::Run(ticket) = engine.begin(random_key(), fp).await.unwrap() else {
@@ -596,10 +602,11 @@ async fn a_server_that_stops_answering_times_out() {
         return;
     }
     let server = RedisServer::start();
-    let store = RedisStore::connect(&server.url(), "hang")
+    let store = RedisStore::builder("hang")
+        .timeout(Duration::from_millis(200))
+        .connect(&server.url())
         .await
-        .expect("connect")
-        .with_timeout(Duration::from_millis(200));
+        .expect("connect");
     let key = random_key();
     assert!(matches!(
         store
@@ -631,6 +638,130 @@ async fn a_server_that_stops_answering_times_out() {
     ));
 }
 
+/// A fake Redis on a paused clock that takes `delay` over every answer: it refuses
+/// `SET … GET` (as before 7.0) and holds no script until `SCRIPT LOAD`.
+#[derive(Clone)]
+struct SlowWithoutScripts {
+    delay: Duration,
+    loaded: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl SlowWithoutScripts {
+    fn new(delay: Duration) -> Self {
+        Self {
+            delay,
+            loaded: Arc::default(),
+        }
+    }
+}
+
+impl redis::aio::ConnectionLike for SlowWithoutScripts {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        let args: Vec<Vec<u8>> = cmd
+            .args_iter()
+            .filter_map(|a| match a {
+                redis::Arg::Simple(b) => Some(b.to_vec()),
+                _ => None,
+            })
+            .collect();
+        let error =
+            |line: &[u8]| redis::parse_redis_value(line).and_then(redis::Value::extract_error);
+        let loaded = &self.loaded;
+        let answer = match args.first().map(Vec::as_slice) {
+            Some(b"SET") => error(b"-ERR syntax error\r\n"),
+            Some(b"SCRIPT") => {
+                loaded.store(true, std::sync::atomic::Ordering::SeqCst);
+                // `SCRIPT LOAD <source>` answers the source's SHA-1, which the client checks.
+                let source = std::str::from_utf8(&args[2]).unwrap();
+                let sha = redis::Script::new(source).get_hash().to_owned();
+                Ok(redis::Value::BulkString(sha.into_bytes()))
+            }
+            Some(b"EVALSHA") if loaded.load(std::sync::atomic::Ordering::SeqCst) => {
+                Ok(redis::Value::Int(1))
+            }
+            Some(b"EVALSHA") => error(b"-NOSCRIPT No matching script.\r\n"),
+            _ => Ok(redis::Value::Okay),
+        };
+        let delay = self.delay;
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            answer
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        _: &'a redis::Pipeline,
+        _: usize,
+        _: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        unreachable!("the store is built without pipelining")
+    }
+
+    fn get_db(&self) -> i64 {
+        0
+    }
+}
+
+/// A step that meets `NOSCRIPT` sends `SCRIPT LOAD` and the `EVALSHA` again: all of it within
+/// one operation timeout, not one timeout for the first `EVALSHA` and another for the rest.
+/// Each answer takes 400 ms, the timeout is 1 s: 4 round trips do not fit.
+#[tokio::test(start_paused = true)]
+async fn loading_a_script_stays_within_the_steps_one_timeout() {
+    let timeout = Duration::from_secs(1);
+    let store = RedisStore::builder("one-deadline")
+        .timeout(timeout)
+        .build(SlowWithoutScripts::new(Duration::from_millis(400)))
+        .unwrap();
+    let token = tower_idempotency::store::Token::generate().unwrap();
+    let started = tokio::time::Instant::now();
+    let err = store
+        .release(&random_key(), &token)
+        .await
+        .expect_err("4 round trips of 400 ms do not fit in 1 s");
+    let took = started.elapsed();
+    assert_eq!(err.kind(), StoreErrorKind::Timeout, "{err:?}");
+    assert!(
+        took <= timeout,
+        "the step took {took:?}, over its {timeout:?} timeout"
+    );
+
+    // Answers of 200 ms: the same 4 round trips fit, and the step succeeds.
+    let store = RedisStore::builder("one-deadline")
+        .timeout(timeout)
+        .build(SlowWithoutScripts::new(Duration::from_millis(200)))
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    assert!(store.release(&random_key(), &token).await.unwrap());
+    assert_eq!(started.elapsed(), Duration::from_millis(800));
+}
+
+/// A native claim the server refuses falls back to the script within the same timeout: the
+/// refused `SET`, the `EVALSHA`, the `SCRIPT LOAD` and the retry share one deadline.
+#[tokio::test(start_paused = true)]
+async fn a_claim_falling_back_to_the_script_stays_within_one_timeout() {
+    let timeout = Duration::from_secs(1);
+    let store = RedisStore::builder("one-deadline")
+        .timeout(timeout)
+        .build(SlowWithoutScripts::new(Duration::from_millis(300)))
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let err = store
+        .claim(&random_key(), &fingerprint("a"), Duration::from_secs(60))
+        .await
+        .expect_err("5 round trips of 300 ms do not fit in 1 s");
+    let took = started.elapsed();
+    assert_eq!(err.kind(), StoreErrorKind::Timeout, "{err:?}");
+    assert!(
+        took <= timeout,
+        "the claim took {took:?}, over its {timeout:?} timeout"
+    );
+    assert!(!store.native_claim(), "the refusal is remembered");
+}
+
 fn signal(pid: u32, sig: &str) {
     let status = std::process::Command::new("kill")
         .args([sig, &pid.to_string()])
@@ -648,7 +779,7 @@ async fn a_foreign_value_under_a_key_is_a_protocol_error_and_never_a_claim() {
         .await
         .expect("connect");
     let key = random_key();
-    server.command(&["SET", &store.redis_key(&key), "not a record"]);
+    server.command(&["SET", &redis_key(store.key_prefix(), &key), "not a record"]);
     let err = store
         .claim(&key, &fingerprint("a"), Duration::from_secs(60))
         .await
@@ -804,6 +935,43 @@ async fn an_unexpected_script_answer_is_a_protocol_error() {
     assert_eq!(err.kind(), StoreErrorKind::Protocol, "{err:?}");
 }
 
+// ---- settings ---------------------------------------------------------------------------
+
+/// Settings are made on the builder and fixed when the store is built: a clone has the same,
+/// and the shortcuts give the defaults.
+#[test]
+fn the_builder_fixes_the_settings_and_clones_keep_them() {
+    let ms = Duration::from_millis;
+    let store = RedisStore::builder("settings")
+        .timeout(ms(250))
+        .native_claim(false)
+        .pipelining(true)
+        .build(ManagedRedis)
+        .unwrap();
+    let clone = store.clone();
+    for s in [&store, &clone] {
+        assert_eq!(
+            (s.timeout(), s.native_claim(), s.pipelining()),
+            (ms(250), false, true)
+        );
+    }
+    let defaults = RedisStore::new(ManagedRedis, "settings").unwrap();
+    assert_eq!(
+        (
+            defaults.timeout(),
+            defaults.native_claim(),
+            defaults.pipelining()
+        ),
+        (DEFAULT_TIMEOUT, true, false),
+        "a store built over a connection: 1 s, native claims, no pipelining"
+    );
+    assert_eq!(defaults.key_prefix(), store.key_prefix());
+    assert!(
+        RedisStore::builder("").build(ManagedRedis).is_err(),
+        "the builder refuses an empty namespace too"
+    );
+}
+
 // ---- namespaces -------------------------------------------------------------------------
 
 #[tokio::test]
@@ -905,7 +1073,7 @@ async fn namespaces_never_see_each_others_records_and_keys_hold_nothing_raw() {
         );
     }
     let name = String::from_utf8(keys[0].clone()).unwrap();
-    assert_eq!(name, a.redis_key(&key));
+    assert_eq!(name, redis_key(a.key_prefix(), &key));
     assert!(
         name.starts_with("ti:") && name.ends_with('}') && name.contains(":{"),
         "{name}"

@@ -14,13 +14,13 @@ use crate::support::redis_server;
 
 use bytes::Bytes;
 use raw_http::{BODY, Raw, Server, Work, default_fingerprint, keyed, post, store_key, with_auth};
-use redis_server::{RedisServer, available};
+use redis_server::{RedisServer, available, redis_key};
 use std::sync::OnceLock;
+use tower_idempotency::engine::RecordedResponse;
 use tower_idempotency::http::PrincipalMode;
+use tower_idempotency::store::StoreKey;
 use tower_idempotency::store::redis::{RedisStore, redis};
 use tower_idempotency::{IdempotencyLayer, Secret};
-use tower_idempotency::engine::RecordedResponse;
-use tower_idempotency::store::StoreKey;
 
 fn shared_server() -> Option<&'static RedisServer> {
     static SERVER: OnceLock<RedisServer> = OnceLock::new();
@@ -38,20 +38,20 @@ async fn app(layer: IdempotencyLayer<RedisStore>) -> (Server, Work) {
     (server, work)
 }
 
-async fn get(store: &RedisStore, key: &StoreKey) -> Vec<u8> {
-    let mut conn = store.connection().clone();
+async fn get(server: &RedisServer, store: &RedisStore, key: &StoreKey) -> Vec<u8> {
+    let mut conn = server.connection().await;
     redis::cmd("GET")
-        .arg(store.redis_key(key))
+        .arg(redis_key(store.key_prefix(), key))
         .query_async::<Option<Vec<u8>>>(&mut conn)
         .await
         .unwrap()
         .expect("the key is in Redis")
 }
 
-async fn set(store: &RedisStore, key: &StoreKey, value: &[u8]) {
-    let mut conn = store.connection().clone();
+async fn set(server: &RedisServer, store: &RedisStore, key: &StoreKey, value: &[u8]) {
+    let mut conn = server.connection().await;
     redis::cmd("SET")
-        .arg(store.redis_key(key))
+        .arg(redis_key(store.key_prefix(), key))
         .arg(value)
         .arg("PX")
         .arg(60_000)
@@ -61,8 +61,8 @@ async fn set(store: &RedisStore, key: &StoreKey, value: &[u8]) {
 }
 
 /// Every key in the server with its value and remaining time to live (ms).
-async fn dump_all(store: &RedisStore) -> Vec<(Vec<u8>, Vec<u8>, i64)> {
-    let mut conn = store.connection().clone();
+async fn dump_all(server: &RedisServer) -> Vec<(Vec<u8>, Vec<u8>, i64)> {
+    let mut conn = server.connection().await;
     let mut out = Vec::new();
     let mut cursor = 0u64;
     loop {
@@ -227,7 +227,7 @@ async fn nothing_secret_rests_in_redis() {
     }
     assert_eq!(work.executions(), requests);
 
-    let all = dump_all(&store(&redis, ns).await).await;
+    let all = dump_all(&redis).await;
     assert_eq!(all.len(), requests, "one Redis key per request");
     let markers: [&[u8]; 9] = [
         b"LAYERNSMARKER",
@@ -293,7 +293,7 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
     // A's own record replays; its value tells us A's keyed fingerprint of this request.
     assert_eq!(a.one(&req("k-own")).await.status, 201);
     assert!(a.one(&req("k-own")).await.is_replay());
-    let own = get(&st, &store_key("alice", "k-own")).await;
+    let own = get(redis, &st, &store_key("alice", "k-own")).await;
     let fp_a = &own[1..33];
 
     // A valid record that is not sealed, under the right key and fingerprint.
@@ -301,13 +301,13 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
         .encode()
         .unwrap();
     let value = [&b"D"[..], fp_a, unsealed.as_bytes()].concat();
-    set(&st, &store_key("alice", "k-unsealed"), &value).await;
+    set(redis, &st, &store_key("alice", "k-unsealed"), &value).await;
     a.one(&req("k-unsealed"))
         .await
         .assert_problem(503, "idempotency.record_invalid");
 
     // A's own sealed record copied under another key: the tag binds the key.
-    set(&st, &store_key("alice", "k-moved"), &own).await;
+    set(redis, &st, &store_key("alice", "k-moved"), &own).await;
     a.one(&req("k-moved"))
         .await
         .assert_problem(503, "idempotency.record_invalid");
@@ -318,7 +318,7 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
         b.one(&req("k-b")).await.is_replay(),
         "B replays its own record"
     );
-    let theirs = get(&st, &store_key("alice", "k-b")).await;
+    let theirs = get(redis, &st, &store_key("alice", "k-b")).await;
     assert_ne!(
         &theirs[1..33],
         fp_a,
@@ -328,7 +328,7 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
     foreign.assert_problem(422, "idempotency.key_reused");
     // Even relabelled with A's fingerprint, B's seal does not verify under A's secret.
     let relabelled = [&b"D"[..], fp_a, &theirs[33..]].concat();
-    set(&st, &store_key("alice", "k-b"), &relabelled).await;
+    set(redis, &st, &store_key("alice", "k-b"), &relabelled).await;
     a.one(&req("k-b"))
         .await
         .assert_problem(503, "idempotency.record_invalid");
@@ -351,8 +351,8 @@ async fn keyed_fingerprint_keeps_a_low_entropy_body_from_being_confirmed() {
     assert_eq!(plain.one(&req("k-plain")).await.status, 201);
     assert_eq!(keyed_app.one(&req("k-keyed")).await.status, 201);
 
-    let stored_plain = get(&st, &store_key("alice", "k-plain")).await;
-    let stored_keyed = get(&st, &store_key("alice", "k-keyed")).await;
+    let stored_plain = get(redis, &st, &store_key("alice", "k-plain")).await;
+    let stored_keyed = get(redis, &st, &store_key("alice", "k-keyed")).await;
     let plain_fp = default_fingerprint(&body);
     assert_eq!(
         &stored_plain[1..33],
@@ -385,8 +385,8 @@ async fn without_a_secret_a_record_copied_under_another_key_replays() {
     let (server, work) = app(IdempotencyLayer::with_store(st.clone())).await;
     let req = |key: &str| post("/work", &keyed("alice", key.as_bytes()), BODY);
     assert_eq!(server.one(&req("k-original")).await.status, 201);
-    let original = get(&st, &store_key("alice", "k-original")).await;
-    set(&st, &store_key("alice", "k-copy"), &original).await;
+    let original = get(redis, &st, &store_key("alice", "k-original")).await;
+    set(redis, &st, &store_key("alice", "k-copy"), &original).await;
     let copy = server.one(&req("k-copy")).await;
     assert!(copy.is_replay(), "{}", copy.describe());
     assert_eq!(work.executions(), 1, "the copied record stood in for a run");

@@ -30,10 +30,10 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 use tokio::sync::Semaphore;
 use tokio::task::JoinHandle;
-use tower_idempotency::http::PrincipalMode;
-use tower_idempotency::{IdempotencyLayer, Store};
 use tower_idempotency::engine::{Fingerprint, Scope};
+use tower_idempotency::http::PrincipalMode;
 use tower_idempotency::store::{Claim, Record, StoreError, StoreErrorKind, StoreKey, Token};
+use tower_idempotency::{IdempotencyLayer, Store};
 
 /// Every request of these tests is bounded by this (a hang is a failure, not a stuck run).
 pub const REQUEST_LIMIT: Duration = Duration::from_secs(30);

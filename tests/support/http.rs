@@ -38,11 +38,11 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
+use tower_idempotency::engine::{Fingerprint, Scope};
 use tower_idempotency::http::REPLAYED_HEADER;
 use tower_idempotency::store::Record;
-use tower_idempotency::{IdempotencyKey, MemoryStore, Principal, Store};
-use tower_idempotency::engine::{Fingerprint, Scope};
 use tower_idempotency::store::{Claim, StoreError, StoreErrorKind, StoreKey, Token};
+use tower_idempotency::{IdempotencyKey, MemoryStore, Principal, Store};
 
 /// The time limit of every request a test client sends.
 pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);

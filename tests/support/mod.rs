@@ -1,11 +1,10 @@
 //! Helpers shared by the integration tests, mounted by every test binary as
-//! `#[macro_use] #[path = "../support/mod.rs"] mod support;`.
+//! `#[path = "../support/mod.rs"] mod support;`.
 //!
 //! - [`http`]: an axum app behind the layer on a real TCP server, a reqwest client, spy and
 //!   fault stores;
 //! - [`raw_http`]: the same, with raw HTTP/1.1 bytes for requests a client library refuses;
 //! - [`apps`]: the load-style apps (in-process and the quickstart binary) for storms and faults;
-//! - [`conformance`]: the store conformance suite, expanded per store;
 //! - [`redis_server`]: `redis-server` (and clusters) spawned on free loopback ports;
 //! - [`proxy`]: a TCP proxy that injects latency, drops and black holes;
 //! - [`pb`]: the vendored tonic code of the gRPC tests.
@@ -14,8 +13,6 @@
 #![allow(dead_code, unreachable_pub, unused_imports, unused_macros)]
 
 pub mod apps;
-#[macro_use]
-pub mod conformance;
 pub mod http;
 pub mod proxy;
 pub mod raw_http;

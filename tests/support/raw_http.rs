@@ -31,9 +31,9 @@ use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
-use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore, Principal};
 use tower_idempotency::engine::{Fingerprint, Scope};
 use tower_idempotency::store::StoreKey;
+use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore, Principal};
 
 /// A `Content-Disposition` value with obs-text bytes (0x80–0xff): not UTF-8.
 pub const OBS_TEXT: &[u8] = b"attachment; filename=\"r\xe9sum\xe9-\x80\xff.txt\"";

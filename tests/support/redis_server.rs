@@ -20,6 +20,12 @@ use std::time::{Duration, Instant};
 /// The environment variable that turns a missing server into a failure.
 pub const REQUIRE_SERVERS: &str = "TOWER_IDEMPOTENCY_REQUIRE_SERVERS";
 
+/// The Redis key of `key` in a store whose `key_prefix()` is `prefix`: `<prefix>:{<id hex>}`,
+/// the layout the Redis store's module docs describe.
+pub fn redis_key(prefix: &str, key: &tower_idempotency::store::StoreKey) -> String {
+    format!("{prefix}:{{{}}}", key.id_hex())
+}
+
 /// Whether `redis-server` and `redis-cli` can be run. When they cannot: panics if
 /// [`REQUIRE_SERVERS`] is set, else prints a notice and returns `false` (skip the test).
 pub fn available() -> bool {
@@ -98,6 +104,17 @@ impl RedisServer {
     /// The `redis://` URL of the server.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// A connection of the test's own, to read and write keys directly.
+    pub async fn connection(
+        &self,
+    ) -> tower_idempotency::store::redis::redis::aio::MultiplexedConnection {
+        tower_idempotency::store::redis::redis::Client::open(self.url())
+            .expect("a valid URL")
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect to the test server")
     }
 
     /// Kills the server (as a crash would: no shutdown, no save).

@@ -1,10 +1,71 @@
-//! Start-up checks: reading the server's version and eviction policy from its answers.
+//! Start-up checks: the server's version and eviction policy, read from its answers.
 
-use super::MIN_REDIS_VERSION;
+use super::{MIN_REDIS_VERSION, NATIVE_CLAIM_VERSION, RedisStore};
 use crate::store::{StoreError, StoreErrorKind};
 use ::redis::Value;
+use ::redis::aio::ConnectionLike;
+use std::sync::atomic::Ordering;
 
-/// What [`RedisStore::verify`](super::RedisStore::verify) found.
+impl<C> RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Checks the server at start-up: its version is at least [`MIN_REDIS_VERSION`] (below
+    /// [`NATIVE_CLAIM_VERSION`], claims use the script from then on), and its
+    /// `maxmemory-policy` is `noeviction` (warned through `tracing` otherwise, since an evicted
+    /// record lets the next duplicate run). On Redis Cluster every primary is checked.
+    ///
+    /// The policy is read from `INFO`, or from `CONFIG GET maxmemory-policy` when `INFO` does
+    /// not show it; where both are refused (managed Redis), the report says the policy could
+    /// not be checked ([`EvictionCheck::Unknown`]) instead of failing.
+    ///
+    /// # Errors
+    /// The usual store errors when Redis cannot be asked; `Protocol` when the server is older
+    /// than the floor or its `INFO` carries no version.
+    pub async fn verify(&self) -> Result<VerifyReport, StoreError> {
+        let (generation, mut conn) = self.inner.checkout();
+        let info: Value = self
+            .bounded(
+                generation,
+                self.deadline(),
+                ::redis::cmd("INFO").query_async(&mut conn),
+            )
+            .await
+            .map_err(|e| e.into_store("Redis INFO"))?;
+        let mut report = from_info(&info)?;
+        if matches!(report.eviction, EvictionCheck::Unknown { .. }) {
+            let mut cmd = ::redis::cmd("CONFIG");
+            cmd.arg("GET").arg("maxmemory-policy");
+            report.eviction = match self
+                .bounded(
+                    generation,
+                    self.deadline(),
+                    cmd.query_async::<Value>(&mut conn),
+                )
+                .await
+            {
+                Ok(v) => from_config_get(&v),
+                Err(e) if e.kind() == StoreErrorKind::Protocol || e.is_refused() => {
+                    EvictionCheck::Unknown {
+                        reason: "CONFIG GET was refused",
+                    }
+                }
+                Err(e) => return Err(e.into_store("Redis CONFIG GET")),
+            };
+        }
+        report.warn();
+        // A server that cannot take `SET … NX … GET` gets the script from the first claim on,
+        // instead of after one refused attempt.
+        if report.version < NATIVE_CLAIM_VERSION {
+            self.inner
+                .native_claim_unsupported
+                .store(true, Ordering::Relaxed);
+        }
+        Ok(report)
+    }
+}
+
+/// What [`RedisStore::verify`] found.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct VerifyReport {
@@ -23,7 +84,7 @@ impl VerifyReport {
         self.eviction == EvictionCheck::NoEviction
     }
 
-    pub(super) fn warn(&self) {
+    fn warn(&self) {
         match &self.eviction {
             EvictionCheck::NoEviction => {}
             EvictionCheck::Evicts { policy } => tracing::warn!(
@@ -40,7 +101,7 @@ impl VerifyReport {
     }
 }
 
-/// The eviction policy found by [`RedisStore::verify`](super::RedisStore::verify).
+/// The eviction policy found by [`RedisStore::verify`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum EvictionCheck {
@@ -62,7 +123,7 @@ pub enum EvictionCheck {
 
 /// Reads an `INFO` answer: one text (standalone), or one per primary keyed by address
 /// (Redis Cluster).
-pub(super) fn from_info(info: &Value) -> Result<VerifyReport, StoreError> {
+fn from_info(info: &Value) -> Result<VerifyReport, StoreError> {
     let mut texts = Vec::new();
     match info {
         Value::Map(nodes) => {
@@ -108,7 +169,7 @@ pub(super) fn from_info(info: &Value) -> Result<VerifyReport, StoreError> {
 }
 
 /// Reads a `CONFIG GET maxmemory-policy` answer: `[name, value]` (RESP2) or `{name: value}`.
-pub(super) fn from_config_get(reply: &Value) -> EvictionCheck {
+fn from_config_get(reply: &Value) -> EvictionCheck {
     let value = match reply {
         Value::Array(items) if items.len() == 2 => text(&items[1]).ok(),
         Value::Map(pairs) if pairs.len() == 1 => text(&pairs[0].1).ok(),

@@ -37,7 +37,7 @@ async fn update_order(State(_db): State<Db>, body: String) -> String {
 #[idempotent(
     required = true,
     principal = "required",
-    response = "status",
+    response = "status_and_headers",
     lease = "2d",
     ttl = "10m"
 )]

@@ -1,14 +1,16 @@
-//! The store conformance suite: one test per behaviour of the [`Store`] contract, expanded once
-//! per backend by [`store_conformance!`](crate::store_conformance) (the tower-sessions way).
+//! The store conformance suite (feature `test-util`): one test per behaviour of the
+//! [`Store`] contract, expanded in your own tests by [`store_conformance!`] once per store, so
+//! a store you wrote is held to the same behaviour as the stores of this crate (the
+//! tower-sessions way).
 //!
-//! A backend's test file mounts this module at `crate::support::conformance` (with `mod
-//! support;`, as `tests/support/mod.rs` declares `pub mod conformance;`), implements
-//! [`Harness`] and expands the macro with an expression that evaluates to a future of a fresh
-//! harness. The expression is evaluated once per test:
+//! Implement [`Harness`] for your store (the store, and a way to move its time) and expand the
+//! macro with an expression that evaluates to a future of a fresh harness; it is evaluated once
+//! per test. The expansion needs `tokio` (features `macros`, `rt-multi-thread`, `time`) as a
+//! dev-dependency of your crate:
 //!
 //! ```ignore
-//! mod support;
-//! use support::conformance::Harness;
+//! use std::time::Duration;
+//! use tower_idempotency::conformance::Harness;
 //!
 //! struct MyHarness { store: MyStore }
 //!
@@ -16,27 +18,32 @@
 //!     type S = MyStore;
 //!     fn store(&self) -> &MyStore { &self.store }
 //!     // The store's time: a real sleep for a store whose expiry runs on a server.
-//!     fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send { tokio::time::sleep(d) }
+//!     async fn advance(&self, d: Duration) { tokio::time::sleep(d).await }
 //! }
 //!
-//! store_conformance!(async { MyHarness { store: MyStore::connect().await } });
+//! tower_idempotency::store_conformance!(async { MyHarness { store: MyStore::connect().await } });
 //! ```
+//!
+//! The [`store`](crate::store) module docs show a whole store of your own with its harness.
 //!
 //! Every test uses fresh random keys, each in its own random scope, so tests may share one
 //! server and run in parallel, and keys spread over cluster slots. Expiry tests use a 300 ms
 //! lease or retention and move time 600 ms, so a store on real time stays fast; everything else
 //! uses a 60 s lease and retention that never lapses during a test.
+//!
+//! The functions below are the behaviours (each panics with a message saying what the store
+//! did wrong) and the helpers they use; call one directly to run a single behaviour.
 
-// A test crate that mounts `support` without expanding the macro uses none of this.
-#![allow(dead_code, unreachable_pub)]
+// Test code: a failed expectation panics with its reason.
+#![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
+use crate::Store;
+use crate::engine::{Begin, Engine, Fingerprint, RecordedResponse};
+use crate::store::{Claim, Record, StoreError, StoreKey, Token};
 use bytes::Bytes;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
-use tower_idempotency::Store;
-use tower_idempotency::engine::{Begin, Engine, Fingerprint, RecordedResponse};
-use tower_idempotency::store::{Claim, Record, StoreError, StoreKey, Token};
 
 /// What the suite needs from a backend: the store, and a way to move its time.
 pub trait Harness: Send + Sync + 'static {
@@ -55,9 +62,8 @@ pub trait Harness: Send + Sync + 'static {
 /// `let h = $make.await;` (so `$make` is an expression evaluating to a future of a fresh
 /// [`Harness`]).
 ///
-/// The suite module must be mounted at `crate::support::conformance`. Expand the macro once per
-/// module (the test names are fixed); for a second configuration of the same store, expand it
-/// inside a submodule with `crate::store_conformance!(...)`.
+/// Expand the macro once per module (the test names are fixed); for a second configuration of
+/// the same store, expand it inside a submodule.
 #[macro_export]
 macro_rules! store_conformance {
     ($make:expr) => {
@@ -83,7 +89,7 @@ macro_rules! store_conformance {
         #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
         async fn concurrent_claims_have_one_winner() {
             let h = $make.await;
-            $crate::support::conformance::concurrent_claims_have_one_winner(h).await;
+            $crate::conformance::concurrent_claims_have_one_winner(h).await;
         }
     };
     (@current_thread $make:expr; $($name:ident),+ $(,)?) => {
@@ -91,7 +97,7 @@ macro_rules! store_conformance {
             #[::tokio::test]
             async fn $name() {
                 let h = $make.await;
-                $crate::support::conformance::$name(h).await;
+                $crate::conformance::$name(h).await;
             }
         )+
     };
@@ -605,9 +611,10 @@ pub async fn concurrent_claims_have_one_winner<H: Harness>(h: H) {
 
 /// The engine over the store: run, in flight, key reused, replay.
 pub async fn engine_run_in_flight_reused_replay<H: Harness>(h: H) {
-    let engine = Engine::new(HarnessStore(Arc::new(h)))
-        .with_lease(LONG)
-        .with_ttl(LONG);
+    let engine = Engine::builder(HarnessStore(Arc::new(h)))
+        .lease(LONG)
+        .ttl(LONG)
+        .build();
     let key = random_key();
     let (fa, fb) = (fingerprint("a"), fingerprint("b"));
     let ticket = match ok(engine.begin(key, fa).await, "begin") {
@@ -655,9 +662,10 @@ pub async fn engine_run_in_flight_reused_replay<H: Harness>(h: H) {
 
 /// A released ticket lets the same request run again.
 pub async fn engine_release_lets_work_run_again<H: Harness>(h: H) {
-    let engine = Engine::new(HarnessStore(Arc::new(h)))
-        .with_lease(LONG)
-        .with_ttl(LONG);
+    let engine = Engine::builder(HarnessStore(Arc::new(h)))
+        .lease(LONG)
+        .ttl(LONG)
+        .build();
     let key = random_key();
     let fp = fingerprint("a");
     let Begin::Run(ticket) = ok(engine.begin(key, fp).await, "begin") else {

@@ -1,0 +1,301 @@
+//! [`RedisStoreBuilder`]: the settings of a [`RedisStore`], fixed when it is built.
+
+use super::codec::prefix_of;
+use super::connection::{Connecting, Inner, Reconnect};
+use super::error::OpError;
+use super::{DEFAULT_TIMEOUT, RECONNECT_TIMEOUT, RedisStore};
+use crate::store::{StoreError, StoreErrorKind};
+use ::redis::RedisError;
+use ::redis::aio::{ConnectionLike, ConnectionManager};
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Builds a [`RedisStore`]: made by [`RedisStore::builder`], each setter names its setting,
+/// and the store is built over a connection ([`build`](Self::build)) or connects itself
+/// ([`connect`](RedisStoreBuilder::connect), `connect_cluster`).
+///
+/// The settings are fixed when the store is built; clones of the store share its connection,
+/// never a setting that could change under them.
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_idempotency::store::redis::RedisStore;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = RedisStore::builder("orders")
+///     .timeout(Duration::from_millis(500))
+///     .connect("redis://127.0.0.1:6379")
+///     .await?;
+/// assert_eq!(store.timeout(), Duration::from_millis(500));
+/// # Ok(()) }
+/// ```
+#[must_use]
+pub struct RedisStoreBuilder<C = ConnectionManager> {
+    /// The key prefix of the namespace, or why the namespace was refused (reported by the
+    /// terminal method).
+    prefix: Result<String, InvalidNamespace>,
+    timeout: Duration,
+    native_claim: bool,
+    /// `None`: the terminal method's default (on for `connect`, off otherwise).
+    pipelining: Option<bool>,
+    reconnect: Option<Reconnect<C>>,
+}
+
+impl<C> RedisStoreBuilder<C> {
+    /// A builder for a store keeping its records under `namespace`, with the defaults:
+    /// [`DEFAULT_TIMEOUT`], native claims, pipelining as the terminal method chooses, and
+    /// replacement of a silent connection only where the terminal method can make one.
+    ///
+    /// An empty namespace is refused when the store is built ([`InvalidNamespace`]).
+    pub fn new(namespace: &str) -> Self {
+        Self {
+            prefix: prefix_of(namespace),
+            timeout: DEFAULT_TIMEOUT,
+            native_claim: true,
+            pipelining: None,
+            reconnect: None,
+        }
+    }
+
+    /// Bounds every store step (claim, complete, release, renew) to `timeout`, including the
+    /// script load and retry a step may need; a step that takes longer fails with
+    /// [`StoreErrorKind::Timeout`]. Default: [`DEFAULT_TIMEOUT`] (1 s). At least 1 ms.
+    ///
+    /// Keep it well below the lease: a claim must not outlive the lease it takes.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// Sends claims as Redis's native `SET … NX PX … GET` (`true`, the default, on Redis 7.0
+    /// and newer) or as a Lua script (`false`). The default falls back to the script by itself
+    /// when the server refuses the syntax; choose `false` where something in front of Redis
+    /// (a proxy) rejects it in another way.
+    ///
+    /// Both answer alike; the script costs the server more per claim (see the
+    /// [module docs](super)).
+    ///
+    /// ```no_run
+    /// use tower_idempotency::store::redis::RedisStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Behind a proxy that rejects `SET … NX … GET` without saying "syntax error".
+    /// let store = RedisStore::builder("orders")
+    ///     .native_claim(false)
+    ///     .connect("redis://127.0.0.1:6379")
+    ///     .await?;
+    /// assert!(!store.native_claim());
+    /// # Ok(()) }
+    /// ```
+    pub fn native_claim(mut self, native: bool) -> Self {
+        self.native_claim = native;
+        self
+    }
+
+    /// Queues the commands of concurrent requests and writes them to Redis together, as one
+    /// pipeline per round of the runtime's scheduler, instead of one write per command.
+    /// On by default for [`connect`](RedisStoreBuilder::connect), off for
+    /// [`build`](Self::build) and `connect_cluster` (a cluster connection cannot take one
+    /// pipeline of keys in many slots). See the [module docs](super#pipelining).
+    ///
+    /// Each command still has its own answer and its own error, and the operation timeout
+    /// counts from the moment it is queued.
+    ///
+    /// ```no_run
+    /// use tower_idempotency::store::redis::{RedisStore, redis};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+    /// let conn = client.get_multiplexed_async_connection().await?;
+    /// let store = RedisStore::builder("orders").pipelining(true).build(conn)?;
+    /// assert!(store.pipelining());
+    /// # Ok(()) }
+    /// ```
+    pub fn pipelining(mut self, on: bool) -> Self {
+        self.pipelining = Some(on);
+        self
+    }
+
+    /// Replaces the connection with one made by `connect` after
+    /// [`RECONNECT_AFTER_TIMEOUTS`](super::RECONNECT_AFTER_TIMEOUTS) operation timeouts in a
+    /// row (see the [module docs](super#failures)): for a connection that can go silent
+    /// without failing (half-open), which its own reconnection never notices.
+    /// [`connect`](RedisStoreBuilder::connect) and `connect_cluster` set one by themselves (a
+    /// new connection from the same URL or nodes); this one takes its place.
+    ///
+    /// `connect` runs in a task of its own, one at a time, bounded by [`RECONNECT_TIMEOUT`];
+    /// when it fails or times out the store keeps its connection and tries again after the next
+    /// run of timeouts.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tower_idempotency::store::redis::{RedisStore, redis};
+    /// use redis::aio::{ConnectionManager, ConnectionManagerConfig};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+    /// let config = ConnectionManagerConfig::new()
+    ///     .set_connection_timeout(Some(Duration::from_millis(200)));
+    /// let conn = ConnectionManager::new_with_config(client.clone(), config.clone()).await?;
+    /// let store = RedisStore::builder("orders")
+    ///     .reconnect(move || ConnectionManager::new_with_config(client.clone(), config.clone()))
+    ///     .build(conn)?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    pub fn reconnect<F, Fut>(mut self, connect: F) -> Self
+    where
+        F: Fn() -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<C, RedisError>> + Send + 'static,
+    {
+        self.reconnect = Some(Arc::new(move || -> Connecting<C> { Box::pin(connect()) }));
+        self
+    }
+}
+
+impl<C> RedisStoreBuilder<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// The store over an existing connection. Pipelining is off unless set (a cluster
+    /// connection cannot take it); the connection is kept as given unless
+    /// [`reconnect`](Self::reconnect) is set.
+    ///
+    /// # Errors
+    /// [`InvalidNamespace`] when the namespace is empty.
+    pub fn build(self, conn: C) -> Result<RedisStore<C>, InvalidNamespace> {
+        let prefix = self.prefix?;
+        Ok(RedisStore {
+            inner: Arc::new(Inner::new(conn)),
+            prefix: prefix.into(),
+            timeout: self.timeout,
+            native_claim: self.native_claim,
+            pipelining: self.pipelining.unwrap_or(false),
+            reconnect: self.reconnect,
+        })
+    }
+}
+
+impl RedisStoreBuilder<ConnectionManager> {
+    /// Connects to the Redis at `url` (`redis://host:port/db`, `rediss://` with a TLS feature
+    /// of the `redis` crate) through a [`ConnectionManager`], which reconnects by itself after
+    /// Redis comes back. Pipelining is on unless set.
+    ///
+    /// Each connection attempt is bounded by [`DEFAULT_TIMEOUT`], and a lost connection is
+    /// retried twice with a short back-off before calls fail fast (the next call then tries
+    /// again). Responses are bounded by the store's operation timeout, not by the connection.
+    /// A connection that only times out (half-open) is replaced by a new `ConnectionManager`
+    /// from the same URL after a run of timeouts (see the [module docs](super#failures)),
+    /// unless [`reconnect`](Self::reconnect) says otherwise. For other connection settings,
+    /// build a `ConnectionManager` and use [`build`](Self::build).
+    ///
+    /// # Errors
+    /// `Unavailable` when the namespace is empty (source: [`InvalidNamespace`]), the URL is
+    /// invalid or the server cannot be reached; `Timeout` when connecting takes longer than
+    /// [`RECONNECT_TIMEOUT`].
+    pub async fn connect(mut self, url: &str) -> Result<RedisStore, StoreError> {
+        if let Err(e) = &self.prefix {
+            return Err(invalid_namespace(e.clone()));
+        }
+        let client = ::redis::Client::open(url)
+            .map_err(|e| OpError::from(e).into_store("invalid Redis URL"))?;
+        let config = ::redis::aio::ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(DEFAULT_TIMEOUT))
+            .set_response_timeout(None)
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let connect = move || ConnectionManager::new_with_config(client.clone(), config.clone());
+        let conn = tokio::time::timeout(RECONNECT_TIMEOUT, connect())
+            .await
+            .map_err(|e| OpError::from(e).into_store("connecting to Redis timed out"))?
+            .map_err(|e| OpError::from(e).into_store("connecting to Redis failed"))?;
+        if self.reconnect.is_none() {
+            self = self.reconnect(connect);
+        }
+        self.pipelining = Some(self.pipelining.unwrap_or(true));
+        self.build(conn).map_err(invalid_namespace)
+    }
+}
+
+#[cfg(feature = "redis-cluster")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+impl RedisStoreBuilder<::redis::cluster_async::ClusterConnection> {
+    /// Connects to a Redis Cluster through any of its `nodes` (`redis://host:port` each); the
+    /// client learns the rest of the cluster from them and follows slot moves and failovers.
+    /// Pipelining is off unless set.
+    ///
+    /// Connection attempts and responses are bounded by [`DEFAULT_TIMEOUT`]. A connection that
+    /// only times out (half-open) is replaced by a new `ClusterConnection` from the same nodes
+    /// after a run of timeouts, as [`connect`](RedisStoreBuilder::connect) does (see the
+    /// [module docs](super#failures)), unless [`reconnect`](Self::reconnect) says otherwise.
+    /// For other settings, build a `ClusterConnection` with
+    /// [`redis::cluster::ClusterClient::builder`] and use [`build`](Self::build).
+    ///
+    /// # Errors
+    /// `Unavailable` when the namespace is empty (source: [`InvalidNamespace`]), a node URL is
+    /// invalid or no node can be reached; `Timeout` when connecting takes longer than
+    /// [`RECONNECT_TIMEOUT`].
+    pub async fn connect_cluster<I, T>(
+        mut self,
+        nodes: I,
+    ) -> Result<RedisStore<::redis::cluster_async::ClusterConnection>, StoreError>
+    where
+        I: IntoIterator<Item = T>,
+        T: ::redis::IntoConnectionInfo,
+    {
+        if let Err(e) = &self.prefix {
+            return Err(invalid_namespace(e.clone()));
+        }
+        let client = ::redis::cluster::ClusterClient::builder(nodes)
+            .connection_timeout(DEFAULT_TIMEOUT)
+            .response_timeout(DEFAULT_TIMEOUT)
+            .build()
+            .map_err(|e| OpError::from(e).into_store("invalid Redis Cluster nodes"))?;
+        let conn = tokio::time::timeout(RECONNECT_TIMEOUT, client.get_async_connection())
+            .await
+            .map_err(|e| OpError::from(e).into_store("connecting to Redis Cluster timed out"))?
+            .map_err(|e| OpError::from(e).into_store("connecting to Redis Cluster failed"))?;
+        // The cluster client reconnects a node after an error, never after a timeout: a
+        // silent connection needs replacing as a standalone one does.
+        if self.reconnect.is_none() {
+            self = self.reconnect(move || {
+                let client = client.clone();
+                async move { client.get_async_connection().await }
+            });
+        }
+        self.build(conn).map_err(invalid_namespace)
+    }
+}
+
+impl<C> fmt::Debug for RedisStoreBuilder<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("native_claim", &self.native_claim)
+            .field("pipelining", &self.pipelining)
+            .field("reconnects", &self.reconnect.is_some())
+            .finish()
+    }
+}
+
+/// The namespace given to a [`RedisStore`] was empty.
+///
+/// Two applications that share one Redis must use different namespaces, or they would answer
+/// each other's requests; an empty namespace is refused so none is forgotten.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct InvalidNamespace;
+
+impl fmt::Display for InvalidNamespace {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the Redis store's namespace must not be empty")
+    }
+}
+
+impl std::error::Error for InvalidNamespace {}
+
+fn invalid_namespace(e: InvalidNamespace) -> StoreError {
+    StoreError::with_source(StoreErrorKind::Unavailable, "invalid namespace", e)
+}

@@ -1,0 +1,327 @@
+//! The bytes the store writes and reads: key names, values, and numeric arguments.
+//!
+//! The layout is described in the [module docs](super#keys-and-values).
+
+use super::builder::InvalidNamespace;
+use super::error::protocol;
+use crate::fingerprint::Fingerprint;
+use crate::record::Record;
+use crate::scope::StoreKey;
+use crate::store::{Claim, StoreError, Token};
+use ::redis::Value;
+use bytes::Bytes;
+use sha2::{Digest, Sha256};
+use std::time::Duration;
+
+const NAMESPACE_DOMAIN: &[u8] = b"tower-idempotency/redis-ns/v1";
+pub(super) const PENDING: u8 = b'P';
+pub(super) const DONE: u8 = b'D';
+/// End of the fingerprint, after the state byte.
+pub(super) const FP_END: usize = 1 + 32;
+/// A pending value: state byte, fingerprint, token.
+pub(super) const PENDING_LEN: usize = FP_END + 16;
+/// Longest expiry sent to Redis (about 100 years): far past any lease or retention, and far
+/// from the overflow Redis refuses when it adds an expiry to its clock.
+pub(super) const MAX_EXPIRY_MS: u64 = 100 * 365 * 24 * 60 * 60 * 1000;
+
+/// `ti:` and the first 16 hex digits of the namespace's domain-separated SHA-256.
+pub(super) fn prefix_of(namespace: &str) -> Result<String, InvalidNamespace> {
+    if namespace.is_empty() {
+        return Err(InvalidNamespace);
+    }
+    let mut h = Sha256::new();
+    h.update(NAMESPACE_DOMAIN);
+    h.update(namespace.as_bytes());
+    let digest = h.finalize();
+    Ok(format!("ti:{}", crate::scope::hex(&digest[..8])))
+}
+
+/// `'P' fingerprint token`: the value of a key held pending.
+pub(super) fn pending_value(fingerprint: &Fingerprint, token: &Token) -> [u8; PENDING_LEN] {
+    let mut pending = [0u8; PENDING_LEN];
+    pending[0] = PENDING;
+    pending[1..FP_END].copy_from_slice(fingerprint.as_bytes());
+    pending[FP_END..].copy_from_slice(token.as_bytes());
+    pending
+}
+
+/// `'D' fingerprint record`: the value of a completed key.
+pub(super) fn done_value(fingerprint: &Fingerprint, record: Record) -> Vec<u8> {
+    let record = record.into_bytes();
+    let mut done = Vec::with_capacity(FP_END + record.len());
+    done.push(DONE);
+    done.extend_from_slice(fingerprint.as_bytes());
+    done.extend_from_slice(&record);
+    done
+}
+
+/// A duration as whole milliseconds for `PX`/`PEXPIRE`: rounded up, at least 1, at most
+/// [`MAX_EXPIRY_MS`].
+pub(super) fn millis(d: Duration) -> u64 {
+    let ms = d.as_nanos().div_ceil(1_000_000);
+    u64::try_from(ms)
+        .unwrap_or(u64::MAX)
+        .clamp(1, MAX_EXPIRY_MS)
+}
+
+/// A number's decimal digits, on the stack (a command argument).
+pub(super) struct Digits {
+    buf: [u8; 20],
+    start: usize,
+}
+
+impl Digits {
+    #[allow(clippy::cast_possible_truncation)] // `n % 10` is a digit
+    pub(super) fn new(mut n: u64) -> Self {
+        let mut buf = [b'0'; 20];
+        let mut start = buf.len();
+        loop {
+            start -= 1;
+            buf[start] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                return Self { buf, start };
+            }
+        }
+    }
+
+    pub(super) fn as_bytes(&self) -> &[u8] {
+        &self.buf[self.start..]
+    }
+}
+
+/// `<prefix>:{<64 hex digits>}`, the Redis key of a record, on the stack: every command names
+/// its key, and the hot path makes no allocation for it.
+pub(super) struct KeyBytes {
+    buf: [u8; KEY_LEN],
+}
+
+/// `ti:` + 16 hex digits, `:{`, 64 hex digits, `}`.
+const KEY_LEN: usize = 3 + 16 + 2 + 64 + 1;
+
+impl KeyBytes {
+    pub(super) fn new(prefix: &str, key: &StoreKey) -> Self {
+        let mut buf = [0u8; KEY_LEN];
+        let p = prefix.as_bytes();
+        // Every prefix is made by `prefix_of`: `ti:` and 16 hex digits.
+        debug_assert_eq!(p.len(), 19);
+        buf[..19].copy_from_slice(&p[..19]);
+        buf[19..21].copy_from_slice(b":{");
+        crate::scope::hex_into(key.id(), &mut buf[21..KEY_LEN - 1]);
+        buf[KEY_LEN - 1] = b'}';
+        Self { buf }
+    }
+
+    pub(super) fn as_bytes(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
+/// The answer to a claim, by the way it was sent: each way has its own "claimed" answer.
+pub(super) enum ClaimReply {
+    /// `SET … NX PX … GET`: nil when claimed, else the value found.
+    Native(Value),
+    /// The claim script: 1 when claimed, else the value found.
+    Script(Value),
+}
+
+/// Reads a claim's answer. Strict: anything but the way's "claimed" answer or a value of the
+/// store's layout is a protocol error, never a claim.
+pub(super) fn parse_claim(reply: ClaimReply, token: Token) -> Result<Claim, StoreError> {
+    match reply {
+        ClaimReply::Native(Value::Nil) | ClaimReply::Script(Value::Int(1)) => {
+            Ok(Claim::Claimed(token))
+        }
+        ClaimReply::Native(Value::BulkString(stored))
+        | ClaimReply::Script(Value::BulkString(stored)) => parse_stored(stored),
+        _ => Err(protocol("unexpected answer to claim")),
+    }
+}
+
+/// Parses a value the claim found under the key. Strict: a value of another layout is
+/// a protocol error, never a claim.
+pub(super) fn parse_stored(stored: Vec<u8>) -> Result<Claim, StoreError> {
+    let fingerprint = |b: &[u8]| -> Fingerprint {
+        let mut fp = [0u8; 32];
+        fp.copy_from_slice(&b[1..FP_END]);
+        Fingerprint::from_bytes(fp)
+    };
+    match stored.first() {
+        Some(&PENDING) if stored.len() == PENDING_LEN => Ok(Claim::Pending {
+            fingerprint: fingerprint(&stored),
+        }),
+        Some(&DONE) if stored.len() >= FP_END => {
+            let fp = fingerprint(&stored);
+            let record = Record::from_bytes(Bytes::from(stored).slice(FP_END..));
+            Ok(Claim::Done {
+                fingerprint: fp,
+                record,
+            })
+        }
+        _ => Err(protocol("unrecognised value under an idempotency key")),
+    }
+}
+
+/// The 1/0 answer of complete, release and renew; anything else is a protocol error.
+pub(super) fn flag(reply: Value, unexpected: &'static str) -> Result<bool, StoreError> {
+    match reply {
+        Value::Int(1) => Ok(true),
+        Value::Int(0) => Ok(false),
+        _ => Err(protocol(unexpected)),
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use crate::store::StoreErrorKind;
+
+    #[test]
+    fn prefix_hides_the_namespace() {
+        let p = prefix_of("orders").unwrap();
+        assert_eq!(p.len(), 3 + 16);
+        assert!(p.starts_with("ti:") && !p.contains("orders"));
+        assert_ne!(p, prefix_of("orders2").unwrap());
+        assert_eq!(prefix_of(""), Err(InvalidNamespace));
+    }
+
+    #[test]
+    fn millis_round_up_and_stay_in_range() {
+        assert_eq!(millis(Duration::ZERO), 1);
+        assert_eq!(millis(Duration::from_micros(1500)), 2);
+        assert_eq!(millis(Duration::from_secs(60)), 60_000);
+        assert_eq!(millis(Duration::MAX), MAX_EXPIRY_MS);
+        for n in [0, 1, 9, 10, 60_000, MAX_EXPIRY_MS, u64::MAX] {
+            assert_eq!(Digits::new(n).as_bytes(), n.to_string().as_bytes());
+        }
+    }
+
+    #[test]
+    fn key_bytes_match_the_documented_key() {
+        let prefix = prefix_of("orders").unwrap();
+        let key = StoreKey::derive(
+            "orders",
+            &crate::scope::Scope::principal("p"),
+            &crate::IdempotencyKey::new("k").unwrap(),
+        );
+        assert_eq!(
+            KeyBytes::new(&prefix, &key).as_bytes(),
+            format!("{prefix}:{{{}}}", key.id_hex()).as_bytes()
+        );
+    }
+
+    #[test]
+    fn values_have_the_documented_layout() {
+        let fp = Fingerprint::from_bytes([7; 32]);
+        let token = Token::generate().unwrap();
+        let pending = pending_value(&fp, &token);
+        assert_eq!(
+            pending.to_vec(),
+            [&b"P"[..], &[7; 32], token.as_bytes()].concat()
+        );
+        assert_eq!(
+            parse_stored(pending.to_vec()).unwrap(),
+            Claim::Pending { fingerprint: fp }
+        );
+        let done = done_value(&fp, Record::from_bytes(Bytes::from_static(b"rec")));
+        assert_eq!(done, [&b"D"[..], &[7; 32], b"rec"].concat());
+    }
+
+    #[test]
+    fn parses_pending_and_done_values() {
+        let mut v = vec![PENDING];
+        v.extend_from_slice(&[7; 32]);
+        v.extend_from_slice(&[9; 16]);
+        assert_eq!(
+            parse_stored(v).unwrap(),
+            Claim::Pending {
+                fingerprint: Fingerprint::from_bytes([7; 32])
+            }
+        );
+        let mut v = vec![DONE];
+        v.extend_from_slice(&[7; 32]);
+        v.extend_from_slice(b"rec");
+        let Claim::Done {
+            fingerprint,
+            record,
+        } = parse_stored(v).unwrap()
+        else {
+            panic!("done")
+        };
+        assert_eq!(fingerprint, Fingerprint::from_bytes([7; 32]));
+        assert_eq!(record.as_bytes().as_ref(), b"rec");
+    }
+
+    #[test]
+    fn refuses_values_of_another_layout() {
+        let mut pending = vec![PENDING];
+        pending.extend_from_slice(&[0; 48]);
+        for bad in [
+            vec![],
+            vec![b'X'; 49],
+            pending[..48].to_vec(),
+            [&pending[..], b"x"].concat(),
+            vec![DONE; 32],
+        ] {
+            let err = parse_stored(bad).unwrap_err();
+            assert_eq!(err.kind(), StoreErrorKind::Protocol);
+        }
+    }
+
+    #[test]
+    fn each_way_of_claiming_has_its_own_claimed_answer() {
+        let token = || Token::generate().unwrap();
+        assert!(matches!(
+            parse_claim(ClaimReply::Native(Value::Nil), token()),
+            Ok(Claim::Claimed(_))
+        ));
+        assert!(matches!(
+            parse_claim(ClaimReply::Script(Value::Int(1)), token()),
+            Ok(Claim::Claimed(_))
+        ));
+        for bad in [
+            ClaimReply::Native(Value::Int(1)),
+            ClaimReply::Script(Value::Nil),
+            ClaimReply::Native(Value::Okay),
+            ClaimReply::Script(Value::Int(0)),
+        ] {
+            assert_eq!(
+                parse_claim(bad, token()).unwrap_err().kind(),
+                StoreErrorKind::Protocol
+            );
+        }
+    }
+
+    #[test]
+    fn flags_are_strict() {
+        assert!(flag(Value::Int(1), "renew").unwrap());
+        assert!(!flag(Value::Int(0), "renew").unwrap());
+        for bad in [
+            Value::Int(2),
+            Value::Nil,
+            Value::BulkString(b"1".to_vec()),
+            Value::Okay,
+        ] {
+            assert_eq!(
+                flag(bad, "renew").unwrap_err().kind(),
+                StoreErrorKind::Protocol
+            );
+        }
+    }
+
+    #[test]
+    fn scripts_check_the_pending_layout() {
+        // The scripts index the token at bytes 34..=49 of a 49-byte pending value ('P' = 80).
+        assert_eq!((PENDING_LEN, FP_END + 1, PENDING), (49, 34, 80));
+        for src in [
+            include_str!("complete.lua"),
+            include_str!("release.lua"),
+            include_str!("renew.lua"),
+        ] {
+            assert!(src.contains(
+                "#held == 49 and string.byte(held, 1) == 80 and string.sub(held, 34, 49) == ARGV[1]"
+            ));
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! The connection every clone of a store shares, and its replacement after a run of timeouts
+//! (see the [module docs](super#failures)).
+
+use super::error::OpError;
+use super::pipeline::Outbox;
+use super::{RECONNECT_AFTER_TIMEOUTS, RECONNECT_TIMEOUT, RedisStore};
+use ::redis::RedisError;
+use ::redis::aio::ConnectionLike;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use tokio::time::Instant;
+
+/// The future of a replacement connection.
+pub(super) type Connecting<C> = Pin<Box<dyn Future<Output = Result<C, RedisError>> + Send>>;
+/// Makes a replacement connection.
+pub(super) type Reconnect<C> = Arc<dyn Fn() -> Connecting<C> + Send + Sync>;
+
+/// What every clone of a store shares: the connection, the state that decides when to replace
+/// it, the outbox of pipelined commands, and what the store learned about the server.
+///
+/// No setting lives here: those are plain fields of [`RedisStore`], fixed when it is built.
+pub(super) struct Inner<C> {
+    /// The connection in use. Each operation clones it out; the lock is never held across an
+    /// `.await`.
+    current: RwLock<C>,
+    /// Bumped, under the write lock, each time the connection is replaced: a timeout met on a
+    /// connection already replaced does not count against its successor.
+    generation: AtomicU64,
+    /// Consecutive operation timeouts on the current connection.
+    timeouts: AtomicU32,
+    /// A replacement is being made (at most one at a time).
+    reconnecting: AtomicBool,
+    /// The server refused `SET … NX … GET` (older than 7.0), so claims use the script. A fact
+    /// about the server, learned once, not a setting: every clone of the store sees it.
+    pub(super) native_claim_unsupported: AtomicBool,
+    /// Commands waiting for the next pipelined write.
+    pub(super) outbox: Mutex<Outbox>,
+}
+
+impl<C: Clone> Inner<C> {
+    pub(super) fn new(conn: C) -> Self {
+        Self {
+            current: RwLock::new(conn),
+            generation: AtomicU64::new(0),
+            timeouts: AtomicU32::new(0),
+            reconnecting: AtomicBool::new(false),
+            native_claim_unsupported: AtomicBool::new(false),
+            outbox: Mutex::new(Outbox::default()),
+        }
+    }
+
+    /// The connection in use and its generation.
+    pub(super) fn checkout(&self) -> (u64, C) {
+        let current = self.current.read().unwrap_or_else(PoisonError::into_inner);
+        // Written under the write lock only: consistent with `current` while it is read.
+        (self.generation.load(Ordering::Relaxed), current.clone())
+    }
+
+    /// The generation of the connection in use.
+    pub(super) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
+    }
+
+    /// Puts `conn` in place of the current connection; returns the old one (dropped by the
+    /// caller, outside the lock).
+    fn replace(&self, conn: C) -> C {
+        let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
+        self.generation.fetch_add(1, Ordering::Relaxed);
+        self.timeouts.store(0, Ordering::Relaxed);
+        std::mem::replace(&mut *current, conn)
+    }
+}
+
+/// Clears [`Inner::reconnecting`] when the replacement attempt ends, however it ends (done,
+/// failed, or its task dropped with the runtime).
+struct ReconnectGuard<C>(Arc<Inner<C>>);
+
+impl<C> Drop for ReconnectGuard<C> {
+    fn drop(&mut self) {
+        self.0.reconnecting.store(false, Ordering::Release);
+    }
+}
+
+impl<C> RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// The deadline of a step starting now: one operation timeout for all its round trips.
+    pub(super) fn deadline(&self) -> Instant {
+        Instant::now() + self.timeout
+    }
+
+    /// Runs one round trip of a step on the connection of `generation`, until the step's
+    /// `deadline`, and counts its outcome towards replacing that connection.
+    pub(super) async fn bounded<T>(
+        &self,
+        generation: u64,
+        deadline: Instant,
+        fut: impl Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, OpError> {
+        let result = match tokio::time::timeout_at(deadline, fut).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(OpError::Redis(e)),
+            Err(e) => Err(OpError::Elapsed(e)),
+        };
+        if let Some(reconnect) = &self.reconnect {
+            self.observe(reconnect, generation, result.as_ref().err());
+        }
+        result
+    }
+
+    /// A success resets the count of timeouts; a timeout adds one, and the
+    /// [`RECONNECT_AFTER_TIMEOUTS`]th in a row starts a replacement unless one is under way.
+    /// Other errors leave the count alone (the `ConnectionManager` handles a connection that
+    /// fails). Outcomes on a connection already replaced are ignored.
+    fn observe(&self, reconnect: &Reconnect<C>, generation: u64, error: Option<&OpError>) {
+        let inner = &self.inner;
+        let current = || inner.generation() == generation;
+        match error {
+            None => {
+                // Read first: the common case writes nothing.
+                if inner.timeouts.load(Ordering::Relaxed) != 0 && current() {
+                    inner.timeouts.store(0, Ordering::Relaxed);
+                }
+            }
+            Some(e) if e.is_timeout() && current() => {
+                let timeouts = inner.timeouts.fetch_add(1, Ordering::Relaxed) + 1;
+                if timeouts >= RECONNECT_AFTER_TIMEOUTS
+                    && !inner.reconnecting.swap(true, Ordering::AcqRel)
+                {
+                    self.spawn_reconnect(reconnect, timeouts);
+                }
+            }
+            Some(_) => {}
+        }
+    }
+
+    /// Makes a replacement connection in a task of its own and puts it in place; on failure,
+    /// keeps the current one and starts the count again. The caller set `reconnecting`.
+    fn spawn_reconnect(&self, reconnect: &Reconnect<C>, timeouts: u32) {
+        let guard = ReconnectGuard(Arc::clone(&self.inner));
+        // The `redis` feature's `tokio-comp` brings tokio's runtime; a store is only used in one.
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let reconnect = Arc::clone(reconnect);
+        let prefix = Arc::clone(&self.prefix);
+        runtime.spawn(async move {
+            let inner = &guard.0;
+            match tokio::time::timeout(RECONNECT_TIMEOUT, reconnect()).await {
+                Ok(Ok(conn)) => {
+                    let old = inner.replace(conn);
+                    tracing::warn!(
+                        key_prefix = %prefix,
+                        timeouts,
+                        "Redis connection replaced after consecutive operation timeouts \
+                         (silent or half-open connection)",
+                    );
+                    drop(old);
+                }
+                Ok(Err(e)) => {
+                    inner.timeouts.store(0, Ordering::Relaxed);
+                    tracing::warn!(
+                        key_prefix = %prefix,
+                        timeouts,
+                        error = %e,
+                        "Redis connection timing out, but a replacement could not be made; \
+                         keeping it and trying again after the next timeouts",
+                    );
+                }
+                Err(_) => {
+                    inner.timeouts.store(0, Ordering::Relaxed);
+                    tracing::warn!(
+                        key_prefix = %prefix,
+                        timeouts,
+                        timeout = ?RECONNECT_TIMEOUT,
+                        "Redis connection timing out, and making a replacement timed out; \
+                         keeping it and trying again after the next timeouts",
+                    );
+                }
+            }
+        });
+    }
+}

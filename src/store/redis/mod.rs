@@ -1,0 +1,522 @@
+//! A Redis store, shared by every replica of a service: standalone Redis or Redis Cluster.
+//!
+//! When a service runs as more than one process, a retry may land on another replica than the
+//! first attempt; the [`MemoryStore`](super::MemoryStore) of that replica has never seen the
+//! key and would run the work again. [`RedisStore`] keeps the records in Redis, where every
+//! replica finds them.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use tower_idempotency::engine::Engine;
+//! use tower_idempotency::store::redis::RedisStore;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = RedisStore::builder("orders")
+//!     .timeout(Duration::from_millis(500))
+//!     .connect("redis://127.0.0.1:6379")
+//!     .await?;
+//! let report = store.verify().await?; // version floor, eviction policy (warns when risky)
+//! println!("{report:?}");
+//! let engine = Engine::new(store);
+//! # let _ = engine; Ok(()) }
+//! ```
+//!
+//! # Settings
+//!
+//! [`RedisStore::builder`] makes a [`RedisStoreBuilder`]: the operation timeout, native or
+//! scripted claims, pipelining and the way to replace a silent connection are set there and
+//! fixed when the store is built. [`RedisStore::connect`] and [`RedisStore::new`] are
+//! shortcuts with the defaults. Clones of a store share its connection and what it learned
+//! about the server (that it refuses `SET … NX … GET`), never a setting.
+//!
+//! # One round trip per step
+//!
+//! Each step of the [`Store`] contract is one command. The claim is Redis's own
+//! `SET key pending NX PX lease GET` (Redis 7.0 and newer): it writes the pending value only
+//! when the key is absent and answers what the key held, atomically, with no script. The other
+//! steps must check the fencing token before they write, so each is a Lua script, sent as one
+//! `EVALSHA` (loaded with `SCRIPT LOAD` the first time a server answers `NOSCRIPT`), which runs
+//! atomically on the server:
+//!
+//! | step | command |
+//! | --- | --- |
+//! | claim | `SET key pending NX PX lease GET`: nil → claimed; a value → that record, unchanged |
+//! | complete | script: write the done value with `PX ttl` only if the key is absent or pending under the caller's token |
+//! | release | script: `DEL` only if the key is pending under the caller's token |
+//! | renew | script: `PEXPIRE lease` only if the key is pending under the caller's token |
+//!
+//! A first execution therefore costs two commands (claim, complete); a replay, an in-flight
+//! answer and a key-reuse answer cost one, a single native command. A native command costs the
+//! server much less than a script call, which is why the claim, the step every request makes,
+//! is not a script.
+//!
+//! A server older than 7.0 refuses `SET … NX … GET` with a syntax error, which executes
+//! nothing; the store then sends the claim as a script (`GET`, and `SET NX PX` when absent) from
+//! that call on, and logs it once at `info` ([`RedisStore::verify`] on such a server makes
+//! that choice before the first claim). [`RedisStoreBuilder::native_claim`] chooses the
+//! script from the start (for a proxy in front of Redis that rejects the syntax some other
+//! way). The token is made by the client from the operating system's CSPRNG
+//! ([`Token::generate`]), never by the server.
+//!
+//! # Pipelining
+//!
+//! A busy server has many requests in flight at once, each waiting on its own Redis command.
+//! Written one by one, every command costs a `write` on the client and a `read` and a `write`
+//! on the server; on loopback that system-call and TCP work, not Redis's own, is most of what
+//! a command costs. The store made by [`RedisStore::connect`] therefore queues the commands of
+//! concurrent requests and writes them as one pipeline: the first command queued spawns a
+//! small task that yields once to the runtime (so the other tasks that are ready run and queue
+//! theirs), then sends everything queued in one write and hands each caller its own answer.
+//! Batches do not wait for each other; a lone request costs one extra task wake-up.
+//!
+//! Nothing about the guarantees changes: each command is still atomic on the server and
+//! answered on its own (a `NOSCRIPT` or `OOM` error reaches only the caller whose command
+//! met it), and each caller's operation timeout runs from the moment its command is queued.
+//! [`RedisStoreBuilder::pipelining`] turns it on or off; it is off for stores built over a
+//! connection ([`RedisStore::new`], [`RedisStoreBuilder::build`]) and for Redis Cluster, whose
+//! connection cannot take one pipeline of keys in many slots.
+//!
+//! Expiry belongs to the server (`PX`, `PEXPIRE`): a pending key lapses with its lease, a done
+//! key with its retention, and no sweeper runs anywhere.
+//!
+//! # Keys and values
+//!
+//! A record is one Redis string, keyed `ti:<ns>:{<id>}`: `<ns>` is the first 16 hex digits of a
+//! domain-separated SHA-256 of the namespace (the namespace itself is never stored), `<id>` the
+//! hex [`StoreKey::id`], already a hash of namespace, scope and client key. The id sits inside a
+//! hash tag, so each record is its own cluster slot and one busy caller's keys spread over the
+//! whole cluster. The value is compact binary:
+//!
+//! ```text
+//! pending: 'P' fingerprint:32 token:16
+//! done:    'D' fingerprint:32 record            (the engine's encoded record, bytes as bytes)
+//! ```
+//!
+//! Anything else found under a key fails the request as a
+//! [`Protocol`](crate::store::StoreErrorKind::Protocol) error: the work never runs on an
+//! unclear answer.
+//!
+//! # Server requirements
+//!
+//! Redis **5.0** or newer ([`MIN_REDIS_VERSION`]); [`RedisStore::verify`] checks it, and 7.0 or
+//! newer for the native claim (older servers get the claim script, above). The
+//! scripts use only `GET`, `SET … NX PX`, `DEL` and `PEXPIRE` (all older than 3.0), but 5.0 is
+//! the first version that replicates a script by its effects by default: replicas and the AOF
+//! receive the writes the script made, rather than re-running the script against their own
+//! copy of the data and clock. Redis Cluster (hash tags) and Valkey work alike.
+//!
+//! # Failures
+//!
+//! Every step is bounded by one operation timeout ([`DEFAULT_TIMEOUT`], 1 s; see
+//! [`RedisStoreBuilder::timeout`]), however many round trips it takes: a script the server
+//! answered `NOSCRIPT` for is loaded and sent again, and a native claim the server refused is
+//! sent as the script, all before the same deadline. Errors keep the Redis error as their
+//! source and map to:
+//!
+//! | Redis error | [`StoreErrorKind`] |
+//! | --- | --- |
+//! | the operation timeout, or an I/O timeout | `Timeout` |
+//! | connection refused, reset or dropped; cluster down, moved, read-only, loading; refused by the server (OOM, ACL) | `Unavailable` |
+//! | an answer that does not parse, an unexpected type, a script error | `Protocol` |
+//!
+//! A claim that fails answers 503 and the work does not run. A step that timed out may still
+//! have been applied by the server: a claim may leave the key pending until its lease lapses
+//! (a retry gets 409 until then), a complete may have stored the record.
+//!
+//! The connection made by [`RedisStore::connect`] is a
+//! [`ConnectionManager`]: when Redis goes away, calls fail fast, and the first call after Redis
+//! is back reconnects; the application needs no restart.
+//!
+//! A connection can also go silent without ever failing: a half-open TCP connection, when the
+//! peer or a NAT, firewall or load balancer on the way lost its state and no reset arrives.
+//! The kernel keeps the socket open (for a vanished peer, Linux gives up after its
+//! retransmission timeout, about 15 minutes), and the `ConnectionManager` reconnects only on a
+//! connection *error*, never on a timeout, so every call would time out until then. The store
+//! made by [`RedisStore::connect`] therefore counts consecutive operation timeouts on its
+//! connection: after [`RECONNECT_AFTER_TIMEOUTS`] (2) in a row it makes a fresh
+//! `ConnectionManager` from the same URL and settings, in the background (bounded by
+//! [`RECONNECT_TIMEOUT`]), and the calls after it use the new connection (logged at `warn`).
+//! Any successful call resets the count; one replacement is made at a time; a replacement
+//! that fails keeps the old connection and is tried again after the next run of timeouts.
+//! Calls already in flight finish on the connection they started on, which closes once the
+//! last of them is done. Measured in `tests/faults/proxy.rs`: with a 300 ms operation timeout,
+//! a store whose connection went half-open answers again about 0.9 s later (three 503s: the two
+//! timeouts that start the replacement, and a call that began on the old connection while the
+//! new one was being made). A Redis that is merely slow (a long script, a latency spike) also
+//! gets its connection replaced; that costs one new connection per run of timeouts, nothing
+//! more. A store made by `connect_cluster` does the same with a new `ClusterConnection` from
+//! the same nodes: the cluster client reconnects a node after a connection error, never after
+//! a timeout. A store built over a connection ([`RedisStore::new`],
+//! [`RedisStoreBuilder::build`]) keeps its connection as given, unless it is handed a way to
+//! make another with [`RedisStoreBuilder::reconnect`].
+//!
+//! # Bounds
+//!
+//! Nothing bounds what one caller keeps in Redis. The [`MemoryStore`](super::MemoryStore)
+//! caps each scope and drops the records of the scope that holds the most; a `RedisStore`
+//! has no per-scope count, only Redis's `maxmemory` for everyone together, and each record
+//! lives until its retention ends (the engine's ttl, 24 h by default) whoever wrote it. A
+//! flood of fresh keys from one principal therefore:
+//!
+//! - under `noeviction` (the recommended policy), fills Redis until writes fail with `OOM`:
+//!   every caller's claim then answers 503 and nothing runs (Redis refuses the native
+//!   `SET … NX GET` before reading, so even a request that would replay gets 503; the claim
+//!   script still replays), completes of work in flight fail (the caller still gets the
+//!   handler's response; the key stays pending until its lease ends), and this lasts until
+//!   enough of the flood's records expire;
+//! - under an eviction policy, makes Redis evict other callers' records, and their next
+//!   duplicates **run again**.
+//!
+//! Bound it in front of the layer: rate-limit per principal (at the gateway, or a limiter
+//! keyed on the same principal before the idempotency layer), so one caller cannot write more
+//! than its rate times the retention. Size `maxmemory` for the sum of the callers' rates
+//! times the retention times a record's size (about 270 bytes for a pending key on Redis 7.0,
+//! key and expiry included; a done record adds the stored response, up to the record body
+//! limit), keep the retention as short as clients retry, and use the HTTP layer's `status`
+//! response mode where bodies are large.
+//!
+//! The store offers no per-scope cap of its own because none fits the one-round-trip design.
+//! The claim and its count would have to change together, atomically: one script touching the
+//! record and a counter of the scope, so both keys in one hash slot. That slot would be the
+//! scope's, putting all of one caller's keys on one node, the hot slot the key layout avoids
+//! by hashing the whole key. The claim would become a script, losing the native one-command
+//! `SET … NX GET`. And the count would drift: a pending key that expires with its lease runs
+//! no code on the server, so nothing would decrement it. A count kept by each process does
+//! not bound a caller whose requests spread over several replicas.
+//!
+//! # Durability: what "no duplicate processing" rests on
+//!
+//! The promise holds only while Redis keeps the records. Two ordinary events make Redis lose
+//! a record it already acknowledged, and then the next duplicate **runs the work again**:
+//!
+//! - **Eviction.** With a `maxmemory-policy` other than `noeviction`, a full Redis deletes keys
+//!   to make room, idempotency records included. Use `noeviction` (writes then fail, claims
+//!   answer 503, and nothing is run twice); [`RedisStore::verify`] warns otherwise.
+//! - **Failover.** Redis replicates asynchronously. When a primary fails and a replica is
+//!   promoted, the writes the replica had not yet received are gone: a record completed a
+//!   moment before the failure may not exist on the new primary. The same holds after a
+//!   restart of a server without persistence.
+//!
+//! Keep the retention (the engine's ttl) at least as long as clients retry.
+//!
+//! [`ConnectionManager`]: ::redis::aio::ConnectionManager
+//! [`StoreErrorKind`]: crate::store::StoreErrorKind
+
+use super::{Claim, Store, StoreError, Token};
+use crate::fingerprint::Fingerprint;
+use crate::record::Record;
+use crate::scope::StoreKey;
+use ::redis::aio::ConnectionLike;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+use tokio::time::Instant;
+
+mod builder;
+mod codec;
+mod connection;
+mod error;
+mod pipeline;
+mod scripts;
+mod verify;
+
+use self::codec::{ClaimReply, Digits, KeyBytes};
+use self::connection::{Inner, Reconnect};
+use self::error::OpError;
+
+pub use self::builder::{InvalidNamespace, RedisStoreBuilder};
+pub use self::verify::{EvictionCheck, VerifyReport};
+/// The `redis` crate this store is built on, for building connections of your own.
+pub use ::redis;
+
+/// The oldest Redis server the store works with: 5.0 (see the [module docs](self)).
+pub const MIN_REDIS_VERSION: (u32, u32, u32) = (5, 0, 0);
+
+/// The first Redis version whose `SET` takes `NX` and `GET` together: 7.0 (claims are then one
+/// native command; see the [module docs](self)).
+pub const NATIVE_CLAIM_VERSION: (u32, u32, u32) = (7, 0, 0);
+
+/// The default bound on one store operation: 1 second.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// Consecutive operation timeouts after which a store that can reconnect (made by
+/// [`RedisStore::connect`] or `connect_cluster`, or given [`RedisStoreBuilder::reconnect`])
+/// replaces its connection: 2. See the [module docs](self#failures).
+pub const RECONNECT_AFTER_TIMEOUTS: u32 = 2;
+
+/// The bound on making a connection: the first one in [`RedisStore::connect`], and each
+/// replacement after a run of timeouts: 5 seconds.
+pub const RECONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// An idempotency [`Store`] in Redis or Redis Cluster, generic over the connection.
+///
+/// `C` is any `redis` async connection that is cheap to clone: the default
+/// [`ConnectionManager`](::redis::aio::ConnectionManager) (reconnects by itself), a
+/// `MultiplexedConnection`, or, with the `redis-cluster` feature, a
+/// `cluster_async::ClusterConnection`. Clones of the store share one connection, and its
+/// replacement when the store replaces it after a run of timeouts (see the
+/// [module docs](self#failures)).
+///
+/// Made by [`RedisStore::builder`], or by the shortcuts [`RedisStore::connect`] and
+/// [`RedisStore::new`] with the default settings. See the [module docs](self) for the key
+/// layout, the scripts, the version floor and the durability caveats.
+pub struct RedisStore<C = ::redis::aio::ConnectionManager> {
+    inner: Arc<Inner<C>>,
+    prefix: Arc<str>,
+    // Settings, fixed when the store is built.
+    timeout: Duration,
+    native_claim: bool,
+    pipelining: bool,
+    /// Makes a replacement connection; `None`: the connection is kept as given.
+    reconnect: Option<Reconnect<C>>,
+}
+
+impl<C> Clone for RedisStore<C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            prefix: Arc::clone(&self.prefix),
+            timeout: self.timeout,
+            native_claim: self.native_claim,
+            pipelining: self.pipelining,
+            reconnect: self.reconnect.clone(),
+        }
+    }
+}
+
+impl<C> fmt::Debug for RedisStore<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("prefix", &self.prefix)
+            .field("timeout", &self.timeout)
+            .field("native_claim", &self.native_claim)
+            .field("pipelining", &self.pipelining)
+            .field("reconnects", &self.reconnect.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C> RedisStore<C> {
+    /// A builder for a store keeping its records under `namespace`: set the operation
+    /// timeout, native or scripted claims, pipelining or the replacement of a silent
+    /// connection, then connect or build over a connection.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tower_idempotency::store::redis::RedisStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = RedisStore::builder("orders")
+    ///     .timeout(Duration::from_millis(250))
+    ///     .connect("redis://127.0.0.1:6379")
+    ///     .await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    pub fn builder(namespace: &str) -> RedisStoreBuilder<C> {
+        RedisStoreBuilder::new(namespace)
+    }
+
+    /// Whether commands are pipelined (see [`RedisStoreBuilder::pipelining`]).
+    #[must_use]
+    pub fn pipelining(&self) -> bool {
+        self.pipelining
+    }
+
+    /// Whether claims are sent as the native `SET … NX PX … GET` (see
+    /// [`RedisStoreBuilder::native_claim`]); `false` also once the server refused it, or
+    /// [`verify`](Self::verify) found a server older than [`NATIVE_CLAIM_VERSION`].
+    #[must_use]
+    pub fn native_claim(&self) -> bool {
+        self.native_claim && !self.inner.native_claim_unsupported.load(Ordering::Relaxed)
+    }
+
+    /// The operation timeout (see [`RedisStoreBuilder::timeout`]).
+    #[must_use]
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The prefix of every key this store writes (`ti:` and 16 hex digits of the hashed
+    /// namespace), for operators looking at Redis: a record's key is
+    /// `<prefix>:{<StoreKey::id_hex>}` (see the [module docs](self#keys-and-values)).
+    #[must_use]
+    pub fn key_prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    /// The Redis key of `key`, on the stack.
+    fn key_bytes(&self, key: &StoreKey) -> KeyBytes {
+        KeyBytes::new(&self.prefix, key)
+    }
+}
+
+impl RedisStore<::redis::aio::ConnectionManager> {
+    /// Connects to the Redis at `url` with the default settings: a shortcut for
+    /// `RedisStore::builder(namespace).connect(url)` (see [`RedisStoreBuilder::connect`]).
+    ///
+    /// # Errors
+    /// `Unavailable` when the namespace is empty (source: [`InvalidNamespace`]), the URL is
+    /// invalid or the server cannot be reached; `Timeout` when connecting takes longer than
+    /// [`RECONNECT_TIMEOUT`].
+    pub async fn connect(url: &str, namespace: &str) -> Result<Self, StoreError> {
+        Self::builder(namespace).connect(url).await
+    }
+}
+
+#[cfg(feature = "redis-cluster")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
+impl RedisStore<::redis::cluster_async::ClusterConnection> {
+    /// Connects to a Redis Cluster through any of its `nodes` with the default settings: a
+    /// shortcut for `RedisStore::builder(namespace).connect_cluster(nodes)` (see
+    /// [`RedisStoreBuilder::connect_cluster`]).
+    ///
+    /// # Errors
+    /// `Unavailable` when the namespace is empty (source: [`InvalidNamespace`]), a node URL is
+    /// invalid or no node can be reached; `Timeout` when connecting takes longer than
+    /// [`RECONNECT_TIMEOUT`].
+    pub async fn connect_cluster<I, T>(nodes: I, namespace: &str) -> Result<Self, StoreError>
+    where
+        I: IntoIterator<Item = T>,
+        T: ::redis::IntoConnectionInfo,
+    {
+        Self::builder(namespace).connect_cluster(nodes).await
+    }
+}
+
+impl<C> RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// A store over an existing connection with the default settings, keeping records under
+    /// `namespace`: a shortcut for `RedisStore::builder(namespace).build(conn)` (see
+    /// [`RedisStoreBuilder::build`]; pipelining is off).
+    ///
+    /// ```no_run
+    /// use tower_idempotency::store::redis::{RedisStore, redis};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client = redis::Client::open("redis://127.0.0.1:6379")?;
+    /// let conn = client.get_multiplexed_async_connection().await?;
+    /// let store = RedisStore::new(conn, "orders")?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`InvalidNamespace`] when `namespace` is empty.
+    pub fn new(conn: C, namespace: &str) -> Result<Self, InvalidNamespace> {
+        Self::builder(namespace).build(conn)
+    }
+
+    /// A claim's answer: the native `SET … NX PX … GET` unless the store was built without it
+    /// or the server refused it, else the claim script; by one `deadline` either way.
+    async fn claim_reply(
+        &self,
+        key: &KeyBytes,
+        pending: &[u8],
+        lease: &[u8],
+        deadline: Instant,
+    ) -> Result<ClaimReply, OpError> {
+        if self.native_claim() {
+            let mut cmd = ::redis::cmd("SET");
+            cmd.arg(key.as_bytes())
+                .arg(pending)
+                .arg("NX")
+                .arg("PX")
+                .arg(lease)
+                .arg("GET");
+            match self.query(cmd, deadline).await {
+                Ok(reply) => return Ok(ClaimReply::Native(reply)),
+                // Refused before it ran (Redis < 7.0): nothing was written; use the script.
+                Err(e) if e.is_syntax_error() => {
+                    if !self
+                        .inner
+                        .native_claim_unsupported
+                        .swap(true, Ordering::Relaxed)
+                    {
+                        tracing::info!(
+                            key_prefix = %self.prefix,
+                            "Redis refused SET NX GET (older than 7.0); claims use a script from now on",
+                        );
+                    }
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        let reply = self
+            .eval(&scripts::CLAIM, key, &[pending, lease], deadline)
+            .await?;
+        Ok(ClaimReply::Script(reply))
+    }
+}
+
+impl<C> Store for RedisStore<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    async fn claim(
+        &self,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        let deadline = self.deadline();
+        let token = Token::generate()?;
+        let pending = codec::pending_value(fingerprint, &token);
+        let lease = Digits::new(codec::millis(lease));
+        let reply = self
+            .claim_reply(&self.key_bytes(key), &pending, lease.as_bytes(), deadline)
+            .await
+            .map_err(|e| e.into_store("Redis claim"))?;
+        codec::parse_claim(reply, token)
+    }
+
+    async fn complete(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        fingerprint: &Fingerprint,
+        record: Record,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let deadline = self.deadline();
+        let done = codec::done_value(fingerprint, record);
+        let ttl = Digits::new(codec::millis(ttl));
+        let args: [&[u8]; 3] = [token.as_bytes(), &done, ttl.as_bytes()];
+        let reply = self
+            .eval(&scripts::COMPLETE, &self.key_bytes(key), &args, deadline)
+            .await
+            .map_err(|e| e.into_store("Redis complete"))?;
+        codec::flag(reply, "unexpected answer to complete")
+    }
+
+    async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
+        let deadline = self.deadline();
+        let reply = self
+            .eval(
+                &scripts::RELEASE,
+                &self.key_bytes(key),
+                &[token.as_bytes()],
+                deadline,
+            )
+            .await
+            .map_err(|e| e.into_store("Redis release"))?;
+        codec::flag(reply, "unexpected answer to release")
+    }
+
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let deadline = self.deadline();
+        let lease = Digits::new(codec::millis(lease));
+        let args: [&[u8]; 2] = [token.as_bytes(), lease.as_bytes()];
+        let reply = self
+            .eval(&scripts::RENEW, &self.key_bytes(key), &args, deadline)
+            .await
+            .map_err(|e| e.into_store("Redis renew"))?;
+        codec::flag(reply, "unexpected answer to renew")
+    }
+}
