@@ -1,5 +1,5 @@
 //! The store conformance suite (feature `test-util`): one test per behaviour of the
-//! [`Store`] contract, expanded in your own tests by [`store_conformance!`] once per store, so
+//! [`Store`] contract, expanded in your own tests by [`store_conformance!`](crate::store_conformance) once per store, so
 //! a store you wrote is held to the same behaviour as the stores of this crate (the
 //! tower-sessions way).
 //!

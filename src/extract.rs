@@ -1,8 +1,14 @@
 //! axum extractors for handlers behind the [`IdempotencyLayer`](crate::IdempotencyLayer).
 //!
-//! When the layer claims a key it puts the validated [`IdempotencyKey`] and the
-//! [`DerivedKey`] into the request's extensions; these extractors read them. `Option<…>` never
-//! fails: it is `None` when the request carried no key (or the layer is not installed).
+//! | extractor | gives | without a claimed key |
+//! | --- | --- | --- |
+//! | [`IdempotencyKey`] | the client's validated key | [`KeyRejection`]: 400 (no key sent) or 500 (no layer) |
+//! | [`DerivedKey`] | a stable 64-hex key per namespace, caller and client key, to forward to a provider that de-duplicates (a payment API) | the same |
+//! | `Option<IdempotencyKey>`, `Option<DerivedKey>` | the same, or `None` | never fails |
+//!
+//! When the layer claims a key it puts a [`ClaimedKey`](crate::http::ClaimedKey) into the
+//! request's extensions; these extractors read it (a tonic handler reads it with
+//! `request.extensions().get::<ClaimedKey>()`).
 //!
 //! ```
 //! use axum::{Router, routing::post};
@@ -19,8 +25,10 @@
 //! ```
 
 use crate::http::{ClaimedKey, KeyMissing};
-use crate::key::IdempotencyKey;
-use crate::scope::DerivedKey;
+#[doc(no_inline)]
+pub use crate::key::IdempotencyKey;
+#[doc(no_inline)]
+pub use crate::scope::DerivedKey;
 use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum_core::response::{IntoResponse, Response};
 use http::StatusCode;

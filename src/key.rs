@@ -12,6 +12,14 @@ pub const DEFAULT_MAX_KEY_LEN: usize = 255;
 
 /// A validated idempotency key as the client sent it (after sf-string unquoting).
 ///
+/// A header value that starts with `"` is an RFC 9651 Item whose bare item must be a String
+/// (parameters after it are ignored). Anything else is taken verbatim, as many clients send bare
+/// UUIDs that are not sf-tokens, and must be visible ASCII without `"`, `,` or spaces. `"abc"`
+/// and `abc` are the same key. Keys are 1 to 255 bytes by default.
+///
+/// Behind an [`IdempotencyLayer`](crate::IdempotencyLayer), it is also an axum extractor (see
+/// [`extract`](crate::extract)).
+///
 /// Its `Debug` output is redacted so a key never reaches a log by accident; use
 /// [`as_str`](Self::as_str) when you need the value.
 ///

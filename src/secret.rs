@@ -28,6 +28,18 @@ pub(crate) const TAG_LEN: usize = 32;
 
 /// A secret key for record authentication and fingerprint keying (at least 32 bytes).
 ///
+/// Off by default. With a [`Secret`] configured on the engine (or the layer):
+///
+/// - every record carries an HMAC-SHA256 tag over its content, its store key and its request
+///   fingerprint, so a record written into the store by anyone without the secret (or moved to
+///   another key) is refused (503 `record_invalid`), never replayed;
+/// - the fingerprint the store sees is keyed by the secret, so a low-entropy request body (a
+///   short code, a PIN) cannot be confirmed by brute force from a store dump.
+///
+/// Every replica sharing a store must use the same secret. Changing it makes existing records
+/// unreadable (answered 503 until they expire) and existing pending keys look like other
+/// requests (422) until their lease ends.
+///
 /// ```
 /// use tower_idempotency::Secret;
 ///

@@ -134,9 +134,8 @@ impl<St: Store> IdempotencyLayer<St> {
     /// Appends `/suffix` to the namespace (`payments` → `payments/refunds`), so one route or
     /// route group keeps its keys apart from the rest of the namespace. Used by the
     /// `#[idempotent(namespace = "…")]` option.
-    #[doc(hidden)]
-    #[must_use]
-    pub fn namespace_suffix(self, suffix: &str) -> Self {
+    #[cfg(feature = "macros")]
+    pub(crate) fn namespace_suffix(self, suffix: &str) -> Self {
         self.config(|c| c.namespace = Arc::from(format!("{}/{suffix}", c.namespace)))
     }
 
@@ -227,7 +226,7 @@ impl<St: Store> IdempotencyLayer<St> {
 
     /// Authenticates records with an HMAC under `secret` and keys the stored fingerprints, so
     /// a record written into the store by someone else is refused (503), not replayed. Off by
-    /// default; see [`crate::secret`].
+    /// default; see [`Secret`](crate::Secret).
     #[must_use]
     pub fn secret(self, secret: crate::Secret) -> Self {
         self.map_engine(|e| e.set_secret(secret))

@@ -19,7 +19,7 @@
 //! The token fences a claim: once a lease has lapsed and another claimant holds the key, the
 //! first holder's late `complete` or `release` leaves the new holder alone. The store never
 //! compares fingerprints; the engine does, so every store answers alike. A store sees hashes
-//! and opaque bytes only ([`StoreKey`], [`Fingerprint`](crate::engine::Fingerprint),
+//! and opaque bytes only ([`StoreKey`], [`engine::Fingerprint`](crate::engine::Fingerprint),
 //! [`Record`]): no raw key, principal or HTTP type reaches it.
 //!
 //! # Your own store

@@ -107,6 +107,7 @@ impl RedisServer {
     }
 
     /// A connection of the test's own, to read and write keys directly.
+    #[cfg(feature = "redis")]
     pub async fn connection(
         &self,
     ) -> tower_idempotency::store::redis::redis::aio::MultiplexedConnection {
