@@ -26,7 +26,7 @@ pub const DEFAULT_MAX_KEY_LEN: usize = 255;
 /// ```
 /// use tower_idempotency::IdempotencyKey;
 ///
-/// let quoted = IdempotencyKey::parse_header(br#""8e03978e-40d5";p=1"#, 255).unwrap();
+/// let quoted = IdempotencyKey::parse_header(br#""8e03978e-40d5";p=1"#).unwrap();
 /// let bare = IdempotencyKey::parse_header(b"8e03978e-40d5").unwrap();
 /// assert_eq!(quoted, bare);
 /// assert!(IdempotencyKey::parse_header(b"a, b").is_err());
