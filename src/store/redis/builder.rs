@@ -2,7 +2,7 @@
 
 use super::codec::prefix_of;
 use super::connection::{Connecting, Inner, Reconnect};
-use super::error::OpError;
+use super::error::{InvalidNamespace, OpError};
 use super::{DEFAULT_TIMEOUT, RECONNECT_TIMEOUT, RedisStore};
 use crate::store::{StoreError, StoreErrorKind};
 use ::redis::RedisError;
@@ -279,22 +279,6 @@ impl<C> fmt::Debug for RedisStoreBuilder<C> {
             .finish()
     }
 }
-
-/// The namespace given to a [`RedisStore`] was empty.
-///
-/// Two applications that share one Redis must use different namespaces, or they would answer
-/// each other's requests; an empty namespace is refused so none is forgotten.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct InvalidNamespace;
-
-impl fmt::Display for InvalidNamespace {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("the Redis store's namespace must not be empty")
-    }
-}
-
-impl std::error::Error for InvalidNamespace {}
 
 fn invalid_namespace(e: InvalidNamespace) -> StoreError {
     StoreError::with_source(StoreErrorKind::Unavailable, "invalid namespace", e)

@@ -2,7 +2,7 @@
 //!
 //! The layout is described in the [module docs](super#keys-and-values).
 
-use super::builder::InvalidNamespace;
+use super::error::InvalidNamespace;
 use super::error::protocol;
 use crate::fingerprint::Fingerprint;
 use crate::record::Record;

@@ -2,14 +2,14 @@
 //! (see the [module docs](super#failures)).
 
 use super::error::OpError;
-use super::pipeline::Outbox;
 use super::{RECONNECT_AFTER_TIMEOUTS, RECONNECT_TIMEOUT, RedisStore};
-use ::redis::RedisError;
 use ::redis::aio::ConnectionLike;
+use ::redis::{RedisError, Value};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock};
+use tokio::sync::oneshot;
 use tokio::time::Instant;
 
 /// The future of a replacement connection.
@@ -183,4 +183,19 @@ where
             }
         });
     }
+}
+
+/// A command waiting in the outbox, where its answer goes, and its caller's deadline.
+pub(super) type Queued = (
+    ::redis::Cmd,
+    oneshot::Sender<Result<Value, RedisError>>,
+    Instant,
+);
+
+/// The commands queued since the last write.
+#[derive(Default)]
+pub(super) struct Outbox {
+    pub(super) queued: Vec<Queued>,
+    /// A flush task is spawned and has not yet taken the queue.
+    pub(super) scheduled: bool,
 }

@@ -225,7 +225,8 @@ use self::codec::{ClaimReply, Digits, KeyBytes};
 use self::connection::{Inner, Reconnect};
 use self::error::OpError;
 
-pub use self::builder::{InvalidNamespace, RedisStoreBuilder};
+pub use self::builder::RedisStoreBuilder;
+pub use self::error::InvalidNamespace;
 pub use self::verify::{EvictionCheck, VerifyReport};
 /// The `redis` crate this store is built on, for building connections of your own.
 pub use ::redis;

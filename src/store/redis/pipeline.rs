@@ -10,21 +10,6 @@ use std::sync::{Arc, PoisonError};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 
-/// A command waiting in the outbox, where its answer goes, and its caller's deadline.
-type Queued = (
-    ::redis::Cmd,
-    oneshot::Sender<Result<Value, RedisError>>,
-    Instant,
-);
-
-/// The commands queued since the last write.
-#[derive(Default)]
-pub(super) struct Outbox {
-    queued: Vec<Queued>,
-    /// A flush task is spawned and has not yet taken the queue.
-    scheduled: bool,
-}
-
 impl<C> RedisStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
