@@ -246,8 +246,6 @@ pub struct ConfigError {
 pub enum ConfigErrorKind {
     /// A header on the fixed deny list was offered for the allow list.
     DeniedHeader,
-    /// A value is out of its range.
-    OutOfRange,
 }
 
 impl ConfigError {
