@@ -1,8 +1,9 @@
 //! Step 9: what becomes of the handler's response, HTTP and gRPC side by side. A response is
 //! recorded (then sent) or released (sent, the key freed for a retry).
 //!
-//! HTTP: 2xx and 4xx (but 408, 425, 429) are recorded; a body over the record limit is
-//! recorded as status and headers only. gRPC (an HTTP 200 to a gRPC request): the outcome is
+//! HTTP: 2xx and 4xx (but 408, 425, 429) are recorded; a body over the record limit is sent
+//! on as it comes and recorded as status and headers only once it has ended (released if it
+//! fails). gRPC (an HTTP 200 to a gRPC request): the outcome is
 //! the gRPC status, read from the headers of a Trailers-Only response or else from the
 //! trailers, so the body is read first (see [gRPC mode](super::grpc#classification)).
 
@@ -42,7 +43,11 @@ pub(crate) fn is_recorded_status(status: i32) -> bool {
 /// What to do with the key, and the response that goes out either way.
 pub(crate) enum Outcome<B: Body> {
     Release(Response<ResponseBody<B>>),
+    /// Recorded now, then sent (the body was read whole).
     Record(Response<ResponseBody<B>>, StoredResponse),
+    /// Sent on before its body has ended: recorded once the body has ended, released if it
+    /// fails (DESIGN §3 step 9).
+    RecordAtEnd(Response<ResponseBody<B>>, StoredResponse),
 }
 
 /// Classifies the handler's response (reading its body up to `max` bytes when it is to be
@@ -65,6 +70,9 @@ where
     }
 }
 
+/// HTTP mode: a recordable response's body is read up to the record limit. A body read whole
+/// is recorded (its bytes only in full mode), then sent; a longer one is sent on as it comes
+/// and recorded as status and headers once it has ended.
 async fn classify_http<B>(
     config: &Config,
     max: usize,
@@ -80,32 +88,40 @@ where
     }
     let (parts, body) = res.into_parts();
     let record_headers = config.headers.record(&parts.headers);
-    let exact_too_big = body.size_hint().lower() > max as u64;
-    if config.response_mode == ResponseMode::Status || exact_too_big {
-        if exact_too_big {
+    let full = config.response_mode == ResponseMode::Full;
+    let over_limit = || {
+        if full {
             tracing::warn!(key = ?key, "response body over the record limit; recording status and headers only");
         }
+    };
+    if body.size_hint().lower() > max as u64 {
+        over_limit();
         let record = StoredResponse::new(status, record_headers, None);
-        return Outcome::Record(
+        return Outcome::RecordAtEnd(
             Response::from_parts(parts, ResponseBody::passthrough(body)),
             record,
         );
     }
     match collect_limited(body, max).await {
         Collected::Whole { data, trailers } => {
-            let mut record = StoredResponse::new(status, record_headers, Some(data.clone()));
-            if let Some(t) = &trailers {
-                record = record.with_trailers(HeaderPolicy::record_trailers(t));
-            }
+            let record = if full {
+                let record = StoredResponse::new(status, record_headers, Some(data.clone()));
+                match &trailers {
+                    Some(t) => record.with_trailers(HeaderPolicy::record_trailers(t)),
+                    None => record,
+                }
+            } else {
+                StoredResponse::new(status, record_headers, None)
+            };
             Outcome::Record(
                 Response::from_parts(parts, ResponseBody::buffered(data, trailers)),
                 record,
             )
         }
         Collected::TooLarge { prefix, rest } => {
-            tracing::warn!(key = ?key, "response body over the record limit; recording status and headers only");
+            over_limit();
             let record = StoredResponse::new(status, record_headers, None);
-            Outcome::Record(
+            Outcome::RecordAtEnd(
                 Response::from_parts(parts, ResponseBody::prefixed(prefix, rest)),
                 record,
             )

@@ -74,7 +74,8 @@ pub enum ResponseMode {
     #[default]
     Full,
     /// Status and allowed headers only, for bodies that must not rest in the store; a replay
-    /// has an empty body.
+    /// has an empty body. The record is written once the body has ended (released if the
+    /// body fails).
     Status,
 }
 

@@ -159,9 +159,10 @@ impl<St: Store> IdempotencyLayer<St> {
         self.config(|c| c.max_request_body = bytes)
     }
 
-    /// The largest response body recorded (default 1 MiB); a larger response is recorded as
-    /// status and headers only, and a warning is logged. (A larger gRPC response is released
-    /// instead: see [gRPC mode](super::grpc).)
+    /// The largest response body recorded (default 1 MiB); a larger response goes out as it
+    /// comes and is recorded as status and headers only once its body has ended, and a
+    /// warning is logged. (A larger gRPC response is released instead: see
+    /// [gRPC mode](super::grpc).)
     #[must_use]
     pub fn max_record_body(self, bytes: usize) -> Self {
         self.engine(|e| e.with_max_record_body(bytes))

@@ -15,7 +15,9 @@
 //!    fingerprint → replay; another fingerprint → 422; store failure → 503 (handler not run);
 //!    full scope → 429; full store → 503.
 //! 9. After the handler: 2xx and 4xx (but 408, 425, 429) are recorded, then sent; 1xx, 3xx, 5xx,
-//!    408, 425, 429, an inner error and a body that fails while read are released.
+//!    408, 425, 429, an inner error and a body that fails while read are released. A body that
+//!    goes out before the layer has read it whole is recorded only once it has ended (see
+//!    [response bodies](#response-bodies)).
 //!
 //! The caller always gets the response its handler produced, also when recording it failed (the
 //! key then stays pending until its lease lapses: 409 until then, a re-run after).
@@ -23,6 +25,22 @@
 //! If the response future is dropped before the handler finishes (the client went away), lease
 //! renewal stops and the key stays pending until its lease lapses: the work may have happened,
 //! so it is neither recorded nor released.
+//!
+//! # Response bodies
+//!
+//! A recordable response's body is read before the response goes out, up to the record limit
+//! (`max_record_body`, default 1 MiB). Read whole, it is recorded (its bytes only in
+//! [`ResponseMode::Full`]), then sent. A body over the limit goes out as it comes: what was
+//! read first, then the rest, nothing lost and in order. Its record is status and headers only
+//! (a warning is logged in full mode), and it is written only once the body has ended:
+//!
+//! | the body that goes out as it comes | the key |
+//! | --- | --- |
+//! | ends | completed (status and headers); the client sees the end of the body only once the record is written, so a retry sent after it is replayed |
+//! | fails | released, not recorded: a retry runs again (a success the client never received is never replayed) |
+//! | is dropped before its end (the client went away) | neither completed nor released: it stays pending until its lease lapses (409 until then, a re-run after), as when the client goes away mid-handler |
+//!
+//! While such a body streams, the key stays pending and its lease is renewed.
 //!
 //! # gRPC
 //!

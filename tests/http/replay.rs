@@ -189,10 +189,10 @@ async fn inner_service_error_releases_the_key_and_comes_back_unchanged() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn response_body_failing_while_streamed_releases_the_key() {
-    let store = SpyStore::new();
-    let (server, work) = server_with(IdempotencyLayer::with_store(store.clone())).await;
+/// The handler's first body fails after one 7-byte chunk: the key must be released (not
+/// recorded), so the retry runs again and its own answer becomes the record.
+async fn assert_failing_body_releases_the_key(layer: IdempotencyLayer<SpyStore>, store: &SpyStore) {
+    let (server, work) = server_with(layer).await;
     let request = || {
         server
             .post("/work", BODY)
@@ -209,16 +209,44 @@ async fn response_body_failing_while_streamed_releases_the_key() {
         Err(e) => assert!(!e.is_timeout(), "the failure is not a timeout: {e}"),
     }
     assert_eq!(work.executions(), 1);
-    assert_eq!(store.releases(), 1, "the key was released");
     assert_eq!(store.completes(), 0, "nothing was recorded");
+    assert_eq!(store.releases(), 1, "the key was released");
 
     let retry = send(request()).await;
     assert_eq!(retry.status, 201, "{}", retry.describe());
-    assert!(!retry.is_replay(), "the retry runs again");
-    assert_eq!(retry.execution(), 2);
+    assert!(
+        !retry.is_replay(),
+        "the retry runs again, no success the client never received is replayed: {}",
+        retry.describe()
+    );
+    assert_eq!(retry.execution(), 2, "the retry ran the handler");
     let replay = send(request()).await;
     assert!(replay.is_replay(), "{}", replay.describe());
-    assert_eq!(replay.execution(), 2, "the retry's answer is the record");
+    assert_eq!(replay.status, 201);
+    assert_eq!(work.executions(), 2, "the retry's answer is the record");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_body_failing_while_streamed_releases_the_key() {
+    let store = SpyStore::new();
+    let layer = IdempotencyLayer::with_store(store.clone());
+    assert_failing_body_releases_the_key(layer, &store).await;
+}
+
+/// Issue 11 item 5: status mode recorded before the body had streamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_mode_response_body_failing_while_streamed_releases_the_key() {
+    let store = SpyStore::new();
+    let layer = IdempotencyLayer::with_store(store.clone()).response_mode(ResponseMode::Status);
+    assert_failing_body_releases_the_key(layer, &store).await;
+}
+
+/// Issue 11 item 5: a body over the record limit was recorded before the rest had streamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_body_over_the_record_limit_failing_while_streamed_releases_the_key() {
+    let store = SpyStore::new();
+    let layer = IdempotencyLayer::with_store(store.clone()).max_record_body(4);
+    assert_failing_body_releases_the_key(layer, &store).await;
 }
 
 async fn assert_over_limit_recorded_as_status_only(header: &str, value: &str, expected: &[u8]) {
