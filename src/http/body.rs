@@ -404,13 +404,18 @@ pub(crate) async fn read_limited<B: Body<Data = Bytes>>(
 }
 
 /// A response body read up to a limit: whole (with its trailers), or what was read before it
-/// grew over the limit or failed.
+/// grew over the limit, was still going at the deadline, or failed.
 pub(crate) enum Collected<B: Body> {
     Whole {
         data: Bytes,
         trailers: Option<HeaderMap>,
     },
     TooLarge {
+        prefix: Bytes,
+        rest: Pin<Box<B>>,
+    },
+    /// Not ended by the deadline.
+    Slow {
         prefix: Bytes,
         rest: Pin<Box<B>>,
     },
@@ -421,8 +426,13 @@ pub(crate) enum Collected<B: Body> {
 }
 
 /// Reads a response body up to `limit` bytes, keeping its trailers; stops at the first byte
-/// over the limit and hands back what it read and the rest.
-pub(crate) async fn collect_limited<B: Body<Data = Bytes>>(body: B, limit: usize) -> Collected<B> {
+/// over the limit, or at `deadline` when the body has not ended by then, and hands back what it
+/// read and the rest.
+pub(crate) async fn collect_limited<B: Body<Data = Bytes>>(
+    body: B,
+    limit: usize,
+    deadline: tokio::time::Instant,
+) -> Collected<B> {
     let mut body = Box::pin(body);
     let mut first: Option<Bytes> = None;
     let mut buf = BytesMut::new();
@@ -431,7 +441,22 @@ pub(crate) async fn collect_limited<B: Body<Data = Bytes>>(body: B, limit: usize
     let take = |first: &mut Option<Bytes>, buf: &mut BytesMut| {
         first.take().unwrap_or_else(|| std::mem::take(buf).freeze())
     };
-    while let Some(frame) = body.frame().await {
+    loop {
+        // Trailers are the last frame: once they came the end is due, the deadline is moot.
+        let next = if trailers.is_some() {
+            body.frame().await
+        } else {
+            match tokio::time::timeout_at(deadline, body.frame()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    return Collected::Slow {
+                        prefix: take(&mut first, &mut buf),
+                        rest: body,
+                    };
+                }
+            }
+        };
+        let Some(frame) = next else { break };
         let frame = match frame {
             Ok(f) => f,
             Err(error) => {

@@ -1,11 +1,12 @@
 //! Step 9: what becomes of the handler's response, HTTP and gRPC side by side. A response is
 //! recorded (then sent) or released (sent, the key freed for a retry).
 //!
-//! HTTP: 2xx and 4xx (but 408, 425, 429) are recorded; a body over the record limit is sent
-//! on as it comes and recorded as status and headers only once it has ended (released if it
-//! fails). gRPC (an HTTP 200 to a gRPC request): the outcome is
-//! the gRPC status, read from the headers of a Trailers-Only response or else from the
-//! trailers, so the body is read first (see [gRPC mode](super::grpc#classification)).
+//! HTTP: 2xx and 4xx (but 408, 425, 429) are recorded; a streaming response (a streaming
+//! media type, or a body not ended within the collection bound) and a body over the record
+//! limit are sent on as they come and recorded as status and headers only once they have
+//! ended (released if they fail). gRPC (an HTTP 200 to a gRPC request): the outcome is the
+//! gRPC status, read from the headers of a Trailers-Only response or else from the trailers,
+//! so the body is read first (see [gRPC mode](super::grpc#classification)).
 
 use super::body::{Collected, ResponseBody, collect_limited};
 use super::config::{Config, ResponseMode};
@@ -70,9 +71,10 @@ where
     }
 }
 
-/// HTTP mode: a recordable response's body is read up to the record limit. A body read whole
-/// is recorded (its bytes only in full mode), then sent; a longer one is sent on as it comes
-/// and recorded as status and headers once it has ended.
+/// HTTP mode: a recordable response's body is read up to the record limit and the collection
+/// bound. A body read whole is recorded (its bytes only in full mode), then sent; a streaming
+/// media type, a longer body or a slower one is sent on as it comes and recorded as status and
+/// headers once it has ended.
 async fn classify_http<B>(
     config: &Config,
     max: usize,
@@ -94,6 +96,16 @@ where
             tracing::warn!(key = ?key, "response body over the record limit; recording status and headers only");
         }
     };
+    // A body with nothing to send is read at once (a streamed empty body may not be polled).
+    let empty = body.is_end_stream() || body.size_hint().exact() == Some(0);
+    if !empty && config.is_streaming(&parts.headers) {
+        tracing::debug!(key = ?key, "streaming response; sent as it comes, recorded as status and headers once it has ended");
+        let record = StoredResponse::new(status, record_headers, None);
+        return Outcome::RecordAtEnd(
+            Response::from_parts(parts, ResponseBody::passthrough(body)),
+            record,
+        );
+    }
     if body.size_hint().lower() > max as u64 {
         over_limit();
         let record = StoredResponse::new(status, record_headers, None);
@@ -102,7 +114,7 @@ where
             record,
         );
     }
-    match collect_limited(body, max).await {
+    match collect_limited(body, max, config.collect_deadline()).await {
         Collected::Whole { data, trailers } => {
             let record = if full {
                 let record = StoredResponse::new(status, record_headers, Some(data.clone()));
@@ -120,6 +132,14 @@ where
         }
         Collected::TooLarge { prefix, rest } => {
             over_limit();
+            let record = StoredResponse::new(status, record_headers, None);
+            Outcome::RecordAtEnd(
+                Response::from_parts(parts, ResponseBody::prefixed(prefix, rest)),
+                record,
+            )
+        }
+        Collected::Slow { prefix, rest } => {
+            tracing::info!(key = ?key, timeout = ?config.collect_timeout, "response body not ended within the collection bound; sent as it comes, recorded as status and headers once it has ended");
             let record = StoredResponse::new(status, record_headers, None);
             Outcome::RecordAtEnd(
                 Response::from_parts(parts, ResponseBody::prefixed(prefix, rest)),
@@ -149,10 +169,18 @@ where
         tracing::warn!(key = ?key, "gRPC response over the record limit; released, not recorded");
         return Outcome::Release(Response::from_parts(parts, ResponseBody::passthrough(body)));
     }
-    let (data, trailers) = match collect_limited(body, max).await {
+    let (data, trailers) = match collect_limited(body, max, config.collect_deadline()).await {
         Collected::Whole { data, trailers } => (data, trailers),
         Collected::TooLarge { prefix, rest } => {
             tracing::warn!(key = ?key, "gRPC response over the record limit; released, not recorded");
+            return Outcome::Release(Response::from_parts(
+                parts,
+                ResponseBody::prefixed(prefix, rest),
+            ));
+        }
+        Collected::Slow { prefix, rest } => {
+            // As over the limit: the status comes at the end, and an empty stream is no answer.
+            tracing::info!(key = ?key, timeout = ?config.collect_timeout, "gRPC response not ended within the collection bound; sent as it comes, released, not recorded");
             return Outcome::Release(Response::from_parts(
                 parts,
                 ResponseBody::prefixed(prefix, rest),

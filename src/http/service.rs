@@ -320,20 +320,33 @@ where
     }
 }
 
-/// Holds the key of a response whose body streams on (its lease renewed), then settles it
-/// by how the body ended: ended → complete, failed → release. A body dropped before its end
-/// (the client went away) settles nothing: the work happened but its answer was not
-/// delivered, so the key stays pending until its lease lapses (409 until then, a re-run
-/// after), as when the client goes away before the handler finished.
+/// Holds the key of a response whose body streams on (its lease renewed for at most the
+/// stream lease limit), then settles it by how the body ended: ended → complete, failed →
+/// release. A body dropped before its end (the client went away) settles nothing: the work
+/// happened but its answer was not delivered, so the key stays pending until its lease lapses
+/// (409 until then, a re-run after), as when the client goes away before the handler finished.
 async fn settle_at_end<St: Store>(
     state: Arc<LayerState<St>>,
     ticket: Ticket,
     key: StoreKey,
     record: StoredResponse,
-    ended: oneshot::Receiver<BodyEnd>,
+    mut ended: oneshot::Receiver<BodyEnd>,
 ) {
     let engine = &state.engine;
-    match engine.run(&ticket, ended).await {
+    let limit = state.config.stream_lease_limit;
+    let end = match engine
+        .run(&ticket, tokio::time::timeout(limit, &mut ended))
+        .await
+    {
+        Ok(end) => end,
+        Err(_) => {
+            // A stream that never ends must not hold its key forever: the lease now lapses,
+            // and a retry after it runs again while this stream goes on.
+            tracing::warn!(outcome = "stream_lease_limit", key = ?key, limit = ?limit, "response body still streaming at the stream lease limit; its lease is no longer renewed");
+            (&mut ended).await
+        }
+    };
+    match end {
         Ok(BodyEnd::Ended) => complete(engine, ticket, key, &record).await,
         Ok(BodyEnd::Failed) => {
             tracing::debug!(key = ?key, "response body failed while streamed");
