@@ -15,7 +15,7 @@ use super::headers::{GRPC_STATUS, HeaderPolicy};
 use crate::record::StoredResponse;
 use crate::scope::StoreKey;
 use bytes::Bytes;
-use http::{Response, StatusCode};
+use http::{HeaderMap, Response, StatusCode};
 use http_body::Body;
 
 /// Whether a response with this status is recorded: 2xx, and 4xx except 408, 425 and 429.
@@ -49,6 +49,12 @@ pub(crate) enum Outcome<B: Body> {
     /// Sent on before its body has ended: recorded once the body has ended, released if it
     /// fails (DESIGN §3 step 9).
     RecordAtEnd(Response<ResponseBody<B>>, StoredResponse),
+}
+
+/// A record of status and headers only: the headers that describe a body are dropped, since
+/// its replay has none.
+fn status_only(config: &Config, status: u16, headers: &HeaderMap) -> StoredResponse {
+    StoredResponse::new(status, config.headers.record_without_body(headers), None)
 }
 
 /// Classifies the handler's response (reading its body up to `max` bytes when it is to be
@@ -89,7 +95,6 @@ where
         return Outcome::Release(res.map(ResponseBody::passthrough));
     }
     let (parts, body) = res.into_parts();
-    let record_headers = config.headers.record(&parts.headers);
     let full = config.response_mode == ResponseMode::Full;
     let over_limit = || {
         if full {
@@ -100,7 +105,7 @@ where
     let empty = body.is_end_stream() || body.size_hint().exact() == Some(0);
     if !empty && config.is_streaming(&parts.headers) {
         tracing::debug!(key = ?key, "streaming response; sent as it comes, recorded as status and headers once it has ended");
-        let record = StoredResponse::new(status, record_headers, None);
+        let record = status_only(config, status, &parts.headers);
         return Outcome::RecordAtEnd(
             Response::from_parts(parts, ResponseBody::passthrough(body)),
             record,
@@ -108,7 +113,7 @@ where
     }
     if body.size_hint().lower() > max as u64 {
         over_limit();
-        let record = StoredResponse::new(status, record_headers, None);
+        let record = status_only(config, status, &parts.headers);
         return Outcome::RecordAtEnd(
             Response::from_parts(parts, ResponseBody::passthrough(body)),
             record,
@@ -117,13 +122,14 @@ where
     match collect_limited(body, max, config.collect_deadline()).await {
         Collected::Whole { data, trailers } => {
             let record = if full {
-                let record = StoredResponse::new(status, record_headers, Some(data.clone()));
+                let headers = config.headers.record(&parts.headers);
+                let record = StoredResponse::new(status, headers, Some(data.clone()));
                 match &trailers {
                     Some(t) => record.with_trailers(HeaderPolicy::record_trailers(t)),
                     None => record,
                 }
             } else {
-                StoredResponse::new(status, record_headers, None)
+                status_only(config, status, &parts.headers)
             };
             Outcome::Record(
                 Response::from_parts(parts, ResponseBody::buffered(data, trailers)),
@@ -132,7 +138,7 @@ where
         }
         Collected::TooLarge { prefix, rest } => {
             over_limit();
-            let record = StoredResponse::new(status, record_headers, None);
+            let record = status_only(config, status, &parts.headers);
             Outcome::RecordAtEnd(
                 Response::from_parts(parts, ResponseBody::prefixed(prefix, rest)),
                 record,
@@ -140,7 +146,7 @@ where
         }
         Collected::Slow { prefix, rest } => {
             tracing::info!(key = ?key, timeout = ?config.collect_timeout, "response body not ended within the collection bound; sent as it comes, recorded as status and headers once it has ended");
-            let record = StoredResponse::new(status, record_headers, None);
+            let record = status_only(config, status, &parts.headers);
             Outcome::RecordAtEnd(
                 Response::from_parts(parts, ResponseBody::prefixed(prefix, rest)),
                 record,
@@ -216,9 +222,16 @@ where
     if let Some(t) = &trailers {
         trailer_fields.extend(HeaderPolicy::record_trailers(t));
     }
-    let body = (config.response_mode == ResponseMode::Full).then(|| data.clone());
-    let record = StoredResponse::new(StatusCode::OK.as_u16(), policy.record(&parts.headers), body)
-        .with_trailers(trailer_fields);
+    let record = if config.response_mode == ResponseMode::Full {
+        StoredResponse::new(
+            StatusCode::OK.as_u16(),
+            policy.record(&parts.headers),
+            Some(data.clone()),
+        )
+    } else {
+        status_only(config, StatusCode::OK.as_u16(), &parts.headers)
+    }
+    .with_trailers(trailer_fields);
     Outcome::Record(
         Response::from_parts(parts, ResponseBody::buffered(data, trailers)),
         record,

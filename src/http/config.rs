@@ -88,8 +88,9 @@ pub enum ResponseMode {
     #[default]
     Full,
     /// Status and allowed headers only, for bodies that must not rest in the store; a replay
-    /// has an empty body. The record is written once the body has ended (released if the
-    /// body fails).
+    /// has an empty body, so the headers that describe a body are not kept
+    /// ([`REPRESENTATION_HEADERS`](super::REPRESENTATION_HEADERS)). The record is written
+    /// once the body has ended (released if the body fails).
     Status,
 }
 

@@ -42,7 +42,8 @@
 //! | a body that has not ended within the collection bound (a long download, a chat completion streamed as another type) | what was read, then the rest as it comes |
 //!
 //! Nothing is lost and the order is kept. Such a response is recorded as status and headers
-//! only (a replay has an empty body), and only once its body has ended:
+//! only (a replay has an empty body, so the headers that describe a body are dropped:
+//! [`REPRESENTATION_HEADERS`]), and only once its body has ended:
 //!
 //! | the body that goes out as it comes | the key |
 //! | --- | --- |
@@ -107,7 +108,9 @@ pub use config::{
 pub use extensions::ClaimedKey;
 pub(crate) use extensions::KeyAbsent;
 pub use future::ResponseFuture;
-pub use headers::{DEFAULT_ALLOWED_HEADERS, DENIED_HEADERS, REPLAYED_HEADER};
+pub use headers::{
+    DEFAULT_ALLOWED_HEADERS, DENIED_HEADERS, REPLAYED_HEADER, REPRESENTATION_HEADERS,
+};
 pub use layer::IdempotencyLayer;
 pub use rejection::{Rejection, RejectionKind};
 pub use service::Idempotency;
