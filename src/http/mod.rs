@@ -21,7 +21,9 @@
 //!    ended (see [response bodies](#response-bodies)).
 //!
 //! The caller always gets the response its handler produced, also when recording it failed (the
-//! key then stays pending until its lease lapses: 409 until then, a re-run after).
+//! key then stays pending until its lease lapses: 409 until then, a re-run after). A response
+//! with a recorded header or trailer too long for a record (a value over 64 KiB) is recorded
+//! without that field, and a warning names it.
 //!
 //! If the response future is dropped before the handler finishes (the client went away), lease
 //! renewal stops and the key stays pending until its lease lapses: the work may have happened,

@@ -625,6 +625,78 @@ async fn record_without_a_body_stored_with_body_headers_replays_without_them() {
     assert_eq!(work.executions(), 0);
 }
 
+/// Issue 11 item 7: an allowed header value over 64 KiB cannot be encoded into a record. The
+/// key was released (an immediate retry re-ran the work) while the log said it stays pending.
+#[tokio::test]
+async fn response_with_a_header_too_long_to_record_is_recorded_without_it() {
+    use http_body_util::BodyExt;
+    let store = SpyStore::new();
+    let layer = IdempotencyLayer::with_store(store.clone());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let long_link = format!("<{}>; rel=\"next\"", "x".repeat(70 * 1024));
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let c = Arc::clone(&calls);
+        let link = long_link.clone();
+        let svc = layer.clone().layer(service_fn(
+            move |_req: http::Request<RequestBody<Full<Bytes>>>| {
+                let n = c.fetch_add(1, Ordering::SeqCst) + 1;
+                let link = link.clone();
+                async move {
+                    Ok::<_, Boom>(
+                        http::Response::builder()
+                            .status(201)
+                            .header("content-type", "application/json")
+                            .header("location", format!("/things/{n}"))
+                            .header("link", "<short>; rel=\"self\"")
+                            .header("link", link)
+                            .body(Full::new(Bytes::from(format!("{{\"execution\":{n}}}"))))
+                            .expect("response"),
+                    )
+                }
+            },
+        ));
+        let mut req = keyed_request();
+        req.headers_mut()
+            .insert("idempotency-key", http::HeaderValue::from_static("k-long"));
+        let (parts, body) = svc.oneshot(req).await.expect("an answer").into_parts();
+        let body = body.collect().await.expect("the body").to_bytes();
+        answers.push((parts, body));
+    }
+    let (first, first_body) = &answers[0];
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(&first_body[..], b"{\"execution\":1}");
+    assert_eq!(
+        first.headers.get_all("link").iter().count(),
+        2,
+        "the caller gets the handler's own headers"
+    );
+    let (replay, replay_body) = &answers[1];
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the work ran once; the retry was answered from a record"
+    );
+    assert_eq!(store.releases(), 0, "the key was not released");
+    assert_eq!(replay.headers["idempotent-replayed"], "true");
+    assert_eq!(replay.status, StatusCode::CREATED);
+    assert_eq!(
+        &replay_body[..],
+        b"{\"execution\":1}",
+        "the body is recorded"
+    );
+    assert_eq!(
+        replay.headers["location"], "/things/1",
+        "the rest is recorded"
+    );
+    let links: Vec<_> = replay.headers.get_all("link").iter().collect();
+    assert_eq!(
+        links,
+        ["<short>; rel=\"self\""],
+        "only the value too long is left out"
+    );
+}
+
 // ---------------------------------------------------------------------------------------------
 // §4: re-validation at replay
 // ---------------------------------------------------------------------------------------------
