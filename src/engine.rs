@@ -284,42 +284,55 @@ impl<S: Store> Engine<S> {
 
     /// Records the result under the ticket for the retention period.
     ///
+    /// A response the record layout cannot hold whole (a header or trailer value over 64 KiB,
+    /// more than 65 535 fields, a body over 4 GiB) is recorded without the parts that do not
+    /// fit, and a warning names them: the work is done, and a retry must be answered from the
+    /// record rather than run it again.
+    ///
     /// Returns `Ok(false)` when the ticket's lease had lapsed and another claimant holds the key
     /// (the new holder is left alone).
     ///
     /// # Errors
-    /// The store's error, or a `Protocol` error when the response cannot be encoded (the key is
-    /// then released so a retry can run).
+    /// The store's error, or a `Protocol` error when the response cannot be encoded even
+    /// without those parts (a status outside 100–999). Either way the key stays pending until
+    /// its lease lapses: nothing is released, since the work may have happened.
     pub async fn complete(
         &self,
         ticket: Ticket,
         response: &RecordedResponse,
     ) -> Result<bool, StoreError> {
-        match response.encode() {
-            Ok(record) => {
-                let record = match &self.secret {
-                    Some(s) => record.seal(s, ticket.key.id(), &ticket.fingerprint),
-                    None => record,
-                };
-                self.store
-                    .complete(
-                        &ticket.key,
-                        &ticket.token,
-                        &ticket.fingerprint,
-                        record,
-                        self.ttl,
-                    )
-                    .await
-            }
+        let record = match response.encode() {
+            Ok(record) => record,
             Err(e) => {
-                let _ = self.release(ticket).await;
-                Err(StoreError::with_source(
-                    StoreErrorKind::Protocol,
-                    "response cannot be recorded",
-                    e,
-                ))
+                let (fitted, dropped) = response.fitted();
+                match fitted.encode() {
+                    Ok(record) => {
+                        tracing::warn!(key = ?ticket.key, reason = e.reason(), left_out = ?dropped, "idempotency record could not be encoded whole; recorded without the parts that do not fit");
+                        record
+                    }
+                    Err(e) => {
+                        return Err(StoreError::with_source(
+                            StoreErrorKind::Protocol,
+                            "response cannot be recorded",
+                            e,
+                        ));
+                    }
+                }
             }
-        }
+        };
+        let record = match &self.secret {
+            Some(s) => record.seal(s, ticket.key.id(), &ticket.fingerprint),
+            None => record,
+        };
+        self.store
+            .complete(
+                &ticket.key,
+                &ticket.token,
+                &ticket.fingerprint,
+                record,
+                self.ttl,
+            )
+            .await
     }
 
     /// Frees the key so a retry runs the work again. Returns `Ok(false)` when the ticket no

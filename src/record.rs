@@ -241,6 +241,49 @@ impl RecordedResponse {
     }
 }
 
+impl RecordedResponse {
+    /// The same response without the parts the layout cannot hold: a header or trailer field
+    /// whose name or value is over 64 KiB or holds bytes a field may not, fields past the
+    /// 65 535th, and a body over 4 GiB. Also returns what was left out (`header <name>`,
+    /// `trailer <name>`, `body`), for the log; values are never named.
+    #[must_use]
+    pub(crate) fn fitted(&self) -> (RecordedResponse, Vec<String>) {
+        let mut dropped = Vec::new();
+        let mut fit = |fields: &[Field], kind: &str| -> Vec<Field> {
+            let mut kept = Vec::with_capacity(fields.len().min(usize::from(u16::MAX)));
+            for (n, v) in fields {
+                let fits = n.len() <= usize::from(u16::MAX)
+                    && v.len() <= usize::from(u16::MAX)
+                    && valid_name(n)
+                    && valid_value(v)
+                    && kept.len() < usize::from(u16::MAX);
+                if fits {
+                    kept.push((n.clone(), v.clone()));
+                } else {
+                    dropped.push(format!("{kind} {}", String::from_utf8_lossy(n)));
+                }
+            }
+            kept
+        };
+        let headers = fit(&self.headers, "header");
+        let trailers = self.trailers.as_deref().map(|t| fit(t, "trailer"));
+        let body = match &self.body {
+            Some(b) if u32::try_from(b.len()).is_err() => {
+                dropped.push("body".to_owned());
+                None
+            }
+            b => b.clone(),
+        };
+        let fitted = RecordedResponse {
+            status: self.status,
+            headers,
+            body,
+            trailers,
+        };
+        (fitted, dropped)
+    }
+}
+
 fn put_fields(out: &mut BytesMut, fields: &[Field]) -> Result<(), RecordError> {
     out.put_u16(u16::try_from(fields.len()).map_err(|_| RecordError::new("too many fields"))?);
     for (n, v) in fields {
@@ -405,6 +448,47 @@ mod tests {
         v[4..6].copy_from_slice(&5000u16.to_be_bytes());
         assert!(Record::from_bytes(v.into()).decode(1024).is_err());
         assert!(Record::from_bytes(bytes.into()).decode(3).is_err());
+    }
+
+    #[test]
+    fn fitted_leaves_out_only_what_the_layout_cannot_hold() {
+        let long = Bytes::from(vec![b'x'; 70 * 1024]);
+        let r = RecordedResponse::new(
+            201,
+            vec![
+                (Bytes::from_static(b"link"), Bytes::from_static(b"<a>")),
+                (Bytes::from_static(b"link"), long.clone()),
+                (Bytes::from_static(b"x-bad"), Bytes::from_static(b"a\r\nb")),
+            ],
+            Some(Bytes::from_static(b"{}")),
+        )
+        .with_trailers(vec![
+            (Bytes::from_static(b"grpc-status"), Bytes::from_static(b"0")),
+            (Bytes::from_static(b"grpc-message"), long),
+        ]);
+        assert!(r.encode().is_err());
+        let (fitted, dropped) = r.fitted();
+        assert_eq!(
+            dropped,
+            ["header link", "header x-bad", "trailer grpc-message"]
+        );
+        assert_eq!(
+            fitted.headers,
+            [(Bytes::from_static(b"link"), Bytes::from_static(b"<a>"))]
+        );
+        assert_eq!(fitted.body, r.body);
+        assert_eq!(
+            fitted.trailers.as_deref(),
+            Some(&[(Bytes::from_static(b"grpc-status"), Bytes::from_static(b"0"))][..])
+        );
+        let decoded = fitted
+            .encode()
+            .expect("fits")
+            .decode(1024)
+            .expect("decodes");
+        assert_eq!(decoded, fitted);
+        // A response that fits is left as it is.
+        assert_eq!(sample().fitted(), (sample(), Vec::<String>::new()));
     }
 
     #[test]

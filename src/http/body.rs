@@ -1,13 +1,20 @@
 //! The request and response bodies the layer hands on, and the reading of a body up to a
 //! limit (a request body to fingerprint it, a response body to record it).
+//!
+//! A response whose body streams on to the client before it has ended carries an [`EndHook`]:
+//! its key is completed or released only once the body has ended or failed, and the client sees
+//! that end only once the key is settled.
 
 use bytes::{Buf, Bytes, BytesMut};
 use http::HeaderMap;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use pin_project_lite::pin_project;
+use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
 
 pin_project! {
     /// The request body the inner service sees: the caller's body untouched, or the bytes the
@@ -86,6 +93,8 @@ pin_project! {
     pub struct ResponseBody<B> where B: Body {
         #[pin]
         inner: ResponseInner<B>,
+        // Set when the key is settled by how this body ends.
+        end: Option<EndState<B::Error>>,
     }
 }
 
@@ -101,29 +110,83 @@ pin_project! {
     }
 }
 
-impl<B: Body> ResponseBody<B> {
-    pub(crate) fn passthrough(body: B) -> Self {
+/// How a body whose key waits for its end ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum BodyEnd {
+    /// Every frame was produced.
+    Ended,
+    /// The body failed.
+    Failed,
+}
+
+/// Ties a response body to the task that settles its key (completes or releases it): the body
+/// reports how it ended, then waits for the task, so the client sees the end of the body (or
+/// its failure) only once the key is settled. Dropped before the body ended (the client went
+/// away), it reports nothing and the task sees the report channel closed.
+#[derive(Debug)]
+pub(crate) struct EndHook {
+    report: Option<oneshot::Sender<BodyEnd>>,
+    settled: JoinHandle<()>,
+}
+
+impl EndHook {
+    /// A hook over the report channel of a settling task and the task itself.
+    pub(crate) fn new(report: oneshot::Sender<BodyEnd>, settled: JoinHandle<()>) -> Self {
         Self {
-            inner: ResponseInner::Passthrough { body },
+            report: Some(report),
+            settled,
         }
+    }
+
+    /// Reports `end` (once), then waits until the key is settled.
+    fn poll_settle(&mut self, end: BodyEnd, cx: &mut Context<'_>) -> Poll<()> {
+        if let Some(report) = self.report.take() {
+            let _ = report.send(end);
+        }
+        // A task that panicked or was cancelled settles nothing more: the body ends anyway.
+        Pin::new(&mut self.settled).poll(cx).map(|_| ())
+    }
+}
+
+enum EndState<E> {
+    /// Frames pass on; the end has not been seen. `remaining`: the bytes still due of a body
+    /// of exact length (hyper stops polling a body once its declared length is written).
+    Streaming {
+        hook: EndHook,
+        remaining: Option<u64>,
+    },
+    /// The body ended or failed: the frame that ended it (its last data or its trailers, or
+    /// its error) waits here until the key is settled.
+    Settling {
+        hook: EndHook,
+        end: BodyEnd,
+        last: Option<Result<Frame<Bytes>, E>>,
+    },
+    /// The end was passed on.
+    Done,
+}
+
+impl<B: Body> ResponseBody<B> {
+    fn new(inner: ResponseInner<B>) -> Self {
+        Self { inner, end: None }
+    }
+
+    pub(crate) fn passthrough(body: B) -> Self {
+        Self::new(ResponseInner::Passthrough { body })
     }
 
     pub(crate) fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
-        Self {
-            inner: ResponseInner::Buffered {
-                data: (!data.is_empty()).then_some(data),
-                trailers,
-            },
-        }
+        Self::new(ResponseInner::Buffered {
+            data: (!data.is_empty()).then_some(data),
+            trailers,
+        })
     }
 
     pub(crate) fn prefixed(prefix: Bytes, rest: Pin<Box<B>>) -> Self {
-        Self {
-            inner: ResponseInner::Prefixed {
-                prefix: (!prefix.is_empty()).then_some(prefix),
-                rest,
-            },
-        }
+        Self::new(ResponseInner::Prefixed {
+            prefix: (!prefix.is_empty()).then_some(prefix),
+            rest,
+        })
     }
 
     /// Takes the trailers out of a buffered body (a gRPC replay without messages sends them
@@ -136,12 +199,19 @@ impl<B: Body> ResponseBody<B> {
     }
 
     pub(crate) fn failed(prefix: Bytes, error: B::Error) -> Self {
-        Self {
-            inner: ResponseInner::Failed {
-                prefix: (!prefix.is_empty()).then_some(prefix),
-                error: Some(error),
-            },
-        }
+        Self::new(ResponseInner::Failed {
+            prefix: (!prefix.is_empty()).then_some(prefix),
+            error: Some(error),
+        })
+    }
+}
+
+impl<B: Body<Data = Bytes>> ResponseBody<B> {
+    /// The same body, its key settled by `hook` once it has ended or failed.
+    pub(crate) fn settled_by(mut self, hook: EndHook) -> Self {
+        let remaining = self.size_hint().exact();
+        self.end = Some(EndState::Streaming { hook, remaining });
+        self
     }
 }
 
@@ -156,33 +226,69 @@ where
         self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
-        match self.project().inner.project() {
-            ResponseInnerProj::Passthrough { body } => body.poll_frame(cx),
-            ResponseInnerProj::Buffered { data, trailers } => Poll::Ready(match data.take() {
-                Some(d) => Some(Ok(Frame::data(d))),
-                None => trailers.take().map(|t| Ok(Frame::trailers(t))),
-            }),
-            ResponseInnerProj::Prefixed { prefix, rest } => match prefix.take() {
-                Some(p) => Poll::Ready(Some(Ok(Frame::data(p)))),
-                None => rest.as_mut().poll_frame(cx),
-            },
-            ResponseInnerProj::Failed { prefix, error } => Poll::Ready(match prefix.take() {
-                Some(p) => Some(Ok(Frame::data(p))),
-                None => error.take().map(Err),
-            }),
+        let mut this = self.project();
+        loop {
+            match this.end {
+                None => return poll_inner(this.inner, cx),
+                Some(EndState::Streaming { remaining, .. }) => {
+                    // The end is the frame after which the body has nothing more. hyper may
+                    // not poll again after the last byte of a declared length or after
+                    // trailers, so that frame is held back until the key is settled.
+                    let (end, last) = match ready!(poll_inner(this.inner.as_mut(), cx)) {
+                        Some(Ok(frame)) => {
+                            let at_end = match frame.data_ref() {
+                                Some(data) => {
+                                    if let Some(r) = remaining {
+                                        *r = r.saturating_sub(data.len() as u64);
+                                    }
+                                    *remaining == Some(0) || inner_is_end(&this.inner)
+                                }
+                                None => frame.is_trailers(),
+                            };
+                            if !at_end {
+                                return Poll::Ready(Some(Ok(frame)));
+                            }
+                            (BodyEnd::Ended, Some(Ok(frame)))
+                        }
+                        Some(Err(e)) => (BodyEnd::Failed, Some(Err(e))),
+                        None => (BodyEnd::Ended, None),
+                    };
+                    if let Some(EndState::Streaming { hook, .. }) = this.end.take() {
+                        *this.end = Some(EndState::Settling { hook, end, last });
+                    }
+                }
+                Some(EndState::Settling { hook, end, last }) => {
+                    ready!(hook.poll_settle(*end, cx));
+                    let last = last.take();
+                    *this.end = Some(EndState::Done);
+                    return Poll::Ready(last);
+                }
+                Some(EndState::Done) => return Poll::Ready(None),
+            }
         }
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.inner {
-            ResponseInner::Passthrough { body } => body.is_end_stream(),
-            ResponseInner::Buffered { data, trailers } => data.is_none() && trailers.is_none(),
-            ResponseInner::Prefixed { prefix, rest } => prefix.is_none() && rest.is_end_stream(),
-            ResponseInner::Failed { prefix, error } => prefix.is_none() && error.is_none(),
+        match &self.end {
+            None => inner_is_end(&self.inner),
+            Some(EndState::Done) => true,
+            // The end is passed on only once the key is settled.
+            Some(EndState::Streaming { .. } | EndState::Settling { .. }) => false,
         }
     }
 
     fn size_hint(&self) -> SizeHint {
+        match &self.end {
+            None | Some(EndState::Streaming { .. }) => {}
+            Some(EndState::Settling { last, .. }) => {
+                let held = match last {
+                    Some(Ok(frame)) => frame.data_ref().map_or(0, |d| d.len() as u64),
+                    _ => 0,
+                };
+                return SizeHint::with_exact(held);
+            }
+            Some(EndState::Done) => return SizeHint::with_exact(0),
+        }
         match &self.inner {
             ResponseInner::Passthrough { body } => body.size_hint(),
             ResponseInner::Buffered { data, .. } => {
@@ -203,6 +309,38 @@ where
     }
 }
 
+/// Whether a response body has nothing more, before any end hook.
+fn inner_is_end<B: Body>(inner: &ResponseInner<B>) -> bool {
+    match inner {
+        ResponseInner::Passthrough { body } => body.is_end_stream(),
+        ResponseInner::Buffered { data, trailers } => data.is_none() && trailers.is_none(),
+        ResponseInner::Prefixed { prefix, rest } => prefix.is_none() && rest.is_end_stream(),
+        ResponseInner::Failed { prefix, error } => prefix.is_none() && error.is_none(),
+    }
+}
+
+/// The frames of a response body, before any end hook.
+fn poll_inner<B: Body<Data = Bytes>>(
+    inner: Pin<&mut ResponseInner<B>>,
+    cx: &mut Context<'_>,
+) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+    match inner.project() {
+        ResponseInnerProj::Passthrough { body } => body.poll_frame(cx),
+        ResponseInnerProj::Buffered { data, trailers } => Poll::Ready(match data.take() {
+            Some(d) => Some(Ok(Frame::data(d))),
+            None => trailers.take().map(|t| Ok(Frame::trailers(t))),
+        }),
+        ResponseInnerProj::Prefixed { prefix, rest } => match prefix.take() {
+            Some(p) => Poll::Ready(Some(Ok(Frame::data(p)))),
+            None => rest.as_mut().poll_frame(cx),
+        },
+        ResponseInnerProj::Failed { prefix, error } => Poll::Ready(match prefix.take() {
+            Some(p) => Some(Ok(Frame::data(p))),
+            None => error.take().map(Err),
+        }),
+    }
+}
+
 impl<B: Body> std::fmt::Debug for ResponseBody<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let state = match &self.inner {
@@ -211,8 +349,15 @@ impl<B: Body> std::fmt::Debug for ResponseBody<B> {
             ResponseInner::Prefixed { .. } => "prefixed",
             ResponseInner::Failed { .. } => "failed",
         };
+        let end = match &self.end {
+            None => "none",
+            Some(EndState::Streaming { .. }) => "streaming",
+            Some(EndState::Settling { .. }) => "settling",
+            Some(EndState::Done) => "done",
+        };
         f.debug_struct("ResponseBody")
             .field("state", &state)
+            .field("end", &end)
             .finish_non_exhaustive()
     }
 }
@@ -259,13 +404,18 @@ pub(crate) async fn read_limited<B: Body<Data = Bytes>>(
 }
 
 /// A response body read up to a limit: whole (with its trailers), or what was read before it
-/// grew over the limit or failed.
+/// grew over the limit, was still going at the deadline, or failed.
 pub(crate) enum Collected<B: Body> {
     Whole {
         data: Bytes,
         trailers: Option<HeaderMap>,
     },
     TooLarge {
+        prefix: Bytes,
+        rest: Pin<Box<B>>,
+    },
+    /// Not ended by the deadline.
+    Slow {
         prefix: Bytes,
         rest: Pin<Box<B>>,
     },
@@ -276,8 +426,13 @@ pub(crate) enum Collected<B: Body> {
 }
 
 /// Reads a response body up to `limit` bytes, keeping its trailers; stops at the first byte
-/// over the limit and hands back what it read and the rest.
-pub(crate) async fn collect_limited<B: Body<Data = Bytes>>(body: B, limit: usize) -> Collected<B> {
+/// over the limit, or at `deadline` when the body has not ended by then, and hands back what it
+/// read and the rest.
+pub(crate) async fn collect_limited<B: Body<Data = Bytes>>(
+    body: B,
+    limit: usize,
+    deadline: tokio::time::Instant,
+) -> Collected<B> {
     let mut body = Box::pin(body);
     let mut first: Option<Bytes> = None;
     let mut buf = BytesMut::new();
@@ -286,7 +441,22 @@ pub(crate) async fn collect_limited<B: Body<Data = Bytes>>(body: B, limit: usize
     let take = |first: &mut Option<Bytes>, buf: &mut BytesMut| {
         first.take().unwrap_or_else(|| std::mem::take(buf).freeze())
     };
-    while let Some(frame) = body.frame().await {
+    loop {
+        // Trailers are the last frame: once they came the end is due, the deadline is moot.
+        let next = if trailers.is_some() {
+            body.frame().await
+        } else {
+            match tokio::time::timeout_at(deadline, body.frame()).await {
+                Ok(next) => next,
+                Err(_) => {
+                    return Collected::Slow {
+                        prefix: take(&mut first, &mut buf),
+                        rest: body,
+                    };
+                }
+            }
+        };
+        let Some(frame) = next else { break };
         let frame = match frame {
             Ok(f) => f,
             Err(error) => {

@@ -1,10 +1,12 @@
 //! Step 9: what becomes of the handler's response, HTTP and gRPC side by side. A response is
 //! recorded (then sent) or released (sent, the key freed for a retry).
 //!
-//! HTTP: 2xx and 4xx (but 408, 425, 429) are recorded; a body over the record limit is
-//! recorded as status and headers only. gRPC (an HTTP 200 to a gRPC request): the outcome is
-//! the gRPC status, read from the headers of a Trailers-Only response or else from the
-//! trailers, so the body is read first (see [gRPC mode](super::grpc#classification)).
+//! HTTP: 2xx and 4xx (but 408, 425, 429) are recorded; a streaming response (a streaming
+//! media type, or a body not ended within the collection bound) and a body over the record
+//! limit are sent on as they come and recorded as status and headers only once they have
+//! ended (released if they fail). gRPC (an HTTP 200 to a gRPC request): the outcome is the
+//! gRPC status, read from the headers of a Trailers-Only response or else from the trailers,
+//! so the body is read first (see [gRPC mode](super::grpc#classification)).
 
 use super::body::{Collected, ResponseBody, collect_limited};
 use super::config::{Config, ResponseMode};
@@ -13,7 +15,7 @@ use super::headers::{GRPC_STATUS, HeaderPolicy};
 use crate::record::RecordedResponse;
 use crate::scope::StoreKey;
 use bytes::Bytes;
-use http::{Response, StatusCode};
+use http::{HeaderMap, Response, StatusCode};
 use http_body::Body;
 
 /// Whether a response with this status is recorded: 2xx, and 4xx except 408, 425 and 429.
@@ -42,7 +44,17 @@ pub(crate) fn is_recorded_status(status: i32) -> bool {
 /// What to do with the key, and the response that goes out either way.
 pub(crate) enum Outcome<B: Body> {
     Release(Response<ResponseBody<B>>),
+    /// Recorded now, then sent (the body was read whole).
     Record(Response<ResponseBody<B>>, RecordedResponse),
+    /// Sent on before its body has ended: recorded once the body has ended, released if it
+    /// fails (DESIGN §3 step 9).
+    RecordAtEnd(Response<ResponseBody<B>>, RecordedResponse),
+}
+
+/// A record of status and headers only: the headers that describe a body are dropped, since
+/// its replay has none.
+fn status_only(config: &Config, status: u16, headers: &HeaderMap) -> RecordedResponse {
+    RecordedResponse::new(status, config.headers.record_without_body(headers), None)
 }
 
 /// Classifies the handler's response (reading its body up to `max` bytes when it is to be
@@ -65,6 +77,10 @@ where
     }
 }
 
+/// HTTP mode: a recordable response's body is read up to the record limit and the collection
+/// bound. A body read whole is recorded (its bytes only in full mode), then sent; a streaming
+/// media type, a longer body or a slower one is sent on as it comes and recorded as status and
+/// headers once it has ended.
 async fn classify_http<B>(
     config: &Config,
     max: usize,
@@ -79,33 +95,59 @@ where
         return Outcome::Release(res.map(ResponseBody::passthrough));
     }
     let (parts, body) = res.into_parts();
-    let record_headers = config.headers.record(&parts.headers);
-    let exact_too_big = body.size_hint().lower() > max as u64;
-    if config.response_mode == ResponseMode::StatusAndHeaders || exact_too_big {
-        if exact_too_big {
+    let full = config.response_mode == ResponseMode::Full;
+    let over_limit = || {
+        if full {
             tracing::warn!(key = ?key, "response body over the record limit; recording status and headers only");
         }
-        let record = RecordedResponse::new(status, record_headers, None);
-        return Outcome::Record(
+    };
+    // A body with nothing to send is read at once (a streamed empty body may not be polled).
+    let empty = body.is_end_stream() || body.size_hint().exact() == Some(0);
+    if !empty && config.is_streaming(&parts.headers) {
+        tracing::debug!(key = ?key, "streaming response; sent as it comes, recorded as status and headers once it has ended");
+        let record = status_only(config, status, &parts.headers);
+        return Outcome::RecordAtEnd(
             Response::from_parts(parts, ResponseBody::passthrough(body)),
             record,
         );
     }
-    match collect_limited(body, max).await {
+    if body.size_hint().lower() > max as u64 {
+        over_limit();
+        let record = status_only(config, status, &parts.headers);
+        return Outcome::RecordAtEnd(
+            Response::from_parts(parts, ResponseBody::passthrough(body)),
+            record,
+        );
+    }
+    match collect_limited(body, max, config.collect_deadline()).await {
         Collected::Whole { data, trailers } => {
-            let mut record = RecordedResponse::new(status, record_headers, Some(data.clone()));
-            if let Some(t) = &trailers {
-                record = record.with_trailers(HeaderPolicy::record_trailers(t));
-            }
+            let record = if full {
+                let headers = config.headers.record(&parts.headers);
+                let record = RecordedResponse::new(status, headers, Some(data.clone()));
+                match &trailers {
+                    Some(t) => record.with_trailers(HeaderPolicy::record_trailers(t)),
+                    None => record,
+                }
+            } else {
+                status_only(config, status, &parts.headers)
+            };
             Outcome::Record(
                 Response::from_parts(parts, ResponseBody::buffered(data, trailers)),
                 record,
             )
         }
         Collected::TooLarge { prefix, rest } => {
-            tracing::warn!(key = ?key, "response body over the record limit; recording status and headers only");
-            let record = RecordedResponse::new(status, record_headers, None);
-            Outcome::Record(
+            over_limit();
+            let record = status_only(config, status, &parts.headers);
+            Outcome::RecordAtEnd(
+                Response::from_parts(parts, ResponseBody::prefixed(prefix, rest)),
+                record,
+            )
+        }
+        Collected::Slow { prefix, rest } => {
+            tracing::info!(key = ?key, timeout = ?config.collect_timeout, "response body not ended within the collection bound; sent as it comes, recorded as status and headers once it has ended");
+            let record = status_only(config, status, &parts.headers);
+            Outcome::RecordAtEnd(
                 Response::from_parts(parts, ResponseBody::prefixed(prefix, rest)),
                 record,
             )
@@ -133,10 +175,18 @@ where
         tracing::warn!(key = ?key, "gRPC response over the record limit; released, not recorded");
         return Outcome::Release(Response::from_parts(parts, ResponseBody::passthrough(body)));
     }
-    let (data, trailers) = match collect_limited(body, max).await {
+    let (data, trailers) = match collect_limited(body, max, config.collect_deadline()).await {
         Collected::Whole { data, trailers } => (data, trailers),
         Collected::TooLarge { prefix, rest } => {
             tracing::warn!(key = ?key, "gRPC response over the record limit; released, not recorded");
+            return Outcome::Release(Response::from_parts(
+                parts,
+                ResponseBody::prefixed(prefix, rest),
+            ));
+        }
+        Collected::Slow { prefix, rest } => {
+            // As over the limit: the status comes at the end, and an empty stream is no answer.
+            tracing::info!(key = ?key, timeout = ?config.collect_timeout, "gRPC response not ended within the collection bound; sent as it comes, released, not recorded");
             return Outcome::Release(Response::from_parts(
                 parts,
                 ResponseBody::prefixed(prefix, rest),
@@ -172,10 +222,16 @@ where
     if let Some(t) = &trailers {
         trailer_fields.extend(HeaderPolicy::record_trailers(t));
     }
-    let body = (config.response_mode == ResponseMode::Full).then(|| data.clone());
-    let record =
-        RecordedResponse::new(StatusCode::OK.as_u16(), policy.record(&parts.headers), body)
-            .with_trailers(trailer_fields);
+    let record = if config.response_mode == ResponseMode::Full {
+        RecordedResponse::new(
+            StatusCode::OK.as_u16(),
+            policy.record(&parts.headers),
+            Some(data.clone()),
+        )
+    } else {
+        status_only(config, StatusCode::OK.as_u16(), &parts.headers)
+    }
+    .with_trailers(trailer_fields);
     Outcome::Record(
         Response::from_parts(parts, ResponseBody::buffered(data, trailers)),
         record,

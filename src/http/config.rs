@@ -11,9 +11,23 @@ use http::request::Parts;
 use http::{HeaderName, Method};
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// The default request body limit (1 MiB).
 pub const DEFAULT_MAX_REQUEST_BODY: usize = 1024 * 1024;
+
+/// The default collection bound (5 s): how long the layer waits for a recordable response's
+/// body to end before it sends what it has read and lets the rest stream through (see
+/// [response bodies](super#response-bodies)).
+pub const DEFAULT_COLLECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The default stream lease limit (5 min): how long the lease of a response that streams
+/// through is renewed while its body has not ended (see
+/// [response bodies](super#response-bodies)).
+pub const DEFAULT_STREAM_LEASE_LIMIT: Duration = Duration::from_secs(5 * 60);
+
+/// The media types that stream through by default: `text/event-stream` (server-sent events).
+pub const DEFAULT_STREAMING_CONTENT_TYPES: &[&str] = &["text/event-stream"];
 
 /// The principal a request acts for, put into request extensions by the application's
 /// authentication layer (which must run before the idempotency layer).
@@ -74,7 +88,9 @@ pub enum ResponseMode {
     #[default]
     Full,
     /// Status and allowed headers only, for bodies that must not rest in the store; a replay
-    /// has an empty body.
+    /// has an empty body, so the headers that describe a body are not kept
+    /// ([`REPRESENTATION_HEADERS`](super::REPRESENTATION_HEADERS)). The record is written
+    /// once the body has ended (released if the body fails).
     StatusAndHeaders,
 }
 
@@ -115,6 +131,9 @@ pub(crate) struct Config {
     pub(crate) max_key_len: usize,
     pub(crate) max_request_body: usize,
     pub(crate) response_mode: ResponseMode,
+    pub(crate) collect_timeout: Duration,
+    pub(crate) stream_lease_limit: Duration,
+    pub(crate) streaming_content_types: Vec<Box<str>>,
     pub(crate) headers: HeaderPolicy,
     pub(crate) renderer: Option<Renderer>,
     pub(crate) fingerprint_fn: Option<FingerprintFn>,
@@ -132,6 +151,12 @@ impl Default for Config {
             max_key_len: DEFAULT_MAX_KEY_LEN,
             max_request_body: DEFAULT_MAX_REQUEST_BODY,
             response_mode: ResponseMode::Full,
+            collect_timeout: DEFAULT_COLLECT_TIMEOUT,
+            stream_lease_limit: DEFAULT_STREAM_LEASE_LIMIT,
+            streaming_content_types: DEFAULT_STREAMING_CONTENT_TYPES
+                .iter()
+                .map(|&t| Box::from(t))
+                .collect(),
             headers: HeaderPolicy::default(),
             renderer: None,
             fingerprint_fn: None,
@@ -149,6 +174,9 @@ impl fmt::Debug for Config {
             .field("max_key_len", &self.max_key_len)
             .field("max_request_body", &self.max_request_body)
             .field("response_mode", &self.response_mode)
+            .field("collect_timeout", &self.collect_timeout)
+            .field("stream_lease_limit", &self.stream_lease_limit)
+            .field("streaming_content_types", &self.streaming_content_types)
             .field("headers", &self.headers)
             .finish_non_exhaustive()
     }
@@ -223,6 +251,26 @@ impl Config {
             .field(content_type)
             .field(body)
             .finish()
+    }
+
+    /// Step 9: whether a response of these headers streams through (its media type, without
+    /// parameters, is one of the streaming content types).
+    pub(crate) fn is_streaming(&self, headers: &http::HeaderMap) -> bool {
+        let Some(value) = headers
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+        else {
+            return false;
+        };
+        let media_type = value.split(';').next().unwrap_or_default().trim();
+        self.streaming_content_types
+            .iter()
+            .any(|t| t.eq_ignore_ascii_case(media_type))
+    }
+
+    /// Step 9: when a response body still being read is sent on as it comes.
+    pub(crate) fn collect_deadline(&self) -> tokio::time::Instant {
+        tokio::time::Instant::now() + self.collect_timeout
     }
 
     pub(crate) fn render(&self, rejection: &Rejection) -> http::Response<Bytes> {

@@ -46,8 +46,9 @@
 //!
 //! In gRPC mode the response's HTTP status is 200 and the outcome is in the gRPC status: the
 //! `grpc-status` header of a Trailers-Only response, or else the `grpc-status` trailer. The layer
-//! reads the response body (up to the record limit, `max_record_body`, default 1 MiB) to see the
-//! trailers before it decides, and only then sends the response on.
+//! reads the response body (up to the record limit, `max_record_body`, default 1 MiB, and the
+//! collection bound, `collect_timeout`, default 5 s) to see the trailers before it decides, and
+//! only then sends the response on.
 //!
 //! | gRPC status | action |
 //! | --- | --- |
@@ -56,6 +57,7 @@
 //! | `CANCELLED` (1), `UNKNOWN` (2), `DEADLINE_EXCEEDED` (4), `RESOURCE_EXHAUSTED` (8), `ABORTED` (10), `INTERNAL` (13), `UNAVAILABLE` (14), `DATA_LOSS` (15) | released: transient, a retry runs the handler again |
 //! | no `grpc-status`, or one that is not a number from 0 to 16 | released |
 //! | the response (all messages) is over the record limit | released, not recorded (the status cannot be seen before the body is sent, and a status-only record would replay an empty stream); the client gets the whole response, a warning is logged |
+//! | the response has not ended within the collection bound (a long or endless server stream) | released, not recorded, for the same reason; what was read goes out, then the rest as it comes |
 //! | the response body fails while read | released; the client sees the same failure |
 //! | the inner service returns `Err` | released, the error is returned unchanged |
 //! | an HTTP status other than 200 | the HTTP table: 2xx and 4xx (but 408, 425, 429) recorded, the rest released |
@@ -114,11 +116,13 @@
 //!   (ping-pong) would wait until its deadline: do not send a key on such calls, or put the
 //!   layer only around the services that need it.
 //! - **Server streaming**: the response stream is held back until it ends, then recorded with
-//!   its status when it fits the record limit (a replay sends every message again, then the
-//!   status). When it grows over the limit, what was read is sent on followed by the rest of
-//!   the stream as it comes, and the key is released. Either way the client receives the whole
-//!   stream, in order, with its status; a stream is never cut. A long-lived stream (a
-//!   subscription) would be held back for its whole life: do not send a key on such calls.
+//!   its status when it fits the record limit and ends within the collection bound (a replay
+//!   sends every message again, then the status). When it grows over the limit or is still
+//!   going at the bound, what was read is sent on followed by the rest of the stream as it
+//!   comes, and the key is released at once (a retry runs again). Either way the client
+//!   receives the whole stream, in order, with its status; a stream is never cut. A long-lived
+//!   stream (a subscription) is held back for the collection bound only, then flows; raise
+//!   `collect_timeout` for finite streams slower than 5 s that should be recorded.
 //!
 //! # gRPC-Web
 //!

@@ -58,6 +58,28 @@ pub const DENIED_HEADERS: &[&str] = &[
     "idempotent-replayed",
 ];
 
+/// Headers that describe a response's body (its encoding, range, validators and digests).
+/// They are dropped from a record that keeps no body (status mode, a body over the record
+/// limit, a streaming response) and never replayed from one: its replay has an empty body,
+/// which they would misdescribe (a gzip client fails to decode it, a cache would key it by the
+/// `etag`, a digest check fails). `content-length` is on the deny list and never recorded;
+/// `content-type` is kept (it names the kind of answer a replay stands for).
+pub const REPRESENTATION_HEADERS: &[&str] = &[
+    "content-encoding",
+    "content-range",
+    "etag",
+    "last-modified",
+    "digest",
+    "content-digest",
+    "repr-digest",
+    "content-md5",
+];
+
+/// Whether a raw header name describes a body (see [`REPRESENTATION_HEADERS`]).
+pub(crate) fn describes_body(name: &[u8]) -> bool {
+    REPRESENTATION_HEADERS.iter().any(|h| h.as_bytes() == name)
+}
+
 /// Name prefixes that are never stored (rate-limit state belongs to the moment it was sent).
 const DENIED_PREFIXES: &[&str] = &["ratelimit", "x-ratelimit-"];
 
@@ -123,6 +145,18 @@ impl HeaderPolicy {
         headers
             .iter()
             .filter(|(name, _)| self.allowed.contains(name))
+            .map(|(n, v)| field(n, v))
+            .collect()
+    }
+
+    /// The allowed headers of a response recorded without its body: those that describe a
+    /// body dropped ([`REPRESENTATION_HEADERS`]).
+    pub(crate) fn record_without_body(&self, headers: &HeaderMap) -> Vec<Field> {
+        headers
+            .iter()
+            .filter(|(name, _)| {
+                self.allowed.contains(name) && !describes_body(name.as_str().as_bytes())
+            })
             .map(|(n, v)| field(n, v))
             .collect()
     }

@@ -157,9 +157,10 @@ impl<St: Store> IdempotencyLayer<St> {
         self.config(|c| c.max_request_body = bytes)
     }
 
-    /// The largest response body recorded (default 1 MiB); a larger response is recorded as
-    /// status and headers only, and a warning is logged. (A larger gRPC response is released
-    /// instead: see [gRPC mode](super::grpc).)
+    /// The largest response body recorded (default 1 MiB); a larger response goes out as it
+    /// comes and is recorded as status and headers only once its body has ended, and a
+    /// warning is logged. (A larger gRPC response is released instead: see
+    /// [gRPC mode](super::grpc).)
     #[must_use]
     pub fn max_record_body(self, bytes: usize) -> Self {
         self.map_engine(|e| e.set_max_record_body(bytes))
@@ -175,6 +176,50 @@ impl<St: Store> IdempotencyLayer<St> {
     #[must_use]
     pub fn response_mode(self, mode: ResponseMode) -> Self {
         self.config(|c| c.response_mode = mode)
+    }
+
+    /// How long the layer waits for a recordable response's body to end before it sends what
+    /// it has read and lets the rest stream through, recorded as status and headers once it
+    /// has ended (default 5 s, [`DEFAULT_COLLECT_TIMEOUT`](super::DEFAULT_COLLECT_TIMEOUT)).
+    /// The bound starts when the handler has answered; see
+    /// [response bodies](super#response-bodies).
+    #[must_use]
+    pub fn collect_timeout(self, timeout: Duration) -> Self {
+        self.config(|c| c.collect_timeout = timeout)
+    }
+
+    /// How long the key of a response that streams through stays held (its lease renewed)
+    /// while its body has not ended (default 5 min,
+    /// [`DEFAULT_STREAM_LEASE_LIMIT`](super::DEFAULT_STREAM_LEASE_LIMIT)). After it the lease
+    /// is no longer renewed and lapses: a retry runs again, while the first stream goes on.
+    /// See [response bodies](super#response-bodies).
+    #[must_use]
+    pub fn stream_lease_limit(self, limit: Duration) -> Self {
+        self.config(|c| c.stream_lease_limit = limit)
+    }
+
+    /// The media types whose responses stream through as they come, never held back, and are
+    /// recorded as status and headers once they have ended (default `text/event-stream`,
+    /// [`DEFAULT_STREAMING_CONTENT_TYPES`](super::DEFAULT_STREAMING_CONTENT_TYPES)). The list
+    /// replaces the default; a type is matched without its parameters, in any case.
+    ///
+    /// ```
+    /// use tower_idempotency::http::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::new()
+    ///     .streaming_content_types(["text/event-stream", "application/x-ndjson"]);
+    /// ```
+    #[must_use]
+    pub fn streaming_content_types<I>(self, types: I) -> Self
+    where
+        I: IntoIterator,
+        I::Item: AsRef<str>,
+    {
+        let types = types
+            .into_iter()
+            .map(|t| Box::from(t.as_ref().trim().to_ascii_lowercase()))
+            .collect();
+        self.config(|c| c.streaming_content_types = types)
     }
 
     /// Adds a header to the allow list of recorded and replayed headers.

@@ -1,11 +1,12 @@
 //! How a record becomes a response again. A record is re-validated at every replay, against
 //! the *current* header lists and the classification rules: one that fails is refused (503,
-//! or `UNAVAILABLE` in gRPC mode) instead of replayed.
+//! or `UNAVAILABLE` in gRPC mode) instead of replayed. A record without a body never replays
+//! the headers that describe a body ([`REPRESENTATION_HEADERS`](super::REPRESENTATION_HEADERS)).
 
 use super::body::ResponseBody;
 use super::classify::{is_recordable, is_recorded_status};
 use super::grpc::parse_status;
-use super::headers::{GRPC_STATUS, HeaderPolicy, REPLAYED_HEADER, is_denied_bytes};
+use super::headers::{GRPC_STATUS, HeaderPolicy, REPLAYED_HEADER, describes_body, is_denied_bytes};
 use crate::record::RecordedResponse;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
@@ -36,9 +37,15 @@ fn replay_http<B: Body>(
     }
     let status = StatusCode::from_u16(record.status).map_err(|_| "invalid status")?;
     let mut headers = HeaderMap::with_capacity(record.headers.len() + 1);
+    let bodiless = record.body.is_none();
     for (name, value) in record.headers {
         if is_denied_bytes(&name) || !policy.allows(&name) {
             return Err("header not on the allow list");
+        }
+        // A record without a body (one written before such headers were dropped) does not
+        // replay the headers that describe a body.
+        if bodiless && describes_body(&name) {
+            continue;
         }
         headers.append(to_name(&name)?, to_value(value)?);
     }

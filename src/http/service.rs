@@ -1,7 +1,7 @@
 //! The service: steps 1–5 of the check order at once, then the keyed sequence (buffer,
 //! fingerprint, claim, run, classify, record) in one future.
 
-use super::body::{ReadError, RequestBody, ResponseBody, read_limited};
+use super::body::{BodyEnd, EndHook, ReadError, RequestBody, ResponseBody, read_limited};
 use super::classify::{Outcome, classify};
 use super::config::LayerState;
 use super::extensions::{ClaimedKey, KeyMissing};
@@ -21,6 +21,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
+use tokio::sync::oneshot;
 use tower_service::Service;
 
 /// Retry-After for a retryable rejection (in flight, store failure, full store or scope).
@@ -303,6 +304,56 @@ where
         Ok(Outcome::Record(res, record)) => {
             complete(engine, ticket, store_key, &record).await;
             Ok(res)
+        }
+        Ok(Outcome::RecordAtEnd(res, record)) => {
+            // The body streams on; a task holds the key until it has ended.
+            let (report, ended) = oneshot::channel();
+            let settled = tokio::spawn(settle_at_end(
+                Arc::clone(&state),
+                ticket,
+                store_key,
+                record,
+                ended,
+            ));
+            Ok(res.map(|body| body.settled_by(EndHook::new(report, settled))))
+        }
+    }
+}
+
+/// Holds the key of a response whose body streams on (its lease renewed for at most the
+/// stream lease limit), then settles it by how the body ended: ended → complete, failed →
+/// release. A body dropped before its end (the client went away) settles nothing: the work
+/// happened but its answer was not delivered, so the key stays pending until its lease lapses
+/// (409 until then, a re-run after), as when the client goes away before the handler finished.
+async fn settle_at_end<St: Store>(
+    state: Arc<LayerState<St>>,
+    ticket: Ticket,
+    key: StoreKey,
+    record: RecordedResponse,
+    mut ended: oneshot::Receiver<BodyEnd>,
+) {
+    let engine = &state.engine;
+    let limit = state.config.stream_lease_limit;
+    let end = match engine
+        .run(&ticket, tokio::time::timeout(limit, &mut ended))
+        .await
+    {
+        Ok(end) => end,
+        Err(_) => {
+            // A stream that never ends must not hold its key forever: the lease now lapses,
+            // and a retry after it runs again while this stream goes on.
+            tracing::warn!(outcome = "stream_lease_limit", key = ?key, limit = ?limit, "response body still streaming at the stream lease limit; its lease is no longer renewed");
+            (&mut ended).await
+        }
+    };
+    match end {
+        Ok(BodyEnd::Ended) => complete(engine, ticket, key, &record).await,
+        Ok(BodyEnd::Failed) => {
+            tracing::debug!(key = ?key, "response body failed while streamed");
+            release(engine, ticket, key).await;
+        }
+        Err(_) => {
+            tracing::debug!(outcome = "abandoned", key = ?key, "response body dropped before its end (the client went away); the key stays pending until its lease lapses");
         }
     }
 }

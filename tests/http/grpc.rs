@@ -33,7 +33,8 @@ use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal};
 
 /// Counts its calls. `item` picks what `Create` does: "invalid" → INVALID_ARGUMENT with
 /// details and metadata, "flaky" → UNAVAILABLE on the first call, "slow" → waits for the test
-/// to let it go. `Watch` with id "fails" ends its stream with UNAVAILABLE.
+/// to let it go. `Watch` with id "fails" ends its stream with UNAVAILABLE; with id "endless"
+/// it never ends.
 #[derive(Clone, Default)]
 struct OrderService {
     state: Arc<State>,
@@ -110,9 +111,14 @@ impl Orders for OrderService {
                 padding: padding.clone(),
             })
         });
-        Ok(Response::new(Box::pin(tokio_stream::iter(
-            events.chain(tail),
-        ))))
+        let stream = tokio_stream::iter(events.chain(tail));
+        if w.id == "endless" {
+            // Its messages, then nothing, ever (a subscription).
+            return Ok(Response::new(Box::pin(
+                stream.chain(tokio_stream::pending()),
+            )));
+        }
+        Ok(Response::new(Box::pin(stream)))
     }
 
     async fn import(
@@ -644,6 +650,44 @@ async fn a_server_stream_over_the_record_limit_is_passed_through_whole_and_relea
             "attempt {attempt}: in order, intact"
         );
         assert_eq!(svc.calls(), attempt, "released: the repeat runs again");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn a_server_stream_that_never_ends_goes_out_after_the_collection_bound_and_is_released() {
+    let bound = std::time::Duration::from_millis(200);
+    let (server, svc) = serve(layer().collect_timeout(bound)).await;
+    let mut client = server.client().await;
+    for attempt in 1..=2 {
+        let w = WatchOrder {
+            id: "endless".to_owned(),
+            events: 3,
+            padding: 10,
+        };
+        let opened = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+            let res = client
+                .watch(call(w, Some("k-endless"), Some("alice")))
+                .await
+                .expect("watch");
+            assert!(!replayed(res.metadata()), "attempt {attempt}");
+            let mut stream = res.into_inner();
+            let mut got = Vec::new();
+            while got.len() < 3 {
+                got.push(stream.message().await.expect("a message").expect("more"));
+            }
+            (stream, got)
+        })
+        .await;
+        let (_stream, got) = opened.unwrap_or_else(|_| {
+            panic!("attempt {attempt}: the messages were held back until the stream's end")
+        });
+        assert!(
+            got.iter().zip(1..).all(|(e, seq)| e.seq == seq),
+            "attempt {attempt}: in order"
+        );
+        // Released (its status comes at an end that never comes): the repeat runs again.
+        assert_eq!(svc.calls(), attempt);
     }
     server.stop().await;
 }

@@ -14,3 +14,4 @@ mod hostile_input;
 mod layer;
 mod rejections;
 mod replay;
+mod streaming;

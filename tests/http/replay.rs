@@ -190,10 +190,10 @@ async fn inner_service_error_releases_the_key_and_comes_back_unchanged() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn response_body_failing_while_streamed_releases_the_key() {
-    let store = SpyStore::new();
-    let (server, work) = server_with(IdempotencyLayer::with_store(store.clone())).await;
+/// The handler's first body fails after one 7-byte chunk: the key must be released (not
+/// recorded), so the retry runs again and its own answer becomes the record.
+async fn assert_failing_body_releases_the_key(layer: IdempotencyLayer<SpyStore>, store: &SpyStore) {
+    let (server, work) = server_with(layer).await;
     let request = || {
         server
             .post("/work", BODY)
@@ -210,16 +210,45 @@ async fn response_body_failing_while_streamed_releases_the_key() {
         Err(e) => assert!(!e.is_timeout(), "the failure is not a timeout: {e}"),
     }
     assert_eq!(work.executions(), 1);
-    assert_eq!(store.releases(), 1, "the key was released");
     assert_eq!(store.completes(), 0, "nothing was recorded");
+    assert_eq!(store.releases(), 1, "the key was released");
 
     let retry = send(request()).await;
     assert_eq!(retry.status, 201, "{}", retry.describe());
-    assert!(!retry.is_replay(), "the retry runs again");
-    assert_eq!(retry.execution(), 2);
+    assert!(
+        !retry.is_replay(),
+        "the retry runs again, no success the client never received is replayed: {}",
+        retry.describe()
+    );
+    assert_eq!(retry.execution(), 2, "the retry ran the handler");
     let replay = send(request()).await;
     assert!(replay.is_replay(), "{}", replay.describe());
-    assert_eq!(replay.execution(), 2, "the retry's answer is the record");
+    assert_eq!(replay.status, 201);
+    assert_eq!(work.executions(), 2, "the retry's answer is the record");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_body_failing_while_streamed_releases_the_key() {
+    let store = SpyStore::new();
+    let layer = IdempotencyLayer::with_store(store.clone());
+    assert_failing_body_releases_the_key(layer, &store).await;
+}
+
+/// Issue 11 item 5: status mode recorded before the body had streamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_mode_response_body_failing_while_streamed_releases_the_key() {
+    let store = SpyStore::new();
+    let layer =
+        IdempotencyLayer::with_store(store.clone()).response_mode(ResponseMode::StatusAndHeaders);
+    assert_failing_body_releases_the_key(layer, &store).await;
+}
+
+/// Issue 11 item 5: a body over the record limit was recorded before the rest had streamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn response_body_over_the_record_limit_failing_while_streamed_releases_the_key() {
+    let store = SpyStore::new();
+    let layer = IdempotencyLayer::with_store(store.clone()).max_record_body(4);
+    assert_failing_body_releases_the_key(layer, &store).await;
 }
 
 async fn assert_over_limit_recorded_as_status_only(header: &str, value: &str, expected: &[u8]) {
@@ -434,6 +463,241 @@ async fn status_mode_replays_status_and_headers_with_an_empty_body() {
     assert_eq!(replay.header("location"), Some("/things/1"));
     assert_eq!(replay.header("content-type"), Some("application/json"));
     assert_eq!(work.executions(), 1);
+}
+
+/// The headers of a 201 that describe its (gzip-encoded) body, plus `content-type` and
+/// `location`, which describe the response.
+const REPRESENTATION: &[(&str, &str)] = &[
+    ("content-encoding", "gzip"),
+    ("etag", "\"v1\""),
+    ("last-modified", "Tue, 01 Jul 2025 10:00:00 GMT"),
+    ("content-range", "bytes 0-9/10"),
+    (
+        "digest",
+        "sha-256=X48E9qOokqqrvdts8nOJRJN3OWDUoyWxBf7kbu9DBPE=",
+    ),
+    (
+        "content-digest",
+        "sha-256=:X48E9qOokqqrvdts8nOJRJN3OWDUoyWxBf7kbu9DBPE=:",
+    ),
+    (
+        "repr-digest",
+        "sha-256=:X48E9qOokqqrvdts8nOJRJN3OWDUoyWxBf7kbu9DBPE=:",
+    ),
+];
+
+/// Runs one keyed request through `layer` over a handler answering a gzip body with its
+/// representation headers, reads the answer whole, then repeats it; returns the replay's
+/// headers and body.
+async fn replay_of_a_represented_body(
+    layer: IdempotencyLayer<SpyStore>,
+) -> (http::HeaderMap, Bytes) {
+    use http_body_util::BodyExt;
+    let layer = layer
+        .allow_header(HeaderName::from_static("content-range"))
+        .and_then(|l| l.allow_header(HeaderName::from_static("digest")))
+        .and_then(|l| l.allow_header(HeaderName::from_static("content-digest")))
+        .and_then(|l| l.allow_header(HeaderName::from_static("repr-digest")))
+        .expect("digest headers may be allowed");
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let svc = layer.clone().layer(service_fn(
+            |_req: http::Request<RequestBody<Full<Bytes>>>| async {
+                let mut res = http::Response::builder()
+                    .status(201)
+                    .header("content-type", "application/json")
+                    .header("location", "/things/1");
+                for (n, v) in REPRESENTATION {
+                    res = res.header(*n, *v);
+                }
+                Ok::<_, Boom>(
+                    res.body(Full::new(Bytes::from_static(b"\x1f\x8bgzip bytes")))
+                        .expect("response"),
+                )
+            },
+        ));
+        let mut req = keyed_request();
+        req.headers_mut()
+            .insert("idempotency-key", http::HeaderValue::from_static("k-gzip"));
+        let res = svc.oneshot(req).await.expect("an answer");
+        let (parts, body) = res.into_parts();
+        let body = body.collect().await.expect("the body").to_bytes();
+        answers.push((parts.headers, body));
+    }
+    let (first, first_body) = answers.remove(0);
+    assert!(
+        !first.contains_key("idempotent-replayed"),
+        "the first answer ran"
+    );
+    assert_eq!(
+        &first_body[..],
+        b"\x1f\x8bgzip bytes",
+        "the caller gets the whole body"
+    );
+    for (n, _) in REPRESENTATION {
+        assert!(
+            first.contains_key(*n),
+            "the handler's own answer keeps `{n}`"
+        );
+    }
+    answers.remove(0)
+}
+
+/// Issue 11 item 6: a record without a body must not replay headers describing a body.
+fn assert_no_representation_headers(headers: &http::HeaderMap, body: &Bytes) {
+    assert_eq!(
+        headers["idempotent-replayed"], "true",
+        "a replay: {headers:?}"
+    );
+    assert!(body.is_empty(), "a status-only record has no body");
+    for (n, _) in REPRESENTATION {
+        assert!(
+            !headers.contains_key(*n),
+            "`{n}` describes a body the replay does not have: {headers:?}"
+        );
+    }
+    assert_eq!(headers["content-type"], "application/json", "kept");
+    assert_eq!(headers["location"], "/things/1", "kept");
+}
+
+#[tokio::test]
+async fn status_mode_record_drops_the_headers_that_describe_the_body() {
+    let layer =
+        IdempotencyLayer::with_store(SpyStore::new()).response_mode(ResponseMode::StatusAndHeaders);
+    let (headers, body) = replay_of_a_represented_body(layer).await;
+    assert_no_representation_headers(&headers, &body);
+}
+
+#[tokio::test]
+async fn over_the_record_limit_record_drops_the_headers_that_describe_the_body() {
+    let layer = IdempotencyLayer::with_store(SpyStore::new()).max_record_body(4);
+    let (headers, body) = replay_of_a_represented_body(layer).await;
+    assert_no_representation_headers(&headers, &body);
+}
+
+#[tokio::test]
+async fn full_record_keeps_the_headers_that_describe_its_body() {
+    let (headers, body) =
+        replay_of_a_represented_body(IdempotencyLayer::with_store(SpyStore::new())).await;
+    assert_eq!(headers["idempotent-replayed"], "true");
+    assert_eq!(&body[..], b"\x1f\x8bgzip bytes");
+    for (n, v) in REPRESENTATION {
+        assert_eq!(headers[*n], *v, "`{n}` describes the recorded body");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_without_a_body_stored_with_body_headers_replays_without_them() {
+    // As an earlier version wrote it: status mode, `content-encoding` and `etag` kept.
+    let store = Arc::new(MemoryStore::new());
+    let fp = default_fingerprint("POST", "/work", "", "application/json", BODY.as_bytes());
+    let fields = [
+        ("content-type", "application/json"),
+        ("content-encoding", "gzip"),
+        ("etag", "\"v1\""),
+    ]
+    .iter()
+    .map(|(n, v)| {
+        (
+            Bytes::from_static(n.as_bytes()),
+            Bytes::from_static(v.as_bytes()),
+        )
+    })
+    .collect();
+    let record = RecordedResponse::new(201, fields, None)
+        .encode()
+        .expect("encode");
+    plant(
+        &*store,
+        &store_key("default", "alice", "k-old"),
+        &fp,
+        record,
+    )
+    .await;
+    let (server, work) = server_with(IdempotencyLayer::with_store(Arc::clone(&store))).await;
+    let replay = send(server.post("/work", BODY).principal("alice").key("k-old")).await;
+    assert!(replay.is_replay(), "{}", replay.describe());
+    assert_eq!(replay.status, 201);
+    assert_eq!(replay.header("content-type"), Some("application/json"));
+    assert!(
+        replay.header("content-encoding").is_none(),
+        "{:?}",
+        replay.headers
+    );
+    assert!(replay.header("etag").is_none(), "{:?}", replay.headers);
+    assert_eq!(work.executions(), 0);
+}
+
+/// Issue 11 item 7: an allowed header value over 64 KiB cannot be encoded into a record. The
+/// key was released (an immediate retry re-ran the work) while the log said it stays pending.
+#[tokio::test]
+async fn response_with_a_header_too_long_to_record_is_recorded_without_it() {
+    use http_body_util::BodyExt;
+    let store = SpyStore::new();
+    let layer = IdempotencyLayer::with_store(store.clone());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let long_link = format!("<{}>; rel=\"next\"", "x".repeat(70 * 1024));
+    let mut answers = Vec::new();
+    for _ in 0..2 {
+        let c = Arc::clone(&calls);
+        let link = long_link.clone();
+        let svc = layer.clone().layer(service_fn(
+            move |_req: http::Request<RequestBody<Full<Bytes>>>| {
+                let n = c.fetch_add(1, Ordering::SeqCst) + 1;
+                let link = link.clone();
+                async move {
+                    Ok::<_, Boom>(
+                        http::Response::builder()
+                            .status(201)
+                            .header("content-type", "application/json")
+                            .header("location", format!("/things/{n}"))
+                            .header("link", "<short>; rel=\"self\"")
+                            .header("link", link)
+                            .body(Full::new(Bytes::from(format!("{{\"execution\":{n}}}"))))
+                            .expect("response"),
+                    )
+                }
+            },
+        ));
+        let mut req = keyed_request();
+        req.headers_mut()
+            .insert("idempotency-key", http::HeaderValue::from_static("k-long"));
+        let (parts, body) = svc.oneshot(req).await.expect("an answer").into_parts();
+        let body = body.collect().await.expect("the body").to_bytes();
+        answers.push((parts, body));
+    }
+    let (first, first_body) = &answers[0];
+    assert_eq!(first.status, StatusCode::CREATED);
+    assert_eq!(&first_body[..], b"{\"execution\":1}");
+    assert_eq!(
+        first.headers.get_all("link").iter().count(),
+        2,
+        "the caller gets the handler's own headers"
+    );
+    let (replay, replay_body) = &answers[1];
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the work ran once; the retry was answered from a record"
+    );
+    assert_eq!(store.releases(), 0, "the key was not released");
+    assert_eq!(replay.headers["idempotent-replayed"], "true");
+    assert_eq!(replay.status, StatusCode::CREATED);
+    assert_eq!(
+        &replay_body[..],
+        b"{\"execution\":1}",
+        "the body is recorded"
+    );
+    assert_eq!(
+        replay.headers["location"], "/things/1",
+        "the rest is recorded"
+    );
+    let links: Vec<_> = replay.headers.get_all("link").iter().collect();
+    assert_eq!(
+        links,
+        ["<short>; rel=\"self\""],
+        "only the value too long is left out"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
