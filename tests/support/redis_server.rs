@@ -281,7 +281,7 @@ impl RedisCluster {
 }
 
 /// A port nothing listens on (for a cluster node, its bus port, +10000, is free too).
-fn free_port(cluster: bool) -> u16 {
+pub(crate) fn free_port(cluster: bool) -> u16 {
     for _ in 0..100 {
         let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind a loopback port");
         let port = l.local_addr().expect("local addr").port();
