@@ -268,9 +268,10 @@ impl Answer {
         })
     }
 
-    /// The body as text (invalid UTF-8 replaced).
-    pub(crate) fn text(&self) -> String {
-        String::from_utf8_lossy(&self.body).into_owned()
+    /// The body as text.
+    pub(crate) fn text(&self) -> &str {
+        std::str::from_utf8(&self.body)
+            .unwrap_or_else(|e| panic!("the answer body is not UTF-8 ({e}): {}", self.describe()))
     }
 
     /// The handler's `execution` number in a JSON answer.
