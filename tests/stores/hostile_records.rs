@@ -323,21 +323,8 @@ async fn without_a_secret_bit_flips_are_refused_or_replayed_as_valid_records_nev
 mod on_redis {
     use super::*;
     use crate::support::http::TestServer;
-    use crate::support::redis_server::{RedisServer, available, redis_key};
-    use tower_idempotency::store::StoreKey;
-    use tower_idempotency::store::redis::{RedisStore, redis};
-
-    async fn set_raw(server: &RedisServer, store: &RedisStore, key: &StoreKey, value: &[u8]) {
-        let mut conn = server.connection().await;
-        redis::cmd("SET")
-            .arg(redis_key(store.key_prefix(), key))
-            .arg(value)
-            .arg("PX")
-            .arg(60_000)
-            .query_async::<()>(&mut conn)
-            .await
-            .unwrap();
-    }
+    use crate::support::redis_server::{RedisServer, available};
+    use tower_idempotency::store::redis::RedisStore;
 
     /// `'D' + fingerprint(32) + record`: the store's layout of a completed key.
     fn done_value(fp: &Fingerprint, record: &[u8]) -> Vec<u8> {
@@ -359,13 +346,13 @@ mod on_redis {
 
         for (i, (name, bytes)) in tampered().into_iter().enumerate() {
             let key = format!("k-tampered-{i}");
-            set_raw(
-                &server,
-                &store,
-                &store_key(LAYER_NS, "alice", &key),
-                &done_value(&fp, &bytes),
-            )
-            .await;
+            server
+                .set_value(
+                    &store,
+                    &store_key(LAYER_NS, "alice", &key),
+                    &done_value(&fp, &bytes),
+                )
+                .await;
             let a = app
                 .one(&post("/work", &keyed("alice", key.as_bytes()), BODY))
                 .await;
@@ -389,7 +376,9 @@ mod on_redis {
         ];
         for (i, (name, value)) in garbage.into_iter().enumerate() {
             let key = format!("k-garbage-{i}");
-            set_raw(&server, &store, &store_key(LAYER_NS, "alice", &key), &value).await;
+            server
+                .set_value(&store, &store_key(LAYER_NS, "alice", &key), &value)
+                .await;
             let a = app
                 .one(&post("/work", &keyed("alice", key.as_bytes()), BODY))
                 .await;
@@ -403,13 +392,13 @@ mod on_redis {
         assert_eq!(work.executions(), 0, "nothing ran");
 
         // Control: the genuine record, written the same way, replays.
-        set_raw(
-            &server,
-            &store,
-            &store_key(LAYER_NS, "alice", "k-genuine"),
-            &done_value(&fp, &encode(&genuine())),
-        )
-        .await;
+        server
+            .set_value(
+                &store,
+                &store_key(LAYER_NS, "alice", "k-genuine"),
+                &done_value(&fp, &encode(&genuine())),
+            )
+            .await;
         let a = app
             .one(&post("/work", &keyed("alice", b"k-genuine"), BODY))
             .await;

@@ -118,6 +118,42 @@ impl RedisServer {
             .expect("connect to the test server")
     }
 
+    /// The value under `key` of `store` as it is in Redis (the store's layout), read directly.
+    #[cfg(feature = "redis")]
+    pub async fn get_value(
+        &self,
+        store: &tower_idempotency::store::redis::RedisStore,
+        key: &tower_idempotency::store::StoreKey,
+    ) -> Vec<u8> {
+        let mut conn = self.connection().await;
+        tower_idempotency::store::redis::redis::cmd("GET")
+            .arg(redis_key(store.key_prefix(), key))
+            .query_async::<Option<Vec<u8>>>(&mut conn)
+            .await
+            .expect("GET the key")
+            .expect("the key is in Redis")
+    }
+
+    /// Writes `value` under `key` of `store` directly (`SET … PX 60000`), as a record written by
+    /// someone else, or changed at rest, would be.
+    #[cfg(feature = "redis")]
+    pub async fn set_value(
+        &self,
+        store: &tower_idempotency::store::redis::RedisStore,
+        key: &tower_idempotency::store::StoreKey,
+        value: &[u8],
+    ) {
+        let mut conn = self.connection().await;
+        tower_idempotency::store::redis::redis::cmd("SET")
+            .arg(redis_key(store.key_prefix(), key))
+            .arg(value)
+            .arg("PX")
+            .arg(60_000)
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("SET the key");
+    }
+
     /// Kills the server (as a crash would: no shutdown, no save).
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
