@@ -10,15 +10,15 @@
 //! - [`proxy`]: a TCP proxy that injects latency, drops and black holes;
 //! - [`pb`]: the vendored tonic code of the gRPC tests.
 
-// Each binary uses a part of the helpers.
-#![allow(dead_code, unreachable_pub, unused_imports, unused_macros)]
+// Each binary uses a part of the helpers: what one binary leaves unused is dead code there.
+#![allow(dead_code)]
 
-pub mod apps;
-pub mod http;
-pub mod proxy;
-pub mod quickstart;
-pub mod raw_http;
-pub mod redis_server;
+pub(crate) mod apps;
+pub(crate) mod http;
+pub(crate) mod proxy;
+pub(crate) mod quickstart;
+pub(crate) mod raw_http;
+pub(crate) mod redis_server;
 
 #[cfg(feature = "tonic")]
 #[path = "grpc/orders.v1.rs"]
@@ -29,4 +29,4 @@ pub mod redis_server;
     rust_2018_idioms,
     clippy::all
 )]
-pub mod pb;
+pub(crate) mod pb;
