@@ -9,7 +9,7 @@
 //! [`Work::per_key`]: super::http::Work::per_key
 //! [`Work::user_app`]: super::http::Work::user_app
 
-use super::http::{Answer, Kind, bounded, client, send};
+use super::http::{Answer, Kind, bounded, client, lock, send};
 use super::quickstart::Quickstart;
 use bytes::Bytes;
 use serde_json::json;
@@ -17,15 +17,11 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Every request of these tests is bounded by this (a hang is a failure, not a stuck run).
 pub(crate) const REQUEST_LIMIT: Duration = Duration::from_secs(30);
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// The environment variable `name` as a number, or `default`.
 pub(crate) fn env_or(name: &str, default: usize) -> usize {

@@ -62,7 +62,8 @@ pub(crate) const LAYER_NS: &str = "default";
 /// A `Content-Disposition` value with obs-text bytes (0x80–0xff): not UTF-8 (`x-mode: obs-text`).
 pub(crate) const OBS_TEXT: &[u8] = b"attachment; filename=\"r\xe9sum\xe9-\x80\xff.txt\"";
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+/// Locks `m`, poisoned or not (a panicking test thread must not hide what it counted).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 

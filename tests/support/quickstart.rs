@@ -9,22 +9,18 @@
 //! same target directory. A binary built without `redis` serves the memory-store tests; the
 //! first Redis test that meets one builds it again with the feature.
 
-use super::http::{client, send};
+use super::http::{client, lock, send};
 use super::redis_server::free_port;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant, SystemTime};
 
 const BUILD_LIMIT: Duration = Duration::from_secs(15 * 60);
 const START_LIMIT: Duration = Duration::from_secs(20);
 /// What the example prints when `REDIS_URL` is set but it was built without the feature.
 const NO_FEATURE: &str = "without the `redis` feature";
-
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
 
 /// `<target>/<profile>` of this test binary.
 fn profile_dir() -> PathBuf {
