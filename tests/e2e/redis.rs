@@ -21,7 +21,9 @@ use serde_json::json;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
-use support::apps::{Answer, Kind, Mix, Quickstart, client, storm, try_send};
+use support::apps::{Mix, storm};
+use support::http::{Answer, Kind, client, try_send};
+use support::quickstart::Quickstart;
 use support::redis_server::{self, RedisServer};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -95,7 +97,7 @@ async fn redis_outage_answers_503_and_recovers_in_the_same_processes() {
     let http = client();
     let mut before = Vec::new();
     for p in &processes {
-        before.push(p.executions(&http).await);
+        before.push(p.executions().await);
     }
 
     // Load: fresh keys, a 150 ms handler, 8 in flight per process, until told to stop.
@@ -244,7 +246,7 @@ async fn redis_outage_answers_503_and_recovers_in_the_same_processes() {
     }
     let mut executions = Vec::new();
     for (p, b) in processes.iter().zip(&before) {
-        executions.push(p.executions(&http).await - b);
+        executions.push(p.executions().await - b);
     }
     println!(
         "redis outage: {} requests; answers {mix}; sent and answered during the outage: \

@@ -13,22 +13,9 @@ use crate::support;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
-use support::apps::{Kind, Mix, Server, Work, client, run_jobs, send};
+use support::apps::{Mix, env_or, random_delay_ms, run_jobs};
+use support::http::{Kind, TestServer, Work, client, send};
 use tower_idempotency::IdempotencyLayer;
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-/// A random delay in 0..=20 ms, drawn once per key (every duplicate of a key sleeps alike).
-fn random_delay() -> u64 {
-    let mut b = [0u8; 1];
-    getrandom::fill(&mut b).unwrap();
-    u64::from(b[0] % 21)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_storm_runs_every_key_exactly_once() {
@@ -37,10 +24,11 @@ async fn memory_storm_runs_every_key_exactly_once() {
     // Enough workers that the duplicates of a few keys are all in flight together.
     let workers = (dups * 4).clamp(1, 256);
 
-    let work = Work::new();
-    let server = Server::start(work.app(IdempotencyLayer::new())).await;
+    let work = Work::per_key();
+    let server = TestServer::start(work.user_app(IdempotencyLayer::new())).await;
     let http = client();
-    let delays: Vec<u64> = (0..keys).map(|_| random_delay()).collect();
+    // A random delay in 0..=20 ms, drawn once per key (every duplicate of a key sleeps alike).
+    let delays: Vec<u64> = (0..keys).map(|_| random_delay_ms()).collect();
 
     let started = Instant::now();
     let answers = {
@@ -86,7 +74,7 @@ async fn memory_storm_runs_every_key_exactly_once() {
         Some(keys),
         "every key ran exactly once: {histogram:?}"
     );
-    assert_eq!(work.total(), keys as u64);
+    assert_eq!(work.executions(), keys);
 
     // Every answer is the original, a replay of it, or 409.
     let mut original: HashMap<usize, &[u8]> = HashMap::new();

@@ -18,21 +18,10 @@
 
 use crate::support;
 
-use support::apps::{Kind, Quickstart, storm};
+use support::apps::{env_or, random_delay_ms, storm};
+use support::http::Kind;
+use support::quickstart::Quickstart;
 use support::redis_server::{self, RedisServer};
-
-fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
-fn random_delay(_key: usize) -> u64 {
-    let mut b = [0u8; 1];
-    getrandom::fill(&mut b).unwrap();
-    u64::from(b[0] % 21)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_storm_over_two_processes_runs_every_key_exactly_once() {
@@ -46,7 +35,7 @@ async fn redis_storm_over_two_processes_runs_every_key_exactly_once() {
     let b = Quickstart::start(&redis.url()).await;
 
     let workers = (dups * 4).clamp(2, 256);
-    let report = storm(&[&a, &b], keys, dups, workers, random_delay).await;
+    let report = storm(&[&a, &b], keys, dups, workers, |_| random_delay_ms()).await;
     println!(
         "redis storm, two processes, {keys} keys x {dups} duplicates, {workers} in flight: {report}"
     );

@@ -17,9 +17,7 @@
 use crate::support;
 
 use std::time::Duration;
-use support::apps::{
-    Answer, Event, FaultStore, Kind, RenewFault, Server, Work, bounded, client, send,
-};
+use support::http::{Answer, Event, Kind, RenewFault, SpyStore, TestServer, Work, bounded, send};
 use tower_idempotency::store::StoreKey;
 use tower_idempotency::store::clock::ManualClock;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Store};
@@ -37,7 +35,7 @@ enum Late {
 
 /// Waits (bounded) until the store has seen a blocked renewal, i.e. A's lease renewal was
 /// attempted and is hanging or failing.
-async fn wait_blocked_renewal<S: Store>(store: &FaultStore<S>) {
+async fn wait_blocked_renewal<S: Store>(store: &SpyStore<S>) {
     bounded(Duration::from_secs(10), "A's blocked renewal", async {
         while !store.events().contains(&Event::Renew { blocked: true }) {
             tokio::time::sleep(Duration::from_millis(5)).await;
@@ -54,16 +52,16 @@ async fn scenario<S: Store + Sync>(
     late: Late,
     lapse: impl AsyncFn(StoreKey),
 ) -> String {
-    let store = FaultStore::new(inner);
-    let work = Work::new();
+    let store = SpyStore::wrap(inner);
+    let work = Work::per_key();
     let server =
-        Server::start(work.app(IdempotencyLayer::with_store(store.clone()).lease(lease))).await;
-    let http = client();
+        TestServer::start(work.user_app(IdempotencyLayer::with_store(store.clone()).lease(lease)))
+            .await;
     let key = format!("fence-{late:?}-{fault:?}");
 
     // A claims and runs; its renewal is blocked; it waits on gate "a".
     store.block_next_claim(fault);
-    let mut a = server.work(&http, &key).header("x-gate", "a");
+    let mut a = server.work(&key).header("x-gate", "a");
     if late == Late::ReleaseAfterSecondDone {
         a = a.header("x-status", "503");
     }
@@ -75,11 +73,11 @@ async fn scenario<S: Store + Sync>(
 
     // B claims after the lease and runs (at-least-once, as documented).
     let b = if late == Late::CompleteWhileSecondPending {
-        let b = tokio::spawn(send(server.work(&http, &key).header("x-gate", "b")));
+        let b = tokio::spawn(send(server.work(&key).header("x-gate", "b")));
         work.wait_runs(&key, 2).await;
         b
     } else {
-        let b = send(server.work(&http, &key)).await;
+        let b = send(server.work(&key)).await;
         assert_eq!(b.kind(), Kind::Fresh, "B ran: {}", b.describe());
         tokio::spawn(async move { b })
     };
@@ -94,7 +92,7 @@ async fn scenario<S: Store + Sync>(
         201
     };
     assert_eq!(a.status, expected_a, "A's own answer: {}", a.describe());
-    assert!(!a.replayed);
+    assert!(!a.is_replay());
     assert_eq!(a.execution(), 1, "A's caller sees A's run");
 
     // A's late step was refused by the fence.
@@ -129,7 +127,7 @@ async fn scenario<S: Store + Sync>(
 
     if late == Late::CompleteWhileSecondPending {
         // B still holds the key: a duplicate is in flight, not a replay of A.
-        let d = send(server.work(&http, &key)).await;
+        let d = send(server.work(&key)).await;
         assert_eq!(
             d.kind(),
             Kind::InFlight,
@@ -143,7 +141,7 @@ async fn scenario<S: Store + Sync>(
     assert_eq!(b.execution(), 2);
 
     // The record is B's: the replay after both finished is B's response.
-    let c = send(server.work(&http, &key)).await;
+    let c = send(server.work(&key)).await;
     assert_eq!(c.kind(), Kind::Replay, "a replay: {}", c.describe());
     assert_eq!(c.body, b.body, "the replay is B's response, not A's");
     assert_ne!(c.body, a.body);

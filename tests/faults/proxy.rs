@@ -23,7 +23,8 @@ use crate::support;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
-use support::apps::{Answer, Kind, Mix, Server, Work, bounded, client, send};
+use support::apps::Mix;
+use support::http::{Answer, Kind, TestServer, Work, bounded, send};
 use support::proxy::Proxy;
 use support::redis_server::{self, RedisServer};
 use tower_idempotency::store::redis::RECONNECT_AFTER_TIMEOUTS;
@@ -39,8 +40,7 @@ struct Rig {
     _redis: RedisServer,
     proxy: Proxy,
     work: Work,
-    server: Server,
-    http: reqwest::Client,
+    server: TestServer,
 }
 
 /// Redis, a proxy in front of it, and the app whose `RedisStore` connects through the proxy.
@@ -55,20 +55,19 @@ async fn rig() -> Option<Rig> {
         .connect(&proxy.url())
         .await
         .unwrap();
-    let work = Work::new();
-    let server = Server::start(work.app(IdempotencyLayer::with_store(store).lease(LEASE))).await;
+    let work = Work::per_key();
+    let server =
+        TestServer::start(work.user_app(IdempotencyLayer::with_store(store).lease(LEASE))).await;
     // One full run first, so the claim and complete scripts are loaded in Redis (a script's
     // first call answers NOSCRIPT and is sent again with SCRIPT LOAD; a step abandoned by its
     // timeout in between never loads it, which would blur what the faults below show).
-    let http = client();
-    let warm = send(server.work(&http, "warm-up")).await;
+    let warm = send(server.work("warm-up")).await;
     assert_eq!(warm.kind(), Kind::Fresh, "{}", warm.describe());
     Some(Rig {
         _redis: redis,
         proxy,
         work,
         server,
-        http,
     })
 }
 
@@ -76,7 +75,7 @@ impl Rig {
     /// `n` fresh keys at once; returns the answers.
     async fn burst(&self, tag: &str, n: usize) -> Vec<Answer> {
         let tasks: Vec<_> = (0..n)
-            .map(|i| tokio::spawn(send(self.server.work(&self.http, &format!("{tag}-{i}")))))
+            .map(|i| tokio::spawn(send(self.server.work(&format!("{tag}-{i}")))))
             .collect();
         let mut out = Vec::new();
         for t in tasks {
@@ -90,7 +89,7 @@ impl Rig {
         let start = Instant::now();
         bounded(Duration::from_secs(10), "recovery after the fault", async {
             for i in 0.. {
-                let a = send(self.server.work(&self.http, &format!("{tag}-{i}"))).await;
+                let a = send(self.server.work(&format!("{tag}-{i}"))).await;
                 assert_bounded(&a, 2, Duration::ZERO);
                 match a.kind() {
                     Kind::Fresh => break,
@@ -143,7 +142,7 @@ async fn claims_that_fail_answer_503_without_running_the_handler_and_recover() {
         max_elapsed(&slow)
     ));
     all.extend(slow);
-    let runs_before = rig.work.total();
+    let runs_before = rig.work.executions();
 
     // Latency over the timeout: every claim times out; the handler never runs.
     rig.proxy.set_latency(Duration::from_millis(500));
@@ -153,7 +152,7 @@ async fn claims_that_fail_answer_503_without_running_the_handler_and_recover() {
         assert_bounded(a, 1, Duration::ZERO);
     }
     assert_eq!(
-        rig.work.total(),
+        rig.work.executions(),
         runs_before,
         "no handler ran on a timed-out claim"
     );
@@ -177,7 +176,7 @@ async fn claims_that_fail_answer_503_without_running_the_handler_and_recover() {
         "the late claims' leases to lapse",
         async {
             loop {
-                let a = send(rig.server.work(&rig.http, "late-0")).await;
+                let a = send(rig.server.work("late-0")).await;
                 *seen.0.entry(a.kind()).or_insert(0) += 1;
                 match a.kind() {
                     Kind::Fresh => break,
@@ -188,7 +187,7 @@ async fn claims_that_fail_answer_503_without_running_the_handler_and_recover() {
         },
     )
     .await;
-    let replay = send(rig.server.work(&rig.http, "late-0")).await;
+    let replay = send(rig.server.work("late-0")).await;
     assert_eq!(replay.kind(), Kind::Replay);
     assert_eq!(rig.work.runs_of("late-0"), 1, "exactly one run");
     report.push(format!(
@@ -197,7 +196,7 @@ async fn claims_that_fail_answer_503_without_running_the_handler_and_recover() {
     ));
 
     // Black hole: connections stay open, nothing comes back.
-    let runs_before = rig.work.total();
+    let runs_before = rig.work.executions();
     rig.proxy.black_hole();
     let hole = rig.burst("hole", 10).await;
     for a in &hole {
@@ -212,7 +211,7 @@ async fn claims_that_fail_answer_503_without_running_the_handler_and_recover() {
         assert_bounded(a, 1, Duration::ZERO);
     }
     assert_eq!(
-        rig.work.total(),
+        rig.work.executions(),
         runs_before,
         "no handler ran on a failed claim"
     );
@@ -233,11 +232,11 @@ async fn claims_that_fail_answer_503_without_running_the_handler_and_recover() {
     report.push(format!("recovered after the black hole in {recovered:.0?}"));
 
     // Connections dropped with no other fault: at most a few 503s, never a run without a claim.
-    let runs = rig.work.total();
+    let runs = rig.work.executions();
     rig.proxy.drop_all();
     let mut after_drop = Vec::new();
     for i in 0..10 {
-        let a = send(rig.server.work(&rig.http, &format!("drop-{i}"))).await;
+        let a = send(rig.server.work(&format!("drop-{i}"))).await;
         assert!(
             matches!(a.kind(), Kind::Fresh | Kind::StoreFailed),
             "{}",
@@ -251,8 +250,8 @@ async fn claims_that_fail_answer_503_without_running_the_handler_and_recover() {
         .filter(|a| a.kind() == Kind::Fresh)
         .count();
     assert_eq!(
-        rig.work.total() - runs,
-        fresh as u64,
+        rig.work.executions() - runs,
+        fresh,
         "runs only for 201 answers"
     );
     assert!(fresh > 0, "the store reconnected: {}", Mix::of(&after_drop));
@@ -281,7 +280,7 @@ const HANDLER: Duration = Duration::from_millis(400);
 async fn run_into_a_fault(rig: &Rig, key: &str) -> Answer {
     let req = rig
         .server
-        .work(&rig.http, key)
+        .work(key)
         .header("x-delay-ms", HANDLER.as_millis().to_string());
     let a = tokio::spawn(send(req));
     rig.work.wait_runs(key, 1).await;
@@ -317,7 +316,7 @@ async fn a_lost_complete_returns_the_response_and_leaves_the_key_pending_for_one
         "the re-run after the lease",
         async {
             loop {
-                let a = send(rig.server.work(&rig.http, key)).await;
+                let a = send(rig.server.work(key)).await;
                 assert_bounded(&a, 2, HANDLER);
                 match a.kind() {
                     Kind::InFlight | Kind::StoreFailed => {
@@ -342,7 +341,7 @@ async fn a_lost_complete_returns_the_response_and_leaves_the_key_pending_for_one
 
     // Ten more duplicates at once: all replays of the re-run; no third run.
     let tasks: Vec<_> = (0..10)
-        .map(|_| tokio::spawn(send(rig.server.work(&rig.http, key))))
+        .map(|_| tokio::spawn(send(rig.server.work(key))))
         .collect();
     for t in tasks {
         let a = t.await.unwrap();
@@ -375,7 +374,7 @@ async fn a_complete_delayed_by_a_healed_partition_is_stored_late() {
         "the late complete to land",
         async {
             loop {
-                let a = send(rig.server.work(&rig.http, key)).await;
+                let a = send(rig.server.work(key)).await;
                 match a.kind() {
                     Kind::Replay => break a,
                     Kind::InFlight | Kind::StoreFailed => {
@@ -410,11 +409,7 @@ async fn until_fresh(rig: &Rig, tag: &str) -> (Vec<Answer>, Duration) {
         "recovery from a half-open connection",
         async {
             loop {
-                let a = send(
-                    rig.server
-                        .work(&rig.http, &format!("{tag}-{}", answers.len())),
-                )
-                .await;
+                let a = send(rig.server.work(&format!("{tag}-{}", answers.len()))).await;
                 assert_bounded(&a, 2, Duration::ZERO);
                 let kind = a.kind();
                 answers.push(a);
@@ -440,12 +435,12 @@ async fn keyed_requests_work_again(rig: &Rig, tag: &str, answers: &[Answer]) -> 
     let failed = answers.len() - 1;
     for i in 0..failed {
         let key = format!("{tag}-{i}");
-        let a = send(rig.server.work(&rig.http, &key)).await;
+        let a = send(rig.server.work(&key)).await;
         assert_eq!(a.kind(), Kind::Fresh, "retry of {key}: {}", a.describe());
         assert_eq!(rig.work.runs_of(&key), 1, "{key} ran once");
     }
     let recovered = format!("{tag}-{failed}");
-    let replay = send(rig.server.work(&rig.http, &recovered)).await;
+    let replay = send(rig.server.work(&recovered)).await;
     assert_eq!(replay.kind(), Kind::Replay, "{}", replay.describe());
     assert_eq!(replay.body, answers[failed].body);
     let burst = rig.burst(&format!("{tag}-burst"), 10).await;
@@ -467,7 +462,7 @@ async fn keyed_requests_work_again(rig: &Rig, tag: &str, answers: &[Answer]) -> 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_open_connection_fails_safe_and_is_replaced() {
     let Some(rig) = rig().await else { return };
-    let runs = rig.work.total();
+    let runs = rig.work.executions();
     let connections = rig.proxy.accepted();
     rig.proxy.freeze_existing();
     let (answers, recovered_in) = until_fresh(&rig, "half-open").await;
@@ -477,7 +472,11 @@ async fn a_half_open_connection_fails_safe_and_is_replaced() {
         failed >= RECONNECT_AFTER_TIMEOUTS as usize,
         "the silent connection timed out before it was replaced: {mix}"
     );
-    assert_eq!(rig.work.total() - runs, 1, "runs only for the 201 answer");
+    assert_eq!(
+        rig.work.executions() - runs,
+        1,
+        "runs only for the 201 answer"
+    );
     let new_connections = rig.proxy.accepted() - connections;
     assert!(new_connections >= 1, "the store opened a new connection");
     let retried = keyed_requests_work_again(&rig, "half-open", &answers).await;
@@ -521,17 +520,16 @@ async fn a_failed_replacement_keeps_the_connection_and_is_tried_again() {
         })
         .build(conn)
         .unwrap();
-    let work = Work::new();
-    let server = Server::start(work.app(IdempotencyLayer::with_store(store).lease(LEASE))).await;
-    let http = client();
-    let warm = send(server.work(&http, "warm-up")).await;
+    let work = Work::per_key();
+    let server =
+        TestServer::start(work.user_app(IdempotencyLayer::with_store(store).lease(LEASE))).await;
+    let warm = send(server.work("warm-up")).await;
     assert_eq!(warm.kind(), Kind::Fresh, "{}", warm.describe());
     let rig = Rig {
         _redis: redis,
         proxy,
         work,
         server,
-        http,
     };
 
     rig.proxy.freeze_existing();

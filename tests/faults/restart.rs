@@ -16,7 +16,8 @@
 use crate::support;
 
 use std::time::{Duration, Instant};
-use support::apps::{Kind, Mix, Server, Work, bounded, client, send};
+use support::apps::Mix;
+use support::http::{Kind, TestServer, Work, bounded, send};
 use support::redis_server::{self, RedisServer};
 use tower_idempotency::{IdempotencyLayer, RedisStore};
 
@@ -31,21 +32,18 @@ async fn redis_restart_with_data_loss_runs_the_next_duplicate_once() {
         .connect(&redis.url())
         .await
         .unwrap();
-    let work = Work::new();
-    let server = Server::start(work.app(IdempotencyLayer::with_store(store))).await;
-    let http = client();
+    let work = Work::per_key();
+    let server = TestServer::start(work.user_app(IdempotencyLayer::with_store(store))).await;
 
     // Before: one run, then replays.
-    let first = send(server.work(&http, "done-before")).await;
+    let first = send(server.work("done-before")).await;
     assert_eq!(first.kind(), Kind::Fresh);
-    let again = send(server.work(&http, "done-before")).await;
+    let again = send(server.work("done-before")).await;
     assert_eq!(again.kind(), Kind::Replay);
     assert_eq!(again.body, first.body);
 
     // A request whose handler runs across the restart.
-    let across = tokio::spawn(send(
-        server.work(&http, "in-flight").header("x-gate", "across"),
-    ));
+    let across = tokio::spawn(send(server.work("in-flight").header("x-gate", "across")));
     work.wait_runs("in-flight", 1).await;
 
     let records_before = redis.command(&["DBSIZE"]);
@@ -58,7 +56,7 @@ async fn redis_restart_with_data_loss_runs_the_next_duplicate_once() {
     let mut probes = Vec::new();
     let reconnected = bounded(Duration::from_secs(10), "reconnecting", async {
         for i in 0.. {
-            let a = send(server.work(&http, &format!("probe-{i}"))).await;
+            let a = send(server.work(&format!("probe-{i}"))).await;
             let kind = a.kind();
             probes.push(a);
             match kind {
@@ -75,20 +73,14 @@ async fn redis_restart_with_data_loss_runs_the_next_duplicate_once() {
     work.open("across");
     let across = across.await.unwrap();
     assert_eq!(across.kind(), Kind::Fresh, "{}", across.describe());
-    let replay = send(server.work(&http, "in-flight")).await;
+    let replay = send(server.work("in-flight")).await;
     assert_eq!(replay.kind(), Kind::Replay, "{}", replay.describe());
     assert_eq!(replay.body, across.body);
     assert_eq!(work.runs_of("in-flight"), 1);
 
     // The lost record: ten concurrent duplicates run the work exactly once more.
     let tasks: Vec<_> = (0..10)
-        .map(|_| {
-            tokio::spawn(send(
-                server
-                    .work(&http, "done-before")
-                    .header("x-delay-ms", "100"),
-            ))
-        })
+        .map(|_| tokio::spawn(send(server.work("done-before").header("x-delay-ms", "100"))))
         .collect();
     let mut after = Vec::new();
     for t in tasks {
@@ -103,7 +95,7 @@ async fn redis_restart_with_data_loss_runs_the_next_duplicate_once() {
     );
     let rerun = after.iter().find(|a| a.kind() == Kind::Fresh).unwrap();
     assert_ne!(rerun.body, first.body, "the re-run is a new run");
-    let later = send(server.work(&http, "done-before")).await;
+    let later = send(server.work("done-before")).await;
     assert_eq!(later.kind(), Kind::Replay);
     assert_eq!(later.body, rerun.body, "then the re-run is replayed");
     assert_eq!(

@@ -3,20 +3,13 @@
 
 use crate::support;
 
-#[allow(dead_code, unreachable_pub)]
 use std::time::Duration;
-use support::http::{Answer, RequestExt, SpyStore, TestServer, Work, bounded, eventually, send};
+use support::http::{Answer, RequestExt, SpyStore, bounded, eventually, send, server_with};
 use tokio::io::AsyncWriteExt;
 use tokio::time::Instant;
 use tower_idempotency::IdempotencyLayer;
 
 const BODY: &str = r#"{"item":"book"}"#;
-
-async fn server_with(layer: IdempotencyLayer<SpyStore>) -> (TestServer, Work) {
-    let work = Work::new();
-    let server = TestServer::start(work.app(layer)).await;
-    (server, work)
-}
 
 // ---------------------------------------------------------------------------------------------
 // Concurrency, leases, dropped clients

@@ -3,7 +3,6 @@
 
 use crate::support;
 
-#[allow(dead_code, unreachable_pub)]
 use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{Value, json};

@@ -10,15 +10,12 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::support::raw_http;
+use crate::support::{http as support_http, raw_http};
 
 use axum::response::IntoResponse;
 use bytes::Bytes;
 use http_body_util::Full;
-use raw_http::{
-    BODY, OBS_TEXT, Raw, Server, Work, default_fingerprint, keyed, memory_app, post, store_key,
-    with_auth,
-};
+use raw_http::{BODY, Raw, keyed, post};
 use std::convert::Infallible;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
@@ -27,6 +24,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+use support_http::{
+    LAYER_NS, OBS_TEXT, TestServer, Work, memory_app, store_key, with_auth, work_fingerprint,
+};
 use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_idempotency::http::{Rejection, RejectionKind, RequestBody};
 use tower_idempotency::store::Claim;
@@ -34,16 +34,18 @@ use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal, Store};
 
 async fn app_with(
     layer: impl Fn(Arc<MemoryStore>) -> IdempotencyLayer<Arc<MemoryStore>>,
-) -> (Server, Work, Arc<MemoryStore>) {
-    memory_app(layer).await
+) -> (TestServer, Work, Arc<MemoryStore>) {
+    let work = Work::plain();
+    let (server, store) = memory_app(&work, layer).await;
+    (server, work, store)
 }
 
-async fn app() -> (Server, Work, Arc<MemoryStore>) {
-    memory_app(IdempotencyLayer::with_store).await
+async fn app() -> (TestServer, Work, Arc<MemoryStore>) {
+    app_with(IdempotencyLayer::with_store).await
 }
 
 /// A valid request by alice with `key`, which must run (201, not a replay).
-async fn assert_valid_request_runs(server: &Server, key: &str) -> Raw {
+async fn assert_valid_request_runs(server: &TestServer, key: &str) -> Raw {
     let a = server
         .one(&post("/work", &keyed("alice", key.as_bytes()), BODY))
         .await;
@@ -369,8 +371,8 @@ async fn hundred_set_cookie_lines_reach_the_caller_and_none_is_stored() {
     // The record at rest: no cookie name or value anywhere in its bytes.
     let Claim::Done { record, .. } = store
         .claim(
-            &store_key("alice", "k-cookies"),
-            &default_fingerprint(BODY),
+            &store_key(LAYER_NS, "alice", "k-cookies"),
+            &work_fingerprint(BODY),
             Duration::from_secs(1),
         )
         .await
@@ -465,7 +467,7 @@ enum Catch {
 /// pending (409) until its lease lapses and the retry then runs. Never stuck beyond the lease.
 async fn assert_panic_leaves_the_key_to_its_lease(catch: Catch) {
     let store = Arc::new(MemoryStore::new());
-    let work = Work::new();
+    let work = Work::plain();
     work.panic_next(1);
     let layer = IdempotencyLayer::with_store(Arc::clone(&store)).lease(PANIC_LEASE);
     let routes = work.routes().layer(layer);
@@ -473,7 +475,7 @@ async fn assert_panic_leaves_the_key_to_its_lease(catch: Catch) {
         Catch::Nowhere => routes,
         Catch::Outside => routes.layer(CatchPanicLayer),
     };
-    let server = Server::start(with_auth(routes)).await;
+    let server = TestServer::start(with_auth(routes)).await;
     let mut headers = keyed("alice", b"k-panic");
     headers.push(("x-mode", &b"panic"[..]));
     let req = post("/work", &headers, BODY);
@@ -534,11 +536,12 @@ async fn panicking_handler_caught_outside_the_layer_leaves_the_key_to_its_lease(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn panicking_handler_caught_inside_the_layer_is_a_500_and_releases_the_key() {
     let store = Arc::new(MemoryStore::new());
-    let work = Work::new();
+    let work = Work::plain();
     work.panic_next(1);
     let layer = IdempotencyLayer::with_store(Arc::clone(&store)).lease(PANIC_LEASE);
     // Inside: the layer sees the 500, which is not recorded, and releases the key.
-    let server = Server::start(with_auth(work.routes().layer(CatchPanicLayer).layer(layer))).await;
+    let server =
+        TestServer::start(with_auth(work.routes().layer(CatchPanicLayer).layer(layer))).await;
     let mut headers = keyed("alice", b"k-panic-inside");
     headers.push(("x-mode", &b"panic"[..]));
     let req = post("/work", &headers, BODY);

@@ -9,7 +9,6 @@
 
 use crate::support;
 
-#[allow(dead_code, unreachable_pub)]
 use axum::Router;
 use axum::routing::post;
 use bytes::Bytes;
@@ -20,18 +19,13 @@ use reqwest::Method;
 use std::sync::Arc;
 use std::time::Duration;
 use support::http::{
-    Chunks, RequestExt, SpyStore, TestServer, Work, bounded, eventually, send, with_auth,
+    Chunks, RequestExt, SpyStore, TestServer, Work, bounded, eventually, send, server_with,
+    with_auth,
 };
 use tower_idempotency::http::PrincipalMode;
 use tower_idempotency::{IdempotencyLayer, MemoryStore};
 
 const BODY: &str = r#"{"item":"book"}"#;
-
-async fn server_with(layer: IdempotencyLayer<SpyStore>) -> (TestServer, Work) {
-    let work = Work::new();
-    let server = TestServer::start(work.app(layer)).await;
-    (server, work)
-}
 
 // ---------------------------------------------------------------------------------------------
 // Step 1: methods

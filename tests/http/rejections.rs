@@ -3,7 +3,6 @@
 
 use crate::support;
 
-#[allow(dead_code, unreachable_pub)]
 use axum::extract::Request;
 use axum::middleware::{self, Next};
 use bytes::Bytes;
@@ -16,18 +15,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use support::http::{
     Chunks, FailingBody, RequestExt, SpyStore, TestServer, Work, bounded, eventually, send,
+    server_with,
 };
 use tower::{Layer, ServiceExt, service_fn};
 use tower_idempotency::http::{RejectionKind, RequestBody};
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal};
 
 const BODY: &str = r#"{"item":"book"}"#;
-
-async fn server_with(layer: IdempotencyLayer<SpyStore>) -> (TestServer, Work) {
-    let work = Work::new();
-    let server = TestServer::start(work.app(layer)).await;
-    (server, work)
-}
 
 // ---------------------------------------------------------------------------------------------
 // Bad keys: 400 key_invalid, nothing stored, and the same request with a good key runs

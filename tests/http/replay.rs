@@ -4,7 +4,6 @@
 
 use crate::support;
 
-#[allow(dead_code, unreachable_pub)]
 use bytes::Bytes;
 use http::{HeaderName, StatusCode};
 use http_body_util::Full;
@@ -12,7 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use support::http::{
-    Answer, RequestExt, SpyStore, TestServer, Work, default_fingerprint, plant, send, store_key,
+    Answer, RequestExt, SpyStore, TestServer, default_fingerprint, plant, send, server_with,
+    store_key,
 };
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt, service_fn};
@@ -22,14 +22,6 @@ use tower_idempotency::store::Record;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal, Secret};
 
 const BODY: &str = r#"{"item":"book"}"#;
-
-async fn server_with<St: tower_idempotency::Store>(
-    layer: IdempotencyLayer<St>,
-) -> (TestServer, Work) {
-    let work = Work::new();
-    let server = TestServer::start(work.app(layer)).await;
-    (server, work)
-}
 
 /// The same keyed request twice, the handler answering `status`.
 async fn twice(server: &TestServer, key: &str, status: u16) -> (Answer, Answer) {

@@ -4,23 +4,18 @@
 
 #![cfg(feature = "macros")]
 
-use axum::extract::{Request, State};
+use crate::support::http::{Answer, SpyStore, TestServer, send, with_auth_header};
+use axum::extract::State;
 use axum::http::StatusCode;
-use axum::middleware::{self, Next};
-use axum::response::Response;
 use axum::routing::post;
 use axum::{Extension, Json, Router};
+use reqwest::Method;
 use serde::Deserialize;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tower_idempotency::engine::Fingerprint;
 use tower_idempotency::http::PrincipalMode;
-use tower_idempotency::store::Record;
-use tower_idempotency::store::{Claim, StoreError, StoreKey, Token};
-use tower_idempotency::{
-    IdempotencyLayer, IdempotentRoutes, MemoryStore, Principal, Store, idempotent,
-};
+use tower_idempotency::{IdempotencyLayer, IdempotentRoutes, MemoryStore, Store, idempotent};
 
 // ---------------------------------------------------------------------------------------------
 // Handlers
@@ -116,61 +111,22 @@ fn anonymous() -> IdempotencyLayer<MemoryStore> {
     IdempotencyLayer::new().principal(PrincipalMode::Optional)
 }
 
-/// Serves `router` on a loopback port; the server task ends with the test's runtime.
-async fn serve(router: Router) -> String {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind a loopback port");
-    let addr = listener.local_addr().expect("the listener's address");
-    tokio::spawn(async move {
-        axum::serve(listener, router)
-            .await
-            .expect("the test server failed");
-    });
-    format!("http://{addr}")
-}
-
-/// A router of `routes` with a run counter and the shared configuration of `layer`.
-async fn server<St: Store>(
-    routes: Router,
-    layer: IdempotencyLayer<St>,
-) -> (String, Runs, reqwest::Client) {
+/// A server of `routes` with a run counter and the shared configuration of `layer`.
+async fn start<St: Store>(routes: Router, layer: IdempotencyLayer<St>) -> (TestServer, Runs) {
     let runs = Runs::default();
     let app = routes
         .layer(Extension(runs.clone()))
         .layer(Extension(IdempotentRoutes::new(layer)));
-    (serve(app).await, runs, reqwest::Client::new())
+    (TestServer::start(app).await, runs)
 }
 
-struct Answer {
-    status: u16,
-    replayed: bool,
-    content_type: Option<String>,
-    body: String,
+/// A `POST` to `path` with no body.
+fn post_to(server: &TestServer, path: &str) -> reqwest::RequestBuilder {
+    server.request(Method::POST, path)
 }
 
-async fn post_with(req: reqwest::RequestBuilder) -> Answer {
-    let res = req.send().await.expect("the request reaches the server");
-    let header = |name: &str| {
-        res.headers()
-            .get(name)
-            .and_then(|v| v.to_str().ok())
-            .map(str::to_owned)
-    };
-    let replayed = header("idempotent-replayed").as_deref() == Some("true");
-    let content_type = header("content-type");
-    let status = res.status().as_u16();
-    let body = res.text().await.expect("the response body");
-    Answer {
-        status,
-        replayed,
-        content_type,
-        body,
-    }
-}
-
-async fn post_key(client: &reqwest::Client, url: String, key: &str) -> Answer {
-    post_with(client.post(url).header("idempotency-key", key)).await
+async fn post_key(server: &TestServer, path: &str, key: &str) -> Answer {
+    send(post_to(server, path).header("idempotency-key", key)).await
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -179,25 +135,25 @@ async fn post_key(client: &reqwest::Client, url: String, key: &str) -> Answer {
 
 #[tokio::test]
 async fn runs_once_and_replays_the_repeat() {
-    let (url, runs, client) = server(Router::new().route("/", post(create)), anonymous()).await;
+    let (server, runs) = start(Router::new().route("/", post(create)), anonymous()).await;
 
-    let first = post_key(&client, format!("{url}/"), "k-1").await;
+    let first = post_key(&server, "/", "k-1").await;
     assert_eq!(
-        (first.status, first.body.as_str(), first.replayed),
+        (first.status.as_u16(), first.text(), first.is_replay()),
         (201, "run 1", false),
         "the first request runs the handler"
     );
-    let again = post_key(&client, format!("{url}/"), "k-1").await;
+    let again = post_key(&server, "/", "k-1").await;
     assert_eq!(
-        (again.status, again.body.as_str(), again.replayed),
+        (again.status.as_u16(), again.text(), again.is_replay()),
         (201, "run 1", true),
         "the repeat is the first answer, replayed"
     );
     assert_eq!(runs.count(), 1, "the handler ran once");
 
-    let other = post_key(&client, format!("{url}/"), "k-2").await;
+    let other = post_key(&server, "/", "k-2").await;
     assert_eq!(
-        (other.body.as_str(), other.replayed),
+        (other.text(), other.is_replay()),
         ("run 2", false),
         "another key runs again"
     );
@@ -208,24 +164,25 @@ async fn required_refuses_a_request_without_a_key_where_the_shared_config_does_n
     let routes = Router::new()
         .route("/strict", post(strict))
         .route("/lenient", post(lenient));
-    let (url, runs, client) = server(routes, anonymous().required(false)).await;
+    let (server, runs) = start(routes, anonymous().required(false)).await;
 
-    let refused = post_with(client.post(format!("{url}/strict"))).await;
+    let refused = send(post_to(&server, "/strict")).await;
     assert_eq!(
-        refused.status, 400,
+        refused.status,
+        400,
         "`required` on the route: {}",
-        refused.body
+        refused.text()
     );
     assert!(
-        refused.body.contains("idempotency.key_missing"),
+        refused.text().contains("idempotency.key_missing"),
         "a problem body with the machine code: {}",
-        refused.body
+        refused.text()
     );
     assert_eq!(runs.count(), 0, "the refused request did not run");
 
-    let passed = post_with(client.post(format!("{url}/lenient"))).await;
+    let passed = send(post_to(&server, "/lenient")).await;
     assert_eq!(
-        (passed.status, passed.replayed),
+        (passed.status.as_u16(), passed.is_replay()),
         (201, false),
         "the shared `required(false)` holds on a route without the option"
     );
@@ -233,20 +190,16 @@ async fn required_refuses_a_request_without_a_key_where_the_shared_config_does_n
 
 #[tokio::test]
 async fn per_route_ttl_expires_the_record() {
-    let (url, runs, client) =
-        server(Router::new().route("/", post(short_lived)), anonymous()).await;
+    let (server, runs) = start(Router::new().route("/", post(short_lived)), anonymous()).await;
 
-    assert_eq!(
-        post_key(&client, format!("{url}/"), "k").await.body,
-        "run 1"
-    );
-    let replay = post_key(&client, format!("{url}/"), "k").await;
-    assert!(replay.replayed, "replayed within the ttl");
+    assert_eq!(post_key(&server, "/", "k").await.text(), "run 1");
+    let replay = post_key(&server, "/", "k").await;
+    assert!(replay.is_replay(), "replayed within the ttl");
 
     tokio::time::sleep(Duration::from_millis(1200)).await;
-    let after = post_key(&client, format!("{url}/"), "k").await;
+    let after = post_key(&server, "/", "k").await;
     assert_eq!(
-        (after.body.as_str(), after.replayed),
+        (after.text(), after.is_replay()),
         ("run 2", false),
         "ttl = \"1s\": the record is gone after 1.2 s and the handler runs again"
     );
@@ -255,33 +208,21 @@ async fn per_route_ttl_expires_the_record() {
 
 #[tokio::test]
 async fn per_route_lease_and_ttl_reach_the_store() {
-    let store = RecordingStore::default();
-    let seen = Arc::clone(&store.seen);
+    let store = SpyStore::new();
     let routes = Router::new()
         .route("/timed", post(timed))
         .route("/plain", post(create));
-    let shared = IdempotencyLayer::with_store(store)
+    let shared = IdempotencyLayer::with_store(store.clone())
         .principal(PrincipalMode::Optional)
         .lease(Duration::from_secs(7))
         .ttl(Duration::from_secs(70));
-    let (url, _runs, client) = server(routes, shared).await;
+    let (server, _runs) = start(routes, shared).await;
+
+    assert_eq!(post_key(&server, "/timed", "k-t").await.status, 201);
+    assert_eq!(post_key(&server, "/plain", "k-p").await.status, 201);
 
     assert_eq!(
-        post_key(&client, format!("{url}/timed"), "k-t")
-            .await
-            .status,
-        201
-    );
-    assert_eq!(
-        post_key(&client, format!("{url}/plain"), "k-p")
-            .await
-            .status,
-        201
-    );
-
-    let seen = seen.lock().expect("the store's log").clone();
-    assert_eq!(
-        seen,
+        store.leases_and_ttls(),
         vec![
             ("claim", Duration::from_millis(1500)),
             ("complete", Duration::from_secs(600)),
@@ -295,18 +236,17 @@ async fn per_route_lease_and_ttl_reach_the_store() {
 
 #[tokio::test]
 async fn status_mode_replays_an_empty_body() {
-    let (url, runs, client) =
-        server(Router::new().route("/", post(status_only)), anonymous()).await;
+    let (server, runs) = start(Router::new().route("/", post(status_only)), anonymous()).await;
 
-    let first = post_key(&client, format!("{url}/"), "k").await;
+    let first = post_key(&server, "/", "k").await;
     assert_eq!(
-        (first.status, first.body.as_str()),
+        (first.status.as_u16(), first.text()),
         (201, "secret 1"),
         "the caller gets the handler's body"
     );
-    let replay = post_key(&client, format!("{url}/"), "k").await;
+    let replay = post_key(&server, "/", "k").await;
     assert_eq!(
-        (replay.status, replay.body.as_str(), replay.replayed),
+        (replay.status.as_u16(), replay.text(), replay.is_replay()),
         (201, "", true),
         "response = \"status\": the replay has the status and an empty body"
     );
@@ -320,52 +260,51 @@ async fn namespace_suffixes_keep_routes_apart() {
         .route("/b", post(in_b))
         .route("/c", post(create))
         .route("/d", post(lenient));
-    let (url, runs, client) = server(routes, anonymous().namespace("shop")).await;
+    let (server, runs) = start(routes, anonymous().namespace("shop")).await;
 
-    let a = post_key(&client, format!("{url}/a"), "same").await;
-    let b = post_key(&client, format!("{url}/b"), "same").await;
+    let a = post_key(&server, "/a", "same").await;
+    let b = post_key(&server, "/b", "same").await;
     assert_eq!(
-        (a.status, a.body.as_str(), b.status, b.body.as_str()),
+        (a.status.as_u16(), a.text(), b.status.as_u16(), b.text()),
         (201, "a run 1", 201, "b run 2"),
         "one key on two routes with different namespace suffixes: two records"
     );
     assert_eq!(runs.count(), 2);
 
     // Control: without suffixes both routes share `shop`, and the key is taken.
-    let c = post_key(&client, format!("{url}/c"), "shared").await;
-    let d = post_key(&client, format!("{url}/d"), "shared").await;
+    let c = post_key(&server, "/c", "shared").await;
+    let d = post_key(&server, "/d", "shared").await;
     assert_eq!(
-        (c.status, d.status),
+        (c.status.as_u16(), d.status.as_u16()),
         (201, 422),
         "in one namespace the key is reused with another request: {}",
-        d.body
+        d.text()
     );
 }
 
 #[tokio::test]
 async fn header_and_request_body_options_apply() {
-    let (url, runs, client) =
-        server(Router::new().route("/", post(custom_header)), anonymous()).await;
+    let (server, runs) = start(Router::new().route("/", post(custom_header)), anonymous()).await;
 
-    let first = post_with(client.post(format!("{url}/")).header("x-request-key", "k")).await;
-    let again = post_with(client.post(format!("{url}/")).header("x-request-key", "k")).await;
+    let first = send(post_to(&server, "/").header("x-request-key", "k")).await;
+    let again = send(post_to(&server, "/").header("x-request-key", "k")).await;
     assert_eq!(
-        (first.replayed, again.replayed, runs.count()),
+        (first.is_replay(), again.is_replay(), runs.count()),
         (false, true, 1),
         "the key is read from `x-request-key`"
     );
 
-    let big = post_with(
-        client
-            .post(format!("{url}/"))
+    let big = send(
+        post_to(&server, "/")
             .header("x-request-key", "k-big")
             .body("0123456789abcdefX"),
     )
     .await;
     assert_eq!(
-        big.status, 413,
+        big.status,
+        413,
         "max_request_body = 16 refuses 17 bytes: {}",
-        big.body
+        big.text()
     );
 }
 
@@ -375,43 +314,39 @@ async fn state_and_json_extractors_work() {
     let routes = Router::new()
         .route("/payments", post(create_payment))
         .with_state(app.clone());
-    let (url, _runs, client) = server(routes, anonymous()).await;
+    let (server, _runs) = start(routes, anonymous()).await;
     let pay = |amount: u64| {
-        client
-            .post(format!("{url}/payments"))
+        post_to(&server, "/payments")
             .header("idempotency-key", "pay-1")
             .json(&serde_json::json!({ "amount": amount }))
     };
 
-    let first = post_with(pay(42)).await;
-    assert_eq!(first.status, 201, "{}", first.body);
-    assert_eq!(first.body, r#"{"amount":42,"payment":1}"#);
-    let again = post_with(pay(42)).await;
+    let first = send(pay(42)).await;
+    assert_eq!(first.status, 201, "{}", first.text());
+    assert_eq!(first.text(), r#"{"amount":42,"payment":1}"#);
+    let again = send(pay(42)).await;
     assert_eq!(
-        (again.body.as_str(), again.replayed),
-        (first.body.as_str(), true),
+        (again.text(), again.is_replay()),
+        (first.text(), true),
         "the same payment is replayed"
     );
     assert_eq!(
-        again.content_type.as_deref(),
+        again.header("content-type"),
         Some("application/json"),
         "with its content type"
     );
-    let changed = post_with(pay(43)).await;
+    let changed = send(pay(43)).await;
     assert_eq!(
-        changed.status, 422,
+        changed.status,
+        422,
         "the key with another body: {}",
-        changed.body
+        changed.text()
     );
     assert_eq!(app.payments.load(Ordering::SeqCst), 1, "charged once");
 
-    let unkeyed = post_with(
-        client
-            .post(format!("{url}/payments"))
-            .json(&serde_json::json!({ "amount": 1 })),
-    )
-    .await;
-    assert_eq!(unkeyed.status, 400, "`required`: {}", unkeyed.body);
+    let unkeyed =
+        send(post_to(&server, "/payments").json(&serde_json::json!({ "amount": 1 }))).await;
+    assert_eq!(unkeyed.status, 400, "`required`: {}", unkeyed.text());
 }
 
 #[tokio::test]
@@ -420,118 +355,51 @@ async fn a_missing_config_is_a_500_that_says_what_to_add() {
     let app = Router::new()
         .route("/", post(create))
         .layer(Extension(runs.clone()));
-    let url = serve(app).await;
+    let server = TestServer::start(app).await;
 
-    let answer = post_key(&reqwest::Client::new(), format!("{url}/"), "k").await;
+    let answer = post_key(&server, "/", "k").await;
     assert_eq!(answer.status, 500);
     assert_eq!(
-        answer.content_type.as_deref(),
+        answer.header("content-type"),
         Some("application/problem+json")
     );
     assert!(
-        answer.body.contains(
+        answer.text().contains(
             "no IdempotentRoutes in the request extensions: add `.layer(Extension(IdempotentRoutes::new(...)))` to the router"
         ),
         "the detail says what to add: {}",
-        answer.body
+        answer.text()
     );
     assert_eq!(runs.count(), 0, "the handler did not run");
 }
 
-/// Demo authentication: `x-user: <name>` becomes the request's `Principal`.
-async fn authenticate(mut req: Request, next: Next) -> Response {
-    let user = req
-        .headers()
-        .get("x-user")
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned);
-    if let Some(user) = user {
-        req.extensions_mut().insert(Principal::new(user));
-    }
-    next.run(req).await
-}
-
 #[tokio::test]
 async fn the_principal_comes_from_a_middleware() {
-    let routes = Router::new()
-        .route("/", post(create))
-        .layer(middleware::from_fn(authenticate));
+    // Demo authentication: `x-user: <name>` becomes the request's `Principal`.
+    let routes = with_auth_header(Router::new().route("/", post(create)), "x-user");
     // The shared default: a principal is required.
-    let (url, runs, client) = server(routes, IdempotencyLayer::new()).await;
+    let (server, runs) = start(routes, IdempotencyLayer::new()).await;
     let as_user = |user: &str| {
-        client
-            .post(format!("{url}/"))
+        post_to(&server, "/")
             .header("idempotency-key", "k")
             .header("x-user", user)
     };
 
-    let anonymous = post_key(&client, format!("{url}/"), "k").await;
-    assert_eq!(anonymous.status, 401, "no principal: {}", anonymous.body);
+    let anonymous = post_key(&server, "/", "k").await;
+    assert_eq!(anonymous.status, 401, "no principal: {}", anonymous.text());
 
-    let alice = post_with(as_user("alice")).await;
-    let alice_again = post_with(as_user("alice")).await;
-    let bob = post_with(as_user("bob")).await;
+    let alice = send(as_user("alice")).await;
+    let alice_again = send(as_user("alice")).await;
+    let bob = send(as_user("bob")).await;
     assert_eq!(
         (
-            alice.body.as_str(),
-            alice_again.replayed,
-            bob.body.as_str(),
-            bob.replayed
+            alice.text(),
+            alice_again.is_replay(),
+            bob.text(),
+            bob.is_replay()
         ),
         ("run 1", true, "run 2", false),
         "alice's repeat is replayed; bob's request under the same key is his own"
     );
     assert_eq!(runs.count(), 2);
-}
-
-// ---------------------------------------------------------------------------------------------
-// A store that logs the lease of each claim and the ttl of each completion
-// ---------------------------------------------------------------------------------------------
-
-#[derive(Default)]
-struct RecordingStore {
-    inner: MemoryStore,
-    seen: Arc<Mutex<Vec<(&'static str, Duration)>>>,
-}
-
-impl RecordingStore {
-    fn log(&self, step: &'static str, d: Duration) {
-        self.seen.lock().expect("the store's log").push((step, d));
-    }
-}
-
-impl Store for RecordingStore {
-    async fn claim(
-        &self,
-        key: &StoreKey,
-        fingerprint: &Fingerprint,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
-        self.log("claim", lease);
-        self.inner.claim(key, fingerprint, lease).await
-    }
-    async fn complete(
-        &self,
-        key: &StoreKey,
-        token: &Token,
-        fingerprint: &Fingerprint,
-        record: Record,
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        self.log("complete", ttl);
-        self.inner
-            .complete(key, token, fingerprint, record, ttl)
-            .await
-    }
-    async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
-        self.inner.release(key, token).await
-    }
-    async fn renew(
-        &self,
-        key: &StoreKey,
-        token: &Token,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        self.inner.renew(key, token, lease).await
-    }
 }

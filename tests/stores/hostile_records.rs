@@ -8,15 +8,16 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::support::raw_http;
+use crate::support::{http as support_http, raw_http};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
-use raw_http::{BODY, default_fingerprint, keyed, memory_app, post, store_key};
+use raw_http::{BODY, keyed, post};
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use support_http::{LAYER_NS, Work, memory_app, store_key, work_fingerprint};
 use tower::{Layer, ServiceExt, service_fn};
 use tower_idempotency::engine::{Fingerprint, RecordedResponse};
 use tower_idempotency::http::{Rejection, RejectionKind, RequestBody};
@@ -117,25 +118,17 @@ fn tampered() -> Vec<(&'static str, Vec<u8>)> {
 
 /// Plants `bytes` as alice's completed record of `key` for the request `BODY`.
 async fn plant<S: Store>(store: &S, key: &str, bytes: Vec<u8>, fp: &Fingerprint) {
-    let k = store_key("alice", key);
-    let Claim::Claimed(token) = store.claim(&k, fp, Duration::from_secs(60)).await.unwrap() else {
-        panic!("the key to plant under is free");
-    };
-    let record = Record::from_bytes(Bytes::from(bytes));
-    assert!(
-        store
-            .complete(&k, &token, fp, record, Duration::from_secs(600))
-            .await
-            .unwrap()
-    );
+    let k = store_key(LAYER_NS, "alice", key);
+    support_http::plant(store, &k, fp, Record::from_bytes(Bytes::from(bytes))).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tampered_records_in_the_memory_store_are_503_record_invalid_and_never_replayed() {
-    let (server, work, store) = memory_app(IdempotencyLayer::with_store).await;
+    let work = Work::plain();
+    let (server, store) = memory_app(&work, IdempotencyLayer::with_store).await;
     for (i, (name, bytes)) in tampered().into_iter().enumerate() {
         let key = format!("k-tampered-{i}");
-        plant(&*store, &key, bytes, &default_fingerprint(BODY)).await;
+        plant(&*store, &key, bytes, &work_fingerprint(BODY)).await;
         let a = server
             .one(&post("/work", &keyed("alice", key.as_bytes()), BODY))
             .await;
@@ -157,7 +150,7 @@ async fn tampered_records_in_the_memory_store_are_503_record_invalid_and_never_r
         &*store,
         "k-genuine",
         encode(&genuine()),
-        &default_fingerprint(BODY),
+        &work_fingerprint(BODY),
     )
     .await;
     let a = server
@@ -272,8 +265,8 @@ async fn with_a_secret_every_bit_flip_of_a_record_is_refused() {
         record,
     } = origin
         .claim(
-            &store_key("alice", "k-flip"),
-            &default_fingerprint(BODY),
+            &store_key(LAYER_NS, "alice", "k-flip"),
+            &work_fingerprint(BODY),
             Duration::from_secs(1),
         )
         .await
@@ -283,7 +276,7 @@ async fn with_a_secret_every_bit_flip_of_a_record_is_refused() {
     };
     assert_ne!(
         keyed_fp,
-        default_fingerprint(BODY),
+        work_fingerprint(BODY),
         "the stored fingerprint is keyed"
     );
     // Unchanged, it replays under the same secret.
@@ -308,7 +301,7 @@ async fn without_a_secret_bit_flips_are_refused_or_replayed_as_valid_records_nev
     let record = encode(&genuine());
     let (refused, replayed, bytes) = flip_every_bit(
         &record,
-        &default_fingerprint(BODY),
+        &work_fingerprint(BODY),
         IdempotencyLayer::with_store,
     )
     .await;
@@ -329,22 +322,9 @@ async fn without_a_secret_bit_flips_are_refused_or_replayed_as_valid_records_nev
 #[cfg(feature = "redis")]
 mod on_redis {
     use super::*;
-    use crate::support::raw_http::{Server, Work, with_auth};
-    use crate::support::redis_server::{RedisServer, available, redis_key};
-    use tower_idempotency::store::StoreKey;
-    use tower_idempotency::store::redis::{RedisStore, redis};
-
-    async fn set_raw(server: &RedisServer, store: &RedisStore, key: &StoreKey, value: &[u8]) {
-        let mut conn = server.connection().await;
-        redis::cmd("SET")
-            .arg(redis_key(store.key_prefix(), key))
-            .arg(value)
-            .arg("PX")
-            .arg(60_000)
-            .query_async::<()>(&mut conn)
-            .await
-            .unwrap();
-    }
+    use crate::support::http::TestServer;
+    use crate::support::redis_server::{RedisServer, available};
+    use tower_idempotency::store::redis::RedisStore;
 
     /// `'D' + fingerprint(32) + record`: the store's layout of a completed key.
     fn done_value(fp: &Fingerprint, record: &[u8]) -> Vec<u8> {
@@ -359,20 +339,20 @@ mod on_redis {
         let server = RedisServer::start();
         let ns = "hostile-redis";
         let store = RedisStore::connect(&server.url(), ns).await.unwrap();
-        let work = Work::new();
+        let work = Work::plain();
         let layer = IdempotencyLayer::with_store(store.clone());
-        let app = Server::start(with_auth(work.routes().layer(layer))).await;
-        let fp = default_fingerprint(BODY);
+        let app = TestServer::start(work.app(layer)).await;
+        let fp = work_fingerprint(BODY);
 
         for (i, (name, bytes)) in tampered().into_iter().enumerate() {
             let key = format!("k-tampered-{i}");
-            set_raw(
-                &server,
-                &store,
-                &store_key("alice", &key),
-                &done_value(&fp, &bytes),
-            )
-            .await;
+            server
+                .set_value(
+                    &store,
+                    &store_key(LAYER_NS, "alice", &key),
+                    &done_value(&fp, &bytes),
+                )
+                .await;
             let a = app
                 .one(&post("/work", &keyed("alice", key.as_bytes()), BODY))
                 .await;
@@ -396,7 +376,9 @@ mod on_redis {
         ];
         for (i, (name, value)) in garbage.into_iter().enumerate() {
             let key = format!("k-garbage-{i}");
-            set_raw(&server, &store, &store_key("alice", &key), &value).await;
+            server
+                .set_value(&store, &store_key(LAYER_NS, "alice", &key), &value)
+                .await;
             let a = app
                 .one(&post("/work", &keyed("alice", key.as_bytes()), BODY))
                 .await;
@@ -410,13 +392,13 @@ mod on_redis {
         assert_eq!(work.executions(), 0, "nothing ran");
 
         // Control: the genuine record, written the same way, replays.
-        set_raw(
-            &server,
-            &store,
-            &store_key("alice", "k-genuine"),
-            &done_value(&fp, &encode(&genuine())),
-        )
-        .await;
+        server
+            .set_value(
+                &store,
+                &store_key(LAYER_NS, "alice", "k-genuine"),
+                &done_value(&fp, &encode(&genuine())),
+            )
+            .await;
         let a = app
             .one(&post("/work", &keyed("alice", b"k-genuine"), BODY))
             .await;

@@ -20,7 +20,7 @@ use crate::support;
 use bytes::Bytes;
 use std::sync::Arc;
 use std::time::Instant;
-use support::apps::{Kind, Server, Work, client, send};
+use support::http::{Kind, TestServer, Work, send};
 use tower_idempotency::engine::{Begin, Engine, Fingerprint, RecordedResponse, Scope, Ticket};
 use tower_idempotency::store::clock::ManualClock;
 use tower_idempotency::store::{StoreErrorKind, StoreKey};
@@ -215,12 +215,12 @@ fn derived(user: &str, k: &str) -> StoreKey {
     )
 }
 
-async fn http_rig(store: MemoryStore) -> (Arc<MemoryStore>, Engine<MemoryStore>, Server, Work) {
+async fn http_rig(store: MemoryStore) -> (Arc<MemoryStore>, Engine<MemoryStore>, TestServer, Work) {
     let store = Arc::new(store);
     let engine = Engine::from_arc(Arc::clone(&store));
-    let work = Work::new();
+    let work = Work::per_key();
     let layer = IdempotencyLayer::with_engine(Engine::from_arc(Arc::clone(&store))).namespace(NS);
-    let server = Server::start(work.app(layer)).await;
+    let server = TestServer::start(work.user_app(layer)).await;
     (store, engine, server, work)
 }
 
@@ -235,19 +235,18 @@ async fn a_scope_of_pending_claims_answers_429_while_other_scopes_claim() {
             .build(),
     )
     .await;
-    let http = client();
 
     // alice holds four pending claims: her scope is at its cap with nothing it may drop.
     let mut alice = Vec::new();
     for i in 0..4 {
         alice.push(run(&engine, derived("alice", &format!("held-{i}")), i).await);
     }
-    let a = send(server.work(&http, "new").header("x-user", "alice")).await;
+    let a = send(server.work("new").header("x-user", "alice")).await;
     assert_eq!(a.status, 429, "{}", a.describe());
     assert_eq!(a.code().as_deref(), Some("idempotency.scope_full"));
-    assert!(a.retry_after.is_some());
+    assert!(a.retry_after().is_some());
     // bob, in the same shard, still claims.
-    let b = send(server.work(&http, "new").header("x-user", "bob")).await;
+    let b = send(server.work("new").header("x-user", "bob")).await;
     assert_eq!(b.kind(), Kind::Fresh, "{}", b.describe());
 
     // Two of alice's claims complete: at her cap, she drops her own oldest completed record.
@@ -256,7 +255,7 @@ async fn a_scope_of_pending_claims_answers_429_while_other_scopes_claim() {
     let second = alice.remove(0);
     assert!(engine.complete(second, &response(1)).await.unwrap());
     let drops = store.stats().early_drops;
-    let a2 = send(server.work(&http, "new").header("x-user", "alice")).await;
+    let a2 = send(server.work("new").header("x-user", "alice")).await;
     assert_eq!(a2.kind(), Kind::Fresh, "{}", a2.describe());
     assert_eq!(
         store.stats().early_drops,
@@ -282,7 +281,7 @@ async fn a_scope_of_pending_claims_answers_429_while_other_scopes_claim() {
             "alice's pending claims are kept: {again:?}"
         );
     }
-    let b2 = send(server.work(&http, "new").header("x-user", "bob")).await;
+    let b2 = send(server.work("new").header("x-user", "bob")).await;
     assert_eq!(
         b2.kind(),
         Kind::Replay,
@@ -355,18 +354,17 @@ async fn a_shard_full_of_pending_claims_answers_503_while_other_shards_claim() {
             .build(),
     )
     .await;
-    let http = client();
     let mut held = Vec::new();
     for i in 0..4 {
         held.push(run(&engine, derived(&format!("user-{i}"), "held"), i).await);
     }
-    let c = send(server.work(&http, "new").header("x-user", "carol")).await;
+    let c = send(server.work("new").header("x-user", "carol")).await;
     assert_eq!(c.status, 503, "{}", c.describe());
     assert_eq!(c.code().as_deref(), Some("idempotency.store_full"));
-    assert!(c.retry_after.is_some());
+    assert!(c.retry_after().is_some());
     let t = held.remove(0);
     assert!(engine.complete(t, &response(0)).await.unwrap());
-    let c2 = send(server.work(&http, "new").header("x-user", "carol")).await;
+    let c2 = send(server.work("new").header("x-user", "carol")).await;
     assert_eq!(c2.kind(), Kind::Fresh, "{}", c2.describe());
     let stats = store.stats();
     println!(

@@ -9,16 +9,15 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use crate::support::raw_http;
-use crate::support::redis_server;
+use crate::support::{http as support_http, raw_http, redis_server};
 
 use bytes::Bytes;
-use raw_http::{BODY, Raw, Server, Work, default_fingerprint, keyed, post, store_key, with_auth};
-use redis_server::{RedisServer, available, redis_key};
+use raw_http::{BODY, Raw, keyed, post};
+use redis_server::{RedisServer, available};
 use std::sync::OnceLock;
+use support_http::{LAYER_NS, TestServer, Work, store_key, work_fingerprint};
 use tower_idempotency::engine::RecordedResponse;
 use tower_idempotency::http::PrincipalMode;
-use tower_idempotency::store::StoreKey;
 use tower_idempotency::store::redis::{RedisStore, redis};
 use tower_idempotency::{IdempotencyLayer, Secret};
 
@@ -32,32 +31,10 @@ async fn store(server: &RedisServer, ns: &str) -> RedisStore {
 }
 
 /// An app (auth → idempotency over `store` → handler) and its handler counters.
-async fn app(layer: IdempotencyLayer<RedisStore>) -> (Server, Work) {
-    let work = Work::new();
-    let server = Server::start(with_auth(work.routes().layer(layer))).await;
+async fn app(layer: IdempotencyLayer<RedisStore>) -> (TestServer, Work) {
+    let work = Work::plain();
+    let server = TestServer::start(work.app(layer)).await;
     (server, work)
-}
-
-async fn get(server: &RedisServer, store: &RedisStore, key: &StoreKey) -> Vec<u8> {
-    let mut conn = server.connection().await;
-    redis::cmd("GET")
-        .arg(redis_key(store.key_prefix(), key))
-        .query_async::<Option<Vec<u8>>>(&mut conn)
-        .await
-        .unwrap()
-        .expect("the key is in Redis")
-}
-
-async fn set(server: &RedisServer, store: &RedisStore, key: &StoreKey, value: &[u8]) {
-    let mut conn = server.connection().await;
-    redis::cmd("SET")
-        .arg(redis_key(store.key_prefix(), key))
-        .arg(value)
-        .arg("PX")
-        .arg(60_000)
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
 }
 
 /// Every key in the server with its value and remaining time to live (ms).
@@ -102,7 +79,12 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 // Principal isolation
 // ---------------------------------------------------------------------------------------------
 
-async fn send(server: &Server, principal: Option<&str>, tenant: Option<&str>, key: &str) -> Raw {
+async fn send(
+    server: &TestServer,
+    principal: Option<&str>,
+    tenant: Option<&str>,
+    key: &str,
+) -> Raw {
     let mut headers: Vec<(&str, &[u8])> = vec![
         ("content-type", &b"application/json"[..]),
         ("idempotency-key", key.as_bytes()),
@@ -293,7 +275,9 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
     // A's own record replays; its value tells us A's keyed fingerprint of this request.
     assert_eq!(a.one(&req("k-own")).await.status, 201);
     assert!(a.one(&req("k-own")).await.is_replay());
-    let own = get(redis, &st, &store_key("alice", "k-own")).await;
+    let own = redis
+        .get_value(&st, &store_key(LAYER_NS, "alice", "k-own"))
+        .await;
     let fp_a = &own[1..33];
 
     // A valid record that is not sealed, under the right key and fingerprint.
@@ -301,13 +285,17 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
         .encode()
         .unwrap();
     let value = [&b"D"[..], fp_a, unsealed.as_bytes()].concat();
-    set(redis, &st, &store_key("alice", "k-unsealed"), &value).await;
+    redis
+        .set_value(&st, &store_key(LAYER_NS, "alice", "k-unsealed"), &value)
+        .await;
     a.one(&req("k-unsealed"))
         .await
         .assert_problem(503, "idempotency.record_invalid");
 
     // A's own sealed record copied under another key: the tag binds the key.
-    set(redis, &st, &store_key("alice", "k-moved"), &own).await;
+    redis
+        .set_value(&st, &store_key(LAYER_NS, "alice", "k-moved"), &own)
+        .await;
     a.one(&req("k-moved"))
         .await
         .assert_problem(503, "idempotency.record_invalid");
@@ -318,7 +306,9 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
         b.one(&req("k-b")).await.is_replay(),
         "B replays its own record"
     );
-    let theirs = get(redis, &st, &store_key("alice", "k-b")).await;
+    let theirs = redis
+        .get_value(&st, &store_key(LAYER_NS, "alice", "k-b"))
+        .await;
     assert_ne!(
         &theirs[1..33],
         fp_a,
@@ -328,7 +318,9 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
     foreign.assert_problem(422, "idempotency.key_reused");
     // Even relabelled with A's fingerprint, B's seal does not verify under A's secret.
     let relabelled = [&b"D"[..], fp_a, &theirs[33..]].concat();
-    set(redis, &st, &store_key("alice", "k-b"), &relabelled).await;
+    redis
+        .set_value(&st, &store_key(LAYER_NS, "alice", "k-b"), &relabelled)
+        .await;
     a.one(&req("k-b"))
         .await
         .assert_problem(503, "idempotency.record_invalid");
@@ -351,9 +343,13 @@ async fn keyed_fingerprint_keeps_a_low_entropy_body_from_being_confirmed() {
     assert_eq!(plain.one(&req("k-plain")).await.status, 201);
     assert_eq!(keyed_app.one(&req("k-keyed")).await.status, 201);
 
-    let stored_plain = get(redis, &st, &store_key("alice", "k-plain")).await;
-    let stored_keyed = get(redis, &st, &store_key("alice", "k-keyed")).await;
-    let plain_fp = default_fingerprint(&body);
+    let stored_plain = redis
+        .get_value(&st, &store_key(LAYER_NS, "alice", "k-plain"))
+        .await;
+    let stored_keyed = redis
+        .get_value(&st, &store_key(LAYER_NS, "alice", "k-keyed"))
+        .await;
+    let plain_fp = work_fingerprint(&body);
     assert_eq!(
         &stored_plain[1..33],
         plain_fp.as_bytes(),
@@ -367,7 +363,7 @@ async fn keyed_fingerprint_keeps_a_low_entropy_body_from_being_confirmed() {
 
     // Someone with a dump tries every PIN against the stored fingerprints.
     let guess = |stored: &[u8]| {
-        (0..10_000).find(|pin| default_fingerprint(&pin_body(*pin)).as_bytes() == stored)
+        (0..10_000).find(|pin| work_fingerprint(&pin_body(*pin)).as_bytes() == stored)
     };
     assert_eq!(
         guess(&stored_plain[1..33]),
@@ -385,8 +381,12 @@ async fn without_a_secret_a_record_copied_under_another_key_replays() {
     let (server, work) = app(IdempotencyLayer::with_store(st.clone())).await;
     let req = |key: &str| post("/work", &keyed("alice", key.as_bytes()), BODY);
     assert_eq!(server.one(&req("k-original")).await.status, 201);
-    let original = get(redis, &st, &store_key("alice", "k-original")).await;
-    set(redis, &st, &store_key("alice", "k-copy"), &original).await;
+    let original = redis
+        .get_value(&st, &store_key(LAYER_NS, "alice", "k-original"))
+        .await;
+    redis
+        .set_value(&st, &store_key(LAYER_NS, "alice", "k-copy"), &original)
+        .await;
     let copy = server.one(&req("k-copy")).await;
     assert!(copy.is_replay(), "{}", copy.describe());
     assert_eq!(work.executions(), 1, "the copied record stood in for a run");

@@ -1,6 +1,6 @@
-//! Helpers for the HTTP layer tests: a real axum server on loopback, a test handler steered by
-//! request headers, a store that counts (and can fail) its steps, and a client that captures
-//! whole answers.
+//! Helpers for the tests over HTTP: a real axum server on loopback, one test handler steered by
+//! request headers, a store wrapper that counts (and can fail or block) its steps, and a client
+//! that captures whole answers.
 //!
 //! The test handler (`work`) reads these request headers (none of them is part of the default
 //! fingerprint, so a duplicate may change them freely):
@@ -8,14 +8,22 @@
 //! | header | effect |
 //! | --- | --- |
 //! | `x-principal` / `x-tenant` | the demo authentication puts a [`Principal`] into extensions |
+//! | `x-user` | the principal of [`Work::user_app`] (`alice` when absent) |
 //! | `x-delay-ms` | the handler sleeps this long before answering |
+//! | `x-gate` | the handler waits until [`Work::open`] opens the gate of this name |
 //! | `x-status` | the status it answers with (default 201) |
 //! | `x-body-bytes` | answers this many `x` bytes (known length) instead of JSON |
 //! | `x-stream-chunks` | answers this many 10-byte chunks with no known length |
 //! | `x-fail-body-first` | the first execution's body fails after one chunk |
+//! | `x-mode: panic` | the handler panics while [`Work::panic_next`] has panics left |
+//! | `x-mode: cookies` | the answer carries 100 more `Set-Cookie` lines `sid<i>=<x-marker>-<i>` |
+//! | `x-mode: obs-text` | the answer carries [`OBS_TEXT`] as `Content-Disposition` and `X-Raw` |
+//! | `x-marker` | the value of the `session` cookie (`s<execution>` when absent) |
 //!
 //! Every answer carries `Location`, `Set-Cookie`, `X-Request-Id`, two `Link` lines and
-//! `X-Order-Id`, so replay tests can see which headers come back.
+//! `X-Order-Id`, so replay tests can see which headers come back. Its JSON body depends on how
+//! the [`Work`] was made: [`Work::new`] echoes the request, [`Work::plain`] keeps only its
+//! length, [`Work::per_key`] numbers executions per idempotency key (the storms and faults).
 
 use axum::Router;
 use axum::body::Body as AxumBody;
@@ -23,35 +31,48 @@ use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
-use axum::routing::post;
+use axum::routing::{get, post};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::convert::Infallible;
+use std::fmt;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::net::TcpListener;
-use tokio::sync::oneshot;
+use tokio::sync::{Semaphore, oneshot};
 use tokio::task::JoinHandle;
 use tower_idempotency::engine::{Fingerprint, Scope};
-use tower_idempotency::http::REPLAYED_HEADER;
+use tower_idempotency::http::{PrincipalMode, REPLAYED_HEADER};
 use tower_idempotency::store::Record;
 use tower_idempotency::store::{Claim, StoreError, StoreErrorKind, StoreKey, Token};
-use tower_idempotency::{IdempotencyKey, MemoryStore, Principal, Store};
+use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore, Principal, Store};
 
 /// The time limit of every request a test client sends.
 pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// The layer's namespace when none is set.
+pub(crate) const LAYER_NS: &str = "default";
+
+/// A `Content-Disposition` value with obs-text bytes (0x80–0xff): not UTF-8 (`x-mode: obs-text`).
+pub(crate) const OBS_TEXT: &[u8] = b"attachment; filename=\"r\xe9sum\xe9-\x80\xff.txt\"";
+
+/// Locks `m`, poisoned or not (a panicking test thread must not hide what it counted).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
 
 // ----------------------------------------------------------------------------------------------
 // The server
 // ----------------------------------------------------------------------------------------------
 
 /// An axum app served on `127.0.0.1:<random port>` by a spawned task; stopped on drop.
+#[derive(Debug)]
 pub(crate) struct TestServer {
     addr: SocketAddr,
     client: reqwest::Client,
@@ -113,6 +134,13 @@ impl TestServer {
         self.client.request(method, self.url(path))
     }
 
+    /// `POST /work` with the idempotency key `key` and a JSON body that is the same for every
+    /// duplicate of the key (and differs between keys).
+    pub(crate) fn work(&self, key: &str) -> reqwest::RequestBuilder {
+        self.post("/work", &format!(r#"{{"item":"book","key":"{key}"}}"#))
+            .header("idempotency-key", key)
+    }
+
     /// Stops the server: a graceful shutdown signal, then an abort if it takes over 5 s.
     pub(crate) async fn stop(mut self) {
         if let Some(tx) = self.shutdown.take() {
@@ -146,6 +174,24 @@ pub(crate) fn client() -> reqwest::Client {
         .redirect(reqwest::redirect::Policy::none())
         .build()
         .expect("build the reqwest client")
+}
+
+/// [`Work::app`] of a fresh [`Work`] behind `layer`, on a [`TestServer`].
+pub(crate) async fn server_with<St: Store>(layer: IdempotencyLayer<St>) -> (TestServer, Work) {
+    let work = Work::new();
+    let server = TestServer::start(work.app(layer)).await;
+    (server, work)
+}
+
+/// [`Work::app`] of `work` behind the layer `layer` builds over a fresh memory store, on a
+/// [`TestServer`]; returns the server and the store.
+pub(crate) async fn memory_app(
+    work: &Work,
+    layer: impl FnOnce(Arc<MemoryStore>) -> IdempotencyLayer<Arc<MemoryStore>>,
+) -> (TestServer, Arc<MemoryStore>) {
+    let store = Arc::new(MemoryStore::new());
+    let server = TestServer::start(work.app(layer(Arc::clone(&store)))).await;
+    (server, store)
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -185,6 +231,23 @@ pub(crate) struct Answer {
     pub(crate) status: StatusCode,
     pub(crate) headers: HeaderMap,
     pub(crate) body: Bytes,
+    /// From sending the request to the last byte of the answer.
+    pub(crate) elapsed: Duration,
+}
+
+/// What an answer was, for the invariants of storms and faults.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Kind {
+    /// 201 from a run of the handler.
+    Fresh,
+    /// 201 replayed from the record (`Idempotent-Replayed: true`).
+    Replay,
+    /// 409 `idempotency.in_flight`.
+    InFlight,
+    /// 503 `idempotency.store_failed` with `Retry-After`.
+    StoreFailed,
+    /// Anything else: status and problem code.
+    Other(u16, String),
 }
 
 impl Answer {
@@ -206,6 +269,12 @@ impl Answer {
         })
     }
 
+    /// The body as text.
+    pub(crate) fn text(&self) -> &str {
+        std::str::from_utf8(&self.body)
+            .unwrap_or_else(|e| panic!("the answer body is not UTF-8 ({e}): {}", self.describe()))
+    }
+
     /// The handler's `execution` number in a JSON answer.
     pub(crate) fn execution(&self) -> u64 {
         self.json()["execution"]
@@ -213,11 +282,23 @@ impl Answer {
             .unwrap_or_else(|| panic!("no `execution` in {}", self.describe()))
     }
 
+    /// The `code` of a JSON body (a rejection's machine code); `None` when there is none or the
+    /// body is not JSON.
+    pub(crate) fn code(&self) -> Option<String> {
+        let json: serde_json::Value = serde_json::from_slice(&self.body).ok()?;
+        json["code"].as_str().map(str::to_owned)
+    }
+
     /// A header as a string (`None` when absent).
     pub(crate) fn header(&self, name: &str) -> Option<&str> {
         self.headers
             .get(name)
             .map(|v| v.to_str().expect("header value is visible ASCII"))
+    }
+
+    /// The `Retry-After` header.
+    pub(crate) fn retry_after(&self) -> Option<&str> {
+        self.header("retry-after")
     }
 
     /// Every value of a header, in order.
@@ -229,12 +310,27 @@ impl Answer {
             .collect()
     }
 
+    /// What this answer was.
+    pub(crate) fn kind(&self) -> Kind {
+        match (self.status.as_u16(), self.code().as_deref()) {
+            (201, _) if self.is_replay() => Kind::Replay,
+            (201, _) => Kind::Fresh,
+            (409, Some("idempotency.in_flight")) => Kind::InFlight,
+            (503, Some("idempotency.store_failed")) if self.retry_after().is_some() => {
+                Kind::StoreFailed
+            }
+            (s, c) => Kind::Other(s, c.unwrap_or("-").to_owned()),
+        }
+    }
+
     /// A one-line summary for assertion messages.
     pub(crate) fn describe(&self) -> String {
         format!(
-            "status {} replay={} body {:?}",
+            "status {} replay={} retry-after={:?} after {:?}: body {:?}",
             self.status,
             self.is_replay(),
+            self.retry_after(),
+            self.elapsed,
             String::from_utf8_lossy(&self.body)
         )
     }
@@ -271,17 +367,27 @@ impl Answer {
     }
 }
 
-/// Sends a request and reads the whole answer (the client's timeout bounds both).
-pub(crate) async fn send(rb: reqwest::RequestBuilder) -> Answer {
-    let res = rb.send().await.expect("the request reaches the server");
+/// Sends a request and reads the whole answer; a transport error is an `Err` (the client's
+/// timeout bounds both).
+pub(crate) async fn try_send(rb: reqwest::RequestBuilder) -> Result<Answer, String> {
+    let start = Instant::now();
+    let res = rb.send().await.map_err(|e| format!("{e:?}"))?;
     let status = res.status();
     let headers = res.headers().clone();
-    let body = res.bytes().await.expect("the answer body is read");
-    Answer {
+    let body = res.bytes().await.map_err(|e| format!("{e:?}"))?;
+    Ok(Answer {
         status,
         headers,
         body,
-    }
+        elapsed: start.elapsed(),
+    })
+}
+
+/// Sends a request and reads the whole answer; a transport error fails the test.
+pub(crate) async fn send(rb: reqwest::RequestBuilder) -> Answer {
+    try_send(rb)
+        .await
+        .unwrap_or_else(|e| panic!("the request reaches the server and its answer is read: {e}"))
 }
 
 /// Polls `cond` every 10 ms until it holds or `within` passes; returns whether it held.
@@ -298,37 +404,130 @@ pub(crate) async fn eventually(within: Duration, mut cond: impl FnMut() -> bool)
     }
 }
 
+/// Runs `fut` with a time limit, panicking with `what` when it takes longer.
+pub(crate) async fn bounded<F: Future>(within: Duration, what: &str, fut: F) -> F::Output {
+    tokio::time::timeout(within, fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what} took longer than {within:?}"))
+}
+
 // ----------------------------------------------------------------------------------------------
 // The handler
 // ----------------------------------------------------------------------------------------------
 
-/// The state of the test handler: how often it ran, and how often it was cancelled mid-way.
+/// What the handler's JSON answer holds, and how it numbers executions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum Flavour {
+    /// `{"execution", "method", "path", "query", "body_len"}`, executions numbered per [`Work`].
+    #[default]
+    Echo,
+    /// `{"execution", "body_len"}`, numbered per [`Work`]: nothing of the request but its length.
+    Plain,
+    /// `{"key", "execution", "total", "run"}`: `execution` numbered per idempotency key, `total`
+    /// over every key, `run` a random tag of this run.
+    PerKey,
+}
+
+/// The state of the test handler: how often it ran (in all and per key), how often it was
+/// cancelled mid-way, its gates and the panics it owes. Clones share the state.
 #[derive(Clone, Default, Debug)]
 pub(crate) struct Work {
-    executions: Arc<AtomicUsize>,
-    finished: Arc<AtomicUsize>,
-    cancelled: Arc<AtomicUsize>,
+    state: Arc<WorkState>,
+    flavour: Flavour,
+}
+
+#[derive(Default, Debug)]
+struct WorkState {
+    executions: AtomicUsize,
+    finished: AtomicUsize,
+    cancelled: AtomicUsize,
+    panics_left: AtomicUsize,
+    runs: Mutex<HashMap<String, u64>>,
+    gates: Mutex<HashMap<String, Arc<Semaphore>>>,
 }
 
 impl Work {
-    /// A fresh counter set.
+    /// A fresh counter set; the handler echoes the request:
+    /// `{"execution", "method", "path", "query", "body_len"}`, executions numbered 1, 2, … over
+    /// every request.
     pub(crate) fn new() -> Self {
         Self::default()
     }
 
+    /// Like [`new`](Self::new), but the JSON answer is `{"execution", "body_len"}` only, so a
+    /// record at rest holds nothing of the request (its query, say) but its length.
+    pub(crate) fn plain() -> Self {
+        Self {
+            flavour: Flavour::Plain,
+            ..Self::default()
+        }
+    }
+
+    /// The handler of storms and faults: `{"key", "execution", "total", "run"}`, `execution`
+    /// numbered per idempotency key, `total` over every key, `run` a random tag of the run.
+    pub(crate) fn per_key() -> Self {
+        Self {
+            flavour: Flavour::PerKey,
+            ..Self::default()
+        }
+    }
+
     /// How many times the handler started.
     pub(crate) fn executions(&self) -> usize {
-        self.executions.load(Ordering::SeqCst)
+        self.state.executions.load(Ordering::SeqCst)
     }
 
     /// How many times the handler ran to its end.
     pub(crate) fn finished(&self) -> usize {
-        self.finished.load(Ordering::SeqCst)
+        self.state.finished.load(Ordering::SeqCst)
     }
 
     /// How many times the handler's future was dropped before it finished.
     pub(crate) fn cancelled(&self) -> usize {
-        self.cancelled.load(Ordering::SeqCst)
+        self.state.cancelled.load(Ordering::SeqCst)
+    }
+
+    /// How many times the handler started for each idempotency key (`-` for none; keys that
+    /// never ran are absent).
+    pub(crate) fn runs(&self) -> HashMap<String, u64> {
+        lock(&self.state.runs).clone()
+    }
+
+    /// How many times the handler started for the idempotency key `key`.
+    pub(crate) fn runs_of(&self, key: &str) -> u64 {
+        lock(&self.state.runs).get(key).copied().unwrap_or(0)
+    }
+
+    /// Waits (bounded) until the handler has started `n` times for `key`.
+    pub(crate) async fn wait_runs(&self, key: &str, n: u64) {
+        bounded(
+            Duration::from_secs(10),
+            "waiting for a handler run",
+            async {
+                while self.runs_of(key) < n {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            },
+        )
+        .await;
+    }
+
+    /// Lets every handler waiting on the gate `name` (`x-gate`), now or later, go on.
+    pub(crate) fn open(&self, name: &str) {
+        self.gate(name).add_permits(Semaphore::MAX_PERMITS / 2);
+    }
+
+    fn gate(&self, name: &str) -> Arc<Semaphore> {
+        Arc::clone(
+            lock(&self.state.gates)
+                .entry(name.to_owned())
+                .or_insert_with(|| Arc::new(Semaphore::new(0))),
+        )
+    }
+
+    /// Makes the next `n` executions in `x-mode: panic` panic.
+    pub(crate) fn panic_next(&self, n: usize) {
+        self.state.panics_left.store(n, Ordering::SeqCst);
     }
 
     /// `POST /work`, `POST /other`, and `GET`/`PUT /work`, all served by [`work`], with no
@@ -341,8 +540,27 @@ impl Work {
     }
 
     /// [`routes`](Self::routes) behind `layer`, behind the demo authentication.
-    pub(crate) fn app<St: Store>(&self, layer: tower_idempotency::IdempotencyLayer<St>) -> Router {
+    pub(crate) fn app<St: Store>(&self, layer: IdempotencyLayer<St>) -> Router {
         with_auth(self.routes().layer(layer))
+    }
+
+    /// [`routes`](Self::routes) behind `layer`, whose principal is the `x-user` header (`alice`
+    /// when absent; [`PrincipalMode::Required`]), and `GET /stats` (`{"executions": n}`) beside
+    /// the layer.
+    pub(crate) fn user_app<St: Store>(&self, layer: IdempotencyLayer<St>) -> Router {
+        let layer = layer
+            .principal(PrincipalMode::Required)
+            .principal_fn(|parts| {
+                let user = parts
+                    .headers
+                    .get("x-user")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("alice");
+                Some(Scope::principal(user))
+            });
+        self.routes()
+            .layer(layer)
+            .route("/stats", get(stats).with_state(self.clone()))
     }
 }
 
@@ -355,9 +573,9 @@ struct CancelGuard {
 impl Drop for CancelGuard {
     fn drop(&mut self) {
         if self.done {
-            self.work.finished.fetch_add(1, Ordering::SeqCst);
+            self.work.state.finished.fetch_add(1, Ordering::SeqCst);
         } else {
-            self.work.cancelled.fetch_add(1, Ordering::SeqCst);
+            self.work.state.cancelled.fetch_add(1, Ordering::SeqCst);
         }
     }
 }
@@ -369,6 +587,13 @@ fn header_num(headers: &HeaderMap, name: &str) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
+/// 16 random hex digits.
+fn random_tag() -> String {
+    let mut run = [0u8; 8];
+    getrandom::fill(&mut run).expect("OS random source");
+    run.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// The test handler (see the module docs for the headers it reads).
 pub(crate) async fn work(
     State(state): State<Work>,
@@ -377,13 +602,42 @@ pub(crate) async fn work(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let execution = state.executions.fetch_add(1, Ordering::SeqCst) + 1;
+    let total = state.state.executions.fetch_add(1, Ordering::SeqCst) + 1;
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("-")
+        .to_owned();
+    let of_key = {
+        let mut runs = lock(&state.state.runs);
+        let n = runs.entry(key.clone()).or_insert(0);
+        *n += 1;
+        *n
+    };
+    let execution = match state.flavour {
+        Flavour::PerKey => of_key,
+        Flavour::Echo | Flavour::Plain => total as u64,
+    };
     let mut guard = CancelGuard {
-        work: state,
+        work: state.clone(),
         done: false,
     };
+    let mode = headers.get("x-mode").map(HeaderValue::as_bytes);
+    if mode == Some(b"panic")
+        && state
+            .state
+            .panics_left
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    {
+        panic!("the handler panics on purpose (execution {execution})");
+    }
     if let Some(ms) = header_num(&headers, "x-delay-ms") {
         tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if let Some(gate) = headers.get("x-gate").and_then(|v| v.to_str().ok()) {
+        let gate = state.gate(gate);
+        let _permit = gate.acquire().await.expect("gates are never closed");
     }
     let status = header_num(&headers, "x-status")
         .and_then(|s| u16::try_from(s).ok())
@@ -398,23 +652,36 @@ pub(crate) async fn work(
     } else if headers.contains_key("x-fail-body-first") && execution == 1 {
         (status, AxumBody::new(FailingBody::new())).into_response()
     } else {
-        let json = serde_json::json!({
-            "execution": execution,
-            "method": method.as_str(),
-            "path": uri.path(),
-            "query": uri.query(),
-            "body_len": body.len(),
-        });
+        let json = match state.flavour {
+            Flavour::Echo => serde_json::json!({
+                "execution": execution,
+                "method": method.as_str(),
+                "path": uri.path(),
+                "query": uri.query(),
+                "body_len": body.len(),
+            }),
+            Flavour::Plain => serde_json::json!({ "execution": execution, "body_len": body.len() }),
+            Flavour::PerKey => serde_json::json!({
+                "key": key,
+                "execution": execution,
+                "total": total,
+                "run": random_tag(),
+            }),
+        };
         (status, axum::Json(json)).into_response()
     };
+    let marker = headers
+        .get("x-marker")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     let h = res.headers_mut();
     h.insert(
         header::LOCATION,
         HeaderValue::from_str(&format!("/things/{execution}")).expect("location"),
     );
+    let session = marker.clone().unwrap_or_else(|| format!("s{execution}"));
     h.insert(
         header::SET_COOKIE,
-        HeaderValue::from_str(&format!("session=s{execution}")).expect("cookie"),
+        HeaderValue::from_str(&format!("session={session}")).expect("cookie"),
     );
     h.insert(
         "x-request-id",
@@ -429,30 +696,62 @@ pub(crate) async fn work(
         header::LINK,
         HeaderValue::from_static("<b>; rel=\"second\""),
     );
+    match mode {
+        Some(b"cookies") => {
+            let m = marker.as_deref().unwrap_or("cookie");
+            for i in 0..100 {
+                h.append(
+                    header::SET_COOKIE,
+                    HeaderValue::from_str(&format!("sid{i}={m}-{i}; Path=/")).expect("cookie"),
+                );
+            }
+        }
+        Some(b"obs-text") => {
+            let v = HeaderValue::from_bytes(OBS_TEXT).expect("obs-text is a valid field value");
+            h.insert(header::CONTENT_DISPOSITION, v.clone());
+            h.insert("x-raw", v);
+        }
+        _ => {}
+    }
     guard.done = true;
     res
 }
 
-fn principal_of(headers: &HeaderMap) -> Option<Principal> {
+async fn stats(State(work): State<Work>) -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({ "executions": work.executions() }))
+}
+
+fn principal_of(headers: &HeaderMap, principal_header: &str) -> Option<Principal> {
     let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    let principal = Principal::new(get("x-principal")?);
+    let principal = Principal::new(get(principal_header)?);
     Some(match get("x-tenant") {
         Some(t) => principal.with_tenant(t),
         None => principal,
     })
 }
 
-/// The demo authentication: `x-principal` (and `x-tenant`) → a [`Principal`] extension.
-async fn auth(mut req: Request, next: Next) -> Response {
-    if let Some(principal) = principal_of(req.headers()) {
+/// The demo authentication: the header named by the state (and `x-tenant`) → a [`Principal`]
+/// extension.
+async fn auth(
+    State(principal_header): State<&'static str>,
+    mut req: Request,
+    next: Next,
+) -> Response {
+    if let Some(principal) = principal_of(req.headers(), principal_header) {
         req.extensions_mut().insert(principal);
     }
     next.run(req).await
 }
 
-/// Wraps `router` in the demo authentication (which runs before anything inside it).
+/// Wraps `router` in the demo authentication (which runs before anything inside it):
+/// `x-principal` (and `x-tenant`) → a [`Principal`] extension.
 pub(crate) fn with_auth(router: Router) -> Router {
-    router.layer(middleware::from_fn(auth))
+    with_auth_header(router, "x-principal")
+}
+
+/// Like [`with_auth`], with the principal read from the header `principal_header`.
+pub(crate) fn with_auth_header(router: Router, principal_header: &'static str) -> Router {
+    router.layer(middleware::from_fn_with_state(principal_header, auth))
 }
 
 // ----------------------------------------------------------------------------------------------
@@ -531,24 +830,83 @@ impl Body for FailingBody {
 // Stores
 // ----------------------------------------------------------------------------------------------
 
-/// What a [`SpyStore`] counted, and the failures it was told to produce.
-#[derive(Debug, Default)]
-pub(crate) struct SpyState {
+/// What a blocked renewal does (see [`SpyStore::block_next_claim`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RenewFault {
+    /// The renewal never answers (a store paused for this caller).
+    Hang,
+    /// The renewal fails with `Unavailable` every time.
+    Fail,
+}
+
+/// One step seen by a [`SpyStore`], with whether its token is a blocked claimant's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// A claim that claimed the key (not a pending or done key, not an error).
+    Claimed { blocked: bool },
+    /// A renewal.
+    Renew { blocked: bool },
+    /// A complete, with what it returned (`None`: an error).
+    Complete {
+        blocked: bool,
+        written: Option<bool>,
+    },
+    /// A release, with what it returned (`None`: an error).
+    Release {
+        blocked: bool,
+        deleted: Option<bool>,
+    },
+}
+
+/// What a [`SpyStore`] counted and logged, and the failures it was told to produce.
+#[derive(Default)]
+struct SpyState {
     claims: AtomicUsize,
     completes: AtomicUsize,
     releases: AtomicUsize,
     renews: AtomicUsize,
     fail_claim: AtomicBool,
     fail_complete: AtomicBool,
-    last_fingerprint: std::sync::Mutex<Option<Fingerprint>>,
+    last_fingerprint: Mutex<Option<Fingerprint>>,
+    leases_and_ttls: Mutex<Vec<(&'static str, Duration)>>,
+    arm: Mutex<Option<RenewFault>>,
+    blocked: Mutex<HashMap<Token, RenewFault>>,
+    events: Mutex<Vec<Event>>,
+    keys: Mutex<Vec<StoreKey>>,
 }
 
-/// A [`MemoryStore`] that counts every step and can be told to fail `claim` or `complete`
-/// with `StoreErrorKind::Unavailable`. Clones share the store and the counters.
-#[derive(Debug, Clone, Default)]
-pub(crate) struct SpyStore {
-    inner: Arc<MemoryStore>,
+/// A store wrapper (over a [`MemoryStore`] unless told otherwise) that counts and logs every
+/// step, can be told to fail `claim` or `complete` with `StoreErrorKind::Unavailable`, and
+/// makes the renewals of a chosen claim hang or fail. Clones share the store and the state.
+pub(crate) struct SpyStore<S = MemoryStore> {
+    inner: Arc<S>,
     state: Arc<SpyState>,
+}
+
+impl<S> Clone for SpyStore<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+            state: Arc::clone(&self.state),
+        }
+    }
+}
+
+impl<S> fmt::Debug for SpyStore<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SpyStore")
+            .field("claims", &self.claims())
+            .field("completes", &self.completes())
+            .field("releases", &self.releases())
+            .field("renews", &self.renews())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for SpyStore {
+    fn default() -> Self {
+        Self::over(MemoryStore::default())
+    }
 }
 
 impl SpyStore {
@@ -559,10 +917,27 @@ impl SpyStore {
 
     /// A spy over `memory` (e.g. one built with small bounds).
     pub(crate) fn over(memory: MemoryStore) -> Self {
+        Self::wrap(memory)
+    }
+
+    /// The wrapped memory store.
+    pub(crate) fn memory(&self) -> &MemoryStore {
+        &self.inner
+    }
+}
+
+impl<S> SpyStore<S> {
+    /// A spy over any store.
+    pub(crate) fn wrap(inner: S) -> Self {
         Self {
-            inner: Arc::new(memory),
+            inner: Arc::new(inner),
             state: Arc::default(),
         }
+    }
+
+    /// The wrapped store.
+    pub(crate) fn inner(&self) -> &S {
+        &self.inner
     }
 
     /// The number of `claim` calls so far.
@@ -592,19 +967,37 @@ impl SpyStore {
     /// The fingerprint of the last claim, as the store saw it (keyed when the layer has a
     /// secret).
     pub(crate) fn last_fingerprint(&self) -> Option<Fingerprint> {
-        *self
-            .state
-            .last_fingerprint
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        *lock(&self.state.last_fingerprint)
     }
-    /// The wrapped memory store.
-    pub(crate) fn memory(&self) -> &MemoryStore {
-        &self.inner
+    /// The lease of every `claim` and the ttl of every `complete`, in call order:
+    /// `("claim", lease)` and `("complete", ttl)`.
+    pub(crate) fn leases_and_ttls(&self) -> Vec<(&'static str, Duration)> {
+        lock(&self.state.leases_and_ttls).clone()
+    }
+    /// The renewals of the next claim that claims a key will hang or fail ([`Event`]s of its
+    /// token are `blocked`).
+    pub(crate) fn block_next_claim(&self, fault: RenewFault) {
+        *lock(&self.state.arm) = Some(fault);
+    }
+    /// Every claimed key, renewal, complete and release so far.
+    pub(crate) fn events(&self) -> Vec<Event> {
+        lock(&self.state.events).clone()
+    }
+    /// The keys claimed so far, in order.
+    pub(crate) fn claimed_keys(&self) -> Vec<StoreKey> {
+        lock(&self.state.keys).clone()
+    }
+
+    fn blocked(&self, token: &Token) -> Option<RenewFault> {
+        lock(&self.state.blocked).get(token).copied()
+    }
+
+    fn log(&self, e: Event) {
+        lock(&self.state.events).push(e);
     }
 }
 
-impl Store for SpyStore {
+impl<S: Store> Store for SpyStore<S> {
     async fn claim(
         &self,
         key: &StoreKey,
@@ -612,18 +1005,26 @@ impl Store for SpyStore {
         lease: Duration,
     ) -> Result<Claim, StoreError> {
         self.state.claims.fetch_add(1, Ordering::SeqCst);
-        *self
-            .state
-            .last_fingerprint
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(*fingerprint);
+        *lock(&self.state.last_fingerprint) = Some(*fingerprint);
+        lock(&self.state.leases_and_ttls).push(("claim", lease));
         if self.state.fail_claim.load(Ordering::SeqCst) {
             return Err(StoreError::new(
                 StoreErrorKind::Unavailable,
                 "the test store refuses claims",
             ));
         }
-        self.inner.claim(key, fingerprint, lease).await
+        let claim = self.inner.claim(key, fingerprint, lease).await?;
+        if let Claim::Claimed(token) = &claim {
+            let fault = lock(&self.state.arm).take();
+            if let Some(f) = fault {
+                lock(&self.state.blocked).insert(token.clone(), f);
+            }
+            lock(&self.state.keys).push(*key);
+            self.log(Event::Claimed {
+                blocked: fault.is_some(),
+            });
+        }
+        Ok(claim)
     }
 
     async fn complete(
@@ -635,20 +1036,32 @@ impl Store for SpyStore {
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         self.state.completes.fetch_add(1, Ordering::SeqCst);
-        if self.state.fail_complete.load(Ordering::SeqCst) {
-            return Err(StoreError::new(
+        lock(&self.state.leases_and_ttls).push(("complete", ttl));
+        let res = if self.state.fail_complete.load(Ordering::SeqCst) {
+            Err(StoreError::new(
                 StoreErrorKind::Unavailable,
                 "the test store refuses completes",
-            ));
-        }
-        self.inner
-            .complete(key, token, fingerprint, record, ttl)
-            .await
+            ))
+        } else {
+            self.inner
+                .complete(key, token, fingerprint, record, ttl)
+                .await
+        };
+        self.log(Event::Complete {
+            blocked: self.blocked(token).is_some(),
+            written: res.as_ref().ok().copied(),
+        });
+        res
     }
 
     async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
         self.state.releases.fetch_add(1, Ordering::SeqCst);
-        self.inner.release(key, token).await
+        let res = self.inner.release(key, token).await;
+        self.log(Event::Release {
+            blocked: self.blocked(token).is_some(),
+            deleted: res.as_ref().ok().copied(),
+        });
+        res
     }
 
     async fn renew(
@@ -658,7 +1071,18 @@ impl Store for SpyStore {
         lease: Duration,
     ) -> Result<bool, StoreError> {
         self.state.renews.fetch_add(1, Ordering::SeqCst);
-        self.inner.renew(key, token, lease).await
+        let fault = self.blocked(token);
+        self.log(Event::Renew {
+            blocked: fault.is_some(),
+        });
+        match fault {
+            Some(RenewFault::Hang) => std::future::pending().await,
+            Some(RenewFault::Fail) => Err(StoreError::new(
+                StoreErrorKind::Unavailable,
+                "renewal blocked by the test",
+            )),
+            None => self.inner.renew(key, token, lease).await,
+        }
     }
 }
 
@@ -688,11 +1112,9 @@ pub(crate) fn default_fingerprint(
         .finish()
 }
 
-/// Runs `fut` with a time limit, panicking with `what` when it takes longer.
-pub(crate) async fn bounded<F: Future>(within: Duration, what: &str, fut: F) -> F::Output {
-    tokio::time::timeout(within, fut)
-        .await
-        .unwrap_or_else(|_| panic!("{what} took longer than {within:?}"))
+/// The default fingerprint of `POST /work` with the JSON body `body` and no query.
+pub(crate) fn work_fingerprint(body: &[u8]) -> Fingerprint {
+    default_fingerprint("POST", "/work", "", "application/json", body)
 }
 
 /// Writes `record` straight into `store` as the completed record of `key` (claim, then

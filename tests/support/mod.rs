@@ -1,22 +1,24 @@
 //! Helpers shared by the integration tests, mounted by every test binary as
 //! `#[path = "../support/mod.rs"] mod support;`.
 //!
-//! - [`http`]: an axum app behind the layer on a real TCP server, a reqwest client, spy and
-//!   fault stores;
-//! - [`raw_http`]: the same, with raw HTTP/1.1 bytes for requests a client library refuses;
-//! - [`apps`]: the load-style apps (in-process and the quickstart binary) for storms and faults;
+//! - [`http`]: the test server (axum on a real TCP port), the test handler and its counters,
+//!   the client and its answers, the demo authentication, the spy (and fault) store;
+//! - [`raw_http`]: raw HTTP/1.1 bytes to that server, for requests a client library refuses;
+//! - [`apps`]: load over the in-process app or quickstart processes: storms, answer mixes;
+//! - [`quickstart`]: the built quickstart example as a child process (memory store or Redis);
 //! - [`redis_server`]: `redis-server` (and clusters) spawned on free loopback ports;
 //! - [`proxy`]: a TCP proxy that injects latency, drops and black holes;
 //! - [`pb`]: the vendored tonic code of the gRPC tests.
 
-// Each binary uses a part of the helpers.
-#![allow(dead_code, unreachable_pub, unused_imports, unused_macros)]
+// Each binary uses a part of the helpers: what one binary leaves unused is dead code there.
+#![allow(dead_code)]
 
-pub mod apps;
-pub mod http;
-pub mod proxy;
-pub mod raw_http;
-pub mod redis_server;
+pub(crate) mod apps;
+pub(crate) mod http;
+pub(crate) mod proxy;
+pub(crate) mod quickstart;
+pub(crate) mod raw_http;
+pub(crate) mod redis_server;
 
 #[cfg(feature = "tonic")]
 #[path = "grpc/orders.v1.rs"]
@@ -27,4 +29,4 @@ pub mod redis_server;
     rust_2018_idioms,
     clippy::all
 )]
-pub mod pb;
+pub(crate) mod pb;

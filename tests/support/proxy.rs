@@ -12,9 +12,6 @@
 //! Nothing is ever dropped from the middle of a stream: a fault either delays bytes or closes
 //! the whole connection, as real networks do under TCP.
 
-// Each test crate uses part of this.
-#![allow(dead_code, unreachable_pub)]
-
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -26,11 +23,11 @@ use tokio::task::JoinHandle;
 
 /// The proxy's current fault.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Mode {
+pub(crate) struct Mode {
     /// Held per chunk before it is forwarded.
-    pub latency: Duration,
+    pub(crate) latency: Duration,
     /// Nothing is forwarded while set.
-    pub black_hole: bool,
+    pub(crate) black_hole: bool,
 }
 
 impl Mode {
@@ -42,7 +39,7 @@ impl Mode {
 
 /// A running proxy; stops (closing every connection) when dropped.
 #[derive(Debug)]
-pub struct Proxy {
+pub(crate) struct Proxy {
     addr: SocketAddr,
     mode: watch::Sender<Mode>,
     /// Bumped by `drop_all`; a connection closes when it sees a newer generation.
@@ -56,7 +53,7 @@ pub struct Proxy {
 
 impl Proxy {
     /// Starts a proxy on a free loopback port in front of `127.0.0.1:target`.
-    pub async fn start(target: u16) -> Self {
+    pub(crate) async fn start(target: u16) -> Self {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
             .await
             .expect("bind the proxy");
@@ -87,50 +84,50 @@ impl Proxy {
     }
 
     /// The proxy's port.
-    pub fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.addr.port()
     }
 
     /// `redis://127.0.0.1:<proxy port>/`.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.addr.port())
     }
 
     /// Holds every chunk for `latency` before forwarding it (both directions).
-    pub fn set_latency(&self, latency: Duration) {
+    pub(crate) fn set_latency(&self, latency: Duration) {
         self.mode.send_modify(|m| m.latency = latency);
     }
 
     /// Forwards nothing until [`restore`](Self::restore); connections stay open and new ones
     /// are accepted.
-    pub fn black_hole(&self) {
+    pub(crate) fn black_hole(&self) {
         self.mode.send_modify(|m| m.black_hole = true);
     }
 
     /// Closes every open connection (bytes held by a black hole are lost). New connections are
     /// accepted under the current mode.
-    pub fn drop_all(&self) {
+    pub(crate) fn drop_all(&self) {
         self.generation.send_modify(|g| *g += 1);
     }
 
     /// The connections open now forward nothing ever again but stay open, as a half-open TCP
     /// connection does; connections made afterwards work normally.
-    pub fn freeze_existing(&self) {
+    pub(crate) fn freeze_existing(&self) {
         self.epoch.fetch_add(1, Ordering::SeqCst);
     }
 
     /// No latency, no black hole.
-    pub fn restore(&self) {
+    pub(crate) fn restore(&self) {
         self.mode.send_replace(Mode::NORMAL);
     }
 
     /// Connections accepted so far.
-    pub fn accepted(&self) -> usize {
+    pub(crate) fn accepted(&self) -> usize {
         self.accepted.load(Ordering::Relaxed)
     }
 
     /// Bytes forwarded so far (both directions).
-    pub fn forwarded(&self) -> u64 {
+    pub(crate) fn forwarded(&self) -> u64 {
         self.forwarded.load(Ordering::Relaxed)
     }
 }

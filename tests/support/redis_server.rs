@@ -5,9 +5,6 @@
 //! early; with `TOWER_IDEMPOTENCY_REQUIRE_SERVERS` set (as `scripts/test.sh` does) it panics,
 //! so a missing server is a failure there, never a skip.
 
-// Each test crate uses part of this.
-#![allow(dead_code, unreachable_pub)]
-
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
@@ -18,17 +15,17 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 /// The environment variable that turns a missing server into a failure.
-pub const REQUIRE_SERVERS: &str = "TOWER_IDEMPOTENCY_REQUIRE_SERVERS";
+pub(crate) const REQUIRE_SERVERS: &str = "TOWER_IDEMPOTENCY_REQUIRE_SERVERS";
 
 /// The Redis key of `key` in a store whose `key_prefix()` is `prefix`: `<prefix>:{<id hex>}`,
 /// the layout the Redis store's module docs describe.
-pub fn redis_key(prefix: &str, key: &tower_idempotency::store::StoreKey) -> String {
+pub(crate) fn redis_key(prefix: &str, key: &tower_idempotency::store::StoreKey) -> String {
     format!("{prefix}:{{{}}}", key.id_hex())
 }
 
 /// Whether `redis-server` and `redis-cli` can be run. When they cannot: panics if
 /// [`REQUIRE_SERVERS`] is set, else prints a notice and returns `false` (skip the test).
-pub fn available() -> bool {
+pub(crate) fn available() -> bool {
     let missing: Vec<&str> = ["redis-server", "redis-cli"]
         .into_iter()
         .filter(|b| !on_path(b))
@@ -61,7 +58,7 @@ fn on_path(bin: &str) -> bool {
 
 /// One `redis-server` process on a loopback port, killed on drop.
 #[derive(Debug)]
-pub struct RedisServer {
+pub(crate) struct RedisServer {
     port: u16,
     dir: PathBuf,
     extra: Vec<String>,
@@ -71,12 +68,12 @@ pub struct RedisServer {
 
 impl RedisServer {
     /// A standalone server on a free port.
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         Self::start_with(&[])
     }
 
     /// A standalone server with extra `redis-server` arguments (`["--maxmemory", "10mb"]`).
-    pub fn start_with(extra: &[&str]) -> Self {
+    pub(crate) fn start_with(extra: &[&str]) -> Self {
         let extra: Vec<String> = extra.iter().map(ToString::to_string).collect();
         let mut last = String::new();
         for _ in 0..5 {
@@ -97,18 +94,18 @@ impl RedisServer {
     }
 
     /// The port.
-    pub fn port(&self) -> u16 {
+    pub(crate) fn port(&self) -> u16 {
         self.port
     }
 
     /// The `redis://` URL of the server.
-    pub fn url(&self) -> String {
+    pub(crate) fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
     /// A connection of the test's own, to read and write keys directly.
     #[cfg(feature = "redis")]
-    pub async fn connection(
+    pub(crate) async fn connection(
         &self,
     ) -> tower_idempotency::store::redis::redis::aio::MultiplexedConnection {
         tower_idempotency::store::redis::redis::Client::open(self.url())
@@ -118,8 +115,44 @@ impl RedisServer {
             .expect("connect to the test server")
     }
 
+    /// The value under `key` of `store` as it is in Redis (the store's layout), read directly.
+    #[cfg(feature = "redis")]
+    pub(crate) async fn get_value(
+        &self,
+        store: &tower_idempotency::store::redis::RedisStore,
+        key: &tower_idempotency::store::StoreKey,
+    ) -> Vec<u8> {
+        let mut conn = self.connection().await;
+        tower_idempotency::store::redis::redis::cmd("GET")
+            .arg(redis_key(store.key_prefix(), key))
+            .query_async::<Option<Vec<u8>>>(&mut conn)
+            .await
+            .expect("GET the key")
+            .expect("the key is in Redis")
+    }
+
+    /// Writes `value` under `key` of `store` directly (`SET … PX 60000`), as a record written by
+    /// someone else, or changed at rest, would be.
+    #[cfg(feature = "redis")]
+    pub(crate) async fn set_value(
+        &self,
+        store: &tower_idempotency::store::redis::RedisStore,
+        key: &tower_idempotency::store::StoreKey,
+        value: &[u8],
+    ) {
+        let mut conn = self.connection().await;
+        tower_idempotency::store::redis::redis::cmd("SET")
+            .arg(redis_key(store.key_prefix(), key))
+            .arg(value)
+            .arg("PX")
+            .arg(60_000)
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("SET the key");
+    }
+
     /// Kills the server (as a crash would: no shutdown, no save).
-    pub fn stop(&mut self) {
+    pub(crate) fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
             let _ = c.kill();
             let _ = c.wait();
@@ -131,7 +164,7 @@ impl RedisServer {
     }
 
     /// Starts the server again on the same port (empty: persistence is off).
-    pub fn restart(&mut self) {
+    pub(crate) fn restart(&mut self) {
         self.stop();
         if let Err(e) = self.spawn() {
             panic!("could not restart redis-server on port {}: {e}", self.port);
@@ -139,12 +172,12 @@ impl RedisServer {
     }
 
     /// The server's process id, to pause it with `SIGSTOP`.
-    pub fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.as_ref().expect("server is running").id()
     }
 
     /// Sends one command and returns its reply (simple, integer, bulk or error line as text).
-    pub fn command(&self, args: &[&str]) -> String {
+    pub(crate) fn command(&self, args: &[&str]) -> String {
         command(self.port, args).unwrap_or_else(|e| panic!("redis command {args:?} failed: {e}"))
     }
 
@@ -206,14 +239,14 @@ impl Drop for RedisServer {
 
 /// A Redis Cluster of three primaries (no replicas) on loopback, killed on drop.
 #[derive(Debug)]
-pub struct RedisCluster {
+pub(crate) struct RedisCluster {
     nodes: Vec<RedisServer>,
 }
 
 impl RedisCluster {
     /// Starts three cluster-enabled servers, creates the cluster with `redis-cli --cluster
     /// create`, and waits until every node reports `cluster_state:ok`.
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let nodes: Vec<RedisServer> = (0..3)
             .map(|i| {
                 let mut last = String::new();
@@ -270,18 +303,18 @@ impl RedisCluster {
     }
 
     /// The nodes' `redis://` URLs.
-    pub fn urls(&self) -> Vec<String> {
+    pub(crate) fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
     /// The nodes.
-    pub fn nodes(&self) -> &[RedisServer] {
+    pub(crate) fn nodes(&self) -> &[RedisServer] {
         &self.nodes
     }
 }
 
 /// A port nothing listens on (for a cluster node, its bus port, +10000, is free too).
-fn free_port(cluster: bool) -> u16 {
+pub(crate) fn free_port(cluster: bool) -> u16 {
     for _ in 0..100 {
         let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind a loopback port");
         let port = l.local_addr().expect("local addr").port();
@@ -353,7 +386,7 @@ fn run_bounded(mut cmd: Command, limit: Duration) -> (bool, String) {
 
 /// Sends one RESP command to 127.0.0.1:`port` and reads one reply that is not an array:
 /// `+OK` → `OK`, `:1` → `1`, `$n` → the bulk text, `-ERR x` → `Err`.
-pub fn command(port: u16, args: &[&str]) -> std::io::Result<String> {
+pub(crate) fn command(port: u16, args: &[&str]) -> std::io::Result<String> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;
     s.set_read_timeout(Some(Duration::from_secs(2)))?;
