@@ -1,9 +1,10 @@
 //! Building a [`MemoryStore`]: its bounds, shards and clock.
 
-use super::shard::{Limits, Shard};
+use super::budget::{Budget, Limits};
+use super::shard::Shard;
 use super::{
-    DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_ENTRIES_PER_SCOPE, DEFAULT_SHARDS,
-    ENTRY_OVERHEAD, MAX_SHARDS, MemoryStore, ShardCell,
+    DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_SHARDS, ENTRY_OVERHEAD, MAX_SHARDS,
+    MemoryStore, ShardCell,
 };
 use crate::clock::{Clock, TokioClock};
 use std::fmt;
@@ -11,9 +12,10 @@ use std::sync::{Arc, Mutex};
 
 /// Builds a [`MemoryStore`].
 ///
-/// Zero and out-of-range values are clamped, never refused: at least one shard and at most
-/// [`MAX_SHARDS`], and no more shards than `max_entries`; each shard holds at least one record
-/// and at least [`ENTRY_OVERHEAD`] bytes (room for one pending claim); a scope holds at least one
+/// The bounds are store-wide: shards split the locking, not the budgets, so any scope may use
+/// all the room there is. Zero and out-of-range values are clamped, never refused: at least one
+/// shard and at most [`MAX_SHARDS`]; the store holds at least one record and at least
+/// [`ENTRY_OVERHEAD`] bytes (room for one pending claim); a cap lets a scope hold at least one
 /// record. A shard holds at most `u32::MAX - 1` records.
 ///
 /// ```
@@ -29,44 +31,48 @@ use std::sync::{Arc, Mutex};
 pub struct MemoryStoreBuilder {
     max_entries: usize,
     max_bytes: usize,
-    max_entries_per_scope: usize,
+    max_entries_per_scope: Option<usize>,
     shards: usize,
     clock: Option<Arc<dyn Clock>>,
 }
 
 impl MemoryStoreBuilder {
-    /// A builder with the defaults: 100 000 records, 64 MiB, 1 000 records per scope, 16 shards,
+    /// A builder with the defaults: 100 000 records, 64 MiB, no fixed cap per scope, 16 shards,
     /// [`TokioClock`].
     pub fn new() -> Self {
         Self {
             max_entries: DEFAULT_MAX_ENTRIES,
             max_bytes: DEFAULT_MAX_BYTES,
-            max_entries_per_scope: DEFAULT_MAX_ENTRIES_PER_SCOPE,
+            max_entries_per_scope: None,
             shards: DEFAULT_SHARDS,
             clock: None,
         }
     }
 
-    /// The most records the store holds; each shard holds at most `max_entries / shards`.
+    /// The most records the store holds, over all shards.
     pub fn max_entries(mut self, n: usize) -> Self {
         self.max_entries = n;
         self
     }
 
-    /// The most bytes the store holds (record bytes plus [`ENTRY_OVERHEAD`] per record); each
-    /// shard holds at most `max_bytes / shards`.
+    /// The most bytes the store holds (record bytes plus [`ENTRY_OVERHEAD`] per record), over
+    /// all shards.
     pub fn max_bytes(mut self, n: usize) -> Self {
         self.max_bytes = n;
         self
     }
 
-    /// The most records one scope (namespace, tenant and principal) holds.
+    /// A fixed cap on the records of one scope (namespace, tenant and principal). Off by
+    /// default: any scope may use the room there is, and a full store makes room from the
+    /// scope that holds the most (see the [module docs](super)). With a cap, a scope at it
+    /// makes room from its own records first.
     pub fn max_entries_per_scope(mut self, n: usize) -> Self {
-        self.max_entries_per_scope = n;
+        self.max_entries_per_scope = Some(n);
         self
     }
 
-    /// The number of shards, each with its own lock and an even share of the budgets.
+    /// The number of shards, each with its own lock (clamped to `1..=`[`MAX_SHARDS`]). The
+    /// budgets are not split between them.
     pub fn shards(mut self, n: usize) -> Self {
         self.shards = n;
         self
@@ -80,21 +86,19 @@ impl MemoryStoreBuilder {
     }
 
     /// Builds the store, clamping the values as described on [`MemoryStoreBuilder`].
-    #[must_use]
     pub fn build(self) -> MemoryStore {
-        const MAX_SHARD_ENTRIES: usize = (u32::MAX - 1) as usize;
-        let max_entries = self.max_entries.max(1);
-        let shards = self.shards.clamp(1, MAX_SHARDS).min(max_entries);
-        let limits = Limits {
-            entries: (max_entries / shards).clamp(1, MAX_SHARD_ENTRIES),
-            bytes: (self.max_bytes / shards).max(ENTRY_OVERHEAD),
-            per_scope: self.max_entries_per_scope.max(1),
-        };
+        let shards = self.shards.clamp(1, MAX_SHARDS);
+        let limits = Limits::new(
+            self.max_entries.max(1),
+            self.max_bytes.max(ENTRY_OVERHEAD),
+            self.max_entries_per_scope.map(|n| n.max(1)),
+        );
+        let budget = Arc::new(Budget::new(limits, shards));
         MemoryStore {
             shards: (0..shards)
-                .map(|_| ShardCell(Mutex::new(Shard::new(limits))))
+                .map(|i| ShardCell(Mutex::new(Shard::new(Arc::clone(&budget), i))))
                 .collect(),
-            limits,
+            budget,
             clock: self.clock.unwrap_or_else(|| Arc::new(TokioClock::new())),
         }
     }

@@ -1,47 +1,85 @@
-//! The embedded store: sharded, bounded, in process memory.
+//! The embedded store: sharded, bounded, in process memory, fair to its callers under pressure.
 //!
 //! [`MemoryStore`] keeps records in `N` shards (default 16), each behind its own
 //! [`std::sync::Mutex`] that is held only for the synchronous work of one step (never across an
-//! `.await`). A key's shard is chosen by its scope hash, so every record of one caller lives in
-//! one shard and the per-scope cap is checked under that shard's lock alone.
+//! `.await`). A key's shard is chosen by its scope hash, so every record of one caller (scope:
+//! namespace, tenant and principal) lives in one shard. Shards split the locking, not the
+//! budgets.
 //!
 //! # Bounds
 //!
-//! | bound | default | split |
+//! | bound | default | counts |
 //! | --- | --- | --- |
-//! | [`max_entries`](MemoryStoreBuilder::max_entries) | 100 000 | each shard holds at most `max_entries / shards` records |
-//! | [`max_bytes`](MemoryStoreBuilder::max_bytes) | 64 MiB | each shard holds at most `max_bytes / shards` bytes |
-//! | [`max_entries_per_scope`](MemoryStoreBuilder::max_entries_per_scope) | 1 000 | per scope (a scope lives in one shard) |
+//! | [`max_entries`](MemoryStoreBuilder::max_entries) | 100 000 | records, pending and completed, in the whole store |
+//! | [`max_bytes`](MemoryStoreBuilder::max_bytes) | 64 MiB | counted bytes in the whole store |
+//! | [`max_entries_per_scope`](MemoryStoreBuilder::max_entries_per_scope) | none | an optional fixed cap on one scope's records |
+//!
+//! The bounds are store-wide and hold at every instant: while there is room, any scope may use
+//! it, so a single caller can fill the whole store before anything is dropped, and one record
+//! may be as large as the store allows.
 //!
 //! A record is counted as its encoded bytes plus [`ENTRY_OVERHEAD`] (160) bytes for the entry
 //! itself, its index slot and allocator overhead; a pending claim counts `ENTRY_OVERHEAD` alone.
-//! The per-scope bookkeeping (about 50 bytes per scope that has records) is not counted; it is
+//! The per-scope bookkeeping (about 80 bytes per scope that has records) is not counted; it is
 //! bounded by the number of records and removed when a scope has none left.
 //!
-//! Because the budgets are split evenly, eviction is shard-local and lock-local; the price is
-//! that a skewed load can fill one shard while others still have room.
+//! A scope's *weight* is how much of the store it holds: the larger of its two shares,
+//! `max(bytes, records × max_bytes / max_entries)` (its counted bytes, or its records priced at
+//! the average room a record has). Under pressure, room comes from the heaviest scope.
 //!
 //! # Making room
 //!
-//! When a claim (or a `complete`, which needs room for the record's bytes) does not fit:
+//! A step needs room when it adds to the store: a claim one record of `ENTRY_OVERHEAD` bytes, a
+//! `complete` the record's bytes (and a record, when nothing holds the key any more). When the
+//! store does not have that room free:
 //!
-//! 1. expired records are dropped: a completed record past its retention, a pending claim past
-//!    its lease. A shard keeps its earliest deadline and only sweeps when something can have
-//!    expired;
-//! 2. then the oldest completed records, in order of completion. Each of these *early drops*
-//!    is logged with `tracing::warn!` and counted in [`MemoryStats::early_drops`]: a retry of
-//!    that request would run its work again;
-//! 3. a pending claim inside its lease is never dropped. A shard left with nothing it may drop
-//!    refuses with [`StoreErrorKind::StoreFull`] (the HTTP layer answers 503).
+//! 1. expired records go first (a completed record past its retention, a pending claim past
+//!    its lease): the requester's shard's, oldest completed first, then a sweep of that shard
+//!    if anything in it may have expired; then another shard's that holds an expired record.
+//!    A shard keeps (and publishes) its earliest deadline and only sweeps when something can
+//!    have expired;
+//! 2. then completed records inside their retention, one at a time, each the oldest of its
+//!    scope, chosen by this rule (`R` is the requesting scope, `w(R)` its weight when the step
+//!    began):
+//!    - `R`'s own, when `R` weighs at least as much as every scope that has a completed
+//!      record;
+//!    - else the heaviest scope's that has one, if it weighs at least `w(R)`;
+//!    - else `R`'s own, if it has any left;
+//!    - else nothing may go.
 //!
-//! A scope at its cap makes room from its own records only: expired first, then its own oldest
-//! completed record, so one busy client never evicts other clients' records. A scope whose
-//! records are all pending is refused with [`StoreErrorKind::ScopeFull`] (429) while other scopes
-//! still claim.
+//!    So a scope never loses a record to make room for a scope that holds more than it, and
+//!    between scopes of equal weight the requester gives. Each of these *early drops* is
+//!    logged with `tracing::warn!` and counted in [`MemoryStats::early_drops`]: a retry of that
+//!    request would run its work again;
+//! 3. a pending claim inside its lease is never dropped. When the rule allows nothing more, the
+//!    step is refused: [`StoreErrorKind::ScopeFull`] (the HTTP layer answers 429) when `R`
+//!    holds records (then all pending, or too few for a large record), else
+//!    [`StoreErrorKind::StoreFull`] (503: a newcomer to a store full of pending claims).
+//!
+//! Room for one step is made in one shard at a time, the one holding the heaviest scope with a
+//! completed record (the requester's own shard on a tie), heaviest scope first within it; a
+//! step never holds two shard locks. Before it drops a live record there, the shard checks that
+//! what the rule lets it drop is enough; if not, it drops nothing, and the step tries the next
+//! shard (at most eight shards, then it is refused).
+//!
+//! With a fixed cap ([`max_entries_per_scope`](MemoryStoreBuilder::max_entries_per_scope)), a
+//! step that adds a record to a scope at its cap first drops the scope's own expired records,
+//! then its own oldest completed record, and is refused with `ScopeFull` when all its records
+//! are pending, while other scopes still claim.
 //!
 //! Expired records are treated as absent by every step, using the store's [`Clock`]
 //! ([`TokioClock`] unless [`MemoryStoreBuilder::clock`] sets another), and dropped when a step
-//! meets them; [`MemoryStore::remove_expired`] drops them all at once.
+//! meets them or needs their room; [`MemoryStore::remove_expired`] drops them all at once.
+//!
+//! # Cost
+//!
+//! The store-wide counts are two atomic counters: a step takes the room it needs from them
+//! before it adds anything, and keeps the room its drops free for itself, so a concurrent step
+//! cannot take it first. Each shard keeps its scopes that have a completed record in a binary
+//! heap by weight, updated in `O(log n)` on each change, so the heaviest is found without a scan
+//! over scopes. A step that must make room reads one published value per shard (the weight of
+//! its heaviest scope and its earliest deadline) and, when the room is in another shard, leaves
+//! its own shard's lock, visits that one, and starts again.
 //!
 //! # Example
 //!
@@ -56,7 +94,6 @@
 //! let store = MemoryStore::builder()
 //!     .max_entries(10_000)
 //!     .max_bytes(8 * 1024 * 1024)
-//!     .max_entries_per_scope(100)
 //!     .shards(4)
 //!     .build();
 //!
@@ -77,6 +114,7 @@
 //! # }
 //! ```
 
+mod budget;
 mod builder;
 mod evict;
 mod shard;
@@ -84,19 +122,23 @@ mod slab;
 mod stats;
 #[cfg(test)]
 mod tests;
+mod weights;
 
 pub use builder::MemoryStoreBuilder;
 pub use stats::MemoryStats;
 
-use super::{Claim, Store, StoreError, Token};
+use super::{Claim, Store, StoreError, StoreErrorKind, Token};
 use crate::clock::Clock;
+#[cfg(doc)]
+use crate::clock::TokioClock;
 use crate::fingerprint::Fingerprint;
 use crate::record::Record;
 use crate::scope::StoreKey;
-#[cfg(doc)]
-use crate::{clock::TokioClock, store::StoreErrorKind};
-use shard::{Limits, Shard};
+use budget::{Budget, Usage, Visited};
+use evict::Short;
+use shard::{Shard, Step};
 use std::fmt;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -104,8 +146,6 @@ use std::time::Duration;
 pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
 /// The default bound on stored bytes (records plus [`ENTRY_OVERHEAD`] each), over all shards.
 pub const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
-/// The default bound on the records of one scope.
-pub const DEFAULT_MAX_ENTRIES_PER_SCOPE: usize = 1_000;
 /// The default number of shards.
 pub const DEFAULT_SHARDS: usize = 16;
 /// The largest number of shards; larger requests are clamped to it.
@@ -118,7 +158,7 @@ pub const ENTRY_OVERHEAD: usize = 160;
 /// [module docs](self) for its bounds and eviction order.
 pub struct MemoryStore {
     shards: Box<[ShardCell]>,
-    limits: Limits,
+    budget: Arc<Budget>,
     clock: Arc<dyn Clock>,
 }
 
@@ -149,6 +189,8 @@ impl MemoryStore {
         for cell in &*self.shards {
             lock(cell).add_to(&mut stats);
         }
+        stats.scope_full_refusals = self.budget.scope_full.load(Relaxed);
+        stats.store_full_refusals = self.budget.store_full.load(Relaxed);
         stats
     }
 
@@ -165,15 +207,72 @@ impl MemoryStore {
                 if shard.earliest <= now {
                     shard.sweep(now);
                 }
-                before - shard.len
+                let dropped = before - shard.len;
+                let room = shard.finish();
+                drop(shard);
+                self.budget.give_back(room);
+                dropped
             })
             .sum()
     }
 
-    fn shard(&self, key: &StoreKey) -> MutexGuard<'_, Shard> {
+    fn home(&self, key: &StoreKey) -> usize {
         let [a, b, c, d, ..] = *key.scope_hash();
-        let i = u32::from_le_bytes([a, b, c, d]) as usize % self.shards.len();
-        lock(&self.shards[i])
+        u32::from_le_bytes([a, b, c, d]) as usize % self.shards.len()
+    }
+
+    /// Runs a step that needs no room in the key's shard.
+    fn at_home<T>(&self, key: &StoreKey, f: impl FnOnce(&mut Shard) -> T) -> T {
+        let mut shard = lock(&self.shards[self.home(key)]);
+        let out = f(&mut shard);
+        let room = shard.finish();
+        drop(shard);
+        self.budget.give_back(room);
+        out
+    }
+
+    /// Runs a step that may need room in the key's shard. When the room must come from another
+    /// shard, the step leaves its own shard's lock, visits the other one (never holding two
+    /// locks), and starts again with the room it was given.
+    fn with_room<T>(
+        &self,
+        key: &StoreKey,
+        mut f: impl FnMut(&mut Shard, &Step) -> Result<T, Short>,
+    ) -> Result<T, StoreError> {
+        let home = self.home(key);
+        let mut step = Step {
+            now: self.now(),
+            visited: Visited::default(),
+        };
+        let mut credit = Usage::default();
+        let out = loop {
+            let mut shard = lock(&self.shards[home]);
+            shard.credit = credit;
+            let out = f(&mut shard, &step);
+            credit = shard.finish();
+            drop(shard);
+            match out {
+                Ok(v) => break Ok(v),
+                Err(Short::Refused(e)) => break Err(e),
+                Err(Short::Elsewhere(_)) if step.visited.is_full() => {
+                    self.budget.store_full.fetch_add(1, Relaxed);
+                    break Err(StoreError::new(
+                        StoreErrorKind::StoreFull,
+                        "the store is full and no shard could make room for this step",
+                    ));
+                }
+                Err(Short::Elsewhere(visit)) => {
+                    let mut other = lock(&self.shards[visit.shard]);
+                    other.credit = credit;
+                    other.give_room(&visit, step.now);
+                    credit = other.finish();
+                    drop(other);
+                    step.visited.add(visit.shard);
+                }
+            }
+        };
+        self.budget.give_back(credit);
+        out
     }
 
     fn now(&self) -> u64 {
@@ -189,11 +288,15 @@ impl Default for MemoryStore {
 
 impl fmt::Debug for MemoryStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let limits = &self.budget.limits;
         f.debug_struct("MemoryStore")
             .field("shards", &self.shards.len())
-            .field("max_entries_per_shard", &self.limits.entries)
-            .field("max_bytes_per_shard", &self.limits.bytes)
-            .field("max_entries_per_scope", &self.limits.per_scope)
+            .field("max_entries", &limits.entries)
+            .field("max_bytes", &limits.bytes)
+            .field(
+                "max_entries_per_scope",
+                &(limits.per_scope != usize::MAX).then_some(limits.per_scope),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -217,14 +320,11 @@ impl Store for MemoryStore {
     ) -> Result<Claim, StoreError> {
         // Drawn before the lock: the OS call must not lengthen the critical section.
         let token = Token::generate()?;
-        let now = self.now();
-        self.shard(key).claim(
-            key,
-            fingerprint,
-            token,
-            now.saturating_add(nanos(lease)),
-            now,
-        )
+        let lease = nanos(lease);
+        self.with_room(key, |shard, step| {
+            let deadline = step.now.saturating_add(lease);
+            shard.claim(key, fingerprint, &token, deadline, step)
+        })
     }
 
     async fn complete(
@@ -235,20 +335,16 @@ impl Store for MemoryStore {
         record: Record,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        let now = self.now();
-        self.shard(key).complete(
-            key,
-            token,
-            fingerprint,
-            record,
-            now.saturating_add(nanos(ttl)),
-            now,
-        )
+        let ttl = nanos(ttl);
+        self.with_room(key, |shard, step| {
+            let deadline = step.now.saturating_add(ttl);
+            shard.complete(key, token, fingerprint, &record, deadline, step)
+        })
     }
 
     async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
         let now = self.now();
-        Ok(self.shard(key).release(key, token, now))
+        Ok(self.at_home(key, |shard| shard.release(key, token, now)))
     }
 
     async fn renew(
@@ -258,8 +354,7 @@ impl Store for MemoryStore {
         lease: Duration,
     ) -> Result<bool, StoreError> {
         let now = self.now();
-        Ok(self
-            .shard(key)
-            .renew(key, token, now.saturating_add(nanos(lease)), now))
+        let deadline = now.saturating_add(nanos(lease));
+        Ok(self.at_home(key, |shard| shard.renew(key, token, deadline, now)))
     }
 }

@@ -1,6 +1,12 @@
-//! The slab of entries, the id index, the scope slots and the lists of completed records.
+//! The slab of entries, the id index, the scope slots, the lists of completed records and the
+//! order of scopes by weight.
+//!
+//! Every change to a shard's counts goes through [`Shard::insert`], [`Shard::fill`] and
+//! [`Shard::remove`], which keep the step's credit in balance: what the shard adds comes out of
+//! the credit, what it removes goes into it.
 
 use super::ENTRY_OVERHEAD;
+use super::budget::Usage;
 use super::shard::Shard;
 use crate::fingerprint::Fingerprint;
 use crate::record::Record;
@@ -48,8 +54,13 @@ impl Entry {
 pub(super) struct ScopeSlot {
     pub(super) hash: [u8; 32],
     pub(super) records: u32,
+    /// Counted bytes of its records ([`ENTRY_OVERHEAD`] each plus the record's length).
+    pub(super) bytes: usize,
+    /// Its completed records, oldest first.
     pub(super) head: u32,
     pub(super) tail: u32,
+    /// Its place in the shard's `by_weight` heap (`NIL`: not there).
+    pub(super) rank: u32,
 }
 
 pub(super) fn at(i: u32) -> usize {
@@ -77,8 +88,10 @@ impl Shard {
         let slot = ScopeSlot {
             hash: *scope,
             records: 0,
+            bytes: 0,
             head: NIL,
             tail: NIL,
+            rank: NIL,
         };
         let s = if self.free_scope == NIL {
             let s = index_of(self.scopes.len())?;
@@ -102,7 +115,7 @@ impl Shard {
         Ok(s)
     }
 
-    /// Adds a live entry (the caller made room). A `Done` entry must then be linked.
+    /// Adds a live entry; the step's credit must cover it (the caller made room).
     pub(super) fn insert(
         &mut self,
         key: &StoreKey,
@@ -152,39 +165,79 @@ impl Shard {
             ..
         } = self;
         index.insert_unique(hash, idx, |&i| hasher.hash_one(entries[at(i)].id));
-        self.scopes[at(scope)].records += 1;
+        let slot = &mut self.scopes[at(scope)];
+        slot.records += 1;
+        slot.bytes += bytes;
         self.len += 1;
         self.bytes += bytes;
         if pending {
             self.pending += 1;
+        } else {
+            self.link_done(idx);
         }
         self.earliest = self.earliest.min(deadline);
+        self.rerank(scope);
+        self.spend(Usage::new(1, bytes));
         Ok(idx)
     }
 
-    /// Removes a live entry and everything that points at it.
+    /// Turns a pending entry into a completed one; the step's credit must cover the record.
+    pub(super) fn fill(
+        &mut self,
+        idx: u32,
+        fingerprint: Fingerprint,
+        record: Record,
+        deadline: u64,
+    ) {
+        let s = self.entries[at(idx)].scope;
+        let extra = record.len();
+        let e = &mut self.entries[at(idx)];
+        e.state = State::Done(record);
+        e.fingerprint = fingerprint;
+        e.deadline = deadline;
+        self.pending -= 1;
+        self.bytes += extra;
+        self.scopes[at(s)].bytes += extra;
+        self.earliest = self.earliest.min(deadline);
+        self.link_done(idx);
+        self.rerank(s);
+        self.spend(Usage::new(0, extra));
+    }
+
+    /// What the entry is counted for.
+    pub(super) fn cost(&self, idx: u32) -> usize {
+        ENTRY_OVERHEAD
+            + match &self.entries[at(idx)].state {
+                State::Pending(_) => 0,
+                State::Done(r) => r.len(),
+            }
+    }
+
+    fn spend(&mut self, room: Usage) {
+        debug_assert!(self.credit.covers(room), "room was made before it is used");
+        self.credit = self.credit.minus(room);
+    }
+
+    /// Removes a live entry and everything that points at it; its room goes into the credit.
     pub(super) fn remove(&mut self, idx: u32) {
         if self.entries[at(idx)].is_vacant() {
             return;
         }
+        let s = self.entries[at(idx)].scope;
+        let cost = self.cost(idx);
         let state = std::mem::replace(&mut self.entries[at(idx)].state, VACANT);
         match &state {
-            State::Pending(_) => {
-                self.pending -= 1;
-                self.bytes -= ENTRY_OVERHEAD;
-            }
-            State::Done(record) => {
-                self.unlink_done(idx);
-                self.bytes -= ENTRY_OVERHEAD + record.len();
-            }
+            State::Pending(_) => self.pending -= 1,
+            State::Done(_) => self.unlink_done(idx),
         }
+        self.bytes -= cost;
         let hash = self.hasher.hash_one(self.entries[at(idx)].id);
         if let Ok(found) = self.index.find_entry(hash, |&i| i == idx) {
             found.remove();
         }
-        let s = self.entries[at(idx)].scope;
         let slot = &mut self.scopes[at(s)];
         slot.records -= 1;
+        slot.bytes -= cost;
         if slot.records == 0 {
             let hash = self.hasher.hash_one(slot.hash);
             if let Ok(found) = self.scope_index.find_entry(hash, |&t| t == s) {
@@ -194,15 +247,33 @@ impl Shard {
             slot.tail = NIL;
             self.free_scope = s;
         }
+        self.rerank(s);
         let e = &mut self.entries[at(idx)];
         e.scope = NIL;
         e.next = self.free;
         self.free = idx;
         self.len -= 1;
+        self.credit = self.credit.plus(Usage::new(1, cost));
+    }
+
+    /// Moves the scope to its place in `by_weight` after a change: ranked by its weight while
+    /// it has a completed record to give, out of it otherwise (a vacant slot has no records).
+    fn rerank(&mut self, s: u32) {
+        let slot = &self.scopes[at(s)];
+        let weight = (slot.records > 0 && slot.head != NIL).then(|| self.weight(s));
+        if weight != self.by_weight.weight_of(&self.scopes, s) {
+            self.by_weight.set(&mut self.scopes, s, weight);
+        }
+    }
+
+    /// How much the scope holds (see [`Limits::weight`](super::budget::Limits::weight)).
+    pub(super) fn weight(&self, s: u32) -> u64 {
+        let slot = &self.scopes[at(s)];
+        self.budget.limits.weight(slot.records, slot.bytes)
     }
 
     /// Appends a completed entry to the shard's and its scope's lists (newest last).
-    pub(super) fn link_done(&mut self, idx: u32) {
+    fn link_done(&mut self, idx: u32) {
         let tail = self.done_tail;
         let s = self.entries[at(idx)].scope;
         let scope_tail = self.scopes[at(s)].tail;
@@ -225,7 +296,7 @@ impl Shard {
         self.scopes[at(s)].tail = idx;
     }
 
-    pub(super) fn unlink_done(&mut self, idx: u32) {
+    fn unlink_done(&mut self, idx: u32) {
         let Entry {
             prev,
             next,

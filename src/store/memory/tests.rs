@@ -1,5 +1,6 @@
 //! Unit tests of the memory store: its invariants, eviction order and bounds.
 
+use super::budget::Usage;
 use super::shard::Shard;
 use super::slab::{Entry, NIL, State, at};
 use super::*;
@@ -26,6 +27,7 @@ fn record(len: usize) -> Record {
     Record::from_bytes(Bytes::from(vec![7u8; len]))
 }
 
+/// A store of one shard on a manual clock.
 fn store(b: MemoryStoreBuilder) -> (MemoryStore, ManualClock) {
     let clock = ManualClock::new();
     (b.shards(1).clock(clock.clone()).build(), clock)
@@ -62,7 +64,7 @@ async fn done(s: &MemoryStore, k: StoreKey, len: usize, ttl: Duration) {
 /// What the store holds for `k`, without touching it.
 fn peek(s: &MemoryStore, k: StoreKey) -> &'static str {
     let now = s.now();
-    let shard = s.shard(&k);
+    let shard = lock(&s.shards[s.home(&k)]);
     let Some(i) = shard.find(shard.hasher.hash_one(k.id()), k.id()) else {
         return "absent";
     };
@@ -75,28 +77,39 @@ fn peek(s: &MemoryStore, k: StoreKey) -> &'static str {
 }
 
 impl MemoryStore {
-    /// Checks every invariant of every shard.
+    /// Checks every invariant of every shard, and that the shards' counts add up to the
+    /// store-wide budget (no step is running).
     fn check(&self) {
+        let mut total = Usage::default();
         for cell in &*self.shards {
-            lock(cell).check();
+            let shard = lock(cell);
+            shard.check();
+            total = total.plus(Usage::new(shard.len, shard.bytes));
         }
+        let limits = self.budget.limits;
+        assert_eq!(
+            self.budget.used(),
+            total,
+            "the budget counts what the shards hold"
+        );
+        assert!(total.entries <= limits.entries, "entries bound");
+        assert!(total.bytes <= limits.bytes, "bytes bound");
     }
 }
 
 impl Shard {
     fn check(&self) {
-        let limits = self.limits;
+        let limits = self.budget.limits;
+        assert!(self.credit.is_zero(), "no credit is left between steps");
         let live: Vec<u32> = (0..self.entries.len())
             .filter(|&i| !self.entries[i].is_vacant())
             .map(|i| u32::try_from(i).expect("index"))
             .collect();
         assert_eq!(self.len, live.len(), "len");
         assert_eq!(self.index.len(), live.len(), "index len");
-        assert!(self.len <= limits.entries, "entries bound");
-        assert!(self.bytes <= limits.bytes, "bytes bound");
         let mut bytes = 0;
         let mut pending = 0;
-        let mut per_scope = std::collections::HashMap::<u32, u32>::new();
+        let mut per_scope = std::collections::HashMap::<u32, (u32, usize)>::new();
         for &i in &live {
             let e = &self.entries[at(i)];
             assert!(e.deadline >= self.earliest, "earliest is a lower bound");
@@ -105,14 +118,17 @@ impl Shard {
                 Some(i),
                 "indexed"
             );
-            *per_scope.entry(e.scope).or_default() += 1;
-            match &e.state {
+            let cost = match &e.state {
                 State::Pending(_) => {
                     pending += 1;
-                    bytes += ENTRY_OVERHEAD;
+                    ENTRY_OVERHEAD
                 }
-                State::Done(r) => bytes += ENTRY_OVERHEAD + r.len(),
-            }
+                State::Done(r) => ENTRY_OVERHEAD + r.len(),
+            };
+            bytes += cost;
+            let counts = per_scope.entry(e.scope).or_default();
+            counts.0 += 1;
+            counts.1 += cost;
         }
         assert_eq!(self.bytes, bytes, "bytes");
         assert_eq!(self.pending, pending, "pending");
@@ -121,10 +137,14 @@ impl Shard {
             per_scope.len(),
             "no empty scopes kept"
         );
-        for (&s, &n) in &per_scope {
+        let mut ranked = std::collections::BTreeSet::new();
+        for (&s, &(n, b)) in &per_scope {
             let slot = &self.scopes[at(s)];
-            assert_eq!(slot.records, n, "scope count");
+            assert_eq!((slot.records, slot.bytes), (n, b), "scope counts");
             assert!(at(n) <= limits.per_scope, "scope cap");
+            if slot.head != NIL {
+                ranked.insert((limits.weight(n, b), s));
+            }
             assert_eq!(self.find_scope(&slot.hash), Some(s), "scope indexed");
             // The scope list holds exactly the scope's completed entries, in order.
             let mut prev = NIL;
@@ -151,6 +171,11 @@ impl Shard {
                 .count();
             assert_eq!(listed, done, "every completed entry of the scope is listed");
         }
+        assert_eq!(
+            self.by_weight.check(&self.scopes),
+            ranked,
+            "every scope with a completed record is ranked by its weight"
+        );
         let mut prev = NIL;
         let mut i = self.done_head;
         let mut listed = 0;
@@ -227,7 +252,7 @@ fn oldest_completed_goes_when_nothing_expired() {
     block(async {
         let (s, _clock) = store(MemoryStore::builder().max_entries(3));
         done(&s, key(1, 1), 10, TTL).await;
-        done(&s, key(2, 2), 10, TTL).await;
+        done(&s, key(1, 2), 10, TTL).await;
         claimed(&s, key(3, 3)).await;
 
         claimed(&s, key(4, 4)).await;
@@ -236,7 +261,7 @@ fn oldest_completed_goes_when_nothing_expired() {
             "absent",
             "the oldest completed record was dropped"
         );
-        assert_eq!(peek(&s, key(2, 2)), "done");
+        assert_eq!(peek(&s, key(1, 2)), "done");
         assert_eq!(peek(&s, key(3, 3)), "pending");
         let st = s.stats();
         assert_eq!((st.early_drops, st.expired_drops), (1, 0), "{st:?}");
@@ -382,7 +407,11 @@ fn bytes_bound_is_respected() {
             .complete(&key(3, 3), &t3, &fp(1), record(limit), TTL)
             .await
             .expect_err("too big");
-        assert_eq!(err.kind(), StoreErrorKind::StoreFull);
+        assert_eq!(
+            err.kind(),
+            StoreErrorKind::ScopeFull,
+            "the scope holds a pending record"
+        );
         assert_eq!(peek(&s, key(3, 3)), "pending", "the key stays pending");
         assert_eq!(peek(&s, key(2, 2)), "done", "nothing was dropped in vain");
         assert!(s.stats().bytes <= limit);
@@ -432,42 +461,118 @@ fn expired_entries_are_absent_to_every_step() {
 }
 
 #[test]
-fn zero_bounds_are_clamped() {
-    block(async {
-        let clock = ManualClock::new();
-        let s = MemoryStore::builder()
-            .max_entries(0)
-            .max_bytes(0)
-            .max_entries_per_scope(0)
-            .shards(0)
-            .clock(clock)
-            .build();
-        assert_eq!(s.shards.len(), 1);
-        assert_eq!(
-            (s.limits.entries, s.limits.bytes, s.limits.per_scope),
-            (1, ENTRY_OVERHEAD, 1)
-        );
-        claimed(&s, key(1, 1)).await;
-
-        let s = MemoryStore::builder().max_entries(3).shards(64).build();
-        assert_eq!(s.shards.len(), 3, "no more shards than entries");
-        let s = MemoryStore::builder().shards(usize::MAX).build();
-        assert_eq!(s.shards.len(), MAX_SHARDS);
-        assert_eq!(s.limits.entries, DEFAULT_MAX_ENTRIES / MAX_SHARDS);
-    });
+fn shards_are_clamped_and_do_not_split_the_budgets() {
+    let s = MemoryStore::builder().shards(0).build();
+    assert_eq!(s.shards.len(), 1);
+    let s = MemoryStore::builder().shards(usize::MAX).build();
+    assert_eq!(s.shards.len(), MAX_SHARDS);
+    assert_eq!(
+        (s.budget.limits.entries, s.budget.limits.bytes),
+        (DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES)
+    );
+    let s = MemoryStore::builder().max_entries(3).shards(64).build();
+    assert_eq!(s.shards.len(), 64, "more shards than records is allowed");
 }
 
 /// Random steps over a few scopes and keys under tight bounds; every invariant holds after
 /// each step.
 #[test]
 fn random_steps_keep_every_invariant() {
+    let st = random_steps(1, Some(4));
+    assert!(
+        st.early_drops > 0 && st.expired_drops > 0 && st.scope_full_refusals > 0,
+        "{st:?}"
+    );
+}
+
+/// The same over four shards and no fixed cap: room is made across shards.
+#[test]
+fn random_steps_over_shards_keep_every_invariant() {
+    let st = random_steps(4, None);
+    assert!(
+        st.early_drops > 0 && st.expired_drops > 0 && st.scope_full_refusals > 0,
+        "{st:?}"
+    );
+}
+
+/// Four threads at once over four shards under tight bounds: the store-wide counts never pass
+/// the bounds, and add up exactly once the threads are done.
+#[test]
+fn concurrent_steps_keep_the_budget_exact() {
+    let clock = ManualClock::new();
+    let s = std::sync::Arc::new(
+        MemoryStore::builder()
+            .shards(4)
+            .max_entries(16)
+            .max_bytes(16 * ENTRY_OVERHEAD + 400)
+            .clock(clock.clone())
+            .build(),
+    );
+    let threads: Vec<_> = (0..4u64)
+        .map(|t| {
+            let s = std::sync::Arc::clone(&s);
+            let clock = clock.clone();
+            std::thread::spawn(move || {
+                block(async move {
+                    let mut x: u64 = 0x9e37_79b9_7f4a_7c15 ^ (t + 1);
+                    let mut tokens = std::collections::HashMap::<u32, Token>::new();
+                    for _ in 0..20_000 {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let id = u32::try_from(x % 32).expect("small");
+                        let k = key(u8::try_from(id % 7).expect("small"), id);
+                        let ttl = Duration::from_millis((x >> 16) % 2000);
+                        match (x >> 32) % 5 {
+                            0 | 1 => {
+                                if let Ok(Claim::Claimed(tok)) = s.claim(&k, &fp(1), ttl).await {
+                                    tokens.insert(id, tok);
+                                }
+                            }
+                            2 => {
+                                if let Some(tok) = tokens.get(&id) {
+                                    let len = usize::try_from((x >> 8) % 120).expect("small");
+                                    let _ = s.complete(&k, tok, &fp(1), record(len), ttl).await;
+                                }
+                            }
+                            3 => {
+                                if let Some(tok) = tokens.get(&id) {
+                                    let _ = s.release(&k, tok).await;
+                                }
+                            }
+                            _ if t == 0 => clock.advance(Duration::from_millis((x >> 40) % 300)),
+                            _ => {}
+                        }
+                        let used = s.budget.used();
+                        assert!(
+                            used.entries <= 16 && used.bytes <= 16 * ENTRY_OVERHEAD + 400,
+                            "{used:?}"
+                        );
+                    }
+                });
+            })
+        })
+        .collect();
+    for t in threads {
+        t.join().expect("thread");
+    }
+    s.check();
+    let st = s.stats();
+    assert!(st.early_drops > 0 && st.expired_drops > 0, "{st:?}");
+}
+
+fn random_steps(shards: usize, cap: Option<usize>) -> MemoryStats {
     block(async {
-        let (s, clock) = store(
-            MemoryStore::builder()
-                .max_entries(12)
-                .max_bytes(12 * ENTRY_OVERHEAD + 200)
-                .max_entries_per_scope(4),
-        );
+        let clock = ManualClock::new();
+        let mut b = MemoryStore::builder()
+            .shards(shards)
+            .max_entries(12)
+            .max_bytes(12 * ENTRY_OVERHEAD + 200)
+            .clock(clock.clone());
+        if let Some(cap) = cap {
+            b = b.max_entries_per_scope(cap);
+        }
+        let s = b.build();
         let mut tokens: std::collections::HashMap<u32, Token> = std::collections::HashMap::new();
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
         let mut next = move || {
@@ -507,16 +612,12 @@ fn random_steps_keep_every_invariant() {
             }
             s.check();
         }
-        let st = s.stats();
-        assert!(
-            st.early_drops > 0 && st.expired_drops > 0 && st.scope_full_refusals > 0,
-            "{st:?}"
-        );
-    });
+        s.stats()
+    })
 }
 
 #[test]
-fn shards_split_by_scope() {
+fn budgets_are_store_wide() {
     block(async {
         let clock = ManualClock::new();
         let s = MemoryStore::builder()
@@ -528,8 +629,72 @@ fn shards_split_by_scope() {
             let _ = claim(&s, key(scope, 1)).await;
         }
         let per_shard: Vec<usize> = s.shards.iter().map(|c| lock(c).len).collect();
-        assert!(per_shard.iter().all(|&n| n <= 16), "{per_shard:?}");
         assert_eq!(per_shard.iter().sum::<usize>(), 64, "{per_shard:?}");
+        assert_eq!(s.stats().store_full_refusals, 256 - 64);
+        s.check();
+
+        // One scope may use all of it.
+        let s = MemoryStore::builder()
+            .max_entries(64)
+            .shards(4)
+            .clock(ManualClock::new())
+            .build();
+        for id in 0..64 {
+            claimed(&s, key(7, id)).await;
+        }
+        s.check();
+    });
+}
+
+#[test]
+fn a_scope_as_large_as_the_largest_makes_room_from_its_own() {
+    block(async {
+        let (s, _clock) = store(MemoryStore::builder().max_entries(6));
+        for id in 0..3 {
+            done(&s, key(1, id), 10, TTL).await;
+            done(&s, key(2, id), 10, TTL).await;
+        }
+        claimed(&s, key(1, 3)).await;
+        claimed(&s, key(2, 3)).await;
+        for id in 1..3 {
+            assert_eq!(peek(&s, key(1, id)), "done");
+            assert_eq!(peek(&s, key(2, id)), "done");
+        }
+        assert_eq!(peek(&s, key(1, 0)), "absent", "scope 1 gave its own");
+        assert_eq!(peek(&s, key(2, 0)), "absent", "scope 2 gave its own");
+        s.check();
+    });
+}
+
+#[test]
+fn expired_records_in_another_shard_go_before_live_ones() {
+    block(async {
+        let clock = ManualClock::new();
+        let s = MemoryStore::builder()
+            .max_entries(4)
+            .shards(2)
+            .clock(clock.clone())
+            .build();
+        // Scope 2 lives in shard 0, scopes 1 and 3 in shard 1.
+        assert_eq!((s.home(&key(2, 0)), s.home(&key(1, 0))), (0, 1));
+        done(&s, key(3, 0), 10, TTL).await;
+        done(&s, key(2, 0), 10, Duration::from_secs(1)).await;
+        done(&s, key(2, 1), 10, TTL).await;
+        done(&s, key(2, 2), 10, TTL).await;
+        clock.advance(Duration::from_secs(2));
+
+        claimed(&s, key(1, 0)).await;
+        let st = s.stats();
+        assert_eq!((st.expired_drops, st.early_drops), (1, 0), "{st:?}");
+        assert_eq!(peek(&s, key(3, 0)), "done");
+        assert_eq!(peek(&s, key(2, 1)), "done");
+        s.check();
+
+        // Nothing expired now: scope 2 (shard 0) holds the most and gives its oldest.
+        claimed(&s, key(1, 1)).await;
+        assert_eq!(peek(&s, key(2, 1)), "absent");
+        assert_eq!(peek(&s, key(3, 0)), "done", "scope 3 holds less");
+        assert_eq!(s.stats().early_drops, 1);
         s.check();
     });
 }
