@@ -62,36 +62,44 @@ impl Shard {
             return Ok(());
         }
 
-        // At its cap, the scope makes room from its own records: its oldest completed one goes.
-        if let Some(r) = slot.filter(|_| capped(self)) {
-            match self.scopes[at(r)].head {
+        let r = self.find_scope(scope);
+        // At its cap, the scope's own oldest completed record is the first to go.
+        let forced = match r {
+            Some(r) if capped(self) => match self.scopes[at(r)].head {
                 NIL => {
                     return Err(self.refuse(
                         true,
                         "the scope is at its cap and all its records are pending",
                     ));
                 }
-                head => self.drop_entry(head, step.now),
+                head => Some(head),
+            },
+            _ => None,
+        };
+        let rest = need.minus(forced.map_or(Usage::default(), |i| Usage::new(1, self.cost(i))));
+        if self.take(rest) {
+            if let Some(i) = forced {
+                self.drop_entry(i, step.now);
             }
-            if self.take(need) {
-                return Ok(());
-            }
+            return Ok(());
         }
 
-        let r = self.find_scope(scope);
         let weight = r.map_or(0, |r| self.weight(r));
         let elsewhere = self.budget.elsewhere(self.number, step.now, &step.visited);
         let heaviest = elsewhere.heaviest.filter(|&(_, w)| w >= weight);
         if let Some(shard) = elsewhere.expired {
             return Err(Short::Elsewhere(Visit {
                 shard,
-                need,
+                need: rest,
                 weight,
                 live: heaviest.is_some_and(|(h, _)| h == shard),
             }));
         }
-        // Whether the scope has a completed record of its own to give.
-        let own = r.is_some_and(|r| self.scopes[at(r)].head != NIL);
+        // Whether the scope has a completed record besides the one that goes anyway.
+        let own = r.is_some_and(|r| match forced {
+            Some(f) => self.entries[at(f)].scope_next != NIL,
+            None => self.scopes[at(r)].head != NIL,
+        });
         let top = self.by_weight.top().map(|(w, _)| w);
         let here = match heaviest {
             None => own || top.is_some_and(|w| w >= weight),
@@ -99,14 +107,17 @@ impl Shard {
                 (own && weight >= other) || top.is_some_and(|w| w >= other && w >= weight)
             }
         };
-        if here && self.can_free(need.minus(self.credit), r, weight) {
+        if here && self.can_free(rest.minus(self.credit), r, weight, forced) {
+            if let Some(i) = forced {
+                self.drop_entry(i, step.now);
+            }
             if self.drop_by_weight(need, r, weight, step.now) {
                 return Ok(());
             }
         } else if let Some((shard, _)) = heaviest {
             return Err(Short::Elsewhere(Visit {
                 shard,
-                need,
+                need: rest,
                 weight,
                 live: true,
             }));
@@ -127,7 +138,7 @@ impl Shard {
             return true;
         }
         visit.live
-            && self.can_free(visit.need.minus(self.credit), None, visit.weight)
+            && self.can_free(visit.need.minus(self.credit), None, visit.weight, None)
             && self.drop_by_weight(visit.need, None, visit.weight, now)
     }
 
@@ -137,17 +148,17 @@ impl Shard {
     }
 
     /// Whether dropping what the rule allows frees `deficit`: every completed record of the
-    /// scope `own`, and of each other scope its oldest
+    /// scope `own` (after `forced`, which goes anyway), and of each other scope its oldest
     /// completed records while it still weighs at least `weight`. The total does not depend on
     /// the order the drops are made in, so this walk stops as soon as it has found enough: it
     /// visits about as many records as will be dropped.
-    fn can_free(&self, deficit: Usage, own: Option<u32>, weight: u64) -> bool {
+    fn can_free(&self, deficit: Usage, own: Option<u32>, weight: u64, forced: Option<u32>) -> bool {
         let mut left = deficit;
         if left.is_zero() {
             return true;
         }
         if let Some(r) = own {
-            let mut i = self.scopes[at(r)].head;
+            let mut i = forced.map_or(self.scopes[at(r)].head, |f| self.entries[at(f)].scope_next);
             while i != NIL {
                 left = left.minus(Usage::new(1, self.cost(i)));
                 if left.is_zero() {

@@ -60,12 +60,14 @@
 //! completed record (the requester's own shard on a tie), heaviest scope first within it; a
 //! step never holds two shard locks. Before it drops a live record there, the shard checks that
 //! what the rule lets it drop is enough; if not, it drops nothing, and the step tries the next
-//! shard (at most eight shards, then it is refused).
+//! shard (at most eight shards, then it is refused). So nothing is dropped for a step that is
+//! refused anyway. (Expired records, absent already, may still go.)
 //!
 //! With a fixed cap ([`max_entries_per_scope`](MemoryStoreBuilder::max_entries_per_scope)), a
 //! step that adds a record to a scope at its cap first drops the scope's own expired records,
 //! then its own oldest completed record, and is refused with `ScopeFull` when all its records
-//! are pending, while other scopes still claim.
+//! are pending, while other scopes still claim; the record goes only if the step then gets all
+//! the room it needs.
 //!
 //! Expired records are treated as absent by every step, using the store's [`Clock`]
 //! ([`TokioClock`] unless [`MemoryStoreBuilder::clock`] sets another), and dropped when a step

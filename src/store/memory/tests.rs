@@ -333,6 +333,41 @@ fn scope_at_its_cap_drops_its_own_oldest() {
 }
 
 #[test]
+fn a_scope_at_its_cap_drops_nothing_when_the_step_is_refused_anyway() {
+    block(async {
+        let (s, _clock) = store(
+            MemoryStore::builder()
+                .max_entries(100)
+                .max_bytes(4 * ENTRY_OVERHEAD + 300)
+                .max_entries_per_scope(2),
+        );
+        done(&s, key(1, 1), 10, TTL).await;
+        // Key 2's claim is released: its late complete writes a new entry.
+        let t2 = claimed(&s, key(1, 2)).await;
+        assert!(s.release(&key(1, 2), &t2).await.expect("release"));
+        claimed(&s, key(1, 3)).await; // scope 1 at its cap: one completed, one pending
+        claimed(&s, key(2, 1)).await;
+        claimed(&s, key(2, 2)).await;
+
+        // Dropping scope 1's record would not make room for 400 more bytes: nothing is dropped.
+        let err = s
+            .complete(&key(1, 2), &t2, &fp(1), record(400), TTL)
+            .await
+            .expect_err("no room");
+        assert!(
+            matches!(
+                err.kind(),
+                StoreErrorKind::ScopeFull | StoreErrorKind::StoreFull
+            ),
+            "{err}"
+        );
+        assert_eq!(peek(&s, key(1, 1)), "done", "the scope's record was kept");
+        assert_eq!(s.stats().early_drops, 0);
+        s.check();
+    });
+}
+
+#[test]
 fn scope_at_its_cap_drops_its_expired_first() {
     block(async {
         let (s, clock) = store(
