@@ -111,7 +111,8 @@ async fn distinct_keys_stay_within_max_bytes_and_never_drop_a_live_claim() {
         .max_bytes(MAX_BYTES)
         .max_entries(10_000_000)
         .clock(clock.clone())
-        .build();
+        .build()
+        .unwrap();
     let engine = Engine::new(store);
 
     // Pending claims held through the whole run (their lease, 60 s on a clock that does not
@@ -245,7 +246,8 @@ async fn a_scope_of_pending_claims_answers_429_while_other_scopes_claim() {
             .shards(1)
             .max_entries_per_scope(4)
             .clock(clock)
-            .build(),
+            .build()
+            .unwrap(),
     )
     .await;
     let http = client();
@@ -329,7 +331,8 @@ async fn a_store_full_of_pending_claims_answers_503_until_a_record_can_go() {
         .shards(2)
         .max_entries(8)
         .clock(ManualClock::new())
-        .build();
+        .build()
+        .unwrap();
     let engine = Engine::new(store);
     // A scope hash whose first four bytes are even picks shard 0; odd picks shard 1.
     let mut held = Vec::new();
@@ -364,7 +367,8 @@ async fn a_store_full_of_pending_claims_answers_503_until_a_record_can_go() {
             .shards(1)
             .max_entries(4)
             .clock(ManualClock::new())
-            .build(),
+            .build()
+            .unwrap(),
     )
     .await;
     let http = client();
@@ -417,7 +421,12 @@ async fn one_principal_writing_large_records_drops_only_its_own() {
     // The default bounds (64 MiB, 16 shards). With 16 shards, scope `s` lives in shard `s % 16`:
     // half of the other principals share the big writer's shard (scope 0, shard 0).
     let _heavy = HEAVY.lock().await;
-    let engine = Engine::new(MemoryStore::builder().clock(ManualClock::new()).build());
+    let engine = Engine::new(
+        MemoryStore::builder()
+            .clock(ManualClock::new())
+            .build()
+            .unwrap(),
+    );
     let others: Vec<(StoreKey, u64)> = (1..=40u32)
         .map(|s| (key(s * 8, u64::from(s)), u64::from(s)))
         .collect();
@@ -481,7 +490,8 @@ async fn a_single_principal_fills_the_whole_store_before_anything_is_dropped() {
         MemoryStore::builder()
             .max_entries(1_000)
             .clock(ManualClock::new())
-            .build(),
+            .build()
+            .unwrap(),
     );
     for n in 0..1_000u64 {
         store_one(&engine, key(3, n), n, &response(n)).await;
@@ -512,7 +522,8 @@ async fn room_comes_from_the_scope_that_holds_the_most() {
             .shards(1)
             .max_entries(10)
             .clock(ManualClock::new())
-            .build(),
+            .build()
+            .unwrap(),
     );
     // Scope 2 writes first (the oldest records), scope 1 fills the rest.
     for n in 0..3 {
@@ -548,7 +559,8 @@ async fn a_scope_of_pending_claims_in_a_full_store_gets_429_and_a_newcomer_503()
         .shards(1)
         .max_entries(4)
         .clock(ManualClock::new())
-        .build();
+        .build()
+        .unwrap();
     let engine = Engine::new(store);
     // Scope 1 holds three claims in flight; scope 2 one completed record.
     let held: Vec<Ticket> = {
@@ -589,7 +601,8 @@ async fn a_newcomer_in_another_shard_takes_room_from_the_largest_scope() {
             .shards(16)
             .max_entries(100)
             .clock(ManualClock::new())
-            .build(),
+            .build()
+            .unwrap(),
     );
     for n in 0..100 {
         store_one(&engine, key(0, n), n, &response(n)).await;
@@ -604,4 +617,42 @@ async fn a_newcomer_in_another_shard_takes_room_from_the_largest_scope() {
         !replays(&engine, key(0, 0), 0).await,
         "scope 0's oldest went"
     );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn budgets_are_store_wide_so_the_shard_split_makes_no_setting_impossible() {
+    // 8 MiB over 16 shards: a record of the engine's largest body (1 MiB) still fits.
+    let engine = Engine::new(
+        MemoryStore::builder()
+            .max_bytes(8 * MIB)
+            .clock(ManualClock::new())
+            .build()
+            .unwrap(),
+    );
+    store_one(&engine, key(0, 1), 1, &large_response(MIB)).await;
+    assert!(replays(&engine, key(0, 1), 1).await);
+
+    // 32 records over 16 shards: one caller's claims in flight do not crowd out a caller of
+    // the same shard while the store has room; once the store is full, the caller holding the
+    // claims is told 429 and a newcomer 503.
+    let engine = Engine::new(
+        MemoryStore::builder()
+            .max_entries(32)
+            .clock(ManualClock::new())
+            .build()
+            .unwrap(),
+    );
+    let mut held = Vec::new();
+    for n in 0..2 {
+        held.push(run(&engine, key(0, n), n).await);
+    }
+    held.push(run(&engine, key(16, 100), 100).await); // scope 16: shard 0 as well
+    for n in 2..31 {
+        held.push(run(&engine, key(0, n), n).await);
+    }
+    let err = engine.begin(key(0, 31), fp(31)).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::ScopeFull, "{err}");
+    let err = engine.begin(key(7, 200), fp(200)).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::StoreFull, "{err}");
+    assert_eq!(engine.store().stats().pending, 32);
 }

@@ -16,7 +16,8 @@
 //!
 //! The bounds are store-wide and hold at every instant: while there is room, any scope may use
 //! it, so a single caller can fill the whole store before anything is dropped, and one record
-//! may be as large as the store allows.
+//! may be as large as the store allows ([`build`](MemoryStoreBuilder::build) refuses a
+//! `max_bytes` below one record of [`max_record_bytes`](MemoryStoreBuilder::max_record_bytes)).
 //!
 //! A record is counted as its encoded bytes plus [`ENTRY_OVERHEAD`] (160) bytes for the entry
 //! itself, its index slot and allocator overhead; a pending claim counts `ENTRY_OVERHEAD` alone.
@@ -97,7 +98,8 @@
 //!     .max_entries(10_000)
 //!     .max_bytes(8 * 1024 * 1024)
 //!     .shards(4)
-//!     .build();
+//!     .build()
+//!     .expect("settings that can work");
 //!
 //! let key = StoreKey::derive("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1", 255).unwrap());
 //! let fp = Fingerprint::builder().field(b"POST").field(b"/orders").finish();
@@ -126,7 +128,7 @@ mod stats;
 mod tests;
 mod weights;
 
-pub use builder::MemoryStoreBuilder;
+pub use builder::{MemoryConfigError, MemoryConfigErrorKind, MemoryStoreBuilder};
 pub use stats::MemoryStats;
 
 use super::{Claim, Store, StoreError, StoreErrorKind, Token};
@@ -148,6 +150,10 @@ use std::time::Duration;
 pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
 /// The default bound on stored bytes (records plus [`ENTRY_OVERHEAD`] each), over all shards.
 pub const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
+/// The default size of the largest record the store must be able to hold: the engine's default
+/// body limit ([`DEFAULT_MAX_RECORD_BODY`](crate::engine::DEFAULT_MAX_RECORD_BODY), 1 MiB) plus
+/// 64 KiB for the status, headers and trailers.
+pub const DEFAULT_MAX_RECORD_BYTES: usize = crate::engine::DEFAULT_MAX_RECORD_BODY + 64 * 1024;
 /// The default number of shards.
 pub const DEFAULT_SHARDS: usize = 16;
 /// The largest number of shards; larger requests are clamped to it.
@@ -172,7 +178,7 @@ impl MemoryStore {
     /// A store with the default bounds and clock.
     #[must_use]
     pub fn new() -> Self {
-        Self::builder().build()
+        MemoryStoreBuilder::new().assemble()
     }
 
     /// A builder to set the bounds, the number of shards or the clock.

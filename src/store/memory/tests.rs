@@ -27,10 +27,17 @@ fn record(len: usize) -> Record {
     Record::from_bytes(Bytes::from(vec![7u8; len]))
 }
 
-/// A store of one shard on a manual clock.
+/// A store of one shard on a manual clock; no record size is promised, so tiny byte budgets
+/// are accepted.
 fn store(b: MemoryStoreBuilder) -> (MemoryStore, ManualClock) {
     let clock = ManualClock::new();
-    (b.shards(1).clock(clock.clone()).build(), clock)
+    let s = b
+        .shards(1)
+        .max_record_bytes(0)
+        .clock(clock.clone())
+        .build()
+        .expect("valid bounds");
+    (s, clock)
 }
 
 fn block<F: std::future::Future>(f: F) -> F::Output {
@@ -496,16 +503,76 @@ fn expired_entries_are_absent_to_every_step() {
 }
 
 #[test]
+fn impossible_settings_are_refused() {
+    let refused = |b: MemoryStoreBuilder| b.build().expect_err("refused").kind();
+    assert_eq!(
+        refused(MemoryStore::builder().max_entries(0)),
+        MemoryConfigErrorKind::EntriesZero
+    );
+    assert_eq!(
+        refused(MemoryStore::builder().max_bytes(DEFAULT_MAX_RECORD_BYTES)),
+        MemoryConfigErrorKind::BytesBelowRecord,
+        "one record plus its overhead must fit"
+    );
+    assert_eq!(
+        refused(
+            MemoryStore::builder()
+                .max_bytes(1024)
+                .max_record_bytes(1024 - ENTRY_OVERHEAD + 1)
+        ),
+        MemoryConfigErrorKind::BytesBelowRecord
+    );
+    assert_eq!(
+        refused(MemoryStore::builder().max_entries_per_scope(0)),
+        MemoryConfigErrorKind::ScopeCapOutOfRange
+    );
+    assert_eq!(
+        refused(
+            MemoryStore::builder()
+                .max_entries(100)
+                .max_entries_per_scope(101)
+        ),
+        MemoryConfigErrorKind::ScopeCapOutOfRange,
+        "a cap above the store is a mistake in the numbers"
+    );
+    let err = MemoryStore::builder()
+        .max_bytes(512 * 1024)
+        .build()
+        .expect_err("refused");
+    assert!(err.to_string().contains("max_record_bytes"), "{err}");
+
+    // Just enough is accepted.
+    MemoryStore::builder()
+        .max_entries(1)
+        .max_bytes(1024)
+        .max_record_bytes(1024 - ENTRY_OVERHEAD)
+        .max_entries_per_scope(1)
+        .build()
+        .expect("one record of the largest size fits");
+    MemoryStore::builder()
+        .max_bytes(DEFAULT_MAX_RECORD_BYTES + ENTRY_OVERHEAD)
+        .build()
+        .expect("one record of the default largest size fits");
+}
+
+#[test]
 fn shards_are_clamped_and_do_not_split_the_budgets() {
-    let s = MemoryStore::builder().shards(0).build();
+    let s = MemoryStore::builder().shards(0).build().expect("valid");
     assert_eq!(s.shards.len(), 1);
-    let s = MemoryStore::builder().shards(usize::MAX).build();
+    let s = MemoryStore::builder()
+        .shards(usize::MAX)
+        .build()
+        .expect("valid");
     assert_eq!(s.shards.len(), MAX_SHARDS);
     assert_eq!(
         (s.budget.limits.entries, s.budget.limits.bytes),
         (DEFAULT_MAX_ENTRIES, DEFAULT_MAX_BYTES)
     );
-    let s = MemoryStore::builder().max_entries(3).shards(64).build();
+    let s = MemoryStore::builder()
+        .max_entries(3)
+        .shards(64)
+        .build()
+        .expect("valid");
     assert_eq!(s.shards.len(), 64, "more shards than records is allowed");
 }
 
@@ -540,8 +607,10 @@ fn concurrent_steps_keep_the_budget_exact() {
             .shards(4)
             .max_entries(16)
             .max_bytes(16 * ENTRY_OVERHEAD + 400)
+            .max_record_bytes(0)
             .clock(clock.clone())
-            .build(),
+            .build()
+            .expect("valid"),
     );
     let threads: Vec<_> = (0..4u64)
         .map(|t| {
@@ -603,11 +672,12 @@ fn random_steps(shards: usize, cap: Option<usize>) -> MemoryStats {
             .shards(shards)
             .max_entries(12)
             .max_bytes(12 * ENTRY_OVERHEAD + 200)
+            .max_record_bytes(0)
             .clock(clock.clone());
         if let Some(cap) = cap {
             b = b.max_entries_per_scope(cap);
         }
-        let s = b.build();
+        let s = b.build().expect("valid");
         let mut tokens: std::collections::HashMap<u32, Token> = std::collections::HashMap::new();
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
         let mut next = move || {
@@ -659,7 +729,8 @@ fn budgets_are_store_wide() {
             .max_entries(64)
             .shards(4)
             .clock(clock)
-            .build();
+            .build()
+            .expect("valid");
         for scope in 0..=255u8 {
             let _ = claim(&s, key(scope, 1)).await;
         }
@@ -673,7 +744,8 @@ fn budgets_are_store_wide() {
             .max_entries(64)
             .shards(4)
             .clock(ManualClock::new())
-            .build();
+            .build()
+            .expect("valid");
         for id in 0..64 {
             claimed(&s, key(7, id)).await;
         }
@@ -709,7 +781,8 @@ fn expired_records_in_another_shard_go_before_live_ones() {
             .max_entries(4)
             .shards(2)
             .clock(clock.clone())
-            .build();
+            .build()
+            .expect("valid");
         // Scope 2 lives in shard 0, scopes 1 and 3 in shard 1.
         assert_eq!((s.home(&key(2, 0)), s.home(&key(1, 0))), (0, 1));
         done(&s, key(3, 0), 10, TTL).await;
