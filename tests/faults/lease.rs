@@ -162,7 +162,10 @@ const MEMORY_LEASE: Duration = Duration::from_millis(300);
 
 fn memory() -> (MemoryStore, ManualClock) {
     let clock = ManualClock::new();
-    let store = MemoryStore::builder().clock(clock.clone()).build();
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .build()
+        .expect("valid bounds");
     (store, clock)
 }
 

@@ -329,7 +329,10 @@ async fn store_failure_on_claim_is_503_store_failed_with_retry_after_and_the_han
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn scope_with_all_its_records_pending_at_its_cap_is_429_scope_full_while_others_claim() {
-    let memory = MemoryStore::builder().max_entries_per_scope(2).build();
+    let memory = MemoryStore::builder()
+        .max_entries_per_scope(2)
+        .build()
+        .expect("valid bounds");
     let (server, work) = server_with(IdempotencyLayer::with_store(SpyStore::over(memory))).await;
     let slow = |key: &str| {
         tokio::spawn(send(
@@ -378,7 +381,11 @@ async fn scope_with_all_its_records_pending_at_its_cap_is_429_scope_full_while_o
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn store_full_of_pending_records_is_503_store_full() {
-    let memory = MemoryStore::builder().max_entries(2).shards(1).build();
+    let memory = MemoryStore::builder()
+        .max_entries(2)
+        .shards(1)
+        .build()
+        .expect("valid bounds");
     let (server, work) = server_with(IdempotencyLayer::with_store(SpyStore::over(memory))).await;
     let slow = |principal: &str| {
         tokio::spawn(send(

@@ -5,10 +5,14 @@
 //!   store's counted bytes stay under it, the process RSS stays within the stated bound,
 //!   completed records are dropped oldest first, and pending claims held throughout (inside
 //!   their lease) are never dropped.
-//! - A scope whose records are all pending is refused (429 `idempotency.scope_full`) while other
-//!   scopes still claim; a scope at its cap with completed records drops its own oldest one.
-//! - A shard full of pending claims refuses (`StoreFull`, 503 `idempotency.store_full`) while
-//!   other shards still claim; once a claim completes, its record is dropped to make room.
+//! - With a fixed per-scope cap, a scope whose records are all pending is refused (429
+//!   `idempotency.scope_full`) while other scopes still claim; a scope at its cap with completed
+//!   records drops its own oldest one.
+//! - A store full of pending claims refuses a newcomer (`StoreFull`, 503
+//!   `idempotency.store_full`) in every shard; once a claim completes, its record is dropped to
+//!   make room.
+//! - Fairness under pressure: the budgets are store-wide (one principal may fill the store), and
+//!   a full store takes room from the scope that holds the most, never from a smaller one.
 //!
 //! ```text
 //! cargo test --test stores -- memory_bound:: --nocapture
@@ -31,6 +35,10 @@ const MAX_BYTES: usize = 32 * MIB;
 /// RSS growth allowed over the baseline taken before the store was built: twice `max_bytes`
 /// (allocator overhead and fragmentation of the record bytes, the slab and index growth).
 const RSS_BOUND: usize = 2 * MAX_BYTES;
+
+/// Held by the tests that measure or use tens of megabytes, so that one's memory does not count
+/// in the other's resident set.
+static HEAVY: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// The resident set of this process (`VmRSS` in `/proc/self/status`), in bytes.
 fn rss() -> Option<usize> {
@@ -89,6 +97,7 @@ async fn distinct_keys_stay_within_max_bytes_and_never_drop_a_live_claim() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(1_000_000);
     const HELD: u64 = 64;
+    let _heavy = HEAVY.lock().await;
     let Some(baseline) = rss() else {
         eprintln!("skipping: /proc/self/status is not readable here");
         return;
@@ -98,7 +107,8 @@ async fn distinct_keys_stay_within_max_bytes_and_never_drop_a_live_claim() {
         .max_bytes(MAX_BYTES)
         .max_entries(10_000_000)
         .clock(clock.clone())
-        .build();
+        .build()
+        .unwrap();
     let engine = Engine::new(store);
 
     // Pending claims held through the whole run (their lease, 60 s on a clock that does not
@@ -232,7 +242,8 @@ async fn a_scope_of_pending_claims_answers_429_while_other_scopes_claim() {
             .shards(1)
             .max_entries_per_scope(4)
             .clock(clock)
-            .build(),
+            .build()
+            .unwrap(),
     )
     .await;
 
@@ -308,35 +319,35 @@ async fn a_scope_of_pending_claims_answers_429_while_other_scopes_claim() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_shard_full_of_pending_claims_answers_503_while_other_shards_claim() {
-    // Engine level: two shards of four records; shard 0 full of pending claims.
+async fn a_store_full_of_pending_claims_answers_503_until_a_record_can_go() {
+    // Engine level: eight records over two shards, all pending, all in shard 0: the budget is
+    // store-wide, so one shard may hold all of it.
     let store = MemoryStore::builder()
         .shards(2)
         .max_entries(8)
         .clock(ManualClock::new())
-        .build();
+        .build()
+        .unwrap();
     let engine = Engine::new(store);
     // A scope hash whose first four bytes are even picks shard 0; odd picks shard 1.
     let mut held = Vec::new();
-    for i in 0..4u32 {
+    for i in 0..8u32 {
         held.push(run(&engine, key(i * 2, u64::from(i)), u64::from(i)).await);
     }
-    let err = engine.begin(key(100, 100), fp(100)).await.unwrap_err();
-    assert_eq!(err.kind(), StoreErrorKind::StoreFull, "{err}");
-    let other = engine.begin(key(101, 101), fp(101)).await.unwrap();
-    assert!(
-        matches!(other, Begin::Run(_)),
-        "shard 1 still claims: {other:?}"
-    );
-    // One claim completes: its record is the one dropped to make room.
+    // A newcomer in either shard: nothing may be dropped, 503.
+    for k in [key(100, 100), key(101, 101)] {
+        let err = engine.begin(k, fp(100)).await.unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::StoreFull, "{err}");
+    }
+    // One claim completes: its record is the one dropped to make room, from the other shard.
     let t = held.remove(0);
     assert!(engine.complete(t, &response(0)).await.unwrap());
     assert!(matches!(
-        engine.begin(key(100, 100), fp(100)).await.unwrap(),
+        engine.begin(key(101, 101), fp(101)).await.unwrap(),
         Begin::Run(_)
     ));
     let stats = engine.store().stats();
-    assert_eq!((stats.store_full_refusals, stats.early_drops), (1, 1));
+    assert_eq!((stats.store_full_refusals, stats.early_drops), (2, 1));
     for (i, t) in held.iter().enumerate() {
         let again = engine.begin(*t.key(), fp(i as u64 + 1)).await.unwrap();
         assert!(
@@ -351,7 +362,8 @@ async fn a_shard_full_of_pending_claims_answers_503_while_other_shards_claim() {
             .shards(1)
             .max_entries(4)
             .clock(ManualClock::new())
-            .build(),
+            .build()
+            .unwrap(),
     )
     .await;
     let mut held = Vec::new();
@@ -368,11 +380,273 @@ async fn a_shard_full_of_pending_claims_answers_503_while_other_shards_claim() {
     assert_eq!(c2.kind(), Kind::Fresh, "{}", c2.describe());
     let stats = store.stats();
     println!(
-        "shard of 4 full of pending: StoreFull in that shard, the other shard claims; through \
-         the layer 503 store_full, then 201 once a record could be dropped; refusals {}, early \
-         drops {}",
+        "store of 8 over 2 shards, all pending in one shard: StoreFull in both; once a claim \
+         completes its record makes room; through the layer 503 store_full, then 201; \
+         refusals {}, early drops {}",
         stats.store_full_refusals, stats.early_drops
     );
     assert_eq!((stats.store_full_refusals, stats.early_drops), (1, 1));
     assert_eq!(stats.pending, 3, "no pending claim was dropped");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fairness under pressure: room comes from the scope that holds the most
+// ---------------------------------------------------------------------------------------------
+
+/// A 201 whose body is `len` bytes.
+fn large_response(len: usize) -> RecordedResponse {
+    RecordedResponse::new(201, Vec::new(), Some(Bytes::from(vec![b'x'; len])))
+}
+
+/// Claims and completes `k` with `response`.
+async fn store_one(engine: &Engine<MemoryStore>, k: StoreKey, n: u64, response: &RecordedResponse) {
+    let t = run(engine, k, n).await;
+    assert!(engine.complete(t, response).await.unwrap(), "complete {n}");
+}
+
+/// Whether `k` still holds its completed record. Looking writes nothing when it does; when it
+/// does not, the look claims the key (and may make room), so tests look at absent keys last.
+async fn replays(engine: &Engine<MemoryStore>, k: StoreKey, n: u64) -> bool {
+    matches!(engine.begin(k, fp(n)).await.unwrap(), Begin::Replay(_))
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn one_principal_writing_large_records_drops_only_its_own() {
+    // The default bounds (64 MiB, 16 shards). With 16 shards, scope `s` lives in shard `s % 16`:
+    // half of the other principals share the big writer's shard (scope 0, shard 0).
+    let _heavy = HEAVY.lock().await;
+    let engine = Engine::new(
+        MemoryStore::builder()
+            .clock(ManualClock::new())
+            .build()
+            .unwrap(),
+    );
+    let others: Vec<(StoreKey, u64)> = (1..=40u32)
+        .map(|s| (key(s * 8, u64::from(s)), u64::from(s)))
+        .collect();
+    for &(k, n) in &others {
+        store_one(&engine, k, n, &response(n)).await;
+    }
+
+    // About 80 MB of ~1 MB responses from one principal: more than the whole store.
+    let big = large_response(1_000_000);
+    let (mut stored, mut refused) = (0u64, 0u64);
+    for n in 0..80u64 {
+        let t = run(&engine, key(0, 10_000 + n), 10_000 + n).await;
+        match engine.complete(t, &big).await {
+            Ok(true) => stored += 1,
+            Ok(false) => panic!("the key was free"),
+            Err(e) => {
+                assert!(
+                    matches!(
+                        e.kind(),
+                        StoreErrorKind::ScopeFull | StoreErrorKind::StoreFull
+                    ),
+                    "{e}"
+                );
+                refused += 1;
+            }
+        }
+    }
+    let stats = engine.store().stats();
+    for &(k, n) in &others {
+        assert!(
+            replays(&engine, k, n).await,
+            "principal {n}'s record was dropped for the big writer's"
+        );
+    }
+    // The writer keeps its newest records.
+    let mut kept = 0;
+    while kept < 80 && replays(&engine, key(0, 10_079 - kept), 10_079 - kept).await {
+        kept += 1;
+    }
+    println!(
+        "large records: one principal wrote 80 x 1 MB ({stored} stored, {refused} refused), keeps \
+         {kept} ({:.1} MiB); 40 other principals keep every record; early drops {}",
+        stats.bytes as f64 / MIB as f64,
+        stats.early_drops
+    );
+    assert_eq!(stored, 80, "the writer makes room from its own records");
+    assert!(
+        kept > 4,
+        "the writer keeps more than a sixteenth of the store: {kept}"
+    );
+    assert_eq!(
+        stats.early_drops,
+        80 - kept,
+        "every drop was one of the writer's"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_single_principal_fills_the_whole_store_before_anything_is_dropped() {
+    let engine = Engine::new(
+        MemoryStore::builder()
+            .max_entries(1_000)
+            .clock(ManualClock::new())
+            .build()
+            .unwrap(),
+    );
+    for n in 0..1_000u64 {
+        store_one(&engine, key(3, n), n, &response(n)).await;
+    }
+    let stats = engine.store().stats();
+    assert_eq!(
+        (stats.entries, stats.early_drops),
+        (1_000, 0),
+        "one principal may use the whole store: {stats:?}"
+    );
+
+    store_one(&engine, key(3, 1_000), 1_000, &response(1_000)).await;
+    assert_eq!(engine.store().stats().early_drops, 1);
+    assert!(
+        replays(&engine, key(3, 1), 1).await,
+        "its second oldest is kept"
+    );
+    assert!(
+        !replays(&engine, key(3, 0), 0).await,
+        "its oldest record made room"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn room_comes_from_the_scope_that_holds_the_most() {
+    let engine = Engine::new(
+        MemoryStore::builder()
+            .shards(1)
+            .max_entries(10)
+            .clock(ManualClock::new())
+            .build()
+            .unwrap(),
+    );
+    // Scope 2 writes first (the oldest records), scope 1 fills the rest.
+    for n in 0..3 {
+        store_one(&engine, key(2, n), n, &response(n)).await;
+    }
+    for n in 10..17 {
+        store_one(&engine, key(1, n), n, &response(n)).await;
+    }
+    // A newcomer's claim: room comes from scope 1 (7 records), never scope 2 (3).
+    let newcomer = run(&engine, key(9, 100), 100).await;
+    // Scope 2's own claim: scope 1 still holds more.
+    let own = run(&engine, key(2, 3), 3).await;
+    assert_eq!(engine.store().stats().early_drops, 2);
+    for n in 0..3 {
+        assert!(
+            replays(&engine, key(2, n), n).await,
+            "the smaller scope keeps record {n}"
+        );
+    }
+    assert!(replays(&engine, key(1, 12), 12).await);
+    engine.release(newcomer).await.unwrap();
+    engine.release(own).await.unwrap();
+    assert!(
+        !replays(&engine, key(1, 10), 10).await,
+        "the larger scope's oldest went"
+    );
+    assert!(!replays(&engine, key(1, 11), 11).await);
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_scope_of_pending_claims_in_a_full_store_gets_429_and_a_newcomer_503() {
+    let store = MemoryStore::builder()
+        .shards(1)
+        .max_entries(4)
+        .clock(ManualClock::new())
+        .build()
+        .unwrap();
+    let engine = Engine::new(store);
+    // Scope 1 holds three claims in flight; scope 2 one completed record.
+    let held: Vec<Ticket> = {
+        let mut v = Vec::new();
+        for n in 0..3 {
+            v.push(run(&engine, key(1, n), n).await);
+        }
+        v
+    };
+    store_one(&engine, key(2, 10), 10, &response(10)).await;
+
+    // Scope 1 holds the most and only pending claims: 429, scope 2's record is not taken.
+    let err = engine.begin(key(1, 3), fp(3)).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::ScopeFull, "{err}");
+    assert!(replays(&engine, key(2, 10), 10).await);
+    // Scope 2 makes room from its own record.
+    let t = run(&engine, key(2, 11), 11).await;
+    // Now every record is pending: a newcomer gets 503.
+    let err = engine.begin(key(3, 20), fp(20)).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::StoreFull, "{err}");
+    let stats = engine.store().stats();
+    assert_eq!(
+        (
+            stats.scope_full_refusals,
+            stats.store_full_refusals,
+            stats.early_drops
+        ),
+        (1, 1, 1),
+        "{stats:?}"
+    );
+    drop((held, t));
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_newcomer_in_another_shard_takes_room_from_the_largest_scope() {
+    let engine = Engine::new(
+        MemoryStore::builder()
+            .shards(16)
+            .max_entries(100)
+            .clock(ManualClock::new())
+            .build()
+            .unwrap(),
+    );
+    for n in 0..100 {
+        store_one(&engine, key(0, n), n, &response(n)).await;
+    }
+    assert_eq!(engine.store().stats().entries, 100);
+    // Scope 5 lives in shard 5: the room it needs comes from scope 0 in shard 0.
+    store_one(&engine, key(5, 1_000), 1_000, &response(1_000)).await;
+    let stats = engine.store().stats();
+    assert_eq!((stats.entries, stats.early_drops), (100, 1), "{stats:?}");
+    assert!(replays(&engine, key(0, 1), 1).await);
+    assert!(
+        !replays(&engine, key(0, 0), 0).await,
+        "scope 0's oldest went"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn budgets_are_store_wide_so_the_shard_split_makes_no_setting_impossible() {
+    // 8 MiB over 16 shards: a record of the engine's largest body (1 MiB) still fits.
+    let engine = Engine::new(
+        MemoryStore::builder()
+            .max_bytes(8 * MIB)
+            .clock(ManualClock::new())
+            .build()
+            .unwrap(),
+    );
+    store_one(&engine, key(0, 1), 1, &large_response(MIB)).await;
+    assert!(replays(&engine, key(0, 1), 1).await);
+
+    // 32 records over 16 shards: one caller's claims in flight do not crowd out a caller of
+    // the same shard while the store has room; once the store is full, the caller holding the
+    // claims is told 429 and a newcomer 503.
+    let engine = Engine::new(
+        MemoryStore::builder()
+            .max_entries(32)
+            .clock(ManualClock::new())
+            .build()
+            .unwrap(),
+    );
+    let mut held = Vec::new();
+    for n in 0..2 {
+        held.push(run(&engine, key(0, n), n).await);
+    }
+    held.push(run(&engine, key(16, 100), 100).await); // scope 16: shard 0 as well
+    for n in 2..31 {
+        held.push(run(&engine, key(0, n), n).await);
+    }
+    let err = engine.begin(key(0, 31), fp(31)).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::ScopeFull, "{err}");
+    let err = engine.begin(key(7, 200), fp(200)).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::StoreFull, "{err}");
+    assert_eq!(engine.store().stats().pending, 32);
 }

@@ -18,7 +18,8 @@ impl MemoryHarness {
         let store = MemoryStore::builder()
             .shards(shards)
             .clock(clock.clone())
-            .build();
+            .build()
+            .expect("valid bounds");
         Self { store, clock }
     }
 }

@@ -518,7 +518,8 @@ fn memory_store_matches_the_model() {
             store: MemoryStore::builder()
                 .shards(4)
                 .clock(clock.clone())
-                .build(),
+                .build()
+                .unwrap(),
             clock,
             scope: random32(),
         }

@@ -121,8 +121,8 @@ async fn build(row: &str, redis_url: Option<String>) -> (Router<App>, Option<Rec
                 MemoryStore::builder()
                     .max_entries(64 << 20)
                     .max_bytes(64 << 30)
-                    .max_entries_per_scope(64 << 20)
                     .build()
+                    .expect("memory store bounds")
             } else {
                 MemoryStore::new() // default bounds: 100 000 records, 64 MiB
             };

@@ -1,0 +1,231 @@
+//! Building a [`MemoryStore`]: its bounds, shards and clock, and the settings it refuses.
+
+use super::budget::{Budget, Limits};
+use super::shard::Shard;
+use super::{
+    DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_RECORD_BYTES, DEFAULT_SHARDS,
+    ENTRY_OVERHEAD, MAX_SHARDS, MemoryStore, ShardCell,
+};
+use crate::store::clock::{Clock, TokioClock};
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+/// Builds a [`MemoryStore`].
+///
+/// The bounds are store-wide: shards split the locking, not the budgets, so any scope may use
+/// all the room there is. [`build`](Self::build) refuses settings that can never work (see
+/// [`MemoryConfigErrorKind`]); the number of shards is clamped to `1..=`[`MAX_SHARDS`]. A shard
+/// holds at most `u32::MAX - 1` records.
+///
+/// ```
+/// use tower_idempotency::store::clock::ManualClock;
+/// use tower_idempotency::store::memory::{MemoryConfigErrorKind, MemoryStore};
+///
+/// let clock = ManualClock::new();
+/// let store = MemoryStore::builder()
+///     .max_entries(1_000)
+///     .shards(2)
+///     .clock(clock.clone())
+///     .build()?;
+/// assert_eq!(store.stats().entries, 0);
+///
+/// // 512 KiB cannot hold a record of the engine's largest body (1 MiB)...
+/// let err = MemoryStore::builder().max_bytes(512 * 1024).build().unwrap_err();
+/// assert_eq!(err.kind(), MemoryConfigErrorKind::BytesBelowRecord);
+/// // ...unless the records are known to be smaller (the engine's `with_max_record_body`).
+/// let _small = MemoryStore::builder()
+///     .max_bytes(512 * 1024)
+///     .max_record_bytes(64 * 1024)
+///     .build()?;
+/// # Ok::<(), tower_idempotency::store::memory::MemoryConfigError>(())
+/// ```
+#[must_use]
+#[derive(Clone)]
+pub struct MemoryStoreBuilder {
+    max_entries: usize,
+    max_bytes: usize,
+    max_entries_per_scope: Option<usize>,
+    max_record_bytes: usize,
+    shards: usize,
+    clock: Option<Arc<dyn Clock>>,
+}
+
+impl MemoryStoreBuilder {
+    /// A builder with the defaults: 100 000 records, 64 MiB, no fixed cap per scope, records up
+    /// to [`DEFAULT_MAX_RECORD_BYTES`], 16 shards, [`TokioClock`].
+    pub fn new() -> Self {
+        Self {
+            max_entries: DEFAULT_MAX_ENTRIES,
+            max_bytes: DEFAULT_MAX_BYTES,
+            max_entries_per_scope: None,
+            max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
+            shards: DEFAULT_SHARDS,
+            clock: None,
+        }
+    }
+
+    /// The most records the store holds, over all shards (at least 1).
+    pub fn max_entries(mut self, n: usize) -> Self {
+        self.max_entries = n;
+        self
+    }
+
+    /// The most bytes the store holds (record bytes plus [`ENTRY_OVERHEAD`] per record), over
+    /// all shards. It must hold one record of [`max_record_bytes`](Self::max_record_bytes).
+    pub fn max_bytes(mut self, n: usize) -> Self {
+        self.max_bytes = n;
+        self
+    }
+
+    /// A fixed cap on the records of one scope (namespace, tenant and principal), from 1 to
+    /// `max_entries`. Off by default: any scope may use the room there is, and a full store
+    /// makes room from the scope that holds the most (see the [module docs](super)). With a
+    /// cap, a scope at it makes room from its own records first.
+    pub fn max_entries_per_scope(mut self, n: usize) -> Self {
+        self.max_entries_per_scope = Some(n);
+        self
+    }
+
+    /// The largest encoded record the store must always be able to hold (default
+    /// [`DEFAULT_MAX_RECORD_BYTES`]): `max_bytes` is refused below it plus [`ENTRY_OVERHEAD`].
+    /// Lower it with the engine's record limit
+    /// ([`Engine::with_max_record_body`](crate::Engine::with_max_record_body)) for a store
+    /// smaller than a megabyte. Larger records are still kept when they fit.
+    pub fn max_record_bytes(mut self, n: usize) -> Self {
+        self.max_record_bytes = n;
+        self
+    }
+
+    /// The number of shards, each with its own lock (clamped to `1..=`[`MAX_SHARDS`]). The
+    /// budgets are not split between them.
+    pub fn shards(mut self, n: usize) -> Self {
+        self.shards = n;
+        self
+    }
+
+    /// The clock that decides expiry (default: [`TokioClock`], so `tokio::time::pause` moves
+    /// it; tests use [`ManualClock`](crate::store::clock::ManualClock)).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Builds the store.
+    ///
+    /// # Errors
+    /// A [`MemoryConfigError`] for a setting that can never work: no room for a single record,
+    /// a byte budget below one record of [`max_record_bytes`](Self::max_record_bytes), or a
+    /// per-scope cap of zero or above `max_entries`.
+    pub fn build(self) -> Result<MemoryStore, MemoryConfigError> {
+        if self.max_entries == 0 {
+            return Err(MemoryConfigError::new(
+                MemoryConfigErrorKind::EntriesZero,
+                "max_entries is 0: the store could not hold a single claim".into(),
+            ));
+        }
+        let one_record = self.max_record_bytes.saturating_add(ENTRY_OVERHEAD);
+        if self.max_bytes < one_record {
+            return Err(MemoryConfigError::new(
+                MemoryConfigErrorKind::BytesBelowRecord,
+                format!(
+                    "max_bytes ({}) is below one record of max_record_bytes ({}) plus its \
+                     ENTRY_OVERHEAD: such records could never be kept (raise max_bytes, or \
+                     lower max_record_bytes with the engine's record limit)",
+                    self.max_bytes, self.max_record_bytes
+                ),
+            ));
+        }
+        if let Some(cap) = self.max_entries_per_scope
+            && (cap == 0 || cap > self.max_entries)
+        {
+            return Err(MemoryConfigError::new(
+                MemoryConfigErrorKind::ScopeCapOutOfRange,
+                format!(
+                    "max_entries_per_scope ({cap}) must be from 1 to max_entries ({})",
+                    self.max_entries
+                ),
+            ));
+        }
+        Ok(self.assemble())
+    }
+
+    /// The store these settings describe, unchecked (the defaults pass every check).
+    pub(super) fn assemble(self) -> MemoryStore {
+        let shards = self.shards.clamp(1, MAX_SHARDS);
+        let limits = Limits::new(
+            self.max_entries.max(1),
+            self.max_bytes.max(ENTRY_OVERHEAD),
+            self.max_entries_per_scope,
+        );
+        let budget = Arc::new(Budget::new(limits, shards));
+        MemoryStore {
+            shards: (0..shards)
+                .map(|i| ShardCell(Mutex::new(Shard::new(Arc::clone(&budget), i))))
+                .collect(),
+            budget,
+            clock: self.clock.unwrap_or_else(|| Arc::new(TokioClock::new())),
+        }
+    }
+}
+
+impl Default for MemoryStoreBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for MemoryStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStoreBuilder")
+            .field("max_entries", &self.max_entries)
+            .field("max_bytes", &self.max_bytes)
+            .field("max_entries_per_scope", &self.max_entries_per_scope)
+            .field("max_record_bytes", &self.max_record_bytes)
+            .field("shards", &self.shards)
+            .field(
+                "clock",
+                &self.clock.as_ref().map_or("TokioClock", |_| "custom"),
+            )
+            .finish()
+    }
+}
+
+/// A [`MemoryStoreBuilder`] setting that can never work, refused by
+/// [`build`](MemoryStoreBuilder::build).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryConfigError {
+    kind: MemoryConfigErrorKind,
+    detail: String,
+}
+
+/// What a [`MemoryConfigError`] refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MemoryConfigErrorKind {
+    /// `max_entries` is zero.
+    EntriesZero,
+    /// `max_bytes` cannot hold one record of `max_record_bytes` plus its [`ENTRY_OVERHEAD`].
+    BytesBelowRecord,
+    /// `max_entries_per_scope` is zero or larger than `max_entries`.
+    ScopeCapOutOfRange,
+}
+
+impl MemoryConfigError {
+    fn new(kind: MemoryConfigErrorKind, detail: String) -> Self {
+        Self { kind, detail }
+    }
+
+    /// What was refused.
+    #[must_use]
+    pub fn kind(&self) -> MemoryConfigErrorKind {
+        self.kind
+    }
+}
+
+impl fmt::Display for MemoryConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "memory store settings refused: {}", self.detail)
+    }
+}
+
+impl std::error::Error for MemoryConfigError {}

@@ -1,0 +1,282 @@
+//! Making room: expired records first, then the oldest completed records of the scope that
+//! holds the most, never a smaller scope's (the rule is stated in the module docs).
+
+use super::budget::Usage;
+use super::shard::{Shard, Step};
+use super::slab::{NIL, State, at};
+use crate::scope::StoreKey;
+use crate::store::{StoreError, StoreErrorKind};
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Why a step could not get the room it needs in its own shard.
+#[derive(Debug)]
+pub(super) enum Short {
+    /// The step is refused.
+    Refused(StoreError),
+    /// Room may be made in another shard: the step visits it, then tries again.
+    Elsewhere(Visit),
+}
+
+/// What a step asks of another shard.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Visit {
+    pub(super) shard: usize,
+    /// The room still missing.
+    pub(super) need: Usage,
+    /// The requesting scope's weight: no scope lighter than this gives room.
+    pub(super) weight: u64,
+    /// Whether live records may go (the shard holds the heaviest scope), or expired ones only.
+    pub(super) live: bool,
+}
+
+impl Shard {
+    /// Makes sure the step's credit covers `need` for a step of `scope`, dropping only what the
+    /// rule allows and only once it is known to be enough.
+    pub(super) fn make_room(
+        &mut self,
+        scope: &[u8; 32],
+        need: Usage,
+        step: &Step,
+    ) -> Result<(), Short> {
+        let cap = self.budget.limits.per_scope;
+        // A fixed cap binds a step that adds a record to a scope that holds `cap` already. (A
+        // slot emptied by a drop is vacant: `records == 0`, never at a cap.)
+        let slot = (need.entries > 0 && cap != usize::MAX)
+            .then(|| self.find_scope(scope))
+            .flatten();
+        let capped = |s: &Self| slot.is_some_and(|r| at(s.scopes[at(r)].records) >= cap);
+        if !capped(self) && self.take(need) {
+            return Ok(());
+        }
+        // Expired records go first: every step treats them as absent already. The scope's own
+        // oldest completed records are the likeliest of its own to have expired.
+        while let Some(r) = slot.filter(|_| capped(self)) {
+            let head = self.scopes[at(r)].head;
+            if head == NIL || self.entries[at(head)].deadline > step.now {
+                break;
+            }
+            self.drop_entry(head, step.now);
+        }
+        self.drop_expired(step.now, |s| !capped(s) && s.take(need));
+        if !capped(self) && self.take(need) {
+            return Ok(());
+        }
+
+        let r = self.find_scope(scope);
+        // At its cap, the scope's own oldest completed record is the first to go.
+        let forced = match r {
+            Some(r) if capped(self) => match self.scopes[at(r)].head {
+                NIL => {
+                    return Err(self.refuse(
+                        true,
+                        "the scope is at its cap and all its records are pending",
+                    ));
+                }
+                head => Some(head),
+            },
+            _ => None,
+        };
+        let rest = need.minus(forced.map_or(Usage::default(), |i| Usage::new(1, self.cost(i))));
+        if self.take(rest) {
+            if let Some(i) = forced {
+                self.drop_entry(i, step.now);
+            }
+            return Ok(());
+        }
+
+        let weight = r.map_or(0, |r| self.weight(r));
+        let elsewhere = self.budget.elsewhere(self.number, step.now, &step.visited);
+        let heaviest = elsewhere.heaviest.filter(|&(_, w)| w >= weight);
+        if let Some(shard) = elsewhere.expired {
+            return Err(Short::Elsewhere(Visit {
+                shard,
+                need: rest,
+                weight,
+                live: heaviest.is_some_and(|(h, _)| h == shard),
+            }));
+        }
+        // Whether the scope has a completed record besides the one that goes anyway.
+        let own = r.is_some_and(|r| match forced {
+            Some(f) => self.entries[at(f)].scope_next != NIL,
+            None => self.scopes[at(r)].head != NIL,
+        });
+        let top = self.by_weight.top().map(|(w, _)| w);
+        let here = match heaviest {
+            None => own || top.is_some_and(|w| w >= weight),
+            Some((_, other)) => {
+                (own && weight >= other) || top.is_some_and(|w| w >= other && w >= weight)
+            }
+        };
+        if here && self.can_free(rest.minus(self.credit), r, weight, forced) {
+            if let Some(i) = forced {
+                self.drop_entry(i, step.now);
+            }
+            if self.drop_by_weight(need, r, weight, step.now) {
+                return Ok(());
+            }
+        } else if let Some((shard, _)) = heaviest {
+            return Err(Short::Elsewhere(Visit {
+                shard,
+                need: rest,
+                weight,
+                live: true,
+            }));
+        }
+        Err(self.refuse(
+            r.is_some(),
+            "the store is full and the room would have to come from the scope's own records, \
+             which are pending, or from smaller scopes",
+        ))
+    }
+
+    /// Gives a visiting step room: expired records, then (if `live`) the oldest completed records
+    /// of its heaviest scopes that weigh at least as much as the visitor's. All or nothing: live
+    /// records go only when they make all the room the visitor misses.
+    pub(super) fn give_room(&mut self, visit: &Visit, now: u64) -> bool {
+        self.drop_expired(now, |s| s.take(visit.need));
+        if self.take(visit.need) {
+            return true;
+        }
+        visit.live
+            && self.can_free(visit.need.minus(self.credit), None, visit.weight, None)
+            && self.drop_by_weight(visit.need, None, visit.weight, now)
+    }
+
+    /// Moves free room of the store into the step's credit; whether the credit covers `need`.
+    pub(super) fn take(&mut self, need: Usage) -> bool {
+        self.budget.take(need, &mut self.credit)
+    }
+
+    /// Whether dropping what the rule allows frees `deficit`: every completed record of the
+    /// scope `own` (after `forced`, which goes anyway), and of each other scope its oldest
+    /// completed records while it still weighs at least `weight`. The total does not depend on
+    /// the order the drops are made in, so this walk stops as soon as it has found enough: it
+    /// visits about as many records as will be dropped.
+    fn can_free(&self, deficit: Usage, own: Option<u32>, weight: u64, forced: Option<u32>) -> bool {
+        let mut left = deficit;
+        if left.is_zero() {
+            return true;
+        }
+        if let Some(r) = own {
+            let mut i = forced.map_or(self.scopes[at(r)].head, |f| self.entries[at(f)].scope_next);
+            while i != NIL {
+                left = left.minus(Usage::new(1, self.cost(i)));
+                if left.is_zero() {
+                    return true;
+                }
+                i = self.entries[at(i)].scope_next;
+            }
+        }
+        self.by_weight.any_at_least(weight, &mut |_, s| {
+            if Some(s) == own {
+                return false;
+            }
+            let slot = &self.scopes[at(s)];
+            let (mut records, mut bytes) = (slot.records, slot.bytes);
+            let mut i = slot.head;
+            while i != NIL && self.budget.limits.weight(records, bytes) >= weight {
+                let cost = self.cost(i);
+                left = left.minus(Usage::new(1, cost));
+                if left.is_zero() {
+                    return true;
+                }
+                records -= 1;
+                bytes -= cost;
+                i = self.entries[at(i)].scope_next;
+            }
+            false
+        })
+    }
+
+    /// Drops completed records until the credit covers `need`: from the heaviest scope (the
+    /// scope `own` itself when it is among the heaviest), never from a scope lighter than
+    /// `weight` other than `own`. Whether the credit covers `need` in the end.
+    fn drop_by_weight(&mut self, need: Usage, own: Option<u32>, weight: u64, now: u64) -> bool {
+        loop {
+            if self.take(need) {
+                return true;
+            }
+            // A slot emptied by a drop is vacant (`records == 0`; its `head` is the free list).
+            let own =
+                own.filter(|&r| self.scopes[at(r)].records > 0 && self.scopes[at(r)].head != NIL);
+            let victim = match (own, self.by_weight.top()) {
+                (Some(r), Some((top, _))) if self.weight(r) >= top => r,
+                (_, Some((top, s))) if top >= weight => s,
+                (Some(r), _) => r,
+                _ => return false,
+            };
+            self.drop_entry(self.scopes[at(victim)].head, now);
+        }
+    }
+
+    /// Drops expired records until `enough` holds: the shard's oldest completed records first
+    /// (the likeliest to have expired), then a sweep of the whole shard if anything may still
+    /// have expired.
+    fn drop_expired(&mut self, now: u64, mut enough: impl FnMut(&mut Self) -> bool) {
+        while !enough(self)
+            && self.done_head != NIL
+            && self.entries[at(self.done_head)].deadline <= now
+        {
+            self.drop_entry(self.done_head, now);
+        }
+        if self.earliest <= now && !enough(self) {
+            self.sweep(now);
+        }
+    }
+
+    /// Counts a refusal: `ScopeFull` when the requesting scope holds records, else `StoreFull`.
+    fn refuse(&self, holds_records: bool, why: &'static str) -> Short {
+        Short::Refused(if holds_records {
+            self.budget.scope_full.fetch_add(1, Relaxed);
+            StoreError::new(StoreErrorKind::ScopeFull, why)
+        } else {
+            self.budget.store_full.fetch_add(1, Relaxed);
+            StoreError::new(
+                StoreErrorKind::StoreFull,
+                "the store is full and holds nothing that may be dropped for this scope",
+            )
+        })
+    }
+
+    /// Drops every expired entry and recomputes the earliest deadline.
+    pub(super) fn sweep(&mut self, now: u64) {
+        let mut earliest = u64::MAX;
+        for i in 0..self.entries.len() {
+            let e = &self.entries[i];
+            if e.is_vacant() {
+                continue;
+            }
+            if e.deadline <= now {
+                // `i` < entries.len() <= u32::MAX by construction.
+                if let Ok(idx) = u32::try_from(i) {
+                    self.drop_entry(idx, now);
+                }
+            } else {
+                earliest = earliest.min(e.deadline);
+            }
+        }
+        self.earliest = earliest;
+    }
+
+    /// Removes an entry to make room or because it expired, counting (and for a live completed
+    /// record, logging) the drop.
+    pub(super) fn drop_entry(&mut self, idx: u32, now: u64) {
+        let e = &self.entries[at(idx)];
+        if e.deadline <= now {
+            self.expired_drops += 1;
+        } else if matches!(e.state, State::Done(_)) {
+            self.early_drops += 1;
+            let slot = &self.scopes[at(e.scope)];
+            tracing::warn!(
+                key = ?StoreKey::from_parts(slot.hash, e.id),
+                retention_left_ms = (e.deadline - now) / 1_000_000,
+                scope_records = slot.records,
+                scope_bytes = slot.bytes,
+                "idempotency record dropped before its retention ended to make room (its scope \
+                 holds the most); a retry of its request would run again (raise the memory \
+                 store's bounds)"
+            );
+        }
+        self.remove(idx);
+    }
+}

@@ -1,0 +1,370 @@
+//! The embedded store: sharded, bounded, in process memory, fair to its callers under pressure.
+//!
+//! [`MemoryStore`] keeps records in `N` shards (default 16), each behind its own
+//! [`std::sync::Mutex`] that is held only for the synchronous work of one step (never across an
+//! `.await`). A key's shard is chosen by its scope hash, so every record of one caller (scope:
+//! namespace, tenant and principal) lives in one shard. Shards split the locking, not the
+//! budgets.
+//!
+//! # Bounds
+//!
+//! | bound | default | counts |
+//! | --- | --- | --- |
+//! | [`max_entries`](MemoryStoreBuilder::max_entries) | 100 000 | records, pending and completed, in the whole store |
+//! | [`max_bytes`](MemoryStoreBuilder::max_bytes) | 64 MiB | counted bytes in the whole store |
+//! | [`max_entries_per_scope`](MemoryStoreBuilder::max_entries_per_scope) | none | an optional fixed cap on one scope's records |
+//!
+//! The bounds are store-wide and hold at every instant: while there is room, any scope may use
+//! it, so a single caller can fill the whole store before anything is dropped, and one record
+//! may be as large as the store allows ([`build`](MemoryStoreBuilder::build) refuses a
+//! `max_bytes` below one record of [`max_record_bytes`](MemoryStoreBuilder::max_record_bytes)).
+//!
+//! A record is counted as its encoded bytes plus [`ENTRY_OVERHEAD`] (160) bytes for the entry
+//! itself, its index slot and allocator overhead; a pending claim counts `ENTRY_OVERHEAD` alone.
+//! The per-scope bookkeeping (about 80 bytes per scope that has records) is not counted; it is
+//! bounded by the number of records and removed when a scope has none left.
+//!
+//! A scope's *weight* is how much of the store it holds: the larger of its two shares,
+//! `max(bytes, records × max_bytes / max_entries)` (its counted bytes, or its records priced at
+//! the average room a record has). Under pressure, room comes from the heaviest scope.
+//!
+//! # Making room
+//!
+//! A step needs room when it adds to the store: a claim one record of `ENTRY_OVERHEAD` bytes, a
+//! `complete` the record's bytes (and a record, when nothing holds the key any more). When the
+//! store does not have that room free:
+//!
+//! 1. expired records go first (a completed record past its retention, a pending claim past
+//!    its lease): the requester's shard's, oldest completed first, then a sweep of that shard
+//!    if anything in it may have expired; then another shard's that holds an expired record.
+//!    A shard keeps (and publishes) its earliest deadline and only sweeps when something can
+//!    have expired;
+//! 2. then completed records inside their retention, one at a time, each the oldest of its
+//!    scope, chosen by this rule (`R` is the requesting scope, `w(R)` its weight when the step
+//!    began):
+//!    - `R`'s own, when `R` weighs at least as much as every scope that has a completed
+//!      record;
+//!    - else the heaviest scope's that has one, if it weighs at least `w(R)`;
+//!    - else `R`'s own, if it has any left;
+//!    - else nothing may go.
+//!
+//!    So a scope never loses a record to make room for a scope that holds more than it, and
+//!    between scopes of equal weight the requester gives. Each of these *early drops* is
+//!    logged with `tracing::warn!` and counted in [`MemoryStats::early_drops`]: a retry of that
+//!    request would run its work again;
+//! 3. a pending claim inside its lease is never dropped. When the rule allows nothing more, the
+//!    step is refused: [`StoreErrorKind::ScopeFull`] (the HTTP layer answers 429) when `R`
+//!    holds records (then all pending, or too few for a large record), else
+//!    [`StoreErrorKind::StoreFull`] (503: a newcomer to a store full of pending claims).
+//!
+//! Room for one step is made in one shard at a time, the one holding the heaviest scope with a
+//! completed record (the requester's own shard on a tie), heaviest scope first within it; a
+//! step never holds two shard locks. Before it drops a live record there, the shard checks that
+//! what the rule lets it drop is enough; if not, it drops nothing, and the step tries the next
+//! shard (at most eight shards, then it is refused). So nothing is dropped for a step that is
+//! refused anyway. (Expired records, absent already, may still go.)
+//!
+//! With a fixed cap ([`max_entries_per_scope`](MemoryStoreBuilder::max_entries_per_scope)), a
+//! step that adds a record to a scope at its cap first drops the scope's own expired records,
+//! then its own oldest completed record, and is refused with `ScopeFull` when all its records
+//! are pending, while other scopes still claim; the record goes only if the step then gets all
+//! the room it needs.
+//!
+//! Expired records are treated as absent by every step, using the store's [`Clock`]
+//! ([`TokioClock`] unless [`MemoryStoreBuilder::clock`] sets another), and dropped when a step
+//! meets them or needs their room; [`MemoryStore::remove_expired`] drops them all at once.
+//!
+//! # Cost
+//!
+//! The store-wide counts are two atomic counters: a step takes the room it needs from them
+//! before it adds anything, and keeps the room its drops free for itself, so a concurrent step
+//! cannot take it first. Each shard keeps its scopes that have a completed record in a binary
+//! heap by weight, updated in `O(log n)` on each change, so the heaviest is found without a scan
+//! over scopes. A step that must make room reads one published value per shard (the weight of
+//! its heaviest scope and its earliest deadline) and, when the room is in another shard, leaves
+//! its own shard's lock, visits that one, and starts again.
+//!
+//! # Example
+//!
+//! ```
+//! use std::time::Duration;
+//! use bytes::Bytes;
+//! use tower_idempotency::store::memory::MemoryStore;
+//! use tower_idempotency::{IdempotencyKey, Store};
+//! use tower_idempotency::engine::{Fingerprint, Scope};
+//! use tower_idempotency::store::{Claim, Record, StoreKey};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tower_idempotency::store::StoreError> {
+//! let store = MemoryStore::builder()
+//!     .max_entries(10_000)
+//!     .max_bytes(8 * 1024 * 1024)
+//!     .shards(4)
+//!     .build()
+//!     .expect("settings that can work");
+//!
+//! let key = StoreKey::derive("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1").unwrap());
+//! let fp = Fingerprint::builder().field(b"POST").field(b"/orders").finish();
+//! let lease = Duration::from_secs(30);
+//!
+//! let Claim::Claimed(token) = store.claim(&key, &fp, lease).await? else { panic!("a free key") };
+//! assert!(matches!(store.claim(&key, &fp, lease).await?, Claim::Pending { .. }));
+//!
+//! let record = Record::from_bytes(Bytes::from_static(b"an encoded response"));
+//! assert!(store.complete(&key, &token, &fp, record.clone(), Duration::from_secs(3600)).await?);
+//! assert!(matches!(store.claim(&key, &fp, lease).await?, Claim::Done { record: r, .. } if r == record));
+//!
+//! let stats = store.stats();
+//! assert_eq!((stats.entries, stats.pending, stats.early_drops), (1, 0, 0));
+//! # Ok(())
+//! # }
+//! ```
+
+mod budget;
+mod builder;
+mod evict;
+mod shard;
+mod slab;
+mod stats;
+#[cfg(test)]
+mod tests;
+mod weights;
+
+pub use builder::{MemoryConfigError, MemoryConfigErrorKind, MemoryStoreBuilder};
+pub use stats::MemoryStats;
+
+use super::{Claim, Store, StoreError, StoreErrorKind, Token};
+use crate::fingerprint::Fingerprint;
+use crate::record::Record;
+use crate::scope::StoreKey;
+use crate::store::clock::Clock;
+#[cfg(doc)]
+use crate::store::clock::TokioClock;
+use budget::{Budget, Usage, Visited};
+use evict::Short;
+use shard::{Shard, Step};
+use std::fmt;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+/// The default bound on stored records, over all shards.
+pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
+/// The default bound on stored bytes (records plus [`ENTRY_OVERHEAD`] each), over all shards.
+pub const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
+/// The default size of the largest record the store must be able to hold: the engine's default
+/// body limit ([`DEFAULT_MAX_RECORD_BODY`](crate::engine::DEFAULT_MAX_RECORD_BODY), 1 MiB) plus
+/// 64 KiB for the status, headers and trailers.
+pub const DEFAULT_MAX_RECORD_BYTES: usize = crate::engine::DEFAULT_MAX_RECORD_BODY + 64 * 1024;
+/// The default number of shards.
+pub const DEFAULT_SHARDS: usize = 16;
+/// The largest number of shards; larger requests are clamped to it.
+pub const MAX_SHARDS: usize = 1024;
+/// The bytes each record is counted for on top of its encoded length (the entry, its index slot
+/// and allocator overhead). A pending claim is counted this much alone.
+pub const ENTRY_OVERHEAD: usize = 160;
+
+/// The in-process store. Cheap to share behind an `Arc` (the engine does); see the
+/// [module docs](self) for its bounds and eviction order.
+pub struct MemoryStore {
+    shards: Box<[ShardCell]>,
+    budget: Arc<Budget>,
+    clock: Arc<dyn Clock>,
+}
+
+/// One shard on its own cache lines, so two cores locking neighbouring shards do not contend.
+#[repr(align(128))]
+struct ShardCell(Mutex<Shard>);
+
+impl MemoryStore {
+    /// A store with the default bounds and clock.
+    #[must_use]
+    pub fn new() -> Self {
+        MemoryStoreBuilder::new().assemble()
+    }
+
+    /// A builder to set the bounds, the number of shards or the clock.
+    pub fn builder() -> MemoryStoreBuilder {
+        MemoryStoreBuilder::new()
+    }
+
+    /// Counts of what the store holds and what it dropped or refused, summed over the shards
+    /// (each shard is locked in turn, so the sum is not one instant's snapshot).
+    ///
+    /// Records that expired but were not yet dropped are still counted in `entries` and
+    /// `bytes`.
+    #[must_use]
+    pub fn stats(&self) -> MemoryStats {
+        let mut stats = MemoryStats::default();
+        for cell in &*self.shards {
+            lock(cell).add_to(&mut stats);
+        }
+        stats.scope_full_refusals = self.budget.scope_full.load(Relaxed);
+        stats.store_full_refusals = self.budget.store_full.load(Relaxed);
+        stats
+    }
+
+    /// Drops every expired record now and returns how many were dropped. Never needed for
+    /// correctness (expired records are absent to every step and dropped when room is needed);
+    /// useful to give memory back after a burst.
+    pub fn remove_expired(&self) -> usize {
+        let now = self.now();
+        self.shards
+            .iter()
+            .map(|cell| {
+                let mut shard = lock(cell);
+                let before = shard.len;
+                if shard.earliest <= now {
+                    shard.sweep(now);
+                }
+                let dropped = before - shard.len;
+                let room = shard.finish();
+                drop(shard);
+                self.budget.give_back(room);
+                dropped
+            })
+            .sum()
+    }
+
+    fn home(&self, key: &StoreKey) -> usize {
+        let [a, b, c, d, ..] = *key.scope_hash();
+        u32::from_le_bytes([a, b, c, d]) as usize % self.shards.len()
+    }
+
+    /// Runs a step that needs no room in the key's shard.
+    fn at_home<T>(&self, key: &StoreKey, f: impl FnOnce(&mut Shard) -> T) -> T {
+        let mut shard = lock(&self.shards[self.home(key)]);
+        let out = f(&mut shard);
+        let room = shard.finish();
+        drop(shard);
+        self.budget.give_back(room);
+        out
+    }
+
+    /// Runs a step that may need room in the key's shard. When the room must come from another
+    /// shard, the step leaves its own shard's lock, visits the other one (never holding two
+    /// locks), and starts again with the room it was given.
+    fn with_room<T>(
+        &self,
+        key: &StoreKey,
+        mut f: impl FnMut(&mut Shard, &Step) -> Result<T, Short>,
+    ) -> Result<T, StoreError> {
+        let home = self.home(key);
+        let mut step = Step {
+            now: self.now(),
+            visited: Visited::default(),
+        };
+        let mut credit = Usage::default();
+        let out = loop {
+            let mut shard = lock(&self.shards[home]);
+            shard.credit = credit;
+            let out = f(&mut shard, &step);
+            credit = shard.finish();
+            drop(shard);
+            match out {
+                Ok(v) => break Ok(v),
+                Err(Short::Refused(e)) => break Err(e),
+                Err(Short::Elsewhere(_)) if step.visited.is_full() => {
+                    self.budget.store_full.fetch_add(1, Relaxed);
+                    break Err(StoreError::new(
+                        StoreErrorKind::StoreFull,
+                        "the store is full and no shard could make room for this step",
+                    ));
+                }
+                Err(Short::Elsewhere(visit)) => {
+                    let mut other = lock(&self.shards[visit.shard]);
+                    other.credit = credit;
+                    other.give_room(&visit, step.now);
+                    credit = other.finish();
+                    drop(other);
+                    step.visited.add(visit.shard);
+                }
+            }
+        };
+        self.budget.give_back(credit);
+        out
+    }
+
+    fn now(&self) -> u64 {
+        nanos(self.clock.now())
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let limits = &self.budget.limits;
+        f.debug_struct("MemoryStore")
+            .field("shards", &self.shards.len())
+            .field("max_entries", &limits.entries)
+            .field("max_bytes", &limits.bytes)
+            .field(
+                "max_entries_per_scope",
+                &(limits.per_scope != usize::MAX).then_some(limits.per_scope),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+fn lock(cell: &ShardCell) -> MutexGuard<'_, Shard> {
+    // A panic under the lock cannot leave a step half done in a way later steps rely on more
+    // than on the store staying usable.
+    cell.0.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl Store for MemoryStore {
+    async fn claim(
+        &self,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        // Drawn before the lock: the OS call must not lengthen the critical section.
+        let token = Token::generate()?;
+        let lease = nanos(lease);
+        self.with_room(key, |shard, step| {
+            let deadline = step.now.saturating_add(lease);
+            shard.claim(key, fingerprint, &token, deadline, step)
+        })
+    }
+
+    async fn complete(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        fingerprint: &Fingerprint,
+        record: Record,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let ttl = nanos(ttl);
+        self.with_room(key, |shard, step| {
+            let deadline = step.now.saturating_add(ttl);
+            shard.complete(key, token, fingerprint, &record, deadline, step)
+        })
+    }
+
+    async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
+        let now = self.now();
+        Ok(self.at_home(key, |shard| shard.release(key, token, now)))
+    }
+
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let now = self.now();
+        let deadline = now.saturating_add(nanos(lease));
+        Ok(self.at_home(key, |shard| shard.renew(key, token, deadline, now)))
+    }
+}

@@ -1,0 +1,206 @@
+//! A shard: its records, its scopes and its counters behind one lock, and the four steps.
+
+use super::ENTRY_OVERHEAD;
+use super::budget::{Budget, Usage, Visited};
+use super::evict::Short;
+use super::slab::{Entry, NIL, ScopeSlot, State, at};
+use super::weights::ByWeight;
+use crate::fingerprint::Fingerprint;
+use crate::record::Record;
+use crate::scope::StoreKey;
+use crate::store::{Claim, Token};
+use hashbrown::HashTable;
+use std::hash::BuildHasher;
+use std::sync::Arc;
+
+/// What one step knows besides its arguments: the time, and the shards it already visited.
+#[derive(Debug)]
+pub(super) struct Step {
+    pub(super) now: u64,
+    pub(super) visited: Visited,
+}
+
+/// One shard of a [`MemoryStore`](super::MemoryStore).
+pub(super) struct Shard {
+    /// The store's bounds and counters, shared by every shard.
+    pub(super) budget: Arc<Budget>,
+    /// This shard's number in the store (its slot in the budget's published values).
+    pub(super) number: usize,
+    /// Room the running step holds: counted in the budget, not (yet) in this shard's records.
+    pub(super) credit: Usage,
+    // Keys are SHA-256 outputs, but a client chooses them: a seeded hash keeps bucket
+    // collisions out of reach, and foldhash is several times cheaper than SipHash here.
+    pub(super) hasher: foldhash::quality::RandomState,
+    /// Slab indices of live entries, hashed by id.
+    pub(super) index: HashTable<u32>,
+    pub(super) entries: Vec<Entry>,
+    pub(super) free: u32,
+    /// Slot indices of scopes with records, hashed by scope hash.
+    pub(super) scope_index: HashTable<u32>,
+    pub(super) scopes: Vec<ScopeSlot>,
+    pub(super) free_scope: u32,
+    /// The scopes that have a completed record, heaviest first: the first gives room first.
+    pub(super) by_weight: ByWeight,
+    /// The shard's completed records, oldest first (expired ones are looked for here first).
+    pub(super) done_head: u32,
+    pub(super) done_tail: u32,
+    pub(super) len: usize,
+    pub(super) pending: usize,
+    pub(super) bytes: usize,
+    /// No entry's deadline is earlier than this (`u64::MAX`: no entry).
+    pub(super) earliest: u64,
+    /// The heaviest weight and the earliest deadline last published to the budget.
+    pub(super) published: (u64, u64),
+    pub(super) early_drops: u64,
+    pub(super) expired_drops: u64,
+}
+
+impl Shard {
+    pub(super) fn new(budget: Arc<Budget>, number: usize) -> Self {
+        Self {
+            budget,
+            number,
+            credit: Usage::default(),
+            hasher: foldhash::quality::RandomState::default(),
+            index: HashTable::new(),
+            entries: Vec::new(),
+            free: NIL,
+            scope_index: HashTable::new(),
+            scopes: Vec::new(),
+            free_scope: NIL,
+            by_weight: ByWeight::default(),
+            done_head: NIL,
+            done_tail: NIL,
+            len: 0,
+            pending: 0,
+            bytes: 0,
+            earliest: u64::MAX,
+            published: (0, u64::MAX),
+            early_drops: 0,
+            expired_drops: 0,
+        }
+    }
+
+    /// Ends a step's visit: publishes what changed and returns the credit it holds.
+    pub(super) fn finish(&mut self) -> Usage {
+        let top = self.by_weight.top().map_or(0, |(w, _)| w);
+        if top != self.published.0 {
+            self.budget.publish_top(self.number, top);
+            self.published.0 = top;
+        }
+        if self.earliest != self.published.1 {
+            self.budget.publish_earliest(self.number, self.earliest);
+            self.published.1 = self.earliest;
+        }
+        std::mem::take(&mut self.credit)
+    }
+
+    pub(super) fn claim(
+        &mut self,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+        token: &Token,
+        deadline: u64,
+        step: &Step,
+    ) -> Result<Claim, Short> {
+        let hash = self.hasher.hash_one(key.id());
+        if let Some(idx) = self.find(hash, key.id()) {
+            let e = &self.entries[at(idx)];
+            if e.deadline > step.now {
+                return Ok(match &e.state {
+                    State::Pending(_) => Claim::Pending {
+                        fingerprint: e.fingerprint,
+                    },
+                    State::Done(record) => Claim::Done {
+                        fingerprint: e.fingerprint,
+                        record: record.clone(),
+                    },
+                });
+            }
+            self.drop_entry(idx, step.now);
+        }
+        self.make_room(key.scope_hash(), Usage::new(1, ENTRY_OVERHEAD), step)?;
+        self.insert(
+            key,
+            hash,
+            *fingerprint,
+            State::Pending(token.clone()),
+            deadline,
+        )
+        .map_err(Short::Refused)?;
+        Ok(Claim::Claimed(token.clone()))
+    }
+
+    pub(super) fn complete(
+        &mut self,
+        key: &StoreKey,
+        token: &Token,
+        fingerprint: &Fingerprint,
+        record: &Record,
+        deadline: u64,
+        step: &Step,
+    ) -> Result<bool, Short> {
+        let hash = self.hasher.hash_one(key.id());
+        if let Some(idx) = self.find(hash, key.id()) {
+            let e = &self.entries[at(idx)];
+            if e.deadline > step.now {
+                if !matches!(&e.state, State::Pending(t) if t == token) {
+                    return Ok(false);
+                }
+                // Our own pending entry: it is live and not completed, so making room never
+                // drops it.
+                self.make_room(key.scope_hash(), Usage::new(0, record.len()), step)?;
+                self.fill(idx, *fingerprint, record.clone(), deadline);
+                return Ok(true);
+            }
+            self.drop_entry(idx, step.now);
+        }
+        // Nothing holds the key: write the record as a new entry.
+        let need = Usage::new(1, ENTRY_OVERHEAD + record.len());
+        self.make_room(key.scope_hash(), need, step)?;
+        self.insert(
+            key,
+            hash,
+            *fingerprint,
+            State::Done(record.clone()),
+            deadline,
+        )
+        .map_err(Short::Refused)?;
+        Ok(true)
+    }
+
+    pub(super) fn release(&mut self, key: &StoreKey, token: &Token, now: u64) -> bool {
+        let hash = self.hasher.hash_one(key.id());
+        let Some(idx) = self.find(hash, key.id()) else {
+            return false;
+        };
+        let e = &self.entries[at(idx)];
+        if e.deadline <= now {
+            self.drop_entry(idx, now);
+            return false;
+        }
+        if matches!(&e.state, State::Pending(t) if t == token) {
+            self.remove(idx);
+            return true;
+        }
+        false
+    }
+
+    pub(super) fn renew(&mut self, key: &StoreKey, token: &Token, deadline: u64, now: u64) -> bool {
+        let hash = self.hasher.hash_one(key.id());
+        let Some(idx) = self.find(hash, key.id()) else {
+            return false;
+        };
+        let e = &mut self.entries[at(idx)];
+        if e.deadline <= now {
+            self.drop_entry(idx, now);
+            return false;
+        }
+        if matches!(&e.state, State::Pending(t) if t == token) {
+            e.deadline = deadline;
+            self.earliest = self.earliest.min(deadline);
+            return true;
+        }
+        false
+    }
+}

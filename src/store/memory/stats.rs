@@ -1,0 +1,64 @@
+//! What a [`MemoryStore`] holds and what it dropped or refused.
+
+use super::shard::Shard;
+use super::slab::at;
+#[cfg(doc)]
+use super::{ENTRY_OVERHEAD, MemoryStore, MemoryStoreBuilder};
+
+/// What a [`MemoryStore`] holds, and what it dropped or refused since it was built.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct MemoryStats {
+    /// Records held, pending and completed (expired ones not yet dropped included), against
+    /// [`max_entries`](MemoryStoreBuilder::max_entries).
+    pub entries: usize,
+    /// Of those, pending claims.
+    pub pending: usize,
+    /// Bytes counted against [`max_bytes`](MemoryStoreBuilder::max_bytes): record bytes plus
+    /// [`ENTRY_OVERHEAD`] per record.
+    pub bytes: usize,
+    /// Scopes that hold at least one record.
+    pub scopes: usize,
+    /// Records held by the scope that holds the most (the larger of its shares of `max_entries`
+    /// and `max_bytes`) among those with a completed record: the scope a full store takes room
+    /// from first.
+    pub largest_scope_entries: usize,
+    /// That scope's counted bytes.
+    pub largest_scope_bytes: usize,
+    /// Completed records dropped before their retention ended, to make room (each one is
+    /// logged). Each came from a scope that held at least as much as the scope it made room
+    /// for.
+    pub early_drops: u64,
+    /// Expired records dropped (past retention, or pending past lease).
+    pub expired_drops: u64,
+    /// Steps refused with `ScopeFull` (429): the scope at its fixed cap with only pending
+    /// records, or, in a full store, the room would have to come from the scope's own records
+    /// and they are pending (or too few).
+    pub scope_full_refusals: u64,
+    /// Steps refused with `StoreFull` (503): the store is full, the requesting scope holds no
+    /// record, and what the rule lets go would not make the room.
+    pub store_full_refusals: u64,
+}
+
+impl Shard {
+    /// Adds this shard's counts to `stats` (the refusals are counted store-wide).
+    pub(super) fn add_to(&self, stats: &mut MemoryStats) {
+        stats.entries += self.len;
+        stats.pending += self.pending;
+        stats.bytes += self.bytes;
+        stats.scopes += self.scope_index.len();
+        stats.early_drops += self.early_drops;
+        stats.expired_drops += self.expired_drops;
+        if let Some((weight, s)) = self.by_weight.top() {
+            let largest = self.budget.limits.weight(
+                u32::try_from(stats.largest_scope_entries).unwrap_or(u32::MAX),
+                stats.largest_scope_bytes,
+            );
+            if weight > largest {
+                let slot = &self.scopes[at(s)];
+                stats.largest_scope_entries = at(slot.records);
+                stats.largest_scope_bytes = slot.bytes;
+            }
+        }
+    }
+}
