@@ -2,32 +2,11 @@
 //! holds the most, never a smaller scope's (the rule is stated in the module docs).
 
 use super::budget::Usage;
-use super::shard::{Shard, Step};
+use super::shard::{Shard, Short, Step, Visit};
 use super::slab::{NIL, State, at};
 use crate::scope::StoreKey;
 use crate::store::{StoreError, StoreErrorKind};
 use std::sync::atomic::Ordering::Relaxed;
-
-/// Why a step could not get the room it needs in its own shard.
-#[derive(Debug)]
-pub(super) enum Short {
-    /// The step is refused.
-    Refused(StoreError),
-    /// Room may be made in another shard: the step visits it, then tries again.
-    Elsewhere(Visit),
-}
-
-/// What a step asks of another shard.
-#[derive(Debug, Clone, Copy)]
-pub(super) struct Visit {
-    pub(super) shard: usize,
-    /// The room still missing.
-    pub(super) need: Usage,
-    /// The requesting scope's weight: no scope lighter than this gives room.
-    pub(super) weight: u64,
-    /// Whether live records may go (the shard holds the heaviest scope), or expired ones only.
-    pub(super) live: bool,
-}
 
 impl Shard {
     /// Makes sure the step's credit covers `need` for a step of `scope`, dropping only what the

@@ -123,6 +123,7 @@
 mod budget;
 mod builder;
 mod evict;
+mod index;
 mod shard;
 mod slab;
 mod stats;
@@ -141,7 +142,7 @@ use crate::store::clock::Clock;
 #[cfg(doc)]
 use crate::store::clock::TokioClock;
 use budget::{Budget, Usage, Visited};
-use evict::Short;
+use shard::Short;
 use shard::{Shard, Step};
 use std::fmt;
 use std::sync::atomic::Ordering::Relaxed;

@@ -2,16 +2,37 @@
 
 use super::ENTRY_OVERHEAD;
 use super::budget::{Budget, Usage, Visited};
-use super::evict::Short;
 use super::slab::{Entry, NIL, ScopeSlot, State, at};
 use super::weights::ByWeight;
 use crate::fingerprint::Fingerprint;
 use crate::record::Record;
 use crate::scope::StoreKey;
+use crate::store::StoreError;
 use crate::store::{Claim, Token};
 use hashbrown::HashTable;
 use std::hash::BuildHasher;
 use std::sync::Arc;
+
+/// Why a step could not get the room it needs in its own shard.
+#[derive(Debug)]
+pub(super) enum Short {
+    /// The step is refused.
+    Refused(StoreError),
+    /// Room may be made in another shard: the step visits it, then tries again.
+    Elsewhere(Visit),
+}
+
+/// What a step asks of another shard.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Visit {
+    pub(super) shard: usize,
+    /// The room still missing.
+    pub(super) need: Usage,
+    /// The requesting scope's weight: no scope lighter than this gives room.
+    pub(super) weight: u64,
+    /// Whether live records may go (the shard holds the heaviest scope), or expired ones only.
+    pub(super) live: bool,
+}
 
 /// What one step knows besides its arguments: the time, and the shards it already visited.
 #[derive(Debug)]
