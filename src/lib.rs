@@ -91,6 +91,7 @@
 
 pub mod clock;
 pub mod fingerprint;
+mod json;
 pub mod key;
 pub mod record;
 pub mod scope;

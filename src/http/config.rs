@@ -4,11 +4,12 @@ use super::headers::HeaderPolicy;
 use super::rejection::{Rejection, Renderer};
 use crate::engine::Engine;
 use crate::fingerprint::Fingerprint;
+use crate::json::{Found, JsonField, is_json};
 use crate::key::{DEFAULT_MAX_KEY_LEN, IdempotencyKey, KeyError, KeyErrorKind};
 use crate::scope::Scope;
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderName, Method};
+use http::{HeaderMap, HeaderName, Method};
 use std::fmt;
 use std::sync::Arc;
 
@@ -107,6 +108,8 @@ impl<St> Clone for LayerState<St> {
 #[derive(Clone)]
 pub(crate) struct Config {
     pub(crate) key_source: KeySource,
+    /// The JSON body field read for a key when `key_source` gives none.
+    pub(crate) json_key: Option<JsonField>,
     pub(crate) required: bool,
     pub(crate) principal_fn: Option<PrincipalFn>,
     pub(crate) principal_mode: PrincipalMode,
@@ -124,6 +127,7 @@ impl Default for Config {
     fn default() -> Self {
         Self {
             key_source: KeySource::Header(HeaderName::from_static("idempotency-key")),
+            json_key: None,
             required: true,
             principal_fn: None,
             principal_mode: PrincipalMode::Required,
@@ -142,6 +146,7 @@ impl Default for Config {
 impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
+            .field("json_key", &self.json_key)
             .field("required", &self.required)
             .field("principal_mode", &self.principal_mode)
             .field("methods", &self.methods)
@@ -184,11 +189,44 @@ impl Config {
         }
     }
 
-    /// The key's source as named in a rejection: the header, or a generic name for `key_fn`.
-    pub(crate) fn key_name(&self) -> &str {
-        match &self.key_source {
+    /// Step 2 for a request `key` found no key in: whether its key may be in its body (a JSON
+    /// body field is configured and the body is JSON), so the body must be read to know.
+    pub(crate) fn key_in_body(&self, headers: &HeaderMap) -> bool {
+        self.json_key.is_some() && is_json(content_type(headers))
+    }
+
+    /// Step 2 on a body read for its key: the key in the JSON body field, if there is one.
+    /// An invalid key, a field that is not a string or is repeated → `Err(detail)`.
+    pub(crate) fn body_key(&self, body: &[u8]) -> Option<Result<IdempotencyKey, String>> {
+        let field = self.json_key.as_ref()?;
+        let name = field.name();
+        match field.find(body) {
+            Found::Absent => None,
+            Found::String(s) => Some(
+                IdempotencyKey::new(&s, self.max_key_len)
+                    .map_err(|e| format!("the `{name}` field of the JSON body: {e}")),
+            ),
+            Found::NotAString => Some(Err(format!(
+                "the `{name}` field of the JSON body must be a string"
+            ))),
+            Found::Repeated => Some(Err(format!(
+                "the `{name}` field appears more than once in the JSON body"
+            ))),
+        }
+    }
+
+    /// The detail of a `key_missing` rejection: where a key was looked for.
+    pub(crate) fn missing_key_detail(&self) -> String {
+        let name = match &self.key_source {
             KeySource::Header(h) => h.as_str(),
             KeySource::Fn(_) => "idempotency key",
+        };
+        match &self.json_key {
+            None => format!("this request requires an `{name}` header"),
+            Some(field) => format!(
+                "this request requires an `{name}` header or a `{}` field in its JSON body",
+                field.name()
+            ),
         }
     }
 
@@ -210,15 +248,11 @@ impl Config {
         if let Some(f) = &self.fingerprint_fn {
             return f(parts, body);
         }
-        let content_type = parts
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .map_or(&[][..], |v| v.as_bytes());
         Fingerprint::builder()
             .field(parts.method.as_str().as_bytes())
             .field(parts.uri.path().as_bytes())
             .field(parts.uri.query().unwrap_or_default().as_bytes())
-            .field(content_type)
+            .field(content_type(&parts.headers))
             .field(body)
             .finish()
     }
@@ -229,6 +263,12 @@ impl Config {
             None => rejection.to_problem_response(),
         }
     }
+}
+
+fn content_type(headers: &HeaderMap) -> &[u8] {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .map_or(&[][..], |v| v.as_bytes())
 }
 
 /// A setting the layer refused when it was built.
@@ -246,6 +286,8 @@ pub enum ConfigErrorKind {
     DeniedHeader,
     /// A value is out of its range.
     OutOfRange,
+    /// A JSON body field for the key that is empty or not a valid JSON pointer.
+    InvalidJsonField,
 }
 
 impl ConfigError {

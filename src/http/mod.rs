@@ -4,7 +4,10 @@
 //!
 //! 1. A method outside the configured set (default: all but GET, HEAD, OPTIONS, TRACE) passes
 //!    through with no store call.
-//! 2. The key is read from the `Idempotency-Key` header (or another header, or a closure).
+//! 2. The key is read from the `Idempotency-Key` header (or another header, or a closure);
+//!    without one, from a field of a JSON body when
+//!    [`key_from_json_field`](IdempotencyLayer::key_from_json_field) is set (the body is then
+//!    read first, up to the limit of step 6, and steps 3–5 run on what it holds).
 //! 3. No key and `required(false)`: the request passes through, before any principal check.
 //! 4. The principal: required (default) → 401 without one; optional → one shared anonymous scope.
 //! 5. No key (required) → 400 `idempotency.key_missing`; an invalid key → 400 `idempotency.key_invalid`.

@@ -12,6 +12,7 @@ mod extractors;
 mod fuzz_standins;
 mod grpc;
 mod hostile_input;
+mod json;
 mod layer;
 mod rejections;
 mod replay;
