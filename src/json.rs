@@ -1,9 +1,12 @@
-//! JSON bodies: the key read from a field of a JSON body.
+//! JSON bodies: the key read from a field of a JSON body, and the canonical form a JSON body
+//! is fingerprinted by when it is compared by value.
 //!
-//! The body is read with a strict RFC 8259 parser of our own, not `serde_json`: a repeated
-//! object member must stay visible (`serde_json::Value` keeps the last), and the parse is one
-//! pass that borrows from the body. Input it refuses (not UTF-8, a syntax error, a lone
-//! surrogate escape, nesting deeper than [`MAX_DEPTH`]) is "not JSON": no key from it.
+//! Both read the body with one strict RFC 8259 parser of our own, not `serde_json`: a number
+//! must keep its literal text (`serde_json` reads it as `f64` unless its `arbitrary_precision`
+//! feature is on, and that feature would change `serde_json::Value` for the whole build), a
+//! repeated object member must stay visible, and the parse is one pass that borrows from the
+//! body. Input it refuses (not UTF-8, a syntax error, a lone surrogate escape, nesting deeper
+//! than [`MAX_DEPTH`]) is "not JSON": no key from it, and its raw bytes are fingerprinted.
 
 use std::borrow::Cow;
 use std::fmt;
@@ -145,6 +148,47 @@ fn array_index(token: &str) -> Option<usize> {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The fingerprint by value
+// ---------------------------------------------------------------------------------------------
+
+/// A JSON text in canonical order, to be fingerprinted by value.
+#[derive(Debug)]
+pub(crate) struct Canonical<'a>(Value<'a>);
+
+impl<'a> Canonical<'a> {
+    /// Parses `json`; `None` when it is not JSON.
+    pub(crate) fn parse(json: &'a [u8]) -> Option<Self> {
+        let mut value = parse(json)?;
+        value.sort_members();
+        Some(Self(value))
+    }
+
+    /// Feeds the value's encoding to `out` in pieces (never built whole).
+    ///
+    /// The encoding is prefix-free, so no two values share it: `n`, `t`, `f`; `#` + length +
+    /// the number's literal text; `"` + length + the string's UTF-8 (escapes decoded); `[` +
+    /// count + items; `{` + count + (name, value) pairs sorted by name bytes, members of one
+    /// name kept in their order. Lengths and counts are big-endian `u64`.
+    pub(crate) fn encode(&self, mut out: impl FnMut(&[u8])) {
+        self.0.encode(&mut out);
+    }
+
+    /// The length of the encoding.
+    pub(crate) fn encoded_len(&self) -> u64 {
+        let mut len = 0u64;
+        self.0.encode(&mut |bytes: &[u8]| len += bytes.len() as u64);
+        len
+    }
+}
+
+/// A tag byte and a length (or count), as one piece.
+fn put_tagged(out: &mut impl FnMut(&[u8]), tag: u8, len: usize) {
+    let mut piece = [tag; 9];
+    piece[1..].copy_from_slice(&(len as u64).to_be_bytes());
+    out(&piece);
+}
+
+// ---------------------------------------------------------------------------------------------
 // The parser
 // ---------------------------------------------------------------------------------------------
 
@@ -160,6 +204,51 @@ enum Value<'a> {
     Array(Vec<Value<'a>>),
     /// Members in body order, repeated names kept.
     Object(Vec<(Cow<'a, str>, Value<'a>)>),
+}
+
+impl Value<'_> {
+    /// Sorts every object's members by name (stable: members of one name keep their order).
+    fn sort_members(&mut self) {
+        match self {
+            Value::Array(items) => items.iter_mut().for_each(Value::sort_members),
+            Value::Object(members) => {
+                members.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+                members.iter_mut().for_each(|(_, v)| v.sort_members());
+            }
+            _ => {}
+        }
+    }
+
+    fn encode(&self, out: &mut impl FnMut(&[u8])) {
+        match self {
+            Value::Null => out(b"n"),
+            Value::True => out(b"t"),
+            Value::False => out(b"f"),
+            Value::Number(n) => {
+                put_tagged(out, b'#', n.len());
+                out(n.as_bytes());
+            }
+            Value::String(s) => encode_str(s, out),
+            Value::Array(items) => {
+                put_tagged(out, b'[', items.len());
+                for item in items {
+                    item.encode(out);
+                }
+            }
+            Value::Object(members) => {
+                put_tagged(out, b'{', members.len());
+                for (name, value) in members {
+                    encode_str(name, out);
+                    value.encode(out);
+                }
+            }
+        }
+    }
+}
+
+fn encode_str(s: &str, out: &mut impl FnMut(&[u8])) {
+    put_tagged(out, b'"', s.len());
+    out(s.as_bytes());
 }
 
 /// Parses a whole body as one JSON text (RFC 8259, surrounding whitespace allowed).
@@ -386,7 +475,17 @@ impl<'a> Parser<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fingerprint::Fingerprint;
     use proptest::prelude::*;
+
+    fn fp(body: &str) -> Option<Fingerprint> {
+        Canonical::parse(body.as_bytes())?;
+        Some(Fingerprint::builder().json_value(body.as_bytes()).finish())
+    }
+
+    fn same(a: &str, b: &str) -> bool {
+        fp(a).expect(a) == fp(b).expect(b)
+    }
 
     #[test]
     fn content_types() {
@@ -516,6 +615,38 @@ mod tests {
         );
     }
 
+    #[test]
+    fn by_value_ignores_layout_and_member_order_only() {
+        assert!(same(r#"{"item": "book"}"#, r#"{"item":"book"}"#));
+        assert!(same(
+            r#"{"b":[1,{"d":2,"c":3}],"a":null}"#,
+            r#"{"a":null,"b":[1,{"c":3,"d":2}]}"#
+        ));
+        assert!(same(r#""\u00e9\/""#, r#""é/""#));
+        assert!(same(r#"{"a":1,"b":2,"a":3}"#, r#"{"b":2,"a":1,"a":3}"#));
+        assert!(!same(r#"{"a":1,"a":3}"#, r#"{"a":3,"a":1}"#));
+        assert!(!same("1", "1.0"));
+        assert!(!same("[1,2]", "[2,1]"));
+        assert!(!same(r#"["ab"]"#, r#"["a","b"]"#));
+        assert!(!same(r#"{"a":"b"}"#, r#"{"ab":""}"#));
+        assert!(!same("{}", "[]"));
+        assert!(!same("null", "\"null\""));
+        assert!(!same(r#"{"a":[]}"#, r#"{"a":{}}"#));
+        assert!(!same(r#"[[],[]]"#, r#"[[[]]]"#));
+    }
+
+    #[test]
+    fn encoded_len_is_what_encode_feeds() {
+        let c = Canonical::parse(br#"{"b":[1,"\u00e9",{"c":null}],"a":true}"#).expect("json");
+        let mut fed = Vec::new();
+        c.encode(|b: &[u8]| fed.extend_from_slice(b));
+        assert_eq!(c.encoded_len(), fed.len() as u64);
+        assert!(
+            fed.starts_with(b"{\0\0\0\0\0\0\0\x02\"\0\0\0\0\0\0\0\x01a"),
+            "sorted"
+        );
+    }
+
     fn json_value() -> impl Strategy<Value = serde_json::Value> {
         let leaf = prop_oneof![
             Just(serde_json::Value::Null),
@@ -535,7 +666,54 @@ mod tests {
         })
     }
 
+    /// The same members in reverse order, all the way down (serde_json keeps a sorted map).
+    fn reversed(v: &serde_json::Value) -> String {
+        match v {
+            serde_json::Value::Array(items) => {
+                let items: Vec<String> = items.iter().map(reversed).collect();
+                format!("[ {} ]", items.join(" ,\n "))
+            }
+            serde_json::Value::Object(members) => {
+                let members: Vec<String> = members
+                    .iter()
+                    .rev()
+                    .map(|(k, v)| format!("{}\t:{}", escaped(k), reversed(v)))
+                    .collect();
+                format!("{{\r\n{}}}", members.join(","))
+            }
+            other => other.to_string(),
+        }
+    }
+
+    /// A string with every character escaped as `\uXXXX`.
+    fn escaped(s: &str) -> String {
+        let mut out = String::from("\"");
+        for unit in s.encode_utf16() {
+            out.push_str(&format!("\\u{unit:04x}"));
+        }
+        out.push('"');
+        out
+    }
+
     proptest! {
+        #[test]
+        fn any_layout_of_one_value_has_one_fingerprint(v in json_value()) {
+            let compact = serde_json::to_string(&v).expect("json");
+            let pretty = serde_json::to_string_pretty(&v).expect("json");
+            let other = reversed(&v);
+            prop_assert!(fp(&compact).is_some(), "{}", compact);
+            prop_assert_eq!(fp(&compact), fp(&pretty));
+            prop_assert_eq!(fp(&compact), fp(&other), "{}", other);
+        }
+
+        #[test]
+        fn different_values_have_different_fingerprints(a in json_value(), b in json_value()) {
+            // serde_json writes members sorted and numbers one way: its compact text is a
+            // canonical form of its own.
+            let (ta, tb) = (serde_json::to_string(&a).expect("json"), serde_json::to_string(&b).expect("json"));
+            prop_assert_eq!(ta == tb, fp(&ta) == fp(&tb), "{} vs {}", ta, tb);
+        }
+
         #[test]
         fn accepts_what_serde_json_accepts_near_valid_json(
             v in json_value(),

@@ -121,6 +121,7 @@ pub(crate) struct Config {
     pub(crate) headers: HeaderPolicy,
     pub(crate) renderer: Option<Renderer>,
     pub(crate) fingerprint_fn: Option<FingerprintFn>,
+    pub(crate) json_by_value: bool,
 }
 
 impl Default for Config {
@@ -139,6 +140,7 @@ impl Default for Config {
             headers: HeaderPolicy::default(),
             renderer: None,
             fingerprint_fn: None,
+            json_by_value: false,
         }
     }
 }
@@ -155,6 +157,7 @@ impl fmt::Debug for Config {
             .field("max_request_body", &self.max_request_body)
             .field("response_mode", &self.response_mode)
             .field("headers", &self.headers)
+            .field("json_by_value", &self.json_by_value)
             .finish_non_exhaustive()
     }
 }
@@ -248,13 +251,17 @@ impl Config {
         if let Some(f) = &self.fingerprint_fn {
             return f(parts, body);
         }
-        Fingerprint::builder()
+        let content_type = content_type(&parts.headers);
+        let head = Fingerprint::builder()
             .field(parts.method.as_str().as_bytes())
             .field(parts.uri.path().as_bytes())
             .field(parts.uri.query().unwrap_or_default().as_bytes())
-            .field(content_type(&parts.headers))
-            .field(body)
-            .finish()
+            .field(content_type);
+        if self.json_by_value && is_json(content_type) {
+            head.json_value(body).finish()
+        } else {
+            head.field(body).finish()
+        }
     }
 
     pub(crate) fn render(&self, rejection: &Rejection) -> http::Response<Bytes> {
