@@ -3,6 +3,7 @@
 //!
 //! ```text
 //! cargo bench --bench layer
+//! cargo bench --bench layer -- fingerprint    # raw vs by-value JSON fingerprints
 //! ```
 
 #![allow(missing_docs)] // criterion's macros generate undocumented items
@@ -32,8 +33,57 @@ fn json_body(len: usize) -> Bytes {
     Bytes::from(s)
 }
 
+/// About `len` bytes of a typical JSON request: an order with nested lines, numbers, escapes.
+fn json_order(len: usize) -> Bytes {
+    let mut lines = Vec::new();
+    let mut s = String::new();
+    while s.len() < len {
+        let n = lines.len();
+        lines.push(format!(
+            r#"{{"sku": "SKU-{n:05}", "name": "Item \u00e9 {n}", "qty": {n}, "price": {n}.99, "gift": false}}"#
+        ));
+        s = format!(
+            r#"{{"customer": {{"id": "c-42", "email": "a@example.com"}}, "currency": "EUR", "lines": [{}], "note": null}}"#,
+            lines.join(", ")
+        );
+    }
+    Bytes::from(s)
+}
+
+/// The default fingerprint of a JSON request, raw or by value.
+fn fingerprint_json(body: &[u8], by_value: bool) -> Fingerprint {
+    let head = Fingerprint::builder()
+        .field(b"POST")
+        .field(b"/orders")
+        .field(b"")
+        .field(b"application/json");
+    if by_value {
+        head.json_value(body).finish()
+    } else {
+        head.field(body).finish()
+    }
+}
+
 fn fingerprint(c: &mut Criterion) {
     let mut g = c.benchmark_group("fingerprint");
+    // A JSON body by its bytes (the default) and by value (`fingerprint_json_by_value`): one
+    // long string member, and an order of many members.
+    for (name, body) in [
+        ("json_1KiB_one_string", json_body(1024)),
+        ("json_1KiB_order", json_order(1024)),
+    ] {
+        assert_ne!(
+            fingerprint_json(&body, true),
+            fingerprint_json(&body, false),
+            "{name} parses as JSON"
+        );
+        g.throughput(Throughput::Bytes(body.len() as u64));
+        for (mode, by_value) in [("raw", false), ("by_value", true)] {
+            g.bench_with_input(BenchmarkId::new(name, mode), &body, |b, body| {
+                b.iter(|| fingerprint_json(body, by_value));
+            });
+        }
+    }
     for size in [1024usize, 64 * 1024] {
         let body = vec![7u8; size];
         g.throughput(Throughput::Bytes(size as u64));

@@ -3,10 +3,15 @@
 //! A fingerprint is a SHA-256 over length-prefixed fields, domain-separated from every other
 //! hash the crate makes, so no two field lists can produce the same input.
 
+use crate::json::Canonical;
 use sha2::{Digest, Sha256};
 use std::fmt;
 
 const DOMAIN: &[u8] = b"tower-idempotency/fingerprint/v1";
+
+/// The field before a JSON value's canonical form, so that no raw field list produces the same
+/// hash input as a JSON value.
+const JSON_VALUE_TAG: &[u8] = b"json-value/v1";
 
 /// A 32-byte digest of the parts of a request that must match for a repeat to be a replay.
 ///
@@ -86,9 +91,89 @@ impl FingerprintBuilder {
         self
     }
 
+    /// Adds a JSON text by its value, not its bytes: insignificant whitespace and the order of
+    /// object members are ignored and string escapes decoded, while array order, every value
+    /// and type, and each number's literal text (`1` and `1.0` differ) count. A name repeated
+    /// in one object keeps its members in their order. A text that is not strict JSON
+    /// (RFC 8259, UTF-8, nested at most 128 deep) is added as [`field`](Self::field) adds it.
+    ///
+    /// This is what [`IdempotencyLayer::fingerprint_json_by_value`] does with a JSON body, for
+    /// a [`fingerprint_fn`] of your own. The canonical form is streamed into the hash (a tag
+    /// field, then one field), never built whole.
+    ///
+    /// [`IdempotencyLayer::fingerprint_json_by_value`]: crate::http::IdempotencyLayer::fingerprint_json_by_value
+    /// [`fingerprint_fn`]: crate::http::IdempotencyLayer::fingerprint_fn
+    ///
+    /// ```
+    /// use tower_idempotency::engine::Fingerprint;
+    ///
+    /// let fp = |json: &str| Fingerprint::builder().json_value(json.as_bytes()).finish();
+    /// assert_eq!(fp(r#"{"item": "book", "qty": 1}"#), fp(r#"{"qty":1,"item":"b\u006fok"}"#));
+    /// assert_ne!(fp(r#"{"qty":1}"#), fp(r#"{"qty":1.0}"#));
+    /// assert_ne!(fp(r#"{"qty":1}"#), Fingerprint::builder().field(br#"{"qty":1}"#).finish());
+    /// ```
+    pub fn json_value(self, json: &[u8]) -> Self {
+        match Canonical::parse(json) {
+            Some(value) => self
+                .field(JSON_VALUE_TAG)
+                .field_from(value.encoded_len(), |g| {
+                    value.encode(|bytes| g.write(bytes))
+                }),
+            None => self.field(json),
+        }
+    }
+
+    /// Adds one field of `len` bytes that `write` feeds in pieces; it must feed exactly `len`.
+    fn field_from(mut self, len: u64, write: impl FnOnce(&mut Gather<'_>)) -> Self {
+        self.hasher.update(len.to_be_bytes());
+        let mut gather = Gather {
+            hasher: &mut self.hasher,
+            buf: [0; 256],
+            filled: 0,
+            written: 0,
+        };
+        write(&mut gather);
+        gather.flush();
+        debug_assert_eq!(
+            gather.written, len,
+            "a field fed other than its declared length"
+        );
+        self
+    }
+
     /// The finished fingerprint.
     #[must_use]
     pub fn finish(self) -> Fingerprint {
         Fingerprint(self.hasher.finalize().into())
+    }
+}
+
+/// Gathers the small pieces of a field on the stack: one hash update per piece would cost more
+/// than the piece.
+struct Gather<'a> {
+    hasher: &'a mut Sha256,
+    buf: [u8; 256],
+    filled: usize,
+    written: u64,
+}
+
+impl Gather<'_> {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        self.written += bytes.len() as u64;
+        if self.filled + bytes.len() > self.buf.len() {
+            self.flush();
+        }
+        if bytes.len() > self.buf.len() {
+            self.hasher.update(bytes);
+        } else {
+            self.buf[self.filled..self.filled + bytes.len()].copy_from_slice(bytes);
+            self.filled += bytes.len();
+        }
+    }
+
+    fn flush(&mut self) {
+        self.hasher.update(&self.buf[..self.filled]);
+        self.filled = 0;
     }
 }

@@ -90,6 +90,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod fingerprint;
+mod json;
 mod key;
 mod record;
 mod scope;

@@ -4,11 +4,12 @@ use super::headers::HeaderPolicy;
 use super::rejection::{Rejection, Renderer};
 use crate::engine::Engine;
 use crate::fingerprint::Fingerprint;
+use crate::json::{Found, JsonField, is_json};
 use crate::key::{DEFAULT_MAX_KEY_LEN, IdempotencyKey, KeyError, KeyErrorKind};
 use crate::scope::Scope;
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderName, Method};
+use http::{HeaderMap, HeaderName, Method};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -123,6 +124,8 @@ impl<St> Clone for LayerState<St> {
 #[derive(Clone)]
 pub(crate) struct Config {
     pub(crate) key_source: KeySource,
+    /// The JSON body field read for a key when `key_source` gives none.
+    pub(crate) json_key: Option<JsonField>,
     pub(crate) required: bool,
     pub(crate) principal_fn: Option<PrincipalFn>,
     pub(crate) principal_mode: PrincipalMode,
@@ -137,12 +140,14 @@ pub(crate) struct Config {
     pub(crate) headers: HeaderPolicy,
     pub(crate) renderer: Option<Renderer>,
     pub(crate) fingerprint_fn: Option<FingerprintFn>,
+    pub(crate) json_by_value: bool,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Self {
             key_source: KeySource::Header(HeaderName::from_static("idempotency-key")),
+            json_key: None,
             required: true,
             principal_fn: None,
             principal_mode: PrincipalMode::Required,
@@ -160,6 +165,7 @@ impl Default for Config {
             headers: HeaderPolicy::default(),
             renderer: None,
             fingerprint_fn: None,
+            json_by_value: false,
         }
     }
 }
@@ -167,6 +173,7 @@ impl Default for Config {
 impl fmt::Debug for Config {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Config")
+            .field("json_key", &self.json_key)
             .field("required", &self.required)
             .field("principal_mode", &self.principal_mode)
             .field("methods", &self.methods)
@@ -178,6 +185,7 @@ impl fmt::Debug for Config {
             .field("stream_lease_limit", &self.stream_lease_limit)
             .field("streaming_content_types", &self.streaming_content_types)
             .field("headers", &self.headers)
+            .field("json_by_value", &self.json_by_value)
             .finish_non_exhaustive()
     }
 }
@@ -214,11 +222,44 @@ impl Config {
         }
     }
 
-    /// The key's source as named in a rejection: the header, or a generic name for `key_fn`.
-    pub(crate) fn key_name(&self) -> &str {
-        match &self.key_source {
+    /// Step 2 for a request `key` found no key in: whether its key may be in its body (a JSON
+    /// body field is configured and the body is JSON), so the body must be read to know.
+    pub(crate) fn key_in_body(&self, headers: &HeaderMap) -> bool {
+        self.json_key.is_some() && is_json(content_type(headers))
+    }
+
+    /// Step 2 on a body read for its key: the key in the JSON body field, if there is one.
+    /// An invalid key, a field that is not a string or is repeated → `Err(detail)`.
+    pub(crate) fn body_key(&self, body: &[u8]) -> Option<Result<IdempotencyKey, String>> {
+        let field = self.json_key.as_ref()?;
+        let name = field.name();
+        match field.find(body) {
+            Found::Absent => None,
+            Found::String(s) => Some(
+                IdempotencyKey::with_max_len(&s, self.max_key_len)
+                    .map_err(|e| format!("the `{name}` field of the JSON body: {e}")),
+            ),
+            Found::NotAString => Some(Err(format!(
+                "the `{name}` field of the JSON body must be a string"
+            ))),
+            Found::Repeated => Some(Err(format!(
+                "the `{name}` field appears more than once in the JSON body"
+            ))),
+        }
+    }
+
+    /// The detail of a `key_missing` rejection: where a key was looked for.
+    pub(crate) fn missing_key_detail(&self) -> String {
+        let name = match &self.key_source {
             KeySource::Header(h) => h.as_str(),
             KeySource::Fn(_) => "idempotency key",
+        };
+        match &self.json_key {
+            None => format!("this request requires an `{name}` header"),
+            Some(field) => format!(
+                "this request requires an `{name}` header or a `{}` field in its JSON body",
+                field.name()
+            ),
         }
     }
 
@@ -240,17 +281,17 @@ impl Config {
         if let Some(f) = &self.fingerprint_fn {
             return f(parts, body);
         }
-        let content_type = parts
-            .headers
-            .get(http::header::CONTENT_TYPE)
-            .map_or(&[][..], |v| v.as_bytes());
-        Fingerprint::builder()
+        let content_type = content_type(&parts.headers);
+        let head = Fingerprint::builder()
             .field(parts.method.as_str().as_bytes())
             .field(parts.uri.path().as_bytes())
             .field(parts.uri.query().unwrap_or_default().as_bytes())
-            .field(content_type)
-            .field(body)
-            .finish()
+            .field(content_type);
+        if self.json_by_value && is_json(content_type) {
+            head.json_value(body).finish()
+        } else {
+            head.field(body).finish()
+        }
     }
 
     /// Step 9: whether a response of these headers streams through (its media type, without
@@ -281,6 +322,12 @@ impl Config {
     }
 }
 
+fn content_type(headers: &HeaderMap) -> &[u8] {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .map_or(&[][..], |v| v.as_bytes())
+}
+
 /// A setting the layer refused when it was built.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
@@ -294,6 +341,8 @@ pub struct ConfigError {
 pub enum ConfigErrorKind {
     /// A header on the fixed deny list was offered for the allow list.
     DeniedHeader,
+    /// A JSON body field for the key that is empty or not a valid JSON pointer.
+    InvalidJsonField,
 }
 
 impl ConfigError {

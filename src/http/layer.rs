@@ -7,6 +7,7 @@ use super::rejection::Rejection;
 use super::service::Idempotency;
 use crate::engine::Engine;
 use crate::fingerprint::Fingerprint;
+use crate::json::JsonField;
 use crate::scope::Scope;
 use crate::store::{MemoryStore, Store};
 use bytes::Bytes;
@@ -94,6 +95,78 @@ impl<St: Store> IdempotencyLayer<St> {
     #[must_use]
     pub fn key_fn(self, f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
         self.config(|c| c.key_source = KeySource::Fn(Arc::new(f)))
+    }
+
+    /// Also reads the key from a field of a JSON body, for clients that cannot set headers.
+    /// Off by default.
+    ///
+    /// `field` is an RFC 6901 JSON pointer when it starts with `/` (`/meta/idempotency_key`;
+    /// `~1` stands for `/` and `~0` for `~` in a name), otherwise the name of a top-level
+    /// field, taken as it is (`idempotency_key`).
+    ///
+    /// - **The header wins.** The body is looked at only when the header (or
+    ///   [`key_fn`](Self::key_fn)) gives no key; a request with both is keyed by the header,
+    ///   and the field is then just part of the body (and of its fingerprint).
+    /// - **JSON bodies only**: `Content-Type: application/json` or `application/*+json`,
+    ///   parameters such as `charset` ignored. Any other body is not read for a key.
+    /// - **The value** must be a JSON string, validated like a key from [`key_fn`](Self::key_fn)
+    ///   (`1..=max_key_len` bytes of visible ASCII or spaces; escapes such as `\u0041` are
+    ///   decoded first). No such field, `null`, or a body that is not valid JSON is *no key*: with
+    ///   [`required(false)`](Self::required) the request passes through (the handler then answers
+    ///   broken JSON itself), otherwise 400 `idempotency.key_missing`. A number, boolean, object
+    ///   or array there, a string that is not a valid key, or the field twice in one object is
+    ///   400 `idempotency.key_invalid` (a client that sent a key in the wrong shape is told so,
+    ///   never run unprotected).
+    ///
+    /// **The cost**: the layer cannot know whether such a request has a key before it has read
+    /// its body, so a JSON request without a key header is buffered (up to
+    /// [`max_request_body`](Self::max_request_body)) even when it turns out to have no key, and
+    /// one over the limit is refused with 413 even with `required(false)`: it could carry a key
+    /// the layer cannot read. A request with a key header, a body that is not JSON, and a
+    /// method the layer does not act on are not buffered for this. A required key still checks
+    /// the principal before the body is read (401 whatever the body holds); with
+    /// `required(false)` a request without a key passes through before the principal check,
+    /// as ever.
+    ///
+    /// # Errors
+    /// [`ConfigErrorKind::InvalidJsonField`] for an empty `field`, or a pointer with a `~` not
+    /// followed by `0` or `1`.
+    ///
+    /// ```
+    /// use http::Request;
+    /// use http_body_util::Full;
+    /// use bytes::Bytes;
+    /// use std::convert::Infallible;
+    /// use tower::{ServiceBuilder, ServiceExt, service_fn};
+    /// use tower_idempotency::{IdempotencyLayer, Principal};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let layer = IdempotencyLayer::new().key_from_json_field("/idempotency_key").unwrap();
+    /// let svc = ServiceBuilder::new().layer(layer).service(service_fn(|_req| async {
+    ///     Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from("created"))))
+    /// }));
+    /// let request = || {
+    ///     let mut req = Request::post("/orders")
+    ///         .header("content-type", "application/json")
+    ///         .body(Full::new(Bytes::from(r#"{"idempotency_key":"order-7","item":"book"}"#)))
+    ///         .unwrap();
+    ///     req.extensions_mut().insert(Principal::new("alice"));
+    ///     req
+    /// };
+    /// let first = svc.clone().oneshot(request()).await.unwrap();
+    /// assert!(!first.headers().contains_key("idempotent-replayed"));
+    /// let again = svc.clone().oneshot(request()).await.unwrap();
+    /// assert_eq!(again.headers()["idempotent-replayed"], "true");
+    /// # });
+    /// ```
+    pub fn key_from_json_field(self, field: &str) -> Result<Self, ConfigError> {
+        let field = JsonField::parse(field).map_err(|reason| {
+            ConfigError::new(
+                ConfigErrorKind::InvalidJsonField,
+                format!("`{field}` is not a JSON body field for the key: {reason}"),
+            )
+        })?;
+        Ok(self.config(|c| c.json_key = Some(field)))
     }
 
     /// Whether a request without a key is refused (400, the default) or passed through.
@@ -260,13 +333,68 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// Computes the fingerprint with your own function (given the request head and the
-    /// buffered body) instead of method, path, raw query, content-type and body.
+    /// buffered body) instead of method, path, raw query, content-type and body. (It replaces
+    /// [`fingerprint_json_by_value`](Self::fingerprint_json_by_value) too.)
     #[must_use]
     pub fn fingerprint_fn(
         self,
         f: impl Fn(&Parts, &Bytes) -> Fingerprint + Send + Sync + 'static,
     ) -> Self {
         self.config(|c| c.fingerprint_fn = Some(Arc::new(f)))
+    }
+
+    /// Fingerprints a JSON body by its value instead of its bytes, so a client library that
+    /// serialises the body again for a retry (`{"item": "book"}`, then `{"item":"book"}`) gets a
+    /// replay instead of 422. Off by default.
+    ///
+    /// For `Content-Type: application/json` and `application/*+json` bodies (parameters ignored)
+    /// the body is parsed and its canonical form is fingerprinted: insignificant whitespace
+    /// and the order of object members are ignored, and escapes in strings are decoded
+    /// (`"\u00e9"` is `"é"`). Everything else still counts: array order, the value and type
+    /// of every member, and a **number's literal text** (`1`, `1.0` and `1e0` differ; a
+    /// retry is never replayed as an earlier request that a decimal parser would read
+    /// otherwise). A name repeated in one object keeps its members in their order. A body
+    /// that does not parse (or nests deeper than 128) is fingerprinted by its bytes, as is
+    /// every other content type. The method, path, query and `Content-Type` header are
+    /// fingerprinted as before.
+    ///
+    /// The cost is one parse of the body per keyed request (the canonical form is streamed into
+    /// the hash, never built whole): `cargo bench --bench layer -- fingerprint` compares it with
+    /// the raw fingerprint. Turning the option on or off changes the fingerprint of every JSON
+    /// body, so a retry across that change is answered 422.
+    ///
+    /// ```
+    /// use http::Request;
+    /// use http_body_util::Full;
+    /// use bytes::Bytes;
+    /// use std::convert::Infallible;
+    /// use tower::{ServiceBuilder, ServiceExt, service_fn};
+    /// use tower_idempotency::{IdempotencyLayer, Principal};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let layer = IdempotencyLayer::new().fingerprint_json_by_value(true);
+    /// let svc = ServiceBuilder::new().layer(layer).service(service_fn(|_req| async {
+    ///     Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from("created"))))
+    /// }));
+    /// let request = |body: &'static str| {
+    ///     let mut req = Request::post("/orders")
+    ///         .header("content-type", "application/json")
+    ///         .header("idempotency-key", "order-7")
+    ///         .body(Full::new(Bytes::from(body)))
+    ///         .unwrap();
+    ///     req.extensions_mut().insert(Principal::new("alice"));
+    ///     req
+    /// };
+    /// svc.clone().oneshot(request(r#"{"item": "book", "qty": 1}"#)).await.unwrap();
+    /// let again = svc.clone().oneshot(request(r#"{"qty":1,"item":"book"}"#)).await.unwrap();
+    /// assert_eq!(again.headers()["idempotent-replayed"], "true");
+    /// let other = svc.clone().oneshot(request(r#"{"qty":1.0,"item":"book"}"#)).await.unwrap();
+    /// assert_eq!(other.status(), 422);
+    /// # });
+    /// ```
+    #[must_use]
+    pub fn fingerprint_json_by_value(self, on: bool) -> Self {
+        self.config(|c| c.json_by_value = on)
     }
 
     /// Authenticates records with an HMAC under `secret` and keys the stored fingerprints, so

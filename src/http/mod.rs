@@ -4,12 +4,17 @@
 //!
 //! 1. A method outside the configured set (default: all but GET, HEAD, OPTIONS, TRACE) passes
 //!    through with no store call.
-//! 2. The key is read from the `Idempotency-Key` header (or another header, or a closure).
+//! 2. The key is read from the `Idempotency-Key` header (or another header, or a closure);
+//!    without one, from a field of a JSON body when
+//!    [`key_from_json_field`](IdempotencyLayer::key_from_json_field) is set (the body is then
+//!    read first, up to the limit of step 6, and steps 3–5 run on what it holds).
 //! 3. No key and `required(false)`: the request passes through, before any principal check.
 //! 4. The principal: required (default) → 401 without one; optional → one shared anonymous scope.
 //! 5. No key (required) → 400 `idempotency.key_missing`; an invalid key → 400 `idempotency.key_invalid`.
 //! 6. The body is buffered up to the limit (413 above it, from `Content-Length` first, then while
-//!    reading) and fingerprinted: SHA-256 over method, path, raw query, content-type and body.
+//!    reading) and fingerprinted: SHA-256 over method, path, raw query, content-type and body
+//!    (a JSON body by value with
+//!    [`fingerprint_json_by_value`](IdempotencyLayer::fingerprint_json_by_value)).
 //! 7. The store key is a domain-separated hash of namespace, tenant, principal and key.
 //! 8. Claim: nothing found → run; pending with the same fingerprint → 409; done with the same
 //!    fingerprint → replay; another fingerprint → 422; store failure → 503 (handler not run);

@@ -3,7 +3,7 @@
 
 use super::body::{BodyEnd, EndHook, ReadError, RequestBody, ResponseBody, read_limited};
 use super::classify::{Outcome, classify};
-use super::config::LayerState;
+use super::config::{Config, LayerState};
 use super::extensions::{ClaimedKey, KeyMissing};
 use super::future::ResponseFuture;
 use super::grpc::is_grpc;
@@ -15,6 +15,7 @@ use crate::record::RecordedResponse;
 use crate::scope::{Scope, StoreKey};
 use crate::store::{Store, StoreError, StoreErrorKind};
 use bytes::Bytes;
+use http::request::Parts;
 use http::{HeaderMap, Request, Response, header};
 use http_body::Body;
 use std::fmt;
@@ -96,6 +97,20 @@ where
         let grpc = is_grpc(&parts.headers);
         // 2. The key.
         let key = config.key(&parts);
+        // 2b. No key from the header, but it may be in a JSON body field: the body is read
+        // first, and steps 3–5 run on what it holds (in `keyed`).
+        if key.is_none() && !grpc && config.key_in_body(&parts.headers) {
+            // A required key: 401 without a principal, whatever the body holds.
+            let scope = if config.required {
+                match config.scope(&parts) {
+                    Some(scope) => Some(scope),
+                    None => return self.reject(principal_missing(), grpc),
+                }
+            } else {
+                None
+            };
+            return self.keyed(parts, body, KeyFrom::Body(scope), grpc);
+        }
         // 3. No key, not required: pass through before any principal check.
         if key.is_none() && !config.required {
             // Lets the extractors tell "no key sent" from "layer not installed".
@@ -106,25 +121,11 @@ where
         }
         // 4. The principal.
         let Some(scope) = config.scope(&parts) else {
-            return self.reject(
-                Rejection::new(
-                    RejectionKind::PrincipalMissing,
-                    "an idempotent request must be authenticated",
-                ),
-                grpc,
-            );
+            return self.reject(principal_missing(), grpc);
         };
         // 5. Missing or invalid key.
         let key = match key {
-            None => {
-                return self.reject(
-                    Rejection::new(
-                        RejectionKind::KeyMissing,
-                        format!("this request requires an `{}` header", config.key_name()),
-                    ),
-                    grpc,
-                );
-            }
+            None => return self.reject(key_missing(config), grpc),
             Some(Err(e)) => {
                 tracing::debug!(reason = %e, "idempotency key refused");
                 return self.reject(
@@ -134,8 +135,30 @@ where
             }
             Some(Ok(k)) => k,
         };
+        self.keyed(parts, body, KeyFrom::Header(key, scope), grpc)
+    }
+}
+
+impl<S, St> Idempotency<S, St> {
+    /// Steps 6a and on: the declared length, then the keyed sequence in one future.
+    fn keyed<ReqB, ResB>(
+        &mut self,
+        parts: Parts,
+        body: ReqB,
+        key: KeyFrom,
+        grpc: bool,
+    ) -> ResponseFuture<S::Future, ResB, S::Error>
+    where
+        S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        St: Store,
+        ReqB: Body<Data = Bytes> + Send + 'static,
+        ResB: Body<Data = Bytes> + Send + 'static,
+        ResB::Error: Send,
+    {
         // 6a. A declared length over the limit is refused before reading.
-        let limit = config.max_request_body;
+        let limit = self.state.config.max_request_body;
         if content_length(&parts.headers).is_some_and(|n| n > limit as u64) {
             return self.reject(Rejection::body_too_large(limit), grpc);
         }
@@ -143,7 +166,54 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let state = Arc::clone(&self.state);
-        ResponseFuture::keyed(Box::pin(keyed(state, inner, parts, body, key, scope, grpc)))
+        ResponseFuture::keyed(Box::pin(keyed(state, inner, parts, body, key, grpc)))
+    }
+}
+
+/// The key of a request that goes on to be buffered and claimed.
+enum KeyFrom {
+    /// From the header (or the key closure), with the caller's scope: steps 3–5 are done.
+    Header(IdempotencyKey, Scope),
+    /// Perhaps in a JSON body field, with the scope when it was already checked (a required
+    /// key): steps 3–5 run once the body is read.
+    Body(Option<Scope>),
+}
+
+fn principal_missing() -> Rejection {
+    Rejection::new(
+        RejectionKind::PrincipalMissing,
+        "an idempotent request must be authenticated",
+    )
+}
+
+fn key_missing(config: &Config) -> Rejection {
+    Rejection::new(RejectionKind::KeyMissing, config.missing_key_detail())
+}
+
+/// Steps 3–5 for a key read from the body: `Ok(None)` to pass the request through.
+fn body_key(
+    config: &Config,
+    parts: &Parts,
+    body: &[u8],
+    scope: Option<Scope>,
+) -> Result<Option<(IdempotencyKey, Scope)>, Rejection> {
+    let key = config.body_key(body);
+    // 3. No key, not required: pass through before any principal check.
+    if key.is_none() && !config.required {
+        return Ok(None);
+    }
+    // 4. The principal (already checked for a required key).
+    let Some(scope) = scope.or_else(|| config.scope(parts)) else {
+        return Err(principal_missing());
+    };
+    // 5. Missing or invalid key.
+    match key {
+        None => Err(key_missing(config)),
+        Some(Err(detail)) => {
+            tracing::debug!(reason = %detail, "idempotency key refused");
+            Err(Rejection::new(RejectionKind::KeyInvalid, detail))
+        }
+        Some(Ok(key)) => Ok(Some((key, scope))),
     }
 }
 
@@ -184,10 +254,9 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
 async fn keyed<S, St, ReqB, ResB>(
     state: Arc<LayerState<St>>,
     mut inner: S,
-    mut parts: http::request::Parts,
+    mut parts: Parts,
     body: ReqB,
-    key: IdempotencyKey,
-    scope: Scope,
+    key: KeyFrom,
     grpc: bool,
 ) -> Result<Response<ResponseBody<ResB>>, S::Error>
 where
@@ -214,6 +283,21 @@ where
             );
             return Ok(render(&state, rejection, grpc));
         }
+    };
+    let (key, scope) = match key {
+        KeyFrom::Header(key, scope) => (key, scope),
+        KeyFrom::Body(scope) => match body_key(config, &parts, &body, scope) {
+            Ok(Some(keyed)) => keyed,
+            Ok(None) => {
+                // 3. No key in the body, not required: pass through with the body read.
+                parts.extensions.insert(KeyMissing);
+                let req = Request::from_parts(parts, RequestBody::buffered(body));
+                std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+                let res = inner.call(req).await?;
+                return Ok(res.map(ResponseBody::passthrough));
+            }
+            Err(rejection) => return Ok(render(&state, rejection, grpc)),
+        },
     };
     let fingerprint = config.fingerprint(&parts, &body);
     let store_key = StoreKey::derive(&config.namespace, &scope, &key);

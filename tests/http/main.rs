@@ -11,6 +11,7 @@ mod extractors;
 mod fuzz_standins;
 mod grpc;
 mod hostile_input;
+mod json;
 mod layer;
 mod rejections;
 mod replay;

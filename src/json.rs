@@ -1,0 +1,748 @@
+//! JSON bodies: the key read from a field of a JSON body, and the canonical form a JSON body
+//! is fingerprinted by when it is compared by value.
+//!
+//! Both read the body with one strict RFC 8259 parser of our own, not `serde_json`: a number
+//! must keep its literal text (`serde_json` reads it as `f64` unless its `arbitrary_precision`
+//! feature is on, and that feature would change `serde_json::Value` for the whole build), a
+//! repeated object member must stay visible, and the parse is one pass that borrows from the
+//! body. Input it refuses (not UTF-8, a syntax error, a lone surrogate escape, nesting deeper
+//! than [`MAX_DEPTH`]) is "not JSON": no key from it, and its raw bytes are fingerprinted.
+
+use std::borrow::Cow;
+use std::fmt;
+
+/// Objects and arrays nested deeper than this are not parsed (`serde_json`'s default limit).
+const MAX_DEPTH: usize = 128;
+
+/// Whether a `Content-Type` value is `application/json` or `application/*+json` (parameters
+/// such as `charset` ignored, case-insensitive).
+pub(crate) fn is_json(content_type: &[u8]) -> bool {
+    let essence = content_type
+        .split(|b| *b == b';')
+        .next()
+        .unwrap_or_default()
+        .trim_ascii();
+    let Some(slash) = essence.iter().position(|b| *b == b'/') else {
+        return false;
+    };
+    let (ty, subtype) = (&essence[..slash], &essence[slash + 1..]);
+    ty.eq_ignore_ascii_case(b"application")
+        && (subtype.eq_ignore_ascii_case(b"json")
+            || (subtype.len() > 5 && subtype[subtype.len() - 5..].eq_ignore_ascii_case(b"+json")))
+}
+
+// ---------------------------------------------------------------------------------------------
+// The key field
+// ---------------------------------------------------------------------------------------------
+
+/// The body field a key is read from: an RFC 6901 JSON pointer (`/meta/idempotency_key`, with
+/// `~1` for `/` and `~0` for `~` in a name), or a bare top-level field name taken as it is.
+#[derive(Clone)]
+pub(crate) struct JsonField {
+    /// The field as configured (for messages).
+    name: Box<str>,
+    /// The unescaped reference tokens, outermost first.
+    tokens: Box<[Box<str>]>,
+}
+
+impl JsonField {
+    pub(crate) fn parse(field: &str) -> Result<Self, &'static str> {
+        let tokens = match field.strip_prefix('/') {
+            Some(pointer) => pointer
+                .split('/')
+                .map(unescape_token)
+                .collect::<Result<_, _>>()?,
+            None if field.is_empty() => return Err("the JSON body field name is empty"),
+            None => Box::new([Box::from(field)]) as Box<[_]>,
+        };
+        Ok(Self {
+            name: field.into(),
+            tokens,
+        })
+    }
+
+    /// The field as configured.
+    pub(crate) fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The field's value in `body`. A body that is not JSON, or has no such field, or holds
+    /// `null` there, has no key.
+    pub(crate) fn find(&self, body: &[u8]) -> Found {
+        let Some(mut value) = parse(body) else {
+            return Found::Absent;
+        };
+        for token in &self.tokens {
+            let next = match value {
+                Value::Object(members) => {
+                    let mut matching = members.into_iter().filter(|(k, _)| **k == **token);
+                    let Some((_, v)) = matching.next() else {
+                        return Found::Absent;
+                    };
+                    if matching.next().is_some() {
+                        return Found::Repeated;
+                    }
+                    v
+                }
+                Value::Array(mut items) => match array_index(token) {
+                    Some(i) if i < items.len() => items.swap_remove(i),
+                    _ => return Found::Absent,
+                },
+                _ => return Found::Absent,
+            };
+            value = next;
+        }
+        match value {
+            Value::Null => Found::Absent,
+            Value::String(s) => Found::String(s.into_owned()),
+            _ => Found::NotAString,
+        }
+    }
+}
+
+impl fmt::Debug for JsonField {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.name, f)
+    }
+}
+
+/// What a body holds at the key field.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// No key: not JSON, no such field, or `null`.
+    Absent,
+    /// A string (not yet validated as a key).
+    String(String),
+    /// A number, boolean, object or array.
+    NotAString,
+    /// The field (or an object on its path) appears more than once.
+    Repeated,
+}
+
+fn unescape_token(token: &str) -> Result<Box<str>, &'static str> {
+    if !token.contains('~') {
+        return Ok(token.into());
+    }
+    let mut out = String::with_capacity(token.len());
+    let mut chars = token.chars();
+    while let Some(c) = chars.next() {
+        if c == '~' {
+            match chars.next() {
+                Some('0') => out.push('~'),
+                Some('1') => out.push('/'),
+                _ => return Err("a `~` in a JSON pointer must be followed by `0` or `1`"),
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    Ok(out.into())
+}
+
+/// An RFC 6901 array index: `0`, or digits without a leading zero.
+fn array_index(token: &str) -> Option<usize> {
+    let valid = !token.is_empty()
+        && token.bytes().all(|b| b.is_ascii_digit())
+        && (token == "0" || !token.starts_with('0'));
+    valid.then(|| token.parse().ok()).flatten()
+}
+
+// ---------------------------------------------------------------------------------------------
+// The fingerprint by value
+// ---------------------------------------------------------------------------------------------
+
+/// A JSON text in canonical order, to be fingerprinted by value.
+#[derive(Debug)]
+pub(crate) struct Canonical<'a>(Value<'a>);
+
+impl<'a> Canonical<'a> {
+    /// Parses `json`; `None` when it is not JSON.
+    pub(crate) fn parse(json: &'a [u8]) -> Option<Self> {
+        let mut value = parse(json)?;
+        value.sort_members();
+        Some(Self(value))
+    }
+
+    /// Feeds the value's encoding to `out` in pieces (never built whole).
+    ///
+    /// The encoding is prefix-free, so no two values share it: `n`, `t`, `f`; `#` + length +
+    /// the number's literal text; `"` + length + the string's UTF-8 (escapes decoded); `[` +
+    /// count + items; `{` + count + (name, value) pairs sorted by name bytes, members of one
+    /// name kept in their order. Lengths and counts are big-endian `u64`.
+    pub(crate) fn encode(&self, mut out: impl FnMut(&[u8])) {
+        self.0.encode(&mut out);
+    }
+
+    /// The length of the encoding.
+    pub(crate) fn encoded_len(&self) -> u64 {
+        let mut len = 0u64;
+        self.0.encode(&mut |bytes: &[u8]| len += bytes.len() as u64);
+        len
+    }
+}
+
+/// A tag byte and a length (or count), as one piece.
+fn put_tagged(out: &mut impl FnMut(&[u8]), tag: u8, len: usize) {
+    let mut piece = [tag; 9];
+    piece[1..].copy_from_slice(&(len as u64).to_be_bytes());
+    out(&piece);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The parser
+// ---------------------------------------------------------------------------------------------
+
+/// A parsed JSON value, borrowing from the body where it can.
+#[derive(Debug, PartialEq)]
+enum Value<'a> {
+    Null,
+    True,
+    False,
+    /// The literal text, as validated by the grammar.
+    Number(&'a str),
+    String(Cow<'a, str>),
+    Array(Vec<Value<'a>>),
+    /// Members in body order, repeated names kept.
+    Object(Vec<(Cow<'a, str>, Value<'a>)>),
+}
+
+impl Value<'_> {
+    /// Sorts every object's members by name (stable: members of one name keep their order).
+    fn sort_members(&mut self) {
+        match self {
+            Value::Array(items) => items.iter_mut().for_each(Value::sort_members),
+            Value::Object(members) => {
+                members.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+                members.iter_mut().for_each(|(_, v)| v.sort_members());
+            }
+            _ => {}
+        }
+    }
+
+    fn encode(&self, out: &mut impl FnMut(&[u8])) {
+        match self {
+            Value::Null => out(b"n"),
+            Value::True => out(b"t"),
+            Value::False => out(b"f"),
+            Value::Number(n) => {
+                put_tagged(out, b'#', n.len());
+                out(n.as_bytes());
+            }
+            Value::String(s) => encode_str(s, out),
+            Value::Array(items) => {
+                put_tagged(out, b'[', items.len());
+                for item in items {
+                    item.encode(out);
+                }
+            }
+            Value::Object(members) => {
+                put_tagged(out, b'{', members.len());
+                for (name, value) in members {
+                    encode_str(name, out);
+                    value.encode(out);
+                }
+            }
+        }
+    }
+}
+
+fn encode_str(s: &str, out: &mut impl FnMut(&[u8])) {
+    put_tagged(out, b'"', s.len());
+    out(s.as_bytes());
+}
+
+/// Parses a whole body as one JSON text (RFC 8259, surrounding whitespace allowed).
+fn parse(body: &[u8]) -> Option<Value<'_>> {
+    let src = std::str::from_utf8(body).ok()?;
+    let mut p = Parser { src, pos: 0 };
+    let value = p.value(0)?;
+    p.skip_ws();
+    (p.pos == src.len()).then_some(value)
+}
+
+struct Parser<'a> {
+    src: &'a str,
+    pos: usize,
+}
+
+impl<'a> Parser<'a> {
+    fn peek(&self) -> Option<u8> {
+        self.src.as_bytes().get(self.pos).copied()
+    }
+
+    fn skip_ws(&mut self) {
+        while let Some(b' ' | b'\t' | b'\n' | b'\r') = self.peek() {
+            self.pos += 1;
+        }
+    }
+
+    fn eat(&mut self, b: u8) -> Option<()> {
+        (self.peek()? == b).then(|| self.pos += 1)
+    }
+
+    fn value(&mut self, depth: usize) -> Option<Value<'a>> {
+        self.skip_ws();
+        match self.peek()? {
+            b'{' if depth < MAX_DEPTH => {
+                self.pos += 1;
+                self.object(depth + 1)
+            }
+            b'[' if depth < MAX_DEPTH => {
+                self.pos += 1;
+                self.array(depth + 1)
+            }
+            b'"' => self.string().map(Value::String),
+            b't' => self.literal("true", Value::True),
+            b'f' => self.literal("false", Value::False),
+            b'n' => self.literal("null", Value::Null),
+            b'-' | b'0'..=b'9' => self.number().map(Value::Number),
+            _ => None,
+        }
+    }
+
+    fn literal(&mut self, text: &str, value: Value<'a>) -> Option<Value<'a>> {
+        self.src[self.pos..].starts_with(text).then(|| {
+            self.pos += text.len();
+            value
+        })
+    }
+
+    fn object(&mut self, depth: usize) -> Option<Value<'a>> {
+        let mut members = Vec::new();
+        self.skip_ws();
+        if self.eat(b'}').is_some() {
+            return Some(Value::Object(members));
+        }
+        loop {
+            self.skip_ws();
+            if self.peek()? != b'"' {
+                return None;
+            }
+            let name = self.string()?;
+            self.skip_ws();
+            self.eat(b':')?;
+            let value = self.value(depth)?;
+            members.push((name, value));
+            self.skip_ws();
+            match self.peek()? {
+                b',' => self.pos += 1,
+                b'}' => {
+                    self.pos += 1;
+                    return Some(Value::Object(members));
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    fn array(&mut self, depth: usize) -> Option<Value<'a>> {
+        let mut items = Vec::new();
+        self.skip_ws();
+        if self.eat(b']').is_some() {
+            return Some(Value::Array(items));
+        }
+        loop {
+            items.push(self.value(depth)?);
+            self.skip_ws();
+            match self.peek()? {
+                b',' => self.pos += 1,
+                b']' => {
+                    self.pos += 1;
+                    return Some(Value::Array(items));
+                }
+                _ => return None,
+            }
+        }
+    }
+
+    fn digits(&mut self) -> usize {
+        let start = self.pos;
+        while let Some(b'0'..=b'9') = self.peek() {
+            self.pos += 1;
+        }
+        self.pos - start
+    }
+
+    /// `-? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?`, kept as its text.
+    fn number(&mut self) -> Option<&'a str> {
+        let start = self.pos;
+        let _ = self.eat(b'-');
+        match self.peek()? {
+            b'0' => self.pos += 1,
+            b'1'..=b'9' => {
+                self.digits();
+            }
+            _ => return None,
+        }
+        if self.eat(b'.').is_some() && self.digits() == 0 {
+            return None;
+        }
+        if let Some(b'e' | b'E') = self.peek() {
+            self.pos += 1;
+            if let Some(b'+' | b'-') = self.peek() {
+                self.pos += 1;
+            }
+            if self.digits() == 0 {
+                return None;
+            }
+        }
+        Some(&self.src[start..self.pos])
+    }
+
+    /// A string at `"`: borrowed when it has no escapes, decoded otherwise.
+    fn string(&mut self) -> Option<Cow<'a, str>> {
+        self.pos += 1; // the opening quote
+        let start = self.pos;
+        let bytes = self.src.as_bytes();
+        // Every stop is an ASCII byte, so every slice below is on a char boundary.
+        let stop = |from: usize| {
+            bytes[from..]
+                .iter()
+                .position(|b| matches!(b, b'"' | b'\\' | 0x00..=0x1f))
+                .map(|i| from + i)
+        };
+        let end = stop(start)?;
+        if bytes[end] == b'"' {
+            self.pos = end + 1;
+            return Some(Cow::Borrowed(&self.src[start..end]));
+        }
+        let mut out = String::with_capacity(end - start + 8);
+        out.push_str(&self.src[start..end]);
+        self.pos = end;
+        loop {
+            match bytes[self.pos] {
+                b'"' => {
+                    self.pos += 1;
+                    return Some(Cow::Owned(out));
+                }
+                b'\\' => {
+                    self.pos += 1;
+                    out.push(self.escape()?);
+                }
+                _ => return None, // a control character
+            }
+            let next = stop(self.pos)?;
+            out.push_str(&self.src[self.pos..next]);
+            self.pos = next;
+        }
+    }
+
+    /// The character after a `\`.
+    fn escape(&mut self) -> Option<char> {
+        let c = match self.peek()? {
+            b'"' => '"',
+            b'\\' => '\\',
+            b'/' => '/',
+            b'b' => '\u{8}',
+            b'f' => '\u{c}',
+            b'n' => '\n',
+            b'r' => '\r',
+            b't' => '\t',
+            b'u' => {
+                self.pos += 1;
+                let unit = self.hex4()?;
+                return match unit {
+                    0xd800..=0xdbff => {
+                        // A high surrogate must be followed by an escaped low one.
+                        self.eat(b'\\')?;
+                        self.eat(b'u')?;
+                        let low = self.hex4()?;
+                        if !(0xdc00..=0xdfff).contains(&low) {
+                            return None;
+                        }
+                        char::from_u32(0x10000 + ((unit - 0xd800) << 10) + (low - 0xdc00))
+                    }
+                    0xdc00..=0xdfff => None,
+                    _ => char::from_u32(unit),
+                };
+            }
+            _ => return None,
+        };
+        self.pos += 1;
+        Some(c)
+    }
+
+    fn hex4(&mut self) -> Option<u32> {
+        let hex = self.src.get(self.pos..self.pos + 4)?;
+        if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        self.pos += 4;
+        u32::from_str_radix(hex, 16).ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::fingerprint::Fingerprint;
+    use proptest::prelude::*;
+
+    fn fp(body: &str) -> Option<Fingerprint> {
+        Canonical::parse(body.as_bytes())?;
+        Some(Fingerprint::builder().json_value(body.as_bytes()).finish())
+    }
+
+    fn same(a: &str, b: &str) -> bool {
+        fp(a).expect(a) == fp(b).expect(b)
+    }
+
+    #[test]
+    fn content_types() {
+        for yes in [
+            "application/json",
+            "APPLICATION/JSON",
+            "application/json; charset=utf-8",
+            " application/json ;x=y",
+            "application/problem+json",
+            "application/vnd.api+JSON",
+        ] {
+            assert!(is_json(yes.as_bytes()), "{yes}");
+        }
+        for no in [
+            "",
+            "json",
+            "text/json",
+            "application/jsonp",
+            "application/+json",
+            "application/json-seq",
+            "application/x-ndjson",
+            "text/plain; x=application/json",
+        ] {
+            assert!(!is_json(no.as_bytes()), "{no:?}");
+        }
+    }
+
+    #[test]
+    fn pointers() {
+        let f = JsonField::parse("/a~1b/~0c").expect("valid");
+        assert_eq!(&*f.tokens, [Box::from("a/b"), Box::from("~c")]);
+        assert_eq!(f.name(), "/a~1b/~0c");
+        let bare = JsonField::parse("a/b").expect("valid");
+        assert_eq!(&*bare.tokens, [Box::from("a/b")]);
+        assert_eq!(
+            &*JsonField::parse("/").expect("valid").tokens,
+            [Box::from("")]
+        );
+        assert!(JsonField::parse("").is_err());
+        assert!(JsonField::parse("/a~").is_err());
+        assert!(JsonField::parse("/a~2").is_err());
+    }
+
+    #[test]
+    fn finds_the_key_field() {
+        let f = |field: &str, body: &str| {
+            JsonField::parse(field)
+                .expect("field")
+                .find(body.as_bytes())
+        };
+        let s = |v: &str| Found::String(v.to_owned());
+        assert_eq!(f("k", r#"{"k":"v"}"#), s("v"));
+        assert_eq!(f("/k", r#" {"a":1, "k" : "v\u0031"} "#), s("v1"));
+        assert_eq!(f("/a/1/k", r#"{"a":[{}, {"k":"v"}]}"#), s("v"));
+        assert_eq!(f("/a/01", r#"{"a":["x","y"]}"#), Found::Absent);
+        assert_eq!(f("/a/2", r#"{"a":["x","y"]}"#), Found::Absent);
+        assert_eq!(f("/a/-", r#"{"a":["x","y"]}"#), Found::Absent);
+        assert_eq!(f("k", r#"{"k":null}"#), Found::Absent);
+        assert_eq!(f("k", r#"{"K":"v"}"#), Found::Absent);
+        assert_eq!(f("k", r#"["k"]"#), Found::Absent);
+        assert_eq!(f("k", r#"{"k":"v",}"#), Found::Absent, "not JSON");
+        assert_eq!(f("k", r#"{"k":1}"#), Found::NotAString);
+        assert_eq!(f("k", r#"{"k":{"x":"y"}}"#), Found::NotAString);
+        assert_eq!(f("k", r#"{"k":"v","k":"v"}"#), Found::Repeated);
+        assert_eq!(f("/a/k", r#"{"a":{"k":"v"},"a":{}}"#), Found::Repeated);
+        assert_eq!(f("/a/k", r#"{"a":{"k":"v"},"b":{"k":"w"}}"#), s("v"));
+    }
+
+    #[test]
+    fn strict_grammar() {
+        for ok in [
+            "0",
+            "-0",
+            "1.5e-3",
+            "-12E+4",
+            "0.0",
+            "\"\"",
+            "[]",
+            "{}",
+            " [1 , 2] ",
+            r#""\ud83d\ude00""#,
+            r#""\"\\\/\b\f\n\r\t""#,
+            "\"é\"",
+        ] {
+            assert!(parse(ok.as_bytes()).is_some(), "{ok}");
+        }
+        for bad in [
+            "",
+            " ",
+            "01",
+            "-",
+            "1.",
+            ".5",
+            "1e",
+            "+1",
+            "0x1",
+            "NaN",
+            "[1,]",
+            "{\"a\":1,}",
+            "{a:1}",
+            "'a'",
+            "\"a",
+            "\"\\x\"",
+            "\"\\u12\"",
+            r#""\ud800""#,
+            r#""\udc00""#,
+            r#""\ud800\u0041""#,
+            "\"a\nb\"",
+            "[1 2]",
+            "{\"a\" 1}",
+            "1 2",
+            "tru",
+            "nul",
+            "\u{feff}{}",
+            "[",
+            "{\"a\":}",
+        ] {
+            assert!(parse(bad.as_bytes()).is_none(), "{bad:?}");
+        }
+        assert!(parse(b"\"\xff\"").is_none(), "not UTF-8");
+        let deep = |n: usize| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(parse(deep(MAX_DEPTH).as_bytes()).is_some());
+        assert!(parse(deep(MAX_DEPTH + 1).as_bytes()).is_none());
+        assert!(
+            parse(deep(100_000).as_bytes()).is_none(),
+            "no stack overflow"
+        );
+    }
+
+    #[test]
+    fn by_value_ignores_layout_and_member_order_only() {
+        assert!(same(r#"{"item": "book"}"#, r#"{"item":"book"}"#));
+        assert!(same(
+            r#"{"b":[1,{"d":2,"c":3}],"a":null}"#,
+            r#"{"a":null,"b":[1,{"c":3,"d":2}]}"#
+        ));
+        assert!(same(r#""\u00e9\/""#, r#""é/""#));
+        assert!(same(r#"{"a":1,"b":2,"a":3}"#, r#"{"b":2,"a":1,"a":3}"#));
+        assert!(!same(r#"{"a":1,"a":3}"#, r#"{"a":3,"a":1}"#));
+        assert!(!same("1", "1.0"));
+        assert!(!same("[1,2]", "[2,1]"));
+        assert!(!same(r#"["ab"]"#, r#"["a","b"]"#));
+        assert!(!same(r#"{"a":"b"}"#, r#"{"ab":""}"#));
+        assert!(!same("{}", "[]"));
+        assert!(!same("null", "\"null\""));
+        assert!(!same(r#"{"a":[]}"#, r#"{"a":{}}"#));
+        assert!(!same(r#"[[],[]]"#, r#"[[[]]]"#));
+    }
+
+    #[test]
+    fn encoded_len_is_what_encode_feeds() {
+        let c = Canonical::parse(br#"{"b":[1,"\u00e9",{"c":null}],"a":true}"#).expect("json");
+        let mut fed = Vec::new();
+        c.encode(|b: &[u8]| fed.extend_from_slice(b));
+        assert_eq!(c.encoded_len(), fed.len() as u64);
+        assert!(
+            fed.starts_with(b"{\0\0\0\0\0\0\0\x02\"\0\0\0\0\0\0\0\x01a"),
+            "sorted"
+        );
+    }
+
+    fn json_value() -> impl Strategy<Value = serde_json::Value> {
+        let leaf = prop_oneof![
+            Just(serde_json::Value::Null),
+            any::<bool>().prop_map(serde_json::Value::Bool),
+            any::<i64>().prop_map(serde_json::Value::from),
+            any::<f64>()
+                .prop_filter("finite", |f| f.is_finite())
+                .prop_map(serde_json::Value::from),
+            ".{0,8}".prop_map(serde_json::Value::String),
+        ];
+        leaf.prop_recursive(4, 32, 6, |inner| {
+            prop_oneof![
+                prop::collection::vec(inner.clone(), 0..6).prop_map(serde_json::Value::Array),
+                prop::collection::btree_map(".{0,6}", inner, 0..6)
+                    .prop_map(|m| serde_json::Value::Object(m.into_iter().collect())),
+            ]
+        })
+    }
+
+    /// The same members in reverse order, all the way down (serde_json keeps a sorted map).
+    fn reversed(v: &serde_json::Value) -> String {
+        match v {
+            serde_json::Value::Array(items) => {
+                let items: Vec<String> = items.iter().map(reversed).collect();
+                format!("[ {} ]", items.join(" ,\n "))
+            }
+            serde_json::Value::Object(members) => {
+                let members: Vec<String> = members
+                    .iter()
+                    .rev()
+                    .map(|(k, v)| format!("{}\t:{}", escaped(k), reversed(v)))
+                    .collect();
+                format!("{{\r\n{}}}", members.join(","))
+            }
+            other => other.to_string(),
+        }
+    }
+
+    /// A string with every character escaped as `\uXXXX`.
+    fn escaped(s: &str) -> String {
+        let mut out = String::from("\"");
+        for unit in s.encode_utf16() {
+            out.push_str(&format!("\\u{unit:04x}"));
+        }
+        out.push('"');
+        out
+    }
+
+    proptest! {
+        #[test]
+        fn any_layout_of_one_value_has_one_fingerprint(v in json_value()) {
+            let compact = serde_json::to_string(&v).expect("json");
+            let pretty = serde_json::to_string_pretty(&v).expect("json");
+            let other = reversed(&v);
+            prop_assert!(fp(&compact).is_some(), "{}", compact);
+            prop_assert_eq!(fp(&compact), fp(&pretty));
+            prop_assert_eq!(fp(&compact), fp(&other), "{}", other);
+        }
+
+        #[test]
+        fn different_values_have_different_fingerprints(a in json_value(), b in json_value()) {
+            // serde_json writes members sorted and numbers one way: its compact text is a
+            // canonical form of its own.
+            let (ta, tb) = (serde_json::to_string(&a).expect("json"), serde_json::to_string(&b).expect("json"));
+            prop_assert_eq!(ta == tb, fp(&ta) == fp(&tb), "{} vs {}", ta, tb);
+        }
+
+        #[test]
+        fn accepts_what_serde_json_accepts_near_valid_json(
+            v in json_value(),
+            at in any::<prop::sample::Index>(),
+            edit in prop::sample::select(b" \x01{}[],:\"\\0123456789.eE+-u".to_vec()),
+            delete in any::<bool>(),
+        ) {
+            let mut bytes = serde_json::to_vec(&v).expect("json");
+            let i = at.index(bytes.len());
+            if delete { bytes.remove(i); } else { bytes[i] = edit; }
+            let ours = parse(&bytes).is_some();
+            let theirs = serde_json::from_slice::<serde_json::Value>(&bytes);
+            let out_of_range = theirs.as_ref().is_err_and(|e| e.to_string().contains("out of range"));
+            if !out_of_range {
+                prop_assert_eq!(ours, theirs.is_ok(), "{:?}", String::from_utf8_lossy(&bytes));
+            }
+        }
+
+        #[test]
+        fn accepts_what_serde_json_accepts(bytes in prop::collection::vec(
+            prop::sample::select(b" \n\x01{}[],:\"\\/0123456789.eE+-abfnrtuxls\xc3\xa9".to_vec()), 0..24)
+        ) {
+            let ours = parse(&bytes).is_some();
+            let theirs = serde_json::from_slice::<serde_json::Value>(&bytes);
+            // We keep a number's text, so one too large for an `f64` is still JSON to us.
+            let out_of_range = theirs.as_ref().is_err_and(|e| e.to_string().contains("out of range"));
+            if !out_of_range {
+                prop_assert_eq!(ours, theirs.is_ok(), "{:?}", String::from_utf8_lossy(&bytes));
+            }
+        }
+    }
+}
