@@ -1,8 +1,8 @@
 //! Step 9: what becomes of the handler's response, HTTP and gRPC side by side. A response is
 //! recorded (then sent) or released (sent, the key freed for a retry).
 //!
-//! HTTP: 2xx and 4xx (but 408, 425, 429) are recorded; a body over the record limit is
-//! recorded as status and headers only. gRPC (an HTTP 200 to a gRPC request): the outcome is
+//! HTTP: 2xx, 3xx (but 304) and 4xx (but 408, 425, 429) are recorded; a body over the record
+//! limit is recorded as status and headers only. gRPC (an HTTP 200 to a gRPC request): the outcome is
 //! the gRPC status, read from the headers of a Trailers-Only response or else from the
 //! trailers, so the body is read first (see [gRPC mode](super::grpc#classification)).
 
@@ -16,9 +16,12 @@ use bytes::Bytes;
 use http::{Response, StatusCode};
 use http_body::Body;
 
-/// Whether a response with this status is recorded: 2xx, and 4xx except 408, 425 and 429.
+/// Whether a response with this status is recorded: 2xx; 3xx except 304 (a redirect, such as
+/// a `303 See Other` after a create, is the work's final answer); and 4xx except 408, 425 and
+/// 429.
 pub(crate) fn is_recordable(status: u16) -> bool {
     matches!(status, 200..=299)
+        || (matches!(status, 300..=399) && status != 304)
         || (matches!(status, 400..=499) && !matches!(status, 408 | 425 | 429))
 }
 
@@ -187,10 +190,12 @@ mod tests {
 
     #[test]
     fn classification_table() {
-        for s in [200, 201, 204, 299, 400, 401, 404, 409, 422, 499] {
+        for s in [
+            200, 201, 204, 299, 300, 301, 302, 303, 307, 308, 399, 400, 401, 404, 409, 422, 499,
+        ] {
             assert!(is_recordable(s), "{s} is recorded");
         }
-        for s in [100, 101, 199, 300, 304, 408, 425, 429, 500, 502, 503, 599] {
+        for s in [100, 101, 199, 304, 408, 425, 429, 500, 502, 503, 599] {
             assert!(!is_recordable(s), "{s} is released");
         }
     }

@@ -58,7 +58,7 @@
 //! | the response (all messages) is over the record limit | released, not recorded (the status cannot be seen before the body is sent, and a status-only record would replay an empty stream); the client gets the whole response, a warning is logged |
 //! | the response body fails while read | released; the client sees the same failure |
 //! | the inner service returns `Err` | released, the error is returned unchanged |
-//! | an HTTP status other than 200 | the HTTP table: 2xx and 4xx (but 408, 425, 429) recorded, the rest released |
+//! | an HTTP status other than 200 | the HTTP table: 2xx, 3xx (but 304) and 4xx (but 408, 425, 429) recorded, the rest released |
 //!
 //! # What is recorded and replayed
 //!

@@ -14,8 +14,10 @@
 //! 8. Claim: nothing found → run; pending with the same fingerprint → 409; done with the same
 //!    fingerprint → replay; another fingerprint → 422; store failure → 503 (handler not run);
 //!    full scope → 429; full store → 503.
-//! 9. After the handler: 2xx and 4xx (but 408, 425, 429) are recorded, then sent; 1xx, 3xx, 5xx,
-//!    408, 425, 429, an inner error and a body that fails while read are released.
+//! 9. After the handler: 2xx, 3xx (but 304) and 4xx (but 408, 425, 429) are recorded, then
+//!    sent (a redirect such as `303 See Other` after a create is the work's final answer, and
+//!    is replayed with its `Location`); 1xx, 304, 5xx, 408, 425, 429, an inner error and a body
+//!    that fails while read are released.
 //!
 //! The caller always gets the response its handler produced, also when recording it failed (the
 //! key then stays pending until its lease lapses: 409 until then, a re-run after).

@@ -125,8 +125,24 @@ async fn retryable_client_errors_408_425_429_are_released_so_the_retry_runs_agai
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redirects_are_released_so_the_retry_runs_again() {
-    assert_released(&[301, 302, 303, 307]).await;
+async fn redirects_are_recorded_and_replayed_with_their_location() {
+    // Post/Redirect/Get: a 303 after a create is the work's final answer (issue 11 item 10).
+    assert_recorded(&[300, 301, 302, 303, 307, 308]).await;
+    let (server, work) = server_with(IdempotencyLayer::new()).await;
+    let (first, second) = twice(&server, "k-prg", 303).await;
+    assert!(second.is_replay(), "{}", second.describe());
+    assert_eq!(second.status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        (first.header("location"), second.header("location")),
+        (Some("/things/1"), Some("/things/1")),
+        "the replay sends the client where the first answer did"
+    );
+    assert_eq!(work.executions(), 1, "the create ran once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_modified_is_released_so_the_retry_runs_again() {
+    assert_released(&[304]).await;
 }
 
 #[derive(Debug, PartialEq, Eq)]
