@@ -9,7 +9,7 @@
 use super::body::{Collected, ResponseBody, collect_limited};
 use super::config::{Config, ResponseMode};
 use super::grpc::{GrpcCode, status_of};
-use super::headers::{GRPC_STATUS, HeaderPolicy};
+use super::headers::GRPC_STATUS;
 use crate::record::StoredResponse;
 use crate::scope::StoreKey;
 use bytes::Bytes;
@@ -98,7 +98,7 @@ where
         Collected::Whole { data, trailers } => {
             let mut record = StoredResponse::new(status, record_headers, Some(data.clone()));
             if let Some(t) = &trailers {
-                record = record.with_trailers(HeaderPolicy::record_trailers(t));
+                record = record.with_trailers(config.headers.record_trailers(t));
             }
             Outcome::Record(
                 Response::from_parts(parts, ResponseBody::buffered(data, trailers)),
@@ -173,7 +173,7 @@ where
         trailer_fields.extend(policy.record_trailers_only(&parts.headers));
     }
     if let Some(t) = &trailers {
-        trailer_fields.extend(HeaderPolicy::record_trailers(t));
+        trailer_fields.extend(policy.record_trailers(t));
     }
     let body = (config.response_mode == ResponseMode::Full).then(|| data.clone());
     let record = StoredResponse::new(StatusCode::OK.as_u16(), policy.record(&parts.headers), body)

@@ -16,7 +16,7 @@ use support::http::{
 };
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt, service_fn};
-use tower_idempotency::http::{ConfigErrorKind, RequestBody, ResponseMode};
+use tower_idempotency::http::{ConfigErrorKind, RequestBody, ResponseBody, ResponseMode};
 use tower_idempotency::record::Record;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal, Secret, StoredResponse};
 
@@ -572,4 +572,111 @@ async fn with_a_secret_a_record_planted_without_it_is_503_record_invalid() {
     // A record the layer wrote itself still replays.
     let replay = send(server.post("/work", BODY).principal("alice").key("k-probe")).await;
     assert!(replay.is_replay(), "{}", replay.describe());
+}
+
+// ---------------------------------------------------------------------------------------------
+// §4: trailers pass the allow and deny lists
+// ---------------------------------------------------------------------------------------------
+
+/// A response body of one data frame, then trailers.
+struct WithTrailers {
+    frames: std::collections::VecDeque<http_body::Frame<Bytes>>,
+}
+
+impl WithTrailers {
+    fn new(trailers: &[(&'static str, &'static str)]) -> Self {
+        let mut map = http::HeaderMap::new();
+        for (n, v) in trailers {
+            map.append(
+                HeaderName::from_static(n),
+                http::HeaderValue::from_static(v),
+            );
+        }
+        Self {
+            frames: [
+                http_body::Frame::data(Bytes::from_static(b"made")),
+                http_body::Frame::trailers(map),
+            ]
+            .into(),
+        }
+    }
+}
+
+impl http_body::Body for WithTrailers {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(self.frames.pop_front().map(Ok))
+    }
+}
+
+#[tokio::test]
+async fn http_trailers_pass_the_allow_list() {
+    let layer = IdempotencyLayer::new()
+        .allow_header(HeaderName::from_static("x-order-id"))
+        .expect("x-order-id may be allowed");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = Arc::clone(&calls);
+    let service = layer.layer(service_fn(
+        move |_req: http::Request<RequestBody<Full<Bytes>>>| {
+            c.fetch_add(1, Ordering::SeqCst);
+            async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(WithTrailers::new(&[
+                    ("x-order-id", "o-1"),
+                    ("x-checksum", "sha256=abc"),
+                    ("server-timing", "db;dur=53"),
+                    ("set-cookie", "session=s1"),
+                ])))
+            }
+        },
+    ));
+    async fn trailers_of(res: http::Response<ResponseBody<WithTrailers>>) -> http::HeaderMap {
+        use http_body_util::BodyExt;
+        let collected = res.into_body().collect().await.expect("the body");
+        collected.trailers().cloned().unwrap_or_default()
+    }
+
+    let first = service
+        .clone()
+        .oneshot(keyed_request())
+        .await
+        .expect("first");
+    let first = trailers_of(first).await;
+    assert_eq!(
+        first.len(),
+        4,
+        "the caller gets every trailer the handler sent"
+    );
+
+    let replay = service.oneshot(keyed_request()).await.expect("replay");
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    let replayed = trailers_of(replay).await;
+    assert_eq!(
+        replayed.get("x-order-id").map(|v| v.as_bytes()),
+        Some(&b"o-1"[..]),
+        "an allowed trailer is replayed"
+    );
+    for name in ["x-checksum", "server-timing", "set-cookie"] {
+        assert!(
+            !replayed.contains_key(name),
+            "{name} is not on the allow list: not replayed ({replayed:?})"
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the handler ran once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_with_a_trailer_off_the_allow_list_is_503_record_invalid() {
+    let record = StoredResponse::new(201, vec![], Some(Bytes::from_static(b"{}")))
+        .with_trailers(vec![(
+            Bytes::from_static(b"x-checksum"),
+            Bytes::from_static(b"sha256=abc"),
+        )])
+        .encode()
+        .expect("encode the planted record");
+    assert_planted_record_refused("k-trailer", record).await;
 }
