@@ -52,6 +52,11 @@ use proc_macro::TokenStream;
 /// So steps 1–9 of the layer's check order, the recording rules and the replay are exactly the
 /// layer's; there is no second implementation.
 ///
+/// Under a router that also has an `IdempotencyLayer` over the same store and namespace, the
+/// handler passes through the requests that layer already claimed (the layer's settings and
+/// record apply, and a warning is logged once): use one or the other on a route. A rejection
+/// of the handler's own layer is never recorded by an outer one.
+///
 /// `S` is the `T` of the handler's own `State<T>` argument; a handler without one gets `()`
 /// (its extractors must then work with any state, as the built-in ones do). `state = Type`
 /// overrides it: use it when the handler extracts a `FromRef` sub-state but another extractor

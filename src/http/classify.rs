@@ -10,6 +10,7 @@ use super::body::{Collected, ResponseBody, collect_limited};
 use super::config::{Config, ResponseMode};
 use super::grpc::{GrpcCode, status_of};
 use super::headers::GRPC_STATUS;
+use super::rejection::Rejection;
 use crate::record::StoredResponse;
 use crate::scope::StoreKey;
 use bytes::Bytes;
@@ -60,6 +61,12 @@ pub(crate) async fn classify<B>(
 where
     B: Body<Data = Bytes> + Send + 'static,
 {
+    // A rejection of another idempotency layer inside this one (its key in flight, reused, its
+    // store down, …) is that layer's answer about its own key, not the work's: never recorded.
+    if res.extensions().get::<Rejection>().is_some() {
+        tracing::debug!(key = ?key, status = res.status().as_u16(), "a rejection of an inner idempotency layer; released, not recorded");
+        return Outcome::Release(res.map(ResponseBody::passthrough));
+    }
     // gRPC mode: the outcome is in the gRPC status (a non-200 follows the HTTP table).
     if grpc && res.status() == StatusCode::OK {
         classify_grpc(config, max, key, res).await

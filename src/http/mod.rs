@@ -26,6 +26,21 @@
 //! renewal stops and the key stays pending until its lease lapses: the work may have happened,
 //! so it is neither recorded nor released.
 //!
+//! # Two idempotency layers on one request
+//!
+//! A route should have one idempotency layer, but two may meet: a router-wide layer and an
+//! [`#[idempotent]`](crate::idempotent) handler, or the layer added twice. The crate keeps them
+//! from poisoning a key:
+//!
+//! - a layer that finds the request already claimed (a [`ClaimedKey`] in its extensions) under
+//!   the store key it would claim passes the request through: the outer layer's claim,
+//!   settings and record apply. A warning is logged the first time (then debug lines), since
+//!   one of the two layers is redundant;
+//! - a layer never records a rejection of another layer inside it (a response carrying a
+//!   [`Rejection`] extension, e.g. the inner layer's 409 for a key in flight in its own
+//!   namespace): it releases its claim, and the caller gets the rejection with its
+//!   `Retry-After`.
+//!
 //! # gRPC
 //!
 //! A request whose `content-type` starts with `application/grpc` is handled in

@@ -19,6 +19,7 @@ use http::{HeaderMap, Request, Response, header};
 use http_body::Body;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tower_service::Service;
@@ -133,6 +134,16 @@ where
             }
             Some(Ok(k)) => k,
         };
+        // Already claimed under this store key by an idempotency layer outside this one (two
+        // layers on one route, or a layer and `#[idempotent]`): claiming again would find the
+        // outer claim pending and answer 409. The outer layer records or releases.
+        if let Some(claimed) = parts.extensions.get::<ClaimedKey>()
+            && *claimed.store_key() == StoreKey::derive(&config.namespace, &scope, &key)
+        {
+            nested(claimed.store_key());
+            let req = Request::from_parts(parts, RequestBody::passthrough(body));
+            return ResponseFuture::passthrough(self.inner.call(req));
+        }
         // 6a. A declared length over the limit is refused before reading.
         let limit = config.max_request_body;
         if content_length(&parts.headers).is_some_and(|n| n > limit as u64) {
@@ -167,6 +178,24 @@ fn render<St, B: Body>(
     let mut res = res.map(|b| ResponseBody::buffered(b, None));
     res.extensions_mut().insert(rejection);
     res
+}
+
+/// Logs a request passed through because an outer layer claimed its store key: a warning the
+/// first time in the process, then at debug level.
+fn nested(key: &StoreKey) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if WARNED.swap(true, Ordering::Relaxed) {
+        tracing::debug!(outcome = "nested", key = ?key, "idempotency key already claimed by an outer idempotency layer; passed through");
+    } else {
+        tracing::warn!(
+            outcome = "nested",
+            key = ?key,
+            "two idempotency layers act on one route (e.g. a router-wide IdempotencyLayer and \
+             #[idempotent], or the layer added twice): the inner one passes requests the outer \
+             one claimed under the same store key through, and the outer one's settings apply; \
+             remove one of them (logged once)"
+        );
+    }
 }
 
 fn content_length(headers: &HeaderMap) -> Option<u64> {
@@ -277,9 +306,12 @@ where
     tracing::debug!(outcome = "claimed", key = ?store_key, "idempotency key claimed");
 
     // One extension; the derived key is only hashed if a handler asks for it.
-    parts
-        .extensions
-        .insert(ClaimedKey::new(key, Arc::clone(&config.namespace), scope));
+    parts.extensions.insert(ClaimedKey::new(
+        key,
+        Arc::clone(&config.namespace),
+        scope,
+        store_key,
+    ));
     let req = Request::from_parts(parts, RequestBody::buffered(body));
 
     // The handler and the reading of its body both run under lease renewal.

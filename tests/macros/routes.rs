@@ -437,6 +437,43 @@ async fn a_missing_config_is_a_500_that_says_what_to_add() {
     assert_eq!(runs.count(), 0, "the handler did not run");
 }
 
+/// The router's `IdempotencyLayer` and `#[idempotent]` on a route, over one store (issue 11
+/// item 3), with the configuration extension outside or inside the layer: the attribute sees
+/// the layer's claim of the same store key and passes the request through, so the handler
+/// runs once and the repeat is a replay (not a 409 recorded by the layer).
+#[tokio::test]
+async fn a_router_layer_and_the_attribute_over_one_store_run_the_handler_once() {
+    for extension_outside in [false, true] {
+        let shared = anonymous();
+        let runs = Runs::default();
+        let routes = Router::new()
+            .route("/", post(create))
+            .layer(Extension(runs.clone()));
+        let config = Extension(IdempotentRoutes::new(shared.clone()));
+        let app = if extension_outside {
+            routes.layer(shared).layer(config)
+        } else {
+            routes.layer(config).layer(shared)
+        };
+        let url = serve(app).await;
+        let client = reqwest::Client::new();
+
+        let first = post_key(&client, format!("{url}/"), "k-nested").await;
+        assert_eq!(
+            (first.status, first.body.as_str(), first.replayed),
+            (201, "run 1", false),
+            "extension outside: {extension_outside}; the handler runs"
+        );
+        let again = post_key(&client, format!("{url}/"), "k-nested").await;
+        assert_eq!(
+            (again.status, again.body.as_str(), again.replayed),
+            (201, "run 1", true),
+            "extension outside: {extension_outside}; the repeat is replayed"
+        );
+        assert_eq!(runs.count(), 1);
+    }
+}
+
 /// Demo authentication: `x-user: <name>` becomes the request's `Principal`.
 async fn authenticate(mut req: Request, next: Next) -> Response {
     let user = req
