@@ -7,7 +7,7 @@
 //! trailers, so the body is read first (see [gRPC mode](super::grpc#classification)).
 
 use super::body::{Collected, ResponseBody, collect_limited};
-use super::config::{Config, ResponseMode};
+use super::config::{Classification, Config, ResponseMode};
 use super::grpc::{GrpcCode, status_of};
 use super::headers::GRPC_STATUS;
 use super::rejection::Rejection;
@@ -89,6 +89,12 @@ where
         return Outcome::Release(res.map(ResponseBody::passthrough));
     }
     let (parts, body) = res.into_parts();
+    if let Some(f) = &config.classify_fn
+        && f(&parts) == Classification::Release
+    {
+        tracing::debug!(key = ?key, status, "released by the classification hook");
+        return Outcome::Release(Response::from_parts(parts, ResponseBody::passthrough(body)));
+    }
     let record_headers = config.headers.record(&parts.headers);
     let exact_too_big = body.size_hint().lower() > max as u64;
     if config.response_mode == ResponseMode::Status || exact_too_big {
@@ -204,6 +210,24 @@ mod tests {
         }
         for s in [100, 101, 199, 304, 408, 425, 429, 500, 502, 503, 599] {
             assert!(!is_recordable(s), "{s} is released");
+        }
+    }
+
+    #[test]
+    fn the_validation_preset_releases_400_413_415_422_only() {
+        use super::super::config::release_validation_errors;
+        for s in 200..=499u16 {
+            let (parts, ()) = Response::builder()
+                .status(s)
+                .body(())
+                .expect("response")
+                .into_parts();
+            let expected = if matches!(s, 400 | 413 | 415 | 422) {
+                Classification::Release
+            } else {
+                Classification::Record
+            };
+            assert_eq!(release_validation_errors(&parts), expected, "{s}");
         }
     }
 

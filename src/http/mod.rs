@@ -17,7 +17,8 @@
 //! 9. After the handler: 2xx, 3xx (but 304) and 4xx (but 408, 425, 429) are recorded, then
 //!    sent (a redirect such as `303 See Other` after a create is the work's final answer, and
 //!    is replayed with its `Location`); 1xx, 304, 5xx, 408, 425, 429, an inner error and a body
-//!    that fails while read are released.
+//!    that fails while read are released. A [classification hook](#after-the-handler) can
+//!    release more.
 //!
 //! The caller always gets the response its handler produced, also when recording it failed (the
 //! key then stays pending until its lease lapses: 409 until then, a re-run after).
@@ -25,6 +26,33 @@
 //! If the response future is dropped before the handler finishes (the client went away), lease
 //! renewal stops and the key stays pending until its lease lapses: the work may have happened,
 //! so it is neither recorded nor released.
+//!
+//! # After the handler
+//!
+//! A released response is sent and the key freed: a retry under it runs the handler again. A
+//! recorded one is the key's answer for the retention: a retry gets it replayed, and another
+//! request under the key gets 422 `idempotency.key_reused`.
+//!
+//! **Validation errors.** The idempotency step belongs after validation, so that a request
+//! that fails validation can be corrected and sent again with the same key. A layer around an
+//! axum router runs *before* the handlers' extractors, so their rejections (malformed JSON →
+//! 400, a missing `content-type` → 415, a `Json<T>` that does not deserialize → 422) are
+//! answered inside the layer and, by the table above, recorded: the corrected request then
+//! gets 422 `idempotency.key_reused`. Choose one of:
+//!
+//! - [`#[idempotent]`](crate::idempotent) on the handler: it runs the handler's extractors
+//!   before it claims the key, so an extractor rejection is answered without touching the
+//!   store (the right default for axum handlers);
+//! - the layer with [`classify(release_validation_errors)`](IdempotencyLayer::classify):
+//!   400, 413, 415 and 422 are released. A handler's own answer with one of these statuses is
+//!   released too, so use it when those statuses mean "nothing was done" in your handlers;
+//! - your own hook ([`IdempotencyLayer::classify`]): the response's status, headers and
+//!   extensions decide [`Classification::Record`] or [`Classification::Release`];
+//! - the default (no hook) when the handlers validate nothing the layer could see first, or
+//!   validation runs in a middleware outside the layer.
+//!
+//! A hook only releases more: it is asked about the responses the table records, never about
+//! a released one.
 //!
 //! # Two idempotency layers on one request
 //!
@@ -76,7 +104,8 @@ mod service;
 
 pub use body::{RequestBody, ResponseBody};
 pub use config::{
-    ConfigError, ConfigErrorKind, DEFAULT_MAX_REQUEST_BODY, Principal, PrincipalMode, ResponseMode,
+    Classification, ConfigError, ConfigErrorKind, DEFAULT_MAX_REQUEST_BODY, Principal,
+    PrincipalMode, ResponseMode, release_validation_errors,
 };
 pub use extensions::ClaimedKey;
 pub(crate) use extensions::KeyAbsent;

@@ -145,6 +145,131 @@ async fn not_modified_is_released_so_the_retry_runs_again() {
     assert_released(&[304]).await;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Step 9 with a classification hook: validation errors released (issue 11 item 4)
+// ---------------------------------------------------------------------------------------------
+
+#[derive(serde::Deserialize)]
+struct NewOrder {
+    #[allow(dead_code)]
+    item: String,
+}
+
+/// `POST /orders` taking `Json<NewOrder>` (axum answers 400, 415 or 422 for a bad request
+/// inside the layer), and `POST /taken` answering a business 409, behind `layer`.
+async fn json_server(layer: IdempotencyLayer<SpyStore>) -> (TestServer, Arc<AtomicUsize>) {
+    use axum::extract::State;
+    use axum::routing::post;
+    let runs = Arc::new(AtomicUsize::new(0));
+    async fn create(
+        State(runs): State<Arc<AtomicUsize>>,
+        axum::Json(_order): axum::Json<NewOrder>,
+    ) -> (StatusCode, String) {
+        let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        (StatusCode::CREATED, format!("order {n}"))
+    }
+    async fn taken(State(runs): State<Arc<AtomicUsize>>) -> (StatusCode, String) {
+        let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        (StatusCode::CONFLICT, format!("taken {n}"))
+    }
+    let app = axum::Router::new()
+        .route("/orders", post(create))
+        .route("/taken", post(taken))
+        .with_state(Arc::clone(&runs))
+        .layer(layer.principal(tower_idempotency::http::PrincipalMode::Optional));
+    (TestServer::start(app).await, runs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_validation_preset_a_corrected_request_runs_under_the_same_key() {
+    let store = SpyStore::new();
+    let layer = IdempotencyLayer::with_store(store.clone())
+        .classify(tower_idempotency::http::release_validation_errors);
+    let (server, runs) = json_server(layer).await;
+    let orders = || server.client().post(server.url("/orders"));
+    let valid = r#"{"item":"book"}"#;
+    let cases = [
+        (
+            "malformed JSON",
+            orders()
+                .header("content-type", "application/json")
+                .body(r#"{"item":"#),
+            400,
+        ),
+        ("no content-type", orders().body(valid), 415),
+        (
+            "a Json<T> that does not deserialize",
+            orders()
+                .header("content-type", "application/json")
+                .body(r#"{"item":5}"#),
+            422,
+        ),
+    ];
+    for (i, (what, bad, status)) in cases.into_iter().enumerate() {
+        let key = format!("k-valid-{i}");
+        let refused = send(bad.key(&key)).await;
+        assert_eq!(
+            refused.status.as_u16(),
+            status,
+            "{what}: {}",
+            refused.describe()
+        );
+        let corrected = send(
+            orders()
+                .header("content-type", "application/json")
+                .body(valid)
+                .key(&key),
+        )
+        .await;
+        assert_eq!(
+            (corrected.status.as_u16(), corrected.is_replay()),
+            (201, false),
+            "{what}, then the corrected request under the same key runs: {}",
+            corrected.describe()
+        );
+        let again = send(
+            orders()
+                .header("content-type", "application/json")
+                .body(valid)
+                .key(&key),
+        )
+        .await;
+        assert!(again.is_replay(), "{what}: the corrected run is recorded");
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        3,
+        "one run per corrected request"
+    );
+
+    // The preset releases only validation statuses: a business 409 is still recorded.
+    let first = send(server.client().post(server.url("/taken")).key("k-taken")).await;
+    let again = send(server.client().post(server.url("/taken")).key("k-taken")).await;
+    assert_eq!(first.status, StatusCode::CONFLICT);
+    assert!(again.is_replay(), "{}", again.describe());
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_hook_a_validation_error_is_recorded() {
+    // The default (the reference table): the 400 is the key's record, and the corrected request
+    // is another request under a used key.
+    let (server, runs) = json_server(IdempotencyLayer::with_store(SpyStore::new())).await;
+    let post = |body: &'static str| {
+        server
+            .client()
+            .post(server.url("/orders"))
+            .header("content-type", "application/json")
+            .body(body)
+            .key("k-default")
+    };
+    assert_eq!(send(post(r#"{"item":"#)).await.status, 400);
+    send(post(r#"{"item":"book"}"#))
+        .await
+        .assert_problem(422, "idempotency.key_reused");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
+}
+
 #[derive(Debug, PartialEq, Eq)]
 struct Boom(&'static str);
 
