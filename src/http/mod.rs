@@ -114,3 +114,11 @@ pub use headers::{DEFAULT_ALLOWED_HEADERS, DENIED_HEADERS, REPLAYED_HEADER};
 pub use layer::IdempotencyLayer;
 pub use rejection::{Rejection, RejectionKind};
 pub use service::Idempotency;
+
+// For `#[idempotent]`, which runs the handler's extractors between the checks and the claim.
+#[cfg(feature = "macros")]
+pub(crate) use {
+    body::read_limited,
+    grpc::is_grpc,
+    service::{Plan, plan, read_rejection, render},
+};

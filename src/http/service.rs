@@ -3,7 +3,7 @@
 
 use super::body::{ReadError, RequestBody, ResponseBody, read_limited};
 use super::classify::{Outcome, classify};
-use super::config::LayerState;
+use super::config::{Config, LayerState};
 use super::extensions::{ClaimedKey, KeyAbsent};
 use super::future::ResponseFuture;
 use super::grpc::is_grpc;
@@ -15,6 +15,7 @@ use crate::record::StoredResponse;
 use crate::scope::{Scope, StoreKey};
 use crate::store::{Store, StoreError, StoreErrorKind};
 use bytes::Bytes;
+use http::request::Parts;
 use http::{HeaderMap, Request, Response, header};
 use http_body::Body;
 use std::fmt;
@@ -91,69 +92,103 @@ where
         if !config.applies_to(req.method()) {
             return ResponseFuture::passthrough(self.inner.call(req.map(RequestBody::passthrough)));
         }
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
         // A gRPC request: classified by its gRPC status, rejected with gRPC statuses.
         let grpc = is_grpc(&parts.headers);
-        // 2. The key.
-        let key = config.key(&parts);
-        // 3. No key, not required: pass through before any principal check.
-        if key.is_none() && !config.required {
-            // Lets the extractors tell "no key sent" from "layer not installed".
-            let mut parts = parts;
-            parts.extensions.insert(KeyAbsent);
-            let req = Request::from_parts(parts, RequestBody::passthrough(body));
-            return ResponseFuture::passthrough(self.inner.call(req));
-        }
-        // 4. The principal.
-        let Some(scope) = config.scope(&parts) else {
-            return self.reject(
-                Rejection::new(
-                    RejectionKind::PrincipalMissing,
-                    "an idempotent request must be authenticated",
-                ),
-                grpc,
-            );
-        };
-        // 5. Missing or invalid key.
-        let key = match key {
-            None => {
-                return self.reject(
-                    Rejection::new(
-                        RejectionKind::KeyMissing,
-                        format!("this request requires an `{}` header", config.key_name()),
-                    ),
-                    grpc,
-                );
+        let (key, scope) = match plan(config, &parts) {
+            Plan::Pass => {
+                let req = Request::from_parts(parts, RequestBody::passthrough(body));
+                return ResponseFuture::passthrough(self.inner.call(req));
             }
-            Some(Err(e)) => {
-                tracing::debug!(reason = %e, "idempotency key refused");
-                return self.reject(
-                    Rejection::new(RejectionKind::KeyInvalid, e.to_string()),
-                    grpc,
-                );
+            Plan::Unkeyed => {
+                // Lets the extractors tell "no key sent" from "layer not installed".
+                parts.extensions.insert(KeyAbsent);
+                let req = Request::from_parts(parts, RequestBody::passthrough(body));
+                return ResponseFuture::passthrough(self.inner.call(req));
             }
-            Some(Ok(k)) => k,
+            Plan::Reject(rejection) => return self.reject(rejection, grpc),
+            Plan::Keyed(key, scope) => (key, scope),
         };
-        // Already claimed under this store key by an idempotency layer outside this one (two
-        // layers on one route, or a layer and `#[idempotent]`): claiming again would find the
-        // outer claim pending and answer 409. The outer layer records or releases.
-        if let Some(claimed) = parts.extensions.get::<ClaimedKey>()
-            && *claimed.store_key() == StoreKey::derive(&config.namespace, &scope, &key)
-        {
-            nested(claimed.store_key());
-            let req = Request::from_parts(parts, RequestBody::passthrough(body));
-            return ResponseFuture::passthrough(self.inner.call(req));
-        }
-        // 6a. A declared length over the limit is refused before reading.
-        let limit = config.max_request_body;
-        if content_length(&parts.headers).is_some_and(|n| n > limit as u64) {
-            return self.reject(Rejection::body_too_large(limit), grpc);
-        }
         // Keep the instance that was polled ready; the clone takes its place.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let state = Arc::clone(&self.state);
         ResponseFuture::keyed(Box::pin(keyed(state, inner, parts, body, key, scope, grpc)))
+    }
+}
+
+/// What the layer does with a request before it reads the body: steps 1–5, the check for an
+/// outer layer's claim and the declared body length. (`#[idempotent]` asks too, and runs the
+/// handler's extractors between this and the claim.)
+pub(crate) enum Plan {
+    /// Not acted on: a method outside the set, or a request an outer layer claimed under the
+    /// same store key. Passed through.
+    Pass,
+    /// No key and none required: passed through, marked [`KeyAbsent`].
+    Unkeyed,
+    /// Refused before the body is read.
+    Reject(Rejection),
+    /// Keyed: buffer and fingerprint the body, then claim.
+    Keyed(IdempotencyKey, Scope),
+}
+
+pub(crate) fn plan(config: &Config, parts: &Parts) -> Plan {
+    // 1. Methods the layer does not act on pass through without a store call.
+    if !config.applies_to(&parts.method) {
+        return Plan::Pass;
+    }
+    // 2. The key.
+    let key = config.key(parts);
+    // 3. No key, not required: pass through before any principal check.
+    if key.is_none() && !config.required {
+        return Plan::Unkeyed;
+    }
+    // 4. The principal.
+    let Some(scope) = config.scope(parts) else {
+        return Plan::Reject(Rejection::new(
+            RejectionKind::PrincipalMissing,
+            "an idempotent request must be authenticated",
+        ));
+    };
+    // 5. Missing or invalid key.
+    let key = match key {
+        None => {
+            return Plan::Reject(Rejection::new(
+                RejectionKind::KeyMissing,
+                format!("this request requires an `{}` header", config.key_name()),
+            ));
+        }
+        Some(Err(e)) => {
+            tracing::debug!(reason = %e, "idempotency key refused");
+            return Plan::Reject(Rejection::new(RejectionKind::KeyInvalid, e.to_string()));
+        }
+        Some(Ok(k)) => k,
+    };
+    // Already claimed under this store key by an idempotency layer outside this one (two
+    // layers on one route, or a layer and `#[idempotent]`): claiming again would find the
+    // outer claim pending and answer 409. The outer layer records or releases.
+    if let Some(claimed) = parts.extensions.get::<ClaimedKey>()
+        && *claimed.store_key() == StoreKey::derive(&config.namespace, &scope, &key)
+    {
+        nested(claimed.store_key());
+        return Plan::Pass;
+    }
+    // 6a. A declared length over the limit is refused before reading.
+    let limit = config.max_request_body;
+    if content_length(&parts.headers).is_some_and(|n| n > limit as u64) {
+        return Plan::Reject(Rejection::body_too_large(limit));
+    }
+    Plan::Keyed(key, scope)
+}
+
+/// The rejection of a request body that could not be buffered.
+pub(crate) fn read_rejection(e: ReadError, limit: usize) -> Rejection {
+    match e {
+        ReadError::TooLarge => Rejection::body_too_large(limit),
+        ReadError::Failed => Rejection::new(
+            RejectionKind::BodyUnreadable,
+            "the request body could not be read",
+        ),
     }
 }
 
@@ -163,7 +198,7 @@ impl<S, St> Idempotency<S, St> {
     }
 }
 
-fn render<St, B: Body>(
+pub(crate) fn render<St, B: Body>(
     state: &LayerState<St>,
     rejection: Rejection,
     grpc: bool,
@@ -228,18 +263,8 @@ where
     let engine = &state.engine;
     let body = match read_limited(body, config.max_request_body).await {
         Ok(b) => b,
-        Err(ReadError::TooLarge) => {
-            return Ok(render(
-                &state,
-                Rejection::body_too_large(config.max_request_body),
-                grpc,
-            ));
-        }
-        Err(ReadError::Failed) => {
-            let rejection = Rejection::new(
-                RejectionKind::BodyUnreadable,
-                "the request body could not be read",
-            );
+        Err(e) => {
+            let rejection = read_rejection(e, config.max_request_body);
             return Ok(render(&state, rejection, grpc));
         }
     };

@@ -17,8 +17,8 @@ use std::time::Duration;
 use tower_idempotency::http::PrincipalMode;
 use tower_idempotency::record::Record;
 use tower_idempotency::{
-    Claim, Fingerprint, IdempotencyLayer, IdempotentRoutes, MemoryStore, Principal, Store,
-    StoreError, StoreKey, Token, idempotent,
+    Claim, DerivedKey, Fingerprint, IdempotencyKey, IdempotencyLayer, IdempotentRoutes,
+    MemoryStore, Principal, Scope, Store, StoreError, StoreKey, Token, idempotent,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -103,6 +103,23 @@ async fn create_payment(
     (
         StatusCode::CREATED,
         Json(serde_json::json!({ "payment": n, "amount": payment.amount })),
+    )
+}
+
+/// The crate's own extractors, run before the claim: they see the key the request is claimed
+/// under (and no key when none was sent).
+#[idempotent(required = false)]
+async fn with_keys(
+    key: Option<IdempotencyKey>,
+    derived: Option<DerivedKey>,
+    Extension(runs): Extension<Runs>,
+    body: String,
+) -> String {
+    format!(
+        "run {} key={} derived={} body={body}",
+        runs.next(),
+        key.as_ref().map_or("-", IdempotencyKey::as_str),
+        derived.as_ref().map_or("-", DerivedKey::as_str),
     )
 }
 
@@ -411,6 +428,103 @@ async fn state_and_json_extractors_work() {
     )
     .await;
     assert_eq!(unkeyed.status, 400, "`required`: {}", unkeyed.body);
+}
+
+/// The handler's extractors run before the key is claimed (issue 11 item 4): a request they
+/// refuse (malformed JSON → 400, no content-type → 415, a body that does not deserialize →
+/// 422) is answered without a store call, so the corrected request runs under the same key.
+#[tokio::test]
+async fn a_request_its_extractors_refuse_is_not_claimed_and_the_corrected_one_runs() {
+    let app = App::default();
+    let store = RecordingStore::default();
+    let seen = Arc::clone(&store.seen);
+    let routes = Router::new()
+        .route("/payments", post(create_payment))
+        .with_state(app.clone());
+    let shared = IdempotencyLayer::with_store(store).principal(PrincipalMode::Optional);
+    let (url, _runs, client) = server(routes, shared).await;
+    let payments = || client.post(format!("{url}/payments"));
+    let valid = r#"{"amount":42}"#;
+    let cases = [
+        (
+            "malformed JSON",
+            payments()
+                .header("content-type", "application/json")
+                .body(r#"{"amount":"#),
+            400,
+        ),
+        ("no content-type", payments().body(valid), 415),
+        (
+            "a body that does not deserialize",
+            payments()
+                .header("content-type", "application/json")
+                .body(r#"{"amount":"many"}"#),
+            422,
+        ),
+    ];
+    for (i, (what, bad, status)) in cases.into_iter().enumerate() {
+        let key = format!("pay-{i}");
+        let refused = post_with(bad.header("idempotency-key", &key)).await;
+        assert_eq!(refused.status, status, "{what}: {}", refused.body);
+        assert!(
+            !refused.body.contains("idempotency."),
+            "{what}: axum's own rejection: {}",
+            refused.body
+        );
+        assert!(
+            seen.lock().expect("the store's log").is_empty(),
+            "{what}: refused before any store call"
+        );
+        let corrected = || {
+            payments()
+                .header("content-type", "application/json")
+                .header("idempotency-key", &key)
+                .body(valid)
+        };
+        let ran = post_with(corrected()).await;
+        assert_eq!(
+            (ran.status, ran.replayed),
+            (201, false),
+            "{what}, then the corrected request under the same key runs: {}",
+            ran.body
+        );
+        let again = post_with(corrected()).await;
+        assert_eq!(
+            (again.body.as_str(), again.replayed),
+            (ran.body.as_str(), true)
+        );
+        seen.lock().expect("the store's log").clear();
+    }
+    assert_eq!(app.payments.load(Ordering::SeqCst), 3, "one charge per key");
+}
+
+#[tokio::test]
+async fn the_key_extractors_see_the_key_the_request_is_claimed_under() {
+    let (url, runs, client) = server(
+        Router::new().route("/", post(with_keys)),
+        anonymous().namespace("shop"),
+    )
+    .await;
+    let derived = DerivedKey::derive(
+        "shop",
+        &Scope::anonymous(),
+        &IdempotencyKey::new("k-x", 255).expect("a key"),
+    );
+    let expected = format!("run 1 key=k-x derived={derived} body=hello");
+    for replayed in [false, true] {
+        let a = post_with(
+            client
+                .post(format!("{url}/"))
+                .header("idempotency-key", "k-x")
+                .body("hello"),
+        )
+        .await;
+        assert_eq!((a.status, a.replayed), (200, replayed), "{}", a.body);
+        assert_eq!(a.body, expected);
+    }
+    let unkeyed = post_with(client.post(format!("{url}/")).body("hello")).await;
+    assert_eq!(unkeyed.body, "run 2 key=- derived=- body=hello");
+    assert_eq!(runs.count(), 2);
 }
 
 #[tokio::test]
