@@ -140,7 +140,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Order matters: the interceptor runs first (outermost) and sets the principal.
     let idempotency = IdempotencyLayer::new()
         // Replay this response metadata entry too (content-type and grpc-encoding are
-        // replayed by default; the status and trailing metadata always are).
+        // replayed by default; so are the status trailers, while custom trailing metadata
+        // needs the allow list too).
         .allow_header(http::HeaderName::from_static("x-order-id"))?;
     let server = tokio::spawn(
         Server::builder()

@@ -5,7 +5,9 @@
 //! (lease, retention, response mode, namespace suffix, …) merged over one shared configuration:
 //! the store, principal source, namespace and limits of an [`IdempotencyLayer`], installed once
 //! on the router as an [`Extension`](axum::Extension). The handler then runs the layer's own
-//! check order, classification and replay.
+//! check order, classification and replay, with one difference: the handler's extractors run
+//! before the key is claimed, so a request they refuse (a validation error) leaves the key free
+//! for the corrected request.
 //!
 //! ```
 //! use axum::extract::Extension;

@@ -112,7 +112,13 @@ fn app<St: Store>(idempotency: IdempotencyLayer<St>) -> Router {
             header::CONTENT_TYPE,
             header::HeaderName::from_static("idempotency-key"),
         ])
-        .expose_headers([header::HeaderName::from_static("idempotent-replayed")]);
+        // What a browser client reads: whether an answer is a replay, where a created order
+        // lives (201), and when to retry a request still in flight (409).
+        .expose_headers([
+            header::HeaderName::from_static("idempotent-replayed"),
+            header::LOCATION,
+            header::RETRY_AFTER,
+        ]);
     Router::new()
         .route("/orders", post(create_order))
         .route("/stats", get(stats))

@@ -5,7 +5,7 @@ use crate::options::{Options, Principal, Response};
 use proc_macro2::{Span, TokenStream};
 use quote::{ToTokens, quote, quote_spanned};
 use syn::spanned::Spanned;
-use syn::{FnArg, GenericArgument, ItemFn, LitInt, PathArguments, Type};
+use syn::{FnArg, GenericArgument, ItemFn, LitInt, PathArguments, ReturnType, Signature, Type};
 
 pub(crate) fn expand(options: Options, item: ItemFn) -> syn::Result<TokenStream> {
     check_signature(&item)?;
@@ -27,16 +27,37 @@ pub(crate) fn expand(options: Options, item: ItemFn) -> syn::Result<TokenStream>
     let inner_sig = &sig;
     let route_options = route_options(&options, &private);
 
-    let (state_param, state_value) = match &state {
+    let (state_param, state_value, state_ty) = match &state {
         Some(ty) => (
             quote!(#private::State(__idempotent_state): #private::State<#ty>,),
             quote!(__idempotent_state),
+            quote!(#ty),
         ),
-        None => (TokenStream::new(), quote!(())),
+        None => (TokenStream::new(), quote!(()), quote!(())),
     };
-    // At the function's name, so "not a handler" errors point at the user's function.
+    let extract = extract(&sig, &state_ty, &private);
+    let args: Vec<_> = (0..sig.inputs.len())
+        .map(|i| quote::format_ident!("__idempotent_arg{}", i))
+        .collect();
+    // At the return type (or the name), so "not a response" errors point at the user's code.
+    let output_span = match &sig.output {
+        ReturnType::Type(_, ty) => ty.span(),
+        ReturnType::Default => name.span(),
+    };
+    let call = quote_spanned! {output_span=>
+        |(#(#args,)*)| async move {
+            #private::IntoResponse::into_response(#name(#(#args),*).await)
+        }
+    };
+    // At the function's name, so errors about the handler as a whole point at it.
     let run = quote_spanned! {name.span()=>
-        ::tower_idempotency::__private::run(&__IDEMPOTENT_ROUTE, #name, #state_value, __idempotent_request).await
+        ::tower_idempotency::__private::run(
+            &__IDEMPOTENT_ROUTE,
+            #state_value,
+            __idempotent_request,
+            #extract,
+            #call,
+        ).await
     };
 
     Ok(quote! {
@@ -51,6 +72,66 @@ pub(crate) fn expand(options: Options, item: ItemFn) -> syn::Result<TokenStream>
             #run
         }
     })
+}
+
+/// The closure that runs the handler's extractors, as axum does for a handler: every argument
+/// but the last from the request parts, the last from the whole request; the first rejection
+/// is the answer. Each extraction is spanned at its argument's type, so an argument that is no
+/// extractor is reported there.
+fn extract(sig: &Signature, state_ty: &TokenStream, private: &TokenStream) -> TokenStream {
+    let types: Vec<&Type> = sig
+        .inputs
+        .iter()
+        .filter_map(|arg| match arg {
+            FnArg::Typed(pat) => Some(&*pat.ty),
+            FnArg::Receiver(_) => None,
+        })
+        .collect();
+    let mut steps = Vec::with_capacity(types.len());
+    let mut args = Vec::with_capacity(types.len());
+    for (i, ty) in types.iter().enumerate() {
+        let arg = quote::format_ident!("__idempotent_arg{}", i);
+        let last = i + 1 == types.len();
+        let extraction = if last {
+            quote_spanned! {ty.span()=>
+                <#ty as #private::FromRequest<#state_ty, _>>::from_request(
+                    #private::Request::from_parts(__idempotent_parts, __idempotent_body),
+                    &__idempotent_state,
+                ).await
+            }
+        } else {
+            quote_spanned! {ty.span()=>
+                <#ty as #private::FromRequestParts<#state_ty>>::from_request_parts(
+                    &mut __idempotent_parts,
+                    &__idempotent_state,
+                ).await
+            }
+        };
+        steps.push(quote! {
+            let #arg = match #extraction {
+                #private::Ok(value) => value,
+                #private::Err(rejection) => {
+                    return #private::Err(#private::IntoResponse::into_response(rejection));
+                }
+            };
+        });
+        args.push(arg);
+    }
+    let split = if types.is_empty() {
+        quote!(let _ = (__idempotent_req, &__idempotent_state);)
+    } else {
+        quote! {
+            #[allow(unused_mut)]
+            let (mut __idempotent_parts, __idempotent_body) = __idempotent_req.into_parts();
+        }
+    };
+    quote! {
+        |__idempotent_req: #private::Request, __idempotent_state: #state_ty| async move {
+            #split
+            #(#steps)*
+            #private::Ok((#(#args,)*))
+        }
+    }
 }
 
 /// An axum handler is a free `async fn` without generics.

@@ -39,18 +39,37 @@ use proc_macro::TokenStream;
 /// attributes and doc comments that takes the router state (`State<S>`, only when there is
 /// one) and the whole `Request`, and returns a `Response`. Its body:
 ///
-/// 1. holds the original function, unchanged, as an inner `async fn` (so every extractor of
-///    the original works as before, and runs only when the key is claimed);
+/// 1. holds the original function, unchanged, as an inner `async fn`, and a closure that runs
+///    its extractors as axum does (every argument but the last from the request parts, the
+///    last from the whole request; the first rejection is the answer);
 /// 2. holds the attribute's options in a `static`, checked and converted at compile time
 ///    (durations become milliseconds);
 /// 3. reads the [`IdempotentRoutes`] from the request extensions and merges the options over
 ///    it: a clone with overrides, made once per configuration and route and then cached in the
 ///    configuration;
-/// 4. wraps the inner function, given the state, in the [`Idempotency`] service of that merged
-///    layer (`IdempotencyLayer::layer`) and sends the request through it once.
+/// 4. asks that merged layer what it will do with the request (steps 1–5 of its check order
+///    and the declared body length). When it will claim the key, the body is buffered (up to
+///    `max_request_body`) and **the extractors run first**, on the buffered request with the
+///    key it will be claimed under already in its extensions (so `IdempotencyKey` and
+///    `DerivedKey` work). A rejection (malformed JSON → 400, no `content-type` → 415, a
+///    `Json<T>` that does not deserialize → 422, …) is answered as axum answers it, without a
+///    store call: a request that fails validation leaves its key free, and the corrected
+///    request can be sent with the same key;
+/// 5. sends the request (the same buffered bytes) once through the merged layer's
+///    [`Idempotency`] service (`IdempotencyLayer::layer`) around the inner function called with
+///    those arguments: fingerprint, claim, run, classify, record or replay. A request the layer
+///    will not claim (a safe method, no key, a key or principal rejection, a request an outer
+///    layer claimed) goes through the layer first and is extracted after it, as for any
+///    handler.
 ///
 /// So steps 1–9 of the layer's check order, the recording rules and the replay are exactly the
-/// layer's; there is no second implementation.
+/// layer's; there is no second implementation. The one difference from a layer around a
+/// router is the one the reference asks for: the idempotency step runs after validation.
+///
+/// Under a router that also has an `IdempotencyLayer` over the same store and namespace, the
+/// handler passes through the requests that layer already claimed (the layer's settings and
+/// record apply, and a warning is logged once): use one or the other on a route. A rejection
+/// of the handler's own layer is never recorded by an outer one.
 ///
 /// `S` is the `T` of the handler's own `State<T>` argument; a handler without one gets `()`
 /// (its extractors must then work with any state, as the built-in ones do). `state = Type`
@@ -86,7 +105,8 @@ use proc_macro::TokenStream;
 /// An unknown or repeated option, a malformed duration, header name, response or principal
 /// mode, and use on something that is not a handler (a plain `fn`, a method taking `self`, a
 /// generic function) are compile errors pointing at the offending tokens. An argument that is
-/// not an extractor is reported at the function's name, as axum reports a non-handler.
+/// not an extractor is reported at its type ("Function argument is not a valid axum
+/// extractor"), a return type that is not `IntoResponse` at the return type.
 ///
 /// An associated function (no `self`) works, but its body cannot name `Self`: it becomes an
 /// inner function, which does not see the enclosing `impl`.

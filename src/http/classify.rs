@@ -1,26 +1,31 @@
 //! Step 9: what becomes of the handler's response, HTTP and gRPC side by side. A response is
 //! recorded (then sent) or released (sent, the key freed for a retry).
 //!
-//! HTTP: 2xx and 4xx (but 408, 425, 429) are recorded; a streaming response (a streaming
-//! media type, or a body not ended within the collection bound) and a body over the record
-//! limit are sent on as they come and recorded as status and headers only once they have
-//! ended (released if they fail). gRPC (an HTTP 200 to a gRPC request): the outcome is the
-//! gRPC status, read from the headers of a Trailers-Only response or else from the trailers,
-//! so the body is read first (see [gRPC mode](super::grpc#classification)).
+//! HTTP: 2xx, 3xx (but 304) and 4xx (but 408, 425, 429) are recorded, unless a
+//! classification hook releases them; a streaming response (a streaming media type, or a body
+//! not ended within the collection bound) and a body over the record limit are sent on as they
+//! come and recorded as status and headers only once they have ended (released if they fail).
+//! gRPC (an HTTP 200 to a gRPC request): the outcome is the gRPC status, read from the headers
+//! of a Trailers-Only response or else from the trailers, so the body is read first (see
+//! [gRPC mode](super::grpc#classification)).
 
 use super::body::{Collected, ResponseBody, collect_limited};
-use super::config::{Config, ResponseMode};
+use super::config::{Classification, Config, ResponseMode};
 use super::grpc::{GrpcCode, status_of};
-use super::headers::{GRPC_STATUS, HeaderPolicy};
+use super::headers::GRPC_STATUS;
+use super::rejection::Rejection;
 use crate::record::RecordedResponse;
 use crate::scope::StoreKey;
 use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
 use http_body::Body;
 
-/// Whether a response with this status is recorded: 2xx, and 4xx except 408, 425 and 429.
+/// Whether a response with this status is recorded: 2xx; 3xx except 304 (a redirect, such as
+/// a `303 See Other` after a create, is the work's final answer); and 4xx except 408, 425 and
+/// 429.
 pub(crate) fn is_recordable(status: u16) -> bool {
     matches!(status, 200..=299)
+        || (matches!(status, 300..=399) && status != 304)
         || (matches!(status, 400..=499) && !matches!(status, 408 | 425 | 429))
 }
 
@@ -69,6 +74,12 @@ pub(crate) async fn classify<B>(
 where
     B: Body<Data = Bytes> + Send + 'static,
 {
+    // A rejection of another idempotency layer inside this one (its key in flight, reused, its
+    // store down, …) is that layer's answer about its own key, not the work's: never recorded.
+    if res.extensions().get::<Rejection>().is_some() {
+        tracing::debug!(key = ?key, status = res.status().as_u16(), "a rejection of an inner idempotency layer; released, not recorded");
+        return Outcome::Release(res.map(ResponseBody::passthrough));
+    }
     // gRPC mode: the outcome is in the gRPC status (a non-200 follows the HTTP table).
     if grpc && res.status() == StatusCode::OK {
         classify_grpc(config, max, key, res).await
@@ -95,6 +106,12 @@ where
         return Outcome::Release(res.map(ResponseBody::passthrough));
     }
     let (parts, body) = res.into_parts();
+    if let Some(f) = &config.classify_fn
+        && f(&parts) == Classification::Release
+    {
+        tracing::debug!(key = ?key, status, "released by the classification hook");
+        return Outcome::Release(Response::from_parts(parts, ResponseBody::passthrough(body)));
+    }
     let full = config.response_mode == ResponseMode::Full;
     let over_limit = || {
         if full {
@@ -125,7 +142,7 @@ where
                 let headers = config.headers.record(&parts.headers);
                 let record = RecordedResponse::new(status, headers, Some(data.clone()));
                 match &trailers {
-                    Some(t) => record.with_trailers(HeaderPolicy::record_trailers(t)),
+                    Some(t) => record.with_trailers(config.headers.record_trailers(t)),
                     None => record,
                 }
             } else {
@@ -220,7 +237,7 @@ where
         trailer_fields.extend(policy.record_trailers_only(&parts.headers));
     }
     if let Some(t) = &trailers {
-        trailer_fields.extend(HeaderPolicy::record_trailers(t));
+        trailer_fields.extend(policy.record_trailers(t));
     }
     let record = if config.response_mode == ResponseMode::Full {
         RecordedResponse::new(
@@ -244,11 +261,31 @@ mod tests {
 
     #[test]
     fn classification_table() {
-        for s in [200, 201, 204, 299, 400, 401, 404, 409, 422, 499] {
+        for s in [
+            200, 201, 204, 299, 300, 301, 302, 303, 307, 308, 399, 400, 401, 404, 409, 422, 499,
+        ] {
             assert!(is_recordable(s), "{s} is recorded");
         }
-        for s in [100, 101, 199, 300, 304, 408, 425, 429, 500, 502, 503, 599] {
+        for s in [100, 101, 199, 304, 408, 425, 429, 500, 502, 503, 599] {
             assert!(!is_recordable(s), "{s} is released");
+        }
+    }
+
+    #[test]
+    fn the_validation_preset_releases_400_413_415_422_only() {
+        use super::super::config::release_validation_errors;
+        for s in 200..=499u16 {
+            let (parts, ()) = Response::builder()
+                .status(s)
+                .body(())
+                .expect("response")
+                .into_parts();
+            let expected = if matches!(s, 400 | 413 | 415 | 422) {
+                Classification::Release
+            } else {
+                Classification::Record
+            };
+            assert_eq!(release_validation_errors(&parts), expected, "{s}");
         }
     }
 

@@ -95,9 +95,61 @@ pub enum ResponseMode {
     StatusAndHeaders,
 }
 
+/// What becomes of a handler's response that the classification table would record: recorded
+/// (the default), or released. Returned by a hook given to
+/// [`IdempotencyLayer::classify`](super::IdempotencyLayer::classify).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Classification {
+    /// Recorded, then sent: a repeat under the key gets this response replayed.
+    Record,
+    /// Sent, not recorded: the key is freed, so a retry under it runs the handler again.
+    Release,
+}
+
+/// A classification preset: releases `400 Bad Request`, `413 Content Too Large`,
+/// `415 Unsupported Media Type` and `422 Unprocessable Content`, the answers to a request that
+/// failed validation, and records the rest as the table does. Give it to
+/// [`IdempotencyLayer::classify`](super::IdempotencyLayer::classify).
+///
+/// These are the statuses of axum's extractor rejections, which are answered *inside* the
+/// layer: malformed JSON (400), a missing or wrong `content-type` (415), a `Json<T>` or
+/// `Form<T>` that does not deserialize (422), a body over axum's limit (413), a bad query
+/// string or path parameter (400). Released, they leave the key free, so the client can send
+/// the corrected request with the same key (reference: the idempotency step runs after
+/// validation); recorded, the corrected request would get `422 idempotency.key_reused`.
+///
+/// The trade-off: a handler's own 400, 413, 415 or 422 is released too, so a retry under the
+/// same key runs the handler again. That is right for validation errors (the handler did
+/// nothing), but not for a handler that did work and then answered one of these: give such an
+/// outcome another status (409, say), or write your own hook. When the handlers are
+/// `#[idempotent]` handlers this preset is not needed for extractor rejections: the attribute
+/// runs the extractors before it claims the key.
+///
+/// ```
+/// use axum::http::StatusCode;
+/// use tower_idempotency::http::{Classification, IdempotencyLayer, release_validation_errors};
+///
+/// let layer = IdempotencyLayer::new().classify(release_validation_errors);
+///
+/// // Or a hook of your own, on top of the preset:
+/// let layer = IdempotencyLayer::new().classify(|res| match res.status {
+///     StatusCode::NOT_FOUND => Classification::Release,
+///     _ => release_validation_errors(res),
+/// });
+/// ```
+#[must_use]
+pub fn release_validation_errors(res: &http::response::Parts) -> Classification {
+    match res.status.as_u16() {
+        400 | 413 | 415 | 422 => Classification::Release,
+        _ => Classification::Record,
+    }
+}
+
 pub(crate) type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 pub(crate) type PrincipalFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
 pub(crate) type FingerprintFn = Arc<dyn Fn(&Parts, &Bytes) -> Fingerprint + Send + Sync>;
+pub(crate) type ClassifyFn = Arc<dyn Fn(&http::response::Parts) -> Classification + Send + Sync>;
 
 #[derive(Clone)]
 pub(crate) enum KeySource {
@@ -141,6 +193,7 @@ pub(crate) struct Config {
     pub(crate) renderer: Option<Renderer>,
     pub(crate) fingerprint_fn: Option<FingerprintFn>,
     pub(crate) json_by_value: bool,
+    pub(crate) classify_fn: Option<ClassifyFn>,
 }
 
 impl Default for Config {
@@ -166,6 +219,7 @@ impl Default for Config {
             renderer: None,
             fingerprint_fn: None,
             json_by_value: false,
+            classify_fn: None,
         }
     }
 }

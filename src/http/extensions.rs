@@ -1,7 +1,7 @@
 //! What the layer puts into a request's extensions for the handler (and the axum extractors).
 
 use crate::key::IdempotencyKey;
-use crate::scope::{DerivedKey, Scope};
+use crate::scope::{DerivedKey, Scope, StoreKey};
 use std::sync::Arc;
 
 /// Marks a request the layer saw without a key (for the extractors' rejection messages).
@@ -11,20 +11,36 @@ pub(crate) struct KeyMissing;
 /// The key a request was claimed under, put into the request's extensions by the layer before
 /// the inner service runs (the axum extractors read it; other servers, tonic say, can read it
 /// with `req.extensions().get::<ClaimedKey>()`).
+///
+/// Another idempotency layer inside this one (a second `IdempotencyLayer`, or an
+/// `#[idempotent]` handler) that would claim the same store key passes the request through
+/// instead of claiming it again.
 #[derive(Clone, Debug)]
 pub struct ClaimedKey {
     key: IdempotencyKey,
     namespace: Arc<str>,
     scope: Scope,
+    store_key: StoreKey,
 }
 
 impl ClaimedKey {
-    pub(crate) fn new(key: IdempotencyKey, namespace: Arc<str>, scope: Scope) -> Self {
+    pub(crate) fn new(
+        key: IdempotencyKey,
+        namespace: Arc<str>,
+        scope: Scope,
+        store_key: StoreKey,
+    ) -> Self {
         Self {
             key,
             namespace,
             scope,
+            store_key,
         }
+    }
+
+    /// The store key the request was claimed under.
+    pub(crate) fn store_key(&self) -> &StoreKey {
+        &self.store_key
     }
 
     /// The client's validated key.

@@ -60,7 +60,7 @@
 //! | the response has not ended within the collection bound (a long or endless server stream) | released, not recorded, for the same reason; what was read goes out, then the rest as it comes |
 //! | the response body fails while read | released; the client sees the same failure |
 //! | the inner service returns `Err` | released, the error is returned unchanged |
-//! | an HTTP status other than 200 | the HTTP table: 2xx and 4xx (but 408, 425, 429) recorded, the rest released |
+//! | an HTTP status other than 200 | the HTTP table: 2xx, 3xx (but 304) and 4xx (but 408, 425, 429) recorded, the rest released |
 //!
 //! # What is recorded and replayed
 //!
@@ -68,10 +68,12 @@
 //!   `content-type` and `grpc-encoding` (so a compressed response replays), plus what you add
 //!   with `allow_header` (e.g. `x-order-id`);
 //! - the response messages (the body), unless [`ResponseMode::StatusAndHeaders`](super::ResponseMode);
-//! - the trailing metadata (`grpc-status`, `grpc-message`, `grpc-status-details-bin` and the
-//!   status's custom metadata): everything but the fixed deny list. In a Trailers-Only response
-//!   (how tonic sends an error returned by a handler) the status and its metadata are headers;
-//!   they are recorded as trailers (every header that is neither allowed nor denied).
+//! - the trailing metadata through the same allow list: the gRPC status trailers
+//!   (`grpc-status`, `grpc-message`, `grpc-status-details-bin`) always, and the status's custom
+//!   metadata only when it is on the allow list (add it with `allow_header`, e.g. `x-field`);
+//!   nothing on the deny list. In a Trailers-Only response (how tonic sends an error returned by
+//!   a handler) the status and its metadata are headers: the status trailers are recorded as
+//!   trailers, allowed metadata as headers, the rest not at all.
 //!
 //! A replay is a valid gRPC response: the recorded initial metadata plus
 //! `idempotent-replayed: true`, the recorded messages, then the recorded trailers. A record

@@ -5,6 +5,10 @@
 //! never replayed and cannot be added to the allow list. A record is re-validated against the
 //! *current* lists at every replay, so a record written under looser settings, or tampered
 //! with, is refused (503) instead of replayed.
+//!
+//! Trailers (HTTP trailers, gRPC trailing metadata, and the trailers of a gRPC Trailers-Only
+//! response, which arrive as headers) pass the same two lists; the gRPC status trailers
+//! (`grpc-status`, `grpc-message`, `grpc-status-details-bin`) are always kept.
 
 use crate::record::Field;
 use bytes::Bytes;
@@ -87,6 +91,9 @@ const DENIED_PREFIXES: &[&str] = &["ratelimit", "x-ratelimit-"];
 pub(crate) const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 /// The gRPC status message header or trailer (percent-encoded).
 pub(crate) const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+/// The gRPC rich error details trailer (a serialized `google.rpc.Status`).
+pub(crate) const GRPC_STATUS_DETAILS: HeaderName =
+    HeaderName::from_static("grpc-status-details-bin");
 /// The compression of a gRPC response's messages: on the default allow list, so a compressed
 /// response replays. (`grpc-accept-encoding` is not: it describes the server, not the
 /// response, and a replay is valid without it.)
@@ -98,6 +105,15 @@ pub(crate) const GRPC_RETRY_PUSHBACK_MS: HeaderName =
 /// Whether `name` is on the fixed deny list.
 pub(crate) fn is_denied(name: &str) -> bool {
     DENIED_HEADERS.contains(&name) || DENIED_PREFIXES.iter().any(|p| name.starts_with(p))
+}
+
+/// Whether `name` is one of the gRPC status trailers (`grpc-status`, `grpc-message`,
+/// `grpc-status-details-bin`): kept in a record's trailers whatever the allow list says, since a
+/// gRPC response without its status is no answer.
+pub(crate) fn is_grpc_status_trailer(name: &[u8]) -> bool {
+    [GRPC_STATUS, GRPC_MESSAGE, GRPC_STATUS_DETAILS]
+        .iter()
+        .any(|n| n.as_str().as_bytes() == name)
 }
 
 /// Whether a raw header name is on the fixed deny list (a name that is not UTF-8 counts as
@@ -161,21 +177,31 @@ impl HeaderPolicy {
             .collect()
     }
 
-    /// Trailers (gRPC status and metadata): everything but the deny list.
-    pub(crate) fn record_trailers(trailers: &HeaderMap) -> Vec<Field> {
+    /// Whether a trailer is recorded and replayed: one on the allow list, or a gRPC status
+    /// trailer; never one on the deny list.
+    pub(crate) fn allows_trailer(&self, name: &[u8]) -> bool {
+        !is_denied_bytes(name) && (is_grpc_status_trailer(name) || self.allows(name))
+    }
+
+    /// The trailers a record keeps (HTTP trailers, or gRPC status and trailing metadata): the
+    /// allowed ones and the gRPC status trailers, in order, repeated lines kept.
+    pub(crate) fn record_trailers(&self, trailers: &HeaderMap) -> Vec<Field> {
         trailers
             .iter()
-            .filter(|(n, _)| !is_denied(n.as_str()))
+            .filter(|(n, _)| self.allows_trailer(n.as_str().as_bytes()))
             .map(|(n, v)| field(n, v))
             .collect()
     }
 
-    /// The trailers of a gRPC Trailers-Only response, which arrive as its headers: every
-    /// header that is neither allowed (recorded as a header) nor denied.
+    /// The trailers of a gRPC Trailers-Only response, which arrive as its headers: the gRPC
+    /// status trailers (the allowed headers are recorded as headers; the rest not at all).
     pub(crate) fn record_trailers_only(&self, headers: &HeaderMap) -> Vec<Field> {
         headers
             .iter()
-            .filter(|(n, _)| !self.allows(n.as_str().as_bytes()) && !is_denied(n.as_str()))
+            .filter(|(n, _)| {
+                let name = n.as_str().as_bytes();
+                self.allows_trailer(name) && !self.allows(name)
+            })
             .map(|(n, v)| field(n, v))
             .collect()
     }
@@ -198,5 +224,61 @@ mod tests {
         assert!(!p.allow(HeaderName::from_static("set-cookie")));
         assert!(!p.allow(HeaderName::from_static("ratelimit-remaining")));
         assert!(p.allow(HeaderName::from_static("x-order-id")));
+    }
+
+    fn map(fields: &[(&'static str, &'static str)]) -> HeaderMap {
+        fields
+            .iter()
+            .map(|(n, v)| (HeaderName::from_static(n), HeaderValue::from_static(v)))
+            .collect()
+    }
+
+    fn names(fields: &[Field]) -> Vec<&str> {
+        fields
+            .iter()
+            .map(|(n, _)| std::str::from_utf8(n).expect("ASCII"))
+            .collect()
+    }
+
+    #[test]
+    fn trailers_pass_the_allow_and_deny_lists() {
+        let mut p = HeaderPolicy::default();
+        assert!(p.allow(HeaderName::from_static("x-order-id")));
+        let trailers = map(&[
+            ("grpc-status", "3"),
+            ("grpc-message", "bad"),
+            ("grpc-status-details-bin", "CAM"),
+            ("x-order-id", "o-1"),
+            ("x-field", "quantity"),
+            ("server-timing", "db;dur=53"),
+            ("set-cookie", "a=b"),
+        ]);
+        assert_eq!(
+            names(&p.record_trailers(&trailers)),
+            [
+                "grpc-status",
+                "grpc-message",
+                "grpc-status-details-bin",
+                "x-order-id"
+            ]
+        );
+        // Trailers-Only: `content-type` and `x-order-id` are headers (allowed); the status
+        // trailers are trailers; the rest is not kept.
+        let mut headers = trailers;
+        headers.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
+        assert_eq!(
+            names(&p.record_trailers_only(&headers)),
+            ["grpc-status", "grpc-message", "grpc-status-details-bin"]
+        );
+        assert_eq!(names(&p.record(&headers)), ["x-order-id", "content-type"]);
+        for name in ["grpc-status", "x-order-id"] {
+            assert!(p.allows_trailer(name.as_bytes()), "{name}");
+        }
+        for name in ["x-field", "set-cookie", "date", "ratelimit-limit"] {
+            assert!(!p.allows_trailer(name.as_bytes()), "{name}");
+        }
     }
 }

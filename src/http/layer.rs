@@ -1,7 +1,8 @@
 //! The layer: a builder over the shared settings, and the [`Layer`] that wraps a service.
 
 use super::config::{
-    Config, ConfigError, ConfigErrorKind, KeySource, LayerState, PrincipalMode, ResponseMode,
+    Classification, Config, ConfigError, ConfigErrorKind, KeySource, LayerState, PrincipalMode,
+    ResponseMode,
 };
 use super::rejection::Rejection;
 use super::service::Idempotency;
@@ -395,6 +396,33 @@ impl<St: Store> IdempotencyLayer<St> {
     #[must_use]
     pub fn fingerprint_json_by_value(self, on: bool) -> Self {
         self.config(|c| c.json_by_value = on)
+    }
+
+    /// Decides with `f` whether a response the classification table would record is recorded
+    /// or released (see the [module docs](crate::http#after-the-handler)); by default every
+    /// such response is recorded.
+    ///
+    /// `f` sees the response's status, headers and extensions (not its body) and is called only
+    /// for a response the table records (2xx, 3xx but 304, 4xx but 408, 425, 429), in HTTP
+    /// mode and for a non-200 answer to a gRPC request: it can release more, never record
+    /// what the table releases (such a record could never be replayed). A rejection of another
+    /// idempotency layer is released before `f` is asked.
+    ///
+    /// [`release_validation_errors`](super::release_validation_errors) is the preset for a
+    /// layer around axum routes whose extractors reject invalid requests (400, 413, 415, 422):
+    /// the corrected request can then be sent with the same key.
+    ///
+    /// ```
+    /// use tower_idempotency::http::{IdempotencyLayer, release_validation_errors};
+    ///
+    /// let layer = IdempotencyLayer::new().classify(release_validation_errors);
+    /// ```
+    #[must_use]
+    pub fn classify(
+        self,
+        f: impl Fn(&http::response::Parts) -> Classification + Send + Sync + 'static,
+    ) -> Self {
+        self.config(|c| c.classify_fn = Some(Arc::new(f)))
     }
 
     /// Authenticates records with an HMAC under `secret` and keys the stored fingerprints, so

@@ -58,6 +58,9 @@ fn replay_http<B: Body>(
                 if is_denied_bytes(&name) {
                     return Err("denied trailer");
                 }
+                if !policy.allows_trailer(&name) {
+                    return Err("trailer not on the allow list");
+                }
                 t.append(to_name(&name)?, to_value(value)?);
             }
             Some(t)
@@ -179,15 +182,24 @@ mod tests {
 
     #[test]
     fn a_replay_without_messages_is_trailers_only() {
-        let record = grpc_record(
-            None,
-            vec![
-                f("grpc-status", "3"),
-                f("grpc-message", "bad%20quantity"),
-                f("x-field", "quantity"),
-            ],
+        let record = || {
+            grpc_record(
+                None,
+                vec![
+                    f("grpc-status", "3"),
+                    f("grpc-message", "bad%20quantity"),
+                    f("x-field", "quantity"),
+                ],
+            )
+        };
+        // Trailers pass the current allow list (the gRPC status trailers always do).
+        assert_eq!(
+            replayed(record()).expect_err("x-field is not allowed"),
+            "trailer not on the allow list"
         );
-        let res = replayed(record).expect("replay");
+        let mut policy = HeaderPolicy::default();
+        assert!(policy.allow(HeaderName::from_static("x-field")));
+        let res: Res = replay(&policy, record(), true).expect("replay");
         let h = res.headers();
         assert_eq!(h["content-type"], "application/grpc");
         assert_eq!(h["grpc-status"], "3");

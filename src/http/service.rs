@@ -20,6 +20,7 @@ use http::{HeaderMap, Request, Response, header};
 use http_body::Body;
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::oneshot;
@@ -88,59 +89,30 @@ where
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         let config = &self.state.config;
-        // 1. Methods the layer does not act on pass through without a store call.
-        if !config.applies_to(req.method()) {
-            return ResponseFuture::passthrough(self.inner.call(req.map(RequestBody::passthrough)));
-        }
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
         // A gRPC request: classified by its gRPC status, rejected with gRPC statuses.
         let grpc = is_grpc(&parts.headers);
-        // 2. The key.
-        let key = config.key(&parts);
-        // 2b. No key from the header, but it may be in a JSON body field: the body is read
-        // first, and steps 3–5 run on what it holds (in `keyed`).
-        if key.is_none() && !grpc && config.key_in_body(&parts.headers) {
-            // A required key: 401 without a principal, whatever the body holds.
-            let scope = if config.required {
-                match config.scope(&parts) {
-                    Some(scope) => Some(scope),
-                    None => return self.reject(principal_missing(), grpc),
-                }
-            } else {
-                None
-            };
-            return self.keyed(parts, body, KeyFrom::Body(scope), grpc);
-        }
-        // 3. No key, not required: pass through before any principal check.
-        if key.is_none() && !config.required {
-            // Lets the extractors tell "no key sent" from "layer not installed".
-            let mut parts = parts;
-            parts.extensions.insert(KeyMissing);
-            let req = Request::from_parts(parts, RequestBody::passthrough(body));
-            return ResponseFuture::passthrough(self.inner.call(req));
-        }
-        // 4. The principal.
-        let Some(scope) = config.scope(&parts) else {
-            return self.reject(principal_missing(), grpc);
-        };
-        // 5. Missing or invalid key.
-        let key = match key {
-            None => return self.reject(key_missing(config), grpc),
-            Some(Err(e)) => {
-                tracing::debug!(reason = %e, "idempotency key refused");
-                return self.reject(
-                    Rejection::new(RejectionKind::KeyInvalid, e.to_string()),
-                    grpc,
-                );
+        let key = match plan(config, &parts) {
+            Plan::Pass => {
+                let req = Request::from_parts(parts, RequestBody::passthrough(body));
+                return ResponseFuture::passthrough(self.inner.call(req));
             }
-            Some(Ok(k)) => k,
+            Plan::Unkeyed => {
+                // Lets the extractors tell "no key sent" from "layer not installed".
+                parts.extensions.insert(KeyMissing);
+                let req = Request::from_parts(parts, RequestBody::passthrough(body));
+                return ResponseFuture::passthrough(self.inner.call(req));
+            }
+            Plan::Reject(rejection) => return self.reject(rejection, grpc),
+            Plan::Keyed(key, scope) => KeyFrom::Header(key, scope),
+            Plan::KeyInBody(scope) => KeyFrom::Body(scope),
         };
-        self.keyed(parts, body, KeyFrom::Header(key, scope), grpc)
+        self.keyed(parts, body, key, grpc)
     }
 }
 
 impl<S, St> Idempotency<S, St> {
-    /// Steps 6a and on: the declared length, then the keyed sequence in one future.
+    /// Steps 6 and on: the keyed sequence in one future.
     fn keyed<ReqB, ResB>(
         &mut self,
         parts: Parts,
@@ -157,16 +129,105 @@ impl<S, St> Idempotency<S, St> {
         ResB: Body<Data = Bytes> + Send + 'static,
         ResB::Error: Send,
     {
-        // 6a. A declared length over the limit is refused before reading.
-        let limit = self.state.config.max_request_body;
-        if content_length(&parts.headers).is_some_and(|n| n > limit as u64) {
-            return self.reject(Rejection::body_too_large(limit), grpc);
-        }
         // Keep the instance that was polled ready; the clone takes its place.
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let state = Arc::clone(&self.state);
         ResponseFuture::keyed(Box::pin(keyed(state, inner, parts, body, key, grpc)))
+    }
+}
+
+/// What the layer does with a request before it reads the body: steps 1–5, the check for an
+/// outer layer's claim and the declared body length. (`#[idempotent]` asks too, and runs the
+/// handler's extractors between this and the claim.)
+pub(crate) enum Plan {
+    /// Not acted on: a method outside the set, or a request an outer layer claimed under the
+    /// same store key. Passed through.
+    Pass,
+    /// No key and none required: passed through, marked [`KeyMissing`].
+    Unkeyed,
+    /// Refused before the body is read.
+    Reject(Rejection),
+    /// Keyed: buffer and fingerprint the body, then claim.
+    Keyed(IdempotencyKey, Scope),
+    /// No key from the header, but it may be in a JSON body field: the body is read first,
+    /// and steps 3–5 run on what it holds (with the scope when it was already checked: a
+    /// required key is refused without a principal, whatever the body holds).
+    KeyInBody(Option<Scope>),
+}
+
+pub(crate) fn plan(config: &Config, parts: &Parts) -> Plan {
+    // 1. Methods the layer does not act on pass through without a store call.
+    if !config.applies_to(&parts.method) {
+        return Plan::Pass;
+    }
+    // 2. The key.
+    let key = config.key(parts);
+    // 2b. No key from the header: it may be in a JSON body field.
+    if key.is_none() && !is_grpc(&parts.headers) && config.key_in_body(&parts.headers) {
+        let scope = if config.required {
+            match config.scope(parts) {
+                Some(scope) => Some(scope),
+                None => return Plan::Reject(principal_missing()),
+            }
+        } else {
+            None
+        };
+        return match declared_too_large(config, parts) {
+            Some(rejection) => Plan::Reject(rejection),
+            None => Plan::KeyInBody(scope),
+        };
+    }
+    // 3. No key, not required: pass through before any principal check.
+    if key.is_none() && !config.required {
+        return Plan::Unkeyed;
+    }
+    // 4. The principal.
+    let Some(scope) = config.scope(parts) else {
+        return Plan::Reject(principal_missing());
+    };
+    // 5. Missing or invalid key.
+    let key = match key {
+        None => {
+            return Plan::Reject(key_missing(config));
+        }
+        Some(Err(e)) => {
+            tracing::debug!(reason = %e, "idempotency key refused");
+            return Plan::Reject(Rejection::new(RejectionKind::KeyInvalid, e.to_string()));
+        }
+        Some(Ok(k)) => k,
+    };
+    // Already claimed under this store key by an idempotency layer outside this one (two
+    // layers on one route, or a layer and `#[idempotent]`): claiming again would find the
+    // outer claim pending and answer 409. The outer layer records or releases.
+    if let Some(claimed) = parts.extensions.get::<ClaimedKey>()
+        && *claimed.store_key() == StoreKey::derive(&config.namespace, &scope, &key)
+    {
+        nested(claimed.store_key());
+        return Plan::Pass;
+    }
+    match declared_too_large(config, parts) {
+        Some(rejection) => Plan::Reject(rejection),
+        None => Plan::Keyed(key, scope),
+    }
+}
+
+/// 6a. A declared length over the limit is refused before reading.
+fn declared_too_large(config: &Config, parts: &Parts) -> Option<Rejection> {
+    let limit = config.max_request_body;
+    content_length(&parts.headers)
+        .is_some_and(|n| n > limit as u64)
+        .then(|| Rejection::body_too_large(limit))
+}
+
+/// The rejection of a request body that could not be buffered.
+pub(crate) fn read_rejection(e: ReadError, limit: usize) -> Rejection {
+    match e {
+        ReadError::TooLarge => Rejection::body_too_large(limit),
+        ReadError::Failed => Rejection::new(
+            RejectionKind::BodyUnreadable,
+            "the request body could not be read",
+        ),
     }
 }
 
@@ -223,7 +284,7 @@ impl<S, St> Idempotency<S, St> {
     }
 }
 
-fn render<St, B: Body>(
+pub(crate) fn render<St, B: Body>(
     state: &LayerState<St>,
     rejection: Rejection,
     grpc: bool,
@@ -238,6 +299,24 @@ fn render<St, B: Body>(
     let mut res = res.map(|b| ResponseBody::buffered(b, None));
     res.extensions_mut().insert(rejection);
     res
+}
+
+/// Logs a request passed through because an outer layer claimed its store key: a warning the
+/// first time in the process, then at debug level.
+fn nested(key: &StoreKey) {
+    static WARNED: AtomicBool = AtomicBool::new(false);
+    if WARNED.swap(true, Ordering::Relaxed) {
+        tracing::debug!(outcome = "nested", key = ?key, "idempotency key already claimed by an outer idempotency layer; passed through");
+    } else {
+        tracing::warn!(
+            outcome = "nested",
+            key = ?key,
+            "two idempotency layers act on one route (e.g. a router-wide IdempotencyLayer and \
+             #[idempotent], or the layer added twice): the inner one passes requests the outer \
+             one claimed under the same store key through, and the outer one's settings apply; \
+             remove one of them (logged once)"
+        );
+    }
 }
 
 fn content_length(headers: &HeaderMap) -> Option<u64> {
@@ -269,18 +348,8 @@ where
     let engine = &state.engine;
     let body = match read_limited(body, config.max_request_body).await {
         Ok(b) => b,
-        Err(ReadError::TooLarge) => {
-            return Ok(render(
-                &state,
-                Rejection::body_too_large(config.max_request_body),
-                grpc,
-            ));
-        }
-        Err(ReadError::Failed) => {
-            let rejection = Rejection::new(
-                RejectionKind::BodyUnreadable,
-                "the request body could not be read",
-            );
+        Err(e) => {
+            let rejection = read_rejection(e, config.max_request_body);
             return Ok(render(&state, rejection, grpc));
         }
     };
@@ -301,6 +370,17 @@ where
     };
     let fingerprint = config.fingerprint(&parts, &body);
     let store_key = StoreKey::derive(&config.namespace, &scope, &key);
+    // A key read from the body may be one an outer idempotency layer already claimed (the
+    // header case is caught by `plan`): pass through, the outer layer records.
+    if let Some(claimed) = parts.extensions.get::<ClaimedKey>()
+        && *claimed.store_key() == store_key
+    {
+        nested(&store_key);
+        let req = Request::from_parts(parts, RequestBody::buffered(body));
+        std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+        let res = inner.call(req).await?;
+        return Ok(res.map(ResponseBody::passthrough));
+    }
 
     let ticket = match engine.begin(store_key, fingerprint).await {
         Ok(Begin::Run(ticket)) => ticket,
@@ -362,9 +442,12 @@ where
     tracing::debug!(outcome = "claimed", key = ?store_key, "idempotency key claimed");
 
     // One extension; the derived key is only hashed if a handler asks for it.
-    parts
-        .extensions
-        .insert(ClaimedKey::new(key, Arc::clone(&config.namespace), scope));
+    parts.extensions.insert(ClaimedKey::new(
+        key,
+        Arc::clone(&config.namespace),
+        scope,
+        store_key,
+    ));
     let req = Request::from_parts(parts, RequestBody::buffered(body));
 
     // The handler and the reading of its body both run under lease renewal.

@@ -134,6 +134,48 @@ async fn quickstart_cors_exposes_the_replayed_header() {
     }
 }
 
+/// The headers a page reads from a cross-origin answer (issue 11 item 16): `location` after
+/// a 201, `retry-after` after a 409, and `idempotent-replayed` on a replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quickstart_cors_exposes_location_and_retry_after() {
+    let qs = Quickstart::start_memory().await;
+    let exposed = |a: &Answer| {
+        assert_eq!(a.header("access-control-allow-origin"), Some("*"));
+        a.header("access-control-expose-headers")
+            .unwrap_or_default()
+            .to_ascii_lowercase()
+    };
+    let body = json!({ "item": "book", "delay_ms": 1500 });
+    let from_page = |key: &str| {
+        qs.order("alice", key, &body)
+            .header("origin", "https://shop.example")
+    };
+    let first = tokio::spawn(send(from_page("order-cors-slow")));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while qs.executions().await == 0 {
+        assert!(Instant::now() < deadline, "the slow order never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let dup = send(from_page("order-cors-slow")).await;
+    dup.assert_problem(409, "idempotency.in_flight");
+    assert!(dup.header("retry-after").is_some());
+    let on_409 = exposed(&dup);
+    assert!(
+        on_409.contains("retry-after"),
+        "a page can read when to retry a 409: {on_409:?}"
+    );
+
+    let first: Answer = bounded(Duration::from_secs(20), "the slow order", first)
+        .await
+        .expect("the slow order task");
+    assert_eq!(first.status, 201, "{}", first.describe());
+    assert!(first.header("location").is_some());
+    let on_201 = exposed(&first);
+    for h in ["location", "idempotent-replayed", "retry-after"] {
+        assert!(on_201.contains(h), "a page can read {h}: {on_201:?}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quickstart_stats_counts_executions() {
     let qs = Quickstart::start_memory().await;

@@ -238,9 +238,13 @@ fn x_order_id() -> http::HeaderName {
     http::HeaderName::from_static("x-order-id")
 }
 
+/// The allow list of these tests: `x-order-id` (initial metadata of a created order) and
+/// `x-field` (the trailing metadata of an `INVALID_ARGUMENT`).
 fn layer() -> IdempotencyLayer<MemoryStore> {
     IdempotencyLayer::new()
         .allow_header(x_order_id())
+        .expect("allowed")
+        .allow_header(http::HeaderName::from_static("x-field"))
         .expect("allowed")
 }
 
@@ -358,6 +362,39 @@ async fn a_recorded_error_replays_its_status_details_and_metadata() {
     assert_eq!(meta(again.metadata(), "x-field"), Some("quantity"));
     assert!(replayed(again.metadata()), "{:?}", again.metadata());
     assert_eq!(svc.calls(), 1, "a caller-caused status is recorded");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn trailing_metadata_off_the_allow_list_is_not_replayed() {
+    // The default allow list: `x-field` is not on it, the gRPC status trailers always are.
+    let (server, svc) = serve(IdempotencyLayer::new()).await;
+    let mut client = server.client().await;
+    let first = client
+        .create(call(order("invalid", 0), Some("k-md"), Some("alice")))
+        .await
+        .expect_err("INVALID_ARGUMENT");
+    assert_eq!(meta(first.metadata(), "x-field"), Some("quantity"));
+
+    let again = client
+        .create(call(order("invalid", 0), Some("k-md"), Some("alice")))
+        .await
+        .expect_err("replayed INVALID_ARGUMENT");
+    assert!(replayed(again.metadata()), "{:?}", again.metadata());
+    assert_eq!(again.code(), Code::InvalidArgument);
+    assert_eq!(again.message(), first.message());
+    assert_eq!(
+        again.details(),
+        first.details(),
+        "grpc-status-details-bin is kept"
+    );
+    assert_eq!(
+        meta(again.metadata(), "x-field"),
+        None,
+        "metadata off the allow list is not replayed: {:?}",
+        again.metadata()
+    );
+    assert_eq!(svc.calls(), 1);
     server.stop().await;
 }
 

@@ -19,11 +19,12 @@ use reqwest::Method;
 use std::sync::Arc;
 use std::time::Duration;
 use support::http::{
-    Chunks, RequestExt, SpyStore, TestServer, Work, bounded, eventually, send, server_with,
-    with_auth,
+    Chunks, RequestExt, SpyStore, TestServer, Work, bounded, default_fingerprint, eventually, send,
+    server_with, store_key, with_auth,
 };
 use tower_idempotency::http::PrincipalMode;
-use tower_idempotency::{IdempotencyLayer, MemoryStore};
+use tower_idempotency::store::Claim;
+use tower_idempotency::{IdempotencyLayer, MemoryStore, Store};
 
 const BODY: &str = r#"{"item":"book"}"#;
 
@@ -522,4 +523,92 @@ async fn layer_works_per_route_on_a_method_router() {
         "a route without the layer runs normally: {}",
         elsewhere.describe()
     );
+}
+
+// ---------------------------------------------------------------------------------------------
+// Two layers on one route (issue 11 item 3)
+// ---------------------------------------------------------------------------------------------
+
+/// The same layer twice around the routes, one store: the inner one sees the outer one's claim
+/// of the same store key and passes the request through, so the handler runs (once) instead of
+/// the inner layer answering 409 and the outer one recording that 409.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_stacked_layers_over_one_store_run_the_handler_once() {
+    let store = SpyStore::new();
+    let layer = IdempotencyLayer::with_store(store.clone());
+    let work = Work::new();
+    let app = with_auth(work.routes().layer(layer.clone()).layer(layer));
+    let server = TestServer::start(app).await;
+    let request = || server.post("/work", BODY).principal("alice").key("k-twice");
+
+    let first = send(request()).await;
+    assert_eq!(first.status, 201, "the handler ran: {}", first.describe());
+    assert!(!first.is_replay());
+    let again = send(request()).await;
+    assert!(again.is_replay(), "{}", again.describe());
+    assert_eq!((again.status.as_u16(), again.execution()), (201, 1));
+    assert_eq!(work.executions(), 1, "the handler ran once");
+    assert_eq!(
+        (store.claims(), store.completes(), store.releases()),
+        (2, 1, 0),
+        "only the outer layer claimed (once per request) and recorded"
+    );
+}
+
+/// Two layers whose store keys differ (two namespaces over one store), in either order: a
+/// rejection of the inner one (409, the key held by another request in its namespace) goes to
+/// the caller with its `Retry-After`, and the outer one releases its claim instead of recording
+/// the rejection, so the retry runs once the key is free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inner_layers_rejection_is_never_recorded_by_the_outer_layer() {
+    for (outer_ns, inner_ns) in [("outer", "inner"), ("inner", "outer")] {
+        let store = SpyStore::new();
+        let outer = IdempotencyLayer::with_store(store.clone()).namespace(outer_ns);
+        let inner = IdempotencyLayer::with_store(store.clone()).namespace(inner_ns);
+        let work = Work::new();
+        let server = TestServer::start(with_auth(work.routes().layer(inner).layer(outer))).await;
+        let request = || {
+            server
+                .post("/work", BODY)
+                .principal("alice")
+                .key("k-nested")
+        };
+
+        // Another request with the same body holds the key in the inner layer's namespace.
+        let fp = default_fingerprint("POST", "/work", "", "application/json", BODY.as_bytes());
+        let held = store_key(inner_ns, "alice", "k-nested");
+        let Claim::Claimed(token) = store
+            .memory()
+            .claim(&held, &fp, Duration::from_secs(60))
+            .await
+            .expect("claim")
+        else {
+            panic!("the key is free");
+        };
+
+        let busy = send(request()).await;
+        busy.assert_problem(409, "idempotency.in_flight");
+        assert!(
+            busy.header("retry-after").is_some(),
+            "{outer_ns} outside {inner_ns}: the inner layer's 409 keeps its Retry-After"
+        );
+        assert_eq!(store.completes(), 0, "the outer layer recorded nothing");
+        assert_eq!(store.releases(), 1, "the outer layer released its claim");
+
+        assert!(
+            store
+                .memory()
+                .release(&held, &token)
+                .await
+                .expect("release")
+        );
+        let retry = send(request()).await;
+        assert_eq!(
+            (retry.status.as_u16(), retry.is_replay()),
+            (201, false),
+            "{outer_ns} outside {inner_ns}: the retry runs: {}",
+            retry.describe()
+        );
+        assert_eq!(work.executions(), 1);
+    }
 }

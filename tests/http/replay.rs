@@ -17,7 +17,7 @@ use support::http::{
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt, service_fn};
 use tower_idempotency::engine::RecordedResponse;
-use tower_idempotency::http::{ConfigErrorKind, RequestBody, ResponseMode};
+use tower_idempotency::http::{ConfigErrorKind, RequestBody, ResponseBody, ResponseMode};
 use tower_idempotency::store::Record;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal, Secret};
 
@@ -118,8 +118,149 @@ async fn retryable_client_errors_408_425_429_are_released_so_the_retry_runs_agai
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn redirects_are_released_so_the_retry_runs_again() {
-    assert_released(&[301, 302, 303, 307]).await;
+async fn redirects_are_recorded_and_replayed_with_their_location() {
+    // Post/Redirect/Get: a 303 after a create is the work's final answer (issue 11 item 10).
+    assert_recorded(&[300, 301, 302, 303, 307, 308]).await;
+    let (server, work) = server_with(IdempotencyLayer::new()).await;
+    let (first, second) = twice(&server, "k-prg", 303).await;
+    assert!(second.is_replay(), "{}", second.describe());
+    assert_eq!(second.status, StatusCode::SEE_OTHER);
+    assert_eq!(
+        (first.header("location"), second.header("location")),
+        (Some("/things/1"), Some("/things/1")),
+        "the replay sends the client where the first answer did"
+    );
+    assert_eq!(work.executions(), 1, "the create ran once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_modified_is_released_so_the_retry_runs_again() {
+    assert_released(&[304]).await;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Step 9 with a classification hook: validation errors released (issue 11 item 4)
+// ---------------------------------------------------------------------------------------------
+
+#[derive(serde::Deserialize)]
+struct NewOrder {
+    #[allow(dead_code)]
+    item: String,
+}
+
+/// `POST /orders` taking `Json<NewOrder>` (axum answers 400, 415 or 422 for a bad request
+/// inside the layer), and `POST /taken` answering a business 409, behind `layer`.
+async fn json_server(layer: IdempotencyLayer<SpyStore>) -> (TestServer, Arc<AtomicUsize>) {
+    use axum::extract::State;
+    use axum::routing::post;
+    let runs = Arc::new(AtomicUsize::new(0));
+    async fn create(
+        State(runs): State<Arc<AtomicUsize>>,
+        axum::Json(_order): axum::Json<NewOrder>,
+    ) -> (StatusCode, String) {
+        let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        (StatusCode::CREATED, format!("order {n}"))
+    }
+    async fn taken(State(runs): State<Arc<AtomicUsize>>) -> (StatusCode, String) {
+        let n = runs.fetch_add(1, Ordering::SeqCst) + 1;
+        (StatusCode::CONFLICT, format!("taken {n}"))
+    }
+    let app = axum::Router::new()
+        .route("/orders", post(create))
+        .route("/taken", post(taken))
+        .with_state(Arc::clone(&runs))
+        .layer(layer.principal(tower_idempotency::http::PrincipalMode::Optional));
+    (TestServer::start(app).await, runs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_validation_preset_a_corrected_request_runs_under_the_same_key() {
+    let store = SpyStore::new();
+    let layer = IdempotencyLayer::with_store(store.clone())
+        .classify(tower_idempotency::http::release_validation_errors);
+    let (server, runs) = json_server(layer).await;
+    let orders = || server.client().post(server.url("/orders"));
+    let valid = r#"{"item":"book"}"#;
+    let cases = [
+        (
+            "malformed JSON",
+            orders()
+                .header("content-type", "application/json")
+                .body(r#"{"item":"#),
+            400,
+        ),
+        ("no content-type", orders().body(valid), 415),
+        (
+            "a Json<T> that does not deserialize",
+            orders()
+                .header("content-type", "application/json")
+                .body(r#"{"item":5}"#),
+            422,
+        ),
+    ];
+    for (i, (what, bad, status)) in cases.into_iter().enumerate() {
+        let key = format!("k-valid-{i}");
+        let refused = send(bad.key(&key)).await;
+        assert_eq!(
+            refused.status.as_u16(),
+            status,
+            "{what}: {}",
+            refused.describe()
+        );
+        let corrected = send(
+            orders()
+                .header("content-type", "application/json")
+                .body(valid)
+                .key(&key),
+        )
+        .await;
+        assert_eq!(
+            (corrected.status.as_u16(), corrected.is_replay()),
+            (201, false),
+            "{what}, then the corrected request under the same key runs: {}",
+            corrected.describe()
+        );
+        let again = send(
+            orders()
+                .header("content-type", "application/json")
+                .body(valid)
+                .key(&key),
+        )
+        .await;
+        assert!(again.is_replay(), "{what}: the corrected run is recorded");
+    }
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        3,
+        "one run per corrected request"
+    );
+
+    // The preset releases only validation statuses: a business 409 is still recorded.
+    let first = send(server.client().post(server.url("/taken")).key("k-taken")).await;
+    let again = send(server.client().post(server.url("/taken")).key("k-taken")).await;
+    assert_eq!(first.status, StatusCode::CONFLICT);
+    assert!(again.is_replay(), "{}", again.describe());
+    assert_eq!(runs.load(Ordering::SeqCst), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_hook_a_validation_error_is_recorded() {
+    // The default (the reference table): the 400 is the key's record, and the corrected request
+    // is another request under a used key.
+    let (server, runs) = json_server(IdempotencyLayer::with_store(SpyStore::new())).await;
+    let post = |body: &'static str| {
+        server
+            .client()
+            .post(server.url("/orders"))
+            .header("content-type", "application/json")
+            .body(body)
+            .key("k-default")
+    };
+    assert_eq!(send(post(r#"{"item":"#)).await.status, 400);
+    send(post(r#"{"item":"book"}"#))
+        .await
+        .assert_problem(422, "idempotency.key_reused");
+    assert_eq!(runs.load(Ordering::SeqCst), 0);
 }
 
 #[derive(Debug, PartialEq, Eq)]
@@ -813,4 +954,111 @@ async fn with_a_secret_a_record_planted_without_it_is_503_record_invalid() {
     // A record the layer wrote itself still replays.
     let replay = send(server.post("/work", BODY).principal("alice").key("k-probe")).await;
     assert!(replay.is_replay(), "{}", replay.describe());
+}
+
+// ---------------------------------------------------------------------------------------------
+// §4: trailers pass the allow and deny lists
+// ---------------------------------------------------------------------------------------------
+
+/// A response body of one data frame, then trailers.
+struct WithTrailers {
+    frames: std::collections::VecDeque<http_body::Frame<Bytes>>,
+}
+
+impl WithTrailers {
+    fn new(trailers: &[(&'static str, &'static str)]) -> Self {
+        let mut map = http::HeaderMap::new();
+        for (n, v) in trailers {
+            map.append(
+                HeaderName::from_static(n),
+                http::HeaderValue::from_static(v),
+            );
+        }
+        Self {
+            frames: [
+                http_body::Frame::data(Bytes::from_static(b"made")),
+                http_body::Frame::trailers(map),
+            ]
+            .into(),
+        }
+    }
+}
+
+impl http_body::Body for WithTrailers {
+    type Data = Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(self.frames.pop_front().map(Ok))
+    }
+}
+
+#[tokio::test]
+async fn http_trailers_pass_the_allow_list() {
+    let layer = IdempotencyLayer::new()
+        .allow_header(HeaderName::from_static("x-order-id"))
+        .expect("x-order-id may be allowed");
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c = Arc::clone(&calls);
+    let service = layer.layer(service_fn(
+        move |_req: http::Request<RequestBody<Full<Bytes>>>| {
+            c.fetch_add(1, Ordering::SeqCst);
+            async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(WithTrailers::new(&[
+                    ("x-order-id", "o-1"),
+                    ("x-checksum", "sha256=abc"),
+                    ("server-timing", "db;dur=53"),
+                    ("set-cookie", "session=s1"),
+                ])))
+            }
+        },
+    ));
+    async fn trailers_of(res: http::Response<ResponseBody<WithTrailers>>) -> http::HeaderMap {
+        use http_body_util::BodyExt;
+        let collected = res.into_body().collect().await.expect("the body");
+        collected.trailers().cloned().unwrap_or_default()
+    }
+
+    let first = service
+        .clone()
+        .oneshot(keyed_request())
+        .await
+        .expect("first");
+    let first = trailers_of(first).await;
+    assert_eq!(
+        first.len(),
+        4,
+        "the caller gets every trailer the handler sent"
+    );
+
+    let replay = service.oneshot(keyed_request()).await.expect("replay");
+    assert_eq!(replay.headers()["idempotent-replayed"], "true");
+    let replayed = trailers_of(replay).await;
+    assert_eq!(
+        replayed.get("x-order-id").map(|v| v.as_bytes()),
+        Some(&b"o-1"[..]),
+        "an allowed trailer is replayed"
+    );
+    for name in ["x-checksum", "server-timing", "set-cookie"] {
+        assert!(
+            !replayed.contains_key(name),
+            "{name} is not on the allow list: not replayed ({replayed:?})"
+        );
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "the handler ran once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn record_with_a_trailer_off_the_allow_list_is_503_record_invalid() {
+    let record = RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{}")))
+        .with_trailers(vec![(
+            Bytes::from_static(b"x-checksum"),
+            Bytes::from_static(b"sha256=abc"),
+        )])
+        .encode()
+        .expect("encode the planted record");
+    assert_planted_record_refused("k-trailer", record).await;
 }

@@ -14,8 +14,11 @@ use serde::Deserialize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
+use tower_idempotency::engine::Scope;
 use tower_idempotency::http::PrincipalMode;
-use tower_idempotency::{IdempotencyLayer, IdempotentRoutes, MemoryStore, Store, idempotent};
+use tower_idempotency::{
+    DerivedKey, IdempotencyKey, IdempotencyLayer, IdempotentRoutes, MemoryStore, Store, idempotent,
+};
 
 // ---------------------------------------------------------------------------------------------
 // Handlers
@@ -99,6 +102,23 @@ async fn create_payment(
     (
         StatusCode::CREATED,
         Json(serde_json::json!({ "payment": n, "amount": payment.amount })),
+    )
+}
+
+/// The crate's own extractors, run before the claim: they see the key the request is claimed
+/// under (and no key when none was sent).
+#[idempotent(required = false)]
+async fn with_keys(
+    key: Option<IdempotencyKey>,
+    derived: Option<DerivedKey>,
+    Extension(runs): Extension<Runs>,
+    body: String,
+) -> String {
+    format!(
+        "run {} key={} derived={} body={body}",
+        runs.next(),
+        key.as_ref().map_or("-", IdempotencyKey::as_str),
+        derived.as_ref().map_or("-", DerivedKey::as_str),
     )
 }
 
@@ -402,4 +422,140 @@ async fn the_principal_comes_from_a_middleware() {
         "alice's repeat is replayed; bob's request under the same key is his own"
     );
     assert_eq!(runs.count(), 2);
+}
+
+/// The handler's extractors run before the key is claimed (issue 11 item 4): a request they
+/// refuse (malformed JSON → 400, no content-type → 415, a body that does not deserialize →
+/// 422) is answered without a store call, so the corrected request runs under the same key.
+#[tokio::test]
+async fn a_request_its_extractors_refuse_is_not_claimed_and_the_corrected_one_runs() {
+    let app = App::default();
+    let store = SpyStore::new();
+    let routes = Router::new()
+        .route("/payments", post(create_payment))
+        .with_state(app.clone());
+    let shared = IdempotencyLayer::with_store(store.clone()).principal(PrincipalMode::Optional);
+    let (server, _runs) = start(routes, shared).await;
+    let payments = || post_to(&server, "/payments");
+    let valid = r#"{"amount":42}"#;
+    let cases = [
+        (
+            "malformed JSON",
+            payments()
+                .header("content-type", "application/json")
+                .body(r#"{"amount":"#),
+            400,
+        ),
+        ("no content-type", payments().body(valid), 415),
+        (
+            "a body that does not deserialize",
+            payments()
+                .header("content-type", "application/json")
+                .body(r#"{"amount":"many"}"#),
+            422,
+        ),
+    ];
+    for (i, (what, bad, status)) in cases.into_iter().enumerate() {
+        let key = format!("pay-{i}");
+        let claims_before = store.claims();
+        let refused = send(bad.header("idempotency-key", &key)).await;
+        assert_eq!(refused.status, status, "{what}: {}", refused.text());
+        assert!(
+            !refused.text().contains("idempotency."),
+            "{what}: axum's own rejection: {}",
+            refused.text()
+        );
+        assert_eq!(
+            store.claims(),
+            claims_before,
+            "{what}: refused before any store call"
+        );
+        let corrected = || {
+            payments()
+                .header("content-type", "application/json")
+                .header("idempotency-key", &key)
+                .body(valid)
+        };
+        let ran = send(corrected()).await;
+        assert_eq!(
+            (ran.status.as_u16(), ran.is_replay()),
+            (201, false),
+            "{what}, then the corrected request under the same key runs: {}",
+            ran.text()
+        );
+        let again = send(corrected()).await;
+        assert_eq!((again.text(), again.is_replay()), (ran.text(), true));
+    }
+    assert_eq!(app.payments.load(Ordering::SeqCst), 3, "one charge per key");
+}
+
+/// The key extractors in an attributed handler see the key the request is claimed under
+/// (they run before the claim, on the same key and scope).
+#[tokio::test]
+async fn the_key_extractors_see_the_key_the_request_is_claimed_under() {
+    let (server, runs) = start(
+        Router::new().route("/", post(with_keys)),
+        anonymous().namespace("shop"),
+    )
+    .await;
+    let derived = DerivedKey::derive(
+        "shop",
+        &Scope::anonymous(),
+        &IdempotencyKey::new("k-x").expect("a key"),
+    );
+    let expected = format!("run 1 key=k-x derived={derived} body=hello");
+    for replayed in [false, true] {
+        let a = send(
+            post_to(&server, "/")
+                .header("idempotency-key", "k-x")
+                .body("hello"),
+        )
+        .await;
+        assert_eq!(
+            (a.status.as_u16(), a.is_replay()),
+            (200, replayed),
+            "{}",
+            a.text()
+        );
+        assert_eq!(a.text(), expected);
+    }
+    let unkeyed = send(post_to(&server, "/").body("hello")).await;
+    assert_eq!(unkeyed.text(), "run 2 key=- derived=- body=hello");
+    assert_eq!(runs.count(), 2);
+}
+
+/// The router's `IdempotencyLayer` and `#[idempotent]` on a route, over one store (issue 11
+/// item 3), with the configuration extension outside or inside the layer: the attribute sees
+/// the layer's claim of the same store key and passes the request through, so the handler
+/// runs once and the repeat is a replay (not a 409 recorded by the layer).
+#[tokio::test]
+async fn a_router_layer_and_the_attribute_over_one_store_run_the_handler_once() {
+    for extension_outside in [false, true] {
+        let shared = anonymous();
+        let runs = Runs::default();
+        let routes = Router::new()
+            .route("/", post(create))
+            .layer(Extension(runs.clone()));
+        let config = Extension(IdempotentRoutes::new(shared.clone()));
+        let app = if extension_outside {
+            routes.layer(shared).layer(config)
+        } else {
+            routes.layer(config).layer(shared)
+        };
+        let server = TestServer::start(app).await;
+
+        let first = post_key(&server, "/", "k-nested").await;
+        assert_eq!(
+            (first.status.as_u16(), first.text(), first.is_replay()),
+            (201, "run 1", false),
+            "extension outside: {extension_outside}; the handler runs"
+        );
+        let again = post_key(&server, "/", "k-nested").await;
+        assert_eq!(
+            (again.status.as_u16(), again.text(), again.is_replay()),
+            (201, "run 1", true),
+            "extension outside: {extension_outside}; the repeat is replayed"
+        );
+        assert_eq!(runs.count(), 1);
+    }
 }

@@ -78,7 +78,7 @@ fn tampered() -> Vec<(&'static str, Vec<u8>)> {
         ("MAC flag without a tag", edit(|b| b[3] |= 0x04)),
         ("status-only flag with a body", edit(|b| b[3] &= !0x01)),
         ("status 500", with_headers(500, &[])),
-        ("status 302", with_headers(302, &[])),
+        ("status 304", with_headers(304, &[])),
         (
             "status 1000",
             edit(|b| b[4..6].copy_from_slice(&1000u16.to_be_bytes())),
