@@ -33,12 +33,12 @@
 //!     .layer(Extension(IdempotentRoutes::new(shared)));
 //! ```
 
-use crate::__private::RouteOptions;
 use crate::fingerprint::Fingerprint;
-use crate::http::IdempotencyLayer;
+use crate::http::{IdempotencyLayer, PrincipalMode, ResponseMode};
 use crate::record::Record;
 use crate::scope::StoreKey;
 use crate::store::{Claim, Store, StoreError, Token};
+use http::HeaderName;
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
@@ -253,6 +253,174 @@ impl Store for DynStore {
         lease: Duration,
     ) -> Result<bool, StoreError> {
         self.0.renew(key, token, lease).await
+    }
+}
+
+/// One route's options from the attribute; `None` keeps the shared configuration's setting.
+/// Built in a `static` by the generated code.
+#[derive(Debug, Clone, Copy)]
+#[doc(hidden)]
+pub struct RouteOptions {
+    required: Option<bool>,
+    header: Option<&'static str>,
+    lease: Option<Duration>,
+    ttl: Option<Duration>,
+    response: Option<ResponseMode>,
+    namespace: Option<&'static str>,
+    max_record_body: Option<usize>,
+    max_request_body: Option<usize>,
+    principal: Option<PrincipalMode>,
+}
+
+impl RouteOptions {
+    /// No options: the shared configuration as it is.
+    #[must_use]
+    pub const fn new() -> Self {
+        Self {
+            required: None,
+            header: None,
+            lease: None,
+            ttl: None,
+            response: None,
+            namespace: None,
+            max_record_body: None,
+            max_request_body: None,
+            principal: None,
+        }
+    }
+
+    /// `required` / `required = false`.
+    #[must_use]
+    pub const fn required(mut self, required: bool) -> Self {
+        self.required = Some(required);
+        self
+    }
+
+    /// `header = "…"` (checked and lower-cased by the macro).
+    #[must_use]
+    pub const fn header(mut self, name: &'static str) -> Self {
+        self.header = Some(name);
+        self
+    }
+
+    /// `lease = "…"`.
+    #[must_use]
+    pub const fn lease(mut self, lease: Duration) -> Self {
+        self.lease = Some(lease);
+        self
+    }
+
+    /// `ttl = "…"`.
+    #[must_use]
+    pub const fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = Some(ttl);
+        self
+    }
+
+    /// `response = "full" | "status_and_headers"`.
+    #[must_use]
+    pub const fn response(mut self, mode: ResponseMode) -> Self {
+        self.response = Some(mode);
+        self
+    }
+
+    /// `namespace = "suffix"`.
+    #[must_use]
+    pub const fn namespace(mut self, suffix: &'static str) -> Self {
+        self.namespace = Some(suffix);
+        self
+    }
+
+    /// `max_record_body = n`.
+    #[must_use]
+    pub const fn max_record_body(mut self, bytes: usize) -> Self {
+        self.max_record_body = Some(bytes);
+        self
+    }
+
+    /// `max_request_body = n`.
+    #[must_use]
+    pub const fn max_request_body(mut self, bytes: usize) -> Self {
+        self.max_request_body = Some(bytes);
+        self
+    }
+
+    /// `principal = "required" | "optional"`.
+    #[must_use]
+    pub const fn principal(mut self, mode: PrincipalMode) -> Self {
+        self.principal = Some(mode);
+        self
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        let Self {
+            required,
+            header,
+            lease,
+            ttl,
+            response,
+            namespace,
+            max_record_body,
+            max_request_body,
+            principal,
+        } = self;
+        required.is_none()
+            && header.is_none()
+            && lease.is_none()
+            && ttl.is_none()
+            && response.is_none()
+            && namespace.is_none()
+            && max_record_body.is_none()
+            && max_request_body.is_none()
+            && principal.is_none()
+    }
+
+    /// The shared layer with these options over it.
+    pub(crate) fn apply(
+        &self,
+        mut layer: IdempotencyLayer<DynStore>,
+    ) -> IdempotencyLayer<DynStore> {
+        if let Some(required) = self.required {
+            layer = layer.required(required);
+        }
+        if let Some(name) = self.header {
+            match HeaderName::from_bytes(name.as_bytes()) {
+                Ok(name) => layer = layer.header_name(name),
+                // The macro checks the name at compile time; only a hand-built value gets here.
+                Err(_) => tracing::error!(
+                    header = name,
+                    "invalid idempotency key header name in the route's options; the shared header is used"
+                ),
+            }
+        }
+        if let Some(lease) = self.lease {
+            layer = layer.lease(lease);
+        }
+        if let Some(ttl) = self.ttl {
+            layer = layer.ttl(ttl);
+        }
+        if let Some(mode) = self.response {
+            layer = layer.response_mode(mode);
+        }
+        if let Some(suffix) = self.namespace {
+            layer = layer.namespace_suffix(suffix);
+        }
+        if let Some(bytes) = self.max_record_body {
+            layer = layer.max_record_body(bytes);
+        }
+        if let Some(bytes) = self.max_request_body {
+            layer = layer.max_request_body(bytes);
+        }
+        if let Some(mode) = self.principal {
+            layer = layer.principal(mode);
+        }
+        layer
+    }
+}
+
+impl Default for RouteOptions {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
