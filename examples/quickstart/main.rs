@@ -148,11 +148,13 @@ async fn redis_app(_url: &str) -> std::io::Result<Router> {
 
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .init();
+    // `RUST_LOG=debug` (a plain level) shows replays and claims. A level rather than
+    // tracing-subscriber's `EnvFilter`, whose regex engine would double the first build.
+    let level = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|l| l.parse::<tracing_subscriber::filter::LevelFilter>().ok())
+        .unwrap_or(tracing_subscriber::filter::LevelFilter::INFO);
+    tracing_subscriber::fmt().with_max_level(level).init();
     let port: u16 = std::env::var("PORT")
         .ok()
         .and_then(|p| p.parse().ok())
