@@ -70,6 +70,11 @@
 //! payment provider. The `#[idempotent]` attribute (feature `macros`, see `route`) makes one
 //! axum handler idempotent where it is written, with options per route.
 //!
+//! **Calling an idempotent API.** The [`client`] module is the other half: it stamps a key
+//! once per logical request and retries what is safe to retry with the same key, as a tower
+//! layer and retry policy (hyper-util, tonic) or a `reqwest-middleware` middleware (feature
+//! `reqwest`).
+//!
 //! **Below the doors.** A *door* is one way into the same machinery: the HTTP layer, the
 //! attribute and the extractors are doors today. Each turns its input into a key, a scope and a
 //! fingerprint and asks the [`engine`] to claim, run, and complete or release; only the engine
@@ -95,6 +100,7 @@ mod record;
 mod scope;
 mod secret;
 
+pub mod client;
 pub mod engine;
 pub mod http;
 pub mod store;

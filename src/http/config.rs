@@ -123,7 +123,7 @@ pub(crate) struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            key_source: KeySource::Header(HeaderName::from_static("idempotency-key")),
+            key_source: KeySource::Header(super::headers::KEY_HEADER),
             required: true,
             principal_fn: None,
             principal_mode: PrincipalMode::Required,
