@@ -91,6 +91,7 @@
 //! | `macros` | no | `#[idempotent]` (enables `axum`) |
 //! | `tonic` | no | `Rejection::to_status` and tonic's `NamedService` for the layered service |
 //! | `test-util` | no | the store conformance suite, for your own `Store` |
+//! | `reqwest` | no | `client::RetryMiddleware`, client retries for `reqwest-middleware` |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

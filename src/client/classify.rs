@@ -144,11 +144,11 @@ fn days_from_civil(year: u64, month: u64, day: u64) -> u64 {
 }
 
 /// What an error says about the exchange, read from its chain of sources: I/O error kinds and
-/// elapsed timers. `fallback` when nothing in the chain tells.
+/// elapsed timers (Tokio's, and `tower::timeout`'s). `fallback` when nothing in the chain tells.
 pub(crate) fn failure_of(err: &(dyn Error + 'static), fallback: Failure) -> Failure {
     let mut next = Some(err);
     while let Some(e) = next {
-        if e.is::<tokio::time::error::Elapsed>() {
+        if e.is::<tokio::time::error::Elapsed>() || e.is::<tower::timeout::error::Elapsed>() {
             return Failure::Timeout;
         }
         if let Some(io) = e.downcast_ref::<io::Error>() {
@@ -309,6 +309,8 @@ mod tests {
         assert_eq!(failure_of(&refused, Failure::Other), Failure::Connect);
         let reset: tower::BoxError = Box::new(io::Error::from(io::ErrorKind::ConnectionReset));
         assert_eq!(failure_of_any(&reset), Failure::ConnectionLost);
+        let elapsed: tower::BoxError = Box::new(tower::timeout::error::Elapsed::new());
+        assert_eq!(failure_of_any(&elapsed), Failure::Timeout);
         let other: tower::BoxError = "an unknown failure".into();
         assert_eq!(failure_of_any(&other), Failure::Transport);
         assert_eq!(failure_of_any(&42_u8), Failure::Transport);

@@ -110,10 +110,15 @@
 // `policy` holds the rules and their types, `classify` reads outcomes for them; `stamp`,
 // `retry` (tower) and `middleware` (reqwest) are the stacks, each using only the two first.
 mod classify;
+#[cfg(feature = "reqwest")]
+mod middleware;
 mod policy;
 mod retry;
 mod stamp;
 
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub use middleware::RetryMiddleware;
 pub use policy::{
     Attempt, Attempts, DEFAULT_BASE_DELAY, DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS,
     DEFAULT_MAX_DELAY, DEFAULT_MAX_RETRY_AFTER, Decision, Failure, Outcome, Reason, RetryPolicy,
