@@ -147,6 +147,12 @@ pub use tower_idempotency_macros::idempotent;
 pub mod __private;
 
 // The README's examples, compiled as doctests so they cannot rot (they need every feature).
-#[cfg(all(doctest, feature = "redis", feature = "macros", feature = "tonic"))]
+#[cfg(all(
+    doctest,
+    feature = "redis",
+    feature = "macros",
+    feature = "tonic",
+    feature = "reqwest"
+))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

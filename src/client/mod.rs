@@ -50,7 +50,7 @@
 //! **What the caller learns.** The final response carries an [`Attempts`] extension: how many
 //! attempts were made, whether the answer was replayed (`Idempotent-Replayed: true`, the work
 //! was done by an earlier attempt whose answer was lost) and why the attempts stopped. Each
-//! attempt emits one `tracing` event (target `tower_idempotency::client::policy`) with the
+//! attempt emits one `tracing` event (target `tower_idempotency::client`) with the
 //! attempt number, the status or failure, the delay, and the key's first 8 characters only.
 //!
 //! **The guarantee**, as the server's: no duplicate processing within the limits of the

@@ -147,7 +147,8 @@ impl RetryPolicy {
     /// assert_eq!(policy.decide(&unkeyed, &in_flight), Decision::Stop(Reason::NotKeyed));
     ///
     /// // A 422 (the key was used for another request) is final.
-    /// let reused = Outcome::response(StatusCode::UNPROCESSABLE_ENTITY, &HeaderMap::new());
+    /// let none = HeaderMap::new();
+    /// let reused = Outcome::response(StatusCode::UNPROCESSABLE_ENTITY, &none);
     /// assert_eq!(policy.decide(&first, &reused), Decision::Stop(Reason::Final));
     /// ```
     #[must_use]
@@ -375,6 +376,9 @@ pub(crate) fn key_prefix(headers: &HeaderMap, name: &HeaderName) -> String {
     }
 }
 
+/// The target of the client's events (one per attempt).
+const LOG_TARGET: &str = "tower_idempotency::client";
+
 /// The one event per attempt: its number, the method, at most 8 characters of the key, what
 /// came back and what follows. A retry is `INFO`; a stop on a retryable outcome (attempts,
 /// deadline or `Retry-After` exhausted) `WARN`; a final answer `DEBUG` on the first attempt and
@@ -399,17 +403,17 @@ pub(crate) fn log_attempt(
     match decision {
         Decision::Retry(delay) => {
             let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
-            tracing::info!(attempt = n, method, key, status, grpc_status, failure = ?failure, elapsed_ms, delay_ms, "idempotent request: retrying");
+            tracing::info!(target: LOG_TARGET, attempt = n, method, key, status, grpc_status, failure = ?failure, elapsed_ms, delay_ms, "idempotent request: retrying");
         }
         Decision::Stop(reason @ (Reason::Final | Reason::NotKeyed | Reason::NotReplayable)) => {
             if n == 1 {
-                tracing::debug!(attempt = n, method, key, status, grpc_status, failure = ?failure, elapsed_ms, reason = reason.as_str(), "idempotent request: done");
+                tracing::debug!(target: LOG_TARGET, attempt = n, method, key, status, grpc_status, failure = ?failure, elapsed_ms, reason = reason.as_str(), "idempotent request: done");
             } else {
-                tracing::info!(attempt = n, method, key, status, grpc_status, failure = ?failure, elapsed_ms, reason = reason.as_str(), "idempotent request: done");
+                tracing::info!(target: LOG_TARGET, attempt = n, method, key, status, grpc_status, failure = ?failure, elapsed_ms, reason = reason.as_str(), "idempotent request: done");
             }
         }
         Decision::Stop(reason) => {
-            tracing::warn!(attempt = n, method, key, status, grpc_status, failure = ?failure, elapsed_ms, reason = reason.as_str(), "idempotent request: giving up");
+            tracing::warn!(target: LOG_TARGET, attempt = n, method, key, status, grpc_status, failure = ?failure, elapsed_ms, reason = reason.as_str(), "idempotent request: giving up");
         }
     }
 }
