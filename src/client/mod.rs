@@ -5,7 +5,8 @@
 //! cannot. Two stacks share one set of rules, [`RetryPolicy::decide`]:
 //!
 //! - **tower** (no extra dependency): [`StampKeyLayer`] stamps the key, and [`RetryPolicy`]
-//!   is a `tower::retry::Policy`, for hyper-util clients and tonic channels;
+//!   is a `tower::retry::Policy`, for hyper-util clients and tonic channels (with
+//!   [`BufferRequestLayer`]);
 //! - **reqwest** (feature `reqwest`): `RetryMiddleware` for `reqwest-middleware` clients,
 //!   which stamps and retries in one piece.
 //!
@@ -81,9 +82,33 @@
 //!
 //! The request body must be `Clone` (`Full<Bytes>` is): each attempt sends a clone. Bound each
 //! attempt with `tower::timeout::TimeoutLayer` inside the retry layer; its `BoxError` is read as a
-//! timeout. For a tonic channel, the same two layers go around the channel; tonic's
-//! `tonic::body::Body` cannot be cloned, so the request must be buffered into a clonable body
-//! first (a streaming call cannot be retried).
+//! timeout.
+//!
+//! # tonic
+//!
+//! A tonic channel takes the same layers, plus [`BufferRequestLayer`]: a
+//! `tonic::body::Body` cannot be cloned, so the request message is read into memory first and
+//! turned back into a tonic body below the retry layer. gRPC statuses are read from a
+//! Trailers-Only response (how a server sends an error), which is how the layer sends its
+//! rejections; a response whose status comes in its trailers has already begun and is final.
+//!
+//! ```no_run
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use tower::ServiceBuilder;
+//! use tower::retry::RetryLayer;
+//! use tower_idempotency::client::{BufferRequestLayer, RetryPolicy, StampKeyLayer};
+//!
+//! let channel = tonic::transport::Channel::from_static("http://127.0.0.1:50051").connect_lazy();
+//! let retrying = ServiceBuilder::new()
+//!     .layer(StampKeyLayer::new())
+//!     .layer(BufferRequestLayer::new())
+//!     .layer(RetryLayer::new(RetryPolicy::new()))
+//!     .map_request(|req: http::Request<Full<Bytes>>| req.map(tonic::body::Body::new))
+//!     .service(channel);
+//! // OrdersClient::new(retrying): every unary call is stamped and retried.
+//! # let _ = retrying;
+//! ```
 //!
 //! # reqwest (feature `reqwest`)
 //!
@@ -108,7 +133,9 @@
 //! ```
 
 // `policy` holds the rules and their types, `classify` reads outcomes for them; `stamp`,
-// `retry` (tower) and `middleware` (reqwest) are the stacks, each using only the two first.
+// `retry` (tower) and `middleware` (reqwest) are the stacks, each using only the two first;
+// `buffer` stands alone.
+mod buffer;
 mod classify;
 #[cfg(feature = "reqwest")]
 mod middleware;
@@ -116,6 +143,7 @@ mod policy;
 mod retry;
 mod stamp;
 
+pub use buffer::{BufferRequest, BufferRequestLayer};
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use middleware::RetryMiddleware;

@@ -7,8 +7,10 @@
 //! (`memory_tower::…`, `memory_reqwest::…`, `redis_tower::…`, `redis_reqwest::…`):
 //!
 //! ```text
-//! cargo test --features reqwest,redis --test client
+//! cargo test --features reqwest,redis,tonic --test client
 //! ```
+//!
+//! `grpc.rs` runs the tower stack on a tonic channel against a tonic server (feature `tonic`).
 //!
 //! A binary of its own rather than a module of `tests/faults`: the client is a door of its own
 //! (one binary per door or store family), and its tests need the `reqwest` feature where the
@@ -17,6 +19,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod grpc;
 mod rig;
 mod scenarios;
 
