@@ -13,6 +13,7 @@ use tower_idempotency::IdempotencyLayer;
 use tower_idempotency::client::{Attempts, RetryPolicy, StampKeyLayer};
 
 /// Where the server keeps its records.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Backend {
     Memory,
@@ -20,6 +21,7 @@ pub(crate) enum Backend {
 }
 
 /// Which client stack calls it.
+#[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stack {
     /// `StampKeyLayer` + `RetryLayer<RetryPolicy>` + `TimeoutLayer` on hyper-util's client.
