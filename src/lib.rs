@@ -70,6 +70,11 @@
 //! payment provider. The `#[idempotent]` attribute (feature `macros`, see `route`) makes one
 //! axum handler idempotent where it is written, with options per route.
 //!
+//! **Calling an idempotent API.** The [`client`] module is the other half: it stamps a key
+//! once per logical request and retries what is safe to retry with the same key, as a tower
+//! layer and retry policy (hyper-util, tonic) or a `reqwest-middleware` middleware (feature
+//! `reqwest`).
+//!
 //! **Below the doors.** A *door* is one way into the same machinery: the HTTP layer, the
 //! attribute and the extractors are doors today. Each turns its input into a key, a scope and a
 //! fingerprint and asks the [`engine`] to claim, run, and complete or release; only the engine
@@ -86,6 +91,7 @@
 //! | `macros` | no | `#[idempotent]` (enables `axum`) |
 //! | `tonic` | no | `Rejection::to_status` and tonic's `NamedService` for the layered service |
 //! | `test-util` | no | the store conformance suite, for your own `Store` |
+//! | `reqwest` | no | `client::RetryMiddleware`, client retries for `reqwest-middleware` |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -96,6 +102,7 @@ mod record;
 mod scope;
 mod secret;
 
+pub mod client;
 pub mod engine;
 pub mod http;
 pub mod store;
@@ -141,6 +148,12 @@ pub use tower_idempotency_macros::idempotent;
 pub mod __private;
 
 // The README's examples, compiled as doctests so they cannot rot (they need every feature).
-#[cfg(all(doctest, feature = "redis", feature = "macros", feature = "tonic"))]
+#[cfg(all(
+    doctest,
+    feature = "redis",
+    feature = "macros",
+    feature = "tonic",
+    feature = "reqwest"
+))]
 #[doc = include_str!("../README.md")]
 struct ReadmeDoctests;

@@ -199,7 +199,7 @@ pub(crate) struct Config {
 impl Default for Config {
     fn default() -> Self {
         Self {
-            key_source: KeySource::Header(HeaderName::from_static("idempotency-key")),
+            key_source: KeySource::Header(super::headers::KEY_HEADER),
             json_key: None,
             required: true,
             principal_fn: None,

@@ -14,6 +14,10 @@ use crate::record::Field;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, header};
 
+/// The request header that carries the idempotency key by default (`Idempotency-Key`), read by
+/// the layer and sent by the [client](crate::client).
+pub const KEY_HEADER: HeaderName = HeaderName::from_static("idempotency-key");
+
 /// The header added to every replayed response.
 pub const REPLAYED_HEADER: HeaderName = HeaderName::from_static("idempotent-replayed");
 

@@ -160,8 +160,10 @@ pub use extensions::ClaimedKey;
 pub(crate) use extensions::KeyMissing;
 pub use future::ResponseFuture;
 pub use headers::{
-    DEFAULT_ALLOWED_HEADERS, DENIED_HEADERS, REPLAYED_HEADER, REPRESENTATION_HEADERS,
+    DEFAULT_ALLOWED_HEADERS, DENIED_HEADERS, KEY_HEADER, REPLAYED_HEADER, REPRESENTATION_HEADERS,
 };
+// The gRPC wire names, shared with the client's retry rules.
+pub(crate) use headers::{GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS};
 pub use layer::IdempotencyLayer;
 pub use rejection::{Rejection, RejectionKind};
 pub use service::Idempotency;

@@ -1,5 +1,5 @@
-//! A small TCP proxy for fault tests: `127.0.0.1:<free port>` ↔ a target port (Redis), with
-//! faults switched at run time.
+//! A small TCP proxy for fault tests: `127.0.0.1:<free port>` ↔ a target port (Redis, or an
+//! HTTP server), with faults switched at run time.
 //!
 //! | fault | what the client sees |
 //! | --- | --- |
@@ -8,6 +8,8 @@
 //! | [`Proxy::drop_all`] | every open connection is closed at once; bytes held by a black hole are lost with it |
 //! | [`Proxy::freeze_existing`] | the connections open now go silent for good but stay open (a half-open TCP connection: the peer or a middlebox lost its state and no reset arrives); new connections work |
 //! | [`Proxy::restore`] | no latency, no black hole: held bytes flow again (a healed partition) |
+//! | [`Proxy::cut_responses`] | the next `n` answers are lost: a connection is closed (or reset) when the first byte from the target arrives, so the request was served but its answer never reaches the client |
+//! | [`Proxy::hold_responses`] | the next `n` answers are held for a delay before their first byte is forwarded (a slow network after the work was done) |
 //!
 //! Nothing is ever dropped from the middle of a stream: a fault either delays bytes or closes
 //! the whole connection, as real networks do under TCP.
@@ -37,6 +39,52 @@ impl Mode {
     };
 }
 
+/// How [`Proxy::cut_responses`] ends a connection.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Cut {
+    /// An orderly close (FIN): the client sees the connection end before the answer.
+    Close,
+    /// A reset (RST, `SO_LINGER` 0): the client sees `ECONNRESET`.
+    Reset,
+}
+
+/// What happens to the next answers from the target ([`Proxy::cut_responses`],
+/// [`Proxy::hold_responses`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum AnswerFault {
+    Cut(Cut),
+    Hold(Duration),
+}
+
+/// The answers still to be cut or held, and how.
+#[derive(Debug)]
+struct AnswerFaults {
+    remaining: AtomicUsize,
+    fault: std::sync::Mutex<AnswerFault>,
+}
+
+impl AnswerFaults {
+    fn new() -> Self {
+        Self {
+            remaining: AtomicUsize::new(0),
+            fault: std::sync::Mutex::new(AnswerFault::Cut(Cut::Close)),
+        }
+    }
+
+    fn set(&self, n: usize, fault: AnswerFault) {
+        *self.fault.lock().unwrap_or_else(|e| e.into_inner()) = fault;
+        self.remaining.store(n, Ordering::SeqCst);
+    }
+
+    /// Takes one fault if any is left.
+    fn take(&self) -> Option<AnswerFault> {
+        self.remaining
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .ok()
+            .map(|_| *self.fault.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
 /// A running proxy; stops (closing every connection) when dropped.
 #[derive(Debug)]
 pub(crate) struct Proxy {
@@ -48,6 +96,7 @@ pub(crate) struct Proxy {
     epoch: Arc<AtomicU64>,
     accepted: Arc<AtomicUsize>,
     forwarded: Arc<AtomicU64>,
+    cuts: Arc<AnswerFaults>,
     task: JoinHandle<()>,
 }
 
@@ -63,14 +112,15 @@ impl Proxy {
         let epoch = Arc::new(AtomicU64::new(0));
         let accepted = Arc::new(AtomicUsize::new(0));
         let forwarded = Arc::new(AtomicU64::new(0));
+        let cuts = Arc::new(AnswerFaults::new());
         let task = tokio::spawn(accept_loop(
             listener,
             SocketAddr::from((Ipv4Addr::LOCALHOST, target)),
             mode.clone(),
             generation.clone(),
             Arc::clone(&epoch),
-            Arc::clone(&accepted),
-            Arc::clone(&forwarded),
+            (Arc::clone(&accepted), Arc::clone(&forwarded)),
+            Arc::clone(&cuts),
         ));
         Self {
             addr,
@@ -79,6 +129,7 @@ impl Proxy {
             epoch,
             accepted,
             forwarded,
+            cuts,
             task,
         }
     }
@@ -116,6 +167,25 @@ impl Proxy {
         self.epoch.fetch_add(1, Ordering::SeqCst);
     }
 
+    /// The next `n` answers from the target are lost: the connection that carries one is
+    /// closed (or reset) when its first byte arrives, before anything reaches the client. The
+    /// target has served the request by then (an HTTP server answers after its handler ran).
+    pub(crate) fn cut_responses(&self, n: usize, how: Cut) {
+        self.cuts.set(n, AnswerFault::Cut(how));
+    }
+
+    /// The next `n` answers from the target are held for `delay` before their first byte is
+    /// forwarded (the target has served the request; a client that gives up meanwhile closes
+    /// the connection and the answer is lost).
+    pub(crate) fn hold_responses(&self, n: usize, delay: Duration) {
+        self.cuts.set(n, AnswerFault::Hold(delay));
+    }
+
+    /// Answers still to be cut or held.
+    pub(crate) fn cuts_left(&self) -> usize {
+        self.cuts.remaining.load(Ordering::SeqCst)
+    }
+
     /// No latency, no black hole.
     pub(crate) fn restore(&self) {
         self.mode.send_replace(Mode::NORMAL);
@@ -145,8 +215,8 @@ async fn accept_loop(
     mode: watch::Sender<Mode>,
     generation: watch::Sender<u64>,
     epoch: Arc<AtomicU64>,
-    accepted: Arc<AtomicUsize>,
-    forwarded: Arc<AtomicU64>,
+    (accepted, forwarded): (Arc<AtomicUsize>, Arc<AtomicU64>),
+    cuts: Arc<AnswerFaults>,
 ) {
     loop {
         let Ok((client, _)) = listener.accept().await else {
@@ -157,6 +227,7 @@ async fn accept_loop(
         let generation = generation.subscribe();
         let forwarded = Arc::clone(&forwarded);
         let epoch = Arc::clone(&epoch);
+        let cuts = Arc::clone(&cuts);
         tokio::spawn(async move {
             let born = *generation.borrow();
             let era = (Arc::clone(&epoch), epoch.load(Ordering::SeqCst));
@@ -174,8 +245,17 @@ async fn accept_loop(
                 (generation.clone(), born),
                 era.clone(),
                 Arc::clone(&forwarded),
+                None,
             );
-            let down = pump(sr, cw, mode, (generation.clone(), born), era, forwarded);
+            let down = pump(
+                sr,
+                cw,
+                mode,
+                (generation.clone(), born),
+                era,
+                forwarded,
+                Some(cuts),
+            );
             let mut gen_rx = generation;
             let dropped = async move {
                 let _ = gen_rx.wait_for(|g| *g != born).await;
@@ -192,7 +272,8 @@ async fn accept_loop(
 
 /// Copies one direction chunk by chunk, honouring the mode before each chunk is forwarded.
 /// Stops without writing once the connection was dropped (`drop_all`), so bytes a black hole
-/// held are lost with it even when the hole is restored right after.
+/// held are lost with it even when the hole is restored right after. `cuts` (the direction
+/// towards the client) ends the connection instead of forwarding while cuts are left.
 async fn pump(
     mut from: tokio::net::tcp::OwnedReadHalf,
     mut to: tokio::net::tcp::OwnedWriteHalf,
@@ -200,6 +281,7 @@ async fn pump(
     (generation, born): (watch::Receiver<u64>, u64),
     (epoch, era): (Arc<AtomicU64>, u64),
     forwarded: Arc<AtomicU64>,
+    cuts: Option<Arc<AnswerFaults>>,
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
@@ -222,6 +304,16 @@ async fn pump(
         // Frozen: silent for good, but the socket stays open.
         if epoch.load(Ordering::SeqCst) != era {
             std::future::pending::<()>().await;
+        }
+        match cuts.as_ref().and_then(|c| c.take()) {
+            Some(AnswerFault::Cut(how)) => {
+                if how == Cut::Reset {
+                    let _ = to.as_ref().set_zero_linger();
+                }
+                return;
+            }
+            Some(AnswerFault::Hold(delay)) => tokio::time::sleep(delay).await,
+            None => {}
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;

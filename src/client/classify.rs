@@ -1,0 +1,318 @@
+//! Reading an outcome: which statuses, gRPC codes and failures may be retried, and the delay a
+//! server asked for (`Retry-After`, `grpc-retry-pushback-ms`).
+
+use super::policy::{Failure, Outcome};
+use crate::http::grpc::{self, GrpcCode};
+use crate::http::{GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, RejectionKind};
+use http::header::RETRY_AFTER;
+use http::{HeaderMap, HeaderValue, StatusCode};
+use std::any::Any;
+use std::error::Error;
+use std::io;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Whether an outcome may be retried, and after the delay the server asked for if it did.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Final,
+    Retry(Option<Duration>),
+}
+
+pub(crate) fn classify(outcome: &Outcome<'_>) -> Verdict {
+    match *outcome {
+        Outcome::Failed(Failure::Other) => Verdict::Final,
+        Outcome::Failed(_) => Verdict::Retry(None),
+        Outcome::Response { status, headers } => {
+            if status == StatusCode::OK && grpc::is_grpc(headers) {
+                classify_grpc(headers)
+            } else {
+                classify_http(status, headers)
+            }
+        }
+    }
+}
+
+/// 408, 425, 429 and 5xx are transient; a 409 is the server's "in flight, retry later" only
+/// when it says when (`Retry-After`, as the layer's `idempotency.in_flight` does): a 409
+/// without it is an application conflict that a repeat would meet again.
+fn classify_http(status: StatusCode, headers: &HeaderMap) -> Verdict {
+    let transient = status.is_server_error() || matches!(status.as_u16(), 408 | 425 | 429);
+    let in_flight = status == StatusCode::CONFLICT && headers.contains_key(RETRY_AFTER);
+    if transient || in_flight {
+        Verdict::Retry(retry_after(headers, SystemTime::now()))
+    } else {
+        Verdict::Final
+    }
+}
+
+/// A gRPC response whose status arrived as headers (Trailers-Only, how servers send an error
+/// without messages). A status in the trailers comes with a response that has started: it is
+/// final for a retry layer, which has already passed the response on.
+///
+/// - `UNAVAILABLE`: retried (the server did not run the call, or a retry under the same key
+///   is answered from its record);
+/// - `ABORTED` with `idempotency.in_flight`: retried after the pushback (another `ABORTED` is
+///   an application conflict);
+/// - `RESOURCE_EXHAUSTED` with a pushback: retried (the layer's `idempotency.scope_full`; a
+///   message over the size limit carries none);
+/// - a pushback that is negative or not a number: the server asks not to retry (gRPC A6);
+/// - everything else, `FAILED_PRECONDITION` (`idempotency.key_reused`) included: final.
+fn classify_grpc(headers: &HeaderMap) -> Verdict {
+    let Some(code) = grpc::status_of(headers) else {
+        return Verdict::Final;
+    };
+    let pushback = match headers.get(GRPC_RETRY_PUSHBACK_MS) {
+        None => None,
+        Some(v) => match parse_millis(v) {
+            Some(d) => Some(d),
+            None => return Verdict::Final,
+        },
+    };
+    let in_flight = || {
+        headers.get(GRPC_MESSAGE).is_some_and(|m| {
+            m.as_bytes()
+                .starts_with(RejectionKind::InFlight.code().as_bytes())
+        })
+    };
+    match GrpcCode::from_i32(code) {
+        Some(GrpcCode::Unavailable) => Verdict::Retry(pushback),
+        Some(GrpcCode::Aborted) if in_flight() => Verdict::Retry(pushback),
+        Some(GrpcCode::ResourceExhausted) if pushback.is_some() => Verdict::Retry(pushback),
+        _ => Verdict::Final,
+    }
+}
+
+fn parse_millis(v: &HeaderValue) -> Option<Duration> {
+    let s = v.to_str().ok()?;
+    if s.is_empty() || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    // More digits than a u64 holds: longer than any cap.
+    Some(Duration::from_millis(s.parse().unwrap_or(u64::MAX)))
+}
+
+/// `Retry-After` as delay-seconds or an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`, a date
+/// in the past being no delay). Anything else (the obsolete date formats included) is ignored
+/// and the backoff applies.
+pub(crate) fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let s = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
+    if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
+        return Some(Duration::from_secs(s.parse().unwrap_or(u64::MAX)));
+    }
+    let at = UNIX_EPOCH + Duration::from_secs(parse_imf_fixdate(s)?);
+    Some(at.duration_since(now).unwrap_or(Duration::ZERO))
+}
+
+/// Seconds since the Unix epoch of an IMF-fixdate (RFC 9110 §5.6.7).
+fn parse_imf_fixdate(s: &str) -> Option<u64> {
+    let b = s.as_bytes();
+    if b.len() != 29 || &b[3..5] != b", " || &b[25..] != b" GMT" {
+        return None;
+    }
+    let num = |r: std::ops::Range<usize>| -> Option<u64> {
+        let part = s.get(r)?;
+        if !part.bytes().all(|c| c.is_ascii_digit()) {
+            return None;
+        }
+        part.parse().ok()
+    };
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let month = MONTHS.iter().position(|m| s.get(8..11) == Some(*m))? + 1;
+    let (day, year) = (num(5..7)?, num(12..16)?);
+    let (hour, min, sec) = (num(17..19)?, num(20..22)?, num(23..25)?);
+    if b[7] != b' ' || b[11] != b' ' || b[16] != b' ' || b[19] != b':' || b[22] != b':' {
+        return None;
+    }
+    if !(1..=31).contains(&day) || year < 1970 || hour > 23 || min > 59 || sec > 60 {
+        return None;
+    }
+    let days = days_from_civil(year, u64::try_from(month).ok()?, day);
+    Some(days * 86_400 + hour * 3600 + min * 60 + sec)
+}
+
+/// Days from 1970-01-01 to a date of the proleptic Gregorian calendar (year ≥ 1970).
+fn days_from_civil(year: u64, month: u64, day: u64) -> u64 {
+    let y = if month <= 2 { year - 1 } else { year };
+    let era = y / 400;
+    let yoe = y - era * 400;
+    let mp = (month + 9) % 12;
+    let doy = (153 * mp + 2) / 5 + day - 1;
+    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
+    era * 146_097 + doe - 719_468
+}
+
+/// What an error says about the exchange, read from its chain of sources: I/O error kinds and
+/// elapsed timers (Tokio's, and `tower::timeout`'s). `fallback` when nothing in the chain tells.
+pub(crate) fn failure_of(err: &(dyn Error + 'static), fallback: Failure) -> Failure {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        if e.is::<tokio::time::error::Elapsed>() || e.is::<tower::timeout::error::Elapsed>() {
+            return Failure::Timeout;
+        }
+        if let Some(io) = e.downcast_ref::<io::Error>() {
+            match io.kind() {
+                io::ErrorKind::ConnectionRefused
+                | io::ErrorKind::AddrNotAvailable
+                | io::ErrorKind::HostUnreachable
+                | io::ErrorKind::NetworkUnreachable => return Failure::Connect,
+                io::ErrorKind::TimedOut => return Failure::Timeout,
+                io::ErrorKind::ConnectionReset
+                | io::ErrorKind::ConnectionAborted
+                | io::ErrorKind::BrokenPipe
+                | io::ErrorKind::UnexpectedEof
+                | io::ErrorKind::NotConnected => return Failure::ConnectionLost,
+                _ => {}
+            }
+        }
+        next = e.source();
+    }
+    fallback
+}
+
+/// The failure of a tower stack's error. A client service fails only when no response came
+/// (an HTTP error status is a response), so an error of any type is a transport failure; a
+/// boxed error (`tower::BoxError`, what timeouts and buffers produce) or an I/O error is read
+/// for its detail.
+pub(crate) fn failure_of_any<E: 'static>(err: &E) -> Failure {
+    let any: &dyn Any = err;
+    if let Some(boxed) = any.downcast_ref::<Box<dyn Error + Send + Sync>>() {
+        return failure_of(&**boxed, Failure::Transport);
+    }
+    if let Some(io) = any.downcast_ref::<io::Error>() {
+        return failure_of(io, Failure::Transport);
+    }
+    Failure::Transport
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use http::header::CONTENT_TYPE;
+
+    fn grpc(code: &'static str, extra: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        h.insert("grpc-status", HeaderValue::from_static(code));
+        for (n, v) in extra {
+            h.insert(*n, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    fn verdict(h: &HeaderMap) -> Verdict {
+        classify(&Outcome::response(StatusCode::OK, h))
+    }
+
+    #[test]
+    fn grpc_unavailable_is_retried_after_its_pushback() {
+        let h = grpc("14", &[("grpc-retry-pushback-ms", "1000")]);
+        assert_eq!(verdict(&h), Verdict::Retry(Some(Duration::from_secs(1))));
+        assert_eq!(verdict(&grpc("14", &[])), Verdict::Retry(None));
+    }
+
+    #[test]
+    fn grpc_aborted_is_retried_only_when_in_flight() {
+        let in_flight = grpc(
+            "10",
+            &[
+                ("grpc-message", "idempotency.in_flight: still running"),
+                ("grpc-retry-pushback-ms", "1000"),
+            ],
+        );
+        assert_eq!(
+            verdict(&in_flight),
+            Verdict::Retry(Some(Duration::from_secs(1)))
+        );
+        let conflict = grpc("10", &[("grpc-message", "transaction aborted")]);
+        assert_eq!(verdict(&conflict), Verdict::Final);
+    }
+
+    #[test]
+    fn grpc_failed_precondition_for_a_reused_key_is_final() {
+        let h = grpc(
+            "9",
+            &[("grpc-message", "idempotency.key_reused: another request")],
+        );
+        assert_eq!(verdict(&h), Verdict::Final);
+    }
+
+    #[test]
+    fn grpc_resource_exhausted_is_retried_only_with_a_pushback() {
+        let scope_full = grpc("8", &[("grpc-retry-pushback-ms", "500")]);
+        assert_eq!(
+            verdict(&scope_full),
+            Verdict::Retry(Some(Duration::from_millis(500)))
+        );
+        assert_eq!(verdict(&grpc("8", &[])), Verdict::Final);
+    }
+
+    #[test]
+    fn grpc_caller_errors_and_ok_are_final() {
+        for code in [
+            "0", "3", "5", "6", "7", "9", "11", "12", "16", "2", "13", "4", "99",
+        ] {
+            assert_eq!(
+                verdict(&grpc(code, &[])),
+                Verdict::Final,
+                "grpc-status {code}"
+            );
+        }
+        let mut no_status = HeaderMap::new();
+        no_status.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        assert_eq!(
+            verdict(&no_status),
+            Verdict::Final,
+            "status in the trailers"
+        );
+    }
+
+    #[test]
+    fn a_negative_or_broken_pushback_means_do_not_retry() {
+        for bad in ["-1", "soon", ""] {
+            let h = grpc("14", &[("grpc-retry-pushback-ms", bad)]);
+            assert_eq!(verdict(&h), Verdict::Final, "pushback {bad:?}");
+        }
+    }
+
+    #[test]
+    fn retry_after_reads_seconds_and_dates() {
+        let now = UNIX_EPOCH + Duration::from_secs(784_111_777); // Sun, 06 Nov 1994 08:49:37
+        let with = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert(RETRY_AFTER, HeaderValue::from_static(v));
+            retry_after(&h, now)
+        };
+        assert_eq!(with("3"), Some(Duration::from_secs(3)));
+        assert_eq!(
+            with("Sun, 06 Nov 1994 08:50:07 GMT"),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(with("Sun, 06 Nov 1994 08:00:00 GMT"), Some(Duration::ZERO));
+        assert_eq!(with("Sunday, 06-Nov-94 08:49:37 GMT"), None);
+        assert_eq!(with("-1"), None);
+        assert_eq!(
+            with("99999999999999999999999"),
+            Some(Duration::from_secs(u64::MAX))
+        );
+        assert_eq!(
+            parse_imf_fixdate("Thu, 29 Feb 2024 23:59:59 GMT"),
+            Some(1_709_251_199)
+        );
+    }
+
+    #[test]
+    fn io_errors_are_told_apart() {
+        let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
+        assert_eq!(failure_of(&refused, Failure::Other), Failure::Connect);
+        let reset: tower::BoxError = Box::new(io::Error::from(io::ErrorKind::ConnectionReset));
+        assert_eq!(failure_of_any(&reset), Failure::ConnectionLost);
+        let elapsed: tower::BoxError = Box::new(tower::timeout::error::Elapsed::new());
+        assert_eq!(failure_of_any(&elapsed), Failure::Timeout);
+        let other: tower::BoxError = "an unknown failure".into();
+        assert_eq!(failure_of_any(&other), Failure::Transport);
+        assert_eq!(failure_of_any(&42_u8), Failure::Transport);
+    }
+}

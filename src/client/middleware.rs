@@ -1,0 +1,151 @@
+//! The reqwest half: [`RetryMiddleware`] for `reqwest-middleware` clients.
+
+use super::classify::failure_of;
+use super::policy::{
+    Attempt, Attempts, Decision, Failure, Outcome, Reason, RetryPolicy, key_prefix, log_attempt,
+};
+use super::stamp::Stamp;
+use http::{Extensions, Method};
+use reqwest_middleware::{Middleware, Next};
+use std::time::Instant;
+
+/// Stamps an idempotency key on each request that has none and retries it by the rules of
+/// [`RetryPolicy`], sending the same key every time; the final response gets an
+/// [`Attempts`] extension (`response.extensions().get::<Attempts>()`).
+///
+/// Each attempt sends a copy made with `reqwest::Request::try_clone`. A request whose body
+/// cannot be copied (a streaming body, `Body::wrap_stream`) is sent once and never retried
+/// ([`Reason::NotReplayable`]): buffer the body (`Vec<u8>`, `Bytes`, `String`, `.json(..)`) to
+/// make it retryable.
+///
+/// ```
+/// use reqwest_middleware::ClientBuilder;
+/// use tower_idempotency::client::{RetryMiddleware, RetryPolicy};
+///
+/// let client = ClientBuilder::new(reqwest::Client::new())
+///     .with(RetryMiddleware::new(RetryPolicy::new().max_attempts(4)))
+///     .build();
+/// # let _ = client;
+/// ```
+///
+/// Put it first in the chain (outermost), so that middleware after it runs on every attempt.
+/// Errors keep their type (`reqwest_middleware::Error::Reqwest` for a failure of the last
+/// attempt), so `is_timeout()` and the like still work; how many attempts an error followed is
+/// in the last attempt's log event.
+#[derive(Clone, Debug)]
+pub struct RetryMiddleware {
+    policy: RetryPolicy,
+    stamp: Option<Stamp>,
+}
+
+impl RetryMiddleware {
+    /// Retries by `policy`; stamps every non-safe method in the policy's key header.
+    #[must_use]
+    pub fn new(policy: RetryPolicy) -> Self {
+        let stamp = Stamp::with_header(policy.key_header_name().clone());
+        Self {
+            policy,
+            stamp: Some(stamp),
+        }
+    }
+
+    /// Only requests of these methods get a key (others are retried only when idempotent or
+    /// keyed by the caller).
+    #[must_use]
+    pub fn stamp_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
+        if let Some(stamp) = &mut self.stamp {
+            stamp.set_methods(methods);
+        }
+        self
+    }
+
+    /// Whether to stamp keys at all (default `true`). Without stamping only the requests that
+    /// carry a key of the caller's, and the idempotent methods, are retried.
+    #[must_use]
+    pub fn stamp(mut self, stamp: bool) -> Self {
+        if !stamp {
+            self.stamp = None;
+        } else if self.stamp.is_none() {
+            self.stamp = Some(Stamp::with_header(self.policy.key_header_name().clone()));
+        }
+        self
+    }
+}
+
+#[async_trait::async_trait]
+impl Middleware for RetryMiddleware {
+    async fn handle(
+        &self,
+        mut req: reqwest::Request,
+        extensions: &mut Extensions,
+        next: Next<'_>,
+    ) -> reqwest_middleware::Result<reqwest::Response> {
+        let method = req.method().clone();
+        if let Some(stamp) = &self.stamp {
+            stamp.apply(&method, req.headers_mut());
+        }
+        let header = self.policy.key_header_name();
+        let keyed = req.headers().contains_key(header);
+        let key = key_prefix(req.headers(), header);
+        let started = Instant::now();
+        let mut number = 1;
+        loop {
+            let spare = req.try_clone();
+            let mut result = next.clone().run(req, extensions).await;
+            let attempt = Attempt::new(&method, keyed, number, started.elapsed());
+            let decision = {
+                let outcome = match &result {
+                    Ok(res) => Outcome::response(res.status(), res.headers()),
+                    Err(e) => Outcome::Failed(failure_of_middleware(e)),
+                };
+                let decision = match self.policy.decide(&attempt, &outcome) {
+                    Decision::Retry(_) if spare.is_none() => Decision::Stop(Reason::NotReplayable),
+                    d => d,
+                };
+                log_attempt(&attempt, &key, &outcome, decision);
+                decision
+            };
+            match (decision, spare) {
+                (Decision::Retry(delay), Some(spare)) => {
+                    drop(result);
+                    tokio::time::sleep(delay).await;
+                    req = spare;
+                    number += 1;
+                }
+                (Decision::Stop(reason), _) => {
+                    if let Ok(res) = &mut result {
+                        let attempts = Attempts::new(number, res.headers(), reason);
+                        res.extensions_mut().insert(attempts);
+                    }
+                    return result;
+                }
+                // A retry without a copy was turned into a stop above.
+                (Decision::Retry(_), None) => return result,
+            }
+        }
+    }
+}
+
+/// What a failed attempt says about the exchange. An error of another middleware is not a
+/// transport failure: it is returned, not retried.
+fn failure_of_middleware(err: &reqwest_middleware::Error) -> Failure {
+    match err {
+        reqwest_middleware::Error::Reqwest(e) => failure_of_reqwest(e),
+        reqwest_middleware::Error::Middleware(_) => Failure::Other,
+    }
+}
+
+fn failure_of_reqwest(err: &reqwest::Error) -> Failure {
+    if err.is_connect() {
+        Failure::Connect
+    } else if err.is_timeout() {
+        Failure::Timeout
+    } else if err.is_request() {
+        // Sending failed or the connection ended before the answer: a reset, or a response
+        // cut off after the handler ran.
+        failure_of(err, Failure::ConnectionLost)
+    } else {
+        // Building, redirects, bodies, decoding: a repeat would fail the same way.
+        Failure::Other
+    }
+}

@@ -1,0 +1,154 @@
+//! The client door: stamp a key once, retry what is safe to retry, stop on what is not.
+//!
+//! A server that de-duplicates is half of the story. The client must send **the same key on
+//! every attempt** of one logical request, retry what a retry may fix, and stop on what it
+//! cannot. Two stacks share one set of rules, [`RetryPolicy::decide`]:
+//!
+//! - **tower** (no extra dependency): [`StampKeyLayer`] stamps the key, and [`RetryPolicy`]
+//!   is a `tower::retry::Policy`, for hyper-util clients and tonic channels (with
+//!   [`BufferRequestLayer`]);
+//! - **reqwest** (feature `reqwest`): `RetryMiddleware` for `reqwest-middleware` clients,
+//!   which stamps and retries in one piece.
+//!
+//! This module uses none of the server layer: it reads the same headers
+//! ([`KEY_HEADER`](crate::http::KEY_HEADER), [`REPLAYED_HEADER`](crate::http::REPLAYED_HEADER))
+//! and gRPC codes, and talks to any server that follows the protocol.
+//!
+//! # The rules
+//!
+//! **The key.** Each logical request gets one key, a random UUID v4 ([`new_key`]), stamped
+//! before the first attempt and repeated on every retry. A request that already carries a key
+//! keeps it: give your own when the logical request outlives the process (store it with the
+//! work it stands for, and send it again after a restart). By default every method but GET,
+//! HEAD, OPTIONS and TRACE is stamped.
+//!
+//! **What is retried**, with the same key:
+//!
+//! | outcome | retried | delay |
+//! | --- | --- | --- |
+//! | connect error, timeout, connection reset or closed before the answer | yes | backoff |
+//! | 5xx, 408, 425, 429 | yes | `Retry-After` if sent, else backoff |
+//! | 409 with `Retry-After` (the layer's `idempotency.in_flight`: the first attempt still runs) | yes | `Retry-After` |
+//! | 409 without `Retry-After` (an application conflict) | no | |
+//! | 400, 401, 403, 404, 413, 422 (`idempotency.key_reused`: a bug in the caller, returned with its problem details) and every other 4xx | no | |
+//! | 1xx, 2xx, 3xx | no (final) | |
+//! | gRPC `UNAVAILABLE` | yes | `grpc-retry-pushback-ms` if sent, else backoff |
+//! | gRPC `ABORTED` with `idempotency.in_flight` | yes | pushback |
+//! | gRPC `RESOURCE_EXHAUSTED` with a pushback (`idempotency.scope_full`) | yes | pushback |
+//! | any other gRPC status, `FAILED_PRECONDITION` (`idempotency.key_reused`) included | no | |
+//!
+//! **What is never retried**: a POST, PATCH or other non-idempotent method **without a key**
+//! (a retry could do the work twice; stamp one to make it retryable). GET, HEAD, OPTIONS,
+//! TRACE, PUT and DELETE are retried with or without one.
+//!
+//! **Limits**: at most [`max_attempts`](RetryPolicy::max_attempts) attempts (default 5); no
+//! retry starts past the [`deadline`](RetryPolicy::deadline) (default 30 s after the first
+//! attempt); backoff doubles from [`base_delay`](RetryPolicy::base_delay) (100 ms) up to
+//! [`max_delay`](RetryPolicy::max_delay) (5 s), each delay drawn between half of it and all of
+//! it; a `Retry-After` over [`max_retry_after`](RetryPolicy::max_retry_after) (30 s) is not
+//! waited for: the answer is returned.
+//!
+//! **What the caller learns.** The final response carries an [`Attempts`] extension: how many
+//! attempts were made, whether the answer was replayed (`Idempotent-Replayed: true`, the work
+//! was done by an earlier attempt whose answer was lost) and why the attempts stopped. Each
+//! attempt emits one `tracing` event (target `tower_idempotency::client`) with the
+//! attempt number, the status or failure, the delay, and the key's first 8 characters only.
+//!
+//! **The guarantee**, as the server's: no duplicate processing within the limits of the
+//! server's store. Retries are safe while the server keeps the first attempt's record (its
+//! retention) and while the first attempt holds its lease; a retry after the record expired
+//! runs the work again.
+//!
+//! # tower (hyper-util)
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use hyper_util::client::legacy::Client;
+//! use hyper_util::rt::TokioExecutor;
+//! use tower::ServiceBuilder;
+//! use tower::retry::RetryLayer;
+//! use tower_idempotency::client::{RetryPolicy, StampKeyLayer};
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! let http = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+//! let client = ServiceBuilder::new()
+//!     .layer(StampKeyLayer::new()) // outside: one key per logical request
+//!     .layer(RetryLayer::new(RetryPolicy::new())) // inside: every attempt repeats it
+//!     .service(http);
+//! # let _ = client;
+//! # Ok(()) }
+//! ```
+//!
+//! The request body must be `Clone` (`Full<Bytes>` is): each attempt sends a clone. Bound each
+//! attempt with `tower::timeout::TimeoutLayer` inside the retry layer; its `BoxError` is read as a
+//! timeout.
+//!
+//! # tonic
+//!
+//! A tonic channel takes the same layers, plus [`BufferRequestLayer`]: a
+//! `tonic::body::Body` cannot be cloned, so the request message is read into memory first and
+//! turned back into a tonic body below the retry layer. gRPC statuses are read from a
+//! Trailers-Only response (how a server sends an error), which is how the layer sends its
+//! rejections; a response whose status comes in its trailers has already begun and is final.
+//!
+//! ```no_run
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use tower::ServiceBuilder;
+//! use tower::retry::RetryLayer;
+//! use tower_idempotency::client::{BufferRequestLayer, RetryPolicy, StampKeyLayer};
+//!
+//! let channel = tonic::transport::Channel::from_static("http://127.0.0.1:50051").connect_lazy();
+//! let retrying = ServiceBuilder::new()
+//!     .layer(StampKeyLayer::new())
+//!     .layer(BufferRequestLayer::new())
+//!     .layer(RetryLayer::new(RetryPolicy::new()))
+//!     .map_request(|req: http::Request<Full<Bytes>>| req.map(tonic::body::Body::new))
+//!     .service(channel);
+//! // OrdersClient::new(retrying): every unary call is stamped and retried.
+//! # let _ = retrying;
+//! ```
+//!
+//! # reqwest (feature `reqwest`)
+//!
+//! ```
+//! # #[cfg(feature = "reqwest")]
+//! # async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+//! use reqwest_middleware::ClientBuilder;
+//! use tower_idempotency::client::{Attempts, RetryMiddleware, RetryPolicy};
+//!
+//! let client = ClientBuilder::new(reqwest::Client::new())
+//!     .with(RetryMiddleware::new(RetryPolicy::new()))
+//!     .build();
+//! let res = client
+//!     .post("http://127.0.0.1:3000/orders")
+//!     .header("content-type", "application/json")
+//!     .body(r#"{"item":"book"}"#)
+//!     .send()
+//!     .await?;
+//! let attempts = res.extensions().get::<Attempts>().copied();
+//! println!("{} after {:?}", res.status(), attempts.map(|a| a.count()));
+//! # Ok(()) }
+//! ```
+
+// `policy` holds the rules and their types, `classify` reads outcomes for them; `stamp`,
+// `retry` (tower) and `middleware` (reqwest) are the stacks, each using only the two first;
+// `buffer` stands alone.
+mod buffer;
+mod classify;
+#[cfg(feature = "reqwest")]
+mod middleware;
+mod policy;
+mod retry;
+mod stamp;
+
+pub use buffer::{BufferRequest, BufferRequestLayer};
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub use middleware::RetryMiddleware;
+pub use policy::{
+    Attempt, Attempts, DEFAULT_BASE_DELAY, DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS,
+    DEFAULT_MAX_DELAY, DEFAULT_MAX_RETRY_AFTER, Decision, Failure, Outcome, Reason, RetryPolicy,
+};
+pub use stamp::{StampKey, StampKeyLayer, new_key};

@@ -1,0 +1,606 @@
+//! The retry rules both client stacks share: [`RetryPolicy::decide`] takes what was sent, how
+//! often, and what came back, and answers retry-after-a-delay or stop.
+
+use super::classify::{Verdict, classify};
+use http::{HeaderMap, HeaderName, Method, StatusCode};
+use std::fmt;
+use std::time::Duration;
+
+/// The default of [`RetryPolicy::max_attempts`].
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
+/// The default of [`RetryPolicy::deadline`].
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
+/// The default of [`RetryPolicy::base_delay`].
+pub const DEFAULT_BASE_DELAY: Duration = Duration::from_millis(100);
+/// The default of [`RetryPolicy::max_delay`].
+pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(5);
+/// The default of [`RetryPolicy::max_retry_after`].
+pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
+
+/// When to retry a request and how long to wait first: the rules of the
+/// [module docs](super#the-rules), with limits.
+///
+/// One value serves every request of a client: it holds settings only, no per-request state
+/// (the stacks keep the attempt count and start time with each request). It is the
+/// `tower::retry::Policy` of the tower stack and the settings of
+/// `RetryMiddleware` (feature `reqwest`).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::client::RetryPolicy;
+///
+/// let policy = RetryPolicy::new()
+///     .max_attempts(4)
+///     .deadline(Duration::from_secs(10))
+///     .base_delay(Duration::from_millis(50))
+///     .max_delay(Duration::from_secs(2))
+///     .max_retry_after(Duration::from_secs(5));
+/// # let _ = policy;
+/// ```
+#[derive(Clone, Debug)]
+pub struct RetryPolicy {
+    max_attempts: u32,
+    deadline: Duration,
+    base_delay: Duration,
+    max_delay: Duration,
+    max_retry_after: Duration,
+    key_header: HeaderName,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl RetryPolicy {
+    /// The defaults: 5 attempts within 30 s, backoff from 100 ms up to 5 s, a `Retry-After` of
+    /// up to 30 s honoured, the key in `Idempotency-Key`.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            deadline: DEFAULT_DEADLINE,
+            base_delay: DEFAULT_BASE_DELAY,
+            max_delay: DEFAULT_MAX_DELAY,
+            max_retry_after: DEFAULT_MAX_RETRY_AFTER,
+            key_header: crate::http::KEY_HEADER,
+        }
+    }
+
+    /// The most attempts per request, the first one included (at least 1: `1` never retries).
+    #[must_use]
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.max_attempts = attempts.max(1);
+        self
+    }
+
+    /// No retry starts later than this after the first attempt started: a retry whose delay
+    /// would end past the deadline is not made. An attempt in progress is not cut short; bound
+    /// each attempt with your client's request timeout (reqwest's `timeout`, tower's
+    /// `TimeoutLayer` inside the retry).
+    #[must_use]
+    pub fn deadline(mut self, deadline: Duration) -> Self {
+        self.deadline = deadline;
+        self
+    }
+
+    /// The backoff of the first retry when the server gave no `Retry-After`; it doubles with
+    /// every retry up to [`max_delay`](Self::max_delay), and each delay is drawn between half
+    /// of it and all of it (jitter, so clients that failed together do not retry together).
+    #[must_use]
+    pub fn base_delay(mut self, delay: Duration) -> Self {
+        self.base_delay = delay;
+        self
+    }
+
+    /// The longest backoff between two attempts (a `Retry-After` is bounded by
+    /// [`max_retry_after`](Self::max_retry_after) instead).
+    #[must_use]
+    pub fn max_delay(mut self, delay: Duration) -> Self {
+        self.max_delay = delay;
+        self
+    }
+
+    /// The longest `Retry-After` (or gRPC `grpc-retry-pushback-ms`) honoured. A server that
+    /// asks for a longer wait gets no retry: its answer is returned at once
+    /// ([`Reason::RetryAfterTooLong`]), rather than retried earlier than it asked.
+    #[must_use]
+    pub fn max_retry_after(mut self, limit: Duration) -> Self {
+        self.max_retry_after = limit;
+        self
+    }
+
+    /// The request header that carries the key (default `Idempotency-Key`); must match the
+    /// server's and the stamping layer's.
+    #[must_use]
+    pub fn key_header(mut self, name: HeaderName) -> Self {
+        self.key_header = name;
+        self
+    }
+
+    /// The header that carries the key.
+    #[must_use]
+    pub fn key_header_name(&self) -> &HeaderName {
+        &self.key_header
+    }
+
+    /// The decision after an attempt: retry after a delay, or stop (and why).
+    ///
+    /// ```
+    /// use http::{HeaderMap, Method, StatusCode};
+    /// use std::time::Duration;
+    /// use tower_idempotency::client::{Attempt, Decision, Outcome, Reason, RetryPolicy};
+    ///
+    /// let policy = RetryPolicy::new();
+    /// let post = Method::POST;
+    /// let mut headers = HeaderMap::new();
+    /// headers.insert(http::header::RETRY_AFTER, "1".parse().unwrap());
+    /// let in_flight = Outcome::response(StatusCode::CONFLICT, &headers);
+    ///
+    /// // A keyed POST that met a 409 with `Retry-After: 1` is retried after one second.
+    /// let first = Attempt::new(&post, true, 1, Duration::ZERO);
+    /// assert_eq!(policy.decide(&first, &in_flight), Decision::Retry(Duration::from_secs(1)));
+    ///
+    /// // The same POST without a key is never retried.
+    /// let unkeyed = Attempt::new(&post, false, 1, Duration::ZERO);
+    /// assert_eq!(policy.decide(&unkeyed, &in_flight), Decision::Stop(Reason::NotKeyed));
+    ///
+    /// // A 422 (the key was used for another request) is final.
+    /// let none = HeaderMap::new();
+    /// let reused = Outcome::response(StatusCode::UNPROCESSABLE_ENTITY, &none);
+    /// assert_eq!(policy.decide(&first, &reused), Decision::Stop(Reason::Final));
+    /// ```
+    #[must_use]
+    pub fn decide(&self, attempt: &Attempt<'_>, outcome: &Outcome<'_>) -> Decision {
+        let after = match classify(outcome) {
+            Verdict::Final => return Decision::Stop(Reason::Final),
+            Verdict::Retry(after) => after,
+        };
+        if !attempt.keyed && !is_idempotent(attempt.method) {
+            return Decision::Stop(Reason::NotKeyed);
+        }
+        if attempt.number >= self.max_attempts {
+            return Decision::Stop(Reason::AttemptsExhausted);
+        }
+        let delay = match after {
+            Some(after) if after > self.max_retry_after => {
+                return Decision::Stop(Reason::RetryAfterTooLong);
+            }
+            Some(after) => after,
+            None => self.backoff(attempt.number),
+        };
+        if attempt.elapsed.saturating_add(delay) > self.deadline {
+            return Decision::Stop(Reason::DeadlineExceeded);
+        }
+        Decision::Retry(delay)
+    }
+
+    /// The backoff before attempt `made + 1`: `base × 2^(made − 1)` capped at `max_delay`,
+    /// drawn between half of it and all of it.
+    fn backoff(&self, made: u32) -> Duration {
+        let doublings = made.saturating_sub(1).min(32);
+        let cap = self
+            .base_delay
+            .saturating_mul(1u32 << doublings.min(31))
+            .min(self.max_delay);
+        let half = cap / 2;
+        let mut r = [0u8; 8];
+        // Without randomness (never on a supported OS) the whole delay is taken.
+        if getrandom::fill(&mut r).is_err() {
+            return cap;
+        }
+        let nanos = u64::try_from(half.as_nanos()).unwrap_or(u64::MAX);
+        let jitter = u64::from_le_bytes(r) % nanos.saturating_add(1);
+        half + Duration::from_nanos(jitter)
+    }
+}
+
+/// Whether a request of this method may be retried without a key: the safe and idempotent
+/// methods of RFC 9110 (GET, HEAD, OPTIONS, TRACE, PUT, DELETE).
+pub(crate) fn is_idempotent(method: &Method) -> bool {
+    matches!(
+        *method,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
+}
+
+/// What had been sent when an outcome arrived: the input of [`RetryPolicy::decide`] besides
+/// the outcome.
+#[derive(Clone, Copy, Debug)]
+pub struct Attempt<'a> {
+    method: &'a Method,
+    keyed: bool,
+    number: u32,
+    elapsed: Duration,
+}
+
+impl<'a> Attempt<'a> {
+    /// Attempt `number` (1 for the first) of a request of `method`, which carries an
+    /// idempotency key if `keyed`, `elapsed` after the first attempt started.
+    #[must_use]
+    pub fn new(method: &'a Method, keyed: bool, number: u32, elapsed: Duration) -> Self {
+        Self {
+            method,
+            keyed,
+            number,
+            elapsed,
+        }
+    }
+}
+
+/// What an attempt came back with.
+#[derive(Clone, Copy, Debug)]
+#[non_exhaustive]
+pub enum Outcome<'a> {
+    /// A response arrived (its body is not needed: the rules read the status and headers).
+    Response {
+        /// The HTTP status.
+        status: StatusCode,
+        /// The response headers (`Retry-After`; for gRPC the Trailers-Only status).
+        headers: &'a HeaderMap,
+    },
+    /// No response arrived.
+    Failed(Failure),
+}
+
+impl<'a> Outcome<'a> {
+    /// A response with this status and these headers.
+    #[must_use]
+    pub fn response(status: StatusCode, headers: &'a HeaderMap) -> Self {
+        Self::Response { status, headers }
+    }
+}
+
+/// Why no response arrived, as far as the client can tell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Failure {
+    /// The connection could not be made: nothing reached the server.
+    Connect,
+    /// The attempt timed out; the request may have reached the server.
+    Timeout,
+    /// The connection was reset or closed before the answer was complete; the request may
+    /// have reached the server (and its handler may have run).
+    ConnectionLost,
+    /// The exchange failed for a reason the client cannot tell apart (a tower stack's error
+    /// that is not an I/O error); treated as a transport failure.
+    Transport,
+    /// A failure a retry cannot fix: the request could not be built or its body not encoded,
+    /// a redirect loop, and the like.
+    Other,
+}
+
+/// The answer of [`RetryPolicy::decide`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Decision {
+    /// Send the same request, with the same key, after this delay.
+    Retry(Duration),
+    /// Return this outcome to the caller.
+    Stop(Reason),
+}
+
+/// Why the attempts stopped.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Reason {
+    /// The outcome is final: a success, or an answer a retry would not change (400, 401, 403,
+    /// 404, 413, 422 `idempotency.key_reused`, a 409 without `Retry-After`, …).
+    Final,
+    /// The outcome was retryable, but the request may not be repeated: a POST, PATCH or other
+    /// non-idempotent method without an idempotency key.
+    NotKeyed,
+    /// The outcome was retryable, but the request's body cannot be sent again (a streaming
+    /// body); it was sent once.
+    NotReplayable,
+    /// The last allowed attempt was made.
+    AttemptsExhausted,
+    /// The next retry would start past the deadline.
+    DeadlineExceeded,
+    /// The server asked to wait longer than [`RetryPolicy::max_retry_after`].
+    RetryAfterTooLong,
+}
+
+impl Reason {
+    /// A short name for logs (`final`, `not_keyed`, …).
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Final => "final",
+            Self::NotKeyed => "not_keyed",
+            Self::NotReplayable => "not_replayable",
+            Self::AttemptsExhausted => "attempts_exhausted",
+            Self::DeadlineExceeded => "deadline_exceeded",
+            Self::RetryAfterTooLong => "retry_after_too_long",
+        }
+    }
+}
+
+impl fmt::Display for Reason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a response was obtained, inserted into the final response's extensions by both client
+/// stacks (`http::Response::extensions()`, `reqwest::Response::extensions()`).
+///
+/// A response without it was not seen by a retrying stack: with tower, a request whose body
+/// cannot be cloned bypasses the policy. A request that ends in an error has no response to
+/// carry it; the last attempt's log event tells how many were made.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attempts {
+    count: u32,
+    replayed: bool,
+    reason: Reason,
+}
+
+impl Attempts {
+    pub(crate) fn new(count: u32, headers: &HeaderMap, reason: Reason) -> Self {
+        Self {
+            count,
+            replayed: headers
+                .get(crate::http::REPLAYED_HEADER)
+                .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true")),
+            reason,
+        }
+    }
+
+    /// How many attempts were made, this one included (1: no retry).
+    #[must_use]
+    pub fn count(&self) -> u32 {
+        self.count
+    }
+
+    /// Whether the server answered from the record of an earlier run
+    /// (`Idempotent-Replayed: true`): the work had been done by an attempt whose answer was
+    /// lost, or by an earlier call with the same key.
+    #[must_use]
+    pub fn replayed(&self) -> bool {
+        self.replayed
+    }
+
+    /// Why no further attempt was made.
+    #[must_use]
+    pub fn reason(&self) -> Reason {
+        self.reason
+    }
+}
+
+/// At most the first 8 characters of a key, for logs (never the whole key).
+pub(crate) fn key_prefix(headers: &HeaderMap, name: &HeaderName) -> String {
+    match headers.get(name).and_then(|v| v.to_str().ok()) {
+        Some(key) => key.chars().take(8).collect(),
+        None => "-".to_owned(),
+    }
+}
+
+/// The target of the client's events (one per attempt).
+const LOG_TARGET: &str = "tower_idempotency::client";
+
+/// The one event per attempt: its number, the method, at most 8 characters of the key, what
+/// came back and what follows. A retry is `INFO`; a stop on a retryable outcome (attempts,
+/// deadline or `Retry-After` exhausted) `WARN`; a final answer `DEBUG` on the first attempt and
+/// `INFO` after retries.
+pub(crate) fn log_attempt(
+    attempt: &Attempt<'_>,
+    key: &str,
+    outcome: &Outcome<'_>,
+    decision: Decision,
+) {
+    let (status, grpc_status, failure) = match *outcome {
+        Outcome::Response { status, headers } => (
+            Some(status.as_u16()),
+            crate::http::grpc::status_of(headers),
+            None,
+        ),
+        Outcome::Failed(f) => (None, None, Some(f)),
+    };
+    let n = attempt.number;
+    let method = attempt.method.as_str();
+    let elapsed_ms = u64::try_from(attempt.elapsed.as_millis()).unwrap_or(u64::MAX);
+    match decision {
+        Decision::Retry(delay) => {
+            let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+            tracing::info!(target: LOG_TARGET, attempt = n, method, key, status, grpc_status, failure = ?failure, elapsed_ms, delay_ms, "idempotent request: retrying");
+        }
+        Decision::Stop(reason @ (Reason::Final | Reason::NotKeyed | Reason::NotReplayable)) => {
+            if n == 1 {
+                tracing::debug!(target: LOG_TARGET, attempt = n, method, key, status, grpc_status, failure = ?failure, elapsed_ms, reason = reason.as_str(), "idempotent request: done");
+            } else {
+                tracing::info!(target: LOG_TARGET, attempt = n, method, key, status, grpc_status, failure = ?failure, elapsed_ms, reason = reason.as_str(), "idempotent request: done");
+            }
+        }
+        Decision::Stop(reason) => {
+            tracing::warn!(target: LOG_TARGET, attempt = n, method, key, status, grpc_status, failure = ?failure, elapsed_ms, reason = reason.as_str(), "idempotent request: giving up");
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(*n, HeaderValue::from_static(v));
+        }
+        h
+    }
+
+    fn decide_status(policy: &RetryPolicy, method: &Method, keyed: bool, status: u16) -> Decision {
+        let h = HeaderMap::new();
+        policy.decide(
+            &Attempt::new(method, keyed, 1, Duration::ZERO),
+            &Outcome::response(StatusCode::from_u16(status).unwrap(), &h),
+        )
+    }
+
+    #[test]
+    fn retries_transient_statuses_of_a_keyed_post() {
+        let p = RetryPolicy::new();
+        for s in [408, 425, 429, 500, 502, 503, 504] {
+            assert!(
+                matches!(
+                    decide_status(&p, &Method::POST, true, s),
+                    Decision::Retry(_)
+                ),
+                "{s} must be retried"
+            );
+        }
+    }
+
+    #[test]
+    fn never_retries_caller_errors_or_successes() {
+        let p = RetryPolicy::new();
+        for s in [200, 201, 204, 303, 400, 401, 403, 404, 409, 413, 422] {
+            assert_eq!(
+                decide_status(&p, &Method::POST, true, s),
+                Decision::Stop(Reason::Final),
+                "{s} must not be retried"
+            );
+        }
+    }
+
+    #[test]
+    fn an_unkeyed_post_or_patch_is_never_retried() {
+        let p = RetryPolicy::new();
+        for m in [Method::POST, Method::PATCH] {
+            assert_eq!(
+                decide_status(&p, &m, false, 503),
+                Decision::Stop(Reason::NotKeyed)
+            );
+            let failed = Outcome::Failed(Failure::ConnectionLost);
+            assert_eq!(
+                p.decide(&Attempt::new(&m, false, 1, Duration::ZERO), &failed),
+                Decision::Stop(Reason::NotKeyed)
+            );
+        }
+    }
+
+    #[test]
+    fn idempotent_methods_are_retried_without_a_key() {
+        let p = RetryPolicy::new();
+        for m in [Method::GET, Method::PUT, Method::DELETE, Method::HEAD] {
+            assert!(matches!(
+                decide_status(&p, &m, false, 503),
+                Decision::Retry(_)
+            ));
+        }
+    }
+
+    #[test]
+    fn a_conflict_is_retried_only_with_retry_after() {
+        let p = RetryPolicy::new();
+        let h = headers(&[("retry-after", "2")]);
+        let d = p.decide(
+            &Attempt::new(&Method::POST, true, 1, Duration::ZERO),
+            &Outcome::response(StatusCode::CONFLICT, &h),
+        );
+        assert_eq!(d, Decision::Retry(Duration::from_secs(2)));
+        assert_eq!(
+            decide_status(&p, &Method::POST, true, 409),
+            Decision::Stop(Reason::Final)
+        );
+    }
+
+    #[test]
+    fn retry_after_over_the_cap_stops() {
+        let p = RetryPolicy::new().max_retry_after(Duration::from_secs(5));
+        let h = headers(&[("retry-after", "6")]);
+        let d = p.decide(
+            &Attempt::new(&Method::POST, true, 1, Duration::ZERO),
+            &Outcome::response(StatusCode::SERVICE_UNAVAILABLE, &h),
+        );
+        assert_eq!(d, Decision::Stop(Reason::RetryAfterTooLong));
+    }
+
+    #[test]
+    fn transport_failures_are_retried_other_failures_are_not() {
+        let p = RetryPolicy::new();
+        let a = Attempt::new(&Method::POST, true, 1, Duration::ZERO);
+        for f in [
+            Failure::Connect,
+            Failure::Timeout,
+            Failure::ConnectionLost,
+            Failure::Transport,
+        ] {
+            assert!(matches!(
+                p.decide(&a, &Outcome::Failed(f)),
+                Decision::Retry(_)
+            ));
+        }
+        assert_eq!(
+            p.decide(&a, &Outcome::Failed(Failure::Other)),
+            Decision::Stop(Reason::Final)
+        );
+    }
+
+    #[test]
+    fn stops_after_max_attempts() {
+        let p = RetryPolicy::new().max_attempts(3);
+        let f = Outcome::Failed(Failure::Connect);
+        let at = |n| Attempt::new(&Method::GET, false, n, Duration::ZERO);
+        assert!(matches!(p.decide(&at(2), &f), Decision::Retry(_)));
+        assert_eq!(
+            p.decide(&at(3), &f),
+            Decision::Stop(Reason::AttemptsExhausted)
+        );
+        let once = RetryPolicy::new().max_attempts(0);
+        assert_eq!(
+            once.decide(&at(1), &f),
+            Decision::Stop(Reason::AttemptsExhausted)
+        );
+    }
+
+    #[test]
+    fn stops_when_the_delay_would_pass_the_deadline() {
+        let p = RetryPolicy::new().deadline(Duration::from_secs(3));
+        let h = headers(&[("retry-after", "2")]);
+        let o = Outcome::response(StatusCode::TOO_MANY_REQUESTS, &h);
+        let at = |ms| Attempt::new(&Method::GET, false, 1, Duration::from_millis(ms));
+        assert_eq!(
+            p.decide(&at(900), &o),
+            Decision::Retry(Duration::from_secs(2))
+        );
+        assert_eq!(
+            p.decide(&at(1100), &o),
+            Decision::Stop(Reason::DeadlineExceeded)
+        );
+    }
+
+    #[test]
+    fn backoff_doubles_with_jitter_and_is_capped() {
+        let p = RetryPolicy::new()
+            .base_delay(Duration::from_millis(100))
+            .max_delay(Duration::from_millis(350))
+            .max_attempts(100);
+        for _ in 0..50 {
+            let b1 = p.backoff(1);
+            assert!(b1 >= Duration::from_millis(50) && b1 <= Duration::from_millis(100));
+            let b2 = p.backoff(2);
+            assert!(b2 >= Duration::from_millis(100) && b2 <= Duration::from_millis(200));
+            let b9 = p.backoff(9);
+            assert!(b9 >= Duration::from_millis(175) && b9 <= Duration::from_millis(350));
+            assert!(p.backoff(u32::MAX) <= Duration::from_millis(350));
+        }
+    }
+
+    #[test]
+    fn attempts_reads_the_replayed_header() {
+        let h = headers(&[("idempotent-replayed", "true")]);
+        assert!(Attempts::new(2, &h, Reason::Final).replayed());
+        assert!(!Attempts::new(1, &HeaderMap::new(), Reason::Final).replayed());
+    }
+
+    #[test]
+    fn logs_at_most_eight_characters_of_a_key() {
+        let h = headers(&[("idempotency-key", "0f8fad5b-d9cb-469f-a165-70867728950e")]);
+        assert_eq!(key_prefix(&h, &crate::http::KEY_HEADER), "0f8fad5b");
+        assert_eq!(key_prefix(&HeaderMap::new(), &crate::http::KEY_HEADER), "-");
+    }
+}

@@ -1,0 +1,92 @@
+//! [`RetryPolicy`] as a `tower::retry::Policy` for `http` clients: hyper-util's client, a tonic
+//! channel whose body can be cloned, any `Service<http::Request<B>>`.
+
+use super::classify::failure_of_any;
+use super::policy::{Attempt, Attempts, Decision, Outcome, RetryPolicy, key_prefix, log_attempt};
+use http::{Request, Response};
+use std::time::Instant;
+use tokio::time::Sleep;
+
+/// The attempt count and start of one logical request, carried in the extensions of the
+/// clone that the retry layer keeps (tower clones the policy per call, but asks the service's
+/// own policy for the first clone, so the policy itself holds no per-request state).
+#[derive(Clone, Copy, Debug)]
+struct Progress {
+    started: Instant,
+    /// Attempts made once the request holding this has been sent.
+    number: u32,
+}
+
+/// The rules of [`RetryPolicy::decide`] for `tower::retry::Retry`. A request is cloned before
+/// each attempt (its body `B: Clone`, e.g. `Full<Bytes>`; the key header is cloned with it);
+/// the final response gets an [`Attempts`] extension.
+///
+/// A delay is a `tokio::time::sleep`, so the service runs on a Tokio runtime with time.
+impl<B, R, E> tower::retry::Policy<Request<B>, Response<R>, E> for RetryPolicy
+where
+    B: Clone,
+    E: 'static,
+{
+    type Future = Sleep;
+
+    fn retry(
+        &mut self,
+        req: &mut Request<B>,
+        result: &mut Result<Response<R>, E>,
+    ) -> Option<Self::Future> {
+        let progress = req
+            .extensions()
+            .get::<Progress>()
+            .copied()
+            .unwrap_or(Progress {
+                started: Instant::now(),
+                number: 1,
+            });
+        let keyed = req.headers().contains_key(self.key_header_name());
+        let attempt = Attempt::new(
+            req.method(),
+            keyed,
+            progress.number,
+            progress.started.elapsed(),
+        );
+        let outcome = match result {
+            Ok(res) => Outcome::response(res.status(), res.headers()),
+            Err(e) => Outcome::Failed(failure_of_any(e)),
+        };
+        let decision = self.decide(&attempt, &outcome);
+        let key = key_prefix(req.headers(), self.key_header_name());
+        log_attempt(&attempt, &key, &outcome, decision);
+        match decision {
+            Decision::Retry(delay) => {
+                req.extensions_mut().insert(Progress {
+                    number: progress.number.saturating_add(1),
+                    ..progress
+                });
+                Some(tokio::time::sleep(delay))
+            }
+            Decision::Stop(reason) => {
+                if let Ok(res) = result {
+                    let attempts = Attempts::new(progress.number, res.headers(), reason);
+                    res.extensions_mut().insert(attempts);
+                }
+                None
+            }
+        }
+    }
+
+    fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {
+        let mut clone = Request::new(req.body().clone());
+        *clone.method_mut() = req.method().clone();
+        *clone.uri_mut() = req.uri().clone();
+        *clone.version_mut() = req.version();
+        *clone.headers_mut() = req.headers().clone();
+        *clone.extensions_mut() = req.extensions().clone();
+        if clone.extensions().get::<Progress>().is_none() {
+            clone.extensions_mut().insert(Progress {
+                started: Instant::now(),
+                number: 1,
+            });
+        }
+        Some(clone)
+    }
+}

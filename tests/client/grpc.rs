@@ -1,0 +1,215 @@
+//! The tower stack on a tonic channel (`StampKeyLayer` + `BufferRequestLayer` + `RetryLayer`)
+//! against a tonic server behind the layer with `MemoryStore`: `ABORTED` in flight is retried
+//! after its pushback and answered from the record; `FAILED_PRECONDITION` for a reused key is
+//! returned at once; `UNAVAILABLE` is retried.
+#![cfg(feature = "tonic")]
+
+use crate::support::pb;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use pb::orders_client::OrdersClient;
+use pb::orders_server::{Orders, OrdersServer};
+use pb::{CreateOrder, ImportSummary, Order, OrderEvent, WatchOrder};
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+use tokio::sync::Notify;
+use tokio_stream::wrappers::TcpListenerStream;
+use tonic::service::InterceptorLayer;
+use tonic::transport::{Channel, Server};
+use tonic::{Code, Request, Response, Status, Streaming};
+use tower::ServiceBuilder;
+use tower::retry::RetryLayer;
+use tower_idempotency::client::{Attempts, BufferRequestLayer, StampKeyLayer};
+use tower_idempotency::{IdempotencyLayer, Principal};
+
+/// Counts its calls; item "slow" waits until released, "flaky" is `UNAVAILABLE` on the first
+/// call (released by the layer, so the retry runs it again).
+#[derive(Clone, Default)]
+struct Service {
+    calls: Arc<AtomicUsize>,
+    entered: Arc<Notify>,
+    release: Arc<Notify>,
+}
+
+type Stream<T> = Pin<Box<dyn tokio_stream::Stream<Item = Result<T, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Orders for Service {
+    async fn create(&self, request: Request<CreateOrder>) -> Result<Response<Order>, Status> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        let m = request.into_inner();
+        match m.item.as_str() {
+            "slow" => {
+                self.entered.notify_one();
+                self.release.notified().await;
+            }
+            "flaky" if n == 1 => return Err(Status::unavailable("warming up")),
+            _ => {}
+        }
+        Ok(Response::new(Order {
+            id: format!("o-{n}"),
+            item: m.item,
+            quantity: m.quantity,
+        }))
+    }
+
+    type WatchStream = Stream<OrderEvent>;
+
+    async fn watch(&self, _: Request<WatchOrder>) -> Result<Response<Self::WatchStream>, Status> {
+        Err(Status::unimplemented("not in these tests"))
+    }
+
+    async fn import(
+        &self,
+        _: Request<Streaming<CreateOrder>>,
+    ) -> Result<Response<ImportSummary>, Status> {
+        Err(Status::unimplemented("not in these tests"))
+    }
+
+    type SyncStream = Stream<Order>;
+
+    async fn sync(
+        &self,
+        _: Request<Streaming<CreateOrder>>,
+    ) -> Result<Response<Self::SyncStream>, Status> {
+        Err(Status::unimplemented("not in these tests"))
+    }
+}
+
+#[allow(clippy::unnecessary_wraps, clippy::result_large_err)]
+fn auth(mut req: Request<()>) -> Result<Request<()>, Status> {
+    req.extensions_mut().insert(Principal::new("alice"));
+    Ok(req)
+}
+
+async fn serve() -> (SocketAddr, Service) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let svc = Service::default();
+    let router = Server::builder()
+        .layer(InterceptorLayer::new(auth))
+        .layer(IdempotencyLayer::new())
+        .add_service(OrdersServer::new(svc.clone()));
+    tokio::spawn(async move {
+        router
+            .serve_with_incoming(TcpListenerStream::new(listener))
+            .await
+            .expect("serve");
+    });
+    (addr, svc)
+}
+
+/// A generated client over the retrying tower stack.
+macro_rules! retrying_client {
+    ($addr:expr) => {{
+        let channel = Channel::from_shared(format!("http://{}", $addr))
+            .expect("uri")
+            .connect_lazy();
+        let stack = ServiceBuilder::new()
+            .layer(StampKeyLayer::new())
+            .layer(BufferRequestLayer::new())
+            .layer(RetryLayer::new(crate::rig::policy()))
+            .map_request(|req: http::Request<Full<Bytes>>| req.map(tonic::body::Body::new))
+            .service(channel);
+        OrdersClient::new(stack)
+    }};
+}
+
+fn create(item: &str, key: Option<&str>) -> Request<CreateOrder> {
+    let mut req = Request::new(CreateOrder {
+        item: item.to_owned(),
+        quantity: 1,
+    });
+    if let Some(key) = key {
+        req.metadata_mut()
+            .insert("idempotency-key", key.parse().expect("key"));
+    }
+    req
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_aborted_in_flight_is_retried_after_its_pushback() {
+    let (addr, svc) = serve().await;
+    let key = "grpc-in-flight";
+    let mut direct = OrdersClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect");
+    let entered = svc.entered.notified();
+    let first = tokio::spawn(async move { direct.create(create("slow", Some(key))).await });
+    entered.await;
+    let release = {
+        let svc = svc.clone();
+        async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            svc.release.notify_one();
+        }
+    };
+    let mut client = retrying_client!(addr);
+    let start = Instant::now();
+    let (res, ()) = tokio::join!(client.create(create("slow", Some(key))), release);
+    let res = res.expect("the retry is answered from the record");
+    assert!(
+        start.elapsed() >= Duration::from_secs(1),
+        "waited for the 1 s pushback: {:?}",
+        start.elapsed()
+    );
+    let attempts = res
+        .extensions()
+        .get::<Attempts>()
+        .copied()
+        .expect("Attempts");
+    assert_eq!(attempts.count(), 2, "ABORTED, then the replay");
+    assert!(attempts.replayed());
+    assert_eq!(res.into_inner().id, "o-1", "the first run's answer");
+    first.await.expect("task").expect("the first call");
+    assert_eq!(svc.calls.load(Ordering::SeqCst), 1, "the handler ran once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_key_reused_is_not_retried() {
+    let (addr, svc) = serve().await;
+    let mut client = retrying_client!(addr);
+    let key = "grpc-reused";
+    client
+        .create(create("chair", Some(key)))
+        .await
+        .expect("first");
+    let status = client
+        .create(create("table", Some(key)))
+        .await
+        .expect_err("the key was used for another order");
+    assert_eq!(status.code(), Code::FailedPrecondition, "{status:?}");
+    assert!(
+        status.message().starts_with("idempotency.key_reused"),
+        "{status:?}"
+    );
+    assert_eq!(svc.calls.load(Ordering::SeqCst), 1, "not retried, not run");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_unavailable_is_retried_with_a_stamped_key() {
+    let (addr, svc) = serve().await;
+    let mut client = retrying_client!(addr);
+    let res = client
+        .create(create("flaky", None))
+        .await
+        .expect("the retry succeeds");
+    let attempts = res
+        .extensions()
+        .get::<Attempts>()
+        .copied()
+        .expect("Attempts");
+    assert_eq!(attempts.count(), 2, "UNAVAILABLE, then the run");
+    assert!(
+        !attempts.replayed(),
+        "UNAVAILABLE is released, the retry runs"
+    );
+    assert_eq!(res.into_inner().id, "o-2");
+    assert_eq!(svc.calls.load(Ordering::SeqCst), 2);
+}
