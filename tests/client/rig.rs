@@ -143,7 +143,7 @@ impl Rig {
             .try_init();
         let work = Work::per_key();
         let (redis, app) = match backend {
-            Backend::Memory => (None, work.app(IdempotencyLayer::new())),
+            Backend::Memory => (None, work.user_app(IdempotencyLayer::new())),
             Backend::Redis => redis_app(&work).await?,
         };
         let server = Server::start(app).await;
@@ -201,7 +201,7 @@ async fn redis_app(work: &Work) -> Option<(Option<RedisServer>, axum::Router)> {
         .connect(&redis.url())
         .await
         .expect("connect to redis-server");
-    Some((Some(redis), work.app(IdempotencyLayer::with_store(store))))
+    Some((Some(redis), work.user_app(IdempotencyLayer::with_store(store))))
 }
 
 #[cfg(not(feature = "redis"))]
