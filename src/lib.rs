@@ -107,6 +107,10 @@ pub mod extract;
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
 pub mod route;
 
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod transactional;
+
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod conformance;
@@ -119,6 +123,10 @@ pub use crate::key::IdempotencyKey;
 pub use crate::scope::DerivedKey;
 #[doc(inline)]
 pub use crate::secret::Secret;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+#[doc(inline)]
+pub use crate::store::postgres::PostgresStore;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 #[doc(inline)]

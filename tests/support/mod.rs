@@ -6,6 +6,7 @@
 //! - [`raw_http`]: the same, with raw HTTP/1.1 bytes for requests a client library refuses;
 //! - [`apps`]: the load-style apps (in-process and the quickstart binary) for storms and faults;
 //! - [`redis_server`]: `redis-server` (and clusters) spawned on free loopback ports;
+//! - [`postgres_server`]: a PostgreSQL server (`initdb`, `pg_ctl`) on a free loopback port;
 //! - [`proxy`]: a TCP proxy that injects latency, drops and black holes;
 //! - [`pb`]: the vendored tonic code of the gRPC tests.
 
@@ -14,6 +15,7 @@
 
 pub mod apps;
 pub mod http;
+pub mod postgres_server;
 pub mod proxy;
 pub mod raw_http;
 pub mod redis_server;
