@@ -140,9 +140,8 @@ async fn create_order(
         .finish();
     let store_key = StoreKey::derive(NAMESPACE, &Scope::principal(principal), &key);
 
-    let mut conn = match app.pool.acquire().await {
-        Ok(conn) => conn,
-        Err(_) => return problem(RejectionKind::StoreFailed, "the database is unavailable"),
+    let Ok(mut conn) = app.pool.acquire().await else {
+        return problem(RejectionKind::StoreFailed, "the database is unavailable");
     };
     let outcome = within(&app.engine, &mut conn, store_key, fingerprint, |tx| {
         Box::pin(async move {
