@@ -6,7 +6,7 @@
 //! | [`DerivedKey`] | a stable 64-hex key per namespace, caller and client key, to forward to a provider that de-duplicates (a payment API) | the same |
 //! | `Option<IdempotencyKey>`, `Option<DerivedKey>` | the same, or `None` | never fails |
 //!
-//! When the layer claims a key it puts a [`ClaimedKey`](crate::http::ClaimedKey) into the
+//! When the layer claims a key it puts a [`ClaimedKey`] into the
 //! request's extensions; these extractors read it (a tonic handler reads it with
 //! `request.extensions().get::<ClaimedKey>()`).
 //!

@@ -10,7 +10,7 @@ const MIGRATE_LOCK: i64 = 0x746f_7765_722d_6964;
 
 impl PostgresStore {
     /// Creates the table and its index when the table does not exist (the DDL in the
-    /// [module docs](self#the-table)); an existing table is left as it is, whatever it holds.
+    /// [module docs](crate::store::postgres#the-table)); an existing table is left as it is, whatever it holds.
     ///
     /// Safe to call from every replica at start-up: it runs in one transaction under an
     /// advisory lock, and when the table exists it takes no lock on it (so it never queues
@@ -51,7 +51,7 @@ impl PostgresStore {
     /// [`PURGE_BATCH`] rows, until none is left; returns how many it deleted.
     ///
     /// Rows a transaction holds are skipped, and a row claimed again while the purge runs is
-    /// never deleted (see the [module docs](self#expiry-and-the-purge)). Each statement is
+    /// never deleted (see the [module docs](crate::store::postgres#expiry-and-the-purge)). Each statement is
     /// bounded by the store's operation timeout.
     ///
     /// # Errors
