@@ -211,7 +211,9 @@ impl Postgres {
 
     /// Runs one statement with psql; its first output line.
     fn sql(&self, statement: &str) -> Option<String> {
-        let out = Command::new(self.bindir.join("psql"))
+        let psql = self.bindir.join("psql");
+        let psql = if psql.is_file() { psql } else { PathBuf::from("psql") };
+        let out = Command::new(psql)
             .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres"])
             .args(["-d", "postgres", "-X", "-A", "-t", "-q", "-c", statement])
             .stdin(Stdio::null())
