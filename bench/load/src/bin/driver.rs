@@ -110,8 +110,8 @@ struct Postgres {
 
 fn pg_bindir() -> PathBuf {
     let has = |d: &Path| d.join("initdb").is_file() && d.join("postgres").is_file();
-    if let Some(d) = std::env::var_os("PATH")
-        .and_then(|p| std::env::split_paths(&p).find(|d| has(d)))
+    if let Some(d) =
+        std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).find(|d| has(d)))
     {
         return d;
     }
@@ -146,7 +146,12 @@ impl Postgres {
         let as_user = |program: &str| {
             let mut c = if root {
                 let mut c = command("setpriv");
-                c.args(["--reuid=postgres", "--regid=postgres", "--init-groups", "--"]);
+                c.args([
+                    "--reuid=postgres",
+                    "--regid=postgres",
+                    "--init-groups",
+                    "--",
+                ]);
                 c.arg(bindir.join(program));
                 c
             } else {
@@ -166,15 +171,34 @@ impl Postgres {
         let out = as_user("initdb")
             .arg("-D")
             .arg(dir.join("data"))
-            .args(["-U", "postgres", "-A", "trust", "-E", "UTF8", "--locale=C", "--no-sync"])
+            .args([
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ])
             .output()
             .expect("run initdb");
-        assert!(out.status.success(), "initdb failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let log = std::fs::File::create(cfg.log_dir.join("postgres.log")).expect("log");
         let mut cmd = command("taskset");
         cmd.args(["-c", &cfg.server_core]);
         if root {
-            cmd.args(["setpriv", "--reuid=postgres", "--regid=postgres", "--init-groups", "--"]);
+            cmd.args([
+                "setpriv",
+                "--reuid=postgres",
+                "--regid=postgres",
+                "--init-groups",
+                "--",
+            ]);
         }
         let child = cmd
             .arg(bindir.join("postgres"))
@@ -183,7 +207,14 @@ impl Postgres {
             .args(["-c", "listen_addresses=127.0.0.1", "-p", &port.to_string()])
             .arg("-c")
             .arg(format!("unix_socket_directories={}", dir.display()))
-            .args(["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"])
+            .args([
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "full_page_writes=off",
+            ])
             .args(["-c", "shared_buffers=256MB", "-c", "max_connections=50"])
             .current_dir(&dir)
             .stdin(Stdio::null())
@@ -199,7 +230,10 @@ impl Postgres {
         };
         let deadline = Instant::now() + Duration::from_secs(30);
         while pg.sql("SELECT 1").is_none() {
-            assert!(Instant::now() < deadline, "postgres did not start (see postgres.log)");
+            assert!(
+                Instant::now() < deadline,
+                "postgres did not start (see postgres.log)"
+            );
             std::thread::sleep(Duration::from_millis(100));
         }
         pg
@@ -212,9 +246,20 @@ impl Postgres {
     /// Runs one statement with psql; its first output line.
     fn sql(&self, statement: &str) -> Option<String> {
         let psql = self.bindir.join("psql");
-        let psql = if psql.is_file() { psql } else { PathBuf::from("psql") };
+        let psql = if psql.is_file() {
+            psql
+        } else {
+            PathBuf::from("psql")
+        };
         let out = Command::new(psql)
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres"])
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
             .args(["-d", "postgres", "-X", "-A", "-t", "-q", "-c", statement])
             .stdin(Stdio::null())
             .stderr(Stdio::null())
@@ -470,12 +515,7 @@ fn cpu_seconds(pid: u32) -> f64 {
     ticks / 100.0
 }
 
-fn start_server(
-    cfg: &Cfg,
-    row: &str,
-    redis: Option<&Redis>,
-    pg: Option<&Postgres>,
-) -> (Proc, u16) {
+fn start_server(cfg: &Cfg, row: &str, redis: Option<&Redis>, pg: Option<&Postgres>) -> (Proc, u16) {
     let port = free_port();
     let log = std::fs::File::create(cfg.log_dir.join(format!("server-{row}.log"))).expect("log");
     let mut cmd = command("taskset");
@@ -1168,7 +1208,15 @@ fn main() {
         );
         for row in &rows {
             eprintln!("load-driver: long {row}");
-            let c = run_case(&cfg, row, "fresh", redis.as_ref(), pg.as_ref(), cfg.warmup, cfg.duration);
+            let c = run_case(
+                &cfg,
+                row,
+                "fresh",
+                redis.as_ref(),
+                pg.as_ref(),
+                cfg.warmup,
+                cfg.duration,
+            );
             let n = c.per_second.len();
             let first: f64 = c.per_second.iter().take(10).sum::<f64>() / 10.0;
             let last: f64 = c.per_second.iter().skip(n.saturating_sub(10)).sum::<f64>() / 10.0;
@@ -1191,7 +1239,15 @@ fn main() {
             for row in &rows {
                 for w in &workloads {
                     eprintln!("load-driver: run {}/{} {row} {w}", i + 1, cfg.runs);
-                    let c = run_case(&cfg, row, w, redis.as_ref(), pg.as_ref(), cfg.warmup, cfg.duration);
+                    let c = run_case(
+                        &cfg,
+                        row,
+                        w,
+                        redis.as_ref(),
+                        pg.as_ref(),
+                        cfg.warmup,
+                        cfg.duration,
+                    );
                     eprintln!(
                         "load-driver:   {:.0} req/s, p50 {}, p99 {}, executions {:.0} / sent {:.0}, non-201 {:.0}",
                         c.rps,

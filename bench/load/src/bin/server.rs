@@ -117,8 +117,8 @@ async fn build(
     match row {
         "bare" => (orders(), None),
         "memory" | "memory-bounded" => {
-            use tower_idempotency::{IdempotencyLayer, MemoryStore};
             use tower_idempotency::engine::Scope;
+            use tower_idempotency::{IdempotencyLayer, MemoryStore};
             let store = if row == "memory" {
                 // Bounds high enough that nothing is dropped during a run: every record of the
                 // run stays, as with the peers (their stores are unbounded).
@@ -141,8 +141,8 @@ async fn build(
             (orders().layer(layer), Some(records))
         }
         "redis" => {
-            use tower_idempotency::{IdempotencyLayer, RedisStore};
             use tower_idempotency::engine::Scope;
+            use tower_idempotency::{IdempotencyLayer, RedisStore};
             let url = redis_url.expect("--redis-url");
             let store = RedisStore::connect(&url, "bench")
                 .await
