@@ -6,6 +6,11 @@
 # 1. Makes sure the external programs the tests use are on PATH:
 #      redis-server, redis-cli   (Debian: redis-server, redis-tools)
 #      protoc + well-known types (Debian: protobuf-compiler, libprotobuf-dev)
+#      initdb, pg_ctl            (Debian: postgresql, which keeps them in
+#                                 /usr/lib/postgresql/<version>/bin, off PATH;
+#                                 the tests find them there, and run the server
+#                                 as the `postgres` user the package creates
+#                                 when they run as root)
 #    Missing ones are installed with apt-get when running as root; otherwise
 #    the script stops and says what to install. Prints nothing when all is
 #    already there.
@@ -39,6 +44,15 @@ protoc_include="$(dirname "$(dirname "$protoc_path")")/include"
 if [[ ! -f "$protoc_include/google/protobuf/empty.proto" ]]; then
     missing_pkgs+=(libprotobuf-dev)
 fi
+# PostgreSQL's server programs: on PATH, or where Debian keeps them.
+have_postgres() {
+    command -v initdb >/dev/null 2>&1 && command -v pg_ctl >/dev/null 2>&1 && return 0
+    compgen -G "/usr/lib/postgresql/*/bin/initdb" >/dev/null 2>&1 &&
+        compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null 2>&1
+}
+if ! have_postgres || { [[ "$(id -u)" -eq 0 ]] && ! id -u postgres >/dev/null 2>&1; }; then
+    missing_pkgs+=(postgresql)
+fi
 
 if ((${#missing_pkgs[@]} > 0)); then
     if [[ "$(id -u)" -ne 0 ]]; then
@@ -60,8 +74,8 @@ if ((${#missing_pkgs[@]} > 0)); then
         rm -f "$log"
     }
     trap cleanup EXIT
-    # Do not let the redis-server package start a system-wide daemon on
-    # port 6379: the tests start their own servers.
+    # Do not let the redis-server and postgresql packages start system-wide
+    # daemons (on ports 6379 and 5432): the tests start their own servers.
     if [[ ! -e /usr/sbin/policy-rc.d ]]; then
         printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
         chmod 755 /usr/sbin/policy-rc.d
@@ -83,6 +97,10 @@ if ((${#missing_pkgs[@]} > 0)); then
             exit 1
         fi
     done
+    if ! have_postgres; then
+        echo "scripts/test.sh: initdb/pg_ctl are still not found after installing ${missing_pkgs[*]}" >&2
+        exit 1
+    fi
 fi
 
 # prost-build / tonic-build read PROTOC before searching PATH.

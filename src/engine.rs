@@ -30,6 +30,7 @@ pub use crate::record::{Field, RecordError, RecordedResponse};
 pub use crate::scope::Scope;
 pub use crate::secret::SecretTooShort;
 
+use crate::record::Record;
 use crate::scope::StoreKey;
 use crate::secret::Secret;
 use crate::store::{Claim, Store, StoreError, StoreErrorKind, Token};
@@ -141,6 +142,18 @@ impl Ticket {
     pub fn key(&self) -> &StoreKey {
         &self.key
     }
+
+    /// The fencing token.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn token(&self) -> &Token {
+        &self.token
+    }
+
+    /// The request's fingerprint, as the store keeps it.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn fingerprint(&self) -> &Fingerprint {
+        &self.fingerprint
+    }
 }
 
 impl<S: Store> Engine<S> {
@@ -218,12 +231,22 @@ impl<S: Store> Engine<S> {
         key: StoreKey,
         fingerprint: Fingerprint,
     ) -> Result<Begin, StoreError> {
-        let fingerprint = match &self.secret {
+        let fingerprint = self.keyed(fingerprint);
+        let claim = self.store.claim(&key, &fingerprint, self.lease).await?;
+        Ok(self.judge(key, fingerprint, claim))
+    }
+
+    /// The request's fingerprint as the store keeps it: keyed by the secret, when there is one.
+    pub(crate) fn keyed(&self, fingerprint: Fingerprint) -> Fingerprint {
+        match &self.secret {
             Some(s) => s.key_fingerprint(&fingerprint),
             None => fingerprint,
-        };
-        let claim = self.store.claim(&key, &fingerprint, self.lease).await?;
-        Ok(match claim {
+        }
+    }
+
+    /// What a claim's answer means for a request with the (keyed) `fingerprint`.
+    pub(crate) fn judge(&self, key: StoreKey, fingerprint: Fingerprint, claim: Claim) -> Begin {
+        match claim {
             Claim::Claimed(token) => Begin::Run(Ticket {
                 key,
                 fingerprint,
@@ -246,6 +269,29 @@ impl<S: Store> Engine<S> {
                 }
             }
             Claim::Pending { .. } | Claim::Done { .. } => Begin::KeyReused,
+        }
+    }
+
+    /// The record of `response` under `ticket`: encoded, and sealed when there is a secret.
+    /// A response the layout cannot hold whole is encoded without the parts that do not fit
+    /// (logged); an error only when even that fails (a status outside 100–999).
+    pub(crate) fn seal(
+        &self,
+        ticket: &Ticket,
+        response: &RecordedResponse,
+    ) -> Result<Record, RecordError> {
+        let record = match response.encode() {
+            Ok(record) => record,
+            Err(e) => {
+                let (fitted, dropped) = response.fitted();
+                let record = fitted.encode()?;
+                tracing::warn!(key = ?ticket.key, reason = e.reason(), left_out = ?dropped, "idempotency record could not be encoded whole; recorded without the parts that do not fit");
+                record
+            }
+        };
+        Ok(match &self.secret {
+            Some(s) => record.seal(s, ticket.key.id(), &ticket.fingerprint),
+            None => record,
         })
     }
 
@@ -301,29 +347,9 @@ impl<S: Store> Engine<S> {
         ticket: Ticket,
         response: &RecordedResponse,
     ) -> Result<bool, StoreError> {
-        let record = match response.encode() {
-            Ok(record) => record,
-            Err(e) => {
-                let (fitted, dropped) = response.fitted();
-                match fitted.encode() {
-                    Ok(record) => {
-                        tracing::warn!(key = ?ticket.key, reason = e.reason(), left_out = ?dropped, "idempotency record could not be encoded whole; recorded without the parts that do not fit");
-                        record
-                    }
-                    Err(e) => {
-                        return Err(StoreError::with_source(
-                            StoreErrorKind::Protocol,
-                            "response cannot be recorded",
-                            e,
-                        ));
-                    }
-                }
-            }
-        };
-        let record = match &self.secret {
-            Some(s) => record.seal(s, ticket.key.id(), &ticket.fingerprint),
-            None => record,
-        };
+        let record = self.seal(&ticket, response).map_err(|e| {
+            StoreError::with_source(StoreErrorKind::Protocol, "response cannot be recorded", e)
+        })?;
         self.store
             .complete(
                 &ticket.key,

@@ -8,7 +8,9 @@
 //! at-least-once execution with de-duplication, not exactly-once. The limits are the *lease*
 //! (a process that dies mid-request, or cannot renew its claim, lets another run the work once
 //! the lease lapses), the *retention* (a repeat after the record expired runs again) and the
-//! *store's durability* (a record the store lost cannot answer a repeat).
+//! *store's durability* (a record the store lost cannot answer a repeat). Tier C
+//! (`transactional::within`, feature `postgres`) removes the lease's window for work that is
+//! writes to PostgreSQL: the work and its record commit together.
 //!
 //! # Example
 //!
@@ -61,9 +63,14 @@
 //! extensions; [`PrincipalMode`] and [`ResponseMode`] are its two most used settings.
 //!
 //! **Stores.** [`MemoryStore`] (the default) keeps records in the process, bounded;
-//! `RedisStore` (feature `redis`) shares them between replicas. Implement the [`Store`]
-//! trait for your own backend: the [`store`] module shows how, and its conformance suite
-//! (feature `test-util`) checks that your store answers like ours.
+//! `RedisStore` (feature `redis`) shares them between replicas; `PostgresStore` (feature
+//! `postgres`) keeps them in a PostgreSQL table, as durable as your data. Implement the
+//! [`Store`] trait for your own backend: the [`store`] module shows how, and its conformance
+//! suite (feature `test-util`) checks that your store answers like ours.
+//!
+//! **In one transaction.** `transactional::within` (feature `postgres`, tier C) claims the key,
+//! runs the work and writes its record in one PostgreSQL transaction, so a crash can never
+//! leave the work without its record: for work that is writes to the same database.
 //!
 //! **In handlers.** The [`IdempotencyKey`] and [`DerivedKey`] extractors (feature `axum`,
 //! see [`extract`]) give a handler its request's key, e.g. to forward a stable key to a
@@ -88,6 +95,7 @@
 //! | `axum` | yes | the extractors |
 //! | `redis` | no | `RedisStore` |
 //! | `redis-cluster` | no | `RedisStore` over Redis Cluster |
+//! | `postgres` | no | `PostgresStore` and tier C, `transactional::within` (sqlx) |
 //! | `macros` | no | `#[idempotent]` (enables `axum`) |
 //! | `tonic` | no | `Rejection::to_status` and tonic's `NamedService` for the layered service |
 //! | `test-util` | no | the store conformance suite, for your own `Store` |
@@ -115,6 +123,10 @@ pub mod extract;
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
 pub mod route;
 
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod transactional;
+
 #[cfg(feature = "test-util")]
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod conformance;
@@ -127,6 +139,10 @@ pub use crate::key::IdempotencyKey;
 pub use crate::scope::DerivedKey;
 #[doc(inline)]
 pub use crate::secret::Secret;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+#[doc(inline)]
+pub use crate::store::postgres::PostgresStore;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 #[doc(inline)]
@@ -151,6 +167,7 @@ pub mod __private;
 #[cfg(all(
     doctest,
     feature = "redis",
+    feature = "postgres",
     feature = "macros",
     feature = "tonic",
     feature = "reqwest"

@@ -135,7 +135,17 @@ pub struct Rejection {
 }
 
 impl Rejection {
-    pub(crate) fn new(kind: RejectionKind, detail: impl Into<Cow<'static, str>>) -> Self {
+    /// A rejection of `kind` with a sentence for the caller, for a door of your own that
+    /// answers with the layer's problem documents (the `transactional` example does).
+    ///
+    /// ```
+    /// use tower_idempotency::http::{Rejection, RejectionKind};
+    ///
+    /// let r = Rejection::new(RejectionKind::KeyReused, "this key was already used for a different request");
+    /// assert_eq!(r.to_problem_response().status(), 422);
+    /// ```
+    #[must_use]
+    pub fn new(kind: RejectionKind, detail: impl Into<Cow<'static, str>>) -> Self {
         Self {
             kind,
             detail: detail.into(),
@@ -151,7 +161,9 @@ impl Rejection {
         )
     }
 
-    pub(crate) fn retry_after(mut self, after: Duration) -> Self {
+    /// The same rejection with a `Retry-After` hint (sent in whole seconds, at least 1).
+    #[must_use]
+    pub fn retry_after(mut self, after: Duration) -> Self {
         self.retry_after = Some(after);
         self
     }

@@ -4,6 +4,7 @@
 //! | --- | --- | --- |
 //! | [`MemoryStore`] (default) | this process, bounded | one replica, or tests |
 //! | `RedisStore` (feature `redis`) | a Redis server or cluster | many replicas sharing records |
+//! | `PostgresStore` (feature `postgres`) | a table in PostgreSQL | many replicas, records as durable as your data; work and record in one transaction (tier C) |
 //!
 //! # The contract
 //!
@@ -142,6 +143,9 @@ use std::time::Duration;
 
 pub mod clock;
 pub mod memory;
+#[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+pub mod postgres;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;

@@ -201,7 +201,10 @@ async fn redis_app(work: &Work) -> Option<(Option<RedisServer>, axum::Router)> {
         .connect(&redis.url())
         .await
         .expect("connect to redis-server");
-    Some((Some(redis), work.user_app(IdempotencyLayer::with_store(store))))
+    Some((
+        Some(redis),
+        work.user_app(IdempotencyLayer::with_store(store)),
+    ))
 }
 
 #[cfg(not(feature = "redis"))]

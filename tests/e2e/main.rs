@@ -1,4 +1,5 @@
-//! End to end: the quickstart binary as a child process, duplicate storms, two processes on Redis.
+//! End to end: the quickstart binary as a child process, duplicate storms, two processes on Redis,
+//! the transactional example on PostgreSQL.
 //!
 //! One test binary per door or store family (they build and link once); the helpers they share
 //! live in `tests/support/`, mounted the same way by every binary.
@@ -10,3 +11,4 @@ mod quickstart;
 mod redis;
 mod storm_memory;
 mod storm_redis;
+mod transactional;

@@ -15,6 +15,10 @@ mod memory_bound;
 mod memory_store;
 mod model_stores;
 #[cfg(feature = "test-util")]
+mod postgres_store;
+#[cfg(feature = "test-util")]
+mod postgres_within;
+#[cfg(feature = "test-util")]
 mod redis_cluster;
 #[cfg(feature = "test-util")]
 mod redis_store;

@@ -7,6 +7,7 @@
 //! - [`apps`]: load over the in-process app or quickstart processes: storms, answer mixes;
 //! - [`quickstart`]: the built quickstart example as a child process (memory store or Redis);
 //! - [`redis_server`]: `redis-server` (and clusters) spawned on free loopback ports;
+//! - [`postgres_server`]: a PostgreSQL server (`initdb`, `pg_ctl`) on a free loopback port;
 //! - [`proxy`]: a TCP proxy that injects latency, drops and black holes;
 //! - [`pb`]: the vendored tonic code of the gRPC tests.
 
@@ -15,6 +16,7 @@
 
 pub(crate) mod apps;
 pub(crate) mod http;
+pub(crate) mod postgres_server;
 pub(crate) mod proxy;
 pub(crate) mod quickstart;
 pub(crate) mod raw_http;

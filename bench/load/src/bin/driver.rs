@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! load-driver [--runs 3] [--warmup 3] [--duration 10] [--connections 64] [--body 1024]
-//!             [--rows bare,memory,redis,idempotent-memory,idempotent-redis,axum-idempotent]
+//!             [--rows bare,memory,redis,postgres,idempotent-memory,idempotent-redis,axum-idempotent]
 //!             [--workloads fresh,replay] [--out FILE]
 //! load-driver --mode long [--rows memory,memory-bounded,redis] [--duration 60] [--out FILE]
 //! ```
@@ -12,7 +12,10 @@
 //! Redis row is asked for, and one `load-server` per row × workload (a fresh process, so RSS
 //! and executions start from zero), with the server and redis-server pinned to core 0 and the
 //! generator to core 1 (`taskset`). Redis is `FLUSHALL`ed and its stats reset before each
-//! Redis case. Everything listens on 127.0.0.1 only, every request is bounded in time, and every
+//! Redis case. For the `postgres` row it `initdb`s a PostgreSQL cluster in a temporary directory
+//! and runs `postgres` on a free loopback port, pinned to core 0 like redis-server, with
+//! `fsync=off` and `synchronous_commit=off` (no durability cost, as Redis runs without
+//! persistence); the table is dropped before each case. Everything listens on 127.0.0.1 only, every request is bounded in time, and every
 //! process it started is killed before it returns (or panics).
 
 use serde_json::Value;
@@ -24,7 +27,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-const ALL_ROWS: &str = "bare,memory,redis,idempotent-memory,idempotent-redis,axum-idempotent";
+const ALL_ROWS: &str =
+    "bare,memory,redis,postgres,idempotent-memory,idempotent-redis,axum-idempotent";
 
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter()
@@ -92,6 +96,211 @@ fn free_port() -> u16 {
 
 fn is_redis_row(row: &str) -> bool {
     row.contains("redis")
+}
+
+// ---------- PostgreSQL ----------
+
+/// A PostgreSQL server of the driver's own: stopped (immediate shutdown) and removed on drop.
+struct Postgres {
+    child: Child,
+    port: u16,
+    dir: PathBuf,
+    bindir: PathBuf,
+}
+
+fn pg_bindir() -> PathBuf {
+    let has = |d: &Path| d.join("initdb").is_file() && d.join("postgres").is_file();
+    if let Some(d) =
+        std::env::var_os("PATH").and_then(|p| std::env::split_paths(&p).find(|d| has(d)))
+    {
+        return d;
+    }
+    let mut dirs: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL is not installed (Debian: apt-get install postgresql)")
+        .filter_map(|e| {
+            let e = e.ok()?;
+            Some((e.file_name().to_str()?.parse().ok()?, e.path().join("bin")))
+        })
+        .filter(|(_, d)| has(d))
+        .collect();
+    dirs.sort();
+    dirs.pop().expect("no /usr/lib/postgresql/<version>/bin").1
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.trim_ascii() == b"0")
+}
+
+impl Postgres {
+    fn start(cfg: &Cfg) -> Self {
+        let bindir = pg_bindir();
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("load-pg-{}-{port}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("pg dir");
+        let root = is_root();
+        // PostgreSQL refuses to run as root: as root, as the `postgres` user (setpriv execs,
+        // so the pid is the postmaster's).
+        let as_user = |program: &str| {
+            let mut c = if root {
+                let mut c = command("setpriv");
+                c.args([
+                    "--reuid=postgres",
+                    "--regid=postgres",
+                    "--init-groups",
+                    "--",
+                ]);
+                c.arg(bindir.join(program));
+                c
+            } else {
+                command(bindir.join(program).to_str().expect("utf-8 path"))
+            };
+            c.current_dir(&dir).stdin(Stdio::null());
+            c
+        };
+        if root {
+            let ok = Command::new("chown")
+                .arg("postgres:")
+                .arg(&dir)
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "chown the PostgreSQL directory to the postgres user");
+        }
+        let out = as_user("initdb")
+            .arg("-D")
+            .arg(dir.join("data"))
+            .args([
+                "-U",
+                "postgres",
+                "-A",
+                "trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ])
+            .output()
+            .expect("run initdb");
+        assert!(
+            out.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let log = std::fs::File::create(cfg.log_dir.join("postgres.log")).expect("log");
+        let mut cmd = command("taskset");
+        cmd.args(["-c", &cfg.server_core]);
+        if root {
+            cmd.args([
+                "setpriv",
+                "--reuid=postgres",
+                "--regid=postgres",
+                "--init-groups",
+                "--",
+            ]);
+        }
+        let child = cmd
+            .arg(bindir.join("postgres"))
+            .arg("-D")
+            .arg(dir.join("data"))
+            .args(["-c", "listen_addresses=127.0.0.1", "-p", &port.to_string()])
+            .arg("-c")
+            .arg(format!("unix_socket_directories={}", dir.display()))
+            .args([
+                "-c",
+                "fsync=off",
+                "-c",
+                "synchronous_commit=off",
+                "-c",
+                "full_page_writes=off",
+            ])
+            .args(["-c", "shared_buffers=256MB", "-c", "max_connections=50"])
+            .current_dir(&dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("spawn postgres");
+        let pg = Self {
+            child,
+            port,
+            dir,
+            bindir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while pg.sql("SELECT 1").is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "postgres did not start (see postgres.log)"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        pg
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    /// Runs one statement with psql; its first output line.
+    fn sql(&self, statement: &str) -> Option<String> {
+        let psql = self.bindir.join("psql");
+        let psql = if psql.is_file() {
+            psql
+        } else {
+            PathBuf::from("psql")
+        };
+        let out = Command::new(psql)
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-p",
+                &self.port.to_string(),
+                "-U",
+                "postgres",
+            ])
+            .args(["-d", "postgres", "-X", "-A", "-t", "-q", "-c", statement])
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+
+    /// The CPU seconds of the postmaster and its children (the backends).
+    fn cpu_seconds(&self) -> f64 {
+        let root = self.child.id();
+        let mut total = cpu_seconds(root);
+        if let Ok(entries) = std::fs::read_dir("/proc") {
+            for e in entries.flatten() {
+                let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
+                    continue;
+                };
+                let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+                let ppid = stat
+                    .rsplit_once(')')
+                    .and_then(|(_, a)| a.split_whitespace().nth(1)?.parse::<u32>().ok());
+                if ppid == Some(root) {
+                    total += cpu_seconds(pid);
+                }
+            }
+        }
+        total
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        // SIGQUIT: PostgreSQL's immediate shutdown, which ends the backends too.
+        let _ = Command::new("kill")
+            .args(["-QUIT", &self.child.id().to_string()])
+            .status();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
 
 // ---------- a minimal RESP client (enough for INFO, CONFIG, FLUSHALL, DBSIZE, PING) ----------
@@ -306,7 +515,7 @@ fn cpu_seconds(pid: u32) -> f64 {
     ticks / 100.0
 }
 
-fn start_server(cfg: &Cfg, row: &str, redis: Option<&Redis>) -> (Proc, u16) {
+fn start_server(cfg: &Cfg, row: &str, redis: Option<&Redis>, pg: Option<&Postgres>) -> (Proc, u16) {
     let port = free_port();
     let log = std::fs::File::create(cfg.log_dir.join(format!("server-{row}.log"))).expect("log");
     let mut cmd = command("taskset");
@@ -315,6 +524,9 @@ fn start_server(cfg: &Cfg, row: &str, redis: Option<&Redis>) -> (Proc, u16) {
         .args(["--row", row, "--port", &port.to_string()]);
     if let Some(r) = redis {
         cmd.args(["--redis-url", &r.url()]);
+    }
+    if let Some(pg) = pg {
+        cmd.args(["--postgres-url", &pg.url()]);
     }
     let child = cmd
         .stdout(Stdio::null())
@@ -419,6 +631,8 @@ struct Case {
     redis_client_names: Vec<String>,
     redis_mem_delta: Option<f64>,
     redis_keys: Option<f64>,
+    /// `pg_total_relation_size` of the table after the case (table, indexes, TOAST).
+    pg_bytes: Option<f64>,
     per_second: Vec<f64>,
 }
 
@@ -427,20 +641,29 @@ fn run_case(
     row: &str,
     workload: &str,
     redis: Option<&Redis>,
+    pg: Option<&Postgres>,
     warmup: f64,
     duration: f64,
 ) -> Case {
     let redis = if is_redis_row(row) { redis } else { None };
+    let pg = if row == "postgres" { pg } else { None };
+    if let Some(pg) = pg {
+        pg.sql("DROP TABLE IF EXISTS tower_idempotency")
+            .expect("drop the table");
+        pg.sql("VACUUM").expect("vacuum");
+    }
     let mut mem0 = 0;
     if let Some(r) = redis {
         r.cmd(&["FLUSHALL"]).expect("FLUSHALL");
         r.cmd(&["CONFIG", "RESETSTAT"]).expect("RESETSTAT");
         mem0 = r.used_memory();
     }
-    let (server, port) = start_server(cfg, row, redis);
+    let (server, port) = start_server(cfg, row, redis, pg);
     let s0 = http_get_json(port, "/stats").expect("stats");
     let cs0 = redis.map_or(BTreeMap::new(), Redis::commandstats);
-    let cpu0 = cpu_seconds(server.pid()) + redis.map_or(0.0, |r| cpu_seconds(r.proc.pid()));
+    let cpu0 = cpu_seconds(server.pid())
+        + redis.map_or(0.0, |r| cpu_seconds(r.proc.pid()))
+        + pg.map_or(0.0, Postgres::cpu_seconds);
     let t0 = Instant::now();
     let gen_proc = spawn_gen(
         cfg,
@@ -458,7 +681,9 @@ fn run_case(
     });
     let (g, gen_cpu) = wait_gen(gen_proc);
     let wall = t0.elapsed().as_secs_f64();
-    let cpu1 = cpu_seconds(server.pid()) + redis.map_or(0.0, |r| cpu_seconds(r.proc.pid()));
+    let cpu1 = cpu_seconds(server.pid())
+        + redis.map_or(0.0, |r| cpu_seconds(r.proc.pid()))
+        + pg.map_or(0.0, Postgres::cpu_seconds);
     let s1 = http_get_json(port, "/stats").expect("stats");
     let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
     let statuses = g["statuses"].as_object().cloned().unwrap_or_default();
@@ -520,6 +745,11 @@ fn run_case(
         c.redis_cmds = Some(d);
         c.redis_mem_delta = Some((r.used_memory() - mem0) as f64);
         c.redis_keys = Some(r.dbsize() as f64);
+    }
+    if let Some(pg) = pg {
+        c.pg_bytes = pg
+            .sql("SELECT pg_total_relation_size('tower_idempotency')")
+            .and_then(|v| v.parse().ok());
     }
     drop(server);
     c
@@ -659,7 +889,7 @@ fn table(
     runs: &[BTreeMap<(String, String), Case>],
 ) -> String {
     let mut s = String::new();
-    s.push_str("| row | workload | req/s | p50 | p99 | req/s ÷ bare | p99 ÷ bare | executions / request | non-201 | server RSS after | RSS / record | Redis commands / request: sent by the client / all (commandstats) | Redis memory / record | CPU: server (+ Redis) / generator |\n");
+    s.push_str("| row | workload | req/s | p50 | p99 | req/s ÷ bare | p99 ÷ bare | executions / request | non-201 | server RSS after | RSS / record | Redis commands / request: sent by the client / all (commandstats) | store memory / record (Redis `used_memory`, PostgreSQL table size) | CPU: server (+ Redis or PostgreSQL) / generator |\n");
     s.push_str("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |\n");
     for row in rows {
         for w in workloads {
@@ -733,6 +963,10 @@ fn table(
                     ),
                     rmem,
                 )
+            } else if cases[0].pg_bytes.is_some() && fresh {
+                // The table's total size (heap, indexes, TOAST) per record it holds.
+                let per = m(&|c| c.pg_bytes.unwrap_or(f64::NAN) / c.executions);
+                ("—".into(), format!("{} in PostgreSQL", fmt_bytes(per)))
             } else {
                 ("—".into(), "—".into())
             };
@@ -963,6 +1197,10 @@ fn main() {
         .iter()
         .any(|r| is_redis_row(r))
         .then(|| Redis::start(&cfg));
+    let pg = rows
+        .iter()
+        .any(|r| r == "postgres")
+        .then(|| Postgres::start(&cfg));
 
     if long {
         let mut s = String::from(
@@ -970,7 +1208,15 @@ fn main() {
         );
         for row in &rows {
             eprintln!("load-driver: long {row}");
-            let c = run_case(&cfg, row, "fresh", redis.as_ref(), cfg.warmup, cfg.duration);
+            let c = run_case(
+                &cfg,
+                row,
+                "fresh",
+                redis.as_ref(),
+                pg.as_ref(),
+                cfg.warmup,
+                cfg.duration,
+            );
             let n = c.per_second.len();
             let first: f64 = c.per_second.iter().take(10).sum::<f64>() / 10.0;
             let last: f64 = c.per_second.iter().skip(n.saturating_sub(10)).sum::<f64>() / 10.0;
@@ -993,7 +1239,15 @@ fn main() {
             for row in &rows {
                 for w in &workloads {
                     eprintln!("load-driver: run {}/{} {row} {w}", i + 1, cfg.runs);
-                    let c = run_case(&cfg, row, w, redis.as_ref(), cfg.warmup, cfg.duration);
+                    let c = run_case(
+                        &cfg,
+                        row,
+                        w,
+                        redis.as_ref(),
+                        pg.as_ref(),
+                        cfg.warmup,
+                        cfg.duration,
+                    );
                     eprintln!(
                         "load-driver:   {:.0} req/s, p50 {}, p99 {}, executions {:.0} / sent {:.0}, non-201 {:.0}",
                         c.rps,
@@ -1026,5 +1280,6 @@ fn main() {
         );
     }
     drop(redis);
+    drop(pg);
     let _ = std::fs::remove_dir_all(&log_dir);
 }

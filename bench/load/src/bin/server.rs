@@ -2,8 +2,8 @@
 //! runtime with ONE worker thread.
 //!
 //! ```text
-//! load-server --row <bare|memory|memory-bounded|redis|idempotent-memory|idempotent-redis|axum-idempotent>
-//!             --port N [--redis-url redis://127.0.0.1:P]
+//! load-server --row <bare|memory|memory-bounded|redis|postgres|idempotent-memory|idempotent-redis|axum-idempotent>
+//!             --port N [--redis-url redis://127.0.0.1:P] [--postgres-url postgres://…]
 //! ```
 //!
 //! - `POST /orders`: parses the JSON body (about 1 KiB) into a typed order with serde_json,
@@ -108,13 +108,17 @@ fn arg(args: &[String], name: &str) -> Option<String> {
         .and_then(|i| args.get(i + 1).cloned())
 }
 
-async fn build(row: &str, redis_url: Option<String>) -> (Router<App>, Option<RecordsFn>) {
+async fn build(
+    row: &str,
+    redis_url: Option<String>,
+    postgres_url: Option<String>,
+) -> (Router<App>, Option<RecordsFn>) {
     let orders = || Router::<App>::new().route("/orders", post(create_order));
     match row {
         "bare" => (orders(), None),
         "memory" | "memory-bounded" => {
-            use tower_idempotency::{IdempotencyLayer, MemoryStore};
             use tower_idempotency::engine::Scope;
+            use tower_idempotency::{IdempotencyLayer, MemoryStore};
             let store = if row == "memory" {
                 // Bounds high enough that nothing is dropped during a run: every record of the
                 // run stays, as with the peers (their stores are unbounded).
@@ -137,8 +141,8 @@ async fn build(row: &str, redis_url: Option<String>) -> (Router<App>, Option<Rec
             (orders().layer(layer), Some(records))
         }
         "redis" => {
-            use tower_idempotency::{IdempotencyLayer, RedisStore};
             use tower_idempotency::engine::Scope;
+            use tower_idempotency::{IdempotencyLayer, RedisStore};
             let url = redis_url.expect("--redis-url");
             let store = RedisStore::connect(&url, "bench")
                 .await
@@ -147,6 +151,33 @@ async fn build(row: &str, redis_url: Option<String>) -> (Router<App>, Option<Rec
                 .principal_fn(|p| client_of(&p.headers).map(Scope::principal))
                 .ttl(TTL);
             (orders().layer(layer), None)
+        }
+        "postgres" => {
+            use tower_idempotency::engine::Scope;
+            use tower_idempotency::{IdempotencyLayer, PostgresStore};
+            let url = postgres_url.expect("--postgres-url");
+            // The store's own pool (10 connections), as `connect` makes it.
+            let store = PostgresStore::connect(&url, "bench")
+                .await
+                .expect("connect to PostgreSQL");
+            store.migrate().await.expect("create the table");
+            let counter = store.clone();
+            let layer = IdempotencyLayer::with_store(store)
+                .principal_fn(|p| client_of(&p.headers).map(Scope::principal))
+                .ttl(TTL);
+            let records: RecordsFn = Arc::new(move || {
+                let pool = counter.pool().clone();
+                Box::pin(async move {
+                    tower_idempotency::store::postgres::sqlx::query_scalar::<_, i64>(
+                        "SELECT count(*) FROM tower_idempotency",
+                    )
+                    .fetch_one(&pool)
+                    .await
+                    .ok()
+                    .map(|n| n as u64)
+                })
+            });
+            (orders().layer(layer), Some(records))
         }
         "idempotent-memory" => {
             use idempotent::memory::MemoryStore;
@@ -219,6 +250,7 @@ fn main() {
         .and_then(|p| p.parse().ok())
         .expect("--port N");
     let redis_url = arg(&args, "--redis-url");
+    let postgres_url = arg(&args, "--postgres-url");
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -226,7 +258,7 @@ fn main() {
         .expect("runtime");
     rt.block_on(async move {
         let executions = Arc::new(AtomicU64::new(0));
-        let (routes, records) = build(&row, redis_url).await;
+        let (routes, records) = build(&row, redis_url, postgres_url).await;
         let app = App {
             executions,
             records,

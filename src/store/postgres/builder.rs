@@ -1,0 +1,143 @@
+//! [`PostgresStoreBuilder`]: the settings of a [`PostgresStore`], fixed when it is built.
+
+use super::error::{InvalidConfig, OpError};
+use super::sql::{self, Statements};
+use super::{CONNECT_TIMEOUT, DEFAULT_LOCK_TIMEOUT, DEFAULT_TABLE, DEFAULT_TIMEOUT, PostgresStore};
+use crate::store::{StoreError, StoreErrorKind};
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Connections of a pool made by [`PostgresStoreBuilder::connect`].
+const POOL_SIZE: u32 = 10;
+
+/// Builds a [`PostgresStore`]: made by [`PostgresStore::builder`], each setter names its
+/// setting, and the store is built over a pool ([`build`](Self::build)) or connects itself
+/// ([`connect`](Self::connect)).
+///
+/// ```no_run
+/// use std::time::Duration;
+/// use tower_idempotency::store::postgres::PostgresStore;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = PostgresStore::builder("orders")
+///     .table("app.idempotency")
+///     .timeout(Duration::from_millis(500))
+///     .connect("postgres://app@127.0.0.1/app")
+///     .await?;
+/// assert_eq!(store.table(), "app.idempotency");
+/// # Ok(()) }
+/// ```
+#[must_use]
+#[derive(Debug, Clone)]
+pub struct PostgresStoreBuilder {
+    /// The namespace's hash, or why it was refused (reported by the terminal method).
+    namespace: Result<[u8; 8], InvalidConfig>,
+    table: String,
+    timeout: Duration,
+    lock_timeout: Duration,
+}
+
+impl PostgresStoreBuilder {
+    /// A builder for a store keeping its records under `namespace`, with the defaults: the
+    /// table [`DEFAULT_TABLE`], [`DEFAULT_TIMEOUT`] and [`DEFAULT_LOCK_TIMEOUT`].
+    ///
+    /// An empty namespace is refused when the store is built
+    /// ([`InvalidConfig::EmptyNamespace`]).
+    pub fn new(namespace: &str) -> Self {
+        Self {
+            namespace: sql::namespace_hash(namespace),
+            table: DEFAULT_TABLE.to_owned(),
+            timeout: DEFAULT_TIMEOUT,
+            lock_timeout: DEFAULT_LOCK_TIMEOUT,
+        }
+    }
+
+    /// The table the records live in (default [`DEFAULT_TABLE`]): a lowercase identifier,
+    /// optionally schema-qualified (`app.idempotency`); anything else is refused when the store
+    /// is built ([`InvalidConfig::TableName`]). [`PostgresStore::migrate`] creates it.
+    pub fn table(mut self, table: &str) -> Self {
+        table.clone_into(&mut self.table);
+        self
+    }
+
+    /// Bounds every store step (claim, complete, release, renew) to `timeout`, waiting for a
+    /// pooled connection included; a step that takes longer fails with
+    /// [`StoreErrorKind::Timeout`]. Default: [`DEFAULT_TIMEOUT`] (1 s). At least 1 ms.
+    ///
+    /// A pool made by [`connect`](Self::connect) also sets PostgreSQL's `statement_timeout` to
+    /// it, so the server stops a statement the store gave up on. Keep it well below the lease.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// How long a claim inside a transaction ([`transactional::within`]) waits for a row that
+    /// another transaction holds (the same key's first request, still running) before it
+    /// answers "in flight": PostgreSQL's `lock_timeout`, set for that one statement. Default:
+    /// [`DEFAULT_LOCK_TIMEOUT`] (1 s). At least 1 ms.
+    ///
+    /// A duplicate that arrives while the first request's transaction runs waits, holding its
+    /// connection, and gets the stored result if the first commits within this time.
+    ///
+    /// [`transactional::within`]: crate::transactional::within
+    pub fn lock_timeout(mut self, lock_timeout: Duration) -> Self {
+        self.lock_timeout = lock_timeout.max(Duration::from_millis(1));
+        self
+    }
+
+    /// The store over an existing pool, whose settings are kept as given (set
+    /// `statement_timeout` on its connections to have the server bound what the store's
+    /// timeout abandons).
+    ///
+    /// # Errors
+    /// [`InvalidConfig`] when the namespace is empty or the table name is not accepted.
+    pub fn build(self, pool: PgPool) -> Result<PostgresStore, InvalidConfig> {
+        let namespace = self.namespace?;
+        sql::check_table(&self.table)?;
+        Ok(PostgresStore {
+            pool,
+            namespace,
+            sql: Arc::new(Statements::new(&self.table)),
+            timeout: self.timeout,
+            lock_timeout: self.lock_timeout,
+        })
+    }
+
+    /// Connects a pool of up to 10 connections to the PostgreSQL at `url`
+    /// (`postgres://user:password@host:port/database`), with `statement_timeout` set to the
+    /// store's [timeout](Self::timeout). For other pool settings, build a [`PgPool`] and use
+    /// [`build`](Self::build).
+    ///
+    /// # Errors
+    /// `Unavailable` when a setting is refused (source: [`InvalidConfig`]), the URL is invalid
+    /// or the server cannot be reached; `Timeout` when connecting takes longer than
+    /// [`CONNECT_TIMEOUT`].
+    pub async fn connect(self, url: &str) -> Result<PostgresStore, StoreError> {
+        let invalid = |e: InvalidConfig| {
+            StoreError::with_source(StoreErrorKind::Unavailable, "invalid setting", e)
+        };
+        self.namespace.clone().map_err(invalid)?;
+        sql::check_table(&self.table).map_err(invalid)?;
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| OpError::from(e).into_store("invalid PostgreSQL URL"))?
+            .options([(
+                "statement_timeout",
+                format!("{}ms", sql::millis(self.timeout)),
+            )]);
+        // One connection first, for the server's own answer: a pool would retry a refused
+        // connection until its acquire timeout and report only that it timed out.
+        let first = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options))
+            .await
+            .map_err(|e| OpError::from(e).into_store("connecting to PostgreSQL timed out"))?
+            .map_err(|e| OpError::from(e).into_store("connecting to PostgreSQL failed"))?;
+        let _ = first.close().await;
+        let pool = PgPoolOptions::new()
+            .max_connections(POOL_SIZE)
+            .acquire_timeout(self.timeout.max(CONNECT_TIMEOUT))
+            .connect_lazy_with(options);
+        self.build(pool).map_err(invalid)
+    }
+}

@@ -1,0 +1,167 @@
+//! Failures inside the store, and the one place they become [`StoreError`]s.
+//!
+//! A failed statement stays an [`OpError`] inside the store, so the transactional door can tell
+//! a lock wait that ran out or a serialization failure (answered "in flight") from other
+//! failures. It becomes a [`StoreError`] once, keeping the sqlx error as its source.
+
+use crate::store::{StoreError, StoreErrorKind};
+use std::fmt;
+use tokio::time::error::Elapsed;
+
+/// `lock_not_available`: a lock wait ran out (`lock_timeout`, or `NOWAIT`).
+const LOCK_NOT_AVAILABLE: &str = "55P03";
+/// `query_canceled`: `statement_timeout`, or a cancel request.
+const QUERY_CANCELED: &str = "57014";
+/// `serialization_failure`: a row changed after this transaction's snapshot (repeatable read,
+/// serializable).
+const SERIALIZATION_FAILURE: &str = "40001";
+/// `deadlock_detected`.
+const DEADLOCK_DETECTED: &str = "40P01";
+
+/// Why a statement failed.
+#[derive(Debug)]
+pub(crate) enum OpError {
+    /// PostgreSQL, the connection or the pool answered an error.
+    Sql(sqlx::Error),
+    /// The store's operation timeout ran out first.
+    Elapsed(Elapsed),
+}
+
+impl From<sqlx::Error> for OpError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Sql(e)
+    }
+}
+
+impl From<Elapsed> for OpError {
+    fn from(e: Elapsed) -> Self {
+        Self::Elapsed(e)
+    }
+}
+
+impl OpError {
+    /// The SQLSTATE of a database error.
+    fn code(&self) -> Option<String> {
+        match self {
+            Self::Sql(sqlx::Error::Database(e)) => e.code().map(|c| c.into_owned()),
+            _ => None,
+        }
+    }
+
+    /// Another transaction holds the row, or changed it after this transaction's snapshot: the
+    /// key is in flight (the transactional door answers so instead of failing).
+    pub(crate) fn is_contended(&self) -> bool {
+        self.code().is_some_and(|c| {
+            matches!(
+                c.as_str(),
+                LOCK_NOT_AVAILABLE | SERIALIZATION_FAILURE | DEADLOCK_DETECTED
+            )
+        })
+    }
+
+    /// The store error kind this failure maps to (see the [module docs](super#failures)).
+    pub(crate) fn kind(&self) -> StoreErrorKind {
+        match self {
+            Self::Elapsed(_) => StoreErrorKind::Timeout,
+            Self::Sql(e) => kind_of(e),
+        }
+    }
+
+    /// The store error for a failure of `op`, keeping the cause as its source.
+    pub(crate) fn into_store(self, op: &'static str) -> StoreError {
+        let kind = self.kind();
+        match self {
+            Self::Sql(e) => StoreError::with_source(kind, op, e),
+            Self::Elapsed(e) => StoreError::with_source(kind, op, e),
+        }
+    }
+}
+
+/// Maps a sqlx error to a store error kind.
+fn kind_of(e: &sqlx::Error) -> StoreErrorKind {
+    match e {
+        sqlx::Error::PoolTimedOut => StoreErrorKind::Timeout,
+        sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => StoreErrorKind::Timeout,
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            Some(LOCK_NOT_AVAILABLE | QUERY_CANCELED) => StoreErrorKind::Timeout,
+            // Refused, not ready, out of resources, or the table is missing: the operation did
+            // not run.
+            _ => StoreErrorKind::Unavailable,
+        },
+        // An answer the store does not understand.
+        sqlx::Error::Protocol(_)
+        | sqlx::Error::RowNotFound
+        | sqlx::Error::TypeNotFound { .. }
+        | sqlx::Error::ColumnIndexOutOfBounds { .. }
+        | sqlx::Error::ColumnNotFound(_)
+        | sqlx::Error::ColumnDecode { .. }
+        | sqlx::Error::Decode(_) => StoreErrorKind::Protocol,
+        // Not reachable: I/O, TLS, a closed pool, configuration.
+        _ => StoreErrorKind::Unavailable,
+    }
+}
+
+/// An answer the store does not understand.
+pub(crate) fn protocol(message: &'static str) -> StoreError {
+    StoreError::new(StoreErrorKind::Protocol, message)
+}
+
+/// A setting of a [`PostgresStoreBuilder`](super::PostgresStoreBuilder) that was refused when
+/// the store was built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InvalidConfig {
+    /// The namespace was empty. Two applications that share one table must use different
+    /// namespaces, or they would answer each other's requests; an empty one is refused so none
+    /// is forgotten.
+    EmptyNamespace,
+    /// The table name is not a plain lowercase SQL identifier (`[a-z_][a-z0-9_]*`, at most 48
+    /// bytes), optionally qualified by a schema of the same form (`app.idempotency`). It is
+    /// written into the store's SQL, so nothing else is accepted.
+    TableName,
+}
+
+impl fmt::Display for InvalidConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::EmptyNamespace => "the PostgreSQL store's namespace must not be empty",
+            Self::TableName => {
+                "the PostgreSQL store's table must be a lowercase identifier, optionally schema-qualified"
+            }
+        })
+    }
+}
+
+impl std::error::Error for InvalidConfig {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timeouts_of_every_origin_are_timeouts() {
+        assert_eq!(
+            OpError::from(sqlx::Error::PoolTimedOut).kind(),
+            StoreErrorKind::Timeout
+        );
+        let io = OpError::from(sqlx::Error::Io(std::io::Error::from(
+            std::io::ErrorKind::TimedOut,
+        )));
+        assert_eq!(io.kind(), StoreErrorKind::Timeout);
+        let e = io.into_store("PostgreSQL claim");
+        assert!(std::error::Error::source(&e).is_some_and(|s| s.is::<sqlx::Error>()));
+    }
+
+    #[test]
+    fn other_failures_are_unavailable_or_protocol() {
+        let refused = OpError::from(sqlx::Error::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        assert_eq!(refused.kind(), StoreErrorKind::Unavailable);
+        assert!(!refused.is_contended());
+        let closed = OpError::from(sqlx::Error::PoolClosed);
+        assert_eq!(closed.kind(), StoreErrorKind::Unavailable);
+        let decode = OpError::from(sqlx::Error::Decode("bad".into()));
+        assert_eq!(decode.kind(), StoreErrorKind::Protocol);
+    }
+}

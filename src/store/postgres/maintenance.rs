@@ -1,0 +1,80 @@
+//! Creating the table, and purging expired rows.
+
+use super::error::OpError;
+use super::{PURGE_BATCH, PostgresStore};
+use crate::store::StoreError;
+
+/// The advisory lock `migrate` takes, so that replicas starting together create the table once
+/// (an arbitrary constant: "tower-id" in ASCII).
+const MIGRATE_LOCK: i64 = 0x746f_7765_722d_6964;
+
+impl PostgresStore {
+    /// Creates the table and its index when the table does not exist (the DDL in the
+    /// [module docs](crate::store::postgres#the-table)); an existing table is left as it is, whatever it holds.
+    ///
+    /// Safe to call from every replica at start-up: it runs in one transaction under an
+    /// advisory lock, and when the table exists it takes no lock on it (so it never queues
+    /// behind, or in front of, the requests of running replicas). Not bounded by the store's
+    /// operation timeout.
+    ///
+    /// # Errors
+    /// The database's error (`Unavailable` for a missing privilege).
+    pub async fn migrate(&self) -> Result<(), StoreError> {
+        let op = "PostgreSQL migrate";
+        let run = async {
+            let mut tx = self.pool.begin().await?;
+            // The pool's statement timeout is for the store's steps, not for DDL.
+            sqlx::query("SET LOCAL statement_timeout = 0")
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(MIGRATE_LOCK)
+                .execute(&mut *tx)
+                .await?;
+            let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
+                .bind(&self.sql.table)
+                .fetch_one(&mut *tx)
+                .await?;
+            if !exists {
+                for statement in self.sql.schema.split_terminator(";\n") {
+                    sqlx::query(statement).execute(&mut *tx).await?;
+                }
+                tracing::info!(table = %self.sql.table, "created the idempotency table");
+            }
+            tx.commit().await?;
+            Ok::<_, OpError>(())
+        };
+        run.await.map_err(|e| e.into_store(op))
+    }
+
+    /// Deletes the rows whose lease or retention has ended, in statements of at most
+    /// [`PURGE_BATCH`] rows, until none is left; returns how many it deleted.
+    ///
+    /// Rows a transaction holds are skipped, and a row claimed again while the purge runs is
+    /// never deleted (see the [module docs](crate::store::postgres#expiry-and-the-purge)). Each statement is
+    /// bounded by the store's operation timeout.
+    ///
+    /// # Errors
+    /// The database's error; the batches before it stay deleted.
+    pub async fn purge(&self) -> Result<u64, StoreError> {
+        let mut total = 0;
+        loop {
+            let deleted = self
+                .bounded("PostgreSQL purge", async {
+                    Ok(sqlx::query(&self.sql.purge)
+                        .bind(PURGE_BATCH)
+                        .execute(&self.pool)
+                        .await?
+                        .rows_affected())
+                })
+                .await?;
+            total += deleted;
+            if deleted < PURGE_BATCH.unsigned_abs() {
+                if total > 0 {
+                    tracing::debug!(table = %self.sql.table, deleted = total, "purged expired idempotency records");
+                }
+                return Ok(total);
+            }
+        }
+    }
+}

@@ -1,0 +1,438 @@
+//! A PostgreSQL store, shared by every replica of a service, and the table behind tier C.
+//!
+//! [`PostgresStore`] keeps records in a table of your database, where every replica finds them,
+//! and where they are as durable as the rest of your data: a completed record survives a crash
+//! and a failover like any committed row. It serves the HTTP layer and every other door like
+//! the other stores, and it is the store of the [transactional door](crate::transactional),
+//! which commits the work and its record in one transaction.
+//!
+//! ```no_run
+//! use tower_idempotency::IdempotencyLayer;
+//! use tower_idempotency::store::postgres::PostgresStore;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = PostgresStore::connect("postgres://app@127.0.0.1/app", "orders").await?;
+//! store.migrate().await?; // creates the table when it does not exist
+//! let layer = IdempotencyLayer::with_store(store.clone());
+//!
+//! // Expired rows stay until purged: purge now and then, on one replica or all.
+//! tokio::spawn(async move {
+//!     let mut every = tokio::time::interval(std::time::Duration::from_secs(60));
+//!     loop {
+//!         every.tick().await;
+//!         if let Err(e) = store.purge().await {
+//!             eprintln!("idempotency purge failed: {e}");
+//!         }
+//!     }
+//! });
+//! # let _ = layer; Ok(()) }
+//! ```
+//!
+//! # Which tier
+//!
+//! | store | a completed record survives | a crash between the work and its record | for |
+//! | --- | --- | --- | --- |
+//! | [`MemoryStore`](super::MemoryStore) | while the process lives | leaves the work done, no record: a retry after the lease runs it again | one replica, or tests |
+//! | `RedisStore` (feature `redis`) | while Redis keeps it (no eviction, no failover losing writes) | same | many replicas, work anywhere |
+//! | [`PostgresStore`] | as long as your database keeps committed rows (a failover to an asynchronous standby may lose the last commits) | same | many replicas, records as durable as your data |
+//! | [`PostgresStore`] through [`transactional::within`](crate::transactional::within) (tier C) | same, and what a failover loses it loses with the work | cannot happen: the work and the record commit together or not at all | work that is writes to the same database |
+//!
+//! # The table
+//!
+//! [`PostgresStore::migrate`] creates it when it does not exist (and never alters an existing
+//! one). A DBA can create it by hand instead; this is the DDL for the default table name
+//! ([`DEFAULT_TABLE`]), the same that `migrate` runs (with the table name of
+//! [`PostgresStoreBuilder::table`] in its place):
+//!
+//! ```sql
+#![doc = include_str!("schema.sql")]
+//! ```
+//!
+//! The store needs `SELECT`, `INSERT`, `UPDATE` and `DELETE` on it (and `CREATE` on the schema
+//! for `migrate`).
+//!
+//! **Hashes only.** A row holds no raw key, principal, tenant or namespace: its key is 8 bytes
+//! of a domain-separated SHA-256 of the store's namespace followed by the [`StoreKey`] (itself
+//! a hash of the application's namespace, tenant, principal and client key). The fingerprint
+//! is a SHA-256 of the request, the token 16 random bytes, the record the engine's encoding of
+//! the response (which does hold the response: see the layer's `status` response mode for
+//! bodies that must not rest in a database).
+//!
+//! **A logged table.** The table must be an ordinary (logged) table, never `UNLOGGED`: an
+//! unlogged table skips the write-ahead log, so PostgreSQL truncates it after a crash and never
+//! replicates it to a standby. Every record would vanish with a crash or a failover, and every
+//! duplicate after it would run its work again; durability is the reason to keep records in
+//! PostgreSQL at all.
+//!
+//! **Not partitioned by expiry.** Partitioning by `expires_at` would make dropping old
+//! partitions the purge, but a primary key on a partitioned table must contain the partition
+//! column, and a row's expiry changes at every step (claim, renew, complete). The key would no
+//! longer be unique across partitions, and a claim's `ON CONFLICT (key)`, which is what makes
+//! two concurrent claims of one key meet, would only see rows in its own partition. The
+//! expiry index and a batched purge keep the table small instead.
+//!
+//! # One statement per step
+//!
+//! Needs PostgreSQL 12 or newer. Each step is one SQL statement (prepared once per connection),
+//! atomic on the server; the
+//! time is the database's (`statement_timestamp()`), never the application's, so replicas with
+//! skewed clocks agree on what has expired:
+//!
+//! | step | statement |
+//! | --- | --- |
+//! | claim | a live row is returned as it is (a replay or an in-flight answer reads and writes nothing); otherwise `INSERT … ON CONFLICT (key) DO UPDATE … WHERE` the row found has expired |
+//! | complete | `INSERT … ON CONFLICT (key) DO UPDATE` to done, only where the row has expired or is pending under the caller's token |
+//! | release | `DELETE` where the row is pending under the caller's token and live |
+//! | renew | `UPDATE expires_at` where the row is pending under the caller's token and live |
+//!
+//! A claim that meets a row its snapshot could not see (another claim of the same key
+//! committed in the meantime) has neither inserted nor read anything: it sends the statement
+//! once more, with a fresh snapshot, within the same timeout. Only concurrent claims of one key
+//! cost that second round trip.
+//!
+//! # Expiry and the purge
+//!
+//! A pending row stops holding its key when its lease ends, a done row when its retention ends;
+//! from then on a claim takes the row over as if it were absent. Nothing deletes the row by
+//! itself: [`PostgresStore::purge`] deletes expired rows, in batches of [`PURGE_BATCH`], each
+//! batch one short statement. Run it now and then (every minute, say) from one replica or all.
+//!
+//! The purge is safe against a concurrent re-claim. It locks the rows it is about to delete
+//! with `FOR UPDATE SKIP LOCKED`, so it leaves alone a row that a transaction holds (a claim
+//! taking over the expired row, committed or not yet), and it checks the expiry again on the
+//! row it deletes in the same statement, so a row claimed again after the purge first looked at
+//! it is never deleted.
+//!
+//! # Failures
+//!
+//! Every step is bounded by one operation timeout ([`DEFAULT_TIMEOUT`], 1 s; see
+//! [`PostgresStoreBuilder::timeout`]), waiting for a pooled connection included. Errors keep
+//! the sqlx error as their source and map to:
+//!
+//! | failure | [`StoreErrorKind`] |
+//! | --- | --- |
+//! | the operation timeout, the pool's acquire timeout, `statement_timeout`, `lock_timeout`, an I/O timeout | `Timeout` |
+//! | connection refused or lost, the server shutting down, out of disk or connections, a missing table or privilege | `Unavailable` |
+//! | an answer that does not decode, a row that breaks the layout | `Protocol` |
+//!
+//! A claim that fails answers 503 and the work does not run. A step that timed out may still
+//! have been applied by the server: a claim may leave the key pending until its lease lapses (a
+//! retry gets 409 until then), a complete may have stored the record.
+//!
+//! # Bounds
+//!
+//! As with Redis, nothing bounds what one caller writes: each record stays until its retention
+//! ends and the purge runs. Rate-limit per principal in front of the layer, and size the table
+//! for the callers' rates times the retention times a record's size: about 430 bytes of row and
+//! indexes for a response of 89 encoded bytes (`tests/stores/postgres_store.rs`,
+//! `storage_per_record`), growing with the response.
+//!
+//! [`StoreErrorKind`]: crate::store::StoreErrorKind
+
+use super::{Claim, Store, StoreError, Token};
+use crate::fingerprint::Fingerprint;
+use crate::record::Record;
+use crate::scope::StoreKey;
+use bytes::Bytes;
+use sqlx::postgres::{PgPool, PgRow, Postgres};
+use sqlx::{Executor, Row};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+mod builder;
+mod error;
+mod maintenance;
+mod sql;
+mod transaction;
+
+pub(crate) use self::error::OpError;
+use self::error::protocol;
+use self::sql::{KeyBytes, Statements};
+
+pub use self::builder::PostgresStoreBuilder;
+pub use self::error::InvalidConfig;
+pub(crate) use self::transaction::Held;
+/// The `sqlx` crate this store is built on, for pools, connections and transactions of your
+/// own.
+pub use ::sqlx;
+
+/// The default table: `tower_idempotency`.
+pub const DEFAULT_TABLE: &str = "tower_idempotency";
+
+/// The default bound on one store operation: 1 second.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The default bound on a transactional claim's wait for a row another transaction holds:
+/// 1 second (see [`PostgresStoreBuilder::lock_timeout`]).
+pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// The bound on making the first connection in [`PostgresStore::connect`]: 5 seconds.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Rows one purge statement deletes at most: 1000.
+pub const PURGE_BATCH: i64 = 1000;
+
+/// Claims sent for one step at most: a claim is sent again only when it raced another claim of
+/// the same key.
+const CLAIM_ATTEMPTS: usize = 4;
+
+/// An idempotency [`Store`] in a PostgreSQL table, over a sqlx [`PgPool`].
+///
+/// Made by [`PostgresStore::builder`], or by the shortcuts [`PostgresStore::connect`] and
+/// [`PostgresStore::new`] with the default settings. Cheap to clone: clones share the pool.
+/// See the [module docs](self) for the table, the statements and the purge.
+#[derive(Clone)]
+pub struct PostgresStore {
+    pool: PgPool,
+    namespace: [u8; 8],
+    sql: Arc<Statements>,
+    timeout: Duration,
+    lock_timeout: Duration,
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("table", &self.sql.table)
+            .field("timeout", &self.timeout)
+            .field("lock_timeout", &self.lock_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// A builder for a store keeping its records under `namespace`: set the table, the
+    /// operation timeout or the transactional lock wait, then connect or build over a pool.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tower_idempotency::store::postgres::PostgresStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = PostgresStore::builder("orders")
+    ///     .timeout(Duration::from_millis(250))
+    ///     .connect("postgres://app@127.0.0.1/app")
+    ///     .await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    pub fn builder(namespace: &str) -> PostgresStoreBuilder {
+        PostgresStoreBuilder::new(namespace)
+    }
+
+    /// Connects to the PostgreSQL at `url` with the default settings: a shortcut for
+    /// `PostgresStore::builder(namespace).connect(url)` (see [`PostgresStoreBuilder::connect`]).
+    ///
+    /// # Errors
+    /// `Unavailable` when the namespace is empty (source: [`InvalidConfig`]), the URL is
+    /// invalid or the server cannot be reached; `Timeout` when connecting takes longer than
+    /// [`CONNECT_TIMEOUT`].
+    pub async fn connect(url: &str, namespace: &str) -> Result<Self, StoreError> {
+        Self::builder(namespace).connect(url).await
+    }
+
+    /// A store over an existing pool with the default settings, keeping records under
+    /// `namespace`: a shortcut for `PostgresStore::builder(namespace).build(pool)`.
+    ///
+    /// ```no_run
+    /// use tower_idempotency::store::postgres::{PostgresStore, sqlx::PgPool};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let pool = PgPool::connect("postgres://app@127.0.0.1/app").await?;
+    /// let store = PostgresStore::new(pool, "orders")?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`InvalidConfig::EmptyNamespace`] when `namespace` is empty.
+    pub fn new(pool: PgPool, namespace: &str) -> Result<Self, InvalidConfig> {
+        Self::builder(namespace).build(pool)
+    }
+
+    /// The pool.
+    #[must_use]
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// The table (see [`PostgresStoreBuilder::table`]).
+    #[must_use]
+    pub fn table(&self) -> &str {
+        &self.sql.table
+    }
+
+    /// The operation timeout (see [`PostgresStoreBuilder::timeout`]).
+    #[must_use]
+    pub fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// The transactional claim's lock wait (see [`PostgresStoreBuilder::lock_timeout`]).
+    #[must_use]
+    pub fn lock_timeout(&self) -> Duration {
+        self.lock_timeout
+    }
+
+    /// The `key` column of `key`'s row: 8 bytes of the namespace's hash, then
+    /// [`StoreKey::id`] (for operators and tests looking at the table).
+    #[must_use]
+    pub fn row_key(&self, key: &StoreKey) -> [u8; 40] {
+        sql::key_bytes(&self.namespace, key)
+    }
+
+    /// Runs one step under the operation timeout.
+    async fn bounded<T>(
+        &self,
+        op: &'static str,
+        step: impl Future<Output = Result<T, OpError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.timeout, step).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(e.into_store(op)),
+            Err(e) => Err(OpError::from(e).into_store(op)),
+        }
+    }
+
+    /// One claim statement: `None` when it raced a claim its snapshot could not see.
+    async fn claim_once<'e, E>(
+        &self,
+        executor: E,
+        key: &KeyBytes,
+        fingerprint: &Fingerprint,
+        token: &Token,
+        lease: i64,
+    ) -> Result<Option<ClaimRow>, OpError>
+    where
+        E: Executor<'e, Database = Postgres>,
+    {
+        let row = sqlx::query(&self.sql.claim)
+            .bind(&key[..])
+            .bind(&fingerprint.as_bytes()[..])
+            .bind(&token.as_bytes()[..])
+            .bind(lease)
+            .fetch_optional(executor)
+            .await?;
+        row.as_ref().map(ClaimRow::read).transpose()
+    }
+}
+
+/// A claim's answer row: `(state, fingerprint, record)`.
+pub(crate) struct ClaimRow {
+    state: i8,
+    fingerprint: Option<Vec<u8>>,
+    record: Option<Vec<u8>>,
+}
+
+impl ClaimRow {
+    fn read(row: &PgRow) -> Result<Self, OpError> {
+        Ok(Self {
+            state: row.try_get(0)?,
+            fingerprint: row.try_get(1)?,
+            record: row.try_get(2)?,
+        })
+    }
+
+    /// What the claim found; `token` is the one it sent.
+    fn into_claim(self, token: Token) -> Result<Claim, StoreError> {
+        let fingerprint = |fp: Option<Vec<u8>>| {
+            fp.and_then(|fp| <[u8; 32]>::try_from(fp).ok())
+                .map(Fingerprint::from_bytes)
+                .ok_or_else(|| protocol("a row without a 32-byte fingerprint"))
+        };
+        match self.state {
+            sql::CLAIMED => Ok(Claim::Claimed(token)),
+            sql::PENDING => Ok(Claim::Pending {
+                fingerprint: fingerprint(self.fingerprint)?,
+            }),
+            sql::DONE => Ok(Claim::Done {
+                fingerprint: fingerprint(self.fingerprint)?,
+                record: Record::from_bytes(Bytes::from(
+                    self.record
+                        .ok_or_else(|| protocol("a done row without a record"))?,
+                )),
+            }),
+            _ => Err(protocol("a row in an unknown state")),
+        }
+    }
+}
+
+impl Store for PostgresStore {
+    async fn claim(
+        &self,
+        key: &StoreKey,
+        fingerprint: &Fingerprint,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
+        let token = Token::generate()?;
+        let key = self.row_key(key);
+        let lease = sql::millis(lease);
+        let row = self
+            .bounded("PostgreSQL claim", async {
+                for _ in 0..CLAIM_ATTEMPTS {
+                    let found = self
+                        .claim_once(&self.pool, &key, fingerprint, &token, lease)
+                        .await?;
+                    if found.is_some() {
+                        return Ok(found);
+                    }
+                }
+                Ok(None)
+            })
+            .await?;
+        row.ok_or_else(|| protocol("claim kept racing concurrent claims"))?
+            .into_claim(token)
+    }
+
+    async fn complete(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        fingerprint: &Fingerprint,
+        record: Record,
+        ttl: Duration,
+    ) -> Result<bool, StoreError> {
+        let key = self.row_key(key);
+        let record = record.into_bytes();
+        let done = sqlx::query(&self.sql.complete)
+            .bind(&key[..])
+            .bind(&token.as_bytes()[..])
+            .bind(&fingerprint.as_bytes()[..])
+            .bind(&record[..])
+            .bind(sql::millis(ttl))
+            .execute(&self.pool);
+        let done = self
+            .bounded("PostgreSQL complete", async { Ok(done.await?) })
+            .await?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
+        let key = self.row_key(key);
+        let deleted = sqlx::query(&self.sql.release)
+            .bind(&key[..])
+            .bind(&token.as_bytes()[..])
+            .execute(&self.pool);
+        let deleted = self
+            .bounded("PostgreSQL release", async { Ok(deleted.await?) })
+            .await?;
+        Ok(deleted.rows_affected() == 1)
+    }
+
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let key = self.row_key(key);
+        let renewed = sqlx::query(&self.sql.renew)
+            .bind(&key[..])
+            .bind(&token.as_bytes()[..])
+            .bind(sql::millis(lease))
+            .execute(&self.pool);
+        let renewed = self
+            .bounded("PostgreSQL renew", async { Ok(renewed.await?) })
+            .await?;
+        Ok(renewed.rows_affected() == 1)
+    }
+}

@@ -1,0 +1,216 @@
+//! The statements the store sends, written once per table when the store is built, and the
+//! bytes of a row's key.
+//!
+//! Every statement takes the time from `statement_timestamp()`: the database's clock, read
+//! once per statement (`now()` would be the start of the transaction, stale for a claim inside
+//! a transaction that began earlier).
+
+use super::error::InvalidConfig;
+use crate::scope::StoreKey;
+use sha2::{Digest, Sha256};
+use std::time::Duration;
+
+const NAMESPACE_DOMAIN: &[u8] = b"tower-idempotency/postgres-ns/v1";
+/// The table name in [`SCHEMA`], replaced by the store's.
+const DEFAULT_TABLE_NAME: &str = "tower_idempotency";
+/// Longest part of a table name: the index PostgreSQL names after it must fit in 63 bytes.
+const MAX_NAME_PART: usize = 48;
+/// Longest lease or retention sent (about 100 years): far from any overflow of `timestamptz`.
+const MAX_MILLIS: u64 = 100 * 365 * 24 * 60 * 60 * 1000;
+
+/// The DDL for the default table, as documented.
+pub(super) const SCHEMA: &str = include_str!("schema.sql");
+
+/// A row's state, as the `"char"` column and the claim's answer hold it.
+pub(super) const PENDING: i8 = b'P' as i8;
+pub(super) const DONE: i8 = b'D' as i8;
+/// Not a stored state: the claim's answer when it took the key.
+pub(super) const CLAIMED: i8 = b'C' as i8;
+
+/// A row's key: 8 bytes of the namespace's hash, then the 32-byte [`StoreKey::id`].
+pub(crate) type KeyBytes = [u8; 40];
+
+/// The first 8 bytes of the namespace's domain-separated SHA-256.
+pub(super) fn namespace_hash(namespace: &str) -> Result<[u8; 8], InvalidConfig> {
+    if namespace.is_empty() {
+        return Err(InvalidConfig::EmptyNamespace);
+    }
+    let mut h = Sha256::new();
+    h.update(NAMESPACE_DOMAIN);
+    h.update(namespace.as_bytes());
+    let mut out = [0u8; 8];
+    out.copy_from_slice(&h.finalize()[..8]);
+    Ok(out)
+}
+
+pub(super) fn key_bytes(namespace: &[u8; 8], key: &StoreKey) -> KeyBytes {
+    let mut out = [0u8; 40];
+    out[..8].copy_from_slice(namespace);
+    out[8..].copy_from_slice(key.id());
+    out
+}
+
+/// A lease or retention as whole milliseconds: rounded up, at least 1, at most about a century.
+pub(super) fn millis(d: Duration) -> i64 {
+    let ms = u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
+    // At most MAX_MILLIS, far below i64::MAX.
+    i64::try_from(ms.clamp(1, MAX_MILLIS)).unwrap_or(i64::MAX)
+}
+
+/// Checks a table name: `name` or `schema.name`, each part a lowercase identifier.
+pub(super) fn check_table(table: &str) -> Result<(), InvalidConfig> {
+    let part_ok = |p: &str| {
+        let mut bytes = p.bytes();
+        p.len() <= MAX_NAME_PART
+            && bytes
+                .next()
+                .is_some_and(|b| b.is_ascii_lowercase() || b == b'_')
+            && bytes.all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    };
+    let mut parts = table.split('.');
+    let ok = match (parts.next(), parts.next(), parts.next()) {
+        (Some(name), None, None) => part_ok(name),
+        (Some(schema), Some(name), None) => part_ok(schema) && part_ok(name),
+        _ => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(InvalidConfig::TableName)
+    }
+}
+
+/// The store's statements for one table (checked by [`check_table`]).
+#[derive(Debug)]
+pub(super) struct Statements {
+    pub(super) table: String,
+    /// `$1` key, `$2` fingerprint, `$3` token, `$4` lease (ms) → no row (raced a concurrent
+    /// claim: ask again), or one row `(state, fingerprint, record)`, state `C` when claimed.
+    pub(super) claim: String,
+    /// `$1` key, `$2` token, `$3` fingerprint, `$4` record, `$5` ttl (ms) → one row written, or
+    /// none.
+    pub(super) complete: String,
+    /// `$1` key, `$2` token → one row deleted, or none.
+    pub(super) release: String,
+    /// `$1` key, `$2` token, `$3` lease (ms) → one row extended, or none.
+    pub(super) renew: String,
+    /// Inside the claimant's transaction, which holds the row: `$1` key, `$2` token,
+    /// `$3` fingerprint, `$4` record, `$5` ttl (ms) → one row.
+    pub(super) complete_held: String,
+    /// `$1` batch size → the expired rows deleted.
+    pub(super) purge: String,
+    /// The DDL of [`SCHEMA`] for this table.
+    pub(super) schema: String,
+}
+
+impl Statements {
+    pub(super) fn new(table: &str) -> Self {
+        let t = table;
+        let claim = format!(
+            "WITH live AS (\
+                SELECT state, fingerprint, record FROM {t} \
+                WHERE key = $1 AND expires_at > statement_timestamp()\
+            ), claimed AS (\
+                INSERT INTO {t} AS r (expires_at, key, state, fingerprint, token) \
+                SELECT statement_timestamp() + $4::int8 * interval '1 millisecond', $1, 'P', $2, $3 \
+                WHERE NOT EXISTS (SELECT FROM live) \
+                ON CONFLICT (key) DO UPDATE SET expires_at = excluded.expires_at, state = 'P', \
+                    fingerprint = excluded.fingerprint, token = excluded.token, record = NULL \
+                WHERE r.expires_at <= statement_timestamp() \
+                RETURNING 'C'::\"char\" AS state\
+            ) \
+            SELECT state, NULL::bytea AS fingerprint, NULL::bytea AS record FROM claimed \
+            UNION ALL SELECT state, fingerprint, record FROM live"
+        );
+        let complete = format!(
+            "INSERT INTO {t} AS r (expires_at, key, state, fingerprint, record) \
+            VALUES (statement_timestamp() + $5::int8 * interval '1 millisecond', $1, 'D', $3, $4) \
+            ON CONFLICT (key) DO UPDATE SET expires_at = excluded.expires_at, state = 'D', \
+                fingerprint = excluded.fingerprint, token = NULL, record = excluded.record \
+            WHERE r.expires_at <= statement_timestamp() OR (r.state = 'P' AND r.token = $2)"
+        );
+        let release = format!(
+            "DELETE FROM {t} WHERE key = $1 AND state = 'P' AND token = $2 \
+            AND expires_at > statement_timestamp()"
+        );
+        let renew = format!(
+            "UPDATE {t} SET expires_at = statement_timestamp() + $3::int8 * interval '1 millisecond' \
+            WHERE key = $1 AND state = 'P' AND token = $2 AND expires_at > statement_timestamp()"
+        );
+        let complete_held = format!(
+            "UPDATE {t} SET expires_at = statement_timestamp() + $5::int8 * interval '1 millisecond', \
+                state = 'D', fingerprint = $3, token = NULL, record = $4 \
+            WHERE key = $1 AND state = 'P' AND token = $2"
+        );
+        // Rows a transaction holds (a claim taking over an expired row) are skipped, and the
+        // expiry is checked again on the row deleted: a re-claimed row is never purged.
+        let purge = format!(
+            "DELETE FROM {t} WHERE key IN (\
+                SELECT key FROM {t} WHERE expires_at <= statement_timestamp() \
+                ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED\
+            ) AND expires_at <= statement_timestamp()"
+        );
+        Self {
+            table: table.to_owned(),
+            claim,
+            complete,
+            release,
+            renew,
+            complete_held,
+            purge,
+            schema: SCHEMA.replace(DEFAULT_TABLE_NAME, table),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn table_names_are_plain_identifiers() {
+        for ok in ["tower_idempotency", "app.idem", "_t1", &"a".repeat(48)] {
+            assert_eq!(check_table(ok), Ok(()), "{ok}");
+        }
+        for bad in [
+            "",
+            "Idem",
+            "1t",
+            "a.b.c",
+            "a.",
+            ".a",
+            "t; DROP TABLE x",
+            "\"t\"",
+            "t-1",
+            &"a".repeat(49),
+        ] {
+            assert_eq!(check_table(bad), Err(InvalidConfig::TableName), "{bad}");
+        }
+    }
+
+    #[test]
+    fn the_schema_names_only_the_table() {
+        let s = Statements::new("app.idem");
+        assert!(s.schema.contains("CREATE TABLE app.idem ("));
+        assert!(s.schema.contains("CREATE INDEX ON app.idem (expires_at)"));
+        assert!(!s.schema.contains(DEFAULT_TABLE_NAME));
+    }
+
+    #[test]
+    fn millis_round_up_and_stay_in_range() {
+        assert_eq!(millis(Duration::ZERO), 1);
+        assert_eq!(millis(Duration::from_micros(1500)), 2);
+        assert_eq!(millis(Duration::from_secs(3)), 3000);
+        assert_eq!(millis(Duration::MAX), i64::try_from(MAX_MILLIS).unwrap());
+    }
+
+    #[test]
+    fn namespaces_change_the_key_and_are_required() {
+        let key = StoreKey::from_parts([1; 32], [2; 32]);
+        let a = key_bytes(&namespace_hash("a").unwrap(), &key);
+        let b = key_bytes(&namespace_hash("b").unwrap(), &key);
+        assert_ne!(a, b);
+        assert_eq!(&a[8..], key.id());
+        assert_eq!(namespace_hash(""), Err(InvalidConfig::EmptyNamespace));
+    }
+}

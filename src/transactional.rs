@@ -1,0 +1,245 @@
+//! Tier C: the work and its record committed in one PostgreSQL transaction.
+//!
+//! The HTTP layer records a response *after* the handler's work has committed. A crash between
+//! the two leaves the work done and no record: the key stays pending until its lease lapses, and
+//! a retry after that runs the work again. When the work is writes to the same PostgreSQL
+//! database that keeps the records, [`within`] closes that window: the claim, the work and the
+//! record are one transaction, so they commit together or not at all.
+//!
+//! ```no_run
+//! use tower_idempotency::IdempotencyKey;
+//! use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse, Scope};
+//! use tower_idempotency::store::StoreKey;
+//! use tower_idempotency::store::postgres::PostgresStore;
+//! use tower_idempotency::store::postgres::sqlx::{self, PgPool};
+//! use tower_idempotency::transactional::{Within, within};
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = PgPool::connect("postgres://app@127.0.0.1/app").await?;
+//! let engine = Engine::new(PostgresStore::new(pool.clone(), "orders")?);
+//! engine.store().migrate().await?;
+//!
+//! let key = StoreKey::derive("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1")?);
+//! let fingerprint = Fingerprint::builder().field(b"POST /orders").field(b"{\"sku\":\"X\"}").finish();
+//!
+//! let mut conn = pool.acquire().await?;
+//! let outcome = within(&engine, &mut conn, key, fingerprint, |tx| {
+//!     Box::pin(async move {
+//!         let id: i64 = sqlx::query_scalar("INSERT INTO orders (sku) VALUES ('X') RETURNING id")
+//!             .fetch_one(&mut *tx)
+//!             .await?;
+//!         let body = format!(r#"{{"id":{id}}}"#);
+//!         Ok::<_, sqlx::Error>(RecordedResponse::new(201, vec![], Some(body.into())))
+//!     })
+//! })
+//! .await?;
+//! match outcome {
+//!     Within::Ran(response) | Within::Replay(response) => println!("{}", response.status),
+//!     Within::InFlight => println!("409: the first request is still running"),
+//!     Within::KeyReused => println!("422: this key was used for another request"),
+//!     other => println!("503: {other:?}"),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! # How it runs
+//!
+//! 1. A transaction begins on your connection: a transaction of its own on a connection that is
+//!    not in one, a savepoint inside yours when you pass `&mut *tx` (then nothing is durable
+//!    until *you* commit, and your rollback takes the claim, the work and the record with it).
+//! 2. The key is claimed in it: a pending row is inserted (or an expired one taken over). The
+//!    row lock this takes is the lease: it lasts exactly as long as the transaction, needs no
+//!    renewal, and a crash (of the process, the connection or the server) rolls it back.
+//! 3. The work runs on the same transaction; its `Ok` value is the response to record.
+//! 4. The record is written over the claim, and the transaction commits.
+//!
+//! A duplicate that arrives meanwhile meets the row lock:
+//!
+//! | the first request | the duplicate |
+//! | --- | --- |
+//! | commits within the lock wait ([`PostgresStoreBuilder::lock_timeout`], 1 s by default) | gets [`Within::Replay`] of the first's record |
+//! | runs longer | gets [`Within::InFlight`] once the wait ends (HTTP: 409, retry later) |
+//! | rolls back (its work failed, its connection died) | claims the key and runs |
+//! | committed earlier | [`Within::Replay`] at once, or [`Within::KeyReused`] for another request (422) |
+//!
+//! Under `REPEATABLE READ` or `SERIALIZABLE`, a duplicate whose transaction began before the
+//! first committed cannot see its record: PostgreSQL reports a serialization failure, answered
+//! [`Within::InFlight`] (a retry, in a new transaction, gets the replay). A deadlock is answered
+//! the same way.
+//!
+//! # When to use it, and when the layer is enough
+//!
+//! Use `within` when the work is writes to the PostgreSQL database the records live in (create
+//! the order, debit the balance): then no crash can leave the work without its record, or a
+//! record without its work. It costs the handler an explicit call, and a duplicate holds a
+//! database connection while it waits for the first.
+//!
+//! The [`IdempotencyLayer`](crate::IdempotencyLayer), over any store, is enough when the work is
+//! elsewhere (another database, a queue, a remote API) or when a re-run after a crash inside
+//! the lease window is acceptable: it needs no change to handlers. Side effects outside the
+//! transaction (an email, a call to a payment provider) are at-least-once either way; forward
+//! a [`DerivedKey`](crate::DerivedKey) to a provider that de-duplicates.
+//!
+//! The key, scope and fingerprint are the caller's, as in every door: derive the [`StoreKey`]
+//! from the client's key and the *authenticated* principal ([`StoreKey::derive`]), and the
+//! fingerprint from the request. The `transactional` example in the repository does it for an
+//! axum handler with the layer's `Idempotency-Key` semantics (replay, 409, 422).
+//!
+//! [`PostgresStoreBuilder::lock_timeout`]: crate::store::postgres::PostgresStoreBuilder::lock_timeout
+
+use crate::engine::{Begin, Engine, Fingerprint, RecordError, RecordedResponse};
+use crate::scope::StoreKey;
+use crate::store::postgres::{Held, OpError, PostgresStore};
+use crate::store::{StoreError, StoreErrorKind};
+use sqlx::postgres::{PgConnection, Postgres};
+use sqlx::{Connection, Transaction};
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+
+/// The future of the work: boxed, so that it can borrow the connection it is given (as sqlx's
+/// own `Connection::transaction` does). Write the work as `|tx| Box::pin(async move { … })`.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// What [`within`] did.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Within {
+    /// The work ran, and its response was recorded in the same transaction: committed, or, on
+    /// your transaction, written into it (commit it).
+    Ran(RecordedResponse),
+    /// The same request completed before: its recorded response. The work did not run.
+    Replay(RecordedResponse),
+    /// The same request holds the key and did not commit within the lock wait (HTTP: 409,
+    /// retryable). The work did not run.
+    InFlight,
+    /// The key is held or was completed by a different request (HTTP: 422). The work did not
+    /// run.
+    KeyReused,
+    /// The stored record failed validation and is not replayed (HTTP: 503). The work did not
+    /// run.
+    Invalid(RecordError),
+}
+
+/// Why [`within`] failed. In every case but a failed commit, everything it did was rolled back
+/// and the key is free.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum WithinError<E> {
+    /// The work returned an error: the work and the claim were rolled back.
+    Work(E),
+    /// A step of the store failed (the claim, the record, the commit). When the commit itself
+    /// failed on a lost connection, whether it happened is unknown: a retry under the same key
+    /// either replays or runs.
+    Store(StoreError),
+}
+
+impl<E: fmt::Display> fmt::Display for WithinError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Work(e) => write!(f, "the transactional work failed: {e}"),
+            Self::Store(e) => fmt::Display::fmt(e, f),
+        }
+    }
+}
+
+impl<E: StdError + 'static> StdError for WithinError<E> {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            Self::Work(e) => Some(e),
+            Self::Store(e) => Some(e),
+        }
+    }
+}
+
+/// Claims `key` inside a transaction on `conn`, runs `work` on that transaction, records its
+/// response and commits, all or nothing (see the [module docs](self)).
+///
+/// `conn` is a connection (`&mut *pool.acquire().await?`), or your own transaction
+/// (`&mut *tx`, with sqlx's `Transaction`, or any crate's that derefs to a `PgConnection`):
+/// on a transaction, `within` works in a savepoint and leaves the commit to you. The
+/// `fingerprint` is the request's, as the engine keeps it (keyed by its secret when it has
+/// one); the record is written with the engine's retention and sealed with its secret.
+///
+/// The work's `Ok` value is recorded and returned as [`Within::Ran`]; its `Err` rolls back the
+/// work and the claim, and is returned as [`WithinError::Work`]: the key is free, and a retry
+/// runs the work again. Dropping the future rolls back as well.
+///
+/// # Errors
+/// [`WithinError::Work`] with the work's error, [`WithinError::Store`] when a step of the store
+/// failed (see [`WithinError`]).
+pub async fn within<F, E>(
+    engine: &Engine<PostgresStore>,
+    conn: &mut PgConnection,
+    key: StoreKey,
+    fingerprint: Fingerprint,
+    work: F,
+) -> Result<Within, WithinError<E>>
+where
+    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<RecordedResponse, E>>,
+{
+    let store = engine.store();
+    let fingerprint = engine.keyed(fingerprint);
+    let mut tx = conn
+        .begin()
+        .await
+        .map_err(|e| WithinError::Store(OpError::from(e).into_store("PostgreSQL begin")))?;
+
+    let claim = match store
+        .claim_held(&mut tx, &key, &fingerprint, engine.lease())
+        .await
+    {
+        Ok(Held::Found(claim)) => claim,
+        Ok(Held::Contended) => return rolled_back(tx, Ok(Within::InFlight)).await,
+        Err(e) => return rolled_back(tx, Err(WithinError::Store(e))).await,
+    };
+    let ticket = match engine.judge(key, fingerprint, claim) {
+        Begin::Run(ticket) => ticket,
+        Begin::Replay(response) => return rolled_back(tx, Ok(Within::Replay(response))).await,
+        Begin::InFlight => return rolled_back(tx, Ok(Within::InFlight)).await,
+        Begin::KeyReused => return rolled_back(tx, Ok(Within::KeyReused)).await,
+        Begin::Invalid(e) => return rolled_back(tx, Ok(Within::Invalid(e))).await,
+    };
+
+    let response = match work(&mut tx).await {
+        Ok(response) => response,
+        Err(e) => return rolled_back(tx, Err(WithinError::Work(e))).await,
+    };
+    let record = match engine.seal(&ticket, &response) {
+        Ok(record) => record,
+        Err(e) => {
+            let e =
+                StoreError::with_source(StoreErrorKind::Protocol, "response cannot be recorded", e);
+            return rolled_back(tx, Err(WithinError::Store(e))).await;
+        }
+    };
+    if let Err(e) = store
+        .complete_held(
+            &mut tx,
+            ticket.key(),
+            ticket.token(),
+            ticket.fingerprint(),
+            record,
+            engine.ttl(),
+        )
+        .await
+    {
+        return rolled_back(tx, Err(WithinError::Store(e))).await;
+    }
+    match tx.commit().await.map_err(OpError::from) {
+        Ok(()) => Ok(Within::Ran(response)),
+        // A serializable transaction that lost to a concurrent one: nothing was committed.
+        Err(e) if e.is_contended() => Ok(Within::InFlight),
+        Err(e) => Err(WithinError::Store(e.into_store("PostgreSQL commit"))),
+    }
+}
+
+/// Rolls the transaction (or savepoint) back, then answers `outcome`. A rollback that fails
+/// leaves the connection broken, which rolls back on the server all the same.
+async fn rolled_back<T>(tx: Transaction<'_, Postgres>, outcome: T) -> T {
+    if let Err(e) = tx.rollback().await {
+        tracing::debug!(error = %e, "idempotency: rollback failed");
+    }
+    outcome
+}

@@ -1,0 +1,493 @@
+//! `PostgresStore` on a real PostgreSQL server: the conformance suite, the table `migrate`
+//! makes, the purge, hashes only at rest, timeouts, and the storage a record takes.
+//!
+//! Without PostgreSQL installed these tests print a notice and pass, unless
+//! `TOWER_IDEMPOTENCY_REQUIRE_SERVERS` is set (as `scripts/test.sh` does), where they fail.
+#![cfg(feature = "postgres")]
+#![allow(clippy::unwrap_used)]
+
+use crate::support::http::{TestServer, Work};
+use crate::support::postgres_server::{self, PostgresServer};
+use crate::support::raw_http::{keyed, post};
+use bytes::Bytes;
+use std::future::Future;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+use tower_idempotency::conformance::{Harness, LONG, SHORT, fingerprint, random_key, record};
+use tower_idempotency::engine::{Begin, Engine, RecordedResponse};
+use tower_idempotency::store::postgres::sqlx::{self, PgPool, Row};
+use tower_idempotency::store::postgres::{InvalidConfig, PostgresStore};
+use tower_idempotency::store::{Claim, StoreErrorKind};
+use tower_idempotency::{IdempotencyLayer, Store};
+
+/// One server for the whole binary; the tests use random keys or tables of their own.
+pub(crate) fn shared_server() -> Option<&'static PostgresServer> {
+    static SERVER: OnceLock<PostgresServer> = OnceLock::new();
+    postgres_server::available().then(|| SERVER.get_or_init(PostgresServer::start))
+}
+
+/// A store on `table` (created when missing) of the shared server.
+pub(crate) async fn store_on(server: &PostgresServer, table: &str, ns: &str) -> PostgresStore {
+    let store = PostgresStore::builder(ns)
+        .table(table)
+        .connect(&server.url())
+        .await
+        .expect("connect");
+    store.migrate().await.expect("migrate");
+    store
+}
+
+/// A fresh table name.
+pub(crate) fn fresh_table(prefix: &str) -> String {
+    let mut b = [0u8; 6];
+    getrandom::fill(&mut b).unwrap();
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("{prefix}_{hex}")
+}
+
+struct PostgresHarness {
+    store: PostgresStore,
+}
+
+impl Harness for PostgresHarness {
+    type S = PostgresStore;
+
+    fn store(&self) -> &PostgresStore {
+        &self.store
+    }
+
+    // Expiry is the database's (`statement_timestamp()`), on real time.
+    fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send {
+        tokio::time::sleep(d)
+    }
+}
+
+/// A fresh harness on the shared server (the default table), or `None` (skip).
+fn harness() -> Option<impl Future<Output = PostgresHarness>> {
+    let server = shared_server()?;
+    Some(async move {
+        PostgresHarness {
+            store: store_on(server, "tower_idempotency", "conformance").await,
+        }
+    })
+}
+
+// `return` in the expression leaves the test early (the notice is already printed).
+tower_idempotency::store_conformance!(match harness() {
+    Some(make) => make,
+    None => return,
+});
+
+// ---- the table ------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn migrate_creates_the_documented_table_once_even_when_replicas_race() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let table = fresh_table("migrated");
+    let store = PostgresStore::builder("m")
+        .table(&table)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let runs: Vec<_> = (0..6)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move { store.migrate().await })
+        })
+        .collect();
+    for run in runs {
+        run.await.unwrap().expect("a concurrent migrate succeeds");
+    }
+    store.migrate().await.expect("migrate on an existing table");
+
+    let columns: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT column_name::text, data_type::text, is_nullable::text \
+         FROM information_schema.columns WHERE table_name = $1 ORDER BY ordinal_position",
+    )
+    .bind(&table)
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
+    let expected = [
+        ("expires_at", "timestamp with time zone", "NO"),
+        ("key", "bytea", "NO"),
+        ("state", "\"char\"", "NO"),
+        ("fingerprint", "bytea", "NO"),
+        ("token", "bytea", "YES"),
+        ("record", "bytea", "YES"),
+    ];
+    let got: Vec<(&str, &str, &str)> = columns
+        .iter()
+        .map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str()))
+        .collect();
+    assert_eq!(got, expected, "the columns of the documented DDL");
+
+    let (persistence, partitioned): (i8, bool) = sqlx::query_as(
+        "SELECT relpersistence::\"char\", relkind = 'p' FROM pg_class WHERE oid = $1::regclass",
+    )
+    .bind(&table)
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    assert_eq!(persistence, b'p' as i8, "a logged (permanent) table");
+    assert!(!partitioned, "not partitioned");
+    let indexes: Vec<String> =
+        sqlx::query_scalar("SELECT indexdef FROM pg_indexes WHERE tablename = $1 ORDER BY 1")
+            .bind(&table)
+            .fetch_all(store.pool())
+            .await
+            .unwrap();
+    assert_eq!(
+        indexes.len(),
+        2,
+        "the primary key and the expiry index: {indexes:?}"
+    );
+    assert!(
+        indexes.iter().any(|i| i.contains("(expires_at)")),
+        "{indexes:?}"
+    );
+}
+
+#[tokio::test]
+async fn settings_that_would_break_the_sql_are_refused() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let pool = server.pool(1).await;
+    assert_eq!(
+        PostgresStore::new(pool.clone(), "").unwrap_err(),
+        InvalidConfig::EmptyNamespace
+    );
+    for table in ["Orders", "t; DROP TABLE x", "a.b.c", "\"t\""] {
+        assert_eq!(
+            PostgresStore::builder("n")
+                .table(table)
+                .build(pool.clone())
+                .unwrap_err(),
+            InvalidConfig::TableName,
+            "{table}"
+        );
+    }
+    let e = PostgresStore::connect(&server.url(), "").await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Unavailable);
+}
+
+#[tokio::test]
+async fn namespaces_share_a_table_without_sharing_keys() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let a = store_on(server, "tower_idempotency", "app-a").await;
+    let b = store_on(server, "tower_idempotency", "app-b").await;
+    let key = random_key();
+    let fp = fingerprint("a");
+    let token = match a.claim(&key, &fp, LONG).await.unwrap() {
+        Claim::Claimed(t) => t,
+        other => panic!("{other:?}"),
+    };
+    assert!(
+        a.complete(&key, &token, &fp, record("a"), LONG)
+            .await
+            .unwrap()
+    );
+    assert!(
+        matches!(b.claim(&key, &fp, LONG).await.unwrap(), Claim::Claimed(_)),
+        "another namespace's store claims the same StoreKey afresh"
+    );
+    assert_ne!(a.row_key(&key), b.row_key(&key));
+}
+
+// ---- the purge ------------------------------------------------------------------------------
+
+/// How many rows of `table` hold `keys`.
+async fn rows_of(pool: &PgPool, table: &str, keys: &[[u8; 40]]) -> i64 {
+    let keys: Vec<Vec<u8>> = keys.iter().map(|k| k.to_vec()).collect();
+    sqlx::query_scalar(&format!("SELECT count(*) FROM {table} WHERE key = ANY($1)"))
+        .bind(keys)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn purge_deletes_expired_rows_in_batches_and_keeps_live_ones() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let table = fresh_table("purged");
+    let store = store_on(server, &table, "purge").await;
+    let fp = fingerprint("a");
+    // 1500 expired rows (more than one batch): lapsed leases and ended retentions.
+    let mut expired = Vec::new();
+    for i in 0..1500 {
+        let key = random_key();
+        let Claim::Claimed(token) = store.claim(&key, &fp, SHORT).await.unwrap() else {
+            panic!("fresh key")
+        };
+        if i % 2 == 0 {
+            store
+                .complete(&key, &token, &fp, record("r"), SHORT)
+                .await
+                .unwrap();
+        }
+        expired.push(store.row_key(&key));
+    }
+    let live = random_key();
+    let Claim::Claimed(token) = store.claim(&live, &fp, LONG).await.unwrap() else {
+        panic!("fresh key")
+    };
+    store
+        .complete(&live, &token, &fp, record("live"), LONG)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    assert_eq!(store.purge().await.unwrap(), 1500, "every expired row");
+    assert_eq!(rows_of(store.pool(), &table, &expired).await, 0);
+    assert_eq!(
+        rows_of(store.pool(), &table, &[store.row_key(&live)]).await,
+        1
+    );
+    assert_eq!(store.purge().await.unwrap(), 0, "nothing left to purge");
+    assert!(
+        matches!(
+            store.claim(&live, &fp, LONG).await.unwrap(),
+            Claim::Done { .. }
+        ),
+        "the live record still answers"
+    );
+}
+
+#[tokio::test]
+async fn purge_leaves_a_row_claimed_again_in_an_open_transaction_alone() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let table = fresh_table("reclaimed");
+    let store = store_on(server, &table, "purge").await;
+    let key = random_key();
+    let row = store.row_key(&key);
+    let fp = fingerprint("a");
+    assert!(matches!(
+        store.claim(&key, &fp, SHORT).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    // Another session takes the expired row over (as a claim does) and holds it uncommitted.
+    let pool = server.pool(2).await;
+    let mut tx = pool.begin().await.unwrap();
+    let updated = sqlx::query(&format!(
+        "UPDATE {table} SET expires_at = statement_timestamp() + interval '1 minute' \
+         WHERE key = $1 AND expires_at <= statement_timestamp()"
+    ))
+    .bind(&row[..])
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    assert_eq!(updated.rows_affected(), 1);
+
+    let started = Instant::now();
+    assert_eq!(store.purge().await.unwrap(), 0, "the held row is skipped");
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "the purge does not wait for the holder"
+    );
+    tx.commit().await.unwrap();
+    assert_eq!(
+        store.purge().await.unwrap(),
+        0,
+        "the re-claimed row is live"
+    );
+    assert_eq!(rows_of(store.pool(), &table, &[row]).await, 1);
+}
+
+// ---- failures -------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn a_claim_stuck_behind_a_lock_times_out_and_the_store_recovers() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let table = fresh_table("stuck");
+    store_on(server, &table, "stuck").await;
+    let store = PostgresStore::builder("stuck")
+        .table(&table)
+        .timeout(Duration::from_millis(300))
+        .connect(&server.url())
+        .await
+        .unwrap();
+    let key = random_key();
+    let fp = fingerprint("a");
+    // A transaction inserts the key's row and holds it: a claim's insert must wait for it.
+    let pool = server.pool(1).await;
+    let mut holder = pool.begin().await.unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {table} (expires_at, key, state, fingerprint, token) \
+         VALUES (now() + interval '1 minute', $1, 'P', $2, $3)"
+    ))
+    .bind(&store.row_key(&key)[..])
+    .bind(&fp.as_bytes()[..])
+    .bind(&[7u8; 16][..])
+    .execute(&mut *holder)
+    .await
+    .unwrap();
+
+    let started = Instant::now();
+    let e = store.claim(&key, &fp, LONG).await.unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Timeout, "{e:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "bounded by the timeout"
+    );
+    // The server's `statement_timeout` (the same 300 ms, counted from the statement's arrival)
+    // cancels the abandoned claim; were it still waiting, the rollback below would let it
+    // insert a pending row that nobody holds.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    holder.rollback().await.unwrap();
+    // The connection the timed-out claim used is usable again, and the key is free.
+    let mut answers = Vec::new();
+    for _ in 0..20 {
+        let answer = store.claim(&key, &fp, LONG).await;
+        if let Ok(Claim::Claimed(_)) = answer {
+            return;
+        }
+        answers.push(answer);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("the store must answer again once the holder is gone: {answers:#?}");
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_unavailable() {
+    if shared_server().is_none() {
+        return;
+    }
+    // A port nothing listens on.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let e = PostgresStore::connect(&format!("postgres://postgres@127.0.0.1:{port}/x"), "n")
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Unavailable, "{e:?}");
+    assert!(
+        std::error::Error::source(&e).is_some(),
+        "the sqlx error is kept"
+    );
+}
+
+// ---- at rest --------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn nothing_secret_rests_in_the_table() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let table = fresh_table("at_rest");
+    let store = store_on(server, &table, "NAMESPACEMARKER-payments").await;
+    let layer = IdempotencyLayer::with_store(store.clone()).namespace("LAYERNSMARKER-refunds");
+    let work = Work::plain();
+    let app = TestServer::start(work.app(layer)).await;
+    let body = br#"{"card":"BODYMARKER-4111"}"#;
+    for i in 0..4 {
+        let key = format!("IDEMKEYMARKER-{i}");
+        let headers = keyed("PRINCIPALMARKER-alice", key.as_bytes());
+        let a = app.one(&post("/work?q=QUERYMARKER", &headers, body)).await;
+        assert_eq!(a.status, 201, "{}", a.describe());
+    }
+    type Row = (Vec<u8>, Vec<u8>, Option<Vec<u8>>);
+    let rows: Vec<Row> = sqlx::query_as(&format!("SELECT key, fingerprint, record FROM {table}"))
+        .fetch_all(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows.len(), 4, "one row per request");
+    let markers: [&[u8]; 6] = [
+        b"LAYERNSMARKER",
+        b"IDEMKEYMARKER",
+        b"PRINCIPALMARKER",
+        b"NAMESPACEMARKER",
+        b"BODYMARKER",
+        b"QUERYMARKER",
+    ];
+    for (key, fp, rec) in &rows {
+        assert_eq!((key.len(), fp.len()), (40, 32), "hashes of fixed size");
+        let rec = rec.as_deref().expect("a done row holds its record");
+        for m in markers {
+            for bytes in [&key[..], &fp[..], rec] {
+                assert!(
+                    !contains(bytes, m),
+                    "{:?} at rest",
+                    String::from_utf8_lossy(m)
+                );
+            }
+        }
+    }
+}
+
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    hay.windows(needle.len()).any(|w| w == needle)
+}
+
+// ---- storage --------------------------------------------------------------------------------
+
+/// Prints what a done record of a small JSON response costs in the table, indexes and TOAST
+/// included (`pg_total_relation_size` after 5000 records, divided by 5000), and holds it
+/// under a generous bound. The figure is quoted in BENCHMARKS.md.
+#[tokio::test]
+async fn storage_per_record() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    const N: usize = 5000;
+    let table = fresh_table("storage");
+    let store = store_on(server, &table, "storage").await;
+    let engine = Engine::builder(store.clone()).ttl(LONG).build();
+    let response = RecordedResponse::new(
+        201,
+        vec![(
+            Bytes::from_static(b"content-type"),
+            Bytes::from_static(b"application/json"),
+        )],
+        Some(Bytes::from_static(
+            br#"{"id":"o-12345","items":3,"status":"created"}"#,
+        )),
+    );
+    let record_len = response.encode().unwrap().len();
+    for _ in 0..N {
+        let Begin::Run(ticket) = engine.begin(random_key(), fingerprint("a")).await.unwrap() else {
+            panic!("fresh key")
+        };
+        assert!(engine.complete(ticket, &response).await.unwrap());
+    }
+    sqlx::query(&format!("VACUUM ANALYZE {table}"))
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let row = sqlx::query(&format!(
+        "SELECT pg_total_relation_size('{table}'), pg_relation_size('{table}'), \
+         pg_indexes_size('{table}'), (SELECT avg(pg_column_size(t.*))::float8 FROM {table} t)"
+    ))
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
+    let (total, heap, indexes, tuple): (i64, i64, i64, f64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    let per = |b: i64| b as f64 / N as f64;
+    eprintln!(
+        "storage per done record ({record_len}-byte record, {N} records, after VACUUM): \
+         {:.0} bytes in all (heap {:.0}, indexes {:.0}); average row {tuple:.0} bytes",
+        per(total),
+        per(heap),
+        per(indexes),
+    );
+    assert!(
+        per(total) < 600.0,
+        "a small record takes {:.0} bytes",
+        per(total)
+    );
+}

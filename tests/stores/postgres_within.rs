@@ -1,0 +1,616 @@
+//! Tier C on a real PostgreSQL server: `transactional::within` commits an order and its record
+//! together or not at all; duplicates wait, replay, or are told the first is in flight; a crash
+//! or a rollback leaves neither and frees the key.
+//!
+//! Without PostgreSQL installed these tests print a notice and pass, unless
+//! `TOWER_IDEMPOTENCY_REQUIRE_SERVERS` is set (as `scripts/test.sh` does), where they fail.
+#![cfg(feature = "postgres")]
+#![allow(clippy::unwrap_used)]
+
+use super::postgres_store::{fresh_table, shared_server, store_on};
+use crate::support::postgres_server::PostgresServer;
+use bytes::Bytes;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tokio::sync::{Barrier, oneshot};
+use tower_idempotency::Store;
+use tower_idempotency::conformance::{LONG, SHORT, fingerprint, random_key};
+use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse};
+use tower_idempotency::store::postgres::PostgresStore;
+use tower_idempotency::store::postgres::sqlx::{self, Connection, PgConnection, PgPool};
+use tower_idempotency::store::{Claim, StoreKey};
+use tower_idempotency::transactional::{BoxFuture, Within, WithinError, within};
+
+/// An engine over the shared server's default table, with this lock wait.
+async fn engine(server: &PostgresServer, lock_timeout: Duration) -> Engine<PostgresStore> {
+    store_on(server, "tower_idempotency", "tier-c").await;
+    let store = PostgresStore::builder("tier-c")
+        .lock_timeout(lock_timeout)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    Engine::builder(store).lease(LONG).ttl(LONG).build()
+}
+
+/// A fresh `orders` table.
+async fn orders_table(pool: &PgPool) -> String {
+    let table = fresh_table("orders");
+    sqlx::query(&format!(
+        "CREATE TABLE {table} (id bigserial PRIMARY KEY, sku text NOT NULL)"
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+    table
+}
+
+async fn orders(pool: &PgPool, table: &str) -> i64 {
+    sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Whether the idempotency table has a row for `key`.
+async fn has_record(pool: &PgPool, store: &PostgresStore, key: &StoreKey) -> bool {
+    sqlx::query_scalar(&format!(
+        "SELECT EXISTS (SELECT FROM {} WHERE key = $1)",
+        store.table()
+    ))
+    .bind(&store.row_key(key)[..])
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+type Work = Box<
+    dyn for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<RecordedResponse, sqlx::Error>>
+        + Send,
+>;
+
+/// Inserts an order and answers 201 with its id; first tells `started` the backend's pid, then
+/// waits for `go` (when given) before it returns.
+fn place_order(
+    table: &str,
+    started: Option<oneshot::Sender<i32>>,
+    go: Option<oneshot::Receiver<()>>,
+) -> Work {
+    let table = table.to_owned();
+    Box::new(move |tx: &mut PgConnection| {
+        Box::pin(async move {
+            let id: i64 = sqlx::query_scalar(&format!(
+                "INSERT INTO {table} (sku) VALUES ('X') RETURNING id"
+            ))
+            .fetch_one(&mut *tx)
+            .await?;
+            if let Some(started) = started {
+                let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let _ = started.send(pid);
+            }
+            if let Some(go) = go {
+                let _ = go.await;
+            }
+            Ok(RecordedResponse::new(
+                201,
+                vec![],
+                Some(Bytes::from(format!(r#"{{"id":{id}}}"#))),
+            ))
+        })
+    })
+}
+
+async fn run(
+    engine: &Engine<PostgresStore>,
+    conn: &mut PgConnection,
+    key: StoreKey,
+    fp: Fingerprint,
+    work: Work,
+) -> Within {
+    within(engine, conn, key, fp, work).await.unwrap()
+}
+
+/// Waits until the backend `pid` has ended (its transaction rolled back).
+async fn backend_gone(pool: &PgPool, pid: i32) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let alive: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT FROM pg_stat_activity WHERE pid = $1)")
+                .bind(pid)
+                .fetch_one(pool)
+                .await
+                .unwrap();
+        if !alive {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "backend {pid} still alive after 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn ran(outcome: &Within) -> &RecordedResponse {
+    match outcome {
+        Within::Ran(r) => r,
+        other => panic!("the work must run, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_order_and_its_record_commit_together_and_a_repeat_replays() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let engine = engine(server, Duration::from_secs(1)).await;
+    let pool = server.pool(4).await;
+    let table = orders_table(&pool).await;
+    let (key, fp) = (random_key(), fingerprint("order"));
+    let mut conn = pool.acquire().await.unwrap();
+
+    let first = run(&engine, &mut conn, key, fp, place_order(&table, None, None)).await;
+    let response = ran(&first).clone();
+    assert_eq!(response.status, 201);
+    assert_eq!(orders(&pool, &table).await, 1);
+    assert!(has_record(&pool, engine.store(), &key).await);
+
+    match run(&engine, &mut conn, key, fp, place_order(&table, None, None)).await {
+        Within::Replay(r) => assert_eq!(r, response, "the repeat gets the first's response"),
+        other => panic!("a repeat must replay, got {other:?}"),
+    }
+    assert_eq!(orders(&pool, &table).await, 1, "the repeat placed no order");
+    // The layer's path reads the same record.
+    assert!(matches!(
+        engine.store().claim(&key, &fp, LONG).await.unwrap(),
+        Claim::Done { .. }
+    ));
+}
+
+#[tokio::test]
+async fn a_crash_during_the_work_leaves_neither_order_nor_record() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let engine = Arc::new(engine(server, Duration::from_secs(1)).await);
+    let pool = server.pool(4).await;
+    let table = orders_table(&pool).await;
+    let (key, fp) = (random_key(), fingerprint("order"));
+
+    let (started, pid) = oneshot::channel();
+    let (_go, wait) = oneshot::channel::<()>();
+    let mut conn = PgConnection::connect(&server.url()).await.unwrap();
+    let crashing = {
+        let (engine, table) = (Arc::clone(&engine), table.clone());
+        tokio::spawn(async move {
+            let work = place_order(&table, Some(started), Some(wait));
+            let _ = within(&engine, &mut conn, key, fp, work).await;
+        })
+    };
+    let pid = pid.await.unwrap();
+    // The process dies with the order inserted: its connection goes with it.
+    crashing.abort();
+    let _ = crashing.await;
+    backend_gone(&pool, pid).await;
+
+    assert_eq!(orders(&pool, &table).await, 0, "no order");
+    assert!(!has_record(&pool, engine.store(), &key).await, "no record");
+    let mut conn = pool.acquire().await.unwrap();
+    let retry = run(&engine, &mut conn, key, fp, place_order(&table, None, None)).await;
+    ran(&retry);
+    assert_eq!(
+        orders(&pool, &table).await,
+        1,
+        "the retry placed the order once"
+    );
+}
+
+#[tokio::test]
+async fn a_crash_before_the_callers_commit_leaves_neither_order_nor_record() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let engine = engine(server, Duration::from_secs(1)).await;
+    let pool = server.pool(4).await;
+    let table = orders_table(&pool).await;
+    let (key, fp) = (random_key(), fingerprint("order"));
+
+    let mut conn = PgConnection::connect(&server.url()).await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    let outcome = run(&engine, &mut tx, key, fp, place_order(&table, None, None)).await;
+    ran(&outcome);
+    // The work and the record are written into the caller's transaction; the process dies
+    // before it commits.
+    drop(tx);
+    drop(conn);
+    backend_gone(&pool, pid).await;
+
+    assert_eq!(orders(&pool, &table).await, 0, "no order");
+    assert!(!has_record(&pool, engine.store(), &key).await, "no record");
+    let mut conn = pool.acquire().await.unwrap();
+    ran(&run(&engine, &mut conn, key, fp, place_order(&table, None, None)).await);
+    assert_eq!(orders(&pool, &table).await, 1);
+}
+
+#[tokio::test]
+async fn a_hundred_concurrent_duplicates_place_one_order() {
+    const TASKS: u32 = 100;
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let engine = Arc::new(engine(server, Duration::from_secs(10)).await);
+    let pool = server.pool(TASKS + 2).await;
+    let table = orders_table(&pool).await;
+    let (key, fp) = (random_key(), fingerprint("order"));
+    let barrier = Arc::new(Barrier::new(TASKS as usize));
+    let tasks: Vec<_> = (0..TASKS)
+        .map(|_| {
+            let (engine, pool, table, barrier) = (
+                Arc::clone(&engine),
+                pool.clone(),
+                table.clone(),
+                Arc::clone(&barrier),
+            );
+            tokio::spawn(async move {
+                let mut conn = pool.acquire().await.unwrap();
+                barrier.wait().await;
+                let work: Work = {
+                    let table = table.clone();
+                    Box::new(move |tx: &mut PgConnection| {
+                        Box::pin(async move {
+                            let response = place_order(&table, None, None)(&mut *tx).await;
+                            // Hold the key a while, so the others pile up behind it.
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            response
+                        })
+                    })
+                };
+                run(&engine, &mut conn, key, fp, work).await
+            })
+        })
+        .collect();
+    let (mut ran, mut replayed, mut in_flight) = (0, 0, 0);
+    for t in tasks {
+        match t.await.unwrap() {
+            Within::Ran(_) => ran += 1,
+            Within::Replay(r) => {
+                assert_eq!(r.status, 201);
+                replayed += 1;
+            }
+            Within::InFlight => in_flight += 1,
+            other => panic!("a duplicate must replay or be in flight, got {other:?}"),
+        }
+    }
+    eprintln!("{TASKS} duplicates: {ran} ran, {replayed} replayed, {in_flight} in flight");
+    assert_eq!(ran, 1, "exactly one of {TASKS} duplicates runs");
+    assert!(
+        replayed > 0,
+        "duplicates that waited get the first's response"
+    );
+    assert_eq!(orders(&pool, &table).await, 1, "one order row");
+}
+
+#[tokio::test]
+async fn a_failed_work_rolls_back_and_frees_the_key() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let engine = engine(server, Duration::from_secs(1)).await;
+    let pool = server.pool(4).await;
+    let table = orders_table(&pool).await;
+    let (key, fp) = (random_key(), fingerprint("order"));
+    let mut conn = pool.acquire().await.unwrap();
+
+    let failing: Work = {
+        let table = table.clone();
+        Box::new(move |tx: &mut PgConnection| {
+            Box::pin(async move {
+                place_order(&table, None, None)(&mut *tx).await?;
+                Err(sqlx::Error::Protocol("payment declined".into()))
+            })
+        })
+    };
+    match within(&engine, &mut conn, key, fp, failing).await {
+        Err(WithinError::Work(sqlx::Error::Protocol(m))) => assert_eq!(m, "payment declined"),
+        other => panic!("the work's error must come back, got {other:?}"),
+    }
+    assert_eq!(orders(&pool, &table).await, 0, "the order was rolled back");
+    assert!(
+        !has_record(&pool, engine.store(), &key).await,
+        "and the claim"
+    );
+    ran(&run(&engine, &mut conn, key, fp, place_order(&table, None, None)).await);
+    assert_eq!(orders(&pool, &table).await, 1, "a retry runs");
+}
+
+#[tokio::test]
+async fn rolling_back_the_callers_transaction_frees_the_key() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let engine = engine(server, Duration::from_secs(1)).await;
+    let pool = server.pool(4).await;
+    let table = orders_table(&pool).await;
+    let (key, fp) = (random_key(), fingerprint("order"));
+    let mut conn = pool.acquire().await.unwrap();
+
+    let mut tx = conn.begin().await.unwrap();
+    ran(&run(&engine, &mut tx, key, fp, place_order(&table, None, None)).await);
+    tx.rollback().await.unwrap();
+    assert_eq!(orders(&pool, &table).await, 0);
+    assert!(!has_record(&pool, engine.store(), &key).await);
+
+    let mut tx = conn.begin().await.unwrap();
+    ran(&run(&engine, &mut tx, key, fp, place_order(&table, None, None)).await);
+    tx.commit().await.unwrap();
+    assert_eq!(orders(&pool, &table).await, 1);
+    assert!(has_record(&pool, engine.store(), &key).await);
+}
+
+/// Starts a first request that inserts its order and holds the key until `go` is sent.
+async fn hold(
+    engine: &Arc<Engine<PostgresStore>>,
+    pool: &PgPool,
+    table: &str,
+    key: StoreKey,
+    fp: Fingerprint,
+) -> (oneshot::Sender<()>, tokio::task::JoinHandle<Within>) {
+    let (started, pid) = oneshot::channel();
+    let (go, wait) = oneshot::channel();
+    let (engine, pool, table) = (Arc::clone(engine), pool.clone(), table.to_owned());
+    let first = tokio::spawn(async move {
+        let mut conn = pool.acquire().await.unwrap();
+        run(
+            &engine,
+            &mut conn,
+            key,
+            fp,
+            place_order(&table, Some(started), Some(wait)),
+        )
+        .await
+    });
+    pid.await.unwrap();
+    (go, first)
+}
+
+#[tokio::test]
+async fn a_duplicate_waits_for_the_first_and_replays_it() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let engine = Arc::new(engine(server, Duration::from_secs(10)).await);
+    let pool = server.pool(4).await;
+    let table = orders_table(&pool).await;
+    let (key, fp) = (random_key(), fingerprint("order"));
+    let (go, first) = hold(&engine, &pool, &table, key, fp).await;
+
+    let duplicate = {
+        let (engine, pool, table) = (Arc::clone(&engine), pool.clone(), table.clone());
+        tokio::spawn(async move {
+            let mut conn = pool.acquire().await.unwrap();
+            run(&engine, &mut conn, key, fp, place_order(&table, None, None)).await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !duplicate.is_finished(),
+        "the duplicate waits on the first's row"
+    );
+    go.send(()).unwrap();
+    let first = first.await.unwrap();
+    match duplicate.await.unwrap() {
+        Within::Replay(r) => assert_eq!(&r, ran(&first), "the first's response"),
+        other => panic!("the duplicate must replay once the first commits, got {other:?}"),
+    }
+    assert_eq!(orders(&pool, &table).await, 1);
+}
+
+#[tokio::test]
+async fn a_duplicate_past_the_lock_wait_is_in_flight_and_its_transaction_goes_on() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let engine = Arc::new(engine(server, Duration::from_millis(200)).await);
+    let pool = server.pool(4).await;
+    let table = orders_table(&pool).await;
+    let (key, fp) = (random_key(), fingerprint("order"));
+    let (go, first) = hold(&engine, &pool, &table, key, fp).await;
+
+    let mut conn = pool.acquire().await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    let started = Instant::now();
+    let outcome = run(&engine, &mut tx, key, fp, place_order(&table, None, None)).await;
+    assert!(
+        matches!(outcome, Within::InFlight),
+        "past the lock wait the duplicate is in flight, got {outcome:?}"
+    );
+    let waited = started.elapsed();
+    assert!(
+        waited >= Duration::from_millis(150) && waited < Duration::from_secs(5),
+        "waited {waited:?} for a 200 ms lock wait"
+    );
+    // The caller's transaction is still usable: the failed claim was rolled back to its
+    // savepoint.
+    let one: i32 = sqlx::query_scalar("SELECT 1")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(one, 1);
+    tx.commit().await.unwrap();
+
+    go.send(()).unwrap();
+    ran(&first.await.unwrap());
+    assert!(matches!(
+        run(&engine, &mut conn, key, fp, place_order(&table, None, None)).await,
+        Within::Replay(_)
+    ));
+    assert_eq!(orders(&pool, &table).await, 1);
+}
+
+#[tokio::test]
+async fn another_request_under_the_key_is_key_reused() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let engine = engine(server, Duration::from_secs(1)).await;
+    let pool = server.pool(4).await;
+    let table = orders_table(&pool).await;
+    let key = random_key();
+    let mut conn = pool.acquire().await.unwrap();
+    ran(&run(
+        &engine,
+        &mut conn,
+        key,
+        fingerprint("a"),
+        place_order(&table, None, None),
+    )
+    .await);
+    let other = run(
+        &engine,
+        &mut conn,
+        key,
+        fingerprint("b"),
+        place_order(&table, None, None),
+    )
+    .await;
+    assert!(matches!(other, Within::KeyReused), "got {other:?}");
+    assert_eq!(
+        orders(&pool, &table).await,
+        1,
+        "the other request did not run"
+    );
+}
+
+#[tokio::test]
+async fn a_repeatable_read_duplicate_that_began_before_the_commit_is_in_flight() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let engine = engine(server, Duration::from_secs(1)).await;
+    let pool = server.pool(4).await;
+    let table = orders_table(&pool).await;
+    let (key, fp) = (random_key(), fingerprint("order"));
+
+    let mut late = pool.acquire().await.unwrap();
+    let mut snapshot = late.begin().await.unwrap();
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        .execute(&mut *snapshot)
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1")
+        .execute(&mut *snapshot)
+        .await
+        .unwrap(); // takes the snapshot
+
+    let mut conn = pool.acquire().await.unwrap();
+    ran(&run(&engine, &mut conn, key, fp, place_order(&table, None, None)).await);
+
+    let outcome = run(
+        &engine,
+        &mut snapshot,
+        key,
+        fp,
+        place_order(&table, None, None),
+    )
+    .await;
+    assert!(
+        matches!(outcome, Within::InFlight),
+        "a snapshot older than the record cannot replay it: in flight, got {outcome:?}"
+    );
+    snapshot.rollback().await.unwrap();
+    assert!(matches!(
+        run(&engine, &mut late, key, fp, place_order(&table, None, None)).await,
+        Within::Replay(_)
+    ));
+    assert_eq!(orders(&pool, &table).await, 1);
+}
+
+#[tokio::test]
+async fn the_callers_lock_timeout_is_kept_for_the_work_and_after() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let engine = engine(server, Duration::from_millis(200)).await;
+    let pool = server.pool(2).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    sqlx::query("SET LOCAL lock_timeout = '42s'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    // The work written in the call, as an application would.
+    let outcome = within(&engine, &mut tx, random_key(), fingerprint("a"), |tx| {
+        Box::pin(async move {
+            let setting: String = sqlx::query_scalar("SHOW lock_timeout")
+                .fetch_one(&mut *tx)
+                .await?;
+            Ok::<_, sqlx::Error>(RecordedResponse::new(
+                200,
+                vec![],
+                Some(Bytes::from(setting)),
+            ))
+        })
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        ran(&outcome).body.as_deref(),
+        Some(&b"42s"[..]),
+        "the work runs with the caller's lock_timeout"
+    );
+    let after: String = sqlx::query_scalar("SHOW lock_timeout")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(after, "42s", "and keeps it after");
+    tx.commit().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_purge_leaves_a_row_that_a_running_transaction_claimed_again_alone() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let table = fresh_table("reclaim");
+    let store = store_on(server, &table, "tier-c").await;
+    let engine = Arc::new(Engine::builder(store.clone()).lease(LONG).ttl(LONG).build());
+    let pool = server.pool(4).await;
+    let orders_t = orders_table(&pool).await;
+    let (key, fp) = (random_key(), fingerprint("order"));
+    // A claim whose lease lapses: an expired row, eligible for the purge.
+    assert!(matches!(
+        store.claim(&key, &fp, SHORT).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    // A transaction claims the key again (taking the expired row over) and is still running.
+    let (go, first) = hold(&engine, &pool, &orders_t, key, fp).await;
+    let started = Instant::now();
+    assert_eq!(
+        store.purge().await.unwrap(),
+        0,
+        "the held row is left alone"
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "without waiting for it"
+    );
+    go.send(()).unwrap();
+    ran(&first.await.unwrap());
+    assert_eq!(
+        store.purge().await.unwrap(),
+        0,
+        "the re-claimed row is live"
+    );
+    assert!(matches!(
+        store.claim(&key, &fp, LONG).await.unwrap(),
+        Claim::Done { .. }
+    ));
+    assert_eq!(orders(&pool, &orders_t).await, 1);
+}
