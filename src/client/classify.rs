@@ -1,7 +1,7 @@
 //! Reading an outcome: which statuses, gRPC codes and failures may be retried, and the delay a
 //! server asked for (`Retry-After`, `grpc-retry-pushback-ms`).
 
-use super::policy::{Failure, Outcome};
+use super::outcome::{Failure, Outcome};
 use crate::http::grpc::{self, GrpcCode};
 use crate::http::{GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, RejectionKind};
 use http::header::RETRY_AFTER;

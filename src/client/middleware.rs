@@ -1,9 +1,8 @@
 //! The reqwest half: [`RetryMiddleware`] for `reqwest-middleware` clients.
 
 use super::classify::failure_of;
-use super::policy::{
-    Attempt, Attempts, Decision, Failure, Outcome, Reason, RetryPolicy, key_prefix, log_attempt,
-};
+use super::outcome::{Failure, Outcome};
+use super::policy::{Attempt, Attempts, Decision, Reason, RetryPolicy, key_prefix, log_attempt};
 use super::stamp::Stamp;
 use http::{Extensions, Method};
 use reqwest_middleware::{Middleware, Next};

@@ -139,6 +139,7 @@ mod buffer;
 mod classify;
 #[cfg(feature = "reqwest")]
 mod middleware;
+mod outcome;
 mod policy;
 mod retry;
 mod stamp;
@@ -147,8 +148,9 @@ pub use buffer::{BufferRequest, BufferRequestLayer};
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use middleware::RetryMiddleware;
+pub use outcome::{Failure, Outcome};
 pub use policy::{
     Attempt, Attempts, DEFAULT_BASE_DELAY, DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_MAX_DELAY, DEFAULT_MAX_RETRY_AFTER, Decision, Failure, Outcome, Reason, RetryPolicy,
+    DEFAULT_MAX_DELAY, DEFAULT_MAX_RETRY_AFTER, Decision, Reason, RetryPolicy,
 };
 pub use stamp::{StampKey, StampKeyLayer, new_key};

@@ -2,7 +2,8 @@
 //! channel whose body can be cloned, any `Service<http::Request<B>>`.
 
 use super::classify::failure_of_any;
-use super::policy::{Attempt, Attempts, Decision, Outcome, RetryPolicy, key_prefix, log_attempt};
+use super::outcome::Outcome;
+use super::policy::{Attempt, Attempts, Decision, RetryPolicy, key_prefix, log_attempt};
 use http::{Request, Response};
 use std::time::Instant;
 use tokio::time::Sleep;
