@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex};
 /// // 512 KiB cannot hold a record of the engine's largest body (1 MiB)...
 /// let err = MemoryStore::builder().max_bytes(512 * 1024).build().unwrap_err();
 /// assert_eq!(err.kind(), MemoryConfigErrorKind::BytesBelowRecord);
-/// // ...unless the records are known to be smaller (the engine's `with_max_record_body`).
+/// // ...unless the records are known to be smaller (`EngineBuilder::max_record_body`).
 /// let _small = MemoryStore::builder()
 ///     .max_bytes(512 * 1024)
 ///     .max_record_bytes(64 * 1024)
@@ -89,7 +89,7 @@ impl MemoryStoreBuilder {
     /// The largest encoded record the store must always be able to hold (default
     /// [`DEFAULT_MAX_RECORD_BYTES`]): `max_bytes` is refused below it plus [`ENTRY_OVERHEAD`].
     /// Lower it with the engine's record limit
-    /// ([`Engine::with_max_record_body`](crate::Engine::with_max_record_body)) for a store
+    /// ([`EngineBuilder::max_record_body`](crate::engine::EngineBuilder::max_record_body)) for a store
     /// smaller than a megabyte. Larger records are still kept when they fit.
     pub fn max_record_bytes(mut self, n: usize) -> Self {
         self.max_record_bytes = n;
