@@ -88,7 +88,7 @@
 //! answered inside the layer and, by the table above, recorded: the corrected request then
 //! gets 422 `idempotency.key_reused`. Choose one of:
 //!
-//! - [`#[idempotent]`](crate::idempotent) on the handler: it runs the handler's extractors
+//! - `#[idempotent]` (feature `macros`) on the handler: it runs the handler's extractors
 //!   before it claims the key, so an extractor rejection is answered without touching the
 //!   store (the right default for axum handlers);
 //! - the layer with [`classify(release_validation_errors)`](IdempotencyLayer::classify):
@@ -105,7 +105,7 @@
 //! # Two idempotency layers on one request
 //!
 //! A route should have one idempotency layer, but two may meet: a router-wide layer and an
-//! [`#[idempotent]`](crate::idempotent) handler, or the layer added twice. The crate keeps them
+//! `#[idempotent]` (feature `macros`) handler, or the layer added twice. The crate keeps them
 //! from poisoning a key:
 //!
 //! - a layer that finds the request already claimed (a [`ClaimedKey`] in its extensions) under
