@@ -1,5 +1,6 @@
 //! The layer's settings and the state every clone of the layer and its services share.
 
+use super::detach::InFlightWork;
 use super::headers::HeaderPolicy;
 use super::rejection::{Rejection, Renderer};
 use crate::engine::Engine;
@@ -162,6 +163,8 @@ pub(crate) enum KeySource {
 pub(crate) struct LayerState<St> {
     pub(crate) engine: Engine<St>,
     pub(crate) config: Config,
+    /// The claimed work not finished yet (shared by clones: one count per layer).
+    pub(crate) in_flight: InFlightWork,
 }
 
 impl<St> Clone for LayerState<St> {
@@ -169,6 +172,7 @@ impl<St> Clone for LayerState<St> {
         Self {
             engine: self.engine.clone(),
             config: self.config.clone(),
+            in_flight: self.in_flight.clone(),
         }
     }
 }
@@ -194,6 +198,8 @@ pub(crate) struct Config {
     pub(crate) fingerprint_fn: Option<FingerprintFn>,
     pub(crate) json_by_value: bool,
     pub(crate) classify_fn: Option<ClassifyFn>,
+    /// Claimed work finishes (and is recorded) when the response future is dropped.
+    pub(crate) run_to_completion: bool,
 }
 
 impl Default for Config {
@@ -220,6 +226,7 @@ impl Default for Config {
             fingerprint_fn: None,
             json_by_value: false,
             classify_fn: None,
+            run_to_completion: true,
         }
     }
 }
@@ -240,6 +247,7 @@ impl fmt::Debug for Config {
             .field("streaming_content_types", &self.streaming_content_types)
             .field("headers", &self.headers)
             .field("json_by_value", &self.json_by_value)
+            .field("run_to_completion", &self.run_to_completion)
             .finish_non_exhaustive()
     }
 }

@@ -4,6 +4,7 @@ use super::config::{
     Classification, Config, ConfigError, ConfigErrorKind, KeySource, LayerState, PrincipalMode,
     ResponseMode,
 };
+use super::detach::InFlightWork;
 use super::rejection::Rejection;
 use super::service::Idempotency;
 use crate::engine::Engine;
@@ -71,6 +72,7 @@ impl<St: Store> IdempotencyLayer<St> {
             state: Arc::new(LayerState {
                 engine,
                 config: Config::default(),
+                in_flight: InFlightWork::new(),
             }),
         }
     }
@@ -433,6 +435,40 @@ impl<St: Store> IdempotencyLayer<St> {
         self.map_engine(|e| e.set_secret(secret))
     }
 
+    /// Whether a claimed request's work runs to its end when the response future is dropped
+    /// before it finishes (default `true`).
+    ///
+    /// A client that closes the connection, or an outer timeout, drops the response future.
+    /// With `true`, the rest of the work (the handler, the reading of its response body, the
+    /// record) is moved onto a task of its own and finishes: the handler is never cut between
+    /// two side effects, and the retry is answered from the record. While the caller waits
+    /// nothing moves: the work is polled in place as any future. Wait for such work at
+    /// shutdown with [`in_flight`](Self::in_flight).
+    ///
+    /// With `false`, the handler is cancelled where it stands, as a dropped future is in
+    /// tower, and the key stays pending until its lease lapses (409 until then, a re-run
+    /// after): for handlers that must stop when nobody waits for them (an expensive report
+    /// nobody will read), and whose side effects are safe to cut short.
+    ///
+    /// Two limits. A response whose body streams through (a streaming media type, a body over
+    /// the record limit or slower than the collection bound; see
+    /// [response bodies](super#response-bodies)) is not drained for a caller that has gone:
+    /// its key stays pending until its lease lapses, as before. And work is finished only
+    /// while the runtime lives; a process that exits (or a runtime shut down) with work
+    /// running leaves those keys pending.
+    #[must_use]
+    pub fn run_to_completion(self, on: bool) -> Self {
+        self.config(|c| c.run_to_completion = on)
+    }
+
+    /// The claimed work of this layer that has not finished yet, to wait on at shutdown (see
+    /// [`InFlightWork`]). Every service and `#[idempotent]` route made from this layer (and
+    /// from its clones) counts into the same handle.
+    #[must_use]
+    pub fn in_flight(&self) -> InFlightWork {
+        self.state.in_flight.clone()
+    }
+
     /// The engine the layer uses (its store, lease and retention).
     #[must_use]
     pub fn engine(&self) -> &Engine<St> {
@@ -448,6 +484,8 @@ impl<St: Store> IdempotencyLayer<St> {
             state: Arc::new(LayerState {
                 engine: self.state.engine.map_store(f),
                 config: self.state.config.clone(),
+                // The routes' work is the shared layer's: one wait covers them all.
+                in_flight: self.state.in_flight.clone(),
             }),
         }
     }

@@ -32,9 +32,12 @@
 //! with a recorded header or trailer too long for a record (a value over 64 KiB) is recorded
 //! without that field, and a warning names it.
 //!
-//! If the response future is dropped before the handler finishes (the client went away), lease
-//! renewal stops and the key stays pending until its lease lapses: the work may have happened,
-//! so it is neither recorded nor released.
+//! If the response future is dropped before the handler finishes (the client went away, an
+//! outer timeout fired), the claimed work runs on by itself and its outcome is recorded or
+//! released as if the caller were still there: the retry gets the replay, the handler runs
+//! once. Wait for such work at shutdown with [`IdempotencyLayer::in_flight`]; turn it off with
+//! [`run_to_completion(false)`](IdempotencyLayer::run_to_completion) (the handler is then
+//! cancelled, and the key stays pending until its lease lapses).
 //!
 //! # Response bodies
 //!
@@ -135,12 +138,13 @@
 //!     .layer(IdempotencyLayer::new().required(false).principal(PrincipalMode::Optional));
 //! ```
 
-// Imports run one way. `body`, `headers` and `extensions` import no sibling, `grpc` only
+// Imports run one way. `body`, `headers`, `extensions` and `detach` import no sibling, `grpc` only
 // `headers`; then `rejection` → `config` → `classify` → `replay` → `future` → `service` →
 // `layer`, each using only modules before it, never one after it.
 mod body;
 mod classify;
 mod config;
+mod detach;
 mod extensions;
 mod future;
 pub mod grpc;
@@ -156,6 +160,7 @@ pub use config::{
     DEFAULT_MAX_REQUEST_BODY, DEFAULT_STREAM_LEASE_LIMIT, DEFAULT_STREAMING_CONTENT_TYPES,
     Principal, PrincipalMode, ResponseMode, release_validation_errors,
 };
+pub use detach::InFlightWork;
 pub use extensions::ClaimedKey;
 pub(crate) use extensions::KeyMissing;
 pub use future::ResponseFuture;

@@ -339,10 +339,13 @@ async fn keyed<S, St, ReqB, ResB>(
     grpc: bool,
 ) -> Result<Response<ResponseBody<ResB>>, S::Error>
 where
-    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
     St: Store,
-    ReqB: Body<Data = Bytes>,
+    ReqB: Body<Data = Bytes> + Send + 'static,
     ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Send,
 {
     let config = &state.config;
     let engine = &state.engine;
@@ -450,6 +453,34 @@ where
     ));
     let req = Request::from_parts(parts, RequestBody::buffered(body));
 
+    let work = run_claimed(Arc::clone(&state), inner, req, ticket, store_key, grpc);
+    if config.run_to_completion {
+        // Finishes (and records) on a task of its own if this future is dropped first.
+        state.in_flight.detachable(work).await
+    } else {
+        state.in_flight.counted(work).await
+    }
+}
+
+/// The claimed part of a keyed request: the handler and the reading of its body under lease
+/// renewal, then the record or release. Owns everything it uses, so it can finish on a task of
+/// its own when the caller goes away.
+async fn run_claimed<S, St, ReqB, ResB>(
+    state: Arc<LayerState<St>>,
+    mut inner: S,
+    req: Request<RequestBody<ReqB>>,
+    ticket: Ticket,
+    store_key: StoreKey,
+    grpc: bool,
+) -> Result<Response<ResponseBody<ResB>>, S::Error>
+where
+    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+    St: Store,
+    ReqB: Body<Data = Bytes>,
+    ResB: Body<Data = Bytes> + Send + 'static,
+{
+    let config = &state.config;
+    let engine = &state.engine;
     // The handler and the reading of its body both run under lease renewal.
     let outcome = engine
         .run(&ticket, async {
@@ -475,13 +506,13 @@ where
         Ok(Outcome::RecordAtEnd(res, record)) => {
             // The body streams on; a task holds the key until it has ended.
             let (report, ended) = oneshot::channel();
-            let settled = tokio::spawn(settle_at_end(
+            let settled = tokio::spawn(state.in_flight.counted(settle_at_end(
                 Arc::clone(&state),
                 ticket,
                 store_key,
                 record,
                 ended,
-            ));
+            )));
             Ok(res.map(|body| body.settled_by(EndHook::new(report, settled))))
         }
     }

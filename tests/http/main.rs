@@ -6,6 +6,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod abandoned;
 mod concurrency;
 mod extractors;
 mod fuzz_standins;
