@@ -24,7 +24,9 @@ const FLAG_BODY: u8 = 0b0000_0001;
 const FLAG_TRAILERS: u8 = 0b0000_0010;
 /// The last 32 bytes are an HMAC tag (see [`Secret`](crate::Secret)).
 const FLAG_MAC: u8 = 0b0000_0100;
-const KNOWN_FLAGS: u8 = FLAG_BODY | FLAG_TRAILERS | FLAG_MAC;
+/// The work declared this response its final answer, whatever its status.
+const FLAG_DEFINITIVE: u8 = 0b0000_1000;
+const KNOWN_FLAGS: u8 = FLAG_BODY | FLAG_TRAILERS | FLAG_MAC | FLAG_DEFINITIVE;
 
 /// An encoded record: opaque bytes to a store.
 #[derive(Clone, PartialEq, Eq)]
@@ -155,6 +157,7 @@ impl Record {
             headers,
             body: (flags & FLAG_BODY != 0).then_some(body),
             trailers: (flags & FLAG_TRAILERS != 0).then_some(trailers),
+            definitive: flags & FLAG_DEFINITIVE != 0,
         })
     }
 }
@@ -180,6 +183,10 @@ pub struct RecordedResponse {
     pub body: Option<Bytes>,
     /// Trailer fields (gRPC status and metadata), when the response had trailers.
     pub trailers: Option<Vec<Field>>,
+    /// The work declared this response its final answer, whatever its status (HTTP:
+    /// [`Declared::Definitive`](crate::http::Declared::Definitive)): replayed even with a
+    /// status the classification would not record, such as a 500.
+    pub definitive: bool,
 }
 
 impl RecordedResponse {
@@ -191,6 +198,7 @@ impl RecordedResponse {
             headers,
             body,
             trailers: None,
+            definitive: false,
         }
     }
 
@@ -198,6 +206,13 @@ impl RecordedResponse {
     #[must_use]
     pub fn with_trailers(mut self, trailers: Vec<Field>) -> Self {
         self.trailers = Some(trailers);
+        self
+    }
+
+    /// The same record, declared the work's final answer whatever its status.
+    #[must_use]
+    pub fn definitive(mut self) -> Self {
+        self.definitive = true;
         self
     }
 
@@ -225,6 +240,9 @@ impl RecordedResponse {
         }
         if self.trailers.is_some() {
             flags |= FLAG_TRAILERS;
+        }
+        if self.definitive {
+            flags |= FLAG_DEFINITIVE;
         }
         out.put_u8(flags);
         if !(100..=999).contains(&self.status) {
@@ -279,6 +297,7 @@ impl RecordedResponse {
             headers,
             body,
             trailers,
+            definitive: self.definitive,
         };
         (fitted, dropped)
     }
@@ -400,6 +419,21 @@ mod tests {
             ],
             Some(Bytes::from_static(b"{\"id\":1}")),
         )
+    }
+
+    #[test]
+    fn the_definitive_flag_round_trips() {
+        let r = sample().definitive();
+        let back = r.encode().expect("encode").decode(1024).expect("decode");
+        assert!(back.definitive);
+        assert!(
+            !sample()
+                .encode()
+                .expect("encode")
+                .decode(1024)
+                .expect("decode")
+                .definitive
+        );
     }
 
     #[test]

@@ -105,6 +105,14 @@
 //! A hook only releases more: it is asked about the responses the table records, never about
 //! a released one.
 //!
+//! **The handler's own word.** A handler that knows what its work did says so with a
+//! [`Declared`] marker in its response's extensions, and the layer follows it over the table
+//! and the hook: [`NotStarted`](Declared::NotStarted) releases the key (nothing happened),
+//! [`Definitive`](Declared::Definitive) records the response whatever its status (a 500 after
+//! a charge that went through is replayed, never charged again), and
+//! [`Ambiguous`](Declared::Ambiguous) keeps the key pending until its lease lapses (a retry
+//! neither replays nor runs at once). See [`Declared`] for the reasoning.
+//!
 //! # Two idempotency layers on one request
 //!
 //! A route should have one idempotency layer, but two may meet: a router-wide layer and an
@@ -138,12 +146,13 @@
 //!     .layer(IdempotencyLayer::new().required(false).principal(PrincipalMode::Optional));
 //! ```
 
-// Imports run one way. `body`, `headers`, `extensions` and `detach` import no sibling, `grpc` only
+// Imports run one way. `body`, `headers`, `extensions`, `declare` and `detach` import no sibling, `grpc` only
 // `headers`; then `rejection` → `config` → `classify` → `replay` → `future` → `service` →
 // `layer`, each using only modules before it, never one after it.
 mod body;
 mod classify;
 mod config;
+mod declare;
 mod detach;
 mod extensions;
 mod future;
@@ -160,6 +169,7 @@ pub use config::{
     DEFAULT_MAX_REQUEST_BODY, DEFAULT_STREAM_LEASE_LIMIT, DEFAULT_STREAMING_CONTENT_TYPES,
     Principal, PrincipalMode, ResponseMode, release_validation_errors,
 };
+pub use declare::Declared;
 pub use detach::InFlightWork;
 pub use extensions::ClaimedKey;
 pub(crate) use extensions::KeyMissing;

@@ -499,6 +499,9 @@ where
             release(engine, ticket, store_key).await;
             Ok(res)
         }
+        // Declared ambiguous: neither recorded nor released; the ticket is let go, the lease
+        // lapses.
+        Ok(Outcome::Keep(res)) => Ok(res),
         Ok(Outcome::Record(res, record)) => {
             complete(engine, ticket, store_key, &record).await;
             Ok(res)

@@ -8,6 +8,7 @@ mod support;
 
 mod abandoned;
 mod concurrency;
+mod declared;
 mod extractors;
 mod fuzz_standins;
 mod grpc;
