@@ -200,6 +200,9 @@ pub(crate) struct Config {
     pub(crate) classify_fn: Option<ClassifyFn>,
     /// Claimed work finishes (and is recorded) when the response future is dropped.
     pub(crate) run_to_completion: bool,
+    /// How long a duplicate that finds its key in flight waits for the first run (zero: 409
+    /// at once).
+    pub(crate) wait_in_flight: Duration,
 }
 
 impl Default for Config {
@@ -227,6 +230,7 @@ impl Default for Config {
             json_by_value: false,
             classify_fn: None,
             run_to_completion: true,
+            wait_in_flight: Duration::ZERO,
         }
     }
 }
@@ -248,6 +252,7 @@ impl fmt::Debug for Config {
             .field("headers", &self.headers)
             .field("json_by_value", &self.json_by_value)
             .field("run_to_completion", &self.run_to_completion)
+            .field("wait_in_flight", &self.wait_in_flight)
             .finish_non_exhaustive()
     }
 }

@@ -461,12 +461,77 @@ impl<St: Store> IdempotencyLayer<St> {
         self.config(|c| c.run_to_completion = on)
     }
 
+    /// How long a duplicate that finds the same request in flight waits for the first run to
+    /// finish before it is answered (default zero: 409 `idempotency.in_flight` at once).
+    ///
+    /// Within the bound the duplicate gets what the first run left: its replay, or, when the
+    /// first run was released (a 5xx, say), a run of its own. Past the bound: 409, with a
+    /// `Retry-After` from the lease the first run has left. On the memory store the waiter is
+    /// woken in process when the key settles; on Redis (across processes) and other stores it
+    /// asks again with backoff (10 ms doubling to 250 ms, one claim round trip each). A waiting
+    /// duplicate holds its connection and a task for up to the bound: keep it short (a few
+    /// seconds, below the clients' timeouts). A request with another fingerprint is answered
+    /// 422 at once, never made to wait.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::new().wait_in_flight(Duration::from_secs(5));
+    /// ```
+    #[must_use]
+    pub fn wait_in_flight(self, bound: Duration) -> Self {
+        self.config(|c| c.wait_in_flight = bound)
+    }
+
     /// The claimed work of this layer that has not finished yet, to wait on at shutdown (see
     /// [`InFlightWork`]). Every service and `#[idempotent]` route made from this layer (and
     /// from its clones) counts into the same handle.
     #[must_use]
     pub fn in_flight(&self) -> InFlightWork {
         self.state.in_flight.clone()
+    }
+
+    /// Forgets the record of `key` sent by the caller of `scope` through this layer (its
+    /// namespace), so the key can be used again: see [`Engine::forget`]. A pending claim is
+    /// kept ([`Forgotten::KeptPending`](crate::store::Forgotten::KeptPending)); delete it too
+    /// with [`forget_even_pending`](Self::forget_even_pending).
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Principal};
+    /// use tower_idempotency::store::Forgotten;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let layer = IdempotencyLayer::new();
+    /// let key = IdempotencyKey::new("order-7").unwrap();
+    /// let found = layer.forget(&key, Principal::new("alice").scope()).await.unwrap();
+    /// assert_eq!(found, Forgotten::Nothing);
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// The store's error.
+    pub async fn forget(
+        &self,
+        key: &crate::IdempotencyKey,
+        scope: &Scope,
+    ) -> Result<crate::store::Forgotten, crate::store::StoreError> {
+        let store_key = crate::scope::StoreKey::derive(&self.state.config.namespace, scope, key);
+        self.state.engine.forget(&store_key).await
+    }
+
+    /// As [`forget`](Self::forget), and a pending claim is deleted too (its work may still be
+    /// running: a retry then runs it again): see [`Engine::forget_even_pending`].
+    ///
+    /// # Errors
+    /// The store's error.
+    pub async fn forget_even_pending(
+        &self,
+        key: &crate::IdempotencyKey,
+        scope: &Scope,
+    ) -> Result<crate::store::Forgotten, crate::store::StoreError> {
+        let store_key = crate::scope::StoreKey::derive(&self.state.config.namespace, scope, key);
+        self.state.engine.forget_even_pending(&store_key).await
     }
 
     /// The engine the layer uses (its store, lease and retention).

@@ -16,7 +16,10 @@
 //!    (a JSON body by value with
 //!    [`fingerprint_json_by_value`](IdempotencyLayer::fingerprint_json_by_value)).
 //! 7. The store key is a domain-separated hash of namespace, tenant, principal and key.
-//! 8. Claim: nothing found → run; pending with the same fingerprint → 409; done with the same
+//! 8. Claim: nothing found → run; pending with the same fingerprint → 409 with a
+//!    `Retry-After` from the lease left (or, with
+//!    [`wait_in_flight`](IdempotencyLayer::wait_in_flight), a wait for the first run and its
+//!    replay); done with the same
 //!    fingerprint → replay; another fingerprint → 422; store failure → 503 (handler not run);
 //!    full scope → 429; full store → 503.
 //! 9. After the handler: 2xx, 3xx (but 304) and 4xx (but 408, 425, 429) are recorded, then

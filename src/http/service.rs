@@ -385,7 +385,14 @@ where
         return Ok(res.map(ResponseBody::passthrough));
     }
 
-    let ticket = match engine.begin(store_key, fingerprint).await {
+    let begun = if config.wait_in_flight.is_zero() {
+        engine.begin(store_key, fingerprint).await
+    } else {
+        engine
+            .begin_waiting(store_key, fingerprint, config.wait_in_flight)
+            .await
+    };
+    let ticket = match begun {
         Ok(Begin::Run(ticket)) => ticket,
         Ok(Begin::Replay(record)) => {
             return Ok(match replay(&config.headers, record, grpc) {
@@ -414,7 +421,7 @@ where
                     RejectionKind::InFlight,
                     "a request with this key is still being processed; retry later",
                 )
-                .retry_after(RETRY_AFTER),
+                .retry_after(in_flight_retry_after(engine, &store_key).await),
                 grpc,
             ));
         }
@@ -555,6 +562,21 @@ async fn settle_at_end<St: Store>(
         }
         Err(_) => {
             tracing::debug!(outcome = "abandoned", key = ?key, "response body dropped before its end (the client went away); the key stays pending until its lease lapses");
+        }
+    }
+}
+
+/// `Retry-After` for a request found in flight: the lease the first run has left, in whole
+/// seconds rounded up (at least 1), so a retry lands after the first run ends or its lease
+/// lapses; the constant when the store cannot tell. One store call, on this path only.
+async fn in_flight_retry_after<St: Store>(engine: &Engine<St>, key: &StoreKey) -> Duration {
+    match engine.lease_left(key).await {
+        Ok(Some(left)) => Duration::from_secs(left.as_secs() + u64::from(left.subsec_nanos() > 0))
+            .max(RETRY_AFTER),
+        Ok(None) => RETRY_AFTER,
+        Err(e) => {
+            tracing::debug!(key = ?key, error = %e, "lease left unknown; constant Retry-After");
+            RETRY_AFTER
         }
     }
 }

@@ -51,7 +51,7 @@ use tokio::task::JoinHandle;
 use tower_idempotency::engine::{Fingerprint, Scope};
 use tower_idempotency::http::{Declared, PrincipalMode, REPLAYED_HEADER};
 use tower_idempotency::store::Record;
-use tower_idempotency::store::{Claim, StoreError, StoreErrorKind, StoreKey, Token};
+use tower_idempotency::store::{Claim, Forgotten, StoreError, StoreErrorKind, StoreKey, Token};
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore, Principal, Store};
 
 /// The time limit of every request a test client sends.
@@ -1091,6 +1091,22 @@ impl<S: Store> Store for SpyStore<S> {
             )),
             None => self.inner.renew(key, token, lease).await,
         }
+    }
+
+    async fn forget(&self, key: &StoreKey, pending: bool) -> Result<Forgotten, StoreError> {
+        self.inner.forget(key, pending).await
+    }
+
+    async fn lease_left(&self, key: &StoreKey) -> Result<Option<Duration>, StoreError> {
+        self.inner.lease_left(key).await
+    }
+
+    fn notifies_settled(&self) -> bool {
+        self.inner.notifies_settled()
+    }
+
+    async fn wait_settled(&self, key: &StoreKey, within: Duration) {
+        self.inner.wait_settled(key, within).await;
     }
 }
 
