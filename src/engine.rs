@@ -26,7 +26,7 @@
 
 pub use crate::fingerprint::{Fingerprint, FingerprintBuilder};
 pub use crate::key::{DEFAULT_MAX_KEY_LEN, KeyError, KeyErrorKind};
-pub use crate::record::{Field, RecordError, RecordedResponse};
+pub use crate::record::{Field, RecordError, RecordTimes, RecordedResponse};
 pub use crate::scope::Scope;
 pub use crate::secret::SecretTooShort;
 

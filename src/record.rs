@@ -12,11 +12,13 @@
 //! headers:u16 { name_len:u16 name value_len:u16 value }*
 //! body_len:u32 body
 //! trailers:u16 { name_len:u16 name value_len:u16 value }*   (present when flags & HAS_TRAILERS)
+//! written_at_ms:u64 kept_until_ms:u64                        (present when flags & TIMES; Unix ms)
 //! tag:[u8; 32]                                               (present when flags & MAC)
 //! ```
 
 use bytes::{BufMut, Bytes, BytesMut};
 use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const MAGIC: &[u8; 2] = b"TI";
 const VERSION: u8 = 1;
@@ -26,7 +28,9 @@ const FLAG_TRAILERS: u8 = 0b0000_0010;
 const FLAG_MAC: u8 = 0b0000_0100;
 /// The work declared this response its final answer, whatever its status.
 const FLAG_DEFINITIVE: u8 = 0b0000_1000;
-const KNOWN_FLAGS: u8 = FLAG_BODY | FLAG_TRAILERS | FLAG_MAC | FLAG_DEFINITIVE;
+/// When the record was written and until when it is kept follow the trailers.
+const FLAG_TIMES: u8 = 0b0001_0000;
+const KNOWN_FLAGS: u8 = FLAG_BODY | FLAG_TRAILERS | FLAG_MAC | FLAG_DEFINITIVE | FLAG_TIMES;
 
 /// An encoded record: opaque bytes to a store.
 #[derive(Clone, PartialEq, Eq)]
@@ -149,6 +153,19 @@ impl Record {
         } else {
             Vec::new()
         };
+        let times = if flags & FLAG_TIMES != 0 {
+            let written = r.u64()?;
+            let kept = r.u64()?;
+            if kept < written {
+                return Err(RecordError::new("kept until before written"));
+            }
+            Some(RecordTimes {
+                written_at: UNIX_EPOCH + Duration::from_millis(written),
+                kept_until: UNIX_EPOCH + Duration::from_millis(kept),
+            })
+        } else {
+            None
+        };
         if r.pos != buf.len() {
             return Err(RecordError::new("trailing bytes"));
         }
@@ -158,6 +175,7 @@ impl Record {
             body: (flags & FLAG_BODY != 0).then_some(body),
             trailers: (flags & FLAG_TRAILERS != 0).then_some(trailers),
             definitive: flags & FLAG_DEFINITIVE != 0,
+            times,
         })
     }
 }
@@ -187,6 +205,30 @@ pub struct RecordedResponse {
     /// [`Declared::Definitive`](crate::http::Declared::Definitive)): replayed even with a
     /// status the classification would not record, such as a 500.
     pub definitive: bool,
+    /// When the record was written and until when it is kept, when the door asked for them
+    /// (the HTTP layer's [`record_times`](crate::http::IdempotencyLayer::record_times)).
+    pub times: Option<RecordTimes>,
+}
+
+/// When a record was written and until when its store keeps it (to the millisecond).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecordTimes {
+    /// When the record was written.
+    pub written_at: SystemTime,
+    /// When its retention ends.
+    pub kept_until: SystemTime,
+}
+
+impl RecordTimes {
+    /// Written `now`, kept for `ttl`.
+    #[must_use]
+    pub fn new(now: SystemTime, ttl: Duration) -> Self {
+        Self {
+            written_at: now,
+            kept_until: now + ttl,
+        }
+    }
 }
 
 impl RecordedResponse {
@@ -199,6 +241,7 @@ impl RecordedResponse {
             body,
             trailers: None,
             definitive: false,
+            times: None,
         }
     }
 
@@ -230,7 +273,8 @@ impl RecordedResponse {
             + fields_len(&self.headers)
             + 4
             + body.len()
-            + self.trailers.as_deref().map_or(0, |t| 2 + fields_len(t));
+            + self.trailers.as_deref().map_or(0, |t| 2 + fields_len(t))
+            + if self.times.is_some() { 16 } else { 0 };
         let mut out = BytesMut::with_capacity(cap);
         out.put_slice(MAGIC);
         out.put_u8(VERSION);
@@ -244,6 +288,9 @@ impl RecordedResponse {
         if self.definitive {
             flags |= FLAG_DEFINITIVE;
         }
+        if self.times.is_some() {
+            flags |= FLAG_TIMES;
+        }
         out.put_u8(flags);
         if !(100..=999).contains(&self.status) {
             return Err(RecordError::new("status out of range"));
@@ -254,6 +301,10 @@ impl RecordedResponse {
         out.put_slice(body);
         if let Some(t) = &self.trailers {
             put_fields(&mut out, t)?;
+        }
+        if let Some(t) = &self.times {
+            out.put_u64(unix_ms(t.written_at));
+            out.put_u64(unix_ms(t.kept_until));
         }
         Ok(Record(out.freeze()))
     }
@@ -298,9 +349,16 @@ impl RecordedResponse {
             body,
             trailers,
             definitive: self.definitive,
+            times: self.times,
         };
         (fitted, dropped)
     }
+}
+
+/// Milliseconds since the Unix epoch (0 before it).
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn put_fields(out: &mut BytesMut, fields: &[Field]) -> Result<(), RecordError> {
@@ -358,6 +416,12 @@ impl Reader<'_> {
     fn u32(&mut self) -> Result<u32, RecordError> {
         let b = self.take(4)?;
         Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> Result<u64, RecordError> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_be_bytes(a))
     }
     fn fields(&mut self) -> Result<Vec<Field>, RecordError> {
         let count = self.u16()?;
@@ -419,6 +483,16 @@ mod tests {
             ],
             Some(Bytes::from_static(b"{\"id\":1}")),
         )
+    }
+
+    #[test]
+    fn record_times_round_trip_to_the_millisecond() {
+        let now = UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+        let mut r = sample();
+        r.times = Some(RecordTimes::new(now, Duration::from_secs(3600)));
+        let back = r.encode().expect("encode").decode(1024).expect("decode");
+        assert_eq!(back.times, r.times);
+        assert_eq!(back, r);
     }
 
     #[test]

@@ -203,6 +203,8 @@ pub(crate) struct Config {
     /// How long a duplicate that finds its key in flight waits for the first run (zero: 409
     /// at once).
     pub(crate) wait_in_flight: Duration,
+    /// Records carry their times; responses say until when the record is kept.
+    pub(crate) record_times: bool,
 }
 
 impl Default for Config {
@@ -231,6 +233,7 @@ impl Default for Config {
             classify_fn: None,
             run_to_completion: true,
             wait_in_flight: Duration::ZERO,
+            record_times: false,
         }
     }
 }
@@ -253,6 +256,7 @@ impl fmt::Debug for Config {
             .field("json_by_value", &self.json_by_value)
             .field("run_to_completion", &self.run_to_completion)
             .field("wait_in_flight", &self.wait_in_flight)
+            .field("record_times", &self.record_times)
             .finish_non_exhaustive()
     }
 }

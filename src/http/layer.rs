@@ -484,6 +484,20 @@ impl<St: Store> IdempotencyLayer<St> {
         self.config(|c| c.wait_in_flight = bound)
     }
 
+    /// Tells the client until when the key's record is kept, and how old a replayed one is
+    /// (default off). A recorded response and its replays carry
+    /// [`Tower-Idempotency-Kept-Until`](super::KEPT_UNTIL_HEADER) (an HTTP-date: when the
+    /// retention ends), and a replay [`Tower-Idempotency-Age`](super::RECORD_AGE_HEADER) (the
+    /// record's age in seconds). The record then holds when it was written and until when it
+    /// is kept (16 bytes more). Vendor-prefixed until the IETF draft names a header.
+    ///
+    /// A record written while this was off carries no times: its replays carry no such
+    /// headers.
+    #[must_use]
+    pub fn record_times(self, on: bool) -> Self {
+        self.config(|c| c.record_times = on)
+    }
+
     /// The claimed work of this layer that has not finished yet, to wait on at shutdown (see
     /// [`InFlightWork`]). Every service and `#[idempotent]` route made from this layer (and
     /// from its clones) counts into the same handle.

@@ -149,7 +149,8 @@
 //!     .layer(IdempotencyLayer::new().required(false).principal(PrincipalMode::Optional));
 //! ```
 
-// Imports run one way. `body`, `headers`, `extensions`, `declare` and `detach` import no sibling, `grpc` only
+// Imports run one way. `body`, `headers`, `extensions`, `declare`, `detach` and `kept` import
+// no sibling, `grpc` only
 // `headers`; then `rejection` → `config` → `classify` → `replay` → `future` → `service` →
 // `layer`, each using only modules before it, never one after it.
 mod body;
@@ -161,6 +162,7 @@ mod extensions;
 mod future;
 pub mod grpc;
 mod headers;
+mod kept;
 mod layer;
 mod rejection;
 mod replay;
@@ -182,6 +184,7 @@ pub use headers::{
 };
 // The gRPC wire names, shared with the client's retry rules.
 pub(crate) use headers::{GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS};
+pub use kept::{KEPT_UNTIL_HEADER, RECORD_AGE_HEADER};
 pub use layer::IdempotencyLayer;
 pub use rejection::{Rejection, RejectionKind};
 pub use service::Idempotency;

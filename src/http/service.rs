@@ -7,6 +7,7 @@ use super::config::{Config, LayerState};
 use super::extensions::{ClaimedKey, KeyMissing};
 use super::future::ResponseFuture;
 use super::grpc::is_grpc;
+use super::kept;
 use super::rejection::{Rejection, RejectionKind};
 use super::replay::replay;
 use crate::engine::{Begin, Engine, Ticket};
@@ -395,9 +396,13 @@ where
     let ticket = match begun {
         Ok(Begin::Run(ticket)) => ticket,
         Ok(Begin::Replay(record)) => {
+            let times = record.times;
             return Ok(match replay(&config.headers, record, grpc) {
-                Ok(res) => {
+                Ok(mut res) => {
                     tracing::debug!(outcome = "replayed", key = ?store_key, "idempotency replay");
+                    if config.record_times {
+                        kept::on_replay(res.headers_mut(), times);
+                    }
                     res
                 }
                 Err(reason) => {
@@ -509,11 +514,17 @@ where
         // Declared ambiguous: neither recorded nor released; the ticket is let go, the lease
         // lapses.
         Ok(Outcome::Keep(res)) => Ok(res),
-        Ok(Outcome::Record(res, record)) => {
+        Ok(Outcome::Record(mut res, mut record)) => {
+            if config.record_times {
+                kept::stamp(&mut record, res.headers_mut(), engine.ttl());
+            }
             complete(engine, ticket, store_key, &record).await;
             Ok(res)
         }
-        Ok(Outcome::RecordAtEnd(res, record)) => {
+        Ok(Outcome::RecordAtEnd(mut res, mut record)) => {
+            if config.record_times {
+                kept::stamp(&mut record, res.headers_mut(), engine.ttl());
+            }
             // The body streams on; a task holds the key until it has ended.
             let (report, ended) = oneshot::channel();
             let settled = tokio::spawn(state.in_flight.counted(settle_at_end(

@@ -15,6 +15,7 @@ mod fuzz_standins;
 mod grpc;
 mod hostile_input;
 mod json;
+mod kept;
 mod layer;
 mod rejections;
 mod replay;
