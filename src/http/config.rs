@@ -1,6 +1,7 @@
 //! The layer's settings and the state every clone of the layer and its services share.
 
 use super::detach::InFlightWork;
+use super::fingerprint::FingerprintSpec;
 use super::headers::HeaderPolicy;
 use super::rejection::{Rejection, Renderer};
 use crate::engine::Engine;
@@ -205,6 +206,8 @@ pub(crate) struct Config {
     pub(crate) wait_in_flight: Duration,
     /// Records carry their times; responses say until when the record is kept.
     pub(crate) record_times: bool,
+    /// What the fingerprint covers, when not the default.
+    pub(crate) fingerprint_spec: Option<Box<FingerprintSpec>>,
 }
 
 impl Default for Config {
@@ -234,6 +237,7 @@ impl Default for Config {
             run_to_completion: true,
             wait_in_flight: Duration::ZERO,
             record_times: false,
+            fingerprint_spec: None,
         }
     }
 }
@@ -257,6 +261,7 @@ impl fmt::Debug for Config {
             .field("run_to_completion", &self.run_to_completion)
             .field("wait_in_flight", &self.wait_in_flight)
             .field("record_times", &self.record_times)
+            .field("fingerprint_spec", &self.fingerprint_spec)
             .finish_non_exhaustive()
     }
 }
@@ -353,6 +358,9 @@ impl Config {
             return f(parts, body);
         }
         let content_type = content_type(&parts.headers);
+        if let Some(spec) = &self.fingerprint_spec {
+            return spec.fingerprint(parts, body, content_type, self.json_by_value);
+        }
         let head = Fingerprint::builder()
             .field(parts.method.as_str().as_bytes())
             .field(parts.uri.path().as_bytes())

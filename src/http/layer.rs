@@ -5,6 +5,7 @@ use super::config::{
     ResponseMode,
 };
 use super::detach::InFlightWork;
+use super::fingerprint::FingerprintSpec;
 use super::rejection::Rejection;
 use super::service::Idempotency;
 use crate::engine::Engine;
@@ -398,6 +399,119 @@ impl<St: Store> IdempotencyLayer<St> {
     #[must_use]
     pub fn fingerprint_json_by_value(self, on: bool) -> Self {
         self.config(|c| c.json_by_value = on)
+    }
+
+    fn spec(self, f: impl FnOnce(&mut FingerprintSpec)) -> Self {
+        self.config(|c| f(c.fingerprint_spec.get_or_insert_with(Box::default)))
+    }
+
+    fn json_fields<'a>(
+        pointers: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Vec<JsonField>, ConfigError> {
+        pointers
+            .into_iter()
+            .map(|p| {
+                JsonField::parse(p).map_err(|reason| {
+                    ConfigError::new(
+                        ConfigErrorKind::InvalidJsonField,
+                        format!("`{p}` is not a JSON body field for the fingerprint: {reason}"),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Leaves these fields of a JSON body out of the fingerprint: values that change between
+    /// attempts without changing the request (a timestamp, a nonce, a refreshed credential).
+    /// Each is an RFC 6901 JSON pointer (`/meta/sent_at`; `/items/0` for an array item) or a
+    /// top-level name. The body is then compared by value (as
+    /// [`fingerprint_json_by_value`](Self::fingerprint_json_by_value)); every member of a
+    /// repeated name goes. A body that is not JSON is fingerprinted by its bytes, as ever.
+    ///
+    /// ```
+    /// use http::Request;
+    /// use http_body_util::Full;
+    /// use bytes::Bytes;
+    /// use std::convert::Infallible;
+    /// use tower::{ServiceBuilder, ServiceExt, service_fn};
+    /// use tower_idempotency::{IdempotencyLayer, Principal};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let layer = IdempotencyLayer::new().fingerprint_json_exclude(["/sent_at"]).unwrap();
+    /// let svc = ServiceBuilder::new().layer(layer).service(service_fn(|_req| async {
+    ///     Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from("created"))))
+    /// }));
+    /// let request = |body: &'static str| {
+    ///     let mut req = Request::post("/orders")
+    ///         .header("content-type", "application/json")
+    ///         .header("idempotency-key", "order-7")
+    ///         .body(Full::new(Bytes::from(body)))
+    ///         .unwrap();
+    ///     req.extensions_mut().insert(Principal::new("alice"));
+    ///     req
+    /// };
+    /// svc.clone().oneshot(request(r#"{"item":"book","sent_at":"12:00:00"}"#)).await.unwrap();
+    /// let retry = svc.clone().oneshot(request(r#"{"item":"book","sent_at":"12:00:05"}"#)).await.unwrap();
+    /// assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    /// # });
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigErrorKind::InvalidJsonField`] for an empty name or a malformed pointer.
+    pub fn fingerprint_json_exclude<'a>(
+        self,
+        pointers: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Self, ConfigError> {
+        let fields = Self::json_fields(pointers)?;
+        Ok(self.spec(|s| s.exclude = fields))
+    }
+
+    /// Fingerprints only these fields of a JSON body (by value, in the order given; an absent
+    /// field counts as absent), so anything else in the body may change between attempts.
+    /// Pointers as in [`fingerprint_json_exclude`](Self::fingerprint_json_exclude), which still
+    /// applies inside the included values. A body that is not JSON: its bytes.
+    ///
+    /// # Errors
+    /// [`ConfigErrorKind::InvalidJsonField`] for an empty name or a malformed pointer.
+    pub fn fingerprint_json_include<'a>(
+        self,
+        pointers: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Self, ConfigError> {
+        let fields = Self::json_fields(pointers)?;
+        Ok(self.spec(|s| s.include = fields))
+    }
+
+    /// Fingerprints axum's route template (`/orders/{id}`, from
+    /// [`MatchedPath`](axum::extract::MatchedPath)) instead of the request path. Off by
+    /// default. With a key that names the resource already, this lets `/orders/7` and
+    /// `/orders/7/` (or a path rewritten by a proxy) count as one request; it also means two
+    /// paths of one route under one key are one request, so use it only where the key is
+    /// unique per resource.
+    ///
+    /// axum sets `MatchedPath` when it routes: add the layer with `Router::route_layer` or on
+    /// a route (the `#[idempotent]` handlers always see it). A layer added with
+    /// `Router::layer` runs before routing: it fingerprints the path, and warns once.
+    #[cfg(feature = "axum")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+    #[must_use]
+    pub fn fingerprint_route_template(self, on: bool) -> Self {
+        self.spec(|s| s.route_template = on)
+    }
+
+    /// Fingerprints these request headers too (their values in order, absent counted), e.g. a
+    /// `X-Account` that selects what the request acts on. None by default.
+    #[must_use]
+    pub fn fingerprint_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        let names = names.into_iter().collect();
+        self.spec(|s| s.headers = names)
+    }
+
+    /// Fingerprints the query with its parameters sorted, so `?a=1&b=2` and `?b=2&a=1` are one
+    /// request. Off by default (the raw query counts, order included). Parameters are compared
+    /// as sent (`%41` and `A` differ); a repeated parameter counts each time.
+    #[must_use]
+    pub fn fingerprint_canonical_query(self, on: bool) -> Self {
+        self.spec(|s| s.canonical_query = on)
     }
 
     /// Decides with `f` whether a response the classification table would record is recorded

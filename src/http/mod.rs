@@ -149,8 +149,8 @@
 //!     .layer(IdempotencyLayer::new().required(false).principal(PrincipalMode::Optional));
 //! ```
 
-// Imports run one way. `body`, `headers`, `extensions`, `declare`, `detach` and `kept` import
-// no sibling, `grpc` only
+// Imports run one way. `body`, `headers`, `extensions`, `declare`, `detach`, `fingerprint` and
+// `kept` import no sibling, `grpc` only
 // `headers`; then `rejection` → `config` → `classify` → `replay` → `future` → `service` →
 // `layer`, each using only modules before it, never one after it.
 mod body;
@@ -159,6 +159,7 @@ mod config;
 mod declare;
 mod detach;
 mod extensions;
+mod fingerprint;
 mod future;
 pub mod grpc;
 mod headers;

@@ -10,6 +10,7 @@ mod abandoned;
 mod concurrency;
 mod declared;
 mod extractors;
+mod fingerprint_options;
 mod forget;
 mod fuzz_standins;
 mod grpc;
