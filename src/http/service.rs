@@ -577,13 +577,22 @@ async fn settle_at_end<St: Store>(
     }
 }
 
-/// `Retry-After` for a request found in flight: the lease the first run has left, in whole
-/// seconds rounded up (at least 1), so a retry lands after the first run ends or its lease
-/// lapses; the constant when the store cannot tell. One store call, on this path only.
+/// `Retry-After` for a request found in flight: the lease the first run has left, at most a
+/// third of the lease, in whole seconds rounded up (at least 1); the constant when the store
+/// cannot tell. One store call, on this path only.
+///
+/// The lease left is when the key is decided at the latest if the first run has stopped (its
+/// holder gone, or the outcome declared ambiguous). A running first run renews its lease every
+/// third of the lease, so its lease left is always two thirds of the lease or more, which says
+/// nothing about when it ends: the cap keeps the hint to one renewal period (20 s for the
+/// default 60 s lease), within what clients honour.
 async fn in_flight_retry_after<St: Store>(engine: &Engine<St>, key: &StoreKey) -> Duration {
     match engine.lease_left(key).await {
-        Ok(Some(left)) => Duration::from_secs(left.as_secs() + u64::from(left.subsec_nanos() > 0))
-            .max(RETRY_AFTER),
+        Ok(Some(left)) => {
+            let left = left.min(engine.lease() / 3);
+            Duration::from_secs(left.as_secs() + u64::from(left.subsec_nanos() > 0))
+                .max(RETRY_AFTER)
+        }
         Ok(None) => RETRY_AFTER,
         Err(e) => {
             tracing::debug!(key = ?key, error = %e, "lease left unknown; constant Retry-After");

@@ -111,7 +111,8 @@ async fn a_waiting_duplicate_runs_when_the_first_run_is_released() {
     assert_eq!(work.executions(), 2);
 }
 
-/// Past the bound: 409, with a `Retry-After` from the lease left (not the 1 s constant).
+/// Past the bound: 409, with a `Retry-After` from the lease left (not the 1 s constant), at
+/// most a third of the lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_bound_it_is_409_with_the_lease_left_as_retry_after() {
     let layer = IdempotencyLayer::new()
@@ -130,9 +131,9 @@ async fn past_the_bound_it_is_409_with_the_lease_left_as_retry_after() {
         .expect("Retry-After on 409")
         .parse()
         .expect("seconds");
-    assert!(
-        (11..=30).contains(&retry_after),
-        "Retry-After {retry_after} s comes from the 30 s lease left (renewed every 10 s)"
+    assert_eq!(
+        retry_after, 10,
+        "the lease left of a 30 s lease renewed every 10 s, capped at one renewal period"
     );
     assert_eq!(first.status, 201);
     assert_eq!(work.executions(), 1, "no extra handler run");
@@ -149,4 +150,38 @@ async fn without_a_wait_the_duplicate_gets_409_at_once() {
         waited < Duration::from_millis(700),
         "answered at once ({waited:?})"
     );
+}
+
+/// A first run that stopped renewing (declared ambiguous): the `Retry-After` of a 409 counts
+/// down with its lease, to the moment the key is decided.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_retry_after_of_a_stalled_claim_is_the_lease_it_has_left() {
+    use tower_idempotency::store::clock::ManualClock;
+    let clock = ManualClock::new();
+    let store = tower_idempotency::MemoryStore::builder()
+        .clock(clock.clone())
+        .build()
+        .expect("a valid store");
+    let layer = IdempotencyLayer::with_store(store).lease(Duration::from_secs(30));
+    let work = Work::new();
+    let server = TestServer::start(work.app(layer)).await;
+    let request = || {
+        server
+            .post("/work", BODY)
+            .principal("alice")
+            .key("stalled")
+            .header("x-declare", "ambiguous")
+    };
+    assert_eq!(send(request()).await.status, 201);
+    let at_once = send(request()).await;
+    at_once.assert_problem(409, "idempotency.in_flight");
+    assert_eq!(
+        at_once.retry_after(),
+        Some("10"),
+        "capped at one renewal period"
+    );
+    clock.advance(Duration::from_millis(25_500));
+    let later = send(request()).await;
+    later.assert_problem(409, "idempotency.in_flight");
+    assert_eq!(later.retry_after(), Some("5"), "the 4.5 s left, rounded up");
 }
