@@ -470,7 +470,9 @@ where
         // Finishes (and records) on a task of its own if this future is dropped first.
         state.in_flight.detachable(work).await
     } else {
-        state.in_flight.counted(work).await
+        // Boxed as the detachable work is, so that this branch does not make every keyed
+        // request's future (replays too) as large as the handler's.
+        Box::pin(state.in_flight.counted(work)).await
     }
 }
 
