@@ -203,7 +203,9 @@ pub struct RecordedResponse {
     pub trailers: Option<Vec<Field>>,
     /// The work declared this response its final answer, whatever its status (HTTP:
     /// [`Declared::Definitive`](crate::http::Declared::Definitive)): replayed even with a
-    /// status the classification would not record, such as a 500.
+    /// status the classification would not record, such as a 500. The HTTP layer sets it only
+    /// on such a status, and refuses at replay a record that has it on any other (a damaged
+    /// flag must not pass unnoticed).
     pub definitive: bool,
     /// When the record was written and until when it is kept, when the door asked for them
     /// (the HTTP layer's [`record_times`](crate::http::IdempotencyLayer::record_times)).

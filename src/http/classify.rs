@@ -144,6 +144,9 @@ where
         return Outcome::Release(Response::from_parts(parts, ResponseBody::passthrough(body)));
     }
     let full = config.response_mode == ResponseMode::Full;
+    // The record carries the declaration only where the table would not record the status,
+    // so a flipped flag on any other record is refused at replay.
+    let definitive = definitive && !is_recordable(status);
     let status_only = |config: &Config, status: u16, headers: &HeaderMap| {
         let record = status_only(config, status, headers);
         if definitive {
@@ -290,7 +293,8 @@ where
         status_only(config, StatusCode::OK.as_u16(), &parts.headers)
     }
     .with_trailers(trailer_fields);
-    let record = if definitive {
+    // Marked only where the table would not record the code (see `classify_http`).
+    let record = if definitive && !code.is_some_and(is_recorded_status) {
         record.definitive()
     } else {
         record

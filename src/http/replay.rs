@@ -32,8 +32,10 @@ fn replay_http<B: Body>(
     policy: &HeaderPolicy,
     record: RecordedResponse,
 ) -> Result<Response<ResponseBody<B>>, &'static str> {
+    // A declared record carries the flag only for a status the table would not record: the
+    // flag on any other status is a damaged record.
     let recordable = if record.definitive {
-        is_recordable_definitive(record.status)
+        is_recordable_definitive(record.status) && !is_recordable(record.status)
     } else {
         is_recordable(record.status)
     };
@@ -84,10 +86,11 @@ fn replay_http<B: Body>(
 /// `grpc-status`. A record without messages is sent Trailers-Only.
 fn replay_grpc<B: Body>(
     policy: &HeaderPolicy,
-    record: RecordedResponse,
+    mut record: RecordedResponse,
 ) -> Result<Response<ResponseBody<B>>, &'static str> {
     if record.status == StatusCode::OK.as_u16() {
-        let declared = record.definitive;
+        // The flag of a declared 200 is about its gRPC code, checked here, not its status.
+        let declared = std::mem::take(&mut record.definitive);
         let code = record
             .trailers
             .iter()
@@ -96,7 +99,8 @@ fn replay_grpc<B: Body>(
             .find(|(n, _)| n.as_ref() == GRPC_STATUS.as_str().as_bytes())
             .and_then(|(_, v)| parse_status(v));
         match code {
-            Some(c) if declared || is_recorded_status(c) => {}
+            Some(c) if declared != is_recorded_status(c) => {}
+            Some(_) if declared => return Err("needless definitive flag"),
             Some(_) => return Err("gRPC status is not recordable"),
             None => return Err("gRPC status missing"),
         }
@@ -164,10 +168,16 @@ mod tests {
             http(RecordedResponse::new(304, vec![], None).definitive()).is_err(),
             "a 304 never"
         );
+        assert!(
+            http(RecordedResponse::new(201, vec![], None).definitive()).is_err(),
+            "a flag the status does not need is a damaged record"
+        );
         // gRPC: a declared definitive `INTERNAL` is replayed, an undeclared one is not.
         let internal = || grpc_record(None, vec![f("grpc-status", "13")]);
         assert!(replayed(internal()).is_err());
         assert!(replayed(internal().definitive()).is_ok());
+        let ok = || grpc_record(None, vec![f("grpc-status", "0")]);
+        assert!(replayed(ok().definitive()).is_err(), "a needless flag");
     }
 
     #[test]
