@@ -113,6 +113,7 @@ mod secret;
 pub mod client;
 pub mod engine;
 pub mod http;
+pub mod outbound;
 pub mod store;
 
 #[cfg(feature = "axum")]

@@ -1,0 +1,1 @@
+//! HTTP adapter (to do).

@@ -1,0 +1,1 @@
+//! lettre over a real SMTP server (to do).
