@@ -314,12 +314,6 @@ pub(crate) async fn a_record_of_another_door_is_not_replayed<S: Store>(store: Sp
     assert_eq!(provider.received(), 0);
 }
 
-pub(crate) use crate::batch::{
-    batch_repeat_with_another_request_is_key_reused,
-    batch_sends_fresh_requests_once_and_answers_repeats_in_place,
-    batch_without_a_batch_path_sends_each_fresh_request,
-};
-
 /// Waits (bounded) until `f` holds.
 pub(crate) async fn wait_until(f: impl Fn() -> bool) {
     for _ in 0..500 {

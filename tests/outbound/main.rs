@@ -25,20 +25,20 @@ mod http_calls;
 mod mail;
 mod rig;
 
-/// Expands scenarios (async fns taking a store) once per store, as modules of tests.
+/// Expands scenarios (async fns taking a spy store) once per store, as modules of tests.
 macro_rules! per_store {
-    ($($name:ident),* $(,)?) => {
-        mod memory {
+    ($memory:ident, $redis:ident, $scenarios:ident; $($name:ident),* $(,)?) => {
+        mod $memory {
             use crate::support::http::SpyStore;
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    crate::door::$name(SpyStore::new()).await;
+                    crate::$scenarios::$name(SpyStore::new()).await;
                 }
             )*
         }
         #[cfg(feature = "redis")]
-        mod redis {
+        mod $redis {
             use crate::support::http::SpyStore;
             use crate::support::redis_server::{self, RedisServer};
             use tower_idempotency::RedisStore;
@@ -50,7 +50,7 @@ macro_rules! per_store {
                     }
                     let server = RedisServer::start();
                     let store = RedisStore::connect(&server.url(), "outbound-tests").await.unwrap();
-                    crate::door::$name(SpyStore::wrap(store)).await;
+                    crate::$scenarios::$name(SpyStore::wrap(store)).await;
                     drop(server);
                 }
             )*
@@ -58,7 +58,7 @@ macro_rules! per_store {
     };
 }
 
-per_store!(
+per_store!(memory, redis, door;
     sends_once_and_replays_the_receipt,
     a_send_in_flight_is_answered_in_flight,
     the_key_with_another_request_is_key_reused,
@@ -73,7 +73,19 @@ per_store!(
     a_request_without_a_key_is_sent_every_time,
     an_invalid_key_is_refused_before_sending,
     a_record_of_another_door_is_not_replayed,
+);
+
+per_store!(memory_batch, redis_batch, batch;
     batch_sends_fresh_requests_once_and_answers_repeats_in_place,
     batch_without_a_batch_path_sends_each_fresh_request,
     batch_repeat_with_another_request_is_key_reused,
+);
+
+per_store!(memory_http, redis_http, http_calls;
+    a_webhook_sent_twice_is_delivered_once,
+    a_stub_that_reads_the_body_and_closes_is_unknown,
+    a_refused_connection_is_released_and_the_retry_sends,
+    the_inbound_derived_key_is_forwarded,
+    a_429_releases_and_a_500_holds,
+    a_timeout_after_the_request_was_written_is_unknown,
 );
