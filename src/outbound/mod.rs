@@ -92,6 +92,9 @@ mod classify;
 mod delivery;
 pub mod http;
 mod identify;
+#[cfg(feature = "lettre")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lettre")))]
+pub mod mail;
 mod receipt;
 mod service;
 

@@ -109,6 +109,18 @@ impl<St: Store, I> SendOnceLayer<St, I, DefaultClassifier> {
 }
 
 impl<St: Store, I, C> SendOnceLayer<St, I, C> {
+    /// Reads each request's key with `identify` instead.
+    pub fn identify<I2>(self, identify: I2) -> SendOnceLayer<St, I2, C> {
+        SendOnceLayer {
+            door: Door {
+                engine: self.door.engine,
+                identify,
+                classify: self.door.classify,
+                settings: self.door.settings,
+            },
+        }
+    }
+
     /// Decides sent / failed / unknown with `classify` instead.
     pub fn classify<C2>(self, classify: C2) -> SendOnceLayer<St, I, C2> {
         SendOnceLayer {

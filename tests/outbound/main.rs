@@ -89,3 +89,12 @@ per_store!(memory_http, redis_http, http_calls;
     a_429_releases_and_a_500_holds,
     a_timeout_after_the_request_was_written_is_unknown,
 );
+
+#[cfg(feature = "lettre")]
+per_store!(memory_mail, redis_mail, mail;
+    a_job_that_runs_twice_delivers_one_message,
+    a_server_that_stalls_after_data_is_unknown_and_the_retry_does_not_send,
+    a_refused_connection_is_released_and_the_retry_sends,
+    a_transient_reply_releases_the_key_and_a_permanent_one_is_final,
+    a_key_from_the_caller_or_the_message_id,
+);

@@ -8,6 +8,7 @@
 //! - [`quickstart`]: the built quickstart example as a child process (memory store or Redis);
 //! - [`redis_server`]: `redis-server` (and clusters) spawned on free loopback ports;
 //! - [`postgres_server`]: a PostgreSQL server (`initdb`, `pg_ctl`) on a free loopback port;
+//! - [`smtp_server`]: an SMTP server (`python3-aiosmtpd`) on a free loopback port;
 //! - [`proxy`]: a TCP proxy that injects latency, drops and black holes;
 //! - [`pb`]: the vendored tonic code of the gRPC tests.
 
@@ -21,6 +22,7 @@ pub(crate) mod proxy;
 pub(crate) mod quickstart;
 pub(crate) mod raw_http;
 pub(crate) mod redis_server;
+pub(crate) mod smtp_server;
 
 #[cfg(feature = "tonic")]
 #[path = "grpc/orders.v1.rs"]
