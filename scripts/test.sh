@@ -11,6 +11,8 @@
 #                                 the tests find them there, and run the server
 #                                 as the `postgres` user the package creates
 #                                 when they run as root)
+#      python3 with aiosmtpd     (Debian: python3-aiosmtpd, the SMTP server of
+#                                 the outbound mail tests)
 #    Missing ones are installed with apt-get when running as root; otherwise
 #    the script stops and says what to install. Prints nothing when all is
 #    already there.
@@ -52,6 +54,15 @@ have_postgres() {
 }
 if ! have_postgres || { [[ "$(id -u)" -eq 0 ]] && ! id -u postgres >/dev/null 2>&1; }; then
     missing_pkgs+=(postgresql)
+fi
+
+# The SMTP server of the outbound mail tests (tests/support/smtp_server.py runs
+# under the first python3 that can import aiosmtpd, Debian's /usr/bin/python3 first).
+have_aiosmtpd() {
+    /usr/bin/python3 -c 'import aiosmtpd' >/dev/null 2>&1 || python3 -c 'import aiosmtpd' >/dev/null 2>&1
+}
+if ! have_aiosmtpd; then
+    missing_pkgs+=(python3-aiosmtpd)
 fi
 
 if ((${#missing_pkgs[@]} > 0)); then
@@ -99,6 +110,10 @@ if ((${#missing_pkgs[@]} > 0)); then
     done
     if ! have_postgres; then
         echo "scripts/test.sh: initdb/pg_ctl are still not found after installing ${missing_pkgs[*]}" >&2
+        exit 1
+    fi
+    if ! have_aiosmtpd; then
+        echo "scripts/test.sh: python3 cannot import aiosmtpd after installing ${missing_pkgs[*]}" >&2
         exit 1
     fi
 fi
