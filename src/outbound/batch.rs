@@ -25,10 +25,15 @@ pub trait SendBatch<Req>: Service<Req> {
 /// The answer to each request of a batch, in order.
 pub type BatchResults<R, E> = Vec<Result<Delivery<R, E>, OutboundError<E>>>;
 
+/// One request's answer.
+type Answer<R, E> = Result<Delivery<R, E>, OutboundError<E>>;
+/// The sending of a batch's fresh requests, under the leases' renewal.
+type Sending<'a, R, E> = Pin<Box<dyn Future<Output = Vec<Result<R, E>>> + 'a>>;
+
 /// Where a request's answer comes from.
 enum Slot<R, E> {
     /// Answered without sending (a replay, in flight, an error).
-    Done(Result<Delivery<R, E>, OutboundError<E>>),
+    Done(Answer<R, E>),
     /// Sent, as the `n`th fresh request.
     Fresh(usize),
     /// A repeat, in this batch, of the `n`th fresh request (same key and fingerprint).
@@ -139,8 +144,7 @@ impl<St: Store, I, C> Door<St, I, C> {
             Vec::new()
         } else {
             // Every claimed key's lease is renewed while the batch is out.
-            let mut sending: Pin<Box<dyn Future<Output = Vec<Result<R, E>>> + '_>> =
-                Box::pin(send(fresh));
+            let mut sending: Sending<'_, R, E> = Box::pin(send(fresh));
             for ticket in tickets.iter().flatten() {
                 sending = Box::pin(self.engine.run(ticket, sending));
             }
@@ -148,8 +152,7 @@ impl<St: Store, I, C> Door<St, I, C> {
         };
 
         let mut results = results.into_iter();
-        let mut settled: Vec<Option<Result<Delivery<R, E>, OutboundError<E>>>> =
-            Vec::with_capacity(tickets.len());
+        let mut settled: Vec<Option<Answer<R, E>>> = Vec::with_capacity(tickets.len());
         for ticket in tickets {
             let answer = match (ticket, results.next()) {
                 (Some(ticket), Some(result)) => self.settle(ticket, result).await,
@@ -164,7 +167,7 @@ impl<St: Store, I, C> Door<St, I, C> {
         }
 
         // Repeats first (they read their first's answer), then the fresh answers move out.
-        let repeats: Vec<Option<Result<Delivery<R, E>, OutboundError<E>>>> = slots
+        let repeats: Vec<Option<Answer<R, E>>> = slots
             .iter()
             .map(|slot| match slot {
                 Slot::Repeat(first) => Some(Ok(repeat_of(settled[*first].as_ref()))),
@@ -188,9 +191,7 @@ impl<St: Store, I, C> Door<St, I, C> {
 
 /// The answer to an in-batch repeat of a fresh request: its receipt when it went (read back
 /// through the receipt's encoding, as a later repeat would get it), else in flight.
-fn repeat_of<R: Receipt, E>(
-    first: Option<&Result<Delivery<R, E>, OutboundError<E>>>,
-) -> Delivery<R, E> {
+fn repeat_of<R: Receipt, E>(first: Option<&Answer<R, E>>) -> Delivery<R, E> {
     match first {
         Some(Ok(Delivery::Sent(r) | Delivery::Replayed(r))) => r
             .to_bytes()
