@@ -193,14 +193,6 @@ impl Default for HttpIdentify {
     }
 }
 
-impl HttpIdentify {
-    /// Reads the key from `header` instead of `Idempotency-Key`.
-    #[must_use]
-    pub fn header(header: HeaderName) -> Self {
-        Self { header }
-    }
-}
-
 impl Identify<Request<Bytes>> for HttpIdentify {
     fn identify(&self, req: &Request<Bytes>) -> Result<Option<Identity>, KeyError> {
         let mut values = req.headers().get_all(&self.header).iter();

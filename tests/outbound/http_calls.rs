@@ -350,3 +350,55 @@ pub(crate) async fn a_timeout_after_the_request_was_written_is_unknown<S: Store>
     assert!(matches!(retry, Delivery::InFlight), "{retry:?}");
     assert_eq!(stub.received(), 1);
 }
+
+pub(crate) async fn another_body_under_the_key_is_key_reused_and_a_failed_claim_sends_nothing<
+    S: Store,
+>(
+    store: SpyStore<S>,
+) {
+    let stub = Stub::start(Behave::Answer(201)).await;
+    let layer = HttpSendOnceLayer::new(Engine::new(store.clone()));
+    assert!(
+        send(&layer, charge(&stub.url(), Some("k"), "{\"amount\":5}"))
+            .await
+            .unwrap()
+            .is_sent()
+    );
+    let err = send(&layer, charge(&stub.url(), Some("k"), "{\"amount\":6}"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), OutboundErrorKind::KeyReused, "{err:?}");
+
+    store.fail_claims(true);
+    let err = send(&layer, charge(&stub.url(), Some("other"), "{}"))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), OutboundErrorKind::StoreFailed, "{err:?}");
+    assert!(err.is_retryable());
+    assert_eq!(
+        stub.received(),
+        1,
+        "neither the reused key nor the failed claim sent"
+    );
+}
+
+pub(crate) async fn a_call_dropped_after_it_was_written_keeps_its_key<S: Store>(
+    store: SpyStore<S>,
+) {
+    let stub = Stub::start(Behave::Stall).await;
+    let layer = HttpSendOnceLayer::new(Engine::new(store.clone()));
+    let calling = tokio::spawn({
+        let layer = layer.clone();
+        let url = stub.url();
+        async move { send(&layer, charge(&url, Some("k"), "{}")).await }
+    });
+    wait_until(|| stub.received() == 1).await;
+    calling.abort(); // the caller gives up once the provider has the request
+    let _ = calling.await;
+    stub.behave(Behave::Answer(201));
+    let retry = send(&layer, charge(&stub.url(), Some("k"), "{}"))
+        .await
+        .unwrap();
+    assert!(matches!(retry, Delivery::InFlight), "{retry:?}");
+    assert_eq!((stub.received(), store.releases()), (1, 0));
+}

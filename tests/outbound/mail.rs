@@ -204,3 +204,30 @@ pub(crate) async fn a_key_from_the_caller_or_the_message_id<S: Store>(store: Spy
     ));
     assert_eq!(server.messages(), vec!["Invoice", "Reminder"]);
 }
+
+pub(crate) async fn another_message_under_the_key_is_key_reused_and_a_failed_claim_sends_nothing<
+    S: Store,
+>(
+    store: SpyStore<S>,
+) {
+    if !smtp_server::available() {
+        return;
+    }
+    let server = SmtpServer::start();
+    let mailer = mailer(store.clone(), server.port());
+    assert!(
+        mailer
+            .send(welcome("k", "Welcome"))
+            .await
+            .unwrap()
+            .is_sent()
+    );
+    let err = mailer.send(welcome("k", "Welcome back")).await.unwrap_err();
+    assert_eq!(err.kind(), OutboundErrorKind::KeyReused, "{err:?}");
+
+    store.fail_claims(true);
+    let err = mailer.send(welcome("other", "Hello")).await.unwrap_err();
+    assert_eq!(err.kind(), OutboundErrorKind::StoreFailed, "{err:?}");
+    assert!(err.is_retryable());
+    assert_eq!(server.messages(), vec!["Welcome"]);
+}

@@ -88,6 +88,8 @@ per_store!(memory_http, redis_http, http_calls;
     the_inbound_derived_key_is_forwarded,
     a_429_releases_and_a_500_holds,
     a_timeout_after_the_request_was_written_is_unknown,
+    another_body_under_the_key_is_key_reused_and_a_failed_claim_sends_nothing,
+    a_call_dropped_after_it_was_written_keeps_its_key,
 );
 
 #[cfg(feature = "lettre")]
@@ -97,4 +99,5 @@ per_store!(memory_mail, redis_mail, mail;
     a_refused_connection_is_released_and_the_retry_sends,
     a_transient_reply_releases_the_key_and_a_permanent_one_is_final,
     a_key_from_the_caller_or_the_message_id,
+    another_message_under_the_key_is_key_reused_and_a_failed_claim_sends_nothing,
 );
