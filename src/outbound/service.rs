@@ -140,17 +140,19 @@ impl<St: Store, I, C> SendOnceLayer<St, I, C> {
         self
     }
 
-    /// The scope of the keys (default: anonymous, one scope for the whole process): a tenant
-    /// or principal when keys come from callers who must not share them.
+    /// The scope of the keys (default: anonymous, one scope shared by every sender on the
+    /// store): a tenant or principal when keys come from callers who must not share them.
     pub fn scope(mut self, scope: Scope) -> Self {
         self.settings_mut().scope = scope;
         self
     }
 
     /// How long a key whose delivery is unknown stays held, from the moment that was known
-    /// (default: the engine's lease). Longer than the lease, it is renewed to this once; a
-    /// retry within it is answered [`Delivery::InFlight`] and sends nothing, one after it
-    /// sends again.
+    /// (default: the engine's lease): the door renews its claim to this once, with the store's
+    /// `renew`. A retry within it is answered [`Delivery::InFlight`] and sends nothing; one
+    /// after it sends again. A send whose future was dropped is held for this too when it is
+    /// longer than the lease (a task is spawned to renew the claim; without a Tokio runtime
+    /// the lease alone holds it).
     pub fn hold(mut self, hold: Duration) -> Self {
         self.settings_mut().hold = Some(hold);
         self
