@@ -100,6 +100,8 @@
 //! | `tonic` | no | `Rejection::to_status` and tonic's `NamedService` for the layered service |
 //! | `test-util` | no | the store conformance suite, for your own `Store` |
 //! | `reqwest` | no | `client::RetryMiddleware`, client retries for `reqwest-middleware` |
+//! | `nats` | no | `message::nats`, the message door on async-nats JetStream consumers |
+//! | `json` | no | `message::Json`, message results recorded as JSON |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -113,6 +115,7 @@ mod secret;
 pub mod client;
 pub mod engine;
 pub mod http;
+pub mod message;
 pub mod store;
 
 #[cfg(feature = "axum")]
