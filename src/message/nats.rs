@@ -27,7 +27,7 @@
 //! ```no_run
 //! use std::convert::Infallible;
 //! use async_nats::jetstream::{self, consumer::pull};
-//! use futures_util::StreamExt;
+//! use tokio_stream::StreamExt;
 //! use tower::{ServiceBuilder, service_fn};
 //! use tower_idempotency::MemoryStore;
 //! use tower_idempotency::engine::Engine;
