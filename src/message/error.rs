@@ -181,9 +181,9 @@ impl<E: fmt::Display> fmt::Display for MessageError<E> {
             Inner::Store(_) => f.write_str("the idempotency store could not claim the message"),
             Inner::KeyMissing => f.write_str("the message has no idempotency key"),
             Inner::KeyInvalid(_) => f.write_str("the message's idempotency key is not valid"),
-            Inner::KeyReused => f.write_str(
-                "the message's idempotency key was used by a different message",
-            ),
+            Inner::KeyReused => {
+                f.write_str("the message's idempotency key was used by a different message")
+            }
             Inner::RecordInvalid(_) => {
                 f.write_str("the record of this message's first run failed validation")
             }

@@ -299,9 +299,9 @@ impl<M: Message> KeyStrategy<M> for HeaderOrHash {
                 return MessageKey::given(v).map(Some);
             }
         }
-        Ok(self.hash_body.then(|| {
-            MessageKey::digest(message.topic(), message.schema_version(), message.body())
-        }))
+        Ok(self
+            .hash_body
+            .then(|| MessageKey::digest(message.topic(), message.schema_version(), message.body())))
     }
 }
 

@@ -202,8 +202,7 @@ where
             service.call(message).await
         };
         let mut work = std::pin::pin!(work);
-        let mut progress =
-            tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
         let outcome = loop {
             tokio::select! {
                 out = &mut work => break out,

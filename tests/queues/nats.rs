@@ -17,11 +17,11 @@ use std::time::{Duration, Instant};
 use tokio_stream::StreamExt;
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_idempotency::MemoryStore;
+use tower_idempotency::Store;
 use tower_idempotency::engine::Engine;
 use tower_idempotency::message::nats::async_nats::{self, jetstream};
 use tower_idempotency::message::nats::{self, JetStreamConsumer, Reply};
 use tower_idempotency::message::{Handled, InProgress, MessageErrorKind, MessageIdempotencyLayer};
-use tower_idempotency::Store;
 
 use jetstream::consumer::{AckPolicy, PullConsumer, pull};
 
@@ -85,7 +85,11 @@ impl Rig {
             headers.insert("Idempotency-Key", k);
         }
         self.js
-            .publish_with_headers(subject.to_owned(), headers, Bytes::copy_from_slice(body.as_bytes()))
+            .publish_with_headers(
+                subject.to_owned(),
+                headers,
+                Bytes::copy_from_slice(body.as_bytes()),
+            )
             .await
             .unwrap()
             .await
@@ -135,7 +139,10 @@ impl Effects {
     }
 }
 
-fn layer<St: Store>(engine: &Engine<St>, consumer: &str) -> MessageIdempotencyLayer<St, tower_idempotency::message::HeaderOrHash> {
+fn layer<St: Store>(
+    engine: &Engine<St>,
+    consumer: &str,
+) -> MessageIdempotencyLayer<St, tower_idempotency::message::HeaderOrHash> {
     MessageIdempotencyLayer::new(engine.clone(), consumer).key_strategy(nats::keys())
 }
 
@@ -151,7 +158,9 @@ async fn a_consumer_that_dies_before_acking_hands_over_and_the_effect_happens_on
     // acknowledges: its connection is dropped with the message unacked.
     {
         let a = rig.connect("billing").await;
-        let msg = next(&a, Duration::from_secs(5)).await.expect("first delivery");
+        let msg = next(&a, Duration::from_secs(5))
+            .await
+            .expect("first delivery");
         assert_eq!(msg.info().unwrap().delivered, 1);
         let (msg, _acker_never_used) = msg.split();
         let svc = ServiceBuilder::new()
@@ -163,12 +172,21 @@ async fn a_consumer_that_dies_before_acking_hands_over_and_the_effect_happens_on
 
     // Consumer B gets the redelivery once `ack_wait` has passed, and acknowledges it unrun.
     let b = rig.connect("billing").await;
-    let msg = next(&b, Duration::from_secs(5)).await.expect("the redelivery");
-    assert_eq!(msg.info().unwrap().delivered, 2, "a redelivery, on another consumer");
+    let msg = next(&b, Duration::from_secs(5))
+        .await
+        .expect("the redelivery");
+    assert_eq!(
+        msg.info().unwrap().delivered,
+        2,
+        "a redelivery, on another consumer"
+    );
     let svc = ServiceBuilder::new()
         .layer(layer(&engine, "billing"))
         .service(effects.handler(Duration::ZERO));
-    let processed = JetStreamConsumer::new(svc).ack_wait(ACK_WAIT).handle(msg).await;
+    let processed = JetStreamConsumer::new(svc)
+        .ack_wait(ACK_WAIT)
+        .handle(msg)
+        .await;
     assert_eq!(processed.outcome.unwrap(), Handled::Duplicate(None));
     assert_eq!(processed.reply, Reply::Ack);
     assert_eq!(effects.count("order-1"), 1, "the side effect happened once");
@@ -208,11 +226,16 @@ async fn a_consumer_that_dies_mid_handler_blocks_the_key_for_the_lease_then_it_r
     .ack_wait(ACK_WAIT);
     let msg = next(&b, Duration::from_secs(5)).await.unwrap();
     let processed = consumer.handle(msg).await;
-    assert_eq!(processed.outcome.unwrap_err().kind(), MessageErrorKind::InFlight);
+    assert_eq!(
+        processed.outcome.unwrap_err().kind(),
+        MessageErrorKind::InFlight
+    );
     assert_eq!(processed.reply, Reply::Nak(Some(lease)));
 
     // After the delay, the lease has lapsed: the message runs, once.
-    let msg = next(&b, Duration::from_secs(6)).await.expect("redelivered after the nak delay");
+    let msg = next(&b, Duration::from_secs(6))
+        .await
+        .expect("redelivered after the nak delay");
     assert!(died.elapsed() >= lease, "not before the delay asked for");
     let processed = consumer.handle(msg).await;
     assert_eq!(processed.outcome.unwrap(), Handled::Ran(()));
@@ -229,10 +252,15 @@ async fn two_durable_consumers_each_handle_a_message_once() {
     let (billing_effects, shipping_effects) = (Effects::default(), Effects::default());
     // A producer that retried its publish: the same key twice (no Nats-Msg-Id, so the
     // stream keeps both).
-    rig.publish("orders.created", Some("order-9"), "order-9").await;
-    rig.publish("orders.created", Some("order-9"), "order-9").await;
+    rig.publish("orders.created", Some("order-9"), "order-9")
+        .await;
+    rig.publish("orders.created", Some("order-9"), "order-9")
+        .await;
 
-    for (name, effects) in [("billing", &billing_effects), ("shipping", &shipping_effects)] {
+    for (name, effects) in [
+        ("billing", &billing_effects),
+        ("shipping", &shipping_effects),
+    ] {
         let c = rig.connect(name).await;
         let consumer = JetStreamConsumer::new(
             ServiceBuilder::new()
@@ -247,10 +275,18 @@ async fn two_durable_consumers_each_handle_a_message_once() {
             assert_eq!(processed.reply, Reply::Ack);
             outcomes.push(processed.outcome.unwrap());
         }
-        assert_eq!(outcomes, [Handled::Ran(()), Handled::Duplicate(None)], "{name}");
+        assert_eq!(
+            outcomes,
+            [Handled::Ran(()), Handled::Duplicate(None)],
+            "{name}"
+        );
     }
     assert_eq!(billing_effects.count("order-9"), 1);
-    assert_eq!(shipping_effects.count("order-9"), 1, "not skipped as billing's duplicate");
+    assert_eq!(
+        shipping_effects.count("order-9"),
+        1,
+        "not skipped as billing's duplicate"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -275,12 +311,19 @@ async fn a_handler_slower_than_ack_wait_is_not_redelivered_while_it_runs() {
     // from being redelivered to it.
     let b = rig.connect("billing").await;
     let stolen = next(&b, ACK_WAIT * 3 + Duration::from_millis(500)).await;
-    assert!(stolen.is_none(), "redelivered mid-work: {:?}", stolen.map(|m| m.info().unwrap().delivered));
+    assert!(
+        stolen.is_none(),
+        "redelivered mid-work: {:?}",
+        stolen.map(|m| m.info().unwrap().delivered)
+    );
     let processed = running.await.unwrap();
     assert_eq!(processed.outcome.unwrap(), Handled::Ran(()));
     assert_eq!(processed.reply, Reply::Ack);
     assert_eq!(effects.count("slow-order"), 1);
-    assert!(next(&b, ACK_WAIT * 2).await.is_none(), "acknowledged once done");
+    assert!(
+        next(&b, ACK_WAIT * 2).await.is_none(),
+        "acknowledged once done"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -299,12 +342,22 @@ async fn a_key_reused_by_another_message_is_terminated() {
             .service(effects.handler(Duration::ZERO)),
     )
     .ack_wait(ACK_WAIT);
-    let first = consumer.handle(next(&c, Duration::from_secs(5)).await.unwrap()).await;
+    let first = consumer
+        .handle(next(&c, Duration::from_secs(5)).await.unwrap())
+        .await;
     assert_eq!(first.reply, Reply::Ack);
-    let second = consumer.handle(next(&c, Duration::from_secs(5)).await.unwrap()).await;
-    assert_eq!(second.outcome.unwrap_err().kind(), MessageErrorKind::KeyReused);
+    let second = consumer
+        .handle(next(&c, Duration::from_secs(5)).await.unwrap())
+        .await;
+    assert_eq!(
+        second.outcome.unwrap_err().kind(),
+        MessageErrorKind::KeyReused
+    );
     assert_eq!(second.reply, Reply::Term);
-    assert!(next(&c, ACK_WAIT * 2).await.is_none(), "terminated: never redelivered");
+    assert!(
+        next(&c, ACK_WAIT * 2).await.is_none(),
+        "terminated: never redelivered"
+    );
     assert_eq!((effects.count("first"), effects.count("second")), (1, 0));
 }
 
@@ -327,10 +380,20 @@ async fn a_store_outage_naks_with_backoff_and_the_redelivery_runs() {
     .store_backoff(Duration::from_millis(300), Duration::from_secs(5));
 
     spy.fail_claims(true);
-    let processed = consumer.handle(next(&c, Duration::from_secs(5)).await.unwrap()).await;
-    assert_eq!(processed.outcome.unwrap_err().kind(), MessageErrorKind::Store);
-    assert_eq!(processed.reply, Reply::Nak(Some(Duration::from_millis(300))));
-    let processed = consumer.handle(next(&c, Duration::from_secs(5)).await.unwrap()).await;
+    let processed = consumer
+        .handle(next(&c, Duration::from_secs(5)).await.unwrap())
+        .await;
+    assert_eq!(
+        processed.outcome.unwrap_err().kind(),
+        MessageErrorKind::Store
+    );
+    assert_eq!(
+        processed.reply,
+        Reply::Nak(Some(Duration::from_millis(300)))
+    );
+    let processed = consumer
+        .handle(next(&c, Duration::from_secs(5)).await.unwrap())
+        .await;
     assert_eq!(
         processed.reply,
         Reply::Nak(Some(Duration::from_millis(600))),

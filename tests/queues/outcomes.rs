@@ -83,7 +83,8 @@ impl Work {
 }
 
 pub(crate) fn keyed(key: &str, body: &str) -> Envelope {
-    Envelope::new("orders", Bytes::copy_from_slice(body.as_bytes())).header("Idempotency-Key", Bytes::copy_from_slice(key.as_bytes()))
+    Envelope::new("orders", Bytes::copy_from_slice(body.as_bytes()))
+        .header("Idempotency-Key", Bytes::copy_from_slice(key.as_bytes()))
 }
 
 async fn call<S>(svc: &S, m: Envelope) -> Result<Handled<String>, MessageError<Failed>>
@@ -111,10 +112,17 @@ macro_rules! outcomes_suite {
 
         #[tokio::test]
         async fn a_completed_duplicate_is_acknowledged_without_running() {
-            let Some((_, engine)) = setup().await else { return };
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
             let work = Work::default();
-            let svc = ServiceBuilder::new().layer(layer(&engine, &namespace())).service(work.service());
-            assert_eq!(call(&svc, keyed("k1", "a")).await.unwrap(), Handled::Ran("a".into()));
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()))
+                .service(work.service());
+            assert_eq!(
+                call(&svc, keyed("k1", "a")).await.unwrap(),
+                Handled::Ran("a".into())
+            );
             let again = call(&svc, keyed("k1", "a")).await.unwrap();
             assert_eq!(again, Handled::Duplicate(None));
             assert!(again.is_ack());
@@ -123,12 +131,17 @@ macro_rules! outcomes_suite {
 
         #[tokio::test]
         async fn a_completed_duplicate_gets_the_stored_result() {
-            let Some((_, engine)) = setup().await else { return };
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
             let work = Work::default();
             let svc = ServiceBuilder::new()
                 .layer(layer(&engine, &namespace()).store_results(Raw))
                 .service(work.service());
-            assert_eq!(call(&svc, keyed("k1", "result")).await.unwrap(), Handled::Ran("result".into()));
+            assert_eq!(
+                call(&svc, keyed("k1", "result")).await.unwrap(),
+                Handled::Ran("result".into())
+            );
             assert_eq!(
                 call(&svc, keyed("k1", "result")).await.unwrap(),
                 Handled::Duplicate(Some("result".into()))
@@ -138,22 +151,32 @@ macro_rules! outcomes_suite {
 
         #[tokio::test]
         async fn the_handlers_error_releases_the_key_so_the_redelivery_runs() {
-            let Some((spy, engine)) = setup().await else { return };
+            let Some((spy, engine)) = setup().await else {
+                return;
+            };
             let work = Work::default();
-            let svc = ServiceBuilder::new().layer(layer(&engine, &namespace())).service(work.service());
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()))
+                .service(work.service());
             let err = call(&svc, keyed("k1", "fail")).await.unwrap_err();
             assert_eq!(err.kind(), MessageErrorKind::Handler);
             assert!(err.is_retryable());
             assert_eq!(err.into_handler_error().unwrap(), Failed);
             assert_eq!(spy.releases(), 1);
             let err = call(&svc, keyed("k1", "fail")).await.unwrap_err();
-            assert_eq!(err.kind(), MessageErrorKind::Handler, "ran again, not a duplicate");
+            assert_eq!(
+                err.kind(),
+                MessageErrorKind::Handler,
+                "ran again, not a duplicate"
+            );
             assert_eq!(work.runs(), 2);
         }
 
         #[tokio::test]
         async fn an_unsuccessful_result_releases_the_key() {
-            let Some((_, engine)) = setup().await else { return };
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
             let work = Work::default();
             let svc = ServiceBuilder::new()
                 .layer(layer(&engine, &namespace()).classify(|r: &String| r != "bad"))
@@ -161,15 +184,26 @@ macro_rules! outcomes_suite {
             let first = call(&svc, keyed("k1", "bad")).await.unwrap();
             assert_eq!(first, Handled::Failed("bad".into()));
             assert!(!first.is_ack(), "the broker must redeliver");
-            assert_eq!(call(&svc, keyed("k1", "bad")).await.unwrap(), Handled::Failed("bad".into()));
-            assert_eq!(work.runs(), 2, "each redelivery runs while the result is unsuccessful");
+            assert_eq!(
+                call(&svc, keyed("k1", "bad")).await.unwrap(),
+                Handled::Failed("bad".into())
+            );
+            assert_eq!(
+                work.runs(),
+                2,
+                "each redelivery runs while the result is unsuccessful"
+            );
         }
 
         #[tokio::test]
         async fn a_duplicate_in_flight_is_skipped_and_acknowledged() {
-            let Some((_, engine)) = setup().await else { return };
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
             let work = Work::default();
-            let svc = ServiceBuilder::new().layer(layer(&engine, &namespace())).service(work.service());
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()))
+                .service(work.service());
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
             work.started.notified().await;
             let dup = call(&svc, keyed("k1", "slow")).await.unwrap();
@@ -182,7 +216,9 @@ macro_rules! outcomes_suite {
 
         #[tokio::test]
         async fn a_duplicate_in_flight_is_rejected_for_later_under_reject() {
-            let Some((_, engine)) = setup().await else { return };
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
             let work = Work::default();
             let svc = ServiceBuilder::new()
                 .layer(layer(&engine, &namespace()).in_progress(InProgress::Reject))
@@ -195,15 +231,22 @@ macro_rules! outcomes_suite {
             assert_eq!(err.retry_after(), Some(LEASE), "redeliver after the lease");
             work.gate.notify_one();
             first.await.unwrap().unwrap();
-            assert_eq!(call(&svc, keyed("k1", "slow")).await.unwrap(), Handled::Duplicate(None));
+            assert_eq!(
+                call(&svc, keyed("k1", "slow")).await.unwrap(),
+                Handled::Duplicate(None)
+            );
             assert_eq!(work.runs(), 1);
         }
 
         #[tokio::test]
         async fn a_key_reused_by_another_message_is_refused() {
-            let Some((_, engine)) = setup().await else { return };
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
             let work = Work::default();
-            let svc = ServiceBuilder::new().layer(layer(&engine, &namespace())).service(work.service());
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()))
+                .service(work.service());
             call(&svc, keyed("k1", "a")).await.unwrap();
             let err = call(&svc, keyed("k1", "b")).await.unwrap_err();
             assert_eq!(err.kind(), MessageErrorKind::KeyReused);
@@ -213,26 +256,43 @@ macro_rules! outcomes_suite {
 
         #[tokio::test]
         async fn a_store_failure_on_claim_is_retryable_and_runs_nothing() {
-            let Some((spy, engine)) = setup().await else { return };
+            let Some((spy, engine)) = setup().await else {
+                return;
+            };
             let work = Work::default();
-            let svc = ServiceBuilder::new().layer(layer(&engine, &namespace())).service(work.service());
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()))
+                .service(work.service());
             spy.fail_claims(true);
             let err = call(&svc, keyed("k1", "a")).await.unwrap_err();
             assert_eq!(err.kind(), MessageErrorKind::Store);
             assert!(err.is_retryable());
-            assert!(std::error::Error::source(&err).is_some(), "the store's error is the source");
+            assert!(
+                std::error::Error::source(&err).is_some(),
+                "the store's error is the source"
+            );
             assert_eq!(work.runs(), 0, "never run without a claim");
             spy.fail_claims(false);
-            assert_eq!(call(&svc, keyed("k1", "a")).await.unwrap(), Handled::Ran("a".into()));
+            assert_eq!(
+                call(&svc, keyed("k1", "a")).await.unwrap(),
+                Handled::Ran("a".into())
+            );
         }
 
         #[tokio::test]
         async fn a_store_failure_on_record_still_acknowledges_and_holds_the_key() {
-            let Some((spy, engine)) = setup().await else { return };
+            let Some((spy, engine)) = setup().await else {
+                return;
+            };
             let work = Work::default();
-            let svc = ServiceBuilder::new().layer(layer(&engine, &namespace())).service(work.service());
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()))
+                .service(work.service());
             spy.fail_completes(true);
-            assert_eq!(call(&svc, keyed("k1", "a")).await.unwrap(), Handled::Ran("a".into()));
+            assert_eq!(
+                call(&svc, keyed("k1", "a")).await.unwrap(),
+                Handled::Ran("a".into())
+            );
             spy.fail_completes(false);
             assert_eq!(
                 call(&svc, keyed("k1", "a")).await.unwrap(),
@@ -244,10 +304,14 @@ macro_rules! outcomes_suite {
 
         #[tokio::test]
         async fn two_consumers_each_handle_a_message_once() {
-            let Some((_, engine)) = setup().await else { return };
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
             let ns = namespace();
             let work = Work::default();
-            let billing = ServiceBuilder::new().layer(layer(&engine, &ns)).service(work.service());
+            let billing = ServiceBuilder::new()
+                .layer(layer(&engine, &ns))
+                .service(work.service());
             let shipping = ServiceBuilder::new()
                 .layer(MessageIdempotencyLayer::new(engine.clone(), "shipping").namespace(&ns))
                 .service(work.service());
@@ -255,15 +319,25 @@ macro_rules! outcomes_suite {
                 assert!(call(&billing, keyed("k1", "a")).await.unwrap().is_ack());
                 assert!(call(&shipping, keyed("k1", "a")).await.unwrap().is_ack());
             }
-            assert_eq!(work.runs(), 2, "once per consumer, neither skipped as the other's duplicate");
+            assert_eq!(
+                work.runs(),
+                2,
+                "once per consumer, neither skipped as the other's duplicate"
+            );
         }
 
         #[tokio::test]
         async fn an_unlisted_topic_passes_with_no_store_call() {
-            let Some((spy, engine)) = setup().await else { return };
+            let Some((spy, engine)) = setup().await else {
+                return;
+            };
             let work = Work::default();
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).topics(["payments"]).require_key(true))
+                .layer(
+                    layer(&engine, &namespace())
+                        .topics(["payments"])
+                        .require_key(true),
+                )
                 .service(work.service());
             for _ in 0..2 {
                 let out = call(&svc, Envelope::new("orders", "a")).await.unwrap();
@@ -272,13 +346,18 @@ macro_rules! outcomes_suite {
             assert_eq!(spy.claims(), 0);
             assert_eq!(work.runs(), 2);
             let listed = Envelope::new("payments", "a").header("Idempotency-Key", "k1");
-            assert_eq!(call(&svc, listed.clone()).await.unwrap(), Handled::Ran("a".into()));
+            assert_eq!(
+                call(&svc, listed.clone()).await.unwrap(),
+                Handled::Ran("a".into())
+            );
             assert_eq!(call(&svc, listed).await.unwrap(), Handled::Duplicate(None));
         }
 
         #[tokio::test]
         async fn a_listed_message_without_a_key_is_refused_when_keys_are_required() {
-            let Some((spy, engine)) = setup().await else { return };
+            let Some((spy, engine)) = setup().await else {
+                return;
+            };
             let work = Work::default();
             let svc = ServiceBuilder::new()
                 .layer(
@@ -295,10 +374,14 @@ macro_rules! outcomes_suite {
 
         #[tokio::test]
         async fn a_message_without_a_key_runs_untracked_when_keys_are_optional() {
-            let Some((spy, engine)) = setup().await else { return };
+            let Some((spy, engine)) = setup().await else {
+                return;
+            };
             let work = Work::default();
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).key_strategy(HeaderOrHash::new().hash_body(false)))
+                .layer(
+                    layer(&engine, &namespace()).key_strategy(HeaderOrHash::new().hash_body(false)),
+                )
                 .service(work.service());
             for _ in 0..2 {
                 assert_eq!(
@@ -311,9 +394,13 @@ macro_rules! outcomes_suite {
 
         #[tokio::test]
         async fn an_invalid_key_is_refused() {
-            let Some((spy, engine)) = setup().await else { return };
+            let Some((spy, engine)) = setup().await else {
+                return;
+            };
             let work = Work::default();
-            let svc = ServiceBuilder::new().layer(layer(&engine, &namespace())).service(work.service());
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()))
+                .service(work.service());
             for bad in ["  ", "ключ", &"x".repeat(256)] {
                 let err = call(&svc, keyed(bad, "a")).await.unwrap_err();
                 assert_eq!(err.kind(), MessageErrorKind::KeyInvalid, "{bad:?}");
@@ -324,16 +411,29 @@ macro_rules! outcomes_suite {
 
         #[tokio::test]
         async fn without_a_key_header_identical_redeliveries_match_by_digest() {
-            let Some((_, engine)) = setup().await else { return };
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
             let work = Work::default();
-            let svc = ServiceBuilder::new().layer(layer(&engine, &namespace())).service(work.service());
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()))
+                .service(work.service());
             let m = Envelope::new("orders", "order 17");
-            assert_eq!(call(&svc, m.clone()).await.unwrap(), Handled::Ran("order 17".into()));
+            assert_eq!(
+                call(&svc, m.clone()).await.unwrap(),
+                Handled::Ran("order 17".into())
+            );
             assert_eq!(call(&svc, m).await.unwrap(), Handled::Duplicate(None));
             let other = Envelope::new("orders", "order 18");
-            assert_eq!(call(&svc, other).await.unwrap(), Handled::Ran("order 18".into()));
+            assert_eq!(
+                call(&svc, other).await.unwrap(),
+                Handled::Ran("order 18".into())
+            );
             let new_schema = Envelope::new("orders", "order 17").schema_version("2");
-            assert_eq!(call(&svc, new_schema).await.unwrap(), Handled::Ran("order 17".into()));
+            assert_eq!(
+                call(&svc, new_schema).await.unwrap(),
+                Handled::Ran("order 17".into())
+            );
             assert_eq!(work.runs(), 3);
         }
     };
@@ -356,7 +456,9 @@ mod redis {
 
     async fn store() -> Option<super::SpyStore<RedisStore>> {
         let server = server()?;
-        let store = RedisStore::connect(&server.url(), "queues").await.expect("connect");
+        let store = RedisStore::connect(&server.url(), "queues")
+            .await
+            .expect("connect");
         Some(super::SpyStore::wrap(store))
     }
 
@@ -370,7 +472,11 @@ async fn a_record_not_written_by_the_message_door_is_refused() {
     let spy = SpyStore::new();
     let engine = Engine::builder(spy.clone()).lease(LEASE).build();
     let ns = namespace();
-    let key = StoreKey::derive(&ns, &Scope::principal("billing"), &IdempotencyKey::new("k1").unwrap());
+    let key = StoreKey::derive(
+        &ns,
+        &Scope::principal("billing"),
+        &IdempotencyKey::new("k1").unwrap(),
+    );
     let work = Work::default();
     let svc = ServiceBuilder::new()
         .layer(MessageIdempotencyLayer::new(engine.clone(), "billing").namespace(&ns))
@@ -383,7 +489,10 @@ async fn a_record_not_written_by_the_message_door_is_refused() {
         panic!("the key was released");
     };
     engine
-        .complete(ticket, &RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{}"))))
+        .complete(
+            ticket,
+            &RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{}"))),
+        )
         .await
         .unwrap();
     let err = call(&svc, keyed("k1", "fail")).await.unwrap_err();

@@ -153,7 +153,10 @@ fn greets(port: u16) -> bool {
 
 impl Drop for NatsServer {
     fn drop(&mut self) {
-        for c in [self.child.take(), self.watchdog.take()].into_iter().flatten() {
+        for c in [self.child.take(), self.watchdog.take()]
+            .into_iter()
+            .flatten()
+        {
             let mut c = c;
             let _ = c.kill();
             let _ = c.wait();
