@@ -100,7 +100,8 @@
 //! | `tonic` | no | `Rejection::to_status` and tonic's `NamedService` for the layered service |
 //! | `test-util` | no | the store conformance suite, for your own `Store` |
 //! | `reqwest` | no | `client::RetryMiddleware`, client retries for `reqwest-middleware` |
-//! | `nats` | no | `message::nats`, the message door on async-nats JetStream consumers |
+//! | `nats` | no | `message::jetstream`, the message door on async-nats JetStream consumers |
+//! | `apalis` | no | `message::jobs`, the message door as an apalis worker layer |
 //! | `json` | no | `message::Json`, message results recorded as JSON |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]

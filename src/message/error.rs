@@ -144,6 +144,22 @@ impl<E> MessageError<E> {
         }
     }
 
+    /// The handler's error as `Err`, or this error as a door error that holds no handler
+    /// error (for adapters whose handler errors do not implement `Error`).
+    #[cfg(feature = "apalis")]
+    pub(crate) fn split_handler(self) -> Result<MessageError<std::convert::Infallible>, E> {
+        let inner = match self.inner {
+            Inner::Handler(e) => return Err(e),
+            Inner::InFlight(d) => Inner::InFlight(d),
+            Inner::Store(e) => Inner::Store(e),
+            Inner::KeyMissing => Inner::KeyMissing,
+            Inner::KeyInvalid(e) => Inner::KeyInvalid(e),
+            Inner::KeyReused => Inner::KeyReused,
+            Inner::RecordInvalid(e) => Inner::RecordInvalid(e),
+        };
+        Ok(MessageError { inner })
+    }
+
     /// The store's error, if that is what this is.
     #[must_use]
     pub fn store_error(&self) -> Option<&StoreError> {

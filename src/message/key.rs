@@ -3,6 +3,7 @@
 use crate::key::{DEFAULT_MAX_KEY_LEN, IdempotencyKey, KeyError};
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
+use std::borrow::Cow;
 use std::fmt;
 
 /// Domain tag of the body digest, so no other hash the crate makes has the same input.
@@ -20,8 +21,9 @@ pub trait Message {
     /// the first one when the message carries several.
     fn header(&self, name: &str) -> Option<&[u8]>;
 
-    /// The body, as the producer sent it.
-    fn body(&self) -> &[u8];
+    /// The body, as the producer sent it (borrowed), or its serialized form when the message
+    /// holds a typed value (an apalis task's arguments).
+    fn body(&self) -> Cow<'_, [u8]>;
 
     /// The version of the body's schema, when the message says (hashed with the body, so the
     /// same bytes under two schemas are two messages). `None` by default.
@@ -91,8 +93,8 @@ impl Message for Envelope {
             .map(|(_, v)| &v[..])
     }
 
-    fn body(&self) -> &[u8] {
-        &self.body
+    fn body(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.body)
     }
 
     fn schema_version(&self) -> Option<&str> {
@@ -299,9 +301,9 @@ impl<M: Message> KeyStrategy<M> for HeaderOrHash {
                 return MessageKey::given(v).map(Some);
             }
         }
-        Ok(self
-            .hash_body
-            .then(|| MessageKey::digest(message.topic(), message.schema_version(), message.body())))
+        Ok(self.hash_body.then(|| {
+            MessageKey::digest(message.topic(), message.schema_version(), &message.body())
+        }))
     }
 }
 

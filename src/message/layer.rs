@@ -40,7 +40,11 @@ pub enum InProgress {
 
 /// What the door did with a message that it let through. Every variant but `Failed` means
 /// "acknowledge".
-#[derive(Clone, Debug, PartialEq, Eq)]
+///
+/// It serializes (serde) as `{"ran": r}`, `{"failed": r}`, `{"duplicate": r | null}`,
+/// `"skipped"` or `{"untracked": r}`, for job backends that keep a task's result.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Handled<R> {
     /// The handler ran and succeeded; its result is recorded under the key.
@@ -498,7 +502,7 @@ fn fingerprint<M: Message>(message: &M) -> Fingerprint {
         Some(v) => b.field(b"\x01").field(v.as_bytes()),
         None => b.field(b"\x00"),
     };
-    b.field(message.body()).finish()
+    b.field(&message.body()).finish()
 }
 
 async fn release<St: Store>(engine: &Engine<St>, ticket: crate::engine::Ticket) {

@@ -7,6 +7,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod apalis;
 mod nats;
 mod outcomes;
 mod storm;

@@ -19,8 +19,8 @@ use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_idempotency::MemoryStore;
 use tower_idempotency::Store;
 use tower_idempotency::engine::Engine;
-use tower_idempotency::message::nats::async_nats::{self, jetstream};
-use tower_idempotency::message::nats::{self, JetStreamConsumer, Reply};
+use tower_idempotency::message::jetstream::async_nats::{self, jetstream};
+use tower_idempotency::message::jetstream::{JetStreamConsumer, Reply, keys};
 use tower_idempotency::message::{Handled, InProgress, MessageErrorKind, MessageIdempotencyLayer};
 
 use jetstream::consumer::{AckPolicy, PullConsumer, pull};
@@ -143,7 +143,7 @@ fn layer<St: Store>(
     engine: &Engine<St>,
     consumer: &str,
 ) -> MessageIdempotencyLayer<St, tower_idempotency::message::HeaderOrHash> {
-    MessageIdempotencyLayer::new(engine.clone(), consumer).key_strategy(nats::keys())
+    MessageIdempotencyLayer::new(engine.clone(), consumer).key_strategy(keys())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

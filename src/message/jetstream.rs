@@ -26,12 +26,12 @@
 //!
 //! ```no_run
 //! use std::convert::Infallible;
-//! use async_nats::jetstream::{self, consumer::pull};
 //! use tokio_stream::StreamExt;
 //! use tower::{ServiceBuilder, service_fn};
 //! use tower_idempotency::MemoryStore;
 //! use tower_idempotency::engine::Engine;
-//! use tower_idempotency::message::nats::{self, JetStreamConsumer};
+//! use tower_idempotency::message::jetstream::{JetStreamConsumer, async_nats, keys};
+//! use async_nats::jetstream::{self, consumer::pull};
 //! use tower_idempotency::message::{InProgress, MessageIdempotencyLayer};
 //!
 //! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -46,7 +46,7 @@
 //! let handler = ServiceBuilder::new()
 //!     .layer(
 //!         MessageIdempotencyLayer::new(Engine::new(MemoryStore::new()), "invoices")
-//!             .key_strategy(nats::keys())
+//!             .key_strategy(keys())
 //!             .in_progress(InProgress::Reject),
 //!     )
 //!     .service(service_fn(|m: async_nats::Message| async move {
@@ -68,6 +68,7 @@ use super::key::{HeaderOrHash, Message};
 use super::layer::Handled;
 pub use async_nats;
 use async_nats::jetstream::AckKind;
+use std::borrow::Cow;
 use std::fmt;
 use std::time::Duration;
 use tower_service::Service;
@@ -87,8 +88,8 @@ impl Message for async_nats::Message {
             .map(AsRef::<[u8]>::as_ref)
     }
 
-    fn body(&self) -> &[u8] {
-        &self.payload
+    fn body(&self) -> Cow<'_, [u8]> {
+        Cow::Borrowed(&self.payload)
     }
 }
 
