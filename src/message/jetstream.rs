@@ -34,7 +34,7 @@
 //! use async_nats::jetstream::{self, consumer::pull};
 //! use tower_idempotency::message::{InProgress, MessageIdempotencyLayer};
 //!
-//! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # #[tokio::main] async fn main() -> Result<(), async_nats::Error> {
 //! let js = jetstream::new(async_nats::connect("127.0.0.1:4222").await?);
 //! let stream = js.get_stream("ORDERS").await?;
 //! let consumer: pull::Stream = stream

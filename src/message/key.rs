@@ -38,7 +38,7 @@ pub trait Message {
 /// ```
 /// use tower_idempotency::message::{Envelope, Message};
 ///
-/// let m = Envelope::new("orders", "{\"sku\":\"X\"}").header("Idempotency-Key", "order-17");
+/// let m = Envelope::new("orders", "{\"sku\":\"X\"}").with_header("Idempotency-Key", "order-17");
 /// assert_eq!(m.header("idempotency-key"), Some(&b"order-17"[..]));
 /// ```
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -68,14 +68,14 @@ impl Envelope {
 
     /// The same message with one more header.
     #[must_use]
-    pub fn header(mut self, name: impl Into<String>, value: impl Into<Bytes>) -> Self {
+    pub fn with_header(mut self, name: impl Into<String>, value: impl Into<Bytes>) -> Self {
         self.headers.push((name.into(), value.into()));
         self
     }
 
     /// The same message with a schema version.
     #[must_use]
-    pub fn schema_version(mut self, version: impl Into<String>) -> Self {
+    pub fn with_schema_version(mut self, version: impl Into<String>) -> Self {
         self.schema_version = Some(version.into());
         self
     }
@@ -246,7 +246,7 @@ where
 /// use tower_idempotency::message::{Envelope, HeaderOrHash, KeyStrategy, MessageKey};
 ///
 /// let keys = HeaderOrHash::new();
-/// let given = keys.key(&Envelope::new("orders", "{}").header("idempotency-key", " k-1 ")).unwrap();
+/// let given = keys.key(&Envelope::new("orders", "{}").with_header("idempotency-key", " k-1 ")).unwrap();
 /// assert_eq!(given, Some(MessageKey::given(b"k-1").unwrap()));
 /// let hashed = keys.key(&Envelope::new("orders", "{}")).unwrap();
 /// assert_eq!(hashed, Some(MessageKey::digest("orders", None, b"{}")));

@@ -147,7 +147,7 @@ impl Config {
 ///     .layer(layer)
 ///     .service(service_fn(|m: Envelope| async move { Ok::<_, Infallible>(m.body.len()) }));
 ///
-/// let msg = Envelope::new("orders", "{\"sku\":\"X\"}").header("Idempotency-Key", "order-17");
+/// let msg = Envelope::new("orders", "{\"sku\":\"X\"}").with_header("Idempotency-Key", "order-17");
 /// let first = handler.clone().oneshot(msg.clone()).await.unwrap();
 /// assert_eq!(first, Handled::Ran(11));
 /// let again = handler.oneshot(msg).await.unwrap();

@@ -4,9 +4,9 @@
 //! message again, often on another consumer. [`MessageIdempotencyLayer`] wraps any message
 //! handler (a tower `Service<M>` over a type that implements [`Message`]) so its side effects
 //! happen once per key, within the limits of the store (lease, retention, durability: see
-//! [the crate docs](crate)). It needs no broker crate; the [`jetstream`](crate::message::jetstream)
+//! [the crate docs](crate)). It needs no broker crate; the [`jetstream`]
 //! adapter (feature `nats`) drives it from JetStream and turns its outcomes into acks; the
-//! [`jobs`](crate::message::jobs) adapter (feature `apalis`) puts it in an apalis worker.
+//! [`jobs`] adapter (feature `apalis`) puts it in an apalis worker.
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -69,7 +69,7 @@
 //! | the record under the key fails validation | not run | `Err`, kind `RecordInvalid` | dead-letter |
 //!
 //! [`MessageError::is_retryable`] says which errors are worth a redelivery. The
-//! [`jetstream`](crate::message::jetstream) adapter sends exactly the column on the right.
+//! [`jetstream`] adapter sends exactly the column on the right.
 //!
 //! [`InProgress::Skip`] acknowledges a duplicate of a running message: two handlers never run at
 //! once, and the first delivery, if it fails, is redelivered by the broker on its own.

@@ -84,7 +84,7 @@ impl Work {
 
 pub(crate) fn keyed(key: &str, body: &str) -> Envelope {
     Envelope::new("orders", Bytes::copy_from_slice(body.as_bytes()))
-        .header("Idempotency-Key", Bytes::copy_from_slice(key.as_bytes()))
+        .with_header("Idempotency-Key", Bytes::copy_from_slice(key.as_bytes()))
 }
 
 async fn call<S>(svc: &S, m: Envelope) -> Result<Handled<String>, MessageError<Failed>>
@@ -345,7 +345,7 @@ macro_rules! outcomes_suite {
             }
             assert_eq!(spy.claims(), 0);
             assert_eq!(work.runs(), 2);
-            let listed = Envelope::new("payments", "a").header("Idempotency-Key", "k1");
+            let listed = Envelope::new("payments", "a").with_header("Idempotency-Key", "k1");
             assert_eq!(
                 call(&svc, listed.clone()).await.unwrap(),
                 Handled::Ran("a".into())
@@ -429,7 +429,7 @@ macro_rules! outcomes_suite {
                 call(&svc, other).await.unwrap(),
                 Handled::Ran("order 18".into())
             );
-            let new_schema = Envelope::new("orders", "order 17").schema_version("2");
+            let new_schema = Envelope::new("orders", "order 17").with_schema_version("2");
             assert_eq!(
                 call(&svc, new_schema).await.unwrap(),
                 Handled::Ran("order 17".into())

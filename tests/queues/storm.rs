@@ -39,10 +39,10 @@ fn env_or(name: &str, default: usize) -> usize {
 /// A message by number: half keyed by an `Idempotency-Key`, half by the digest of the body;
 /// every tenth is flaky (fails its first attempt).
 fn message(n: usize) -> Envelope {
-    let flaky = if n % 10 == 0 { " flaky" } else { "" };
+    let flaky = if n.is_multiple_of(10) { " flaky" } else { "" };
     let m = Envelope::new("orders.created", format!("order {n}{flaky}"));
-    if n % 2 == 0 {
-        m.header("Idempotency-Key", format!("order-{n}"))
+    if n.is_multiple_of(2) {
+        m.with_header("Idempotency-Key", format!("order-{n}"))
     } else {
         m
     }
