@@ -243,3 +243,40 @@ where
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::message::{KeyStrategy, MessageKey};
+
+    fn message(headers: &[(&str, &str)]) -> async_nats::Message {
+        let mut map = async_nats::HeaderMap::new();
+        for (n, v) in headers {
+            map.insert(*n, *v);
+        }
+        async_nats::Message {
+            subject: "orders.created".into(),
+            reply: None,
+            payload: bytes::Bytes::from_static(b"order 1"),
+            headers: Some(map),
+            status: None,
+            description: None,
+            length: 0,
+        }
+    }
+
+    #[test]
+    fn the_key_is_the_idempotency_key_then_the_nats_msg_id_then_the_digest() {
+        let k = |h: &[(&str, &str)]| keys().key(&message(h)).unwrap();
+        let given = |v: &str| Some(MessageKey::given(v.as_bytes()).unwrap());
+        assert_eq!(
+            k(&[("idempotency-KEY", " a "), ("Nats-Msg-Id", "b")]),
+            given("a")
+        );
+        assert_eq!(k(&[("Nats-Msg-Id", "b")]), given("b"));
+        assert_eq!(
+            k(&[]),
+            Some(MessageKey::digest("orders.created", None, b"order 1"))
+        );
+    }
+}

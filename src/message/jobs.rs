@@ -34,9 +34,10 @@
 //! **What the backends do with an `Err`.** apalis-redis 1.0 reschedules a failed task (after
 //! `attempt` seconds, up to 25 attempts, then the dead set) and re-enqueues the tasks of a
 //! worker whose heartbeats stopped (`Config::heartbeat_interval` ×
-//! `Config::missed_heartbeats`): the crash-before-ack case this door makes safe. A backend
-//! that drops a failed task unless told to retry (apalis' in-memory and channel backends
-//! keep no retry state: add `.retry(RetryPolicy::retries(n))`) redelivers nothing by itself:
+//! `Config::missed_heartbeats`): the crash-before-ack case this door makes safe. apalis'
+//! in-memory `MemoryStorage` takes a task off its channel for good: an `Err` there is final
+//! unless apalis' retry layer (`.retry(RetryPolicy::retries(n))`, which never retries an
+//! `AbortError`) runs the task again in the worker, so
 //! configure retries there, or a handler's error loses the message. The lease arithmetic of the
 //! [module docs](super#the-lease-and-the-brokers-redelivery) applies: with `Reject`, apalis-redis'
 //! retries span 1 + 2 + … + 25 s = 325 s, more than the default 60 s lease.
