@@ -6,6 +6,8 @@
 # 1. Makes sure the external programs the tests use are on PATH:
 #      redis-server, redis-cli   (Debian: redis-server, redis-tools)
 #      protoc + well-known types (Debian: protobuf-compiler, libprotobuf-dev)
+#      nats-server               (Debian: nats-server, 2.9; JetStream tests of the
+#                                 message door; Debian installs it in /usr/sbin)
 #      initdb, pg_ctl            (Debian: postgresql, which keeps them in
 #                                 /usr/lib/postgresql/<version>/bin, off PATH;
 #                                 the tests find them there, and run the server
@@ -38,6 +40,9 @@ need() {
 
 need redis-server redis-server
 need redis-cli redis-tools
+if ! command -v nats-server >/dev/null 2>&1 && [[ ! -x /usr/sbin/nats-server ]]; then
+    missing_pkgs+=(nats-server)
+fi
 need protoc protobuf-compiler
 # protoc looks for google/protobuf/*.proto (the well-known types) in
 # <prefix>/include next to its own binary; Debian ships them in libprotobuf-dev.
@@ -85,8 +90,8 @@ if ((${#missing_pkgs[@]} > 0)); then
         rm -f "$log"
     }
     trap cleanup EXIT
-    # Do not let the redis-server and postgresql packages start system-wide
-    # daemons (on ports 6379 and 5432): the tests start their own servers.
+    # Do not let the redis-server, postgresql and nats-server packages start
+    # system-wide daemons (on ports 6379, 5432 and 4222): the tests start their own servers.
     if [[ ! -e /usr/sbin/policy-rc.d ]]; then
         printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
         chmod 755 /usr/sbin/policy-rc.d

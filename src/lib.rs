@@ -106,7 +106,9 @@
 //! | `test-util` | no | the store conformance suite, for your own `Store` |
 //! | `reqwest` | no | `client::RetryMiddleware`, client retries for `reqwest-middleware` |
 //! | `lettre` | no | `outbound::mail`, send-once email over lettre's `AsyncTransport` |
-//! | `json` | no | `outbound::Json`, receipts of any serde type kept as JSON |
+//! | `nats` | no | `message::jetstream`, the message door on async-nats JetStream consumers |
+//! | `apalis` | no | `message::jobs`, the message door as an apalis worker layer |
+//! | `json` | no | `outbound::Json` and `message::Json`: receipts and message results of any serde type kept as JSON |
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -120,6 +122,7 @@ mod secret;
 pub mod client;
 pub mod engine;
 pub mod http;
+pub mod message;
 pub mod outbound;
 pub mod store;
 
