@@ -31,6 +31,8 @@ const FLAG_DEFINITIVE: u8 = 0b0000_1000;
 /// When the record was written and until when it is kept follow the trailers.
 const FLAG_TIMES: u8 = 0b0001_0000;
 const KNOWN_FLAGS: u8 = FLAG_BODY | FLAG_TRAILERS | FLAG_MAC | FLAG_DEFINITIVE | FLAG_TIMES;
+/// The field that tags a record with the door that wrote it (doors other than HTTP).
+const DOOR_FIELD: &[u8] = b"tower-idempotency-door";
 
 /// An encoded record: opaque bytes to a store.
 #[derive(Clone, PartialEq, Eq)]
@@ -234,6 +236,23 @@ impl RecordTimes {
 }
 
 impl RecordedResponse {
+    /// A record of a door that is not HTTP (messages, outbound receipts): status 200, one field
+    /// naming `door`, and `body`. The tag keeps one door from replaying another's record found
+    /// under the same store key.
+    pub(crate) fn of_door(door: &'static [u8], body: Option<Bytes>) -> Self {
+        Self::new(
+            200,
+            vec![(Bytes::from_static(DOOR_FIELD), Bytes::from_static(door))],
+            body,
+        )
+    }
+
+    /// Whether this record was written by [`RecordedResponse::of_door`] for `door`.
+    pub(crate) fn is_of_door(&self, door: &[u8]) -> bool {
+        self.status == 200
+            && matches!(self.headers.as_slice(), [(n, v)] if n == DOOR_FIELD && v == door)
+    }
+
     /// A record of `status`, `headers` and `body` (`None`: status-only).
     #[must_use]
     pub fn new(status: u16, headers: Vec<Field>, body: Option<Bytes>) -> Self {
