@@ -1,9 +1,9 @@
 //! The layer's settings and the state every clone of the layer and its services share.
 
-use super::detach::InFlightWork;
 use super::fingerprint::FingerprintSpec;
 use super::headers::HeaderPolicy;
 use super::rejection::{Rejection, Renderer};
+use crate::detach::InFlightWork;
 use crate::engine::Engine;
 use crate::fingerprint::Fingerprint;
 use crate::json::{Found, JsonField, is_json};

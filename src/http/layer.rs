@@ -4,10 +4,10 @@ use super::config::{
     Classification, Config, ConfigError, ConfigErrorKind, KeySource, LayerState, PrincipalMode,
     ResponseMode,
 };
-use super::detach::InFlightWork;
 use super::fingerprint::FingerprintSpec;
 use super::rejection::Rejection;
 use super::service::Idempotency;
+use crate::detach::InFlightWork;
 use crate::engine::Engine;
 use crate::fingerprint::Fingerprint;
 use crate::json::JsonField;

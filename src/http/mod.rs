@@ -149,7 +149,7 @@
 //!     .layer(IdempotencyLayer::new().required(false).principal(PrincipalMode::Optional));
 //! ```
 
-// Imports run one way. `body`, `headers`, `extensions`, `declare`, `detach`, `fingerprint` and
+// Imports run one way. `body`, `headers`, `extensions`, `declare`, `fingerprint` and
 // `kept` import no sibling, `grpc` only
 // `headers`; then `rejection` → `config` → `classify` → `replay` → `future` → `service` →
 // `layer`, each using only modules before it, never one after it.
@@ -157,7 +157,6 @@ mod body;
 mod classify;
 mod config;
 mod declare;
-mod detach;
 mod extensions;
 mod fingerprint;
 mod future;
@@ -169,6 +168,7 @@ mod rejection;
 mod replay;
 mod service;
 
+pub use crate::detach::InFlightWork;
 pub use body::{RequestBody, ResponseBody};
 pub use config::{
     Classification, ConfigError, ConfigErrorKind, DEFAULT_COLLECT_TIMEOUT,
@@ -176,7 +176,6 @@ pub use config::{
     Principal, PrincipalMode, ResponseMode, release_validation_errors,
 };
 pub use declare::Declared;
-pub use detach::InFlightWork;
 pub use extensions::ClaimedKey;
 pub(crate) use extensions::KeyMissing;
 pub use future::ResponseFuture;

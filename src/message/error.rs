@@ -14,7 +14,8 @@ pub enum MessageErrorKind {
     /// The handler returned an error; the key was released (retryable: redeliver).
     Handler,
     /// A duplicate of a message still in progress, under [`InProgress::Reject`](super::InProgress::Reject)
-    /// (retryable, after [`MessageError::retry_after`]).
+    /// or past the bound of [`InProgress::Wait`](super::InProgress::Wait) (retryable, after
+    /// [`MessageError::retry_after`]).
     InFlight,
     /// The store could not claim the key; the handler did not run (retryable).
     Store,
@@ -114,8 +115,9 @@ impl<E> MessageError<E> {
         )
     }
 
-    /// For a message in flight: how long to wait before redelivering (the lease, the longest
-    /// the first delivery's claim can stand without renewal).
+    /// For a message in flight: how long to wait before redelivering. The lease the first
+    /// delivery's claim has left (a claim whose consumer is gone lapses then; a running one
+    /// is renewed every third of the lease), or the whole lease when the store cannot tell.
     #[must_use]
     pub fn retry_after(&self) -> Option<Duration> {
         match self.inner {

@@ -8,7 +8,7 @@
 //! | --- | --- |
 //! | ran, untracked, completed duplicate, skipped duplicate | `Ack` |
 //! | handler `Err`, or a result classified unsuccessful (key released) | `Nak`, redelivered at once |
-//! | a duplicate in flight ([`InProgress::Reject`](super::InProgress::Reject)) | `Nak` with a delay of the lease |
+//! | a duplicate in flight ([`InProgress::Reject`](super::InProgress::Reject), or past the bound of [`Wait`](super::InProgress::Wait)) | `Nak` with a delay of the lease the first delivery's claim has left |
 //! | the store failed on claim | `Nak` with backoff: 1 s, doubling per delivery, at most 60 s |
 //! | the key reused by a different message | `Term`, and a warning |
 //! | no key where one is required, an invalid key, an invalid record | `Term`, and a warning |

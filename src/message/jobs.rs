@@ -22,7 +22,7 @@
 //! | ran, completed duplicate, skipped duplicate, untracked | `Ok(Handled::…)` | done |
 //! | handler `Err(e)` (key released) | `Err(e)` unchanged | failed: retried after *attempt* seconds, dead after 25 attempts |
 //! | a result classified unsuccessful (key released) | `Err` ("unsuccessful result") | as above |
-//! | duplicate in flight, [`InProgress::Reject`](super::InProgress::Reject) | `RetryAfterError` with the lease | pending: rescheduled after *attempt* seconds (apalis-redis 1.0 does not read the delay) |
+//! | duplicate in flight, [`InProgress::Reject`](super::InProgress::Reject) (or past [`Wait`](super::InProgress::Wait)'s bound) | `RetryAfterError` with the lease the first run's claim has left | pending: rescheduled after *attempt* seconds (apalis-redis 1.0 does not read the delay) |
 //! | store failure on claim | `Err` (the store error as source) | failed: retried |
 //! | key reused, key missing or invalid, invalid record | `AbortError` | killed: dead set, not retried |
 //!

@@ -2,16 +2,18 @@
 
 use super::codec::{Discard, ResultCodec};
 use super::error::MessageError;
-use super::key::{HeaderOrHash, KeyStrategy, Message};
-use crate::engine::{Begin, Engine, Fingerprint, RecordedResponse};
+use super::key::{HeaderOrHash, KeyStrategy, Message, MessageKey};
+use crate::detach::InFlightWork;
+use crate::engine::{Begin, Engine, Fingerprint, RecordedResponse, Ticket};
 use crate::scope::{Scope, StoreKey};
-use crate::store::Store;
+use crate::store::{Forgotten, Store, StoreError};
 use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 use tower_layer::Layer;
 use tower_service::Service;
 
@@ -22,6 +24,17 @@ pub const DEFAULT_NAMESPACE: &str = "tower-idempotency/message";
 const DOOR_VALUE: &[u8] = b"message/v1";
 
 /// What a duplicate of a message that is still being handled gets.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::MemoryStore;
+/// use tower_idempotency::engine::Engine;
+/// use tower_idempotency::message::{InProgress, MessageIdempotencyLayer};
+///
+/// // Wait up to 2 s for the first delivery; then refuse for a later redelivery.
+/// let layer = MessageIdempotencyLayer::new(Engine::new(MemoryStore::new()), "billing")
+///     .in_progress(InProgress::Wait(Duration::from_secs(2)));
+/// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum InProgress {
@@ -32,8 +45,15 @@ pub enum InProgress {
     Skip,
     /// Refused with a retryable [`MessageError`] of kind `InFlight`: the broker redelivers it
     /// later, after the first delivery finished (then it is a completed duplicate) or failed
-    /// (then it runs).
+    /// (then it runs). [`MessageError::retry_after`] is the lease the first delivery's claim
+    /// has left.
     Reject,
+    /// Waits up to the bound for the first delivery to finish (with
+    /// [`Engine::begin_waiting`]): if it recorded its result, the duplicate is answered
+    /// [`Handled::Duplicate`] with it; if it was released (it failed), the duplicate runs.
+    /// Past the bound, as [`Reject`](Self::Reject). The wait holds the consumer's slot (and
+    /// the broker's ack deadline runs): keep the bound well under the broker's ack wait.
+    Wait(Duration),
 }
 
 /// What the door did with a message that it let through. Every variant but `Failed` means
@@ -120,12 +140,24 @@ struct Config {
     topics: Option<HashSet<String>>,
     require_key: bool,
     in_progress: InProgress,
+    run_to_completion: bool,
 }
 
 impl Config {
     fn set_namespace(&mut self, ns: String) {
         self.digest_namespace = format!("{ns}#digest");
         self.namespace = ns;
+    }
+
+    /// The store key of `key` for this consumer: digests in a namespace of their own.
+    fn store_key(&self, key: &MessageKey) -> StoreKey {
+        let (k, digest) = key.parts();
+        let namespace = if digest {
+            &self.digest_namespace
+        } else {
+            &self.namespace
+        };
+        StoreKey::derive(namespace, &self.consumer, k)
     }
 }
 
@@ -156,6 +188,7 @@ impl Config {
 pub struct MessageIdempotencyLayer<St, K = HeaderOrHash, C = Discard, F = AllSuccessful> {
     engine: Engine<St>,
     config: Arc<Config>,
+    in_flight: InFlightWork,
     keys: Arc<K>,
     codec: Arc<C>,
     classify: Arc<F>,
@@ -166,6 +199,7 @@ impl<St, K, C, F> Clone for MessageIdempotencyLayer<St, K, C, F> {
         Self {
             engine: self.engine.clone(),
             config: Arc::clone(&self.config),
+            in_flight: self.in_flight.clone(),
             keys: Arc::clone(&self.keys),
             codec: Arc::clone(&self.codec),
             classify: Arc::clone(&self.classify),
@@ -195,11 +229,13 @@ impl<St: Store> MessageIdempotencyLayer<St> {
             topics: None,
             require_key: false,
             in_progress: InProgress::Skip,
+            run_to_completion: true,
         };
         config.set_namespace(DEFAULT_NAMESPACE.to_owned());
         Self {
             engine,
             config: Arc::new(config),
+            in_flight: InFlightWork::new(),
             keys: Arc::new(HeaderOrHash::new()),
             codec: Arc::new(Discard),
             classify: Arc::new(AllSuccessful),
@@ -233,6 +269,88 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
         self.config(|c| c.in_progress = policy)
     }
 
+    /// Whether a claimed message's handler finishes when the door's future is dropped (the
+    /// consumer shuts down, an outer timeout fires): default `true`. The rest of the work
+    /// (handler, record or release) then moves onto a task of its own and its outcome is
+    /// recorded, so the redelivery is a completed duplicate instead of waiting for the lease
+    /// to lapse and running again. Wait for such work at shutdown with
+    /// [`in_flight`](Self::in_flight). With `false` the handler is cancelled with the future
+    /// and its key stays pending until its lease lapses, as after a crash.
+    pub fn run_to_completion(self, on: bool) -> Self {
+        self.config(|c| c.run_to_completion = on)
+    }
+
+    /// The claimed messages of this layer (and of every service made from it and its clones)
+    /// whose handling has not finished, to wait on at shutdown (see [`InFlightWork`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::MemoryStore;
+    /// use tower_idempotency::engine::Engine;
+    /// use tower_idempotency::message::MessageIdempotencyLayer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let layer = MessageIdempotencyLayer::new(Engine::new(MemoryStore::new()), "billing");
+    /// let in_flight = layer.in_flight();
+    /// // ... run the consumer with the layer; once it stops taking messages:
+    /// assert!(in_flight.wait(Duration::from_secs(30)).await, "every handler finished");
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn in_flight(&self) -> InFlightWork {
+        self.in_flight.clone()
+    }
+
+    /// Forgets this consumer's record of `key` (in this layer's namespace and tenant), so a
+    /// redelivery of the message runs again: see [`Engine::forget`]. A pending claim is kept
+    /// ([`Forgotten::KeptPending`]): its handler may be running; delete it too with
+    /// [`forget_even_pending`](Self::forget_even_pending). For a message keyed by its digest,
+    /// pass [`MessageKey::digest`] of it.
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use tower::{Layer, ServiceExt, service_fn};
+    /// use tower_idempotency::MemoryStore;
+    /// use tower_idempotency::engine::Engine;
+    /// use tower_idempotency::message::{Envelope, Handled, MessageIdempotencyLayer, MessageKey};
+    /// use tower_idempotency::store::Forgotten;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let layer = MessageIdempotencyLayer::new(Engine::new(MemoryStore::new()), "billing");
+    /// let handler = layer.layer(service_fn(|_: Envelope| async { Ok::<_, Infallible>(()) }));
+    /// let msg = Envelope::new("orders", "order 17").with_header("Idempotency-Key", "order-17");
+    /// assert_eq!(handler.clone().oneshot(msg.clone()).await.unwrap(), Handled::Ran(()));
+    ///
+    /// let key = MessageKey::given(b"order-17").unwrap();
+    /// assert_eq!(layer.forget(&key).await.unwrap(), Forgotten::Record);
+    /// assert_eq!(handler.oneshot(msg).await.unwrap(), Handled::Ran(()), "runs again");
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// The store's error.
+    pub async fn forget(&self, key: &MessageKey) -> Result<Forgotten, StoreError>
+    where
+        St: Store,
+    {
+        self.engine.forget(&self.config.store_key(key)).await
+    }
+
+    /// As [`forget`](Self::forget), and a pending claim is deleted too: its handler may still
+    /// be running, and a redelivery then runs it again beside it (see
+    /// [`Engine::forget_even_pending`]).
+    ///
+    /// # Errors
+    /// The store's error.
+    pub async fn forget_even_pending(&self, key: &MessageKey) -> Result<Forgotten, StoreError>
+    where
+        St: Store,
+    {
+        self.engine
+            .forget_even_pending(&self.config.store_key(key))
+            .await
+    }
+
     /// The namespace of this consumer's keys (default [`DEFAULT_NAMESPACE`]): give services
     /// that share a store and a consumer name namespaces of their own.
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
@@ -251,6 +369,7 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
         MessageIdempotencyLayer {
             engine: self.engine,
             config: self.config,
+            in_flight: self.in_flight,
             keys: Arc::new(strategy),
             codec: self.codec,
             classify: self.classify,
@@ -264,6 +383,7 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
         MessageIdempotencyLayer {
             engine: self.engine,
             config: self.config,
+            in_flight: self.in_flight,
             keys: self.keys,
             codec: Arc::new(codec),
             classify: self.classify,
@@ -276,6 +396,7 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
         MessageIdempotencyLayer {
             engine: self.engine,
             config: self.config,
+            in_flight: self.in_flight,
             keys: self.keys,
             codec: self.codec,
             classify: Arc::new(classify),
@@ -298,6 +419,7 @@ impl<S, St, K, C, F> Layer<S> for MessageIdempotencyLayer<St, K, C, F> {
             shared: Arc::new(Shared {
                 engine: self.engine.clone(),
                 config: Arc::clone(&self.config),
+                in_flight: self.in_flight.clone(),
                 keys: Arc::clone(&self.keys),
                 codec: Arc::clone(&self.codec),
                 classify: Arc::clone(&self.classify),
@@ -309,6 +431,7 @@ impl<S, St, K, C, F> Layer<S> for MessageIdempotencyLayer<St, K, C, F> {
 struct Shared<St, K, C, F> {
     engine: Engine<St>,
     config: Arc<Config>,
+    in_flight: InFlightWork,
     keys: Arc<K>,
     codec: Arc<C>,
     classify: Arc<F>,
@@ -358,6 +481,13 @@ impl<S, St, K, C, F> MessageIdempotency<S, St, K, C, F> {
     /// The engine.
     pub fn engine(&self) -> &Engine<St> {
         &self.shared.engine
+    }
+
+    /// The layer's claimed messages that have not finished (see
+    /// [`MessageIdempotencyLayer::in_flight`]).
+    #[must_use]
+    pub fn in_flight(&self) -> InFlightWork {
+        self.shared.in_flight.clone()
     }
 }
 
@@ -409,19 +539,18 @@ where
                 return Box::pin(std::future::ready(Err(MessageError::key_invalid(e))));
             }
         };
-        let (k, digest) = key.parts();
-        let namespace = if digest {
-            &config.digest_namespace
-        } else {
-            &config.namespace
-        };
-        let store_key = StoreKey::derive(namespace, &config.consumer, k);
+        let store_key = config.store_key(&key);
         let fingerprint = fingerprint(&message);
 
         Box::pin(async move {
-            let shared = &*shared;
             let engine = &shared.engine;
-            let ticket = match engine.begin(store_key, fingerprint).await {
+            let begun = match shared.config.in_progress {
+                InProgress::Wait(bound) => {
+                    engine.begin_waiting(store_key, fingerprint, bound).await
+                }
+                InProgress::Skip | InProgress::Reject => engine.begin(store_key, fingerprint).await,
+            };
+            let ticket = match begun {
                 Err(e) => {
                     tracing::warn!(target: "tower_idempotency::message", key = ?store_key, error = %e, "idempotency store failed on claim; the message is not handled");
                     return Err(MessageError::store(e));
@@ -431,7 +560,10 @@ where
                 Ok(Begin::InFlight) => {
                     return match shared.config.in_progress {
                         InProgress::Skip => Ok(Handled::Skipped),
-                        InProgress::Reject => Err(MessageError::in_flight(engine.lease())),
+                        // Past the wait's bound: refused as Reject refuses.
+                        InProgress::Reject | InProgress::Wait(_) => Err(MessageError::in_flight(
+                            in_flight_retry_after(engine, &store_key).await,
+                        )),
                     };
                 }
                 Ok(Begin::KeyReused) => {
@@ -443,32 +575,77 @@ where
                     return Err(MessageError::record_invalid(Some(e)));
                 }
             };
-            let result = engine.run(&ticket, inner.call(message)).await;
-            match result {
-                Ok(r) if shared.classify.is_success(&r) => {
-                    let body = shared.codec.encode(&r);
-                    let record = RecordedResponse::of_door(DOOR_VALUE, body);
-                    match engine.complete(ticket, &record).await {
-                        Ok(true) => {}
-                        Ok(false) => {
-                            tracing::warn!(target: "tower_idempotency::message", key = ?store_key, "the lease lapsed while the handler ran; another delivery may have run it too");
-                        }
-                        Err(e) => {
-                            tracing::warn!(target: "tower_idempotency::message", key = ?store_key, error = %e, "message handled but not recorded; the key stays pending until its lease lapses");
-                        }
-                    }
-                    Ok(Handled::Ran(r))
-                }
-                Ok(r) => {
-                    release(engine, ticket).await;
-                    Ok(Handled::Failed(r))
-                }
-                Err(e) => {
-                    release(engine, ticket).await;
-                    Err(MessageError::handler(e))
-                }
+            let run_to_completion = shared.config.run_to_completion;
+            let in_flight = shared.in_flight.clone();
+            let work = run_claimed(shared, inner, message, ticket);
+            if run_to_completion {
+                // Finishes (and records) on a task of its own if this future is dropped first.
+                in_flight.detachable(work).await
+            } else {
+                in_flight.counted(work).await
             }
         })
+    }
+}
+
+/// The claimed part of a delivery: the handler under lease renewal, then the record or
+/// release. Owns everything it uses, so it can finish on a task of its own when the caller
+/// goes away.
+async fn run_claimed<S, M, St, K, C, F>(
+    shared: Arc<Shared<St, K, C, F>>,
+    mut inner: S,
+    message: M,
+    ticket: Ticket,
+) -> Result<Handled<S::Response>, MessageError<S::Error>>
+where
+    S: Service<M>,
+    St: Store,
+    C: ResultCodec<S::Response>,
+    F: Classify<S::Response>,
+{
+    let engine = &shared.engine;
+    let store_key = *ticket.key();
+    let result = engine.run(&ticket, inner.call(message)).await;
+    match result {
+        Ok(r) if shared.classify.is_success(&r) => {
+            let body = shared.codec.encode(&r);
+            let record = RecordedResponse::of_door(DOOR_VALUE, body);
+            match engine.complete(ticket, &record).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    tracing::warn!(target: "tower_idempotency::message", key = ?store_key, "the lease lapsed while the handler ran; another delivery may have run it too");
+                }
+                Err(e) => {
+                    tracing::warn!(target: "tower_idempotency::message", key = ?store_key, error = %e, "message handled but not recorded; the key stays pending until its lease lapses");
+                }
+            }
+            Ok(Handled::Ran(r))
+        }
+        Ok(r) => {
+            release(engine, ticket).await;
+            Ok(Handled::Failed(r))
+        }
+        Err(e) => {
+            release(engine, ticket).await;
+            Err(MessageError::handler(e))
+        }
+    }
+}
+
+/// How long a duplicate in flight should wait before its redelivery: the lease the first
+/// delivery's claim has left (one store call, on this path only), the whole lease when the
+/// store cannot tell. Not capped as HTTP's `Retry-After` is: a broker counts redeliveries
+/// (`max_deliver`), so one redelivery when the key can be decided beats several early ones.
+/// A stalled claim (its consumer gone) is retried the moment it lapses; a running one
+/// (renewed every third of the lease) after two thirds of the lease or more.
+async fn in_flight_retry_after<St: Store>(engine: &Engine<St>, key: &StoreKey) -> Duration {
+    match engine.lease_left(key).await {
+        Ok(Some(left)) => left,
+        Ok(None) => engine.lease(),
+        Err(e) => {
+            tracing::debug!(target: "tower_idempotency::message", key = ?key, error = %e, "lease left unknown; retry after the whole lease");
+            engine.lease()
+        }
     }
 }
 
@@ -496,7 +673,7 @@ fn fingerprint<M: Message>(message: &M) -> Fingerprint {
     b.field(&message.body()).finish()
 }
 
-async fn release<St: Store>(engine: &Engine<St>, ticket: crate::engine::Ticket) {
+async fn release<St: Store>(engine: &Engine<St>, ticket: Ticket) {
     let key = *ticket.key();
     if let Err(e) = engine.release(ticket).await {
         tracing::warn!(target: "tower_idempotency::message", key = ?key, error = %e, "key not released; a redelivery waits until its lease lapses");

@@ -62,7 +62,9 @@
 //! | first delivery, handler `Err(e)` | runs, key released | `Err`, kind `Handler` (the `e` inside) | redeliver |
 //! | a completed duplicate | not run | `Ok(Handled::Duplicate(stored))`, the stored result when the codec keeps one | ack |
 //! | a duplicate while the first runs, [`InProgress::Skip`] (default) | not run | `Ok(Handled::Skipped)` | ack |
-//! | a duplicate while the first runs, [`InProgress::Reject`] | not run | `Err`, kind `InFlight`, [`retry_after`](MessageError::retry_after) = the lease | redeliver after the delay |
+//! | a duplicate while the first runs, [`InProgress::Reject`] | not run | `Err`, kind `InFlight`, [`retry_after`](MessageError::retry_after) = the lease the first run's claim has left | redeliver after the delay |
+//! | a duplicate while the first runs, [`InProgress::Wait(bound)`](InProgress::Wait) | not run; waits for the first | the first's outcome: `Ok(Handled::Duplicate(stored))`, or it runs if the first was released; past the bound as `Reject` | ack (or as `Reject`) |
+//! | the caller drops the future after the claim (consumer shutdown, an outer timeout) | finishes on a task of its own ([`run_to_completion`](MessageIdempotencyLayer::run_to_completion), default) | none (no one listens); recorded or released as if it did | the redelivery is a completed duplicate: ack |
 //! | the key used before by a different message | not run | `Err`, kind `KeyReused` | dead-letter, and look at the producer |
 //! | the store fails on claim | not run | `Err`, kind `Store` | redeliver with backoff |
 //! | the store fails on record, after `Ok(r)` | ran | `Ok(Handled::Ran(r))`, warning; the key stays pending until its lease lapses | ack |
@@ -75,13 +77,23 @@
 //! once, and the first delivery, if it fails, is redelivered by the broker on its own.
 //! [`InProgress::Reject`] is for brokers that redeliver a message to one consumer at a time
 //! anyway, or when a skipped duplicate must not be lost if the first delivery's consumer dies.
+//! [`InProgress::Wait`] answers the duplicate from the first delivery's record when that comes
+//! within the bound (no redelivery round trip): a short bound, well under the broker's ack
+//! wait, for handlers that usually finish quickly.
+//!
+//! # Forgetting a key
+//!
+//! [`MessageIdempotencyLayer::forget`] deletes this consumer's record of a key, so the next
+//! redelivery of the message runs again (an operator replaying a message whose handling must
+//! be redone). A pending claim is kept; [`forget_even_pending`](MessageIdempotencyLayer::forget_even_pending)
+//! deletes it too, and a redelivery then runs beside a handler that may still be running.
 //!
 //! # The lease and the broker's redelivery
 //!
 //! A delivery claims its key for the engine's lease (60 s by default), renewed every third of
 //! it while the handler runs. A consumer that **crashes mid-handler** cannot release its
 //! claim: its key stays pending until the lease lapses, and every redelivery before then is
-//! a duplicate in flight (skipped, or rejected with `retry_after` = the lease). So:
+//! a duplicate in flight (skipped, or rejected with `retry_after` = the lease it has left). So:
 //!
 //! - With [`InProgress::Reject`], the broker's redelivery span (delay × attempts, its
 //!   `max_deliver` or retry count) must **exceed the lease**, or the message dead-letters while
@@ -100,8 +112,16 @@
 //! - A record is kept for the engine's retention (24 h by default): a redelivery after that
 //!   runs again. Keep retention longer than the broker keeps unacknowledged messages.
 //!
-//! Dropping the service's future after the claim (a cancelled consumer) is a crash as far as
-//! the key is concerned: the key stays pending until its lease lapses.
+//! # Work that finishes when the consumer goes away
+//!
+//! Once a key is claimed, dropping the service's future (a consumer shutting down, a timeout
+//! layer outside the door) no longer cancels the handler: the rest of the work moves onto a
+//! task of its own, finishes, and is recorded or released as if the caller were there, so the
+//! redelivery is a completed duplicate and the handler runs once. While the caller waits, the
+//! work is polled in place (one allocation per claimed message). At shutdown, wait for it with
+//! [`MessageIdempotencyLayer::in_flight`] ([`InFlightWork::wait`], bounded); with
+//! [`run_to_completion(false)`](MessageIdempotencyLayer::run_to_completion) a dropped future
+//! cancels the handler and its key stays pending until its lease lapses, as after a crash.
 
 mod codec;
 mod error;
@@ -116,6 +136,7 @@ pub mod jetstream;
 #[cfg_attr(docsrs, doc(cfg(feature = "apalis")))]
 pub mod jobs;
 
+pub use crate::detach::InFlightWork;
 #[cfg(feature = "json")]
 pub use codec::Json;
 pub use codec::{Discard, Raw, ResultCodec};

@@ -12,9 +12,9 @@ use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_idempotency::engine::{Engine, RecordedResponse, Scope};
 use tower_idempotency::message::{
     Envelope, Handled, HeaderOrHash, InProgress, MessageError, MessageErrorKind,
-    MessageIdempotencyLayer, Raw,
+    MessageIdempotencyLayer, MessageKey, Raw,
 };
-use tower_idempotency::store::StoreKey;
+use tower_idempotency::store::{Forgotten, StoreKey};
 use tower_idempotency::{IdempotencyKey, Store};
 
 pub(crate) const LEASE: Duration = Duration::from_secs(5);
@@ -228,7 +228,11 @@ macro_rules! outcomes_suite {
             let err = call(&svc, keyed("k1", "slow")).await.unwrap_err();
             assert_eq!(err.kind(), MessageErrorKind::InFlight);
             assert!(err.is_retryable());
-            assert_eq!(err.retry_after(), Some(LEASE), "redeliver after the lease");
+            let after = err.retry_after().unwrap();
+            assert!(
+                after <= LEASE && after >= LEASE / 2,
+                "redeliver after the lease the running first delivery has left: {after:?}"
+            );
             work.gate.notify_one();
             first.await.unwrap().unwrap();
             assert_eq!(
@@ -236,6 +240,260 @@ macro_rules! outcomes_suite {
                 Handled::Duplicate(None)
             );
             assert_eq!(work.runs(), 1);
+        }
+
+        #[tokio::test]
+        async fn a_stalled_claims_duplicate_is_told_the_lease_it_has_left() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            // Not run to completion: the dropped first delivery leaves its claim stalled, as a
+            // crashed consumer would (no renewal).
+            let svc = ServiceBuilder::new()
+                .layer(
+                    layer(&engine, &namespace())
+                        .in_progress(InProgress::Reject)
+                        .run_to_completion(false),
+                )
+                .service(work.service());
+            let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
+            work.started.notified().await;
+            first.abort();
+            assert!(first.await.unwrap_err().is_cancelled());
+            tokio::time::sleep(Duration::from_millis(400)).await;
+            let err = call(&svc, keyed("k1", "slow")).await.unwrap_err();
+            assert_eq!(err.kind(), MessageErrorKind::InFlight);
+            let after = err.retry_after().unwrap();
+            assert!(
+                after < LEASE - Duration::from_millis(300) && after > LEASE / 2,
+                "the lease left, not the whole lease: {after:?}"
+            );
+            assert_eq!(work.runs(), 1);
+        }
+
+        #[tokio::test]
+        async fn a_waiting_duplicate_gets_the_first_deliverys_result() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(
+                    layer(&engine, &namespace())
+                        .in_progress(InProgress::Wait(Duration::from_secs(4)))
+                        .store_results(Raw),
+                )
+                .service(work.service());
+            let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
+            work.started.notified().await;
+            let dup = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            assert!(
+                !dup.is_finished(),
+                "the duplicate waits for the first delivery"
+            );
+            work.gate.notify_one();
+            assert_eq!(first.await.unwrap().unwrap(), Handled::Ran("slow".into()));
+            let dup = dup.await.unwrap().unwrap();
+            assert_eq!(dup, Handled::Duplicate(Some("slow".into())));
+            assert!(dup.is_ack());
+            assert_eq!(work.runs(), 1, "the handler ran once");
+        }
+
+        #[tokio::test]
+        async fn a_waiting_duplicate_runs_when_the_first_delivery_fails() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let runs = Arc::new(AtomicUsize::new(0));
+            let gate = Arc::new(Notify::new());
+            let (r, g) = (Arc::clone(&runs), Arc::clone(&gate));
+            // The first run waits for the gate and fails; the next succeeds.
+            let handler = service_fn(move |_: Envelope| {
+                let (r, g) = (Arc::clone(&r), Arc::clone(&g));
+                async move {
+                    if r.fetch_add(1, Ordering::SeqCst) == 0 {
+                        g.notified().await;
+                        Err(Failed)
+                    } else {
+                        Ok("second".to_owned())
+                    }
+                }
+            });
+            let svc = ServiceBuilder::new()
+                .layer(
+                    layer(&engine, &namespace())
+                        .in_progress(InProgress::Wait(Duration::from_secs(4))),
+                )
+                .service(handler);
+            let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "x")));
+            while runs.load(Ordering::SeqCst) == 0 {
+                tokio::task::yield_now().await;
+            }
+            let dup = tokio::spawn(svc.clone().oneshot(keyed("k1", "x")));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            gate.notify_one();
+            assert_eq!(
+                first.await.unwrap().unwrap_err().kind(),
+                MessageErrorKind::Handler
+            );
+            assert_eq!(dup.await.unwrap().unwrap(), Handled::Ran("second".into()));
+            assert_eq!(runs.load(Ordering::SeqCst), 2);
+        }
+
+        #[tokio::test]
+        async fn a_waiting_duplicate_is_rejected_past_its_bound() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let bound = Duration::from_millis(300);
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()).in_progress(InProgress::Wait(bound)))
+                .service(work.service());
+            let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
+            work.started.notified().await;
+            let started = std::time::Instant::now();
+            let err = call(&svc, keyed("k1", "slow")).await.unwrap_err();
+            let waited = started.elapsed();
+            assert_eq!(err.kind(), MessageErrorKind::InFlight);
+            assert!(err.is_retryable());
+            assert!(waited >= bound, "waited the bound: {waited:?}");
+            assert!(waited < LEASE / 2, "not much past the bound: {waited:?}");
+            let after = err.retry_after().unwrap();
+            assert!(after <= LEASE && after > Duration::ZERO, "{after:?}");
+            work.gate.notify_one();
+            first.await.unwrap().unwrap();
+            assert_eq!(
+                call(&svc, keyed("k1", "slow")).await.unwrap(),
+                Handled::Duplicate(None)
+            );
+            assert_eq!(work.runs(), 1, "the handler ran once");
+        }
+
+        #[tokio::test]
+        async fn a_forgotten_key_runs_again_on_redelivery() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let door = layer(&engine, &namespace());
+            let svc = ServiceBuilder::new()
+                .layer(door.clone())
+                .service(work.service());
+            let key = MessageKey::given(b"k1").unwrap();
+            assert_eq!(door.forget(&key).await.unwrap(), Forgotten::Nothing);
+            call(&svc, keyed("k1", "a")).await.unwrap();
+            assert_eq!(
+                call(&svc, keyed("k1", "a")).await.unwrap(),
+                Handled::Duplicate(None)
+            );
+            assert_eq!(door.forget(&key).await.unwrap(), Forgotten::Record);
+            assert_eq!(
+                call(&svc, keyed("k1", "a")).await.unwrap(),
+                Handled::Ran("a".into())
+            );
+            assert_eq!(work.runs(), 2, "the redelivery after forget ran");
+
+            // A message keyed by its digest is forgotten by the digest of it.
+            let digest = Envelope::new("orders", "order 9");
+            call(&svc, digest.clone()).await.unwrap();
+            let key = MessageKey::digest("orders", None, b"order 9");
+            assert_eq!(door.forget(&key).await.unwrap(), Forgotten::Record);
+            assert_eq!(
+                call(&svc, digest).await.unwrap(),
+                Handled::Ran("order 9".into())
+            );
+        }
+
+        #[tokio::test]
+        async fn a_pending_key_is_forgotten_only_when_asked_explicitly() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let door = layer(&engine, &namespace()).store_results(Raw);
+            let svc = ServiceBuilder::new()
+                .layer(door.clone())
+                .service(work.service());
+            let key = MessageKey::given(b"k1").unwrap();
+            let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
+            work.started.notified().await;
+            assert_eq!(door.forget(&key).await.unwrap(), Forgotten::KeptPending);
+            assert_eq!(
+                call(&svc, keyed("k1", "slow")).await.unwrap(),
+                Handled::Skipped
+            );
+            assert_eq!(
+                door.forget_even_pending(&key).await.unwrap(),
+                Forgotten::Pending
+            );
+            // The redelivery claims the key and runs beside the first delivery (what the
+            // explicit variant is for); the first, its claim gone, leaves the new holder alone.
+            let again = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
+            work.started.notified().await;
+            assert_eq!(
+                work.runs(),
+                2,
+                "the redelivery ran after the explicit forget"
+            );
+            work.gate.notify_one();
+            work.gate.notify_one();
+            assert_eq!(first.await.unwrap().unwrap(), Handled::Ran("slow".into()));
+            assert_eq!(again.await.unwrap().unwrap(), Handled::Ran("slow".into()));
+            assert_eq!(
+                call(&svc, keyed("k1", "slow")).await.unwrap(),
+                Handled::Duplicate(Some("slow".into()))
+            );
+        }
+
+        #[tokio::test]
+        async fn a_dropped_delivery_finishes_and_its_redelivery_is_a_duplicate() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let door = layer(&engine, &namespace()).store_results(Raw);
+            let in_flight = door.in_flight();
+            let svc = ServiceBuilder::new().layer(door).service(work.service());
+            let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
+            work.started.notified().await;
+            // The consumer goes away (shutdown, an outer timeout) while the handler sleeps.
+            first.abort();
+            assert!(first.await.unwrap_err().is_cancelled());
+            assert_eq!(in_flight.len(), 1, "the handler runs on");
+            work.gate.notify_one();
+            assert!(in_flight.wait(Duration::from_secs(4)).await, "it finished");
+            assert!(in_flight.is_empty());
+            assert_eq!(
+                call(&svc, keyed("k1", "slow")).await.unwrap(),
+                Handled::Duplicate(Some("slow".into())),
+                "the outcome was recorded"
+            );
+            assert_eq!(work.runs(), 1, "the handler ran once");
+        }
+
+        #[tokio::test]
+        async fn without_run_to_completion_a_dropped_delivery_is_cancelled() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let door = layer(&engine, &namespace()).run_to_completion(false);
+            let in_flight = door.in_flight();
+            let svc = ServiceBuilder::new().layer(door).service(work.service());
+            let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
+            work.started.notified().await;
+            assert_eq!(in_flight.len(), 1, "counted while it runs");
+            first.abort();
+            assert!(first.await.unwrap_err().is_cancelled());
+            assert!(in_flight.is_empty(), "cancelled with its future");
+            assert_eq!(
+                call(&svc, keyed("k1", "slow")).await.unwrap(),
+                Handled::Skipped,
+                "the key stays pending until its lease lapses"
+            );
         }
 
         #[tokio::test]

@@ -1,12 +1,13 @@
-//! Claimed work that finishes when the client goes away, and the handle a graceful shutdown
-//! waits on.
+//! Claimed work that finishes when its caller goes away, and the handle a graceful shutdown
+//! waits on. Shared by the doors: it knows nothing of HTTP or messages.
 //!
-//! Once a key is claimed, the handler's future, the reading of its response body and the
-//! writing of the record run inside one boxed future. While the caller listens it is polled in
-//! place, as any future (no task hop, no channel). If the response future is dropped first (the
-//! client closed the connection, an outer timeout fired), the rest of that future is moved onto
-//! a task of its own, so the handler is never cut between two side effects and its outcome is
-//! recorded: the retry is answered from the record instead of 409 and a later re-run.
+//! Once a key is claimed, the door's work (the handler, the reading of its answer, the writing
+//! of the record) runs inside one boxed future. While the caller listens it is polled in
+//! place, as any future (no task hop, no channel). If the caller drops it first (an HTTP
+//! client closed the connection, a consumer shut down, an outer timeout fired), the rest of
+//! that future is moved onto a task of its own, so the handler is never cut between two side
+//! effects and its outcome is recorded: the retry or redelivery is answered from the record
+//! instead of waiting for the lease to lapse and running again.
 //!
 //! Every such future, attached or moved, holds a token of one [`TaskTracker`] per layer, so
 //! [`InFlightWork::wait`] sees both. `tokio-util`'s tracker is used rather than a hand-made
@@ -23,11 +24,13 @@ use tokio_util::task::TaskTracker;
 use tokio_util::task::task_tracker::TrackedFuture;
 
 /// The claimed work of one layer (and of every service and `#[idempotent]` route built from
-/// it) that has not finished yet: handlers still running, and responses still being recorded.
-/// Made by [`IdempotencyLayer::in_flight`](super::IdempotencyLayer::in_flight); cheap to clone.
+/// it) that has not finished yet: handlers still running, and outcomes still being recorded.
+/// Made by [`IdempotencyLayer::in_flight`](crate::IdempotencyLayer::in_flight) and
+/// [`MessageIdempotencyLayer::in_flight`](crate::message::MessageIdempotencyLayer::in_flight);
+/// cheap to clone. (The same type as `http::InFlightWork` and `message::InFlightWork`.)
 ///
-/// Wait on it after the server has stopped taking requests, so that the work clients left
-/// behind is finished and recorded before the process exits:
+/// Wait on it after the server (or consumer) has stopped taking work, so that the work its
+/// callers left behind is finished and recorded before the process exits:
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -58,23 +61,23 @@ impl InFlightWork {
         }
     }
 
-    /// How many claimed requests have not finished (their handler running, or their response
-    /// being read and recorded), whether their client still listens or not.
+    /// How many claimed requests or messages have not finished (their handler running, or its
+    /// outcome being read and recorded), whether their caller still listens or not.
     #[must_use]
     pub fn len(&self) -> usize {
         self.tracker.len()
     }
 
-    /// Whether every claimed request has finished.
+    /// Whether every claimed request or message has finished.
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.tracker.is_empty()
     }
 
-    /// Waits until every claimed request has finished, at most `limit`; `true` when they all
-    /// did. Work claimed while it waits is waited for too. Work still running at the limit
-    /// goes on (it is not cancelled); if the process then exits, its keys stay pending until
-    /// their leases lapse, as without this wait.
+    /// Waits until every claimed request or message has finished, at most `limit`; `true`
+    /// when they all did. Work claimed while it waits is waited for too. Work still running at
+    /// the limit goes on (it is not cancelled); if the process then exits, its keys stay
+    /// pending until their leases lapse, as without this wait.
     pub async fn wait(&self, limit: Duration) -> bool {
         // The tracker's `wait` ends only once it is closed and empty; reopened after, so the
         // layer keeps counting if the server goes on.
@@ -97,7 +100,7 @@ impl InFlightWork {
         }
     }
 
-    /// `work`, counted, dropped with its caller (the layer's `run_to_completion(false)`).
+    /// `work`, counted, dropped with its caller (a layer's `run_to_completion(false)`).
     pub(crate) fn counted<F: Future>(&self, work: F) -> TrackedFuture<F> {
         self.tracker.track_future(work)
     }
@@ -153,13 +156,13 @@ where
         match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
                 tracing::debug!(
-                    "idempotent request abandoned by its caller; its handler runs on and its outcome is recorded"
+                    "idempotent work abandoned by its caller; its handler runs on and its outcome is recorded"
                 );
                 drop(rt.spawn(work));
             }
             Err(_) => {
                 tracing::warn!(
-                    "idempotent request abandoned outside a runtime; its handler is cancelled and its key stays pending until its lease lapses"
+                    "idempotent work abandoned outside a runtime; its handler is cancelled and its key stays pending until its lease lapses"
                 );
             }
         }
