@@ -726,4 +726,8 @@ impl<H: Harness> Store for HarnessStore<H> {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         self.0.store().renew(key, token, lease)
     }
+
+    fn name(&self) -> &'static str {
+        self.0.store().name()
+    }
 }

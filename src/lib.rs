@@ -106,6 +106,7 @@
 mod fingerprint;
 mod json;
 mod key;
+mod metrics;
 mod record;
 mod scope;
 mod secret;

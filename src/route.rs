@@ -86,7 +86,9 @@ impl IdempotentRoutes {
     pub fn new<St: Store>(layer: IdempotencyLayer<St>) -> Self {
         Self {
             inner: Arc::new(Inner {
-                layer: layer.map_store(|store| DynStore::new(Arc::clone(store))),
+                layer: layer
+                    .map_store(|store| DynStore::new(Arc::clone(store)))
+                    .metrics_door(crate::metrics::Door::Route),
                 routes: RwLock::new(HashMap::new()),
             }),
         }
@@ -188,6 +190,7 @@ trait ErasedStore: Send + Sync + 'static {
         token: &'a Token,
         lease: Duration,
     ) -> BoxFuture<'a, bool>;
+    fn name(&self) -> &'static str;
 }
 
 impl<St: Store> ErasedStore for St {
@@ -219,6 +222,9 @@ impl<St: Store> ErasedStore for St {
         lease: Duration,
     ) -> BoxFuture<'a, bool> {
         Box::pin(Store::renew(self, key, token, lease))
+    }
+    fn name(&self) -> &'static str {
+        Store::name(self)
     }
 }
 
@@ -253,6 +259,9 @@ impl Store for DynStore {
         lease: Duration,
     ) -> Result<bool, StoreError> {
         self.0.renew(key, token, lease).await
+    }
+    fn name(&self) -> &'static str {
+        self.0.name()
     }
 }
 

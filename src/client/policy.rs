@@ -359,6 +359,10 @@ pub(crate) fn log_attempt(
     let n = attempt.number;
     let method = attempt.method.as_str();
     let elapsed_ms = u64::try_from(attempt.elapsed.as_millis()).unwrap_or(u64::MAX);
+    crate::metrics::client_attempt(match decision {
+        Decision::Retry(_) => "retry",
+        Decision::Stop(reason) => reason.as_str(),
+    });
     match decision {
         Decision::Retry(delay) => {
             let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);

@@ -194,6 +194,8 @@ pub(crate) struct Config {
     pub(crate) fingerprint_fn: Option<FingerprintFn>,
     pub(crate) json_by_value: bool,
     pub(crate) classify_fn: Option<ClassifyFn>,
+    /// The door's counters, with the layer's static labels (feature `metrics`).
+    pub(crate) metrics: crate::metrics::DoorCounters,
 }
 
 impl Default for Config {
@@ -220,6 +222,7 @@ impl Default for Config {
             fingerprint_fn: None,
             json_by_value: false,
             classify_fn: None,
+            metrics: crate::metrics::DoorCounters::new(crate::metrics::Door::Http),
         }
     }
 }
@@ -397,6 +400,8 @@ pub enum ConfigErrorKind {
     DeniedHeader,
     /// A JSON body field for the key that is empty or not a valid JSON pointer.
     InvalidJsonField,
+    /// A metric label whose key the layer sets itself (`door`, `outcome`, `result`).
+    ReservedMetricLabel,
 }
 
 impl ConfigError {

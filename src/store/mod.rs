@@ -193,6 +193,13 @@ pub trait Store: Send + Sync + 'static {
         token: &Token,
         lease: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
+
+    /// A short fixed name for the store's kind (`memory`, `redis`, `postgres`): the `store`
+    /// label of the step timings (feature `metrics`). A store of your own may name itself;
+    /// keep it one fixed word, never a host or other unbounded value.
+    fn name(&self) -> &'static str {
+        "custom"
+    }
 }
 
 impl<S: Store> Store for Arc<S> {
@@ -228,6 +235,9 @@ impl<S: Store> Store for Arc<S> {
         lease: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         (**self).renew(key, token, lease)
+    }
+    fn name(&self) -> &'static str {
+        (**self).name()
     }
 }
 

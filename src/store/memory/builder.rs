@@ -164,6 +164,8 @@ impl MemoryStoreBuilder {
                 .collect(),
             budget,
             clock: self.clock.unwrap_or_else(|| Arc::new(TokioClock::new())),
+            #[cfg(feature = "metrics")]
+            reported: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }
