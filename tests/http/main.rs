@@ -13,6 +13,8 @@ mod grpc;
 mod hostile_input;
 mod json;
 mod layer;
+#[cfg(feature = "metrics")]
+mod metrics;
 mod rejections;
 mod replay;
 mod streaming;
