@@ -405,6 +405,46 @@ mod tests {
         )
     }
 
+    /// Feature `metrics`: each attempt counted once, by what followed it.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn each_attempt_is_counted_by_what_followed() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            let p = RetryPolicy::new();
+            let h = HeaderMap::new();
+            for (n, status, keyed) in [(1, 503, true), (2, 201, true), (1, 503, false)] {
+                let attempt = Attempt::new(&Method::POST, keyed, n, Duration::ZERO);
+                let outcome = Outcome::response(StatusCode::from_u16(status).unwrap(), &h);
+                log_attempt(&attempt, "k", &outcome, p.decide(&attempt, &outcome));
+            }
+        });
+        let mut seen: Vec<(String, u64)> = snap
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(ck, _, _, v)| {
+                assert_eq!(ck.key().name(), "idempotency_client_attempts_total");
+                let decision = ck.key().labels().map(|l| l.value().to_owned()).collect();
+                let DebugValue::Counter(n) = v else {
+                    panic!("a counter")
+                };
+                (decision, n)
+            })
+            .collect();
+        seen.sort();
+        assert_eq!(
+            seen,
+            [
+                ("final".to_owned(), 1),
+                ("not_keyed".to_owned(), 1),
+                ("retry".to_owned(), 1)
+            ]
+        );
+    }
+
     #[test]
     fn retries_transient_statuses_of_a_keyed_post() {
         let p = RetryPolicy::new();
