@@ -333,7 +333,10 @@ impl<S: Store> Engine<S> {
                 let _ = sleep.as_mut().poll(cx);
                 let mut fut: RenewFuture<'_> = Box::pin(async {
                     let started = Started::now();
-                    let renewed = self.store.renew(&ticket.key, &ticket.token, self.lease).await;
+                    let renewed = self
+                        .store
+                        .renew(&ticket.key, &ticket.token, self.lease)
+                        .await;
                     self.timer.record(Op::Renew, started, &renewed);
                     renewed
                 });

@@ -246,8 +246,8 @@ pub(crate) const RESERVED_LABELS: [&str; 3] = ["door", "outcome", "result"];
 #[cfg(feature = "metrics")]
 mod on {
     use super::{
-        Door, MEMORY_BYTES, MEMORY_EARLY_DROPS, MEMORY_ENTRIES, MEMORY_PENDING, Op, Outcome,
-        CLIENT_ATTEMPTS, REQUESTS, RESULTS, STORE_DURATION, STORE_RESULTS, Settled, store_result,
+        CLIENT_ATTEMPTS, Door, MEMORY_BYTES, MEMORY_EARLY_DROPS, MEMORY_ENTRIES, MEMORY_PENDING,
+        Op, Outcome, REQUESTS, RESULTS, STORE_DURATION, STORE_RESULTS, Settled, store_result,
     };
     use crate::store::StoreError;
     use metrics::{Key, Label, Level, Metadata};
@@ -473,7 +473,7 @@ mod on {
 
 // `request` and `settled` are the one-call API for a door without a layer (the extractors,
 // `within`, and the queue and send-once doors to come).
-#[allow(unused_imports)]
-pub(crate) use on::{DoorCounters, Started, StoreTimer, client_attempt, request, settled};
 #[cfg(feature = "metrics")]
 pub(crate) use on::memory;
+#[allow(unused_imports)]
+pub(crate) use on::{DoorCounters, Started, StoreTimer, client_attempt, request, settled};

@@ -242,7 +242,7 @@ async fn ran<F, E>(
 where
     F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<RecordedResponse, E>>,
 {
-    let response = match work(&mut **tx).await {
+    let response = match work(tx).await {
         Ok(response) => response,
         // The work's error rolls back the claim with it: the key is free.
         Err(e) => return Err((Settled::Released, WithinError::Work(e))),
@@ -259,7 +259,7 @@ where
     let done = engine
         .store()
         .complete_held(
-            &mut **tx,
+            tx,
             ticket.key(),
             ticket.token(),
             ticket.fingerprint(),

@@ -514,7 +514,11 @@ where
             Ok(res)
         }
         Ok(Outcome::Record(res, record)) => {
-            observe_end(config, grpc, complete(engine, ticket, store_key, &record).await);
+            observe_end(
+                config,
+                grpc,
+                complete(engine, ticket, store_key, &record).await,
+            );
             Ok(res)
         }
         Ok(Outcome::RecordAtEnd(res, record)) => {

@@ -251,11 +251,16 @@ async fn quickstart_metrics_count_each_outcome() {
         let series = format!(r#"idempotency_results_total{{door="http",result="{result}"}}"#);
         assert_eq!(value(&series), Some(n), "{series} in {m:#?}");
     }
-    let claims = r#"idempotency_store_duration_seconds_count{store="memory",op="claim",result="ok"}"#;
+    let claims =
+        r#"idempotency_store_duration_seconds_count{store="memory",op="claim",result="ok"}"#;
     assert_eq!(value(claims), Some(4.0), "four claims timed: {m:#?}");
     assert_eq!(value("idempotency_memory_entries"), Some(1.0), "{m:#?}");
     assert_eq!(value("idempotency_memory_pending"), Some(0.0), "{m:#?}");
-    assert_eq!(value("idempotency_memory_early_drops_total"), Some(0.0), "{m:#?}");
+    assert_eq!(
+        value("idempotency_memory_early_drops_total"),
+        Some(0.0),
+        "{m:#?}"
+    );
     assert!(
         m.keys().all(|s| !s.contains("m-1") && !s.contains("alice")),
         "no key or principal in a label: {m:#?}"

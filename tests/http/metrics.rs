@@ -76,11 +76,23 @@ async fn counts_each_http_outcome_once() {
     assert!(send(server.work("k1").principal("p")).await.is_replay());
     assert_eq!(counted(&snap), expect(&[&fresh("replayed")]));
 
-    let reused = send(server.post("/work", r#"{"other":1}"#).key("k1").principal("p")).await;
+    let reused = send(
+        server
+            .post("/work", r#"{"other":1}"#)
+            .key("k1")
+            .principal("p"),
+    )
+    .await;
     assert_eq!(reused.status, 422);
     assert_eq!(counted(&snap), expect(&[&fresh("key_reused")]));
 
-    let invalid = send(server.post("/work", "{}").header("idempotency-key", "a b").principal("p")).await;
+    let invalid = send(
+        server
+            .post("/work", "{}")
+            .header("idempotency-key", "a b")
+            .principal("p"),
+    )
+    .await;
     assert_eq!(invalid.status, 400);
     assert_eq!(counted(&snap), expect(&[&fresh("key_invalid")]));
 
@@ -92,7 +104,13 @@ async fn counts_each_http_outcome_once() {
     assert_eq!(anonymous.status, 401);
     assert_eq!(counted(&snap), expect(&[&fresh("principal_missing")]));
 
-    let large = send(server.post("/work", &"x".repeat(200)).key("k3").principal("p")).await;
+    let large = send(
+        server
+            .post("/work", &"x".repeat(200))
+            .key("k3")
+            .principal("p"),
+    )
+    .await;
     assert_eq!(large.status, 413);
     assert_eq!(counted(&snap), expect(&[&fresh("body_too_large")]));
 
@@ -112,7 +130,10 @@ async fn counts_each_http_outcome_once() {
 
     store.fail_completes(true);
     let unrecorded = send(server.work("k6").principal("p")).await;
-    assert_eq!(unrecorded.status, 201, "the caller still gets the handler's answer");
+    assert_eq!(
+        unrecorded.status, 201,
+        "the caller still gets the handler's answer"
+    );
     assert_eq!(
         counted(&snap),
         expect(&[&fresh("fresh"), &result("complete_failed")])
@@ -206,7 +227,8 @@ async fn counts_a_record_that_fails_validation() {
     // first one's record fails validation there.
     let store = Arc::new(MemoryStore::new());
     let work = Work::new();
-    let writer = TestServer::start(work.app(IdempotencyLayer::with_store(Arc::clone(&store)))).await;
+    let writer =
+        TestServer::start(work.app(IdempotencyLayer::with_store(Arc::clone(&store)))).await;
     let reader = TestServer::start(
         work.app(IdempotencyLayer::with_store(Arc::clone(&store)).max_record_body(8)),
     )
@@ -230,10 +252,16 @@ async fn times_each_store_step_and_reports_the_memory_gauges() {
     let _local = metrics::set_default_local_recorder(&recorder);
     let store = Arc::new(MemoryStore::new());
     let work = Work::new();
-    let server = TestServer::start(work.app(IdempotencyLayer::with_store(Arc::clone(&store)))).await;
+    let server =
+        TestServer::start(work.app(IdempotencyLayer::with_store(Arc::clone(&store)))).await;
 
     assert_eq!(send(server.work("k1").principal("p")).await.status, 201);
-    assert_eq!(send(server.work("k2").principal("p").respond(503)).await.status, 503);
+    assert_eq!(
+        send(server.work("k2").principal("p").respond(503))
+            .await
+            .status,
+        503
+    );
     store.report_metrics();
     let seen = seen(&snap);
     let timing = |op: &str| {
@@ -243,7 +271,11 @@ async fn times_each_store_step_and_reports_the_memory_gauges() {
         .copied()
     };
     assert_eq!(timing("claim"), Some(2.0), "two claims timed: {seen:?}");
-    assert_eq!(timing("complete"), Some(1.0), "one completion timed: {seen:?}");
+    assert_eq!(
+        timing("complete"),
+        Some(1.0),
+        "one completion timed: {seen:?}"
+    );
     assert_eq!(timing("release"), Some(1.0), "one release timed: {seen:?}");
     assert_eq!(seen.get("idempotency_memory_entries{}"), Some(&1.0));
     assert_eq!(seen.get("idempotency_memory_pending{}"), Some(&0.0));
@@ -251,7 +283,10 @@ async fn times_each_store_step_and_reports_the_memory_gauges() {
     #[allow(clippy::cast_precision_loss)]
     let bytes = stats.bytes as f64;
     assert_eq!(seen.get("idempotency_memory_bytes{}"), Some(&bytes));
-    assert_eq!(seen.get("idempotency_memory_early_drops_total{}"), Some(&0.0));
+    assert_eq!(
+        seen.get("idempotency_memory_early_drops_total{}"),
+        Some(&0.0)
+    );
     server.stop().await;
 }
 
@@ -270,7 +305,10 @@ async fn counts_grpc_requests_under_their_own_door() {
             .key("k"),
     )
     .await;
-    assert_eq!(res.status, 200, "a gRPC refusal is a 200 with a grpc-status");
+    assert_eq!(
+        res.status, 200,
+        "a gRPC refusal is a 200 with a grpc-status"
+    );
     assert_eq!(
         counted(&snap),
         expect(&["requests{door=grpc,outcome=principal_missing}"])

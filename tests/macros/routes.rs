@@ -575,8 +575,7 @@ async fn attributed_handlers_count_under_the_route_door() {
             .into_vec()
             .into_iter()
             .filter(|(ck, _, _, v)| {
-                ck.key().name().starts_with("idempotency_re")
-                    && matches!(v, DebugValue::Counter(1))
+                ck.key().name().starts_with("idempotency_re") && matches!(v, DebugValue::Counter(1))
             })
             .map(|(ck, _, _, _)| {
                 let mut labels: Vec<String> =

@@ -666,7 +666,8 @@ async fn within_counts_each_outcome_once() {
         Some(&1)
     );
     for op in ["claim", "complete"] {
-        let timing = format!("idempotency_store_duration_seconds{{op={op},result=ok,store=postgres}}");
+        let timing =
+            format!("idempotency_store_duration_seconds{{op={op},result=ok,store=postgres}}");
         assert_eq!(first.get(&timing), Some(&1), "{timing} in {first:?}");
     }
 
