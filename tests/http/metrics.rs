@@ -353,3 +353,81 @@ fn a_layer_label_may_not_take_a_key_the_layer_sets() {
         );
     }
 }
+
+/// A memory store whose completions find the lease lost and whose releases fail.
+struct Unlucky(MemoryStore);
+
+impl tower_idempotency::Store for Unlucky {
+    async fn claim(
+        &self,
+        key: &tower_idempotency::store::StoreKey,
+        fingerprint: &tower_idempotency::engine::Fingerprint,
+        lease: std::time::Duration,
+    ) -> Result<tower_idempotency::store::Claim, tower_idempotency::store::StoreError> {
+        self.0.claim(key, fingerprint, lease).await
+    }
+    async fn complete(
+        &self,
+        _: &tower_idempotency::store::StoreKey,
+        _: &tower_idempotency::store::Token,
+        _: &tower_idempotency::engine::Fingerprint,
+        _: tower_idempotency::store::Record,
+        _: std::time::Duration,
+    ) -> Result<bool, tower_idempotency::store::StoreError> {
+        Ok(false)
+    }
+    async fn release(
+        &self,
+        _: &tower_idempotency::store::StoreKey,
+        _: &tower_idempotency::store::Token,
+    ) -> Result<bool, tower_idempotency::store::StoreError> {
+        Err(tower_idempotency::store::StoreError::new(
+            tower_idempotency::store::StoreErrorKind::Timeout,
+            "the test store times out releases",
+        ))
+    }
+    async fn renew(
+        &self,
+        key: &tower_idempotency::store::StoreKey,
+        token: &tower_idempotency::store::Token,
+        lease: std::time::Duration,
+    ) -> Result<bool, tower_idempotency::store::StoreError> {
+        self.0.renew(key, token, lease).await
+    }
+}
+
+#[tokio::test]
+async fn counts_a_lost_lease_and_a_failed_release() {
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let (server, _work) =
+        server_with(IdempotencyLayer::with_store(Unlucky(MemoryStore::new()))).await;
+
+    assert_eq!(send(server.work("k1").principal("p")).await.status, 201);
+    assert_eq!(
+        counted(&snap),
+        expect(&[
+            "requests{door=http,outcome=fresh}",
+            "results{door=http,result=lease_lost}"
+        ])
+    );
+    assert_eq!(
+        send(server.work("k2").principal("p").respond(503))
+            .await
+            .status,
+        503
+    );
+    let seen_now = seen(&snap);
+    assert_eq!(
+        seen_now.get("idempotency_results_total{door=http,result=release_failed}"),
+        Some(&1.0),
+        "{seen_now:?}"
+    );
+    assert_eq!(
+        seen_now.get("idempotency_store_duration_seconds{op=release,result=timeout,store=custom}"),
+        Some(&1.0),
+        "a failed step is timed under its error's kind, the store under its default name: {seen_now:?}"
+    );
+    server.stop().await;
+}
