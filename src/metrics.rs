@@ -492,3 +492,44 @@ mod on {
 pub(crate) use on::memory;
 #[allow(unused_imports)]
 pub(crate) use on::{DoorCounters, Started, StoreTimer, client_attempt, request, settled};
+
+#[cfg(test)]
+mod tests {
+    use super::{Door, Op, Outcome, Settled};
+
+    /// The key tables are indexed by discriminant: each `ALL` lists its enum in order, once.
+    #[test]
+    fn each_list_is_in_discriminant_order() {
+        assert!(Door::ALL.iter().enumerate().all(|(i, d)| *d as usize == i));
+        assert!(
+            Outcome::ALL
+                .iter()
+                .enumerate()
+                .all(|(i, o)| *o as usize == i)
+        );
+        assert!(
+            Settled::ALL
+                .iter()
+                .enumerate()
+                .all(|(i, s)| *s as usize == i)
+        );
+        assert!(Op::ALL.iter().enumerate().all(|(i, o)| *o as usize == i));
+    }
+
+    /// Label values are fixed words an operator can type in a query.
+    #[test]
+    fn label_values_are_snake_case_words() {
+        let values = Door::ALL
+            .iter()
+            .map(|d| d.as_str())
+            .chain(Outcome::ALL.iter().map(|o| o.as_str()))
+            .chain(Settled::ALL.iter().map(|s| s.as_str()))
+            .chain(Op::ALL.iter().map(|o| o.as_str()));
+        for v in values {
+            assert!(
+                !v.is_empty() && v.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{v}"
+            );
+        }
+    }
+}
