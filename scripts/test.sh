@@ -6,11 +6,15 @@
 # 1. Makes sure the external programs the tests use are on PATH:
 #      redis-server, redis-cli   (Debian: redis-server, redis-tools)
 #      protoc + well-known types (Debian: protobuf-compiler, libprotobuf-dev)
+#      nats-server               (Debian: nats-server, 2.9; JetStream tests of the
+#                                 message door; Debian installs it in /usr/sbin)
 #      initdb, pg_ctl            (Debian: postgresql, which keeps them in
 #                                 /usr/lib/postgresql/<version>/bin, off PATH;
 #                                 the tests find them there, and run the server
 #                                 as the `postgres` user the package creates
 #                                 when they run as root)
+#      python3 with aiosmtpd     (Debian: python3-aiosmtpd, the SMTP server of
+#                                 the outbound mail tests)
 #    Missing ones are installed with apt-get when running as root; otherwise
 #    the script stops and says what to install. Prints nothing when all is
 #    already there.
@@ -36,6 +40,9 @@ need() {
 
 need redis-server redis-server
 need redis-cli redis-tools
+if ! command -v nats-server >/dev/null 2>&1 && [[ ! -x /usr/sbin/nats-server ]]; then
+    missing_pkgs+=(nats-server)
+fi
 need protoc protobuf-compiler
 # protoc looks for google/protobuf/*.proto (the well-known types) in
 # <prefix>/include next to its own binary; Debian ships them in libprotobuf-dev.
@@ -52,6 +59,15 @@ have_postgres() {
 }
 if ! have_postgres || { [[ "$(id -u)" -eq 0 ]] && ! id -u postgres >/dev/null 2>&1; }; then
     missing_pkgs+=(postgresql)
+fi
+
+# The SMTP server of the outbound mail tests (tests/support/smtp_server.py runs
+# under the first python3 that can import aiosmtpd, Debian's /usr/bin/python3 first).
+have_aiosmtpd() {
+    /usr/bin/python3 -c 'import aiosmtpd' >/dev/null 2>&1 || python3 -c 'import aiosmtpd' >/dev/null 2>&1
+}
+if ! have_aiosmtpd; then
+    missing_pkgs+=(python3-aiosmtpd)
 fi
 
 if ((${#missing_pkgs[@]} > 0)); then
@@ -74,8 +90,8 @@ if ((${#missing_pkgs[@]} > 0)); then
         rm -f "$log"
     }
     trap cleanup EXIT
-    # Do not let the redis-server and postgresql packages start system-wide
-    # daemons (on ports 6379 and 5432): the tests start their own servers.
+    # Do not let the redis-server, postgresql and nats-server packages start
+    # system-wide daemons (on ports 6379, 5432 and 4222): the tests start their own servers.
     if [[ ! -e /usr/sbin/policy-rc.d ]]; then
         printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
         chmod 755 /usr/sbin/policy-rc.d
@@ -99,6 +115,10 @@ if ((${#missing_pkgs[@]} > 0)); then
     done
     if ! have_postgres; then
         echo "scripts/test.sh: initdb/pg_ctl are still not found after installing ${missing_pkgs[*]}" >&2
+        exit 1
+    fi
+    if ! have_aiosmtpd; then
+        echo "scripts/test.sh: python3 cannot import aiosmtpd after installing ${missing_pkgs[*]}" >&2
         exit 1
     fi
 fi

@@ -387,6 +387,17 @@ impl<S: Store> Engine<S> {
         done
     }
 
+    /// Keeps the key pending for `hold` from now, under the ticket, instead of completing or
+    /// releasing it: for work whose outcome is unknown (a message that may have been sent), so
+    /// that a retry is answered "in flight" rather than doing it again until the hold ends.
+    /// Returns `Ok(false)` when the ticket no longer held the key.
+    ///
+    /// # Errors
+    /// The store's error; the key then stays pending until its current lease lapses.
+    pub async fn hold(&self, ticket: Ticket, hold: Duration) -> Result<bool, StoreError> {
+        self.store.renew(&ticket.key, &ticket.token, hold).await
+    }
+
     /// Frees the key so a retry runs the work again. Returns `Ok(false)` when the ticket no
     /// longer held it.
     ///

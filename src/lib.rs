@@ -82,10 +82,15 @@
 //! layer and retry policy (hyper-util, tonic) or a `reqwest-middleware` middleware (feature
 //! `reqwest`).
 //!
+//! **Sending once.** The [`outbound`] module wraps an outbound transport (an HTTP client, a
+//! lettre mail transport, any tower service) so that a job that runs twice sends its email,
+//! webhook or payment call once; a send of unknown delivery keeps its key, and the caller is
+//! told so.
+//!
 //! **Below the doors.** A *door* is one way into the same machinery: the HTTP layer, the
-//! attribute and the extractors are doors today. Each turns its input into a key, a scope and a
-//! fingerprint and asks the [`engine`] to claim, run, and complete or release; only the engine
-//! talks to the store. A new door (a queue consumer, an outbound call) is built on
+//! attribute, the extractors and [`outbound`] are doors today. Each turns its input into a
+//! key, a scope and a fingerprint and asks the [`engine`] to claim, run, and complete or
+//! release; only the engine talks to the store. A new door (a queue consumer, say) is built on
 //! [`engine::Engine`].
 //!
 //! # Features
@@ -100,6 +105,10 @@
 //! | `tonic` | no | `Rejection::to_status` and tonic's `NamedService` for the layered service |
 //! | `test-util` | no | the store conformance suite, for your own `Store` |
 //! | `reqwest` | no | `client::RetryMiddleware`, client retries for `reqwest-middleware` |
+//! | `lettre` | no | `outbound::mail`, send-once email over lettre's `AsyncTransport` |
+//! | `nats` | no | `message::jetstream`, the message door on async-nats JetStream consumers |
+//! | `apalis` | no | `message::jobs`, the message door as an apalis worker layer |
+//! | `json` | no | `outbound::Json` and `message::Json`: receipts and message results of any serde type kept as JSON |
 //! | `metrics` | no | counters and histograms through the `metrics` facade (below) |
 //!
 //! # Metrics
@@ -159,6 +168,8 @@ mod secret;
 pub mod client;
 pub mod engine;
 pub mod http;
+pub mod message;
+pub mod outbound;
 pub mod store;
 
 #[cfg(feature = "axum")]

@@ -136,7 +136,7 @@
 // `retry` (tower) and `middleware` (reqwest) are the stacks, each using only the two first;
 // `buffer` stands alone.
 mod buffer;
-mod classify;
+pub(crate) mod classify;
 #[cfg(feature = "reqwest")]
 mod middleware;
 mod outcome;

@@ -164,6 +164,8 @@ pub use headers::{
 };
 // The gRPC wire names, shared with the client's retry rules.
 pub(crate) use headers::{GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS};
+// The deny list, shared with the outbound door's HTTP receipts.
+pub(crate) use headers::is_denied_bytes;
 pub use layer::IdempotencyLayer;
 pub use rejection::{Rejection, RejectionKind};
 pub use service::Idempotency;

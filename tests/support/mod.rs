@@ -6,8 +6,10 @@
 //! - [`raw_http`]: raw HTTP/1.1 bytes to that server, for requests a client library refuses;
 //! - [`apps`]: load over the in-process app or quickstart processes: storms, answer mixes;
 //! - [`quickstart`]: the built quickstart example as a child process (memory store or Redis);
+//! - [`nats_server`]: `nats-server -js` on a free loopback port with a temporary store;
 //! - [`redis_server`]: `redis-server` (and clusters) spawned on free loopback ports;
 //! - [`postgres_server`]: a PostgreSQL server (`initdb`, `pg_ctl`) on a free loopback port;
+//! - [`smtp_server`]: an SMTP server (`python3-aiosmtpd`) on a free loopback port;
 //! - [`proxy`]: a TCP proxy that injects latency, drops and black holes;
 //! - [`pb`]: the vendored tonic code of the gRPC tests.
 
@@ -16,11 +18,13 @@
 
 pub(crate) mod apps;
 pub(crate) mod http;
+pub(crate) mod nats_server;
 pub(crate) mod postgres_server;
 pub(crate) mod proxy;
 pub(crate) mod quickstart;
 pub(crate) mod raw_http;
 pub(crate) mod redis_server;
+pub(crate) mod smtp_server;
 
 #[cfg(feature = "tonic")]
 #[path = "grpc/orders.v1.rs"]

@@ -1,0 +1,97 @@
+//! Send once: a job that runs twice sends its email once.
+//!
+//! ```text
+//! cargo run --example send_once_mail --features lettre
+//! ```
+//!
+//! Runs with no mail server: lettre's stub transport stands in for SMTP and keeps what it was
+//! given. The job sends an invoice (with an attachment) under the key `invoice:2024-017`; it
+//! runs twice, as a job queue may run it, and the second run is answered with the receipt of
+//! the first. Then a batch with a repeat inside it, and the same key on another message.
+//! Swap the stub for `AsyncSmtpTransport::<Tokio1Executor>::relay(..)` to send for real.
+
+use lettre::message::header::{ContentType, HeaderName, HeaderValue};
+use lettre::message::{Attachment, MultiPart, SinglePart};
+use lettre::transport::stub::AsyncStubTransport;
+use lettre::{AsyncTransport, Message};
+use std::time::Duration;
+use tower_idempotency::MemoryStore;
+use tower_idempotency::engine::Engine;
+use tower_idempotency::outbound::Delivery;
+use tower_idempotency::outbound::mail::{Mail, SendOnceTransport};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// The job's email, built anew on each run (its Date, Message-ID and MIME boundary differ).
+fn invoice(key: &str, to: &str, amount: &str) -> Result<Message, Error> {
+    let pdf = format!("%PDF-1.7 invoice for {amount}").into_bytes();
+    Ok(Message::builder()
+        .from("billing@shop.example".parse()?)
+        .to(to.parse()?)
+        .subject(format!("Your invoice: {amount}"))
+        .raw_header(HeaderValue::new(
+            HeaderName::new_from_ascii_str("Idempotency-Key"),
+            key.to_owned(),
+        ))
+        .multipart(
+            MultiPart::mixed()
+                .singlepart(SinglePart::plain(format!("Amount due: {amount}.")))
+                .singlepart(
+                    Attachment::new("invoice.pdf".to_owned())
+                        .body(pdf, ContentType::parse("application/pdf")?),
+                ),
+        )?)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let stub = AsyncStubTransport::new_ok();
+    let engine = Engine::builder(MemoryStore::new())
+        .ttl(Duration::from_secs(7 * 24 * 3600)) // receipts answer repeats for a week
+        .build();
+    let mailer = SendOnceTransport::builder(stub.clone(), engine)
+        .hold(Duration::from_secs(15 * 60)) // an unknown delivery holds its key 15 minutes
+        .build();
+
+    for run in 1..=2 {
+        let delivery = mailer
+            .send(invoice("invoice:2024-017", "ada@example.com", "€42.00")?)
+            .await?;
+        let what = match delivery {
+            Delivery::Sent(()) => "sent",
+            Delivery::Replayed(()) => "already sent: answered from its receipt",
+            Delivery::InFlight => "in flight or of unknown delivery: not sent again",
+            _ => "not sent",
+        };
+        println!("job run {run}: invoice:2024-017 {what}");
+    }
+
+    let batch = vec![
+        Mail::new(&invoice("invoice:2024-018", "bob@example.com", "€7.50")?),
+        Mail::new(&invoice("invoice:2024-017", "ada@example.com", "€42.00")?), // sent before
+        Mail::new(&invoice("invoice:2024-018", "bob@example.com", "€7.50")?),  // repeated here
+    ];
+    for (i, answer) in mailer.send_many(batch).await.into_iter().enumerate() {
+        let answer = answer?;
+        println!(
+            "batch item {i}: {}",
+            if answer.is_sent() {
+                "sent"
+            } else {
+                "answered in place"
+            }
+        );
+    }
+
+    let reused = mailer
+        .send(invoice("invoice:2024-017", "ada@example.com", "€99.00")?)
+        .await;
+    if let Err(e) = reused {
+        println!("another invoice under invoice:2024-017: {e}");
+    }
+
+    let sent = stub.messages().await.len();
+    println!("the transport was handed {sent} messages");
+    assert_eq!(sent, 2, "invoice 017 once, invoice 018 once");
+    Ok(())
+}

@@ -1,0 +1,220 @@
+//! Why the door did not let a message through, and whether the broker should try again.
+
+use crate::key::KeyError;
+use crate::record::RecordError;
+use crate::store::StoreError;
+use std::error::Error as StdError;
+use std::fmt;
+use std::time::Duration;
+
+/// What kind of [`MessageError`] this is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum MessageErrorKind {
+    /// The handler returned an error; the key was released (retryable: redeliver).
+    Handler,
+    /// A duplicate of a message still in progress, under [`InProgress::Reject`](super::InProgress::Reject)
+    /// (retryable, after [`MessageError::retry_after`]).
+    InFlight,
+    /// The store could not claim the key; the handler did not run (retryable).
+    Store,
+    /// The message is on a listed topic, has no key, and keys are required: refused so it
+    /// dead-letters instead of running unprotected (not retryable).
+    KeyMissing,
+    /// The message carries a key that is not valid (not retryable).
+    KeyInvalid,
+    /// The key was used by a different message, on the same topic and consumer (not
+    /// retryable: the producer reused a key).
+    KeyReused,
+    /// The record of a completed duplicate failed validation or did not decode; it is never
+    /// used (not retryable).
+    RecordInvalid,
+}
+
+/// The door refused or failed a message. The handler's own error is kept, as are the store's
+/// and the key's as [`source`](StdError::source).
+pub struct MessageError<E> {
+    inner: Inner<E>,
+}
+
+enum Inner<E> {
+    Handler(E),
+    InFlight(Duration),
+    Store(StoreError),
+    KeyMissing,
+    KeyInvalid(KeyError),
+    KeyReused,
+    RecordInvalid(Option<RecordError>),
+}
+
+impl<E> MessageError<E> {
+    pub(crate) fn handler(e: E) -> Self {
+        Self {
+            inner: Inner::Handler(e),
+        }
+    }
+
+    pub(crate) fn in_flight(retry_after: Duration) -> Self {
+        Self {
+            inner: Inner::InFlight(retry_after),
+        }
+    }
+
+    pub(crate) fn store(e: StoreError) -> Self {
+        Self {
+            inner: Inner::Store(e),
+        }
+    }
+
+    pub(crate) fn key_missing() -> Self {
+        Self {
+            inner: Inner::KeyMissing,
+        }
+    }
+
+    pub(crate) fn key_invalid(e: KeyError) -> Self {
+        Self {
+            inner: Inner::KeyInvalid(e),
+        }
+    }
+
+    pub(crate) fn key_reused() -> Self {
+        Self {
+            inner: Inner::KeyReused,
+        }
+    }
+
+    pub(crate) fn record_invalid(e: Option<RecordError>) -> Self {
+        Self {
+            inner: Inner::RecordInvalid(e),
+        }
+    }
+
+    /// What kind of error this is.
+    #[must_use]
+    pub fn kind(&self) -> MessageErrorKind {
+        match &self.inner {
+            Inner::Handler(_) => MessageErrorKind::Handler,
+            Inner::InFlight(_) => MessageErrorKind::InFlight,
+            Inner::Store(_) => MessageErrorKind::Store,
+            Inner::KeyMissing => MessageErrorKind::KeyMissing,
+            Inner::KeyInvalid(_) => MessageErrorKind::KeyInvalid,
+            Inner::KeyReused => MessageErrorKind::KeyReused,
+            Inner::RecordInvalid(_) => MessageErrorKind::RecordInvalid,
+        }
+    }
+
+    /// Whether a redelivery may succeed: the handler's error, a message in flight, a store
+    /// failure. The others will fail the same way every time: dead-letter them.
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self.inner,
+            Inner::Handler(_) | Inner::InFlight(_) | Inner::Store(_)
+        )
+    }
+
+    /// For a message in flight: how long to wait before redelivering (the lease, the longest
+    /// the first delivery's claim can stand without renewal).
+    #[must_use]
+    pub fn retry_after(&self) -> Option<Duration> {
+        match self.inner {
+            Inner::InFlight(d) => Some(d),
+            _ => None,
+        }
+    }
+
+    /// The handler's error, if that is what this is.
+    #[must_use]
+    pub fn handler_error(&self) -> Option<&E> {
+        match &self.inner {
+            Inner::Handler(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The handler's error, or this error back.
+    ///
+    /// # Errors
+    /// `self`, when it is not the handler's error.
+    pub fn into_handler_error(self) -> Result<E, Self> {
+        match self.inner {
+            Inner::Handler(e) => Ok(e),
+            inner => Err(Self { inner }),
+        }
+    }
+
+    /// The handler's error as `Err`, or this error as a door error that holds no handler
+    /// error (for adapters whose handler errors do not implement `Error`).
+    #[cfg(feature = "apalis")]
+    pub(crate) fn split_handler(self) -> Result<MessageError<std::convert::Infallible>, E> {
+        let inner = match self.inner {
+            Inner::Handler(e) => return Err(e),
+            Inner::InFlight(d) => Inner::InFlight(d),
+            Inner::Store(e) => Inner::Store(e),
+            Inner::KeyMissing => Inner::KeyMissing,
+            Inner::KeyInvalid(e) => Inner::KeyInvalid(e),
+            Inner::KeyReused => Inner::KeyReused,
+            Inner::RecordInvalid(e) => Inner::RecordInvalid(e),
+        };
+        Ok(MessageError { inner })
+    }
+
+    /// The store's error, if that is what this is.
+    #[must_use]
+    pub fn store_error(&self) -> Option<&StoreError> {
+        match &self.inner {
+            Inner::Store(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl<E: fmt::Debug> fmt::Debug for MessageError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("MessageError");
+        d.field("kind", &self.kind());
+        match &self.inner {
+            Inner::Handler(e) => d.field("handler", e),
+            Inner::InFlight(after) => d.field("retry_after", after),
+            Inner::Store(e) => d.field("store", e),
+            Inner::KeyInvalid(e) => d.field("key", e),
+            Inner::RecordInvalid(e) => d.field("record", e),
+            Inner::KeyMissing | Inner::KeyReused => &mut d,
+        };
+        d.finish()
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for MessageError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.inner {
+            Inner::Handler(e) => write!(f, "the message handler failed: {e}"),
+            Inner::InFlight(after) => write!(
+                f,
+                "a delivery of this message is still being handled; retry after {after:?}"
+            ),
+            Inner::Store(_) => f.write_str("the idempotency store could not claim the message"),
+            Inner::KeyMissing => f.write_str("the message has no idempotency key"),
+            Inner::KeyInvalid(_) => f.write_str("the message's idempotency key is not valid"),
+            Inner::KeyReused => {
+                f.write_str("the message's idempotency key was used by a different message")
+            }
+            Inner::RecordInvalid(_) => {
+                f.write_str("the record of this message's first run failed validation")
+            }
+        }
+    }
+}
+
+impl<E: StdError + 'static> StdError for MessageError<E> {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match &self.inner {
+            Inner::Handler(e) => Some(e),
+            Inner::Store(e) => Some(e),
+            Inner::KeyInvalid(e) => Some(e),
+            Inner::RecordInvalid(Some(e)) => Some(e),
+            _ => None,
+        }
+    }
+}

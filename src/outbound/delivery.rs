@@ -1,0 +1,190 @@
+//! What a send did: the answer of the door, and its errors.
+
+use crate::key::KeyError;
+use crate::record::RecordError;
+use crate::store::StoreError;
+use std::error::Error as StdError;
+use std::fmt;
+
+/// What became of a send through the door (the `Ok` of [`SendOnce`](super::SendOnce)).
+///
+/// | variant | sent now | key |
+/// | --- | --- | --- |
+/// | `Sent` | yes | completed with the receipt |
+/// | `Replayed` | no: an earlier send under the key went | unchanged |
+/// | `Rejected` | no: the provider answered and took nothing | released |
+/// | `InFlight` | no: another send holds the key, or its delivery is unknown | unchanged |
+/// | `Unknown` | maybe | kept until the lease or hold time ends |
+///
+/// `InFlight` and `Unknown` are not errors to retry at once: the message may be on its way.
+/// Check with the provider, or try again after the hold time.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Delivery<R, E> {
+    /// The message went now; its receipt was recorded under the key.
+    Sent(R),
+    /// An earlier send under this key went: its receipt. Nothing was sent now.
+    Replayed(R),
+    /// The provider answered that it took nothing (a 4xx, a 429, an SMTP 5xx reply to a command
+    /// before the message, ...). The key was released: another send under it goes.
+    Rejected {
+        /// The provider's answer.
+        response: R,
+        /// Whether the same request may succeed later (429, 503, SMTP 4xx).
+        retryable: bool,
+    },
+    /// Another send under this key is in progress, or its delivery is unknown and the key is
+    /// held. Nothing was sent now.
+    InFlight,
+    /// This send may have gone: the key is kept until its lease (or the hold time) ends, so a
+    /// retry meanwhile is answered [`InFlight`](Delivery::InFlight) and sends nothing.
+    Unknown(Unknown<R, E>),
+}
+
+impl<R, E> Delivery<R, E> {
+    /// The receipt, when the message went (now or before).
+    #[must_use]
+    pub fn receipt(&self) -> Option<&R> {
+        match self {
+            Self::Sent(r) | Self::Replayed(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// The receipt, when the message went (now or before).
+    #[must_use]
+    pub fn into_receipt(self) -> Option<R> {
+        match self {
+            Self::Sent(r) | Self::Replayed(r) => Some(r),
+            _ => None,
+        }
+    }
+
+    /// Whether this call sent the message (`Sent`).
+    #[must_use]
+    pub fn is_sent(&self) -> bool {
+        matches!(self, Self::Sent(_))
+    }
+
+    /// Whether the message may be on its way without a receipt (`InFlight`, `Unknown`).
+    #[must_use]
+    pub fn is_unknown(&self) -> bool {
+        matches!(self, Self::InFlight | Self::Unknown(_))
+    }
+}
+
+/// Why the delivery of a send is unknown.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum Unknown<R, E> {
+    /// The provider answered in a way that does not say (an HTTP 500, 502 or 504).
+    Response(R),
+    /// The exchange failed after it may have reached the provider (a timeout after the request
+    /// was written, a connection reset mid-exchange).
+    Error(E),
+    /// A batch path returned fewer answers than requests: this one has none.
+    NoAnswer,
+}
+
+/// Why a send through the door failed. Nothing was sent in any case.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum OutboundError<E> {
+    /// The inner service failed before anything could go (the connection was refused, DNS
+    /// failed); the key was released.
+    Failed {
+        /// The inner service's error.
+        error: E,
+        /// Whether the same request may succeed later.
+        retryable: bool,
+    },
+    /// The request's key is not a valid idempotency key.
+    KeyInvalid(KeyError),
+    /// The key was used before for a different request (`idempotency.key_reused`).
+    KeyReused,
+    /// The store failed to claim the key (`idempotency.store_failed`): retryable.
+    Store(StoreError),
+    /// The record found under the key is not a receipt this door can read
+    /// (`idempotency.record_invalid`); it is not replayed.
+    RecordInvalid(RecordError),
+}
+
+/// The kind of an [`OutboundError`], without its payload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum OutboundErrorKind {
+    /// [`OutboundError::Failed`].
+    Failed,
+    /// [`OutboundError::KeyInvalid`].
+    KeyInvalid,
+    /// [`OutboundError::KeyReused`].
+    KeyReused,
+    /// [`OutboundError::Store`].
+    StoreFailed,
+    /// [`OutboundError::RecordInvalid`].
+    RecordInvalid,
+}
+
+impl<E> OutboundError<E> {
+    /// The kind of failure.
+    #[must_use]
+    pub fn kind(&self) -> OutboundErrorKind {
+        match self {
+            Self::Failed { .. } => OutboundErrorKind::Failed,
+            Self::KeyInvalid(_) => OutboundErrorKind::KeyInvalid,
+            Self::KeyReused => OutboundErrorKind::KeyReused,
+            Self::Store(_) => OutboundErrorKind::StoreFailed,
+            Self::RecordInvalid(_) => OutboundErrorKind::RecordInvalid,
+        }
+    }
+
+    /// Whether sending the same request again may succeed: a retryable failure of the inner
+    /// service, or a store that failed to claim the key.
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        match self {
+            Self::Failed { retryable, .. } => *retryable,
+            Self::Store(_) => true,
+            _ => false,
+        }
+    }
+
+    /// The machine code of the case, as the HTTP layer's problem details name it
+    /// (`idempotency.key_reused`, ...); `None` for the inner service's failure.
+    #[must_use]
+    pub fn code(&self) -> Option<&'static str> {
+        match self {
+            Self::Failed { .. } => None,
+            Self::KeyInvalid(_) => Some("idempotency.key_invalid"),
+            Self::KeyReused => Some("idempotency.key_reused"),
+            Self::Store(_) => Some("idempotency.store_failed"),
+            Self::RecordInvalid(_) => Some("idempotency.record_invalid"),
+        }
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for OutboundError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Failed { error, .. } => write!(f, "the send failed, nothing went: {error}"),
+            Self::KeyInvalid(e) => write!(f, "idempotency.key_invalid: {e}"),
+            Self::KeyReused => f.write_str(
+                "idempotency.key_reused: the key was used before for a different request",
+            ),
+            Self::Store(e) => write!(f, "idempotency.store_failed: {e}; nothing was sent"),
+            Self::RecordInvalid(e) => write!(f, "idempotency.record_invalid: {e}"),
+        }
+    }
+}
+
+impl<E: StdError + 'static> StdError for OutboundError<E> {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match self {
+            Self::Failed { error, .. } => Some(error),
+            Self::KeyInvalid(e) => Some(e),
+            Self::KeyReused => None,
+            Self::Store(e) => Some(e),
+            Self::RecordInvalid(e) => Some(e),
+        }
+    }
+}

@@ -1,0 +1,465 @@
+//! The HTTP adapter: send once through any `Service<http::Request<B>>` client (hyper-util's,
+//! a tower HTTP stack), and forward the key to the provider as `Idempotency-Key`.
+//!
+//! ```
+//! use bytes::Bytes;
+//! use http_body_util::Full;
+//! use hyper_util::client::legacy::Client;
+//! use hyper_util::rt::TokioExecutor;
+//! use tower::ServiceBuilder;
+//! use tower_idempotency::MemoryStore;
+//! use tower_idempotency::engine::Engine;
+//! use tower_idempotency::outbound::http::HttpSendOnceLayer;
+//!
+//! let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+//! let payments = ServiceBuilder::new()
+//!     .layer(HttpSendOnceLayer::new(Engine::new(MemoryStore::new())).namespace("payments"))
+//!     .service(client);
+//! // payments.oneshot(Request<Bytes> with `Idempotency-Key: charge:order-17`)
+//! //   → Delivery::Sent(Response<Bytes>), and a repeat → Delivery::Replayed(the same response)
+//! # let _ = payments;
+//! ```
+//!
+//! # The key
+//!
+//! The outgoing request's `Idempotency-Key` header; else a [`DerivedKey`] in its extensions,
+//! which is then sent as the header. Put the inbound request's derived key there (the
+//! [`DerivedKey`] extractor, or [`ClaimedKey::derived_key`](crate::http::ClaimedKey::derived_key))
+//! and a retried inbound request sends the same key downstream: the provider can de-duplicate
+//! too. A request with neither is sent as it is. Give each provider its own
+//! [`namespace`](HttpSendOnceLayer::namespace) when one job calls several with one key.
+//!
+//! The fingerprint is the method, URI, `Content-Type` and body; the request body is taken as
+//! [`Bytes`] (what API calls and webhooks send) and handed to the client as its body type.
+//!
+//! # What the answers mean
+//!
+//! | answer | verdict | key |
+//! | --- | --- | --- |
+//! | 2xx | sent: the response (status, headers but those on [`DENIED_HEADERS`](crate::http::DENIED_HEADERS), body) is the receipt | completed |
+//! | 408, 425, 429, 503 | failed, retryable | released |
+//! | 409 with `Retry-After` (the provider's own "in flight") | unknown | held |
+//! | 500, 502, 504 and other 5xx | unknown: the provider may have acted | held |
+//! | 501, other 4xx, 1xx, 3xx | failed, not retryable | released |
+//! | connection refused, unreachable (an `io::Error` in the error's chain) | failed, retryable | released |
+//! | a timeout, a connection closed or reset, any other transport error | unknown | held |
+//! | the response body fails or is over [`max_response_body`](HttpSendOnceLayer::max_response_body) | unknown | held |
+//!
+//! Transport errors are read with the client door's rules (the error's chain of sources:
+//! `io::Error` kinds, tokio's and `tower::timeout`'s elapsed errors). A timeout cannot tell
+//! whether the request was written, so every timeout is unknown: the safe side. Bound each
+//! call with `tower::timeout::TimeoutLayer` inside this layer.
+//!
+//! [`DerivedKey`]: crate::DerivedKey
+
+use super::classify::{Classify, Verdict, verdict_of_failure};
+use super::delivery::{Delivery, OutboundError};
+use super::identify::{Identify, Identity};
+use super::receipt::{Receipt, ReceiptError};
+use super::service::{BoxFuture, SendOnce, SendOnceLayer};
+use crate::client::Failure;
+use crate::client::classify::failure_of;
+use crate::engine::{Engine, Fingerprint, KeyError, RecordedResponse, Scope};
+use crate::key::IdempotencyKey;
+use crate::record::Record;
+use crate::scope::DerivedKey;
+use crate::store::Store;
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderName, HeaderValue, Request, Response, StatusCode};
+use http_body::Body;
+use http_body_util::{BodyExt, Full, Limited};
+use std::error::Error as StdError;
+use std::fmt;
+use std::marker::PhantomData;
+use std::task::{Context, Poll};
+use std::time::Duration;
+use tower_layer::Layer;
+use tower_service::Service;
+
+/// The largest response body kept as a receipt by default (1 MiB).
+pub const DEFAULT_MAX_RESPONSE_BODY: usize = 1024 * 1024;
+
+type BoxError = Box<dyn StdError + Send + Sync + 'static>;
+
+/// The send-once service over an HTTP client: takes `Request<Bytes>`, answers
+/// [`Delivery`]`<Response<Bytes>, CallError>`.
+pub type HttpSendOnce<S, St, B = Full<Bytes>> =
+    SendOnce<HttpCall<S, B>, St, HttpIdentify, HttpClassifier>;
+
+/// The answer of [`HttpSendOnce`].
+pub type HttpDelivery = Delivery<Response<Bytes>, CallError>;
+
+/// The error of [`HttpSendOnce`].
+pub type HttpError = OutboundError<CallError>;
+
+/// Wraps an HTTP client (`Service<Request<B>>`, `B` being [`Full<Bytes>`] unless named) so
+/// that a request sent twice under one key goes once. See the [module docs](self).
+#[must_use]
+pub struct HttpSendOnceLayer<St, B = Full<Bytes>> {
+    door: SendOnceLayer<St, HttpIdentify, HttpClassifier>,
+    max_response_body: usize,
+    body: PhantomData<fn() -> B>,
+}
+
+impl<St, B> Clone for HttpSendOnceLayer<St, B> {
+    fn clone(&self) -> Self {
+        Self {
+            door: self.door.clone(),
+            max_response_body: self.max_response_body,
+            body: PhantomData,
+        }
+    }
+}
+
+impl<St, B> fmt::Debug for HttpSendOnceLayer<St, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpSendOnceLayer")
+            .field("door", &self.door)
+            .field("max_response_body", &self.max_response_body)
+            .finish()
+    }
+}
+
+impl<St: Store> HttpSendOnceLayer<St> {
+    /// A layer over `engine` for clients whose request body is [`Full<Bytes>`]
+    /// (hyper-util's `build_http::<Full<Bytes>>()`), with the default key header
+    /// (`Idempotency-Key`) and response limit (1 MiB).
+    pub fn new(engine: Engine<St>) -> Self {
+        Self::with_body(engine)
+    }
+}
+
+impl<St: Store, B> HttpSendOnceLayer<St, B> {
+    /// A layer for a client whose request body is `B` (built from the request's [`Bytes`]).
+    pub fn with_body(engine: Engine<St>) -> Self {
+        Self {
+            door: SendOnceLayer::new(engine, HttpIdentify::default()).classify(HttpClassifier),
+            max_response_body: DEFAULT_MAX_RESPONSE_BODY,
+            body: PhantomData,
+        }
+    }
+
+    /// See [`SendOnceLayer::namespace`].
+    pub fn namespace(mut self, namespace: &str) -> Self {
+        self.door = self.door.namespace(namespace);
+        self
+    }
+
+    /// See [`SendOnceLayer::scope`].
+    pub fn scope(mut self, scope: Scope) -> Self {
+        self.door = self.door.scope(scope);
+        self
+    }
+
+    /// See [`SendOnceLayer::hold`].
+    pub fn hold(mut self, hold: Duration) -> Self {
+        self.door = self.door.hold(hold);
+        self
+    }
+
+    /// The largest response body read and kept as the receipt (default 1 MiB); a longer one
+    /// is an unknown delivery (the provider answered, the answer cannot be kept).
+    pub fn max_response_body(mut self, bytes: usize) -> Self {
+        self.max_response_body = bytes;
+        self
+    }
+}
+
+impl<S, St: Store, B> Layer<S> for HttpSendOnceLayer<St, B> {
+    type Service = HttpSendOnce<S, St, B>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        self.door.layer(HttpCall {
+            inner,
+            max_response_body: self.max_response_body,
+            body: PhantomData,
+        })
+    }
+}
+
+/// Reads the key of an outgoing HTTP request: its key header, else a [`DerivedKey`] in its
+/// extensions. The fingerprint: method, URI, `Content-Type`, body.
+#[derive(Clone, Debug)]
+pub struct HttpIdentify {
+    header: HeaderName,
+}
+
+impl Default for HttpIdentify {
+    fn default() -> Self {
+        Self {
+            header: crate::http::KEY_HEADER,
+        }
+    }
+}
+
+impl Identify<Request<Bytes>> for HttpIdentify {
+    fn identify(&self, req: &Request<Bytes>) -> Result<Option<Identity>, KeyError> {
+        let mut values = req.headers().get_all(&self.header).iter();
+        let key = match (values.next(), values.next()) {
+            (Some(_), Some(_)) => {
+                return Err(KeyError::new(crate::key::KeyErrorKind::MultipleValues));
+            }
+            (Some(v), None) => IdempotencyKey::parse_header(v.as_bytes())?,
+            (None, _) => match req.extensions().get::<DerivedKey>() {
+                Some(derived) => IdempotencyKey::new(derived.as_str())?,
+                None => return Ok(None),
+            },
+        };
+        let content_type = req
+            .headers()
+            .get(CONTENT_TYPE)
+            .map_or(&b""[..], HeaderValue::as_bytes);
+        let fingerprint = Fingerprint::builder()
+            .field(req.method().as_str().as_bytes())
+            .field(req.uri().to_string().as_bytes())
+            .field(content_type)
+            .field(req.body())
+            .finish();
+        Ok(Some(Identity::new(key, fingerprint)))
+    }
+}
+
+/// The HTTP reading of a send's result (the table in the [module docs](self)).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct HttpClassifier;
+
+impl Classify<Response<Bytes>, CallError> for HttpClassifier {
+    fn classify(&self, result: Result<&Response<Bytes>, &CallError>) -> Verdict {
+        match result {
+            Ok(res) => verdict_of_status(res.status(), res.headers().contains_key(RETRY_AFTER)),
+            Err(e) if e.stage == Stage::Response => Verdict::Unknown,
+            Err(e) => verdict_of_failure(failure_of(&*e.source, Failure::Transport)),
+        }
+    }
+}
+
+fn verdict_of_status(status: StatusCode, retry_after: bool) -> Verdict {
+    match status.as_u16() {
+        200..=299 => Verdict::Sent,
+        408 | 425 | 429 | 503 => Verdict::Failed { retryable: true },
+        409 if retry_after => Verdict::Unknown,
+        501 => Verdict::Failed { retryable: false },
+        500..=599 => Verdict::Unknown,
+        _ => Verdict::Failed { retryable: false },
+    }
+}
+
+/// Which part of the exchange failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// The client's call: no response head (yet).
+    Exchange,
+    /// Reading the response body, after the provider answered.
+    Response,
+}
+
+/// Why an HTTP call failed: the client's error, or the response body that failed or was too
+/// long. Its [`source`](StdError::source) is the client's error.
+#[derive(Debug)]
+pub struct CallError {
+    source: BoxError,
+    stage: Stage,
+}
+
+impl CallError {
+    /// Whether the provider answered a status before the failure (the response body failed or
+    /// was over the limit).
+    #[must_use]
+    pub fn after_response(&self) -> bool {
+        self.stage == Stage::Response
+    }
+
+    /// The client's error.
+    #[must_use]
+    pub fn into_inner(self) -> BoxError {
+        self.source
+    }
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.stage {
+            Stage::Exchange => write!(f, "the HTTP call failed: {}", self.source),
+            Stage::Response => write!(f, "the HTTP response body failed: {}", self.source),
+        }
+    }
+}
+
+impl StdError for CallError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+/// An HTTP client as the door needs it: `Request<Bytes>` in, the key header forwarded,
+/// `Response<Bytes>` out (the body read whole, up to a limit).
+pub struct HttpCall<S, B = Full<Bytes>> {
+    inner: S,
+    max_response_body: usize,
+    body: PhantomData<fn() -> B>,
+}
+
+impl<S: Clone, B> Clone for HttpCall<S, B> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            max_response_body: self.max_response_body,
+            body: PhantomData,
+        }
+    }
+}
+
+impl<S: fmt::Debug, B> fmt::Debug for HttpCall<S, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HttpCall")
+            .field("inner", &self.inner)
+            .field("max_response_body", &self.max_response_body)
+            .finish()
+    }
+}
+
+impl<S, B> HttpCall<S, B> {
+    /// The client.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+}
+
+impl<S, B, RB> Service<Request<Bytes>> for HttpCall<S, B>
+where
+    S: Service<Request<B>, Response = Response<RB>>,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+    B: From<Bytes>,
+    RB: Body<Data = Bytes> + Send + 'static,
+    RB::Error: Into<BoxError>,
+{
+    type Response = Response<Bytes>;
+    type Error = CallError;
+    type Future = BoxFuture<Result<Response<Bytes>, CallError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CallError>> {
+        self.inner.poll_ready(cx).map_err(|e| CallError {
+            source: e.into(),
+            stage: Stage::Exchange,
+        })
+    }
+
+    fn call(&mut self, mut req: Request<Bytes>) -> Self::Future {
+        // A derived key is the key: the provider gets it too, so it can de-duplicate.
+        if !req.headers().contains_key(crate::http::KEY_HEADER)
+            && let Some(derived) = req.extensions().get::<DerivedKey>()
+            && let Ok(v) = HeaderValue::from_str(derived.as_str())
+        {
+            req.headers_mut().insert(crate::http::KEY_HEADER, v);
+        }
+        let limit = self.max_response_body;
+        let fut = self.inner.call(req.map(B::from));
+        Box::pin(async move {
+            let res = fut.await.map_err(|e| CallError {
+                source: e.into(),
+                stage: Stage::Exchange,
+            })?;
+            let (parts, body) = res.into_parts();
+            let body = Limited::new(body, limit)
+                .collect()
+                .await
+                .map_err(|source| CallError {
+                    source,
+                    stage: Stage::Response,
+                })?
+                .to_bytes();
+            Ok(Response::from_parts(parts, body))
+        })
+    }
+}
+
+/// An HTTP response as a receipt: status, headers (but those on the deny list: cookies,
+/// `Date`, hop-by-hop, ...) and body.
+impl Receipt for Response<Bytes> {
+    fn to_bytes(&self) -> Result<Bytes, ReceiptError> {
+        let headers = self
+            .headers()
+            .iter()
+            .filter(|(n, _)| !crate::http::is_denied_bytes(n.as_str().as_bytes()))
+            .map(|(n, v)| {
+                (
+                    Bytes::copy_from_slice(n.as_str().as_bytes()),
+                    Bytes::copy_from_slice(v.as_bytes()),
+                )
+            })
+            .collect();
+        let record =
+            RecordedResponse::new(self.status().as_u16(), headers, Some(self.body().clone()));
+        record
+            .encode()
+            .map(Record::into_bytes)
+            .map_err(|e| ReceiptError::with_source("the response cannot be kept", e))
+    }
+
+    fn from_bytes(bytes: Bytes) -> Result<Self, ReceiptError> {
+        let bad = |e: &'static str| ReceiptError::new(e);
+        let record = Record::from_bytes(bytes)
+            .decode(usize::MAX)
+            .map_err(|e| ReceiptError::with_source("not an HTTP receipt", e))?;
+        let mut res = Response::new(record.body.unwrap_or_default());
+        *res.status_mut() =
+            StatusCode::from_u16(record.status).map_err(|_| bad("a status out of range"))?;
+        for (n, v) in record.headers {
+            let name = HeaderName::from_bytes(&n).map_err(|_| bad("a bad header name"))?;
+            let value = HeaderValue::from_maybe_shared(v).map_err(|_| bad("a bad header value"))?;
+            res.headers_mut().append(name, value);
+        }
+        Ok(res)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn statuses_are_read_as_the_module_docs_say() {
+        let v = |s: u16| verdict_of_status(StatusCode::from_u16(s).unwrap_or_default(), false);
+        for s in [200, 201, 202, 204] {
+            assert_eq!(v(s), Verdict::Sent, "{s}");
+        }
+        for s in [408, 425, 429, 503] {
+            assert_eq!(v(s), Verdict::Failed { retryable: true }, "{s}");
+        }
+        for s in [500, 502, 504, 507] {
+            assert_eq!(v(s), Verdict::Unknown, "{s}");
+        }
+        for s in [400, 401, 403, 404, 409, 422, 501, 301, 304] {
+            assert_eq!(v(s), Verdict::Failed { retryable: false }, "{s}");
+        }
+        assert_eq!(
+            verdict_of_status(StatusCode::CONFLICT, true),
+            Verdict::Unknown
+        );
+    }
+
+    #[test]
+    fn a_response_receipt_round_trips_without_denied_headers() {
+        let res = Response::builder()
+            .status(201)
+            .header("content-type", "application/json")
+            .header("set-cookie", "s=1")
+            .header("x-charge", "ch_1")
+            .body(Bytes::from_static(b"{\"id\":\"ch_1\"}"))
+            .unwrap_or_default();
+        let back =
+            Response::<Bytes>::from_bytes(res.to_bytes().unwrap_or_default()).unwrap_or_default();
+        assert_eq!(back.status(), 201);
+        assert_eq!(back.body(), res.body());
+        assert_eq!(
+            back.headers().get("x-charge").map(|v| v.as_bytes()),
+            Some(&b"ch_1"[..])
+        );
+        assert!(
+            back.headers().get("set-cookie").is_none(),
+            "secrets are not kept"
+        );
+    }
+}

@@ -1,0 +1,108 @@
+//! Send once: outbound calls (email, webhooks, payment APIs) that a retried job makes once.
+//!
+//! A job that runs twice, or retries after a timeout, would send its email or charge its card
+//! twice. [`SendOnceLayer`] wraps the outbound service (a mail transport, an HTTP client) so
+//! that a send under a key that already went is answered with the receipt of the first send,
+//! and nothing goes out again. It is the same engine as the HTTP layer's, a third door: the
+//! key and fingerprint come from the outgoing request ([`Identify`]), and the record is the
+//! receipt ([`Receipt`]).
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//! use tower_idempotency::MemoryStore;
+//! use tower_idempotency::engine::Engine;
+//! use tower_idempotency::outbound::{Delivery, Identity, SendOnceLayer};
+//!
+//! struct Email { key: String, to: String, body: String }
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() {
+//! let identify = |m: &Email| Identity::of(&m.key, [m.to.as_bytes(), m.body.as_bytes()]).map(Some);
+//! let mailer = ServiceBuilder::new()
+//!     .layer(SendOnceLayer::new(Engine::new(MemoryStore::new()), identify))
+//!     .service(service_fn(|m: Email| async move {
+//!         Ok::<_, Infallible>(format!("queued for {}", m.to)) // the provider's receipt
+//!     }));
+//!
+//! let email = || Email { key: "welcome:42".into(), to: "ada@example.com".into(), body: "Hi".into() };
+//! let first = mailer.clone().oneshot(email()).await.unwrap();
+//! let again = mailer.clone().oneshot(email()).await.unwrap();
+//! assert!(matches!(first, Delivery::Sent(r) if r == "queued for ada@example.com"));
+//! assert!(matches!(again, Delivery::Replayed(r) if r == "queued for ada@example.com"));
+//! # }
+//! ```
+//!
+//! # Outcomes
+//!
+//! | found under the key, or what the send did | answer | key |
+//! | --- | --- | --- |
+//! | a completed send of the same request | [`Delivery::Replayed`] with its receipt, nothing sent | unchanged |
+//! | a send of the same request in flight, or of unknown delivery | [`Delivery::InFlight`], nothing sent | unchanged |
+//! | any send of a different request | [`OutboundError::KeyReused`], nothing sent | unchanged |
+//! | the store failed to claim | [`OutboundError::Store`] (retryable), nothing sent | — |
+//! | a record that is not this door's receipt | [`OutboundError::RecordInvalid`], nothing sent | unchanged |
+//! | nothing: the request is sent, and it went | [`Delivery::Sent`] | completed with the receipt |
+//! | … it failed before anything could go (connection refused, DNS, a definite rejection) | [`OutboundError::Failed`], or [`Delivery::Rejected`] for a provider's answer | released |
+//! | … its outcome is unknown (timeout after the request was written, reset mid-exchange) | [`Delivery::Unknown`] | held for the [hold time](SendOnceLayer::hold) |
+//! | … the caller dropped the future after the send began | — | held until the lease (or hold time) ends |
+//! | the store failed to record the receipt | [`Delivery::Sent`], a warning logged | pending until the lease ends |
+//!
+//! A request without a key ([`Identify`] answers `None`) is sent as it is.
+//!
+//! A [`Classify`] decides sent, failed or unknown; each adapter brings its own
+//! ([`HttpClassifier`](http::HttpClassifier), and for SMTP `SmtpClassifier`), and
+//! [`DefaultClassifier`] reads a response as sent and an error as failed only when the
+//! connection was never made.
+//!
+//! **The fingerprint** covers what makes two sends different: for mail the addresses, subject,
+//! body, headers, attachment names and types and the schedule, not the attachment bytes; for
+//! HTTP the method, URI, content type and body. The same key with a different request is a
+//! bug in the caller: [`OutboundError::KeyReused`].
+//!
+//! **Held keys.** A send of unknown delivery keeps its key pending: until the engine's lease
+//! ends by default, or for [`hold`](SendOnceLayer::hold) (the door renews the claim to it
+//! once, with the store's `renew`). A repeat within it is told [`Delivery::InFlight`]; one
+//! after it sends again. Choose a hold time longer than your retry schedule, and check with
+//! the provider before you send again by hand.
+//!
+//! # Batches
+//!
+//! [`SendOnce::send_batch`] claims every key of a batch, sends only the fresh requests through
+//! the inner service's [`SendBatch`] path, and answers repeats in place, a key repeated inside
+//! the batch included; [`SendOnce::send_each`] does the same over a plain service.
+//!
+//! # Adapters
+//!
+//! - [`http`]: `Service<http::Request<B>>` clients (hyper-util, any tower HTTP client):
+//!   forwards the key as `Idempotency-Key` to the provider.
+//! - `mail` (feature `lettre`): any lettre `AsyncTransport`, SMTP replies mapped.
+//!
+//! # The guarantee
+//!
+//! As every door's: **no duplicate sends within the limits of the store**. The limits: the
+//! lease (a process that dies mid-send, or cannot renew its claim, lets another send once the
+//! lease lapses), the hold time of an unknown delivery, the retention of receipts (a repeat
+//! after the receipt expired sends again), the store's durability, and a crash after the
+//! provider took the message but before its receipt was recorded (the key lapses with its
+//! lease, and a repeat sends again). Forward the key to a provider that de-duplicates too
+//! (the HTTP adapter does) to close that last window.
+
+mod batch;
+mod classify;
+mod delivery;
+pub mod http;
+mod identify;
+#[cfg(feature = "lettre")]
+#[cfg_attr(docsrs, doc(cfg(feature = "lettre")))]
+pub mod mail;
+mod receipt;
+mod service;
+
+pub use batch::{BatchResults, SendBatch};
+pub use classify::{Classify, DefaultClassifier, Verdict};
+pub use delivery::{Delivery, OutboundError, OutboundErrorKind, Unknown};
+pub use identify::{Identify, Identity};
+#[cfg(feature = "json")]
+pub use receipt::Json;
+pub use receipt::{Receipt, ReceiptError};
+pub use service::{BoxFuture, DEFAULT_NAMESPACE, SendOnce, SendOnceLayer};

@@ -1,0 +1,326 @@
+//! Every outcome of the generic door, written once and run over each store (`main.rs`).
+
+use crate::rig::{Act, Msg, door};
+use crate::support::http::SpyStore;
+use bytes::Bytes;
+use std::time::Duration;
+use tower::ServiceExt;
+use tower_idempotency::engine::{Begin, Engine, RecordedResponse, Scope};
+use tower_idempotency::outbound::{Delivery, OutboundErrorKind, Unknown};
+use tower_idempotency::store::StoreKey;
+use tower_idempotency::{IdempotencyKey, Store};
+
+const LEASE: Duration = Duration::from_secs(30);
+
+pub(crate) async fn sends_once_and_replays_the_receipt<S: Store>(store: SpyStore<S>) {
+    let (door, provider) = door(store, LEASE, None);
+    let first = door
+        .clone()
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap();
+    let again = door
+        .clone()
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&first, Delivery::Sent(r) if r == "receipt 1: hello"),
+        "{first:?}"
+    );
+    assert!(
+        matches!(&again, Delivery::Replayed(r) if r == "receipt 1: hello"),
+        "{again:?}"
+    );
+    assert_eq!(
+        provider.received(),
+        1,
+        "the job ran twice, the provider got one message"
+    );
+}
+
+pub(crate) async fn a_send_in_flight_is_answered_in_flight<S: Store>(store: SpyStore<S>) {
+    let (door, provider) = door(store, LEASE, None);
+    let first = tokio::spawn(door.clone().oneshot(Msg::new("k", "hello", Act::Stall)));
+    wait_until(|| provider.received() == 1).await;
+    let second = door
+        .clone()
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap();
+    assert!(matches!(second, Delivery::InFlight), "{second:?}");
+    provider.open();
+    let first = first.await.unwrap().unwrap();
+    assert!(first.is_sent(), "{first:?}");
+    let third = door
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap();
+    assert!(matches!(third, Delivery::Replayed(_)), "{third:?}");
+    assert_eq!(provider.received(), 1);
+}
+
+pub(crate) async fn the_key_with_another_request_is_key_reused<S: Store>(store: SpyStore<S>) {
+    let (door, provider) = door(store, LEASE, None);
+    door.clone()
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap();
+    let err = door
+        .oneshot(Msg::new("k", "goodbye", Act::Take))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), OutboundErrorKind::KeyReused);
+    assert!(!err.is_retryable());
+    assert_eq!(provider.received(), 1, "the second message was not sent");
+}
+
+pub(crate) async fn a_refused_connection_releases_the_key_and_the_retry_sends<S: Store>(
+    store: SpyStore<S>,
+) {
+    let (door, provider) = door(store.clone(), LEASE, None);
+    let err = door
+        .clone()
+        .oneshot(Msg::new("k", "hello", Act::Refuse))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), OutboundErrorKind::Failed);
+    assert!(err.is_retryable(), "a refused connection may succeed later");
+    assert_eq!(store.releases(), 1, "the key was released");
+    let retry = door
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&retry, Delivery::Sent(r) if r == "receipt 1: hello"),
+        "{retry:?}"
+    );
+    assert_eq!(provider.received(), 1);
+}
+
+pub(crate) async fn a_rejection_releases_the_key<S: Store>(store: SpyStore<S>) {
+    let (door, provider) = door(store, LEASE, None);
+    let rejected = door
+        .clone()
+        .oneshot(Msg::new("k", "hello", Act::Reject))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&rejected, Delivery::Rejected { response, retryable: false } if response == "rejected: hello"),
+        "{rejected:?}"
+    );
+    let retry = door
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap();
+    assert!(retry.is_sent(), "the key was free again: {retry:?}");
+    assert_eq!(provider.received(), 1);
+}
+
+pub(crate) async fn a_reset_mid_exchange_is_unknown_and_the_retry_does_not_send<S: Store>(
+    store: SpyStore<S>,
+) {
+    let (door, provider) = door(store.clone(), LEASE, None);
+    let first = door
+        .clone()
+        .oneshot(Msg::new("k", "hello", Act::Reset))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&first, Delivery::Unknown(Unknown::Error(e)) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        "{first:?}"
+    );
+    assert!(first.is_unknown());
+    let retry = door
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap();
+    assert!(matches!(retry, Delivery::InFlight), "{retry:?}");
+    assert_eq!(
+        provider.received(),
+        1,
+        "the retry sent nothing: the first may have gone"
+    );
+    assert_eq!(
+        (store.completes(), store.releases()),
+        (0, 0),
+        "the key is kept"
+    );
+}
+
+pub(crate) async fn an_unknown_delivery_is_held_for_the_hold_time<S: Store>(store: SpyStore<S>) {
+    let lease = Duration::from_millis(300);
+    let (door, provider) = door(store, lease, Some(Duration::from_millis(1500)));
+    let first = door
+        .clone()
+        .oneshot(Msg::new("k", "hello", Act::Reset))
+        .await
+        .unwrap();
+    assert!(first.is_unknown());
+    tokio::time::sleep(Duration::from_millis(700)).await; // past the lease, within the hold
+    let within = door
+        .clone()
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap();
+    assert!(
+        matches!(within, Delivery::InFlight),
+        "held past the lease: {within:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(1000)).await; // past the hold
+    let after = door
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap();
+    assert!(after.is_sent(), "the hold ended: {after:?}");
+    assert_eq!(provider.received(), 2);
+}
+
+pub(crate) async fn an_unknown_delivery_without_a_hold_lapses_with_the_lease<S: Store>(
+    store: SpyStore<S>,
+) {
+    let lease = Duration::from_millis(300);
+    let (door, provider) = door(store, lease, None);
+    door.clone()
+        .oneshot(Msg::new("k", "hello", Act::Reset))
+        .await
+        .unwrap();
+    let within = door
+        .clone()
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap();
+    assert!(matches!(within, Delivery::InFlight), "{within:?}");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = door
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap();
+    assert!(after.is_sent(), "the lease lapsed: {after:?}");
+    assert_eq!(provider.received(), 2);
+}
+
+pub(crate) async fn a_send_dropped_after_it_began_keeps_its_key<S: Store>(store: SpyStore<S>) {
+    let lease = Duration::from_millis(300);
+    let (door, provider) = door(store.clone(), lease, Some(Duration::from_millis(1500)));
+    let sending = tokio::spawn(door.clone().oneshot(Msg::new("k", "hello", Act::Stall)));
+    wait_until(|| provider.received() == 1).await;
+    sending.abort(); // the caller gives up after the message reached the provider
+    let _ = sending.await;
+    assert_eq!(
+        store.releases(),
+        0,
+        "a send that may have gone is not released"
+    );
+    tokio::time::sleep(Duration::from_millis(700)).await; // past the lease, within the hold
+    let retry = door
+        .clone()
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap();
+    assert!(matches!(retry, Delivery::InFlight), "{retry:?}");
+    assert_eq!(provider.received(), 1);
+}
+
+pub(crate) async fn a_failed_claim_fails_retryable_and_sends_nothing<S: Store>(store: SpyStore<S>) {
+    let (door, provider) = door(store.clone(), LEASE, None);
+    store.fail_claims(true);
+    let err = door
+        .clone()
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), OutboundErrorKind::StoreFailed);
+    assert_eq!(err.code(), Some("idempotency.store_failed"));
+    assert!(err.is_retryable());
+    assert_eq!(provider.received(), 0, "nothing is sent without a claim");
+    store.fail_claims(false);
+    let retry = door
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap();
+    assert!(retry.is_sent());
+}
+
+pub(crate) async fn a_failed_complete_still_returns_the_receipt<S: Store>(store: SpyStore<S>) {
+    let (door, provider) = door(store.clone(), LEASE, None);
+    store.fail_completes(true);
+    let sent = door
+        .clone()
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&sent, Delivery::Sent(r) if r == "receipt 1: hello"),
+        "{sent:?}"
+    );
+    assert_eq!(store.completes(), 1);
+    // The key stays pending until its lease ends: a repeat meanwhile sends nothing.
+    let again = door
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap();
+    assert!(matches!(again, Delivery::InFlight), "{again:?}");
+    assert_eq!(provider.received(), 1);
+}
+
+pub(crate) async fn a_request_without_a_key_is_sent_every_time<S: Store>(store: SpyStore<S>) {
+    let (door, provider) = door(store.clone(), LEASE, None);
+    let unkeyed = || Msg {
+        key: None,
+        body: "hello".into(),
+        act: Act::Take,
+    };
+    assert!(door.clone().oneshot(unkeyed()).await.unwrap().is_sent());
+    assert!(door.oneshot(unkeyed()).await.unwrap().is_sent());
+    assert_eq!(provider.received(), 2);
+    assert_eq!(store.claims(), 0, "no key, no claim");
+}
+
+pub(crate) async fn an_invalid_key_is_refused_before_sending<S: Store>(store: SpyStore<S>) {
+    let (door, provider) = door(store.clone(), LEASE, None);
+    let err = door
+        .oneshot(Msg::new("bad key\n", "hello", Act::Take))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), OutboundErrorKind::KeyInvalid);
+    assert_eq!((provider.received(), store.claims()), (0, 0));
+}
+
+pub(crate) async fn a_record_of_another_door_is_not_replayed<S: Store>(store: SpyStore<S>) {
+    // Another door's record under the very store key the outbound door derives.
+    let engine = Engine::new(store.clone());
+    let key = StoreKey::derive(
+        "outbound",
+        &Scope::anonymous(),
+        &IdempotencyKey::new("k").unwrap(),
+    );
+    let fp = tower_idempotency::outbound::Identity::of("k", [b"hello".as_slice()])
+        .unwrap()
+        .fingerprint()
+        .to_owned();
+    let Begin::Run(ticket) = engine.begin(key, fp).await.unwrap() else {
+        panic!("a fresh key")
+    };
+    let http = RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{}")));
+    assert!(engine.complete(ticket, &http).await.unwrap());
+
+    let (door, provider) = door(store, LEASE, None);
+    let err = door
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), OutboundErrorKind::RecordInvalid);
+    assert_eq!(provider.received(), 0);
+}
+
+/// Waits (bounded) until `f` holds.
+pub(crate) async fn wait_until(f: impl Fn() -> bool) {
+    for _ in 0..500 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the condition did not hold within 5 s");
+}

@@ -1,0 +1,233 @@
+//! lettre's SMTP transport through `SendOnceTransport`, against a real SMTP server
+//! (`python3-aiosmtpd`, started per test on a free loopback port); expanded per store in
+//! `main.rs`.
+
+use crate::support::http::SpyStore;
+use crate::support::redis_server::free_port;
+use crate::support::smtp_server::{self, SmtpServer};
+use lettre::message::header::{HeaderName, HeaderValue};
+use lettre::transport::smtp::AsyncSmtpTransport;
+use lettre::{AsyncTransport, Message, Tokio1Executor};
+use std::time::Duration;
+use tower_idempotency::Store;
+use tower_idempotency::engine::Engine;
+use tower_idempotency::outbound::mail::{MailError, SendOnceTransport};
+use tower_idempotency::outbound::{Delivery, OutboundError, OutboundErrorKind, Unknown};
+
+type Smtp = AsyncSmtpTransport<Tokio1Executor>;
+
+fn smtp(port: u16) -> Smtp {
+    AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous("127.0.0.1")
+        .port(port)
+        .timeout(Some(Duration::from_secs(5)))
+        .build()
+}
+
+fn mailer<S: Store>(store: SpyStore<S>, port: u16) -> SendOnceTransport<Smtp, SpyStore<S>> {
+    SendOnceTransport::builder(smtp(port), Engine::new(store))
+        .timeout(Some(Duration::from_millis(800)))
+        .build()
+}
+
+/// The welcome email of a job, with its key in the `Idempotency-Key` header.
+fn welcome(key: &str, subject: &str) -> Message {
+    Message::builder()
+        .from("shop@example.com".parse().unwrap())
+        .to("ada@example.com".parse().unwrap())
+        .subject(subject)
+        .raw_header(HeaderValue::new(
+            HeaderName::new_from_ascii_str("Idempotency-Key"),
+            key.to_owned(),
+        ))
+        .body(String::from("Welcome aboard."))
+        .unwrap()
+}
+
+pub(crate) async fn a_job_that_runs_twice_delivers_one_message<S: Store>(store: SpyStore<S>) {
+    if !smtp_server::available() {
+        return;
+    }
+    let server = SmtpServer::start();
+    let mailer = mailer(store, server.port());
+    // The job runs twice: each run builds its message anew (its own Date and Message-ID).
+    let first = mailer
+        .send(welcome("welcome:ada", "Welcome"))
+        .await
+        .unwrap();
+    let again = mailer
+        .send(welcome("welcome:ada", "Welcome"))
+        .await
+        .unwrap();
+    let Delivery::Sent(reply) = &first else {
+        panic!("{first:?}")
+    };
+    assert_eq!(u16::from(reply.code()), 250);
+    let Delivery::Replayed(replayed) = &again else {
+        panic!("{again:?}")
+    };
+    assert_eq!(
+        replayed, reply,
+        "the repeat is answered with the first reply"
+    );
+    assert_eq!(
+        server.messages(),
+        vec!["Welcome"],
+        "the server received one message"
+    );
+}
+
+pub(crate) async fn a_server_that_stalls_after_data_is_unknown_and_the_retry_does_not_send<
+    S: Store,
+>(
+    store: SpyStore<S>,
+) {
+    if !smtp_server::available() {
+        return;
+    }
+    let server = SmtpServer::start();
+    let mailer = mailer(store, server.port());
+    server.stall(true);
+    let first = mailer.send(welcome("k", "Receipt")).await.unwrap();
+    assert!(
+        matches!(
+            first,
+            Delivery::Unknown(Unknown::Error(MailError::Timeout(_)))
+        ),
+        "{first:?}"
+    );
+    assert_eq!(
+        server.messages(),
+        vec!["Receipt"],
+        "the server had taken the message"
+    );
+    server.stall(false);
+    let retry = mailer.send(welcome("k", "Receipt")).await.unwrap();
+    assert!(matches!(retry, Delivery::InFlight), "{retry:?}");
+    assert_eq!(server.messages().len(), 1, "the retry did not send again");
+}
+
+pub(crate) async fn a_refused_connection_is_released_and_the_retry_sends<S: Store>(
+    store: SpyStore<S>,
+) {
+    if !smtp_server::available() {
+        return;
+    }
+    let port = free_port(false);
+    let mailer = mailer(store.clone(), port);
+    let err = mailer.send(welcome("k", "Hello")).await.unwrap_err();
+    assert!(
+        matches!(
+            &err,
+            OutboundError::Failed {
+                error: MailError::Transport(_),
+                retryable: true
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(store.releases(), 1);
+    let server = SmtpServer::start_on(port);
+    let retry = mailer.send(welcome("k", "Hello")).await.unwrap();
+    assert!(retry.is_sent(), "{retry:?}");
+    assert_eq!(server.messages(), vec!["Hello"]);
+}
+
+pub(crate) async fn a_transient_reply_releases_the_key_and_a_permanent_one_is_final<S: Store>(
+    store: SpyStore<S>,
+) {
+    if !smtp_server::available() {
+        return;
+    }
+    let server = SmtpServer::start();
+    let mailer = mailer(store, server.port());
+    server.reply(Some("451 4.3.0 try again later"));
+    let err = mailer.send(welcome("a", "A")).await.unwrap_err();
+    assert!(err.is_retryable(), "{err:?}");
+    assert_eq!(err.kind(), OutboundErrorKind::Failed);
+
+    server.reply(Some("554 5.7.1 rejected"));
+    let err = mailer.send(welcome("b", "B")).await.unwrap_err();
+    assert!(!err.is_retryable(), "a 5xx reply is final: {err:?}");
+
+    server.reply(None);
+    assert!(
+        mailer.send(welcome("a", "A")).await.unwrap().is_sent(),
+        "a was released"
+    );
+    assert!(
+        mailer.send(welcome("b", "B")).await.unwrap().is_sent(),
+        "b was released"
+    );
+    assert_eq!(server.messages(), vec!["A", "B"]);
+}
+
+pub(crate) async fn a_key_from_the_caller_or_the_message_id<S: Store>(store: SpyStore<S>) {
+    if !smtp_server::available() {
+        return;
+    }
+    let server = SmtpServer::start();
+    let by_caller = mailer(store.clone(), server.port());
+    let plain = || {
+        Message::builder()
+            .from("shop@example.com".parse().unwrap())
+            .to("ada@example.com".parse().unwrap())
+            .subject("Invoice")
+            .body(String::from("Attached."))
+            .unwrap()
+    };
+    assert!(
+        by_caller
+            .send_with_key("invoice-7", plain())
+            .await
+            .unwrap()
+            .is_sent()
+    );
+    let again = by_caller.send_with_key("invoice-7", plain()).await.unwrap();
+    assert!(matches!(again, Delivery::Replayed(_)), "{again:?}");
+
+    let by_id = SendOnceTransport::builder(smtp(server.port()), Engine::new(store))
+        .key_from_message_id()
+        .build();
+    let with_id = || {
+        Message::builder()
+            .message_id(Some("<reminder-7@shop.example>".to_owned()))
+            .from("shop@example.com".parse().unwrap())
+            .to("ada@example.com".parse().unwrap())
+            .subject("Reminder")
+            .body(String::from("Due tomorrow."))
+            .unwrap()
+    };
+    assert!(by_id.send(with_id()).await.unwrap().is_sent());
+    assert!(matches!(
+        by_id.send(with_id()).await.unwrap(),
+        Delivery::Replayed(_)
+    ));
+    assert_eq!(server.messages(), vec!["Invoice", "Reminder"]);
+}
+
+pub(crate) async fn another_message_under_the_key_is_key_reused_and_a_failed_claim_sends_nothing<
+    S: Store,
+>(
+    store: SpyStore<S>,
+) {
+    if !smtp_server::available() {
+        return;
+    }
+    let server = SmtpServer::start();
+    let mailer = mailer(store.clone(), server.port());
+    assert!(
+        mailer
+            .send(welcome("k", "Welcome"))
+            .await
+            .unwrap()
+            .is_sent()
+    );
+    let err = mailer.send(welcome("k", "Welcome back")).await.unwrap_err();
+    assert_eq!(err.kind(), OutboundErrorKind::KeyReused, "{err:?}");
+
+    store.fail_claims(true);
+    let err = mailer.send(welcome("other", "Hello")).await.unwrap_err();
+    assert_eq!(err.kind(), OutboundErrorKind::StoreFailed, "{err:?}");
+    assert!(err.is_retryable());
+    assert_eq!(server.messages(), vec!["Welcome"]);
+}

@@ -1,0 +1,103 @@
+//! The outbound door (issue 13, "send once"): a job that runs twice sends once.
+//!
+//! - `door.rs`: every outcome of the generic `SendOnce` over a scripted provider, once per
+//!   store (`memory::…` over `MemoryStore`, `redis::…` over a `redis-server` on a free
+//!   loopback port), each store wrapped in the spy store that can fail claims and completes;
+//! - `batch.rs`: batches, fresh requests through the inner batch path, repeats in place;
+//! - `http_calls.rs`: the HTTP adapter over hyper-util's client against local stubs (one that
+//!   answers, one that reads the body and closes, one that refuses connections);
+//! - `mail.rs` (feature `lettre`): lettre's SMTP transport against a real SMTP server
+//!   (Debian's `python3-aiosmtpd`, `tests/support/smtp_server.py`).
+//!
+//! ```text
+//! cargo test -p tower-idempotency --features redis,lettre,json --test outbound
+//! ```
+
+#![allow(clippy::unwrap_used)]
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod batch;
+mod door;
+mod http_calls;
+#[cfg(feature = "lettre")]
+mod mail;
+mod rig;
+
+/// Expands scenarios (async fns taking a spy store) once per store, as modules of tests.
+macro_rules! per_store {
+    ($memory:ident, $redis:ident, $scenarios:ident; $($name:ident),* $(,)?) => {
+        mod $memory {
+            use crate::support::http::SpyStore;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    crate::$scenarios::$name(SpyStore::new()).await;
+                }
+            )*
+        }
+        #[cfg(feature = "redis")]
+        mod $redis {
+            use crate::support::http::SpyStore;
+            use crate::support::redis_server::{self, RedisServer};
+            use tower_idempotency::RedisStore;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    if !redis_server::available() {
+                        return;
+                    }
+                    let server = RedisServer::start();
+                    let store = RedisStore::connect(&server.url(), "outbound-tests").await.unwrap();
+                    crate::$scenarios::$name(SpyStore::wrap(store)).await;
+                    drop(server);
+                }
+            )*
+        }
+    };
+}
+
+per_store!(memory, redis, door;
+    sends_once_and_replays_the_receipt,
+    a_send_in_flight_is_answered_in_flight,
+    the_key_with_another_request_is_key_reused,
+    a_refused_connection_releases_the_key_and_the_retry_sends,
+    a_rejection_releases_the_key,
+    a_reset_mid_exchange_is_unknown_and_the_retry_does_not_send,
+    an_unknown_delivery_is_held_for_the_hold_time,
+    an_unknown_delivery_without_a_hold_lapses_with_the_lease,
+    a_send_dropped_after_it_began_keeps_its_key,
+    a_failed_claim_fails_retryable_and_sends_nothing,
+    a_failed_complete_still_returns_the_receipt,
+    a_request_without_a_key_is_sent_every_time,
+    an_invalid_key_is_refused_before_sending,
+    a_record_of_another_door_is_not_replayed,
+);
+
+per_store!(memory_batch, redis_batch, batch;
+    batch_sends_fresh_requests_once_and_answers_repeats_in_place,
+    batch_without_a_batch_path_sends_each_fresh_request,
+    batch_repeat_with_another_request_is_key_reused,
+);
+
+per_store!(memory_http, redis_http, http_calls;
+    a_webhook_sent_twice_is_delivered_once,
+    a_stub_that_reads_the_body_and_closes_is_unknown,
+    a_refused_connection_is_released_and_the_retry_sends,
+    the_inbound_derived_key_is_forwarded,
+    a_429_releases_and_a_500_holds,
+    a_timeout_after_the_request_was_written_is_unknown,
+    another_body_under_the_key_is_key_reused_and_a_failed_claim_sends_nothing,
+    a_call_dropped_after_it_was_written_keeps_its_key,
+);
+
+#[cfg(feature = "lettre")]
+per_store!(memory_mail, redis_mail, mail;
+    a_job_that_runs_twice_delivers_one_message,
+    a_server_that_stalls_after_data_is_unknown_and_the_retry_does_not_send,
+    a_refused_connection_is_released_and_the_retry_sends,
+    a_transient_reply_releases_the_key_and_a_permanent_one_is_final,
+    a_key_from_the_caller_or_the_message_id,
+    another_message_under_the_key_is_key_reused_and_a_failed_claim_sends_nothing,
+);

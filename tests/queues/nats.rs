@@ -1,0 +1,410 @@
+//! The JetStream adapter against a real `nats-server -js` (one per test, on a free loopback
+//! port with a temporary store): crash before ack, two durable consumers, a handler slower than
+//! `ack_wait`, a reused key, a store outage.
+//!
+//! Times are real (the server's `ack_wait` cannot be paused): `ack_wait` is 1 s, so each test
+//! takes a few seconds.
+#![cfg(feature = "nats")]
+#![allow(clippy::unwrap_used)]
+
+use crate::support::http::SpyStore;
+use crate::support::nats_server::{self, NatsServer};
+use bytes::Bytes;
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tokio_stream::StreamExt;
+use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+use tower_idempotency::MemoryStore;
+use tower_idempotency::Store;
+use tower_idempotency::engine::Engine;
+use tower_idempotency::message::jetstream::async_nats::{self, jetstream};
+use tower_idempotency::message::jetstream::{JetStreamConsumer, Reply, keys};
+use tower_idempotency::message::{Handled, InProgress, MessageErrorKind, MessageIdempotencyLayer};
+
+use jetstream::consumer::{AckPolicy, PullConsumer, pull};
+
+const ACK_WAIT: Duration = Duration::from_secs(1);
+const STREAM: &str = "ORDERS";
+
+struct Rig {
+    server: NatsServer,
+    js: jetstream::Context,
+}
+
+/// A server with the stream `ORDERS` on `orders.>`, or `None` (skip) without `nats-server`.
+async fn rig() -> Option<Rig> {
+    if !nats_server::available() {
+        return None;
+    }
+    let server = NatsServer::start();
+    let js = jetstream::new(async_nats::connect(server.addr()).await.unwrap());
+    js.create_stream(jetstream::stream::Config {
+        name: STREAM.into(),
+        subjects: vec!["orders.>".into()],
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    Some(Rig { server, js })
+}
+
+impl Rig {
+    /// Creates the durable pull consumer `name` (explicit acks, `ack_wait` 1 s).
+    async fn durable(&self, name: &str) {
+        self.js
+            .get_stream(STREAM)
+            .await
+            .unwrap()
+            .create_consumer(pull::Config {
+                durable_name: Some(name.into()),
+                ack_policy: AckPolicy::Explicit,
+                ack_wait: ACK_WAIT,
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+    }
+
+    /// The durable consumer `name` on a connection of its own: another consumer process, as
+    /// far as the server can tell.
+    async fn connect(&self, name: &str) -> PullConsumer {
+        let js = jetstream::new(async_nats::connect(self.server.addr()).await.unwrap());
+        js.get_stream(STREAM)
+            .await
+            .unwrap()
+            .get_consumer(name)
+            .await
+            .unwrap()
+    }
+
+    async fn publish(&self, subject: &str, key: Option<&str>, body: &str) {
+        let mut headers = async_nats::HeaderMap::new();
+        if let Some(k) = key {
+            headers.insert("Idempotency-Key", k);
+        }
+        self.js
+            .publish_with_headers(
+                subject.to_owned(),
+                headers,
+                Bytes::copy_from_slice(body.as_bytes()),
+            )
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+}
+
+/// The next delivery to `consumer`, waiting at most `wait`.
+async fn next(consumer: &PullConsumer, wait: Duration) -> Option<jetstream::Message> {
+    let mut batch = consumer
+        .fetch()
+        .max_messages(1)
+        .expires(wait)
+        .messages()
+        .await
+        .unwrap();
+    batch.next().await.map(Result::unwrap)
+}
+
+/// The side effects done, per message body.
+#[derive(Clone, Default)]
+struct Effects(Arc<Mutex<HashMap<String, usize>>>);
+
+impl Effects {
+    fn count(&self, body: &str) -> usize {
+        self.0.lock().unwrap().get(body).copied().unwrap_or(0)
+    }
+
+    /// A handler that sleeps `sleep`, then does its side effect (counts the body).
+    fn handler(
+        &self,
+        sleep: Duration,
+    ) -> impl Service<async_nats::Message, Response = (), Error = Infallible, Future: Send>
+    + Clone
+    + Send
+    + 'static {
+        let effects = self.clone();
+        service_fn(move |m: async_nats::Message| {
+            let effects = effects.clone();
+            async move {
+                tokio::time::sleep(sleep).await;
+                let body = String::from_utf8(m.payload.to_vec()).unwrap();
+                *effects.0.lock().unwrap().entry(body).or_default() += 1;
+                Ok::<_, Infallible>(())
+            }
+        })
+    }
+}
+
+fn layer<St: Store>(
+    engine: &Engine<St>,
+    consumer: &str,
+) -> MessageIdempotencyLayer<St, tower_idempotency::message::HeaderOrHash> {
+    MessageIdempotencyLayer::new(engine.clone(), consumer).key_strategy(keys())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_that_dies_before_acking_hands_over_and_the_effect_happens_once() {
+    let Some(rig) = rig().await else { return };
+    rig.durable("billing").await;
+    let engine = Engine::new(MemoryStore::new());
+    let effects = Effects::default();
+    rig.publish("orders.created", None, "order-1").await;
+
+    // Consumer A handles the message (the effect and its record happen), then dies before it
+    // acknowledges: its connection is dropped with the message unacked.
+    {
+        let a = rig.connect("billing").await;
+        let msg = next(&a, Duration::from_secs(5))
+            .await
+            .expect("first delivery");
+        assert_eq!(msg.info().unwrap().delivered, 1);
+        let (msg, _acker_never_used) = msg.split();
+        let svc = ServiceBuilder::new()
+            .layer(layer(&engine, "billing"))
+            .service(effects.handler(Duration::ZERO));
+        assert_eq!(svc.oneshot(msg).await.unwrap(), Handled::Ran(()));
+    }
+    assert_eq!(effects.count("order-1"), 1);
+
+    // Consumer B gets the redelivery once `ack_wait` has passed, and acknowledges it unrun.
+    let b = rig.connect("billing").await;
+    let msg = next(&b, Duration::from_secs(5))
+        .await
+        .expect("the redelivery");
+    assert_eq!(
+        msg.info().unwrap().delivered,
+        2,
+        "a redelivery, on another consumer"
+    );
+    let svc = ServiceBuilder::new()
+        .layer(layer(&engine, "billing"))
+        .service(effects.handler(Duration::ZERO));
+    let processed = JetStreamConsumer::new(svc)
+        .ack_wait(ACK_WAIT)
+        .handle(msg)
+        .await;
+    assert_eq!(processed.outcome.unwrap(), Handled::Duplicate(None));
+    assert_eq!(processed.reply, Reply::Ack);
+    assert_eq!(effects.count("order-1"), 1, "the side effect happened once");
+
+    // Acknowledged: no further delivery, even after another ack_wait.
+    assert!(next(&b, ACK_WAIT * 2).await.is_none(), "the ack was taken");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_that_dies_mid_handler_blocks_the_key_for_the_lease_then_it_runs() {
+    let Some(rig) = rig().await else { return };
+    rig.durable("billing").await;
+    let lease = Duration::from_secs(2);
+    let engine = Engine::builder(MemoryStore::new()).lease(lease).build();
+    let effects = Effects::default();
+    rig.publish("orders.created", Some("k-7"), "order-7").await;
+
+    // A claims the key and dies inside the handler, before its side effect.
+    let a = rig.connect("billing").await;
+    let msg = next(&a, Duration::from_secs(5)).await.unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(layer(&engine, "billing"))
+        .service(effects.handler(Duration::from_secs(60)));
+    let a_task = tokio::spawn(svc.oneshot(msg.split().0));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    a_task.abort();
+    let died = Instant::now();
+    drop(a);
+
+    // B: the redelivery comes within the lease, is in flight, and is naked for the lease.
+    let b = rig.connect("billing").await;
+    let consumer = JetStreamConsumer::new(
+        ServiceBuilder::new()
+            .layer(layer(&engine, "billing").in_progress(InProgress::Reject))
+            .service(effects.handler(Duration::ZERO)),
+    )
+    .ack_wait(ACK_WAIT);
+    let msg = next(&b, Duration::from_secs(5)).await.unwrap();
+    let processed = consumer.handle(msg).await;
+    assert_eq!(
+        processed.outcome.unwrap_err().kind(),
+        MessageErrorKind::InFlight
+    );
+    assert_eq!(processed.reply, Reply::Nak(Some(lease)));
+
+    // After the delay, the lease has lapsed: the message runs, once.
+    let msg = next(&b, Duration::from_secs(6))
+        .await
+        .expect("redelivered after the nak delay");
+    assert!(died.elapsed() >= lease, "not before the delay asked for");
+    let processed = consumer.handle(msg).await;
+    assert_eq!(processed.outcome.unwrap(), Handled::Ran(()));
+    assert_eq!(processed.reply, Reply::Ack);
+    assert_eq!(effects.count("order-7"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_durable_consumers_each_handle_a_message_once() {
+    let Some(rig) = rig().await else { return };
+    rig.durable("billing").await;
+    rig.durable("shipping").await;
+    let engine = Engine::new(MemoryStore::new());
+    let (billing_effects, shipping_effects) = (Effects::default(), Effects::default());
+    // A producer that retried its publish: the same key twice (no Nats-Msg-Id, so the
+    // stream keeps both).
+    rig.publish("orders.created", Some("order-9"), "order-9")
+        .await;
+    rig.publish("orders.created", Some("order-9"), "order-9")
+        .await;
+
+    for (name, effects) in [
+        ("billing", &billing_effects),
+        ("shipping", &shipping_effects),
+    ] {
+        let c = rig.connect(name).await;
+        let consumer = JetStreamConsumer::new(
+            ServiceBuilder::new()
+                .layer(layer(&engine, name))
+                .service(effects.handler(Duration::ZERO)),
+        )
+        .ack_wait(ACK_WAIT);
+        let mut outcomes = Vec::new();
+        for _ in 0..2 {
+            let msg = next(&c, Duration::from_secs(5)).await.unwrap();
+            let processed = consumer.handle(msg).await;
+            assert_eq!(processed.reply, Reply::Ack);
+            outcomes.push(processed.outcome.unwrap());
+        }
+        assert_eq!(
+            outcomes,
+            [Handled::Ran(()), Handled::Duplicate(None)],
+            "{name}"
+        );
+    }
+    assert_eq!(billing_effects.count("order-9"), 1);
+    assert_eq!(
+        shipping_effects.count("order-9"),
+        1,
+        "not skipped as billing's duplicate"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_slower_than_ack_wait_is_not_redelivered_while_it_runs() {
+    let Some(rig) = rig().await else { return };
+    rig.durable("billing").await;
+    let engine = Engine::new(MemoryStore::new());
+    let effects = Effects::default();
+    rig.publish("orders.created", None, "slow-order").await;
+
+    let a = rig.connect("billing").await;
+    let msg = next(&a, Duration::from_secs(5)).await.unwrap();
+    let consumer = JetStreamConsumer::new(
+        ServiceBuilder::new()
+            .layer(layer(&engine, "billing").in_progress(InProgress::Reject))
+            .service(effects.handler(ACK_WAIT * 3)),
+    )
+    .ack_wait(ACK_WAIT);
+    let running = tokio::spawn(async move { consumer.handle(msg).await });
+
+    // Another consumer of the same durable pulls for the whole run: progress keeps the message
+    // from being redelivered to it.
+    let b = rig.connect("billing").await;
+    let stolen = next(&b, ACK_WAIT * 3 + Duration::from_millis(500)).await;
+    assert!(
+        stolen.is_none(),
+        "redelivered mid-work: {:?}",
+        stolen.map(|m| m.info().unwrap().delivered)
+    );
+    let processed = running.await.unwrap();
+    assert_eq!(processed.outcome.unwrap(), Handled::Ran(()));
+    assert_eq!(processed.reply, Reply::Ack);
+    assert_eq!(effects.count("slow-order"), 1);
+    assert!(
+        next(&b, ACK_WAIT * 2).await.is_none(),
+        "acknowledged once done"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_reused_by_another_message_is_terminated() {
+    let Some(rig) = rig().await else { return };
+    rig.durable("billing").await;
+    let engine = Engine::new(MemoryStore::new());
+    let effects = Effects::default();
+    rig.publish("orders.created", Some("k-1"), "first").await;
+    rig.publish("orders.created", Some("k-1"), "second").await;
+
+    let c = rig.connect("billing").await;
+    let consumer = JetStreamConsumer::new(
+        ServiceBuilder::new()
+            .layer(layer(&engine, "billing"))
+            .service(effects.handler(Duration::ZERO)),
+    )
+    .ack_wait(ACK_WAIT);
+    let first = consumer
+        .handle(next(&c, Duration::from_secs(5)).await.unwrap())
+        .await;
+    assert_eq!(first.reply, Reply::Ack);
+    let second = consumer
+        .handle(next(&c, Duration::from_secs(5)).await.unwrap())
+        .await;
+    assert_eq!(
+        second.outcome.unwrap_err().kind(),
+        MessageErrorKind::KeyReused
+    );
+    assert_eq!(second.reply, Reply::Term);
+    assert!(
+        next(&c, ACK_WAIT * 2).await.is_none(),
+        "terminated: never redelivered"
+    );
+    assert_eq!((effects.count("first"), effects.count("second")), (1, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_outage_naks_with_backoff_and_the_redelivery_runs() {
+    let Some(rig) = rig().await else { return };
+    rig.durable("billing").await;
+    let spy = SpyStore::new();
+    let engine = Engine::new(spy.clone());
+    let effects = Effects::default();
+    rig.publish("orders.created", Some("k-3"), "order-3").await;
+
+    let c = rig.connect("billing").await;
+    let consumer = JetStreamConsumer::new(
+        ServiceBuilder::new()
+            .layer(layer(&engine, "billing"))
+            .service(effects.handler(Duration::ZERO)),
+    )
+    .ack_wait(ACK_WAIT)
+    .store_backoff(Duration::from_millis(300), Duration::from_secs(5));
+
+    spy.fail_claims(true);
+    let processed = consumer
+        .handle(next(&c, Duration::from_secs(5)).await.unwrap())
+        .await;
+    assert_eq!(
+        processed.outcome.unwrap_err().kind(),
+        MessageErrorKind::Store
+    );
+    assert_eq!(
+        processed.reply,
+        Reply::Nak(Some(Duration::from_millis(300)))
+    );
+    let processed = consumer
+        .handle(next(&c, Duration::from_secs(5)).await.unwrap())
+        .await;
+    assert_eq!(
+        processed.reply,
+        Reply::Nak(Some(Duration::from_millis(600))),
+        "doubled on the second delivery"
+    );
+    assert_eq!(effects.count("order-3"), 0, "never run without a claim");
+
+    spy.fail_claims(false);
+    let msg = next(&c, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(msg.info().unwrap().delivered, 3);
+    let processed = consumer.handle(msg).await;
+    assert_eq!(processed.outcome.unwrap(), Handled::Ran(()));
+    assert_eq!(effects.count("order-3"), 1);
+}

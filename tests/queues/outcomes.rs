@@ -1,0 +1,502 @@
+//! The outcomes table of `tower_idempotency::message`, held to the same behaviour over the
+//! memory store and the Redis store (a real `redis-server`): one suite, expanded per store.
+#![allow(clippy::unwrap_used)]
+
+use crate::support::http::SpyStore;
+use bytes::Bytes;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
+use tower_idempotency::engine::{Engine, RecordedResponse, Scope};
+use tower_idempotency::message::{
+    Envelope, Handled, HeaderOrHash, InProgress, MessageError, MessageErrorKind,
+    MessageIdempotencyLayer, Raw,
+};
+use tower_idempotency::store::StoreKey;
+use tower_idempotency::{IdempotencyKey, Store};
+
+pub(crate) const LEASE: Duration = Duration::from_secs(5);
+
+/// A unique namespace per test, so tests on one shared Redis server never meet.
+pub(crate) fn namespace() -> String {
+    static N: AtomicUsize = AtomicUsize::new(0);
+    format!(
+        "queues-{}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_nanos()
+    )
+}
+
+/// The handler: counts its runs, and by the body answers `Ok(body)`, fails (`fail`), answers a
+/// result the classifier calls unsuccessful (`bad`), or waits for `gate` (`slow`).
+#[derive(Clone, Default)]
+pub(crate) struct Work {
+    pub(crate) runs: Arc<AtomicUsize>,
+    pub(crate) gate: Arc<Notify>,
+    pub(crate) started: Arc<Notify>,
+}
+
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Failed;
+
+impl std::fmt::Display for Failed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("failed on purpose")
+    }
+}
+
+impl std::error::Error for Failed {}
+
+impl Work {
+    pub(crate) fn runs(&self) -> usize {
+        self.runs.load(Ordering::SeqCst)
+    }
+
+    pub(crate) fn service(
+        &self,
+    ) -> impl Service<Envelope, Response = String, Error = Failed, Future: Send> + Clone + Send + 'static
+    {
+        let w = self.clone();
+        service_fn(move |m: Envelope| {
+            let w = w.clone();
+            async move {
+                w.runs.fetch_add(1, Ordering::SeqCst);
+                let body = String::from_utf8(m.body.to_vec()).unwrap();
+                match body.as_str() {
+                    "fail" => Err(Failed),
+                    "slow" => {
+                        w.started.notify_one();
+                        w.gate.notified().await;
+                        Ok(body)
+                    }
+                    _ => Ok(body),
+                }
+            }
+        })
+    }
+}
+
+pub(crate) fn keyed(key: &str, body: &str) -> Envelope {
+    Envelope::new("orders", Bytes::copy_from_slice(body.as_bytes()))
+        .with_header("Idempotency-Key", Bytes::copy_from_slice(key.as_bytes()))
+}
+
+async fn call<S>(svc: &S, m: Envelope) -> Result<Handled<String>, MessageError<Failed>>
+where
+    S: Service<Envelope, Response = Handled<String>, Error = MessageError<Failed>> + Clone,
+{
+    svc.clone().oneshot(m).await
+}
+
+/// The suite over one store: `$store` is an async expression giving `Option<SpyStore<_>>`
+/// (`None`: the store's server cannot run here, skip).
+macro_rules! outcomes_suite {
+    ($store:expr) => {
+        use super::*;
+
+        async fn setup() -> Option<(SpyStore<impl Store>, Engine<SpyStore<impl Store>>)> {
+            let spy = $store.await?;
+            let engine = Engine::builder(spy.clone()).lease(LEASE).build();
+            Some((spy, engine))
+        }
+
+        fn layer<St: Store>(engine: &Engine<St>, ns: &str) -> MessageIdempotencyLayer<St> {
+            MessageIdempotencyLayer::new(engine.clone(), "billing").namespace(ns)
+        }
+
+        #[tokio::test]
+        async fn a_completed_duplicate_is_acknowledged_without_running() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()))
+                .service(work.service());
+            assert_eq!(
+                call(&svc, keyed("k1", "a")).await.unwrap(),
+                Handled::Ran("a".into())
+            );
+            let again = call(&svc, keyed("k1", "a")).await.unwrap();
+            assert_eq!(again, Handled::Duplicate(None));
+            assert!(again.is_ack());
+            assert_eq!(work.runs(), 1, "the handler ran once");
+        }
+
+        #[tokio::test]
+        async fn a_completed_duplicate_gets_the_stored_result() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()).store_results(Raw))
+                .service(work.service());
+            assert_eq!(
+                call(&svc, keyed("k1", "result")).await.unwrap(),
+                Handled::Ran("result".into())
+            );
+            assert_eq!(
+                call(&svc, keyed("k1", "result")).await.unwrap(),
+                Handled::Duplicate(Some("result".into()))
+            );
+            assert_eq!(work.runs(), 1);
+        }
+
+        #[tokio::test]
+        async fn the_handlers_error_releases_the_key_so_the_redelivery_runs() {
+            let Some((spy, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()))
+                .service(work.service());
+            let err = call(&svc, keyed("k1", "fail")).await.unwrap_err();
+            assert_eq!(err.kind(), MessageErrorKind::Handler);
+            assert!(err.is_retryable());
+            assert_eq!(err.into_handler_error().unwrap(), Failed);
+            assert_eq!(spy.releases(), 1);
+            let err = call(&svc, keyed("k1", "fail")).await.unwrap_err();
+            assert_eq!(
+                err.kind(),
+                MessageErrorKind::Handler,
+                "ran again, not a duplicate"
+            );
+            assert_eq!(work.runs(), 2);
+        }
+
+        #[tokio::test]
+        async fn an_unsuccessful_result_releases_the_key() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()).classify(|r: &String| r != "bad"))
+                .service(work.service());
+            let first = call(&svc, keyed("k1", "bad")).await.unwrap();
+            assert_eq!(first, Handled::Failed("bad".into()));
+            assert!(!first.is_ack(), "the broker must redeliver");
+            assert_eq!(
+                call(&svc, keyed("k1", "bad")).await.unwrap(),
+                Handled::Failed("bad".into())
+            );
+            assert_eq!(
+                work.runs(),
+                2,
+                "each redelivery runs while the result is unsuccessful"
+            );
+        }
+
+        #[tokio::test]
+        async fn a_duplicate_in_flight_is_skipped_and_acknowledged() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()))
+                .service(work.service());
+            let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
+            work.started.notified().await;
+            let dup = call(&svc, keyed("k1", "slow")).await.unwrap();
+            assert_eq!(dup, Handled::Skipped);
+            assert!(dup.is_ack());
+            work.gate.notify_one();
+            assert_eq!(first.await.unwrap().unwrap(), Handled::Ran("slow".into()));
+            assert_eq!(work.runs(), 1, "never two handlers at once");
+        }
+
+        #[tokio::test]
+        async fn a_duplicate_in_flight_is_rejected_for_later_under_reject() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()).in_progress(InProgress::Reject))
+                .service(work.service());
+            let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
+            work.started.notified().await;
+            let err = call(&svc, keyed("k1", "slow")).await.unwrap_err();
+            assert_eq!(err.kind(), MessageErrorKind::InFlight);
+            assert!(err.is_retryable());
+            assert_eq!(err.retry_after(), Some(LEASE), "redeliver after the lease");
+            work.gate.notify_one();
+            first.await.unwrap().unwrap();
+            assert_eq!(
+                call(&svc, keyed("k1", "slow")).await.unwrap(),
+                Handled::Duplicate(None)
+            );
+            assert_eq!(work.runs(), 1);
+        }
+
+        #[tokio::test]
+        async fn a_key_reused_by_another_message_is_refused() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()))
+                .service(work.service());
+            call(&svc, keyed("k1", "a")).await.unwrap();
+            let err = call(&svc, keyed("k1", "b")).await.unwrap_err();
+            assert_eq!(err.kind(), MessageErrorKind::KeyReused);
+            assert!(!err.is_retryable());
+            assert_eq!(work.runs(), 1);
+        }
+
+        #[tokio::test]
+        async fn a_store_failure_on_claim_is_retryable_and_runs_nothing() {
+            let Some((spy, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()))
+                .service(work.service());
+            spy.fail_claims(true);
+            let err = call(&svc, keyed("k1", "a")).await.unwrap_err();
+            assert_eq!(err.kind(), MessageErrorKind::Store);
+            assert!(err.is_retryable());
+            assert!(
+                std::error::Error::source(&err).is_some(),
+                "the store's error is the source"
+            );
+            assert_eq!(work.runs(), 0, "never run without a claim");
+            spy.fail_claims(false);
+            assert_eq!(
+                call(&svc, keyed("k1", "a")).await.unwrap(),
+                Handled::Ran("a".into())
+            );
+        }
+
+        #[tokio::test]
+        async fn a_store_failure_on_record_still_acknowledges_and_holds_the_key() {
+            let Some((spy, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()))
+                .service(work.service());
+            spy.fail_completes(true);
+            assert_eq!(
+                call(&svc, keyed("k1", "a")).await.unwrap(),
+                Handled::Ran("a".into())
+            );
+            spy.fail_completes(false);
+            assert_eq!(
+                call(&svc, keyed("k1", "a")).await.unwrap(),
+                Handled::Skipped,
+                "pending until the lease lapses: not run again"
+            );
+            assert_eq!(work.runs(), 1);
+        }
+
+        #[tokio::test]
+        async fn two_consumers_each_handle_a_message_once() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let ns = namespace();
+            let work = Work::default();
+            let billing = ServiceBuilder::new()
+                .layer(layer(&engine, &ns))
+                .service(work.service());
+            let shipping = ServiceBuilder::new()
+                .layer(MessageIdempotencyLayer::new(engine.clone(), "shipping").namespace(&ns))
+                .service(work.service());
+            for _ in 0..3 {
+                assert!(call(&billing, keyed("k1", "a")).await.unwrap().is_ack());
+                assert!(call(&shipping, keyed("k1", "a")).await.unwrap().is_ack());
+            }
+            assert_eq!(
+                work.runs(),
+                2,
+                "once per consumer, neither skipped as the other's duplicate"
+            );
+        }
+
+        #[tokio::test]
+        async fn an_unlisted_topic_passes_with_no_store_call() {
+            let Some((spy, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(
+                    layer(&engine, &namespace())
+                        .topics(["payments"])
+                        .require_key(true),
+                )
+                .service(work.service());
+            for _ in 0..2 {
+                let out = call(&svc, Envelope::new("orders", "a")).await.unwrap();
+                assert_eq!(out, Handled::Untracked("a".into()));
+            }
+            assert_eq!(spy.claims(), 0);
+            assert_eq!(work.runs(), 2);
+            let listed = Envelope::new("payments", "a").with_header("Idempotency-Key", "k1");
+            assert_eq!(
+                call(&svc, listed.clone()).await.unwrap(),
+                Handled::Ran("a".into())
+            );
+            assert_eq!(call(&svc, listed).await.unwrap(), Handled::Duplicate(None));
+        }
+
+        #[tokio::test]
+        async fn a_listed_message_without_a_key_is_refused_when_keys_are_required() {
+            let Some((spy, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(
+                    layer(&engine, &namespace())
+                        .key_strategy(HeaderOrHash::new().hash_body(false))
+                        .require_key(true),
+                )
+                .service(work.service());
+            let err = call(&svc, Envelope::new("orders", "a")).await.unwrap_err();
+            assert_eq!(err.kind(), MessageErrorKind::KeyMissing);
+            assert!(!err.is_retryable(), "dead-letter, never run unprotected");
+            assert_eq!((work.runs(), spy.claims()), (0, 0));
+        }
+
+        #[tokio::test]
+        async fn a_message_without_a_key_runs_untracked_when_keys_are_optional() {
+            let Some((spy, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(
+                    layer(&engine, &namespace()).key_strategy(HeaderOrHash::new().hash_body(false)),
+                )
+                .service(work.service());
+            for _ in 0..2 {
+                assert_eq!(
+                    call(&svc, Envelope::new("orders", "a")).await.unwrap(),
+                    Handled::Untracked("a".into())
+                );
+            }
+            assert_eq!((work.runs(), spy.claims()), (2, 0));
+        }
+
+        #[tokio::test]
+        async fn an_invalid_key_is_refused() {
+            let Some((spy, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()))
+                .service(work.service());
+            for bad in ["  ", "ключ", &"x".repeat(256)] {
+                let err = call(&svc, keyed(bad, "a")).await.unwrap_err();
+                assert_eq!(err.kind(), MessageErrorKind::KeyInvalid, "{bad:?}");
+                assert!(!err.is_retryable());
+            }
+            assert_eq!((work.runs(), spy.claims()), (0, 0));
+        }
+
+        #[tokio::test]
+        async fn without_a_key_header_identical_redeliveries_match_by_digest() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()))
+                .service(work.service());
+            let m = Envelope::new("orders", "order 17");
+            assert_eq!(
+                call(&svc, m.clone()).await.unwrap(),
+                Handled::Ran("order 17".into())
+            );
+            assert_eq!(call(&svc, m).await.unwrap(), Handled::Duplicate(None));
+            let other = Envelope::new("orders", "order 18");
+            assert_eq!(
+                call(&svc, other).await.unwrap(),
+                Handled::Ran("order 18".into())
+            );
+            let new_schema = Envelope::new("orders", "order 17").with_schema_version("2");
+            assert_eq!(
+                call(&svc, new_schema).await.unwrap(),
+                Handled::Ran("order 17".into())
+            );
+            assert_eq!(work.runs(), 3);
+        }
+    };
+}
+
+mod memory {
+    outcomes_suite!(async { Some(SpyStore::new()) });
+}
+
+#[cfg(feature = "redis")]
+mod redis {
+    use crate::support::redis_server::{self, RedisServer};
+    use std::sync::OnceLock;
+    use tower_idempotency::store::redis::RedisStore;
+
+    fn server() -> Option<&'static RedisServer> {
+        static SERVER: OnceLock<RedisServer> = OnceLock::new();
+        redis_server::available().then(|| SERVER.get_or_init(RedisServer::start))
+    }
+
+    async fn store() -> Option<super::SpyStore<RedisStore>> {
+        let server = server()?;
+        let store = RedisStore::connect(&server.url(), "queues")
+            .await
+            .expect("connect");
+        Some(super::SpyStore::wrap(store))
+    }
+
+    outcomes_suite!(store());
+}
+
+/// The record check, once (it needs the store's raw access, the memory store's is enough):
+/// a record written under the door's key by something other than the door is refused.
+#[tokio::test]
+async fn a_record_not_written_by_the_message_door_is_refused() {
+    let spy = SpyStore::new();
+    let engine = Engine::builder(spy.clone()).lease(LEASE).build();
+    let ns = namespace();
+    let key = StoreKey::derive(
+        &ns,
+        &Scope::principal("billing"),
+        &IdempotencyKey::new("k1").unwrap(),
+    );
+    let work = Work::default();
+    let svc = ServiceBuilder::new()
+        .layer(MessageIdempotencyLayer::new(engine.clone(), "billing").namespace(&ns))
+        .service(work.service());
+    // Claim under the door's key with the door's fingerprint: the spy saw it on the first
+    // delivery, which we make fail (released), then complete an HTTP-shaped record over it.
+    call(&svc, keyed("k1", "fail")).await.unwrap_err();
+    let fp = spy.last_fingerprint().expect("the door claimed");
+    let tower_idempotency::engine::Begin::Run(ticket) = engine.begin(key, fp).await.unwrap() else {
+        panic!("the key was released");
+    };
+    engine
+        .complete(
+            ticket,
+            &RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{}"))),
+        )
+        .await
+        .unwrap();
+    let err = call(&svc, keyed("k1", "fail")).await.unwrap_err();
+    assert_eq!(err.kind(), MessageErrorKind::RecordInvalid);
+    assert!(!err.is_retryable());
+    assert_eq!(work.runs(), 1, "not run again, not acknowledged as done");
+}

@@ -1,0 +1,166 @@
+//! A real `nats-server` with JetStream for tests: a free loopback port, a temporary store
+//! directory, killed on drop (and by a watchdog if the test process dies first).
+//!
+//! When `nats-server` is not on `PATH` (Debian puts it in `/usr/sbin`, looked at too),
+//! [`available`] prints a notice and the test returns early; with
+//! `TOWER_IDEMPOTENCY_REQUIRE_SERVERS` set (as `scripts/test.sh` does) it panics.
+
+use super::redis_server::{REQUIRE_SERVERS, free_port};
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Once;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::thread::sleep;
+use std::time::{Duration, Instant};
+
+/// The `nats-server` binary: on `PATH`, or where Debian installs it.
+fn binary() -> Option<PathBuf> {
+    let on_path = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|d| d.join("nats-server"))
+            .find(|p| p.is_file())
+    });
+    on_path.or_else(|| {
+        let p = PathBuf::from("/usr/sbin/nats-server");
+        p.is_file().then_some(p)
+    })
+}
+
+/// Whether `nats-server` can be run. When it cannot: panics if [`REQUIRE_SERVERS`] is set,
+/// else prints a notice once and returns `false` (skip the test).
+pub(crate) fn available() -> bool {
+    if binary().is_some() {
+        return true;
+    }
+    assert!(
+        std::env::var_os(REQUIRE_SERVERS).is_none(),
+        "{REQUIRE_SERVERS} is set but nats-server is not installed; install it (scripts/test.sh \
+         does: Debian package nats-server) or unset {REQUIRE_SERVERS}",
+    );
+    static NOTICE: Once = Once::new();
+    NOTICE.call_once(|| {
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipping: nats-server not found; run scripts/test.sh to run the NATS tests"
+        );
+    });
+    false
+}
+
+/// One `nats-server -js` on a loopback port, killed on drop.
+#[derive(Debug)]
+pub(crate) struct NatsServer {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+    watchdog: Option<Child>,
+}
+
+impl NatsServer {
+    /// A server with JetStream on, on a free port, storing in a new temporary directory.
+    pub(crate) fn start() -> Self {
+        let mut last = String::new();
+        for _ in 0..5 {
+            let port = free_port(false);
+            static SEQ: AtomicU32 = AtomicU32::new(0);
+            let n = SEQ.fetch_add(1, Ordering::Relaxed);
+            let dir =
+                std::env::temp_dir().join(format!("ti-nats-{}-{n}-{port}", std::process::id()));
+            let mut server = Self {
+                port,
+                dir,
+                child: None,
+                watchdog: None,
+            };
+            match server.spawn() {
+                Ok(()) => return server,
+                Err(e) => last = e,
+            }
+        }
+        panic!("could not start nats-server: {last}");
+    }
+
+    /// The address to connect to.
+    pub(crate) fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    fn spawn(&mut self) -> Result<(), String> {
+        let bin = binary().ok_or("nats-server not found")?;
+        std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?;
+        let mut child = Command::new(bin)
+            .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string()])
+            .arg("-sd")
+            .arg(&self.dir)
+            // No monitoring port, no cluster: only the client port is opened.
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .map_err(|e| format!("spawning nats-server: {e}"))?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(format!(
+                    "nats-server on port {} exited at start: {status}",
+                    self.port
+                ));
+            }
+            if greets(self.port) {
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "nats-server on port {} did not greet within 10 s",
+                    self.port
+                ));
+            }
+            sleep(Duration::from_millis(20));
+        }
+        let script = format!(
+            "while kill -0 {parent} 2>/dev/null && kill -0 {server} 2>/dev/null; do sleep 1; done; \
+             kill -9 {server} 2>/dev/null; if ! kill -0 {parent} 2>/dev/null; then rm -rf '{dir}'; fi",
+            parent = std::process::id(),
+            server = child.id(),
+            dir = self.dir.display(),
+        );
+        self.watchdog = Command::new("sh")
+            .args(["-c", &script])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok();
+        self.child = Some(child);
+        Ok(())
+    }
+}
+
+/// Whether the server on `port` sends its `INFO` greeting.
+fn greets(port: u16) -> bool {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
+    let mut buf = [0u8; 4];
+    s.read_exact(&mut buf).is_ok() && &buf == b"INFO"
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        for c in [self.child.take(), self.watchdog.take()]
+            .into_iter()
+            .flatten()
+        {
+            let mut c = c;
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

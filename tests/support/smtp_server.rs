@@ -1,0 +1,135 @@
+//! An SMTP server (Debian's `python3-aiosmtpd`, driven by `smtp_server.py` next to this file)
+//! on a free loopback port, in a temporary directory, killed on drop. The test reads what it
+//! took and tells it to stall or to answer with another reply.
+
+use std::fs;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Once, OnceLock};
+use std::time::{Duration, Instant};
+
+use super::redis_server::{REQUIRE_SERVERS, free_port};
+
+/// The Python that can import `aiosmtpd` (Debian's `/usr/bin/python3` first: a `python3`
+/// earlier on `PATH`, pyenv's say, does not see Debian's packages).
+fn python() -> Option<&'static str> {
+    static PYTHON: OnceLock<Option<&'static str>> = OnceLock::new();
+    *PYTHON.get_or_init(|| {
+        ["/usr/bin/python3", "python3"].into_iter().find(|py| {
+            Command::new(py)
+                .args(["-c", "import aiosmtpd"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status()
+                .is_ok_and(|s| s.success())
+        })
+    })
+}
+
+/// Whether the SMTP server can run. When it cannot: panics if [`REQUIRE_SERVERS`] is set,
+/// else prints a notice once and returns `false` (skip the test).
+pub(crate) fn available() -> bool {
+    if python().is_some() {
+        return true;
+    }
+    assert!(
+        std::env::var_os(REQUIRE_SERVERS).is_none(),
+        "{REQUIRE_SERVERS} is set but no python3 can import aiosmtpd; install python3-aiosmtpd \
+         (scripts/test.sh does) or unset {REQUIRE_SERVERS}"
+    );
+    static NOTICE: Once = Once::new();
+    NOTICE.call_once(|| {
+        let _ = writeln!(
+            std::io::stderr(),
+            "skipping: python3-aiosmtpd not found; run scripts/test.sh to run the SMTP tests"
+        );
+    });
+    false
+}
+
+/// One SMTP server process.
+#[derive(Debug)]
+pub(crate) struct SmtpServer {
+    child: Child,
+    dir: PathBuf,
+    port: u16,
+}
+
+impl SmtpServer {
+    /// A server on a free port.
+    pub(crate) fn start() -> Self {
+        Self::start_on(free_port(false))
+    }
+
+    /// A server on `port`.
+    pub(crate) fn start_on(port: u16) -> Self {
+        let python = python().expect("check available() first");
+        let dir = std::env::temp_dir().join(format!("ti-smtp-{}-{port}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).expect("a temporary directory");
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/smtp_server.py");
+        let child = Command::new(python)
+            .arg(script)
+            .arg(port.to_string())
+            .arg(&dir)
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start the SMTP server");
+        let mut server = Self { child, dir, port };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !server.dir.join("ready").exists() {
+            if let Ok(Some(status)) = server.child.try_wait() {
+                panic!("the SMTP server exited: {status}");
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the SMTP server did not start within 10 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        server
+    }
+
+    pub(crate) fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The subjects of the messages the server took, in order.
+    pub(crate) fn messages(&self) -> Vec<String> {
+        fs::read_to_string(self.dir.join("messages"))
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    /// Holds back the reply to the end of the data (after keeping the message), or not.
+    pub(crate) fn stall(&self, on: bool) {
+        self.flag("stall", on.then_some(""));
+    }
+
+    /// Answers the end of the data with `reply` (not keeping the message), or normally.
+    pub(crate) fn reply(&self, reply: Option<&str>) {
+        self.flag("reply", reply);
+    }
+
+    fn flag(&self, name: &str, content: Option<&str>) {
+        let path = self.dir.join(name);
+        match content {
+            Some(c) => fs::write(path, c).expect("write a flag file"),
+            None => {
+                let _ = fs::remove_file(path);
+            }
+        }
+    }
+}
+
+impl Drop for SmtpServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
