@@ -395,7 +395,10 @@ impl<S: Store> Engine<S> {
     /// # Errors
     /// The store's error; the key then stays pending until its current lease lapses.
     pub async fn hold(&self, ticket: Ticket, hold: Duration) -> Result<bool, StoreError> {
-        self.store.renew(&ticket.key, &ticket.token, hold).await
+        let started = Started::now();
+        let held = self.store.renew(&ticket.key, &ticket.token, hold).await;
+        self.timer.record(Op::Renew, started, &held);
+        held
     }
 
     /// Frees the key so a retry runs the work again. Returns `Ok(false)` when the ticket no

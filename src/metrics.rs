@@ -46,15 +46,21 @@ pub(crate) enum Door {
     /// Tier C, `transactional::within`.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Within,
+    /// The queue consumers' door, `message`.
+    Message,
+    /// The send-once door, `outbound`.
+    Outbound,
 }
 
 impl Door {
-    const ALL: [Self; 5] = [
+    const ALL: [Self; 7] = [
         Self::Http,
         Self::Grpc,
         Self::Route,
         Self::Extract,
         Self::Within,
+        Self::Message,
+        Self::Outbound,
     ];
 
     pub(crate) const fn as_str(self) -> &'static str {
@@ -64,6 +70,8 @@ impl Door {
             Self::Route => "route",
             Self::Extract => "extract",
             Self::Within => "within",
+            Self::Message => "message",
+            Self::Outbound => "outbound",
         }
     }
 }
@@ -136,7 +144,6 @@ impl Outcome {
     }
 
     /// The outcome of a store error met while claiming.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn of_store_error(e: &StoreError) -> Self {
         match e.kind() {
             StoreErrorKind::ScopeFull => Self::ScopeFull,
@@ -161,16 +168,19 @@ pub(crate) enum Settled {
     LeaseLost,
     /// The response was dropped before its body ended (the client went away): nothing settled.
     Abandoned,
+    /// The send-once door's delivery is unknown: the key is held, nothing is sent again.
+    Held,
 }
 
 impl Settled {
-    const ALL: [Self; 6] = [
+    const ALL: [Self; 7] = [
         Self::Completed,
         Self::Released,
         Self::CompleteFailed,
         Self::ReleaseFailed,
         Self::LeaseLost,
         Self::Abandoned,
+        Self::Held,
     ];
 
     pub(crate) const fn as_str(self) -> &'static str {
@@ -181,6 +191,7 @@ impl Settled {
             Self::ReleaseFailed => "release_failed",
             Self::LeaseLost => "lease_lost",
             Self::Abandoned => "abandoned",
+            Self::Held => "held",
         }
     }
 
@@ -277,13 +288,11 @@ mod on {
     }
 
     /// Counts one request of `door` (no labels of its own).
-    #[cfg_attr(not(any(feature = "axum", feature = "postgres")), allow(dead_code))]
     pub(crate) fn request(door: Door, outcome: Outcome) {
         increment(&plain(door).requests[outcome as usize]);
     }
 
     /// Counts how one claimed key of `door` ended.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn settled(door: Door, result: Settled) {
         increment(&plain(door).results[result as usize]);
     }
