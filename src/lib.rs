@@ -132,7 +132,8 @@
 //!
 //! - `door`: `http` (`IdempotencyLayer`), `grpc` (the layer, on a gRPC request), `route`
 //!   (`#[idempotent]` handlers and `IdempotentRoutes::layer`), `extract` (the extractors'
-//!   own refusals: the layer already counted the request), `within` (tier C).
+//!   own refusals: the layer already counted the request), `within` (tier C), `message`
+//!   (queue consumers), `outbound` (send once).
 //! - `outcome`: `fresh` (claimed, the work runs), `replayed`, `in_flight` (409),
 //!   `key_reused` (422), `key_missing`, `key_invalid`, `principal_missing`, `body_too_large`,
 //!   `body_unreadable`, `store_failed`, `scope_full` (429), `store_full`, `record_invalid`,
@@ -142,7 +143,8 @@
 //! - `result`: `completed`, `released` (a retry runs again), `complete_failed` and
 //!   `release_failed` (the key stays pending until its lease lapses; in `within`, the
 //!   transaction rolled back), `lease_lost` (the lease had lapsed and another request held
-//!   the key: not recorded), `abandoned` (the client went away before a streamed body ended).
+//!   the key: not recorded), `abandoned` (the client went away before a streamed body ended),
+//!   `held` (`outbound`: the delivery is unknown, the key is kept so nothing is sent again).
 //! - `store`: `memory`, `redis`, `postgres`, or what a store of your own returns from
 //!   [`Store::name`] (`custom` by default); `op`: `claim`, `complete`, `release`, `renew`;
 //!   `result`: `ok`, or the error's kind (`unavailable`, `timeout`, `protocol`, `store_full`,
