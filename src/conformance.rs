@@ -39,7 +39,7 @@
 
 use crate::Store;
 use crate::engine::{Begin, Engine, Fingerprint, RecordedResponse};
-use crate::store::{Claim, Record, StoreError, StoreKey, Token};
+use crate::store::{Claim, Forgotten, Record, StoreError, StoreKey, Token};
 use bytes::Bytes;
 use std::future::Future;
 use std::sync::Arc;
@@ -84,6 +84,8 @@ macro_rules! store_conformance {
             keys_are_independent,
             engine_run_in_flight_reused_replay,
             engine_release_lets_work_run_again,
+            forget_deletes_a_record_and_a_pending_claim_only_when_asked,
+            lease_left_is_none_or_within_the_lease,
         );
 
         #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -414,6 +416,84 @@ pub async fn renew_needs_the_holding_token<H: Harness>(h: H) {
     }
 }
 
+/// `forget` deletes a completed record, keeps a pending claim unless told, deletes it when told,
+/// and finds nothing under a free (or expired) key; a forgotten key is free to claim.
+pub async fn forget_deletes_a_record_and_a_pending_claim_only_when_asked<H: Harness>(h: H) {
+    let s = h.store();
+    assert_eq!(
+        ok(s.forget(&random_key(), true).await, "forget"),
+        Forgotten::Nothing,
+        "a free key has nothing to forget"
+    );
+
+    let done = random_key();
+    let token = claim_free(s, &done, &fingerprint("a"), LONG).await;
+    assert!(ok(
+        s.complete(&done, &token, &fingerprint("a"), record("a"), LONG)
+            .await,
+        "complete"
+    ));
+    assert_eq!(
+        ok(s.forget(&done, false).await, "forget"),
+        Forgotten::Record
+    );
+    let _again = claim_free(s, &done, &fingerprint("b"), LONG).await;
+
+    let pending = random_key();
+    let first = claim_free(s, &pending, &fingerprint("p"), LONG).await;
+    assert_eq!(
+        ok(s.forget(&pending, false).await, "forget"),
+        Forgotten::KeptPending,
+        "a pending claim is kept unless asked for"
+    );
+    expect_pending(s, &pending, "after a forget that keeps pending claims").await;
+    assert_eq!(
+        ok(s.forget(&pending, true).await, "forget"),
+        Forgotten::Pending
+    );
+    // The forgotten claim's holder finishes late: nothing holds the key, so its record may
+    // be written (as after a lapsed lease); either way the store answers.
+    let _ = ok(
+        s.complete(&pending, &first, &fingerprint("p"), record("p"), LONG)
+            .await,
+        "a late complete after forget",
+    );
+
+    let expired = random_key();
+    let _ = claim_free(s, &expired, &fingerprint("e"), SHORT).await;
+    h.advance(PAST_SHORT).await;
+    assert_eq!(
+        ok(s.forget(&expired, true).await, "forget"),
+        Forgotten::Nothing,
+        "an expired claim is nothing"
+    );
+}
+
+/// `lease_left` is `None` for a free key and a completed record; for a pending claim it is
+/// `None` (the store cannot tell) or at most the lease.
+pub async fn lease_left_is_none_or_within_the_lease<H: Harness>(h: H) {
+    let s = h.store();
+    let key = random_key();
+    assert_eq!(ok(s.lease_left(&key).await, "lease_left"), None);
+    let token = claim_free(s, &key, &fingerprint("a"), LONG).await;
+    if let Some(left) = ok(s.lease_left(&key).await, "lease_left") {
+        assert!(
+            left <= LONG && left > Duration::ZERO,
+            "{left:?} left of {LONG:?}"
+        );
+    }
+    assert!(ok(
+        s.complete(&key, &token, &fingerprint("a"), record("a"), LONG)
+            .await,
+        "complete"
+    ));
+    assert_eq!(
+        ok(s.lease_left(&key).await, "lease_left"),
+        None,
+        "a completed record has no lease"
+    );
+}
+
 /// Release frees a key held pending by the token, and nothing else.
 pub async fn release_frees_pending_key<H: Harness>(h: H) {
     let s = h.store();
@@ -725,6 +805,29 @@ impl<H: Harness> Store for HarnessStore<H> {
         lease: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         self.0.store().renew(key, token, lease)
+    }
+
+    fn forget(
+        &self,
+        key: &StoreKey,
+        pending: bool,
+    ) -> impl Future<Output = Result<Forgotten, StoreError>> + Send {
+        self.0.store().forget(key, pending)
+    }
+
+    fn lease_left(
+        &self,
+        key: &StoreKey,
+    ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send {
+        self.0.store().lease_left(key)
+    }
+
+    fn notifies_settled(&self) -> bool {
+        self.0.store().notifies_settled()
+    }
+
+    fn wait_settled(&self, key: &StoreKey, within: Duration) -> impl Future<Output = ()> + Send {
+        self.0.store().wait_settled(key, within)
     }
 
     fn name(&self) -> &'static str {

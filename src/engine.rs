@@ -26,7 +26,7 @@
 
 pub use crate::fingerprint::{Fingerprint, FingerprintBuilder};
 pub use crate::key::{DEFAULT_MAX_KEY_LEN, KeyError, KeyErrorKind};
-pub use crate::record::{Field, RecordError, RecordedResponse};
+pub use crate::record::{Field, RecordError, RecordTimes, RecordedResponse};
 pub use crate::scope::Scope;
 pub use crate::secret::SecretTooShort;
 
@@ -34,7 +34,7 @@ use crate::metrics::{Op, Started, StoreTimer};
 use crate::record::Record;
 use crate::scope::StoreKey;
 use crate::secret::Secret;
-use crate::store::{Claim, Store, StoreError, StoreErrorKind, Token};
+use crate::store::{Claim, Forgotten, Store, StoreError, StoreErrorKind, Token};
 use std::fmt;
 use std::future::Future;
 use std::pin::{Pin, pin};
@@ -248,6 +248,94 @@ impl<S: Store> Engine<S> {
     #[cfg(feature = "postgres")]
     pub(crate) fn timer(&self) -> &StoreTimer {
         &self.timer
+    }
+
+    /// As [`begin`](Self::begin), but a request that finds the same request in flight waits
+    /// up to `bound` for it to finish, then gets what it left: its record to replay, or the key
+    /// to run (the first run was released). Past the bound: [`Begin::InFlight`], as `begin`.
+    ///
+    /// A store that is told when a key settles (the memory store, in process) wakes the waiter
+    /// at once; any other is asked again with backoff (10 ms, doubling to 250 ms), each ask one
+    /// claim round trip. The wait also ends when the first run's lease lapses (the key is then
+    /// claimed by this request, as by any request after the lease).
+    ///
+    /// # Errors
+    /// The store's error; the work must not run.
+    pub async fn begin_waiting(
+        &self,
+        key: StoreKey,
+        fingerprint: Fingerprint,
+        bound: Duration,
+    ) -> Result<Begin, StoreError> {
+        const FIRST_POLL: Duration = Duration::from_millis(10);
+        const MAX_POLL: Duration = Duration::from_millis(250);
+        let deadline = tokio::time::Instant::now() + bound;
+        let mut poll = FIRST_POLL;
+        loop {
+            let begin = self.begin(key, fingerprint).await?;
+            let now = tokio::time::Instant::now();
+            if !matches!(begin, Begin::InFlight) || now >= deadline {
+                return Ok(begin);
+            }
+            let left = deadline - now;
+            let within = if self.store.notifies_settled() {
+                left
+            } else {
+                poll.min(left)
+            };
+            self.store.wait_settled(&key, within).await;
+            poll = (poll * 2).min(MAX_POLL);
+        }
+    }
+
+    /// Deletes the completed record under `key`, so the key can be used again: for support
+    /// staff who must let a customer reuse a key. A pending claim is kept (and reported as
+    /// [`Forgotten::KeptPending`]): its work may be running. Derive the key as the door does
+    /// (the HTTP layer: [`IdempotencyLayer::forget`](crate::http::IdempotencyLayer::forget)).
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyKey, MemoryStore};
+    /// use tower_idempotency::engine::{Begin, Engine, Fingerprint, RecordedResponse, Scope};
+    /// use tower_idempotency::store::{Forgotten, StoreKey};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let engine = Engine::new(MemoryStore::new());
+    /// let key = StoreKey::derive("jobs", &Scope::principal("worker"), &IdempotencyKey::new("job-1").unwrap());
+    /// let fp = Fingerprint::builder().field(b"payload").finish();
+    /// let Begin::Run(ticket) = engine.begin(key, fp).await.unwrap() else { panic!("first run") };
+    /// engine.complete(ticket, &RecordedResponse::new(200, vec![], None)).await.unwrap();
+    ///
+    /// assert_eq!(engine.forget(&key).await.unwrap(), Forgotten::Record);
+    /// assert!(matches!(engine.begin(key, fp).await.unwrap(), Begin::Run(_)), "the key runs again");
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// The store's error.
+    pub async fn forget(&self, key: &StoreKey) -> Result<Forgotten, StoreError> {
+        let found = self.store.forget(key, false).await?;
+        tracing::info!(key = ?key, found = ?found, "idempotency key forgotten by an operator");
+        Ok(found)
+    }
+
+    /// As [`forget`](Self::forget), and a pending claim is deleted too: said explicitly,
+    /// because its work may still be running, and a retry then runs the work again beside it
+    /// (the first run, having lost its claim, records nothing).
+    ///
+    /// # Errors
+    /// The store's error.
+    pub async fn forget_even_pending(&self, key: &StoreKey) -> Result<Forgotten, StoreError> {
+        let found = self.store.forget(key, true).await?;
+        tracing::warn!(key = ?key, found = ?found, "idempotency key forgotten by an operator, pending claims included");
+        Ok(found)
+    }
+
+    /// How long the pending claim on `key` has left, if the store can tell.
+    ///
+    /// # Errors
+    /// The store's error.
+    pub async fn lease_left(&self, key: &StoreKey) -> Result<Option<Duration>, StoreError> {
+        self.store.lease_left(key).await
     }
 
     /// The request's fingerprint as the store keeps it: keyed by the secret, when there is one.

@@ -123,6 +123,29 @@ impl FingerprintBuilder {
         }
     }
 
+    /// As [`json_value`](Self::json_value), over only what `include` points at (when not
+    /// empty) and without what `exclude` points at. A body that is not JSON: its bytes.
+    pub(crate) fn json_filtered(
+        self,
+        json: &[u8],
+        include: &[crate::json::JsonField],
+        exclude: &[crate::json::JsonField],
+    ) -> Self {
+        let Some(value) = Canonical::parse(json) else {
+            return self.field(json);
+        };
+        let value = value.without(exclude);
+        let value = if include.is_empty() {
+            value
+        } else {
+            value.only(include)
+        };
+        self.field(JSON_VALUE_TAG)
+            .field_from(value.encoded_len(), |g| {
+                value.encode(|bytes| g.write(bytes))
+            })
+    }
+
     /// Adds one field of `len` bytes that `write` feeds in pieces; it must feed exactly `len`.
     fn field_from(mut self, len: u64, write: impl FnOnce(&mut Gather<'_>)) -> Self {
         self.hasher.update(len.to_be_bytes());

@@ -179,6 +179,76 @@ impl<'a> Canonical<'a> {
         self.0.encode(&mut |bytes: &[u8]| len += bytes.len() as u64);
         len
     }
+
+    /// The same value without the members (or array items) each field points at; a pointer
+    /// to nothing removes nothing. Members repeated under one name all go.
+    pub(crate) fn without(mut self, fields: &[JsonField]) -> Self {
+        for f in fields {
+            remove_at(&mut self.0, &f.tokens);
+        }
+        self
+    }
+
+    /// Only what the fields point at, in the fields' order: for each, the count of values
+    /// found (0 when absent; more when a name is repeated) then each value. The whole value
+    /// is replaced by that list, an array of `[count, values…]` per field.
+    pub(crate) fn only(self, fields: &[JsonField]) -> Self {
+        let mut picked = Vec::with_capacity(fields.len());
+        for f in fields {
+            let mut found = Vec::new();
+            collect_at(&self.0, &f.tokens, &mut found);
+            let mut entry = Vec::with_capacity(found.len() + 1);
+            entry.push(Value::Number(COUNTS[found.len().min(COUNTS.len() - 1)]));
+            entry.extend(found.into_iter().cloned());
+            picked.push(Value::Array(entry));
+        }
+        Self(Value::Array(picked))
+    }
+}
+
+/// Counts as number literals (a repeated name more than 15 times counts as 15).
+const COUNTS: [&str; 16] = [
+    "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15",
+];
+
+fn remove_at(value: &mut Value<'_>, tokens: &[Box<str>]) {
+    let Some((first, rest)) = tokens.split_first() else {
+        return;
+    };
+    match value {
+        Value::Object(members) if rest.is_empty() => members.retain(|(n, _)| **n != **first),
+        Value::Object(members) => members
+            .iter_mut()
+            .filter(|(n, _)| **n == **first)
+            .for_each(|(_, v)| remove_at(v, rest)),
+        Value::Array(items) => match array_index(first) {
+            Some(i) if i < items.len() && rest.is_empty() => {
+                items.remove(i);
+            }
+            Some(i) if i < items.len() => remove_at(&mut items[i], rest),
+            _ => {}
+        },
+        _ => {}
+    }
+}
+
+fn collect_at<'v, 'a>(value: &'v Value<'a>, tokens: &[Box<str>], out: &mut Vec<&'v Value<'a>>) {
+    let Some((first, rest)) = tokens.split_first() else {
+        out.push(value);
+        return;
+    };
+    match value {
+        Value::Object(members) => members
+            .iter()
+            .filter(|(n, _)| **n == **first)
+            .for_each(|(_, v)| collect_at(v, rest, out)),
+        Value::Array(items) => {
+            if let Some(item) = array_index(first).and_then(|i| items.get(i)) {
+                collect_at(item, rest, out);
+            }
+        }
+        _ => {}
+    }
 }
 
 /// A tag byte and a length (or count), as one piece.
@@ -193,7 +263,7 @@ fn put_tagged(out: &mut impl FnMut(&[u8]), tag: u8, len: usize) {
 // ---------------------------------------------------------------------------------------------
 
 /// A parsed JSON value, borrowing from the body where it can.
-#[derive(Debug, PartialEq)]
+#[derive(Debug, PartialEq, Clone)]
 enum Value<'a> {
     Null,
     True,

@@ -12,11 +12,13 @@
 //! headers:u16 { name_len:u16 name value_len:u16 value }*
 //! body_len:u32 body
 //! trailers:u16 { name_len:u16 name value_len:u16 value }*   (present when flags & HAS_TRAILERS)
+//! written_at_ms:u64 kept_until_ms:u64                        (present when flags & TIMES; Unix ms)
 //! tag:[u8; 32]                                               (present when flags & MAC)
 //! ```
 
 use bytes::{BufMut, Bytes, BytesMut};
 use std::fmt;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 const MAGIC: &[u8; 2] = b"TI";
 const VERSION: u8 = 1;
@@ -24,7 +26,13 @@ const FLAG_BODY: u8 = 0b0000_0001;
 const FLAG_TRAILERS: u8 = 0b0000_0010;
 /// The last 32 bytes are an HMAC tag (see [`Secret`](crate::Secret)).
 const FLAG_MAC: u8 = 0b0000_0100;
-const KNOWN_FLAGS: u8 = FLAG_BODY | FLAG_TRAILERS | FLAG_MAC;
+/// The work declared this response its final answer, whatever its status.
+const FLAG_DEFINITIVE: u8 = 0b0000_1000;
+/// When the record was written and until when it is kept follow the trailers.
+const FLAG_TIMES: u8 = 0b0001_0000;
+const KNOWN_FLAGS: u8 = FLAG_BODY | FLAG_TRAILERS | FLAG_MAC | FLAG_DEFINITIVE | FLAG_TIMES;
+/// The field that tags a record with the door that wrote it (doors other than HTTP).
+const DOOR_FIELD: &[u8] = b"tower-idempotency-door";
 
 /// An encoded record: opaque bytes to a store.
 #[derive(Clone, PartialEq, Eq)]
@@ -147,6 +155,19 @@ impl Record {
         } else {
             Vec::new()
         };
+        let times = if flags & FLAG_TIMES != 0 {
+            let written = r.u64()?;
+            let kept = r.u64()?;
+            if kept < written {
+                return Err(RecordError::new("kept until before written"));
+            }
+            Some(RecordTimes {
+                written_at: UNIX_EPOCH + Duration::from_millis(written),
+                kept_until: UNIX_EPOCH + Duration::from_millis(kept),
+            })
+        } else {
+            None
+        };
         if r.pos != buf.len() {
             return Err(RecordError::new("trailing bytes"));
         }
@@ -155,6 +176,8 @@ impl Record {
             headers,
             body: (flags & FLAG_BODY != 0).then_some(body),
             trailers: (flags & FLAG_TRAILERS != 0).then_some(trailers),
+            definitive: flags & FLAG_DEFINITIVE != 0,
+            times,
         })
     }
 }
@@ -180,9 +203,56 @@ pub struct RecordedResponse {
     pub body: Option<Bytes>,
     /// Trailer fields (gRPC status and metadata), when the response had trailers.
     pub trailers: Option<Vec<Field>>,
+    /// The work declared this response its final answer, whatever its status (HTTP:
+    /// [`Declared::Definitive`](crate::http::Declared::Definitive)): replayed even with a
+    /// status the classification would not record, such as a 500. The HTTP layer sets it only
+    /// on such a status, and refuses at replay a record that has it on any other (a damaged
+    /// flag must not pass unnoticed).
+    pub definitive: bool,
+    /// When the record was written and until when it is kept, when the door asked for them
+    /// (the HTTP layer's [`record_times`](crate::http::IdempotencyLayer::record_times)).
+    pub times: Option<RecordTimes>,
+}
+
+/// When a record was written and until when its store keeps it (to the millisecond).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecordTimes {
+    /// When the record was written.
+    pub written_at: SystemTime,
+    /// When its retention ends.
+    pub kept_until: SystemTime,
+}
+
+impl RecordTimes {
+    /// Written `now`, kept for `ttl`.
+    #[must_use]
+    pub fn new(now: SystemTime, ttl: Duration) -> Self {
+        Self {
+            written_at: now,
+            kept_until: now + ttl,
+        }
+    }
 }
 
 impl RecordedResponse {
+    /// A record of a door that is not HTTP (messages, outbound receipts): status 200, one field
+    /// naming `door`, and `body`. The tag keeps one door from replaying another's record found
+    /// under the same store key.
+    pub(crate) fn of_door(door: &'static [u8], body: Option<Bytes>) -> Self {
+        Self::new(
+            200,
+            vec![(Bytes::from_static(DOOR_FIELD), Bytes::from_static(door))],
+            body,
+        )
+    }
+
+    /// Whether this record was written by [`RecordedResponse::of_door`] for `door`.
+    pub(crate) fn is_of_door(&self, door: &[u8]) -> bool {
+        self.status == 200
+            && matches!(self.headers.as_slice(), [(n, v)] if n == DOOR_FIELD && v == door)
+    }
+
     /// A record of `status`, `headers` and `body` (`None`: status-only).
     #[must_use]
     pub fn new(status: u16, headers: Vec<Field>, body: Option<Bytes>) -> Self {
@@ -191,6 +261,8 @@ impl RecordedResponse {
             headers,
             body,
             trailers: None,
+            definitive: false,
+            times: None,
         }
     }
 
@@ -198,6 +270,13 @@ impl RecordedResponse {
     #[must_use]
     pub fn with_trailers(mut self, trailers: Vec<Field>) -> Self {
         self.trailers = Some(trailers);
+        self
+    }
+
+    /// The same record, declared the work's final answer whatever its status.
+    #[must_use]
+    pub fn definitive(mut self) -> Self {
+        self.definitive = true;
         self
     }
 
@@ -215,7 +294,8 @@ impl RecordedResponse {
             + fields_len(&self.headers)
             + 4
             + body.len()
-            + self.trailers.as_deref().map_or(0, |t| 2 + fields_len(t));
+            + self.trailers.as_deref().map_or(0, |t| 2 + fields_len(t))
+            + if self.times.is_some() { 16 } else { 0 };
         let mut out = BytesMut::with_capacity(cap);
         out.put_slice(MAGIC);
         out.put_u8(VERSION);
@@ -225,6 +305,12 @@ impl RecordedResponse {
         }
         if self.trailers.is_some() {
             flags |= FLAG_TRAILERS;
+        }
+        if self.definitive {
+            flags |= FLAG_DEFINITIVE;
+        }
+        if self.times.is_some() {
+            flags |= FLAG_TIMES;
         }
         out.put_u8(flags);
         if !(100..=999).contains(&self.status) {
@@ -236,6 +322,10 @@ impl RecordedResponse {
         out.put_slice(body);
         if let Some(t) = &self.trailers {
             put_fields(&mut out, t)?;
+        }
+        if let Some(t) = &self.times {
+            out.put_u64(unix_ms(t.written_at));
+            out.put_u64(unix_ms(t.kept_until));
         }
         Ok(Record(out.freeze()))
     }
@@ -279,9 +369,17 @@ impl RecordedResponse {
             headers,
             body,
             trailers,
+            definitive: self.definitive,
+            times: self.times,
         };
         (fitted, dropped)
     }
+}
+
+/// Milliseconds since the Unix epoch (0 before it).
+fn unix_ms(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
 
 fn put_fields(out: &mut BytesMut, fields: &[Field]) -> Result<(), RecordError> {
@@ -339,6 +437,12 @@ impl Reader<'_> {
     fn u32(&mut self) -> Result<u32, RecordError> {
         let b = self.take(4)?;
         Ok(u32::from_be_bytes([b[0], b[1], b[2], b[3]]))
+    }
+    fn u64(&mut self) -> Result<u64, RecordError> {
+        let b = self.take(8)?;
+        let mut a = [0u8; 8];
+        a.copy_from_slice(b);
+        Ok(u64::from_be_bytes(a))
     }
     fn fields(&mut self) -> Result<Vec<Field>, RecordError> {
         let count = self.u16()?;
@@ -400,6 +504,31 @@ mod tests {
             ],
             Some(Bytes::from_static(b"{\"id\":1}")),
         )
+    }
+
+    #[test]
+    fn record_times_round_trip_to_the_millisecond() {
+        let now = UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+        let mut r = sample();
+        r.times = Some(RecordTimes::new(now, Duration::from_secs(3600)));
+        let back = r.encode().expect("encode").decode(1024).expect("decode");
+        assert_eq!(back.times, r.times);
+        assert_eq!(back, r);
+    }
+
+    #[test]
+    fn the_definitive_flag_round_trips() {
+        let r = sample().definitive();
+        let back = r.encode().expect("encode").decode(1024).expect("decode");
+        assert!(back.definitive);
+        assert!(
+            !sample()
+                .encode()
+                .expect("encode")
+                .decode(1024)
+                .expect("decode")
+                .definitive
+        );
     }
 
     #[test]

@@ -37,7 +37,7 @@ use crate::fingerprint::Fingerprint;
 use crate::http::{IdempotencyLayer, PrincipalMode, ResponseMode};
 use crate::record::Record;
 use crate::scope::StoreKey;
-use crate::store::{Claim, Store, StoreError, Token};
+use crate::store::{Claim, Forgotten, Store, StoreError, Token};
 use http::HeaderName;
 use std::collections::HashMap;
 use std::fmt;
@@ -190,6 +190,14 @@ trait ErasedStore: Send + Sync + 'static {
         token: &'a Token,
         lease: Duration,
     ) -> BoxFuture<'a, bool>;
+    fn forget<'a>(&'a self, key: &'a StoreKey, pending: bool) -> BoxFuture<'a, Forgotten>;
+    fn lease_left<'a>(&'a self, key: &'a StoreKey) -> BoxFuture<'a, Option<Duration>>;
+    fn notifies_settled(&self) -> bool;
+    fn wait_settled<'a>(
+        &'a self,
+        key: &'a StoreKey,
+        within: Duration,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
     fn name(&self) -> &'static str;
 }
 
@@ -223,6 +231,23 @@ impl<St: Store> ErasedStore for St {
     ) -> BoxFuture<'a, bool> {
         Box::pin(Store::renew(self, key, token, lease))
     }
+    fn forget<'a>(&'a self, key: &'a StoreKey, pending: bool) -> BoxFuture<'a, Forgotten> {
+        Box::pin(Store::forget(self, key, pending))
+    }
+    fn lease_left<'a>(&'a self, key: &'a StoreKey) -> BoxFuture<'a, Option<Duration>> {
+        Box::pin(Store::lease_left(self, key))
+    }
+    fn notifies_settled(&self) -> bool {
+        Store::notifies_settled(self)
+    }
+    fn wait_settled<'a>(
+        &'a self,
+        key: &'a StoreKey,
+        within: Duration,
+    ) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
+        Box::pin(Store::wait_settled(self, key, within))
+    }
+
     fn name(&self) -> &'static str {
         Store::name(self)
     }
@@ -260,6 +285,18 @@ impl Store for DynStore {
     ) -> Result<bool, StoreError> {
         self.0.renew(key, token, lease).await
     }
+    async fn forget(&self, key: &StoreKey, pending: bool) -> Result<Forgotten, StoreError> {
+        self.0.forget(key, pending).await
+    }
+    async fn lease_left(&self, key: &StoreKey) -> Result<Option<Duration>, StoreError> {
+        self.0.lease_left(key).await
+    }
+    fn notifies_settled(&self) -> bool {
+        self.0.notifies_settled()
+    }
+    async fn wait_settled(&self, key: &StoreKey, within: Duration) {
+        self.0.wait_settled(key, within).await;
+    }
     fn name(&self) -> &'static str {
         self.0.name()
     }
@@ -279,6 +316,7 @@ pub struct RouteOptions {
     max_record_body: Option<usize>,
     max_request_body: Option<usize>,
     principal: Option<PrincipalMode>,
+    wait_in_flight: Option<Duration>,
 }
 
 impl RouteOptions {
@@ -295,6 +333,7 @@ impl RouteOptions {
             max_record_body: None,
             max_request_body: None,
             principal: None,
+            wait_in_flight: None,
         }
     }
 
@@ -361,6 +400,13 @@ impl RouteOptions {
         self
     }
 
+    /// `wait_in_flight = "…"`.
+    #[must_use]
+    pub const fn wait_in_flight(mut self, bound: Duration) -> Self {
+        self.wait_in_flight = Some(bound);
+        self
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         let Self {
             required,
@@ -372,6 +418,7 @@ impl RouteOptions {
             max_record_body,
             max_request_body,
             principal,
+            wait_in_flight,
         } = self;
         required.is_none()
             && header.is_none()
@@ -382,6 +429,7 @@ impl RouteOptions {
             && max_record_body.is_none()
             && max_request_body.is_none()
             && principal.is_none()
+            && wait_in_flight.is_none()
     }
 
     /// The shared layer with these options over it.
@@ -422,6 +470,9 @@ impl RouteOptions {
         }
         if let Some(mode) = self.principal {
             layer = layer.principal(mode);
+        }
+        if let Some(bound) = self.wait_in_flight {
+            layer = layer.wait_in_flight(bound);
         }
         layer
     }

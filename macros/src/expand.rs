@@ -229,6 +229,9 @@ fn route_options(o: &Options, private: &TokenStream) -> TokenStream {
     if let Some(ms) = o.ttl_ms {
         chain = quote!(#chain.ttl(#private::Duration::from_millis(#ms)));
     }
+    if let Some(ms) = o.wait_ms {
+        chain = quote!(#chain.wait_in_flight(#private::Duration::from_millis(#ms)));
+    }
     if let Some(mode) = o.response {
         let variant = match mode {
             Response::Full => quote!(Full),

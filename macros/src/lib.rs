@@ -86,6 +86,7 @@ use proc_macro::TokenStream;
 /// | `required` / `required = false` | `true` | refuse a request without a key (400), or pass it through to the handler |
 /// | `header = "x-key"` | `Idempotency-Key` | the header the key is read from |
 /// | `lease = "30s"` | 60 s | how long a claim holds the key; renewed while the handler runs |
+/// | `wait_in_flight = "5s"` | 0 (409 at once) | how long a duplicate waits for the first run to finish and replays it, before 409 |
 /// | `ttl = "1h"` | 24 h | how long a completed record is kept |
 /// | `response = "full"` or `"status_and_headers"` | `"full"` | `"status_and_headers"` keeps status and allowed headers only (no body at rest; a replay has an empty body) |
 /// | `namespace = "suffix"` | the shared namespace | this route's keys live in `<shared namespace>/<suffix>`, apart from other routes' |

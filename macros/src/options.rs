@@ -9,6 +9,7 @@ mod kw {
     syn::custom_keyword!(required);
     syn::custom_keyword!(header);
     syn::custom_keyword!(lease);
+    syn::custom_keyword!(wait_in_flight);
     syn::custom_keyword!(ttl);
     syn::custom_keyword!(response);
     syn::custom_keyword!(namespace);
@@ -20,7 +21,7 @@ mod kw {
 
 /// Every option, for the "unknown option" message.
 const KNOWN: &str = "`required`, `header`, `lease`, `ttl`, `response`, `namespace`, \
-                     `max_record_body`, `max_request_body`, `principal`, `state`";
+                     `max_record_body`, `max_request_body`, `principal`, `wait_in_flight`, `state`";
 
 const DURATION_FORM: &str = "a whole number followed by a unit (`ms`, `s`, `m`, `h` or `d`), \
                              e.g. \"1500ms\", \"30s\", \"10m\", \"24h\"";
@@ -46,6 +47,7 @@ pub(crate) struct Options {
     /// Lower-cased and checked to be a valid header name.
     pub(crate) header: Option<LitStr>,
     pub(crate) lease_ms: Option<u64>,
+    pub(crate) wait_ms: Option<u64>,
     pub(crate) ttl_ms: Option<u64>,
     pub(crate) response: Option<Response>,
     pub(crate) namespace: Option<LitStr>,
@@ -93,6 +95,10 @@ impl Parse for Options {
                 let k: kw::lease = input.parse()?;
                 let v = duration_ms(&value(input)?)?;
                 once(&mut o.lease_ms, v, "lease", k.span)?;
+            } else if input.peek(kw::wait_in_flight) {
+                let k: kw::wait_in_flight = input.parse()?;
+                let v = duration_ms(&value(input)?)?;
+                once(&mut o.wait_ms, v, "wait_in_flight", k.span)?;
             } else if input.peek(kw::ttl) {
                 let k: kw::ttl = input.parse()?;
                 let v = duration_ms(&value(input)?)?;

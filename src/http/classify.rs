@@ -11,6 +11,7 @@
 
 use super::body::{Collected, ResponseBody, collect_limited};
 use super::config::{Classification, Config, ResponseMode};
+use super::declare::Declared;
 use super::grpc::{GrpcCode, status_of};
 use super::headers::GRPC_STATUS;
 use super::rejection::Rejection;
@@ -46,9 +47,18 @@ pub(crate) fn is_recorded_status(status: i32) -> bool {
     GrpcCode::from_i32(status).is_some_and(is_recorded_code)
 }
 
+/// Whether a response declared definitive is recorded: any final status a replay can give
+/// (200–599), but `304 Not Modified`, which means nothing without the request's validators.
+pub(crate) fn is_recordable_definitive(status: u16) -> bool {
+    matches!(status, 200..=599) && status != 304
+}
+
 /// What to do with the key, and the response that goes out either way.
 pub(crate) enum Outcome<B: Body> {
     Release(Response<ResponseBody<B>>),
+    /// Neither recorded nor released (declared [`Declared::Ambiguous`]): the key stays pending
+    /// until its lease lapses.
+    Keep(Response<ResponseBody<B>>),
     /// Recorded now, then sent (the body was read whole).
     Record(Response<ResponseBody<B>>, RecordedResponse),
     /// Sent on before its body has ended: recorded once the body has ended, released if it
@@ -80,39 +90,71 @@ where
         tracing::debug!(key = ?key, status = res.status().as_u16(), "a rejection of an inner idempotency layer; released, not recorded");
         return Outcome::Release(res.map(ResponseBody::passthrough));
     }
+    // The handler's own word wins over the status (one extension lookup when there is none).
+    let definitive = match Declared::of(&res) {
+        None => false,
+        Some(Declared::Definitive) => true,
+        Some(Declared::NotStarted) => {
+            tracing::debug!(key = ?key, status = res.status().as_u16(), "declared not started; released");
+            return Outcome::Release(res.map(ResponseBody::passthrough));
+        }
+        Some(Declared::Ambiguous) => {
+            tracing::info!(outcome = "ambiguous", key = ?key, status = res.status().as_u16(), "declared ambiguous; the key stays pending until its lease lapses");
+            return Outcome::Keep(res.map(ResponseBody::passthrough));
+        }
+    };
     // gRPC mode: the outcome is in the gRPC status (a non-200 follows the HTTP table).
     if grpc && res.status() == StatusCode::OK {
-        classify_grpc(config, max, key, res).await
+        classify_grpc(config, max, key, res, definitive).await
     } else {
-        classify_http(config, max, key, res).await
+        classify_http(config, max, key, res, definitive).await
     }
 }
 
 /// HTTP mode: a recordable response's body is read up to the record limit and the collection
 /// bound. A body read whole is recorded (its bytes only in full mode), then sent; a streaming
 /// media type, a longer body or a slower one is sent on as it comes and recorded as status and
-/// headers once it has ended.
+/// headers once it has ended. A response declared `definitive` is recorded whatever its
+/// status (but 304), without asking the hook.
 async fn classify_http<B>(
     config: &Config,
     max: usize,
     key: &StoreKey,
     res: Response<B>,
+    definitive: bool,
 ) -> Outcome<B>
 where
     B: Body<Data = Bytes> + Send + 'static,
 {
     let status = res.status().as_u16();
-    if !is_recordable(status) {
+    let recordable = if definitive {
+        is_recordable_definitive(status)
+    } else {
+        is_recordable(status)
+    };
+    if !recordable {
         return Outcome::Release(res.map(ResponseBody::passthrough));
     }
     let (parts, body) = res.into_parts();
-    if let Some(f) = &config.classify_fn
+    if !definitive
+        && let Some(f) = &config.classify_fn
         && f(&parts) == Classification::Release
     {
         tracing::debug!(key = ?key, status, "released by the classification hook");
         return Outcome::Release(Response::from_parts(parts, ResponseBody::passthrough(body)));
     }
     let full = config.response_mode == ResponseMode::Full;
+    // The record carries the declaration only where the table would not record the status,
+    // so a flipped flag on any other record is refused at replay.
+    let definitive = definitive && !is_recordable(status);
+    let status_only = |config: &Config, status: u16, headers: &HeaderMap| {
+        let record = status_only(config, status, headers);
+        if definitive {
+            record.definitive()
+        } else {
+            record
+        }
+    };
     let over_limit = || {
         if full {
             tracing::warn!(key = ?key, "response body over the record limit; recording status and headers only");
@@ -140,7 +182,8 @@ where
         Collected::Whole { data, trailers } => {
             let record = if full {
                 let headers = config.headers.record(&parts.headers);
-                let record = RecordedResponse::new(status, headers, Some(data.clone()));
+                let mut record = RecordedResponse::new(status, headers, Some(data.clone()));
+                record.definitive = definitive;
                 match &trailers {
                     Some(t) => record.with_trailers(config.headers.record_trailers(t)),
                     None => record,
@@ -177,12 +220,13 @@ where
 }
 
 /// gRPC mode, for an HTTP 200 response: read the body up to the record limit, find the gRPC
-/// status, then record or release.
+/// status, then record or release (record whatever the status when declared `definitive`).
 async fn classify_grpc<B>(
     config: &Config,
     max: usize,
     key: &StoreKey,
     res: Response<B>,
+    definitive: bool,
 ) -> Outcome<B>
 where
     B: Body<Data = Bytes> + Send + 'static,
@@ -223,7 +267,7 @@ where
     } else {
         trailers.as_ref().and_then(status_of)
     };
-    if !code.is_some_and(is_recorded_status) {
+    if !(code.is_some_and(is_recorded_status) || definitive && code.is_some()) {
         tracing::debug!(key = ?key, grpc_status = ?code, "gRPC status not recorded");
         return Outcome::Release(Response::from_parts(
             parts,
@@ -249,6 +293,12 @@ where
         status_only(config, StatusCode::OK.as_u16(), &parts.headers)
     }
     .with_trailers(trailer_fields);
+    // Marked only where the table would not record the code (see `classify_http`).
+    let record = if definitive && !code.is_some_and(is_recorded_status) {
+        record.definitive()
+    } else {
+        record
+    };
     Outcome::Record(
         Response::from_parts(parts, ResponseBody::buffered(data, trailers)),
         record,

@@ -1,5 +1,7 @@
 //! The layer's settings and the state every clone of the layer and its services share.
 
+use super::detach::InFlightWork;
+use super::fingerprint::FingerprintSpec;
 use super::headers::HeaderPolicy;
 use super::rejection::{Rejection, Renderer};
 use crate::engine::Engine;
@@ -162,6 +164,8 @@ pub(crate) enum KeySource {
 pub(crate) struct LayerState<St> {
     pub(crate) engine: Engine<St>,
     pub(crate) config: Config,
+    /// The claimed work not finished yet (shared by clones: one count per layer).
+    pub(crate) in_flight: InFlightWork,
 }
 
 impl<St> Clone for LayerState<St> {
@@ -169,6 +173,7 @@ impl<St> Clone for LayerState<St> {
         Self {
             engine: self.engine.clone(),
             config: self.config.clone(),
+            in_flight: self.in_flight.clone(),
         }
     }
 }
@@ -194,6 +199,15 @@ pub(crate) struct Config {
     pub(crate) fingerprint_fn: Option<FingerprintFn>,
     pub(crate) json_by_value: bool,
     pub(crate) classify_fn: Option<ClassifyFn>,
+    /// Claimed work finishes (and is recorded) when the response future is dropped.
+    pub(crate) run_to_completion: bool,
+    /// How long a duplicate that finds its key in flight waits for the first run (zero: 409
+    /// at once).
+    pub(crate) wait_in_flight: Duration,
+    /// Records carry their times; responses say until when the record is kept.
+    pub(crate) record_times: bool,
+    /// What the fingerprint covers, when not the default.
+    pub(crate) fingerprint_spec: Option<Box<FingerprintSpec>>,
     /// The door's counters, with the layer's static labels (feature `metrics`).
     pub(crate) metrics: crate::metrics::DoorCounters,
 }
@@ -222,6 +236,10 @@ impl Default for Config {
             fingerprint_fn: None,
             json_by_value: false,
             classify_fn: None,
+            run_to_completion: true,
+            wait_in_flight: Duration::ZERO,
+            record_times: false,
+            fingerprint_spec: None,
             metrics: crate::metrics::DoorCounters::new(crate::metrics::Door::Http),
         }
     }
@@ -243,6 +261,10 @@ impl fmt::Debug for Config {
             .field("streaming_content_types", &self.streaming_content_types)
             .field("headers", &self.headers)
             .field("json_by_value", &self.json_by_value)
+            .field("run_to_completion", &self.run_to_completion)
+            .field("wait_in_flight", &self.wait_in_flight)
+            .field("record_times", &self.record_times)
+            .field("fingerprint_spec", &self.fingerprint_spec)
             .finish_non_exhaustive()
     }
 }
@@ -339,6 +361,9 @@ impl Config {
             return f(parts, body);
         }
         let content_type = content_type(&parts.headers);
+        if let Some(spec) = &self.fingerprint_spec {
+            return spec.fingerprint(parts, body, content_type, self.json_by_value);
+        }
         let head = Fingerprint::builder()
             .field(parts.method.as_str().as_bytes())
             .field(parts.uri.path().as_bytes())

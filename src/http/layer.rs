@@ -4,6 +4,8 @@ use super::config::{
     Classification, Config, ConfigError, ConfigErrorKind, KeySource, LayerState, PrincipalMode,
     ResponseMode,
 };
+use super::detach::InFlightWork;
+use super::fingerprint::FingerprintSpec;
 use super::rejection::Rejection;
 use super::service::Idempotency;
 use crate::engine::Engine;
@@ -71,6 +73,7 @@ impl<St: Store> IdempotencyLayer<St> {
             state: Arc::new(LayerState {
                 engine,
                 config: Config::default(),
+                in_flight: InFlightWork::new(),
             }),
         }
     }
@@ -432,6 +435,119 @@ impl<St: Store> IdempotencyLayer<St> {
         self.config(|c| c.json_by_value = on)
     }
 
+    fn spec(self, f: impl FnOnce(&mut FingerprintSpec)) -> Self {
+        self.config(|c| f(c.fingerprint_spec.get_or_insert_with(Box::default)))
+    }
+
+    fn json_fields<'a>(
+        pointers: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Vec<JsonField>, ConfigError> {
+        pointers
+            .into_iter()
+            .map(|p| {
+                JsonField::parse(p).map_err(|reason| {
+                    ConfigError::new(
+                        ConfigErrorKind::InvalidJsonField,
+                        format!("`{p}` is not a JSON body field for the fingerprint: {reason}"),
+                    )
+                })
+            })
+            .collect()
+    }
+
+    /// Leaves these fields of a JSON body out of the fingerprint: values that change between
+    /// attempts without changing the request (a timestamp, a nonce, a refreshed credential).
+    /// Each is an RFC 6901 JSON pointer (`/meta/sent_at`; `/items/0` for an array item) or a
+    /// top-level name. The body is then compared by value (as
+    /// [`fingerprint_json_by_value`](Self::fingerprint_json_by_value)); every member of a
+    /// repeated name goes. A body that is not JSON is fingerprinted by its bytes, as ever.
+    ///
+    /// ```
+    /// use http::Request;
+    /// use http_body_util::Full;
+    /// use bytes::Bytes;
+    /// use std::convert::Infallible;
+    /// use tower::{ServiceBuilder, ServiceExt, service_fn};
+    /// use tower_idempotency::{IdempotencyLayer, Principal};
+    ///
+    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
+    /// let layer = IdempotencyLayer::new().fingerprint_json_exclude(["/sent_at"]).unwrap();
+    /// let svc = ServiceBuilder::new().layer(layer).service(service_fn(|_req| async {
+    ///     Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from("created"))))
+    /// }));
+    /// let request = |body: &'static str| {
+    ///     let mut req = Request::post("/orders")
+    ///         .header("content-type", "application/json")
+    ///         .header("idempotency-key", "order-7")
+    ///         .body(Full::new(Bytes::from(body)))
+    ///         .unwrap();
+    ///     req.extensions_mut().insert(Principal::new("alice"));
+    ///     req
+    /// };
+    /// svc.clone().oneshot(request(r#"{"item":"book","sent_at":"12:00:00"}"#)).await.unwrap();
+    /// let retry = svc.clone().oneshot(request(r#"{"item":"book","sent_at":"12:00:05"}"#)).await.unwrap();
+    /// assert_eq!(retry.headers()["idempotent-replayed"], "true");
+    /// # });
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigErrorKind::InvalidJsonField`] for an empty name or a malformed pointer.
+    pub fn fingerprint_json_exclude<'a>(
+        self,
+        pointers: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Self, ConfigError> {
+        let fields = Self::json_fields(pointers)?;
+        Ok(self.spec(|s| s.exclude = fields))
+    }
+
+    /// Fingerprints only these fields of a JSON body (by value, in the order given; an absent
+    /// field counts as absent), so anything else in the body may change between attempts.
+    /// Pointers as in [`fingerprint_json_exclude`](Self::fingerprint_json_exclude), which still
+    /// applies inside the included values. A body that is not JSON: its bytes.
+    ///
+    /// # Errors
+    /// [`ConfigErrorKind::InvalidJsonField`] for an empty name or a malformed pointer.
+    pub fn fingerprint_json_include<'a>(
+        self,
+        pointers: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Self, ConfigError> {
+        let fields = Self::json_fields(pointers)?;
+        Ok(self.spec(|s| s.include = fields))
+    }
+
+    /// Fingerprints axum's route template (`/orders/{id}`, from
+    /// [`MatchedPath`](axum::extract::MatchedPath)) instead of the request path. Off by
+    /// default. With a key that names the resource already, this lets `/orders/7` and
+    /// `/orders/7/` (or a path rewritten by a proxy) count as one request; it also means two
+    /// paths of one route under one key are one request, so use it only where the key is
+    /// unique per resource.
+    ///
+    /// axum sets `MatchedPath` when it routes: add the layer with `Router::route_layer` or on
+    /// a route (the `#[idempotent]` handlers always see it). A layer added with
+    /// `Router::layer` runs before routing: it fingerprints the path, and warns once.
+    #[cfg(feature = "axum")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+    #[must_use]
+    pub fn fingerprint_route_template(self, on: bool) -> Self {
+        self.spec(|s| s.route_template = on)
+    }
+
+    /// Fingerprints these request headers too (their values in order, absent counted), e.g. a
+    /// `X-Account` that selects what the request acts on. None by default.
+    #[must_use]
+    pub fn fingerprint_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
+        let names = names.into_iter().collect();
+        self.spec(|s| s.headers = names)
+    }
+
+    /// Fingerprints the query with its parameters sorted, so `?a=1&b=2` and `?b=2&a=1` are one
+    /// request. Off by default (the raw query counts, order included). Parameters are compared
+    /// as sent (`%41` and `A` differ); a repeated parameter counts each time.
+    #[must_use]
+    pub fn fingerprint_canonical_query(self, on: bool) -> Self {
+        self.spec(|s| s.canonical_query = on)
+    }
+
     /// Decides with `f` whether a response the classification table would record is recorded
     /// or released (see the [module docs](crate::http#after-the-handler)); by default every
     /// such response is recorded.
@@ -467,6 +583,119 @@ impl<St: Store> IdempotencyLayer<St> {
         self.map_engine(|e| e.set_secret(secret))
     }
 
+    /// Whether a claimed request's work runs to its end when the response future is dropped
+    /// before it finishes (default `true`).
+    ///
+    /// A client that closes the connection, or an outer timeout, drops the response future.
+    /// With `true`, the rest of the work (the handler, the reading of its response body, the
+    /// record) is moved onto a task of its own and finishes: the handler is never cut between
+    /// two side effects, and the retry is answered from the record. While the caller waits
+    /// nothing moves: the work is polled in place as any future. Wait for such work at
+    /// shutdown with [`in_flight`](Self::in_flight).
+    ///
+    /// With `false`, the handler is cancelled where it stands, as a dropped future is in
+    /// tower, and the key stays pending until its lease lapses (409 until then, a re-run
+    /// after): for handlers that must stop when nobody waits for them (an expensive report
+    /// nobody will read), and whose side effects are safe to cut short.
+    ///
+    /// Two limits. A response whose body streams through (a streaming media type, a body over
+    /// the record limit or slower than the collection bound; see
+    /// [response bodies](super#response-bodies)) is not drained for a caller that has gone:
+    /// its key stays pending until its lease lapses, as before. And work is finished only
+    /// while the runtime lives; a process that exits (or a runtime shut down) with work
+    /// running leaves those keys pending.
+    #[must_use]
+    pub fn run_to_completion(self, on: bool) -> Self {
+        self.config(|c| c.run_to_completion = on)
+    }
+
+    /// How long a duplicate that finds the same request in flight waits for the first run to
+    /// finish before it is answered (default zero: 409 `idempotency.in_flight` at once).
+    ///
+    /// Within the bound the duplicate gets what the first run left: its replay, or, when the
+    /// first run was released (a 5xx, say), a run of its own. Past the bound: 409, with a
+    /// `Retry-After` from the lease the first run has left. On the memory store the waiter is
+    /// woken in process when the key settles; on Redis (across processes) and other stores it
+    /// asks again with backoff (10 ms doubling to 250 ms, one claim round trip each). A waiting
+    /// duplicate holds its connection and a task for up to the bound: keep it short (a few
+    /// seconds, below the clients' timeouts). A request with another fingerprint is answered
+    /// 422 at once, never made to wait.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::new().wait_in_flight(Duration::from_secs(5));
+    /// ```
+    #[must_use]
+    pub fn wait_in_flight(self, bound: Duration) -> Self {
+        self.config(|c| c.wait_in_flight = bound)
+    }
+
+    /// Tells the client until when the key's record is kept, and how old a replayed one is
+    /// (default off). A recorded response and its replays carry
+    /// [`Tower-Idempotency-Kept-Until`](super::KEPT_UNTIL_HEADER) (an HTTP-date: when the
+    /// retention ends), and a replay [`Tower-Idempotency-Age`](super::RECORD_AGE_HEADER) (the
+    /// record's age in seconds). The record then holds when it was written and until when it
+    /// is kept (16 bytes more). Vendor-prefixed until the IETF draft names a header.
+    ///
+    /// A record written while this was off carries no times: its replays carry no such
+    /// headers.
+    #[must_use]
+    pub fn record_times(self, on: bool) -> Self {
+        self.config(|c| c.record_times = on)
+    }
+
+    /// The claimed work of this layer that has not finished yet, to wait on at shutdown (see
+    /// [`InFlightWork`]). Every service and `#[idempotent]` route made from this layer (and
+    /// from its clones) counts into the same handle.
+    #[must_use]
+    pub fn in_flight(&self) -> InFlightWork {
+        self.state.in_flight.clone()
+    }
+
+    /// Forgets the record of `key` sent by the caller of `scope` through this layer (its
+    /// namespace), so the key can be used again: see [`Engine::forget`]. A pending claim is
+    /// kept ([`Forgotten::KeptPending`](crate::store::Forgotten::KeptPending)); delete it too
+    /// with [`forget_even_pending`](Self::forget_even_pending).
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Principal};
+    /// use tower_idempotency::store::Forgotten;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let layer = IdempotencyLayer::new();
+    /// let key = IdempotencyKey::new("order-7").unwrap();
+    /// let found = layer.forget(&key, Principal::new("alice").scope()).await.unwrap();
+    /// assert_eq!(found, Forgotten::Nothing);
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// The store's error.
+    pub async fn forget(
+        &self,
+        key: &crate::IdempotencyKey,
+        scope: &Scope,
+    ) -> Result<crate::store::Forgotten, crate::store::StoreError> {
+        let store_key = crate::scope::StoreKey::derive(&self.state.config.namespace, scope, key);
+        self.state.engine.forget(&store_key).await
+    }
+
+    /// As [`forget`](Self::forget), and a pending claim is deleted too (its work may still be
+    /// running: a retry then runs it again): see [`Engine::forget_even_pending`].
+    ///
+    /// # Errors
+    /// The store's error.
+    pub async fn forget_even_pending(
+        &self,
+        key: &crate::IdempotencyKey,
+        scope: &Scope,
+    ) -> Result<crate::store::Forgotten, crate::store::StoreError> {
+        let store_key = crate::scope::StoreKey::derive(&self.state.config.namespace, scope, key);
+        self.state.engine.forget_even_pending(&store_key).await
+    }
+
     /// The engine the layer uses (its store, lease and retention).
     #[must_use]
     pub fn engine(&self) -> &Engine<St> {
@@ -482,6 +711,8 @@ impl<St: Store> IdempotencyLayer<St> {
             state: Arc::new(LayerState {
                 engine: self.state.engine.map_store(f),
                 config: self.state.config.clone(),
+                // The routes' work is the shared layer's: one wait covers them all.
+                in_flight: self.state.in_flight.clone(),
             }),
         }
     }

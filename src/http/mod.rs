@@ -16,7 +16,10 @@
 //!    (a JSON body by value with
 //!    [`fingerprint_json_by_value`](IdempotencyLayer::fingerprint_json_by_value)).
 //! 7. The store key is a domain-separated hash of namespace, tenant, principal and key.
-//! 8. Claim: nothing found → run; pending with the same fingerprint → 409; done with the same
+//! 8. Claim: nothing found → run; pending with the same fingerprint → 409 with a
+//!    `Retry-After` from the lease left (or, with
+//!    [`wait_in_flight`](IdempotencyLayer::wait_in_flight), a wait for the first run and its
+//!    replay); done with the same
 //!    fingerprint → replay; another fingerprint → 422; store failure → 503 (handler not run);
 //!    full scope → 429; full store → 503.
 //! 9. After the handler: 2xx, 3xx (but 304) and 4xx (but 408, 425, 429) are recorded, then
@@ -32,9 +35,12 @@
 //! with a recorded header or trailer too long for a record (a value over 64 KiB) is recorded
 //! without that field, and a warning names it.
 //!
-//! If the response future is dropped before the handler finishes (the client went away), lease
-//! renewal stops and the key stays pending until its lease lapses: the work may have happened,
-//! so it is neither recorded nor released.
+//! If the response future is dropped before the handler finishes (the client went away, an
+//! outer timeout fired), the claimed work runs on by itself and its outcome is recorded or
+//! released as if the caller were still there: the retry gets the replay, the handler runs
+//! once. Wait for such work at shutdown with [`IdempotencyLayer::in_flight`]; turn it off with
+//! [`run_to_completion(false)`](IdempotencyLayer::run_to_completion) (the handler is then
+//! cancelled, and the key stays pending until its lease lapses).
 //!
 //! # Response bodies
 //!
@@ -102,6 +108,14 @@
 //! A hook only releases more: it is asked about the responses the table records, never about
 //! a released one.
 //!
+//! **The handler's own word.** A handler that knows what its work did says so with a
+//! [`Declared`] marker in its response's extensions, and the layer follows it over the table
+//! and the hook: [`NotStarted`](Declared::NotStarted) releases the key (nothing happened),
+//! [`Definitive`](Declared::Definitive) records the response whatever its status (a 500 after
+//! a charge that went through is replayed, never charged again), and
+//! [`Ambiguous`](Declared::Ambiguous) keeps the key pending until its lease lapses (a retry
+//! neither replays nor runs at once). See [`Declared`] for the reasoning.
+//!
 //! # Two idempotency layers on one request
 //!
 //! A route should have one idempotency layer, but two may meet: a router-wide layer and an
@@ -135,16 +149,21 @@
 //!     .layer(IdempotencyLayer::new().required(false).principal(PrincipalMode::Optional));
 //! ```
 
-// Imports run one way. `body`, `headers` and `extensions` import no sibling, `grpc` only
+// Imports run one way. `body`, `headers`, `extensions`, `declare`, `detach`, `fingerprint` and
+// `kept` import no sibling, `grpc` only
 // `headers`; then `rejection` → `config` → `classify` → `replay` → `future` → `service` →
 // `layer`, each using only modules before it, never one after it.
 mod body;
 mod classify;
 mod config;
+mod declare;
+mod detach;
 mod extensions;
+mod fingerprint;
 mod future;
 pub mod grpc;
 mod headers;
+mod kept;
 mod layer;
 mod rejection;
 mod replay;
@@ -156,6 +175,8 @@ pub use config::{
     DEFAULT_MAX_REQUEST_BODY, DEFAULT_STREAM_LEASE_LIMIT, DEFAULT_STREAMING_CONTENT_TYPES,
     Principal, PrincipalMode, ResponseMode, release_validation_errors,
 };
+pub use declare::Declared;
+pub use detach::InFlightWork;
 pub use extensions::ClaimedKey;
 pub(crate) use extensions::KeyMissing;
 pub use future::ResponseFuture;
@@ -164,6 +185,7 @@ pub use headers::{
 };
 // The gRPC wire names, shared with the client's retry rules.
 pub(crate) use headers::{GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS};
+pub use kept::{KEPT_UNTIL_HEADER, RECORD_AGE_HEADER};
 // The deny list, shared with the outbound door's HTTP receipts.
 pub(crate) use headers::is_denied_bytes;
 pub use layer::IdempotencyLayer;

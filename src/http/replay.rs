@@ -4,7 +4,7 @@
 //! the headers that describe a body ([`REPRESENTATION_HEADERS`](super::REPRESENTATION_HEADERS)).
 
 use super::body::ResponseBody;
-use super::classify::{is_recordable, is_recorded_status};
+use super::classify::{is_recordable, is_recordable_definitive, is_recorded_status};
 use super::grpc::parse_status;
 use super::headers::{GRPC_STATUS, HeaderPolicy, REPLAYED_HEADER, describes_body, is_denied_bytes};
 use crate::record::RecordedResponse;
@@ -32,7 +32,14 @@ fn replay_http<B: Body>(
     policy: &HeaderPolicy,
     record: RecordedResponse,
 ) -> Result<Response<ResponseBody<B>>, &'static str> {
-    if !is_recordable(record.status) {
+    // A declared record carries the flag only for a status the table would not record: the
+    // flag on any other status is a damaged record.
+    let recordable = if record.definitive {
+        is_recordable_definitive(record.status) && !is_recordable(record.status)
+    } else {
+        is_recordable(record.status)
+    };
+    if !recordable {
         return Err("status is not recordable");
     }
     let status = StatusCode::from_u16(record.status).map_err(|_| "invalid status")?;
@@ -79,9 +86,11 @@ fn replay_http<B: Body>(
 /// `grpc-status`. A record without messages is sent Trailers-Only.
 fn replay_grpc<B: Body>(
     policy: &HeaderPolicy,
-    record: RecordedResponse,
+    mut record: RecordedResponse,
 ) -> Result<Response<ResponseBody<B>>, &'static str> {
     if record.status == StatusCode::OK.as_u16() {
+        // The flag of a declared 200 is about its gRPC code, checked here, not its status.
+        let declared = std::mem::take(&mut record.definitive);
         let code = record
             .trailers
             .iter()
@@ -90,7 +99,8 @@ fn replay_grpc<B: Body>(
             .find(|(n, _)| n.as_ref() == GRPC_STATUS.as_str().as_bytes())
             .and_then(|(_, v)| parse_status(v));
         match code {
-            Some(c) if is_recorded_status(c) => {}
+            Some(c) if declared != is_recorded_status(c) => {}
+            Some(_) if declared => return Err("needless definitive flag"),
             Some(_) => return Err("gRPC status is not recordable"),
             None => return Err("gRPC status missing"),
         }
@@ -142,6 +152,32 @@ mod tests {
 
     fn replayed(record: RecordedResponse) -> Result<Res, &'static str> {
         replay(&HeaderPolicy::default(), record, true)
+    }
+
+    #[test]
+    fn a_5xx_record_is_replayed_only_when_declared_definitive() {
+        let record = || RecordedResponse::new(500, vec![], Some(Bytes::from_static(b"charged")));
+        let http = |r| replay::<http_body_util::Empty<Bytes>>(&HeaderPolicy::default(), r, false);
+        assert!(
+            http(record()).is_err(),
+            "an undeclared 500 is never replayed"
+        );
+        let res = http(record().definitive()).expect("a declared 500 is replayed");
+        assert_eq!(res.status(), 500);
+        assert!(
+            http(RecordedResponse::new(304, vec![], None).definitive()).is_err(),
+            "a 304 never"
+        );
+        assert!(
+            http(RecordedResponse::new(201, vec![], None).definitive()).is_err(),
+            "a flag the status does not need is a damaged record"
+        );
+        // gRPC: a declared definitive `INTERNAL` is replayed, an undeclared one is not.
+        let internal = || grpc_record(None, vec![f("grpc-status", "13")]);
+        assert!(replayed(internal()).is_err());
+        assert!(replayed(internal().definitive()).is_ok());
+        let ok = || grpc_record(None, vec![f("grpc-status", "0")]);
+        assert!(replayed(ok().definitive()).is_err(), "a needless flag");
     }
 
     #[test]

@@ -7,6 +7,7 @@ use super::config::{Config, LayerState};
 use super::extensions::{ClaimedKey, KeyMissing};
 use super::future::ResponseFuture;
 use super::grpc::is_grpc;
+use super::kept;
 use super::rejection::{Rejection, RejectionKind};
 use super::replay::replay;
 use crate::engine::{Begin, Engine, Ticket};
@@ -381,10 +382,13 @@ async fn keyed<S, St, ReqB, ResB>(
     grpc: bool,
 ) -> Result<Response<ResponseBody<ResB>>, S::Error>
 where
-    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
     St: Store,
-    ReqB: Body<Data = Bytes>,
+    ReqB: Body<Data = Bytes> + Send + 'static,
     ResB: Body<Data = Bytes> + Send + 'static,
+    ResB::Error: Send,
 {
     let config = &state.config;
     let engine = &state.engine;
@@ -425,13 +429,24 @@ where
         return Ok(res.map(ResponseBody::passthrough));
     }
 
-    let ticket = match engine.begin(store_key, fingerprint).await {
+    let begun = if config.wait_in_flight.is_zero() {
+        engine.begin(store_key, fingerprint).await
+    } else {
+        engine
+            .begin_waiting(store_key, fingerprint, config.wait_in_flight)
+            .await
+    };
+    let ticket = match begun {
         Ok(Begin::Run(ticket)) => ticket,
         Ok(Begin::Replay(record)) => {
+            let times = record.times;
             return Ok(match replay(&config.headers, record, grpc) {
-                Ok(res) => {
+                Ok(mut res) => {
                     observe(config, grpc, metrics::Outcome::Replayed);
                     tracing::debug!(outcome = "replayed", key = ?store_key, "idempotency replay");
+                    if config.record_times {
+                        kept::on_replay(res.headers_mut(), times);
+                    }
                     res
                 }
                 Err(reason) => {
@@ -455,7 +470,7 @@ where
                     RejectionKind::InFlight,
                     "a request with this key is still being processed; retry later",
                 )
-                .retry_after(RETRY_AFTER),
+                .retry_after(in_flight_retry_after(engine, &store_key).await),
                 grpc,
             ));
         }
@@ -495,6 +510,38 @@ where
     ));
     let req = Request::from_parts(parts, RequestBody::buffered(body));
 
+    // In the request's span, also when it finishes on a task of its own.
+    let work =
+        run_claimed(Arc::clone(&state), inner, req, ticket, store_key, grpc).in_current_span();
+    if config.run_to_completion {
+        // Finishes (and records) on a task of its own if this future is dropped first.
+        state.in_flight.detachable(work).await
+    } else {
+        // Boxed as the detachable work is, so that this branch does not make every keyed
+        // request's future (replays too) as large as the handler's.
+        Box::pin(state.in_flight.counted(work)).await
+    }
+}
+
+/// The claimed part of a keyed request: the handler and the reading of its body under lease
+/// renewal, then the record or release. Owns everything it uses, so it can finish on a task of
+/// its own when the caller goes away.
+async fn run_claimed<S, St, ReqB, ResB>(
+    state: Arc<LayerState<St>>,
+    mut inner: S,
+    req: Request<RequestBody<ReqB>>,
+    ticket: Ticket,
+    store_key: StoreKey,
+    grpc: bool,
+) -> Result<Response<ResponseBody<ResB>>, S::Error>
+where
+    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+    St: Store,
+    ReqB: Body<Data = Bytes>,
+    ResB: Body<Data = Bytes> + Send + 'static,
+{
+    let config = &state.config;
+    let engine = &state.engine;
     // The handler and the reading of its body both run under lease renewal.
     let outcome = engine
         .run(&ticket, async {
@@ -513,7 +560,16 @@ where
             observe_end(config, grpc, release(engine, ticket, store_key).await);
             Ok(res)
         }
-        Ok(Outcome::Record(res, record)) => {
+        // Declared ambiguous: neither recorded nor released; the ticket is let go, the lease
+        // lapses.
+        Ok(Outcome::Keep(res)) => {
+            observe_end(config, grpc, Settled::Held);
+            Ok(res)
+        }
+        Ok(Outcome::Record(mut res, mut record)) => {
+            if config.record_times {
+                kept::stamp(&mut record, res.headers_mut(), engine.ttl());
+            }
             observe_end(
                 config,
                 grpc,
@@ -521,12 +577,24 @@ where
             );
             Ok(res)
         }
-        Ok(Outcome::RecordAtEnd(res, record)) => {
+        Ok(Outcome::RecordAtEnd(mut res, mut record)) => {
+            if config.record_times {
+                kept::stamp(&mut record, res.headers_mut(), engine.ttl());
+            }
             // The body streams on; a task holds the key until it has ended.
             let (report, ended) = oneshot::channel();
             // The task runs in the request's span: its end names the span's `result`.
             let settled = tokio::spawn(
-                settle_at_end(Arc::clone(&state), ticket, store_key, record, ended, grpc)
+                state
+                    .in_flight
+                    .counted(settle_at_end(
+                        Arc::clone(&state),
+                        ticket,
+                        store_key,
+                        record,
+                        ended,
+                        grpc,
+                    ))
                     .in_current_span(),
             );
             Ok(res.map(|body| body.settled_by(EndHook::new(report, settled))))
@@ -573,6 +641,30 @@ async fn settle_at_end<St: Store>(
         }
     };
     observe_end(&state.config, grpc, result);
+}
+
+/// `Retry-After` for a request found in flight: the lease the first run has left, at most a
+/// third of the lease, in whole seconds rounded up (at least 1); the constant when the store
+/// cannot tell. One store call, on this path only.
+///
+/// The lease left is when the key is decided at the latest if the first run has stopped (its
+/// holder gone, or the outcome declared ambiguous). A running first run renews its lease every
+/// third of the lease, so its lease left is always two thirds of the lease or more, which says
+/// nothing about when it ends: the cap keeps the hint to one renewal period (20 s for the
+/// default 60 s lease), within what clients honour.
+async fn in_flight_retry_after<St: Store>(engine: &Engine<St>, key: &StoreKey) -> Duration {
+    match engine.lease_left(key).await {
+        Ok(Some(left)) => {
+            let left = left.min(engine.lease() / 3);
+            Duration::from_secs(left.as_secs() + u64::from(left.subsec_nanos() > 0))
+                .max(RETRY_AFTER)
+        }
+        Ok(None) => RETRY_AFTER,
+        Err(e) => {
+            tracing::debug!(key = ?key, error = %e, "lease left unknown; constant Retry-After");
+            RETRY_AFTER
+        }
+    }
 }
 
 async fn release<St: Store>(engine: &Engine<St>, ticket: Ticket, key: StoreKey) -> Settled {

@@ -7,7 +7,6 @@ use crate::engine::{Begin, Engine, Fingerprint, RecordedResponse};
 use crate::metrics::{Door, Outcome, Settled, request, settled};
 use crate::scope::{Scope, StoreKey};
 use crate::store::Store;
-use bytes::Bytes;
 use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
@@ -21,7 +20,6 @@ use tower_service::Service;
 pub const DEFAULT_NAMESPACE: &str = "tower-idempotency/message";
 
 /// The header a message record carries, so no other door's record is taken for one.
-const DOOR_FIELD: &[u8] = b"tower-idempotency-door";
 const DOOR_VALUE: &[u8] = b"message/v1";
 
 /// What a duplicate of a message that is still being handled gets.
@@ -470,14 +468,7 @@ where
             match result {
                 Ok(r) if shared.classify.is_success(&r) => {
                     let body = shared.codec.encode(&r);
-                    let record = RecordedResponse::new(
-                        200,
-                        vec![(
-                            Bytes::from_static(DOOR_FIELD),
-                            Bytes::from_static(DOOR_VALUE),
-                        )],
-                        body,
-                    );
+                    let record = RecordedResponse::of_door(DOOR_VALUE, body);
                     let done = engine.complete(ticket, &record).await;
                     settled(Door::Message, Settled::of_complete(&done));
                     match done {
@@ -541,11 +532,7 @@ fn replay<R, E, C: ResultCodec<R>>(
     record: RecordedResponse,
     codec: &C,
 ) -> Result<Handled<R>, MessageError<E>> {
-    let ours = record
-        .headers
-        .iter()
-        .any(|(n, v)| n == DOOR_FIELD && v == DOOR_VALUE);
-    if !ours {
+    if !record.is_of_door(DOOR_VALUE) {
         tracing::error!(target: "tower_idempotency::message", "the record under this key was not written by the message door; not used");
         return Err(MessageError::record_invalid(None));
     }

@@ -22,8 +22,7 @@ use tower_service::Service;
 /// serves both).
 pub const DEFAULT_NAMESPACE: &str = "outbound";
 
-/// The field that tags a record as this door's (a record of another door is never replayed).
-const DOOR_FIELD: &[u8] = b"tower-idempotency-door";
+/// The tag of this door's records (a record of another door is never replayed).
 const DOOR_NAME: &[u8] = b"outbound";
 
 /// A boxed, sendable future (the door's futures, as an honest first version).
@@ -343,14 +342,7 @@ impl<St: Store, I, C> Door<St, I, C> {
                 return self.hold(ticket).await;
             }
         };
-        let record = RecordedResponse::new(
-            200,
-            vec![(
-                Bytes::from_static(DOOR_FIELD),
-                Bytes::from_static(DOOR_NAME),
-            )],
-            Some(bytes),
-        );
+        let record = RecordedResponse::of_door(DOOR_NAME, Some(bytes));
         let done = self.engine.complete(ticket, &record).await;
         metrics::settled(metrics::Door::Outbound, Settled::of_complete(&done));
         match done {
@@ -390,8 +382,7 @@ impl<St: Store, I, C> Door<St, I, C> {
 
 /// The receipt in a record this door wrote; any other record is invalid.
 pub(crate) fn read_receipt<R: Receipt>(record: RecordedResponse) -> Result<R, RecordError> {
-    let ours = record.status == 200
-        && matches!(record.headers.as_slice(), [(n, v)] if n == DOOR_FIELD && v == DOOR_NAME);
+    let ours = record.is_of_door(DOOR_NAME);
     match record.body {
         Some(body) if ours => {
             R::from_bytes(body).map_err(|_| RecordError::new("the stored receipt does not decode"))

@@ -34,7 +34,7 @@
 //! use std::sync::Mutex;
 //! use std::time::{Duration, Instant};
 //! use tower_idempotency::engine::Fingerprint;
-//! use tower_idempotency::store::{Claim, Record, Store, StoreError, StoreKey, Token};
+//! use tower_idempotency::store::{Claim, Forgotten, Record, Store, StoreError, StoreKey, Token};
 //!
 //! enum Entry {
 //!     Pending { token: Token, fingerprint: Fingerprint, until: Instant },
@@ -105,6 +105,19 @@
 //!             }
 //!             _ => Ok(false),
 //!         }
+//!     }
+//!
+//!     async fn forget(&self, key: &StoreKey, pending: bool) -> Result<Forgotten, StoreError> {
+//!         let now = Instant::now();
+//!         let mut map = self.0.lock().expect("not poisoned");
+//!         let found = match map.get(key).filter(|e| e.live(now)) {
+//!             None => return Ok(Forgotten::Nothing),
+//!             Some(Entry::Done { .. }) => Forgotten::Record,
+//!             Some(Entry::Pending { .. }) if pending => Forgotten::Pending,
+//!             Some(Entry::Pending { .. }) => return Ok(Forgotten::KeptPending),
+//!         };
+//!         map.remove(key);
+//!         Ok(found)
 //!     }
 //! }
 //!
@@ -194,6 +207,44 @@ pub trait Store: Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
+    /// Deletes the key's record so the key can be used again (an operator's step, never the
+    /// engine's on a request). A completed record is deleted; a live pending claim only when
+    /// `pending` is `true` (its work may be running: deleting it lets a retry run the work
+    /// again while the first run goes on). Says what was found.
+    fn forget(
+        &self,
+        key: &StoreKey,
+        pending: bool,
+    ) -> impl Future<Output = Result<Forgotten, StoreError>> + Send;
+
+    /// How long the pending claim on `key` has left, when a live one holds it; `None` when
+    /// nothing pending holds it, or the store cannot tell (the default). The HTTP layer's
+    /// `Retry-After` on 409 comes from it. Asked only for a request found in flight, never
+    /// on the way of a first run or a replay.
+    fn lease_left(
+        &self,
+        key: &StoreKey,
+    ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send {
+        let _ = key;
+        std::future::ready(Ok(None))
+    }
+
+    /// Whether [`wait_settled`](Self::wait_settled) returns as soon as the key settles (the
+    /// store is told in process), rather than after `within` (the default). The engine polls
+    /// a store that is not, with backoff.
+    fn notifies_settled(&self) -> bool {
+        false
+    }
+
+    /// Waits until the pending claim on `key` may have settled (completed, released, or its
+    /// lease lapsed), at most `within`. Spurious returns are allowed: the caller claims again
+    /// to see. The default sleeps `within`; a store that can be told (the memory store, in
+    /// process) returns early and says so with [`notifies_settled`](Self::notifies_settled).
+    fn wait_settled(&self, key: &StoreKey, within: Duration) -> impl Future<Output = ()> + Send {
+        let _ = key;
+        tokio::time::sleep(within)
+    }
+
     /// A short fixed name for the store's kind (`memory`, `redis`, `postgres`): the `store`
     /// label of the step timings (feature `metrics`). A store of your own may name itself;
     /// keep it one fixed word, never a host or other unbounded value.
@@ -236,6 +287,26 @@ impl<S: Store> Store for Arc<S> {
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         (**self).renew(key, token, lease)
     }
+    fn forget(
+        &self,
+        key: &StoreKey,
+        pending: bool,
+    ) -> impl Future<Output = Result<Forgotten, StoreError>> + Send {
+        (**self).forget(key, pending)
+    }
+    fn lease_left(
+        &self,
+        key: &StoreKey,
+    ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send {
+        (**self).lease_left(key)
+    }
+    fn notifies_settled(&self) -> bool {
+        (**self).notifies_settled()
+    }
+    fn wait_settled(&self, key: &StoreKey, within: Duration) -> impl Future<Output = ()> + Send {
+        (**self).wait_settled(key, within)
+    }
+
     fn name(&self) -> &'static str {
         (**self).name()
     }
@@ -259,6 +330,21 @@ pub enum Claim {
         /// The stored result.
         record: Record,
     },
+}
+
+/// What [`Store::forget`] found under a key, and whether it is gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Forgotten {
+    /// No live record held the key: nothing to forget.
+    Nothing,
+    /// A completed record was deleted: the key runs its work again on the next request.
+    Record,
+    /// A pending claim was deleted (asked for explicitly): the next request runs the work,
+    /// while the first run, if it still goes on, loses its claim and records nothing.
+    Pending,
+    /// A pending claim holds the key and was kept (deleting it was not asked for).
+    KeptPending,
 }
 
 /// An unguessable token that fences one claim: 16 bytes from the OS CSPRNG.

@@ -94,7 +94,9 @@ async fn serve() -> (SocketAddr, Service) {
     let svc = Service::default();
     let router = Server::builder()
         .layer(InterceptorLayer::new(auth))
-        .layer(IdempotencyLayer::new())
+        // A 3 s lease: the pushback of an in-flight call (the lease left, at most a third of
+        // the lease) is then 1 s.
+        .layer(IdempotencyLayer::new().lease(Duration::from_secs(3)))
         .add_service(OrdersServer::new(svc.clone()));
     tokio::spawn(async move {
         router

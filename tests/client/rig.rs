@@ -143,7 +143,12 @@ impl Rig {
             .try_init();
         let work = Work::per_key();
         let (redis, app) = match backend {
-            Backend::Memory => (None, work.user_app(IdempotencyLayer::new())),
+            // A 3 s lease: a 409's Retry-After (the lease left, at most a third of the lease)
+            // is then 1 s.
+            Backend::Memory => (
+                None,
+                work.user_app(IdempotencyLayer::new().lease(Duration::from_secs(3))),
+            ),
             Backend::Redis => redis_app(&work).await?,
         };
         let server = Server::start(app).await;
@@ -203,7 +208,7 @@ async fn redis_app(work: &Work) -> Option<(Option<RedisServer>, axum::Router)> {
         .expect("connect to redis-server");
     Some((
         Some(redis),
-        work.user_app(IdempotencyLayer::with_store(store)),
+        work.user_app(IdempotencyLayer::with_store(store).lease(Duration::from_secs(3))),
     ))
 }
 

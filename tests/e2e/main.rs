@@ -12,3 +12,4 @@ mod redis;
 mod storm_memory;
 mod storm_redis;
 mod transactional;
+mod waiting_redis;

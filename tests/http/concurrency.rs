@@ -120,9 +120,12 @@ fn raw_post(key: &str, delay_ms: u64) -> String {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dropped_client_leaves_the_key_pending_until_the_lease_lapses() {
+async fn without_run_to_completion_a_dropped_client_leaves_the_key_pending_until_the_lease_lapses()
+{
     let lease = Duration::from_millis(600);
-    let layer = IdempotencyLayer::with_store(SpyStore::new()).lease(lease);
+    let layer = IdempotencyLayer::with_store(SpyStore::new())
+        .lease(lease)
+        .run_to_completion(false);
     let (server, work) = server_with(layer).await;
 
     let mut conn = tokio::net::TcpStream::connect(server.addr())

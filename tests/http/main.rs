@@ -6,15 +6,21 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod abandoned;
 mod concurrency;
+mod declared;
 mod extractors;
+mod fingerprint_options;
+mod forget;
 mod fuzz_standins;
 mod grpc;
 mod hostile_input;
 mod json;
+mod kept;
 mod layer;
 #[cfg(feature = "metrics")]
 mod metrics;
 mod rejections;
 mod replay;
 mod streaming;
+mod waiting;

@@ -394,6 +394,13 @@ impl tower_idempotency::Store for Unlucky {
     ) -> Result<bool, tower_idempotency::store::StoreError> {
         self.0.renew(key, token, lease).await
     }
+    async fn forget(
+        &self,
+        key: &tower_idempotency::store::StoreKey,
+        pending: bool,
+    ) -> Result<tower_idempotency::store::Forgotten, tower_idempotency::store::StoreError> {
+        self.0.forget(key, pending).await
+    }
 }
 
 #[tokio::test]

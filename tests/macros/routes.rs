@@ -560,6 +560,37 @@ async fn a_router_layer_and_the_attribute_over_one_store_run_the_handler_once() 
     }
 }
 
+#[idempotent(wait_in_flight = "10s")]
+async fn slow_waited(Extension(runs): Extension<Runs>) -> (StatusCode, String) {
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    (StatusCode::CREATED, format!("run {}", runs.next()))
+}
+
+/// `wait_in_flight` per route: a duplicate sent while the first run sleeps waits for it and
+/// gets the replay.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn per_route_wait_in_flight_replays_to_the_waiting_duplicate() {
+    let routes = Router::new().route("/waited", post(slow_waited));
+    let (server, runs) = start(routes, anonymous()).await;
+    let first = tokio::spawn(post_key_owned(server.url("/waited"), "w-1"));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let duplicate = post_key(&server, "/waited", "w-1").await;
+    let first = first.await.expect("the first request");
+    assert_eq!(first.status.as_u16(), 201);
+    assert!(duplicate.is_replay(), "{}", duplicate.describe());
+    assert_eq!(duplicate.text(), first.text());
+    assert_eq!(runs.count(), 1, "the handler ran once");
+}
+
+async fn post_key_owned(url: String, key: &'static str) -> Answer {
+    send(
+        crate::support::http::client()
+            .post(url)
+            .header("idempotency-key", key),
+    )
+    .await
+}
+
 /// Feature `metrics`: attributed handlers count under the door `route`, per-route options or
 /// not, and a router without the configuration counts `config_missing`.
 #[cfg(feature = "metrics")]

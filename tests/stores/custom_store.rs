@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tower_idempotency::conformance::Harness;
 use tower_idempotency::engine::Fingerprint;
-use tower_idempotency::store::{Claim, Record, Store, StoreError, StoreKey, Token};
+use tower_idempotency::store::{Claim, Forgotten, Record, Store, StoreError, StoreKey, Token};
 
 enum Entry {
     Pending {
@@ -126,6 +126,19 @@ impl Store for HashMapStore {
             }
             _ => Ok(false),
         }
+    }
+
+    async fn forget(&self, key: &StoreKey, pending: bool) -> Result<Forgotten, StoreError> {
+        let now = Instant::now();
+        let mut map = self.0.lock().expect("not poisoned");
+        let found = match map.get(key).filter(|e| e.live(now)) {
+            None => return Ok(Forgotten::Nothing),
+            Some(Entry::Done { .. }) => Forgotten::Record,
+            Some(Entry::Pending { .. }) if pending => Forgotten::Pending,
+            Some(Entry::Pending { .. }) => return Ok(Forgotten::KeptPending),
+        };
+        map.remove(key);
+        Ok(found)
     }
 }
 

@@ -15,6 +15,7 @@
 //! | `x-body-bytes` | answers this many `x` bytes (known length) instead of JSON |
 //! | `x-stream-chunks` | answers this many 10-byte chunks with no known length |
 //! | `x-fail-body-first` | the first execution's body fails after one chunk |
+//! | `x-declare` | `not-started`, `definitive` or `ambiguous`: the answer carries that [`Declared`](tower_idempotency::http::Declared) marker |
 //! | `x-mode: panic` | the handler panics while [`Work::panic_next`] has panics left |
 //! | `x-mode: cookies` | the answer carries 100 more `Set-Cookie` lines `sid<i>=<x-marker>-<i>` |
 //! | `x-mode: obs-text` | the answer carries [`OBS_TEXT`] as `Content-Disposition` and `X-Raw` |
@@ -48,9 +49,9 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, oneshot};
 use tokio::task::JoinHandle;
 use tower_idempotency::engine::{Fingerprint, Scope};
-use tower_idempotency::http::{PrincipalMode, REPLAYED_HEADER};
+use tower_idempotency::http::{Declared, PrincipalMode, REPLAYED_HEADER};
 use tower_idempotency::store::Record;
-use tower_idempotency::store::{Claim, StoreError, StoreErrorKind, StoreKey, Token};
+use tower_idempotency::store::{Claim, Forgotten, StoreError, StoreErrorKind, StoreKey, Token};
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore, Principal, Store};
 
 /// The time limit of every request a test client sends.
@@ -696,6 +697,13 @@ pub(crate) async fn work(
         header::LINK,
         HeaderValue::from_static("<b>; rel=\"second\""),
     );
+    match headers.get("x-declare").map(HeaderValue::as_bytes) {
+        Some(b"not-started") => Declared::NotStarted.insert_into(&mut res),
+        Some(b"definitive") => Declared::Definitive.insert_into(&mut res),
+        Some(b"ambiguous") => Declared::Ambiguous.insert_into(&mut res),
+        _ => {}
+    }
+    let h = res.headers_mut();
     match mode {
         Some(b"cookies") => {
             let m = marker.as_deref().unwrap_or("cookie");
@@ -1087,6 +1095,22 @@ impl<S: Store> Store for SpyStore<S> {
             )),
             None => self.inner.renew(key, token, lease).await,
         }
+    }
+
+    async fn forget(&self, key: &StoreKey, pending: bool) -> Result<Forgotten, StoreError> {
+        self.inner.forget(key, pending).await
+    }
+
+    async fn lease_left(&self, key: &StoreKey) -> Result<Option<Duration>, StoreError> {
+        self.inner.lease_left(key).await
+    }
+
+    fn notifies_settled(&self) -> bool {
+        self.inner.notifies_settled()
+    }
+
+    async fn wait_settled(&self, key: &StoreKey, within: Duration) {
+        self.inner.wait_settled(key, within).await;
     }
 }
 

@@ -129,12 +129,13 @@ mod slab;
 mod stats;
 #[cfg(test)]
 mod tests;
+mod waiters;
 mod weights;
 
 pub use builder::{MemoryConfigError, MemoryConfigErrorKind, MemoryStoreBuilder};
 pub use stats::MemoryStats;
 
-use super::{Claim, Store, StoreError, StoreErrorKind, Token};
+use super::{Claim, Forgotten, Store, StoreError, StoreErrorKind, Token};
 use crate::fingerprint::Fingerprint;
 use crate::record::Record;
 use crate::scope::StoreKey;
@@ -171,6 +172,7 @@ pub struct MemoryStore {
     shards: Box<[ShardCell]>,
     budget: Arc<Budget>,
     clock: Arc<dyn Clock>,
+    waiters: waiters::Waiters,
     /// When the gauges were last set (the store clock's nanoseconds, plus one: 0 is never).
     #[cfg(feature = "metrics")]
     reported: std::sync::atomic::AtomicU64,
@@ -389,18 +391,61 @@ impl Store for MemoryStore {
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let ttl = nanos(ttl);
-        let done = self.with_room(key, |shard, step| {
+        let written = self.with_room(key, |shard, step| {
             let deadline = step.now.saturating_add(ttl);
             shard.complete(key, token, fingerprint, &record, deadline, step)
-        });
+        })?;
+        if written {
+            self.waiters.wake(key.id());
+        }
         #[cfg(feature = "metrics")]
         self.report_now_and_then();
-        done
+        Ok(written)
     }
 
     async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
         let now = self.now();
-        Ok(self.at_home(key, |shard| shard.release(key, token, now)))
+        let released = self.at_home(key, |shard| shard.release(key, token, now));
+        if released {
+            self.waiters.wake(key.id());
+        }
+        Ok(released)
+    }
+
+    async fn forget(&self, key: &StoreKey, pending: bool) -> Result<Forgotten, StoreError> {
+        let now = self.now();
+        let found = self.at_home(key, |shard| shard.forget(key, pending, now));
+        if found == Forgotten::Pending {
+            // A duplicate waiting on the forgotten claim may now run.
+            self.waiters.wake(key.id());
+        }
+        Ok(found)
+    }
+
+    async fn lease_left(&self, key: &StoreKey) -> Result<Option<Duration>, StoreError> {
+        let now = self.now();
+        Ok(self
+            .at_home(key, |shard| shard.pending_left(key, now))
+            .map(Duration::from_nanos))
+    }
+
+    fn notifies_settled(&self) -> bool {
+        true
+    }
+
+    /// Woken by the completion or release of the key in this process: no polling.
+    async fn wait_settled(&self, key: &StoreKey, within: Duration) {
+        let sub = self.waiters.subscribe(key.id());
+        let notified = sub.notify.notified();
+        let mut notified = std::pin::pin!(notified);
+        notified.as_mut().enable();
+        // Looked at after subscribing, so a completion in between is not missed. A lease that
+        // lapses wakes nobody: the wait ends with it.
+        let now = self.now();
+        let Some(left) = self.at_home(key, |shard| shard.pending_left(key, now)) else {
+            return;
+        };
+        let _ = tokio::time::timeout(within.min(Duration::from_nanos(left)), notified).await;
     }
 
     async fn renew(

@@ -8,7 +8,7 @@ use crate::fingerprint::Fingerprint;
 use crate::record::Record;
 use crate::scope::StoreKey;
 use crate::store::StoreError;
-use crate::store::{Claim, Token};
+use crate::store::{Claim, Forgotten, Token};
 use hashbrown::HashTable;
 use std::hash::BuildHasher;
 use std::sync::Arc;
@@ -205,6 +205,32 @@ impl Shard {
             return true;
         }
         false
+    }
+
+    /// Deletes the key's live record (a pending claim only when `pending`).
+    pub(super) fn forget(&mut self, key: &StoreKey, pending: bool, now: u64) -> Forgotten {
+        let Some(idx) = self.find(self.hasher.hash_one(key.id()), key.id()) else {
+            return Forgotten::Nothing;
+        };
+        let e = &self.entries[at(idx)];
+        if e.deadline <= now {
+            self.drop_entry(idx, now);
+            return Forgotten::Nothing;
+        }
+        let found = match e.state {
+            State::Done(_) => Forgotten::Record,
+            State::Pending(_) if pending => Forgotten::Pending,
+            State::Pending(_) => return Forgotten::KeptPending,
+        };
+        self.remove(idx);
+        found
+    }
+
+    /// The lease left on `key` (nanoseconds), when a live pending claim holds it.
+    pub(super) fn pending_left(&self, key: &StoreKey, now: u64) -> Option<u64> {
+        let idx = self.find(self.hasher.hash_one(key.id()), key.id())?;
+        let e = &self.entries[at(idx)];
+        (e.deadline > now && matches!(e.state, State::Pending(_))).then(|| e.deadline - now)
     }
 
     pub(super) fn renew(&mut self, key: &StoreKey, token: &Token, deadline: u64, now: u64) -> bool {

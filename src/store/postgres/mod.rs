@@ -129,7 +129,7 @@
 //!
 //! [`StoreErrorKind`]: crate::store::StoreErrorKind
 
-use super::{Claim, Store, StoreError, Token};
+use super::{Claim, Forgotten, Store, StoreError, Token};
 use crate::fingerprint::Fingerprint;
 use crate::record::Record;
 use crate::scope::StoreKey;
@@ -420,6 +420,29 @@ impl Store for PostgresStore {
             .bounded("PostgreSQL release", async { Ok(deleted.await?) })
             .await?;
         Ok(deleted.rows_affected() == 1)
+    }
+
+    async fn forget(&self, key: &StoreKey, pending: bool) -> Result<Forgotten, StoreError> {
+        let key = self.row_key(key);
+        let row = sqlx::query(&self.sql.forget)
+            .bind(&key[..])
+            .bind(pending)
+            .fetch_optional(&self.pool);
+        let found = self
+            .bounded("PostgreSQL forget", async {
+                match row.await? {
+                    None => Ok(None),
+                    Some(r) => Ok(Some((r.try_get::<i8, _>(0)?, r.try_get::<bool, _>(1)?))),
+                }
+            })
+            .await?;
+        match found {
+            None => Ok(Forgotten::Nothing),
+            Some((sql::DONE, _)) => Ok(Forgotten::Record),
+            Some((sql::PENDING, true)) => Ok(Forgotten::Pending),
+            Some((sql::PENDING, false)) => Ok(Forgotten::KeptPending),
+            Some(_) => Err(protocol("unexpected row state in forget")),
+        }
     }
 
     async fn renew(

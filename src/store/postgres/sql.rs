@@ -97,6 +97,9 @@ pub(super) struct Statements {
     /// Inside the claimant's transaction, which holds the row: `$1` key, `$2` token,
     /// `$3` fingerprint, `$4` record, `$5` ttl (ms) → one row.
     pub(super) complete_held: String,
+    /// `$1` key, `$2` whether a pending claim goes too → one row `(state, deleted)` for a live
+    /// row, none when nothing live holds the key.
+    pub(super) forget: String,
     /// `$1` batch size → the expired rows deleted.
     pub(super) purge: String,
     /// The DDL of [`SCHEMA`] for this table.
@@ -142,6 +145,17 @@ impl Statements {
                 state = 'D', fingerprint = $3, token = NULL, record = $4 \
             WHERE key = $1 AND state = 'P' AND token = $2"
         );
+        // The main query sees the table before the delete: a deleted row is answered by
+        // `del`, a kept one (pending, not asked for) by the second branch.
+        let forget = format!(
+            "WITH del AS (\
+                DELETE FROM {t} WHERE key = $1 AND expires_at > statement_timestamp() \
+                AND (state = 'D' OR $2::bool) RETURNING state\
+            ) \
+            SELECT state, true AS deleted FROM del \
+            UNION ALL SELECT state, false FROM {t} \
+            WHERE key = $1 AND expires_at > statement_timestamp() AND NOT EXISTS (SELECT FROM del)"
+        );
         // Rows a transaction holds (a claim taking over an expired row) are skipped, and the
         // expiry is checked again on the row deleted: a re-claimed row is never purged.
         let purge = format!(
@@ -157,6 +171,7 @@ impl Statements {
             release,
             renew,
             complete_held,
+            forget,
             purge,
             schema: SCHEMA.replace(DEFAULT_TABLE_NAME, table),
         }

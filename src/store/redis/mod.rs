@@ -202,7 +202,7 @@
 //! [`ConnectionManager`]: ::redis::aio::ConnectionManager
 //! [`StoreErrorKind`]: crate::store::StoreErrorKind
 
-use super::{Claim, Store, StoreError, Token};
+use super::{Claim, Forgotten, Store, StoreError, Token};
 use crate::fingerprint::Fingerprint;
 use crate::record::Record;
 use crate::scope::StoreKey;
@@ -523,5 +523,47 @@ where
             .await
             .map_err(|e| e.into_store("Redis renew"))?;
         codec::flag(reply, "unexpected answer to renew")
+    }
+
+    async fn forget(&self, key: &StoreKey, pending: bool) -> Result<Forgotten, StoreError> {
+        let deadline = self.deadline();
+        let flag: &[u8] = if pending { b"1" } else { b"0" };
+        let reply = self
+            .eval(&scripts::FORGET, &self.key_bytes(key), &[flag], deadline)
+            .await
+            .map_err(|e| e.into_store("Redis forget"))?;
+        match reply {
+            ::redis::Value::Int(0) => Ok(Forgotten::Nothing),
+            ::redis::Value::Int(1) => Ok(Forgotten::Record),
+            ::redis::Value::Int(2) => Ok(Forgotten::Pending),
+            ::redis::Value::Int(3) => Ok(Forgotten::KeptPending),
+            _ => Err(StoreError::new(
+                crate::store::StoreErrorKind::Protocol,
+                "unexpected answer to forget",
+            )),
+        }
+    }
+
+    /// One script (`GET`, then `PTTL` when pending), asked only for a request found in flight.
+    /// The default `wait_settled` applies: a duplicate waiting on Redis polls with backoff
+    /// (a `SUBSCRIBE` would need a connection of its own per process, outside the one round
+    /// trip per step this store keeps).
+    async fn lease_left(&self, key: &StoreKey) -> Result<Option<Duration>, StoreError> {
+        let deadline = self.deadline();
+        let reply = self
+            .eval(&scripts::LEASE_LEFT, &self.key_bytes(key), &[], deadline)
+            .await
+            .map_err(|e| e.into_store("Redis lease_left"))?;
+        match reply {
+            ::redis::Value::Int(ms) if ms >= 0 => {
+                Ok(Some(Duration::from_millis(ms.unsigned_abs())))
+            }
+            // -1: nothing pending; -2: gone between GET and PTTL (cannot happen in a script).
+            ::redis::Value::Int(_) => Ok(None),
+            _ => Err(StoreError::new(
+                crate::store::StoreErrorKind::Protocol,
+                "unexpected answer to lease_left",
+            )),
+        }
     }
 }

@@ -21,6 +21,12 @@ pub(super) static COMPLETE: LazyLock<Script> =
 /// Release: delete the key if the token holds it pending.
 pub(super) static RELEASE: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("release.lua")));
+/// Forget: delete the key's record (a pending claim only when asked).
+pub(super) static FORGET: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("forget.lua")));
+/// The lease left on a pending claim (asked only for a request found in flight).
+pub(super) static LEASE_LEFT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("lease_left.lua")));
 /// Renew: extend the lease if the token holds the key pending.
 pub(super) static RENEW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("renew.lua")));

@@ -1,0 +1,16 @@
+-- forget: delete KEYS[1]'s record (an operator's step). ARGV[1] = '1' to delete a pending claim
+-- too. Returns 0: nothing held the key; 1: a done record deleted; 2: a pending claim deleted;
+-- 3: a pending claim kept.
+local held = redis.call('GET', KEYS[1])
+if not held then
+  return 0
+end
+local pending = #held == 49 and string.byte(held, 1) == 80
+if pending and ARGV[1] ~= '1' then
+  return 3
+end
+redis.call('DEL', KEYS[1])
+if pending then
+  return 2
+end
+return 1

@@ -1,0 +1,126 @@
+//! The outcome a handler declares (issue 18 §3): a `Declared` marker in the response's
+//! extensions wins over the classification by status. On the memory store and on Redis.
+
+use crate::support;
+
+use std::time::{Duration, Instant};
+use support::http::{RequestExt, TestServer, Work, send};
+use tower_idempotency::IdempotencyLayer;
+use tower_idempotency::http::Classification;
+use tower_idempotency::store::Store;
+
+const BODY: &str = r#"{"item":"book"}"#;
+/// Short enough to wait out, long enough for a retry well inside it.
+const LEASE: Duration = Duration::from_millis(700);
+
+fn request(server: &TestServer, key: &str, status: u16, declare: &str) -> reqwest::RequestBuilder {
+    server
+        .post("/work", BODY)
+        .principal("alice")
+        .key(key)
+        .respond(status)
+        .header("x-declare", declare)
+}
+
+/// Every declaration, through the layer over `store`.
+async fn declarations_are_followed<St: Store>(store: St) {
+    // A hook that would release everything: a definitive answer is recorded all the same.
+    let layer = IdempotencyLayer::with_store(store)
+        .lease(LEASE)
+        .classify(|_| Classification::Release);
+    let work = Work::new();
+    let server = TestServer::start(work.app(layer)).await;
+
+    // Definitive: a 500 after an effect that cannot be undone is recorded and replayed.
+    let first = send(request(&server, "charged", 500, "definitive")).await;
+    assert_eq!(first.status, 500, "{}", first.describe());
+    assert!(!first.is_replay());
+    let retry = send(request(&server, "charged", 500, "definitive")).await;
+    assert_eq!(retry.status, 500, "{}", retry.describe());
+    assert!(
+        retry.is_replay(),
+        "a declared 500 is replayed: {}",
+        retry.describe()
+    );
+    assert_eq!(
+        retry.execution(),
+        first.execution(),
+        "the first run's answer"
+    );
+    assert_eq!(work.runs_of("charged"), 1, "the handler ran once");
+
+    // Not started: a 201 is released; the retry runs again.
+    let first = send(request(&server, "dry-run", 201, "not-started")).await;
+    assert_eq!(first.status, 201);
+    let retry = send(request(&server, "dry-run", 201, "not-started")).await;
+    assert_eq!(retry.status, 201, "{}", retry.describe());
+    assert!(
+        !retry.is_replay(),
+        "a declared not-started answer is never replayed"
+    );
+    assert_eq!(work.runs_of("dry-run"), 2);
+
+    // Ambiguous: the key stays pending until its lease lapses, then the work runs again.
+    let first = send(request(&server, "unsure", 201, "ambiguous")).await;
+    let answered = Instant::now();
+    assert_eq!(first.status, 201);
+    let retry = send(request(&server, "unsure", 201, "ambiguous")).await;
+    assert!(
+        answered.elapsed() < LEASE / 2,
+        "the retry ran well within the lease ({:?}); the machine is too slow for this test",
+        answered.elapsed()
+    );
+    retry.assert_problem(409, "idempotency.in_flight");
+    assert_eq!(
+        work.runs_of("unsure"),
+        1,
+        "neither replayed nor run at once"
+    );
+    tokio::time::sleep_until((answered + LEASE + Duration::from_millis(300)).into()).await;
+    let later = send(request(&server, "unsure", 201, "")).await;
+    assert_eq!(later.status, 201, "{}", later.describe());
+    assert!(!later.is_replay(), "after the lease the work runs again");
+    assert_eq!(work.runs_of("unsure"), 2);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declared_outcomes_are_followed_on_memory() {
+    declarations_are_followed(tower_idempotency::MemoryStore::new()).await;
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn declared_outcomes_are_followed_on_redis() {
+    use support::redis_server::{self, RedisServer};
+    use tower_idempotency::store::redis::RedisStore;
+    if !redis_server::available() {
+        return;
+    }
+    let redis = RedisServer::start();
+    let store = RedisStore::connect(&redis.url(), "declared")
+        .await
+        .expect("connect to redis");
+    declarations_are_followed(store).await;
+}
+
+/// Without a marker, a 500 is released as ever (defaults unchanged).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undeclared_500_is_still_released() {
+    let work = Work::new();
+    let server = TestServer::start(work.app(IdempotencyLayer::new())).await;
+    send(request(&server, "plain-500", 500, "")).await;
+    let retry = send(request(&server, "plain-500", 500, "")).await;
+    assert!(!retry.is_replay());
+    assert_eq!(work.runs_of("plain-500"), 2);
+}
+
+/// A declared 304 is not a final answer a replay can give: released.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_declared_definitive_304_is_released() {
+    let work = Work::new();
+    let server = TestServer::start(work.app(IdempotencyLayer::new())).await;
+    send(request(&server, "nm", 304, "definitive")).await;
+    send(request(&server, "nm", 304, "definitive")).await;
+    assert_eq!(work.runs_of("nm"), 2);
+}
