@@ -829,4 +829,8 @@ impl<H: Harness> Store for HarnessStore<H> {
     fn wait_settled(&self, key: &StoreKey, within: Duration) -> impl Future<Output = ()> + Send {
         self.0.store().wait_settled(key, within)
     }
+
+    fn name(&self) -> &'static str {
+        self.0.store().name()
+    }
 }

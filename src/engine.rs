@@ -30,6 +30,7 @@ pub use crate::record::{Field, RecordError, RecordTimes, RecordedResponse};
 pub use crate::scope::Scope;
 pub use crate::secret::SecretTooShort;
 
+use crate::metrics::{Op, Started, StoreTimer};
 use crate::record::Record;
 use crate::scope::StoreKey;
 use crate::secret::Secret;
@@ -72,6 +73,8 @@ pub struct Engine<S> {
     ttl: Duration,
     max_record_body: usize,
     secret: Option<Secret>,
+    /// Times each store step (feature `metrics`; zero-sized without it).
+    timer: StoreTimer,
 }
 
 impl<S> Clone for Engine<S> {
@@ -82,6 +85,7 @@ impl<S> Clone for Engine<S> {
             ttl: self.ttl,
             max_record_body: self.max_record_body,
             secret: self.secret.clone(),
+            timer: self.timer.clone(),
         }
     }
 }
@@ -93,6 +97,7 @@ impl<S> Engine<S> {
     pub(crate) fn map_store<T>(&self, f: impl FnOnce(&Arc<S>) -> T) -> Engine<T> {
         Engine {
             store: Arc::new(f(&self.store)),
+            timer: self.timer.clone(),
             lease: self.lease,
             ttl: self.ttl,
             max_record_body: self.max_record_body,
@@ -167,6 +172,7 @@ impl<S: Store> Engine<S> {
     #[must_use]
     pub fn from_arc(store: Arc<S>) -> Self {
         Self {
+            timer: StoreTimer::new(store.name()),
             store,
             lease: DEFAULT_LEASE,
             ttl: DEFAULT_TTL,
@@ -232,8 +238,16 @@ impl<S: Store> Engine<S> {
         fingerprint: Fingerprint,
     ) -> Result<Begin, StoreError> {
         let fingerprint = self.keyed(fingerprint);
-        let claim = self.store.claim(&key, &fingerprint, self.lease).await?;
-        Ok(self.judge(key, fingerprint, claim))
+        let started = Started::now();
+        let claim = self.store.claim(&key, &fingerprint, self.lease).await;
+        self.timer.record(Op::Claim, started, &claim);
+        Ok(self.judge(key, fingerprint, claim?))
+    }
+
+    /// The timer of this engine's store steps (for a door that runs steps of its own).
+    #[cfg(feature = "postgres")]
+    pub(crate) fn timer(&self) -> &StoreTimer {
+        &self.timer
     }
 
     /// As [`begin`](Self::begin), but a request that finds the same request in flight waits
@@ -405,7 +419,15 @@ impl<S: Store> Engine<S> {
             if !lost && renewing.is_none() && sleep.as_mut().poll(cx).is_ready() {
                 sleep.as_mut().reset(tokio::time::Instant::now() + every);
                 let _ = sleep.as_mut().poll(cx);
-                let mut fut = Box::pin(self.store.renew(&ticket.key, &ticket.token, self.lease));
+                let mut fut: RenewFuture<'_> = Box::pin(async {
+                    let started = Started::now();
+                    let renewed = self
+                        .store
+                        .renew(&ticket.key, &ticket.token, self.lease)
+                        .await;
+                    self.timer.record(Op::Renew, started, &renewed);
+                    renewed
+                });
                 match fut.as_mut().poll(cx) {
                     Poll::Ready(res) => lost = renewal_lost(res, &ticket.key),
                     Poll::Pending => renewing = Some(fut),
@@ -438,7 +460,9 @@ impl<S: Store> Engine<S> {
         let record = self.seal(&ticket, response).map_err(|e| {
             StoreError::with_source(StoreErrorKind::Protocol, "response cannot be recorded", e)
         })?;
-        self.store
+        let started = Started::now();
+        let done = self
+            .store
             .complete(
                 &ticket.key,
                 &ticket.token,
@@ -446,7 +470,9 @@ impl<S: Store> Engine<S> {
                 record,
                 self.ttl,
             )
-            .await
+            .await;
+        self.timer.record(Op::Complete, started, &done);
+        done
     }
 
     /// Keeps the key pending for `hold` from now, under the ticket, instead of completing or
@@ -457,7 +483,10 @@ impl<S: Store> Engine<S> {
     /// # Errors
     /// The store's error; the key then stays pending until its current lease lapses.
     pub async fn hold(&self, ticket: Ticket, hold: Duration) -> Result<bool, StoreError> {
-        self.store.renew(&ticket.key, &ticket.token, hold).await
+        let started = Started::now();
+        let held = self.store.renew(&ticket.key, &ticket.token, hold).await;
+        self.timer.record(Op::Renew, started, &held);
+        held
     }
 
     /// Frees the key so a retry runs the work again. Returns `Ok(false)` when the ticket no
@@ -466,7 +495,10 @@ impl<S: Store> Engine<S> {
     /// # Errors
     /// The store's error; the key then stays pending until its lease lapses.
     pub async fn release(&self, ticket: Ticket) -> Result<bool, StoreError> {
-        self.store.release(&ticket.key, &ticket.token).await
+        let started = Started::now();
+        let released = self.store.release(&ticket.key, &ticket.token).await;
+        self.timer.record(Op::Release, started, &released);
+        released
     }
 }
 

@@ -71,9 +71,12 @@ impl IntoResponse for KeyRejection {
 }
 
 fn missing(parts: &Parts) -> KeyRejection {
+    use crate::metrics::{Door, Outcome, request};
     if parts.extensions.get::<KeyMissing>().is_some() {
+        request(Door::Extract, Outcome::KeyMissing);
         KeyRejection::KeyMissing
     } else {
+        request(Door::Extract, Outcome::ConfigMissing);
         KeyRejection::LayerMissing
     }
 }

@@ -109,6 +109,53 @@
 //! | `nats` | no | `message::jetstream`, the message door on async-nats JetStream consumers |
 //! | `apalis` | no | `message::jobs`, the message door as an apalis worker layer |
 //! | `json` | no | `outbound::Json` and `message::Json`: receipts and message results of any serde type kept as JSON |
+//! | `metrics` | no | counters and histograms through the `metrics` facade (below) |
+//!
+//! # Metrics
+//!
+//! With the feature `metrics`, every door counts what it did through the
+//! [`metrics`](https://docs.rs/metrics/0.24) facade, for whichever recorder the application
+//! installs (`metrics-exporter-prometheus`, StatsD, ...). Without the feature the calls are
+//! compiled out. Every label takes its values from a fixed list: never a key, principal, path
+//! or other value that grows with the traffic.
+//!
+//! | metric | type | labels | counts |
+//! | --- | --- | --- | --- |
+//! | `idempotency_requests_total` | counter | `door`, `outcome` | each request a door decided on, once, by what it did |
+//! | `idempotency_results_total` | counter | `door`, `result` | each claimed key (`outcome="fresh"`), once, by how it ended |
+//! | `idempotency_store_duration_seconds` | histogram | `store`, `op`, `result` | each store step the engine runs, in seconds |
+//! | `idempotency_memory_entries` | gauge | — | records a `MemoryStore` holds (pending and completed) |
+//! | `idempotency_memory_pending` | gauge | — | of those, pending claims |
+//! | `idempotency_memory_bytes` | gauge | — | bytes counted against the store's `max_bytes` |
+//! | `idempotency_memory_early_drops_total` | counter | — | completed records dropped before their retention ended, to make room |
+//! | `idempotency_client_attempts_total` | counter | `decision` | each attempt of the client's retries, by what followed |
+//!
+//! - `door`: `http` (`IdempotencyLayer`), `grpc` (the layer, on a gRPC request), `route`
+//!   (`#[idempotent]` handlers and `IdempotentRoutes::layer`), `extract` (the extractors'
+//!   own refusals: the layer already counted the request), `within` (tier C), `message`
+//!   (queue consumers), `outbound` (send once).
+//! - `outcome`: `fresh` (claimed, the work runs), `replayed`, `in_flight` (409),
+//!   `key_reused` (422), `key_missing`, `key_invalid`, `principal_missing`, `body_too_large`,
+//!   `body_unreadable`, `store_failed`, `scope_full` (429), `store_full`, `record_invalid`,
+//!   `passthrough` (the layer acts on the method but the request has no key and needs none),
+//!   `config_missing` (a wiring error: no `IdempotentRoutes`, an extractor without the layer).
+//!   A method the layer does not act on (`GET`, by default) is not counted.
+//! - `result`: `completed`, `released` (a retry runs again), `complete_failed` and
+//!   `release_failed` (the key stays pending until its lease lapses; in `within`, the
+//!   transaction rolled back), `lease_lost` (the lease had lapsed and another request held
+//!   the key: not recorded), `abandoned` (the client went away before a streamed body ended),
+//!   `held` (`outbound`: the delivery is unknown, the key is kept so nothing is sent again).
+//! - `store`: `memory`, `redis`, `postgres`, or what a store of your own returns from
+//!   [`Store::name`] (`custom` by default); `op`: `claim`, `complete`, `release`, `renew`;
+//!   `result`: `ok`, or the error's kind (`unavailable`, `timeout`, `protocol`, `store_full`,
+//!   `scope_full`).
+//! - `decision`: `retry`, or why the client stopped: `final`, `not_keyed`, `not_replayable`,
+//!   `attempts_exhausted`, `deadline_exceeded`, `retry_after_too_long`.
+//!
+//! A layer adds labels of its own with `IdempotencyLayer::metrics_label` (a route name, say),
+//! fixed when it is built. The memory store sets its gauges at most once a second after a
+//! claim or a completion; `MemoryStore::report_metrics` sets them now (call it where the
+//! metrics are rendered). The quickstart serves them all at `GET /metrics`.
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
@@ -116,6 +163,7 @@ mod detach;
 mod fingerprint;
 mod json;
 mod key;
+mod metrics;
 mod record;
 mod scope;
 mod secret;

@@ -251,6 +251,10 @@ fn config_missing(req: &Request) -> Response {
         path = req.uri().path(),
         "an #[idempotent] handler found {CONFIG_MISSING}"
     );
+    crate::metrics::request(
+        crate::metrics::Door::Route,
+        crate::metrics::Outcome::ConfigMissing,
+    );
     let problem =
         problem_details::ProblemDetails::from_status_code(StatusCode::INTERNAL_SERVER_ERROR)
             .with_title("Idempotency not configured")

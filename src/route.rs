@@ -86,7 +86,9 @@ impl IdempotentRoutes {
     pub fn new<St: Store>(layer: IdempotencyLayer<St>) -> Self {
         Self {
             inner: Arc::new(Inner {
-                layer: layer.map_store(|store| DynStore::new(Arc::clone(store))),
+                layer: layer
+                    .map_store(|store| DynStore::new(Arc::clone(store)))
+                    .metrics_door(crate::metrics::Door::Route),
                 routes: RwLock::new(HashMap::new()),
             }),
         }
@@ -196,6 +198,7 @@ trait ErasedStore: Send + Sync + 'static {
         key: &'a StoreKey,
         within: Duration,
     ) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
+    fn name(&self) -> &'static str;
 }
 
 impl<St: Store> ErasedStore for St {
@@ -244,6 +247,10 @@ impl<St: Store> ErasedStore for St {
     ) -> Pin<Box<dyn Future<Output = ()> + Send + 'a>> {
         Box::pin(Store::wait_settled(self, key, within))
     }
+
+    fn name(&self) -> &'static str {
+        Store::name(self)
+    }
 }
 
 // `async fn`s rather than returning the boxed futures: a boxed future borrows all arguments
@@ -289,6 +296,9 @@ impl Store for DynStore {
     }
     async fn wait_settled(&self, key: &StoreKey, within: Duration) {
         self.0.wait_settled(key, within).await;
+    }
+    fn name(&self) -> &'static str {
+        self.0.name()
     }
 }
 

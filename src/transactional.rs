@@ -87,7 +87,8 @@
 //!
 //! [`PostgresStoreBuilder::lock_timeout`]: crate::store::postgres::PostgresStoreBuilder::lock_timeout
 
-use crate::engine::{Begin, Engine, Fingerprint, RecordError, RecordedResponse};
+use crate::engine::{Begin, Engine, Fingerprint, RecordError, RecordedResponse, Ticket};
+use crate::metrics::{Door, Op, Outcome, Settled, Started, request, settled};
 use crate::scope::StoreKey;
 use crate::store::postgres::{Held, OpError, PostgresStore};
 use crate::store::{StoreError, StoreErrorKind};
@@ -186,52 +187,90 @@ where
         .await
         .map_err(|e| WithinError::Store(OpError::from(e).into_store("PostgreSQL begin")))?;
 
-    let claim = match store
+    let started = Started::now();
+    let held = store
         .claim_held(&mut tx, &key, &fingerprint, engine.lease())
-        .await
-    {
+        .await;
+    engine.timer().record(Op::Claim, started, &held);
+    let claim = match held {
         Ok(Held::Found(claim)) => claim,
-        Ok(Held::Contended) => return rolled_back(tx, Ok(Within::InFlight)).await,
-        Err(e) => return rolled_back(tx, Err(WithinError::Store(e))).await,
+        Ok(Held::Contended) => {
+            request(Door::Within, Outcome::InFlight);
+            return rolled_back(tx, Ok(Within::InFlight)).await;
+        }
+        Err(e) => {
+            request(Door::Within, Outcome::of_store_error(&e));
+            return rolled_back(tx, Err(WithinError::Store(e))).await;
+        }
     };
-    let ticket = match engine.judge(key, fingerprint, claim) {
-        Begin::Run(ticket) => ticket,
-        Begin::Replay(response) => return rolled_back(tx, Ok(Within::Replay(response))).await,
-        Begin::InFlight => return rolled_back(tx, Ok(Within::InFlight)).await,
-        Begin::KeyReused => return rolled_back(tx, Ok(Within::KeyReused)).await,
-        Begin::Invalid(e) => return rolled_back(tx, Ok(Within::Invalid(e))).await,
+    let (outcome, answer) = match engine.judge(key, fingerprint, claim) {
+        Begin::Run(ticket) => {
+            request(Door::Within, Outcome::Fresh);
+            let (end, answer) = match ran(engine, &mut tx, &ticket, work).await {
+                Ok(response) => match tx.commit().await.map_err(OpError::from) {
+                    Ok(()) => (Settled::Completed, Ok(Within::Ran(response))),
+                    // A serializable transaction that lost to a concurrent one: nothing was
+                    // committed.
+                    Err(e) if e.is_contended() => (Settled::Released, Ok(Within::InFlight)),
+                    Err(e) => (
+                        Settled::CompleteFailed,
+                        Err(WithinError::Store(e.into_store("PostgreSQL commit"))),
+                    ),
+                },
+                Err((end, e)) => (end, rolled_back(tx, Err(e)).await),
+            };
+            settled(Door::Within, end);
+            return answer;
+        }
+        Begin::Replay(response) => (Outcome::Replayed, Within::Replay(response)),
+        Begin::InFlight => (Outcome::InFlight, Within::InFlight),
+        Begin::KeyReused => (Outcome::KeyReused, Within::KeyReused),
+        Begin::Invalid(e) => (Outcome::RecordInvalid, Within::Invalid(e)),
     };
+    request(Door::Within, outcome);
+    rolled_back(tx, Ok(answer)).await
+}
 
-    let response = match work(&mut tx).await {
+/// Runs the work and writes its record in the transaction. On an error the caller rolls
+/// back; the error comes with how that ends the key (counted by the caller).
+async fn ran<F, E>(
+    engine: &Engine<PostgresStore>,
+    tx: &mut Transaction<'_, Postgres>,
+    ticket: &Ticket,
+    work: F,
+) -> Result<RecordedResponse, (Settled, WithinError<E>)>
+where
+    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<RecordedResponse, E>>,
+{
+    let response = match work(tx).await {
         Ok(response) => response,
-        Err(e) => return rolled_back(tx, Err(WithinError::Work(e))).await,
+        // The work's error rolls back the claim with it: the key is free.
+        Err(e) => return Err((Settled::Released, WithinError::Work(e))),
     };
-    let record = match engine.seal(&ticket, &response) {
+    let record = match engine.seal(ticket, &response) {
         Ok(record) => record,
         Err(e) => {
             let e =
                 StoreError::with_source(StoreErrorKind::Protocol, "response cannot be recorded", e);
-            return rolled_back(tx, Err(WithinError::Store(e))).await;
+            return Err((Settled::CompleteFailed, WithinError::Store(e)));
         }
     };
-    if let Err(e) = store
+    let started = Started::now();
+    let done = engine
+        .store()
         .complete_held(
-            &mut tx,
+            tx,
             ticket.key(),
             ticket.token(),
             ticket.fingerprint(),
             record,
             engine.ttl(),
         )
-        .await
-    {
-        return rolled_back(tx, Err(WithinError::Store(e))).await;
-    }
-    match tx.commit().await.map_err(OpError::from) {
-        Ok(()) => Ok(Within::Ran(response)),
-        // A serializable transaction that lost to a concurrent one: nothing was committed.
-        Err(e) if e.is_contended() => Ok(Within::InFlight),
-        Err(e) => Err(WithinError::Store(e.into_store("PostgreSQL commit"))),
+        .await;
+    engine.timer().record(Op::Complete, started, &done);
+    match done {
+        Ok(()) => Ok(response),
+        Err(e) => Err((Settled::CompleteFailed, WithinError::Store(e))),
     }
 }
 

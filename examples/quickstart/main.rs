@@ -12,6 +12,8 @@
 //! - `POST /orders` with `{"item": "book", "delay_ms": 100?, "fail": 503?}` counts an execution,
 //!   sleeps `delay_ms`, answers `fail` as the status if given, else 201 with the order.
 //! - `GET /stats` answers `{"executions": n}`.
+//! - `GET /metrics` answers the idempotency metrics in the Prometheus text format (requests by
+//!   outcome, how claimed keys ended, store step timings, the memory store's gauges).
 
 use axum::extract::Request;
 use axum::http::{HeaderValue, StatusCode, header};
@@ -19,6 +21,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use serde::Deserialize;
 use serde_json::json;
 use std::sync::Arc;
@@ -87,6 +90,56 @@ async fn stats(axum::extract::State(app): axum::extract::State<App>) -> Json<ser
     Json(json!({ "executions": app.executions.load(Ordering::SeqCst) }))
 }
 
+/// What `GET /metrics` renders: the Prometheus recorder's handle, and what to refresh first
+/// (the memory store's gauges, read at scrape time).
+#[derive(Clone)]
+struct Metrics {
+    handle: PrometheusHandle,
+    refresh: Arc<dyn Fn() + Send + Sync>,
+}
+
+impl Metrics {
+    /// Installs the Prometheus recorder for the process. Store step timings are rendered as
+    /// histograms (buckets from 100 µs to 2.5 s) so `histogram_quantile` works on them.
+    fn install() -> Self {
+        const BUCKETS: [f64; 10] = [
+            0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.01, 0.05, 0.25, 1.0, 2.5,
+        ];
+        let handle = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Full("idempotency_store_duration_seconds".into()),
+                &BUCKETS,
+            )
+            .expect("buckets are not empty")
+            .install_recorder()
+            .expect("the only metrics recorder of the process");
+        // The recorder's periodic upkeep (what its HTTP listener would run, had we enabled it).
+        let upkeep = handle.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(5)).await;
+                upkeep.run_upkeep();
+            }
+        });
+        Self {
+            handle,
+            refresh: Arc::new(|| {}),
+        }
+    }
+}
+
+async fn render_metrics(axum::extract::State(m): axum::extract::State<Metrics>) -> Response {
+    (m.refresh)();
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        )],
+        m.handle.render(),
+    )
+        .into_response()
+}
+
 /// Demo authentication: `Authorization: Bearer <name>` → principal `<name>`.
 async fn demo_auth(mut req: Request, next: Next) -> Response {
     let name = req
@@ -103,7 +156,7 @@ async fn demo_auth(mut req: Request, next: Next) -> Response {
     next.run(req).await
 }
 
-fn app<St: Store>(idempotency: IdempotencyLayer<St>) -> Router {
+fn app<St: Store>(idempotency: IdempotencyLayer<St>, metrics: Metrics) -> Router {
     let cors = CorsLayer::new()
         .allow_origin(AllowOrigin::any())
         .allow_methods([axum::http::Method::GET, axum::http::Method::POST])
@@ -125,22 +178,27 @@ fn app<St: Store>(idempotency: IdempotencyLayer<St>) -> Router {
         .with_state(App::default())
         // Layers run outside-in from the last one: CORS, then authentication, then idempotency.
         .layer(idempotency)
+        // Beside the idempotency layer: a scrape is not an order.
+        .route("/metrics", get(render_metrics).with_state(metrics))
         .layer(middleware::from_fn(demo_auth))
         .layer(cors)
 }
 
 #[cfg(feature = "redis")]
-async fn redis_app(url: &str) -> std::io::Result<Router> {
+async fn redis_app(url: &str, metrics: Metrics) -> std::io::Result<Router> {
     let store = tower_idempotency::RedisStore::connect(url, "quickstart")
         .await
         .map_err(std::io::Error::other)?;
     let report = store.verify().await.map_err(std::io::Error::other)?;
     println!("redis: {report:?}");
-    Ok(app(IdempotencyLayer::with_store(store).required(false)))
+    Ok(app(
+        IdempotencyLayer::with_store(store).required(false),
+        metrics,
+    ))
 }
 
 #[cfg(not(feature = "redis"))]
-async fn redis_app(_url: &str) -> std::io::Result<Router> {
+async fn redis_app(_url: &str, _metrics: Metrics) -> std::io::Result<Router> {
     Err(std::io::Error::other(
         "REDIS_URL is set but the example was built without the `redis` feature: add `--features redis`",
     ))
@@ -159,9 +217,19 @@ async fn main() -> std::io::Result<()> {
         .ok()
         .and_then(|p| p.parse().ok())
         .unwrap_or(3000);
+    let metrics = Metrics::install();
     let (router, store) = match std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()) {
-        Some(url) => (redis_app(&url).await?, "redis store"),
-        None => (app(IdempotencyLayer::new().required(false)), "memory store"),
+        Some(url) => (redis_app(&url, metrics).await?, "redis store"),
+        None => {
+            let layer = IdempotencyLayer::new().required(false);
+            // The memory store's gauges, fresh at every scrape.
+            let engine = layer.engine().clone();
+            let metrics = Metrics {
+                refresh: Arc::new(move || engine.store().report_metrics()),
+                ..metrics
+            };
+            (app(layer, metrics), "memory store")
+        }
     };
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     let addr = listener.local_addr()?;
@@ -171,5 +239,6 @@ async fn main() -> std::io::Result<()> {
         "  curl -i -X POST http://{addr}/orders -H 'authorization: Bearer alice' -H 'idempotency-key: order-1' -H 'content-type: application/json' -d '{{\"item\":\"book\"}}'"
     );
     println!("  curl http://{addr}/stats");
+    println!("  curl http://{addr}/metrics");
     axum::serve(listener, router).await
 }

@@ -359,6 +359,10 @@ pub(crate) fn log_attempt(
     let n = attempt.number;
     let method = attempt.method.as_str();
     let elapsed_ms = u64::try_from(attempt.elapsed.as_millis()).unwrap_or(u64::MAX);
+    crate::metrics::client_attempt(match decision {
+        Decision::Retry(_) => "retry",
+        Decision::Stop(reason) => reason.as_str(),
+    });
     match decision {
         Decision::Retry(delay) => {
             let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
@@ -399,6 +403,46 @@ mod tests {
             &Attempt::new(method, keyed, 1, Duration::ZERO),
             &Outcome::response(StatusCode::from_u16(status).unwrap(), &h),
         )
+    }
+
+    /// Feature `metrics`: each attempt counted once, by what followed it.
+    #[cfg(feature = "metrics")]
+    #[test]
+    fn each_attempt_is_counted_by_what_followed() {
+        use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+        let recorder = DebuggingRecorder::new();
+        let snap = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            let p = RetryPolicy::new();
+            let h = HeaderMap::new();
+            for (n, status, keyed) in [(1, 503, true), (2, 201, true), (1, 503, false)] {
+                let attempt = Attempt::new(&Method::POST, keyed, n, Duration::ZERO);
+                let outcome = Outcome::response(StatusCode::from_u16(status).unwrap(), &h);
+                log_attempt(&attempt, "k", &outcome, p.decide(&attempt, &outcome));
+            }
+        });
+        let mut seen: Vec<(String, u64)> = snap
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(ck, _, _, v)| {
+                assert_eq!(ck.key().name(), "idempotency_client_attempts_total");
+                let decision = ck.key().labels().map(|l| l.value().to_owned()).collect();
+                let DebugValue::Counter(n) = v else {
+                    panic!("a counter")
+                };
+                (decision, n)
+            })
+            .collect();
+        seen.sort();
+        assert_eq!(
+            seen,
+            [
+                ("final".to_owned(), 1),
+                ("not_keyed".to_owned(), 1),
+                ("retry".to_owned(), 1)
+            ]
+        );
     }
 
     #[test]

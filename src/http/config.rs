@@ -208,6 +208,8 @@ pub(crate) struct Config {
     pub(crate) record_times: bool,
     /// What the fingerprint covers, when not the default.
     pub(crate) fingerprint_spec: Option<Box<FingerprintSpec>>,
+    /// The door's counters, with the layer's static labels (feature `metrics`).
+    pub(crate) metrics: crate::metrics::DoorCounters,
 }
 
 impl Default for Config {
@@ -238,6 +240,7 @@ impl Default for Config {
             wait_in_flight: Duration::ZERO,
             record_times: false,
             fingerprint_spec: None,
+            metrics: crate::metrics::DoorCounters::new(crate::metrics::Door::Http),
         }
     }
 }
@@ -422,6 +425,8 @@ pub enum ConfigErrorKind {
     DeniedHeader,
     /// A JSON body field for the key that is empty or not a valid JSON pointer.
     InvalidJsonField,
+    /// A metric label whose key the layer sets itself (`door`, `outcome`, `result`).
+    ReservedMetricLabel,
 }
 
 impl ConfigError {

@@ -24,6 +24,7 @@ pub(crate) struct FingerprintSpec {
     /// JSON pointers left out of the fingerprint.
     pub(crate) exclude: Vec<JsonField>,
     /// The route template (axum's `MatchedPath`) instead of the path.
+    #[cfg(feature = "axum")]
     pub(crate) route_template: bool,
     /// Request headers fingerprinted too, in this order.
     pub(crate) headers: Vec<HeaderName>,

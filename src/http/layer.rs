@@ -324,6 +324,40 @@ impl<St: Store> IdempotencyLayer<St> {
         }
     }
 
+    /// Adds a fixed label to every metric this layer counts (feature `metrics`), e.g. the
+    /// route it guards, so that two layers in one process are graphed apart. A later label
+    /// with the same key replaces the earlier one.
+    ///
+    /// Keep the value fixed and few: never a key, principal, path with ids, or anything else
+    /// that grows with the traffic (every distinct value is a new time series).
+    ///
+    /// # Errors
+    /// [`ConfigErrorKind::ReservedMetricLabel`] for a key the layer sets itself: `door`,
+    /// `outcome` or `result`.
+    ///
+    /// ```
+    /// use tower_idempotency::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::new().metrics_label("route", "create_order").unwrap();
+    /// assert!(IdempotencyLayer::new().metrics_label("outcome", "x").is_err());
+    /// ```
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn metrics_label(
+        self,
+        key: &'static str,
+        value: impl Into<String>,
+    ) -> Result<Self, ConfigError> {
+        if crate::metrics::RESERVED_LABELS.contains(&key) {
+            return Err(ConfigError::new(
+                ConfigErrorKind::ReservedMetricLabel,
+                format!("the metric label `{key}` is set by the layer itself"),
+            ));
+        }
+        let value = value.into();
+        Ok(self.config(|c| c.metrics = c.metrics.with_label(key, value)))
+    }
+
     /// Renders rejections with your own function instead of problem+json. The layer still
     /// inserts the [`Rejection`] into the response's extensions. Applies to HTTP requests
     /// only: a gRPC request is always rejected with a gRPC status
@@ -681,6 +715,12 @@ impl<St: Store> IdempotencyLayer<St> {
                 in_flight: self.state.in_flight.clone(),
             }),
         }
+    }
+
+    /// Counts this layer's HTTP requests under another door (`#[idempotent]` handlers).
+    #[cfg(feature = "macros")]
+    pub(crate) fn metrics_door(self, door: crate::metrics::Door) -> Self {
+        self.config(|c| c.metrics = c.metrics.with_door(door))
     }
 }
 

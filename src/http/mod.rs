@@ -177,6 +177,8 @@ pub use config::{
 };
 pub use declare::Declared;
 pub use extensions::ClaimedKey;
+// Read by the axum extractors only.
+#[cfg(feature = "axum")]
 pub(crate) use extensions::KeyMissing;
 pub use future::ResponseFuture;
 pub use headers::{

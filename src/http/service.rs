@@ -12,6 +12,7 @@ use super::rejection::{Rejection, RejectionKind};
 use super::replay::replay;
 use crate::engine::{Begin, Engine, Ticket};
 use crate::key::IdempotencyKey;
+use crate::metrics::{self, Settled};
 use crate::record::RecordedResponse;
 use crate::scope::{Scope, StoreKey};
 use crate::store::{Store, StoreError, StoreErrorKind};
@@ -26,6 +27,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tower_service::Service;
+use tracing::Instrument;
 
 /// Retry-After for a retryable rejection (in flight, store failure, full store or scope).
 const RETRY_AFTER: Duration = Duration::from_secs(1);
@@ -99,6 +101,7 @@ where
                 return ResponseFuture::passthrough(self.inner.call(req));
             }
             Plan::Unkeyed => {
+                observe(config, grpc, metrics::Outcome::Passthrough);
                 // Lets the extractors tell "no key sent" from "layer not installed".
                 parts.extensions.insert(KeyMissing);
                 let req = Request::from_parts(parts, RequestBody::passthrough(body));
@@ -134,7 +137,15 @@ impl<S, St> Idempotency<S, St> {
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let state = Arc::clone(&self.state);
-        ResponseFuture::keyed(Box::pin(keyed(state, inner, parts, body, key, grpc)))
+        // One span per keyed request; `outcome` and `result` are filled in as they are known.
+        let span = tracing::debug_span!(
+            "idempotency",
+            grpc,
+            outcome = tracing::field::Empty,
+            result = tracing::field::Empty
+        );
+        let fut = keyed(state, inner, parts, body, key, grpc).instrument(span);
+        ResponseFuture::keyed(Box::pin(fut))
     }
 }
 
@@ -291,6 +302,7 @@ pub(crate) fn render<St, B: Body>(
     grpc: bool,
 ) -> Response<ResponseBody<B>> {
     tracing::debug!(code = rejection.kind().code(), "idempotency rejection");
+    observe(&state.config, grpc, rejected(rejection.kind()));
     // A gRPC caller gets a gRPC status; a custom renderer applies to HTTP only.
     let res = if grpc {
         rejection.to_grpc_response()
@@ -300,6 +312,36 @@ pub(crate) fn render<St, B: Body>(
     let mut res = res.map(|b| ResponseBody::buffered(b, None));
     res.extensions_mut().insert(rejection);
     res
+}
+
+/// Counts a request's outcome, and names it on the request's span.
+fn observe(config: &Config, grpc: bool, outcome: metrics::Outcome) {
+    config.metrics.request(grpc, outcome);
+    tracing::Span::current().record("outcome", outcome.as_str());
+}
+
+/// Counts how a claimed key ended, and names it on the request's span.
+fn observe_end(config: &Config, grpc: bool, result: Settled) {
+    config.metrics.settled(grpc, result);
+    tracing::Span::current().record("result", result.as_str());
+}
+
+/// The outcome a rejection counts as.
+fn rejected(kind: RejectionKind) -> metrics::Outcome {
+    use metrics::Outcome as O;
+    match kind {
+        RejectionKind::KeyMissing => O::KeyMissing,
+        RejectionKind::KeyInvalid => O::KeyInvalid,
+        RejectionKind::PrincipalMissing => O::PrincipalMissing,
+        RejectionKind::InFlight => O::InFlight,
+        RejectionKind::KeyReused => O::KeyReused,
+        RejectionKind::BodyTooLarge => O::BodyTooLarge,
+        RejectionKind::BodyUnreadable => O::BodyUnreadable,
+        RejectionKind::StoreFailed => O::StoreFailed,
+        RejectionKind::ScopeFull => O::ScopeFull,
+        RejectionKind::StoreFull => O::StoreFull,
+        RejectionKind::RecordInvalid => O::RecordInvalid,
+    }
 }
 
 /// Logs a request passed through because an outer layer claimed its store key: a warning the
@@ -363,6 +405,7 @@ where
             Ok(Some(keyed)) => keyed,
             Ok(None) => {
                 // 3. No key in the body, not required: pass through with the body read.
+                observe(config, grpc, metrics::Outcome::Passthrough);
                 parts.extensions.insert(KeyMissing);
                 let req = Request::from_parts(parts, RequestBody::buffered(body));
                 std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
@@ -399,6 +442,7 @@ where
             let times = record.times;
             return Ok(match replay(&config.headers, record, grpc) {
                 Ok(mut res) => {
+                    observe(config, grpc, metrics::Outcome::Replayed);
                     tracing::debug!(outcome = "replayed", key = ?store_key, "idempotency replay");
                     if config.record_times {
                         kept::on_replay(res.headers_mut(), times);
@@ -454,6 +498,7 @@ where
         }
         Err(e) => return Ok(render(&state, store_rejection(&e), grpc)),
     };
+    observe(config, grpc, metrics::Outcome::Fresh);
     tracing::debug!(outcome = "claimed", key = ?store_key, "idempotency key claimed");
 
     // One extension; the derived key is only hashed if a handler asks for it.
@@ -465,7 +510,9 @@ where
     ));
     let req = Request::from_parts(parts, RequestBody::buffered(body));
 
-    let work = run_claimed(Arc::clone(&state), inner, req, ticket, store_key, grpc);
+    // In the request's span, also when it finishes on a task of its own.
+    let work =
+        run_claimed(Arc::clone(&state), inner, req, ticket, store_key, grpc).in_current_span();
     if config.run_to_completion {
         // Finishes (and records) on a task of its own if this future is dropped first.
         state.in_flight.detachable(work).await
@@ -506,21 +553,28 @@ where
 
     match outcome {
         Err(e) => {
-            release(engine, ticket, store_key).await;
+            observe_end(config, grpc, release(engine, ticket, store_key).await);
             Err(e)
         }
         Ok(Outcome::Release(res)) => {
-            release(engine, ticket, store_key).await;
+            observe_end(config, grpc, release(engine, ticket, store_key).await);
             Ok(res)
         }
         // Declared ambiguous: neither recorded nor released; the ticket is let go, the lease
         // lapses.
-        Ok(Outcome::Keep(res)) => Ok(res),
+        Ok(Outcome::Keep(res)) => {
+            observe_end(config, grpc, Settled::Held);
+            Ok(res)
+        }
         Ok(Outcome::Record(mut res, mut record)) => {
             if config.record_times {
                 kept::stamp(&mut record, res.headers_mut(), engine.ttl());
             }
-            complete(engine, ticket, store_key, &record).await;
+            observe_end(
+                config,
+                grpc,
+                complete(engine, ticket, store_key, &record).await,
+            );
             Ok(res)
         }
         Ok(Outcome::RecordAtEnd(mut res, mut record)) => {
@@ -529,13 +583,20 @@ where
             }
             // The body streams on; a task holds the key until it has ended.
             let (report, ended) = oneshot::channel();
-            let settled = tokio::spawn(state.in_flight.counted(settle_at_end(
-                Arc::clone(&state),
-                ticket,
-                store_key,
-                record,
-                ended,
-            )));
+            // The task runs in the request's span: its end names the span's `result`.
+            let settled = tokio::spawn(
+                state
+                    .in_flight
+                    .counted(settle_at_end(
+                        Arc::clone(&state),
+                        ticket,
+                        store_key,
+                        record,
+                        ended,
+                        grpc,
+                    ))
+                    .in_current_span(),
+            );
             Ok(res.map(|body| body.settled_by(EndHook::new(report, settled))))
         }
     }
@@ -552,6 +613,7 @@ async fn settle_at_end<St: Store>(
     key: StoreKey,
     record: RecordedResponse,
     mut ended: oneshot::Receiver<BodyEnd>,
+    grpc: bool,
 ) {
     let engine = &state.engine;
     let limit = state.config.stream_lease_limit;
@@ -567,16 +629,18 @@ async fn settle_at_end<St: Store>(
             (&mut ended).await
         }
     };
-    match end {
+    let result = match end {
         Ok(BodyEnd::Ended) => complete(engine, ticket, key, &record).await,
         Ok(BodyEnd::Failed) => {
             tracing::debug!(key = ?key, "response body failed while streamed");
-            release(engine, ticket, key).await;
+            release(engine, ticket, key).await
         }
         Err(_) => {
             tracing::debug!(outcome = "abandoned", key = ?key, "response body dropped before its end (the client went away); the key stays pending until its lease lapses");
+            Settled::Abandoned
         }
-    }
+    };
+    observe_end(&state.config, grpc, result);
 }
 
 /// `Retry-After` for a request found in flight: the lease the first run has left, at most a
@@ -603,13 +667,15 @@ async fn in_flight_retry_after<St: Store>(engine: &Engine<St>, key: &StoreKey) -
     }
 }
 
-async fn release<St: Store>(engine: &Engine<St>, ticket: Ticket, key: StoreKey) {
-    match engine.release(ticket).await {
+async fn release<St: Store>(engine: &Engine<St>, ticket: Ticket, key: StoreKey) -> Settled {
+    let res = engine.release(ticket).await;
+    match &res {
         Ok(_) => tracing::debug!(outcome = "released", key = ?key, "idempotency key released"),
         Err(e) => {
             tracing::warn!(outcome = "release_failed", key = ?key, error = %e, "idempotency release failed; the key stays pending until its lease lapses")
         }
     }
+    Settled::of_release(&res)
 }
 
 async fn complete<St: Store>(
@@ -617,8 +683,9 @@ async fn complete<St: Store>(
     ticket: Ticket,
     key: StoreKey,
     record: &RecordedResponse,
-) {
-    match engine.complete(ticket, record).await {
+) -> Settled {
+    let res = engine.complete(ticket, record).await;
+    match &res {
         Ok(true) => tracing::debug!(outcome = "completed", key = ?key, "idempotency record stored"),
         Ok(false) => {
             tracing::warn!(outcome = "lease_lost", key = ?key, "idempotency lease was lost before completion; record not stored")
@@ -627,6 +694,7 @@ async fn complete<St: Store>(
             tracing::warn!(outcome = "complete_failed", key = ?key, error = %e, "idempotency record could not be stored; the key stays pending until its lease lapses")
         }
     }
+    Settled::of_complete(&res)
 }
 
 fn store_rejection(e: &StoreError) -> Rejection {

@@ -5,6 +5,7 @@ use super::error::MessageError;
 use super::key::{HeaderOrHash, KeyStrategy, Message, MessageKey};
 use crate::detach::InFlightWork;
 use crate::engine::{Begin, Engine, Fingerprint, RecordedResponse, Ticket};
+use crate::metrics::{Door, Outcome, Settled, request, settled};
 use crate::scope::{Scope, StoreKey};
 use crate::store::{Forgotten, Store, StoreError};
 use std::collections::HashSet;
@@ -530,11 +531,16 @@ where
         let key = match shared.keys.key(&message) {
             Ok(Some(key)) => key,
             Ok(None) if config.require_key => {
+                request(Door::Message, Outcome::KeyMissing);
                 tracing::warn!(target: "tower_idempotency::message", topic = message.topic(), "message without an idempotency key refused");
                 return Box::pin(std::future::ready(Err(MessageError::key_missing())));
             }
-            Ok(None) => return untracked(inner.call(message)),
+            Ok(None) => {
+                request(Door::Message, Outcome::Passthrough);
+                return untracked(inner.call(message));
+            }
             Err(e) => {
+                request(Door::Message, Outcome::KeyInvalid);
                 tracing::warn!(target: "tower_idempotency::message", topic = message.topic(), reason = %e, "message with an invalid idempotency key refused");
                 return Box::pin(std::future::ready(Err(MessageError::key_invalid(e))));
             }
@@ -552,12 +558,25 @@ where
             };
             let ticket = match begun {
                 Err(e) => {
+                    request(Door::Message, Outcome::of_store_error(&e));
                     tracing::warn!(target: "tower_idempotency::message", key = ?store_key, error = %e, "idempotency store failed on claim; the message is not handled");
                     return Err(MessageError::store(e));
                 }
-                Ok(Begin::Run(ticket)) => ticket,
-                Ok(Begin::Replay(record)) => return replay(record, &*shared.codec),
+                Ok(Begin::Run(ticket)) => {
+                    request(Door::Message, Outcome::Fresh);
+                    ticket
+                }
+                Ok(Begin::Replay(record)) => {
+                    let duplicate = replay(record, &*shared.codec);
+                    let outcome = match duplicate {
+                        Ok(_) => Outcome::Replayed,
+                        Err(_) => Outcome::RecordInvalid,
+                    };
+                    request(Door::Message, outcome);
+                    return duplicate;
+                }
                 Ok(Begin::InFlight) => {
+                    request(Door::Message, Outcome::InFlight);
                     return match shared.config.in_progress {
                         InProgress::Skip => Ok(Handled::Skipped),
                         // Past the wait's bound: refused as Reject refuses.
@@ -567,10 +586,12 @@ where
                     };
                 }
                 Ok(Begin::KeyReused) => {
+                    request(Door::Message, Outcome::KeyReused);
                     tracing::warn!(target: "tower_idempotency::message", key = ?store_key, "idempotency key reused by a different message; refused");
                     return Err(MessageError::key_reused());
                 }
                 Ok(Begin::Invalid(e)) => {
+                    request(Door::Message, Outcome::RecordInvalid);
                     tracing::error!(target: "tower_idempotency::message", key = ?store_key, reason = e.reason(), "message record failed validation; not used");
                     return Err(MessageError::record_invalid(Some(e)));
                 }
@@ -610,7 +631,9 @@ where
         Ok(r) if shared.classify.is_success(&r) => {
             let body = shared.codec.encode(&r);
             let record = RecordedResponse::of_door(DOOR_VALUE, body);
-            match engine.complete(ticket, &record).await {
+            let done = engine.complete(ticket, &record).await;
+            settled(Door::Message, Settled::of_complete(&done));
+            match done {
                 Ok(true) => {}
                 Ok(false) => {
                     tracing::warn!(target: "tower_idempotency::message", key = ?store_key, "the lease lapsed while the handler ran; another delivery may have run it too");
@@ -675,7 +698,9 @@ fn fingerprint<M: Message>(message: &M) -> Fingerprint {
 
 async fn release<St: Store>(engine: &Engine<St>, ticket: Ticket) {
     let key = *ticket.key();
-    if let Err(e) = engine.release(ticket).await {
+    let released = engine.release(ticket).await;
+    settled(Door::Message, Settled::of_release(&released));
+    if let Err(e) = released {
         tracing::warn!(target: "tower_idempotency::message", key = ?key, error = %e, "key not released; a redelivery waits until its lease lapses");
     }
 }

@@ -5,6 +5,7 @@ use super::delivery::{Delivery, OutboundError, Unknown};
 use super::identify::{Identify, Identity};
 use super::receipt::{Receipt, ReceiptError};
 use crate::engine::{Begin, Engine, RecordError, RecordedResponse, Scope, Ticket};
+use crate::metrics::{self, Outcome, Settled};
 use crate::scope::StoreKey;
 use crate::store::Store;
 use bytes::Bytes;
@@ -244,19 +245,24 @@ impl<St: Store, I, C> Door<St, I, C> {
     /// Claims the key, or answers from what holds it.
     pub(crate) async fn begin<R: Receipt, E>(&self, identity: &Identity) -> Start<R, E> {
         let key = self.store_key(identity);
-        let answer = match self.engine.begin(key, *identity.fingerprint()).await {
-            Ok(Begin::Run(ticket)) => return Start::Send(ticket),
-            Ok(Begin::InFlight) => Ok(Delivery::InFlight),
-            Ok(Begin::KeyReused) => Err(OutboundError::KeyReused),
-            Ok(Begin::Replay(record)) => read_receipt(record)
-                .map(Delivery::Replayed)
-                .map_err(OutboundError::RecordInvalid),
-            Ok(Begin::Invalid(e)) => Err(OutboundError::RecordInvalid(e)),
+        let (outcome, answer) = match self.engine.begin(key, *identity.fingerprint()).await {
+            Ok(Begin::Run(ticket)) => {
+                metrics::request(metrics::Door::Outbound, Outcome::Fresh);
+                return Start::Send(ticket);
+            }
+            Ok(Begin::InFlight) => (Outcome::InFlight, Ok(Delivery::InFlight)),
+            Ok(Begin::KeyReused) => (Outcome::KeyReused, Err(OutboundError::KeyReused)),
+            Ok(Begin::Replay(record)) => match read_receipt(record) {
+                Ok(receipt) => (Outcome::Replayed, Ok(Delivery::Replayed(receipt))),
+                Err(e) => (Outcome::RecordInvalid, Err(OutboundError::RecordInvalid(e))),
+            },
+            Ok(Begin::Invalid(e)) => (Outcome::RecordInvalid, Err(OutboundError::RecordInvalid(e))),
             Err(e) => {
                 tracing::warn!(error = %e, "outbound idempotency claim failed; nothing sent");
-                Err(OutboundError::Store(e))
+                (Outcome::of_store_error(&e), Err(OutboundError::Store(e)))
             }
         };
+        metrics::request(metrics::Door::Outbound, outcome);
         if let Err(OutboundError::RecordInvalid(e)) = &answer {
             tracing::warn!(key = ?key, reason = e.reason(), "outbound receipt is invalid; not replayed, nothing sent");
         }
@@ -271,6 +277,7 @@ impl<St: Store, I, C> Door<St, I, C> {
     /// Keeps the key of an unknown delivery for the hold time.
     pub(crate) async fn hold(&self, ticket: Ticket) {
         let key = *ticket.key();
+        metrics::settled(metrics::Door::Outbound, Settled::Held);
         match self.engine.hold(ticket, self.hold_time()).await {
             Ok(true) => {}
             Ok(false) => {
@@ -301,7 +308,9 @@ impl<St: Store, I, C> Door<St, I, C> {
             }
             (Verdict::Failed { retryable }, result) => {
                 let key = *ticket.key();
-                if let Err(e) = self.engine.release(ticket).await {
+                let released = self.engine.release(ticket).await;
+                metrics::settled(metrics::Door::Outbound, Settled::of_release(&released));
+                if let Err(e) = released {
                     tracing::warn!(key = ?key, error = %e, "outbound key not released; a retry waits for its lease");
                 }
                 match result {
@@ -334,7 +343,9 @@ impl<St: Store, I, C> Door<St, I, C> {
             }
         };
         let record = RecordedResponse::of_door(DOOR_NAME, Some(bytes));
-        match self.engine.complete(ticket, &record).await {
+        let done = self.engine.complete(ticket, &record).await;
+        metrics::settled(metrics::Door::Outbound, Settled::of_complete(&done));
+        match done {
             Ok(true) => {}
             Ok(false) => {
                 tracing::warn!(key = ?key, "outbound lease lapsed before the receipt was recorded; another send holds the key")
@@ -353,6 +364,7 @@ impl<St: Store, I, C> Door<St, I, C> {
     where
         C: Classify<R, E>,
     {
+        metrics::request(metrics::Door::Outbound, Outcome::Passthrough);
         match (self.classify.classify(result.as_ref()), result) {
             (Verdict::Sent, Ok(r)) => Ok(Delivery::Sent(r)),
             (Verdict::Failed { retryable }, Ok(response)) => Ok(Delivery::Rejected {
@@ -401,6 +413,7 @@ impl<St: Store, I, C> Drop for HoldOnDrop<St, I, C> {
             return;
         };
         tracing::info!(key = ?ticket.key(), "outbound send dropped after it began; its delivery is unknown, the key is held");
+        metrics::settled(metrics::Door::Outbound, Settled::Held);
         // The lease already holds the key; a longer hold needs one more store call.
         if door.hold_time() > door.engine.lease()
             && let Ok(rt) = tokio::runtime::Handle::try_current()

@@ -244,6 +244,13 @@ pub trait Store: Send + Sync + 'static {
         let _ = key;
         tokio::time::sleep(within)
     }
+
+    /// A short fixed name for the store's kind (`memory`, `redis`, `postgres`): the `store`
+    /// label of the step timings (feature `metrics`). A store of your own may name itself;
+    /// keep it one fixed word, never a host or other unbounded value.
+    fn name(&self) -> &'static str {
+        "custom"
+    }
 }
 
 impl<S: Store> Store for Arc<S> {
@@ -298,6 +305,10 @@ impl<S: Store> Store for Arc<S> {
     }
     fn wait_settled(&self, key: &StoreKey, within: Duration) -> impl Future<Output = ()> + Send {
         (**self).wait_settled(key, within)
+    }
+
+    fn name(&self) -> &'static str {
+        (**self).name()
     }
 }
 

@@ -215,6 +215,59 @@ async fn quickstart_refuses_a_keyed_order_without_a_principal() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn quickstart_metrics_count_each_outcome() {
+    let qs = Quickstart::start_memory().await;
+    let body = json!({ "item": "book" });
+    assert_eq!(send(qs.order("alice", "m-1", &body)).await.status, 201);
+    assert!(send(qs.order("alice", "m-1", &body)).await.is_replay());
+    let other = json!({ "item": "lamp" });
+    assert_eq!(send(qs.order("alice", "m-1", &other)).await.status, 422);
+    let failed = json!({ "item": "book", "fail": 503 });
+    assert_eq!(send(qs.order("alice", "m-2", &failed)).await.status, 503);
+    let anonymous = client()
+        .post(format!("{}/orders", qs.base))
+        .header("idempotency-key", "m-3")
+        .json(&body);
+    assert_eq!(send(anonymous).await.status, 401);
+    let unkeyed = client()
+        .post(format!("{}/orders", qs.base))
+        .header("authorization", "Bearer alice")
+        .json(&body);
+    assert_eq!(send(unkeyed).await.status, 201);
+
+    let m = qs.metrics().await;
+    let value = |series: &str| m.get(series).copied();
+    for (outcome, n) in [
+        ("fresh", 2.0),
+        ("replayed", 1.0),
+        ("key_reused", 1.0),
+        ("principal_missing", 1.0),
+        ("passthrough", 1.0),
+    ] {
+        let series = format!(r#"idempotency_requests_total{{door="http",outcome="{outcome}"}}"#);
+        assert_eq!(value(&series), Some(n), "{series} in {m:#?}");
+    }
+    for (result, n) in [("completed", 1.0), ("released", 1.0)] {
+        let series = format!(r#"idempotency_results_total{{door="http",result="{result}"}}"#);
+        assert_eq!(value(&series), Some(n), "{series} in {m:#?}");
+    }
+    let claims =
+        r#"idempotency_store_duration_seconds_count{store="memory",op="claim",result="ok"}"#;
+    assert_eq!(value(claims), Some(4.0), "four claims timed: {m:#?}");
+    assert_eq!(value("idempotency_memory_entries"), Some(1.0), "{m:#?}");
+    assert_eq!(value("idempotency_memory_pending"), Some(0.0), "{m:#?}");
+    assert_eq!(
+        value("idempotency_memory_early_drops_total"),
+        Some(0.0),
+        "{m:#?}"
+    );
+    assert!(
+        m.keys().all(|s| !s.contains("m-1") && !s.contains("alice")),
+        "no key or principal in a label: {m:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quickstart_prints_how_to_try_it_with_curl() {
     let qs = Quickstart::start_memory().await;
     let deadline = Instant::now() + Duration::from_secs(5);

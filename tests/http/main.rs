@@ -18,6 +18,8 @@ mod hostile_input;
 mod json;
 mod kept;
 mod layer;
+#[cfg(feature = "metrics")]
+mod metrics;
 mod rejections;
 mod replay;
 mod streaming;

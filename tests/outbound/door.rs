@@ -324,3 +324,70 @@ pub(crate) async fn wait_until(f: impl Fn() -> bool) {
     }
     panic!("the condition did not hold within 5 s");
 }
+
+/// Feature `metrics`: each send counted once under the door `outbound`; an unknown delivery
+/// ends `held`.
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn the_outbound_door_counts_each_outcome_once() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let counted = || -> Vec<String> {
+        let mut moved: Vec<String> = snap
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(ck, _, _, v)| {
+                ck.key().name().starts_with("idempotency_re") && matches!(v, DebugValue::Counter(1))
+            })
+            .map(|(ck, _, _, _)| {
+                let mut labels: Vec<String> = ck
+                    .key()
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                labels.sort();
+                labels.join(",")
+            })
+            .collect();
+        moved.sort();
+        moved
+    };
+    let (door, _provider) = door(SpyStore::new(), LEASE, None);
+    let send = |key: &'static str, text: &'static str, act: Act| {
+        door.clone().oneshot(Msg::new(key, text, act))
+    };
+    assert!(send("k", "hello", Act::Take).await.unwrap().is_sent());
+    assert_eq!(
+        counted(),
+        [
+            "door=outbound,outcome=fresh",
+            "door=outbound,result=completed"
+        ]
+    );
+    assert!(matches!(
+        send("k", "hello", Act::Take).await,
+        Ok(Delivery::Replayed(_))
+    ));
+    assert_eq!(counted(), ["door=outbound,outcome=replayed"]);
+    assert!(send("k", "goodbye", Act::Take).await.is_err());
+    assert_eq!(counted(), ["door=outbound,outcome=key_reused"]);
+    assert!(send("r", "hello", Act::Refuse).await.is_err());
+    assert_eq!(
+        counted(),
+        [
+            "door=outbound,outcome=fresh",
+            "door=outbound,result=released"
+        ]
+    );
+    assert!(matches!(
+        send("u", "hello", Act::Reset).await,
+        Ok(Delivery::Unknown(_))
+    ));
+    assert_eq!(
+        counted(),
+        ["door=outbound,outcome=fresh", "door=outbound,result=held"]
+    );
+}

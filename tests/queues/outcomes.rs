@@ -758,3 +758,64 @@ async fn a_record_not_written_by_the_message_door_is_refused() {
     assert!(!err.is_retryable());
     assert_eq!(work.runs(), 1, "not run again, not acknowledged as done");
 }
+
+/// Feature `metrics`: each message counted once under the door `message`.
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn the_message_door_counts_each_outcome_once() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use tower_idempotency::MemoryStore;
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let counted = || -> Vec<String> {
+        let mut moved: Vec<String> = snap
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(ck, _, _, v)| {
+                ck.key().name().starts_with("idempotency_re") && matches!(v, DebugValue::Counter(1))
+            })
+            .map(|(ck, _, _, _)| {
+                let mut labels: Vec<String> = ck
+                    .key()
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                labels.sort();
+                labels.join(",")
+            })
+            .collect();
+        moved.sort();
+        moved
+    };
+    let engine = Engine::builder(MemoryStore::new()).lease(LEASE).build();
+    let work = Work::default();
+    let svc = ServiceBuilder::new()
+        .layer(MessageIdempotencyLayer::new(engine, "billing").namespace(namespace()))
+        .service(work.service());
+
+    assert_eq!(
+        call(&svc, keyed("k1", "a")).await.unwrap(),
+        Handled::Ran("a".into())
+    );
+    assert_eq!(
+        counted(),
+        [
+            "door=message,outcome=fresh",
+            "door=message,result=completed"
+        ]
+    );
+    assert_eq!(
+        call(&svc, keyed("k1", "a")).await.unwrap(),
+        Handled::Duplicate(None)
+    );
+    assert_eq!(counted(), ["door=message,outcome=replayed"]);
+    assert!(call(&svc, keyed("k1", "b")).await.is_err());
+    assert_eq!(counted(), ["door=message,outcome=key_reused"]);
+    assert!(call(&svc, keyed("k2", "fail")).await.is_err());
+    assert_eq!(
+        counted(),
+        ["door=message,outcome=fresh", "door=message,result=released"]
+    );
+}

@@ -614,3 +614,83 @@ async fn the_purge_leaves_a_row_that_a_running_transaction_claimed_again_alone()
     ));
     assert_eq!(orders(&pool, &orders_t).await, 1);
 }
+
+/// Feature `metrics`: each `within` counted once under the door `within`, its steps timed.
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn within_counts_each_outcome_once() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let recorder = DebuggingRecorder::new();
+    let snap = recorder.snapshotter();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    // `name{k=v,…}` → increase since the last look, for the counters that moved and the
+    // number of timings.
+    let seen = || -> std::collections::BTreeMap<String, u64> {
+        snap.snapshot()
+            .into_vec()
+            .into_iter()
+            .filter_map(|(ck, _, _, v)| {
+                let key = ck.key();
+                let mut labels: Vec<String> = key
+                    .labels()
+                    .map(|l| format!("{}={}", l.key(), l.value()))
+                    .collect();
+                labels.sort();
+                let n = match v {
+                    DebugValue::Counter(n) => n,
+                    DebugValue::Histogram(xs) => xs.len() as u64,
+                    DebugValue::Gauge(_) => 0,
+                };
+                (n > 0).then(|| (format!("{}{{{}}}", key.name(), labels.join(",")), n))
+            })
+            .collect()
+    };
+    let engine = engine(server, Duration::from_secs(1)).await;
+    let pool = server.pool(4).await;
+    let table = orders_table(&pool).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let _ = seen();
+
+    let (key, fp) = (random_key(), fingerprint("order"));
+    ran(&run(&engine, &mut conn, key, fp, place_order(&table, None, None)).await);
+    let first = seen();
+    assert_eq!(
+        first.get("idempotency_requests_total{door=within,outcome=fresh}"),
+        Some(&1)
+    );
+    assert_eq!(
+        first.get("idempotency_results_total{door=within,result=completed}"),
+        Some(&1)
+    );
+    for op in ["claim", "complete"] {
+        let timing =
+            format!("idempotency_store_duration_seconds{{op={op},result=ok,store=postgres}}");
+        assert_eq!(first.get(&timing), Some(&1), "{timing} in {first:?}");
+    }
+
+    let replay = run(&engine, &mut conn, key, fp, place_order(&table, None, None)).await;
+    assert!(matches!(replay, Within::Replay(_)));
+    let second = seen();
+    assert_eq!(
+        second.get("idempotency_requests_total{door=within,outcome=replayed}"),
+        Some(&1),
+        "{second:?}"
+    );
+
+    let failing: Work = Box::new(|_| Box::pin(async { Err(sqlx::Error::RowNotFound) }));
+    let failed = within(&engine, &mut conn, random_key(), fp, failing).await;
+    assert!(matches!(failed, Err(WithinError::Work(_))));
+    let third = seen();
+    assert_eq!(
+        third.get("idempotency_requests_total{door=within,outcome=fresh}"),
+        Some(&1)
+    );
+    assert_eq!(
+        third.get("idempotency_results_total{door=within,result=released}"),
+        Some(&1),
+        "a failed work rolls back and frees the key: {third:?}"
+    );
+}

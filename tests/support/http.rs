@@ -1006,6 +1006,10 @@ impl<S> SpyStore<S> {
 }
 
 impl<S: Store> Store for SpyStore<S> {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
     async fn claim(
         &self,
         key: &StoreKey,

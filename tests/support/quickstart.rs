@@ -300,6 +300,26 @@ impl Quickstart {
             .unwrap_or_else(|| panic!("`executions` in {}", a.describe()))
     }
 
+    /// The process's metrics in the Prometheus text format (`GET /metrics`), as
+    /// `series → value` (a series is the name with its labels, as rendered).
+    pub(crate) async fn metrics(&self) -> std::collections::BTreeMap<String, f64> {
+        let a = send(self.client.get(format!("{}/metrics", self.base))).await;
+        assert_eq!(a.status, 200, "{}", a.describe());
+        assert_eq!(
+            a.header("content-type"),
+            Some("text/plain; version=0.0.4"),
+            "the Prometheus text format"
+        );
+        a.text()
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+            .filter_map(|l| {
+                let (series, value) = l.rsplit_once(' ')?;
+                Some((series.to_owned(), value.parse().ok()?))
+            })
+            .collect()
+    }
+
     /// Asserts the process is up and printed no panic.
     pub(crate) fn assert_healthy(&mut self) {
         let out = self.output();

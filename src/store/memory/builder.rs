@@ -165,6 +165,8 @@ impl MemoryStoreBuilder {
             budget,
             clock: self.clock.unwrap_or_else(|| Arc::new(TokioClock::new())),
             waiters: super::waiters::Waiters::default(),
+            #[cfg(feature = "metrics")]
+            reported: std::sync::atomic::AtomicU64::new(0),
         }
     }
 }

@@ -173,6 +173,9 @@ pub struct MemoryStore {
     budget: Arc<Budget>,
     clock: Arc<dyn Clock>,
     waiters: waiters::Waiters,
+    /// When the gauges were last set (the store clock's nanoseconds, plus one: 0 is never).
+    #[cfg(feature = "metrics")]
+    reported: std::sync::atomic::AtomicU64,
 }
 
 /// One shard on its own cache lines, so two cores locking neighbouring shards do not contend.
@@ -291,6 +294,42 @@ impl MemoryStore {
     fn now(&self) -> u64 {
         nanos(self.clock.now())
     }
+
+    /// Sets the metrics `idempotency_memory_entries`, `…_pending`, `…_bytes` (gauges) and
+    /// `idempotency_memory_early_drops_total` (a counter) from [`stats`](Self::stats) now.
+    ///
+    /// The store sets them by itself at most once a second, after a claim or a completion;
+    /// call this where the metrics are rendered (a `/metrics` route) for figures of the
+    /// instant. The names carry no label: with two memory stores in one process, the last one
+    /// to report wins (give each process one store, or report the one you graph).
+    ///
+    /// ```
+    /// # use tower_idempotency::MemoryStore;
+    /// let store = MemoryStore::new();
+    /// store.report_metrics(); // with a recorder installed, sets the gauges to 0
+    /// ```
+    #[cfg(feature = "metrics")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
+    pub fn report_metrics(&self) {
+        let s = self.stats();
+        crate::metrics::memory(s.entries, s.pending, s.bytes, s.early_drops);
+    }
+
+    /// Reports the gauges when a second has passed since the last report.
+    #[cfg(feature = "metrics")]
+    fn report_now_and_then(&self) {
+        const EVERY: u64 = 1_000_000_000;
+        let now = self.now().saturating_add(1);
+        let last = self.reported.load(Relaxed);
+        if (last == 0 || now.saturating_sub(last) >= EVERY)
+            && self
+                .reported
+                .compare_exchange(last, now, Relaxed, Relaxed)
+                .is_ok()
+        {
+            self.report_metrics();
+        }
+    }
 }
 
 impl Default for MemoryStore {
@@ -334,10 +373,13 @@ impl Store for MemoryStore {
         // Drawn before the lock: the OS call must not lengthen the critical section.
         let token = Token::generate()?;
         let lease = nanos(lease);
-        self.with_room(key, |shard, step| {
+        let claim = self.with_room(key, |shard, step| {
             let deadline = step.now.saturating_add(lease);
             shard.claim(key, fingerprint, &token, deadline, step)
-        })
+        });
+        #[cfg(feature = "metrics")]
+        self.report_now_and_then();
+        claim
     }
 
     async fn complete(
@@ -356,6 +398,8 @@ impl Store for MemoryStore {
         if written {
             self.waiters.wake(key.id());
         }
+        #[cfg(feature = "metrics")]
+        self.report_now_and_then();
         Ok(written)
     }
 
@@ -413,5 +457,9 @@ impl Store for MemoryStore {
         let now = self.now();
         let deadline = now.saturating_add(nanos(lease));
         Ok(self.at_home(key, |shard| shard.renew(key, token, deadline, now)))
+    }
+
+    fn name(&self) -> &'static str {
+        "memory"
     }
 }

@@ -357,6 +357,10 @@ impl ClaimRow {
 }
 
 impl Store for PostgresStore {
+    fn name(&self) -> &'static str {
+        "postgres"
+    }
+
     async fn claim(
         &self,
         key: &StoreKey,

@@ -455,6 +455,10 @@ impl<C> Store for RedisStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    fn name(&self) -> &'static str {
+        "redis"
+    }
+
     async fn claim(
         &self,
         key: &StoreKey,

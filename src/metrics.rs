@@ -1,0 +1,544 @@
+//! What every door counts, through the [`metrics`](https://docs.rs/metrics) facade (feature
+//! `metrics`). Without the feature every type here is zero-sized and every function empty, so
+//! the calls compile to nothing.
+//!
+//! A door counts each request once, with one call: [`request`]`(Door::X, Outcome::Y)` (or the
+//! layer's cached [`DoorCounters`], which carry its static labels without an allocation per
+//! event), and each claimed key's end once with [`settled`]. The engine times every store
+//! step ([`StoreTimer`]). The names and labels are documented in one table, in the crate docs
+//! (`# Metrics`); change both together.
+//!
+//! Never a key, principal, path or other unbounded value as a label: each label below takes
+//! values from a fixed list, and the layer's own labels are fixed when it is built.
+
+// Without the feature the names and label lists are unused: the functions are empty.
+#![cfg_attr(not(feature = "metrics"), allow(dead_code))]
+
+use crate::store::{StoreError, StoreErrorKind};
+
+/// `idempotency_requests_total{door, outcome}`: keyed (or key-checked) requests by outcome.
+pub(crate) const REQUESTS: &str = "idempotency_requests_total";
+/// `idempotency_results_total{door, result}`: how each claimed key ended.
+pub(crate) const RESULTS: &str = "idempotency_results_total";
+/// `idempotency_store_duration_seconds{store, op, result}`: one store step.
+pub(crate) const STORE_DURATION: &str = "idempotency_store_duration_seconds";
+/// The memory store's gauges and its early drops (see `MemoryStore::report_metrics`).
+pub(crate) const MEMORY_ENTRIES: &str = "idempotency_memory_entries";
+pub(crate) const MEMORY_PENDING: &str = "idempotency_memory_pending";
+pub(crate) const MEMORY_BYTES: &str = "idempotency_memory_bytes";
+pub(crate) const MEMORY_EARLY_DROPS: &str = "idempotency_memory_early_drops_total";
+/// `idempotency_client_attempts_total{decision}`: the client's attempts by what followed.
+pub(crate) const CLIENT_ATTEMPTS: &str = "idempotency_client_attempts_total";
+
+/// The way in: the `door` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Door {
+    /// `IdempotencyLayer` on an HTTP request.
+    Http,
+    /// `IdempotencyLayer` on a gRPC request.
+    Grpc,
+    /// An `#[idempotent]` handler (`IdempotentRoutes`).
+    #[cfg_attr(not(feature = "macros"), allow(dead_code))]
+    Route,
+    /// The axum extractors (their own refusals only; the layer counts the request).
+    #[cfg_attr(not(feature = "axum"), allow(dead_code))]
+    Extract,
+    /// Tier C, `transactional::within`.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    Within,
+    /// The queue consumers' door, `message`.
+    Message,
+    /// The send-once door, `outbound`.
+    Outbound,
+}
+
+impl Door {
+    const ALL: [Self; 7] = [
+        Self::Http,
+        Self::Grpc,
+        Self::Route,
+        Self::Extract,
+        Self::Within,
+        Self::Message,
+        Self::Outbound,
+    ];
+
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            Self::Http => "http",
+            Self::Grpc => "grpc",
+            Self::Route => "route",
+            Self::Extract => "extract",
+            Self::Within => "within",
+            Self::Message => "message",
+            Self::Outbound => "outbound",
+        }
+    }
+}
+
+/// What a door did with a request: the `outcome` label. Counted once per request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    /// Claimed: the work runs.
+    Fresh,
+    /// Answered from the record.
+    Replayed,
+    /// The same request holds the key and runs (409).
+    InFlight,
+    /// The key was used for another request (422).
+    KeyReused,
+    KeyMissing,
+    KeyInvalid,
+    PrincipalMissing,
+    BodyTooLarge,
+    BodyUnreadable,
+    /// The store failed or timed out; the work did not run.
+    StoreFailed,
+    ScopeFull,
+    StoreFull,
+    /// A record failed validation and was not replayed.
+    RecordInvalid,
+    /// No key and none required, or claimed by an outer layer: passed on, not claimed.
+    Passthrough,
+    /// A wiring error: no `IdempotentRoutes`, or an extractor without the layer (500).
+    ConfigMissing,
+}
+
+impl Outcome {
+    const ALL: [Self; 15] = [
+        Self::Fresh,
+        Self::Replayed,
+        Self::InFlight,
+        Self::KeyReused,
+        Self::KeyMissing,
+        Self::KeyInvalid,
+        Self::PrincipalMissing,
+        Self::BodyTooLarge,
+        Self::BodyUnreadable,
+        Self::StoreFailed,
+        Self::ScopeFull,
+        Self::StoreFull,
+        Self::RecordInvalid,
+        Self::Passthrough,
+        Self::ConfigMissing,
+    ];
+
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            Self::Fresh => "fresh",
+            Self::Replayed => "replayed",
+            Self::InFlight => "in_flight",
+            Self::KeyReused => "key_reused",
+            Self::KeyMissing => "key_missing",
+            Self::KeyInvalid => "key_invalid",
+            Self::PrincipalMissing => "principal_missing",
+            Self::BodyTooLarge => "body_too_large",
+            Self::BodyUnreadable => "body_unreadable",
+            Self::StoreFailed => "store_failed",
+            Self::ScopeFull => "scope_full",
+            Self::StoreFull => "store_full",
+            Self::RecordInvalid => "record_invalid",
+            Self::Passthrough => "passthrough",
+            Self::ConfigMissing => "config_missing",
+        }
+    }
+
+    /// The outcome of a store error met while claiming.
+    pub(crate) fn of_store_error(e: &StoreError) -> Self {
+        match e.kind() {
+            StoreErrorKind::ScopeFull => Self::ScopeFull,
+            StoreErrorKind::StoreFull => Self::StoreFull,
+            _ => Self::StoreFailed,
+        }
+    }
+}
+
+/// How a claimed key ended: the `result` label. Counted once per `Fresh` request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settled {
+    /// The record was stored.
+    Completed,
+    /// The key was freed (a retry runs again).
+    Released,
+    /// Storing the record failed: the key stays pending until its lease lapses.
+    CompleteFailed,
+    /// Freeing the key failed: it stays pending until its lease lapses.
+    ReleaseFailed,
+    /// The lease had lapsed and another claimant held the key: the record was not stored.
+    LeaseLost,
+    /// The response was dropped before its body ended (the client went away): nothing settled.
+    Abandoned,
+    /// The send-once door's delivery is unknown: the key is held, nothing is sent again.
+    Held,
+}
+
+impl Settled {
+    const ALL: [Self; 7] = [
+        Self::Completed,
+        Self::Released,
+        Self::CompleteFailed,
+        Self::ReleaseFailed,
+        Self::LeaseLost,
+        Self::Abandoned,
+        Self::Held,
+    ];
+
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            Self::Completed => "completed",
+            Self::Released => "released",
+            Self::CompleteFailed => "complete_failed",
+            Self::ReleaseFailed => "release_failed",
+            Self::LeaseLost => "lease_lost",
+            Self::Abandoned => "abandoned",
+            Self::Held => "held",
+        }
+    }
+
+    /// The end of `complete`'s answer.
+    pub(crate) fn of_complete(res: &Result<bool, StoreError>) -> Self {
+        match res {
+            Ok(true) => Self::Completed,
+            Ok(false) => Self::LeaseLost,
+            Err(_) => Self::CompleteFailed,
+        }
+    }
+
+    /// The end of `release`'s answer (a ticket that no longer held the key was released all
+    /// the same: nothing of it is left).
+    pub(crate) fn of_release(res: &Result<bool, StoreError>) -> Self {
+        match res {
+            Ok(_) => Self::Released,
+            Err(_) => Self::ReleaseFailed,
+        }
+    }
+}
+
+/// A store step: the `op` label.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Claim,
+    Complete,
+    Release,
+    Renew,
+}
+
+impl Op {
+    const ALL: [Self; 4] = [Self::Claim, Self::Complete, Self::Release, Self::Renew];
+
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            Self::Claim => "claim",
+            Self::Complete => "complete",
+            Self::Release => "release",
+            Self::Renew => "renew",
+        }
+    }
+}
+
+/// A store step's `result` label: `ok`, or the error's kind.
+const STORE_RESULTS: [&str; 6] = [
+    "ok",
+    "unavailable",
+    "timeout",
+    "protocol",
+    "store_full",
+    "scope_full",
+];
+
+fn store_result<T>(res: &Result<T, StoreError>) -> usize {
+    match res {
+        Ok(_) => 0,
+        Err(e) => match e.kind() {
+            StoreErrorKind::Unavailable => 1,
+            StoreErrorKind::Timeout => 2,
+            StoreErrorKind::Protocol => 3,
+            StoreErrorKind::StoreFull => 4,
+            StoreErrorKind::ScopeFull => 5,
+        },
+    }
+}
+
+/// The label keys a door sets itself; a layer's own label may not reuse them.
+pub(crate) const RESERVED_LABELS: [&str; 3] = ["door", "outcome", "result"];
+
+#[cfg(feature = "metrics")]
+mod on {
+    use super::{
+        CLIENT_ATTEMPTS, Door, MEMORY_BYTES, MEMORY_EARLY_DROPS, MEMORY_ENTRIES, MEMORY_PENDING,
+        Op, Outcome, REQUESTS, RESULTS, STORE_DURATION, STORE_RESULTS, Settled, store_result,
+    };
+    use crate::store::StoreError;
+    use metrics::{Key, Label, Level, Metadata};
+    use std::sync::{Arc, OnceLock};
+    use std::time::Instant;
+
+    static METADATA: Metadata<'static> =
+        Metadata::new(module_path!(), Level::INFO, Some(module_path!()));
+
+    fn increment(key: &Key) {
+        metrics::with_recorder(|r| r.register_counter(key, &METADATA).increment(1));
+    }
+
+    /// Every door's keys without labels of its own, built on first use.
+    fn plain(door: Door) -> &'static Table {
+        static TABLES: OnceLock<Vec<Table>> = OnceLock::new();
+        &TABLES.get_or_init(|| Door::ALL.iter().map(|d| Table::new(*d, &[])).collect())
+            [door as usize]
+    }
+
+    /// Counts one request of `door` (no labels of its own).
+    pub(crate) fn request(door: Door, outcome: Outcome) {
+        increment(&plain(door).requests[outcome as usize]);
+    }
+
+    /// Counts how one claimed key of `door` ended.
+    pub(crate) fn settled(door: Door, result: Settled) {
+        increment(&plain(door).results[result as usize]);
+    }
+
+    /// One door's metric keys with its labels, built once and retained (their labels shared
+    /// behind an `Arc`): an event is a lookup by a cached hash, and a recorder that keeps the
+    /// key (`to_retained`) clones an `Arc`, no allocation.
+    #[derive(Debug)]
+    struct Table {
+        requests: Vec<Key>,
+        results: Vec<Key>,
+    }
+
+    impl Table {
+        fn new(door: Door, extra: &[Label]) -> Self {
+            let labels = |name: &'static str, value: &'static str| {
+                let mut l = vec![
+                    Label::from_static_parts("door", door.as_str()),
+                    Label::from_static_parts(name, value),
+                ];
+                l.extend(extra.iter().cloned());
+                l
+            };
+            Self {
+                requests: Outcome::ALL
+                    .iter()
+                    .map(|o| Key::from_parts(REQUESTS, labels("outcome", o.as_str())).to_retained())
+                    .collect(),
+                results: Settled::ALL
+                    .iter()
+                    .map(|s| Key::from_parts(RESULTS, labels("result", s.as_str())).to_retained())
+                    .collect(),
+            }
+        }
+    }
+
+    /// The layer's counters: its door for HTTP requests (`http`, or `route` for
+    /// `#[idempotent]`) and `grpc`, with the layer's static labels.
+    #[derive(Debug, Clone)]
+    pub(crate) struct DoorCounters(Arc<(Table, Table, Door, Vec<Label>)>);
+
+    impl DoorCounters {
+        pub(crate) fn new(door: Door) -> Self {
+            Self::build(door, Vec::new())
+        }
+
+        fn build(door: Door, extra: Vec<Label>) -> Self {
+            Self(Arc::new((
+                Table::new(door, &extra),
+                Table::new(Door::Grpc, &extra),
+                door,
+                extra,
+            )))
+        }
+
+        /// The same counters for another door.
+        #[cfg_attr(not(feature = "macros"), allow(dead_code))]
+        pub(crate) fn with_door(&self, door: Door) -> Self {
+            Self::build(door, self.0.3.clone())
+        }
+
+        /// The same counters with one more static label (replacing one of the same key).
+        pub(crate) fn with_label(&self, key: &'static str, value: String) -> Self {
+            let mut extra = self.0.3.clone();
+            extra.retain(|l| l.key() != key);
+            extra.push(Label::new(key, value));
+            Self::build(self.0.2, extra)
+        }
+
+        fn table(&self, grpc: bool) -> &Table {
+            if grpc { &self.0.1 } else { &self.0.0 }
+        }
+
+        pub(crate) fn request(&self, grpc: bool, outcome: Outcome) {
+            increment(&self.table(grpc).requests[outcome as usize]);
+        }
+
+        pub(crate) fn settled(&self, grpc: bool, result: Settled) {
+            increment(&self.table(grpc).results[result as usize]);
+        }
+    }
+
+    /// Times an engine's store steps, with the store's name; keys built once per engine.
+    #[derive(Debug, Clone)]
+    pub(crate) struct StoreTimer(Arc<Vec<Key>>);
+
+    impl StoreTimer {
+        pub(crate) fn new(store: &'static str) -> Self {
+            let keys = Op::ALL
+                .iter()
+                .flat_map(|op| {
+                    STORE_RESULTS.iter().map(move |result| {
+                        Key::from_parts(
+                            STORE_DURATION,
+                            vec![
+                                Label::from_static_parts("store", store),
+                                Label::from_static_parts("op", op.as_str()),
+                                Label::from_static_parts("result", result),
+                            ],
+                        )
+                        .to_retained()
+                    })
+                })
+                .collect();
+            Self(Arc::new(keys))
+        }
+
+        pub(crate) fn record<T>(&self, op: Op, started: Started, res: &Result<T, StoreError>) {
+            let key = &self.0[op as usize * STORE_RESULTS.len() + store_result(res)];
+            let secs = started.0.elapsed().as_secs_f64();
+            metrics::with_recorder(|r| r.register_histogram(key, &METADATA).record(secs));
+        }
+    }
+
+    /// When a store step started.
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) struct Started(Instant);
+
+    impl Started {
+        pub(crate) fn now() -> Self {
+            Self(Instant::now())
+        }
+    }
+
+    /// Counts one attempt of the client's retries: `retry`, or the reason it stopped.
+    pub(crate) fn client_attempt(decision: &'static str) {
+        metrics::counter!(CLIENT_ATTEMPTS, "decision" => decision).increment(1);
+    }
+
+    /// Sets the memory store's gauges.
+    pub(crate) fn memory(entries: usize, pending: usize, bytes: usize, early_drops: u64) {
+        // Gauges are f64; a count above 2^53 is not a concern for a store in one process.
+        #[allow(clippy::cast_precision_loss)]
+        {
+            metrics::gauge!(MEMORY_ENTRIES).set(entries as f64);
+            metrics::gauge!(MEMORY_PENDING).set(pending as f64);
+            metrics::gauge!(MEMORY_BYTES).set(bytes as f64);
+        }
+        metrics::counter!(MEMORY_EARLY_DROPS).absolute(early_drops);
+    }
+}
+
+#[cfg(not(feature = "metrics"))]
+#[allow(clippy::unused_self)]
+mod on {
+    use super::{Door, Op, Outcome, Settled};
+    use crate::store::StoreError;
+
+    #[inline(always)]
+    pub(crate) fn request(_: Door, _: Outcome) {}
+
+    #[inline(always)]
+    pub(crate) fn settled(_: Door, _: Settled) {}
+
+    #[inline(always)]
+    pub(crate) fn client_attempt(_: &'static str) {}
+
+    #[derive(Debug, Clone)]
+    pub(crate) struct DoorCounters;
+
+    impl DoorCounters {
+        #[inline(always)]
+        pub(crate) fn new(_: Door) -> Self {
+            Self
+        }
+        #[inline(always)]
+        pub(crate) fn with_door(&self, _: Door) -> Self {
+            Self
+        }
+        #[inline(always)]
+        pub(crate) fn with_label(&self, _: &'static str, _: String) -> Self {
+            Self
+        }
+        #[inline(always)]
+        pub(crate) fn request(&self, _: bool, _: Outcome) {}
+        #[inline(always)]
+        pub(crate) fn settled(&self, _: bool, _: Settled) {}
+    }
+
+    #[derive(Debug, Clone)]
+    pub(crate) struct StoreTimer;
+
+    impl StoreTimer {
+        #[inline(always)]
+        pub(crate) fn new(_: &'static str) -> Self {
+            Self
+        }
+        #[inline(always)]
+        pub(crate) fn record<T>(&self, _: Op, _: Started, _: &Result<T, StoreError>) {}
+    }
+
+    #[derive(Debug, Clone, Copy)]
+    pub(crate) struct Started;
+
+    impl Started {
+        #[inline(always)]
+        pub(crate) fn now() -> Self {
+            Self
+        }
+    }
+}
+
+// `request` and `settled` are the one-call API for a door without a layer (the extractors,
+// `within`, and the queue and send-once doors to come).
+#[cfg(feature = "metrics")]
+pub(crate) use on::memory;
+#[allow(unused_imports)]
+pub(crate) use on::{DoorCounters, Started, StoreTimer, client_attempt, request, settled};
+
+#[cfg(test)]
+mod tests {
+    use super::{Door, Op, Outcome, Settled};
+
+    /// The key tables are indexed by discriminant: each `ALL` lists its enum in order, once.
+    #[test]
+    fn each_list_is_in_discriminant_order() {
+        assert!(Door::ALL.iter().enumerate().all(|(i, d)| *d as usize == i));
+        assert!(
+            Outcome::ALL
+                .iter()
+                .enumerate()
+                .all(|(i, o)| *o as usize == i)
+        );
+        assert!(
+            Settled::ALL
+                .iter()
+                .enumerate()
+                .all(|(i, s)| *s as usize == i)
+        );
+        assert!(Op::ALL.iter().enumerate().all(|(i, o)| *o as usize == i));
+    }
+
+    /// Label values are fixed words an operator can type in a query.
+    #[test]
+    fn label_values_are_snake_case_words() {
+        let values = Door::ALL
+            .iter()
+            .map(|d| d.as_str())
+            .chain(Outcome::ALL.iter().map(|o| o.as_str()))
+            .chain(Settled::ALL.iter().map(|s| s.as_str()))
+            .chain(Op::ALL.iter().map(|o| o.as_str()));
+        for v in values {
+            assert!(
+                !v.is_empty() && v.bytes().all(|b| b.is_ascii_lowercase() || b == b'_'),
+                "{v}"
+            );
+        }
+    }
+}
