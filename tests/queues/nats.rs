@@ -204,12 +204,14 @@ async fn a_consumer_that_dies_mid_handler_blocks_the_key_for_the_lease_then_it_r
     let effects = Effects::default();
     rig.publish("orders.created", Some("k-7"), "order-7").await;
 
-    // A claims the key and dies inside the handler, before its side effect.
+    // A claims the key and dies inside the handler, before its side effect (a crash: not run
+    // to completion).
     let a = rig.connect("billing").await;
     let msg = next(&a, Duration::from_secs(5)).await.unwrap();
     let svc = ServiceBuilder::new()
-        .layer(layer(&engine, "billing"))
+        .layer(layer(&engine, "billing").run_to_completion(false))
         .service(effects.handler(Duration::from_secs(60)));
+    let claimed = Instant::now();
     let a_task = tokio::spawn(svc.oneshot(msg.split().0));
     tokio::time::sleep(Duration::from_millis(200)).await;
     a_task.abort();
@@ -230,13 +232,19 @@ async fn a_consumer_that_dies_mid_handler_blocks_the_key_for_the_lease_then_it_r
         processed.outcome.unwrap_err().kind(),
         MessageErrorKind::InFlight
     );
-    assert_eq!(processed.reply, Reply::Nak(Some(lease)));
+    let Reply::Nak(Some(delay)) = processed.reply else {
+        panic!("naked with a delay: {:?}", processed.reply)
+    };
+    assert!(
+        delay <= lease && delay + died.elapsed() >= lease - Duration::from_millis(300),
+        "delayed for the lease A's claim has left: {delay:?}"
+    );
 
     // After the delay, the lease has lapsed: the message runs, once.
     let msg = next(&b, Duration::from_secs(6))
         .await
         .expect("redelivered after the nak delay");
-    assert!(died.elapsed() >= lease, "not before the delay asked for");
+    assert!(claimed.elapsed() >= lease, "not before the lease lapsed");
     let processed = consumer.handle(msg).await;
     assert_eq!(processed.outcome.unwrap(), Handled::Ran(()));
     assert_eq!(processed.reply, Reply::Ack);
