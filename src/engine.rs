@@ -319,8 +319,9 @@ impl<S: Store> Engine<S> {
     }
 
     /// As [`forget`](Self::forget), and a pending claim is deleted too: said explicitly,
-    /// because its work may still be running, and a retry then runs the work again beside it
-    /// (the first run, having lost its claim, records nothing).
+    /// because its work may still be running, and a retry then runs the work again beside it.
+    /// The first run's record still lands if nothing has claimed the key again by the time it
+    /// completes (a completion is refused only while another claim holds the key).
     ///
     /// # Errors
     /// The store's error.
