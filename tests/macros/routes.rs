@@ -596,39 +596,29 @@ async fn post_key_owned(url: String, key: &'static str) -> Answer {
 #[cfg(feature = "metrics")]
 #[tokio::test]
 async fn attributed_handlers_count_under_the_route_door() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use metrics_util::debugging::DebuggingRecorder;
     let recorder = DebuggingRecorder::new();
     let snap = recorder.snapshotter();
     let _local = metrics::set_default_local_recorder(&recorder);
-    let counted = || -> Vec<String> {
-        let mut moved: Vec<String> = snap
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .filter(|(ck, _, _, v)| {
-                ck.key().name().starts_with("idempotency_re") && matches!(v, DebugValue::Counter(1))
-            })
-            .map(|(ck, _, _, _)| {
-                let mut labels: Vec<String> =
-                    ck.key().labels().map(|l| l.value().to_owned()).collect();
-                labels.sort();
-                labels.join(",")
-            })
-            .collect();
-        moved.sort();
-        moved
-    };
+    let counted = || crate::support::metrics::moved_once(&snap);
     let routes = Router::new()
         .route("/", post(create))
         .route("/strict", post(strict));
     let (server, _runs) = start(routes, anonymous().required(false)).await;
 
     assert_eq!(post_key(&server, "/", "k-1").await.status, 201);
-    assert_eq!(counted(), ["completed,route", "fresh,route"]);
+    assert_eq!(
+        counted(),
+        ["door=route,outcome=fresh", "door=route,result=completed"]
+    );
     assert!(post_key(&server, "/", "k-1").await.is_replay());
-    assert_eq!(counted(), ["replayed,route"]);
+    assert_eq!(counted(), ["door=route,outcome=replayed"]);
     assert_eq!(send(post_to(&server, "/strict")).await.status, 400);
-    assert_eq!(counted(), ["key_missing,route"], "the route's own options");
+    assert_eq!(
+        counted(),
+        ["door=route,outcome=key_missing"],
+        "the route's own options"
+    );
 
     let bare = TestServer::start(
         Router::new()
@@ -637,5 +627,5 @@ async fn attributed_handlers_count_under_the_route_door() {
     )
     .await;
     assert_eq!(post_key(&bare, "/", "k").await.status, 500);
-    assert_eq!(counted(), ["config_missing,route"]);
+    assert_eq!(counted(), ["door=route,outcome=config_missing"]);
 }

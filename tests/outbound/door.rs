@@ -330,31 +330,11 @@ pub(crate) async fn wait_until(f: impl Fn() -> bool) {
 #[cfg(feature = "metrics")]
 #[tokio::test]
 async fn the_outbound_door_counts_each_outcome_once() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use metrics_util::debugging::DebuggingRecorder;
     let recorder = DebuggingRecorder::new();
     let snap = recorder.snapshotter();
     let _local = metrics::set_default_local_recorder(&recorder);
-    let counted = || -> Vec<String> {
-        let mut moved: Vec<String> = snap
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .filter(|(ck, _, _, v)| {
-                ck.key().name().starts_with("idempotency_re") && matches!(v, DebugValue::Counter(1))
-            })
-            .map(|(ck, _, _, _)| {
-                let mut labels: Vec<String> = ck
-                    .key()
-                    .labels()
-                    .map(|l| format!("{}={}", l.key(), l.value()))
-                    .collect();
-                labels.sort();
-                labels.join(",")
-            })
-            .collect();
-        moved.sort();
-        moved
-    };
+    let counted = || crate::support::metrics::moved_once(&snap);
     let (door, _provider) = door(SpyStore::new(), LEASE, None);
     let send = |key: &'static str, text: &'static str, act: Act| {
         door.clone().oneshot(Msg::new(key, text, act))

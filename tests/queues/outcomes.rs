@@ -763,32 +763,12 @@ async fn a_record_not_written_by_the_message_door_is_refused() {
 #[cfg(feature = "metrics")]
 #[tokio::test]
 async fn the_message_door_counts_each_outcome_once() {
-    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    use metrics_util::debugging::DebuggingRecorder;
     use tower_idempotency::MemoryStore;
     let recorder = DebuggingRecorder::new();
     let snap = recorder.snapshotter();
     let _local = metrics::set_default_local_recorder(&recorder);
-    let counted = || -> Vec<String> {
-        let mut moved: Vec<String> = snap
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .filter(|(ck, _, _, v)| {
-                ck.key().name().starts_with("idempotency_re") && matches!(v, DebugValue::Counter(1))
-            })
-            .map(|(ck, _, _, _)| {
-                let mut labels: Vec<String> = ck
-                    .key()
-                    .labels()
-                    .map(|l| format!("{}={}", l.key(), l.value()))
-                    .collect();
-                labels.sort();
-                labels.join(",")
-            })
-            .collect();
-        moved.sort();
-        moved
-    };
+    let counted = || crate::support::metrics::moved_once(&snap);
     let engine = Engine::builder(MemoryStore::new()).lease(LEASE).build();
     let work = Work::default();
     let svc = ServiceBuilder::new()

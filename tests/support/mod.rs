@@ -6,6 +6,7 @@
 //! - [`raw_http`]: raw HTTP/1.1 bytes to that server, for requests a client library refuses;
 //! - [`apps`]: load over the in-process app or quickstart processes: storms, answer mixes;
 //! - [`quickstart`]: the built quickstart example as a child process (memory store or Redis);
+//! - [`metrics`]: the crate's counters read back from the debugging recorder (feature `metrics`);
 //! - [`nats_server`]: `nats-server -js` on a free loopback port with a temporary store;
 //! - [`redis_server`]: `redis-server` (and clusters) spawned on free loopback ports;
 //! - [`postgres_server`]: a PostgreSQL server (`initdb`, `pg_ctl`) on a free loopback port;
@@ -18,6 +19,8 @@
 
 pub(crate) mod apps;
 pub(crate) mod http;
+#[cfg(feature = "metrics")]
+pub(crate) mod metrics;
 pub(crate) mod nats_server;
 pub(crate) mod postgres_server;
 pub(crate) mod proxy;
