@@ -18,7 +18,9 @@ here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 root="$(dirname "$here")"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target-bench}"
 
-for tool in taskset redis-server; do
+tools="taskset redis-server"
+case " $* " in *" wrk "*|*"--mode=wrk"*) tools="$tools wrk" ;; esac
+for tool in $tools; do
     command -v "$tool" >/dev/null || { echo "bench/run.sh: $tool is not installed" >&2; exit 1; }
 done
 if [ "$(nproc)" -lt 2 ]; then

@@ -28,7 +28,11 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 const ALL_ROWS: &str =
-    "bare,memory,redis,postgres,idempotent-memory,idempotent-redis,axum-idempotent";
+    "floor,bare,memory,redis,postgres,idempotent-memory,idempotent-redis,axum-idempotent";
+/// The wrk mode's rows: axum-idempotent needs a session per connection (a login), which wrk's
+/// script does not do; PostgreSQL can be asked for with `--rows`.
+const WRK_ROWS: &str =
+    "floor,bare,memory,memory-bounded,redis,idempotent-memory,idempotent-redis";
 
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter()
@@ -47,6 +51,17 @@ struct Cfg {
     server_core: String,
     gen_core: String,
     log_dir: PathBuf,
+    /// `--mode wrk`: wrk drives the load instead of load-gen.
+    wrk: Option<Wrk>,
+}
+
+/// The wrk mode's generator: `wrk -t1 -cN` with bench/wrk/orders.lua.
+#[derive(Clone)]
+struct Wrk {
+    script: PathBuf,
+    body_file: PathBuf,
+    /// Keys cycled by the replay workload.
+    replay_keys: usize,
 }
 
 /// Kills the process when dropped (the driver never leaves a server behind).
@@ -586,11 +601,69 @@ fn spawn_gen(
         .expect("spawn load-gen")
 }
 
+/// One `POST /orders` with the wrk mode's headers and `key`, on a connection of its own: the
+/// replay workload stores each of its keys once this way before wrk starts. Returns the status.
+fn http_post_order(port: u16, key: &str, body: &[u8]) -> std::io::Result<u16> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let head = format!(
+        "POST /orders HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nAuthorization: Bearer client-0042\r\nCookie: session=9f86d081884c7d659a2feaa0c55ad015; theme=dark\r\nIdempotency-Key: \"{key}\"\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    s.write_all(head.as_bytes())?;
+    s.write_all(body)?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf)?;
+    buf.split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other(format!("no status in {buf:?}")))
+}
+
+/// Starts `wrk` on the generator's core for `secs` (whole seconds: wrk's unit).
+fn spawn_wrk(cfg: &Cfg, w: &Wrk, port: u16, workload: &str, prefix: &str, secs: f64) -> Child {
+    let mut cmd = command("taskset");
+    cmd.args(["-c", &cfg.gen_core, "wrk", "-t1"])
+        .arg(format!("-c{}", cfg.connections))
+        .arg(format!("-d{}s", secs.round().max(1.0)))
+        .arg("-s")
+        .arg(&w.script)
+        .arg(format!("http://127.0.0.1:{port}"))
+        .arg("--")
+        .arg(workload)
+        .arg(&w.body_file)
+        .arg(prefix)
+        .arg(w.replay_keys.to_string());
+    cmd.stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn wrk (Debian: apt-get install wrk)")
+}
+
+/// Waits for wrk; returns the JSON line its script's `done()` printed and its CPU seconds.
+fn wait_wrk(child: Child) -> (Value, f64) {
+    let (out, cpu) = wait_child(child, "wrk");
+    let text = String::from_utf8_lossy(&out);
+    let line = text
+        .lines()
+        .rev()
+        .find(|l| l.starts_with('{'))
+        .unwrap_or_else(|| panic!("no JSON line in wrk's output: {text}"));
+    (serde_json::from_str(line).expect("wrk JSON"), cpu)
+}
+
 /// Waits for the generator; also returns its CPU seconds (read while it is a zombie).
-fn wait_gen(mut child: Child) -> (Value, f64) {
+fn wait_gen(child: Child) -> (Value, f64) {
+    let (buf, cpu) = wait_child(child, "load-gen");
+    (serde_json::from_slice(&buf).expect("load-gen JSON"), cpu)
+}
+
+/// Reads a generator's stdout to the end, then its CPU time (while it is a zombie), then reaps
+/// it.
+fn wait_child(mut child: Child, name: &str) -> (Vec<u8>, f64) {
     let mut stdout = child.stdout.take().expect("piped");
     let mut buf = Vec::new();
-    stdout.read_to_end(&mut buf).expect("load-gen output");
+    stdout.read_to_end(&mut buf).expect("generator output");
     // The pipe closed: the generator is exiting. Wait for it without reaping, read its CPU
     // time, then reap it.
     let pid = child.id();
@@ -606,9 +679,9 @@ fn wait_gen(mut child: Child) -> (Value, f64) {
         }
         std::thread::sleep(Duration::from_millis(5));
     }
-    let status = child.wait().expect("load-gen");
-    assert!(status.success(), "load-gen failed");
-    (serde_json::from_slice(&buf).expect("load-gen JSON"), cpu)
+    let status = child.wait().expect(name);
+    assert!(status.success(), "{name} failed");
+    (buf, cpu)
 }
 
 #[derive(Clone, Debug, Default)]
@@ -661,29 +734,77 @@ fn run_case(
     let (server, port) = start_server(cfg, row, redis, pg);
     let s0 = http_get_json(port, "/stats").expect("stats");
     let cs0 = redis.map_or(BTreeMap::new(), Redis::commandstats);
-    let cpu0 = cpu_seconds(server.pid())
-        + redis.map_or(0.0, |r| cpu_seconds(r.proc.pid()))
-        + pg.map_or(0.0, Postgres::cpu_seconds);
-    let t0 = Instant::now();
-    let gen_proc = spawn_gen(
-        cfg,
-        port,
-        workload,
-        row == "axum-idempotent",
-        warmup,
-        duration,
-    );
+    let server_cpu = || {
+        cpu_seconds(server.pid())
+            + redis.map_or(0.0, |r| cpu_seconds(r.proc.pid()))
+            + pg.map_or(0.0, Postgres::cpu_seconds)
+    };
     // Which of the Redis commands are sent by the client and which run inside scripts: a
     // MONITOR sample in the middle of the warm-up (never in the measured window).
-    let sample = redis.map(|r| {
-        std::thread::sleep(Duration::from_secs_f64(warmup * 0.4));
-        r.monitor_sample((warmup * 0.3).min(0.5))
-    });
-    let (g, gen_cpu) = wait_gen(gen_proc);
-    let wall = t0.elapsed().as_secs_f64();
-    let cpu1 = cpu_seconds(server.pid())
-        + redis.map_or(0.0, |r| cpu_seconds(r.proc.pid()))
-        + pg.map_or(0.0, Postgres::cpu_seconds);
+    let sample_warmup = || {
+        redis.map(|r| {
+            std::thread::sleep(Duration::from_secs_f64(warmup * 0.4));
+            r.monitor_sample((warmup * 0.3).min(0.5))
+        })
+    };
+    let (g, gen_cpu, wall, cpu0, cpu1, sample) = if let Some(w) = &cfg.wrk {
+        // wrk has no warm-up of its own: store the replay keys, run it once unmeasured, then
+        // measure a second run (CPU figures cover the measured run only).
+        let body = std::fs::read(&w.body_file).expect("body file");
+        let mut sent = 0.0;
+        if workload == "replay" {
+            for i in 0..w.replay_keys {
+                let status = http_post_order(port, &format!("r-{i}"), &body).expect("pre-warm");
+                assert_eq!(status, 201, "pre-warm of key r-{i} answered {status}");
+                sent += 1.0;
+            }
+        }
+        let prefix = |phase: &str| {
+            if workload == "replay" {
+                "r-".to_owned()
+            } else {
+                format!("f-{phase}-")
+            }
+        };
+        let warm = spawn_wrk(cfg, w, port, workload, &prefix("w"), warmup);
+        let sample = sample_warmup();
+        let (gw, _) = wait_wrk(warm);
+        let cpu0 = server_cpu();
+        let t0 = Instant::now();
+        let (gm, gen_cpu) = wait_wrk(spawn_wrk(cfg, w, port, workload, &prefix("m"), duration));
+        let wall = t0.elapsed().as_secs_f64();
+        let cpu1 = server_cpu();
+        let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
+        let requests = f(&gm, "requests");
+        sent += f(&gw, "requests") + requests;
+        let g = serde_json::json!({
+            "rps": requests / (f(&gm, "duration_us") / 1e6),
+            "p50_us": f(&gm, "p50_us"),
+            "p99_us": f(&gm, "p99_us"),
+            "sent_total": sent,
+            // wrk counts answers outside 2xx/3xx; the rest are taken as 201 (the server's
+            // executions per request show whether they ran or were replayed).
+            "statuses": { "201": requests - f(&gm, "non_2xx_3xx"), "other": f(&gm, "non_2xx_3xx") },
+            "replayed": null,
+            "errors": f(&gm, "socket_errors") + f(&gw, "socket_errors"),
+        });
+        (g, gen_cpu, wall, cpu0, cpu1, sample)
+    } else {
+        let cpu0 = server_cpu();
+        let t0 = Instant::now();
+        let gen_proc = spawn_gen(
+            cfg,
+            port,
+            workload,
+            row == "axum-idempotent",
+            warmup,
+            duration,
+        );
+        let sample = sample_warmup();
+        let (g, gen_cpu) = wait_gen(gen_proc);
+        let wall = t0.elapsed().as_secs_f64();
+        (g, gen_cpu, wall, cpu0, server_cpu(), sample)
+    };
     let s1 = http_get_json(port, "/stats").expect("stats");
     let f = |v: &Value, k: &str| v[k].as_f64().unwrap_or(0.0);
     let statuses = g["statuses"].as_object().cloned().unwrap_or_default();
@@ -850,16 +971,42 @@ fn setup_text(cfg: &Cfg, mode: &str) -> String {
         s,
         "- {rustc}; redis-server {redis}; release build (thin LTO, 1 codegen unit)"
     );
-    let _ = writeln!(
-        s,
-        "- server: Tokio, 1 worker thread, pinned to core {} (with redis-server); generator: hyper 1 client, 1 thread, pinned to core {}",
-        cfg.server_core, cfg.gen_core
-    );
-    let _ = writeln!(
-        s,
-        "- {} keep-alive HTTP/1.1 connections, closed loop; `POST /orders` with a {}-byte JSON body parsed by serde_json, answered 201 with a ~50-byte JSON body",
-        cfg.connections, cfg.body
-    );
+    if let Some(w) = &cfg.wrk {
+        let version = Command::new("wrk")
+            .arg("-v")
+            .output()
+            .map(|o| {
+                let out = String::from_utf8_lossy(&o.stdout).into_owned()
+                    + &String::from_utf8_lossy(&o.stderr);
+                out.split_whitespace().nth(1).unwrap_or("?").to_owned()
+            })
+            .unwrap_or_else(|_| "not installed".into());
+        let _ = writeln!(
+            s,
+            "- server: Tokio, 1 worker thread, pinned to core {} (with redis-server); generator: wrk {version}, 1 thread (`wrk -t1 -c{}`, bench/wrk/orders.lua), pinned to core {}",
+            cfg.server_core, cfg.connections, cfg.gen_core
+        );
+        let _ = writeln!(
+            s,
+            "- {} keep-alive HTTP/1.1 connections, closed loop; `POST /orders` with a {}-byte JSON body, `Content-Type`, `Authorization: Bearer client-0042` (the principal: one for the whole run), a `Cookie` and an `Idempotency-Key` (an sf-string); fresh: a new key per request; replay: {} keys cycled, each stored once before wrk starts",
+            cfg.connections, cfg.body, w.replay_keys
+        );
+        let _ = writeln!(
+            s,
+            "- `floor`: reads the body into `Bytes` and answers a 10-byte JSON 201; `bare`: parses the body with serde_json and answers a ~50-byte JSON 201"
+        );
+    } else {
+        let _ = writeln!(
+            s,
+            "- server: Tokio, 1 worker thread, pinned to core {} (with redis-server); generator: hyper 1 client, 1 thread, pinned to core {}",
+            cfg.server_core, cfg.gen_core
+        );
+        let _ = writeln!(
+            s,
+            "- {} keep-alive HTTP/1.1 connections, closed loop; `POST /orders` with a {}-byte JSON body parsed by serde_json, answered 201 with a ~50-byte JSON body",
+            cfg.connections, cfg.body
+        );
+    }
     if mode == "long" {
         let _ = writeln!(
             s,
@@ -889,8 +1036,8 @@ fn table(
     runs: &[BTreeMap<(String, String), Case>],
 ) -> String {
     let mut s = String::new();
-    s.push_str("| row | workload | req/s | p50 | p99 | req/s ÷ bare | p99 ÷ bare | executions / request | non-201 | server RSS after | RSS / record | Redis commands / request: sent by the client / all (commandstats) | store memory / record (Redis `used_memory`, PostgreSQL table size) | CPU: server (+ Redis or PostgreSQL) / generator |\n");
-    s.push_str("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |\n");
+    s.push_str("| row | workload | req/s | p50 | p99 | req/s ÷ floor | req/s ÷ bare | p99 ÷ bare | executions / request | non-201 | server RSS after | RSS / record | Redis commands / request: sent by the client / all (commandstats) | store memory / record (Redis `used_memory`, PostgreSQL table size) | CPU: server (+ Redis or PostgreSQL) / generator |\n");
+    s.push_str("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |\n");
     for row in rows {
         for w in workloads {
             let key = (row.clone(), w.clone());
@@ -899,15 +1046,16 @@ fn table(
                 continue;
             }
             let m = |f: &dyn Fn(&Case) -> f64| median(cases.iter().map(|c| f(c)).collect());
-            let ratio = |f: &dyn Fn(&Case) -> f64| {
+            let ratio_to = |base: &str, f: &dyn Fn(&Case) -> f64| {
                 median(
                     runs.iter()
                         .filter_map(|r| {
-                            Some(f(r.get(&key)?) / f(r.get(&("bare".to_owned(), w.clone()))?))
+                            Some(f(r.get(&key)?) / f(r.get(&(base.to_owned(), w.clone()))?))
                         })
                         .collect(),
                 )
             };
+            let ratio = |f: &dyn Fn(&Case) -> f64| ratio_to("bare", f);
             let fresh = w == "fresh";
             let rss_per = if fresh {
                 fmt_bytes(m(&|c| {
@@ -972,10 +1120,11 @@ fn table(
             };
             let _ = writeln!(
                 s,
-                "| {row} | {w} | {:.0} | {} | {} | {:.2}× | {:.2}× | {} | {:.0} | {:.1} MiB | {rss_per} | {cmds} | {rmem} | {:.0}% / {:.0}% |",
+                "| {row} | {w} | {:.0} | {} | {} | {:.2}× | {:.2}× | {:.2}× | {} | {:.0} | {:.1} MiB | {rss_per} | {cmds} | {rmem} | {:.0}% / {:.0}% |",
                 m(&|c| c.rps),
                 fmt_us(m(&|c| c.p50_us)),
                 fmt_us(m(&|c| c.p99_us)),
+                ratio_to("floor", &|c| c.rps),
                 ratio(&|c| c.rps),
                 ratio(&|c| c.p99_us),
                 if fresh {
@@ -1130,6 +1279,85 @@ fn targets(runs: &[BTreeMap<(String, String), Case>]) -> String {
     s
 }
 
+/// The targets of issue 17 (wrk mode), each the median over the runs of a ratio taken within
+/// one run.
+fn targets_wrk(runs: &[BTreeMap<(String, String), Case>]) -> String {
+    type Run = BTreeMap<(String, String), Case>;
+    let get = |r: &Run, row: &str, w: &str| r.get(&(row.to_owned(), w.to_owned())).cloned();
+    let med = |f: &dyn Fn(&Run) -> Option<f64>| median(runs.iter().filter_map(f).collect());
+    let ratio = |a: (&str, &str), b: (&str, &str), f: fn(&Case) -> f64| {
+        med(&|r| Some(f(&get(r, a.0, a.1)?) / f(&get(r, b.0, b.1)?)))
+    };
+    let rps = |c: &Case| c.rps;
+    let p99 = |c: &Case| c.p99_us;
+    let mut s = String::from(
+        "| target | measured (median of per-run ratios) | holds |\n| --- | ---: | --- |\n",
+    );
+    let rows = [
+        (
+            "memory replay ≥ 0.90× the floor",
+            ratio(("memory", "replay"), ("floor", "replay"), rps),
+            0.90,
+            true,
+        ),
+        (
+            "memory fresh ≥ 0.85× bare (the store bounded: memory-bounded)",
+            ratio(("memory-bounded", "fresh"), ("bare", "fresh"), rps),
+            0.85,
+            true,
+        ),
+        (
+            "memory fresh p99 ≤ 1.5× bare p99 (memory-bounded)",
+            ratio(("memory-bounded", "fresh"), ("bare", "fresh"), p99),
+            1.5,
+            false,
+        ),
+        (
+            "(memory fresh, unbounded store, ÷ bare)",
+            ratio(("memory", "fresh"), ("bare", "fresh"), rps),
+            f64::NAN,
+            true,
+        ),
+        (
+            "Redis fresh ≥ 2.2× idempotent's Redis fresh",
+            ratio(("redis", "fresh"), ("idempotent-redis", "fresh"), rps),
+            2.2,
+            true,
+        ),
+        (
+            "Redis replay ≥ 2× idempotent's Redis replay",
+            ratio(("redis", "replay"), ("idempotent-redis", "replay"), rps),
+            2.0,
+            true,
+        ),
+        (
+            "(memory replay ÷ idempotent's memory replay)",
+            ratio(("memory", "replay"), ("idempotent-memory", "replay"), rps),
+            f64::NAN,
+            true,
+        ),
+        (
+            "(memory fresh ÷ idempotent's memory fresh)",
+            ratio(("memory", "fresh"), ("idempotent-memory", "fresh"), rps),
+            f64::NAN,
+            true,
+        ),
+    ];
+    for (name, v, bound, at_least) in rows {
+        if v.is_finite() {
+            let holds = if bound.is_nan() {
+                "—"
+            } else if (at_least && v >= bound) || (!at_least && v <= bound) {
+                "yes"
+            } else {
+                "no"
+            };
+            let _ = writeln!(s, "| {name} | {v:.2}× | {holds} |");
+        }
+    }
+    s
+}
+
 fn emit(out: Option<&Path>, text: &str) {
     print!("{text}");
     let _ = std::io::stdout().flush();
@@ -1147,6 +1375,11 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     let mode = arg(&args, "--mode").unwrap_or_else(|| "table".into());
     let long = mode == "long";
+    let wrk = mode == "wrk";
+    assert!(
+        matches!(mode.as_str(), "table" | "long" | "wrk"),
+        "--mode table|long|wrk"
+    );
     let bin_dir = std::env::current_exe()
         .expect("exe")
         .parent()
@@ -1166,11 +1399,26 @@ fn main() {
         server_core: arg(&args, "--server-core").unwrap_or_else(|| "0".into()),
         gen_core: arg(&args, "--gen-core").unwrap_or_else(|| "1".into()),
         log_dir: log_dir.clone(),
+        wrk: None,
     };
+    let mut cfg = cfg;
+    if wrk {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../wrk/orders.lua");
+        assert!(script.is_file(), "{} is missing", script.display());
+        let body_file = log_dir.join("order.json");
+        std::fs::write(&body_file, tower_idempotency_load::order_body(cfg.body)).expect("body");
+        cfg.wrk = Some(Wrk {
+            script,
+            body_file,
+            replay_keys: arg(&args, "--replay-keys").map_or(100, |v| v.parse().expect("number")),
+        });
+    }
     let rows: Vec<String> = arg(&args, "--rows")
         .unwrap_or_else(|| {
             if long {
                 "memory,memory-bounded,redis".into()
+            } else if wrk {
+                WRK_ROWS.into()
             } else {
                 ALL_ROWS.into()
             }
@@ -1270,10 +1518,17 @@ fn main() {
                 table(&rows, &workloads, &runs)
             ),
         );
-        emit(
-            out.as_deref(),
-            &format!("### Targets of issue 5\n\n{}\n", targets(&runs)),
-        );
+        if wrk {
+            emit(
+                out.as_deref(),
+                &format!("### Targets of issue 17\n\n{}\n", targets_wrk(&runs)),
+            );
+        } else {
+            emit(
+                out.as_deref(),
+                &format!("### Targets of issue 5\n\n{}\n", targets(&runs)),
+            );
+        }
         emit(
             out.as_deref(),
             &format!("### Every run\n\n{}\n", per_run(&rows, &workloads, &runs)),

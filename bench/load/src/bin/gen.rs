@@ -30,6 +30,7 @@ use hyper::client::conn::http1::SendRequest;
 use hyper_util::rt::TokioIo;
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
+use tower_idempotency_load::order_body;
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -37,31 +38,6 @@ fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter()
         .position(|a| a == name)
         .and_then(|i| args.get(i + 1).cloned())
-}
-
-/// A JSON order of exactly `size` bytes (at least about 300).
-fn order_body(size: usize) -> Bytes {
-    let mut items = String::new();
-    for i in 0..4 {
-        if i > 0 {
-            items.push(',');
-        }
-        items.push_str(&format!(
-            r#"{{"sku":"SKU-{:06}-BLUE-M","quantity":{},"price_cents":{}}}"#,
-            1000 + i,
-            i + 1,
-            1999 + i * 100
-        ));
-    }
-    let head = format!(r#"{{"customer":"cust-000042","currency":"EUR","items":[{items}],"note":""#);
-    let tail = r#""}"#;
-    let pad = size.saturating_sub(head.len() + tail.len());
-    let note: String = "lorem ipsum dolor sit amet "
-        .chars()
-        .cycle()
-        .take(pad)
-        .collect();
-    Bytes::from(format!("{head}{note}{tail}"))
 }
 
 struct Conn {

@@ -2,12 +2,14 @@
 //! runtime with ONE worker thread.
 //!
 //! ```text
-//! load-server --row <bare|memory|memory-bounded|redis|postgres|idempotent-memory|idempotent-redis|axum-idempotent>
+//! load-server --row <floor|bare|memory|memory-bounded|redis|redis-unpipelined|postgres|idempotent-memory|idempotent-redis|axum-idempotent>
 //!             --port N [--redis-url redis://127.0.0.1:P] [--postgres-url postgres://…]
 //! ```
 //!
 //! - `POST /orders`: parses the JSON body (about 1 KiB) into a typed order with serde_json,
 //!   counts one handler execution, answers 201 with a small JSON body.
+//! - `POST /orders` in the `floor` row: reads the body into `Bytes`, answers a 10-byte JSON
+//!   201 (no parse, no store, no execution counted): the cost a replay cannot go below.
 //! - `POST /login` (axum-idempotent row only): creates a session, answers its cookie.
 //! - `GET /stats` (outside every idempotency layer): `{"executions": n, "rss_kib": r,
 //!   "records": m | null}` — RSS from /proc/self/status, records from the store where it says.
@@ -98,8 +100,25 @@ async fn stats(State(app): State<App>) -> Json<serde_json::Value> {
     }))
 }
 
+/// The caller: `x-client` (load-gen sends one per connection) or else the bearer token of
+/// `Authorization` (the wrk mode sends one for every request: a single principal).
 fn client_of(headers: &HeaderMap) -> Option<&str> {
-    headers.get("x-client").and_then(|v| v.to_str().ok())
+    headers
+        .get("x-client")
+        .or_else(|| headers.get(header::AUTHORIZATION))
+        .and_then(|v| v.to_str().ok())
+}
+
+/// The floor: what a replay cannot go below. It reads the whole body (as any replay must, to
+/// fingerprint it) and answers a 10-byte JSON 201, with no JSON parse and no store.
+async fn floor(body: Bytes) -> Response {
+    let _ = body.len();
+    (
+        StatusCode::CREATED,
+        [(header::CONTENT_TYPE, "application/json")],
+        r#"{"id":"1"}"#, // 10 bytes
+    )
+        .into_response()
 }
 
 fn arg(args: &[String], name: &str) -> Option<String> {
@@ -116,6 +135,7 @@ async fn build(
     let orders = || Router::<App>::new().route("/orders", post(create_order));
     match row {
         "bare" => (orders(), None),
+        "floor" => (Router::<App>::new().route("/orders", post(floor)), None),
         "memory" | "memory-bounded" => {
             use tower_idempotency::engine::Scope;
             use tower_idempotency::{IdempotencyLayer, MemoryStore};
@@ -140,11 +160,15 @@ async fn build(
             });
             (orders().layer(layer), Some(records))
         }
-        "redis" => {
+        "redis" | "redis-unpipelined" => {
             use tower_idempotency::engine::Scope;
             use tower_idempotency::{IdempotencyLayer, RedisStore};
             let url = redis_url.expect("--redis-url");
-            let store = RedisStore::connect(&url, "bench")
+            // `redis-unpipelined`: each command written as soon as it is queued, not gathered
+            // with those of the other requests of the same scheduler round.
+            let store = RedisStore::builder("bench")
+                .pipelining(row == "redis")
+                .connect(&url)
                 .await
                 .expect("connect to Redis");
             let layer = IdempotencyLayer::with_store(store)
