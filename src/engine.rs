@@ -37,7 +37,7 @@ use crate::secret::Secret;
 use crate::store::{Claim, Forgotten, Store, StoreError, StoreErrorKind, Token};
 use std::fmt;
 use std::future::Future;
-use std::pin::{Pin, pin};
+use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
@@ -65,6 +65,59 @@ fn renewal_lost(res: Result<bool, StoreError>, key: &StoreKey) -> bool {
 }
 
 type RenewFuture<'a> = Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send + 'a>>;
+
+pin_project_lite::pin_project! {
+    /// [`Engine::run`]: the work, and beside it the renewal of its lease every third of the
+    /// lease (one renewal at a time, none once the lease is known lost).
+    struct Run<'a, S, F> {
+        #[pin]
+        work: F,
+        #[pin]
+        sleep: tokio::time::Sleep,
+        renewing: Option<RenewFuture<'a>>,
+        lost: bool,
+        engine: &'a Engine<S>,
+        ticket: &'a Ticket,
+    }
+}
+
+impl<S: Store, F: Future> Future for Run<'_, S, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
+        let mut this = self.project();
+        if let Poll::Ready(out) = this.work.poll(cx) {
+            return Poll::Ready(out);
+        }
+        let (engine, ticket) = (*this.engine, *this.ticket);
+        if let Some(fut) = this.renewing.as_mut()
+            && let Poll::Ready(res) = fut.as_mut().poll(cx)
+        {
+            *this.renewing = None;
+            *this.lost = renewal_lost(res, &ticket.key);
+        }
+        if !*this.lost && this.renewing.is_none() && this.sleep.as_mut().poll(cx).is_ready() {
+            this.sleep
+                .as_mut()
+                .reset(tokio::time::Instant::now() + engine.lease / 3);
+            let _ = this.sleep.as_mut().poll(cx);
+            let mut fut: RenewFuture<'_> = Box::pin(async move {
+                let started = Started::now();
+                let renewed = engine
+                    .store
+                    .renew(&ticket.key, &ticket.token, engine.lease)
+                    .await;
+                engine.timer.record(Op::Renew, started, &renewed);
+                renewed
+            });
+            match fut.as_mut().poll(cx) {
+                Poll::Ready(res) => *this.lost = renewal_lost(res, &ticket.key),
+                Poll::Pending => *this.renewing = Some(fut),
+            }
+        }
+        Poll::Pending
+    }
+}
 
 /// The idempotency engine over a store. Cheap to clone (the store is shared).
 pub struct Engine<S> {
@@ -401,42 +454,22 @@ impl<S: Store> Engine<S> {
     /// Runs `work` while renewing the ticket's lease every third of the lease, so work slower
     /// than the lease keeps its claim. Renewal stops when the work finishes or this future is
     /// dropped; the key then stays pending until its lease lapses.
-    pub async fn run<F: Future>(&self, ticket: &Ticket, work: F) -> F::Output {
-        let every = self.lease / 3;
-        let mut work = pin!(work);
-        let mut sleep = pin!(tokio::time::sleep(every));
-        let mut renewing: Option<RenewFuture<'_>> = None;
-        let mut lost = false;
-        std::future::poll_fn(|cx| {
-            if let Poll::Ready(out) = work.as_mut().poll(cx) {
-                return Poll::Ready(out);
-            }
-            if let Some(fut) = renewing.as_mut()
-                && let Poll::Ready(res) = fut.as_mut().poll(cx)
-            {
-                renewing = None;
-                lost = renewal_lost(res, &ticket.key);
-            }
-            if !lost && renewing.is_none() && sleep.as_mut().poll(cx).is_ready() {
-                sleep.as_mut().reset(tokio::time::Instant::now() + every);
-                let _ = sleep.as_mut().poll(cx);
-                let mut fut: RenewFuture<'_> = Box::pin(async {
-                    let started = Started::now();
-                    let renewed = self
-                        .store
-                        .renew(&ticket.key, &ticket.token, self.lease)
-                        .await;
-                    self.timer.record(Op::Renew, started, &renewed);
-                    renewed
-                });
-                match fut.as_mut().poll(cx) {
-                    Poll::Ready(res) => lost = renewal_lost(res, &ticket.key),
-                    Poll::Pending => renewing = Some(fut),
-                }
-            }
-            Poll::Pending
-        })
-        .await
+    // A future of its own, not an `async fn`: an `async fn` keeps its `work` argument and the
+    // pinned copy of it both in its state, which made a claimed HTTP request's future twice the
+    // size of the handler's and every move of it a copy of ~6 KB.
+    pub fn run<'a, F: Future>(
+        &'a self,
+        ticket: &'a Ticket,
+        work: F,
+    ) -> impl Future<Output = F::Output> + use<'a, F, S> {
+        Run {
+            work,
+            sleep: tokio::time::sleep(self.lease / 3),
+            renewing: None,
+            lost: false,
+            engine: self,
+            ticket,
+        }
     }
 
     /// Records the result under the ticket for the retention period.
