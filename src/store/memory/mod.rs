@@ -391,9 +391,10 @@ impl Store for MemoryStore {
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let ttl = nanos(ttl);
+        let mut record = Some(record);
         let written = self.with_room(key, |shard, step| {
             let deadline = step.now.saturating_add(ttl);
-            shard.complete(key, token, fingerprint, &record, deadline, step)
+            shard.complete(key, token, fingerprint, &mut record, deadline, step)
         })?;
         if written {
             self.waiters.wake(key.id());

@@ -152,15 +152,19 @@ impl Shard {
         Ok(Claim::Claimed(token.clone()))
     }
 
+    /// `record` is taken (not cloned) once it is written; a step that returns `Err` to make
+    /// room elsewhere leaves it for the next try.
     pub(super) fn complete(
         &mut self,
         key: &StoreKey,
         token: &Token,
         fingerprint: &Fingerprint,
-        record: &Record,
+        record: &mut Option<Record>,
         deadline: u64,
         step: &Step,
     ) -> Result<bool, Short> {
+        // Taken only by the step that writes it and returns at once: never missing here.
+        let len = record.as_ref().map_or(0, Record::len);
         let hash = self.hasher.hash_one(key.id());
         if let Some(idx) = self.find(hash, key.id()) {
             let e = &self.entries[at(idx)];
@@ -170,23 +174,23 @@ impl Shard {
                 }
                 // Our own pending entry: it is live and not completed, so making room never
                 // drops it.
-                self.make_room(key.scope_hash(), Usage::new(0, record.len()), step)?;
-                self.fill(idx, *fingerprint, record.clone(), deadline);
+                self.make_room(key.scope_hash(), Usage::new(0, len), step)?;
+                let Some(record) = record.take() else {
+                    return Ok(false);
+                };
+                self.fill(idx, *fingerprint, record, deadline);
                 return Ok(true);
             }
             self.drop_entry(idx, step.now);
         }
         // Nothing holds the key: write the record as a new entry.
-        let need = Usage::new(1, ENTRY_OVERHEAD + record.len());
+        let need = Usage::new(1, ENTRY_OVERHEAD + len);
         self.make_room(key.scope_hash(), need, step)?;
-        self.insert(
-            key,
-            hash,
-            *fingerprint,
-            State::Done(record.clone()),
-            deadline,
-        )
-        .map_err(Short::Refused)?;
+        let Some(record) = record.take() else {
+            return Ok(false);
+        };
+        self.insert(key, hash, *fingerprint, State::Done(record), deadline)
+            .map_err(Short::Refused)?;
         Ok(true)
     }
 
