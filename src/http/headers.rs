@@ -130,17 +130,21 @@ pub(crate) fn is_denied_bytes(name: &[u8]) -> bool {
 #[derive(Clone, Debug)]
 pub(crate) struct HeaderPolicy {
     allowed: Vec<HeaderName>,
+    /// Each allowed name as the bytes a record holds, made once per layer (and already
+    /// shared): recording a header clones a handle instead of copying its name.
+    names: Vec<Bytes>,
 }
 
 impl Default for HeaderPolicy {
     fn default() -> Self {
-        Self {
-            allowed: DEFAULT_ALLOWED_HEADERS
-                .iter()
-                .cloned()
-                .chain([GRPC_ENCODING])
-                .collect(),
+        let mut policy = Self {
+            allowed: Vec::new(),
+            names: Vec::new(),
+        };
+        for name in DEFAULT_ALLOWED_HEADERS.iter().cloned().chain([GRPC_ENCODING]) {
+            policy.push(name);
         }
+        policy
     }
 }
 
@@ -151,21 +155,44 @@ impl HeaderPolicy {
             return false;
         }
         if !self.allowed.contains(&name) {
-            self.allowed.push(name);
+            self.push(name);
         }
         true
     }
 
+    fn push(&mut self, name: HeaderName) {
+        let bytes = Bytes::copy_from_slice(name.as_str().as_bytes());
+        // The first clone of a `Bytes` made from a `Vec` allocates its shared header; done
+        // here, so that the clones made per request only count a reference.
+        drop(bytes.clone());
+        self.allowed.push(name);
+        self.names.push(bytes);
+    }
+
     pub(crate) fn allows(&self, name: &[u8]) -> bool {
-        self.allowed.iter().any(|a| a.as_str().as_bytes() == name)
+        self.allowed_name(name).is_some()
+    }
+
+    /// The allowed header of this raw name (never a denied one: `allow` refuses those), to
+    /// replay a recorded field without parsing its name again.
+    pub(crate) fn allowed_name(&self, name: &[u8]) -> Option<&HeaderName> {
+        self.allowed.iter().find(|a| a.as_str().as_bytes() == name)
+    }
+
+    /// A recorded field of an allowed header: its name shared, its value copied.
+    fn field(&self, name: &HeaderName, value: &HeaderValue) -> Option<Field> {
+        let i = self.allowed.iter().position(|a| a == name)?;
+        Some((
+            self.names[i].clone(),
+            Bytes::copy_from_slice(value.as_bytes()),
+        ))
     }
 
     /// The allowed headers of a response, in order, repeated lines kept.
     pub(crate) fn record(&self, headers: &HeaderMap) -> Vec<Field> {
         headers
             .iter()
-            .filter(|(name, _)| self.allowed.contains(name))
-            .map(|(n, v)| field(n, v))
+            .filter_map(|(n, v)| self.field(n, v))
             .collect()
     }
 
@@ -174,10 +201,8 @@ impl HeaderPolicy {
     pub(crate) fn record_without_body(&self, headers: &HeaderMap) -> Vec<Field> {
         headers
             .iter()
-            .filter(|(name, _)| {
-                self.allowed.contains(name) && !describes_body(name.as_str().as_bytes())
-            })
-            .map(|(n, v)| field(n, v))
+            .filter(|(name, _)| !describes_body(name.as_str().as_bytes()))
+            .filter_map(|(n, v)| self.field(n, v))
             .collect()
     }
 
