@@ -203,12 +203,19 @@ fn layer_overhead(c: &mut Criterion) {
         .build()
         .expect("rt");
     let body = json_body(1024);
-    let bare: Router = Router::new().route("/orders", post(handler));
-    let layered: Router = Router::new().route("/orders", post(handler)).layer(
-        IdempotencyLayer::with_store(MemoryStore::new())
-            .principal(PrincipalMode::Required)
-            .ttl(Duration::from_secs(5)),
-    );
+    // Finalized with `with_state(())`, as `axum::serve` does (an unfinalized router rebuilds
+    // its layered endpoint on every request).
+    let bare: Router = Router::new()
+        .route("/orders", post(handler))
+        .with_state(());
+    let layered: Router = Router::new()
+        .route("/orders", post(handler))
+        .layer(
+            IdempotencyLayer::with_store(MemoryStore::new())
+                .principal(PrincipalMode::Required)
+                .ttl(Duration::from_secs(5)),
+        )
+        .with_state(());
     // Warm one key for the replay row.
     rt.block_on(async {
         let res = layered
