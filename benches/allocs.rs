@@ -83,20 +83,20 @@ fn main() {
     let body = body();
     // Both routers finalized with `with_state(())`, as `axum::serve` does: an unfinalized
     // router would rebuild its layered endpoint (four small boxes) on every request.
-    let bare: Router = Router::new()
+    let bare: Router = Router::new().route("/orders", post(handler)).with_state(());
+    let layered: Router = Router::new()
         .route("/orders", post(handler))
+        .layer(
+            IdempotencyLayer::with_store(MemoryStore::new())
+                .principal_fn(|p| {
+                    p.headers
+                        .get("x-client")
+                        .and_then(|v| v.to_str().ok())
+                        .map(Scope::principal)
+                })
+                .ttl(Duration::from_secs(3600)),
+        )
         .with_state(());
-    let layered: Router = Router::new().route("/orders", post(handler)).layer(
-        IdempotencyLayer::with_store(MemoryStore::new())
-            .principal_fn(|p| {
-                p.headers
-                    .get("x-client")
-                    .and_then(|v| v.to_str().ok())
-                    .map(Scope::principal)
-            })
-            .ttl(Duration::from_secs(3600)),
-    )
-    .with_state(());
     const N: usize = 2000;
     // Keys made before counting, so their strings are not counted.
     let keys: Vec<String> = (0..3 * N).map(|i| format!("k-{i}")).collect();

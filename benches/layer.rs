@@ -205,9 +205,7 @@ fn layer_overhead(c: &mut Criterion) {
     let body = json_body(1024);
     // Finalized with `with_state(())`, as `axum::serve` does (an unfinalized router rebuilds
     // its layered endpoint on every request).
-    let bare: Router = Router::new()
-        .route("/orders", post(handler))
-        .with_state(());
+    let bare: Router = Router::new().route("/orders", post(handler)).with_state(());
     let layered: Router = Router::new()
         .route("/orders", post(handler))
         .layer(

@@ -141,7 +141,11 @@ impl Default for HeaderPolicy {
             allowed: Vec::new(),
             names: Vec::new(),
         };
-        for name in DEFAULT_ALLOWED_HEADERS.iter().cloned().chain([GRPC_ENCODING]) {
+        for name in DEFAULT_ALLOWED_HEADERS
+            .iter()
+            .cloned()
+            .chain([GRPC_ENCODING])
+        {
             policy.push(name);
         }
         policy

@@ -373,14 +373,14 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
 }
 
 /// Steps 6–9 for a keyed request: buffer and fingerprint, claim, run, classify, record.
-async fn keyed<S, St, ReqB, ResB>(
+fn keyed<S, St, ReqB, ResB>(
     state: Arc<LayerState<St>>,
     mut inner: S,
     mut parts: Parts,
     body: ReqB,
     key: KeyFrom,
     grpc: bool,
-) -> Result<Response<ResponseBody<ResB>>, S::Error>
+) -> impl Future<Output = Result<Response<ResponseBody<ResB>>, S::Error>>
 where
     S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>> + Send + 'static,
     S::Future: Send + 'static,
@@ -390,214 +390,222 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     ResB::Error: Send,
 {
-    let config = &state.config;
-    let engine = &state.engine;
-    let body = match read_limited(body, config.max_request_body).await {
-        Ok(b) => b,
-        Err(e) => {
-            let rejection = read_rejection(e, config.max_request_body);
-            return Ok(render(&state, rejection, grpc));
-        }
-    };
-    let (key, scope) = match key {
-        KeyFrom::Header(key, scope) => (key, scope),
-        KeyFrom::Body(scope) => match body_key(config, &parts, &body, scope) {
-            Ok(Some(keyed)) => keyed,
-            Ok(None) => {
-                // 3. No key in the body, not required: pass through with the body read.
-                observe(config, grpc, metrics::Outcome::Passthrough);
-                parts.extensions.insert(KeyMissing);
-                let req = Request::from_parts(parts, RequestBody::buffered(body));
-                std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
-                let res = inner.call(req).await?;
-                return Ok(res.map(ResponseBody::passthrough));
+    // An `async move` block, not an `async fn`: it uses the arguments where they are
+    // captured, where an `async fn` would also keep a second copy of each in its state.
+    async move {
+        let config = &state.config;
+        let engine = &state.engine;
+        let body = match read_limited(body, config.max_request_body).await {
+            Ok(b) => b,
+            Err(e) => {
+                let rejection = read_rejection(e, config.max_request_body);
+                return Ok(render(&state, rejection, grpc));
             }
-            Err(rejection) => return Ok(render(&state, rejection, grpc)),
-        },
-    };
-    let fingerprint = config.fingerprint(&parts, &body);
-    let store_key = StoreKey::derive(&config.namespace, &scope, &key);
-    // A key read from the body may be one an outer idempotency layer already claimed (the
-    // header case is caught by `plan`): pass through, the outer layer records.
-    if let Some(claimed) = parts.extensions.get::<ClaimedKey>()
-        && *claimed.store_key() == store_key
-    {
-        nested(&store_key);
-        let req = Request::from_parts(parts, RequestBody::buffered(body));
-        std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
-        let res = inner.call(req).await?;
-        return Ok(res.map(ResponseBody::passthrough));
-    }
+        };
+        let (key, scope) = match key {
+            KeyFrom::Header(key, scope) => (key, scope),
+            KeyFrom::Body(scope) => match body_key(config, &parts, &body, scope) {
+                Ok(Some(keyed)) => keyed,
+                Ok(None) => {
+                    // 3. No key in the body, not required: pass through with the body read.
+                    observe(config, grpc, metrics::Outcome::Passthrough);
+                    parts.extensions.insert(KeyMissing);
+                    let req = Request::from_parts(parts, RequestBody::buffered(body));
+                    std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+                    let res = inner.call(req).await?;
+                    return Ok(res.map(ResponseBody::passthrough));
+                }
+                Err(rejection) => return Ok(render(&state, rejection, grpc)),
+            },
+        };
+        let fingerprint = config.fingerprint(&parts, &body);
+        let store_key = StoreKey::derive(&config.namespace, &scope, &key);
+        // A key read from the body may be one an outer idempotency layer already claimed (the
+        // header case is caught by `plan`): pass through, the outer layer records.
+        if let Some(claimed) = parts.extensions.get::<ClaimedKey>()
+            && *claimed.store_key() == store_key
+        {
+            nested(&store_key);
+            let req = Request::from_parts(parts, RequestBody::buffered(body));
+            std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+            let res = inner.call(req).await?;
+            return Ok(res.map(ResponseBody::passthrough));
+        }
 
-    let begun = if config.wait_in_flight.is_zero() {
-        engine.begin(store_key, fingerprint).await
-    } else {
-        engine
-            .begin_waiting(store_key, fingerprint, config.wait_in_flight)
-            .await
-    };
-    let ticket = match begun {
-        Ok(Begin::Run(ticket)) => ticket,
-        Ok(Begin::Replay(record)) => {
-            let times = record.times;
-            return Ok(match replay(&config.headers, record, grpc) {
-                Ok(mut res) => {
-                    observe(config, grpc, metrics::Outcome::Replayed);
-                    tracing::debug!(outcome = "replayed", key = ?store_key, "idempotency replay");
-                    if config.record_times {
-                        kept::on_replay(res.headers_mut(), times);
+        let begun = if config.wait_in_flight.is_zero() {
+            engine.begin(store_key, fingerprint).await
+        } else {
+            engine
+                .begin_waiting(store_key, fingerprint, config.wait_in_flight)
+                .await
+        };
+        let ticket = match begun {
+            Ok(Begin::Run(ticket)) => ticket,
+            Ok(Begin::Replay(record)) => {
+                let times = record.times;
+                return Ok(match replay(&config.headers, record, grpc) {
+                    Ok(mut res) => {
+                        observe(config, grpc, metrics::Outcome::Replayed);
+                        tracing::debug!(outcome = "replayed", key = ?store_key, "idempotency replay");
+                        if config.record_times {
+                            kept::on_replay(res.headers_mut(), times);
+                        }
+                        res
                     }
-                    res
-                }
-                Err(reason) => {
-                    tracing::warn!(outcome = "record_invalid", key = ?store_key, reason, "stored record failed re-validation; not replayed");
-                    render(
-                        &state,
-                        Rejection::new(
-                            RejectionKind::RecordInvalid,
-                            "the stored response for this key could not be replayed",
-                        ),
-                        grpc,
+                    Err(reason) => {
+                        tracing::warn!(outcome = "record_invalid", key = ?store_key, reason, "stored record failed re-validation; not replayed");
+                        render(
+                            &state,
+                            Rejection::new(
+                                RejectionKind::RecordInvalid,
+                                "the stored response for this key could not be replayed",
+                            ),
+                            grpc,
+                        )
+                    }
+                });
+            }
+            Ok(Begin::InFlight) => {
+                tracing::info!(outcome = "in_flight", key = ?store_key, "idempotent request already in progress");
+                return Ok(render(
+                    &state,
+                    Rejection::new(
+                        RejectionKind::InFlight,
+                        "a request with this key is still being processed; retry later",
                     )
-                }
-            });
-        }
-        Ok(Begin::InFlight) => {
-            tracing::info!(outcome = "in_flight", key = ?store_key, "idempotent request already in progress");
-            return Ok(render(
-                &state,
-                Rejection::new(
-                    RejectionKind::InFlight,
-                    "a request with this key is still being processed; retry later",
-                )
-                .retry_after(in_flight_retry_after(engine, &store_key).await),
-                grpc,
-            ));
-        }
-        Ok(Begin::KeyReused) => {
-            tracing::warn!(outcome = "key_reused", key = ?store_key, "idempotency key reused with a different request");
-            return Ok(render(
-                &state,
-                Rejection::new(
-                    RejectionKind::KeyReused,
-                    "this key was already used for a different request",
-                ),
-                grpc,
-            ));
-        }
-        Ok(Begin::Invalid(e)) => {
-            tracing::warn!(outcome = "record_invalid", key = ?store_key, error = %e, "stored record failed validation; not replayed");
-            return Ok(render(
-                &state,
-                Rejection::new(
-                    RejectionKind::RecordInvalid,
-                    "the stored response for this key could not be replayed",
-                ),
-                grpc,
-            ));
-        }
-        Err(e) => return Ok(render(&state, store_rejection(&e), grpc)),
-    };
-    observe(config, grpc, metrics::Outcome::Fresh);
-    tracing::debug!(outcome = "claimed", key = ?store_key, "idempotency key claimed");
+                    .retry_after(in_flight_retry_after(engine, &store_key).await),
+                    grpc,
+                ));
+            }
+            Ok(Begin::KeyReused) => {
+                tracing::warn!(outcome = "key_reused", key = ?store_key, "idempotency key reused with a different request");
+                return Ok(render(
+                    &state,
+                    Rejection::new(
+                        RejectionKind::KeyReused,
+                        "this key was already used for a different request",
+                    ),
+                    grpc,
+                ));
+            }
+            Ok(Begin::Invalid(e)) => {
+                tracing::warn!(outcome = "record_invalid", key = ?store_key, error = %e, "stored record failed validation; not replayed");
+                return Ok(render(
+                    &state,
+                    Rejection::new(
+                        RejectionKind::RecordInvalid,
+                        "the stored response for this key could not be replayed",
+                    ),
+                    grpc,
+                ));
+            }
+            Err(e) => return Ok(render(&state, store_rejection(&e), grpc)),
+        };
+        observe(config, grpc, metrics::Outcome::Fresh);
+        tracing::debug!(outcome = "claimed", key = ?store_key, "idempotency key claimed");
 
-    // One extension; the derived key is only hashed if a handler asks for it.
-    parts.extensions.insert(ClaimedKey::new(
-        key,
-        Arc::clone(&config.namespace),
-        scope,
-        store_key,
-    ));
-    let req = Request::from_parts(parts, RequestBody::buffered(body));
+        // One extension; the derived key is only hashed if a handler asks for it.
+        parts.extensions.insert(ClaimedKey::new(
+            key,
+            Arc::clone(&config.namespace),
+            scope,
+            store_key,
+        ));
+        let req = Request::from_parts(parts, RequestBody::buffered(body));
 
-    // In the request's span, also when it finishes on a task of its own.
-    let work =
-        run_claimed(Arc::clone(&state), inner, req, ticket, store_key, grpc).in_current_span();
-    if config.run_to_completion {
-        // Finishes (and records) on a task of its own if this future is dropped first.
-        state.in_flight.detachable(work).await
-    } else {
-        // Boxed as the detachable work is, so that this branch does not make every keyed
-        // request's future (replays too) as large as the handler's.
-        Box::pin(state.in_flight.counted(work)).await
+        // In the request's span, also when it finishes on a task of its own.
+        let work =
+            run_claimed(Arc::clone(&state), inner, req, ticket, store_key, grpc).in_current_span();
+        if config.run_to_completion {
+            // Finishes (and records) on a task of its own if this future is dropped first.
+            state.in_flight.detachable(work).await
+        } else {
+            // Boxed as the detachable work is, so that this branch does not make every keyed
+            // request's future (replays too) as large as the handler's.
+            Box::pin(state.in_flight.counted(work)).await
+        }
     }
 }
 
 /// The claimed part of a keyed request: the handler and the reading of its body under lease
 /// renewal, then the record or release. Owns everything it uses, so it can finish on a task of
 /// its own when the caller goes away.
-async fn run_claimed<S, St, ReqB, ResB>(
+fn run_claimed<S, St, ReqB, ResB>(
     state: Arc<LayerState<St>>,
     mut inner: S,
     req: Request<RequestBody<ReqB>>,
     ticket: Ticket,
     store_key: StoreKey,
     grpc: bool,
-) -> Result<Response<ResponseBody<ResB>>, S::Error>
+) -> impl Future<Output = Result<Response<ResponseBody<ResB>>, S::Error>>
 where
     S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
     St: Store,
     ReqB: Body<Data = Bytes>,
     ResB: Body<Data = Bytes> + Send + 'static,
 {
-    let config = &state.config;
-    let engine = &state.engine;
-    // The handler and the reading of its body both run under lease renewal.
-    let outcome = engine
-        .run(&ticket, async {
-            std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
-            let res = inner.call(req).await?;
-            Ok(classify(config, engine.max_record_body(), &store_key, res, grpc).await)
-        })
-        .await;
+    // An `async move` block, not an `async fn`: it uses the arguments where they are
+    // captured, where an `async fn` would also keep a second copy of each in its state.
+    async move {
+        let config = &state.config;
+        let engine = &state.engine;
+        // The handler and the reading of its body both run under lease renewal.
+        let outcome = engine
+            .run(&ticket, async {
+                std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+                let res = inner.call(req).await?;
+                Ok(classify(config, engine.max_record_body(), &store_key, res, grpc).await)
+            })
+            .await;
 
-    match outcome {
-        Err(e) => {
-            observe_end(config, grpc, release(engine, ticket, store_key).await);
-            Err(e)
-        }
-        Ok(Outcome::Release(res)) => {
-            observe_end(config, grpc, release(engine, ticket, store_key).await);
-            Ok(res)
-        }
-        // Declared ambiguous: neither recorded nor released; the ticket is let go, the lease
-        // lapses.
-        Ok(Outcome::Keep(res)) => {
-            observe_end(config, grpc, Settled::Held);
-            Ok(res)
-        }
-        Ok(Outcome::Record(mut res, mut record)) => {
-            if config.record_times {
-                kept::stamp(&mut record, res.headers_mut(), engine.ttl());
+        match outcome {
+            Err(e) => {
+                observe_end(config, grpc, release(engine, ticket, store_key).await);
+                Err(e)
             }
-            observe_end(
-                config,
-                grpc,
-                complete(engine, ticket, store_key, &record).await,
-            );
-            Ok(res)
-        }
-        Ok(Outcome::RecordAtEnd(mut res, mut record)) => {
-            if config.record_times {
-                kept::stamp(&mut record, res.headers_mut(), engine.ttl());
+            Ok(Outcome::Release(res)) => {
+                observe_end(config, grpc, release(engine, ticket, store_key).await);
+                Ok(res)
             }
-            // The body streams on; a task holds the key until it has ended.
-            let (report, ended) = oneshot::channel();
-            // The task runs in the request's span: its end names the span's `result`.
-            let settled = tokio::spawn(
-                state
-                    .in_flight
-                    .counted(settle_at_end(
-                        Arc::clone(&state),
-                        ticket,
-                        store_key,
-                        record,
-                        ended,
-                        grpc,
-                    ))
-                    .in_current_span(),
-            );
-            Ok(res.map(|body| body.settled_by(EndHook::new(report, settled))))
+            // Declared ambiguous: neither recorded nor released; the ticket is let go, the lease
+            // lapses.
+            Ok(Outcome::Keep(res)) => {
+                observe_end(config, grpc, Settled::Held);
+                Ok(res)
+            }
+            Ok(Outcome::Record(mut res, mut record)) => {
+                if config.record_times {
+                    kept::stamp(&mut record, res.headers_mut(), engine.ttl());
+                }
+                observe_end(
+                    config,
+                    grpc,
+                    complete(engine, ticket, store_key, &record).await,
+                );
+                Ok(res)
+            }
+            Ok(Outcome::RecordAtEnd(mut res, mut record)) => {
+                if config.record_times {
+                    kept::stamp(&mut record, res.headers_mut(), engine.ttl());
+                }
+                // The body streams on; a task holds the key until it has ended.
+                let (report, ended) = oneshot::channel();
+                // The task runs in the request's span: its end names the span's `result`.
+                let settled = tokio::spawn(
+                    state
+                        .in_flight
+                        .counted(settle_at_end(
+                            Arc::clone(&state),
+                            ticket,
+                            store_key,
+                            record,
+                            ended,
+                            grpc,
+                        ))
+                        .in_current_span(),
+                );
+                Ok(res.map(|body| body.settled_by(EndHook::new(report, settled))))
+            }
         }
     }
 }
