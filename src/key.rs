@@ -101,9 +101,20 @@ impl IdempotencyKey {
     }
 
     fn parse_sf_string(value: &[u8], max_len: usize) -> Result<Self, KeyError> {
+        // The common form, `"…"` with no escape and no parameter, taken as it is: the
+        // characters an sf-string holds unescaped are exactly these (RFC 9651 §3.3.3). Anything
+        // else goes through the parser.
+        if let [b'"', inner @ .., b'"'] = value
+            && inner
+                .iter()
+                .all(|&b| (0x20..=0x7e).contains(&b) && b != b'"' && b != b'\\')
+            && let Ok(s) = std::str::from_utf8(inner)
+        {
+            return Self::checked(s, max_len);
+        }
         let parsed = sfv::Parser::new(value).parse_item_with_visitor(StringItem);
         match parsed {
-            Ok(Some(s)) => Self::checked(&s, max_len),
+            Ok(Some(s)) => Self::checked_owned(s, max_len),
             Ok(None) => Err(KeyError::new(KeyErrorKind::NotAString)),
             Err(_) if value.iter().any(|b| *b >= 0x80) => {
                 Err(KeyError::new(KeyErrorKind::NonAscii))
@@ -114,12 +125,23 @@ impl IdempotencyKey {
     }
 
     fn checked(s: &str, max_len: usize) -> Result<Self, KeyError> {
+        Self::check_len(s, max_len)?;
+        Ok(Self(s.into()))
+    }
+
+    /// As `checked`, keeping the string it is given (no second copy).
+    fn checked_owned(s: Box<str>, max_len: usize) -> Result<Self, KeyError> {
+        Self::check_len(&s, max_len)?;
+        Ok(Self(s))
+    }
+
+    fn check_len(s: &str, max_len: usize) -> Result<(), KeyError> {
         if s.is_empty() {
             Err(KeyError::new(KeyErrorKind::Empty))
         } else if s.len() > max_len {
             Err(KeyError::new(KeyErrorKind::TooLong { max: max_len }))
         } else {
-            Ok(Self(s.into()))
+            Ok(())
         }
     }
 
@@ -140,7 +162,7 @@ impl fmt::Debug for IdempotencyKey {
 struct StringItem;
 
 impl<'de> sfv::visitor::ItemVisitor<'de> for StringItem {
-    type Out = Option<String>;
+    type Out = Option<Box<str>>;
     type Error = sfv::Error;
 
     fn bare_item(
@@ -148,7 +170,7 @@ impl<'de> sfv::visitor::ItemVisitor<'de> for StringItem {
         bare_item: sfv::BareItemFromInput<'de>,
     ) -> Result<impl sfv::visitor::ParameterVisitor<'de, Out = Self::Out>, Self::Error> {
         let s = match bare_item {
-            sfv::BareItemFromInput::String(s) => Some(s.as_str().to_owned()),
+            sfv::BareItemFromInput::String(s) => Some(s.as_str().into()),
             _ => None,
         };
         Ok(sfv::visitor::parameter_visitor_with(
@@ -264,6 +286,26 @@ mod tests {
 
     fn parse(v: &[u8]) -> Result<IdempotencyKey, KeyErrorKind> {
         IdempotencyKey::parse_header_with_max_len(v, 16).map_err(|e| e.kind().clone())
+    }
+
+    #[test]
+    fn the_plain_quoted_form_reads_as_the_parser_reads_it() {
+        // Every character an sf-string holds unescaped, taken without the parser, gives what
+        // the parser gives.
+        for b in (0x20u8..=0x7e).filter(|b| *b != b'"' && *b != b'\\') {
+            let value = [b'"', b'k', b, b'"'];
+            let expected = sfv::Parser::new(&value)
+                .parse_item_with_visitor(StringItem)
+                .expect("an sf-string")
+                .expect("a string");
+            assert_eq!(parse(&value).unwrap().as_str(), &*expected, "byte {b:#x}");
+        }
+        assert_eq!(parse(b"\"\""), Err(KeyErrorKind::Empty));
+        assert_eq!(parse(b"\"abc\"def\""), Err(KeyErrorKind::BrokenString));
+        assert_eq!(
+            parse(b"\"0123456789abcdefg\""),
+            Err(KeyErrorKind::TooLong { max: 16 })
+        );
     }
 
     #[test]
