@@ -6,6 +6,8 @@
 //!             [--rows bare,memory,redis,postgres,idempotent-memory,idempotent-redis,axum-idempotent]
 //!             [--workloads fresh,replay] [--out FILE]
 //! load-driver --mode long [--rows memory,memory-bounded,redis] [--duration 60] [--out FILE]
+//! load-driver --mode wrk [--rows floor,bare,memory,…] [--replay-keys 100] [--out FILE]
+//! load-driver --write-body FILE [--body 1024]
 //! ```
 //!
 //! It spawns its own `redis-server` on a free loopback port (`--save "" --appendonly no`) when a
@@ -1373,6 +1375,13 @@ fn emit(out: Option<&Path>, text: &str) {
 
 fn main() {
     let args: Vec<String> = std::env::args().collect();
+    // The request body every mode sends, for scripts that drive a server themselves
+    // (bench/perf.sh).
+    if let Some(file) = arg(&args, "--write-body") {
+        let size = arg(&args, "--body").map_or(1024, |v| v.parse().expect("bytes"));
+        std::fs::write(&file, tower_idempotency_load::order_body(size)).expect("--write-body");
+        return;
+    }
     let mode = arg(&args, "--mode").unwrap_or_else(|| "table".into());
     let long = mode == "long";
     let wrk = mode == "wrk";
