@@ -71,6 +71,23 @@ fn fingerprint_json(body: &[u8], by_value: bool) -> Fingerprint {
     }
 }
 
+/// The key header as clients send it: an sf-string (quoted), and bare.
+fn key(c: &mut Criterion) {
+    let mut g = c.benchmark_group("key");
+    for (name, value) in [
+        (
+            "quoted_uuid",
+            &b"\"8e03978e-40d5-43e8-bc93-6894a57f9324\""[..],
+        ),
+        ("bare_uuid", &b"8e03978e-40d5-43e8-bc93-6894a57f9324"[..]),
+    ] {
+        g.bench_function(name, |b| {
+            b.iter(|| tower_idempotency::IdempotencyKey::parse_header(std::hint::black_box(value)))
+        });
+    }
+    g.finish();
+}
+
 fn fingerprint(c: &mut Criterion) {
     let mut g = c.benchmark_group("fingerprint");
     // A JSON body by its bytes (the default) and by value (`fingerprint_json_by_value`): one
@@ -187,6 +204,12 @@ async fn handler(body: Bytes) -> (http::StatusCode, &'static str) {
     (http::StatusCode::CREATED, "{\"id\":\"42\"}")
 }
 
+/// The floor: reads the body, parses nothing, answers a constant (what a replay cannot beat).
+async fn floor(body: Bytes) -> (http::StatusCode, &'static str) {
+    let _ = body.len();
+    (http::StatusCode::CREATED, "{\"id\":\"1\"}")
+}
+
 fn request(key: Option<String>, body: &Bytes) -> Request<Body> {
     let mut b = Request::post("/orders").header("content-type", "application/json");
     if let Some(k) = key {
@@ -206,6 +229,7 @@ fn layer_overhead(c: &mut Criterion) {
     // Finalized with `with_state(())`, as `axum::serve` does (an unfinalized router rebuilds
     // its layered endpoint on every request).
     let bare: Router = Router::new().route("/orders", post(handler)).with_state(());
+    let floor_router: Router = Router::new().route("/orders", post(floor)).with_state(());
     let layered: Router = Router::new()
         .route("/orders", post(handler))
         .layer(
@@ -226,6 +250,16 @@ fn layer_overhead(c: &mut Criterion) {
     let n = Arc::new(AtomicU64::new(0));
 
     let mut g = c.benchmark_group("layer_1KiB_json");
+    g.bench_function("floor", |b| {
+        b.to_async(&rt).iter(|| async {
+            let res = floor_router
+                .clone()
+                .oneshot(request(Some("k".into()), &body))
+                .await
+                .expect("floor");
+            assert_eq!(res.status(), 201);
+        });
+    });
     g.bench_function("bare", |b| {
         b.to_async(&rt).iter(|| async {
             let res = bare
@@ -297,6 +331,6 @@ fn layer_overhead(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
-    targets = fingerprint, memory_store, layer_overhead
+    targets = key, fingerprint, memory_store, layer_overhead
 }
 criterion_main!(benches);
