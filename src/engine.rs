@@ -285,16 +285,20 @@ impl<S: Store> Engine<S> {
     ///
     /// # Errors
     /// The store's error; the work must not run.
-    pub async fn begin(
+    // Not an `async fn`: its future would hold the key and fingerprint twice (argument and
+    // local), and every keyed HTTP request's future holds this one.
+    pub fn begin(
         &self,
         key: StoreKey,
         fingerprint: Fingerprint,
-    ) -> Result<Begin, StoreError> {
+    ) -> impl Future<Output = Result<Begin, StoreError>> + use<'_, S> {
         let fingerprint = self.keyed(fingerprint);
-        let started = Started::now();
-        let claim = self.store.claim(&key, &fingerprint, self.lease).await;
-        self.timer.record(Op::Claim, started, &claim);
-        Ok(self.judge(key, fingerprint, claim?))
+        async move {
+            let started = Started::now();
+            let claim = self.store.claim(&key, &fingerprint, self.lease).await;
+            self.timer.record(Op::Claim, started, &claim);
+            Ok(self.judge(key, fingerprint, claim?))
+        }
     }
 
     /// The timer of this engine's store steps (for a door that runs steps of its own).

@@ -19,8 +19,10 @@ const DERIVED_DOMAIN: &[u8] = b"tower-idempotency/derived-key/v1";
 /// an optional principal; see the layer's docs for the risk).
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
 pub struct Scope {
-    tenant: Option<String>,
-    principal: Option<String>,
+    // Boxed strings, not `String`s: a scope is carried in every keyed request's future, and
+    // 16 bytes less of it keeps that future within the allocator's small-size cache.
+    tenant: Option<Box<str>>,
+    principal: Option<Box<str>>,
 }
 
 impl Scope {
@@ -29,7 +31,7 @@ impl Scope {
     pub fn principal(id: impl Into<String>) -> Self {
         Self {
             tenant: None,
-            principal: Some(id.into()),
+            principal: Some(id.into().into_boxed_str()),
         }
     }
 
@@ -42,7 +44,7 @@ impl Scope {
     /// The same scope under a tenant.
     #[must_use]
     pub fn with_tenant(mut self, tenant: impl Into<String>) -> Self {
-        self.tenant = Some(tenant.into());
+        self.tenant = Some(tenant.into().into_boxed_str());
         self
     }
 

@@ -25,7 +25,7 @@ pin_project! {
     enum State<F, B, E> where B: Body {
         Passthrough { #[pin] fut: F },
         Ready { res: Option<Response<ResponseBody<B>>> },
-        Keyed { fut: BoxFuture<Result<Response<ResponseBody<B>>, E>> },
+        Keyed { fut: BoxFuture<Result<Response<ResponseBody<B>>, E>>, span: tracing::Span },
     }
 }
 
@@ -40,9 +40,12 @@ impl<F, B: Body, E> ResponseFuture<F, B, E> {
             state: State::Ready { res: Some(res) },
         }
     }
-    pub(crate) fn keyed(fut: BoxFuture<Result<Response<ResponseBody<B>>, E>>) -> Self {
+    pub(crate) fn keyed(
+        fut: BoxFuture<Result<Response<ResponseBody<B>>, E>>,
+        span: tracing::Span,
+    ) -> Self {
         Self {
-            state: State::Keyed { fut },
+            state: State::Keyed { fut, span },
         }
     }
 }
@@ -63,7 +66,10 @@ where
             StateProj::Ready { res } => Poll::Ready(Ok(res
                 .take()
                 .expect("ResponseFuture polled after completion"))),
-            StateProj::Keyed { fut } => fut.as_mut().poll(cx),
+            StateProj::Keyed { fut, span } => {
+                let _entered = span.enter();
+                fut.as_mut().poll(cx)
+            }
         }
     }
 }

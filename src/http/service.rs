@@ -144,8 +144,10 @@ impl<S, St> Idempotency<S, St> {
             outcome = tracing::field::Empty,
             result = tracing::field::Empty
         );
-        let fut = keyed(state, inner, parts, body, key, grpc).instrument(span);
-        ResponseFuture::keyed(Box::pin(fut))
+        // The span is entered around each poll by the response future, not held in the box:
+        // the box stays under the allocator's small-size cache (1 KiB), and is written once.
+        let fut = keyed(state, inner, parts, body, key, grpc);
+        ResponseFuture::keyed(Box::pin(fut), span)
     }
 }
 
@@ -435,9 +437,9 @@ where
         let begun = if config.wait_in_flight.is_zero() {
             engine.begin(store_key, fingerprint).await
         } else {
-            engine
-                .begin_waiting(store_key, fingerprint, config.wait_in_flight)
-                .await
+            // Boxed, as the 409 path's lookup below: rare paths that would otherwise size every
+            // keyed request's future.
+            Box::pin(engine.begin_waiting(store_key, fingerprint, config.wait_in_flight)).await
         };
         let ticket = match begun {
             Ok(Begin::Run(ticket)) => ticket,
@@ -473,7 +475,7 @@ where
                         RejectionKind::InFlight,
                         "a request with this key is still being processed; retry later",
                     )
-                    .retry_after(in_flight_retry_after(engine, &store_key).await),
+                    .retry_after(Box::pin(in_flight_retry_after(engine, &store_key)).await),
                     grpc,
                 ));
             }
