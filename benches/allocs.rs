@@ -5,7 +5,12 @@
 //! ```text
 //! cargo bench --bench allocs
 //! cargo bench --bench allocs --features metrics   # + rows under a Prometheus recorder
+//! ALLOCS_SITES=fresh cargo bench --bench allocs    # one row (floor, bare, fresh, replay), with
+//!                                                  # every allocation site in dhat-heap.json
 //! ```
+//!
+//! `dhat-heap.json` opens in dhat's viewer (`dh_view.html`); the sites that run once per
+//! request are those whose block count is about the number of requests.
 
 #![allow(missing_docs)]
 
@@ -75,7 +80,14 @@ fn request(key: &str, body: &Bytes) -> Request<Body> {
 
 fn main() {
     // Counts only (dhat's testing mode writes no profile file).
-    let _profiler = dhat::Profiler::builder().testing().build();
+    // With ALLOCS_SITES, one row and a profile of its allocation sites; else counts only
+    // (dhat's testing mode writes no profile file).
+    let sites = std::env::var("ALLOCS_SITES").ok();
+    let _profiler = if sites.is_some() {
+        dhat::Profiler::new_heap()
+    } else {
+        dhat::Profiler::builder().testing().build()
+    };
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -133,6 +145,18 @@ fn main() {
         })
     };
     // The request itself (headers, body handle) is made inside the loop for every row alike.
+    if let Some(row) = sites {
+        let replay_key = "k-0".to_owned();
+        let (a, b) = match row.as_str() {
+            "floor" => run(&floor, &mut keys[..N].iter()),
+            "bare" => run(&bare, &mut keys[..N].iter()),
+            "fresh" => run(&layered, &mut keys[N..].iter()),
+            "replay" => run(&layered, &mut std::iter::repeat_n(&replay_key, N)),
+            other => panic!("ALLOCS_SITES is floor, bare, fresh or replay, not {other:?}"),
+        };
+        println!("{row}: {a:.1} allocations, {b:.0} bytes per request; sites in dhat-heap.json");
+        return;
+    }
     let (floor_a, floor_b) = run(&floor, &mut keys[..N].iter());
     let (bare_a, bare_b) = run(&bare, &mut keys[..N].iter());
     let (fresh_a, fresh_b) = run(&layered, &mut keys[N..].iter());
