@@ -8,7 +8,7 @@
 # the server (and redis-server) with `perf record --call-graph dwarf` for 4 s in the middle.
 # Prints wrk's figures, the share of the server's samples by module, the top functions by self
 # time, and the inclusive share of the crate's parts. Output files stay in $OUT (default
-# /tmp/tower-idempotency-perf). Needs perf (Debian: linux-perf), wrk, taskset, python3.
+# /tmp/tower-idempotency-perf). Needs perf (Debian: linux-perf), wrk, taskset, python3, curl.
 set -euo pipefail
 
 row="${1:?row}"; workload="${2:-replay}"; secs="${3:-6}"
@@ -17,7 +17,7 @@ root="$(dirname "$here")"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target-bench}"
 out="${OUT:-/tmp/tower-idempotency-perf}"
 mkdir -p "$out"
-for tool in perf wrk taskset python3; do
+for tool in perf wrk taskset python3 curl; do
     command -v "$tool" >/dev/null || { echo "bench/perf.sh: $tool is not installed" >&2; exit 1; }
 done
 cargo build --release --ignore-rust-version --manifest-path "$here/load/Cargo.toml" --bins >&2

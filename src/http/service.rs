@@ -375,6 +375,8 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
 }
 
 /// Steps 6–9 for a keyed request: buffer and fingerprint, claim, run, classify, record.
+// Deliberately not an `async fn` (see the body's first comment).
+#[allow(clippy::manual_async_fn)]
 fn keyed<S, St, ReqB, ResB>(
     state: Arc<LayerState<St>>,
     mut inner: S,
@@ -532,6 +534,8 @@ where
 /// The claimed part of a keyed request: the handler and the reading of its body under lease
 /// renewal, then the record or release. Owns everything it uses, so it can finish on a task of
 /// its own when the caller goes away.
+// Deliberately not an `async fn` (see the body's first comment).
+#[allow(clippy::manual_async_fn)]
 fn run_claimed<S, St, ReqB, ResB>(
     state: Arc<LayerState<St>>,
     mut inner: S,
