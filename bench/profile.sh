@@ -12,25 +12,12 @@ set -euo pipefail
 
 row="${1:?row}"; workload="${2:-fresh}"; requests="${3:-5000}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-root="$(dirname "$here")"
-export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target-bench}"
 out="${OUT:-/tmp/tower-idempotency-profile}"
-mkdir -p "$out"
-cargo build --release --ignore-rust-version --manifest-path "$here/load/Cargo.toml" --bins >&2
-bin="$CARGO_TARGET_DIR/release"
+# shellcheck source=common.sh
+source "$here/common.sh"
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
-trap cleanup EXIT
-
-extra=()
 if [[ "$row" == *redis* ]]; then
-    rport="$(free_port)"
-    redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --loglevel warning >"$out/redis.log" 2>&1 &
-    pids+=($!)
-    for _ in $(seq 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
-    extra=(--redis-url "redis://127.0.0.1:$rport/")
+    start_redis
 fi
 
 port="$(free_port)"
