@@ -220,6 +220,16 @@ fn request(key: Option<String>, body: &Bytes) -> Request<Body> {
     req
 }
 
+/// One request through `router`, answered 201.
+async fn call(router: &Router, key: Option<String>, body: &Bytes) {
+    let res = router
+        .clone()
+        .oneshot(request(key, body))
+        .await
+        .expect("call");
+    assert_eq!(res.status(), 201);
+}
+
 fn layer_overhead(c: &mut Criterion) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -240,55 +250,30 @@ fn layer_overhead(c: &mut Criterion) {
         .with_state(());
     // Warm one key for the replay row.
     rt.block_on(async {
-        let res = layered
-            .clone()
-            .oneshot(request(Some("replay-key".into()), &body))
-            .await
-            .expect("warm");
-        assert_eq!(res.status(), 201);
+        call(&layered, Some("replay-key".into()), &body).await;
     });
     let n = Arc::new(AtomicU64::new(0));
 
     let mut g = c.benchmark_group("layer_1KiB_json");
     g.bench_function("floor", |b| {
         b.to_async(&rt).iter(|| async {
-            let res = floor_router
-                .clone()
-                .oneshot(request(Some("k".into()), &body))
-                .await
-                .expect("floor");
-            assert_eq!(res.status(), 201);
+            call(&floor_router, Some("k".into()), &body).await;
         });
     });
     g.bench_function("bare", |b| {
         b.to_async(&rt).iter(|| async {
-            let res = bare
-                .clone()
-                .oneshot(request(None, &body))
-                .await
-                .expect("bare");
-            assert_eq!(res.status(), 201);
+            call(&bare, None, &body).await;
         });
     });
     g.bench_function("first_run", |b| {
         b.to_async(&rt).iter(|| async {
             let k = n.fetch_add(1, Ordering::Relaxed);
-            let res = layered
-                .clone()
-                .oneshot(request(Some(format!("k-{k}")), &body))
-                .await
-                .expect("first");
-            assert_eq!(res.status(), 201);
+            call(&layered, Some(format!("k-{k}")), &body).await;
         });
     });
     g.bench_function("replay", |b| {
         b.to_async(&rt).iter(|| async {
-            let res = layered
-                .clone()
-                .oneshot(request(Some("replay-key".into()), &body))
-                .await
-                .expect("replay");
-            assert_eq!(res.status(), 201);
+            call(&layered, Some("replay-key".into()), &body).await;
         });
     });
     #[cfg(feature = "metrics")]
@@ -300,23 +285,13 @@ fn layer_overhead(c: &mut Criterion) {
             let _local = metrics::set_default_local_recorder(&recorder);
             b.to_async(&rt).iter(|| async {
                 let k = n.fetch_add(1, Ordering::Relaxed);
-                let res = layered
-                    .clone()
-                    .oneshot(request(Some(format!("k-{k}")), &body))
-                    .await
-                    .expect("first");
-                assert_eq!(res.status(), 201);
+                call(&layered, Some(format!("k-{k}")), &body).await;
             });
         });
         g.bench_function("replay/prometheus", |b| {
             let _local = metrics::set_default_local_recorder(&recorder);
             b.to_async(&rt).iter(|| async {
-                let res = layered
-                    .clone()
-                    .oneshot(request(Some("replay-key".into()), &body))
-                    .await
-                    .expect("replay");
-                assert_eq!(res.status(), 201);
+                call(&layered, Some("replay-key".into()), &body).await;
             });
         });
         let text = recorder.handle().render();
