@@ -498,6 +498,31 @@ impl<S: Store> Engine<S> {
         let record = self.seal(&ticket, response).map_err(|e| {
             StoreError::with_source(StoreErrorKind::Protocol, "response cannot be recorded", e)
         })?;
+        self.store_record(ticket, record).await
+    }
+
+    /// [`Engine::complete`] for a record written straight from a response (the HTTP layer):
+    /// tagged when there is a secret, then stored. What the layout could not hold was left out
+    /// of the draft; the caller logs it.
+    pub(crate) async fn complete_draft(
+        &self,
+        ticket: Ticket,
+        draft: crate::record::Draft,
+    ) -> Result<bool, StoreError> {
+        let record = draft.finish(self.secret.as_ref(), ticket.key.id(), &ticket.fingerprint);
+        self.store_record(ticket, record).await
+    }
+
+    /// The bytes a record gains when it is stored: its tag, when there is a secret.
+    pub(crate) fn tag_len(&self) -> usize {
+        if self.secret.is_some() {
+            crate::secret::TAG_LEN
+        } else {
+            0
+        }
+    }
+
+    async fn store_record(&self, ticket: Ticket, record: Record) -> Result<bool, StoreError> {
         let started = Started::now();
         let done = self
             .store

@@ -376,6 +376,141 @@ impl RecordedResponse {
     }
 }
 
+/// A record written straight from a response's parts, with no list of copied fields in
+/// between (the HTTP layer's hot path; [`RecordedResponse::encode`] builds the same bytes from
+/// owned fields). Fields the layout cannot hold are left out and named, as
+/// [`RecordedResponse::fitted`] does; the times and the tag are added before it is stored.
+pub(crate) struct Draft {
+    out: BytesMut,
+    /// What was left out (`header <name>`, `trailer <name>`, `body`), for the log.
+    dropped: Vec<String>,
+}
+
+/// A field as read from a response: name and value bytes, borrowed.
+pub(crate) type FieldRef<'a> = (&'a [u8], &'a [u8]);
+
+/// The encoded size of some fields (an upper bound: fields left out are counted).
+fn fields_len<'a>(fields: impl Iterator<Item = FieldRef<'a>>) -> usize {
+    fields.map(|(n, v)| 4 + n.len() + v.len()).sum()
+}
+
+impl Draft {
+    /// Writes `status`, `headers`, `body` (`None`: status only) and `trailers`, with room for
+    /// `tail` more bytes (the times and the tag), in one allocation of the exact size.
+    ///
+    /// # Errors
+    /// Only for a status outside 100–999 (nothing else stops a record being written).
+    pub(crate) fn write<'a, H, T>(
+        status: u16,
+        headers: impl Fn() -> H,
+        body: Option<&[u8]>,
+        trailers: Option<impl Fn() -> T>,
+        definitive: bool,
+        tail: usize,
+    ) -> Result<Self, RecordError>
+    where
+        H: Iterator<Item = FieldRef<'a>>,
+        T: Iterator<Item = FieldRef<'a>>,
+    {
+        if !(100..=999).contains(&status) {
+            return Err(RecordError::new("status out of range"));
+        }
+        // A body the layout cannot hold is left out, as `fitted` does.
+        let body = body.filter(|b| u32::try_from(b.len()).is_ok());
+        // Sized first (the fields are walked twice), so the record is one exact allocation.
+        let cap = 6
+            + 2
+            + fields_len(headers())
+            + 4
+            + body.map_or(0, <[u8]>::len)
+            + trailers.as_ref().map_or(0, |t| 2 + fields_len(t()))
+            + tail;
+        let mut draft = Draft {
+            out: BytesMut::with_capacity(cap),
+            dropped: Vec::new(),
+        };
+        let mut flags = 0;
+        if body.is_some() {
+            flags |= FLAG_BODY;
+        }
+        if trailers.is_some() {
+            flags |= FLAG_TRAILERS;
+        }
+        if definitive {
+            flags |= FLAG_DEFINITIVE;
+        }
+        draft.out.put_slice(MAGIC);
+        draft.out.put_u8(VERSION);
+        draft.out.put_u8(flags);
+        draft.out.put_u16(status);
+        draft.fields(headers(), "header");
+        let body = body.unwrap_or_default();
+        // Checked above (a body over 4 GiB is left out).
+        draft.out.put_u32(u32::try_from(body.len()).unwrap_or(0));
+        draft.out.put_slice(body);
+        if let Some(t) = trailers {
+            draft.fields(t(), "trailer");
+        }
+        Ok(draft)
+    }
+
+    /// One field section: its count, then the fields that fit (the count written last).
+    fn fields<'a>(&mut self, fields: impl Iterator<Item = FieldRef<'a>>, kind: &str) {
+        let at = self.out.len();
+        self.out.put_u16(0);
+        let mut count: u16 = 0;
+        for (n, v) in fields {
+            let fits = count < u16::MAX
+                && n.len() <= usize::from(u16::MAX)
+                && v.len() <= usize::from(u16::MAX)
+                && valid_name(n)
+                && valid_value(v);
+            if !fits {
+                self.dropped
+                    .push(format!("{kind} {}", String::from_utf8_lossy(n)));
+                continue;
+            }
+            // Both lengths checked just above.
+            self.out.put_u16(u16::try_from(n.len()).unwrap_or(0));
+            self.out.put_slice(n);
+            self.out.put_u16(u16::try_from(v.len()).unwrap_or(0));
+            self.out.put_slice(v);
+            count += 1;
+        }
+        self.out[at..at + 2].copy_from_slice(&count.to_be_bytes());
+    }
+
+    /// Adds when the record is written and until when it is kept.
+    pub(crate) fn stamp(&mut self, times: RecordTimes) {
+        if self.out[3] & FLAG_TIMES != 0 {
+            return;
+        }
+        self.out[3] |= FLAG_TIMES;
+        self.out.put_u64(unix_ms(times.written_at));
+        self.out.put_u64(unix_ms(times.kept_until));
+    }
+
+    /// What was left out because the layout cannot hold it (empty when nothing was).
+    pub(crate) fn dropped(&self) -> &[String] {
+        &self.dropped
+    }
+
+    /// The record, tagged under `secret` for this key and fingerprint when there is one.
+    pub(crate) fn finish(
+        mut self,
+        secret: Option<&crate::Secret>,
+        key_id: &[u8; 32],
+        fingerprint: &crate::fingerprint::Fingerprint,
+    ) -> Record {
+        if let Some(secret) = secret {
+            self.out[3] |= FLAG_MAC;
+            let tag = secret.tag(key_id, fingerprint, &self.out);
+            self.out.extend_from_slice(&tag);
+        }
+        Record(self.out.freeze())
+    }
+}
+
 /// Milliseconds since the Unix epoch (0 before it).
 fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
@@ -692,5 +827,128 @@ mod mac_tests {
                 .decode_verified(1024, &secret(1), &[7; 32], &fp)
                 .is_err()
         );
+    }
+}
+
+#[cfg(test)]
+mod draft_tests {
+    use super::*;
+    use crate::fingerprint::Fingerprint;
+    use crate::secret::Secret;
+
+    fn refs(fields: &[Field]) -> impl Iterator<Item = FieldRef<'_>> {
+        fields.iter().map(|(n, v)| (&n[..], &v[..]))
+    }
+
+    fn draft(r: &RecordedResponse, tail: usize) -> Draft {
+        let trailers = r.trailers.as_deref().map(|t| move || refs(t));
+        Draft::write(
+            r.status,
+            || refs(&r.headers),
+            r.body.as_deref(),
+            trailers,
+            r.definitive,
+            tail,
+        )
+        .expect("write")
+    }
+
+    fn sample(trailers: bool) -> RecordedResponse {
+        let b = Bytes::from_static;
+        let r = RecordedResponse::new(
+            201,
+            vec![
+                (b(b"content-type"), b(b"application/json")),
+                (b(b"link"), b(b"<a>")),
+                (b(b"link"), b(b"<b>")),
+            ],
+            Some(b(b"{\"id\":1}")),
+        );
+        if trailers {
+            r.with_trailers(vec![(b(b"grpc-status"), b(b"0"))])
+        } else {
+            r
+        }
+    }
+
+    /// The same bytes as the owned record's encoding, in one allocation of the exact size.
+    #[test]
+    fn writes_what_encode_writes() {
+        let fp = Fingerprint::builder().field(b"a").finish();
+        let now = UNIX_EPOCH + Duration::from_millis(1_700_000_000_123);
+        let times = RecordTimes::new(now, Duration::from_secs(60));
+        for mut r in [
+            sample(false),
+            sample(true),
+            sample(false).definitive(),
+            RecordedResponse::new(204, vec![], None),
+        ] {
+            let record = draft(&r, 0).finish(None, &[7; 32], &fp);
+            assert_eq!(record, r.encode().expect("encode"));
+            assert_eq!(record.decode(1024).expect("decode"), r);
+
+            let mut d = draft(&r, 16);
+            d.stamp(times);
+            let record = d.finish(None, &[7; 32], &fp);
+            r.times = Some(times);
+            assert_eq!(record, r.encode().expect("encode"));
+            assert_eq!(record.as_bytes().len(), record.len());
+        }
+    }
+
+    #[test]
+    fn a_tagged_draft_verifies_under_its_key_and_fingerprint_only() {
+        let secret = Secret::new(vec![1; 32]).expect("secret");
+        let fp = Fingerprint::builder().field(b"a").finish();
+        let r = sample(true);
+        let record = draft(&r, crate::secret::TAG_LEN).finish(Some(&secret), &[7; 32], &fp);
+        assert_eq!(record, r.encode().unwrap().seal(&secret, &[7; 32], &fp));
+        assert_eq!(
+            record
+                .decode_verified(1024, &secret, &[7; 32], &fp)
+                .unwrap(),
+            r
+        );
+        assert!(
+            record
+                .decode_verified(1024, &secret, &[8; 32], &fp)
+                .is_err()
+        );
+    }
+
+    /// A field the layout cannot hold is left out and named (its value never is); the rest is
+    /// recorded, as `fitted` does for an owned record.
+    #[test]
+    fn leaves_out_what_does_not_fit_and_names_it() {
+        let b = Bytes::from_static;
+        let long = Bytes::from(vec![b'v'; 70_000]);
+        let r = RecordedResponse::new(
+            200,
+            vec![
+                (b(b"x-big"), long.clone()),
+                (b(b"content-type"), b(b"text/plain")),
+                (b(b"x-bad"), b(b"a\r\nb")),
+            ],
+            Some(b(b"ok")),
+        )
+        .with_trailers(vec![(b(b"x-big-trailer"), long)]);
+        let d = draft(&r, 0);
+        assert_eq!(
+            d.dropped(),
+            ["header x-big", "header x-bad", "trailer x-big-trailer"]
+        );
+        let (fitted, _) = r.fitted();
+        let fp = Fingerprint::builder().field(b"a").finish();
+        let back = d.finish(None, &[7; 32], &fp).decode(1024).expect("decode");
+        assert_eq!(back, fitted);
+        assert_eq!(back.headers.len(), 1);
+    }
+
+    #[test]
+    fn refuses_a_status_out_of_range() {
+        let none: Option<fn() -> std::iter::Empty<FieldRef<'static>>> = None;
+        for status in [0, 99, 1000] {
+            assert!(Draft::write(status, std::iter::empty, None, none, false, 0).is_err());
+        }
     }
 }

@@ -15,7 +15,7 @@ use super::declare::Declared;
 use super::grpc::{GrpcCode, status_of};
 use super::headers::GRPC_STATUS;
 use super::rejection::Rejection;
-use crate::record::RecordedResponse;
+use crate::record::{Draft, FieldRef};
 use crate::scope::StoreKey;
 use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
@@ -60,16 +60,43 @@ pub(crate) enum Outcome<B: Body> {
     /// until its lease lapses.
     Keep(Response<ResponseBody<B>>),
     /// Recorded now, then sent (the body was read whole).
-    Record(Response<ResponseBody<B>>, RecordedResponse),
+    Record(Response<ResponseBody<B>>, Draft),
     /// Sent on before its body has ended: recorded once the body has ended, released if it
     /// fails (DESIGN §3 step 9).
-    RecordAtEnd(Response<ResponseBody<B>>, RecordedResponse),
+    RecordAtEnd(Response<ResponseBody<B>>, Draft),
+}
+
+/// No trailers, for [`Draft::write`].
+const NO_TRAILERS: Option<fn() -> std::iter::Empty<FieldRef<'static>>> = None;
+
+/// Writes a record, or keeps the key pending when it cannot be written: only a status outside
+/// 100–999 stops it, which an `http::StatusCode` never is.
+fn keep_unless_written<B: Body>(
+    res: Response<ResponseBody<B>>,
+    key: &StoreKey,
+    written: Result<Draft, crate::record::RecordError>,
+    outcome: fn(Response<ResponseBody<B>>, Draft) -> Outcome<B>,
+) -> Outcome<B> {
+    match written {
+        Ok(draft) => outcome(res, draft),
+        Err(e) => {
+            tracing::warn!(key = ?key, reason = e.reason(), "response cannot be recorded; the key stays pending until its lease lapses");
+            Outcome::Keep(res)
+        }
+    }
 }
 
 /// A record of status and headers only: the headers that describe a body are dropped, since
 /// its replay has none.
-fn status_only(config: &Config, status: u16, headers: &HeaderMap) -> RecordedResponse {
-    RecordedResponse::new(status, config.headers.record_without_body(headers), None)
+fn status_only(
+    config: &Config,
+    status: u16,
+    headers: &HeaderMap,
+    definitive: bool,
+    tail: usize,
+) -> Result<Draft, crate::record::RecordError> {
+    let fields = || config.headers.recorded_without_body(headers);
+    Draft::write(status, fields, None, NO_TRAILERS, definitive, tail)
 }
 
 /// Classifies the handler's response (reading its body up to `max` bytes when it is to be
@@ -77,6 +104,7 @@ fn status_only(config: &Config, status: u16, headers: &HeaderMap) -> RecordedRes
 pub(crate) async fn classify<B>(
     config: &Config,
     max: usize,
+    tail: usize,
     key: &StoreKey,
     res: Response<B>,
     grpc: bool,
@@ -105,9 +133,9 @@ where
     };
     // gRPC mode: the outcome is in the gRPC status (a non-200 follows the HTTP table).
     if grpc && res.status() == StatusCode::OK {
-        classify_grpc(config, max, key, res, definitive).await
+        classify_grpc(config, max, tail, key, res, definitive).await
     } else {
-        classify_http(config, max, key, res, definitive).await
+        classify_http(config, max, tail, key, res, definitive).await
     }
 }
 
@@ -119,6 +147,7 @@ where
 async fn classify_http<B>(
     config: &Config,
     max: usize,
+    tail: usize,
     key: &StoreKey,
     res: Response<B>,
     definitive: bool,
@@ -147,14 +176,6 @@ where
     // The record carries the declaration only where the table would not record the status,
     // so a flipped flag on any other record is refused at replay.
     let definitive = definitive && !is_recordable(status);
-    let status_only = |config: &Config, status: u16, headers: &HeaderMap| {
-        let record = status_only(config, status, headers);
-        if definitive {
-            record.definitive()
-        } else {
-            record
-        }
-    };
     let over_limit = || {
         if full {
             tracing::warn!(key = ?key, "response body over the record limit; recording status and headers only");
@@ -164,53 +185,43 @@ where
     let empty = body.is_end_stream() || body.size_hint().exact() == Some(0);
     if !empty && config.is_streaming(&parts.headers) {
         tracing::debug!(key = ?key, "streaming response; sent as it comes, recorded as status and headers once it has ended");
-        let record = status_only(config, status, &parts.headers);
-        return Outcome::RecordAtEnd(
-            Response::from_parts(parts, ResponseBody::passthrough(body)),
-            record,
-        );
+        let written = status_only(config, status, &parts.headers, definitive, tail);
+        let res = Response::from_parts(parts, ResponseBody::passthrough(body));
+        return keep_unless_written(res, key, written, Outcome::RecordAtEnd);
     }
     if body.size_hint().lower() > max as u64 {
         over_limit();
-        let record = status_only(config, status, &parts.headers);
-        return Outcome::RecordAtEnd(
-            Response::from_parts(parts, ResponseBody::passthrough(body)),
-            record,
-        );
+        let written = status_only(config, status, &parts.headers, definitive, tail);
+        let res = Response::from_parts(parts, ResponseBody::passthrough(body));
+        return keep_unless_written(res, key, written, Outcome::RecordAtEnd);
     }
     match collect_limited(body, max, config.collect_deadline()).await {
         Collected::Whole { data, trailers } => {
-            let record = if full {
-                let headers = config.headers.record(&parts.headers);
-                let mut record = RecordedResponse::new(status, headers, Some(data.clone()));
-                record.definitive = definitive;
-                match &trailers {
-                    Some(t) => record.with_trailers(config.headers.record_trailers(t)),
-                    None => record,
-                }
+            let written = if full {
+                // Written from the response's own headers, body and trailers: no copies
+                // between them and the record.
+                let headers = || config.headers.recorded(&parts.headers);
+                let kept = trailers
+                    .as_ref()
+                    .map(|t| || config.headers.recorded_trailers(t));
+                Draft::write(status, headers, Some(&data), kept, definitive, tail)
             } else {
-                status_only(config, status, &parts.headers)
+                status_only(config, status, &parts.headers, definitive, tail)
             };
-            Outcome::Record(
-                Response::from_parts(parts, ResponseBody::buffered(data, trailers)),
-                record,
-            )
+            let res = Response::from_parts(parts, ResponseBody::buffered(data, trailers));
+            keep_unless_written(res, key, written, Outcome::Record)
         }
         Collected::TooLarge { prefix, rest } => {
             over_limit();
-            let record = status_only(config, status, &parts.headers);
-            Outcome::RecordAtEnd(
-                Response::from_parts(parts, ResponseBody::prefixed(prefix, rest)),
-                record,
-            )
+            let written = status_only(config, status, &parts.headers, definitive, tail);
+            let res = Response::from_parts(parts, ResponseBody::prefixed(prefix, rest));
+            keep_unless_written(res, key, written, Outcome::RecordAtEnd)
         }
         Collected::Slow { prefix, rest } => {
             tracing::info!(key = ?key, timeout = ?config.collect_timeout, "response body not ended within the collection bound; sent as it comes, recorded as status and headers once it has ended");
-            let record = status_only(config, status, &parts.headers);
-            Outcome::RecordAtEnd(
-                Response::from_parts(parts, ResponseBody::prefixed(prefix, rest)),
-                record,
-            )
+            let written = status_only(config, status, &parts.headers, definitive, tail);
+            let res = Response::from_parts(parts, ResponseBody::prefixed(prefix, rest));
+            keep_unless_written(res, key, written, Outcome::RecordAtEnd)
         }
         Collected::Failed { prefix, error } => Outcome::Release(Response::from_parts(
             parts,
@@ -224,6 +235,7 @@ where
 async fn classify_grpc<B>(
     config: &Config,
     max: usize,
+    tail: usize,
     key: &StoreKey,
     res: Response<B>,
     definitive: bool,
@@ -275,34 +287,40 @@ where
         ));
     }
     let policy = &config.headers;
-    let mut trailer_fields = Vec::new();
-    if trailers_only {
-        // The headers of a Trailers-Only response are its trailers.
-        trailer_fields.extend(policy.record_trailers_only(&parts.headers));
-    }
-    if let Some(t) = &trailers {
-        trailer_fields.extend(policy.record_trailers(t));
-    }
-    let record = if config.response_mode == ResponseMode::Full {
-        RecordedResponse::new(
-            StatusCode::OK.as_u16(),
-            policy.record(&parts.headers),
-            Some(data.clone()),
+    // The headers of a Trailers-Only response are its trailers; the status trailers are kept
+    // as trailers in either form.
+    let kept_trailers = || {
+        trailers_only
+            .then(|| policy.recorded_trailers_only(&parts.headers))
+            .into_iter()
+            .flatten()
+            .chain(
+                trailers
+                    .as_ref()
+                    .map(|t| policy.recorded_trailers(t))
+                    .into_iter()
+                    .flatten(),
+            )
+    };
+    // Marked only where the table would not record the code (see `classify_http`).
+    let definitive = definitive && !code.is_some_and(is_recorded_status);
+    let status = StatusCode::OK.as_u16();
+    let written = if config.response_mode == ResponseMode::Full {
+        let headers = || policy.recorded(&parts.headers);
+        Draft::write(
+            status,
+            headers,
+            Some(&data),
+            Some(kept_trailers),
+            definitive,
+            tail,
         )
     } else {
-        status_only(config, StatusCode::OK.as_u16(), &parts.headers)
-    }
-    .with_trailers(trailer_fields);
-    // Marked only where the table would not record the code (see `classify_http`).
-    let record = if definitive && !code.is_some_and(is_recorded_status) {
-        record.definitive()
-    } else {
-        record
+        let headers = || policy.recorded_without_body(&parts.headers);
+        Draft::write(status, headers, None, Some(kept_trailers), definitive, tail)
     };
-    Outcome::Record(
-        Response::from_parts(parts, ResponseBody::buffered(data, trailers)),
-        record,
-    )
+    let res = Response::from_parts(parts, ResponseBody::buffered(data, trailers));
+    keep_unless_written(res, key, written, Outcome::Record)
 }
 
 #[cfg(test)]

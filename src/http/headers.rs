@@ -10,8 +10,7 @@
 //! response, which arrive as headers) pass the same two lists; the gRPC status trailers
 //! (`grpc-status`, `grpc-message`, `grpc-status-details-bin`) are always kept.
 
-use crate::record::Field;
-use bytes::Bytes;
+use crate::record::FieldRef;
 use http::{HeaderMap, HeaderName, HeaderValue, header};
 
 /// The request header that carries the idempotency key by default (`Idempotency-Key`), read by
@@ -130,25 +129,17 @@ pub(crate) fn is_denied_bytes(name: &[u8]) -> bool {
 #[derive(Clone, Debug)]
 pub(crate) struct HeaderPolicy {
     allowed: Vec<HeaderName>,
-    /// Each allowed name as the bytes a record holds, made once per layer (and already
-    /// shared): recording a header clones a handle instead of copying its name.
-    names: Vec<Bytes>,
 }
 
 impl Default for HeaderPolicy {
     fn default() -> Self {
-        let mut policy = Self {
-            allowed: Vec::new(),
-            names: Vec::new(),
-        };
-        for name in DEFAULT_ALLOWED_HEADERS
-            .iter()
-            .cloned()
-            .chain([GRPC_ENCODING])
-        {
-            policy.push(name);
+        Self {
+            allowed: DEFAULT_ALLOWED_HEADERS
+                .iter()
+                .cloned()
+                .chain([GRPC_ENCODING])
+                .collect(),
         }
-        policy
     }
 }
 
@@ -159,18 +150,9 @@ impl HeaderPolicy {
             return false;
         }
         if !self.allowed.contains(&name) {
-            self.push(name);
+            self.allowed.push(name);
         }
         true
-    }
-
-    fn push(&mut self, name: HeaderName) {
-        let bytes = Bytes::copy_from_slice(name.as_str().as_bytes());
-        // The first clone of a `Bytes` made from a `Vec` allocates its shared header; done
-        // here, so that the clones made per request only count a reference.
-        drop(bytes.clone());
-        self.allowed.push(name);
-        self.names.push(bytes);
     }
 
     pub(crate) fn allows(&self, name: &[u8]) -> bool {
@@ -183,31 +165,26 @@ impl HeaderPolicy {
         self.allowed.iter().find(|a| a.as_str().as_bytes() == name)
     }
 
-    /// A recorded field of an allowed header: its name shared, its value copied.
-    fn field(&self, name: &HeaderName, value: &HeaderValue) -> Option<Field> {
-        let i = self.allowed.iter().position(|a| a == name)?;
-        Some((
-            self.names[i].clone(),
-            Bytes::copy_from_slice(value.as_bytes()),
-        ))
-    }
-
-    /// The allowed headers of a response, in order, repeated lines kept.
-    pub(crate) fn record(&self, headers: &HeaderMap) -> Vec<Field> {
+    /// The allowed headers of a response, in order, repeated lines kept: what a record keeps,
+    /// borrowed from the response (the record is written from them with no copy between).
+    pub(crate) fn recorded<'a>(
+        &'a self,
+        headers: &'a HeaderMap,
+    ) -> impl Iterator<Item = FieldRef<'a>> + 'a {
         headers
             .iter()
-            .filter_map(|(n, v)| self.field(n, v))
-            .collect()
+            .filter(|(n, _)| self.allowed.contains(n))
+            .map(as_field)
     }
 
     /// The allowed headers of a response recorded without its body: those that describe a
     /// body dropped ([`REPRESENTATION_HEADERS`]).
-    pub(crate) fn record_without_body(&self, headers: &HeaderMap) -> Vec<Field> {
-        headers
-            .iter()
-            .filter(|(name, _)| !describes_body(name.as_str().as_bytes()))
-            .filter_map(|(n, v)| self.field(n, v))
-            .collect()
+    pub(crate) fn recorded_without_body<'a>(
+        &'a self,
+        headers: &'a HeaderMap,
+    ) -> impl Iterator<Item = FieldRef<'a>> + 'a {
+        self.recorded(headers)
+            .filter(|(name, _)| !describes_body(name))
     }
 
     /// Whether a trailer is recorded and replayed: one on the allow list, or a gRPC status
@@ -218,33 +195,31 @@ impl HeaderPolicy {
 
     /// The trailers a record keeps (HTTP trailers, or gRPC status and trailing metadata): the
     /// allowed ones and the gRPC status trailers, in order, repeated lines kept.
-    pub(crate) fn record_trailers(&self, trailers: &HeaderMap) -> Vec<Field> {
+    pub(crate) fn recorded_trailers<'a>(
+        &'a self,
+        trailers: &'a HeaderMap,
+    ) -> impl Iterator<Item = FieldRef<'a>> + 'a {
         trailers
             .iter()
-            .filter(|(n, _)| self.allows_trailer(n.as_str().as_bytes()))
-            .map(|(n, v)| field(n, v))
-            .collect()
+            .map(as_field)
+            .filter(|(n, _)| self.allows_trailer(n))
     }
 
     /// The trailers of a gRPC Trailers-Only response, which arrive as its headers: the gRPC
     /// status trailers (the allowed headers are recorded as headers; the rest not at all).
-    pub(crate) fn record_trailers_only(&self, headers: &HeaderMap) -> Vec<Field> {
+    pub(crate) fn recorded_trailers_only<'a>(
+        &'a self,
+        headers: &'a HeaderMap,
+    ) -> impl Iterator<Item = FieldRef<'a>> + 'a {
         headers
             .iter()
-            .filter(|(n, _)| {
-                let name = n.as_str().as_bytes();
-                self.allows_trailer(name) && !self.allows(name)
-            })
-            .map(|(n, v)| field(n, v))
-            .collect()
+            .map(as_field)
+            .filter(|(n, _)| self.allows_trailer(n) && !self.allows(n))
     }
 }
 
-fn field(name: &HeaderName, value: &HeaderValue) -> Field {
-    (
-        Bytes::copy_from_slice(name.as_str().as_bytes()),
-        Bytes::copy_from_slice(value.as_bytes()),
-    )
+fn as_field<'a>((name, value): (&'a HeaderName, &'a HeaderValue)) -> FieldRef<'a> {
+    (name.as_str().as_bytes(), value.as_bytes())
 }
 
 #[cfg(test)]
@@ -266,9 +241,8 @@ mod tests {
             .collect()
     }
 
-    fn names(fields: &[Field]) -> Vec<&str> {
+    fn names<'a>(fields: impl Iterator<Item = FieldRef<'a>>) -> Vec<&'a str> {
         fields
-            .iter()
             .map(|(n, _)| std::str::from_utf8(n).expect("ASCII"))
             .collect()
     }
@@ -287,7 +261,7 @@ mod tests {
             ("set-cookie", "a=b"),
         ]);
         assert_eq!(
-            names(&p.record_trailers(&trailers)),
+            names(p.recorded_trailers(&trailers)),
             [
                 "grpc-status",
                 "grpc-message",
@@ -303,10 +277,10 @@ mod tests {
             HeaderValue::from_static("application/grpc"),
         );
         assert_eq!(
-            names(&p.record_trailers_only(&headers)),
+            names(p.recorded_trailers_only(&headers)),
             ["grpc-status", "grpc-message", "grpc-status-details-bin"]
         );
-        assert_eq!(names(&p.record(&headers)), ["x-order-id", "content-type"]);
+        assert_eq!(names(p.recorded(&headers)), ["x-order-id", "content-type"]);
         for name in ["grpc-status", "x-order-id"] {
             assert!(p.allows_trailer(name.as_bytes()), "{name}");
         }

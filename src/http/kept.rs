@@ -5,7 +5,7 @@
 //! names no header for it; until it does, the headers carry this crate's own prefix, so that
 //! a name the draft picks later cannot clash with a meaning of ours.
 
-use crate::record::{RecordTimes, RecordedResponse};
+use crate::record::{Draft, RecordTimes};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use std::time::{Duration, SystemTime};
 
@@ -18,9 +18,9 @@ pub const RECORD_AGE_HEADER: HeaderName = HeaderName::from_static("tower-idempot
 
 /// Stamps a record about to be written with its times, and the response that goes out with
 /// the time it is kept until.
-pub(crate) fn stamp(record: &mut RecordedResponse, headers: &mut HeaderMap, ttl: Duration) {
+pub(crate) fn stamp(record: &mut Draft, headers: &mut HeaderMap, ttl: Duration) {
     let times = RecordTimes::new(SystemTime::now(), ttl);
-    record.times = Some(times);
+    record.stamp(times);
     headers.insert(KEPT_UNTIL_HEADER, date(times.kept_until));
 }
 
@@ -36,6 +36,9 @@ pub(crate) fn on_replay(headers: &mut HeaderMap, times: Option<RecordTimes>) {
         .map_or(0, |d| d.as_secs());
     headers.insert(RECORD_AGE_HEADER, HeaderValue::from(age));
 }
+
+/// The bytes the times add to a record.
+pub(crate) const TIMES_LEN: usize = 16;
 
 fn date(t: SystemTime) -> HeaderValue {
     HeaderValue::try_from(httpdate::fmt_http_date(t))

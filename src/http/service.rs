@@ -13,7 +13,7 @@ use super::replay::replay;
 use crate::engine::{Begin, Engine, Ticket};
 use crate::key::IdempotencyKey;
 use crate::metrics::{self, Settled};
-use crate::record::RecordedResponse;
+use crate::record::Draft;
 use crate::scope::{Scope, StoreKey};
 use crate::store::{Store, StoreError, StoreErrorKind};
 use bytes::Bytes;
@@ -555,12 +555,20 @@ where
     async move {
         let config = &state.config;
         let engine = &state.engine;
+        // Room the record leaves for what is added before it is stored.
+        let tail = engine.tag_len()
+            + if config.record_times {
+                kept::TIMES_LEN
+            } else {
+                0
+            };
         // The handler and the reading of its body both run under lease renewal.
         let outcome = engine
             .run(&ticket, async {
                 std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
                 let res = inner.call(req).await?;
-                Ok(classify(config, engine.max_record_body(), &store_key, res, grpc).await)
+                let max = engine.max_record_body();
+                Ok(classify(config, max, tail, &store_key, res, grpc).await)
             })
             .await;
 
@@ -586,7 +594,7 @@ where
                 observe_end(
                     config,
                     grpc,
-                    complete(engine, ticket, store_key, &record).await,
+                    complete(engine, ticket, store_key, record).await,
                 );
                 Ok(res)
             }
@@ -625,7 +633,7 @@ async fn settle_at_end<St: Store>(
     state: Arc<LayerState<St>>,
     ticket: Ticket,
     key: StoreKey,
-    record: RecordedResponse,
+    record: Draft,
     mut ended: oneshot::Receiver<BodyEnd>,
     grpc: bool,
 ) {
@@ -644,7 +652,7 @@ async fn settle_at_end<St: Store>(
         }
     };
     let result = match end {
-        Ok(BodyEnd::Ended) => complete(engine, ticket, key, &record).await,
+        Ok(BodyEnd::Ended) => complete(engine, ticket, key, record).await,
         Ok(BodyEnd::Failed) => {
             tracing::debug!(key = ?key, "response body failed while streamed");
             release(engine, ticket, key).await
@@ -696,9 +704,12 @@ async fn complete<St: Store>(
     engine: &Engine<St>,
     ticket: Ticket,
     key: StoreKey,
-    record: &RecordedResponse,
+    record: Draft,
 ) -> Settled {
-    let res = engine.complete(ticket, record).await;
+    if !record.dropped().is_empty() {
+        tracing::warn!(key = ?key, left_out = ?record.dropped(), "idempotency record could not be written whole; recorded without the parts that do not fit");
+    }
+    let res = engine.complete_draft(ticket, record).await;
     match &res {
         Ok(true) => tracing::debug!(outcome = "completed", key = ?key, "idempotency record stored"),
         Ok(false) => {
