@@ -22,6 +22,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio_util::task::TaskTracker;
 use tokio_util::task::task_tracker::TrackedFuture;
+use tracing::Instrument;
 
 /// The claimed work of one layer (and of every service and `#[idempotent]` route built from
 /// it) that has not finished yet: handlers still running, and outcomes still being recorded.
@@ -95,8 +96,11 @@ impl InFlightWork {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
+        // Boxed before it is wrapped: the work (kilobytes for an HTTP handler's) is moved once,
+        // into its box, and the span it finishes in is only attached if it is detached.
         Detachable {
-            work: Some(Box::pin(self.tracker.track_future(work))),
+            work: Some(self.tracker.track_future(Box::pin(work))),
+            span: tracing::Span::current(),
         }
     }
 
@@ -121,7 +125,9 @@ where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
-    work: Option<Pin<Box<TrackedFuture<F>>>>,
+    work: Option<TrackedFuture<Pin<Box<F>>>>,
+    /// The span the work was started in; its caller polls it there, a detached task enters it.
+    span: tracing::Span,
 }
 
 impl<F> Future for Detachable<F>
@@ -136,7 +142,7 @@ where
             .work
             .as_mut()
             .expect("Detachable polled after completion");
-        let out = std::task::ready!(work.as_mut().poll(cx));
+        let out = std::task::ready!(Pin::new(work).poll(cx));
         self.work = None;
         Poll::Ready(out)
     }
@@ -158,7 +164,9 @@ where
                 tracing::debug!(
                     "idempotent work abandoned by its caller; its handler runs on and its outcome is recorded"
                 );
-                drop(rt.spawn(work));
+                drop(rt.spawn(
+                    work.instrument(std::mem::replace(&mut self.span, tracing::Span::none())),
+                ));
             }
             Err(_) => {
                 tracing::warn!(
@@ -166,5 +174,39 @@ where
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Work its caller dropped finishes on a task of its own, in the span it was started in
+    /// (the request's, for the HTTP layer): its log lines still name the request.
+    #[tokio::test(flavor = "current_thread")]
+    async fn detached_work_finishes_in_the_span_it_was_started_in() {
+        let _subscriber = tracing::subscriber::set_default(tracing_subscriber::registry());
+        let in_flight = InFlightWork::new();
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let (report, seen) = tokio::sync::oneshot::channel();
+        let span = tracing::info_span!("request");
+        let work = span.in_scope(|| {
+            in_flight.detachable(async move {
+                let _ = wait.await;
+                let name = tracing::Span::current().metadata().map(|m| m.name());
+                let _ = report.send(name);
+            })
+        });
+        let mut work = Box::pin(work);
+        let first = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
+        assert!(first.is_pending());
+        drop(work);
+        assert_eq!(in_flight.len(), 1, "the detached work is still counted");
+        go.send(()).expect("the detached work waits");
+        let name = tokio::time::timeout(Duration::from_secs(5), seen)
+            .await
+            .expect("finished")
+            .expect("reported");
+        assert_eq!(name, Some("request"));
     }
 }

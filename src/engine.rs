@@ -72,8 +72,10 @@ pin_project_lite::pin_project! {
     struct Run<'a, S, F> {
         #[pin]
         work: F,
+        // Made when the work first waits: work done in its first poll reads no clock and
+        // sets no timer.
         #[pin]
-        sleep: tokio::time::Sleep,
+        sleep: Option<tokio::time::Sleep>,
         renewing: Option<RenewFuture<'a>>,
         lost: bool,
         engine: &'a Engine<S>,
@@ -96,11 +98,17 @@ impl<S: Store, F: Future> Future for Run<'_, S, F> {
             *this.renewing = None;
             *this.lost = renewal_lost(res, &ticket.key);
         }
-        if !*this.lost && this.renewing.is_none() && this.sleep.as_mut().poll(cx).is_ready() {
-            this.sleep
+        if this.sleep.is_none() {
+            this.sleep.set(Some(tokio::time::sleep(engine.lease / 3)));
+        }
+        let Some(mut sleep) = this.sleep.as_pin_mut() else {
+            return Poll::Pending;
+        };
+        if !*this.lost && this.renewing.is_none() && sleep.as_mut().poll(cx).is_ready() {
+            sleep
                 .as_mut()
                 .reset(tokio::time::Instant::now() + engine.lease / 3);
-            let _ = this.sleep.as_mut().poll(cx);
+            let _ = sleep.as_mut().poll(cx);
             let mut fut: RenewFuture<'_> = Box::pin(async move {
                 let started = Started::now();
                 let renewed = engine
@@ -468,7 +476,7 @@ impl<S: Store> Engine<S> {
     ) -> impl Future<Output = F::Output> + use<'a, F, S> {
         Run {
             work,
-            sleep: tokio::time::sleep(self.lease / 3),
+            sleep: None,
             renewing: None,
             lost: false,
             engine: self,

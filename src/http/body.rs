@@ -426,27 +426,35 @@ pub(crate) enum Collected<B: Body> {
 }
 
 /// Reads a response body up to `limit` bytes, keeping its trailers; stops at the first byte
-/// over the limit, or at `deadline` when the body has not ended by then, and hands back what it
-/// read and the rest.
+/// over the limit, or when the body has not ended `timeout` after it first had to be waited
+/// for, and hands back what it read and the rest.
+///
+/// The bound starts when the body first makes the reader wait, not before: a body whose frames
+/// are all ready at once (a buffered handler's) is read without a clock reading or a timer.
 pub(crate) async fn collect_limited<B: Body<Data = Bytes>>(
     body: B,
     limit: usize,
-    deadline: tokio::time::Instant,
+    timeout: std::time::Duration,
 ) -> Collected<B> {
     let mut body = Box::pin(body);
     let mut first: Option<Bytes> = None;
     let mut buf = BytesMut::new();
     let mut len = 0usize;
     let mut trailers: Option<HeaderMap> = None;
+    let mut deadline: Option<tokio::time::Instant> = None;
     let take = |first: &mut Option<Bytes>, buf: &mut BytesMut| {
         first.take().unwrap_or_else(|| std::mem::take(buf).freeze())
     };
     loop {
-        // Trailers are the last frame: once they came the end is due, the deadline is moot.
-        let next = if trailers.is_some() {
+        let ready = std::future::poll_fn(|cx| Poll::Ready(body.as_mut().poll_frame(cx))).await;
+        let next = if let Poll::Ready(next) = ready {
+            next
+        } else if trailers.is_some() {
+            // Trailers are the last frame: once they came the end is due, the bound is moot.
             body.frame().await
         } else {
-            match tokio::time::timeout_at(deadline, body.frame()).await {
+            let at = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + timeout);
+            match tokio::time::timeout_at(at, body.frame()).await {
                 Ok(next) => next,
                 Err(_) => {
                     return Collected::Slow {

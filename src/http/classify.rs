@@ -195,7 +195,7 @@ where
         let res = Response::from_parts(parts, ResponseBody::passthrough(body));
         return keep_unless_written(res, key, written, Outcome::RecordAtEnd);
     }
-    match collect_limited(body, max, config.collect_deadline()).await {
+    match collect_limited(body, max, config.collect_timeout).await {
         Collected::Whole { data, trailers } => {
             let written = if full {
                 // Written from the response's own headers, body and trailers: no copies
@@ -248,7 +248,7 @@ where
         tracing::warn!(key = ?key, "gRPC response over the record limit; released, not recorded");
         return Outcome::Release(Response::from_parts(parts, ResponseBody::passthrough(body)));
     }
-    let (data, trailers) = match collect_limited(body, max, config.collect_deadline()).await {
+    let (data, trailers) = match collect_limited(body, max, config.collect_timeout).await {
         Collected::Whole { data, trailers } => (data, trailers),
         Collected::TooLarge { prefix, rest } => {
             tracing::warn!(key = ?key, "gRPC response over the record limit; released, not recorded");

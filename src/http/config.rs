@@ -391,11 +391,6 @@ impl Config {
             .any(|t| t.eq_ignore_ascii_case(media_type))
     }
 
-    /// Step 9: when a response body still being read is sent on as it comes.
-    pub(crate) fn collect_deadline(&self) -> tokio::time::Instant {
-        tokio::time::Instant::now() + self.collect_timeout
-    }
-
     pub(crate) fn render(&self, rejection: &Rejection) -> http::Response<Bytes> {
         match &self.renderer {
             Some(r) => r(rejection),

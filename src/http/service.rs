@@ -517,9 +517,9 @@ where
         ));
         let req = Request::from_parts(parts, RequestBody::buffered(body));
 
-        // In the request's span, also when it finishes on a task of its own.
-        let work =
-            run_claimed(Arc::clone(&state), inner, req, ticket, store_key, grpc).in_current_span();
+        // Polled in the request's span (entered by the response future); a detached task
+        // enters it too (`detachable` keeps the current span).
+        let work = run_claimed(Arc::clone(&state), inner, req, ticket, store_key, grpc);
         if config.run_to_completion {
             // Finishes (and records) on a task of its own if this future is dropped first.
             state.in_flight.detachable(work).await
