@@ -441,28 +441,30 @@ pub(crate) async fn collect_limited<B: Body<Data = Bytes>>(
     let mut buf = BytesMut::new();
     let mut len = 0usize;
     let mut trailers: Option<HeaderMap> = None;
-    let mut deadline: Option<tokio::time::Instant> = None;
+    // Made when the body first has to be waited for (boxed: the rare path does not size
+    // every response's future).
+    let mut bound: Option<Pin<Box<tokio::time::Sleep>>> = None;
     let take = |first: &mut Option<Bytes>, buf: &mut BytesMut| {
         first.take().unwrap_or_else(|| std::mem::take(buf).freeze())
     };
     loop {
-        let ready = std::future::poll_fn(|cx| Poll::Ready(body.as_mut().poll_frame(cx))).await;
-        let next = if let Poll::Ready(next) = ready {
-            next
-        } else if trailers.is_some() {
-            // Trailers are the last frame: once they came the end is due, the bound is moot.
-            body.frame().await
-        } else {
-            let at = *deadline.get_or_insert_with(|| tokio::time::Instant::now() + timeout);
-            match tokio::time::timeout_at(at, body.frame()).await {
-                Ok(next) => next,
-                Err(_) => {
-                    return Collected::Slow {
-                        prefix: take(&mut first, &mut buf),
-                        rest: body,
-                    };
-                }
+        let next = std::future::poll_fn(|cx| {
+            if let Poll::Ready(next) = body.as_mut().poll_frame(cx) {
+                return Poll::Ready(Some(next));
             }
+            // Trailers are the last frame: once they came the end is due, the bound is moot.
+            if trailers.is_some() {
+                return Poll::Pending;
+            }
+            let bound = bound.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+            bound.as_mut().poll(cx).map(|()| None)
+        })
+        .await;
+        let Some(next) = next else {
+            return Collected::Slow {
+                prefix: take(&mut first, &mut buf),
+                rest: body,
+            };
         };
         let Some(frame) = next else { break };
         let frame = match frame {

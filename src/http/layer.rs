@@ -258,7 +258,8 @@ impl<St: Store> IdempotencyLayer<St> {
     /// How long the layer waits for a recordable response's body to end before it sends what
     /// it has read and lets the rest stream through, recorded as status and headers once it
     /// has ended (default 5 s, [`DEFAULT_COLLECT_TIMEOUT`](super::DEFAULT_COLLECT_TIMEOUT)).
-    /// The bound starts when the handler has answered; see
+    /// The bound starts when the handler has answered and its body first has to be waited
+    /// for (a body whose frames are all ready is read without it); see
     /// [response bodies](super#response-bodies).
     #[must_use]
     pub fn collect_timeout(self, timeout: Duration) -> Self {
