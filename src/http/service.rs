@@ -261,6 +261,14 @@ fn principal_missing() -> Rejection {
     )
 }
 
+/// A stored record that failed validation: refused instead of replayed.
+fn record_invalid() -> Rejection {
+    Rejection::new(
+        RejectionKind::RecordInvalid,
+        "the stored response for this key could not be replayed",
+    )
+}
+
 fn key_missing(config: &Config) -> Rejection {
     Rejection::new(RejectionKind::KeyMissing, config.missing_key_detail())
 }
@@ -458,14 +466,7 @@ where
                     }
                     Err(reason) => {
                         tracing::warn!(outcome = "record_invalid", key = ?store_key, reason, "stored record failed re-validation; not replayed");
-                        render(
-                            &state,
-                            Rejection::new(
-                                RejectionKind::RecordInvalid,
-                                "the stored response for this key could not be replayed",
-                            ),
-                            grpc,
-                        )
+                        render(&state, record_invalid(), grpc)
                     }
                 });
             }
@@ -494,14 +495,7 @@ where
             }
             Ok(Begin::Invalid(e)) => {
                 tracing::warn!(outcome = "record_invalid", key = ?store_key, error = %e, "stored record failed validation; not replayed");
-                return Ok(render(
-                    &state,
-                    Rejection::new(
-                        RejectionKind::RecordInvalid,
-                        "the stored response for this key could not be replayed",
-                    ),
-                    grpc,
-                ));
+                return Ok(render(&state, record_invalid(), grpc));
             }
             Err(e) => return Ok(render(&state, store_rejection(&e), grpc)),
         };
