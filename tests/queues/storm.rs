@@ -29,7 +29,7 @@ const CHILD_TEST: &str = "storm::consumer_process";
 /// Deliveries in flight per child at once.
 const WINDOW: usize = 32;
 
-fn env_or(name: &str, default: usize) -> usize {
+pub(crate) fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
@@ -123,7 +123,7 @@ async fn consumer_process() {
 }
 
 /// A small xorshift, seeded from the clock: the spread of deliveries differs per run.
-fn rand_u32() -> u32 {
+pub(crate) fn rand_u32() -> u32 {
     use std::cell::Cell;
     thread_local! {
         static STATE: Cell<u64> = Cell::new(
