@@ -20,9 +20,9 @@ use tokio_stream::StreamExt;
 use tower::{ServiceBuilder, service_fn};
 use tower_idempotency::MemoryStore;
 use tower_idempotency::engine::Engine;
+use tower_idempotency::message::MessageIdempotencyLayer;
 use tower_idempotency::message::jetstream::async_nats::{self, jetstream};
 use tower_idempotency::message::jetstream::{JetStreamConsumer, keys};
-use tower_idempotency::message::MessageIdempotencyLayer;
 
 const STREAM: &str = "EXAMPLE_ORDERS";
 

@@ -161,9 +161,7 @@ impl Backoff {
 
     fn at(self, delivered: i64) -> Duration {
         let doublings = u32::try_from(delivered.saturating_sub(1).clamp(0, 16)).unwrap_or(16);
-        self.first
-            .saturating_mul(1u32 << doublings)
-            .min(self.max)
+        self.first.saturating_mul(1u32 << doublings).min(self.max)
     }
 }
 
@@ -340,7 +338,9 @@ where
                 }
                 MessageErrorKind::InFlight => {
                     let grown = self.in_flight.at(delivered);
-                    Reply::Nak(Some(e.retry_after().map_or(grown, |after| grown.min(after))))
+                    Reply::Nak(Some(
+                        e.retry_after().map_or(grown, |after| grown.min(after)),
+                    ))
                 }
                 MessageErrorKind::Store => Reply::Nak(Some(self.store.at(delivered))),
                 _ => {
@@ -400,5 +400,47 @@ mod tests {
             k(&[]),
             Some(MessageKey::digest("orders.created", None, b"order 1"))
         );
+    }
+
+    #[test]
+    fn a_nats_msg_id_that_is_not_a_key_is_hashed_not_refused() {
+        let k = |h: &[(&str, &str)]| keys().key(&message(h));
+        let long = "m".repeat(300);
+        assert_eq!(
+            k(&[("Nats-Msg-Id", &long)]).unwrap(),
+            Some(MessageKey::hashed(long.as_bytes()))
+        );
+        assert_eq!(
+            k(&[("Nats-Msg-Id", "zamówienie-7")]).unwrap(),
+            Some(MessageKey::hashed("zamówienie-7".as_bytes()))
+        );
+        assert_ne!(
+            k(&[("Nats-Msg-Id", "zamówienie-7")]).unwrap(),
+            k(&[("Nats-Msg-Id", "zamówienie-8")]).unwrap()
+        );
+        assert_eq!(
+            k(&[("Nats-Msg-Id", "  ")]).unwrap(),
+            Some(MessageKey::digest("orders.created", None, b"order 1")),
+            "an empty id is no id"
+        );
+        // The producer's own Idempotency-Key is still held to the key rules.
+        assert!(k(&[("Idempotency-Key", &long)]).is_err());
+    }
+
+    #[test]
+    fn backoff_doubles_per_delivery_up_to_its_max_and_never_overflows() {
+        let b = Backoff::new(Duration::from_millis(500), Duration::from_secs(20));
+        let at: Vec<_> = (0..8).map(|d| b.at(d)).collect();
+        assert_eq!(
+            at[0],
+            Duration::from_millis(500),
+            "a missing count is the first"
+        );
+        assert_eq!(at[1], Duration::from_millis(500));
+        assert_eq!(at[2], Duration::from_secs(1));
+        assert_eq!(at[6], Duration::from_secs(16));
+        assert_eq!(at[7], Duration::from_secs(20));
+        let huge = Backoff::new(Duration::MAX, Duration::ZERO);
+        assert_eq!(huge.at(i64::MAX), Duration::MAX);
     }
 }

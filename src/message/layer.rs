@@ -749,7 +749,10 @@ where
             // A record must read back within the engine's limit, or every redelivery of work
             // that succeeded is refused: keep the fact that it completed, as the HTTP layer
             // keeps status and headers of a body over the limit.
-            if body.as_ref().is_some_and(|b| b.len() > engine.max_record_body()) {
+            if body
+                .as_ref()
+                .is_some_and(|b| b.len() > engine.max_record_body())
+            {
                 tracing::warn!(target: "tower_idempotency::message", key = ?store_key, limit = engine.max_record_body(), "result over the record limit; recorded without it, so a duplicate is acknowledged without a result");
                 body = None;
             }

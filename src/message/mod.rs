@@ -152,6 +152,5 @@ pub use error::{MessageError, MessageErrorKind};
 pub use key::{Envelope, HeaderOrHash, KeyStrategy, Message, MessageKey};
 pub use layer::{
     AllRetryable, AllSuccessful, Classify, ClassifyError, DEFAULT_NAMESPACE, Handled, InProgress,
-    MessageIdempotency,
-    MessageIdempotencyLayer,
+    MessageIdempotency, MessageIdempotencyLayer,
 };
