@@ -1,8 +1,9 @@
 //! A JetStream consumer killed with `kill -9` mid-handler, under competing consumers, with the
 //! door's and the adapter's **default settings**: three consumer processes (this test binary,
 //! started as children) pull from one durable consumer of a real `nats-server` (file storage)
-//! and share one `redis-server` as their store. The side effect is an `INCR` in that Redis, so
-//! it survives the killed process. Once the first child has started ten handlers, it is
+//! and share one `redis-server` as their store. Handlers take 20–50 ms (100–300 ms in the
+//! child to be killed), then do their side effect: an `INCR` in that Redis, so it survives the
+//! killed process. Once the first child has started ten handlers, it is
 //! killed; the test waits until the server holds nothing unacknowledged, then checks that
 //! every message's side effect happened (nothing lost), and that the extra ones are no more
 //! than the messages the killed child had in flight.
@@ -46,6 +47,9 @@ const CHILD_NATS: &str = "QUEUES_CRASH_CHILD_NATS";
 const CHILD_REDIS: &str = "QUEUES_CRASH_CHILD_REDIS";
 /// Set in a child: the engine's lease in ms; absent, the engine's default.
 const CHILD_LEASE_MS: &str = "QUEUES_CRASH_CHILD_LEASE_MS";
+/// Set in the child to be killed: its handlers take 100–300 ms, so some are surely running
+/// when the kill lands, however late the test reads its output.
+const CHILD_SLOW: &str = "QUEUES_CRASH_CHILD_SLOW";
 const CHILD_TEST: &str = "crash::consumer_process";
 const STREAM: &str = "CRASH";
 const DURABLE: &str = "billing";
@@ -55,7 +59,8 @@ const SLOTS: usize = 16;
 const KILL_AFTER_STARTS: usize = 10;
 
 /// A consumer process: pulls from the durable consumer, handles each message through the door
-/// with every default (a 20–50 ms handler that then does its side effect), and prints
+/// with every default (a 20–50 ms handler, 100–300 ms in the child to be killed, that then
+/// does its side effect), and prints
 /// `START <n>` when a handler starts and `DONE <n> <reply>` when the server has been answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a child process of the crash tests"]
@@ -75,12 +80,17 @@ async fn consumer_process() {
         .get_multiplexed_async_connection()
         .await
         .unwrap();
+    let (least, spread) = if std::env::var_os(CHILD_SLOW).is_some() {
+        (100, 201)
+    } else {
+        (20, 31)
+    };
     let handler = service_fn(move |m: async_nats::Message| {
         let mut conn = conn.clone();
         async move {
             let n = String::from_utf8(m.payload.to_vec()).unwrap();
             println!("START {n}");
-            let work = 20 + u64::from(rand_u32() % 31);
+            let work = least + u64::from(rand_u32() % spread);
             tokio::time::sleep(Duration::from_millis(work)).await;
             redis::cmd("INCR")
                 .arg(format!("effect:{n}"))
@@ -159,6 +169,9 @@ fn spawn_consumer(
         .kill_on_drop(true);
     if let Some(lease) = lease {
         command.env(CHILD_LEASE_MS, lease.as_millis().to_string());
+    }
+    if index == 0 {
+        command.env(CHILD_SLOW, "1");
     }
     let mut child = command.spawn().unwrap();
     let stdout = child.stdout.take().unwrap();
