@@ -20,9 +20,9 @@ use tokio_stream::StreamExt;
 use tower::{ServiceBuilder, service_fn};
 use tower_idempotency::MemoryStore;
 use tower_idempotency::engine::Engine;
+use tower_idempotency::message::MessageIdempotencyLayer;
 use tower_idempotency::message::jetstream::async_nats::{self, jetstream};
 use tower_idempotency::message::jetstream::{JetStreamConsumer, keys};
-use tower_idempotency::message::{InProgress, MessageIdempotencyLayer};
 
 const STREAM: &str = "EXAMPLE_ORDERS";
 
@@ -66,14 +66,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     }
 
     // The handler: "sends an invoice" (counts it). The memory store is enough for one process;
-    // replicas share a `RedisStore` or `PostgresStore` instead.
+    // replicas share a `RedisStore` or `PostgresStore` instead. The defaults lose nothing if a
+    // consumer crashes mid-handler: a redelivery of a message still claimed waits a second,
+    // then is naked with a short, growing delay until the claim is recorded or lapses.
     let invoices = Arc::new(AtomicUsize::new(0));
     let sent = Arc::clone(&invoices);
     let handler = ServiceBuilder::new()
         .layer(
             MessageIdempotencyLayer::new(Engine::new(MemoryStore::new()), "invoices")
-                .key_strategy(keys())
-                .in_progress(InProgress::Reject),
+                .key_strategy(keys()),
         )
         .service(service_fn(move |m: async_nats::Message| {
             let sent = Arc::clone(&sent);
@@ -86,7 +87,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
                 Ok::<_, Infallible>(())
             }
         }));
-    let consumer_loop = JetStreamConsumer::new(handler).ack_wait(ack_wait);
+    // The consumer's `ack_wait` is read from the server with the first delivery.
+    let consumer_loop = JetStreamConsumer::new(handler);
 
     let mut messages = consumer
         .fetch()

@@ -11,7 +11,10 @@ use std::time::Duration;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum MessageErrorKind {
-    /// The handler returned an error; the key was released (retryable: redeliver).
+    /// The handler returned an error; the key was released. Retryable (redeliver), unless the
+    /// layer's [`permanent_errors`](super::MessageIdempotencyLayer::permanent_errors)
+    /// classifier calls it permanent: then [`MessageError::is_retryable`] is false and
+    /// [`MessageError::is_permanent`] true (dead-letter it).
     Handler,
     /// A duplicate of a message still in progress, under [`InProgress::Reject`](super::InProgress::Reject)
     /// or past the bound of [`InProgress::Wait`](super::InProgress::Wait) (retryable, after
@@ -24,8 +27,9 @@ pub enum MessageErrorKind {
     KeyMissing,
     /// The message carries a key that is not valid (not retryable).
     KeyInvalid,
-    /// The key was used by a different message, on the same topic and consumer (not
-    /// retryable: the producer reused a key).
+    /// The key was used by a different message (another topic, schema version or body) for
+    /// the same consumer: a key is scoped by the consumer, not by the topic (not retryable:
+    /// the producer reused a key).
     KeyReused,
     /// The record of a completed duplicate failed validation or did not decode; it is never
     /// used (not retryable).
@@ -39,7 +43,8 @@ pub struct MessageError<E> {
 }
 
 enum Inner<E> {
-    Handler(E),
+    /// The error, and whether the layer's classifier calls it permanent.
+    Handler(E, bool),
     InFlight(Duration),
     Store(StoreError),
     KeyMissing,
@@ -51,7 +56,14 @@ enum Inner<E> {
 impl<E> MessageError<E> {
     pub(crate) fn handler(e: E) -> Self {
         Self {
-            inner: Inner::Handler(e),
+            inner: Inner::Handler(e, false),
+        }
+    }
+
+    /// The handler's error, called permanent (`true`) or retryable by the layer's classifier.
+    pub(crate) fn handler_classified(e: E, permanent: bool) -> Self {
+        Self {
+            inner: Inner::Handler(e, permanent),
         }
     }
 
@@ -95,7 +107,7 @@ impl<E> MessageError<E> {
     #[must_use]
     pub fn kind(&self) -> MessageErrorKind {
         match &self.inner {
-            Inner::Handler(_) => MessageErrorKind::Handler,
+            Inner::Handler(..) => MessageErrorKind::Handler,
             Inner::InFlight(_) => MessageErrorKind::InFlight,
             Inner::Store(_) => MessageErrorKind::Store,
             Inner::KeyMissing => MessageErrorKind::KeyMissing,
@@ -105,19 +117,33 @@ impl<E> MessageError<E> {
         }
     }
 
-    /// Whether a redelivery may succeed: the handler's error, a message in flight, a store
-    /// failure. The others will fail the same way every time: dead-letter them.
+    /// Whether a redelivery may succeed: the handler's error (unless called permanent), a
+    /// message in flight, a store failure. The others will fail the same way every time:
+    /// dead-letter them.
     #[must_use]
     pub fn is_retryable(&self) -> bool {
         matches!(
             self.inner,
-            Inner::Handler(_) | Inner::InFlight(_) | Inner::Store(_)
+            Inner::Handler(_, false) | Inner::InFlight(_) | Inner::Store(_)
         )
     }
 
-    /// For a message in flight: how long to wait before redelivering. The lease the first
-    /// delivery's claim has left (a claim whose consumer is gone lapses then; a running one
-    /// is renewed every third of the lease), or the whole lease when the store cannot tell.
+    /// Whether this is a handler error that the layer's
+    /// [`permanent_errors`](super::MessageIdempotencyLayer::permanent_errors) classifier
+    /// calls permanent: the key was released, and a redelivery would fail the same way.
+    /// Adapters dead-letter it (JetStream: `Term`; apalis: abort) instead of retrying.
+    #[must_use]
+    pub fn is_permanent(&self) -> bool {
+        matches!(self.inner, Inner::Handler(_, true))
+    }
+
+    /// For a message in flight: how long to wait before redelivering, at most a third of the
+    /// engine's lease. The lease the first delivery's claim has left, when that is shorter
+    /// (a claim whose consumer is gone lapses then); a running claim is renewed every third of
+    /// the lease, so its lease left says nothing about when it ends, and the cap keeps the
+    /// wait to one renewal period (20 s for the default 60 s lease). A third of the lease when
+    /// the store cannot tell. Adapters that count deliveries start lower and grow toward it
+    /// (the [`jetstream`](super::jetstream) adapter does).
     #[must_use]
     pub fn retry_after(&self) -> Option<Duration> {
         match self.inner {
@@ -130,7 +156,7 @@ impl<E> MessageError<E> {
     #[must_use]
     pub fn handler_error(&self) -> Option<&E> {
         match &self.inner {
-            Inner::Handler(e) => Some(e),
+            Inner::Handler(e, _) => Some(e),
             _ => None,
         }
     }
@@ -141,17 +167,18 @@ impl<E> MessageError<E> {
     /// `self`, when it is not the handler's error.
     pub fn into_handler_error(self) -> Result<E, Self> {
         match self.inner {
-            Inner::Handler(e) => Ok(e),
+            Inner::Handler(e, _) => Ok(e),
             inner => Err(Self { inner }),
         }
     }
 
     /// The handler's error as `Err`, or this error as a door error that holds no handler
-    /// error (for adapters whose handler errors do not implement `Error`).
+    /// error (for adapters whose handler errors do not implement `Error`). Ask
+    /// [`is_permanent`](Self::is_permanent) first: the handler's error comes back bare.
     #[cfg(feature = "apalis")]
     pub(crate) fn split_handler(self) -> Result<MessageError<std::convert::Infallible>, E> {
         let inner = match self.inner {
-            Inner::Handler(e) => return Err(e),
+            Inner::Handler(e, _) => return Err(e),
             Inner::InFlight(d) => Inner::InFlight(d),
             Inner::Store(e) => Inner::Store(e),
             Inner::KeyMissing => Inner::KeyMissing,
@@ -177,7 +204,7 @@ impl<E: fmt::Debug> fmt::Debug for MessageError<E> {
         let mut d = f.debug_struct("MessageError");
         d.field("kind", &self.kind());
         match &self.inner {
-            Inner::Handler(e) => d.field("handler", e),
+            Inner::Handler(e, permanent) => d.field("handler", e).field("permanent", permanent),
             Inner::InFlight(after) => d.field("retry_after", after),
             Inner::Store(e) => d.field("store", e),
             Inner::KeyInvalid(e) => d.field("key", e),
@@ -191,7 +218,8 @@ impl<E: fmt::Debug> fmt::Debug for MessageError<E> {
 impl<E: fmt::Display> fmt::Display for MessageError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner {
-            Inner::Handler(e) => write!(f, "the message handler failed: {e}"),
+            Inner::Handler(e, false) => write!(f, "the message handler failed: {e}"),
+            Inner::Handler(e, true) => write!(f, "the message handler failed for good: {e}"),
             Inner::InFlight(after) => write!(
                 f,
                 "a delivery of this message is still being handled; retry after {after:?}"
@@ -212,7 +240,7 @@ impl<E: fmt::Display> fmt::Display for MessageError<E> {
 impl<E: StdError + 'static> StdError for MessageError<E> {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match &self.inner {
-            Inner::Handler(e) => Some(e),
+            Inner::Handler(e, _) => Some(e),
             Inner::Store(e) => Some(e),
             Inner::KeyInvalid(e) => Some(e),
             Inner::RecordInvalid(Some(e)) => Some(e),

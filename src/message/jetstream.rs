@@ -6,23 +6,36 @@
 //!
 //! | outcome (see the [outcomes table](super#outcomes)) | reply |
 //! | --- | --- |
-//! | ran, untracked, completed duplicate, skipped duplicate | `Ack` |
-//! | handler `Err`, or a result classified unsuccessful (key released) | `Nak`, redelivered at once |
-//! | a duplicate in flight ([`InProgress::Reject`](super::InProgress::Reject), or past the bound of [`Wait`](super::InProgress::Wait)) | `Nak` with a delay of the lease the first delivery's claim has left |
-//! | the store failed on claim | `Nak` with backoff: 1 s, doubling per delivery, at most 60 s |
+//! | ran, untracked, completed duplicate, skipped duplicate (opt-in) | `Ack` |
+//! | handler `Err`, or a result classified unsuccessful (key released) | `Nak` with backoff: 1 s, doubling per delivery, at most 60 s ([`failure_backoff`](JetStreamConsumer::failure_backoff)) |
+//! | handler `Err` that the layer calls [permanent](super::MessageIdempotencyLayer::permanent_errors) | `Term`, and a warning |
+//! | a duplicate in flight (the default [`Wait`](super::InProgress::Wait) past its bound, or [`Reject`](super::InProgress::Reject)) | `Nak` with backoff: 500 ms, doubling per delivery, at most 20 s and never past [`retry_after`](super::MessageError::retry_after) ([`in_flight_backoff`](JetStreamConsumer::in_flight_backoff)) |
+//! | the store failed on claim | `Nak` with backoff: 1 s, doubling per delivery, at most 60 s ([`store_backoff`](JetStreamConsumer::store_backoff)) |
 //! | the key reused by a different message | `Term`, and a warning |
 //! | no key where one is required, an invalid key, an invalid record | `Term`, and a warning |
 //!
+//! Every `Nak` carries a delay: nats-server redelivers a plain `Nak` at once (the consumer's
+//! `backoff` applies to `ack_wait` expiries only), and a failing handler would loop hot until
+//! `max_deliver` (unlimited by default).
+//!
+//! **A consumer that crashes mid-handler loses nothing** with these defaults: the server
+//! redelivers its message after `ack_wait` (30 s by default) while its claim is pending (the
+//! engine's lease, 60 s by default); the redelivery waits a second for the claim, is naked
+//! with a short delay that grows with each delivery, and runs once the lease has lapsed. Keep
+//! `max_deliver` unlimited, or its span of redeliveries longer than the lease.
+//!
 //! While the handler runs, `Progress` (`+WPI`) is sent every third of the consumer's
 //! `ack_wait`, so the server does not redeliver the message to another consumer mid-work; the
-//! engine renews the key's lease on its own schedule (a third of the lease) meanwhile.
-//! Set [`ack_wait`](JetStreamConsumer::ack_wait) to the consumer's (`ack_wait` in its config,
-//! 30 s by default).
+//! engine renews the key's lease on its own schedule (a third of the lease) meanwhile. The
+//! consumer's `ack_wait` (and its `backoff`, when shorter) is read from the server with the
+//! first delivery of each consumer (one `CONSUMER.INFO` request, kept); set
+//! [`ack_wait`](JetStreamConsumer::ack_wait) to skip the request.
 //!
 //! **Keys** ([`keys`]): `Idempotency-Key`, else `Nats-Msg-Id` (the header JetStream itself
-//! de-duplicates publishes by, within the stream's duplicate window), else the digest of the
-//! subject and payload. The consumer name given to the layer should be the durable consumer's
-//! name: two durable consumers of one stream each handle a message once.
+//! de-duplicates publishes by, within the stream's duplicate window; an id that is not a valid
+//! key, over 255 bytes or not ASCII, is hashed into one), else the digest of the subject and
+//! payload. The consumer name given to the layer should be the durable consumer's name: two
+//! durable consumers of one stream each handle a message once.
 //!
 //! ```no_run
 //! use std::convert::Infallible;
@@ -32,7 +45,7 @@
 //! use tower_idempotency::engine::Engine;
 //! use tower_idempotency::message::jetstream::{JetStreamConsumer, async_nats, keys};
 //! use async_nats::jetstream::{self, consumer::pull};
-//! use tower_idempotency::message::{InProgress, MessageIdempotencyLayer};
+//! use tower_idempotency::message::MessageIdempotencyLayer;
 //!
 //! # #[tokio::main] async fn main() -> Result<(), async_nats::Error> {
 //! let js = jetstream::new(async_nats::connect("127.0.0.1:4222").await?);
@@ -44,11 +57,7 @@
 //!     .await?;
 //!
 //! let handler = ServiceBuilder::new()
-//!     .layer(
-//!         MessageIdempotencyLayer::new(Engine::new(MemoryStore::new()), "invoices")
-//!             .key_strategy(keys())
-//!             .in_progress(InProgress::Reject),
-//!     )
+//!     .layer(MessageIdempotencyLayer::new(Engine::new(MemoryStore::new()), "invoices").key_strategy(keys()))
 //!     .service(service_fn(|m: async_nats::Message| async move {
 //!         // send the invoice for m.payload ...
 //!         Ok::<_, Infallible>(())
@@ -68,8 +77,12 @@ use super::key::{HeaderOrHash, Message};
 use super::layer::Handled;
 pub use async_nats;
 use async_nats::jetstream::AckKind;
+use async_nats::jetstream::consumer;
+use async_nats::jetstream::message::Acker;
 use std::borrow::Cow;
+use std::convert::Infallible;
 use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 use tower_service::Service;
 
@@ -93,10 +106,11 @@ impl Message for async_nats::Message {
     }
 }
 
-/// The key strategy for JetStream: `Idempotency-Key`, else `Nats-Msg-Id`, else the digest of
-/// subject and payload.
+/// The key strategy for JetStream: `Idempotency-Key`, else `Nats-Msg-Id` (hashed when it is
+/// not a valid key: see [`HeaderOrHash::or_id_header`]), else the digest of subject and
+/// payload.
 pub fn keys() -> HeaderOrHash {
-    HeaderOrHash::new().or_header(AsRef::<str>::as_ref(&async_nats::header::NATS_MESSAGE_ID))
+    HeaderOrHash::new().or_id_header(AsRef::<str>::as_ref(&async_nats::header::NATS_MESSAGE_ID))
 }
 
 /// What [`JetStreamConsumer::handle`] answered the server.
@@ -124,15 +138,46 @@ pub struct Processed<R, E> {
     pub reply_error: Option<async_nats::Error>,
 }
 
+/// JetStream's default `ack_wait`, taken when the consumer's cannot be read.
+const DEFAULT_ACK_WAIT: Duration = Duration::from_secs(30);
+
+/// How long the first delivery of a consumer waits for its `CONSUMER.INFO` answer.
+const INFO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// A delay that starts at `first` on the first delivery and doubles with each, up to `max`.
+#[derive(Clone, Copy, Debug)]
+struct Backoff {
+    first: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    fn new(first: Duration, max: Duration) -> Self {
+        Self {
+            first,
+            max: max.max(first),
+        }
+    }
+
+    fn at(self, delivered: i64) -> Duration {
+        let doublings = u32::try_from(delivered.saturating_sub(1).clamp(0, 16)).unwrap_or(16);
+        self.first.saturating_mul(1u32 << doublings).min(self.max)
+    }
+}
+
 /// Drives a layered handler from JetStream messages and acknowledges each one by its outcome.
 /// See the [module docs](self).
 #[derive(Clone)]
 #[must_use]
 pub struct JetStreamConsumer<S> {
     service: S,
-    ack_wait: Duration,
-    backoff: Duration,
-    max_backoff: Duration,
+    /// Set by the user; `None`: read from the server.
+    ack_wait: Option<Duration>,
+    /// The `ack_wait` read per stream and consumer name.
+    read: Arc<Mutex<Vec<(String, String, Duration)>>>,
+    failure: Backoff,
+    in_flight: Backoff,
+    store: Backoff,
 }
 
 impl<S: fmt::Debug> fmt::Debug for JetStreamConsumer<S> {
@@ -140,9 +185,10 @@ impl<S: fmt::Debug> fmt::Debug for JetStreamConsumer<S> {
         f.debug_struct("JetStreamConsumer")
             .field("service", &self.service)
             .field("ack_wait", &self.ack_wait)
-            .field("backoff", &self.backoff)
-            .field("max_backoff", &self.max_backoff)
-            .finish()
+            .field("failure_backoff", &self.failure)
+            .field("in_flight_backoff", &self.in_flight)
+            .field("store_backoff", &self.store)
+            .finish_non_exhaustive()
     }
 }
 
@@ -152,24 +198,45 @@ impl<S> JetStreamConsumer<S> {
     pub fn new(service: S) -> Self {
         Self {
             service,
-            ack_wait: Duration::from_secs(30),
-            backoff: Duration::from_secs(1),
-            max_backoff: Duration::from_secs(60),
+            ack_wait: None,
+            read: Arc::default(),
+            failure: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
+            in_flight: Backoff::new(Duration::from_millis(500), Duration::from_secs(20)),
+            store: Backoff::new(Duration::from_secs(1), Duration::from_secs(60)),
         }
     }
 
-    /// The consumer's `ack_wait` (default 30 s, JetStream's default): progress is sent every
-    /// third of it while the handler runs.
+    /// The consumer's `ack_wait`, instead of reading it from the server (by default it is read
+    /// with the first delivery of each consumer; 30 s, JetStream's default, when that fails).
+    /// Progress is sent every third of it while the handler runs. At least 3 ms.
     pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
-        self.ack_wait = ack_wait.max(Duration::from_millis(3));
+        self.ack_wait = Some(ack_wait.max(Duration::from_millis(3)));
+        self
+    }
+
+    /// The delay of a redelivery after the handler's error or a result classified
+    /// unsuccessful: `first` on the first delivery, doubling with each delivery, at most `max`
+    /// (default 1 s and 60 s). A handler error the layer calls permanent is terminated instead.
+    pub fn failure_backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.failure = Backoff::new(first, max);
+        self
+    }
+
+    /// The delay of a redelivery of a duplicate in flight: `first` on the first delivery,
+    /// doubling with each delivery, at most `max`, and never past the error's
+    /// [`retry_after`](super::MessageError::retry_after) (the lease the first claim has left,
+    /// at most a third of the lease). Default 500 ms and 20 s: a quick handler's duplicate is
+    /// decided within a second or two, and a crashed holder's message runs soon after its
+    /// lease lapses.
+    pub fn in_flight_backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.in_flight = Backoff::new(first, max);
         self
     }
 
     /// The delay of a redelivery after a store failure: `first` on the first delivery,
     /// doubling with each delivery, at most `max` (default 1 s and 60 s).
     pub fn store_backoff(mut self, first: Duration, max: Duration) -> Self {
-        self.backoff = first;
-        self.max_backoff = max.max(first);
+        self.store = Backoff::new(first, max);
         self
     }
 
@@ -178,11 +245,67 @@ impl<S> JetStreamConsumer<S> {
         &self.service
     }
 
-    fn backoff_for(&self, delivered: i64) -> Duration {
-        let doublings = u32::try_from(delivered.saturating_sub(1).clamp(0, 16)).unwrap_or(16);
-        self.backoff
-            .saturating_mul(1u32 << doublings)
-            .min(self.max_backoff)
+    /// The `ack_wait` of the consumer that delivered `message`: as set, else read once per
+    /// consumer from the server (the shortest of `ack_wait` and `backoff`).
+    async fn ack_wait_of(&self, message: &async_nats::jetstream::Message) -> Duration {
+        if let Some(set) = self.ack_wait {
+            return set;
+        }
+        let Ok(info) = message.info() else {
+            return DEFAULT_ACK_WAIT;
+        };
+        let known = |read: &[(String, String, Duration)]| {
+            read.iter()
+                .find(|(s, c, _)| s == info.stream && c == info.consumer)
+                .map(|(_, _, d)| *d)
+        };
+        if let Some(d) = known(&self.read.lock().unwrap_or_else(PoisonError::into_inner)) {
+            return d;
+        }
+        let asked = tokio::time::timeout(
+            INFO_TIMEOUT,
+            message
+                .context
+                .get_consumer_from_stream::<consumer::Config, _, _>(info.consumer, info.stream),
+        )
+        .await;
+        match asked {
+            Ok(Ok(consumer)) => {
+                let config = &consumer.cached_info().config;
+                let shortest = config.backoff.iter().copied().min();
+                let d = shortest
+                    .map_or(config.ack_wait, |b| b.min(config.ack_wait))
+                    .max(Duration::from_millis(3));
+                let mut read = self.read.lock().unwrap_or_else(PoisonError::into_inner);
+                if known(&read).is_none() {
+                    read.push((info.stream.to_owned(), info.consumer.to_owned(), d));
+                }
+                d
+            }
+            Ok(Err(e)) => {
+                tracing::warn!(target: "tower_idempotency::message", error = %e, consumer = info.consumer, "could not read the consumer's ack_wait; progress assumes 30 s (set JetStreamConsumer::ack_wait)");
+                DEFAULT_ACK_WAIT
+            }
+            Err(_) => {
+                tracing::warn!(target: "tower_idempotency::message", consumer = info.consumer, "the consumer's ack_wait was not read within 2 s; progress assumes 30 s (set JetStreamConsumer::ack_wait)");
+                DEFAULT_ACK_WAIT
+            }
+        }
+    }
+}
+
+/// Sends progress every `every`, for as long as it is polled. Awaited beside the handler, not
+/// inside its poll: a slow publish holds up neither the work nor its lease renewal.
+async fn send_progress(acker: &Acker, every: Duration) -> Infallible {
+    // An hour is as good as never, and cannot overflow the clock.
+    let every = every.min(Duration::from_secs(3600));
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if let Err(e) = acker.ack_with(AckKind::Progress).await {
+            tracing::warn!(target: "tower_idempotency::message", error = %e, "could not send progress; the server may redeliver mid-work");
+        }
     }
 }
 
@@ -195,32 +318,31 @@ where
     /// then acks, naks or terms it by the outcome.
     pub async fn handle(&self, message: async_nats::jetstream::Message) -> Processed<R, E> {
         let delivered = message.info().map_or(1, |i| i.delivered);
+        let ack_wait = self.ack_wait_of(&message).await;
         let (message, acker) = message.split();
         let mut service = self.service.clone();
-        let every = self.ack_wait / 3;
         let work = async {
             std::future::poll_fn(|cx| service.poll_ready(cx)).await?;
             service.call(message).await
         };
-        let mut work = std::pin::pin!(work);
-        let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
-        let outcome = loop {
-            tokio::select! {
-                out = &mut work => break out,
-                _ = progress.tick() => {
-                    if let Err(e) = acker.ack_with(AckKind::Progress).await {
-                        tracing::warn!(target: "tower_idempotency::message", error = %e, "could not send progress; the server may redeliver mid-work");
-                    }
-                }
-            }
+        let outcome = tokio::select! {
+            out = work => out,
+            never = send_progress(&acker, ack_wait / 3) => match never {},
         };
         let reply = match &outcome {
             Ok(h) if h.is_ack() => Reply::Ack,
-            Ok(_) => Reply::Nak(None),
+            Ok(_) => Reply::Nak(Some(self.failure.at(delivered))),
             Err(e) => match e.kind() {
-                MessageErrorKind::Handler => Reply::Nak(None),
-                MessageErrorKind::InFlight => Reply::Nak(e.retry_after()),
-                MessageErrorKind::Store => Reply::Nak(Some(self.backoff_for(delivered))),
+                MessageErrorKind::Handler if e.is_retryable() => {
+                    Reply::Nak(Some(self.failure.at(delivered)))
+                }
+                MessageErrorKind::InFlight => {
+                    let grown = self.in_flight.at(delivered);
+                    Reply::Nak(Some(
+                        e.retry_after().map_or(grown, |after| grown.min(after)),
+                    ))
+                }
+                MessageErrorKind::Store => Reply::Nak(Some(self.store.at(delivered))),
                 _ => {
                     tracing::warn!(target: "tower_idempotency::message", kind = ?e.kind(), error = %e, "message terminated: it will not be redelivered");
                     Reply::Term
@@ -278,5 +400,47 @@ mod tests {
             k(&[]),
             Some(MessageKey::digest("orders.created", None, b"order 1"))
         );
+    }
+
+    #[test]
+    fn a_nats_msg_id_that_is_not_a_key_is_hashed_not_refused() {
+        let k = |h: &[(&str, &str)]| keys().key(&message(h));
+        let long = "m".repeat(300);
+        assert_eq!(
+            k(&[("Nats-Msg-Id", &long)]).unwrap(),
+            Some(MessageKey::hashed(long.as_bytes()))
+        );
+        assert_eq!(
+            k(&[("Nats-Msg-Id", "zamówienie-7")]).unwrap(),
+            Some(MessageKey::hashed("zamówienie-7".as_bytes()))
+        );
+        assert_ne!(
+            k(&[("Nats-Msg-Id", "zamówienie-7")]).unwrap(),
+            k(&[("Nats-Msg-Id", "zamówienie-8")]).unwrap()
+        );
+        assert_eq!(
+            k(&[("Nats-Msg-Id", "  ")]).unwrap(),
+            Some(MessageKey::digest("orders.created", None, b"order 1")),
+            "an empty id is no id"
+        );
+        // The producer's own Idempotency-Key is still held to the key rules.
+        assert!(k(&[("Idempotency-Key", &long)]).is_err());
+    }
+
+    #[test]
+    fn backoff_doubles_per_delivery_up_to_its_max_and_never_overflows() {
+        let b = Backoff::new(Duration::from_millis(500), Duration::from_secs(20));
+        let at: Vec<_> = (0..8).map(|d| b.at(d)).collect();
+        assert_eq!(
+            at[0],
+            Duration::from_millis(500),
+            "a missing count is the first"
+        );
+        assert_eq!(at[1], Duration::from_millis(500));
+        assert_eq!(at[2], Duration::from_secs(1));
+        assert_eq!(at[6], Duration::from_secs(16));
+        assert_eq!(at[7], Duration::from_secs(20));
+        let huge = Backoff::new(Duration::MAX, Duration::ZERO);
+        assert_eq!(huge.at(i64::MAX), Duration::MAX);
     }
 }

@@ -9,6 +9,9 @@ use std::fmt;
 /// Domain tag of the body digest, so no other hash the crate makes has the same input.
 const DIGEST_DOMAIN: &[u8] = b"tower-idempotency/message-digest/v1";
 
+/// Domain tag of a hashed header value, apart from the body digest.
+const HASHED_DOMAIN: &[u8] = b"tower-idempotency/message-hashed-id/v1";
+
 /// What the door reads from a message: its topic (or queue, or subject), its headers, its body.
 ///
 /// Implemented for [`Envelope`] and, with the `nats` feature, for `async_nats::Message`.
@@ -161,6 +164,29 @@ impl MessageKey {
         Self(Kind::Digest(key))
     }
 
+    /// A key for an identifier that is not a valid key itself (a broker's message id over
+    /// 255 bytes, or not ASCII): its SHA-256, kept apart from given keys and from message
+    /// digests. The same identifier always gives the same key.
+    ///
+    /// ```
+    /// use tower_idempotency::message::MessageKey;
+    ///
+    /// let long = "x".repeat(300);
+    /// assert!(MessageKey::given(long.as_bytes()).is_err());
+    /// assert_eq!(MessageKey::hashed(long.as_bytes()), MessageKey::hashed(long.as_bytes()));
+    /// assert_ne!(MessageKey::hashed(b"id-1"), MessageKey::given(b"id-1").unwrap());
+    /// ```
+    #[must_use]
+    pub fn hashed(value: &[u8]) -> Self {
+        let mut h = Sha256::new();
+        h.update(HASHED_DOMAIN);
+        lp(&mut h, value);
+        let hex = crate::scope::hex(&h.finalize());
+        let key = IdempotencyKey::with_max_len(&hex, DEFAULT_MAX_KEY_LEN)
+            .unwrap_or_else(|_| unreachable!("hex digits form a key"));
+        Self(Kind::Digest(key))
+    }
+
     /// Whether the producer gave this key (not a digest of the message).
     #[must_use]
     pub fn is_given(&self) -> bool {
@@ -255,7 +281,8 @@ where
 #[derive(Clone, Debug)]
 #[must_use]
 pub struct HeaderOrHash {
-    headers: Vec<String>,
+    /// Each header, and whether a value that is not a valid key is hashed into one.
+    headers: Vec<(String, bool)>,
     hash_body: bool,
 }
 
@@ -269,20 +296,38 @@ impl HeaderOrHash {
     /// `Idempotency-Key`, else the digest.
     pub fn new() -> Self {
         Self {
-            headers: vec!["Idempotency-Key".to_owned()],
+            headers: vec![("Idempotency-Key".to_owned(), false)],
             hash_body: true,
         }
     }
 
     /// Reads the key from this header instead of `Idempotency-Key`.
     pub fn header(mut self, name: impl Into<String>) -> Self {
-        self.headers = vec![name.into()];
+        self.headers = vec![(name.into(), false)];
         self
     }
 
     /// Also reads the key from this header, when the ones before it are absent.
     pub fn or_header(mut self, name: impl Into<String>) -> Self {
-        self.headers.push(name.into());
+        self.headers.push((name.into(), false));
+        self
+    }
+
+    /// Also reads the key from this header, when the ones before it are absent; a value that
+    /// is not a valid key (over 255 bytes, not ASCII) is [hashed](MessageKey::hashed) into
+    /// one instead of refusing the message, and an empty one is taken as absent. For identifiers a broker or producer library
+    /// sets by rules of its own (`Nats-Msg-Id`), which the producer did not mean as our key.
+    ///
+    /// ```
+    /// use tower_idempotency::message::{Envelope, HeaderOrHash, KeyStrategy, MessageKey};
+    ///
+    /// let keys = HeaderOrHash::new().or_id_header("Msg-Id");
+    /// let id = "é".repeat(200);
+    /// let m = Envelope::new("orders", "{}").with_header("Msg-Id", id.clone());
+    /// assert_eq!(keys.key(&m).unwrap(), Some(MessageKey::hashed(id.as_bytes())));
+    /// ```
+    pub fn or_id_header(mut self, name: impl Into<String>) -> Self {
+        self.headers.push((name.into(), true));
         self
     }
 
@@ -296,9 +341,16 @@ impl HeaderOrHash {
 
 impl<M: Message> KeyStrategy<M> for HeaderOrHash {
     fn key(&self, message: &M) -> Result<Option<MessageKey>, KeyError> {
-        for name in &self.headers {
+        for (name, hash_invalid) in &self.headers {
             if let Some(v) = message.header(name) {
-                return MessageKey::given(v).map(Some);
+                // An empty id says nothing: the next header, or the digest, decides.
+                if *hash_invalid && trim(v).is_empty() {
+                    continue;
+                }
+                return match MessageKey::given(v) {
+                    Err(_) if *hash_invalid => Ok(Some(MessageKey::hashed(trim(v)))),
+                    given => given.map(Some),
+                };
             }
         }
         Ok(self.hash_body.then(|| {

@@ -26,35 +26,60 @@ const DOOR_VALUE: &[u8] = b"message/v1";
 
 /// What a duplicate of a message that is still being handled gets.
 ///
+/// A duplicate in flight is either a real concurrent duplicate (the producer sent the message
+/// twice, or the broker redelivered it while a slow handler runs) or the redelivery of a
+/// message whose consumer **crashed mid-handler**: its claim stays pending until the lease
+/// lapses, and nothing else will ever run it. The door cannot tell the two apart, so by
+/// default a duplicate in flight is never acknowledged: it waits briefly for the first
+/// delivery, then is refused for a later redelivery.
+///
 /// ```
 /// use std::time::Duration;
 /// use tower_idempotency::MemoryStore;
 /// use tower_idempotency::engine::Engine;
 /// use tower_idempotency::message::{InProgress, MessageIdempotencyLayer};
 ///
-/// // Wait up to 2 s for the first delivery; then refuse for a later redelivery.
+/// assert_eq!(InProgress::default(), InProgress::Wait(InProgress::DEFAULT_WAIT));
+/// // Handlers that take a few seconds: wait up to 5 s for the first delivery.
 /// let layer = MessageIdempotencyLayer::new(Engine::new(MemoryStore::new()), "billing")
-///     .in_progress(InProgress::Wait(Duration::from_secs(2)));
+///     .in_progress(InProgress::Wait(Duration::from_secs(5)));
 /// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum InProgress {
-    /// Answered [`Handled::Skipped`]: acknowledge it. Two handlers never run at once; if the
-    /// first delivery then fails, its own redelivery runs the message again (the broker
-    /// redelivers the first, not the skipped duplicate). The default.
-    #[default]
-    Skip,
-    /// Refused with a retryable [`MessageError`] of kind `InFlight`: the broker redelivers it
-    /// later, after the first delivery finished (then it is a completed duplicate) or failed
-    /// (then it runs). [`MessageError::retry_after`] is the lease the first delivery's claim
-    /// has left.
-    Reject,
     /// Waits up to the bound for the first delivery to finish (with
     /// [`Engine::begin_waiting`]): if it recorded its result, the duplicate is answered
     /// [`Handled::Duplicate`] with it; if it was released (it failed), the duplicate runs.
-    /// Past the bound, as [`Reject`](Self::Reject). The wait holds the consumer's slot (and
-    /// the broker's ack deadline runs): keep the bound well under the broker's ack wait.
+    /// Past the bound, as [`Reject`](Self::Reject). The default, with a bound of
+    /// [`DEFAULT_WAIT`](Self::DEFAULT_WAIT) (1 s): a quick handler's duplicate is answered
+    /// without a redelivery round trip. The wait holds the consumer's slot (and the broker's
+    /// ack deadline runs, unless the adapter sends progress as the NATS one does): keep the
+    /// bound well under the broker's ack wait.
     Wait(Duration),
+    /// Refused at once with a retryable [`MessageError`] of kind `InFlight`: the broker
+    /// redelivers it later, after the first delivery finished (then it is a completed
+    /// duplicate) or failed or lapsed (then it runs). [`MessageError::retry_after`] is the
+    /// lease the first delivery's claim has left, at most a third of the lease.
+    Reject,
+    /// **Opt-in, and it can lose a message.** Answered [`Handled::Skipped`]: acknowledged
+    /// unrun. Two handlers never run at once, and a first delivery that fails is redelivered
+    /// on its own; but if the first delivery's consumer crashed, the skipped duplicate was
+    /// the message's only copy left and its work never happens. Use it only where the broker
+    /// redelivers an unacknowledged message after the lease has lapsed, never before (its
+    /// ack wait or visibility timeout longer than the engine's lease, and not kept alive
+    /// while a handler runs), so that a redelivery after a crash always claims the key.
+    Skip,
+}
+
+impl InProgress {
+    /// The bound of the default [`Wait`](Self::Wait): 1 s.
+    pub const DEFAULT_WAIT: Duration = Duration::from_secs(1);
+}
+
+impl Default for InProgress {
+    fn default() -> Self {
+        Self::Wait(Self::DEFAULT_WAIT)
+    }
 }
 
 /// What the door did with a message that it let through. Every variant but `Failed` means
@@ -74,7 +99,8 @@ pub enum Handled<R> {
     /// A completed duplicate: the handler did not run. The recorded result, when the codec
     /// keeps results.
     Duplicate(Option<R>),
-    /// A duplicate of a message still being handled, skipped ([`InProgress::Skip`]).
+    /// A duplicate of a message still being handled, skipped ([`InProgress::Skip`], an
+    /// opt-in).
     Skipped,
     /// The handler ran untracked: the topic is not listed, or the message has no key.
     Untracked(R),
@@ -132,6 +158,34 @@ where
     }
 }
 
+/// Tells a permanent handler error (a redelivery would fail the same way: dead-letter it)
+/// from a retryable one. See [`MessageIdempotencyLayer::permanent_errors`].
+///
+/// Any `Fn(&E) -> bool` (true: permanent) is a classifier.
+pub trait ClassifyError<E>: Send + Sync + 'static {
+    /// Whether `error` will come back on every redelivery.
+    fn is_permanent(&self, error: &E) -> bool;
+}
+
+/// Every handler error is retryable (the default).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct AllRetryable;
+
+impl<E> ClassifyError<E> for AllRetryable {
+    fn is_permanent(&self, _: &E) -> bool {
+        false
+    }
+}
+
+impl<E, F> ClassifyError<E> for F
+where
+    F: Fn(&E) -> bool + Send + Sync + 'static,
+{
+    fn is_permanent(&self, error: &E) -> bool {
+        self(error)
+    }
+}
+
 #[derive(Clone, Debug)]
 struct Config {
     consumer: Scope,
@@ -186,16 +240,23 @@ impl Config {
 /// # }
 /// ```
 #[must_use]
-pub struct MessageIdempotencyLayer<St, K = HeaderOrHash, C = Discard, F = AllSuccessful> {
+pub struct MessageIdempotencyLayer<
+    St,
+    K = HeaderOrHash,
+    C = Discard,
+    F = AllSuccessful,
+    P = AllRetryable,
+> {
     engine: Engine<St>,
     config: Arc<Config>,
     in_flight: InFlightWork,
     keys: Arc<K>,
     codec: Arc<C>,
     classify: Arc<F>,
+    permanent: Arc<P>,
 }
 
-impl<St, K, C, F> Clone for MessageIdempotencyLayer<St, K, C, F> {
+impl<St, K, C, F, P> Clone for MessageIdempotencyLayer<St, K, C, F, P> {
     fn clone(&self) -> Self {
         Self {
             engine: self.engine.clone(),
@@ -204,11 +265,12 @@ impl<St, K, C, F> Clone for MessageIdempotencyLayer<St, K, C, F> {
             keys: Arc::clone(&self.keys),
             codec: Arc::clone(&self.codec),
             classify: Arc::clone(&self.classify),
+            permanent: Arc::clone(&self.permanent),
         }
     }
 }
 
-impl<St, K, C, F> fmt::Debug for MessageIdempotencyLayer<St, K, C, F> {
+impl<St, K, C, F, P> fmt::Debug for MessageIdempotencyLayer<St, K, C, F, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MessageIdempotencyLayer")
             .field("engine", &self.engine)
@@ -229,7 +291,7 @@ impl<St: Store> MessageIdempotencyLayer<St> {
             digest_namespace: String::new(),
             topics: None,
             require_key: false,
-            in_progress: InProgress::Skip,
+            in_progress: InProgress::default(),
             run_to_completion: true,
         };
         config.set_namespace(DEFAULT_NAMESPACE.to_owned());
@@ -240,11 +302,12 @@ impl<St: Store> MessageIdempotencyLayer<St> {
             keys: Arc::new(HeaderOrHash::new()),
             codec: Arc::new(Discard),
             classify: Arc::new(AllSuccessful),
+            permanent: Arc::new(AllRetryable),
         }
     }
 }
 
-impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
+impl<St, K, C, F, P> MessageIdempotencyLayer<St, K, C, F, P> {
     fn config(mut self, f: impl FnOnce(&mut Config)) -> Self {
         f(Arc::make_mut(&mut self.config));
         self
@@ -265,7 +328,9 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
         self.config(|c| c.require_key = required)
     }
 
-    /// What a duplicate of a message still being handled gets (default [`InProgress::Skip`]).
+    /// What a duplicate of a message still being handled gets (default
+    /// [`InProgress::Wait`] of [`InProgress::DEFAULT_WAIT`], then refused as in flight: never
+    /// acknowledged while its claim is pending). See [`InProgress`].
     pub fn in_progress(self, policy: InProgress) -> Self {
         self.config(|c| c.in_progress = policy)
     }
@@ -366,7 +431,7 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
     }
 
     /// Finds keys with `strategy` instead of [`HeaderOrHash`].
-    pub fn key_strategy<K2>(self, strategy: K2) -> MessageIdempotencyLayer<St, K2, C, F> {
+    pub fn key_strategy<K2>(self, strategy: K2) -> MessageIdempotencyLayer<St, K2, C, F, P> {
         MessageIdempotencyLayer {
             engine: self.engine,
             config: self.config,
@@ -374,13 +439,14 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
             keys: Arc::new(strategy),
             codec: self.codec,
             classify: self.classify,
+            permanent: self.permanent,
         }
     }
 
     /// Records the handler's result with `codec`, so a completed duplicate is answered with
     /// it ([`Raw`](super::Raw) for bytes and text, [`Json`](super::Json) with feature
     /// `json`). Default [`Discard`]: nothing but the fact that it completed.
-    pub fn store_results<C2>(self, codec: C2) -> MessageIdempotencyLayer<St, K, C2, F> {
+    pub fn store_results<C2>(self, codec: C2) -> MessageIdempotencyLayer<St, K, C2, F, P> {
         MessageIdempotencyLayer {
             engine: self.engine,
             config: self.config,
@@ -388,12 +454,13 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
             keys: self.keys,
             codec: Arc::new(codec),
             classify: self.classify,
+            permanent: self.permanent,
         }
     }
 
     /// Calls a result unsuccessful when `classify` says so (`false`): the key is released and
     /// the message answered [`Handled::Failed`], so a redelivery runs again.
-    pub fn classify<F2>(self, classify: F2) -> MessageIdempotencyLayer<St, K, C, F2> {
+    pub fn classify<F2>(self, classify: F2) -> MessageIdempotencyLayer<St, K, C, F2, P> {
         MessageIdempotencyLayer {
             engine: self.engine,
             config: self.config,
@@ -401,6 +468,42 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
             keys: self.keys,
             codec: self.codec,
             classify: Arc::new(classify),
+            permanent: self.permanent,
+        }
+    }
+
+    /// Calls a handler error permanent when `classify` says so (`true`): the key is released
+    /// and the error is one of kind `Handler` that is not retryable
+    /// ([`MessageError::is_permanent`]), so adapters dead-letter the message instead of
+    /// redelivering it (a body that will never parse, an order that no longer exists).
+    /// Default [`AllRetryable`]: every handler error is retried.
+    ///
+    /// ```
+    /// use tower::{Layer, ServiceExt, service_fn};
+    /// use tower_idempotency::MemoryStore;
+    /// use tower_idempotency::engine::Engine;
+    /// use tower_idempotency::message::{Envelope, MessageIdempotencyLayer};
+    ///
+    /// #[derive(Debug)]
+    /// enum MailError { Unparsable, Smtp }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let handler = MessageIdempotencyLayer::new(Engine::new(MemoryStore::new()), "mailer")
+    ///     .permanent_errors(|e: &MailError| matches!(e, MailError::Unparsable))
+    ///     .layer(service_fn(|_: Envelope| async { Err::<(), _>(MailError::Unparsable) }));
+    /// let err = handler.oneshot(Envelope::new("mail", "???")).await.unwrap_err();
+    /// assert!(err.is_permanent() && !err.is_retryable());
+    /// # }
+    /// ```
+    pub fn permanent_errors<P2>(self, classify: P2) -> MessageIdempotencyLayer<St, K, C, F, P2> {
+        MessageIdempotencyLayer {
+            engine: self.engine,
+            config: self.config,
+            in_flight: self.in_flight,
+            keys: self.keys,
+            codec: self.codec,
+            classify: self.classify,
+            permanent: Arc::new(classify),
         }
     }
 
@@ -411,8 +514,8 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
     }
 }
 
-impl<S, St, K, C, F> Layer<S> for MessageIdempotencyLayer<St, K, C, F> {
-    type Service = MessageIdempotency<S, St, K, C, F>;
+impl<S, St, K, C, F, P> Layer<S> for MessageIdempotencyLayer<St, K, C, F, P> {
+    type Service = MessageIdempotency<S, St, K, C, F, P>;
 
     fn layer(&self, inner: S) -> Self::Service {
         MessageIdempotency {
@@ -424,27 +527,36 @@ impl<S, St, K, C, F> Layer<S> for MessageIdempotencyLayer<St, K, C, F> {
                 keys: Arc::clone(&self.keys),
                 codec: Arc::clone(&self.codec),
                 classify: Arc::clone(&self.classify),
+                permanent: Arc::clone(&self.permanent),
             }),
         }
     }
 }
 
-struct Shared<St, K, C, F> {
+struct Shared<St, K, C, F, P> {
     engine: Engine<St>,
     config: Arc<Config>,
     in_flight: InFlightWork,
     keys: Arc<K>,
     codec: Arc<C>,
     classify: Arc<F>,
+    permanent: Arc<P>,
 }
 
 /// The service made by [`MessageIdempotencyLayer`].
-pub struct MessageIdempotency<S, St, K = HeaderOrHash, C = Discard, F = AllSuccessful> {
+pub struct MessageIdempotency<
+    S,
+    St,
+    K = HeaderOrHash,
+    C = Discard,
+    F = AllSuccessful,
+    P = AllRetryable,
+> {
     inner: S,
-    shared: Arc<Shared<St, K, C, F>>,
+    shared: Arc<Shared<St, K, C, F, P>>,
 }
 
-impl<S: Clone, St, K, C, F> Clone for MessageIdempotency<S, St, K, C, F> {
+impl<S: Clone, St, K, C, F, P> Clone for MessageIdempotency<S, St, K, C, F, P> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -453,7 +565,7 @@ impl<S: Clone, St, K, C, F> Clone for MessageIdempotency<S, St, K, C, F> {
     }
 }
 
-impl<S: fmt::Debug, St, K, C, F> fmt::Debug for MessageIdempotency<S, St, K, C, F> {
+impl<S: fmt::Debug, St, K, C, F, P> fmt::Debug for MessageIdempotency<S, St, K, C, F, P> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MessageIdempotency")
             .field("inner", &self.inner)
@@ -463,7 +575,7 @@ impl<S: fmt::Debug, St, K, C, F> fmt::Debug for MessageIdempotency<S, St, K, C, 
     }
 }
 
-impl<S, St, K, C, F> MessageIdempotency<S, St, K, C, F> {
+impl<S, St, K, C, F, P> MessageIdempotency<S, St, K, C, F, P> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -494,7 +606,7 @@ impl<S, St, K, C, F> MessageIdempotency<S, St, K, C, F> {
 
 type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
-impl<S, M, St, K, C, F> Service<M> for MessageIdempotency<S, St, K, C, F>
+impl<S, M, St, K, C, F, P> Service<M> for MessageIdempotency<S, St, K, C, F, P>
 where
     M: Message + Send + 'static,
     S: Service<M> + Clone + Send + 'static,
@@ -505,6 +617,7 @@ where
     K: KeyStrategy<M>,
     C: ResultCodec<S::Response>,
     F: Classify<S::Response>,
+    P: ClassifyError<S::Error>,
 {
     type Response = Handled<S::Response>;
     type Error = MessageError<S::Error>;
@@ -552,6 +665,8 @@ where
             let engine = &shared.engine;
             let begun = match shared.config.in_progress {
                 InProgress::Wait(bound) => {
+                    // A day is forever here, and a bound that large cannot overflow the clock.
+                    let bound = bound.min(Duration::from_secs(24 * 3600));
                     engine.begin_waiting(store_key, fingerprint, bound).await
                 }
                 InProgress::Skip | InProgress::Reject => engine.begin(store_key, fingerprint).await,
@@ -612,8 +727,8 @@ where
 /// The claimed part of a delivery: the handler under lease renewal, then the record or
 /// release. Owns everything it uses, so it can finish on a task of its own when the caller
 /// goes away.
-async fn run_claimed<S, M, St, K, C, F>(
-    shared: Arc<Shared<St, K, C, F>>,
+async fn run_claimed<S, M, St, K, C, F, P>(
+    shared: Arc<Shared<St, K, C, F, P>>,
     mut inner: S,
     message: M,
     ticket: Ticket,
@@ -623,13 +738,24 @@ where
     St: Store,
     C: ResultCodec<S::Response>,
     F: Classify<S::Response>,
+    P: ClassifyError<S::Error>,
 {
     let engine = &shared.engine;
     let store_key = *ticket.key();
     let result = engine.run(&ticket, inner.call(message)).await;
     match result {
         Ok(r) if shared.classify.is_success(&r) => {
-            let body = shared.codec.encode(&r);
+            let mut body = shared.codec.encode(&r);
+            // A record must read back within the engine's limit, or every redelivery of work
+            // that succeeded is refused: keep the fact that it completed, as the HTTP layer
+            // keeps status and headers of a body over the limit.
+            if body
+                .as_ref()
+                .is_some_and(|b| b.len() > engine.max_record_body())
+            {
+                tracing::warn!(target: "tower_idempotency::message", key = ?store_key, limit = engine.max_record_body(), "result over the record limit; recorded without it, so a duplicate is acknowledged without a result");
+                body = None;
+            }
             let record = RecordedResponse::of_door(DOOR_VALUE, body);
             let done = engine.complete(ticket, &record).await;
             settled(Door::Message, Settled::of_complete(&done));
@@ -650,24 +776,26 @@ where
         }
         Err(e) => {
             release(engine, ticket).await;
-            Err(MessageError::handler(e))
+            let permanent = shared.permanent.is_permanent(&e);
+            Err(MessageError::handler_classified(e, permanent))
         }
     }
 }
 
 /// How long a duplicate in flight should wait before its redelivery: the lease the first
-/// delivery's claim has left (one store call, on this path only), the whole lease when the
-/// store cannot tell. Not capped as HTTP's `Retry-After` is: a broker counts redeliveries
-/// (`max_deliver`), so one redelivery when the key can be decided beats several early ones.
-/// A stalled claim (its consumer gone) is retried the moment it lapses; a running one
-/// (renewed every third of the lease) after two thirds of the lease or more.
+/// delivery's claim has left, at most a third of the lease (one store call, on this path
+/// only); the cap when the store cannot tell. As HTTP's `Retry-After`: a running claim is
+/// renewed every third of the lease, so its lease left (two thirds of the lease or more) says
+/// nothing about when it ends, and a quick handler's duplicate must not wait a lease. A
+/// stalled claim (its consumer gone) with less than the cap left is retried as it lapses.
 async fn in_flight_retry_after<St: Store>(engine: &Engine<St>, key: &StoreKey) -> Duration {
+    let cap = engine.lease() / 3;
     match engine.lease_left(key).await {
-        Ok(Some(left)) => left,
-        Ok(None) => engine.lease(),
+        Ok(Some(left)) => left.min(cap),
+        Ok(None) => cap,
         Err(e) => {
-            tracing::debug!(target: "tower_idempotency::message", key = ?key, error = %e, "lease left unknown; retry after the whole lease");
-            engine.lease()
+            tracing::debug!(target: "tower_idempotency::message", key = ?key, error = %e, "lease left unknown; retry after a third of the lease");
+            cap
         }
     }
 }

@@ -10,6 +10,7 @@
 //!
 //! ```
 //! use std::convert::Infallible;
+//! use std::time::Duration;
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
 //! use tower_idempotency::MemoryStore;
 //! use tower_idempotency::engine::Engine;
@@ -20,7 +21,7 @@
 //!     .layer(
 //!         MessageIdempotencyLayer::new(Engine::new(MemoryStore::new()), "invoice-mailer")
 //!             .topics(["orders.created"]) // others pass with no store call
-//!             .in_progress(InProgress::Reject) // redeliver a duplicate of a running message later
+//!             .in_progress(InProgress::Wait(Duration::from_secs(2))) // a duplicate of a running message waits for it
 //!             .store_results(Raw), // keep the handler's String for duplicates
 //!     )
 //!     .service(service_fn(|m: Envelope| async move {
@@ -47,7 +48,9 @@
 //! consumer groups (two durable subscriptions) of one topic each handle a message once. Give
 //! every replica of one group the same name, or a redelivery to another replica is not seen as
 //! a duplicate. A key is also checked against the message it first came with (topic, schema
-//! version, body): the same key on a different message is refused as `KeyReused`.
+//! version, body): the same key on a different message is refused as `KeyReused`, on any
+//! topic (the topic is part of that check, not of the scope: a key names one message for the
+//! consumer, whichever topic it came on).
 //!
 //! # Outcomes
 //!
@@ -59,27 +62,32 @@
 //! | a key that is not valid (empty, over 255 bytes, not ASCII) | not run | `Err`, kind `KeyInvalid` | dead-letter |
 //! | first delivery, handler `Ok(r)` | runs once | `Ok(Handled::Ran(r))`, recorded | ack |
 //! | first delivery, `Ok(r)` that the [classifier](MessageIdempotencyLayer::classify) calls unsuccessful | runs, key released | `Ok(Handled::Failed(r))` | redeliver (nak) |
-//! | first delivery, handler `Err(e)` | runs, key released | `Err`, kind `Handler` (the `e` inside) | redeliver |
+//! | first delivery, handler `Err(e)` | runs, key released | `Err`, kind `Handler` (the `e` inside) | redeliver with backoff |
+//! | first delivery, handler `Err(e)` that [`permanent_errors`](MessageIdempotencyLayer::permanent_errors) calls permanent | runs, key released | `Err`, kind `Handler`, [`is_permanent`](MessageError::is_permanent) | dead-letter (term) |
 //! | a completed duplicate | not run | `Ok(Handled::Duplicate(stored))`, the stored result when the codec keeps one | ack |
-//! | a duplicate while the first runs, [`InProgress::Skip`] (default) | not run | `Ok(Handled::Skipped)` | ack |
-//! | a duplicate while the first runs, [`InProgress::Reject`] | not run | `Err`, kind `InFlight`, [`retry_after`](MessageError::retry_after) = the lease the first run's claim has left | redeliver after the delay |
-//! | a duplicate while the first runs, [`InProgress::Wait(bound)`](InProgress::Wait) | not run; waits for the first | the first's outcome: `Ok(Handled::Duplicate(stored))`, or it runs if the first was released; past the bound as `Reject` | ack (or as `Reject`) |
+//! | a duplicate while the first runs (or while a crashed first delivery's claim is pending), [`InProgress::Wait(bound)`](InProgress::Wait) (default, 1 s) | not run; waits for the first | the first's outcome: `Ok(Handled::Duplicate(stored))`, or it runs if the first was released or its lease lapsed; past the bound as `Reject` | ack (or as `Reject`) |
+//! | the same, [`InProgress::Reject`] | not run | `Err`, kind `InFlight`, [`retry_after`](MessageError::retry_after) = the lease the first run's claim has left, at most a third of the lease | redeliver after a short delay, growing per delivery, at most `retry_after` |
+//! | the same, [`InProgress::Skip`] (opt-in: loses a crashed holder's message) | not run | `Ok(Handled::Skipped)` | ack |
 //! | the caller drops the future after the claim (consumer shutdown, an outer timeout) | finishes on a task of its own ([`run_to_completion`](MessageIdempotencyLayer::run_to_completion), default) | none (no one listens); recorded or released as if it did | the redelivery is a completed duplicate: ack |
 //! | the key used before by a different message | not run | `Err`, kind `KeyReused` | dead-letter, and look at the producer |
 //! | the store fails on claim | not run | `Err`, kind `Store` | redeliver with backoff |
 //! | the store fails on record, after `Ok(r)` | ran | `Ok(Handled::Ran(r))`, warning; the key stays pending until its lease lapses | ack |
+//! | `Ok(r)` whose encoded result is over the engine's record limit (`max_record_body`, 1 MiB) | ran | `Ok(Handled::Ran(r))`, warning; recorded without the result, so a duplicate is `Duplicate(None)` | ack |
 //! | the record under the key fails validation | not run | `Err`, kind `RecordInvalid` | dead-letter |
 //!
 //! [`MessageError::is_retryable`] says which errors are worth a redelivery. The
 //! [`jetstream`] adapter sends exactly the column on the right.
 //!
-//! [`InProgress::Skip`] acknowledges a duplicate of a running message: two handlers never run at
-//! once, and the first delivery, if it fails, is redelivered by the broker on its own.
-//! [`InProgress::Reject`] is for brokers that redeliver a message to one consumer at a time
-//! anyway, or when a skipped duplicate must not be lost if the first delivery's consumer dies.
-//! [`InProgress::Wait`] answers the duplicate from the first delivery's record when that comes
-//! within the bound (no redelivery round trip): a short bound, well under the broker's ack
-//! wait, for handlers that usually finish quickly.
+//! A duplicate in flight is never acknowledged by default: it may be the redelivery of a
+//! message whose consumer crashed mid-handler, and then it is the only copy left. The default
+//! [`InProgress::Wait`] answers it from the first delivery's record when that comes within a
+//! second (a quick handler's concurrent duplicate costs no redelivery round trip), and refuses
+//! it as in flight otherwise, so the broker redelivers it until the first delivery is
+//! recorded, released, or its lease lapses. Raise the bound for handlers that take seconds;
+//! [`InProgress::Reject`] refuses at once (no slot held while waiting).
+//! [`InProgress::Skip`] acknowledges the duplicate unrun: it loses the message of a consumer
+//! that crashed mid-handler, so it is an opt-in for brokers whose redelivery after a crash
+//! never comes before the lease has lapsed (see its docs).
 //!
 //! # Forgetting a key
 //!
@@ -93,16 +101,16 @@
 //! A delivery claims its key for the engine's lease (60 s by default), renewed every third of
 //! it while the handler runs. A consumer that **crashes mid-handler** cannot release its
 //! claim: its key stays pending until the lease lapses, and every redelivery before then is
-//! a duplicate in flight (skipped, or rejected with `retry_after` = the lease it has left). So:
+//! a duplicate in flight (refused with `retry_after` = the lease it has left, at most a third
+//! of the lease). So:
 //!
-//! - With [`InProgress::Reject`], the broker's redelivery span (delay × attempts, its
-//!   `max_deliver` or retry count) must **exceed the lease**, or the message dead-letters while
-//!   a crashed holder still blocks it. With the default 60 s lease, a broker that redelivers
-//!   5 times 10 s apart gives up too early: delay by `retry_after` (the NATS adapter does).
-//! - With [`InProgress::Skip`], a redelivery during the lease is acknowledged and gone: if the
-//!   holder crashed mid-handler, the message's work is lost. Use Skip where the broker itself
-//!   never delivers a message to two consumers at once while one holds it (then every
-//!   duplicate in flight is a real concurrent duplicate), and `Reject` otherwise.
+//! - The broker's redelivery span (delay × attempts, its `max_deliver` or retry count) must
+//!   **exceed the lease**, or the message dead-letters while a crashed holder still blocks it.
+//!   The NATS adapter naks with 500 ms doubling per delivery, never past `retry_after`: with
+//!   the default 60 s lease, a crashed holder's message runs within about a second of the
+//!   lease lapsing, after half a dozen redeliveries.
+//! - With the opt-in [`InProgress::Skip`], a redelivery during the lease is acknowledged and
+//!   gone: if the holder crashed mid-handler, the message's work is lost.
 //! - A shorter lease shortens the blocked window and costs more renewals; the broker's own
 //!   ack deadline (JetStream's `ack_wait`, SQS's visibility timeout) should be shorter than
 //!   the lease is long, or kept alive while the handler runs (the NATS adapter sends
@@ -143,6 +151,6 @@ pub use codec::{Discard, Raw, ResultCodec};
 pub use error::{MessageError, MessageErrorKind};
 pub use key::{Envelope, HeaderOrHash, KeyStrategy, Message, MessageKey};
 pub use layer::{
-    AllSuccessful, Classify, DEFAULT_NAMESPACE, Handled, InProgress, MessageIdempotency,
-    MessageIdempotencyLayer,
+    AllRetryable, AllSuccessful, Classify, ClassifyError, DEFAULT_NAMESPACE, Handled, InProgress,
+    MessageIdempotency, MessageIdempotencyLayer,
 };

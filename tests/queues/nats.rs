@@ -1,6 +1,7 @@
 //! The JetStream adapter against a real `nats-server -js` (one per test, on a free loopback
-//! port with a temporary store): crash before ack, two durable consumers, a handler slower than
-//! `ack_wait`, a reused key, a store outage.
+//! port with a temporary store): crash before ack, crash mid-handler, two durable consumers, a
+//! handler slower than `ack_wait` (given, or read from the server), a failing handler's naks,
+//! a reused key, a store outage.
 //!
 //! Times are real (the server's `ack_wait` cannot be paused): `ack_wait` is 1 s, so each test
 //! takes a few seconds.
@@ -199,7 +200,7 @@ async fn a_consumer_that_dies_before_acking_hands_over_and_the_effect_happens_on
 async fn a_consumer_that_dies_mid_handler_blocks_the_key_for_the_lease_then_it_runs() {
     let Some(rig) = rig().await else { return };
     rig.durable("billing").await;
-    let lease = Duration::from_secs(2);
+    let lease = Duration::from_secs(4);
     let engine = Engine::builder(MemoryStore::new()).lease(lease).build();
     let effects = Effects::default();
     rig.publish("orders.created", Some("k-7"), "order-7").await;
@@ -215,40 +216,137 @@ async fn a_consumer_that_dies_mid_handler_blocks_the_key_for_the_lease_then_it_r
     let a_task = tokio::spawn(svc.oneshot(msg.split().0));
     tokio::time::sleep(Duration::from_millis(200)).await;
     a_task.abort();
-    let died = Instant::now();
     drop(a);
 
-    // B: the redelivery comes within the lease, is in flight, and is naked for the lease.
+    // B, with the door's and the adapter's defaults: every redelivery within the lease is in
+    // flight and naked with a short delay (never acknowledged); once the lease has lapsed, the
+    // message runs, once.
     let b = rig.connect("billing").await;
     let consumer = JetStreamConsumer::new(
         ServiceBuilder::new()
-            .layer(layer(&engine, "billing").in_progress(InProgress::Reject))
+            .layer(layer(&engine, "billing"))
             .service(effects.handler(Duration::ZERO)),
-    )
-    .ack_wait(ACK_WAIT);
-    let msg = next(&b, Duration::from_secs(5)).await.unwrap();
-    let processed = consumer.handle(msg).await;
-    assert_eq!(
-        processed.outcome.unwrap_err().kind(),
-        MessageErrorKind::InFlight
     );
-    let Reply::Nak(Some(delay)) = processed.reply else {
-        panic!("naked with a delay: {:?}", processed.reply)
+    let mut delays = Vec::new();
+    let ran = loop {
+        assert!(claimed.elapsed() < lease * 4, "not run; naks {delays:?}");
+        let msg = next(&b, Duration::from_secs(6))
+            .await
+            .expect("redelivered after each nak's delay");
+        let processed = consumer.handle(msg).await;
+        match processed.reply {
+            Reply::Nak(Some(delay)) => {
+                assert_eq!(
+                    processed.outcome.unwrap_err().kind(),
+                    MessageErrorKind::InFlight
+                );
+                delays.push(delay);
+            }
+            Reply::Ack => break processed.outcome.unwrap(),
+            other => panic!("neither in flight nor run: {other:?}"),
+        }
     };
-    assert!(
-        delay <= lease && delay + died.elapsed() >= lease - Duration::from_millis(300),
-        "delayed for the lease A's claim has left: {delay:?}"
-    );
-
-    // After the delay, the lease has lapsed: the message runs, once.
-    let msg = next(&b, Duration::from_secs(6))
-        .await
-        .expect("redelivered after the nak delay");
+    assert_eq!(ran, Handled::Ran(()));
     assert!(claimed.elapsed() >= lease, "not before the lease lapsed");
-    let processed = consumer.handle(msg).await;
-    assert_eq!(processed.outcome.unwrap(), Handled::Ran(()));
-    assert_eq!(processed.reply, Reply::Ack);
+    assert!(!delays.is_empty(), "a redelivery came within the lease");
+    assert!(
+        delays.iter().all(|d| *d <= lease / 3),
+        "each delay at most a third of the lease, not the lease left: {delays:?}"
+    );
     assert_eq!(effects.count("order-7"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_handler_is_naked_with_a_growing_delay_and_a_permanent_error_terminated() {
+    let Some(rig) = rig().await else { return };
+    rig.durable("billing").await;
+    let engine = Engine::new(MemoryStore::new());
+    rig.publish("orders.created", Some("k-f"), "flaky").await;
+    let attempts = Arc::new(Mutex::new(0usize));
+    let seen = Arc::clone(&attempts);
+    let handler = service_fn(move |m: async_nats::Message| {
+        let seen = Arc::clone(&seen);
+        async move {
+            let mut n = seen.lock().unwrap();
+            *n += 1;
+            match (&m.payload[..], *n) {
+                (b"bad input", _) => Err("unparsable"),
+                (_, 1 | 2) => Err("try again"),
+                _ => Ok(()),
+            }
+        }
+    });
+    let consumer = JetStreamConsumer::new(
+        ServiceBuilder::new()
+            .layer(layer(&engine, "billing").permanent_errors(|e: &&str| *e == "unparsable"))
+            .service(handler),
+    );
+    let c = rig.connect("billing").await;
+
+    let first = consumer
+        .handle(next(&c, Duration::from_secs(5)).await.unwrap())
+        .await;
+    assert_eq!(first.reply, Reply::Nak(Some(Duration::from_secs(1))));
+    assert!(
+        next(&c, Duration::from_millis(600)).await.is_none(),
+        "not redelivered at once"
+    );
+    let msg = next(&c, Duration::from_secs(5)).await.unwrap();
+    assert_eq!(msg.info().unwrap().delivered, 2);
+    let second = consumer.handle(msg).await;
+    assert_eq!(
+        second.reply,
+        Reply::Nak(Some(Duration::from_secs(2))),
+        "doubled on the second delivery"
+    );
+    let third = consumer
+        .handle(next(&c, Duration::from_secs(5)).await.unwrap())
+        .await;
+    assert_eq!(third.outcome.unwrap(), Handled::Ran(()));
+    assert_eq!(third.reply, Reply::Ack);
+
+    // A permanent error: terminated, never redelivered.
+    rig.publish("orders.created", Some("k-b"), "bad input")
+        .await;
+    let bad = consumer
+        .handle(next(&c, Duration::from_secs(5)).await.unwrap())
+        .await;
+    assert!(bad.outcome.unwrap_err().is_permanent());
+    assert_eq!(bad.reply, Reply::Term);
+    assert!(
+        next(&c, ACK_WAIT * 2).await.is_none(),
+        "terminated: never redelivered"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_consumers_ack_wait_is_read_from_the_server() {
+    let Some(rig) = rig().await else { return };
+    rig.durable("billing").await;
+    let engine = Engine::new(MemoryStore::new());
+    let effects = Effects::default();
+    rig.publish("orders.created", None, "slow-order").await;
+
+    // No `ack_wait` given: the adapter reads the consumer's (1 s) and sends progress every
+    // third of it, where assuming JetStream's default (30 s) would let the server redeliver.
+    let a = rig.connect("billing").await;
+    let msg = next(&a, Duration::from_secs(5)).await.unwrap();
+    let consumer = JetStreamConsumer::new(
+        ServiceBuilder::new()
+            .layer(layer(&engine, "billing"))
+            .service(effects.handler(ACK_WAIT * 3)),
+    );
+    let running = tokio::spawn(async move { consumer.handle(msg).await });
+    let b = rig.connect("billing").await;
+    let stolen = next(&b, ACK_WAIT * 3 + Duration::from_millis(500)).await;
+    assert!(
+        stolen.is_none(),
+        "redelivered mid-work: {:?}",
+        stolen.map(|m| m.info().unwrap().delivered)
+    );
+    let processed = running.await.unwrap();
+    assert_eq!(processed.outcome.unwrap(), Handled::Ran(()));
+    assert_eq!(effects.count("slow-order"), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

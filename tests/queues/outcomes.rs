@@ -196,13 +196,72 @@ macro_rules! outcomes_suite {
         }
 
         #[tokio::test]
-        async fn a_duplicate_in_flight_is_skipped_and_acknowledged() {
+        async fn by_default_a_duplicate_in_flight_waits_then_is_refused_never_acknowledged() {
             let Some((_, engine)) = setup().await else {
                 return;
             };
             let work = Work::default();
             let svc = ServiceBuilder::new()
                 .layer(layer(&engine, &namespace()))
+                .service(work.service());
+            let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
+            work.started.notified().await;
+            let started = std::time::Instant::now();
+            // The first delivery's consumer may have crashed: its claim is pending, and this
+            // duplicate is the only copy left. It must not be acknowledged.
+            let err = call(&svc, keyed("k1", "slow")).await.unwrap_err();
+            let waited = started.elapsed();
+            assert_eq!(err.kind(), MessageErrorKind::InFlight);
+            assert!(err.is_retryable(), "redeliver it");
+            assert!(
+                waited >= InProgress::DEFAULT_WAIT && waited < LEASE / 2,
+                "waited the default bound first: {waited:?}"
+            );
+            let after = err.retry_after().unwrap();
+            assert!(
+                after <= LEASE / 3 && after > Duration::ZERO,
+                "redeliver within a third of the lease: {after:?}"
+            );
+            work.gate.notify_one();
+            assert_eq!(first.await.unwrap().unwrap(), Handled::Ran("slow".into()));
+            assert_eq!(
+                call(&svc, keyed("k1", "slow")).await.unwrap(),
+                Handled::Duplicate(None)
+            );
+            assert_eq!(work.runs(), 1, "never two handlers at once");
+        }
+
+        #[tokio::test]
+        async fn a_quick_first_delivery_answers_its_duplicate_by_default() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()).store_results(Raw))
+                .service(work.service());
+            let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
+            work.started.notified().await;
+            let dup = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            work.gate.notify_one();
+            assert_eq!(first.await.unwrap().unwrap(), Handled::Ran("slow".into()));
+            assert_eq!(
+                dup.await.unwrap().unwrap(),
+                Handled::Duplicate(Some("slow".into())),
+                "answered from the record within the default wait"
+            );
+            assert_eq!(work.runs(), 1);
+        }
+
+        #[tokio::test]
+        async fn a_duplicate_in_flight_is_skipped_and_acknowledged_under_skip() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()).in_progress(InProgress::Skip))
                 .service(work.service());
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
             work.started.notified().await;
@@ -230,8 +289,9 @@ macro_rules! outcomes_suite {
             assert!(err.is_retryable());
             let after = err.retry_after().unwrap();
             assert!(
-                after <= LEASE && after >= LEASE / 2,
-                "redeliver after the lease the running first delivery has left: {after:?}"
+                after <= LEASE / 3 && after >= LEASE / 3 - Duration::from_millis(200),
+                "a running first delivery's lease left (two thirds of it or more) capped at a \
+                 third of the lease: {after:?}"
             );
             work.gate.notify_one();
             first.await.unwrap().unwrap();
@@ -244,9 +304,12 @@ macro_rules! outcomes_suite {
 
         #[tokio::test]
         async fn a_stalled_claims_duplicate_is_told_the_lease_it_has_left() {
-            let Some((_, engine)) = setup().await else {
+            let Some((spy, _)) = setup().await else {
                 return;
             };
+            // A lease short enough that a stalled claim's lease left falls under the cap.
+            let lease = Duration::from_secs(3);
+            let engine = Engine::builder(spy).lease(lease).build();
             let work = Work::default();
             // Not run to completion: the dropped first delivery leaves its claim stalled, as a
             // crashed consumer would (no renewal).
@@ -261,13 +324,13 @@ macro_rules! outcomes_suite {
             work.started.notified().await;
             first.abort();
             assert!(first.await.unwrap_err().is_cancelled());
-            tokio::time::sleep(Duration::from_millis(400)).await;
+            tokio::time::sleep(Duration::from_millis(2200)).await;
             let err = call(&svc, keyed("k1", "slow")).await.unwrap_err();
             assert_eq!(err.kind(), MessageErrorKind::InFlight);
             let after = err.retry_after().unwrap();
             assert!(
-                after < LEASE - Duration::from_millis(300) && after > LEASE / 2,
-                "the lease left, not the whole lease: {after:?}"
+                after < lease / 3 - Duration::from_millis(100),
+                "the lease left when under the cap, not the whole lease: {after:?}"
             );
             assert_eq!(work.runs(), 1);
         }
@@ -413,7 +476,9 @@ macro_rules! outcomes_suite {
                 return;
             };
             let work = Work::default();
-            let door = layer(&engine, &namespace()).store_results(Raw);
+            let door = layer(&engine, &namespace())
+                .store_results(Raw)
+                .in_progress(InProgress::Reject);
             let svc = ServiceBuilder::new()
                 .layer(door.clone())
                 .service(work.service());
@@ -422,8 +487,8 @@ macro_rules! outcomes_suite {
             work.started.notified().await;
             assert_eq!(door.forget(&key).await.unwrap(), Forgotten::KeptPending);
             assert_eq!(
-                call(&svc, keyed("k1", "slow")).await.unwrap(),
-                Handled::Skipped
+                call(&svc, keyed("k1", "slow")).await.unwrap_err().kind(),
+                MessageErrorKind::InFlight
             );
             assert_eq!(
                 door.forget_even_pending(&key).await.unwrap(),
@@ -480,7 +545,9 @@ macro_rules! outcomes_suite {
                 return;
             };
             let work = Work::default();
-            let door = layer(&engine, &namespace()).run_to_completion(false);
+            let door = layer(&engine, &namespace())
+                .run_to_completion(false)
+                .in_progress(InProgress::Reject);
             let in_flight = door.in_flight();
             let svc = ServiceBuilder::new().layer(door).service(work.service());
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
@@ -490,8 +557,8 @@ macro_rules! outcomes_suite {
             assert!(first.await.unwrap_err().is_cancelled());
             assert!(in_flight.is_empty(), "cancelled with its future");
             assert_eq!(
-                call(&svc, keyed("k1", "slow")).await.unwrap(),
-                Handled::Skipped,
+                call(&svc, keyed("k1", "slow")).await.unwrap_err().kind(),
+                MessageErrorKind::InFlight,
                 "the key stays pending until its lease lapses"
             );
         }
@@ -510,6 +577,85 @@ macro_rules! outcomes_suite {
             assert_eq!(err.kind(), MessageErrorKind::KeyReused);
             assert!(!err.is_retryable());
             assert_eq!(work.runs(), 1);
+        }
+
+        #[tokio::test]
+        async fn a_key_is_scoped_by_the_consumer_not_the_topic() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()))
+                .service(work.service());
+            call(&svc, keyed("k1", "a")).await.unwrap();
+            // The same key and body on another topic is another message under a used key.
+            let other_topic = Envelope::new("refunds", "a").with_header("Idempotency-Key", "k1");
+            let err = call(&svc, other_topic).await.unwrap_err();
+            assert_eq!(err.kind(), MessageErrorKind::KeyReused);
+            assert_eq!(work.runs(), 1);
+        }
+
+        #[tokio::test]
+        async fn a_permanent_handler_error_releases_the_key_and_is_not_retryable() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()).permanent_errors(|_: &Failed| true))
+                .service(work.service());
+            let err = call(&svc, keyed("k1", "fail")).await.unwrap_err();
+            assert_eq!(err.kind(), MessageErrorKind::Handler);
+            assert!(err.is_permanent() && !err.is_retryable(), "{err:?}");
+            assert_eq!(err.handler_error(), Some(&Failed));
+            // Released, as any handler error: a replay of the message runs it again.
+            assert!(
+                call(&svc, keyed("k1", "fail"))
+                    .await
+                    .unwrap_err()
+                    .is_permanent()
+            );
+            assert_eq!(work.runs(), 2, "the key was released");
+
+            // The default: every handler error is retryable.
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()))
+                .service(work.service());
+            let err = call(&svc, keyed("k1", "fail")).await.unwrap_err();
+            assert!(err.is_retryable() && !err.is_permanent());
+        }
+
+        #[tokio::test]
+        async fn a_result_over_the_record_limit_is_recorded_without_it() {
+            let Some((spy, _)) = setup().await else {
+                return;
+            };
+            let engine = Engine::builder(spy).lease(LEASE).max_record_body(8).build();
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(layer(&engine, &namespace()).store_results(Raw))
+                .service(work.service());
+            let long = "a result of more than eight bytes";
+            assert_eq!(
+                call(&svc, keyed("k1", long)).await.unwrap(),
+                Handled::Ran(long.into())
+            );
+            // Work that succeeded: its redelivery is a completed duplicate, acknowledged.
+            assert_eq!(
+                call(&svc, keyed("k1", long)).await.unwrap(),
+                Handled::Duplicate(None)
+            );
+            assert_eq!(
+                call(&svc, keyed("k2", "short")).await.unwrap(),
+                Handled::Ran("short".into())
+            );
+            assert_eq!(
+                call(&svc, keyed("k2", "short")).await.unwrap(),
+                Handled::Duplicate(Some("short".into())),
+                "a result that fits is kept"
+            );
+            assert_eq!(work.runs(), 2);
         }
 
         #[tokio::test]
@@ -544,7 +690,7 @@ macro_rules! outcomes_suite {
             };
             let work = Work::default();
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()))
+                .layer(layer(&engine, &namespace()).in_progress(InProgress::Reject))
                 .service(work.service());
             spy.fail_completes(true);
             assert_eq!(
@@ -553,9 +699,9 @@ macro_rules! outcomes_suite {
             );
             spy.fail_completes(false);
             assert_eq!(
-                call(&svc, keyed("k1", "a")).await.unwrap(),
-                Handled::Skipped,
-                "pending until the lease lapses: not run again"
+                call(&svc, keyed("k1", "a")).await.unwrap_err().kind(),
+                MessageErrorKind::InFlight,
+                "pending until the lease lapses: not run again, not acknowledged"
             );
             assert_eq!(work.runs(), 1);
         }

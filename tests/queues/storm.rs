@@ -20,7 +20,7 @@ use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 use tower::{ServiceBuilder, ServiceExt, service_fn};
 use tower_idempotency::engine::Engine;
-use tower_idempotency::message::{Envelope, Handled, MessageIdempotencyLayer};
+use tower_idempotency::message::{Envelope, Handled, MessageErrorKind, MessageIdempotencyLayer};
 use tower_idempotency::store::redis::{RedisStore, redis};
 
 /// Set in a child: the Redis URL; its presence makes the child test act.
@@ -29,7 +29,7 @@ const CHILD_TEST: &str = "storm::consumer_process";
 /// Deliveries in flight per child at once.
 const WINDOW: usize = 32;
 
-fn env_or(name: &str, default: usize) -> usize {
+pub(crate) fn env_or(name: &str, default: usize) -> usize {
     std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
@@ -109,6 +109,9 @@ async fn consumer_process() {
                 Ok(Handled::Duplicate(_)) => "duplicate",
                 Ok(Handled::Skipped) => "skipped",
                 Ok(_) => "other",
+                // The default: a duplicate in flight waits a second, then is refused for a
+                // later redelivery (never acknowledged while the first holds the key).
+                Err(e) if e.kind() == MessageErrorKind::InFlight => "in_flight",
                 Err(e) if e.is_retryable() => "nak",
                 Err(_) => "term",
             };
@@ -123,7 +126,7 @@ async fn consumer_process() {
 }
 
 /// A small xorshift, seeded from the clock: the spread of deliveries differs per run.
-fn rand_u32() -> u32 {
+pub(crate) fn rand_u32() -> u32 {
     use std::cell::Cell;
     thread_local! {
         static STATE: Cell<u64> = Cell::new(
@@ -267,7 +270,7 @@ async fn redelivery_storm_over_two_consumer_processes_runs_every_message_once() 
             "ran" => per_consumer_ran[c] += 1,
             "duplicate" | "skipped" => {}
             // Not acknowledged: the broker redelivers it.
-            "nak" => {
+            "nak" | "in_flight" => {
                 redelivered += 1;
                 queue.push_back(n);
             }
