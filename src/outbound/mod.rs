@@ -99,10 +99,10 @@ mod receipt;
 mod service;
 
 pub use batch::{BatchResults, SendBatch};
-pub use classify::{Classify, DefaultClassifier, Verdict};
+pub use classify::{Classify, DefaultClassifier, NotSent, Verdict};
 pub use delivery::{Delivery, OutboundError, OutboundErrorKind, Unknown};
 pub use identify::{Identify, Identity};
 #[cfg(feature = "json")]
 pub use receipt::Json;
 pub use receipt::{Receipt, ReceiptError};
-pub use service::{BoxFuture, DEFAULT_NAMESPACE, SendOnce, SendOnceLayer};
+pub use service::{BoxFuture, DEFAULT_HOLD, DEFAULT_NAMESPACE, SendOnce, SendOnceLayer};
