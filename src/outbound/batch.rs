@@ -114,6 +114,10 @@ impl<St: Store, I, C> Door<St, I, C> {
                     slots.push(Slot::Done(Err(OutboundError::KeyInvalid(e))));
                     continue;
                 }
+                Ok(None) if self.requires_key() => {
+                    slots.push(Slot::Done(Err(OutboundError::KeyMissing)));
+                    continue;
+                }
                 Ok(None) => {
                     slots.push(Slot::Fresh(fresh.len()));
                     fresh.push(req);
@@ -264,11 +268,11 @@ fn repeat_of<R: Receipt, E>(first: Option<&Answer<R, E>>) -> Answer<R, E> {
             .to_bytes()
             .and_then(R::from_bytes)
             .map_or(Delivery::Held, Delivery::Replayed)),
-        Some(Ok(Delivery::Rejected { retryable, .. }) | Err(OutboundError::Failed { retryable, .. })) => {
-            Err(OutboundError::RepeatFailed {
-                retryable: *retryable,
-            })
-        }
+        Some(
+            Ok(Delivery::Rejected { retryable, .. }) | Err(OutboundError::Failed { retryable, .. }),
+        ) => Err(OutboundError::RepeatFailed {
+            retryable: *retryable,
+        }),
         _ => Ok(Delivery::Held),
     }
 }

@@ -38,7 +38,7 @@ pub enum Delivery<R, E> {
     Rejected {
         /// The provider's answer.
         response: R,
-        /// Whether the same request may succeed later (429, 503, SMTP 4xx).
+        /// Whether the same request may succeed later (429, 503 with `Retry-After`, SMTP 4xx).
         retryable: bool,
     },
     /// Another send under this key is running now. Nothing was sent now.
@@ -88,7 +88,8 @@ impl<R, E> Delivery<R, E> {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Unknown<R, E> {
-    /// The provider answered in a way that does not say (an HTTP 500, 502 or 504).
+    /// The provider answered in a way that does not say (an HTTP 500, 502 or 504, a 503
+    /// without `Retry-After`).
     Response(R),
     /// The exchange failed after it may have reached the provider (a timeout after the request
     /// was written, a connection reset mid-exchange).
@@ -101,8 +102,8 @@ pub enum Unknown<R, E> {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum OutboundError<E> {
-    /// The inner service failed before anything could go (the connection was refused, DNS
-    /// failed); the key was released.
+    /// The inner service failed before anything could go (its client's connect stage failed);
+    /// the key was released.
     Failed {
         /// The inner service's error.
         error: E,

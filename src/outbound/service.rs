@@ -260,7 +260,6 @@ impl<S, St, I, C> SendOnce<S, St, I, C> {
     }
 }
 
-
 /// What [`Door::begin`] decided for a keyed request.
 pub(crate) enum Start<R, E> {
     /// Send it; the ticket holds the key.
@@ -360,9 +359,10 @@ impl<St: Store, I, C> Door<St, I, C> {
                     retryable,
                 }),
             ),
-            (Verdict::Failed { retryable }, Err(error)) => {
-                (Step::Release, Err(OutboundError::Failed { error, retryable }))
-            }
+            (Verdict::Failed { retryable }, Err(error)) => (
+                Step::Release,
+                Err(OutboundError::Failed { error, retryable }),
+            ),
             (Verdict::Unknown, Ok(r)) => (Step::Hold, Ok(Delivery::Unknown(Unknown::Response(r)))),
             // An error is never a receipt: a classifier that calls one sent is read as unknown.
             (Verdict::Sent | Verdict::Unknown, Err(e)) => {
@@ -441,7 +441,8 @@ impl<St: Store, I, C> Door<St, I, C> {
 /// Where a key's last step runs.
 enum Finish<St> {
     Task(tokio::task::JoinHandle<()>),
-    Inline(Keys<St>, Ticket, Step),
+    // Boxed: the rare path (no runtime) should not size the common one.
+    Inline(Box<(Keys<St>, Ticket, Step)>),
 }
 
 /// The door's store steps after a send: what a task needs, without the door's other parts.
@@ -457,14 +458,17 @@ impl<St: Store> Keys<St> {
     pub(crate) fn finish_detached(self, ticket: Ticket, step: Step) -> impl Future<Output = ()> {
         let run = match tokio::runtime::Handle::try_current() {
             Ok(rt) => Finish::Task(rt.spawn(async move { self.finish(ticket, step).await })),
-            Err(_) => Finish::Inline(self, ticket, step),
+            Err(_) => Finish::Inline(Box::new((self, ticket, step))),
         };
         async move {
             match run {
                 Finish::Task(handle) => {
                     let _ = handle.await;
                 }
-                Finish::Inline(keys, ticket, step) => keys.finish(ticket, step).await,
+                Finish::Inline(inline) => {
+                    let (keys, ticket, step) = *inline;
+                    keys.finish(ticket, step).await;
+                }
             }
         }
     }
@@ -485,7 +489,10 @@ impl<St: Store> Keys<St> {
         metrics::settled(metrics::Door::Outbound, Settled::Held);
         let mut engine = self.engine.clone();
         engine.set_ttl(self.hold);
-        match engine.complete(ticket, &RecordedResponse::of_door(HELD_NAME, None)).await {
+        match engine
+            .complete(ticket, &RecordedResponse::of_door(HELD_NAME, None))
+            .await
+        {
             Ok(true) => {}
             Ok(false) => {
                 tracing::warn!(key = ?key, "outbound key lost before it could be held; a repeat may send again")

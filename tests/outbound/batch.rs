@@ -145,7 +145,10 @@ pub(crate) async fn batch_repeat_of_a_failed_request_is_told_it_failed<S: Store>
             Msg::new("c", "C", Act::Take),
         ])
         .await;
-    assert_eq!(out[0].as_ref().unwrap_err().kind(), OutboundErrorKind::Failed);
+    assert_eq!(
+        out[0].as_ref().unwrap_err().kind(),
+        OutboundErrorKind::Failed
+    );
     let repeat = out[1].as_ref().unwrap_err();
     assert!(
         matches!(repeat, OutboundError::RepeatFailed { retryable: true }),
@@ -184,10 +187,16 @@ mod paused {
             .await
             .unwrap();
         assert!(matches!(meanwhile, Delivery::InFlight), "{meanwhile:?}");
-        assert!(store.renews() >= 3 * 11, "each key renewed every third of the lease");
+        assert!(
+            store.renews() >= 3 * 11,
+            "each key renewed every third of the lease"
+        );
         provider.open();
         let out = batch.await.unwrap();
-        assert!(out.iter().all(|r| matches!(r, Ok(Delivery::Sent(_)))), "{out:?}");
+        assert!(
+            out.iter().all(|r| matches!(r, Ok(Delivery::Sent(_)))),
+            "{out:?}"
+        );
         assert_eq!(provider.received(), 3);
     }
 

@@ -270,12 +270,30 @@ pub(crate) async fn require_key_refuses_a_request_without_a_key<S: Store>(store:
     let err = door.clone().oneshot(unkeyed).await.unwrap_err();
     assert_eq!(err.kind(), OutboundErrorKind::KeyMissing);
     assert_eq!(err.code(), Some("idempotency.key_missing"));
-    assert_eq!((provider.received(), store.claims()), (0, 0), "nothing sent");
+    assert_eq!(
+        (provider.received(), store.claims()),
+        (0, 0),
+        "nothing sent"
+    );
     let keyed = door
+        .clone()
         .oneshot(Msg::new("k", "hello", Act::Take))
         .await
         .unwrap();
     assert!(matches!(keyed, Delivery::Sent(_)), "{keyed:?}");
+    let mut door = door;
+    let batch = door
+        .send_each(vec![Msg {
+            key: None,
+            body: "hello".into(),
+            act: Act::Take,
+        }])
+        .await;
+    assert_eq!(
+        batch[0].as_ref().unwrap_err().kind(),
+        OutboundErrorKind::KeyMissing
+    );
+    assert_eq!(provider.received(), 1, "only the keyed request went");
 }
 
 pub(crate) async fn an_invalid_key_is_refused_before_sending<S: Store>(store: SpyStore<S>) {
@@ -399,7 +417,10 @@ pub(crate) async fn a_receipt_over_the_record_limit_is_held_not_refused<S: Store
 ) {
     // "receipt 1: hello" is 16 bytes: over the engine's limit, and a `String` has no
     // smaller form.
-    let engine = Engine::builder(store).lease(LEASE).max_record_body(8).build();
+    let engine = Engine::builder(store)
+        .lease(LEASE)
+        .max_record_body(8)
+        .build();
     let (door, provider) = door_with(engine, |l| l);
     let first = door
         .clone()
@@ -493,7 +514,10 @@ mod paused {
             .await
             .unwrap();
         assert!(matches!(repeat, Delivery::InFlight), "{repeat:?}");
-        assert!(started.elapsed() >= Duration::from_secs(5), "it waited its bound");
+        assert!(
+            started.elapsed() >= Duration::from_secs(5),
+            "it waited its bound"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -507,7 +531,10 @@ mod paused {
             door.clone().oneshot(Msg::new("k", "hello", Act::Reset)),
         )
         .await;
-        assert!(cut.is_err(), "the caller gave up while the hold was written");
+        assert!(
+            cut.is_err(),
+            "the caller gave up while the hold was written"
+        );
         tokio::time::sleep(Duration::from_secs(60)).await; // far past the 2 s lease
         let retry = door
             .oneshot(Msg::new("k", "hello", Act::Take))

@@ -243,7 +243,10 @@ pub(crate) async fn a_stub_that_reads_the_body_and_closes_is_unknown<S: Store>(s
     let retry = send(&layer, charge(&stub.url(), Some("k"), "{}"))
         .await
         .unwrap();
-    assert!(matches!(retry, Delivery::Held), "the key is held: {retry:?}");
+    assert!(
+        matches!(retry, Delivery::Held),
+        "the key is held: {retry:?}"
+    );
     assert_eq!(stub.received(), 1, "the retry did not send again");
 }
 
@@ -492,13 +495,20 @@ pub(crate) async fn an_unreachable_host_after_the_request_went_is_unknown<S: Sto
         .oneshot(charge("http://127.0.0.1:9/charges", Some("k"), "{}"))
         .await
         .unwrap();
-    assert!(matches!(first, Delivery::Unknown(Unknown::Error(_))), "{first:?}");
+    assert!(
+        matches!(first, Delivery::Unknown(Unknown::Error(_))),
+        "{first:?}"
+    );
     let retry = door
         .oneshot(charge("http://127.0.0.1:9/charges", Some("k"), "{}"))
         .await
         .unwrap();
     assert!(matches!(retry, Delivery::Held), "{retry:?}");
-    assert_eq!(sent.load(Ordering::SeqCst), 1, "the retry did not send again");
+    assert_eq!(
+        sent.load(Ordering::SeqCst),
+        1,
+        "the retry did not send again"
+    );
     assert_eq!(store.releases(), 0);
 }
 

@@ -267,9 +267,7 @@ pub(crate) async fn key_from_message_id_refuses_a_message_without_one<S: Store>(
     assert_eq!(server.messages(), vec!["Reminder"]);
 }
 
-pub(crate) async fn one_job_key_for_a_mail_and_a_charge_is_two_keys<S: Store>(
-    store: SpyStore<S>,
-) {
+pub(crate) async fn one_job_key_for_a_mail_and_a_charge_is_two_keys<S: Store>(store: SpyStore<S>) {
     use crate::http_calls::{Behave, Stub, charge, send};
     use tower_idempotency::outbound::http::HttpSendOnceLayer;
     if !smtp_server::available() {
@@ -278,8 +276,8 @@ pub(crate) async fn one_job_key_for_a_mail_and_a_charge_is_two_keys<S: Store>(
     let server = SmtpServer::start();
     let stub = Stub::start(Behave::Answer(201)).await;
     // One store, one job key, two adapters with their default settings.
-    let mailer = SendOnceTransport::builder(smtp(server.port()), Engine::new(store.clone()))
-        .build();
+    let mailer =
+        SendOnceTransport::builder(smtp(server.port()), Engine::new(store.clone())).build();
     let payments = HttpSendOnceLayer::new(Engine::new(store));
     let mail = mailer.send(welcome("job-7", "Welcome")).await.unwrap();
     assert!(matches!(mail, Delivery::Sent(_)), "{mail:?}");

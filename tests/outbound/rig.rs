@@ -154,10 +154,13 @@ pub(crate) fn door<St: Store>(
     lease: Duration,
     hold: Option<Duration>,
 ) -> (Door<St>, Provider) {
-    door_with(Engine::builder(store).lease(lease).build(), |layer| match hold {
-        Some(h) => layer.hold(h),
-        None => layer,
-    })
+    door_with(
+        Engine::builder(store).lease(lease).build(),
+        |layer| match hold {
+            Some(h) => layer.hold(h),
+            None => layer,
+        },
+    )
 }
 
 /// The generic door's layer over the rig's identify and classify.
@@ -168,8 +171,7 @@ pub(crate) fn door_with<St: Store>(
     engine: Engine<St>,
     settings: impl FnOnce(RigLayer<St>) -> RigLayer<St>,
 ) -> (Door<St>, Provider) {
-    let layer =
-        SendOnceLayer::new(engine, identify as IdentifyFn).classify(classify as ClassifyFn);
+    let layer = SendOnceLayer::new(engine, identify as IdentifyFn).classify(classify as ClassifyFn);
     let provider = Provider::default();
     (settings(layer).layer(provider.clone()), provider)
 }

@@ -3,9 +3,9 @@
 
 use std::future::Future;
 use std::time::Duration;
+use tower_idempotency::Store;
 use tower_idempotency::engine::Fingerprint;
 use tower_idempotency::store::{Claim, Forgotten, Record, StoreError, StoreKey, Token};
-use tower_idempotency::Store;
 
 /// `S`, with every `complete` and `renew` held for `delay` (tokio time) before it is made.
 pub(crate) struct SlowWrites<S> {
