@@ -69,7 +69,8 @@
 //! says so, written on a task of its own so that a caller that gives up meanwhile does not cut
 //! it short. A repeat within it is told [`Delivery::Held`]; one after it sends again. Choose a
 //! hold time longer than your retry schedule, and check with the provider before you send
-//! again by hand. Like a receipt, a held key is a completed record to the store: the memory
+//! again by hand: once it says the message never arrived, [`Engine::forget`](crate::engine::Engine::forget)
+//! frees the key (its store key is `StoreKey::derive` of the door's namespace, scope and key). Like a receipt, a held key is a completed record to the store: the memory
 //! store may drop it early when it is full (counted and logged).
 //!
 //! **Namespaces.** The generic door ([`DEFAULT_NAMESPACE`]), the HTTP adapter and the mail
