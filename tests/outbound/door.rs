@@ -547,3 +547,27 @@ mod paused {
         assert_eq!(provider.received(), 1);
     }
 }
+
+pub(crate) async fn an_operator_frees_a_held_key_with_forget<S: Store>(store: SpyStore<S>) {
+    let (door, provider) = door(store.clone(), LEASE, None);
+    let first = door
+        .clone()
+        .oneshot(Msg::new("k", "hello", Act::Reset))
+        .await
+        .unwrap();
+    assert!(first.is_unknown(), "{first:?}");
+    // The provider says the message never arrived: the operator frees the key.
+    let key = StoreKey::derive(
+        tower_idempotency::outbound::DEFAULT_NAMESPACE,
+        &Scope::anonymous(),
+        &IdempotencyKey::new("k").unwrap(),
+    );
+    let forgotten = Engine::new(store).forget(&key).await.unwrap();
+    assert_eq!(forgotten, tower_idempotency::store::Forgotten::Record);
+    let retry = door
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap();
+    assert!(matches!(retry, Delivery::Sent(_)), "{retry:?}");
+    assert_eq!(provider.received(), 2);
+}

@@ -74,6 +74,7 @@ per_store!(memory, redis, door;
     require_key_refuses_a_request_without_a_key,
     an_unreachable_host_after_sending_holds_the_key,
     a_receipt_over_the_record_limit_is_held_not_refused,
+    an_operator_frees_a_held_key_with_forget,
     an_invalid_key_is_refused_before_sending,
     a_record_of_another_door_is_not_replayed,
 );
