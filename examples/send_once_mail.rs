@@ -60,7 +60,8 @@ async fn main() -> Result<(), Error> {
         let what = match delivery {
             Delivery::Sent(()) => "sent",
             Delivery::Replayed(()) => "already sent: answered from its receipt",
-            Delivery::InFlight => "in flight or of unknown delivery: not sent again",
+            Delivery::InFlight => "another send of it is running: not sent again",
+            Delivery::Held => "an earlier send of it may have gone: not sent again",
             _ => "not sent",
         };
         println!("job run {run}: invoice:2024-017 {what}");

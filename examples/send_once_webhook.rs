@@ -86,7 +86,8 @@ async fn main() -> Result<(), Error> {
                     body(res.body())
                 );
             }
-            Delivery::InFlight | Delivery::Unknown(_) => {
+            Delivery::InFlight => println!("  another send is running: nothing sent"),
+            Delivery::Held | Delivery::Unknown(_) => {
                 println!("  delivery unknown: the key is held, nothing sent");
             }
             Delivery::Rejected {

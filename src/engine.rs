@@ -560,6 +560,22 @@ impl<S: Store> Engine<S> {
         held
     }
 
+    /// Renews the ticket's lease once, for the lease (a door that renews many claims in one
+    /// loop, the outbound door's batches). Returns `Ok(false)` when the ticket no longer
+    /// holds the key.
+    ///
+    /// # Errors
+    /// The store's error.
+    pub(crate) async fn renew(&self, ticket: &Ticket) -> Result<bool, StoreError> {
+        let started = Started::now();
+        let renewed = self
+            .store
+            .renew(&ticket.key, &ticket.token, self.lease)
+            .await;
+        self.timer.record(Op::Renew, started, &renewed);
+        renewed
+    }
+
     /// Frees the key so a retry runs the work again. Returns `Ok(false)` when the ticket no
     /// longer held it.
     ///

@@ -106,6 +106,7 @@
 //! | `test-util` | no | the store conformance suite, for your own `Store` |
 //! | `reqwest` | no | `client::RetryMiddleware`, client retries for `reqwest-middleware` |
 //! | `lettre` | no | `outbound::mail`, send-once email over lettre's `AsyncTransport` |
+//! | `hyper-util` | no | the outbound door tells hyper-util's connect errors (nothing sent: the key is released) |
 //! | `nats` | no | `message::jetstream`, the message door on async-nats JetStream consumers |
 //! | `apalis` | no | `message::jobs`, the message door as an apalis worker layer |
 //! | `json` | no | `outbound::Json` and `message::Json`: receipts and message results of any serde type kept as JSON |

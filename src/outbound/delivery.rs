@@ -11,18 +11,26 @@ use std::fmt;
 /// | variant | sent now | key |
 /// | --- | --- | --- |
 /// | `Sent` | yes | completed with the receipt |
+/// | `SentWithoutKey` | yes, without de-duplication: the request had no key | none |
 /// | `Replayed` | no: an earlier send under the key went | unchanged |
 /// | `Rejected` | no: the provider answered and took nothing | released |
-/// | `InFlight` | no: another send holds the key, or its delivery is unknown | unchanged |
-/// | `Unknown` | maybe | kept until the lease or hold time ends |
+/// | `InFlight` | no: another send under the key is running now | unchanged |
+/// | `Held` | no: an earlier send under the key may have gone, and no receipt is kept | unchanged |
+/// | `Unknown` | maybe | held for the hold time |
 ///
-/// `InFlight` and `Unknown` are not errors to retry at once: the message may be on its way.
-/// Check with the provider, or try again after the hold time.
+/// `InFlight`, `Held` and `Unknown` are not errors to retry at once: the message may be on
+/// its way. After `InFlight`, try again shortly (or let the door
+/// [wait](super::SendOnceLayer::wait_in_flight)); after `Held` or `Unknown`, check with the
+/// provider, or try again after the hold time.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Delivery<R, E> {
     /// The message went now; its receipt was recorded under the key.
     Sent(R),
+    /// The message went now, without de-duplication: the request had no key, so nothing was
+    /// claimed or recorded, and a repeat sends again. Refuse such requests with
+    /// [`require_key`](super::SendOnceLayer::require_key).
+    SentWithoutKey(R),
     /// An earlier send under this key went: its receipt. Nothing was sent now.
     Replayed(R),
     /// The provider answered that it took nothing (a 4xx, a 429, an SMTP 5xx reply to a command
@@ -30,14 +38,16 @@ pub enum Delivery<R, E> {
     Rejected {
         /// The provider's answer.
         response: R,
-        /// Whether the same request may succeed later (429, 503, SMTP 4xx).
+        /// Whether the same request may succeed later (429, 503 with `Retry-After`, SMTP 4xx).
         retryable: bool,
     },
-    /// Another send under this key is in progress, or its delivery is unknown and the key is
-    /// held. Nothing was sent now.
+    /// Another send under this key is running now. Nothing was sent now.
     InFlight,
-    /// This send may have gone: the key is kept until its lease (or the hold time) ends, so a
-    /// retry meanwhile is answered [`InFlight`](Delivery::InFlight) and sends nothing.
+    /// An earlier send under this key may have gone: its delivery was unknown (or its receipt
+    /// could not be kept), and the key is held for the hold time. Nothing was sent now.
+    Held,
+    /// This send may have gone: the key is held for the hold time, so a retry meanwhile is
+    /// answered [`Held`](Delivery::Held) and sends nothing.
     Unknown(Unknown<R, E>),
 }
 
@@ -46,7 +56,7 @@ impl<R, E> Delivery<R, E> {
     #[must_use]
     pub fn receipt(&self) -> Option<&R> {
         match self {
-            Self::Sent(r) | Self::Replayed(r) => Some(r),
+            Self::Sent(r) | Self::SentWithoutKey(r) | Self::Replayed(r) => Some(r),
             _ => None,
         }
     }
@@ -55,21 +65,22 @@ impl<R, E> Delivery<R, E> {
     #[must_use]
     pub fn into_receipt(self) -> Option<R> {
         match self {
-            Self::Sent(r) | Self::Replayed(r) => Some(r),
+            Self::Sent(r) | Self::SentWithoutKey(r) | Self::Replayed(r) => Some(r),
             _ => None,
         }
     }
 
-    /// Whether this call sent the message (`Sent`).
+    /// Whether this call sent the message (`Sent`, `SentWithoutKey`).
     #[must_use]
     pub fn is_sent(&self) -> bool {
-        matches!(self, Self::Sent(_))
+        matches!(self, Self::Sent(_) | Self::SentWithoutKey(_))
     }
 
-    /// Whether the message may be on its way without a receipt (`InFlight`, `Unknown`).
+    /// Whether the message may be on its way without a receipt (`InFlight`, `Held`,
+    /// `Unknown`).
     #[must_use]
     pub fn is_unknown(&self) -> bool {
-        matches!(self, Self::InFlight | Self::Unknown(_))
+        matches!(self, Self::InFlight | Self::Held | Self::Unknown(_))
     }
 }
 
@@ -77,7 +88,8 @@ impl<R, E> Delivery<R, E> {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Unknown<R, E> {
-    /// The provider answered in a way that does not say (an HTTP 500, 502 or 504).
+    /// The provider answered in a way that does not say (an HTTP 500, 502 or 504, a 503
+    /// without `Retry-After`).
     Response(R),
     /// The exchange failed after it may have reached the provider (a timeout after the request
     /// was written, a connection reset mid-exchange).
@@ -90,8 +102,8 @@ pub enum Unknown<R, E> {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum OutboundError<E> {
-    /// The inner service failed before anything could go (the connection was refused, DNS
-    /// failed); the key was released.
+    /// The inner service failed before anything could go (its client's connect stage failed);
+    /// the key was released.
     Failed {
         /// The inner service's error.
         error: E,
@@ -100,6 +112,9 @@ pub enum OutboundError<E> {
     },
     /// The request's key is not a valid idempotency key.
     KeyInvalid(KeyError),
+    /// The request has no key, and the door [requires one](super::SendOnceLayer::require_key)
+    /// (`idempotency.key_missing`).
+    KeyMissing,
     /// The key was used before for a different request (`idempotency.key_reused`).
     KeyReused,
     /// The store failed to claim the key (`idempotency.store_failed`): retryable.
@@ -107,16 +122,24 @@ pub enum OutboundError<E> {
     /// The record found under the key is not a receipt this door can read
     /// (`idempotency.record_invalid`); it is not replayed.
     RecordInvalid(RecordError),
+    /// A repeat, in the same batch, of a request whose send failed before anything went (its
+    /// answer is the first one's `Failed` or `Rejected`). Its key is free.
+    RepeatFailed {
+        /// Whether sending the same request again may succeed.
+        retryable: bool,
+    },
 }
 
 /// The kind of an [`OutboundError`], without its payload.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum OutboundErrorKind {
-    /// [`OutboundError::Failed`].
+    /// [`OutboundError::Failed`] and [`OutboundError::RepeatFailed`].
     Failed,
     /// [`OutboundError::KeyInvalid`].
     KeyInvalid,
+    /// [`OutboundError::KeyMissing`].
+    KeyMissing,
     /// [`OutboundError::KeyReused`].
     KeyReused,
     /// [`OutboundError::Store`].
@@ -130,8 +153,9 @@ impl<E> OutboundError<E> {
     #[must_use]
     pub fn kind(&self) -> OutboundErrorKind {
         match self {
-            Self::Failed { .. } => OutboundErrorKind::Failed,
+            Self::Failed { .. } | Self::RepeatFailed { .. } => OutboundErrorKind::Failed,
             Self::KeyInvalid(_) => OutboundErrorKind::KeyInvalid,
+            Self::KeyMissing => OutboundErrorKind::KeyMissing,
             Self::KeyReused => OutboundErrorKind::KeyReused,
             Self::Store(_) => OutboundErrorKind::StoreFailed,
             Self::RecordInvalid(_) => OutboundErrorKind::RecordInvalid,
@@ -143,7 +167,7 @@ impl<E> OutboundError<E> {
     #[must_use]
     pub fn is_retryable(&self) -> bool {
         match self {
-            Self::Failed { retryable, .. } => *retryable,
+            Self::Failed { retryable, .. } | Self::RepeatFailed { retryable } => *retryable,
             Self::Store(_) => true,
             _ => false,
         }
@@ -154,8 +178,9 @@ impl<E> OutboundError<E> {
     #[must_use]
     pub fn code(&self) -> Option<&'static str> {
         match self {
-            Self::Failed { .. } => None,
+            Self::Failed { .. } | Self::RepeatFailed { .. } => None,
             Self::KeyInvalid(_) => Some("idempotency.key_invalid"),
+            Self::KeyMissing => Some("idempotency.key_missing"),
             Self::KeyReused => Some("idempotency.key_reused"),
             Self::Store(_) => Some("idempotency.store_failed"),
             Self::RecordInvalid(_) => Some("idempotency.record_invalid"),
@@ -168,6 +193,12 @@ impl<E: fmt::Display> fmt::Display for OutboundError<E> {
         match self {
             Self::Failed { error, .. } => write!(f, "the send failed, nothing went: {error}"),
             Self::KeyInvalid(e) => write!(f, "idempotency.key_invalid: {e}"),
+            Self::KeyMissing => {
+                f.write_str("idempotency.key_missing: the request has no key; nothing was sent")
+            }
+            Self::RepeatFailed { .. } => f.write_str(
+                "a repeat in the batch of a request whose send failed; nothing was sent",
+            ),
             Self::KeyReused => f.write_str(
                 "idempotency.key_reused: the key was used before for a different request",
             ),
@@ -182,7 +213,7 @@ impl<E: StdError + 'static> StdError for OutboundError<E> {
         match self {
             Self::Failed { error, .. } => Some(error),
             Self::KeyInvalid(e) => Some(e),
-            Self::KeyReused => None,
+            Self::KeyMissing | Self::RepeatFailed { .. } | Self::KeyReused => None,
             Self::Store(e) => Some(e),
             Self::RecordInvalid(e) => Some(e),
         }

@@ -37,28 +37,32 @@
 //! | answer | verdict | key |
 //! | --- | --- | --- |
 //! | 2xx | sent: the response (status, headers but those on [`DENIED_HEADERS`](crate::http::DENIED_HEADERS), body) is the receipt | completed |
-//! | 408, 425, 429, 503 | failed, retryable | released |
+//! | 3xx but 304 (a 303 after a create, say) | sent: the redirect is the answer, kept as the receipt | completed |
+//! | 408, 425, 429, and 503 with `Retry-After` (the provider's own "come back then") | failed, retryable | released |
+//! | 503 without `Retry-After` (a proxy's answer for an upstream that failed after the request was forwarded) | unknown | held |
 //! | 409 with `Retry-After` (the provider's own "in flight") | unknown | held |
 //! | 500, 502, 504 and other 5xx | unknown: the provider may have acted | held |
-//! | 501, other 4xx, 1xx, 3xx | failed, not retryable | released |
-//! | connection refused, unreachable (an `io::Error` in the error's chain) | failed, retryable | released |
-//! | a timeout, a connection closed or reset, any other transport error | unknown | held |
+//! | 501, 304, other 4xx, 1xx | failed, not retryable | released |
+//! | the client's connect stage failed (hyper-util's `Error::is_connect`, feature `hyper-util`; a [`NotSent`](super::NotSent) in the error's chain) | failed, retryable | released |
+//! | a timeout, a connection closed, reset or unreachable, any other transport error | unknown | held |
 //! | the response body fails or is over [`max_response_body`](HttpSendOnceLayer::max_response_body) | unknown | held |
 //!
-//! Transport errors are read with the client door's rules (the error's chain of sources:
-//! `io::Error` kinds, tokio's and `tower::timeout`'s elapsed errors). A timeout cannot tell
-//! whether the request was written, so every timeout is unknown: the safe side. Bound each
-//! call with `tower::timeout::TimeoutLayer` inside this layer.
+//! Only the client can say that it never sent: an `io::Error` kind cannot (Linux reports
+//! `EHOSTUNREACH` and `ENETUNREACH` on a connection that was already sending), so a transport
+//! error is unknown unless the client's own connect stage failed. With hyper-util's legacy
+//! client, turn on the feature `hyper-util`, or a refused connection holds its key too (the
+//! safe side). A timeout cannot tell whether the request was written, so every timeout is
+//! unknown. Bound each call with `tower::timeout::TimeoutLayer` inside this layer; keep
+//! retries outside it (a retry inside may end with a connect error after an earlier attempt
+//! went).
 //!
 //! [`DerivedKey`]: crate::DerivedKey
 
-use super::classify::{Classify, Verdict, verdict_of_failure};
+use super::classify::{Classify, Verdict, never_sent};
 use super::delivery::{Delivery, OutboundError};
 use super::identify::{Identify, Identity};
 use super::receipt::{Receipt, ReceiptError};
 use super::service::{BoxFuture, SendOnce, SendOnceLayer};
-use crate::client::Failure;
-use crate::client::classify::failure_of;
 use crate::engine::{Engine, Fingerprint, KeyError, RecordedResponse, Scope};
 use crate::key::IdempotencyKey;
 use crate::record::Record;
@@ -76,6 +80,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tower_layer::Layer;
 use tower_service::Service;
+
+/// The default namespace of the HTTP adapter's keys (the mail adapter and the generic door have
+/// their own, so one job key used for a mail and a charge is two keys).
+pub const DEFAULT_NAMESPACE: &str = "outbound/http";
 
 /// The largest response body kept as a receipt by default (1 MiB).
 pub const DEFAULT_MAX_RESPONSE_BODY: usize = 1024 * 1024;
@@ -134,13 +142,15 @@ impl<St: Store, B> HttpSendOnceLayer<St, B> {
     /// A layer for a client whose request body is `B` (built from the request's [`Bytes`]).
     pub fn with_body(engine: Engine<St>) -> Self {
         Self {
-            door: SendOnceLayer::new(engine, HttpIdentify::default()).classify(HttpClassifier),
+            door: SendOnceLayer::new(engine, HttpIdentify::default())
+                .classify(HttpClassifier)
+                .namespace(DEFAULT_NAMESPACE),
             max_response_body: DEFAULT_MAX_RESPONSE_BODY,
             body: PhantomData,
         }
     }
 
-    /// See [`SendOnceLayer::namespace`].
+    /// See [`SendOnceLayer::namespace`] (default [`DEFAULT_NAMESPACE`]).
     pub fn namespace(mut self, namespace: &str) -> Self {
         self.door = self.door.namespace(namespace);
         self
@@ -158,8 +168,23 @@ impl<St: Store, B> HttpSendOnceLayer<St, B> {
         self
     }
 
+    /// See [`SendOnceLayer::wait_in_flight`].
+    pub fn wait_in_flight(mut self, bound: Duration) -> Self {
+        self.door = self.door.wait_in_flight(bound);
+        self
+    }
+
+    /// See [`SendOnceLayer::require_key`]: a request with neither an `Idempotency-Key` nor a
+    /// [`DerivedKey`] is refused.
+    pub fn require_key(mut self, on: bool) -> Self {
+        self.door = self.door.require_key(on);
+        self
+    }
+
     /// The largest response body read and kept as the receipt (default 1 MiB); a longer one
-    /// is an unknown delivery (the provider answered, the answer cannot be kept).
+    /// is an unknown delivery (the provider answered, the answer cannot be kept). A receipt
+    /// over the engine's [record limit](crate::engine::EngineBuilder::max_record_body) is kept
+    /// without its body.
     pub fn max_response_body(mut self, bytes: usize) -> Self {
         self.max_response_body = bytes;
         self
@@ -229,7 +254,8 @@ impl Classify<Response<Bytes>, CallError> for HttpClassifier {
         match result {
             Ok(res) => verdict_of_status(res.status(), res.headers().contains_key(RETRY_AFTER)),
             Err(e) if e.stage == Stage::Response => Verdict::Unknown,
-            Err(e) => verdict_of_failure(failure_of(&*e.source, Failure::Transport)),
+            Err(e) if never_sent(&*e.source) => Verdict::Failed { retryable: true },
+            Err(_) => Verdict::Unknown,
         }
     }
 }
@@ -237,7 +263,13 @@ impl Classify<Response<Bytes>, CallError> for HttpClassifier {
 fn verdict_of_status(status: StatusCode, retry_after: bool) -> Verdict {
     match status.as_u16() {
         200..=299 => Verdict::Sent,
-        408 | 425 | 429 | 503 => Verdict::Failed { retryable: true },
+        304 => Verdict::Failed { retryable: false },
+        // A redirect may follow the action (a 303 after a create): it is the answer, kept.
+        300..=399 => Verdict::Sent,
+        408 | 425 | 429 => Verdict::Failed { retryable: true },
+        // The provider's own "unavailable, come back then"; without a date it may be a
+        // proxy's answer for an upstream that failed after the request was forwarded.
+        503 if retry_after => Verdict::Failed { retryable: true },
         409 if retry_after => Verdict::Unknown,
         501 => Verdict::Failed { retryable: false },
         500..=599 => Verdict::Unknown,
@@ -398,6 +430,29 @@ impl Receipt for Response<Bytes> {
             .map_err(|e| ReceiptError::with_source("the response cannot be kept", e))
     }
 
+    fn to_fitted_bytes(&self) -> Option<Bytes> {
+        // Status and headers, as the HTTP layer keeps a body over its limit; the headers that
+        // describe the body left out are dropped with it.
+        let headers = self
+            .headers()
+            .iter()
+            .filter(|(n, _)| {
+                !crate::http::is_denied_bytes(n.as_str().as_bytes())
+                    && !matches!(n.as_str(), "content-encoding" | "content-range" | "etag")
+            })
+            .map(|(n, v)| {
+                (
+                    Bytes::copy_from_slice(n.as_str().as_bytes()),
+                    Bytes::copy_from_slice(v.as_bytes()),
+                )
+            })
+            .collect();
+        RecordedResponse::new(self.status().as_u16(), headers, None)
+            .encode()
+            .ok()
+            .map(Record::into_bytes)
+    }
+
     fn from_bytes(bytes: Bytes) -> Result<Self, ReceiptError> {
         let bad = |e: &'static str| ReceiptError::new(e);
         let record = Record::from_bytes(bytes)
@@ -422,21 +477,25 @@ mod tests {
     #[test]
     fn statuses_are_read_as_the_module_docs_say() {
         let v = |s: u16| verdict_of_status(StatusCode::from_u16(s).unwrap_or_default(), false);
-        for s in [200, 201, 202, 204] {
+        for s in [200, 201, 202, 204, 301, 302, 303, 307, 308] {
             assert_eq!(v(s), Verdict::Sent, "{s}");
         }
-        for s in [408, 425, 429, 503] {
+        for s in [408, 425, 429] {
             assert_eq!(v(s), Verdict::Failed { retryable: true }, "{s}");
         }
-        for s in [500, 502, 504, 507] {
+        for s in [500, 502, 503, 504, 507] {
             assert_eq!(v(s), Verdict::Unknown, "{s}");
         }
-        for s in [400, 401, 403, 404, 409, 422, 501, 301, 304] {
+        for s in [400, 401, 403, 404, 409, 422, 501, 304] {
             assert_eq!(v(s), Verdict::Failed { retryable: false }, "{s}");
         }
         assert_eq!(
             verdict_of_status(StatusCode::CONFLICT, true),
             Verdict::Unknown
+        );
+        assert_eq!(
+            verdict_of_status(StatusCode::SERVICE_UNAVAILABLE, true),
+            Verdict::Failed { retryable: true }
         );
     }
 

@@ -36,9 +36,17 @@
 //! # The key
 //!
 //! By default the message's `Idempotency-Key` header ([`key_header`] names another); with
-//! [`key_from_message_id`], its `Message-ID` (set a stable one, such as
-//! `<welcome-42@shop.example>`: lettre makes a random one otherwise); or given by the caller
-//! with [`SendOnceTransport::send_with_key`]. A message without a key is sent as it is.
+//! [`key_from_message_id`], its `Message-ID`; or given by the caller with
+//! [`SendOnceTransport::send_with_key`]. A message without a key is sent as it is and
+//! answered [`Delivery::SentWithoutKey`] ([`require_key`] refuses it instead).
+//!
+//! lettre's message builder adds no `Message-ID` (only `message_id(None)` does, a random one
+//! per build, which de-duplicates nothing): set a stable one, such as
+//! `<welcome-42@shop.example>`. With [`key_from_message_id`] a message without one is refused
+//! ([`OutboundError::KeyMissing`]), not sent unguarded.
+//!
+//! The adapter's keys have their own namespace ([`DEFAULT_NAMESPACE`]), apart from the HTTP
+//! adapter's: one job key used for a mail and for a charge is two keys.
 //!
 //! **The fingerprint** covers the envelope (sender and every recipient, `Bcc` included), every
 //! header but `Date`, `Message-ID` and the key header, each MIME part's headers (a multipart's
@@ -53,15 +61,19 @@
 //! | `Ok` (for SMTP, the 250 reply to the end of the data) | sent: the reply is the receipt | completed |
 //! | SMTP 4xx reply to any command, the end of the data included ([`Error::is_transient`]) | failed, retryable | released |
 //! | SMTP 5xx reply ([`Error::is_permanent`]) | failed | released |
-//! | the connection could not be made (lettre's connection error: refused, DNS, no address) | failed, retryable | released |
-//! | the transport was shut down | failed, retryable | released |
+//! | the connection could not be made (lettre's connection kind: refused, DNS, no address, TLS setup) | failed, retryable | released |
+//! | the transport was shut down ([`Error::is_transport_shutdown`]) | failed, retryable | released |
 //! | the send took longer than [`timeout`] (default 60 s): a server that took the data and stalls before its reply | unknown | held |
-//! | lettre's timeout, a network error mid-exchange, a reply that does not parse, a TLS or client error | unknown | held |
+//! | lettre's timeout, a network error (an unreachable host included), a reply that does not parse ([`Error::is_response`]), a client error ([`Error::is_client`]) | unknown | held |
 //!
 //! lettre's errors do not say which command failed, so a network error is unknown wherever it
-//! happened: the key is held (the safe side), not released. An SMTP server replies to the end
-//! of the data only once it has taken the message; a timeout waiting for that reply is the
-//! classic "it may have gone".
+//! happened: the key is held for the [hold time](SendOnceTransportBuilder::hold) (default ten
+//! minutes), not released. An SMTP server replies to the end of the data only once it has
+//! taken the message; a timeout waiting for that reply is the classic "it may have gone".
+//! lettre 0.11 has no predicate for its connection kind (made only while connecting, before
+//! any command): the adapter reads the kind's name from the error's `Debug`. Should a later
+//! lettre print it otherwise, a failed connection is read as unknown: its key is held, and
+//! nothing is ever sent twice.
 //!
 //! lettre's async SMTP transport bounds only its connect with its own timeout, so the wrapper
 //! bounds each whole send with [`timeout`].
@@ -69,17 +81,19 @@
 //! [`key_header`]: SendOnceTransportBuilder::key_header
 //! [`key_from_message_id`]: SendOnceTransportBuilder::key_from_message_id
 //! [`timeout`]: SendOnceTransportBuilder::timeout
+//! [`require_key`]: SendOnceTransportBuilder::require_key
 //! [`Error::is_transient`]: lettre::transport::smtp::Error::is_transient
 //! [`Error::is_permanent`]: lettre::transport::smtp::Error::is_permanent
+//! [`Error::is_transport_shutdown`]: lettre::transport::smtp::Error::is_transport_shutdown
+//! [`Error::is_response`]: lettre::transport::smtp::Error::is_response
+//! [`Error::is_client`]: lettre::transport::smtp::Error::is_client
 
 use super::BatchResults;
-use super::classify::{Classify, Verdict, verdict_of_failure};
+use super::classify::{Classify, Verdict};
 use super::delivery::{Delivery, OutboundError};
 use super::identify::{Identify, Identity};
 use super::receipt::{Receipt, ReceiptError};
 use super::service::{BoxFuture, SendOnce, SendOnceLayer};
-use crate::client::Failure;
-use crate::client::classify::failure_of;
 use crate::engine::{Engine, Fingerprint, FingerprintBuilder, KeyError, Scope};
 use crate::key::IdempotencyKey;
 use crate::store::Store;
@@ -93,6 +107,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tower_layer::Layer;
 use tower_service::Service;
+
+/// The default namespace of the mail adapter's keys (the HTTP adapter and the generic door
+/// have their own).
+pub const DEFAULT_NAMESPACE: &str = "outbound/mail";
 
 /// The default bound of one send (the `timeout` lettre's SMTP transport uses for commands).
 pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(60);
@@ -172,13 +190,14 @@ pub trait TransportVerdict {
 
 impl TransportVerdict for lettre::transport::smtp::Error {
     fn verdict(&self) -> Verdict {
+        // A negative reply (to any command, the end of the data included) took nothing.
         if self.is_permanent() {
             Verdict::Failed { retryable: false }
         } else if self.is_transient() || self.is_transport_shutdown() {
             Verdict::Failed { retryable: true }
-        } else if self.is_timeout() {
+        } else if self.is_response() || self.is_client() || self.is_timeout() {
             Verdict::Unknown
-        } else if is_connection_error(self) {
+        } else if is_connection_kind(self) {
             Verdict::Failed { retryable: true }
         } else {
             Verdict::Unknown
@@ -186,11 +205,14 @@ impl TransportVerdict for lettre::transport::smtp::Error {
     }
 }
 
-/// lettre's connection errors (made only while connecting, before any command) have no
-/// predicate: they are told by the kind lettre prints, or a refused connection in the chain.
-fn is_connection_error(e: &lettre::transport::smtp::Error) -> bool {
-    e.to_string().starts_with("Connection error")
-        || verdict_of_failure(failure_of(e, Failure::Transport)) != Verdict::Unknown
+/// lettre's connection kind (made only while connecting or setting up TLS, before any
+/// command): lettre 0.11 has no predicate for it, so its name is read from the derived
+/// `Debug` of the kind. Anything else reads as not a connection error: the safe side.
+fn is_connection_kind(e: &lettre::transport::smtp::Error) -> bool {
+    const KIND: &str = "lettre::transport::smtp::Error { kind: Connection";
+    format!("{e:?}")
+        .strip_prefix(KIND)
+        .is_some_and(|rest| rest.starts_with([',', ' ']))
 }
 
 impl TransportVerdict for lettre::transport::stub::Error {
@@ -512,9 +534,12 @@ impl<T, St: Store> SendOnceTransport<T, St> {
     pub fn builder(transport: T, engine: Engine<St>) -> SendOnceTransportBuilder<T, St> {
         SendOnceTransportBuilder {
             transport,
-            layer: SendOnceLayer::new(engine, ()).classify(MailClassifier),
+            layer: SendOnceLayer::new(engine, ())
+                .classify(MailClassifier)
+                .namespace(DEFAULT_NAMESPACE),
             identify: MailIdentify::default(),
             timeout: Some(DEFAULT_SEND_TIMEOUT),
+            require_key: None,
         }
     }
 }
@@ -595,6 +620,7 @@ pub struct SendOnceTransportBuilder<T, St, C = MailClassifier> {
     layer: SendOnceLayer<St, (), C>,
     identify: MailIdentify,
     timeout: Option<Duration>,
+    require_key: Option<bool>,
 }
 
 impl<T, St, C> fmt::Debug for SendOnceTransportBuilder<T, St, C> {
@@ -614,7 +640,9 @@ impl<T, St: Store, C> SendOnceTransportBuilder<T, St, C> {
         self
     }
 
-    /// Reads the key from the `Message-ID` header (set a stable one).
+    /// Reads the key from the `Message-ID` header. lettre adds none: set a stable one
+    /// (`MessageBuilder::message_id(Some(..))`). A message without one is refused with
+    /// [`OutboundError::KeyMissing`] unless [`require_key(false)`](Self::require_key).
     pub fn key_from_message_id(mut self) -> Self {
         self.identify.from = KeyFrom::MessageId;
         self
@@ -627,7 +655,7 @@ impl<T, St: Store, C> SendOnceTransportBuilder<T, St, C> {
         self
     }
 
-    /// See [`SendOnceLayer::namespace`] (default `"outbound"`).
+    /// See [`SendOnceLayer::namespace`] (default [`DEFAULT_NAMESPACE`]).
     pub fn namespace(mut self, namespace: &str) -> Self {
         self.layer = self.layer.namespace(namespace);
         self
@@ -639,9 +667,23 @@ impl<T, St: Store, C> SendOnceTransportBuilder<T, St, C> {
         self
     }
 
-    /// See [`SendOnceLayer::hold`].
+    /// See [`SendOnceLayer::hold`] (default ten minutes).
     pub fn hold(mut self, hold: Duration) -> Self {
         self.layer = self.layer.hold(hold);
+        self
+    }
+
+    /// See [`SendOnceLayer::wait_in_flight`].
+    pub fn wait_in_flight(mut self, bound: Duration) -> Self {
+        self.layer = self.layer.wait_in_flight(bound);
+        self
+    }
+
+    /// Refuses a message without a key ([`OutboundError::KeyMissing`], nothing sent) or sends
+    /// it as it is ([`Delivery::SentWithoutKey`]). Default: refused when the key is the
+    /// `Message-ID` ([`key_from_message_id`](Self::key_from_message_id)), sent otherwise.
+    pub fn require_key(mut self, on: bool) -> Self {
+        self.require_key = Some(on);
         self
     }
 
@@ -652,6 +694,7 @@ impl<T, St: Store, C> SendOnceTransportBuilder<T, St, C> {
             layer: self.layer.classify(classify),
             identify: self.identify,
             timeout: self.timeout,
+            require_key: self.require_key,
         }
     }
 
@@ -660,7 +703,10 @@ impl<T, St: Store, C> SendOnceTransportBuilder<T, St, C> {
     where
         C: Clone,
     {
-        let layer = self.layer.identify(self.identify);
+        let require = self
+            .require_key
+            .unwrap_or(matches!(self.identify.from, KeyFrom::MessageId));
+        let layer = self.layer.require_key(require).identify(self.identify);
         SendOnceTransport {
             door: layer.layer(TransportService {
                 transport: Arc::new(self.transport),

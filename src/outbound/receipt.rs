@@ -23,6 +23,14 @@ pub trait Receipt: Sized {
     /// The bytes are not such a receipt; the repeat fails with
     /// [`OutboundError::RecordInvalid`](super::OutboundError::RecordInvalid), nothing sent.
     fn from_bytes(bytes: Bytes) -> Result<Self, ReceiptError>;
+
+    /// A smaller form of the receipt, for when [`to_bytes`](Receipt::to_bytes) is over the
+    /// engine's record limit (an HTTP response: its status and headers without the body).
+    /// `None` (the default): there is none, and the key is held for the hold time instead of
+    /// completed, so a repeat within it sends nothing.
+    fn to_fitted_bytes(&self) -> Option<Bytes> {
+        None
+    }
 }
 
 /// A receipt that could not be encoded or decoded.

@@ -3,7 +3,7 @@
 use super::classify::{Classify, DefaultClassifier, Verdict};
 use super::delivery::{Delivery, OutboundError, Unknown};
 use super::identify::{Identify, Identity};
-use super::receipt::{Receipt, ReceiptError};
+use super::receipt::Receipt;
 use crate::engine::{Begin, Engine, RecordError, RecordedResponse, Scope, Ticket};
 use crate::metrics::{self, Outcome, Settled};
 use crate::scope::StoreKey;
@@ -18,12 +18,23 @@ use std::{fmt, mem};
 use tower_layer::Layer;
 use tower_service::Service;
 
-/// The default namespace of the door's keys (distinct from the HTTP layer's, so one store
-/// serves both).
+/// The default namespace of the generic door's keys (each adapter has its own, and the HTTP
+/// layer and message door theirs, so one store serves them all).
 pub const DEFAULT_NAMESPACE: &str = "outbound";
 
-/// The tag of this door's records (a record of another door is never replayed).
+/// How long a key whose delivery is unknown stays held by default: ten minutes, longer than
+/// a job's retries usually take, short enough that a message that never went is sent on a
+/// later try.
+pub const DEFAULT_HOLD: Duration = Duration::from_secs(10 * 60);
+
+/// The longest hold (and in-flight wait) a setter takes; longer values are cut to it.
+const MAX_HOLD: Duration = Duration::from_secs(30 * 24 * 60 * 60);
+
+/// The tag of this door's receipts (a record of another door is never replayed).
 const DOOR_NAME: &[u8] = b"outbound";
+
+/// The tag of this door's held keys: a send of unknown delivery, kept for the hold time.
+const HELD_NAME: &[u8] = b"outbound/held";
 
 /// A boxed, sendable future (the door's futures, as an honest first version).
 pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
@@ -33,7 +44,9 @@ pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 pub(crate) struct Settings {
     namespace: Box<str>,
     scope: Scope,
-    hold: Option<Duration>,
+    hold: Duration,
+    wait: Duration,
+    require_key: bool,
 }
 
 /// Everything but the inner service: what a send needs after it leaves `call`.
@@ -101,7 +114,9 @@ impl<St: Store, I> SendOnceLayer<St, I, DefaultClassifier> {
                 settings: Arc::new(Settings {
                     namespace: DEFAULT_NAMESPACE.into(),
                     scope: Scope::anonymous(),
-                    hold: None,
+                    hold: DEFAULT_HOLD,
+                    wait: Duration::ZERO,
+                    require_key: false,
                 }),
             },
         }
@@ -133,8 +148,9 @@ impl<St: Store, I, C> SendOnceLayer<St, I, C> {
         }
     }
 
-    /// The namespace of the keys (default `"outbound"`): give each provider its own when one
-    /// key may be sent to several (the same job's key to the mailer and to the payment API).
+    /// The namespace of the keys (default [`DEFAULT_NAMESPACE`]; each adapter has its own):
+    /// give each provider its own when one key may be sent to several (the same job's key to
+    /// the mailer and to the payment API).
     pub fn namespace(mut self, namespace: &str) -> Self {
         self.settings_mut().namespace = namespace.into();
         self
@@ -148,13 +164,32 @@ impl<St: Store, I, C> SendOnceLayer<St, I, C> {
     }
 
     /// How long a key whose delivery is unknown stays held, from the moment that was known
-    /// (default: the engine's lease): the door renews its claim to this once, with the store's
-    /// `renew`. A retry within it is answered [`Delivery::InFlight`] and sends nothing; one
-    /// after it sends again. A send whose future was dropped is held for this too when it is
-    /// longer than the lease (a task is spawned to renew the claim; without a Tokio runtime
-    /// the lease alone holds it).
+    /// (default [`DEFAULT_HOLD`], ten minutes; at least 1 ms, at most 30 days). A repeat
+    /// within it is answered [`Delivery::Held`] and sends nothing; one after it sends again.
+    /// A send whose future was dropped after it began is held for this too (a task writes the
+    /// hold; without a Tokio runtime the lease alone holds the key).
     pub fn hold(mut self, hold: Duration) -> Self {
-        self.settings_mut().hold = Some(hold);
+        self.settings_mut().hold = hold.clamp(Duration::from_millis(1), MAX_HOLD);
+        self
+    }
+
+    /// How long a repeat that finds another send of the same request running waits for it
+    /// to end (default zero: [`Delivery::InFlight`] at once; at most 30 days). Within the
+    /// bound the repeat gets what the first send left: its receipt ([`Delivery::Replayed`]),
+    /// [`Delivery::Held`] when its delivery is unknown, or a send of its own when the first
+    /// failed and released the key. Past the bound: [`Delivery::InFlight`]. On the memory
+    /// store the waiter is woken when the key settles; on other stores it asks again with
+    /// backoff (10 ms doubling to 250 ms). Keep it short: a few seconds.
+    pub fn wait_in_flight(mut self, bound: Duration) -> Self {
+        self.settings_mut().wait = bound.min(MAX_HOLD);
+        self
+    }
+
+    /// Refuses a request without a key (default off: sent as it is, answered
+    /// [`Delivery::SentWithoutKey`]): on, such a request fails with
+    /// [`OutboundError::KeyMissing`] and nothing is sent.
+    pub fn require_key(mut self, on: bool) -> Self {
+        self.settings_mut().require_key = on;
         self
     }
 
@@ -233,6 +268,16 @@ pub(crate) enum Start<R, E> {
     Answered(Result<Delivery<R, E>, OutboundError<E>>),
 }
 
+/// What becomes of a claimed key once its send's verdict is known.
+pub(crate) enum Step {
+    /// Completed with this receipt.
+    Complete(Bytes),
+    /// Held for the hold time: the send may have gone.
+    Hold,
+    /// Released: nothing went.
+    Release,
+}
+
 impl<St: Store, I, C> Door<St, I, C> {
     pub(crate) fn store_key(&self, identity: &Identity) -> StoreKey {
         StoreKey::derive(
@@ -242,18 +287,33 @@ impl<St: Store, I, C> Door<St, I, C> {
         )
     }
 
-    /// Claims the key, or answers from what holds it.
+    /// Whether a request without a key is refused.
+    pub(crate) fn requires_key(&self) -> bool {
+        self.settings.require_key
+    }
+
+    /// Claims the key (waiting for a running send, when the door is told to), or answers
+    /// from what holds it.
     pub(crate) async fn begin<R: Receipt, E>(&self, identity: &Identity) -> Start<R, E> {
         let key = self.store_key(identity);
-        let (outcome, answer) = match self.engine.begin(key, *identity.fingerprint()).await {
+        let fingerprint = *identity.fingerprint();
+        let begun = if self.settings.wait.is_zero() {
+            self.engine.begin(key, fingerprint).await
+        } else {
+            self.engine
+                .begin_waiting(key, fingerprint, self.settings.wait)
+                .await
+        };
+        let (outcome, answer) = match begun {
             Ok(Begin::Run(ticket)) => {
                 metrics::request(metrics::Door::Outbound, Outcome::Fresh);
                 return Start::Send(ticket);
             }
             Ok(Begin::InFlight) => (Outcome::InFlight, Ok(Delivery::InFlight)),
             Ok(Begin::KeyReused) => (Outcome::KeyReused, Err(OutboundError::KeyReused)),
-            Ok(Begin::Replay(record)) => match read_receipt(record) {
-                Ok(receipt) => (Outcome::Replayed, Ok(Delivery::Replayed(receipt))),
+            Ok(Begin::Replay(record)) => match read_record(record) {
+                Ok(Found::Receipt(receipt)) => (Outcome::Replayed, Ok(Delivery::Replayed(receipt))),
+                Ok(Found::Held) => (Outcome::InFlight, Ok(Delivery::Held)),
                 Err(e) => (Outcome::RecordInvalid, Err(OutboundError::RecordInvalid(e))),
             },
             Ok(Begin::Invalid(e)) => (Outcome::RecordInvalid, Err(OutboundError::RecordInvalid(e))),
@@ -269,79 +329,183 @@ impl<St: Store, I, C> Door<St, I, C> {
         Start::Answered(answer)
     }
 
-    /// The hold time of a key whose delivery is unknown.
-    fn hold_time(&self) -> Duration {
-        self.settings.hold.unwrap_or_else(|| self.engine.lease())
+    /// The store steps of this door, on their own (for a task that outlives the caller).
+    pub(crate) fn keys(&self) -> Keys<St> {
+        Keys {
+            engine: self.engine.clone(),
+            hold: self.settings.hold,
+        }
     }
 
-    /// Keeps the key of an unknown delivery for the hold time.
+    /// The key's step and the caller's answer, by the classifier's verdict.
+    pub(crate) fn verdict<R, E>(
+        &self,
+        key: &StoreKey,
+        result: Result<R, E>,
+    ) -> (Step, Result<Delivery<R, E>, OutboundError<E>>)
+    where
+        R: Receipt,
+        C: Classify<R, E>,
+    {
+        match (self.classify.classify(result.as_ref()), result) {
+            (Verdict::Sent, Ok(response)) => {
+                let step = self.receipt_step(key, &response);
+                (step, Ok(Delivery::Sent(response)))
+            }
+            (Verdict::Failed { retryable }, Ok(response)) => (
+                Step::Release,
+                Ok(Delivery::Rejected {
+                    response,
+                    retryable,
+                }),
+            ),
+            (Verdict::Failed { retryable }, Err(error)) => (
+                Step::Release,
+                Err(OutboundError::Failed { error, retryable }),
+            ),
+            (Verdict::Unknown, Ok(r)) => (Step::Hold, Ok(Delivery::Unknown(Unknown::Response(r)))),
+            // An error is never a receipt: a classifier that calls one sent is read as unknown.
+            (Verdict::Sent | Verdict::Unknown, Err(e)) => {
+                (Step::Hold, Ok(Delivery::Unknown(Unknown::Error(e))))
+            }
+        }
+    }
+
+    /// The receipt to record: whole when the engine's record limit takes it, else its fitted
+    /// form, else none (the key is held: the message went, a repeat must not send it again).
+    fn receipt_step<R: Receipt>(&self, key: &StoreKey, response: &R) -> Step {
+        let max = self.engine.max_record_body();
+        match response.to_bytes() {
+            Ok(bytes) if bytes.len() <= max => Step::Complete(bytes),
+            Ok(bytes) => match response.to_fitted_bytes() {
+                Some(fitted) if fitted.len() <= max => {
+                    tracing::warn!(key = ?key, len = bytes.len(), max, "outbound receipt over the record limit; recorded without its body");
+                    Step::Complete(fitted)
+                }
+                _ => {
+                    tracing::warn!(key = ?key, len = bytes.len(), max, "outbound receipt over the record limit; the key is held instead");
+                    Step::Hold
+                }
+            },
+            Err(e) => {
+                tracing::warn!(key = ?key, error = %e, "outbound receipt cannot be encoded; the key is held instead");
+                Step::Hold
+            }
+        }
+    }
+
+    /// Records, releases or holds the key after the send, by the classifier's verdict. The
+    /// store step runs on a task of its own (when there is a Tokio runtime), so a caller that
+    /// gives up meanwhile (an outer timeout) does not cut it short.
+    pub(crate) fn settle<R, E>(
+        &self,
+        ticket: Ticket,
+        result: Result<R, E>,
+    ) -> impl Future<Output = Result<Delivery<R, E>, OutboundError<E>>> + use<R, E, St, I, C>
+    where
+        R: Receipt,
+        C: Classify<R, E>,
+    {
+        let (step, answer) = self.verdict(ticket.key(), result);
+        let finished = self.keys().finish_detached(ticket, step);
+        async move {
+            finished.await;
+            answer
+        }
+    }
+
+    /// Sends a request without a key: no claim, no record.
+    pub(crate) fn unkeyed<R, E>(
+        &self,
+        result: Result<R, E>,
+    ) -> Result<Delivery<R, E>, OutboundError<E>>
+    where
+        C: Classify<R, E>,
+    {
+        metrics::request(metrics::Door::Outbound, Outcome::Passthrough);
+        match (self.classify.classify(result.as_ref()), result) {
+            (Verdict::Sent, Ok(r)) => Ok(Delivery::SentWithoutKey(r)),
+            (Verdict::Failed { retryable }, Ok(response)) => Ok(Delivery::Rejected {
+                response,
+                retryable,
+            }),
+            (Verdict::Failed { retryable }, Err(error)) => {
+                Err(OutboundError::Failed { error, retryable })
+            }
+            (_, Ok(r)) => Ok(Delivery::Unknown(Unknown::Response(r))),
+            (_, Err(e)) => Ok(Delivery::Unknown(Unknown::Error(e))),
+        }
+    }
+}
+
+/// Where a key's last step runs.
+enum Finish<St> {
+    Task(tokio::task::JoinHandle<()>),
+    // Boxed: the rare path (no runtime) should not size the common one.
+    Inline(Box<(Keys<St>, Ticket, Step)>),
+}
+
+/// The door's store steps after a send: what a task needs, without the door's other parts.
+pub(crate) struct Keys<St> {
+    engine: Engine<St>,
+    hold: Duration,
+}
+
+impl<St: Store> Keys<St> {
+    /// Runs `step` on a task of its own when there is a Tokio runtime (so it ends even if the
+    /// returned future is dropped), else in the returned future. Spawned at once: the caller
+    /// may be dropped at its first wait.
+    pub(crate) fn finish_detached(self, ticket: Ticket, step: Step) -> impl Future<Output = ()> {
+        let run = match tokio::runtime::Handle::try_current() {
+            Ok(rt) => Finish::Task(rt.spawn(async move { self.finish(ticket, step).await })),
+            Err(_) => Finish::Inline(Box::new((self, ticket, step))),
+        };
+        async move {
+            match run {
+                Finish::Task(handle) => {
+                    let _ = handle.await;
+                }
+                Finish::Inline(inline) => {
+                    let (keys, ticket, step) = *inline;
+                    keys.finish(ticket, step).await;
+                }
+            }
+        }
+    }
+
+    /// Records, holds or releases the key.
+    pub(crate) async fn finish(&self, ticket: Ticket, step: Step) {
+        match step {
+            Step::Complete(bytes) => self.complete(ticket, bytes).await,
+            Step::Hold => self.hold(ticket).await,
+            Step::Release => self.release(ticket).await,
+        }
+    }
+
+    /// Keeps the key of an unknown delivery for the hold time: a record that says so, under
+    /// the hold time as its retention, so a repeat is told [`Delivery::Held`].
     pub(crate) async fn hold(&self, ticket: Ticket) {
         let key = *ticket.key();
         metrics::settled(metrics::Door::Outbound, Settled::Held);
-        match self.engine.hold(ticket, self.hold_time()).await {
+        let mut engine = self.engine.clone();
+        engine.set_ttl(self.hold);
+        match engine
+            .complete(ticket, &RecordedResponse::of_door(HELD_NAME, None))
+            .await
+        {
             Ok(true) => {}
             Ok(false) => {
                 tracing::warn!(key = ?key, "outbound key lost before it could be held; a repeat may send again")
             }
             Err(e) => {
-                tracing::warn!(key = ?key, error = %e, "outbound key could not be held; it stays held until its lease ends")
-            }
-        }
-    }
-
-    /// Records, releases or holds the key after the send, by the classifier's verdict.
-    pub(crate) async fn settle<R, E>(
-        &self,
-        ticket: Ticket,
-        result: Result<R, E>,
-    ) -> Result<Delivery<R, E>, OutboundError<E>>
-    where
-        R: Receipt,
-        C: Classify<R, E>,
-    {
-        let verdict = self.classify.classify(result.as_ref());
-        match (verdict, result) {
-            (Verdict::Sent, Ok(response)) => {
-                let receipt = response.to_bytes();
-                self.complete(ticket, receipt).await;
-                Ok(Delivery::Sent(response))
-            }
-            (Verdict::Failed { retryable }, result) => {
-                let key = *ticket.key();
-                let released = self.engine.release(ticket).await;
-                metrics::settled(metrics::Door::Outbound, Settled::of_release(&released));
-                if let Err(e) = released {
-                    tracing::warn!(key = ?key, error = %e, "outbound key not released; a retry waits for its lease");
-                }
-                match result {
-                    Ok(response) => Ok(Delivery::Rejected {
-                        response,
-                        retryable,
-                    }),
-                    Err(error) => Err(OutboundError::Failed { error, retryable }),
-                }
-            }
-            // An error is never a receipt: a classifier that calls one sent is read as unknown.
-            (Verdict::Sent | Verdict::Unknown, result) => {
-                self.hold(ticket).await;
-                Ok(Delivery::Unknown(match result {
-                    Ok(r) => Unknown::Response(r),
-                    Err(e) => Unknown::Error(e),
-                }))
+                tracing::warn!(key = ?key, error = %e, "outbound key could not be held; it stays pending until its lease ends")
             }
         }
     }
 
     /// Records the receipt; a store that fails is logged, the receipt still returned.
-    pub(crate) async fn complete(&self, ticket: Ticket, receipt: Result<Bytes, ReceiptError>) {
+    async fn complete(&self, ticket: Ticket, bytes: Bytes) {
         let key = *ticket.key();
-        let bytes = match receipt {
-            Ok(b) => b,
-            Err(e) => {
-                tracing::warn!(key = ?key, error = %e, "outbound receipt cannot be encoded; the key is held instead");
-                return self.hold(ticket).await;
-            }
-        };
         let record = RecordedResponse::of_door(DOOR_NAME, Some(bytes));
         let done = self.engine.complete(ticket, &record).await;
         metrics::settled(metrics::Door::Outbound, Settled::of_complete(&done));
@@ -356,72 +520,73 @@ impl<St: Store, I, C> Door<St, I, C> {
         }
     }
 
-    /// Sends a request without a key: no claim, no record.
-    pub(crate) fn unkeyed<R, E>(
-        &self,
-        result: Result<R, E>,
-    ) -> Result<Delivery<R, E>, OutboundError<E>>
-    where
-        C: Classify<R, E>,
-    {
-        metrics::request(metrics::Door::Outbound, Outcome::Passthrough);
-        match (self.classify.classify(result.as_ref()), result) {
-            (Verdict::Sent, Ok(r)) => Ok(Delivery::Sent(r)),
-            (Verdict::Failed { retryable }, Ok(response)) => Ok(Delivery::Rejected {
-                response,
-                retryable,
-            }),
-            (Verdict::Failed { retryable }, Err(error)) => {
-                Err(OutboundError::Failed { error, retryable })
-            }
-            (_, Ok(r)) => Ok(Delivery::Unknown(Unknown::Response(r))),
-            (_, Err(e)) => Ok(Delivery::Unknown(Unknown::Error(e))),
+    /// Frees the key: nothing went.
+    async fn release(&self, ticket: Ticket) {
+        let key = *ticket.key();
+        let released = self.engine.release(ticket).await;
+        metrics::settled(metrics::Door::Outbound, Settled::of_release(&released));
+        if let Err(e) = released {
+            tracing::warn!(key = ?key, error = %e, "outbound key not released; a retry waits for its lease");
         }
     }
 }
 
-/// The receipt in a record this door wrote; any other record is invalid.
-pub(crate) fn read_receipt<R: Receipt>(record: RecordedResponse) -> Result<R, RecordError> {
+/// What a record of this door holds.
+pub(crate) enum Found<R> {
+    /// The receipt of a send that went.
+    Receipt(R),
+    /// A held key: a send of unknown delivery.
+    Held,
+}
+
+/// The receipt (or hold) in a record this door wrote; any other record is invalid.
+pub(crate) fn read_record<R: Receipt>(record: RecordedResponse) -> Result<Found<R>, RecordError> {
+    if record.is_of_door(HELD_NAME) {
+        return Ok(Found::Held);
+    }
     let ours = record.is_of_door(DOOR_NAME);
     match record.body {
-        Some(body) if ours => {
-            R::from_bytes(body).map_err(|_| RecordError::new("the stored receipt does not decode"))
-        }
+        Some(body) if ours => R::from_bytes(body)
+            .map(Found::Receipt)
+            .map_err(|_| RecordError::new("the stored receipt does not decode")),
         _ => Err(RecordError::new("a record of another door")),
     }
 }
 
 /// Holds the key of a send whose future was dropped after the send began: the message may
-/// have gone. Disarmed once the send's result is in hand.
-struct HoldOnDrop<St: Store, I, C> {
-    armed: Option<(Door<St, I, C>, Ticket)>,
+/// have gone. Disarmed once the send's result is in hand (its last step then runs on a task
+/// of its own).
+pub(crate) struct HoldOnDrop<St: Store> {
+    armed: Option<(Keys<St>, Ticket)>,
 }
 
-impl<St: Store, I, C> HoldOnDrop<St, I, C> {
-    fn ticket(&self) -> &Ticket {
+impl<St: Store> HoldOnDrop<St> {
+    pub(crate) fn new(keys: Keys<St>, ticket: Ticket) -> Self {
+        Self {
+            armed: Some((keys, ticket)),
+        }
+    }
+
+    pub(crate) fn ticket(&self) -> &Ticket {
         &self.armed.as_ref().expect("armed until disarmed").1
     }
 
-    fn disarm(mut self) -> Ticket {
+    pub(crate) fn disarm(mut self) -> Ticket {
         self.armed.take().expect("armed until disarmed").1
     }
 }
 
-impl<St: Store, I, C> Drop for HoldOnDrop<St, I, C> {
+impl<St: Store> Drop for HoldOnDrop<St> {
     fn drop(&mut self) {
-        let Some((door, ticket)) = self.armed.take() else {
+        let Some((keys, ticket)) = self.armed.take() else {
             return;
         };
         tracing::info!(key = ?ticket.key(), "outbound send dropped after it began; its delivery is unknown, the key is held");
-        metrics::settled(metrics::Door::Outbound, Settled::Held);
-        // The lease already holds the key; a longer hold needs one more store call.
-        if door.hold_time() > door.engine.lease()
-            && let Ok(rt) = tokio::runtime::Handle::try_current()
-        {
-            let (engine, hold) = (door.engine.clone(), door.hold_time());
-            rt.spawn(async move {
-                let _ = engine.hold(ticket, hold).await;
-            });
+        // Without a runtime the lease alone holds the key.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            rt.spawn(async move { keys.hold(ticket).await });
+        } else {
+            metrics::settled(metrics::Door::Outbound, Settled::Held);
         }
     }
 }
@@ -460,6 +625,7 @@ where
         Box::pin(async move {
             let identity = match identity {
                 Err(e) => return Err(OutboundError::KeyInvalid(e)),
+                Ok(None) if door.requires_key() => return Err(OutboundError::KeyMissing),
                 Ok(None) => return door.unkeyed(inner.call(req).await),
                 Ok(Some(identity)) => identity,
             };
@@ -467,9 +633,7 @@ where
                 Start::Send(ticket) => ticket,
                 Start::Answered(answer) => return answer,
             };
-            let guard = HoldOnDrop {
-                armed: Some((door.clone(), ticket)),
-            };
+            let guard = HoldOnDrop::new(door.keys(), ticket);
             let result = door.engine.run(guard.ticket(), inner.call(req)).await;
             door.settle(guard.disarm(), result).await
         })

@@ -5,7 +5,7 @@ use crate::support::http::SpyStore;
 use std::time::Duration;
 use tower::ServiceExt;
 use tower_idempotency::Store;
-use tower_idempotency::outbound::{Delivery, OutboundErrorKind};
+use tower_idempotency::outbound::{Delivery, OutboundError, OutboundErrorKind};
 
 const LEASE: Duration = Duration::from_secs(30);
 
@@ -110,7 +110,7 @@ pub(crate) async fn batch_without_a_batch_path_sends_each_fresh_request<S: Store
         retry[0]
     );
     assert!(
-        matches!(retry[1], Ok(Delivery::InFlight)),
+        matches!(retry[1], Ok(Delivery::Held)),
         "c is held: {:?}",
         retry[1]
     );
@@ -131,4 +131,85 @@ pub(crate) async fn batch_repeat_with_another_request_is_key_reused<S: Store>(st
         OutboundErrorKind::KeyReused
     );
     assert_eq!(provider.received(), 1);
+}
+
+pub(crate) async fn batch_repeat_of_a_failed_request_is_told_it_failed<S: Store>(
+    store: SpyStore<S>,
+) {
+    let (mut door, provider) = door(store, LEASE, None);
+    let out = door
+        .send_batch(vec![
+            Msg::new("a", "A", Act::Refuse),
+            Msg::new("a", "A", Act::Take),
+            Msg::new("c", "C", Act::Reset),
+            Msg::new("c", "C", Act::Take),
+        ])
+        .await;
+    assert_eq!(
+        out[0].as_ref().unwrap_err().kind(),
+        OutboundErrorKind::Failed
+    );
+    let repeat = out[1].as_ref().unwrap_err();
+    assert!(
+        matches!(repeat, OutboundError::RepeatFailed { retryable: true }),
+        "not in flight: nothing runs, the key is free: {repeat:?}"
+    );
+    assert!(repeat.is_retryable());
+    assert!(matches!(out[3], Ok(Delivery::Held)), "{:?}", out[3]);
+    assert_eq!(provider.received(), 1, "c once");
+    let retry = door.send_batch(vec![Msg::new("a", "A", Act::Take)]).await;
+    assert!(matches!(retry[0], Ok(Delivery::Sent(_))), "{:?}", retry[0]);
+}
+
+/// A paused clock, the memory store.
+mod paused {
+    use super::*;
+    use crate::door::wait_until;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_keeps_its_keys_while_it_is_out() {
+        let store = SpyStore::new();
+        let (mut door, provider) = door(store.clone(), LEASE, None);
+        let probe = door.clone();
+        let batch = tokio::spawn(async move {
+            door.send_batch(vec![
+                Msg::new("b", "B", Act::Take),
+                Msg::new("c", "C", Act::Take),
+                Msg::new("a", "A", Act::Stall),
+            ])
+            .await
+        });
+        wait_until(|| provider.received() == 3).await;
+        tokio::time::sleep(LEASE * 4).await; // four leases: renewed, or lost long ago
+        let meanwhile = probe
+            .clone()
+            .oneshot(Msg::new("b", "B", Act::Take))
+            .await
+            .unwrap();
+        assert!(matches!(meanwhile, Delivery::InFlight), "{meanwhile:?}");
+        assert!(
+            store.renews() >= 3 * 11,
+            "each key renewed every third of the lease"
+        );
+        provider.open();
+        let out = batch.await.unwrap();
+        assert!(
+            out.iter().all(|r| matches!(r, Ok(Delivery::Sent(_)))),
+            "{out:?}"
+        );
+        assert_eq!(provider.received(), 3);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_batch_of_many_fresh_requests_goes_in_one_call() {
+        // One renewal loop for all keys: no future nested per key to poll through.
+        let (mut door, provider) = door(SpyStore::new(), LEASE, None);
+        let n = 20_000;
+        let batch: Vec<Msg> = (0..n)
+            .map(|i| Msg::new(&format!("k{i}"), "m", Act::Take))
+            .collect();
+        let out = door.send_batch(batch).await;
+        assert!(out.iter().all(|r| matches!(r, Ok(Delivery::Sent(_)))));
+        assert_eq!((provider.received(), provider.batches()), (n, 1));
+    }
 }

@@ -1,6 +1,6 @@
 //! Every outcome of the generic door, written once and run over each store (`main.rs`).
 
-use crate::rig::{Act, Msg, door};
+use crate::rig::{Act, Msg, door, door_with};
 use crate::support::http::SpyStore;
 use bytes::Bytes;
 use std::time::Duration;
@@ -135,17 +135,16 @@ pub(crate) async fn a_reset_mid_exchange_is_unknown_and_the_retry_does_not_send<
         .oneshot(Msg::new("k", "hello", Act::Take))
         .await
         .unwrap();
-    assert!(matches!(retry, Delivery::InFlight), "{retry:?}");
+    assert!(
+        matches!(retry, Delivery::Held),
+        "held, not in flight: nothing runs now {retry:?}"
+    );
     assert_eq!(
         provider.received(),
         1,
         "the retry sent nothing: the first may have gone"
     );
-    assert_eq!(
-        (store.completes(), store.releases()),
-        (0, 0),
-        "the key is kept"
-    );
+    assert_eq!(store.releases(), 0, "the key is kept");
 }
 
 pub(crate) async fn an_unknown_delivery_is_held_for_the_hold_time<S: Store>(store: SpyStore<S>) {
@@ -164,7 +163,7 @@ pub(crate) async fn an_unknown_delivery_is_held_for_the_hold_time<S: Store>(stor
         .await
         .unwrap();
     assert!(
-        matches!(within, Delivery::InFlight),
+        matches!(within, Delivery::Held),
         "held past the lease: {within:?}"
     );
     tokio::time::sleep(Duration::from_millis(1000)).await; // past the hold
@@ -173,30 +172,6 @@ pub(crate) async fn an_unknown_delivery_is_held_for_the_hold_time<S: Store>(stor
         .await
         .unwrap();
     assert!(after.is_sent(), "the hold ended: {after:?}");
-    assert_eq!(provider.received(), 2);
-}
-
-pub(crate) async fn an_unknown_delivery_without_a_hold_lapses_with_the_lease<S: Store>(
-    store: SpyStore<S>,
-) {
-    let lease = Duration::from_millis(300);
-    let (door, provider) = door(store, lease, None);
-    door.clone()
-        .oneshot(Msg::new("k", "hello", Act::Reset))
-        .await
-        .unwrap();
-    let within = door
-        .clone()
-        .oneshot(Msg::new("k", "hello", Act::Take))
-        .await
-        .unwrap();
-    assert!(matches!(within, Delivery::InFlight), "{within:?}");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    let after = door
-        .oneshot(Msg::new("k", "hello", Act::Take))
-        .await
-        .unwrap();
-    assert!(after.is_sent(), "the lease lapsed: {after:?}");
     assert_eq!(provider.received(), 2);
 }
 
@@ -218,7 +193,7 @@ pub(crate) async fn a_send_dropped_after_it_began_keeps_its_key<S: Store>(store:
         .oneshot(Msg::new("k", "hello", Act::Take))
         .await
         .unwrap();
-    assert!(matches!(retry, Delivery::InFlight), "{retry:?}");
+    assert!(matches!(retry, Delivery::Held), "{retry:?}");
     assert_eq!(provider.received(), 1);
 }
 
@@ -271,10 +246,54 @@ pub(crate) async fn a_request_without_a_key_is_sent_every_time<S: Store>(store: 
         body: "hello".into(),
         act: Act::Take,
     };
-    assert!(door.clone().oneshot(unkeyed()).await.unwrap().is_sent());
-    assert!(door.oneshot(unkeyed()).await.unwrap().is_sent());
+    let first = door.clone().oneshot(unkeyed()).await.unwrap();
+    let again = door.oneshot(unkeyed()).await.unwrap();
+    for d in [&first, &again] {
+        assert!(
+            matches!(d, Delivery::SentWithoutKey(r) if r.ends_with("hello")),
+            "told apart from a recorded send: {d:?}"
+        );
+        assert!(d.is_sent());
+    }
     assert_eq!(provider.received(), 2);
     assert_eq!(store.claims(), 0, "no key, no claim");
+}
+
+pub(crate) async fn require_key_refuses_a_request_without_a_key<S: Store>(store: SpyStore<S>) {
+    let engine = Engine::builder(store.clone()).lease(LEASE).build();
+    let (door, provider) = door_with(engine, |l| l.require_key(true));
+    let unkeyed = Msg {
+        key: None,
+        body: "hello".into(),
+        act: Act::Take,
+    };
+    let err = door.clone().oneshot(unkeyed).await.unwrap_err();
+    assert_eq!(err.kind(), OutboundErrorKind::KeyMissing);
+    assert_eq!(err.code(), Some("idempotency.key_missing"));
+    assert_eq!(
+        (provider.received(), store.claims()),
+        (0, 0),
+        "nothing sent"
+    );
+    let keyed = door
+        .clone()
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap();
+    assert!(matches!(keyed, Delivery::Sent(_)), "{keyed:?}");
+    let mut door = door;
+    let batch = door
+        .send_each(vec![Msg {
+            key: None,
+            body: "hello".into(),
+            act: Act::Take,
+        }])
+        .await;
+    assert_eq!(
+        batch[0].as_ref().unwrap_err().kind(),
+        OutboundErrorKind::KeyMissing
+    );
+    assert_eq!(provider.received(), 1, "only the keyed request went");
 }
 
 pub(crate) async fn an_invalid_key_is_refused_before_sending<S: Store>(store: SpyStore<S>) {
@@ -370,4 +389,185 @@ async fn the_outbound_door_counts_each_outcome_once() {
         counted(),
         ["door=outbound,outcome=fresh", "door=outbound,result=held"]
     );
+}
+
+pub(crate) async fn an_unreachable_host_after_sending_holds_the_key<S: Store>(store: SpyStore<S>) {
+    // EHOSTUNREACH on a connection that had sent: no client stage says "never sent".
+    let (door, provider) = door(store.clone(), LEASE, None);
+    let first = door
+        .clone()
+        .oneshot(Msg::new("k", "charge", Act::Unreachable))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&first, Delivery::Unknown(Unknown::Error(e)) if e.kind() == std::io::ErrorKind::HostUnreachable),
+        "{first:?}"
+    );
+    let retry = door
+        .oneshot(Msg::new("k", "charge", Act::Take))
+        .await
+        .unwrap();
+    assert!(matches!(retry, Delivery::Held), "{retry:?}");
+    assert_eq!(provider.received(), 1, "the retry did not send again");
+    assert_eq!(store.releases(), 0);
+}
+
+pub(crate) async fn a_receipt_over_the_record_limit_is_held_not_refused<S: Store>(
+    store: SpyStore<S>,
+) {
+    // "receipt 1: hello" is 16 bytes: over the engine's limit, and a `String` has no
+    // smaller form.
+    let engine = Engine::builder(store)
+        .lease(LEASE)
+        .max_record_body(8)
+        .build();
+    let (door, provider) = door_with(engine, |l| l);
+    let first = door
+        .clone()
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap();
+    assert!(matches!(first, Delivery::Sent(_)), "{first:?}");
+    for _ in 0..2 {
+        let again = door
+            .clone()
+            .oneshot(Msg::new("k", "hello", Act::Take))
+            .await
+            .expect("not refused as an invalid record at every repeat");
+        assert!(matches!(again, Delivery::Held), "{again:?}");
+    }
+    assert_eq!(provider.received(), 1);
+}
+
+/// A paused clock, the memory store.
+mod paused {
+    use super::*;
+    use crate::rig::RigLayer;
+    use crate::slow::SlowWrites;
+    use tower_idempotency::MemoryStore;
+    use tower_idempotency::outbound::DEFAULT_HOLD;
+
+    #[tokio::test(start_paused = true)]
+    async fn an_unknown_delivery_is_held_ten_minutes_by_default() {
+        assert_eq!(DEFAULT_HOLD, Duration::from_secs(600));
+        let (door, provider) = door(SpyStore::new(), Duration::from_secs(60), None);
+        let first = door
+            .clone()
+            .oneshot(Msg::new("k", "hello", Act::Reset))
+            .await
+            .unwrap();
+        assert!(first.is_unknown(), "{first:?}");
+        tokio::time::sleep(Duration::from_secs(9 * 60)).await; // well past the 60 s lease
+        let within = door
+            .clone()
+            .oneshot(Msg::new("k", "hello", Act::Take))
+            .await
+            .unwrap();
+        assert!(matches!(within, Delivery::Held), "{within:?}");
+        tokio::time::sleep(Duration::from_secs(2 * 60)).await; // past the hold
+        let after = door
+            .oneshot(Msg::new("k", "hello", Act::Take))
+            .await
+            .unwrap();
+        assert!(matches!(after, Delivery::Sent(_)), "{after:?}");
+        assert_eq!(provider.received(), 2);
+    }
+
+    fn waiting(layer: RigLayer<SpyStore>) -> RigLayer<SpyStore> {
+        layer.wait_in_flight(Duration::from_secs(5))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_repeat_may_wait_for_the_running_send() {
+        let engine = Engine::builder(SpyStore::new()).lease(LEASE).build();
+        let (door, provider) = door_with(engine.clone(), waiting);
+        let (impatient, _) = door_with(engine, |l| l);
+        let first = tokio::spawn(door.clone().oneshot(Msg::new("k", "hello", Act::Stall)));
+        wait_until(|| provider.received() == 1).await;
+        let now = impatient
+            .oneshot(Msg::new("k", "hello", Act::Take))
+            .await
+            .unwrap();
+        assert!(matches!(now, Delivery::InFlight), "{now:?}");
+        let repeat = tokio::spawn(door.clone().oneshot(Msg::new("k", "hello", Act::Take)));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        provider.open();
+        let first = first.await.unwrap().unwrap();
+        let repeat = repeat.await.unwrap().unwrap();
+        assert!(matches!(first, Delivery::Sent(_)), "{first:?}");
+        assert!(
+            matches!(&repeat, Delivery::Replayed(r) if r == "receipt 1: hello"),
+            "the waiting repeat got the first's receipt: {repeat:?}"
+        );
+        assert_eq!(provider.received(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_past_its_bound_is_in_flight() {
+        let engine = Engine::builder(SpyStore::new()).lease(LEASE).build();
+        let (door, provider) = door_with(engine, waiting);
+        let _first = tokio::spawn(door.clone().oneshot(Msg::new("k", "hello", Act::Stall)));
+        wait_until(|| provider.received() == 1).await;
+        let started = tokio::time::Instant::now();
+        let repeat = door
+            .oneshot(Msg::new("k", "hello", Act::Take))
+            .await
+            .unwrap();
+        assert!(matches!(repeat, Delivery::InFlight), "{repeat:?}");
+        assert!(
+            started.elapsed() >= Duration::from_secs(5),
+            "it waited its bound"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_send_dropped_while_its_hold_is_written_stays_held() {
+        // The hold's write takes 5 s; the caller's own timeout fires after 1 s of it.
+        let store = SlowWrites::new(MemoryStore::new(), Duration::from_secs(5));
+        let engine = Engine::builder(store).lease(Duration::from_secs(2)).build();
+        let (door, provider) = door_with(engine, |l| l.hold(Duration::from_secs(600)));
+        let cut = tokio::time::timeout(
+            Duration::from_secs(1),
+            door.clone().oneshot(Msg::new("k", "hello", Act::Reset)),
+        )
+        .await;
+        assert!(
+            cut.is_err(),
+            "the caller gave up while the hold was written"
+        );
+        tokio::time::sleep(Duration::from_secs(60)).await; // far past the 2 s lease
+        let retry = door
+            .oneshot(Msg::new("k", "hello", Act::Take))
+            .await
+            .unwrap();
+        assert!(
+            matches!(retry, Delivery::Held),
+            "the hold was written after the caller left: {retry:?}"
+        );
+        assert_eq!(provider.received(), 1);
+    }
+}
+
+pub(crate) async fn an_operator_frees_a_held_key_with_forget<S: Store>(store: SpyStore<S>) {
+    let (door, provider) = door(store.clone(), LEASE, None);
+    let first = door
+        .clone()
+        .oneshot(Msg::new("k", "hello", Act::Reset))
+        .await
+        .unwrap();
+    assert!(first.is_unknown(), "{first:?}");
+    // The provider says the message never arrived: the operator frees the key.
+    let key = StoreKey::derive(
+        tower_idempotency::outbound::DEFAULT_NAMESPACE,
+        &Scope::anonymous(),
+        &IdempotencyKey::new("k").unwrap(),
+    );
+    let forgotten = Engine::new(store).forget(&key).await.unwrap();
+    assert_eq!(forgotten, tower_idempotency::store::Forgotten::Record);
+    let retry = door
+        .oneshot(Msg::new("k", "hello", Act::Take))
+        .await
+        .unwrap();
+    assert!(matches!(retry, Delivery::Sent(_)), "{retry:?}");
+    assert_eq!(provider.received(), 2);
 }

@@ -26,6 +26,10 @@ use tower_idempotency::{DerivedKey, IdempotencyKey, Store};
 pub(crate) enum Behave {
     /// Answers this status with a JSON body naming the request's number.
     Answer(u16),
+    /// As `Answer`, with one more header line (`name: value`).
+    AnswerWith(u16, &'static str),
+    /// As `Answer`, with a body of 4 KiB.
+    AnswerBig(u16),
     /// Closes the connection without an answer.
     Close,
     /// Never answers.
@@ -128,15 +132,20 @@ async fn serve(
     let n = received.fetch_add(1, Ordering::SeqCst) + 1;
     keys.lock().unwrap().push(header("idempotency-key"));
     let b = *behave.lock().unwrap();
+    let answer = |status: u16, extra: &str, pad: usize| {
+        let body = format!(r#"{{"charge":{n},"pad":"{}"}}"#, "x".repeat(pad));
+        format!(
+            "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\nset-cookie: s=secret\r\n{extra}content-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+    };
     match b {
-        Behave::Answer(status) => {
-            let body = format!(r#"{{"charge":{n}}}"#);
-            let res = format!(
-                "HTTP/1.1 {status} X\r\ncontent-type: application/json\r\nset-cookie: s=secret\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
-                body.len()
-            );
-            conn.write_all(res.as_bytes()).await?;
+        Behave::Answer(status) => conn.write_all(answer(status, "", 0).as_bytes()).await?,
+        Behave::AnswerWith(status, line) => {
+            let extra = format!("{line}\r\n");
+            conn.write_all(answer(status, &extra, 0).as_bytes()).await?;
         }
+        Behave::AnswerBig(status) => conn.write_all(answer(status, "", 4096).as_bytes()).await?,
         Behave::Close => {}
         Behave::Stall => std::future::pending::<()>().await,
     }
@@ -149,7 +158,7 @@ fn client() -> Client_ {
     Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>()
 }
 
-fn charge(url: &str, key: Option<&str>, body: &'static str) -> Request<Bytes> {
+pub(crate) fn charge(url: &str, key: Option<&str>, body: &'static str) -> Request<Bytes> {
     let mut req = Request::post(url).header("content-type", "application/json");
     if let Some(k) = key {
         req = req.header("idempotency-key", k);
@@ -157,7 +166,7 @@ fn charge(url: &str, key: Option<&str>, body: &'static str) -> Request<Bytes> {
     req.body(Bytes::from_static(body.as_bytes())).unwrap()
 }
 
-async fn send<St: Store>(
+pub(crate) async fn send<St: Store>(
     layer: &HttpSendOnceLayer<St>,
     req: Request<Bytes>,
 ) -> Result<HttpDelivery, HttpError> {
@@ -235,7 +244,7 @@ pub(crate) async fn a_stub_that_reads_the_body_and_closes_is_unknown<S: Store>(s
         .await
         .unwrap();
     assert!(
-        matches!(retry, Delivery::InFlight),
+        matches!(retry, Delivery::Held),
         "the key is held: {retry:?}"
     );
     assert_eq!(stub.received(), 1, "the retry did not send again");
@@ -314,7 +323,7 @@ pub(crate) async fn a_429_releases_and_a_500_holds<S: Store>(store: SpyStore<S>)
         .await
         .unwrap();
     assert!(
-        matches!(retry, Delivery::InFlight),
+        matches!(retry, Delivery::Held),
         "a 500 may have charged: {retry:?}"
     );
     assert_eq!(
@@ -347,7 +356,7 @@ pub(crate) async fn a_timeout_after_the_request_was_written_is_unknown<S: Store>
         .oneshot(charge(&stub.url(), Some("k"), "{}"))
         .await
         .unwrap();
-    assert!(matches!(retry, Delivery::InFlight), "{retry:?}");
+    assert!(matches!(retry, Delivery::Held), "{retry:?}");
     assert_eq!(stub.received(), 1);
 }
 
@@ -396,9 +405,136 @@ pub(crate) async fn a_call_dropped_after_it_was_written_keeps_its_key<S: Store>(
     calling.abort(); // the caller gives up once the provider has the request
     let _ = calling.await;
     stub.behave(Behave::Answer(201));
-    let retry = send(&layer, charge(&stub.url(), Some("k"), "{}"))
+    // In flight while the hold is written on a task of its own, then held.
+    let mut retry = Delivery::InFlight;
+    for _ in 0..500 {
+        retry = send(&layer, charge(&stub.url(), Some("k"), "{}"))
+            .await
+            .unwrap();
+        if !matches!(retry, Delivery::InFlight) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(matches!(retry, Delivery::Held), "{retry:?}");
+    assert_eq!((stub.received(), store.releases()), (1, 0));
+}
+
+pub(crate) async fn a_303_after_a_create_is_kept_as_the_receipt<S: Store>(store: SpyStore<S>) {
+    let stub = Stub::start(Behave::AnswerWith(303, "location: /charges/1")).await;
+    let layer = HttpSendOnceLayer::new(Engine::new(store.clone()));
+    let first = send(&layer, charge(&stub.url(), Some("k"), "{}"))
         .await
         .unwrap();
-    assert!(matches!(retry, Delivery::InFlight), "{retry:?}");
-    assert_eq!((stub.received(), store.releases()), (1, 0));
+    assert!(matches!(first, Delivery::Sent(_)), "{first:?}");
+    let again = send(&layer, charge(&stub.url(), Some("k"), "{}"))
+        .await
+        .unwrap();
+    let Delivery::Replayed(r) = &again else {
+        panic!("the redirect is the answer of the create: {again:?}")
+    };
+    assert_eq!(r.status(), 303);
+    assert_eq!(r.headers()["location"], "/charges/1");
+    assert_eq!(stub.received(), 1, "the charge went once");
+    assert_eq!(store.releases(), 0);
+}
+
+pub(crate) async fn a_503_holds_unless_it_says_when_to_come_back<S: Store>(store: SpyStore<S>) {
+    // Without `Retry-After`: a proxy's answer for an upstream that failed after forwarding.
+    let stub = Stub::start(Behave::Answer(503)).await;
+    let layer = HttpSendOnceLayer::new(Engine::new(store));
+    let reset = send(&layer, charge(&stub.url(), Some("a"), "{}"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&reset, Delivery::Unknown(Unknown::Response(r)) if r.status() == 503),
+        "{reset:?}"
+    );
+    stub.behave(Behave::Answer(201));
+    let retry = send(&layer, charge(&stub.url(), Some("a"), "{}"))
+        .await
+        .unwrap();
+    assert!(matches!(retry, Delivery::Held), "{retry:?}");
+
+    // With it: the provider's own "unavailable, come back then".
+    stub.behave(Behave::AnswerWith(503, "retry-after: 1"));
+    let busy = send(&layer, charge(&stub.url(), Some("b"), "{}"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(&busy, Delivery::Rejected { response, retryable: true } if response.status() == 503),
+        "{busy:?}"
+    );
+    stub.behave(Behave::Answer(201));
+    let retry = send(&layer, charge(&stub.url(), Some("b"), "{}"))
+        .await
+        .unwrap();
+    assert!(matches!(retry, Delivery::Sent(_)), "{retry:?}");
+    assert_eq!(stub.received(), 3, "a once; b twice");
+}
+
+pub(crate) async fn an_unreachable_host_after_the_request_went_is_unknown<S: Store>(
+    store: SpyStore<S>,
+) {
+    // A client whose established connection reports EHOSTUNREACH once the request is out.
+    let sent = Arc::new(AtomicUsize::new(0));
+    let client = {
+        let sent = sent.clone();
+        tower::service_fn(move |_req: Request<Full<Bytes>>| {
+            sent.fetch_add(1, Ordering::SeqCst);
+            async {
+                Err::<Response<Full<Bytes>>, _>(std::io::Error::from(
+                    std::io::ErrorKind::HostUnreachable,
+                ))
+            }
+        })
+    };
+    let door = tower::Layer::layer(&HttpSendOnceLayer::new(Engine::new(store.clone())), client);
+    let first = door
+        .clone()
+        .oneshot(charge("http://127.0.0.1:9/charges", Some("k"), "{}"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(first, Delivery::Unknown(Unknown::Error(_))),
+        "{first:?}"
+    );
+    let retry = door
+        .oneshot(charge("http://127.0.0.1:9/charges", Some("k"), "{}"))
+        .await
+        .unwrap();
+    assert!(matches!(retry, Delivery::Held), "{retry:?}");
+    assert_eq!(
+        sent.load(Ordering::SeqCst),
+        1,
+        "the retry did not send again"
+    );
+    assert_eq!(store.releases(), 0);
+}
+
+pub(crate) async fn a_response_over_the_record_limit_is_kept_without_its_body<S: Store>(
+    store: SpyStore<S>,
+) {
+    let stub = Stub::start(Behave::AnswerBig(201)).await;
+    // The adapter takes the 4 KiB body (its limit is 1 MiB); the engine's records 1 KiB.
+    let layer = HttpSendOnceLayer::new(Engine::builder(store).max_record_body(1024).build());
+    let first = send(&layer, charge(&stub.url(), Some("k"), "{}"))
+        .await
+        .unwrap();
+    let Delivery::Sent(r) = &first else {
+        panic!("{first:?}")
+    };
+    assert!(r.body().len() > 4096, "the caller gets the whole answer");
+    for _ in 0..2 {
+        let again = send(&layer, charge(&stub.url(), Some("k"), "{}"))
+            .await
+            .expect("not refused as an invalid record at every repeat");
+        let Delivery::Replayed(r) = &again else {
+            panic!("{again:?}")
+        };
+        assert_eq!(r.status(), 201);
+        assert_eq!(r.headers()["content-type"], "application/json");
+        assert!(r.body().is_empty(), "kept without its body");
+    }
+    assert_eq!(stub.received(), 1);
 }

@@ -102,7 +102,7 @@ pub(crate) async fn a_server_that_stalls_after_data_is_unknown_and_the_retry_doe
     );
     server.stall(false);
     let retry = mailer.send(welcome("k", "Receipt")).await.unwrap();
-    assert!(matches!(retry, Delivery::InFlight), "{retry:?}");
+    assert!(matches!(retry, Delivery::Held), "{retry:?}");
     assert_eq!(server.messages().len(), 1, "the retry did not send again");
 }
 
@@ -230,4 +230,60 @@ pub(crate) async fn another_message_under_the_key_is_key_reused_and_a_failed_cla
     assert_eq!(err.kind(), OutboundErrorKind::StoreFailed, "{err:?}");
     assert!(err.is_retryable());
     assert_eq!(server.messages(), vec!["Welcome"]);
+}
+
+pub(crate) async fn key_from_message_id_refuses_a_message_without_one<S: Store>(
+    store: SpyStore<S>,
+) {
+    if !smtp_server::available() {
+        return;
+    }
+    let server = SmtpServer::start();
+    let by_id = SendOnceTransport::builder(smtp(server.port()), Engine::new(store.clone()))
+        .key_from_message_id()
+        .build();
+    // lettre's builder adds no Message-ID.
+    let plain = || {
+        Message::builder()
+            .from("shop@example.com".parse().unwrap())
+            .to("ada@example.com".parse().unwrap())
+            .subject("Reminder")
+            .body(String::from("Due tomorrow."))
+            .unwrap()
+    };
+    for _ in 0..2 {
+        let err = by_id.send(plain()).await.unwrap_err();
+        assert_eq!(err.kind(), OutboundErrorKind::KeyMissing, "{err:?}");
+    }
+    assert!(server.messages().is_empty(), "not sent unguarded");
+    assert_eq!(store.claims(), 0);
+
+    let unguarded = SendOnceTransport::builder(smtp(server.port()), Engine::new(store))
+        .key_from_message_id()
+        .require_key(false)
+        .build();
+    let sent = unguarded.send(plain()).await.unwrap();
+    assert!(matches!(sent, Delivery::SentWithoutKey(_)), "{sent:?}");
+    assert_eq!(server.messages(), vec!["Reminder"]);
+}
+
+pub(crate) async fn one_job_key_for_a_mail_and_a_charge_is_two_keys<S: Store>(store: SpyStore<S>) {
+    use crate::http_calls::{Behave, Stub, charge, send};
+    use tower_idempotency::outbound::http::HttpSendOnceLayer;
+    if !smtp_server::available() {
+        return;
+    }
+    let server = SmtpServer::start();
+    let stub = Stub::start(Behave::Answer(201)).await;
+    // One store, one job key, two adapters with their default settings.
+    let mailer =
+        SendOnceTransport::builder(smtp(server.port()), Engine::new(store.clone())).build();
+    let payments = HttpSendOnceLayer::new(Engine::new(store));
+    let mail = mailer.send(welcome("job-7", "Welcome")).await.unwrap();
+    assert!(matches!(mail, Delivery::Sent(_)), "{mail:?}");
+    let charged = send(&payments, charge(&stub.url(), Some("job-7"), "{}"))
+        .await
+        .expect("the mail's key is not the charge's");
+    assert!(matches!(charged, Delivery::Sent(_)), "{charged:?}");
+    assert_eq!((server.messages().len(), stub.received()), (1, 1));
 }

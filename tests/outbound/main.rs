@@ -10,7 +10,7 @@
 //!   (Debian's `python3-aiosmtpd`, `tests/support/smtp_server.py`).
 //!
 //! ```text
-//! cargo test -p tower-idempotency --features redis,lettre,json --test outbound
+//! cargo test -p tower-idempotency --features redis,lettre,json,hyper-util --test outbound
 //! ```
 
 #![allow(clippy::unwrap_used)]
@@ -24,6 +24,7 @@ mod http_calls;
 #[cfg(feature = "lettre")]
 mod mail;
 mod rig;
+mod slow;
 
 /// Expands scenarios (async fns taking a spy store) once per store, as modules of tests.
 macro_rules! per_store {
@@ -66,11 +67,14 @@ per_store!(memory, redis, door;
     a_rejection_releases_the_key,
     a_reset_mid_exchange_is_unknown_and_the_retry_does_not_send,
     an_unknown_delivery_is_held_for_the_hold_time,
-    an_unknown_delivery_without_a_hold_lapses_with_the_lease,
     a_send_dropped_after_it_began_keeps_its_key,
     a_failed_claim_fails_retryable_and_sends_nothing,
     a_failed_complete_still_returns_the_receipt,
     a_request_without_a_key_is_sent_every_time,
+    require_key_refuses_a_request_without_a_key,
+    an_unreachable_host_after_sending_holds_the_key,
+    a_receipt_over_the_record_limit_is_held_not_refused,
+    an_operator_frees_a_held_key_with_forget,
     an_invalid_key_is_refused_before_sending,
     a_record_of_another_door_is_not_replayed,
 );
@@ -79,6 +83,7 @@ per_store!(memory_batch, redis_batch, batch;
     batch_sends_fresh_requests_once_and_answers_repeats_in_place,
     batch_without_a_batch_path_sends_each_fresh_request,
     batch_repeat_with_another_request_is_key_reused,
+    batch_repeat_of_a_failed_request_is_told_it_failed,
 );
 
 per_store!(memory_http, redis_http, http_calls;
@@ -90,6 +95,10 @@ per_store!(memory_http, redis_http, http_calls;
     a_timeout_after_the_request_was_written_is_unknown,
     another_body_under_the_key_is_key_reused_and_a_failed_claim_sends_nothing,
     a_call_dropped_after_it_was_written_keeps_its_key,
+    a_303_after_a_create_is_kept_as_the_receipt,
+    a_503_holds_unless_it_says_when_to_come_back,
+    an_unreachable_host_after_the_request_went_is_unknown,
+    a_response_over_the_record_limit_is_kept_without_its_body,
 );
 
 #[cfg(feature = "lettre")]
@@ -100,4 +109,6 @@ per_store!(memory_mail, redis_mail, mail;
     a_transient_reply_releases_the_key_and_a_permanent_one_is_final,
     a_key_from_the_caller_or_the_message_id,
     another_message_under_the_key_is_key_reused_and_a_failed_claim_sends_nothing,
+    key_from_message_id_refuses_a_message_without_one,
+    one_job_key_for_a_mail_and_a_charge_is_two_keys,
 );

@@ -11,7 +11,7 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tower::Service;
 use tower_idempotency::outbound::{
-    Classify, DefaultClassifier, Identity, SendBatch, SendOnce, SendOnceLayer, Verdict,
+    Classify, DefaultClassifier, Identity, NotSent, SendBatch, SendOnce, SendOnceLayer, Verdict,
 };
 use tower_idempotency::{Store, engine::Engine};
 use tower_layer::Layer;
@@ -21,8 +21,11 @@ use tower_layer::Layer;
 pub(crate) enum Act {
     /// Takes it, answers a receipt.
     Take,
-    /// The connection is refused: nothing reaches the provider.
+    /// The client's connect stage fails ([`NotSent`]): nothing reaches the provider.
     Refuse,
+    /// Takes it, then the established connection reports `EHOSTUNREACH` (as Linux does
+    /// after an ICMP "host unreachable" while the answer was awaited).
+    Unreachable,
     /// Takes it, then the connection resets before the answer.
     Reset,
     /// Answers that it takes nothing (a definite rejection).
@@ -94,7 +97,8 @@ impl Provider {
         let (received, gate) = (Arc::clone(&self.received), Arc::clone(&self.gate));
         async move {
             if m.act == Act::Refuse {
-                return Err(io::Error::from(io::ErrorKind::ConnectionRefused));
+                let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
+                return Err(io::Error::other(NotSent::new(refused)));
             }
             if m.act == Act::Reject {
                 return Ok(format!("rejected: {}", m.body));
@@ -102,6 +106,7 @@ impl Provider {
             let n = received.fetch_add(1, Ordering::SeqCst) + 1;
             match m.act {
                 Act::Reset => Err(io::Error::from(io::ErrorKind::ConnectionReset)),
+                Act::Unreachable => Err(io::Error::from(io::ErrorKind::HostUnreachable)),
                 Act::Stall => {
                     gate.notified().await;
                     Ok(format!("receipt {n}: {}", m.body))
@@ -149,12 +154,24 @@ pub(crate) fn door<St: Store>(
     lease: Duration,
     hold: Option<Duration>,
 ) -> (Door<St>, Provider) {
-    let engine = Engine::builder(store).lease(lease).build();
-    let mut layer =
-        SendOnceLayer::new(engine, identify as IdentifyFn).classify(classify as ClassifyFn);
-    if let Some(h) = hold {
-        layer = layer.hold(h);
-    }
+    door_with(
+        Engine::builder(store).lease(lease).build(),
+        |layer| match hold {
+            Some(h) => layer.hold(h),
+            None => layer,
+        },
+    )
+}
+
+/// The generic door's layer over the rig's identify and classify.
+pub(crate) type RigLayer<St> = SendOnceLayer<St, IdentifyFn, ClassifyFn>;
+
+/// The door over `engine`, its layer set up by `settings`.
+pub(crate) fn door_with<St: Store>(
+    engine: Engine<St>,
+    settings: impl FnOnce(RigLayer<St>) -> RigLayer<St>,
+) -> (Door<St>, Provider) {
+    let layer = SendOnceLayer::new(engine, identify as IdentifyFn).classify(classify as ClassifyFn);
     let provider = Provider::default();
-    (layer.layer(provider.clone()), provider)
+    (settings(layer).layer(provider.clone()), provider)
 }
