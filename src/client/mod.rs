@@ -137,6 +137,7 @@
 // `buffer` stands alone.
 mod buffer;
 pub(crate) mod classify;
+mod error;
 #[cfg(feature = "reqwest")]
 mod middleware;
 mod outcome;
@@ -145,6 +146,7 @@ mod retry;
 mod stamp;
 
 pub use buffer::{BufferRequest, BufferRequestLayer};
+pub use error::RetryError;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use middleware::RetryMiddleware;

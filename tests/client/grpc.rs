@@ -1,7 +1,8 @@
 //! The tower stack on a tonic channel (`StampKeyLayer` + `BufferRequestLayer` + `RetryLayer`)
 //! against a tonic server behind the layer with `MemoryStore`: `ABORTED` in flight is retried
 //! after its pushback and answered from the record; `FAILED_PRECONDITION` for a reused key is
-//! returned at once; `UNAVAILABLE` is retried.
+//! returned at once; a handler's `UNAVAILABLE` is retried where the channel's server is
+//! declared to honour keys, and not by default.
 #![cfg(feature = "tonic")]
 
 use crate::support::pb;
@@ -107,16 +108,20 @@ async fn serve() -> (SocketAddr, Service) {
     (addr, svc)
 }
 
-/// A generated client over the retrying tower stack.
+/// A generated client over the retrying tower stack (no server declared to honour keys, or
+/// the policy given).
 macro_rules! retrying_client {
-    ($addr:expr) => {{
+    ($addr:expr) => {
+        retrying_client!($addr, crate::rig::policy())
+    };
+    ($addr:expr, $policy:expr) => {{
         let channel = Channel::from_shared(format!("http://{}", $addr))
             .expect("uri")
             .connect_lazy();
         let stack = ServiceBuilder::new()
             .layer(StampKeyLayer::new())
             .layer(BufferRequestLayer::new())
-            .layer(RetryLayer::new(crate::rig::policy()))
+            .layer(RetryLayer::new($policy))
             .map_request(|req: http::Request<Full<Bytes>>| req.map(tonic::body::Body::new))
             .service(channel);
         OrdersClient::new(stack)
@@ -164,7 +169,7 @@ async fn grpc_aborted_in_flight_is_retried_after_its_pushback() {
     let attempts = res
         .extensions()
         .get::<Attempts>()
-        .copied()
+        .cloned()
         .expect("Attempts");
     assert_eq!(attempts.count(), 2, "ABORTED, then the replay");
     assert!(attempts.replayed());
@@ -194,10 +199,23 @@ async fn grpc_key_reused_is_not_retried() {
     assert_eq!(svc.calls.load(Ordering::SeqCst), 1, "not retried, not run");
 }
 
+/// A handler's `UNAVAILABLE` may follow a run: retried only where keys are declared honoured.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn grpc_unavailable_from_a_handler_is_not_retried_by_default() {
+    let (addr, svc) = serve().await;
+    let mut client = retrying_client!(addr);
+    let status = client
+        .create(create("flaky", None))
+        .await
+        .expect_err("the first call's answer");
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert_eq!(svc.calls.load(Ordering::SeqCst), 1, "not sent again");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn grpc_unavailable_is_retried_with_a_stamped_key() {
     let (addr, svc) = serve().await;
-    let mut client = retrying_client!(addr);
+    let mut client = retrying_client!(addr, crate::rig::policy().keys_honoured_by_all());
     let res = client
         .create(create("flaky", None))
         .await
@@ -205,7 +223,7 @@ async fn grpc_unavailable_is_retried_with_a_stamped_key() {
     let attempts = res
         .extensions()
         .get::<Attempts>()
-        .copied()
+        .cloned()
         .expect("Attempts");
     assert_eq!(attempts.count(), 2, "UNAVAILABLE, then the run");
     assert!(
