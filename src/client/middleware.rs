@@ -22,16 +22,34 @@ use std::time::Instant;
 /// use reqwest_middleware::ClientBuilder;
 /// use tower_idempotency::client::{RetryMiddleware, RetryPolicy};
 ///
+/// let policy = RetryPolicy::new()
+///     .keys_honoured_by(["api.example.com".parse().unwrap()])
+///     .max_attempts(4);
 /// let client = ClientBuilder::new(reqwest::Client::new())
-///     .with(RetryMiddleware::new(RetryPolicy::new().max_attempts(4)))
+///     .with(RetryMiddleware::new(policy))
 ///     .build();
 /// # let _ = client;
 /// ```
 ///
 /// Put it first in the chain (outermost), so that middleware after it runs on every attempt.
-/// Errors keep their type (`reqwest_middleware::Error::Reqwest` for a failure of the last
-/// attempt), so `is_timeout()` and the like still work; how many attempts an error followed is
-/// in the last attempt's log event.
+///
+/// When the attempts end in an error, it is a [`RetryError`] inside
+/// `reqwest_middleware::Error::Middleware` ([`RetryError::of_reqwest`] finds it): the attempts,
+/// the key to resume under, what the last attempt met ([`RetryError::kind`]: a timeout, a
+/// failed connect, …), and that attempt's own `reqwest_middleware::Error` as its source.
+///
+/// ```
+/// use tower_idempotency::client::RetryError;
+///
+/// fn report(err: &reqwest_middleware::Error) {
+///     if let Some(gave_up) = RetryError::of_reqwest(err) {
+///         let attempts = gave_up.attempts();
+///         println!("{:?} after {} attempts ({})", gave_up.kind(), attempts.count(), attempts.reason());
+///         // gave_up.key(): store it, send the request again with it later
+///     }
+/// }
+/// # let _ = report;
+/// ```
 #[derive(Clone, Debug)]
 pub struct RetryMiddleware {
     policy: RetryPolicy,

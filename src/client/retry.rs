@@ -23,7 +23,12 @@ struct Progress {
 
 /// The rules of [`RetryPolicy::decide`] for `tower::retry::Retry`. A request is cloned before
 /// each attempt (its body `B: Clone`, e.g. `Full<Bytes>`; the key header is cloned with it);
-/// the final response gets an [`Attempts`] extension.
+/// the final response gets an [`Attempts`] extension. Whether the server honours keys is read
+/// from the request's URI (its host and port; a URI without a host, as a tonic client sends,
+/// only under [`RetryPolicy::keys_honoured_by_all`]).
+///
+/// When the attempts end in an error of type `tower::BoxError`, it is replaced by a boxed
+/// [`RetryError`] (with the attempts and the key) whose source is the last attempt's error.
 ///
 /// A delay is a `tokio::time::sleep`, so the service runs on a Tokio runtime with time.
 impl<B, R, E> tower::retry::Policy<Request<B>, Response<R>, E> for RetryPolicy
