@@ -121,24 +121,27 @@
 //! # tonic
 //!
 //! A tonic channel takes the same layers, plus [`BufferRequestLayer`]: a
-//! `tonic::body::Body` cannot be cloned, so the request message is read into memory first and
-//! turned back into a tonic body below the retry layer. gRPC statuses are read from a
-//! Trailers-Only response (how a server sends an error), which is how the layer sends its
-//! rejections; a response whose status comes in its trailers has already begun and is final.
+//! `tonic::body::Body` cannot be cloned, so the request message is read into memory first
+//! (up to a limit, 1 MiB by default) and turned back into a tonic body below the retry layer.
+//! A streaming call whose caller is still sending, or whose messages pass the limit, is sent
+//! once, never held or retried. gRPC statuses are read from a Trailers-Only response (how a
+//! server sends an error), which is how the layer sends its rejections; a response whose status
+//! comes in its trailers has already begun and is final.
+//!
+//! A tonic client's requests carry no host at the retry layer: declare the channel's server
+//! with [`RetryPolicy::keys_honoured_by_all`] when it honours keys.
 //!
 //! ```no_run
-//! use bytes::Bytes;
-//! use http_body_util::Full;
 //! use tower::ServiceBuilder;
 //! use tower::retry::RetryLayer;
-//! use tower_idempotency::client::{BufferRequestLayer, RetryPolicy, StampKeyLayer};
+//! use tower_idempotency::client::{BufferRequestLayer, BufferedBody, RetryPolicy, StampKeyLayer};
 //!
 //! let channel = tonic::transport::Channel::from_static("http://127.0.0.1:50051").connect_lazy();
 //! let retrying = ServiceBuilder::new()
 //!     .layer(StampKeyLayer::new())
 //!     .layer(BufferRequestLayer::new())
-//!     .layer(RetryLayer::new(RetryPolicy::new()))
-//!     .map_request(|req: http::Request<Full<Bytes>>| req.map(tonic::body::Body::new))
+//!     .layer(RetryLayer::new(RetryPolicy::new().keys_honoured_by_all()))
+//!     .map_request(|req: http::Request<BufferedBody>| req.map(tonic::body::Body::new))
 //!     .service(channel);
 //! // OrdersClient::new(retrying): every unary call is stamped and retried.
 //! # let _ = retrying;
@@ -180,7 +183,7 @@ mod policy;
 mod retry;
 mod stamp;
 
-pub use buffer::{BufferRequest, BufferRequestLayer};
+pub use buffer::{BufferRequest, BufferRequestLayer, BufferedBody, DEFAULT_BUFFER_LIMIT};
 pub use error::RetryError;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]

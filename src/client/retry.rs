@@ -1,6 +1,7 @@
 //! [`RetryPolicy`] as a `tower::retry::Policy` for `http` clients: hyper-util's client, a tonic
 //! channel whose body can be cloned, any `Service<http::Request<B>>`.
 
+use super::buffer::Streamed;
 use super::classify::attempt_failure_of_any;
 use super::error::RetryError;
 use super::outcome::Failure;
@@ -108,6 +109,10 @@ where
     }
 
     fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {
+        // A streamed body (from `BufferRequestLayer`) is sent once.
+        if req.extensions().get::<Streamed>().is_some() {
+            return None;
+        }
         let mut clone = Request::new(req.body().clone());
         *clone.method_mut() = req.method().clone();
         *clone.uri_mut() = req.uri().clone();
