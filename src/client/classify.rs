@@ -222,6 +222,8 @@ pub(crate) fn attempt_failure_of_any<E: 'static>(err: &E) -> Failure {
 
 /// Where a client says its error arose.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+// Only the clients of features `tonic` (connect) and `hyper-util` (both) say.
+#[cfg_attr(not(feature = "hyper-util"), allow(dead_code))]
 enum Stage {
     /// Connecting: nothing was sent.
     Connect,

@@ -305,7 +305,7 @@ async fn tower_call(url: &str, call: &Call, policy: RetryPolicy) -> Result<Reply
     let res = client
         .oneshot(req)
         .await
-        .map_err(|e| GaveUp::of(format!("{e:?}"), e.downcast_ref::<RetryError>()))?;
+        .map_err(|e| GaveUp::of(format!("{e} | {e:?}"), e.downcast_ref::<RetryError>()))?;
     let attempts = res.extensions().get::<Attempts>().cloned();
     let (parts, body) = res.into_parts();
     let body = body
@@ -347,7 +347,7 @@ async fn reqwest_call(url: &str, call: &Call, policy: RetryPolicy) -> Result<Rep
     let res = req
         .send()
         .await
-        .map_err(|e| GaveUp::of(format!("{e:?}"), RetryError::of_reqwest(&e)))?;
+        .map_err(|e| GaveUp::of(format!("{e} | {e:?}"), RetryError::of_reqwest(&e)))?;
     let attempts = res.extensions().get::<Attempts>().cloned();
     let status = res.status();
     let headers = res.headers().clone();
