@@ -142,3 +142,58 @@ pub(crate) async fn permanent_server_errors_are_not_retried(stack: Stack) {
         assert_eq!(rig.work.executions(), before + 1, "{status} ran once");
     }
 }
+
+/// The delays between attempts, on a paused clock: a `Retry-After` is waited for as sent, a
+/// backoff without one stays within its bounds (after the second attempt: the base delay
+/// doubled once, between half of that and all of it). A service in the process answers; no network is involved, so the paused
+/// clock only moves through the retry layer's sleeps.
+#[tokio::test(start_paused = true)]
+async fn delays_follow_retry_after_then_the_backoff() {
+    use bytes::Bytes;
+    use http_body_util::Full;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::ServiceExt;
+    use tower::retry::RetryLayer;
+    use tower_idempotency::client::{Attempts, RetryPolicy, StampKeyLayer};
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&calls);
+    let server = tower::service_fn(move |_req: http::Request<Full<Bytes>>| {
+        let n = seen.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            let mut res = http::Response::new(Full::new(Bytes::new()));
+            match n {
+                1 => {
+                    *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                    res.headers_mut()
+                        .insert("retry-after", http::HeaderValue::from_static("2"));
+                }
+                2 => *res.status_mut() = StatusCode::SERVICE_UNAVAILABLE,
+                _ => *res.status_mut() = StatusCode::CREATED,
+            }
+            Ok::<_, std::convert::Infallible>(res)
+        }
+    });
+    let policy = RetryPolicy::new()
+        .keys_honoured_by_all()
+        .base_delay(Duration::from_millis(400));
+    let client = tower::ServiceBuilder::new()
+        .layer(StampKeyLayer::new())
+        .layer(RetryLayer::new(policy))
+        .service(server);
+    let req = http::Request::post("http://api.test/orders")
+        .body(Full::new(Bytes::from_static(b"{}")))
+        .expect("request");
+    let start = tokio::time::Instant::now();
+    let res = client.oneshot(req).await.expect("an answer");
+    let waited = start.elapsed();
+    assert_eq!(res.status(), StatusCode::CREATED);
+    let attempts = res.extensions().get::<Attempts>().expect("Attempts");
+    assert_eq!(attempts.count(), 3);
+    assert!(
+        waited >= Duration::from_millis(2_400) && waited <= Duration::from_millis(2_800),
+        "2 s as asked, then 400–800 ms of backoff: {waited:?}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
+}
