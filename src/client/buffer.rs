@@ -366,3 +366,57 @@ impl Body for BufferedBody {
 fn len(b: &Bytes) -> u64 {
     u64::try_from(b.len()).unwrap_or(u64::MAX)
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Full, StreamBody};
+    use std::time::Duration;
+
+    #[tokio::test]
+    async fn a_ready_body_within_the_limit_is_held_whole_and_clones() {
+        let body = read_ready(Full::new(Bytes::from_static(b"hello")), 16)
+            .await
+            .unwrap();
+        assert!(!body.is_streamed());
+        assert_eq!(body.size_hint().exact(), Some(5));
+        let copy = body.clone();
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "hello");
+        assert_eq!(copy.collect().await.unwrap().to_bytes(), "hello");
+        let empty = read_ready(Full::new(Bytes::new()), 0).await.unwrap();
+        assert!(!empty.is_streamed() && empty.is_end_stream());
+    }
+
+    #[tokio::test]
+    async fn a_body_over_the_limit_is_streamed_with_every_byte() {
+        let chunks = ["abc", "def", "ghi"].map(|c| Ok::<_, BoxError>(Frame::data(Bytes::from(c))));
+        let body = StreamBody::new(tokio_stream::iter(chunks));
+        let body = read_ready(body, 4).await.unwrap();
+        assert!(body.is_streamed());
+        assert!(
+            body.clone().collect().await.is_err(),
+            "a streamed body is sent once"
+        );
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "abcdefghi");
+    }
+
+    #[tokio::test]
+    async fn a_body_that_waits_is_streamed_without_waiting() {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Result<Frame<Bytes>, BoxError>>(2);
+        tx.send(Ok(Frame::data(Bytes::from_static(b"first"))))
+            .await
+            .unwrap();
+        let body = StreamBody::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+        let body = tokio::time::timeout(Duration::from_secs(5), read_ready(body, 1024))
+            .await
+            .expect("read_ready does not wait for the rest")
+            .unwrap();
+        assert!(body.is_streamed());
+        tx.send(Ok(Frame::data(Bytes::from_static(b" second"))))
+            .await
+            .unwrap();
+        drop(tx);
+        assert_eq!(body.collect().await.unwrap().to_bytes(), "first second");
+    }
+}
