@@ -8,7 +8,8 @@
 //! behind `IdempotencyLayer`, and a flaky TCP proxy in front of it that loses the first answer
 //! after the handler ran (the connection closes), then resets the next connection. The client
 //! (`reqwest-middleware` with `RetryMiddleware`) stamps one key on the order and retries with
-//! it; each attempt is printed (`RUST_LOG` overrides the filter), then the final answer: one
+//! it, since the policy declares the API (here, the proxy's address) as honouring keys; each
+//! attempt is printed (`RUST_LOG` overrides the filter), then the final answer: one
 //! execution on the server, the third attempt answered from the record. Last, the same key
 //! with another order: 422 `idempotency.key_reused`, returned at once with its problem details.
 
@@ -45,7 +46,10 @@ async fn main() -> Result<(), Error> {
     let flaky = flaky_proxy(api, vec![Fault::LoseAnswer, Fault::Reset]).await?;
     println!("order API on 127.0.0.1:{api}, flaky proxy on 127.0.0.1:{flaky}\n");
 
+    // The API runs behind `IdempotencyLayer`: a lost answer or a 5xx may be retried under
+    // the same key. Undeclared servers get a POST again only when nothing ran.
     let policy = RetryPolicy::new()
+        .keys_honoured_by([format!("127.0.0.1:{flaky}").parse()?])
         .max_attempts(5)
         .base_delay(Duration::from_millis(200))
         .deadline(Duration::from_secs(10));
@@ -61,7 +65,7 @@ async fn main() -> Result<(), Error> {
         .json(&json!({ "item": "book" }))
         .send()
         .await?;
-    let attempts = res.extensions().get::<Attempts>().copied();
+    let attempts = res.extensions().get::<Attempts>().cloned();
     let status = res.status();
     let body: Value = res.json().await?;
     println!("-> {status} {body}");

@@ -105,6 +105,7 @@
 //! | `tonic` | no | `Rejection::to_status` and tonic's `NamedService` for the layered service |
 //! | `test-util` | no | the store conformance suite, for your own `Store` |
 //! | `reqwest` | no | `client::RetryMiddleware`, client retries for `reqwest-middleware` |
+//! | `hyper-util` | no | the client's tower retries read hyper-util's connect stage, so a POST whose connect failed is retried to any server |
 //! | `lettre` | no | `outbound::mail`, send-once email over lettre's `AsyncTransport` |
 //! | `hyper-util` | no | the outbound door tells hyper-util's connect errors (nothing sent: the key is released) |
 //! | `nats` | no | `message::jetstream`, the message door on async-nats JetStream consumers |
@@ -150,7 +151,7 @@
 //!   [`Store::name`] (`custom` by default); `op`: `claim`, `complete`, `release`, `renew`;
 //!   `result`: `ok`, or the error's kind (`unavailable`, `timeout`, `protocol`, `store_full`,
 //!   `scope_full`).
-//! - `decision`: `retry`, or why the client stopped: `final`, `not_keyed`, `not_replayable`,
+//! - `decision`: `retry`, or why the client stopped: `final`, `not_keyed`, `not_honoured`, `not_replayable`,
 //!   `attempts_exhausted`, `deadline_exceeded`, `retry_after_too_long`.
 //!
 //! A layer adds labels of its own with `IdempotencyLayer::metrics_label` (a route name, say),

@@ -11,17 +11,29 @@ use std::error::Error;
 use std::io;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Whether an outcome may be retried, and after the delay the server asked for if it did.
+/// Whether an outcome may be retried, after the delay the server asked for if it did, and
+/// whether it shows that the attempt ran nothing (`unrun`: a repeat cannot run the work twice,
+/// even on a server that ignores keys).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Verdict {
     Final,
-    Retry(Option<Duration>),
+    Retry {
+        after: Option<Duration>,
+        unrun: bool,
+    },
+}
+
+impl Verdict {
+    fn retry(after: Option<Duration>, unrun: bool) -> Self {
+        Self::Retry { after, unrun }
+    }
 }
 
 pub(crate) fn classify(outcome: &Outcome<'_>) -> Verdict {
     match *outcome {
         Outcome::Failed(Failure::Other) => Verdict::Final,
-        Outcome::Failed(_) => Verdict::Retry(None),
+        // Only a failed connect is sure to have sent nothing.
+        Outcome::Failed(f) => Verdict::retry(None, f == Failure::Connect),
         Outcome::Response { status, headers } => {
             if status == StatusCode::OK && grpc::is_grpc(headers) {
                 classify_grpc(headers)
@@ -32,16 +44,22 @@ pub(crate) fn classify(outcome: &Outcome<'_>) -> Verdict {
     }
 }
 
-/// 408, 425, 429 and 5xx are transient; a 409 is the server's "in flight, retry later" only
-/// when it says when (`Retry-After`, as the layer's `idempotency.in_flight` does): a 409
-/// without it is an application conflict that a repeat would meet again.
+/// 408, 425, 429 and 5xx are transient, but for the 5xx that say the server cannot serve
+/// this request at all (501, 505, 506, 508, 510, 511); a 409 is the server's "in flight,
+/// retry later" only when it says when (`Retry-After`, as the layer's `idempotency.in_flight`
+/// does): a 409 without it is an application conflict that a repeat would meet again.
+///
+/// The 4xx among them refuse the request (408: it did not arrive whole; 425: too early to
+/// risk; 429: too many; 409: the same key still runs), so nothing ran; a 5xx may follow a run
+/// (a proxy's 502 or 503 after it forwarded the request, a handler that failed half way).
 fn classify_http(status: StatusCode, headers: &HeaderMap) -> Verdict {
-    let transient = status.is_server_error() || matches!(status.as_u16(), 408 | 425 | 429);
-    let in_flight = status == StatusCode::CONFLICT && headers.contains_key(RETRY_AFTER);
-    if transient || in_flight {
-        Verdict::Retry(retry_after(headers, SystemTime::now()))
-    } else {
-        Verdict::Final
+    let after = || retry_after(headers, SystemTime::now());
+    match status.as_u16() {
+        501 | 505 | 506 | 508 | 510 | 511 => Verdict::Final,
+        408 | 425 | 429 => Verdict::retry(after(), true),
+        409 if headers.contains_key(RETRY_AFTER) => Verdict::retry(after(), true),
+        _ if status.is_server_error() => Verdict::retry(after(), false),
+        _ => Verdict::Final,
     }
 }
 
@@ -57,6 +75,9 @@ fn classify_http(status: StatusCode, headers: &HeaderMap) -> Verdict {
 ///   message over the size limit carries none);
 /// - a pushback that is negative or not a number: the server asks not to retry (gRPC A6);
 /// - everything else, `FAILED_PRECONDITION` (`idempotency.key_reused`) included: final.
+///
+/// A status whose message is the layer's own code (`idempotency.…`) was sent by the layer
+/// instead of running the call: nothing ran. Any other `UNAVAILABLE` may follow a run.
 fn classify_grpc(headers: &HeaderMap) -> Verdict {
     let Some(code) = grpc::status_of(headers) else {
         return Verdict::Final;
@@ -68,16 +89,15 @@ fn classify_grpc(headers: &HeaderMap) -> Verdict {
             None => return Verdict::Final,
         },
     };
-    let in_flight = || {
-        headers.get(GRPC_MESSAGE).is_some_and(|m| {
-            m.as_bytes()
-                .starts_with(RejectionKind::InFlight.code().as_bytes())
-        })
-    };
+    let message = headers
+        .get(GRPC_MESSAGE)
+        .map_or(&b""[..], HeaderValue::as_bytes);
+    let in_flight = message.starts_with(RejectionKind::InFlight.code().as_bytes());
+    let layer = message.starts_with(b"idempotency.");
     match GrpcCode::from_i32(code) {
-        Some(GrpcCode::Unavailable) => Verdict::Retry(pushback),
-        Some(GrpcCode::Aborted) if in_flight() => Verdict::Retry(pushback),
-        Some(GrpcCode::ResourceExhausted) if pushback.is_some() => Verdict::Retry(pushback),
+        Some(GrpcCode::Unavailable) => Verdict::retry(pushback, layer),
+        Some(GrpcCode::Aborted) if in_flight => Verdict::retry(pushback, true),
+        Some(GrpcCode::ResourceExhausted) if pushback.is_some() => Verdict::retry(pushback, layer),
         _ => Verdict::Final,
     }
 }
@@ -186,6 +206,65 @@ pub(crate) fn failure_of_any<E: 'static>(err: &E) -> Failure {
     Failure::Transport
 }
 
+/// The failure of a client stack's error ([`failure_of_any`]), where `Connect` is kept only
+/// when the client itself says its connect stage failed: an I/O error kind alone cannot tell
+/// a refused connect from an error on a connection that had sent the request.
+pub(crate) fn attempt_failure_of_any<E: 'static>(err: &E) -> Failure {
+    match (failure_of_any(err), stage_of_any(err)) {
+        (Failure::Timeout, _) => Failure::Timeout,
+        (_, Some(Stage::Connect)) => Failure::Connect,
+        (Failure::Connect, _) => Failure::Transport,
+        // hyper-util failed past its connect stage: the connection ended mid-exchange.
+        (Failure::Transport, Some(Stage::Exchange)) => Failure::ConnectionLost,
+        (f, _) => f,
+    }
+}
+
+/// Where a client says its error arose.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+// Only the clients of features `tonic` (connect) and `hyper-util` (both) say.
+#[cfg_attr(not(feature = "hyper-util"), allow(dead_code))]
+enum Stage {
+    /// Connecting: nothing was sent.
+    Connect,
+    /// Sending the request or reading the answer.
+    Exchange,
+}
+
+/// The stage a client reports in the error: tonic's `ConnectError` (a channel's connector),
+/// hyper-util's `is_connect()` (feature `hyper-util`).
+fn stage_of_any<E: 'static>(err: &E) -> Option<Stage> {
+    let any: &dyn Any = err;
+    if let Some(boxed) = any.downcast_ref::<Box<dyn Error + Send + Sync>>() {
+        return stage_of(&**boxed);
+    }
+    #[cfg(feature = "hyper-util")]
+    if let Some(e) = any.downcast_ref::<hyper_util::client::legacy::Error>() {
+        return stage_of(e);
+    }
+    None
+}
+
+fn stage_of(err: &(dyn Error + 'static)) -> Option<Stage> {
+    let mut next = Some(err);
+    while let Some(e) = next {
+        #[cfg(feature = "tonic")]
+        if e.is::<tonic::ConnectError>() {
+            return Some(Stage::Connect);
+        }
+        #[cfg(feature = "hyper-util")]
+        if let Some(h) = e.downcast_ref::<hyper_util::client::legacy::Error>() {
+            return Some(if h.is_connect() {
+                Stage::Connect
+            } else {
+                Stage::Exchange
+            });
+        }
+        next = e.source();
+    }
+    None
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -209,8 +288,17 @@ mod tests {
     #[test]
     fn grpc_unavailable_is_retried_after_its_pushback() {
         let h = grpc("14", &[("grpc-retry-pushback-ms", "1000")]);
-        assert_eq!(verdict(&h), Verdict::Retry(Some(Duration::from_secs(1))));
-        assert_eq!(verdict(&grpc("14", &[])), Verdict::Retry(None));
+        assert_eq!(
+            verdict(&h),
+            Verdict::retry(Some(Duration::from_secs(1)), false)
+        );
+        assert_eq!(verdict(&grpc("14", &[])), Verdict::retry(None, false));
+        let store_failed = grpc("14", &[("grpc-message", "idempotency.store_failed: down")]);
+        assert_eq!(
+            verdict(&store_failed),
+            Verdict::retry(None, true),
+            "the layer's own"
+        );
     }
 
     #[test]
@@ -224,7 +312,7 @@ mod tests {
         );
         assert_eq!(
             verdict(&in_flight),
-            Verdict::Retry(Some(Duration::from_secs(1)))
+            Verdict::retry(Some(Duration::from_secs(1)), true)
         );
         let conflict = grpc("10", &[("grpc-message", "transaction aborted")]);
         assert_eq!(verdict(&conflict), Verdict::Final);
@@ -241,10 +329,16 @@ mod tests {
 
     #[test]
     fn grpc_resource_exhausted_is_retried_only_with_a_pushback() {
-        let scope_full = grpc("8", &[("grpc-retry-pushback-ms", "500")]);
+        let scope_full = grpc(
+            "8",
+            &[
+                ("grpc-retry-pushback-ms", "500"),
+                ("grpc-message", "idempotency.scope_full: too many"),
+            ],
+        );
         assert_eq!(
             verdict(&scope_full),
-            Verdict::Retry(Some(Duration::from_millis(500)))
+            Verdict::retry(Some(Duration::from_millis(500)), true)
         );
         assert_eq!(verdict(&grpc("8", &[])), Verdict::Final);
     }
@@ -314,5 +408,53 @@ mod tests {
         let other: tower::BoxError = "an unknown failure".into();
         assert_eq!(failure_of_any(&other), Failure::Transport);
         assert_eq!(failure_of_any(&42_u8), Failure::Transport);
+    }
+
+    #[test]
+    fn a_refused_io_error_alone_does_not_prove_a_failed_connect() {
+        let refused: tower::BoxError = Box::new(io::Error::from(io::ErrorKind::ConnectionRefused));
+        assert_eq!(attempt_failure_of_any(&refused), Failure::Transport);
+        let elapsed: tower::BoxError = Box::new(tower::timeout::error::Elapsed::new());
+        assert_eq!(attempt_failure_of_any(&elapsed), Failure::Timeout);
+    }
+
+    #[test]
+    fn only_the_idempotency_layers_own_answers_and_refusals_show_nothing_ran() {
+        let none = HeaderMap::new();
+        let http = |status: u16, h: &HeaderMap| {
+            classify(&Outcome::response(StatusCode::from_u16(status).unwrap(), h))
+        };
+        for s in [408, 425, 429] {
+            assert_eq!(http(s, &none), Verdict::retry(None, true), "{s}");
+        }
+        let mut ra = HeaderMap::new();
+        ra.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+        assert_eq!(
+            http(409, &ra),
+            Verdict::retry(Some(Duration::from_secs(1)), true)
+        );
+        for s in [500, 502, 503, 504, 520] {
+            assert_eq!(
+                http(s, &none),
+                Verdict::retry(None, false),
+                "{s} may follow a run"
+            );
+        }
+        for s in [501, 505, 506, 508, 510, 511] {
+            assert_eq!(http(s, &none), Verdict::Final, "{s} is permanent");
+        }
+        let connect = classify(&Outcome::Failed(Failure::Connect));
+        assert_eq!(connect, Verdict::retry(None, true));
+        for f in [
+            Failure::Timeout,
+            Failure::ConnectionLost,
+            Failure::Transport,
+        ] {
+            assert_eq!(
+                classify(&Outcome::Failed(f)),
+                Verdict::retry(None, false),
+                "{f:?}"
+            );
+        }
     }
 }

@@ -1,10 +1,11 @@
 //! The reqwest half: [`RetryMiddleware`] for `reqwest-middleware` clients.
 
 use super::classify::failure_of;
+use super::error::RetryError;
 use super::outcome::{Failure, Outcome};
 use super::policy::{Attempt, Attempts, Decision, Reason, RetryPolicy, key_prefix, log_attempt};
 use super::stamp::Stamp;
-use http::{Extensions, Method};
+use http::{Extensions, HeaderMap, Method};
 use reqwest_middleware::{Middleware, Next};
 use std::time::Instant;
 
@@ -21,16 +22,34 @@ use std::time::Instant;
 /// use reqwest_middleware::ClientBuilder;
 /// use tower_idempotency::client::{RetryMiddleware, RetryPolicy};
 ///
+/// let policy = RetryPolicy::new()
+///     .keys_honoured_by(["api.example.com".parse().unwrap()])
+///     .max_attempts(4);
 /// let client = ClientBuilder::new(reqwest::Client::new())
-///     .with(RetryMiddleware::new(RetryPolicy::new().max_attempts(4)))
+///     .with(RetryMiddleware::new(policy))
 ///     .build();
 /// # let _ = client;
 /// ```
 ///
 /// Put it first in the chain (outermost), so that middleware after it runs on every attempt.
-/// Errors keep their type (`reqwest_middleware::Error::Reqwest` for a failure of the last
-/// attempt), so `is_timeout()` and the like still work; how many attempts an error followed is
-/// in the last attempt's log event.
+///
+/// When the attempts end in an error, it is a [`RetryError`] inside
+/// `reqwest_middleware::Error::Middleware` ([`RetryError::of_reqwest`] finds it): the attempts,
+/// the key to resume under, what the last attempt met ([`RetryError::kind`]: a timeout, a
+/// failed connect, …), and that attempt's own `reqwest_middleware::Error` as its source.
+///
+/// ```
+/// use tower_idempotency::client::RetryError;
+///
+/// fn report(err: &reqwest_middleware::Error) {
+///     if let Some(gave_up) = RetryError::of_reqwest(err) {
+///         let attempts = gave_up.attempts();
+///         println!("{:?} after {} attempts ({})", gave_up.kind(), attempts.count(), attempts.reason());
+///         // gave_up.key(): store it, send the request again with it later
+///     }
+/// }
+/// # let _ = report;
+/// ```
 #[derive(Clone, Debug)]
 pub struct RetryMiddleware {
     policy: RetryPolicy,
@@ -86,16 +105,30 @@ impl Middleware for RetryMiddleware {
         let header = self.policy.key_header_name();
         let keyed = req.headers().contains_key(header);
         let key = key_prefix(req.headers(), header);
+        let url = req.url();
+        let honoured = self
+            .policy
+            .honours(url.host_str(), url.port_or_known_default());
+        // The key, for the caller's answer (the request itself is consumed by each attempt).
+        let mut key_headers = HeaderMap::new();
+        if let Some(v) = req.headers().get(header) {
+            key_headers.insert(header.clone(), v.clone());
+        }
         let started = Instant::now();
         let mut number = 1;
         loop {
             let spare = req.try_clone();
-            let mut result = next.clone().run(req, extensions).await;
-            let attempt = Attempt::new(&method, keyed, number, started.elapsed());
+            let result = next.clone().run(req, extensions).await;
+            let attempt =
+                Attempt::new(&method, keyed, number, started.elapsed()).key_honoured(honoured);
+            let mut failure = Failure::Transport;
             let decision = {
                 let outcome = match &result {
                     Ok(res) => Outcome::response(res.status(), res.headers()),
-                    Err(e) => Outcome::Failed(failure_of_middleware(e)),
+                    Err(e) => {
+                        failure = failure_of_middleware(e);
+                        Outcome::Failed(failure)
+                    }
                 };
                 let decision = match self.policy.decide(&attempt, &outcome) {
                     Decision::Retry(_) if spare.is_none() => Decision::Stop(Reason::NotReplayable),
@@ -112,11 +145,25 @@ impl Middleware for RetryMiddleware {
                     number += 1;
                 }
                 (Decision::Stop(reason), _) => {
-                    if let Ok(res) = &mut result {
-                        let attempts = Attempts::new(number, res.headers(), reason);
-                        res.extensions_mut().insert(attempts);
-                    }
-                    return result;
+                    return match result {
+                        Ok(mut res) => {
+                            let attempts =
+                                Attempts::new(number, res.headers(), reason, &key_headers, header);
+                            res.extensions_mut().insert(attempts);
+                            Ok(res)
+                        }
+                        Err(e) => {
+                            let attempts = Attempts::new(
+                                number,
+                                &HeaderMap::new(),
+                                reason,
+                                &key_headers,
+                                header,
+                            );
+                            let gave_up = RetryError::new(failure, attempts, Box::new(e));
+                            Err(reqwest_middleware::Error::middleware(gave_up))
+                        }
+                    };
                 }
                 // A retry without a copy was turned into a stop above.
                 (Decision::Retry(_), None) => return result,
@@ -141,8 +188,12 @@ fn failure_of_reqwest(err: &reqwest::Error) -> Failure {
         Failure::Timeout
     } else if err.is_request() {
         // Sending failed or the connection ended before the answer: a reset, or a response
-        // cut off after the handler ran.
-        failure_of(err, Failure::ConnectionLost)
+        // cut off after the handler ran. Past the connect stage, an unreachable host is a
+        // lost connection, not a failed connect.
+        match failure_of(err, Failure::ConnectionLost) {
+            Failure::Connect => Failure::ConnectionLost,
+            f => f,
+        }
     } else {
         // Building, redirects, bodies, decoding: a repeat would fail the same way.
         Failure::Other

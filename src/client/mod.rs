@@ -22,24 +22,49 @@
 //! work it stands for, and send it again after a restart). By default every method but GET,
 //! HEAD, OPTIONS and TRACE is stamped.
 //!
-//! **What is retried**, with the same key:
+//! **Which servers honour keys.** A key protects a repeat only on a server that de-duplicates
+//! by it; a server that ignores the header runs a repeated POST again. The client cannot tell
+//! from an answer, so you declare it: [`RetryPolicy::keys_honoured_by`] names the servers (a
+//! host, or a host and port), [`RetryPolicy::keys_honoured_by_all`] says every server does. The
+//! default declares none.
 //!
-//! | outcome | retried | delay |
-//! | --- | --- | --- |
-//! | connect error, timeout, connection reset or closed before the answer | yes | backoff |
-//! | 5xx, 408, 425, 429 | yes | `Retry-After` if sent, else backoff |
-//! | 409 with `Retry-After` (the layer's `idempotency.in_flight`: the first attempt still runs) | yes | `Retry-After` |
-//! | 409 without `Retry-After` (an application conflict) | no | |
-//! | 400, 401, 403, 404, 413, 422 (`idempotency.key_reused`: a bug in the caller, returned with its problem details) and every other 4xx | no | |
-//! | 1xx, 2xx, 3xx | no (final) | |
-//! | gRPC `UNAVAILABLE` | yes | `grpc-retry-pushback-ms` if sent, else backoff |
-//! | gRPC `ABORTED` with `idempotency.in_flight` | yes | pushback |
-//! | gRPC `RESOURCE_EXHAUSTED` with a pushback (`idempotency.scope_full`) | yes | pushback |
-//! | any other gRPC status, `FAILED_PRECONDITION` (`idempotency.key_reused`) included | no | |
+//! **What is retried**, always with the same key:
+//!
+//! | outcome | nothing ran | GET, HEAD, OPTIONS, TRACE, PUT, DELETE | keyed POST, PATCH, … to a server declared to honour keys | keyed POST, PATCH, … to any other server | delay |
+//! | --- | --- | --- | --- | --- | --- |
+//! | connect failed (the client's own connect stage says so) | yes | retried | retried | retried | backoff |
+//! | timeout, connection reset or closed before the answer | no | retried | retried | **stop** | backoff |
+//! | 500, 502, 503, 504 and other 5xx | no | retried | retried | **stop** | `Retry-After` if sent, else backoff |
+//! | 408, 425, 429 | yes | retried | retried | retried | `Retry-After` if sent, else backoff |
+//! | 409 with `Retry-After` (the layer's `idempotency.in_flight`: the first attempt still runs) | yes | retried | retried | retried | `Retry-After` |
+//! | 409 without `Retry-After` (an application conflict) | | stop | stop | stop | |
+//! | 501, 505, 506, 508, 510, 511 (the server cannot serve this request at all) | | stop | stop | stop | |
+//! | 400, 401, 403, 404, 413, 422 (`idempotency.key_reused`: a bug in the caller, returned with its problem details) and every other 4xx | | stop | stop | stop | |
+//! | 1xx, 2xx, 3xx | | final | final | final | |
+//! | gRPC `UNAVAILABLE` | only with the layer's code (`idempotency.store_failed`, …) | retried | retried | only with the layer's code | `grpc-retry-pushback-ms` if sent, else backoff |
+//! | gRPC `ABORTED` with `idempotency.in_flight` | yes | retried | retried | retried | pushback |
+//! | gRPC `RESOURCE_EXHAUSTED` with a pushback (`idempotency.scope_full`) | only with the layer's code | retried | retried | only with the layer's code | pushback |
+//! | any other gRPC status, `FAILED_PRECONDITION` (`idempotency.key_reused`) included | | stop | stop | stop | |
+//!
+//! **The default, and why.** With no server declared, a keyed POST is repeated only after an
+//! outcome that shows the attempt ran nothing: a failed connect (nothing was sent), a 4xx
+//! that refuses the request (408, 425, 429, the in-flight 409), a gRPC status the idempotency
+//! layer sent in place of the call. A timeout, a lost connection or a 5xx may follow a run (a
+//! proxy answers 502 or 503 after it forwarded the request), so it stops the attempts there
+//! ([`Reason::NotHonoured`]) and the caller gets the answer or a [`RetryError`], with the key
+//! to resume under once it knows what happened. This default never makes a POST run twice on
+//! a server that ignores keys. Declare the servers that honour keys to have those outcomes
+//! retried too.
+//!
+//! A failed connect counts only when the client says the failure was in its connect stage:
+//! reqwest's `is_connect()`, hyper-util's `is_connect()` (feature `hyper-util`, and the
+//! service below the retry layer failing with a `tower::BoxError`, as `TimeoutLayer`'s does),
+//! tonic's `ConnectError`. An I/O error kind alone does not: an unreachable host, or even a
+//! refused connection, may be reported on a connection that had already sent the request.
 //!
 //! **What is never retried**: a POST, PATCH or other non-idempotent method **without a key**
 //! (a retry could do the work twice; stamp one to make it retryable). GET, HEAD, OPTIONS,
-//! TRACE, PUT and DELETE are retried with or without one.
+//! TRACE, PUT and DELETE are retried with or without one, to any server.
 //!
 //! **Limits**: at most [`max_attempts`](RetryPolicy::max_attempts) attempts (default 5); no
 //! retry starts past the [`deadline`](RetryPolicy::deadline) (default 30 s after the first
@@ -50,9 +75,12 @@
 //!
 //! **What the caller learns.** The final response carries an [`Attempts`] extension: how many
 //! attempts were made, whether the answer was replayed (`Idempotent-Replayed: true`, the work
-//! was done by an earlier attempt whose answer was lost) and why the attempts stopped. Each
-//! attempt emits one `tracing` event (target `tower_idempotency::client`) with the
-//! attempt number, the status or failure, the delay, and the key's first 8 characters only.
+//! was done by an earlier attempt whose answer was lost), why the attempts stopped, and the key
+//! they carried. When they end in an error, the error is a [`RetryError`] with the same
+//! [`Attempts`] and what the last attempt met ([`RetryError::kind`]). To resume a logical
+//! request later, send it again with that key. Each attempt emits one `tracing` event (target
+//! `tower_idempotency::client`) with the attempt number, the status or failure, the delay, and
+//! the key's first 8 characters only; the key's `Debug` form is `Sensitive`.
 //!
 //! **The guarantee**, as the server's: no duplicate processing within the limits of the
 //! server's store. Retries are safe while the server keeps the first attempt's record (its
@@ -67,44 +95,53 @@
 //! use hyper_util::client::legacy::Client;
 //! use hyper_util::rt::TokioExecutor;
 //! use tower::ServiceBuilder;
+//! use std::time::Duration;
 //! use tower::retry::RetryLayer;
+//! use tower::timeout::TimeoutLayer;
 //! use tower_idempotency::client::{RetryPolicy, StampKeyLayer};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! let http = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
+//! // The order API runs behind an idempotency layer: its 5xx and lost answers are retried.
+//! let policy = RetryPolicy::new().keys_honoured_by(["orders.internal".parse()?]);
 //! let client = ServiceBuilder::new()
 //!     .layer(StampKeyLayer::new()) // outside: one key per logical request
-//!     .layer(RetryLayer::new(RetryPolicy::new())) // inside: every attempt repeats it
+//!     .layer(RetryLayer::new(policy)) // inside: every attempt repeats it
+//!     .layer(TimeoutLayer::new(Duration::from_secs(10))) // each attempt bounded
 //!     .service(http);
 //! # let _ = client;
 //! # Ok(()) }
 //! ```
 //!
 //! The request body must be `Clone` (`Full<Bytes>` is): each attempt sends a clone. Bound each
-//! attempt with `tower::timeout::TimeoutLayer` inside the retry layer; its `BoxError` is read as a
-//! timeout.
+//! attempt with `tower::timeout::TimeoutLayer` inside the retry layer: its `BoxError` is read as
+//! a timeout, and lets the retry layer return a [`RetryError`] (downcast the `BoxError`) when it
+//! gives up. With a service below whose error is not a `BoxError`, that error is returned as is.
 //!
 //! # tonic
 //!
 //! A tonic channel takes the same layers, plus [`BufferRequestLayer`]: a
-//! `tonic::body::Body` cannot be cloned, so the request message is read into memory first and
-//! turned back into a tonic body below the retry layer. gRPC statuses are read from a
-//! Trailers-Only response (how a server sends an error), which is how the layer sends its
-//! rejections; a response whose status comes in its trailers has already begun and is final.
+//! `tonic::body::Body` cannot be cloned, so the request message is read into memory first
+//! (up to a limit, 1 MiB by default) and turned back into a tonic body below the retry layer.
+//! A streaming call whose caller is still sending, or whose messages pass the limit, is sent
+//! once, never held or retried. gRPC statuses are read from a Trailers-Only response (how a
+//! server sends an error), which is how the layer sends its rejections; a response whose status
+//! comes in its trailers has already begun and is final.
+//!
+//! A tonic client's requests carry no host at the retry layer: declare the channel's server
+//! with [`RetryPolicy::keys_honoured_by_all`] when it honours keys.
 //!
 //! ```no_run
-//! use bytes::Bytes;
-//! use http_body_util::Full;
 //! use tower::ServiceBuilder;
 //! use tower::retry::RetryLayer;
-//! use tower_idempotency::client::{BufferRequestLayer, RetryPolicy, StampKeyLayer};
+//! use tower_idempotency::client::{BufferRequestLayer, BufferedBody, RetryPolicy, StampKeyLayer};
 //!
 //! let channel = tonic::transport::Channel::from_static("http://127.0.0.1:50051").connect_lazy();
 //! let retrying = ServiceBuilder::new()
 //!     .layer(StampKeyLayer::new())
 //!     .layer(BufferRequestLayer::new())
-//!     .layer(RetryLayer::new(RetryPolicy::new()))
-//!     .map_request(|req: http::Request<Full<Bytes>>| req.map(tonic::body::Body::new))
+//!     .layer(RetryLayer::new(RetryPolicy::new().keys_honoured_by_all()))
+//!     .map_request(|req: http::Request<BufferedBody>| req.map(tonic::body::Body::new))
 //!     .service(channel);
 //! // OrdersClient::new(retrying): every unary call is stamped and retried.
 //! # let _ = retrying;
@@ -118,8 +155,9 @@
 //! use reqwest_middleware::ClientBuilder;
 //! use tower_idempotency::client::{Attempts, RetryMiddleware, RetryPolicy};
 //!
+//! let policy = RetryPolicy::new().keys_honoured_by(["127.0.0.1:3000".parse()?]);
 //! let client = ClientBuilder::new(reqwest::Client::new())
-//!     .with(RetryMiddleware::new(RetryPolicy::new()))
+//!     .with(RetryMiddleware::new(policy))
 //!     .build();
 //! let res = client
 //!     .post("http://127.0.0.1:3000/orders")
@@ -127,8 +165,8 @@
 //!     .body(r#"{"item":"book"}"#)
 //!     .send()
 //!     .await?;
-//! let attempts = res.extensions().get::<Attempts>().copied();
-//! println!("{} after {:?}", res.status(), attempts.map(|a| a.count()));
+//! let attempts = res.extensions().get::<Attempts>().map(Attempts::count);
+//! println!("{} after {:?} attempts", res.status(), attempts);
 //! # Ok(()) }
 //! ```
 
@@ -137,6 +175,7 @@
 // `buffer` stands alone.
 mod buffer;
 pub(crate) mod classify;
+mod error;
 #[cfg(feature = "reqwest")]
 mod middleware;
 mod outcome;
@@ -144,7 +183,8 @@ mod policy;
 mod retry;
 mod stamp;
 
-pub use buffer::{BufferRequest, BufferRequestLayer};
+pub use buffer::{BufferRequest, BufferRequestLayer, BufferedBody, DEFAULT_BUFFER_LIMIT};
+pub use error::RetryError;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use middleware::RetryMiddleware;

@@ -29,7 +29,10 @@ impl<'a> Outcome<'a> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Failure {
-    /// The connection could not be made: nothing reached the server.
+    /// The connection could not be made: nothing reached the server. The client's retry
+    /// stacks report it only where the client itself says its connect stage failed
+    /// (reqwest's and hyper-util's `is_connect()`, tonic's `ConnectError`), so a POST is
+    /// retried after it even to a server not declared to honour keys.
     Connect,
     /// The attempt timed out; the request may have reached the server.
     Timeout,
@@ -37,7 +40,8 @@ pub enum Failure {
     /// have reached the server (and its handler may have run).
     ConnectionLost,
     /// The exchange failed for a reason the client cannot tell apart (a tower stack's error
-    /// that is not an I/O error); treated as a transport failure.
+    /// that says no more, an I/O error without the client's stage); treated as a transport
+    /// failure that may have followed a run.
     Transport,
     /// A failure a retry cannot fix: the request could not be built or its body not encoded,
     /// a redirect loop, and the like.

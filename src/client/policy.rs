@@ -3,7 +3,8 @@
 
 use super::classify::{Verdict, classify};
 use super::outcome::Outcome;
-use http::{HeaderMap, HeaderName, Method};
+use http::uri::Authority;
+use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use std::fmt;
 use std::time::Duration;
 
@@ -31,6 +32,7 @@ pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
 /// use tower_idempotency::client::RetryPolicy;
 ///
 /// let policy = RetryPolicy::new()
+///     .keys_honoured_by(["api.example.com".parse().unwrap()])
 ///     .max_attempts(4)
 ///     .deadline(Duration::from_secs(10))
 ///     .base_delay(Duration::from_millis(50))
@@ -46,6 +48,14 @@ pub struct RetryPolicy {
     max_delay: Duration,
     max_retry_after: Duration,
     key_header: HeaderName,
+    honoured: Honoured,
+}
+
+/// The servers known to honour idempotency keys.
+#[derive(Clone, Debug)]
+enum Honoured {
+    Listed(Vec<Authority>),
+    All,
 }
 
 impl Default for RetryPolicy {
@@ -66,7 +76,72 @@ impl RetryPolicy {
             max_delay: DEFAULT_MAX_DELAY,
             max_retry_after: DEFAULT_MAX_RETRY_AFTER,
             key_header: crate::http::KEY_HEADER,
+            honoured: Honoured::Listed(Vec::new()),
         }
+    }
+
+    /// Declares servers that honour idempotency keys: a keyed POST, PATCH or other
+    /// non-idempotent request to one of them is retried on every retryable outcome (5xx,
+    /// timeouts, lost connections), since a repeat under the same key is answered from the
+    /// record. To any other server such a request is retried only on an outcome that shows
+    /// nothing ran (see the [module docs](super#the-rules)).
+    ///
+    /// A server is its host, optionally with a port: `api.example.com` matches every port of
+    /// that host, `127.0.0.1:3000` only that port (a URL without a port has its scheme's
+    /// default, 80 or 443). Hosts compare without case. Calls add to the list.
+    ///
+    /// ```
+    /// use http::uri::Authority;
+    /// use tower_idempotency::client::RetryPolicy;
+    ///
+    /// let policy = RetryPolicy::new().keys_honoured_by([
+    ///     Authority::from_static("api.example.com"),
+    ///     Authority::from_static("127.0.0.1:3000"),
+    /// ]);
+    /// # let _ = policy;
+    /// ```
+    #[must_use]
+    pub fn keys_honoured_by(mut self, servers: impl IntoIterator<Item = Authority>) -> Self {
+        if let Honoured::Listed(list) = &mut self.honoured {
+            list.extend(servers);
+        }
+        self
+    }
+
+    /// Declares that every server this client calls honours idempotency keys: for a client of
+    /// one API behind this crate's layer (or another that de-duplicates by key), a tonic
+    /// channel above all (its requests carry no host at the retry layer).
+    ///
+    /// Risk: a server that ignores keys runs a retried POST again.
+    #[must_use]
+    pub fn keys_honoured_by_all(mut self) -> Self {
+        self.honoured = Honoured::All;
+        self
+    }
+
+    /// Whether the server at `host` (`port` explicit or its scheme's default) was declared to
+    /// honour keys.
+    pub(crate) fn honours(&self, host: Option<&str>, port: Option<u16>) -> bool {
+        match &self.honoured {
+            Honoured::All => true,
+            Honoured::Listed(list) => host.is_some_and(|host| {
+                list.iter().any(|a| {
+                    a.host().eq_ignore_ascii_case(host)
+                        && a.port_u16().is_none_or(|p| Some(p) == port)
+                })
+            }),
+        }
+    }
+
+    /// [`honours`](Self::honours) for an `http::Uri` (a URI without a host honours only
+    /// under [`keys_honoured_by_all`](Self::keys_honoured_by_all)).
+    pub(crate) fn honours_uri(&self, uri: &http::Uri) -> bool {
+        let port = uri.port_u16().or_else(|| match uri.scheme_str() {
+            Some("https") => Some(443),
+            Some("http") => Some(80),
+            _ => None,
+        });
+        self.honours(uri.host(), port)
     }
 
     /// The most attempts per request, the first one included (at least 1: `1` never retries).
@@ -143,23 +218,36 @@ impl RetryPolicy {
     /// let first = Attempt::new(&post, true, 1, Duration::ZERO);
     /// assert_eq!(policy.decide(&first, &in_flight), Decision::Retry(Duration::from_secs(1)));
     ///
+    /// // A 503 may follow a run: the keyed POST is retried only where keys are honoured.
+    /// let none = HeaderMap::new();
+    /// let unavailable = Outcome::response(StatusCode::SERVICE_UNAVAILABLE, &none);
+    /// assert_eq!(policy.decide(&first, &unavailable), Decision::Stop(Reason::NotHonoured));
+    /// let honoured = first.key_honoured(true);
+    /// assert!(matches!(policy.decide(&honoured, &unavailable), Decision::Retry(_)));
+    ///
     /// // The same POST without a key is never retried.
     /// let unkeyed = Attempt::new(&post, false, 1, Duration::ZERO);
     /// assert_eq!(policy.decide(&unkeyed, &in_flight), Decision::Stop(Reason::NotKeyed));
     ///
     /// // A 422 (the key was used for another request) is final.
-    /// let none = HeaderMap::new();
     /// let reused = Outcome::response(StatusCode::UNPROCESSABLE_ENTITY, &none);
     /// assert_eq!(policy.decide(&first, &reused), Decision::Stop(Reason::Final));
     /// ```
     #[must_use]
     pub fn decide(&self, attempt: &Attempt<'_>, outcome: &Outcome<'_>) -> Decision {
-        let after = match classify(outcome) {
+        let (after, unrun) = match classify(outcome) {
             Verdict::Final => return Decision::Stop(Reason::Final),
-            Verdict::Retry(after) => after,
+            Verdict::Retry { after, unrun } => (after, unrun),
         };
-        if !attempt.keyed && !is_idempotent(attempt.method) {
-            return Decision::Stop(Reason::NotKeyed);
+        if !is_idempotent(attempt.method) {
+            if !attempt.keyed {
+                return Decision::Stop(Reason::NotKeyed);
+            }
+            // A server that ignores keys would run the work again: only an outcome that
+            // shows nothing ran is repeated there.
+            if !attempt.honoured && !unrun {
+                return Decision::Stop(Reason::NotHonoured);
+            }
         }
         if attempt.number >= self.max_attempts {
             return Decision::Stop(Reason::AttemptsExhausted);
@@ -212,21 +300,32 @@ pub(crate) fn is_idempotent(method: &Method) -> bool {
 pub struct Attempt<'a> {
     method: &'a Method,
     keyed: bool,
+    honoured: bool,
     number: u32,
     elapsed: Duration,
 }
 
 impl<'a> Attempt<'a> {
     /// Attempt `number` (1 for the first) of a request of `method`, which carries an
-    /// idempotency key if `keyed`, `elapsed` after the first attempt started.
+    /// idempotency key if `keyed`, `elapsed` after the first attempt started, to a server not
+    /// known to honour keys.
     #[must_use]
     pub fn new(method: &'a Method, keyed: bool, number: u32, elapsed: Duration) -> Self {
         Self {
             method,
             keyed,
+            honoured: false,
             number,
             elapsed,
         }
+    }
+
+    /// Whether the server is known to honour the key (the stacks set it from
+    /// [`RetryPolicy::keys_honoured_by`]); default `false`.
+    #[must_use]
+    pub fn key_honoured(mut self, honoured: bool) -> Self {
+        self.honoured = honoured;
+        self
     }
 }
 
@@ -250,6 +349,10 @@ pub enum Reason {
     /// The outcome was retryable, but the request may not be repeated: a POST, PATCH or other
     /// non-idempotent method without an idempotency key.
     NotKeyed,
+    /// The outcome was retryable but may follow a run of the work (a 5xx, a timeout, a lost
+    /// connection), and the server is not known to honour keys
+    /// ([`RetryPolicy::keys_honoured_by`]): a repeat could run the work twice.
+    NotHonoured,
     /// The outcome was retryable, but the request's body cannot be sent again (a streaming
     /// body); it was sent once.
     NotReplayable,
@@ -268,6 +371,7 @@ impl Reason {
         match self {
             Self::Final => "final",
             Self::NotKeyed => "not_keyed",
+            Self::NotHonoured => "not_honoured",
             Self::NotReplayable => "not_replayable",
             Self::AttemptsExhausted => "attempts_exhausted",
             Self::DeadlineExceeded => "deadline_exceeded",
@@ -283,26 +387,44 @@ impl fmt::Display for Reason {
 }
 
 /// How a response was obtained, inserted into the final response's extensions by both client
-/// stacks (`http::Response::extensions()`, `reqwest::Response::extensions()`).
+/// stacks (`http::Response::extensions()`, `reqwest::Response::extensions()`), and carried by
+/// [`RetryError`](super::RetryError) when the attempts end in an error.
 ///
 /// A response without it was not seen by a retrying stack: with tower, a request whose body
-/// cannot be cloned bypasses the policy. A request that ends in an error has no response to
-/// carry it; the last attempt's log event tells how many were made.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// cannot be cloned bypasses the policy.
+///
+/// Its `Debug` form shows the key as `Sensitive`: the key stands for the work, keep it out of
+/// logs.
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Attempts {
     count: u32,
     replayed: bool,
     reason: Reason,
+    key: Option<HeaderValue>,
 }
 
 impl Attempts {
-    pub(crate) fn new(count: u32, headers: &HeaderMap, reason: Reason) -> Self {
+    /// `count` attempts, the last answered with `headers` (empty for an error), stopped for
+    /// `reason`, under the key in `header` of the request's `request_headers`.
+    pub(crate) fn new(
+        count: u32,
+        headers: &HeaderMap,
+        reason: Reason,
+        request_headers: &HeaderMap,
+        header: &HeaderName,
+    ) -> Self {
+        let key = request_headers.get(header).map(|v| {
+            let mut v = v.clone();
+            v.set_sensitive(true);
+            v
+        });
         Self {
             count,
             replayed: headers
                 .get(crate::http::REPLAYED_HEADER)
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true")),
             reason,
+            key,
         }
     }
 
@@ -324,6 +446,15 @@ impl Attempts {
     #[must_use]
     pub fn reason(&self) -> Reason {
         self.reason
+    }
+
+    /// The idempotency key every attempt carried (stamped by the stack or given by the
+    /// caller), `None` for a request without one. Send the same request again later with it
+    /// (in the same header) to resume this logical request: a server that honours keys
+    /// answers from its record if an attempt ran the work.
+    #[must_use]
+    pub fn key(&self) -> Option<&HeaderValue> {
+        self.key.as_ref()
     }
 }
 
@@ -397,10 +528,11 @@ mod tests {
         h
     }
 
+    /// The decision on a first attempt to a server that honours keys.
     fn decide_status(policy: &RetryPolicy, method: &Method, keyed: bool, status: u16) -> Decision {
         let h = HeaderMap::new();
         policy.decide(
-            &Attempt::new(method, keyed, 1, Duration::ZERO),
+            &Attempt::new(method, keyed, 1, Duration::ZERO).key_honoured(true),
             &Outcome::response(StatusCode::from_u16(status).unwrap(), &h),
         )
     }
@@ -416,7 +548,8 @@ mod tests {
             let p = RetryPolicy::new();
             let h = HeaderMap::new();
             for (n, status, keyed) in [(1, 503, true), (2, 201, true), (1, 503, false)] {
-                let attempt = Attempt::new(&Method::POST, keyed, n, Duration::ZERO);
+                let attempt =
+                    Attempt::new(&Method::POST, keyed, n, Duration::ZERO).key_honoured(true);
                 let outcome = Outcome::response(StatusCode::from_u16(status).unwrap(), &h);
                 log_attempt(&attempt, "k", &outcome, p.decide(&attempt, &outcome));
             }
@@ -462,7 +595,9 @@ mod tests {
     #[test]
     fn never_retries_caller_errors_or_successes() {
         let p = RetryPolicy::new();
-        for s in [200, 201, 204, 303, 400, 401, 403, 404, 409, 413, 422] {
+        for s in [
+            200, 201, 204, 303, 400, 401, 403, 404, 409, 413, 422, 501, 505, 511,
+        ] {
             assert_eq!(
                 decide_status(&p, &Method::POST, true, s),
                 Decision::Stop(Reason::Final),
@@ -485,6 +620,70 @@ mod tests {
                 Decision::Stop(Reason::NotKeyed)
             );
         }
+    }
+
+    #[test]
+    fn a_keyed_post_to_an_undeclared_server_is_retried_only_when_nothing_ran() {
+        let p = RetryPolicy::new();
+        let first = Attempt::new(&Method::POST, true, 1, Duration::ZERO);
+        let none = HeaderMap::new();
+        for s in [500, 502, 503, 504] {
+            let o = Outcome::response(StatusCode::from_u16(s).unwrap(), &none);
+            assert_eq!(
+                p.decide(&first, &o),
+                Decision::Stop(Reason::NotHonoured),
+                "{s}"
+            );
+        }
+        for f in [
+            Failure::Timeout,
+            Failure::ConnectionLost,
+            Failure::Transport,
+        ] {
+            let o = Outcome::Failed(f);
+            assert_eq!(
+                p.decide(&first, &o),
+                Decision::Stop(Reason::NotHonoured),
+                "{f:?}"
+            );
+        }
+        for s in [408, 425, 429] {
+            let o = Outcome::response(StatusCode::from_u16(s).unwrap(), &none);
+            assert!(matches!(p.decide(&first, &o), Decision::Retry(_)), "{s}");
+        }
+        let connect = Outcome::Failed(Failure::Connect);
+        assert!(matches!(p.decide(&first, &connect), Decision::Retry(_)));
+        // Idempotent methods need no declaration.
+        let put = Attempt::new(&Method::PUT, true, 1, Duration::ZERO);
+        let o = Outcome::response(StatusCode::BAD_GATEWAY, &none);
+        assert!(matches!(p.decide(&put, &o), Decision::Retry(_)));
+    }
+
+    #[test]
+    fn declared_servers_match_by_host_and_port() {
+        let p = RetryPolicy::new().keys_honoured_by([
+            Authority::from_static("API.example.com"),
+            Authority::from_static("127.0.0.1:3000"),
+            Authority::from_static("[::1]:8080"),
+        ]);
+        let uri = |s: &str| s.parse::<http::Uri>().unwrap();
+        assert!(p.honours_uri(&uri("https://api.example.com/orders")));
+        assert!(p.honours_uri(&uri("http://api.EXAMPLE.com:8443/orders")));
+        assert!(p.honours_uri(&uri("http://127.0.0.1:3000/orders")));
+        assert!(!p.honours_uri(&uri("http://127.0.0.1:3001/orders")));
+        assert!(!p.honours_uri(&uri("http://127.0.0.1/orders")));
+        assert!(p.honours_uri(&uri("http://[::1]:8080/")));
+        assert!(!p.honours_uri(&uri("http://other.example.com/")));
+        assert!(!p.honours_uri(&uri("/pkg.Orders/Create")), "no host");
+        assert!(!RetryPolicy::new().honours_uri(&uri("https://api.example.com/")));
+        let all = RetryPolicy::new().keys_honoured_by_all();
+        assert!(all.honours_uri(&uri("/pkg.Orders/Create")));
+        let p80 = RetryPolicy::new().keys_honoured_by([Authority::from_static("a.test:80")]);
+        assert!(
+            p80.honours_uri(&uri("http://a.test/")),
+            "the scheme's default port"
+        );
+        assert!(!p80.honours_uri(&uri("https://a.test/")));
     }
 
     #[test]
@@ -518,7 +717,7 @@ mod tests {
         let p = RetryPolicy::new().max_retry_after(Duration::from_secs(5));
         let h = headers(&[("retry-after", "6")]);
         let d = p.decide(
-            &Attempt::new(&Method::POST, true, 1, Duration::ZERO),
+            &Attempt::new(&Method::POST, true, 1, Duration::ZERO).key_honoured(true),
             &Outcome::response(StatusCode::SERVICE_UNAVAILABLE, &h),
         );
         assert_eq!(d, Decision::Stop(Reason::RetryAfterTooLong));
@@ -527,7 +726,7 @@ mod tests {
     #[test]
     fn transport_failures_are_retried_other_failures_are_not() {
         let p = RetryPolicy::new();
-        let a = Attempt::new(&Method::POST, true, 1, Duration::ZERO);
+        let a = Attempt::new(&Method::POST, true, 1, Duration::ZERO).key_honoured(true);
         for f in [
             Failure::Connect,
             Failure::Timeout,
@@ -596,10 +795,23 @@ mod tests {
     }
 
     #[test]
-    fn attempts_reads_the_replayed_header() {
+    fn attempts_reads_the_replayed_header_and_hides_the_key() {
+        let name = crate::http::KEY_HEADER;
         let h = headers(&[("idempotent-replayed", "true")]);
-        assert!(Attempts::new(2, &h, Reason::Final).replayed());
-        assert!(!Attempts::new(1, &HeaderMap::new(), Reason::Final).replayed());
+        let req = headers(&[("idempotency-key", "0f8fad5b-d9cb-469f-a165-70867728950e")]);
+        let a = Attempts::new(2, &h, Reason::Final, &req, &name);
+        assert!(a.replayed());
+        assert_eq!(a.key().unwrap(), "0f8fad5b-d9cb-469f-a165-70867728950e");
+        assert!(!format!("{a:?}").contains("0f8fad5b"), "{a:?}");
+        let none = Attempts::new(
+            1,
+            &HeaderMap::new(),
+            Reason::Final,
+            &HeaderMap::new(),
+            &name,
+        );
+        assert!(!none.replayed());
+        assert_eq!(none.key(), None);
     }
 
     #[test]

@@ -1,10 +1,14 @@
 //! [`RetryPolicy`] as a `tower::retry::Policy` for `http` clients: hyper-util's client, a tonic
 //! channel whose body can be cloned, any `Service<http::Request<B>>`.
 
-use super::classify::failure_of_any;
+use super::buffer::Streamed;
+use super::classify::attempt_failure_of_any;
+use super::error::RetryError;
+use super::outcome::Failure;
 use super::outcome::Outcome;
 use super::policy::{Attempt, Attempts, Decision, RetryPolicy, key_prefix, log_attempt};
-use http::{Request, Response};
+use http::{HeaderMap, Request, Response};
+use std::any::Any;
 use std::time::Instant;
 use tokio::time::Sleep;
 
@@ -20,7 +24,12 @@ struct Progress {
 
 /// The rules of [`RetryPolicy::decide`] for `tower::retry::Retry`. A request is cloned before
 /// each attempt (its body `B: Clone`, e.g. `Full<Bytes>`; the key header is cloned with it);
-/// the final response gets an [`Attempts`] extension.
+/// the final response gets an [`Attempts`] extension. Whether the server honours keys is read
+/// from the request's URI (its host and port; a URI without a host, as a tonic client sends,
+/// only under [`RetryPolicy::keys_honoured_by_all`]).
+///
+/// When the attempts end in an error of type `tower::BoxError`, it is replaced by a boxed
+/// [`RetryError`] (with the attempts and the key) whose source is the last attempt's error.
 ///
 /// A delay is a `tokio::time::sleep`, so the service runs on a Tokio runtime with time.
 impl<B, R, E> tower::retry::Policy<Request<B>, Response<R>, E> for RetryPolicy
@@ -49,10 +58,15 @@ where
             keyed,
             progress.number,
             progress.started.elapsed(),
-        );
+        )
+        .key_honoured(self.honours_uri(req.uri()));
         let outcome = match result {
             Ok(res) => Outcome::response(res.status(), res.headers()),
-            Err(e) => Outcome::Failed(failure_of_any(e)),
+            Err(e) => Outcome::Failed(attempt_failure_of_any(e)),
+        };
+        let failure = match outcome {
+            Outcome::Failed(f) => Some(f),
+            Outcome::Response { .. } => None,
         };
         let decision = self.decide(&attempt, &outcome);
         let key = key_prefix(req.headers(), self.key_header_name());
@@ -66,9 +80,28 @@ where
                 Some(tokio::time::sleep(delay))
             }
             Decision::Stop(reason) => {
-                if let Ok(res) = result {
-                    let attempts = Attempts::new(progress.number, res.headers(), reason);
-                    res.extensions_mut().insert(attempts);
+                let header = self.key_header_name();
+                match result {
+                    Ok(res) => {
+                        let attempts = Attempts::new(
+                            progress.number,
+                            res.headers(),
+                            reason,
+                            req.headers(),
+                            header,
+                        );
+                        res.extensions_mut().insert(attempts);
+                    }
+                    Err(e) => {
+                        let attempts = Attempts::new(
+                            progress.number,
+                            &HeaderMap::new(),
+                            reason,
+                            req.headers(),
+                            header,
+                        );
+                        give_up(e, failure.unwrap_or(Failure::Transport), attempts);
+                    }
                 }
                 None
             }
@@ -76,6 +109,10 @@ where
     }
 
     fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {
+        // A streamed body (from `BufferRequestLayer`) is sent once.
+        if req.extensions().get::<Streamed>().is_some() {
+            return None;
+        }
         let mut clone = Request::new(req.body().clone());
         *clone.method_mut() = req.method().clone();
         *clone.uri_mut() = req.uri().clone();
@@ -89,5 +126,15 @@ where
             });
         }
         Some(clone)
+    }
+}
+
+/// Turns the last attempt's error into a [`RetryError`] that carries the attempts and the key,
+/// when the stack's error type can hold one (`tower::BoxError`); another type is left as is.
+fn give_up<E: 'static>(err: &mut E, failure: Failure, attempts: Attempts) {
+    let any: &mut dyn Any = err;
+    if let Some(boxed) = any.downcast_mut::<tower::BoxError>() {
+        let source = std::mem::replace(boxed, Box::from(""));
+        *boxed = Box::new(RetryError::new(failure, attempts, source));
     }
 }

@@ -74,7 +74,9 @@ impl Stamp {
     /// Adds a fresh key unless the request carries one (a key given by the caller is kept).
     pub(crate) fn apply(&self, method: &Method, headers: &mut HeaderMap) {
         if self.stamps(method) && !headers.contains_key(&self.header) {
-            let key = HeaderValue::try_from(new_key()).expect("a UUID is a valid header value");
+            let mut key = HeaderValue::try_from(new_key()).expect("a UUID is a valid header value");
+            // Kept out of `Debug` output (and HPACK tables on HTTP/2).
+            key.set_sensitive(true);
             headers.insert(self.header.clone(), key);
         }
     }

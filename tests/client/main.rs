@@ -19,6 +19,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod defaults;
 mod grpc;
 mod rig;
 mod scenarios;
@@ -59,3 +60,35 @@ scenarios!(memory_reqwest, Backend::Memory, Stack::Reqwest);
 scenarios!(redis_tower, Backend::Redis, Stack::Tower);
 #[cfg(all(feature = "redis", feature = "reqwest"))]
 scenarios!(redis_reqwest, Backend::Redis, Stack::Reqwest);
+
+/// Expands every test of `defaults.rs` for one stack.
+macro_rules! defaults {
+    ($module:ident, $stack:expr; $($name:ident),* $(,)?) => {
+        mod $module {
+            use crate::defaults as d;
+            use crate::rig::Stack;
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    d::$name($stack).await;
+                }
+            )*
+        }
+    };
+}
+
+macro_rules! all_defaults {
+    ($module:ident, $stack:expr) => {
+        defaults!($module, $stack;
+            lost_answer_from_a_server_that_ignores_keys_is_not_retried,
+            server_error_from_a_server_that_ignores_keys_is_not_retried,
+            refused_connect_is_retried_to_any_server,
+            give_up_error_carries_the_key_to_resume_under,
+            permanent_server_errors_are_not_retried,
+        );
+    };
+}
+
+all_defaults!(defaults_tower, Stack::Tower);
+#[cfg(feature = "reqwest")]
+all_defaults!(defaults_reqwest, Stack::Reqwest);

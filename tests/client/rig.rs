@@ -10,7 +10,7 @@ use http_body_util::{BodyExt, Full};
 use std::time::{Duration, Instant};
 use tower::ServiceExt;
 use tower_idempotency::IdempotencyLayer;
-use tower_idempotency::client::{Attempts, RetryPolicy, StampKeyLayer};
+use tower_idempotency::client::{Attempts, Failure, RetryError, RetryPolicy, StampKeyLayer};
 
 /// Where the server keeps its records.
 #[cfg_attr(not(feature = "redis"), allow(dead_code))]
@@ -18,6 +18,8 @@ use tower_idempotency::client::{Attempts, RetryPolicy, StampKeyLayer};
 pub(crate) enum Backend {
     Memory,
     Redis,
+    /// No idempotency layer at all: a server that ignores keys (and runs every request).
+    IgnoresKeys,
 }
 
 /// Which client stack calls it.
@@ -31,7 +33,7 @@ pub(crate) enum Stack {
 }
 
 /// The retry settings of every call: short backoff so the tests stay quick; `Retry-After`
-/// is honoured as sent (the layer sends 1 s).
+/// is honoured as sent (the layer sends 1 s). No server is declared to honour keys.
 pub(crate) fn policy() -> RetryPolicy {
     RetryPolicy::new()
         .max_attempts(4)
@@ -60,6 +62,10 @@ pub(crate) struct Call {
     pub(crate) stamp: bool,
     /// The limit of each attempt.
     pub(crate) attempt_timeout: Duration,
+    /// Whether the policy declares the proxy's address as honouring keys.
+    pub(crate) declared: bool,
+    /// Where to send it instead of the proxy (a closed port, say).
+    pub(crate) url: Option<String>,
 }
 
 impl Call {
@@ -71,7 +77,20 @@ impl Call {
             headers: Vec::new(),
             stamp: true,
             attempt_timeout: Duration::from_secs(5),
+            declared: true,
+            url: None,
         }
+    }
+
+    /// The server is not declared to honour keys (the policy's default).
+    pub(crate) fn undeclared(mut self) -> Self {
+        self.declared = false;
+        self
+    }
+
+    pub(crate) fn to(mut self, url: String) -> Self {
+        self.url = Some(url);
+        self
     }
 
     pub(crate) fn key(mut self, key: &str) -> Self {
@@ -117,6 +136,7 @@ impl Reply {
 
     pub(crate) fn attempts(&self) -> Attempts {
         self.attempts
+            .clone()
             .unwrap_or_else(|| panic!("no Attempts extension on {}", self.describe()))
     }
 
@@ -128,6 +148,30 @@ impl Reply {
             self.elapsed,
             String::from_utf8_lossy(&self.body)
         )
+    }
+}
+
+/// The final error of a call: its text and, when the stack gave up, the `RetryError`'s
+/// failure and attempts.
+#[derive(Debug)]
+pub(crate) struct GaveUp {
+    pub(crate) text: String,
+    pub(crate) retry: Option<(Failure, Attempts)>,
+}
+
+impl GaveUp {
+    fn of(text: String, retry: Option<&RetryError>) -> Self {
+        Self {
+            text,
+            retry: retry.map(|e| (e.kind(), e.attempts().clone())),
+        }
+    }
+
+    /// The `RetryError`'s failure and attempts (panics without one).
+    pub(crate) fn retry(&self) -> (Failure, Attempts) {
+        self.retry
+            .clone()
+            .unwrap_or_else(|| panic!("not a RetryError: {}", self.text))
     }
 }
 
@@ -143,6 +187,7 @@ impl Rig {
             .try_init();
         let work = Work::per_key();
         let (redis, app) = match backend {
+            Backend::IgnoresKeys => (None, work.routes()),
             // A 3 s lease: a 409's Retry-After (the lease left, at most a third of the lease)
             // is then 1 s.
             Backend::Memory => (
@@ -177,15 +222,24 @@ impl Rig {
         req
     }
 
-    /// Sends `call` through the proxy with the rig's stack; `Err` is the final error's text.
-    pub(crate) async fn call(&self, call: &Call) -> Result<Reply, String> {
-        let url = format!("http://127.0.0.1:{}/work", self.proxy.port());
+    /// Sends `call` through the proxy with the rig's stack, declaring the proxy as honouring
+    /// keys unless the call is `undeclared`.
+    pub(crate) async fn call(&self, call: &Call) -> Result<Reply, GaveUp> {
+        let proxy = format!("127.0.0.1:{}", self.proxy.port());
+        let url = call
+            .url
+            .clone()
+            .unwrap_or_else(|| format!("http://{proxy}/work"));
+        let mut policy = policy();
+        if call.declared {
+            policy = policy.keys_honoured_by([proxy.parse().expect("an authority")]);
+        }
         let start = Instant::now();
         let limit = Duration::from_secs(30);
         let fut = async {
             match self.stack {
-                Stack::Tower => tower_call(&url, call).await,
-                Stack::Reqwest => reqwest_call(&url, call).await,
+                Stack::Tower => tower_call(&url, call, policy).await,
+                Stack::Reqwest => reqwest_call(&url, call, policy).await,
             }
         };
         let mut reply = tokio::time::timeout(limit, fut)
@@ -218,7 +272,7 @@ async fn redis_app(_: &Work) -> Option<(Option<RedisServer>, axum::Router)> {
     unreachable!("the Redis scenarios need the `redis` feature")
 }
 
-async fn tower_call(url: &str, call: &Call) -> Result<Reply, String> {
+async fn tower_call(url: &str, call: &Call, policy: RetryPolicy) -> Result<Reply, GaveUp> {
     use hyper_util::client::legacy::Client;
     use hyper_util::rt::TokioExecutor;
     use tower::retry::RetryLayer;
@@ -232,7 +286,7 @@ async fn tower_call(url: &str, call: &Call) -> Result<Reply, String> {
     };
     let client = tower::ServiceBuilder::new()
         .layer(stamp)
-        .layer(RetryLayer::new(policy()))
+        .layer(RetryLayer::new(policy))
         .layer(TimeoutLayer::new(call.attempt_timeout))
         .service(http);
     let mut req = Request::builder()
@@ -247,14 +301,17 @@ async fn tower_call(url: &str, call: &Call) -> Result<Reply, String> {
     }
     let req = req
         .body(Full::new(Bytes::from(call.body.clone())))
-        .map_err(|e| e.to_string())?;
-    let res = client.oneshot(req).await.map_err(|e| format!("{e:?}"))?;
-    let attempts = res.extensions().get::<Attempts>().copied();
+        .map_err(|e| GaveUp::of(e.to_string(), None))?;
+    let res = client
+        .oneshot(req)
+        .await
+        .map_err(|e| GaveUp::of(format!("{e} | {e:?}"), e.downcast_ref::<RetryError>()))?;
+    let attempts = res.extensions().get::<Attempts>().cloned();
     let (parts, body) = res.into_parts();
     let body = body
         .collect()
         .await
-        .map_err(|e| format!("{e:?}"))?
+        .map_err(|e| GaveUp::of(format!("{e:?}"), None))?
         .to_bytes();
     Ok(Reply {
         status: parts.status,
@@ -266,15 +323,15 @@ async fn tower_call(url: &str, call: &Call) -> Result<Reply, String> {
 }
 
 #[cfg(feature = "reqwest")]
-async fn reqwest_call(url: &str, call: &Call) -> Result<Reply, String> {
+async fn reqwest_call(url: &str, call: &Call, policy: RetryPolicy) -> Result<Reply, GaveUp> {
     use tower_idempotency::client::RetryMiddleware;
 
     let inner = reqwest::Client::builder()
         .no_proxy()
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| GaveUp::of(e.to_string(), None))?;
     let client = reqwest_middleware::ClientBuilder::new(inner)
-        .with(RetryMiddleware::new(policy()).stamp(call.stamp))
+        .with(RetryMiddleware::new(policy).stamp(call.stamp))
         .build();
     let mut req = client
         .post(url)
@@ -287,11 +344,17 @@ async fn reqwest_call(url: &str, call: &Call) -> Result<Reply, String> {
     for (n, v) in &call.headers {
         req = req.header(*n, v);
     }
-    let res = req.send().await.map_err(|e| format!("{e:?}"))?;
-    let attempts = res.extensions().get::<Attempts>().copied();
+    let res = req
+        .send()
+        .await
+        .map_err(|e| GaveUp::of(format!("{e} | {e:?}"), RetryError::of_reqwest(&e)))?;
+    let attempts = res.extensions().get::<Attempts>().cloned();
     let status = res.status();
     let headers = res.headers().clone();
-    let body = res.bytes().await.map_err(|e| format!("{e:?}"))?;
+    let body = res
+        .bytes()
+        .await
+        .map_err(|e| GaveUp::of(format!("{e:?}"), None))?;
     Ok(Reply {
         status,
         headers,
@@ -302,6 +365,6 @@ async fn reqwest_call(url: &str, call: &Call) -> Result<Reply, String> {
 }
 
 #[cfg(not(feature = "reqwest"))]
-async fn reqwest_call(_: &str, _: &Call) -> Result<Reply, String> {
+async fn reqwest_call(_: &str, _: &Call, _: RetryPolicy) -> Result<Reply, GaveUp> {
     unreachable!("the reqwest scenarios need the `reqwest` feature")
 }

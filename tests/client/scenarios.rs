@@ -89,13 +89,17 @@ pub(crate) async fn answer_delayed_past_the_attempt_timeout_is_replayed(
 
 /// The same request is still running under the key (another client's attempt): the server
 /// answers 409 with `Retry-After: 1`; the client waits that long, retries, and gets the first
-/// run's answer.
+/// run's answer. The 409 refused the attempt (nothing ran), so it is retried even though the
+/// policy declares no server as honouring keys.
 pub(crate) async fn in_flight_409_is_retried_after_its_retry_after(backend: Backend, stack: Stack) {
     let Some(rig) = rig(backend, stack).await else {
         return;
     };
     let key = "order-409";
-    let call = Call::post("desk").key(key).header("x-gate", "desk");
+    let call = Call::post("desk")
+        .key(key)
+        .header("x-gate", "desk")
+        .undeclared();
     let first = tokio::spawn(rig.direct(&call, key).send());
     rig.work.wait_runs(key, 1).await;
     let open_soon = async {

@@ -1,0 +1,105 @@
+//! The error of a logical request whose attempts ended in a failure: what the last attempt met,
+//! how many were made, and the key to resume under.
+
+use super::outcome::Failure;
+use super::policy::Attempts;
+use http::HeaderValue;
+use std::error::Error as StdError;
+use std::fmt;
+use tower::BoxError;
+
+/// The attempts of one logical request ended without a response: the last attempt's error,
+/// with how many attempts were made, why no further one was, and the key they all carried.
+///
+/// The key is what lets the caller resume: send the same request again, later or from another
+/// process, with [`key`](Self::key) in the key header, and a server that honours keys answers
+/// from its record if an attempt ran the work. Its `Debug` form shows the key as `Sensitive`,
+/// and its `Display` form leaves it out.
+///
+/// Both stacks return it: the tower stack as the `tower::BoxError` of the retry layer (when
+/// the service below it fails with a `BoxError`, as `tower::timeout::Timeout` does), the
+/// reqwest stack inside `reqwest_middleware::Error::Middleware` (see
+/// [`of_reqwest`](Self::of_reqwest), feature `reqwest`).
+///
+/// ```
+/// use tower_idempotency::client::RetryError;
+///
+/// fn resume_key(err: &tower::BoxError) -> Option<String> {
+///     let gave_up = err.downcast_ref::<RetryError>()?;
+///     let key = gave_up.key()?.to_str().ok()?;
+///     Some(key.to_owned()) // store it with the work; send it again later
+/// }
+/// # let _ = resume_key;
+/// ```
+#[derive(Debug)]
+pub struct RetryError {
+    failure: Failure,
+    attempts: Attempts,
+    source: BoxError,
+}
+
+impl RetryError {
+    pub(crate) fn new(failure: Failure, attempts: Attempts, source: BoxError) -> Self {
+        Self {
+            failure,
+            attempts,
+            source,
+        }
+    }
+
+    /// What the last attempt met: a timeout, a lost connection, a failed connect, …
+    #[must_use]
+    pub fn kind(&self) -> Failure {
+        self.failure
+    }
+
+    /// How many attempts were made and why no further one was.
+    #[must_use]
+    pub fn attempts(&self) -> &Attempts {
+        &self.attempts
+    }
+
+    /// The idempotency key every attempt carried, to resume under; `None` for a request
+    /// without one.
+    #[must_use]
+    pub fn key(&self) -> Option<&HeaderValue> {
+        self.attempts.key()
+    }
+
+    /// The last attempt's error (a `reqwest_middleware::Error` for the reqwest stack).
+    #[must_use]
+    pub fn into_source(self) -> BoxError {
+        self.source
+    }
+
+    /// The `RetryError` inside an error of a `reqwest-middleware` client with
+    /// `RetryMiddleware`.
+    #[cfg(feature = "reqwest")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+    #[must_use]
+    pub fn of_reqwest(err: &reqwest_middleware::Error) -> Option<&Self> {
+        match err {
+            reqwest_middleware::Error::Middleware(e) => e.downcast_ref::<Self>(),
+            reqwest_middleware::Error::Reqwest(_) => None,
+        }
+    }
+}
+
+impl fmt::Display for RetryError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.attempts.count();
+        write!(
+            f,
+            "the request failed after {n} attempt{} ({}): {}",
+            if n == 1 { "" } else { "s" },
+            self.attempts.reason(),
+            self.source
+        )
+    }
+}
+
+impl StdError for RetryError {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        Some(&*self.source)
+    }
+}
