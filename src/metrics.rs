@@ -237,13 +237,14 @@ impl Op {
 }
 
 /// A store step's `result` label: `ok`, or the error's kind.
-const STORE_RESULTS: [&str; 6] = [
+const STORE_RESULTS: [&str; 7] = [
     "ok",
     "unavailable",
     "timeout",
     "protocol",
     "store_full",
     "scope_full",
+    "conflict",
 ];
 
 fn store_result<T>(res: &Result<T, StoreError>) -> usize {
@@ -255,6 +256,7 @@ fn store_result<T>(res: &Result<T, StoreError>) -> usize {
             StoreErrorKind::Protocol => 3,
             StoreErrorKind::StoreFull => 4,
             StoreErrorKind::ScopeFull => 5,
+            StoreErrorKind::Conflict => 6,
         },
     }
 }

@@ -90,7 +90,7 @@
 use crate::engine::{Begin, Engine, Fingerprint, RecordError, RecordedResponse, Ticket};
 use crate::metrics::{Door, Op, Outcome, Settled, Started, request, settled};
 use crate::scope::StoreKey;
-use crate::store::postgres::{Held, OpError, PostgresStore};
+use crate::store::postgres::{Held, Lifted, OpError, PostgresStore};
 use crate::store::{StoreError, StoreErrorKind};
 use sqlx::postgres::{PgConnection, Postgres};
 use sqlx::{Connection, Transaction};
@@ -134,6 +134,13 @@ pub enum WithinError<E> {
     /// failed on a lost connection, whether it happened is unknown: a retry under the same key
     /// either replays or runs.
     Store(StoreError),
+    /// PostgreSQL rolled the transaction back for a concurrent one, when the record was
+    /// written or at the commit: a serialization failure (SQLSTATE `40001`, under
+    /// `REPEATABLE READ` or `SERIALIZABLE`) or a deadlock (`40P01`). Nothing was committed
+    /// and the key is free: run the request again, in a new transaction (on your own
+    /// transaction: roll it back first). The same failure in the work's own statements comes
+    /// back as [`Work`](Self::Work), with the work's error.
+    Conflict(sqlx::Error),
 }
 
 impl<E: fmt::Display> fmt::Display for WithinError<E> {
@@ -141,6 +148,10 @@ impl<E: fmt::Display> fmt::Display for WithinError<E> {
         match self {
             Self::Work(e) => write!(f, "the transactional work failed: {e}"),
             Self::Store(e) => fmt::Display::fmt(e, f),
+            Self::Conflict(e) => write!(
+                f,
+                "the transaction conflicted with a concurrent one and was rolled back: {e}"
+            ),
         }
     }
 }
@@ -150,6 +161,7 @@ impl<E: StdError + 'static> StdError for WithinError<E> {
         match self {
             Self::Work(e) => Some(e),
             Self::Store(e) => Some(e),
+            Self::Conflict(e) => Some(e),
         }
     }
 }
@@ -182,40 +194,46 @@ where
 {
     let store = engine.store();
     let fingerprint = engine.keyed(fingerprint);
-    let mut tx = conn
-        .begin()
-        .await
-        .map_err(|e| WithinError::Store(OpError::from(e).into_store("PostgreSQL begin")))?;
-
-    let started = Started::now();
-    let held = store
-        .claim_held(&mut tx, &key, &fingerprint, engine.lease())
-        .await;
-    engine.timer().record(Op::Claim, started, &held);
-    let claim = match held {
-        Ok(Held::Found(claim)) => claim,
-        Ok(Held::Contended) => {
-            request(Door::Within, Outcome::InFlight);
-            return rolled_back(tx, Ok(Within::InFlight)).await;
-        }
-        Err(e) => {
-            request(Door::Within, Outcome::of_store_error(&e));
-            return rolled_back(tx, Err(WithinError::Store(e))).await;
+    // In a transaction of its own, a claim that lost to a concurrent transaction is tried once
+    // more in a new one, whose snapshot sees what the other did; in the caller's transaction
+    // the snapshot is the caller's.
+    let own = !conn.is_in_transaction();
+    let mut tried = false;
+    let (mut tx, claim, lifted) = loop {
+        let mut tx = conn
+            .begin()
+            .await
+            .map_err(|e| WithinError::Store(OpError::from(e).into_store("PostgreSQL begin")))?;
+        let started = Started::now();
+        let held = store
+            .claim_held(&mut tx, &key, &fingerprint, engine.lease())
+            .await;
+        engine.timer().record(Op::Claim, started, &held);
+        match held {
+            Ok(Held::Found(claim, lifted)) => break (tx, claim, lifted),
+            Ok(Held::Conflict) if own && !tried => {
+                tried = true;
+                let _ = rolled_back(tx, ()).await;
+            }
+            Ok(Held::Contended | Held::Conflict) => {
+                request(Door::Within, Outcome::InFlight);
+                return rolled_back(tx, Ok(Within::InFlight)).await;
+            }
+            Err(e) => {
+                request(Door::Within, Outcome::of_store_error(&e));
+                return rolled_back(tx, Err(WithinError::Store(e))).await;
+            }
         }
     };
     let (outcome, answer) = match engine.judge(key, fingerprint, claim) {
         Begin::Run(ticket) => {
             request(Door::Within, Outcome::Fresh);
             let (end, answer) = match ran(engine, &mut tx, &ticket, work).await {
-                Ok(response) => match tx.commit().await.map_err(OpError::from) {
+                Ok(response) => match finish(store, tx, own, lifted).await {
                     Ok(()) => (Settled::Completed, Ok(Within::Ran(response))),
-                    // A serializable transaction that lost to a concurrent one: nothing was
-                    // committed.
-                    Err(e) if e.is_contended() => (Settled::Released, Ok(Within::InFlight)),
-                    Err(e) => (
-                        Settled::CompleteFailed,
-                        Err(WithinError::Store(e.into_store("PostgreSQL commit"))),
-                    ),
+                    // Nothing was committed: the key is free.
+                    Err(Ended::Conflict(e)) => (Settled::Released, Err(WithinError::Conflict(e))),
+                    Err(Ended::Failed(e)) => (Settled::CompleteFailed, Err(WithinError::Store(e))),
                 },
                 Err((end, e)) => (end, rolled_back(tx, Err(e)).await),
             };
@@ -229,6 +247,37 @@ where
     };
     request(Door::Within, outcome);
     rolled_back(tx, Ok(answer)).await
+}
+
+/// How the commit failed.
+enum Ended {
+    /// PostgreSQL rolled the transaction back for a concurrent one.
+    Conflict(sqlx::Error),
+    /// Any other failure (of a lost connection: whether it committed is unknown).
+    Failed(StoreError),
+}
+
+/// Puts back the store's `statement_timeout` where the caller's transaction goes on, then
+/// commits (on the caller's transaction: releases the savepoint).
+async fn finish(
+    store: &PostgresStore,
+    mut tx: Transaction<'_, Postgres>,
+    own: bool,
+    lifted: Lifted,
+) -> Result<(), Ended> {
+    let ended = |e: OpError, op| match e.into_conflict() {
+        Ok(e) => Ended::Conflict(e),
+        Err(e) => Ended::Failed(e.into_store(op)),
+    };
+    if !own {
+        if let Err(e) = store.restore(&mut tx, lifted).await {
+            let failed = ended(e, "PostgreSQL settings");
+            return Err(rolled_back(tx, failed).await);
+        }
+    }
+    tx.commit()
+        .await
+        .map_err(|e| ended(OpError::from(e), "PostgreSQL commit"))
 }
 
 /// Runs the work and writes its record in the transaction. On an error the caller rolls
@@ -267,10 +316,27 @@ where
             engine.ttl(),
         )
         .await;
-    engine.timer().record(Op::Complete, started, &done);
+    let op = "PostgreSQL complete in a transaction";
+    let done = match done {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(OpError::from(sqlx::Error::RowNotFound)),
+        Err(e) => Err(e),
+    };
+    let timed = done
+        .as_ref()
+        .map(|_| ())
+        .map_err(|e| StoreError::new(e.kind(), op));
+    engine.timer().record(Op::Complete, started, &timed);
     match done {
         Ok(()) => Ok(response),
-        Err(e) => Err((Settled::CompleteFailed, WithinError::Store(e))),
+        // The transaction lost to a concurrent one (serializable): it will not commit.
+        Err(e) => match e.into_conflict() {
+            Ok(e) => Err((Settled::Released, WithinError::Conflict(e))),
+            Err(e) => Err((
+                Settled::CompleteFailed,
+                WithinError::Store(e.into_store(op)),
+            )),
+        },
     }
 }
 

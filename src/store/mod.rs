@@ -474,6 +474,10 @@ pub enum StoreErrorKind {
     StoreFull,
     /// The caller's scope is at its cap and all its records are pending (answered 429).
     ScopeFull,
+    /// The backend rolled the step back for a concurrent transaction, each time it was
+    /// tried (PostgreSQL: a serialization failure or a deadlock). Nothing was applied; the
+    /// step may succeed when tried again. Not an outage.
+    Conflict,
 }
 
 impl fmt::Display for StoreErrorKind {
@@ -484,6 +488,7 @@ impl fmt::Display for StoreErrorKind {
             Self::Protocol => "protocol error",
             Self::StoreFull => "full",
             Self::ScopeFull => "scope full",
+            Self::Conflict => "conflict",
         })
     }
 }

@@ -60,7 +60,7 @@ impl PostgresStore {
         let mut total = 0;
         loop {
             let deleted = self
-                .bounded("PostgreSQL purge", async {
+                .bounded("PostgreSQL purge", || async {
                     Ok(sqlx::query(&self.sql.purge)
                         .bind(PURGE_BATCH)
                         .execute(&self.pool)
