@@ -148,7 +148,7 @@
 //! - `store`: `memory`, `redis`, `postgres`, or what a store of your own returns from
 //!   [`Store::name`] (`custom` by default); `op`: `claim`, `complete`, `release`, `renew`;
 //!   `result`: `ok`, or the error's kind (`unavailable`, `timeout`, `protocol`, `store_full`,
-//!   `scope_full`).
+//!   `scope_full`, `conflict`).
 //! - `decision`: `retry`, or why the client stopped: `final`, `not_keyed`, `not_replayable`,
 //!   `attempts_exhausted`, `deadline_exceeded`, `retry_after_too_long`.
 //!

@@ -62,10 +62,31 @@
 //! | rolls back (its work failed, its connection died) | claims the key and runs |
 //! | committed earlier | [`Within::Replay`] at once, or [`Within::KeyReused`] for another request (422) |
 //!
-//! Under `REPEATABLE READ` or `SERIALIZABLE`, a duplicate whose transaction began before the
-//! first committed cannot see its record: PostgreSQL reports a serialization failure, answered
-//! [`Within::InFlight`] (a retry, in a new transaction, gets the replay). A deadlock is answered
-//! the same way.
+//! # Timeouts
+//!
+//! The claim runs under the store's own bounds: the lock wait, and a `statement_timeout` of
+//! the lock wait plus the store's [timeout](crate::store::postgres::PostgresStoreBuilder::timeout),
+//! so the wait always ends first and answers "in flight". The work runs under your
+//! connection's settings, put back after the claim. On a connection of the store's own pool
+//! ([`PostgresStore::connect`]), whose `statement_timeout` is the store's timeout, that bound
+//! is lifted for the work: a slow work is not cut at 1 s (set `SET LOCAL statement_timeout`
+//! in the work for a bound of your own).
+//!
+//! # Isolation levels
+//!
+//! Under `REPEATABLE READ` or `SERIALIZABLE` (set per transaction, or as the database's
+//! `default_transaction_isolation`), a claim that meets the first request's commit is rolled
+//! back by PostgreSQL (a serialization failure, `40001`): another transaction holds or held
+//! the key. In a transaction of its own, `within` tries the claim once more, in a new
+//! transaction, whose snapshot sees the first's record: the duplicate gets the replay, as
+//! under `READ COMMITTED`. In your transaction, whose snapshot is yours, the duplicate gets
+//! [`Within::InFlight`] (a retry, in a new transaction, gets the replay). A deadlock on the
+//! claim (`40P01`) is answered the same way.
+//!
+//! A serialization failure or a deadlock of the transaction itself is yours: in the work's
+//! statements it comes back as [`WithinError::Work`], with the work's error; when the record
+//! is written or at the commit, as [`WithinError::Conflict`]. Either way nothing was
+//! committed and the key is free: run the request again, in a new transaction.
 //!
 //! # When to use it, and when the layer is enough
 //!
@@ -86,6 +107,7 @@
 //! axum handler with the layer's `Idempotency-Key` semantics (replay, 409, 422).
 //!
 //! [`PostgresStoreBuilder::lock_timeout`]: crate::store::postgres::PostgresStoreBuilder::lock_timeout
+//! [`PostgresStore::connect`]: crate::store::postgres::PostgresStore::connect
 
 use crate::engine::{Begin, Engine, Fingerprint, RecordError, RecordedResponse, Ticket};
 use crate::metrics::{Door, Op, Outcome, Settled, Started, request, settled};
@@ -123,8 +145,8 @@ pub enum Within {
     Invalid(RecordError),
 }
 
-/// Why [`within`] failed. In every case but a failed commit, everything it did was rolled back
-/// and the key is free.
+/// Why [`within`] failed. In every case but a failed commit of [`Store`](Self::Store),
+/// everything it did was rolled back and the key is free.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum WithinError<E> {
@@ -177,11 +199,13 @@ impl<E: StdError + 'static> StdError for WithinError<E> {
 ///
 /// The work's `Ok` value is recorded and returned as [`Within::Ran`]; its `Err` rolls back the
 /// work and the claim, and is returned as [`WithinError::Work`]: the key is free, and a retry
-/// runs the work again. Dropping the future rolls back as well.
+/// runs the work again. Dropping the future rolls back as well. See the module docs for the
+/// [timeouts](self#timeouts) the work runs under and the [isolation levels](self#isolation-levels).
 ///
 /// # Errors
 /// [`WithinError::Work`] with the work's error, [`WithinError::Store`] when a step of the store
-/// failed (see [`WithinError`]).
+/// failed, [`WithinError::Conflict`] when PostgreSQL rolled the transaction back for a
+/// concurrent one (see [`WithinError`]).
 pub async fn within<F, E>(
     engine: &Engine<PostgresStore>,
     conn: &mut PgConnection,

@@ -85,7 +85,9 @@ impl PostgresStoreBuilder {
     /// [`DEFAULT_LOCK_TIMEOUT`] (1 s). At least 1 ms.
     ///
     /// A duplicate that arrives while the first request's transaction runs waits, holding its
-    /// connection, and gets the stored result if the first commits within this time.
+    /// connection, and gets the stored result if the first commits within this time. The
+    /// claim's `statement_timeout` is this wait plus the [timeout](Self::timeout), so the wait
+    /// ends first.
     ///
     /// [`transactional::within`]: crate::transactional::within
     pub fn lock_timeout(mut self, lock_timeout: Duration) -> Self {

@@ -114,6 +114,13 @@
 //! | the operation timeout, the pool's acquire timeout, `statement_timeout`, `lock_timeout`, an I/O timeout | `Timeout` |
 //! | connection refused or lost, the server shutting down, out of disk or connections, a missing table or privilege | `Unavailable` |
 //! | an answer that does not decode, a row that breaks the layout | `Protocol` |
+//! | a serialization failure (`40001`) or a deadlock (`40P01`) at every try | `Conflict` |
+//!
+//! Under `REPEATABLE READ` or `SERIALIZABLE` as the database's default isolation, a step that
+//! meets a concurrent transaction's write to its row is rolled back by PostgreSQL (a
+//! serialization failure). It applied nothing, and each step is a transaction of its own: the
+//! store sends it again, with a fresh snapshot, within the same timeout (at most 4 times). A
+//! claim that lost to another claim of its key then finds that claim: in flight, or done.
 //!
 //! A claim that fails answers 503 and the work does not run. A step that timed out may still
 //! have been applied by the server: a claim may leave the key pending until its lease lapses (a
