@@ -340,8 +340,10 @@ pub enum Forgotten {
     Nothing,
     /// A completed record was deleted: the key runs its work again on the next request.
     Record,
-    /// A pending claim was deleted (asked for explicitly): the next request runs the work,
-    /// while the first run, if it still goes on, loses its claim and records nothing.
+    /// A pending claim was deleted (asked for explicitly): the next request runs the work.
+    /// The first run, if it still goes on, has lost its claim: its record is written if
+    /// nothing holds the key when it completes (no request claimed it meanwhile), as after a
+    /// lapsed lease; while another claim or record holds the key it records nothing.
     Pending,
     /// A pending claim holds the key and was kept (deleting it was not asked for).
     KeptPending,
