@@ -58,7 +58,9 @@ impl PostgresStoreBuilder {
 
     /// The table the records live in (default [`DEFAULT_TABLE`]): a lowercase identifier,
     /// optionally schema-qualified (`app.idempotency`); anything else is refused when the store
-    /// is built ([`InvalidConfig::TableName`]). [`PostgresStore::migrate`] creates it.
+    /// is built ([`InvalidConfig::TableName`]). The store's SQL quotes each part, so an SQL
+    /// keyword (`order`, `user`) names its table like any other word.
+    /// [`PostgresStore::migrate`] creates it.
     pub fn table(mut self, table: &str) -> Self {
         table.clone_into(&mut self.table);
         self

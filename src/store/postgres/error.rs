@@ -139,7 +139,8 @@ pub enum InvalidConfig {
     EmptyNamespace,
     /// The table name is not a plain lowercase SQL identifier (`[a-z_][a-z0-9_]*`, at most 48
     /// bytes), optionally qualified by a schema of the same form (`app.idempotency`). It is
-    /// written into the store's SQL, so nothing else is accepted.
+    /// written into the store's SQL, each part quoted (so a keyword such as `order` or `user`
+    /// is a name like any other), and nothing else is accepted.
     TableName,
 }
 

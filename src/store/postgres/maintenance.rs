@@ -32,7 +32,7 @@ impl PostgresStore {
                 .execute(&mut *tx)
                 .await?;
             let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-                .bind(&self.sql.table)
+                .bind(&self.sql.quoted)
                 .fetch_one(&mut *tx)
                 .await?;
             if !exists {

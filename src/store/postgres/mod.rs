@@ -42,7 +42,7 @@
 //! [`PostgresStore::migrate`] creates it when it does not exist (and never alters an existing
 //! one). A DBA can create it by hand instead; this is the DDL for the default table name
 //! ([`DEFAULT_TABLE`]), the same that `migrate` runs (with the table name of
-//! [`PostgresStoreBuilder::table`] in its place):
+//! [`PostgresStoreBuilder::table`] in its place, each part quoted):
 //!
 //! ```sql
 #![doc = include_str!("schema.sql")]
