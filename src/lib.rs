@@ -124,10 +124,10 @@
 //! | `idempotency_requests_total` | counter | `door`, `outcome` | each request a door decided on, once, by what it did |
 //! | `idempotency_results_total` | counter | `door`, `result` | each claimed key (`outcome="fresh"`), once, by how it ended |
 //! | `idempotency_store_duration_seconds` | histogram | `store`, `op`, `result` | each store step the engine runs, in seconds |
-//! | `idempotency_memory_entries` | gauge | — | records a `MemoryStore` holds (pending and completed) |
+//! | `idempotency_memory_entries` | gauge | — | records the process's `MemoryStore`s hold (pending and completed), summed over the stores |
 //! | `idempotency_memory_pending` | gauge | — | of those, pending claims |
-//! | `idempotency_memory_bytes` | gauge | — | bytes counted against the store's `max_bytes` |
-//! | `idempotency_memory_early_drops_total` | counter | — | completed records dropped before their retention ended, to make room |
+//! | `idempotency_memory_bytes` | gauge | — | bytes counted against the stores' `max_bytes` |
+//! | `idempotency_memory_early_drops_total` | counter | — | completed records dropped before their retention ended, to make room, in all the stores |
 //! | `idempotency_client_attempts_total` | counter | `decision` | each attempt of the client's retries, by what followed |
 //!
 //! - `door`: `http` (`IdempotencyLayer`), `grpc` (the layer, on a gRPC request), `route`

@@ -221,9 +221,19 @@ mod tests {
     fn the_schema_names_only_the_table_quoted() {
         let s = Statements::new("app.order");
         assert!(s.schema.contains("CREATE TABLE \"app\".\"order\" ("));
-        assert!(s.schema.contains("CREATE INDEX ON \"app\".\"order\" (expires_at)"));
+        assert!(
+            s.schema
+                .contains("CREATE INDEX ON \"app\".\"order\" (expires_at)")
+        );
         assert!(!s.schema.contains(DEFAULT_TABLE_NAME));
-        for statement in [&s.claim, &s.complete, &s.release, &s.renew, &s.forget, &s.purge] {
+        for statement in [
+            &s.claim,
+            &s.complete,
+            &s.release,
+            &s.renew,
+            &s.forget,
+            &s.purge,
+        ] {
             assert!(statement.contains("\"app\".\"order\""), "{statement}");
             assert!(!statement.contains(" app.order"), "{statement}");
         }
