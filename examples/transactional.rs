@@ -191,6 +191,13 @@ async fn create_order(
         Err(WithinError::Store(_)) => {
             problem(RejectionKind::StoreFailed, "the database is unavailable")
         }
+        // The transaction lost to a concurrent one: no order was placed, the key is free.
+        Err(WithinError::Conflict(_)) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "1")],
+            "the order conflicted with a concurrent one; retry",
+        )
+            .into_response(),
         // The order was not placed and the key is free: the client may retry.
         Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }

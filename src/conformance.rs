@@ -417,7 +417,9 @@ pub async fn renew_needs_the_holding_token<H: Harness>(h: H) {
 }
 
 /// `forget` deletes a completed record, keeps a pending claim unless told, deletes it when told,
-/// and finds nothing under a free (or expired) key; a forgotten key is free to claim.
+/// and finds nothing under a free (or expired) key; a forgotten key is free to claim. The
+/// forgotten claim's late record is written when nothing holds the key, refused when a retry
+/// does.
 pub async fn forget_deletes_a_record_and_a_pending_claim_only_when_asked<H: Harness>(h: H) {
     let s = h.store();
     assert_eq!(
@@ -451,13 +453,37 @@ pub async fn forget_deletes_a_record_and_a_pending_claim_only_when_asked<H: Harn
         ok(s.forget(&pending, true).await, "forget"),
         Forgotten::Pending
     );
-    // The forgotten claim's holder finishes late: nothing holds the key, so its record may
-    // be written (as after a lapsed lease); either way the store answers.
-    let _ = ok(
-        s.complete(&pending, &first, &fingerprint("p"), record("p"), LONG)
-            .await,
-        "a late complete after forget",
+    // The forgotten claim's holder finishes late: nothing holds the key, so its record is
+    // written (as after a lapsed lease).
+    assert!(
+        ok(
+            s.complete(&pending, &first, &fingerprint("p"), record("p"), LONG)
+                .await,
+            "a late complete after forget",
+        ),
+        "a late complete after forget, with nothing holding the key, is written"
     );
+    match ok(s.claim(&pending, &fingerprint("p"), LONG).await, "claim") {
+        Claim::Done { record: r, .. } => assert_eq!(r, record("p")),
+        other => panic!("the late record must be found, got {other:?}"),
+    }
+    // When a retry claimed the key after the forget, the first's late complete is refused.
+    let retried = random_key();
+    let first = claim_free(s, &retried, &fingerprint("r"), LONG).await;
+    assert_eq!(
+        ok(s.forget(&retried, true).await, "forget"),
+        Forgotten::Pending
+    );
+    let _retry = claim_free(s, &retried, &fingerprint("r"), LONG).await;
+    assert!(
+        !ok(
+            s.complete(&retried, &first, &fingerprint("r"), record("r1"), LONG)
+                .await,
+            "a late complete after forget and a retry",
+        ),
+        "the first's late complete must leave the retry's claim alone"
+    );
+    expect_pending(s, &retried, "after the first's refused late complete").await;
 
     let expired = random_key();
     let _ = claim_free(s, &expired, &fingerprint("e"), SHORT).await;

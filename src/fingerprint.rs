@@ -124,7 +124,9 @@ impl FingerprintBuilder {
     }
 
     /// As [`json_value`](Self::json_value), over only what `include` points at (when not
-    /// empty) and without what `exclude` points at. A body that is not JSON: its bytes.
+    /// empty) and without what `exclude` points at. An excluded array item leaves a mark in
+    /// its place, so every pointer reads the body's own indices. A body that is not JSON: its
+    /// bytes.
     pub(crate) fn json_filtered(
         self,
         json: &[u8],

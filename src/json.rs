@@ -168,7 +168,8 @@ impl<'a> Canonical<'a> {
     /// The encoding is prefix-free, so no two values share it: `n`, `t`, `f`; `#` + length +
     /// the number's literal text; `"` + length + the string's UTF-8 (escapes decoded); `[` +
     /// count + items; `{` + count + (name, value) pairs sorted by name bytes, members of one
-    /// name kept in their order. Lengths and counts are big-endian `u64`.
+    /// name kept in their order; `x` for an excluded array item. Lengths and counts are
+    /// big-endian `u64`.
     pub(crate) fn encode(&self, mut out: impl FnMut(&[u8])) {
         self.0.encode(&mut out);
     }
@@ -180,8 +181,11 @@ impl<'a> Canonical<'a> {
         len
     }
 
-    /// The same value without the members (or array items) each field points at; a pointer
-    /// to nothing removes nothing. Members repeated under one name all go.
+    /// The same value without what each field points at; a pointer to nothing removes
+    /// nothing. An object member goes (members repeated under one name all go). An array item
+    /// is replaced by a mark of its own, no JSON value: the items after it keep their
+    /// indices, so every other field still points where it did in the body, and the array
+    /// keeps its length.
     pub(crate) fn without(mut self, fields: &[JsonField]) -> Self {
         for f in fields {
             remove_at(&mut self.0, &f.tokens);
@@ -221,10 +225,9 @@ fn remove_at(value: &mut Value<'_>, tokens: &[Box<str>]) {
             .iter_mut()
             .filter(|(n, _)| **n == **first)
             .for_each(|(_, v)| remove_at(v, rest)),
+        // Removing the item would shift the ones after it under the other pointers.
         Value::Array(items) => match array_index(first) {
-            Some(i) if i < items.len() && rest.is_empty() => {
-                items.remove(i);
-            }
+            Some(i) if i < items.len() && rest.is_empty() => items[i] = Value::Excluded,
             Some(i) if i < items.len() => remove_at(&mut items[i], rest),
             _ => {}
         },
@@ -274,6 +277,8 @@ enum Value<'a> {
     Array(Vec<Value<'a>>),
     /// Members in body order, repeated names kept.
     Object(Vec<(Cow<'a, str>, Value<'a>)>),
+    /// An array item left out of the fingerprint (never parsed).
+    Excluded,
 }
 
 impl Value<'_> {
@@ -292,6 +297,7 @@ impl Value<'_> {
     fn encode(&self, out: &mut impl FnMut(&[u8])) {
         match self {
             Value::Null => out(b"n"),
+            Value::Excluded => out(b"x"),
             Value::True => out(b"t"),
             Value::False => out(b"f"),
             Value::Number(n) => {
@@ -765,7 +771,210 @@ mod tests {
         out
     }
 
+    /// The fingerprint of `body` with only `include` (when not empty) and without `exclude`.
+    fn filtered(body: &str, include: &[&str], exclude: &[&str]) -> Fingerprint {
+        let fields = |ps: &[&str]| -> Vec<JsonField> {
+            ps.iter()
+                .map(|p| JsonField::parse(p).expect("pointer"))
+                .collect()
+        };
+        Fingerprint::builder()
+            .json_filtered(body.as_bytes(), &fields(include), &fields(exclude))
+            .finish()
+    }
+
+    #[test]
+    fn excluded_array_items_keep_the_others_in_place() {
+        let ex = |body: &str, exclude: &[&str]| filtered(body, &[], exclude);
+        let first_two = ["/a/0", "/a/1"];
+        assert_ne!(
+            ex(r#"{"a":[1,2,3]}"#, &first_two),
+            ex(r#"{"a":[1,2,99]}"#, &first_two),
+            "the third item is not excluded"
+        );
+        assert_eq!(
+            ex(r#"{"a":[1,2,3]}"#, &first_two),
+            ex(r#"{"a":[7,8,3]}"#, &first_two)
+        );
+        // In the other order, and nested under an excluded item.
+        assert_ne!(
+            ex(r#"{"a":[1,2,3]}"#, &["/a/1", "/a/0"]),
+            ex(r#"{"a":[1,2,99]}"#, &["/a/1", "/a/0"])
+        );
+        let nested = ["/a/0", "/a/1/k"];
+        assert_ne!(
+            ex(r#"{"a":[0,{"k":1,"m":2},3]}"#, &nested),
+            ex(r#"{"a":[0,{"k":1,"m":2},4]}"#, &nested)
+        );
+        assert_ne!(
+            ex(r#"{"a":[0,{"k":1,"m":2}]}"#, &nested),
+            ex(r#"{"a":[0,{"k":1,"m":3}]}"#, &nested)
+        );
+        assert_eq!(
+            ex(r#"{"a":[0,{"k":1,"m":2}]}"#, &nested),
+            ex(r#"{"a":[5,{"k":9,"m":2}]}"#, &nested)
+        );
+        // An excluded item is not the same as no item, nor as any value.
+        assert_ne!(ex("[1,2]", &["/1"]), ex("[1]", &["/1"]));
+        assert_ne!(ex("[1,2]", &["/1"]), ex("[1,null]", &[]));
+        // An item included after another is excluded is still the one at its index.
+        let both = |body: &str| filtered(body, &["/a/1"], &["/a/0"]);
+        assert_ne!(both(r#"{"a":[1,2,3]}"#), both(r#"{"a":[1,9,3]}"#));
+        assert_eq!(both(r#"{"a":[1,2,3]}"#), both(r#"{"a":[1,2,4]}"#));
+        assert_eq!(both(r#"{"a":[1,2,3]}"#), both(r#"{"a":[0,2,3]}"#));
+        // Included items by index, and an inclusion overlapping another.
+        let inc = |body: &str, include: &[&str]| filtered(body, include, &[]);
+        assert_ne!(
+            inc(r#"{"a":[1,2,3]}"#, &["/a/0", "/a/2"]),
+            inc(r#"{"a":[1,2,4]}"#, &["/a/0", "/a/2"])
+        );
+        assert_ne!(
+            inc(r#"{"a":[1,2]}"#, &["/a", "/a/0"]),
+            inc(r#"{"a":[1,3]}"#, &["/a", "/a/0"])
+        );
+    }
+
+    /// Every path in `v`, as reference tokens (the root is the empty path).
+    fn paths(v: &serde_json::Value, at: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+        out.push(at.clone());
+        let children: Vec<(String, &serde_json::Value)> = match v {
+            serde_json::Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| (i.to_string(), item))
+                .collect(),
+            serde_json::Value::Object(members) => {
+                members.iter().map(|(k, v)| (k.clone(), v)).collect()
+            }
+            _ => Vec::new(),
+        };
+        for (token, child) in children {
+            at.push(token);
+            paths(child, at, out);
+            at.pop();
+        }
+    }
+
+    fn pointer(tokens: &[String]) -> String {
+        tokens
+            .iter()
+            .map(|t| format!("/{}", t.replace('~', "~0").replace('/', "~1")))
+            .collect()
+    }
+
+    fn at_mut<'v>(v: &'v mut serde_json::Value, tokens: &[String]) -> &'v mut serde_json::Value {
+        tokens.iter().fold(v, |v, t| match v {
+            serde_json::Value::Array(items) => &mut items[t.parse::<usize>().expect("index")],
+            serde_json::Value::Object(members) => members.get_mut(t).expect("member"),
+            _ => unreachable!("a path goes through arrays and objects only"),
+        })
+    }
+
+    /// A change at `v` that no other value has: a scalar replaced, an item appended, a member
+    /// of a new name added.
+    fn change(v: &mut serde_json::Value) {
+        let mark = serde_json::Value::String("\u{0}changed".to_owned());
+        match v {
+            serde_json::Value::Array(items) => items.push(mark),
+            serde_json::Value::Object(members) => {
+                let name = (0..)
+                    .map(|i| format!("\u{0}new{i}"))
+                    .find(|n| !members.contains_key(n));
+                members.insert(name.expect("a free name"), mark);
+            }
+            scalar => *scalar = mark,
+        }
+    }
+
+    /// Picks up to three of `all`.
+    fn pick(all: &[Vec<String>], picks: &[prop::sample::Index]) -> Vec<Vec<String>> {
+        picks
+            .iter()
+            .map(|i| all[i.index(all.len())].clone())
+            .collect()
+    }
+
     proptest! {
+        /// Two bodies that differ outside the excluded paths never share a fingerprint; two
+        /// that differ only inside them always do.
+        #[test]
+        fn exclusions_leave_out_what_they_point_at_and_nothing_else(
+            v in json_value(),
+            exclude in prop::collection::vec(any::<prop::sample::Index>(), 1..4),
+            at in any::<prop::sample::Index>(),
+            replacement in json_value(),
+        ) {
+            let mut all = Vec::new();
+            paths(&v, &mut Vec::new(), &mut all);
+            let candidates: Vec<Vec<String>> = all.iter().filter(|p| !p.is_empty()).cloned().collect();
+            prop_assume!(!candidates.is_empty());
+            let excluded = pick(&candidates, &exclude);
+            let pointers: Vec<String> = excluded.iter().map(|p| pointer(p)).collect();
+            let pointers: Vec<&str> = pointers.iter().map(String::as_str).collect();
+            let fp = |v: &serde_json::Value| filtered(&v.to_string(), &[], &pointers);
+
+            let outside: Vec<&Vec<String>> = all
+                .iter()
+                .filter(|p| !excluded.iter().any(|e| p.starts_with(e)))
+                .collect();
+            if !outside.is_empty() {
+                let p = outside[at.index(outside.len())];
+                let mut other = v.clone();
+                change(at_mut(&mut other, p));
+                prop_assert_ne!(fp(&v), fp(&other), "changed at {} excluding {:?}: {}", pointer(p), pointers, other);
+            }
+
+            let e = &excluded[at.index(excluded.len())];
+            let mut other = v.clone();
+            *at_mut(&mut other, e) = replacement;
+            prop_assert_eq!(fp(&v), fp(&other), "changed at {} excluding {:?}: {}", pointer(e), pointers, other);
+        }
+
+        /// Two bodies that differ inside an included path (outside the excluded ones) never
+        /// share a fingerprint; two that differ only elsewhere always do.
+        #[test]
+        fn inclusions_keep_what_they_point_at_and_nothing_else(
+            v in json_value(),
+            include in prop::collection::vec(any::<prop::sample::Index>(), 1..4),
+            exclude in prop::collection::vec(any::<prop::sample::Index>(), 0..2),
+            at in any::<prop::sample::Index>(),
+        ) {
+            let mut all = Vec::new();
+            paths(&v, &mut Vec::new(), &mut all);
+            let candidates: Vec<Vec<String>> = all.iter().filter(|p| !p.is_empty()).cloned().collect();
+            prop_assume!(!candidates.is_empty());
+            let (included, excluded) = (pick(&candidates, &include), pick(&candidates, &exclude));
+            let (inc, exc): (Vec<String>, Vec<String>) = (
+                included.iter().map(|p| pointer(p)).collect(),
+                excluded.iter().map(|p| pointer(p)).collect(),
+            );
+            let inc: Vec<&str> = inc.iter().map(String::as_str).collect();
+            let exc: Vec<&str> = exc.iter().map(String::as_str).collect();
+            let fp = |v: &serde_json::Value| filtered(&v.to_string(), &inc, &exc);
+
+            let (inside, elsewhere): (Vec<&Vec<String>>, Vec<&Vec<String>>) = all
+                .iter()
+                .filter(|p| !excluded.iter().any(|e| p.starts_with(e)))
+                .partition(|p| included.iter().any(|i| p.starts_with(i)));
+            if !inside.is_empty() {
+                let p = inside[at.index(inside.len())];
+                let mut other = v.clone();
+                change(at_mut(&mut other, p));
+                prop_assert_ne!(fp(&v), fp(&other), "changed at {} including {:?} excluding {:?}", pointer(p), inc, exc);
+            }
+            // A change that is no ancestor of an included path leaves the included values.
+            let elsewhere: Vec<&Vec<String>> = elsewhere
+                .into_iter()
+                .filter(|p| !included.iter().any(|i| i.starts_with(p)))
+                .collect();
+            if !elsewhere.is_empty() {
+                let p = elsewhere[at.index(elsewhere.len())];
+                let mut other = v.clone();
+                change(at_mut(&mut other, p));
+                prop_assert_eq!(fp(&v), fp(&other), "changed at {} including {:?} excluding {:?}", pointer(p), inc, exc);
+            }
+        }
+
         #[test]
         fn any_layout_of_one_value_has_one_fingerprint(v in json_value()) {
             let compact = serde_json::to_string(&v).expect("json");

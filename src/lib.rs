@@ -105,9 +105,8 @@
 //! | `tonic` | no | `Rejection::to_status` and tonic's `NamedService` for the layered service |
 //! | `test-util` | no | the store conformance suite, for your own `Store` |
 //! | `reqwest` | no | `client::RetryMiddleware`, client retries for `reqwest-middleware` |
-//! | `hyper-util` | no | the client's tower retries read hyper-util's connect stage, so a POST whose connect failed is retried to any server |
+//! | `hyper-util` | no | hyper-util's connect errors told apart (nothing sent): the client's tower retries retry a POST whose connect failed to any server; the outbound door releases its key |
 //! | `lettre` | no | `outbound::mail`, send-once email over lettre's `AsyncTransport` |
-//! | `hyper-util` | no | the outbound door tells hyper-util's connect errors (nothing sent: the key is released) |
 //! | `nats` | no | `message::jetstream`, the message door on async-nats JetStream consumers |
 //! | `apalis` | no | `message::jobs`, the message door as an apalis worker layer |
 //! | `json` | no | `outbound::Json` and `message::Json`: receipts and message results of any serde type kept as JSON |
@@ -126,10 +125,10 @@
 //! | `idempotency_requests_total` | counter | `door`, `outcome` | each request a door decided on, once, by what it did |
 //! | `idempotency_results_total` | counter | `door`, `result` | each claimed key (`outcome="fresh"`), once, by how it ended |
 //! | `idempotency_store_duration_seconds` | histogram | `store`, `op`, `result` | each store step the engine runs, in seconds |
-//! | `idempotency_memory_entries` | gauge | — | records a `MemoryStore` holds (pending and completed) |
+//! | `idempotency_memory_entries` | gauge | — | records the process's `MemoryStore`s hold (pending and completed), summed over the stores |
 //! | `idempotency_memory_pending` | gauge | — | of those, pending claims |
-//! | `idempotency_memory_bytes` | gauge | — | bytes counted against the store's `max_bytes` |
-//! | `idempotency_memory_early_drops_total` | counter | — | completed records dropped before their retention ended, to make room |
+//! | `idempotency_memory_bytes` | gauge | — | bytes counted against the stores' `max_bytes` |
+//! | `idempotency_memory_early_drops_total` | counter | — | completed records dropped before their retention ended, to make room, in all the stores |
 //! | `idempotency_client_attempts_total` | counter | `decision` | each attempt of the client's retries, by what followed |
 //!
 //! - `door`: `http` (`IdempotencyLayer`), `grpc` (the layer, on a gRPC request), `route`
@@ -150,7 +149,7 @@
 //! - `store`: `memory`, `redis`, `postgres`, or what a store of your own returns from
 //!   [`Store::name`] (`custom` by default); `op`: `claim`, `complete`, `release`, `renew`;
 //!   `result`: `ok`, or the error's kind (`unavailable`, `timeout`, `protocol`, `store_full`,
-//!   `scope_full`).
+//!   `scope_full`, `conflict`).
 //! - `decision`: `retry`, or why the client stopped: `final`, `not_keyed`, `not_honoured`, `not_replayable`,
 //!   `attempts_exhausted`, `deadline_exceeded`, `retry_after_too_long`.
 //!

@@ -22,7 +22,8 @@ pub(crate) const REQUESTS: &str = "idempotency_requests_total";
 pub(crate) const RESULTS: &str = "idempotency_results_total";
 /// `idempotency_store_duration_seconds{store, op, result}`: one store step.
 pub(crate) const STORE_DURATION: &str = "idempotency_store_duration_seconds";
-/// The memory store's gauges and its early drops (see `MemoryStore::report_metrics`).
+/// The memory stores' gauges and their early drops, summed over the process's stores (see
+/// `MemoryStore::report_metrics`).
 pub(crate) const MEMORY_ENTRIES: &str = "idempotency_memory_entries";
 pub(crate) const MEMORY_PENDING: &str = "idempotency_memory_pending";
 pub(crate) const MEMORY_BYTES: &str = "idempotency_memory_bytes";
@@ -237,13 +238,14 @@ impl Op {
 }
 
 /// A store step's `result` label: `ok`, or the error's kind.
-const STORE_RESULTS: [&str; 6] = [
+const STORE_RESULTS: [&str; 7] = [
     "ok",
     "unavailable",
     "timeout",
     "protocol",
     "store_full",
     "scope_full",
+    "conflict",
 ];
 
 fn store_result<T>(res: &Result<T, StoreError>) -> usize {
@@ -255,6 +257,7 @@ fn store_result<T>(res: &Result<T, StoreError>) -> usize {
             StoreErrorKind::Protocol => 3,
             StoreErrorKind::StoreFull => 4,
             StoreErrorKind::ScopeFull => 5,
+            StoreErrorKind::Conflict => 6,
         },
     }
 }
@@ -422,16 +425,56 @@ mod on {
         metrics::counter!(CLIENT_ATTEMPTS, "decision" => decision).increment(1);
     }
 
-    /// Sets the memory store's gauges.
-    pub(crate) fn memory(entries: usize, pending: usize, bytes: usize, early_drops: u64) {
-        // Gauges are f64; a count above 2^53 is not a concern for a store in one process.
-        #[allow(clippy::cast_precision_loss)]
-        {
-            metrics::gauge!(MEMORY_ENTRIES).set(entries as f64);
-            metrics::gauge!(MEMORY_PENDING).set(pending as f64);
-            metrics::gauge!(MEMORY_BYTES).set(bytes as f64);
+    /// What one memory store last added to the process's gauges and counter: each store
+    /// moves them by its own change, so that two stores add up rather than overwrite each
+    /// other (and the counter never goes back).
+    #[derive(Debug, Default)]
+    pub(crate) struct MemoryShare(std::sync::Mutex<[u64; 4]>);
+
+    impl MemoryShare {
+        /// Moves the gauges and the counter from this store's last report to these figures.
+        pub(crate) fn report(
+            &self,
+            entries: usize,
+            pending: usize,
+            bytes: usize,
+            early_drops: u64,
+        ) {
+            let now = [entries, pending, bytes].map(|n| u64::try_from(n).unwrap_or(u64::MAX));
+            let mut last = self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for (i, name) in [MEMORY_ENTRIES, MEMORY_PENDING, MEMORY_BYTES]
+                .into_iter()
+                .enumerate()
+            {
+                let gauge = metrics::gauge!(name);
+                // Gauges are f64; a count above 2^53 is not a concern for a store in one
+                // process.
+                #[allow(clippy::cast_precision_loss)]
+                if now[i] >= last[i] {
+                    gauge.increment((now[i] - last[i]) as f64);
+                } else {
+                    gauge.decrement((last[i] - now[i]) as f64);
+                }
+                last[i] = now[i];
+            }
+            // A store's own count never falls.
+            let drops = early_drops.max(last[3]);
+            metrics::counter!(MEMORY_EARLY_DROPS).increment(drops - last[3]);
+            last[3] = drops;
         }
-        metrics::counter!(MEMORY_EARLY_DROPS).absolute(early_drops);
+
+        /// Takes this store's figures out of the gauges (the store is gone); its drops stay
+        /// counted.
+        pub(crate) fn withdraw(&self) {
+            let drops = self
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)[3];
+            self.report(0, 0, 0, drops);
+        }
     }
 }
 
@@ -498,7 +541,7 @@ mod on {
 // `request` and `settled` are the one-call API for a door without a layer (the extractors,
 // `within`, and the queue and send-once doors to come).
 #[cfg(feature = "metrics")]
-pub(crate) use on::memory;
+pub(crate) use on::MemoryShare;
 #[allow(unused_imports)]
 pub(crate) use on::{DoorCounters, Started, StoreTimer, client_attempt, request, settled};
 

@@ -62,10 +62,31 @@
 //! | rolls back (its work failed, its connection died) | claims the key and runs |
 //! | committed earlier | [`Within::Replay`] at once, or [`Within::KeyReused`] for another request (422) |
 //!
-//! Under `REPEATABLE READ` or `SERIALIZABLE`, a duplicate whose transaction began before the
-//! first committed cannot see its record: PostgreSQL reports a serialization failure, answered
-//! [`Within::InFlight`] (a retry, in a new transaction, gets the replay). A deadlock is answered
-//! the same way.
+//! # Timeouts
+//!
+//! The claim runs under the store's own bounds: the lock wait, and a `statement_timeout` of
+//! the lock wait plus the store's [timeout](crate::store::postgres::PostgresStoreBuilder::timeout),
+//! so the wait always ends first and answers "in flight". The work runs under your
+//! connection's settings, put back after the claim. On a connection of the store's own pool
+//! ([`PostgresStore::connect`]), whose `statement_timeout` is the store's timeout, that bound
+//! is lifted for the work: a slow work is not cut at 1 s (set `SET LOCAL statement_timeout`
+//! in the work for a bound of your own).
+//!
+//! # Isolation levels
+//!
+//! Under `REPEATABLE READ` or `SERIALIZABLE` (set per transaction, or as the database's
+//! `default_transaction_isolation`), a claim that meets the first request's commit is rolled
+//! back by PostgreSQL (a serialization failure, `40001`): another transaction holds or held
+//! the key. In a transaction of its own, `within` tries the claim once more, in a new
+//! transaction, whose snapshot sees the first's record: the duplicate gets the replay, as
+//! under `READ COMMITTED`. In your transaction, whose snapshot is yours, the duplicate gets
+//! [`Within::InFlight`] (a retry, in a new transaction, gets the replay). A deadlock on the
+//! claim (`40P01`) is answered the same way.
+//!
+//! A serialization failure or a deadlock of the transaction itself is yours: in the work's
+//! statements it comes back as [`WithinError::Work`], with the work's error; when the record
+//! is written or at the commit, as [`WithinError::Conflict`]. Either way nothing was
+//! committed and the key is free: run the request again, in a new transaction.
 //!
 //! # When to use it, and when the layer is enough
 //!
@@ -86,11 +107,12 @@
 //! axum handler with the layer's `Idempotency-Key` semantics (replay, 409, 422).
 //!
 //! [`PostgresStoreBuilder::lock_timeout`]: crate::store::postgres::PostgresStoreBuilder::lock_timeout
+//! [`PostgresStore::connect`]: crate::store::postgres::PostgresStore::connect
 
 use crate::engine::{Begin, Engine, Fingerprint, RecordError, RecordedResponse, Ticket};
 use crate::metrics::{Door, Op, Outcome, Settled, Started, request, settled};
 use crate::scope::StoreKey;
-use crate::store::postgres::{Held, OpError, PostgresStore};
+use crate::store::postgres::{Held, Lifted, OpError, PostgresStore};
 use crate::store::{StoreError, StoreErrorKind};
 use sqlx::postgres::{PgConnection, Postgres};
 use sqlx::{Connection, Transaction};
@@ -123,8 +145,8 @@ pub enum Within {
     Invalid(RecordError),
 }
 
-/// Why [`within`] failed. In every case but a failed commit, everything it did was rolled back
-/// and the key is free.
+/// Why [`within`] failed. In every case but a failed commit of [`Store`](Self::Store),
+/// everything it did was rolled back and the key is free.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum WithinError<E> {
@@ -134,6 +156,13 @@ pub enum WithinError<E> {
     /// failed on a lost connection, whether it happened is unknown: a retry under the same key
     /// either replays or runs.
     Store(StoreError),
+    /// PostgreSQL rolled the transaction back for a concurrent one, when the record was
+    /// written or at the commit: a serialization failure (SQLSTATE `40001`, under
+    /// `REPEATABLE READ` or `SERIALIZABLE`) or a deadlock (`40P01`). Nothing was committed
+    /// and the key is free: run the request again, in a new transaction (on your own
+    /// transaction: roll it back first). The same failure in the work's own statements comes
+    /// back as [`Work`](Self::Work), with the work's error.
+    Conflict(sqlx::Error),
 }
 
 impl<E: fmt::Display> fmt::Display for WithinError<E> {
@@ -141,6 +170,10 @@ impl<E: fmt::Display> fmt::Display for WithinError<E> {
         match self {
             Self::Work(e) => write!(f, "the transactional work failed: {e}"),
             Self::Store(e) => fmt::Display::fmt(e, f),
+            Self::Conflict(e) => write!(
+                f,
+                "the transaction conflicted with a concurrent one and was rolled back: {e}"
+            ),
         }
     }
 }
@@ -150,6 +183,7 @@ impl<E: StdError + 'static> StdError for WithinError<E> {
         match self {
             Self::Work(e) => Some(e),
             Self::Store(e) => Some(e),
+            Self::Conflict(e) => Some(e),
         }
     }
 }
@@ -165,11 +199,13 @@ impl<E: StdError + 'static> StdError for WithinError<E> {
 ///
 /// The work's `Ok` value is recorded and returned as [`Within::Ran`]; its `Err` rolls back the
 /// work and the claim, and is returned as [`WithinError::Work`]: the key is free, and a retry
-/// runs the work again. Dropping the future rolls back as well.
+/// runs the work again. Dropping the future rolls back as well. See the module docs for the
+/// [timeouts](self#timeouts) the work runs under and the [isolation levels](self#isolation-levels).
 ///
 /// # Errors
 /// [`WithinError::Work`] with the work's error, [`WithinError::Store`] when a step of the store
-/// failed (see [`WithinError`]).
+/// failed, [`WithinError::Conflict`] when PostgreSQL rolled the transaction back for a
+/// concurrent one (see [`WithinError`]).
 pub async fn within<F, E>(
     engine: &Engine<PostgresStore>,
     conn: &mut PgConnection,
@@ -182,40 +218,46 @@ where
 {
     let store = engine.store();
     let fingerprint = engine.keyed(fingerprint);
-    let mut tx = conn
-        .begin()
-        .await
-        .map_err(|e| WithinError::Store(OpError::from(e).into_store("PostgreSQL begin")))?;
-
-    let started = Started::now();
-    let held = store
-        .claim_held(&mut tx, &key, &fingerprint, engine.lease())
-        .await;
-    engine.timer().record(Op::Claim, started, &held);
-    let claim = match held {
-        Ok(Held::Found(claim)) => claim,
-        Ok(Held::Contended) => {
-            request(Door::Within, Outcome::InFlight);
-            return rolled_back(tx, Ok(Within::InFlight)).await;
-        }
-        Err(e) => {
-            request(Door::Within, Outcome::of_store_error(&e));
-            return rolled_back(tx, Err(WithinError::Store(e))).await;
+    // In a transaction of its own, a claim that lost to a concurrent transaction is tried once
+    // more in a new one, whose snapshot sees what the other did; in the caller's transaction
+    // the snapshot is the caller's.
+    let own = !conn.is_in_transaction();
+    let mut tried = false;
+    let (mut tx, claim, lifted) = loop {
+        let mut tx = conn
+            .begin()
+            .await
+            .map_err(|e| WithinError::Store(OpError::from(e).into_store("PostgreSQL begin")))?;
+        let started = Started::now();
+        let held = store
+            .claim_held(&mut tx, &key, &fingerprint, engine.lease())
+            .await;
+        engine.timer().record(Op::Claim, started, &held);
+        match held {
+            Ok(Held::Found(claim, lifted)) => break (tx, claim, lifted),
+            Ok(Held::Conflict) if own && !tried => {
+                tried = true;
+                let _ = rolled_back(tx, ()).await;
+            }
+            Ok(Held::Contended | Held::Conflict) => {
+                request(Door::Within, Outcome::InFlight);
+                return rolled_back(tx, Ok(Within::InFlight)).await;
+            }
+            Err(e) => {
+                request(Door::Within, Outcome::of_store_error(&e));
+                return rolled_back(tx, Err(WithinError::Store(e))).await;
+            }
         }
     };
     let (outcome, answer) = match engine.judge(key, fingerprint, claim) {
         Begin::Run(ticket) => {
             request(Door::Within, Outcome::Fresh);
             let (end, answer) = match ran(engine, &mut tx, &ticket, work).await {
-                Ok(response) => match tx.commit().await.map_err(OpError::from) {
+                Ok(response) => match finish(store, tx, own, lifted).await {
                     Ok(()) => (Settled::Completed, Ok(Within::Ran(response))),
-                    // A serializable transaction that lost to a concurrent one: nothing was
-                    // committed.
-                    Err(e) if e.is_contended() => (Settled::Released, Ok(Within::InFlight)),
-                    Err(e) => (
-                        Settled::CompleteFailed,
-                        Err(WithinError::Store(e.into_store("PostgreSQL commit"))),
-                    ),
+                    // Nothing was committed: the key is free.
+                    Err(Ended::Conflict(e)) => (Settled::Released, Err(WithinError::Conflict(e))),
+                    Err(Ended::Failed(e)) => (Settled::CompleteFailed, Err(WithinError::Store(e))),
                 },
                 Err((end, e)) => (end, rolled_back(tx, Err(e)).await),
             };
@@ -229,6 +271,37 @@ where
     };
     request(Door::Within, outcome);
     rolled_back(tx, Ok(answer)).await
+}
+
+/// How the commit failed.
+enum Ended {
+    /// PostgreSQL rolled the transaction back for a concurrent one.
+    Conflict(sqlx::Error),
+    /// Any other failure (of a lost connection: whether it committed is unknown).
+    Failed(StoreError),
+}
+
+/// Puts back the store's `statement_timeout` where the caller's transaction goes on, then
+/// commits (on the caller's transaction: releases the savepoint).
+async fn finish(
+    store: &PostgresStore,
+    mut tx: Transaction<'_, Postgres>,
+    own: bool,
+    lifted: Lifted,
+) -> Result<(), Ended> {
+    let ended = |e: OpError, op| match e.into_conflict() {
+        Ok(e) => Ended::Conflict(e),
+        Err(e) => Ended::Failed(e.into_store(op)),
+    };
+    if !own {
+        if let Err(e) = store.restore(&mut tx, lifted).await {
+            let failed = ended(e, "PostgreSQL settings");
+            return Err(rolled_back(tx, failed).await);
+        }
+    }
+    tx.commit()
+        .await
+        .map_err(|e| ended(OpError::from(e), "PostgreSQL commit"))
 }
 
 /// Runs the work and writes its record in the transaction. On an error the caller rolls
@@ -267,10 +340,27 @@ where
             engine.ttl(),
         )
         .await;
-    engine.timer().record(Op::Complete, started, &done);
+    let op = "PostgreSQL complete in a transaction";
+    let done = match done {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(OpError::from(sqlx::Error::RowNotFound)),
+        Err(e) => Err(e),
+    };
+    let timed = done
+        .as_ref()
+        .map(|_| ())
+        .map_err(|e| StoreError::new(e.kind(), op));
+    engine.timer().record(Op::Complete, started, &timed);
     match done {
         Ok(()) => Ok(response),
-        Err(e) => Err((Settled::CompleteFailed, WithinError::Store(e))),
+        // The transaction lost to a concurrent one (serializable): it will not commit.
+        Err(e) => match e.into_conflict() {
+            Ok(e) => Err((Settled::Released, WithinError::Conflict(e))),
+            Err(e) => Err((
+                Settled::CompleteFailed,
+                WithinError::Store(e.into_store(op)),
+            )),
+        },
     }
 }
 

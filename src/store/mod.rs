@@ -340,8 +340,10 @@ pub enum Forgotten {
     Nothing,
     /// A completed record was deleted: the key runs its work again on the next request.
     Record,
-    /// A pending claim was deleted (asked for explicitly): the next request runs the work,
-    /// while the first run, if it still goes on, loses its claim and records nothing.
+    /// A pending claim was deleted (asked for explicitly): the next request runs the work.
+    /// The first run, if it still goes on, has lost its claim: its record is written if
+    /// nothing holds the key when it completes (no request claimed it meanwhile), as after a
+    /// lapsed lease; while another claim or record holds the key it records nothing.
     Pending,
     /// A pending claim holds the key and was kept (deleting it was not asked for).
     KeptPending,
@@ -474,6 +476,10 @@ pub enum StoreErrorKind {
     StoreFull,
     /// The caller's scope is at its cap and all its records are pending (answered 429).
     ScopeFull,
+    /// The backend rolled the step back for a concurrent transaction, each time it was
+    /// tried (PostgreSQL: a serialization failure or a deadlock). Nothing was applied; the
+    /// step may succeed when tried again. Not an outage.
+    Conflict,
 }
 
 impl fmt::Display for StoreErrorKind {
@@ -484,6 +490,7 @@ impl fmt::Display for StoreErrorKind {
             Self::Protocol => "protocol error",
             Self::StoreFull => "full",
             Self::ScopeFull => "scope full",
+            Self::Conflict => "conflict",
         })
     }
 }

@@ -10,6 +10,8 @@ mod support;
 mod custom_store;
 mod hostile_records;
 mod memory_bound;
+#[cfg(feature = "test-util")]
+mod memory_metrics;
 // The conformance suite needs the `test-util` feature (scripts/test.sh enables every feature).
 #[cfg(feature = "test-util")]
 mod memory_store;

@@ -175,6 +175,52 @@ async fn settings_that_would_break_the_sql_are_refused() {
 }
 
 #[tokio::test]
+async fn a_table_named_by_sql_keywords_works_for_every_step() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let pool = server.pool(2).await;
+    // A schema and a table that are both reserved words (the schema made fresh per run).
+    sqlx::query("CREATE SCHEMA IF NOT EXISTS \"grant\"")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let store = store_on(server, "grant.order", "keywords").await;
+    assert_eq!(store.table(), "grant.order");
+    store.migrate().await.unwrap();
+
+    let (key, fp) = (random_key(), fingerprint("a"));
+    let Claim::Claimed(token) = store.claim(&key, &fp, LONG).await.unwrap() else {
+        panic!("a free key is claimed");
+    };
+    assert!(store.renew(&key, &token, LONG).await.unwrap());
+    assert!(
+        store
+            .complete(&key, &token, &fp, record("a"), LONG)
+            .await
+            .unwrap()
+    );
+    assert!(matches!(
+        store.claim(&key, &fp, LONG).await.unwrap(),
+        Claim::Done { .. }
+    ));
+    let Claim::Claimed(other) = store.claim(&random_key(), &fp, LONG).await.unwrap() else {
+        panic!("a free key is claimed");
+    };
+    assert!(!store.release(&key, &other).await.unwrap());
+    assert_eq!(
+        store.forget(&key, false).await.unwrap(),
+        tower_idempotency::store::Forgotten::Record
+    );
+    store.purge().await.unwrap();
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM \"grant\".\"order\"")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 1, "the other claim's row");
+}
+
+#[tokio::test]
 async fn namespaces_share_a_table_without_sharing_keys() {
     let Some(server) = shared_server() else {
         return;

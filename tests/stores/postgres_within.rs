@@ -694,3 +694,380 @@ async fn within_counts_each_outcome_once() {
         "a failed work rolls back and frees the key: {third:?}"
     );
 }
+
+/// Backends waiting for a lock (a duplicate queued behind the first's row).
+async fn lock_waiters(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// Waits (bounded) until at least `n` backends wait for a lock.
+async fn until_waiting(pool: &PgPool, n: i64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while lock_waiters(pool).await < n {
+        assert!(Instant::now() < deadline, "no backend waits for the lock");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A pool of the test's own whose transactions default to `isolation`, as a database or role
+/// setting would make them.
+async fn pool_at(server: &PostgresServer, isolation: &str, size: u32) -> PgPool {
+    use std::str::FromStr;
+    use tower_idempotency::store::postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    let options = PgConnectOptions::from_str(&server.url())
+        .unwrap()
+        // sqlx writes `-c name=value` as it is: a space in the value is escaped here.
+        .options([(
+            "default_transaction_isolation",
+            isolation.replace(' ', "\\ "),
+        )]);
+    PgPoolOptions::new()
+        .max_connections(size)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_with(options)
+        .await
+        .unwrap()
+}
+
+/// An engine over the shared server's default table, on the pool the store connects itself
+/// (its `statement_timeout` is the store's 1 s timeout).
+async fn engine_on_own_pool(
+    server: &PostgresServer,
+    lock_timeout: Duration,
+) -> Engine<PostgresStore> {
+    engine(server, lock_timeout).await
+}
+
+#[tokio::test]
+async fn on_the_stores_own_pool_a_duplicate_waits_past_its_statement_timeout_and_replays() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    // The store's pool bounds its statements at 1 s; the lock wait is longer.
+    let engine = Arc::new(engine_on_own_pool(server, Duration::from_secs(20)).await);
+    let pool = engine.store().pool().clone();
+    let watch = server.pool(2).await;
+    let table = orders_table(&watch).await;
+    let (key, fp) = (random_key(), fingerprint("order"));
+    let (go, first) = hold(&engine, &pool, &table, key, fp).await;
+
+    let duplicate = {
+        let (engine, pool, table) = (Arc::clone(&engine), pool.clone(), table.clone());
+        tokio::spawn(async move {
+            let mut conn = pool.acquire().await.unwrap();
+            within(&engine, &mut conn, key, fp, place_order(&table, None, None)).await
+        })
+    };
+    until_waiting(&watch, 1).await;
+    // Longer than the pool's statement_timeout.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(
+        !duplicate.is_finished(),
+        "the duplicate still waits: {:?}",
+        duplicate.await
+    );
+    go.send(()).unwrap();
+    let first = first.await.unwrap();
+    match duplicate.await.unwrap() {
+        Ok(Within::Replay(r)) => assert_eq!(&r, ran(&first)),
+        other => panic!("the duplicate must replay once the first commits, got {other:?}"),
+    }
+    assert_eq!(orders(&watch, &table).await, 1);
+}
+
+#[tokio::test]
+async fn on_the_stores_own_pool_with_the_defaults_a_duplicate_past_the_lock_wait_is_in_flight() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    // Lock wait and statement_timeout both 1 s: the lock wait must answer first.
+    let engine = Arc::new(
+        engine_on_own_pool(
+            server,
+            tower_idempotency::store::postgres::DEFAULT_LOCK_TIMEOUT,
+        )
+        .await,
+    );
+    let pool = engine.store().pool().clone();
+    let watch = server.pool(2).await;
+    let table = orders_table(&watch).await;
+    let (key, fp) = (random_key(), fingerprint("order"));
+    let (go, first) = hold(&engine, &pool, &table, key, fp).await;
+
+    let mut conn = pool.acquire().await.unwrap();
+    let outcome = within(&engine, &mut conn, key, fp, place_order(&table, None, None)).await;
+    assert!(
+        matches!(outcome, Ok(Within::InFlight)),
+        "past the lock wait the duplicate is in flight, got {outcome:?}"
+    );
+    go.send(()).unwrap();
+    ran(&first.await.unwrap());
+    assert_eq!(orders(&watch, &table).await, 1);
+}
+
+#[tokio::test]
+async fn on_the_stores_own_pool_the_work_is_not_cut_by_the_stores_statement_timeout() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let engine = engine_on_own_pool(server, Duration::from_secs(1)).await;
+    let mut conn = engine.store().pool().acquire().await.unwrap();
+    // Longer than the store's 1 s.
+    fn slow(tx: &mut PgConnection) -> BoxFuture<'_, Result<RecordedResponse, sqlx::Error>> {
+        Box::pin(async move {
+            sqlx::query("SELECT pg_sleep(1.3)")
+                .execute(&mut *tx)
+                .await?;
+            let setting: String = sqlx::query_scalar("SHOW statement_timeout")
+                .fetch_one(&mut *tx)
+                .await?;
+            Ok(RecordedResponse::new(
+                200,
+                vec![],
+                Some(Bytes::from(setting)),
+            ))
+        })
+    }
+    let outcome = within(&engine, &mut conn, random_key(), fingerprint("slow"), slow).await;
+    match outcome {
+        Ok(Within::Ran(r)) => assert_eq!(r.body.as_deref(), Some(&b"0"[..])),
+        other => panic!("the slow work must run to its end, got {other:?}"),
+    }
+    async fn show(conn: &mut PgConnection) -> String {
+        sqlx::query_scalar("SHOW statement_timeout")
+            .fetch_one(conn)
+            .await
+            .unwrap()
+    }
+    assert_eq!(
+        show(&mut conn).await,
+        "1s",
+        "the store's steps keep their bound"
+    );
+
+    // In the caller's transaction: lifted for the work, put back after.
+    let mut tx = conn.begin().await.unwrap();
+    ran(
+        &within(&engine, &mut tx, random_key(), fingerprint("slow"), slow)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        show(&mut tx).await,
+        "1s",
+        "put back for the caller's transaction"
+    );
+    tx.commit().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_callers_statement_timeout_is_kept_for_the_work_and_after() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let engine = engine(server, Duration::from_millis(200)).await;
+    let pool = server.pool(2).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let mut tx = conn.begin().await.unwrap();
+    sqlx::query("SET LOCAL statement_timeout = '42s'")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let outcome = within(&engine, &mut tx, random_key(), fingerprint("a"), |tx| {
+        Box::pin(async move {
+            let setting: String = sqlx::query_scalar("SHOW statement_timeout")
+                .fetch_one(&mut *tx)
+                .await?;
+            Ok::<_, sqlx::Error>(RecordedResponse::new(
+                200,
+                vec![],
+                Some(Bytes::from(setting)),
+            ))
+        })
+    })
+    .await
+    .unwrap();
+    assert_eq!(ran(&outcome).body.as_deref(), Some(&b"42s"[..]));
+    let after: String = sqlx::query_scalar("SHOW statement_timeout")
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+    assert_eq!(after, "42s");
+    tx.commit().await.unwrap();
+}
+
+/// Under `isolation` as the connections' default, a duplicate that waited for the first's
+/// row gets its replay (its claim lost to the first's commit and is tried once more, in a new
+/// transaction).
+async fn a_waiting_duplicate_replays_under(isolation: &str) {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let engine = Arc::new(engine(server, Duration::from_secs(20)).await);
+    let pool = pool_at(server, isolation, 4).await;
+    let table = orders_table(&pool).await;
+    let (key, fp) = (random_key(), fingerprint("order"));
+    let (go, first) = hold(&engine, &pool, &table, key, fp).await;
+    let duplicate = {
+        let (engine, pool, table) = (Arc::clone(&engine), pool.clone(), table.clone());
+        tokio::spawn(async move {
+            let mut conn = pool.acquire().await.unwrap();
+            within(&engine, &mut conn, key, fp, place_order(&table, None, None)).await
+        })
+    };
+    until_waiting(&pool, 1).await;
+    go.send(()).unwrap();
+    let first = first.await.unwrap();
+    match duplicate.await.unwrap() {
+        Ok(Within::Replay(r)) => assert_eq!(&r, ran(&first)),
+        other => panic!("{isolation}: the duplicate must replay, got {other:?}"),
+    }
+    assert_eq!(orders(&pool, &table).await, 1);
+}
+
+#[tokio::test]
+async fn a_waiting_duplicate_replays_under_repeatable_read() {
+    a_waiting_duplicate_replays_under("repeatable read").await;
+}
+
+#[tokio::test]
+async fn a_waiting_duplicate_replays_under_serializable() {
+    a_waiting_duplicate_replays_under("serializable").await;
+}
+
+/// Under `isolation` as the connections' default, the layer's claim that meets a claim being
+/// committed is told the key is taken, never that the store is down.
+async fn the_losing_claim_is_answered_not_failed_under(isolation: &str) {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let pool = pool_at(server, isolation, 6).await;
+    let table = fresh_table("iso");
+    let store = PostgresStore::builder("iso")
+        .table(&table)
+        .timeout(Duration::from_secs(20))
+        .build(pool.clone())
+        .unwrap();
+    store.migrate().await.unwrap();
+    let engine = Arc::new(Engine::builder(store.clone()).lease(LONG).ttl(LONG).build());
+    let orders_t = orders_table(&pool).await;
+    let (key, fp) = (random_key(), fingerprint("order"));
+    // The first holds the row in its transaction until `go`.
+    let (go, first) = hold(&engine, &pool, &orders_t, key, fp).await;
+    let claim = {
+        let store = store.clone();
+        tokio::spawn(async move { store.claim(&key, &fp, LONG).await })
+    };
+    until_waiting(&pool, 1).await;
+    go.send(()).unwrap();
+    ran(&first.await.unwrap());
+    match claim.await.unwrap() {
+        Ok(Claim::Done { fingerprint, .. }) => assert_eq!(fingerprint, fp),
+        other => panic!("{isolation}: the losing claim must find the record, got {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn the_losing_claim_is_answered_not_failed_under_repeatable_read() {
+    the_losing_claim_is_answered_not_failed_under("repeatable read").await;
+}
+
+#[tokio::test]
+async fn the_losing_claim_is_answered_not_failed_under_serializable() {
+    the_losing_claim_is_answered_not_failed_under("serializable").await;
+}
+
+#[tokio::test]
+async fn a_serialization_failure_of_the_transaction_is_a_conflict_and_frees_the_key() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let engine = Arc::new(engine(server, Duration::from_secs(20)).await);
+    let pool = pool_at(server, "serializable", 4).await;
+    let table = fresh_table("skew");
+    sqlx::query(&format!(
+        "CREATE TABLE {table} (name text PRIMARY KEY, on_call bool NOT NULL)"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "INSERT INTO {table} VALUES ('a', true), ('b', true)"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    // Write skew: each takes one doctor off call after counting those on call; run together,
+    // serializable lets only one commit.
+    let off_call = |who: &'static str,
+                    ready: oneshot::Sender<()>,
+                    go: oneshot::Receiver<()>,
+                    table: String|
+     -> Work {
+        Box::new(move |tx: &mut PgConnection| {
+            Box::pin(async move {
+                let on: i64 =
+                    sqlx::query_scalar(&format!("SELECT count(*) FROM {table} WHERE on_call"))
+                        .fetch_one(&mut *tx)
+                        .await?;
+                sqlx::query(&format!(
+                    "UPDATE {table} SET on_call = false WHERE name = $1"
+                ))
+                .bind(who)
+                .execute(&mut *tx)
+                .await?;
+                let _ = ready.send(());
+                let _ = go.await;
+                Ok(RecordedResponse::new(
+                    200,
+                    vec![],
+                    Some(Bytes::from(on.to_string())),
+                ))
+            })
+        })
+    };
+    let start = |who: &'static str, key: StoreKey| {
+        let (ready, is_ready) = oneshot::channel();
+        let (go, wait) = oneshot::channel();
+        let (engine, pool, work) = (
+            Arc::clone(&engine),
+            pool.clone(),
+            off_call(who, ready, wait, table.clone()),
+        );
+        let task = tokio::spawn(async move {
+            let mut conn = pool.acquire().await.unwrap();
+            within(&engine, &mut conn, key, fingerprint(who), work).await
+        });
+        (is_ready, go, task)
+    };
+    let (key_a, key_b) = (random_key(), random_key());
+    let (ready_a, go_a, a) = start("a", key_a);
+    let (ready_b, go_b, b) = start("b", key_b);
+    ready_a.await.unwrap();
+    ready_b.await.unwrap();
+    go_a.send(()).unwrap();
+    ran(&a.await.unwrap().unwrap());
+    go_b.send(()).unwrap();
+    match b.await.unwrap() {
+        Err(WithinError::Conflict(e)) => {
+            let code = e.as_database_error().and_then(|d| d.code()).unwrap();
+            assert_eq!(code, "40001");
+        }
+        other => panic!("the second transaction must be a conflict, got {other:?}"),
+    }
+    // Nothing of it was committed: its key is free, and a retry runs.
+    assert!(!has_record(&pool, engine.store(), &key_b).await);
+    let mut conn = pool.acquire().await.unwrap();
+    let retry = within(&engine, &mut conn, key_b, fingerprint("b"), |tx| {
+        Box::pin(async move {
+            sqlx::query("SELECT 1").execute(&mut *tx).await?;
+            Ok::<_, sqlx::Error>(RecordedResponse::new(200, vec![], None))
+        })
+    })
+    .await
+    .unwrap();
+    ran(&retry);
+}

@@ -167,6 +167,8 @@ impl MemoryStoreBuilder {
             waiters: super::waiters::Waiters::default(),
             #[cfg(feature = "metrics")]
             reported: std::sync::atomic::AtomicU64::new(0),
+            #[cfg(feature = "metrics")]
+            share: crate::metrics::MemoryShare::default(),
         }
     }
 }

@@ -176,6 +176,17 @@ pub struct MemoryStore {
     /// When the gauges were last set (the store clock's nanoseconds, plus one: 0 is never).
     #[cfg(feature = "metrics")]
     reported: std::sync::atomic::AtomicU64,
+    /// What this store last added to the gauges.
+    #[cfg(feature = "metrics")]
+    share: crate::metrics::MemoryShare,
+}
+
+/// A store that goes takes its figures out of the gauges.
+#[cfg(feature = "metrics")]
+impl Drop for MemoryStore {
+    fn drop(&mut self) {
+        self.share.withdraw();
+    }
 }
 
 /// One shard on its own cache lines, so two cores locking neighbouring shards do not contend.
@@ -295,13 +306,15 @@ impl MemoryStore {
         nanos(self.clock.now())
     }
 
-    /// Sets the metrics `idempotency_memory_entries`, `…_pending`, `…_bytes` (gauges) and
-    /// `idempotency_memory_early_drops_total` (a counter) from [`stats`](Self::stats) now.
+    /// Updates the metrics `idempotency_memory_entries`, `…_pending`, `…_bytes` (gauges) and
+    /// `idempotency_memory_early_drops_total` (a counter) with [`stats`](Self::stats) now.
     ///
-    /// The store sets them by itself at most once a second, after a claim or a completion;
+    /// The store updates them by itself at most once a second, after a claim or a completion;
     /// call this where the metrics are rendered (a `/metrics` route) for figures of the
-    /// instant. The names carry no label: with two memory stores in one process, the last one
-    /// to report wins (give each process one store, or report the one you graph).
+    /// instant. They are the sums over the process's memory stores: each store moves them by
+    /// its own change since its last report, and takes its figures out when it is dropped,
+    /// so two stores add up and the counter never goes back. Install the metrics recorder
+    /// before the stores first report (at start-up).
     ///
     /// ```
     /// # use tower_idempotency::MemoryStore;
@@ -312,7 +325,8 @@ impl MemoryStore {
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn report_metrics(&self) {
         let s = self.stats();
-        crate::metrics::memory(s.entries, s.pending, s.bytes, s.early_drops);
+        self.share
+            .report(s.entries, s.pending, s.bytes, s.early_drops);
     }
 
     /// Reports the gauges when a second has passed since the last report.

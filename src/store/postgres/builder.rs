@@ -2,6 +2,7 @@
 
 use super::error::{InvalidConfig, OpError};
 use super::sql::{self, Statements};
+use super::transaction::STORE_TIMEOUT_SETTING;
 use super::{CONNECT_TIMEOUT, DEFAULT_LOCK_TIMEOUT, DEFAULT_TABLE, DEFAULT_TIMEOUT, PostgresStore};
 use crate::store::{StoreError, StoreErrorKind};
 use sqlx::Connection;
@@ -57,7 +58,9 @@ impl PostgresStoreBuilder {
 
     /// The table the records live in (default [`DEFAULT_TABLE`]): a lowercase identifier,
     /// optionally schema-qualified (`app.idempotency`); anything else is refused when the store
-    /// is built ([`InvalidConfig::TableName`]). [`PostgresStore::migrate`] creates it.
+    /// is built ([`InvalidConfig::TableName`]). The store's SQL quotes each part, so an SQL
+    /// keyword (`order`, `user`) names its table like any other word.
+    /// [`PostgresStore::migrate`] creates it.
     pub fn table(mut self, table: &str) -> Self {
         table.clone_into(&mut self.table);
         self
@@ -68,7 +71,11 @@ impl PostgresStoreBuilder {
     /// [`StoreErrorKind::Timeout`]. Default: [`DEFAULT_TIMEOUT`] (1 s). At least 1 ms.
     ///
     /// A pool made by [`connect`](Self::connect) also sets PostgreSQL's `statement_timeout` to
-    /// it, so the server stops a statement the store gave up on. Keep it well below the lease.
+    /// it, so the server stops a statement the store gave up on. That setting is the store's
+    /// own: a transaction of [`transactional::within`] on a connection of this pool runs the
+    /// work without it. Keep the timeout well below the lease.
+    ///
+    /// [`transactional::within`]: crate::transactional::within
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout.max(Duration::from_millis(1));
         self
@@ -80,7 +87,9 @@ impl PostgresStoreBuilder {
     /// [`DEFAULT_LOCK_TIMEOUT`] (1 s). At least 1 ms.
     ///
     /// A duplicate that arrives while the first request's transaction runs waits, holding its
-    /// connection, and gets the stored result if the first commits within this time.
+    /// connection, and gets the stored result if the first commits within this time. The
+    /// claim's `statement_timeout` is this wait plus the [timeout](Self::timeout), so the wait
+    /// ends first.
     ///
     /// [`transactional::within`]: crate::transactional::within
     pub fn lock_timeout(mut self, lock_timeout: Duration) -> Self {
@@ -108,8 +117,11 @@ impl PostgresStoreBuilder {
 
     /// Connects a pool of up to 10 connections to the PostgreSQL at `url`
     /// (`postgres://user:password@host:port/database`), with `statement_timeout` set to the
-    /// store's [timeout](Self::timeout). For other pool settings, build a [`PgPool`] and use
-    /// [`build`](Self::build).
+    /// store's [timeout](Self::timeout) (and the setting `tower_idempotency.statement_timeout`
+    /// marking it as the store's, which [`within`] lifts for its work). For other pool
+    /// settings, build a [`PgPool`] and use [`build`](Self::build).
+    ///
+    /// [`within`]: crate::transactional::within
     ///
     /// # Errors
     /// `Unavailable` when a setting is refused (source: [`InvalidConfig`]), the URL is invalid
@@ -121,12 +133,14 @@ impl PostgresStoreBuilder {
         };
         self.namespace.clone().map_err(invalid)?;
         sql::check_table(&self.table).map_err(invalid)?;
+        let timeout = sql::millis(self.timeout);
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| OpError::from(e).into_store("invalid PostgreSQL URL"))?
-            .options([(
-                "statement_timeout",
-                format!("{}ms", sql::millis(self.timeout)),
-            )]);
+            .options([
+                ("statement_timeout", format!("{timeout}ms")),
+                // Tells `within` that this `statement_timeout` is the store's, not the work's.
+                (STORE_TIMEOUT_SETTING, timeout.to_string()),
+            ]);
         // One connection first, for the server's own answer: a pool would retry a refused
         // connection until its acquire timeout and report only that it timed out.
         let first = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options))

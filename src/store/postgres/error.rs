@@ -1,8 +1,8 @@
 //! Failures inside the store, and the one place they become [`StoreError`]s.
 //!
-//! A failed statement stays an [`OpError`] inside the store, so the transactional door can tell
-//! a lock wait that ran out or a serialization failure (answered "in flight") from other
-//! failures. It becomes a [`StoreError`] once, keeping the sqlx error as its source.
+//! A failed statement stays an [`OpError`] inside the store, so that the store can send again
+//! a statement PostgreSQL rolled back for a concurrent transaction, and the transactional door
+//! can tell a lock wait that ran out (answered "in flight") from other failures. It becomes a [`StoreError`] once, keeping the sqlx error as its source.
 
 use crate::store::{StoreError, StoreErrorKind};
 use std::fmt;
@@ -43,20 +43,30 @@ impl OpError {
     /// The SQLSTATE of a database error.
     fn code(&self) -> Option<String> {
         match self {
-            Self::Sql(sqlx::Error::Database(e)) => e.code().map(|c| c.into_owned()),
-            _ => None,
+            Self::Sql(e) => code(e),
+            Self::Elapsed(_) => None,
         }
     }
 
-    /// Another transaction holds the row, or changed it after this transaction's snapshot: the
-    /// key is in flight (the transactional door answers so instead of failing).
-    pub(crate) fn is_contended(&self) -> bool {
-        self.code().is_some_and(|c| {
-            matches!(
-                c.as_str(),
-                LOCK_NOT_AVAILABLE | SERIALIZATION_FAILURE | DEADLOCK_DETECTED
-            )
-        })
+    /// A lock wait ran out: another transaction holds the row (the transactional door answers
+    /// "in flight").
+    pub(crate) fn is_lock_wait(&self) -> bool {
+        self.code().as_deref() == Some(LOCK_NOT_AVAILABLE)
+    }
+
+    /// PostgreSQL rolled the statement's transaction back for a concurrent one: a
+    /// serialization failure or a deadlock. Nothing of it was applied; sent again in a new
+    /// transaction it may succeed.
+    pub(crate) fn is_conflict(&self) -> bool {
+        matches!(self, Self::Sql(e) if conflicted(e))
+    }
+
+    /// The sqlx error of a [conflict](Self::is_conflict); any other failure as it is.
+    pub(crate) fn into_conflict(self) -> Result<sqlx::Error, Self> {
+        match self {
+            Self::Sql(e) if conflicted(&e) => Ok(e),
+            other => Err(other),
+        }
     }
 
     /// The store error kind this failure maps to (see the [module docs](super#failures)).
@@ -77,6 +87,17 @@ impl OpError {
     }
 }
 
+fn conflicted(e: &sqlx::Error) -> bool {
+    code(e).is_some_and(|c| matches!(c.as_str(), SERIALIZATION_FAILURE | DEADLOCK_DETECTED))
+}
+
+fn code(e: &sqlx::Error) -> Option<String> {
+    match e {
+        sqlx::Error::Database(e) => e.code().map(|c| c.into_owned()),
+        _ => None,
+    }
+}
+
 /// Maps a sqlx error to a store error kind.
 fn kind_of(e: &sqlx::Error) -> StoreErrorKind {
     match e {
@@ -84,6 +105,7 @@ fn kind_of(e: &sqlx::Error) -> StoreErrorKind {
         sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::TimedOut => StoreErrorKind::Timeout,
         sqlx::Error::Database(db) => match db.code().as_deref() {
             Some(LOCK_NOT_AVAILABLE | QUERY_CANCELED) => StoreErrorKind::Timeout,
+            Some(SERIALIZATION_FAILURE | DEADLOCK_DETECTED) => StoreErrorKind::Conflict,
             // Refused, not ready, out of resources, or the table is missing: the operation did
             // not run.
             _ => StoreErrorKind::Unavailable,
@@ -117,7 +139,8 @@ pub enum InvalidConfig {
     EmptyNamespace,
     /// The table name is not a plain lowercase SQL identifier (`[a-z_][a-z0-9_]*`, at most 48
     /// bytes), optionally qualified by a schema of the same form (`app.idempotency`). It is
-    /// written into the store's SQL, so nothing else is accepted.
+    /// written into the store's SQL, each part quoted (so a keyword such as `order` or `user`
+    /// is a name like any other), and nothing else is accepted.
     TableName,
 }
 
@@ -158,7 +181,7 @@ mod tests {
             std::io::ErrorKind::ConnectionRefused,
         )));
         assert_eq!(refused.kind(), StoreErrorKind::Unavailable);
-        assert!(!refused.is_contended());
+        assert!(!refused.is_lock_wait() && !refused.is_conflict());
         let closed = OpError::from(sqlx::Error::PoolClosed);
         assert_eq!(closed.kind(), StoreErrorKind::Unavailable);
         let decode = OpError::from(sqlx::Error::Decode("bad".into()));

@@ -32,7 +32,7 @@ impl PostgresStore {
                 .execute(&mut *tx)
                 .await?;
             let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-                .bind(&self.sql.table)
+                .bind(&self.sql.quoted)
                 .fetch_one(&mut *tx)
                 .await?;
             if !exists {
@@ -60,7 +60,7 @@ impl PostgresStore {
         let mut total = 0;
         loop {
             let deleted = self
-                .bounded("PostgreSQL purge", async {
+                .bounded("PostgreSQL purge", || async {
                     Ok(sqlx::query(&self.sql.purge)
                         .bind(PURGE_BATCH)
                         .execute(&self.pool)

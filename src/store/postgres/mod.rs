@@ -42,7 +42,7 @@
 //! [`PostgresStore::migrate`] creates it when it does not exist (and never alters an existing
 //! one). A DBA can create it by hand instead; this is the DDL for the default table name
 //! ([`DEFAULT_TABLE`]), the same that `migrate` runs (with the table name of
-//! [`PostgresStoreBuilder::table`] in its place):
+//! [`PostgresStoreBuilder::table`] in its place, each part quoted):
 //!
 //! ```sql
 #![doc = include_str!("schema.sql")]
@@ -114,6 +114,13 @@
 //! | the operation timeout, the pool's acquire timeout, `statement_timeout`, `lock_timeout`, an I/O timeout | `Timeout` |
 //! | connection refused or lost, the server shutting down, out of disk or connections, a missing table or privilege | `Unavailable` |
 //! | an answer that does not decode, a row that breaks the layout | `Protocol` |
+//! | a serialization failure (`40001`) or a deadlock (`40P01`) at every try | `Conflict` |
+//!
+//! Under `REPEATABLE READ` or `SERIALIZABLE` as the database's default isolation, a step that
+//! meets a concurrent transaction's write to its row is rolled back by PostgreSQL (a
+//! serialization failure). It applied nothing, and each step is a transaction of its own: the
+//! store sends it again, with a fresh snapshot, within the same timeout (at most 4 times). A
+//! claim that lost to another claim of its key then finds that claim: in flight, or done.
 //!
 //! A claim that fails answers 503 and the work does not run. A step that timed out may still
 //! have been applied by the server: a claim may leave the key pending until its lease lapses (a
@@ -152,7 +159,7 @@ use self::sql::{KeyBytes, Statements};
 
 pub use self::builder::PostgresStoreBuilder;
 pub use self::error::InvalidConfig;
-pub(crate) use self::transaction::Held;
+pub(crate) use self::transaction::{Held, Lifted};
 /// The `sqlx` crate this store is built on, for pools, connections and transactions of your
 /// own.
 pub use ::sqlx;
@@ -176,6 +183,10 @@ pub const PURGE_BATCH: i64 = 1000;
 /// Claims sent for one step at most: a claim is sent again only when it raced another claim of
 /// the same key.
 const CLAIM_ATTEMPTS: usize = 4;
+
+/// Times a step is sent at most when PostgreSQL keeps rolling it back for concurrent
+/// transactions (each try is its own transaction, with a fresh snapshot).
+const CONFLICT_ATTEMPTS: usize = 4;
 
 /// An idempotency [`Store`] in a PostgreSQL table, over a sqlx [`PgPool`].
 ///
@@ -280,13 +291,24 @@ impl PostgresStore {
         sql::key_bytes(&self.namespace, key)
     }
 
-    /// Runs one step under the operation timeout.
-    async fn bounded<T>(
-        &self,
-        op: &'static str,
-        step: impl Future<Output = Result<T, OpError>>,
-    ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.timeout, step).await {
+    /// Runs one step under the operation timeout. A step PostgreSQL rolled back for a
+    /// concurrent transaction (a serialization failure or a deadlock: it applied nothing) is
+    /// sent again, up to [`CONFLICT_ATTEMPTS`] times in all, within the same timeout.
+    async fn bounded<T, F, Fut>(&self, op: &'static str, mut step: F) -> Result<T, StoreError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, OpError>>,
+    {
+        let tries = async {
+            let mut sent = 1;
+            loop {
+                match step().await {
+                    Err(e) if e.is_conflict() && sent < CONFLICT_ATTEMPTS => sent += 1,
+                    done => return done,
+                }
+            }
+        };
+        match tokio::time::timeout(self.timeout, tries).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(e.into_store(op)),
             Err(e) => Err(OpError::from(e).into_store(op)),
@@ -371,7 +393,7 @@ impl Store for PostgresStore {
         let key = self.row_key(key);
         let lease = sql::millis(lease);
         let row = self
-            .bounded("PostgreSQL claim", async {
+            .bounded("PostgreSQL claim", || async {
                 for _ in 0..CLAIM_ATTEMPTS {
                     let found = self
                         .claim_once(&self.pool, &key, fingerprint, &token, lease)
@@ -397,39 +419,43 @@ impl Store for PostgresStore {
     ) -> Result<bool, StoreError> {
         let key = self.row_key(key);
         let record = record.into_bytes();
-        let done = sqlx::query(&self.sql.complete)
-            .bind(&key[..])
-            .bind(&token.as_bytes()[..])
-            .bind(&fingerprint.as_bytes()[..])
-            .bind(&record[..])
-            .bind(sql::millis(ttl))
-            .execute(&self.pool);
         let done = self
-            .bounded("PostgreSQL complete", async { Ok(done.await?) })
+            .bounded("PostgreSQL complete", || async {
+                Ok(sqlx::query(&self.sql.complete)
+                    .bind(&key[..])
+                    .bind(&token.as_bytes()[..])
+                    .bind(&fingerprint.as_bytes()[..])
+                    .bind(&record[..])
+                    .bind(sql::millis(ttl))
+                    .execute(&self.pool)
+                    .await?)
+            })
             .await?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
         let key = self.row_key(key);
-        let deleted = sqlx::query(&self.sql.release)
-            .bind(&key[..])
-            .bind(&token.as_bytes()[..])
-            .execute(&self.pool);
         let deleted = self
-            .bounded("PostgreSQL release", async { Ok(deleted.await?) })
+            .bounded("PostgreSQL release", || async {
+                Ok(sqlx::query(&self.sql.release)
+                    .bind(&key[..])
+                    .bind(&token.as_bytes()[..])
+                    .execute(&self.pool)
+                    .await?)
+            })
             .await?;
         Ok(deleted.rows_affected() == 1)
     }
 
     async fn forget(&self, key: &StoreKey, pending: bool) -> Result<Forgotten, StoreError> {
         let key = self.row_key(key);
-        let row = sqlx::query(&self.sql.forget)
-            .bind(&key[..])
-            .bind(pending)
-            .fetch_optional(&self.pool);
         let found = self
-            .bounded("PostgreSQL forget", async {
+            .bounded("PostgreSQL forget", || async {
+                let row = sqlx::query(&self.sql.forget)
+                    .bind(&key[..])
+                    .bind(pending)
+                    .fetch_optional(&self.pool);
                 match row.await? {
                     None => Ok(None),
                     Some(r) => Ok(Some((r.try_get::<i8, _>(0)?, r.try_get::<bool, _>(1)?))),
@@ -452,13 +478,15 @@ impl Store for PostgresStore {
         lease: Duration,
     ) -> Result<bool, StoreError> {
         let key = self.row_key(key);
-        let renewed = sqlx::query(&self.sql.renew)
-            .bind(&key[..])
-            .bind(&token.as_bytes()[..])
-            .bind(sql::millis(lease))
-            .execute(&self.pool);
         let renewed = self
-            .bounded("PostgreSQL renew", async { Ok(renewed.await?) })
+            .bounded("PostgreSQL renew", || async {
+                Ok(sqlx::query(&self.sql.renew)
+                    .bind(&key[..])
+                    .bind(&token.as_bytes()[..])
+                    .bind(sql::millis(lease))
+                    .execute(&self.pool)
+                    .await?)
+            })
             .await?;
         Ok(renewed.rows_affected() == 1)
     }

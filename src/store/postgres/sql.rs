@@ -80,6 +80,16 @@ pub(super) fn check_table(table: &str) -> Result<(), InvalidConfig> {
     }
 }
 
+/// A checked table name with each part quoted (`"app"."order"`): a part that is an SQL
+/// keyword (`order`, `user`) is then a name like any other. The parts hold no `"`.
+fn quote(table: &str) -> String {
+    table
+        .split('.')
+        .map(|part| format!("\"{part}\""))
+        .collect::<Vec<_>>()
+        .join(".")
+}
+
 /// The store's statements for one table (checked by [`check_table`]).
 #[derive(Debug)]
 pub(super) struct Statements {
@@ -104,11 +114,14 @@ pub(super) struct Statements {
     pub(super) purge: String,
     /// The DDL of [`SCHEMA`] for this table.
     pub(super) schema: String,
+    /// The table as the statements name it: each part quoted.
+    pub(super) quoted: String,
 }
 
 impl Statements {
     pub(super) fn new(table: &str) -> Self {
-        let t = table;
+        let quoted = quote(table);
+        let t = &quoted;
         let claim = format!(
             "WITH live AS (\
                 SELECT state, fingerprint, record FROM {t} \
@@ -173,7 +186,8 @@ impl Statements {
             complete_held,
             forget,
             purge,
-            schema: SCHEMA.replace(DEFAULT_TABLE_NAME, table),
+            schema: SCHEMA.replace(DEFAULT_TABLE_NAME, t),
+            quoted,
         }
     }
 }
@@ -204,11 +218,26 @@ mod tests {
     }
 
     #[test]
-    fn the_schema_names_only_the_table() {
-        let s = Statements::new("app.idem");
-        assert!(s.schema.contains("CREATE TABLE app.idem ("));
-        assert!(s.schema.contains("CREATE INDEX ON app.idem (expires_at)"));
+    fn the_schema_names_only_the_table_quoted() {
+        let s = Statements::new("app.order");
+        assert!(s.schema.contains("CREATE TABLE \"app\".\"order\" ("));
+        assert!(
+            s.schema
+                .contains("CREATE INDEX ON \"app\".\"order\" (expires_at)")
+        );
         assert!(!s.schema.contains(DEFAULT_TABLE_NAME));
+        for statement in [
+            &s.claim,
+            &s.complete,
+            &s.release,
+            &s.renew,
+            &s.forget,
+            &s.purge,
+        ] {
+            assert!(statement.contains("\"app\".\"order\""), "{statement}");
+            assert!(!statement.contains(" app.order"), "{statement}");
+        }
+        assert_eq!(s.table, "app.order");
     }
 
     #[test]

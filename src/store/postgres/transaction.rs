@@ -14,18 +14,35 @@ use std::time::Duration;
 /// What a claim inside a transaction found.
 #[derive(Debug)]
 pub(crate) enum Held {
-    /// The claim's answer (claimed: the transaction now holds the row).
-    Found(Claim),
-    /// Another transaction holds the row past the lock wait, or changed it after this
-    /// transaction's snapshot: the key is in flight.
+    /// The claim's answer (claimed: the transaction now holds the row), and the store's
+    /// `statement_timeout` lifted for the work, if it was.
+    Found(Claim, Lifted),
+    /// Another transaction holds the row past the lock wait: the key is in flight.
     Contended,
+    /// PostgreSQL rolled the claim back for a concurrent transaction (a serialization
+    /// failure: the row changed after this transaction's snapshot; or a deadlock): another
+    /// transaction holds or held the key. A new transaction sees what it did.
+    Conflict,
 }
+
+/// The `statement_timeout` of a connection of the store's own pool, lifted inside `within`'s
+/// transaction so that it does not cut the work: put back with [`PostgresStore::restore`]
+/// where the transaction goes on after `within` (a savepoint in the caller's transaction).
+#[derive(Debug)]
+pub(crate) struct Lifted(Option<String>);
+
+/// The marker a pool made by `connect` sets beside `statement_timeout`: that value, in ms.
+pub(super) const STORE_TIMEOUT_SETTING: &str = "tower_idempotency.statement_timeout";
 
 impl PostgresStore {
     /// Claims `key` on `conn`, inside its open transaction, waiting at most the store's
-    /// `lock_timeout` for a row another transaction holds. The caller's own `lock_timeout` is
+    /// `lock_timeout` for a row another transaction holds.
+    ///
+    /// The claim runs under the store's own timeouts: `lock_timeout`, and a
+    /// `statement_timeout` above it (the lock wait answers first). The caller's settings are
     /// put back before this returns, unless the transaction failed (then rolling back to
-    /// before the claim puts it back).
+    /// before the claim puts them back); the store's own `statement_timeout` (a connection of
+    /// its pool) is lifted instead, for the work.
     pub(crate) async fn claim_held(
         &self,
         conn: &mut PgConnection,
@@ -37,15 +54,24 @@ impl PostgresStore {
         let key = self.row_key(key);
         let lease = sql::millis(lease);
         let wait = format!("{}ms", sql::millis(self.lock_timeout));
+        let bound = format!(
+            "{}ms",
+            sql::millis(self.lock_timeout.saturating_add(self.timeout))
+        );
         let claimed = async {
-            // Reads the caller's setting, then sets the wait: the lateral reference to
-            // `previous` orders the two.
-            let previous: String = sqlx::query_scalar(
-                "WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS value) \
-                 SELECT previous.value FROM previous CROSS JOIN LATERAL \
-                 set_config('lock_timeout', $1 || left(previous.value, 0), true)",
-            )
+            // Reads the caller's settings, then sets the store's: the lateral references to
+            // `previous` order the two.
+            let (lock_wait, statement, stores): (String, String, bool) = sqlx::query_as(&format!(
+                "WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_wait, \
+                     current_setting('statement_timeout') AS statement, \
+                     coalesce((SELECT setting FROM pg_settings WHERE name = 'statement_timeout') \
+                         = current_setting('{STORE_TIMEOUT_SETTING}', true), false) AS stores) \
+                 SELECT previous.lock_wait, previous.statement, previous.stores FROM previous \
+                 CROSS JOIN LATERAL set_config('lock_timeout', $1 || left(previous.lock_wait, 0), true) \
+                 CROSS JOIN LATERAL set_config('statement_timeout', $2 || left(previous.statement, 0), true) AS s"
+            ))
             .bind(&wait)
+            .bind(&bound)
             .fetch_one(&mut *conn)
             .await?;
             let mut found = None;
@@ -57,23 +83,46 @@ impl PostgresStore {
                     break;
                 }
             }
-            sqlx::query("SELECT set_config('lock_timeout', $1, true)")
-                .bind(previous)
-                .execute(&mut *conn)
-                .await?;
-            Ok::<_, OpError>(found)
+            // The store's own bound is not the work's: the work runs without it.
+            let for_work = if stores { "0" } else { statement.as_str() };
+            sqlx::query(
+                "SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)",
+            )
+            .bind(lock_wait)
+            .bind(for_work)
+            .execute(&mut *conn)
+            .await?;
+            Ok::<_, OpError>((found, Lifted(stores.then_some(statement))))
         };
         match claimed.await {
-            Ok(Some(row)) => Ok(Held::Found(row.into_claim(token)?)),
-            Ok(None) => Err(super::error::protocol(
+            Ok((Some(row), lifted)) => Ok(Held::Found(row.into_claim(token)?, lifted)),
+            Ok((None, _)) => Err(super::error::protocol(
                 "claim kept racing concurrent claims",
             )),
-            Err(e) if e.is_contended() => Ok(Held::Contended),
+            Err(e) if e.is_lock_wait() => Ok(Held::Contended),
+            Err(e) if e.is_conflict() => Ok(Held::Conflict),
             Err(e) => Err(e.into_store("PostgreSQL claim in a transaction")),
         }
     }
 
-    /// Writes the record over the row this transaction's claim holds.
+    /// Puts back the store's `statement_timeout` that [`claim_held`](Self::claim_held)
+    /// lifted, for the rest of the caller's transaction.
+    pub(crate) async fn restore(
+        &self,
+        conn: &mut PgConnection,
+        lifted: Lifted,
+    ) -> Result<(), OpError> {
+        if let Lifted(Some(statement)) = lifted {
+            sqlx::query("SELECT set_config('statement_timeout', $1, true)")
+                .bind(statement)
+                .execute(&mut *conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Writes the record over the row this transaction's claim holds: `false` when the row
+    /// was not found (it cannot be, under the transaction's own lock).
     pub(crate) async fn complete_held(
         &self,
         conn: &mut PgConnection,
@@ -82,7 +131,7 @@ impl PostgresStore {
         fingerprint: &Fingerprint,
         record: Record,
         ttl: Duration,
-    ) -> Result<(), StoreError> {
+    ) -> Result<bool, OpError> {
         let key = self.row_key(key);
         let record = record.into_bytes();
         let written = sqlx::query(&self.sql.complete_held)
@@ -92,14 +141,7 @@ impl PostgresStore {
             .bind(&record[..])
             .bind(sql::millis(ttl))
             .execute(&mut *conn)
-            .await
-            .map_err(|e| OpError::from(e).into_store("PostgreSQL complete in a transaction"))?;
-        if written.rows_affected() == 1 {
-            Ok(())
-        } else {
-            Err(super::error::protocol(
-                "the claimed row was not found in its own transaction",
-            ))
-        }
+            .await?;
+        Ok(written.rows_affected() == 1)
     }
 }
