@@ -12,11 +12,11 @@
 //!   arguments are two jobs (a daily `Reminder { user: 5 }` runs every day). Keying by the
 //!   arguments instead is an opt-in, [`TaskKey::Arguments`], whose risks its docs state;
 //! - **topic**: the task's queue (empty when the backend does not say; apalis-redis does not);
-//! - **body** (the fingerprint, which tells a reused key from a redelivery, and the digest of
-//!   `TaskKey::Arguments`): the arguments as JSON with every object's keys sorted, so a
-//!   `HashMap`'s order, new at every deserialization, does not matter. A `HashSet` is a JSON
-//!   array in that same random order: under a given key or `TaskKey::Arguments`, use a
-//!   `BTreeSet`, or a redelivery is refused as `KeyReused`;
+//! - **body** (the fingerprint, which tells a reused key from a redelivery): the arguments as
+//!   JSON with every object's keys and every array's items sorted, so the order of a `HashMap`
+//!   or a `HashSet`, new at every deserialization, does not make a redelivery `KeyReused`. The
+//!   cost: under one given key, two tasks whose arguments differ only in the order of a list
+//!   are taken for one message (a duplicate, not `KeyReused`);
 //! - **consumer name** (the scope): the name of the worker *pool* — the same in every process
 //!   that works the queue, not `WorkerBuilder::new`'s per-worker name, or a task redelivered to
 //!   another worker would not be seen as a duplicate.
@@ -125,26 +125,39 @@ impl<Args: serde::Serialize> Message for Task<Args> {
     }
 
     fn body(&self) -> Cow<'_, [u8]> {
-        match serde_json::to_value(&self.args) {
-            Ok(json) => {
-                let mut out = Vec::new();
-                canonical_json(&json, &mut out);
-                Cow::Owned(out)
-            }
-            // Arguments a backend stored as JSON always serialize; for any other, the task id
-            // stands in, so two tasks never share a digest (a redelivery keeps its id).
-            Err(e) => {
-                tracing::warn!(target: "tower_idempotency::message", error = %e, "task arguments do not serialize as JSON; keyed by the task id");
-                let id = self.ctx().task_id().map(ToString::to_string);
-                Cow::Owned(format!("\0task-id:{}", id.unwrap_or_default()).into_bytes())
-            }
+        Cow::Owned(arguments_json(self, Lists::Sorted))
+    }
+}
+
+/// Whether a JSON array's items keep their order.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lists {
+    InOrder,
+    Sorted,
+}
+
+/// The task's arguments as canonical JSON, or, for arguments that do not serialize, the task id
+/// (a redelivery keeps it, two tasks never share it).
+fn arguments_json<Args: serde::Serialize>(task: &Task<Args>, lists: Lists) -> Vec<u8> {
+    match serde_json::to_value(&task.args) {
+        Ok(json) => {
+            let mut out = Vec::new();
+            canonical_json(&json, lists, &mut out);
+            out
+        }
+        // Arguments a backend stored as JSON always serialize.
+        Err(e) => {
+            tracing::warn!(target: "tower_idempotency::message", error = %e, "task arguments do not serialize as JSON; keyed by the task id");
+            let id = task.ctx().task_id().map(ToString::to_string);
+            format!("\0task-id:{}", id.unwrap_or_default()).into_bytes()
         }
     }
 }
 
-/// JSON with every object's keys sorted: a map's iteration order (a `HashMap`'s is new at
-/// every deserialization) does not change the bytes.
-fn canonical_json(value: &serde_json::Value, out: &mut Vec<u8>) {
+/// JSON with every object's keys sorted, and with `Lists::Sorted` every array's items: a map's
+/// or a set's iteration order (a `HashMap`'s and a `HashSet`'s is new at every
+/// deserialization) does not change the bytes.
+fn canonical_json(value: &serde_json::Value, lists: Lists, out: &mut Vec<u8>) {
     use serde_json::Value;
     match value {
         Value::Object(map) => {
@@ -157,18 +170,24 @@ fn canonical_json(value: &serde_json::Value, out: &mut Vec<u8>) {
                 }
                 write_json(k, out);
                 out.push(b':');
-                canonical_json(v, out);
+                canonical_json(v, lists, out);
             }
             out.push(b'}');
         }
         Value::Array(items) => {
-            out.push(b'[');
-            for (i, v) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(b',');
-                }
-                canonical_json(v, out);
+            let mut items: Vec<Vec<u8>> = items
+                .iter()
+                .map(|v| {
+                    let mut item = Vec::new();
+                    canonical_json(v, lists, &mut item);
+                    item
+                })
+                .collect();
+            if lists == Lists::Sorted {
+                items.sort_unstable();
             }
+            out.push(b'[');
+            out.extend_from_slice(&items.join(&b","[..]));
             out.push(b']');
         }
         scalar => write_json(scalar, out),
@@ -202,18 +221,18 @@ fn write_json<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
 #[non_exhaustive]
 pub enum TaskKey {
     /// The task's id ([`TaskKey::task_id_key`]): the same for every retry and redelivery of
-    /// one task, never for two tasks. The default. A task without an id (none of apalis'
-    /// backends hands one over) has no key: it runs untracked, or is refused with
+    /// one task, never for two tasks. The default. A task without an id (apalis' backends give
+    /// every task one) has no key: it runs untracked, or is refused with
     /// [`require_key`](MessageIdempotencyLayer::require_key).
     #[default]
     TaskId,
-    /// The SHA-256 of the queue and the arguments ([`MessageKey::digest`] of the task's
-    /// [body](Message::body)). **Tasks pushed with equal arguments are one job**: the second
-    /// is a duplicate and does not run, at any later time within the engine's retention (a
-    /// daily reminder with the same arguments runs once). Use it where a repeat push is a
-    /// producer's retry and equal arguments mean the same work; a `HashSet` in the arguments
-    /// (or any value whose JSON is not the same each time) keys each delivery differently, so
-    /// a redelivery runs again.
+    /// The SHA-256 of the queue and the arguments as JSON (every object's keys sorted, arrays
+    /// in order; [`MessageKey::digest`]). **Tasks pushed with equal arguments are one job**:
+    /// the second is a duplicate and does not run, at any later time within the engine's
+    /// retention (a daily reminder with the same arguments runs once). Use it where a repeat
+    /// push is a producer's retry and equal arguments mean the same work. A `HashSet` in the
+    /// arguments (or any value whose JSON is not the same each time) keys each delivery
+    /// differently, so a redelivery runs again.
     Arguments,
     /// No key unless the producer gave one: the task runs untracked, or is refused with
     /// [`require_key`](MessageIdempotencyLayer::require_key).
@@ -240,7 +259,7 @@ impl<Args: serde::Serialize> KeyStrategy<Task<Args>> for TaskKey {
             Self::Arguments => Some(MessageKey::digest(
                 task.topic(),
                 task.schema_version(),
-                &task.body(),
+                &arguments_json(task, Lists::InOrder),
             )),
             Self::GivenOnly => None,
         })
@@ -420,7 +439,7 @@ mod tests {
     use crate::engine::Engine;
     use crate::message::InProgress;
     use apalis_core::task::builder::TaskBuilder;
-    use std::collections::HashMap;
+    use std::collections::{HashMap, HashSet};
     use std::convert::Infallible;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicUsize, Ordering};
@@ -534,6 +553,42 @@ mod tests {
         );
         let again = svc.oneshot(keyed(b)).await;
         assert_eq!(again.unwrap(), Handled::Duplicate(None), "not KeyReused");
+    }
+
+    /// Two sets with the same items whose plain JSON differs (their hashers differ).
+    fn sets_in_two_orders() -> (HashSet<u32>, HashSet<u32>) {
+        let a: HashSet<u32> = (0..32).collect();
+        for _ in 0..100 {
+            let b: HashSet<u32> = (0..32).rev().collect();
+            if serde_json::to_vec(&a).unwrap() != serde_json::to_vec(&b).unwrap() {
+                return (a, b);
+            }
+        }
+        panic!("100 hash sets iterated in one order");
+    }
+
+    #[tokio::test]
+    async fn a_redelivery_whose_hash_set_iterates_anew_is_a_duplicate_under_the_task_id() {
+        let (a, b) = sets_in_two_orders();
+        let svc =
+            JobIdempotencyLayer::new(door()).layer(service_fn(|_: Task<HashSet<u32>>| async {
+                Ok::<_, Infallible>(())
+            }));
+        assert_eq!(
+            svc.clone().oneshot(task(a, 1)).await.unwrap(),
+            Handled::Ran(())
+        );
+        let again = svc.oneshot(task(b, 1)).await;
+        assert_eq!(again.unwrap(), Handled::Duplicate(None), "not KeyReused");
+    }
+
+    #[test]
+    fn keying_by_arguments_keeps_the_order_of_a_list() {
+        let (first, second) = (task(vec![1_u32, 2], 1), task(vec![2_u32, 1], 2));
+        assert_ne!(
+            TaskKey::Arguments.key(&first).unwrap(),
+            TaskKey::Arguments.key(&second).unwrap()
+        );
     }
 
     #[test]
