@@ -10,7 +10,9 @@
 //!   else the task's id. The backend gives a task its id when it is pushed and keeps it across
 //!   retries and redeliveries, so a redelivery is a duplicate, and two tasks pushed with equal
 //!   arguments are two jobs (a daily `Reminder { user: 5 }` runs every day). Keying by the
-//!   arguments instead is an opt-in, [`TaskKey::Arguments`], whose risks its docs state;
+//!   arguments instead is an opt-in, [`TaskKey::Arguments`], whose risks its docs state.
+//!   (apalis-redis and `MemoryStorage` themselves drop a second push under one
+//!   `idempotency_key`; the door catches the redeliveries of the first.)
 //! - **topic**: the task's queue (empty when the backend does not say; apalis-redis does not);
 //! - **body** (the fingerprint, which tells a reused key from a redelivery): the arguments as
 //!   JSON with every object's keys and every array's items sorted, so the order of a `HashMap`
