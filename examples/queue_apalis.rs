@@ -1,5 +1,5 @@
-//! An apalis worker on Redis whose handler runs once per task key, however often the task is
-//! pushed or redelivered.
+//! An apalis worker on Redis whose handler runs once per task, however often the task is
+//! redelivered.
 //!
 //! ```text
 //! redis-server --save "" --appendonly no &      # the broker and the store
@@ -7,25 +7,25 @@
 //! ```
 //!
 //! `REDIS_URL` (default `redis://127.0.0.1:6379/`) names another server. The example pushes
-//! three tasks to the queue `example-emails`: a welcome email under the key `welcome-7`, the
-//! same again (a producer's retry), and a receipt with no key. One worker with the door in its
-//! layer stack handles them, several at once: two emails go out, and the repeat is answered as a
-//! duplicate without running (`Skipped` while the first still runs, `Duplicate` once it is done). The door keeps its records in the same Redis (`RedisStore`), so every worker
-//! process of the pool shares them. It prints each outcome, then exits.
+//! three tasks to a queue of its own: two daily reminders with equal arguments (two jobs: both
+//! go out, as each task is keyed by its own id) and a welcome email under the key `welcome-7`.
+//! One worker with the door in its layer stack handles them and prints each outcome. Then it
+//! hands the welcome task to the door again, as apalis-redis does when a worker died before
+//! acknowledging it: the door answers `Duplicate` without sending it twice. The door keeps its
+//! records in the same Redis (`RedisStore`), so every worker process of the pool shares them.
 
 use apalis::prelude::{BoxDynError, Task, TaskBuilder, TaskSink, WorkerBuilder};
 use apalis_redis::{Config, RedisStorage};
 use serde::{Deserialize, Serialize};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
-use tower::service_fn;
+use tower::{Layer, ServiceExt, service_fn};
 use tower_idempotency::engine::Engine;
 use tower_idempotency::message::jobs::JobIdempotencyLayer;
 use tower_idempotency::message::{Handled, MessageIdempotencyLayer};
 use tower_idempotency::store::redis::RedisStore;
 
-#[derive(Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 struct Email {
     to: String,
     kind: String,
@@ -41,62 +41,72 @@ async fn main() -> Result<(), BoxDynError> {
     let queue = format!("example-emails-{}", std::process::id());
     let mut storage = RedisStorage::<Email>::new(conn).with_config(Config::default().queue(&queue));
 
-    let welcome = || Email {
+    let email = |kind: &str| Email {
         to: "ada@example.com".into(),
-        kind: "welcome".into(),
+        kind: kind.into(),
     };
+    storage.push(email("reminder")).await?; // Monday's
+    storage.push(email("reminder")).await?; // Tuesday's: equal arguments, another job
     storage
         .push_task(
-            TaskBuilder::new(welcome())
+            TaskBuilder::new(email("welcome"))
                 .idempotency_key("welcome-7")
                 .build(),
         )
-        .await?;
-    storage
-        .push_task(
-            TaskBuilder::new(welcome())
-                .idempotency_key("welcome-7")
-                .build(),
-        )
-        .await?;
-    storage
-        .push(Email {
-            to: "ada@example.com".into(),
-            kind: "receipt".into(),
-        })
         .await?;
 
     let door = JobIdempotencyLayer::new(MessageIdempotencyLayer::new(
         Engine::new(RedisStore::connect(&url, "example-apalis").await?),
         "email-workers", // the pool's name: the same in every worker process
     ));
-    let (handled, done) = (Arc::new(AtomicUsize::new(0)), Arc::new(Notify::new()));
-    let (count, all_done) = (Arc::clone(&handled), Arc::clone(&done));
-    let report = tower::layer::layer_fn(move |inner| {
-        let (count, all_done) = (Arc::clone(&count), Arc::clone(&all_done));
-        tower::util::MapResponse::new(inner, move |outcome: Handled<()>| {
-            println!("outcome: {outcome:?}");
-            if count.fetch_add(1, Ordering::SeqCst) + 1 == 3 {
-                all_done.notify_one();
-            }
-            outcome
-        })
-    });
     let send_email = service_fn(|task: Task<Email>| async move {
         println!("  sending the {} email to {}", task.args.kind, task.args.to);
         Ok::<(), BoxDynError>(())
     });
+
+    // Each outcome, and the welcome task as the worker got it (to hand it over again below).
+    let (handled, done) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Notify::new()));
+    let (seen, all_done) = (Arc::clone(&handled), Arc::clone(&done));
+    let report = tower::layer::layer_fn(move |inner| {
+        let (seen, all_done) = (Arc::clone(&seen), Arc::clone(&all_done));
+        tower::util::MapRequest::new(
+            tower::util::MapResponse::new(inner, |outcome: Handled<()>| {
+                println!("outcome: {outcome:?}");
+                outcome
+            }),
+            move |task: Task<Email>| {
+                let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                seen.push(task.clone());
+                if seen.len() == 3 {
+                    all_done.notify_one();
+                }
+                task
+            },
+        )
+    });
     let worker = WorkerBuilder::new("email-worker-1")
         .backend(storage)
         .layer(report)
-        .layer(door)
+        .layer(door.clone())
         .build(send_email);
     worker
         .run_until(async move {
             done.notified().await;
+            // Let the last answer reach apalis before the worker stops.
+            tokio::time::sleep(std::time::Duration::from_millis(200)).await;
             Ok::<(), std::io::Error>(())
         })
         .await?;
-    println!("tasks handled: {}", handled.load(Ordering::SeqCst));
+
+    let welcome = handled
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .find(|t| t.args.kind == "welcome")
+        .cloned()
+        .ok_or("the welcome task was not handled")?;
+    println!("the welcome task redelivered:");
+    let again = door.layer(send_email).oneshot(welcome).await?;
+    println!("outcome: {again:?}");
     Ok(())
 }

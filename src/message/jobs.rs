@@ -5,42 +5,73 @@
 //! `WorkerBuilder::new(..).backend(storage).layer(JobIdempotencyLayer::new(..)).build(handler)`.
 //! An apalis [`Task`] is a [`Message`]:
 //!
-//! - **key**: the task's own idempotency key (`TaskBuilder::idempotency_key`), read as the
-//!   `Idempotency-Key` header; else a task metadata entry of that name (any case); else the
-//!   SHA-256 of the queue name and the task's arguments serialized as JSON (so the same
-//!   arguments pushed twice are one job: give tasks a key when that is not what you want);
-//! - **topic**: the task's queue (empty when the backend does not say);
+//! - **key** ([`TaskKey`], default [`TaskKey::TaskId`]): the task's own idempotency key
+//!   (`TaskBuilder::idempotency_key`), else a task metadata entry `Idempotency-Key` (any case),
+//!   else the task's id. The backend gives a task its id when it is pushed and keeps it across
+//!   retries and redeliveries, so a redelivery is a duplicate, and two tasks pushed with equal
+//!   arguments are two jobs (a daily `Reminder { user: 5 }` runs every day). Keying by the
+//!   arguments instead is an opt-in, [`TaskKey::Arguments`], whose risks its docs state.
+//!   (apalis-redis and `MemoryStorage` themselves drop a second push under one
+//!   `idempotency_key`; the door catches the redeliveries of the first.)
+//! - **topic**: the task's queue (empty when the backend does not say; apalis-redis does not);
+//! - **body** (the fingerprint, which tells a reused key from a redelivery): the arguments as
+//!   JSON with every object's keys and every array's items sorted, so the order of a `HashMap`
+//!   or a `HashSet`, new at every deserialization, does not make a redelivery `KeyReused`. The
+//!   cost: under one given key, two tasks whose arguments differ only in the order of a list
+//!   are taken for one message (a duplicate, not `KeyReused`);
 //! - **consumer name** (the scope): the name of the worker *pool* — the same in every process
 //!   that works the queue, not `WorkerBuilder::new`'s per-worker name, or a task redelivered to
 //!   another worker would not be seen as a duplicate.
 //!
-//! The service answers apalis with the [`Handled`] outcome (serialized into the task's result by
-//! backends that keep results) and turns the door's errors into apalis' own:
+//! # Outcomes
 //!
-//! | outcome | answer to apalis | apalis-redis then |
-//! | --- | --- | --- |
-//! | ran, completed duplicate, skipped duplicate, untracked | `Ok(Handled::…)` | done |
-//! | handler `Err(e)` (key released) | `Err(e)` unchanged | failed: retried after *attempt* seconds, dead after 25 attempts |
-//! | a result classified unsuccessful (key released) | `Err` ("unsuccessful result") | as above |
-//! | duplicate in flight, [`InProgress::Reject`](super::InProgress::Reject) (or past [`Wait`](super::InProgress::Wait)'s bound) | `RetryAfterError` with the lease the first run's claim has left | pending: rescheduled after *attempt* seconds (apalis-redis 1.0 does not read the delay) |
-//! | store failure on claim | `Err` (the store error as source) | failed: retried |
-//! | key reused, key missing or invalid, invalid record | `AbortError` | killed: dead set, not retried |
+//! apalis reads a task's fate from its status: the backend files the task by it (done, retried,
+//! dead) and apalis' `RetryPolicy` stops at `Killed`. apalis sets the status from the handler's
+//! result, so the adapter sets it for every answer the door gives, including those that do
+//! not run the handler (without it, a task redelivered to apalis-redis keeps the `Running` it
+//! was fetched with, and is filed dead). The answer goes back to apalis as the [`Handled`]
+//! outcome (serialized into the task's result by backends that keep results) or as apalis'
+//! own errors:
 //!
-//! **Where it sits.** Add this layer *inside* apalis' retry layer (after `.retry(..)` in the
-//! builder chain, which makes it the inner one): each retry then goes through the door, a failed
-//! attempt having released the key. Outside the retry layer, retries would run under one claim,
-//! and a redelivery meanwhile would meet a key in flight.
+//! | outcome | answer to apalis | status | apalis-redis then |
+//! | --- | --- | --- | --- |
+//! | ran, untracked | `Ok(Handled::Ran / Untracked)` | `Done` | done |
+//! | completed duplicate | `Ok(Handled::Duplicate)` | `Done` | done |
+//! | duplicate in flight, [`InProgress::Skip`](super::InProgress::Skip) (an opt-in) | `Ok(Handled::Skipped)` | `Done` | done: if the first holder crashed mid-handler, its work is lost |
+//! | duplicate in flight, any other mode | `RetryAfterError` with the door's [`retry_after`](super::MessageError::retry_after) | `Pending` | rescheduled after *attempt* seconds (it does not read the delay); not an attempt, so never dead for it |
+//! | handler `Err(e)` (key released) | `Err(e)` unchanged | as apalis sets it: `Failed` (`Killed` for an `AbortError`, `Pending` for a `RetryAfterError`) | retried after *attempt* seconds, dead after 25 attempts |
+//! | a handler error the door does not retry | `AbortError` | `Killed` | dead, not retried |
+//! | a result classified unsuccessful (key released) | `Err` ([`Unsuccessful`]) | `Failed` | retried, as above |
+//! | store failure on claim | `Err` (the store error as source) | `Failed` | retried |
+//! | key reused, key missing or invalid, invalid record | `AbortError` | `Killed` | dead, not retried |
 //!
-//! **What the backends do with an `Err`.** apalis-redis 1.0 reschedules a failed task (after
-//! `attempt` seconds, up to 25 attempts, then the dead set) and re-enqueues the tasks of a
-//! worker whose heartbeats stopped (`Config::heartbeat_interval` ×
-//! `Config::missed_heartbeats`): the crash-before-ack case this door makes safe. apalis'
-//! in-memory `MemoryStorage` takes a task off its channel for good: an `Err` there is final
-//! unless apalis' retry layer (`.retry(RetryPolicy::retries(n))`, which never retries an
-//! `AbortError`) runs the task again in the worker, so
-//! configure retries there, or a handler's error loses the message. The lease arithmetic of the
-//! [module docs](super#the-lease-and-the-brokers-redelivery) applies: with `Reject`, apalis-redis'
-//! retries span 1 + 2 + … + 25 s = 325 s, more than the default 60 s lease.
+//! A worker that dies mid-handler holds its task's claim until the engine's lease lapses (it
+//! renews it no longer). apalis-redis re-enqueues the dead worker's tasks once its heartbeats
+//! stop (`Config::heartbeat_interval` × `Config::missed_heartbeats`); each redelivery before
+//! the lease lapses is a duplicate in flight, rescheduled, and the first after it runs the
+//! task. A worker that dies after recording, before acknowledging, costs nothing: the
+//! redelivery is a completed duplicate.
+//!
+//! # apalis' retry layer
+//!
+//! Add this layer *inside* apalis' retry layer (after `.retry(..)` in the builder chain, which
+//! makes it the inner one): each retry then goes through the door, a failed attempt having
+//! released the key. Outside the retry layer, retries would run under one claim, and a
+//! redelivery meanwhile would meet a key in flight.
+//!
+//! `RetryPolicy` never retries a task whose status is `Killed`. Its own check for an
+//! `AbortError` compares the error's type, so it never matches the boxed errors of a worker's
+//! stack; the `Killed` status is what stops it: apalis sets it when the handler returns an
+//! `AbortError`, and the adapter with every `AbortError` it returns. apalis counts an attempt
+//! when the handler runs, so a refusal that does not run it (a duplicate in flight, a store
+//! failure) is retried without counting, at once, until the key is decided or the store
+//! answers: give the policy a backoff (`RetryPolicy::retries(n).with_backoff(..)`).
+//!
+//! apalis-redis retries a failed task on its own (the table above). apalis' in-memory
+//! `MemoryStorage` takes a task off its channel for good: an `Err` there is final unless the
+//! retry layer runs the task again in the worker, so configure retries there, or a handler's
+//! error loses the message. The lease arithmetic of the [module
+//! docs](super#the-lease-and-the-brokers-redelivery) applies.
 //!
 //! ```
 //! use tower_idempotency::MemoryStore;
@@ -57,18 +88,25 @@
 //! ```
 
 use super::error::{MessageError, MessageErrorKind};
-use super::key::Message;
+use super::key::{HeaderOrHash, KeyStrategy, Message, MessageKey};
 use super::layer::{Handled, MessageIdempotency, MessageIdempotencyLayer};
+use crate::key::KeyError;
 pub use apalis_core;
 use apalis_core::error::{AbortError, BoxDynError, RetryAfterError};
 use apalis_core::task::Task;
+use apalis_core::task::status::{AtomicStatus, Status};
+use apalis_core::task::task_id::TaskId;
 use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 use tower_layer::Layer;
 use tower_service::Service;
+
+/// The schema version under which a task id is digested, apart from every digest of
+/// arguments (those have none).
+const TASK_ID_SCHEMA: &str = "apalis/task-id";
 
 impl<Args: serde::Serialize> Message for Task<Args> {
     fn topic(&self) -> &str {
@@ -89,16 +127,144 @@ impl<Args: serde::Serialize> Message for Task<Args> {
     }
 
     fn body(&self) -> Cow<'_, [u8]> {
-        match serde_json::to_vec(&self.args) {
-            Ok(json) => Cow::Owned(json),
-            // Arguments a backend stored as JSON always serialize; for any other, the task id
-            // stands in, so two tasks never share a digest (a redelivery keeps its id).
-            Err(e) => {
-                tracing::warn!(target: "tower_idempotency::message", error = %e, "task arguments do not serialize as JSON; keyed by the task id");
-                let id = self.ctx().task_id().map(ToString::to_string);
-                Cow::Owned(format!("\0task-id:{}", id.unwrap_or_default()).into_bytes())
-            }
+        Cow::Owned(arguments_json(self, Lists::Sorted))
+    }
+}
+
+/// Whether a JSON array's items keep their order.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lists {
+    InOrder,
+    Sorted,
+}
+
+/// The task's arguments as canonical JSON, or, for arguments that do not serialize, the task id
+/// (a redelivery keeps it, two tasks never share it).
+fn arguments_json<Args: serde::Serialize>(task: &Task<Args>, lists: Lists) -> Vec<u8> {
+    match serde_json::to_value(&task.args) {
+        Ok(json) => {
+            let mut out = Vec::new();
+            canonical_json(&json, lists, &mut out);
+            out
         }
+        // Arguments a backend stored as JSON always serialize.
+        Err(e) => {
+            tracing::warn!(target: "tower_idempotency::message", error = %e, "task arguments do not serialize as JSON; keyed by the task id");
+            let id = task.ctx().task_id().map(ToString::to_string);
+            format!("\0task-id:{}", id.unwrap_or_default()).into_bytes()
+        }
+    }
+}
+
+/// JSON with every object's keys sorted, and with `Lists::Sorted` every array's items: a map's
+/// or a set's iteration order (a `HashMap`'s and a `HashSet`'s is new at every
+/// deserialization) does not change the bytes.
+fn canonical_json(value: &serde_json::Value, lists: Lists, out: &mut Vec<u8>) {
+    use serde_json::Value;
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<_> = map.iter().collect();
+            entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            out.push(b'{');
+            for (i, (k, v)) in entries.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(b',');
+                }
+                write_json(k, out);
+                out.push(b':');
+                canonical_json(v, lists, out);
+            }
+            out.push(b'}');
+        }
+        Value::Array(items) => {
+            let mut items: Vec<Vec<u8>> = items
+                .iter()
+                .map(|v| {
+                    let mut item = Vec::new();
+                    canonical_json(v, lists, &mut item);
+                    item
+                })
+                .collect();
+            if lists == Lists::Sorted {
+                items.sort_unstable();
+            }
+            out.push(b'[');
+            out.extend_from_slice(&items.join(&b","[..]));
+            out.push(b']');
+        }
+        scalar => write_json(scalar, out),
+    }
+}
+
+fn write_json<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
+    // Strings and JSON scalars always serialize, and a Vec never fails a write.
+    if let Err(e) = serde_json::to_writer(&mut *out, value) {
+        tracing::error!(target: "tower_idempotency::message", error = %e, "a JSON value did not serialize");
+    }
+}
+
+/// How the door finds an apalis task's key. Every strategy takes the task's own idempotency
+/// key first (`TaskBuilder::idempotency_key`), then a task metadata entry `Idempotency-Key`
+/// (any case); they differ in what keys a task that has neither.
+///
+/// ```
+/// use apalis_core::task::builder::TaskBuilder;
+/// use apalis_core::task::task_id::TaskId;
+/// use tower_idempotency::message::KeyStrategy;
+/// use tower_idempotency::message::jobs::TaskKey;
+///
+/// let reminder = |id: u64| TaskBuilder::new(5_u32).task_id(TaskId::from_int(id)).build();
+/// let (monday, tuesday) = (reminder(1), reminder(2));
+/// // Equal arguments, two tasks: two keys by default, one by the arguments.
+/// assert_ne!(TaskKey::TaskId.key(&monday).unwrap(), TaskKey::TaskId.key(&tuesday).unwrap());
+/// assert_eq!(TaskKey::Arguments.key(&monday).unwrap(), TaskKey::Arguments.key(&tuesday).unwrap());
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum TaskKey {
+    /// The task's id ([`TaskKey::task_id_key`]): the same for every retry and redelivery of
+    /// one task, never for two tasks. The default. A task without an id (apalis' backends give
+    /// every task one) has no key: it runs untracked, or is refused with
+    /// [`require_key`](MessageIdempotencyLayer::require_key).
+    #[default]
+    TaskId,
+    /// The SHA-256 of the queue and the arguments as JSON (every object's keys sorted, arrays
+    /// in order; [`MessageKey::digest`]). **Tasks pushed with equal arguments are one job**:
+    /// the second is a duplicate and does not run, at any later time within the engine's
+    /// retention (a daily reminder with the same arguments runs once). Use it where a repeat
+    /// push is a producer's retry and equal arguments mean the same work. A `HashSet` in the
+    /// arguments (or any value whose JSON is not the same each time) keys each delivery
+    /// differently, so a redelivery runs again.
+    Arguments,
+    /// No key unless the producer gave one: the task runs untracked, or is refused with
+    /// [`require_key`](MessageIdempotencyLayer::require_key).
+    GivenOnly,
+}
+
+impl TaskKey {
+    /// The key [`TaskKey::TaskId`] gives a task with this id (and no key of its own), to pass
+    /// to [`MessageIdempotencyLayer::forget`]. A digest, so it never equals a key a producer
+    /// gave, whatever the id spells.
+    #[must_use]
+    pub fn task_id_key(id: &TaskId) -> MessageKey {
+        MessageKey::digest("", Some(TASK_ID_SCHEMA), id.to_string().as_bytes())
+    }
+}
+
+impl<Args: serde::Serialize> KeyStrategy<Task<Args>> for TaskKey {
+    fn key(&self, task: &Task<Args>) -> Result<Option<MessageKey>, KeyError> {
+        if let Some(given) = task.header("Idempotency-Key") {
+            return MessageKey::given(given).map(Some);
+        }
+        Ok(match self {
+            Self::TaskId => task.ctx().task_id().map(Self::task_id_key),
+            Self::Arguments => Some(MessageKey::digest(
+                task.topic(),
+                task.schema_version(),
+                &arguments_json(task, Lists::InOrder),
+            )),
+            Self::GivenOnly => None,
+        })
     }
 }
 
@@ -109,9 +275,30 @@ pub struct JobIdempotencyLayer<L> {
     inner: L,
 }
 
+impl<St, C, F> JobIdempotencyLayer<MessageIdempotencyLayer<St, TaskKey, C, F>> {
+    /// The door configured as `layer` (its consumer name: the worker pool's), tasks keyed by
+    /// [`TaskKey::TaskId`]: the layer's default strategy, which would key a task by its
+    /// arguments, is replaced. Choose another with [`task_key`](Self::task_key); keep a
+    /// strategy of your own with [`custom_keys`](JobIdempotencyLayer::custom_keys).
+    pub fn new(layer: MessageIdempotencyLayer<St, HeaderOrHash, C, F>) -> Self {
+        Self {
+            inner: layer.key_strategy(TaskKey::default()),
+        }
+    }
+
+    /// Finds tasks' keys with `key` (default [`TaskKey::TaskId`]).
+    pub fn task_key(self, key: TaskKey) -> Self {
+        Self {
+            inner: self.inner.key_strategy(key),
+        }
+    }
+}
+
 impl<L> JobIdempotencyLayer<L> {
-    /// The door configured as `layer` (its consumer name: the worker pool's).
-    pub fn new(layer: L) -> Self {
+    /// The door as `layer` is, its own key strategy kept (for a
+    /// `MessageIdempotencyLayer::new(..)` left as it is: `HeaderOrHash`, which keys a task
+    /// without a key by its arguments, as [`TaskKey::Arguments`] does).
+    pub fn custom_keys(layer: L) -> Self {
         Self { inner: layer }
     }
 }
@@ -168,12 +355,14 @@ where
     type Future = JobFuture<T::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(to_apalis)
+        self.inner.poll_ready(cx).map_err(|e| to_apalis(e).1)
     }
 
     fn call(&mut self, task: Task<Args>) -> Self::Future {
+        let status = task.ctx().raw_status().clone();
         JobFuture {
             inner: self.inner.call(task),
+            status,
         }
     }
 }
@@ -183,6 +372,8 @@ pin_project_lite::pin_project! {
     pub struct JobFuture<F> {
         #[pin]
         inner: F,
+        // The task's status, shared with apalis: what its backend and retry layer act on.
+        status: AtomicStatus,
     }
 }
 
@@ -200,27 +391,326 @@ where
     type Output = Result<Handled<R>, BoxDynError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.project().inner.poll(cx).map(|out| match out {
-            Ok(Handled::Failed(_)) => Err(Box::new(Unsuccessful) as BoxDynError),
-            Ok(handled) => Ok(handled),
-            Err(e) => Err(to_apalis(e)),
-        })
+        let this = self.project();
+        let (status, out) = match ready!(this.inner.poll(cx)) {
+            Ok(Handled::Failed(_)) => (
+                Some(Status::Failed),
+                Err(Box::new(Unsuccessful) as BoxDynError),
+            ),
+            // Also when the handler did not run (a duplicate): the task is done.
+            Ok(handled) => (Some(Status::Done), Ok(handled)),
+            Err(e) => {
+                let (status, e) = to_apalis(e);
+                (status, Err(e))
+            }
+        };
+        if let Some(status) = status {
+            this.status.store(status);
+        }
+        Poll::Ready(out)
     }
 }
 
-/// The door's error as apalis reads it: the handler's own error unchanged, a duplicate in
-/// flight as `RetryAfterError`, a store failure as a plain (retried) error, the rest as
-/// `AbortError` (not retried).
-fn to_apalis<E: Into<BoxDynError>>(e: MessageError<E>) -> BoxDynError {
+/// The door's error as apalis reads it, and the task status that goes with it (`None`: the
+/// one apalis set from the handler's own result). The handler's error unchanged (as an
+/// `AbortError` when the door does not retry it), a duplicate in flight as `RetryAfterError`,
+/// a store failure as a plain (retried) error, the rest as `AbortError` (not retried).
+fn to_apalis<E: Into<BoxDynError>>(e: MessageError<E>) -> (Option<Status>, BoxDynError) {
+    let retryable = e.is_retryable();
     match e.split_handler() {
-        Err(handler) => handler.into(),
+        Err(handler) if retryable => (None, handler.into()),
+        Err(handler) => (Some(Status::Killed), Box::new(AbortError::new(handler))),
         Ok(door) => match door.kind() {
             MessageErrorKind::InFlight => {
                 let after = door.retry_after().unwrap_or_default();
-                Box::new(RetryAfterError::new(door, after))
+                (
+                    Some(Status::Pending),
+                    Box::new(RetryAfterError::new(door, after)),
+                )
             }
-            MessageErrorKind::Store => Box::new(door),
-            _ => Box::new(AbortError::new(door)),
+            _ if retryable => (Some(Status::Failed), Box::new(door)),
+            _ => (Some(Status::Killed), Box::new(AbortError::new(door))),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::MemoryStore;
+    use crate::engine::Engine;
+    use crate::message::InProgress;
+    use apalis_core::task::builder::TaskBuilder;
+    use std::collections::{HashMap, HashSet};
+    use std::convert::Infallible;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+    use tokio::sync::Notify;
+    use tower::{ServiceExt, service_fn};
+
+    fn task<A>(args: A, id: u64) -> Task<A> {
+        TaskBuilder::new(args).task_id(TaskId::from_int(id)).build()
+    }
+
+    fn door() -> MessageIdempotencyLayer<MemoryStore> {
+        MessageIdempotencyLayer::new(Engine::new(MemoryStore::new()), "reminders")
+    }
+
+    fn counting(
+        runs: &Arc<AtomicUsize>,
+    ) -> impl Service<Task<u32>, Response = (), Error = Infallible, Future: Send> + Clone + Send + 'static
+    {
+        let runs = Arc::clone(runs);
+        service_fn(move |_: Task<u32>| {
+            runs.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, Infallible>(()) }
+        })
+    }
+
+    #[tokio::test]
+    async fn two_tasks_with_equal_arguments_both_run_by_default() {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let svc = JobIdempotencyLayer::new(door()).layer(counting(&runs));
+        let monday = svc.clone().oneshot(task(5_u32, 1)).await.unwrap();
+        let tuesday = svc.clone().oneshot(task(5_u32, 2)).await.unwrap();
+        assert_eq!((monday, tuesday), (Handled::Ran(()), Handled::Ran(())));
+        // A redelivery of one of them (same id) is its duplicate.
+        let again = svc.oneshot(task(5_u32, 2)).await.unwrap();
+        assert_eq!(again, Handled::Duplicate(None));
+        assert_eq!(runs.load(Ordering::SeqCst), 2, "each task ran once");
+    }
+
+    #[tokio::test]
+    async fn keying_by_arguments_is_an_opt_in_that_merges_equal_arguments() {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let svc = JobIdempotencyLayer::new(door())
+            .task_key(TaskKey::Arguments)
+            .layer(counting(&runs));
+        let first = svc.clone().oneshot(task(5_u32, 1)).await.unwrap();
+        let second = svc.oneshot(task(5_u32, 2)).await.unwrap();
+        assert_eq!(
+            (first, second),
+            (Handled::Ran(()), Handled::Duplicate(None))
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    #[tokio::test]
+    async fn a_given_key_comes_before_the_task_id() {
+        let runs = Arc::new(AtomicUsize::new(0));
+        let svc = JobIdempotencyLayer::new(door()).layer(counting(&runs));
+        let keyed = |id| {
+            TaskBuilder::new(5_u32)
+                .task_id(TaskId::from_int(id))
+                .idempotency_key("reminder-5-monday")
+                .build()
+        };
+        assert_eq!(
+            svc.clone().oneshot(keyed(1)).await.unwrap(),
+            Handled::Ran(())
+        );
+        // Another task (a producer's retry) under the same key does not run.
+        assert_eq!(
+            svc.oneshot(keyed(2)).await.unwrap(),
+            Handled::Duplicate(None)
+        );
+        assert_eq!(runs.load(Ordering::SeqCst), 1);
+    }
+
+    /// Two maps with the same entries whose plain JSON differs (their hashers differ).
+    fn maps_in_two_orders() -> (HashMap<String, u32>, HashMap<String, u32>) {
+        let entries: Vec<(String, u32)> = (0..32).map(|i| (format!("item-{i}"), i)).collect();
+        let a: HashMap<_, _> = entries.iter().cloned().collect();
+        for _ in 0..100 {
+            let b: HashMap<_, _> = entries.iter().rev().cloned().collect();
+            if serde_json::to_vec(&a).unwrap() != serde_json::to_vec(&b).unwrap() {
+                return (a, b);
+            }
+        }
+        panic!("100 hash maps iterated in one order");
+    }
+
+    #[test]
+    fn a_hash_map_argument_has_one_body_in_any_order() {
+        let (a, b) = maps_in_two_orders();
+        let (a, b) = (task(a, 1), task(b, 1));
+        assert_eq!(a.body(), b.body());
+        assert_eq!(
+            TaskKey::Arguments.key(&a).unwrap(),
+            TaskKey::Arguments.key(&b).unwrap()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_redelivery_whose_hash_map_iterates_anew_is_a_duplicate_under_a_given_key() {
+        let (a, b) = maps_in_two_orders();
+        let keyed = |args| TaskBuilder::new(args).idempotency_key("order-17").build();
+        let svc = JobIdempotencyLayer::new(door()).layer(service_fn(
+            |_: Task<HashMap<String, u32>>| async { Ok::<_, Infallible>(()) },
+        ));
+        assert_eq!(
+            svc.clone().oneshot(keyed(a)).await.unwrap(),
+            Handled::Ran(())
+        );
+        let again = svc.oneshot(keyed(b)).await;
+        assert_eq!(again.unwrap(), Handled::Duplicate(None), "not KeyReused");
+    }
+
+    /// Two sets with the same items whose plain JSON differs (their hashers differ).
+    fn sets_in_two_orders() -> (HashSet<u32>, HashSet<u32>) {
+        let a: HashSet<u32> = (0..32).collect();
+        for _ in 0..100 {
+            let b: HashSet<u32> = (0..32).rev().collect();
+            if serde_json::to_vec(&a).unwrap() != serde_json::to_vec(&b).unwrap() {
+                return (a, b);
+            }
+        }
+        panic!("100 hash sets iterated in one order");
+    }
+
+    #[tokio::test]
+    async fn a_redelivery_whose_hash_set_iterates_anew_is_a_duplicate_under_the_task_id() {
+        let (a, b) = sets_in_two_orders();
+        let svc =
+            JobIdempotencyLayer::new(door()).layer(service_fn(|_: Task<HashSet<u32>>| async {
+                Ok::<_, Infallible>(())
+            }));
+        assert_eq!(
+            svc.clone().oneshot(task(a, 1)).await.unwrap(),
+            Handled::Ran(())
+        );
+        let again = svc.oneshot(task(b, 1)).await;
+        assert_eq!(again.unwrap(), Handled::Duplicate(None), "not KeyReused");
+    }
+
+    #[test]
+    fn keying_by_arguments_keeps_the_order_of_a_list() {
+        let (first, second) = (task(vec![1_u32, 2], 1), task(vec![2_u32, 1], 2));
+        assert_ne!(
+            TaskKey::Arguments.key(&first).unwrap(),
+            TaskKey::Arguments.key(&second).unwrap()
+        );
+    }
+
+    #[test]
+    fn a_task_id_key_is_never_a_given_key_nor_an_arguments_digest() {
+        let t = task(5_u32, 7);
+        let by_id = TaskKey::TaskId.key(&t).unwrap().unwrap();
+        assert_eq!(by_id, TaskKey::task_id_key(&TaskId::from_int(7)));
+        assert!(!by_id.is_given());
+        assert_ne!(by_id, MessageKey::given(b"7").unwrap());
+        assert_ne!(Some(by_id), TaskKey::Arguments.key(&t).unwrap());
+        assert_eq!(TaskKey::GivenOnly.key(&t).unwrap(), None);
+    }
+
+    /// The first delivery of task 1 runs until released; meanwhile a second delivery of it
+    /// goes through `svc`, and its answer and status are returned.
+    async fn duplicate_while_the_first_runs(
+        layer: MessageIdempotencyLayer<MemoryStore>,
+    ) -> (Result<Handled<()>, BoxDynError>, Status) {
+        let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let (s, r) = (Arc::clone(&started), Arc::clone(&release));
+        let svc = JobIdempotencyLayer::new(layer).layer(service_fn(move |_: Task<u32>| {
+            let (s, r) = (Arc::clone(&s), Arc::clone(&r));
+            async move {
+                s.notify_one();
+                r.notified().await;
+                Ok::<_, Infallible>(())
+            }
+        }));
+        let first = tokio::spawn(svc.clone().oneshot(task(5_u32, 1)));
+        started.notified().await;
+        let duplicate = task(5_u32, 1);
+        let status = duplicate.ctx().raw_status().clone();
+        let out = svc.oneshot(duplicate).await;
+        release.notify_one();
+        assert_eq!(first.await.unwrap().unwrap(), Handled::Ran(()));
+        (out, status.load())
+    }
+
+    #[tokio::test]
+    async fn a_duplicate_in_flight_is_retried_after_the_doors_delay_not_completed() {
+        for mode in [
+            InProgress::Reject,
+            InProgress::Wait(Duration::from_millis(10)),
+        ] {
+            let (out, status) = duplicate_while_the_first_runs(door().in_progress(mode)).await;
+            let e = out.expect_err("not acknowledged");
+            let retry = e
+                .downcast_ref::<RetryAfterError>()
+                .unwrap_or_else(|| panic!("{mode:?}: a RetryAfterError, got {e}"));
+            assert!(retry.get_duration() > Duration::ZERO, "the lease left");
+            assert_eq!(status, Status::Pending, "{mode:?}: rescheduled, not done");
+        }
+    }
+
+    #[tokio::test]
+    async fn skip_acknowledges_a_duplicate_in_flight_only_when_chosen() {
+        let (out, status) =
+            duplicate_while_the_first_runs(door().in_progress(InProgress::Skip)).await;
+        assert_eq!(out.unwrap(), Handled::Skipped);
+        assert_eq!(status, Status::Done);
+    }
+
+    #[tokio::test]
+    async fn a_completed_duplicate_is_done_though_the_handler_did_not_run() {
+        let svc = JobIdempotencyLayer::new(door())
+            .layer(service_fn(|_: Task<u32>| async { Ok::<_, Infallible>(()) }));
+        svc.clone().oneshot(task(5_u32, 1)).await.unwrap();
+        let redelivery = task(5_u32, 1);
+        // As apalis-redis hands over a task re-enqueued from a dead worker.
+        redelivery.ctx().raw_status().store(Status::Running);
+        let status = redelivery.ctx().raw_status().clone();
+        assert_eq!(
+            svc.oneshot(redelivery).await.unwrap(),
+            Handled::Duplicate(None)
+        );
+        assert_eq!(status.load(), Status::Done);
+    }
+
+    #[tokio::test]
+    async fn a_reused_key_is_an_abort_error_and_kills_the_task() {
+        let svc = JobIdempotencyLayer::new(door())
+            .layer(service_fn(|_: Task<u32>| async { Ok::<_, Infallible>(()) }));
+        let keyed = |args: u32| TaskBuilder::new(args).idempotency_key("k").build();
+        svc.clone().oneshot(keyed(1)).await.unwrap();
+        let other = keyed(2);
+        let status = other.ctx().raw_status().clone();
+        let e = svc.oneshot(other).await.unwrap_err();
+        let abort = e.downcast_ref::<AbortError>().expect("an AbortError");
+        let door = std::error::Error::source(abort).expect("the door's error");
+        let door = door
+            .downcast_ref::<MessageError<Infallible>>()
+            .expect("a MessageError");
+        assert_eq!(door.kind(), MessageErrorKind::KeyReused);
+        assert_eq!(status.load(), Status::Killed);
+    }
+
+    #[tokio::test]
+    async fn an_unsuccessful_result_fails_the_task() {
+        let svc = JobIdempotencyLayer::new(door().classify(|ok: &bool| *ok)).layer(service_fn(
+            |_: Task<u32>| async { Ok::<_, Infallible>(false) },
+        ));
+        let t = task(5_u32, 1);
+        // apalis marks it done: the handler returned `Ok`.
+        t.ctx().raw_status().store(Status::Done);
+        let status = t.ctx().raw_status().clone();
+        let e = svc.oneshot(t).await.unwrap_err();
+        assert!(e.downcast_ref::<Unsuccessful>().is_some());
+        assert_eq!(status.load(), Status::Failed);
+    }
+
+    #[tokio::test]
+    async fn a_handler_error_keeps_the_status_apalis_gave_it() {
+        let svc = JobIdempotencyLayer::new(door()).layer(service_fn(|_: Task<u32>| async {
+            Err::<(), BoxDynError>(Box::new(AbortError::new("permanent")))
+        }));
+        let t = task(5_u32, 1);
+        t.ctx().raw_status().store(Status::Killed);
+        let status = t.ctx().raw_status().clone();
+        let e = svc.oneshot(t).await.unwrap_err();
+        assert!(e.downcast_ref::<AbortError>().is_some(), "unchanged");
+        assert_eq!(status.load(), Status::Killed);
     }
 }
