@@ -275,12 +275,12 @@ pub struct JobIdempotencyLayer<L> {
     inner: L,
 }
 
-impl<St, C, F> JobIdempotencyLayer<MessageIdempotencyLayer<St, TaskKey, C, F>> {
+impl<St, C, F, P> JobIdempotencyLayer<MessageIdempotencyLayer<St, TaskKey, C, F, P>> {
     /// The door configured as `layer` (its consumer name: the worker pool's), tasks keyed by
     /// [`TaskKey::TaskId`]: the layer's default strategy, which would key a task by its
     /// arguments, is replaced. Choose another with [`task_key`](Self::task_key); keep a
     /// strategy of your own with [`custom_keys`](JobIdempotencyLayer::custom_keys).
-    pub fn new(layer: MessageIdempotencyLayer<St, HeaderOrHash, C, F>) -> Self {
+    pub fn new(layer: MessageIdempotencyLayer<St, HeaderOrHash, C, F, P>) -> Self {
         Self {
             inner: layer.key_strategy(TaskKey::default()),
         }
@@ -303,8 +303,8 @@ impl<L> JobIdempotencyLayer<L> {
     }
 }
 
-impl<S, St, K, C, F> Layer<S> for JobIdempotencyLayer<MessageIdempotencyLayer<St, K, C, F>> {
-    type Service = JobIdempotency<MessageIdempotency<S, St, K, C, F>>;
+impl<S, St, K, C, F, P> Layer<S> for JobIdempotencyLayer<MessageIdempotencyLayer<St, K, C, F, P>> {
+    type Service = JobIdempotency<MessageIdempotency<S, St, K, C, F, P>>;
 
     fn layer(&self, inner: S) -> Self::Service {
         JobIdempotency {

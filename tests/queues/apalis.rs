@@ -24,7 +24,7 @@ use tokio::process::Command;
 use tower::{Service, service_fn};
 use tower_idempotency::engine::Engine;
 use tower_idempotency::message::jobs::JobIdempotencyLayer;
-use tower_idempotency::message::{Handled, InProgress, MessageIdempotencyLayer};
+use tower_idempotency::message::{Handled, MessageIdempotencyLayer};
 use tower_idempotency::store::redis::{RedisStore, redis};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -52,13 +52,7 @@ fn door(
 ) -> JobIdempotencyLayer<
     MessageIdempotencyLayer<RedisStore, tower_idempotency::message::jobs::TaskKey>,
 > {
-    let layer = MessageIdempotencyLayer::new(engine.clone(), POOL);
-    // UNTIL THE DOOR'S NEW DEFAULT LANDS: the message door's default for a duplicate in flight
-    // becomes "wait briefly, then refuse as in flight" (today's default, `Skip`, acknowledges
-    // it). This line plays that default; delete it once the default is merged, and
-    // `a_worker_process_killed_mid_handler_loses_no_task_and_each_runs_once` must still pass.
-    let layer = layer.in_progress(InProgress::Wait(Duration::from_millis(200)));
-    JobIdempotencyLayer::new(layer)
+    JobIdempotencyLayer::new(MessageIdempotencyLayer::new(engine.clone(), POOL))
 }
 
 fn config(queue: &str) -> Config {
