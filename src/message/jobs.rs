@@ -713,4 +713,36 @@ mod tests {
         assert!(e.downcast_ref::<AbortError>().is_some(), "unchanged");
         assert_eq!(status.load(), Status::Killed);
     }
+
+    #[tokio::test]
+    async fn an_error_the_door_calls_permanent_kills_the_task() {
+        #[derive(Debug)]
+        struct CardDeclined;
+        impl fmt::Display for CardDeclined {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("card declined")
+            }
+        }
+        impl std::error::Error for CardDeclined {}
+
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&runs);
+        let layer = JobIdempotencyLayer::new(
+            door().permanent_errors(|e: &BoxDynError| e.downcast_ref::<CardDeclined>().is_some()),
+        );
+        let svc = layer.layer(service_fn(move |_: Task<u32>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { Err::<(), BoxDynError>(Box::new(CardDeclined)) }
+        }));
+        let t = task(5_u32, 1);
+        let status = t.ctx().raw_status().clone();
+        let e = svc.clone().oneshot(t).await.unwrap_err();
+        let abort = e.downcast_ref::<AbortError>().expect("an AbortError");
+        let cause = std::error::Error::source(abort).expect("the handler's error");
+        assert!(cause.downcast_ref::<CardDeclined>().is_some(), "{cause}");
+        assert_eq!(status.load(), Status::Killed, "apalis files it dead");
+        // The key was released: a task that is sent again (by hand) runs.
+        let _ = svc.oneshot(task(5_u32, 1)).await;
+        assert_eq!(runs.load(Ordering::SeqCst), 2);
+    }
 }
