@@ -42,6 +42,13 @@
 //! [`run_to_completion(false)`](IdempotencyLayer::run_to_completion) (the handler is then
 //! cancelled, and the key stays pending until its lease lapses).
 //!
+//! Work that runs on is bounded: it is cancelled [`detached_timeout`](IdempotencyLayer::detached_timeout)
+//! after its caller left (default 5 min), and work dropped while
+//! [`max_detached`](IdempotencyLayer::max_detached) works already run on (default 1024) is
+//! cancelled at once. Cancelled work records and releases nothing: its key stays pending until
+//! its lease lapses (409 until then, a re-run after), as after a crash. A handler that panicked
+//! is never run on either; its key too is left to its lease.
+//!
 //! # Response bodies
 //!
 //! A recordable response's body is read before the response goes out, up to the record limit
@@ -168,7 +175,7 @@ mod rejection;
 mod replay;
 mod service;
 
-pub use crate::detach::InFlightWork;
+pub use crate::detach::{DEFAULT_DETACHED_TIMEOUT, DEFAULT_MAX_DETACHED, InFlightWork};
 pub use body::{RequestBody, ResponseBody};
 pub use config::{
     Classification, ConfigError, ConfigErrorKind, DEFAULT_COLLECT_TIMEOUT,
