@@ -74,6 +74,10 @@
 //! | is dropped before its end (the client went away) | neither completed nor released: it stays pending until its lease lapses (409 until then, a re-run after), as when the client goes away mid-handler |
 //! | has not ended after `stream_lease_limit` (default 5 min) | its lease is no longer renewed and lapses: a retry after that runs again while the first stream goes on; a body that ends later is still recorded unless a retry holds the key by then |
 //!
+//! A response [declared definitive](Declared::Definitive) is the exception: its status and
+//! headers are recorded at once, before its body goes on, so neither a failing body, nor a
+//! client that leaves, nor the stream lease limit can free its key or let it lapse.
+//!
 //! Until its end (or the limit) the key stays pending, its lease renewed, so a duplicate gets
 //! 409. The limit is the trade-off for a stream that never ends (a subscription sent with a
 //! key): renewing its lease forever would answer every retry with 409 and pin a pending entry

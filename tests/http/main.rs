@@ -9,6 +9,7 @@ mod support;
 mod abandoned;
 mod concurrency;
 mod declared;
+mod definitive_bodies;
 mod detached;
 mod extractors;
 mod fingerprint_options;
