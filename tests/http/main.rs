@@ -11,6 +11,7 @@ mod concurrency;
 mod declared;
 mod definitive_bodies;
 mod detached;
+mod durations;
 mod extractors;
 mod fingerprint_options;
 mod forget;
