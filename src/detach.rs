@@ -268,9 +268,9 @@ where
                 );
             }
         };
-        drop(rt.spawn(
-            detached.instrument(std::mem::replace(&mut self.span, tracing::Span::none())),
-        ));
+        drop(
+            rt.spawn(detached.instrument(std::mem::replace(&mut self.span, tracing::Span::none()))),
+        );
     }
 }
 
@@ -380,9 +380,9 @@ mod tests {
         let (work, polls, dropped) = probe(true);
         let mut work = Box::pin(in_flight.detachable(work));
         let caught = std::future::poll_fn(|cx| {
-            Poll::Ready(std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                work.as_mut().poll(cx)
-            })))
+            Poll::Ready(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                || work.as_mut().poll(cx),
+            )))
         })
         .await;
         assert!(caught.is_err(), "the poll panicked");
@@ -405,7 +405,11 @@ mod tests {
         poll_once_and_drop(in_flight.detachable(work)).await;
         assert_eq!(in_flight.detached(), 1, "detached");
         tokio::time::sleep(DEFAULT_DETACHED_TIMEOUT - Duration::from_secs(1)).await;
-        assert_eq!(dropped.load(Ordering::SeqCst), 0, "still running before the bound");
+        assert_eq!(
+            dropped.load(Ordering::SeqCst),
+            0,
+            "still running before the bound"
+        );
         tokio::time::sleep(Duration::from_secs(2)).await;
         assert_eq!(dropped.load(Ordering::SeqCst), 1, "cancelled at the bound");
         assert_eq!(in_flight.detached(), 0);
@@ -424,7 +428,11 @@ mod tests {
         tokio::task::yield_now().await;
         assert_eq!(in_flight.detached(), 1, "one detached");
         assert_eq!(first_dropped.load(Ordering::SeqCst), 0, "the first runs on");
-        assert_eq!(second_dropped.load(Ordering::SeqCst), 1, "the second is cancelled");
+        assert_eq!(
+            second_dropped.load(Ordering::SeqCst),
+            1,
+            "the second is cancelled"
+        );
         assert_eq!(in_flight.len(), 1);
         // Its place is given back when it ends.
         tokio::time::sleep(DEFAULT_DETACHED_TIMEOUT + Duration::from_secs(1)).await;

@@ -559,7 +559,11 @@ mod tests {
         let longest = config.layer_for(&LONGEST);
         let engine = longest.engine();
         assert_eq!((engine.lease(), engine.ttl()), (century, century));
-        assert_eq!(longest.state.config.wait_in_flight, Duration::MAX, "any wait is kept");
+        assert_eq!(
+            longest.state.config.wait_in_flight,
+            Duration::MAX,
+            "any wait is kept"
+        );
         let shortest = config.layer_for(&SHORTEST);
         let engine = shortest.engine();
         assert_eq!(

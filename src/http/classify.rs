@@ -295,7 +295,12 @@ where
         Collected::Slow { prefix, rest } => {
             // As over the limit: the status comes at the end, and an empty stream is no answer.
             let res = Response::from_parts(parts, ResponseBody::prefixed(prefix, rest));
-            return unread_grpc(key, res, definitive, "not ended within the collection bound");
+            return unread_grpc(
+                key,
+                res,
+                definitive,
+                "not ended within the collection bound",
+            );
         }
         Collected::Failed { prefix, error } => {
             let res = Response::from_parts(parts, ResponseBody::failed(prefix, error));

@@ -654,7 +654,9 @@ impl<St: Store> IdempotencyLayer<St> {
     /// gone: there is no one to make wait.) Zero detaches nothing.
     #[must_use]
     pub fn max_detached(mut self, max: usize) -> Self {
-        Arc::make_mut(&mut self.state).in_flight.set_max_detached(max);
+        Arc::make_mut(&mut self.state)
+            .in_flight
+            .set_max_detached(max);
         self
     }
 

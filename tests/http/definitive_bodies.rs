@@ -68,7 +68,6 @@ impl Body for Scripted {
     }
 }
 
-
 fn request(key: &str, grpc: bool) -> Request<Full<Bytes>> {
     let content_type = if grpc {
         "application/grpc"
@@ -101,18 +100,27 @@ fn charging(
 ) {
     let runs = Arc::new(AtomicUsize::new(0));
     let r = Arc::clone(&runs);
-    let svc = layer.layer(service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
-        r.fetch_add(1, Ordering::SeqCst);
-        async move {
-            let mut res = Response::builder()
-                .status(status)
-                .header("content-type", if grpc { "application/grpc" } else { "text/plain" })
-                .body(Scripted::new(steps()))
-                .expect("response");
-            Declared::Definitive.insert_into(&mut res);
-            Ok::<_, Infallible>(res)
-        }
-    }));
+    let svc = layer.layer(service_fn(
+        move |_req: Request<RequestBody<Full<Bytes>>>| {
+            r.fetch_add(1, Ordering::SeqCst);
+            async move {
+                let mut res = Response::builder()
+                    .status(status)
+                    .header(
+                        "content-type",
+                        if grpc {
+                            "application/grpc"
+                        } else {
+                            "text/plain"
+                        },
+                    )
+                    .body(Scripted::new(steps()))
+                    .expect("response");
+                Declared::Definitive.insert_into(&mut res);
+                Ok::<_, Infallible>(res)
+            }
+        },
+    ));
     (svc, runs)
 }
 
@@ -144,7 +152,10 @@ async fn a_definitive_answer_whose_body_fails_is_recorded_not_released() {
         vec![Step::Data(b"charged"), Step::Fail]
     });
     let (status, replayed, failed) = send(&svc, "fails", false).await;
-    assert_eq!((status, replayed, failed), (StatusCode::INTERNAL_SERVER_ERROR, false, true));
+    assert_eq!(
+        (status, replayed, failed),
+        (StatusCode::INTERNAL_SERVER_ERROR, false, true)
+    );
     let (status, replayed, _) = send(&svc, "fails", false).await;
     assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
     assert!(replayed, "the retry is replayed the declared answer");
@@ -161,7 +172,10 @@ async fn a_definitive_answer_over_the_record_limit_that_fails_is_recorded() {
     let (status, _, failed) = send(&svc, "large", false).await;
     assert_eq!((status, failed), (StatusCode::CREATED, true));
     let (status, replayed, failed) = send(&svc, "large", false).await;
-    assert_eq!((status, replayed, failed), (StatusCode::CREATED, true, false));
+    assert_eq!(
+        (status, replayed, failed),
+        (StatusCode::CREATED, true, false)
+    );
     assert_eq!(runs.load(Ordering::SeqCst), 1, "charged once");
 }
 
@@ -201,8 +215,16 @@ async fn a_definitive_grpc_answer_over_the_record_limit_holds_its_key() {
     assert_eq!(status, StatusCode::OK);
     let (status, _, _) = send(&svc, "grpc-large", true).await;
     assert_eq!(status, StatusCode::OK, "a gRPC rejection is an HTTP 200");
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "held: not run again at once");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        1,
+        "held: not run again at once"
+    );
     tokio::time::sleep(DEFAULT_LEASE + Duration::from_secs(1)).await;
     send(&svc, "grpc-large", true).await;
-    assert_eq!(runs.load(Ordering::SeqCst), 2, "the lease lapsed: runs again");
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "the lease lapsed: runs again"
+    );
 }

@@ -86,10 +86,12 @@ fn service(layer: &IdempotencyLayer, hang: usize) -> (impl Svc, Runs) {
                 std::future::pending::<()>().await;
             }
             guard.disarm();
-            Ok::<_, Infallible>(Response::builder()
-                .status(201)
-                .body(Full::new(Bytes::from(format!("run {run}"))))
-                .expect("response"))
+            Ok::<_, Infallible>(
+                Response::builder()
+                    .status(201)
+                    .body(Full::new(Bytes::from(format!("run {run}"))))
+                    .expect("response"),
+            )
         }
     });
     (layer.layer(inner), runs)
@@ -135,11 +137,23 @@ async fn a_hung_handler_whose_client_left_is_cancelled_at_the_detached_timeout()
     assert_eq!(in_flight.detached(), 1, "the work runs on by itself");
 
     tokio::time::sleep(DEFAULT_DETACHED_TIMEOUT - Duration::from_secs(1)).await;
-    assert_eq!(runs.cancelled.load(Ordering::SeqCst), 0, "runs on until the bound");
-    assert_eq!(status(&svc, "hung").await, StatusCode::CONFLICT, "held, lease renewed");
+    assert_eq!(
+        runs.cancelled.load(Ordering::SeqCst),
+        0,
+        "runs on until the bound"
+    );
+    assert_eq!(
+        status(&svc, "hung").await,
+        StatusCode::CONFLICT,
+        "held, lease renewed"
+    );
 
     tokio::time::sleep(Duration::from_secs(2)).await;
-    assert_eq!(runs.cancelled.load(Ordering::SeqCst), 1, "cancelled at the bound");
+    assert_eq!(
+        runs.cancelled.load(Ordering::SeqCst),
+        1,
+        "cancelled at the bound"
+    );
     assert_eq!(in_flight.detached(), 0, "its place is given back");
     assert!(in_flight.is_empty(), "no work left: {in_flight:?}");
     assert_eq!(
@@ -165,7 +179,11 @@ async fn the_detached_timeout_is_configurable() {
     let (svc, runs) = service(&layer, 1);
     leave_mid_handler(&svc, &runs, "short").await;
     tokio::time::sleep(bound + Duration::from_secs(1)).await;
-    assert_eq!(runs.cancelled.load(Ordering::SeqCst), 1, "cancelled at 30 s");
+    assert_eq!(
+        runs.cancelled.load(Ordering::SeqCst),
+        1,
+        "cancelled at 30 s"
+    );
     tokio::time::sleep(DEFAULT_LEASE).await;
     assert_eq!(status(&svc, "short").await, StatusCode::CREATED);
 }
@@ -182,11 +200,23 @@ async fn work_beyond_the_most_detached_is_cancelled_and_left_to_its_lease() {
     tokio::task::yield_now().await;
     assert_eq!(in_flight.detached(), 1, "one detached, at most");
     assert_eq!(in_flight.len(), 1, "the second is not counted any more");
-    assert_eq!(runs.cancelled.load(Ordering::SeqCst), 1, "the second was cancelled");
-    assert_eq!(status(&svc, "second").await, StatusCode::CONFLICT, "left to its lease");
+    assert_eq!(
+        runs.cancelled.load(Ordering::SeqCst),
+        1,
+        "the second was cancelled"
+    );
+    assert_eq!(
+        status(&svc, "second").await,
+        StatusCode::CONFLICT,
+        "left to its lease"
+    );
 
     tokio::time::sleep(DEFAULT_LEASE + Duration::from_secs(1)).await;
-    assert_eq!(status(&svc, "second").await, StatusCode::CREATED, "lapsed: runs again");
+    assert_eq!(
+        status(&svc, "second").await,
+        StatusCode::CREATED,
+        "lapsed: runs again"
+    );
     assert_eq!(
         status(&svc, "first").await,
         StatusCode::CONFLICT,
@@ -238,12 +268,8 @@ async fn a_panicking_handler_caught_outside_the_layer_is_not_polled_again() {
     });
     let mut svc = layer.layer(inner);
     let before = PANICS.with(Cell::get);
-    let mut call: Pin<Box<_>> = Box::pin(
-        svc.ready()
-            .await
-            .expect("ready")
-            .call(request("k-panic")),
-    );
+    let mut call: Pin<Box<_>> =
+        Box::pin(svc.ready().await.expect("ready").call(request("k-panic")));
     let caught = loop {
         let polled = std::future::poll_fn(|cx| {
             Poll::Ready(std::panic::catch_unwind(AssertUnwindSafe(|| {
@@ -274,5 +300,9 @@ async fn a_panicking_handler_caught_outside_the_layer_is_not_polled_again() {
         "the key is left to its lease"
     );
     tokio::time::sleep(DEFAULT_LEASE + Duration::from_secs(1)).await;
-    assert_eq!(status(&svc, "k-panic").await, StatusCode::CREATED, "then the retry runs");
+    assert_eq!(
+        status(&svc, "k-panic").await,
+        StatusCode::CREATED,
+        "then the retry runs"
+    );
 }

@@ -52,18 +52,20 @@ fn sleeping(
 ) {
     let runs = Arc::new(AtomicUsize::new(0));
     let r = Arc::clone(&runs);
-    let svc = layer.layer(service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {
-        r.fetch_add(1, Ordering::SeqCst);
-        async move {
-            tokio::time::sleep(work).await;
-            Ok::<_, Infallible>(
-                Response::builder()
-                    .status(201)
-                    .body(Full::new(Bytes::from_static(b"made")))
-                    .expect("response"),
-            )
-        }
-    }));
+    let svc = layer.layer(service_fn(
+        move |_req: Request<RequestBody<Full<Bytes>>>| {
+            r.fetch_add(1, Ordering::SeqCst);
+            async move {
+                tokio::time::sleep(work).await;
+                Ok::<_, Infallible>(
+                    Response::builder()
+                        .status(201)
+                        .body(Full::new(Bytes::from_static(b"made")))
+                        .expect("response"),
+                )
+            }
+        },
+    ));
     (svc, runs)
 }
 
@@ -93,7 +95,11 @@ async fn a_duplicate_waits_without_bound_for_the_first_run() {
     while runs.load(Ordering::SeqCst) == 0 {
         tokio::task::yield_now().await;
     }
-    let duplicate = svc.clone().oneshot(request("k-wait")).await.expect("infallible");
+    let duplicate = svc
+        .clone()
+        .oneshot(request("k-wait"))
+        .await
+        .expect("infallible");
     assert_eq!(duplicate.status(), StatusCode::CREATED);
     assert!(
         duplicate.headers().contains_key("idempotent-replayed"),
