@@ -68,6 +68,31 @@ impl Body for Scripted {
     }
 }
 
+/// The layered service, as the tests call it.
+trait Svc:
+    tower::Service<
+        Request<Full<Bytes>>,
+        Response = Response<tower_idempotency::http::ResponseBody<Scripted>>,
+        Error = Infallible,
+        Future: Send,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> Svc for S where
+    S: tower::Service<
+            Request<Full<Bytes>>,
+            Response = Response<tower_idempotency::http::ResponseBody<Scripted>>,
+            Error = Infallible,
+            Future: Send,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
 fn request(key: &str, grpc: bool) -> Request<Full<Bytes>> {
     let content_type = if grpc {
         "application/grpc"
@@ -89,15 +114,7 @@ fn charging(
     status: u16,
     grpc: bool,
     steps: fn() -> Vec<Step>,
-) -> (
-    impl tower::Service<
-        Request<Full<Bytes>>,
-        Response = Response<tower_idempotency::http::ResponseBody<Scripted>>,
-        Error = Infallible,
-        Future: Send,
-    > + Clone,
-    Arc<AtomicUsize>,
-) {
+) -> (impl Svc, Arc<AtomicUsize>) {
     let runs = Arc::new(AtomicUsize::new(0));
     let r = Arc::clone(&runs);
     let svc = layer.layer(service_fn(
@@ -125,14 +142,7 @@ fn charging(
 }
 
 /// Sends once and reads the answer's body to its end (or failure): `(status, body failed)`.
-async fn send<S>(svc: &S, key: &str, grpc: bool) -> (StatusCode, bool, bool)
-where
-    S: tower::Service<
-            Request<Full<Bytes>>,
-            Response = Response<tower_idempotency::http::ResponseBody<Scripted>>,
-            Error = Infallible,
-        > + Clone,
-{
+async fn send(svc: &impl Svc, key: &str, grpc: bool) -> (StatusCode, bool, bool) {
     let res = svc
         .clone()
         .oneshot(request(key, grpc))

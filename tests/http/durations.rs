@@ -13,6 +13,31 @@ use tower::{Layer, ServiceExt, service_fn};
 use tower_idempotency::http::RequestBody;
 use tower_idempotency::{IdempotencyLayer, Principal};
 
+/// The layered service, as the tests call it.
+trait Svc:
+    tower::Service<
+        Request<Full<Bytes>>,
+        Response = Response<tower_idempotency::http::ResponseBody<Full<Bytes>>>,
+        Error = Infallible,
+        Future: Send,
+    > + Clone
+    + Send
+    + 'static
+{
+}
+
+impl<S> Svc for S where
+    S: tower::Service<
+            Request<Full<Bytes>>,
+            Response = Response<tower_idempotency::http::ResponseBody<Full<Bytes>>>,
+            Error = Infallible,
+            Future: Send,
+        > + Clone
+        + Send
+        + 'static
+{
+}
+
 fn request(key: &str) -> Request<Full<Bytes>> {
     Request::post("/work")
         .header("idempotency-key", key)
@@ -36,20 +61,7 @@ fn every_duration(d: Duration) -> IdempotencyLayer {
 
 /// A layer over a handler that sleeps `work` (on the paused clock) and answers 201; the runs
 /// are counted.
-fn sleeping(
-    layer: &IdempotencyLayer,
-    work: Duration,
-) -> (
-    impl tower::Service<
-        Request<Full<Bytes>>,
-        Response = Response<tower_idempotency::http::ResponseBody<Full<Bytes>>>,
-        Error = Infallible,
-        Future: Send,
-    > + Clone
-    + Send
-    + 'static,
-    Arc<AtomicUsize>,
-) {
+fn sleeping(layer: &IdempotencyLayer, work: Duration) -> (impl Svc, Arc<AtomicUsize>) {
     let runs = Arc::new(AtomicUsize::new(0));
     let r = Arc::clone(&runs);
     let svc = layer.layer(service_fn(
