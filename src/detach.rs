@@ -12,10 +12,12 @@
 //! Detached work is bounded twice, so that work nobody waits for cannot hold a key or the
 //! process forever, nor escape the concurrency limits and timeouts outside the layer:
 //!
-//! - **In time**: it runs at most [`DEFAULT_DETACHED_TIMEOUT`] (5 min, configurable per layer)
-//!   after its caller left; then it is cancelled where it stands.
-//! - **In number**: at most [`DEFAULT_MAX_DETACHED`] (1024, configurable per layer) run on
-//!   at once; work dropped beyond that is cancelled where it stands instead of detached.
+//! - **In time**: it runs at most [`DEFAULT_DETACHED_TIMEOUT`] (5 min; the HTTP layer's
+//!   `detached_timeout` sets its own) after its caller left; then it is cancelled where it
+//!   stands.
+//! - **In number**: at most [`DEFAULT_MAX_DETACHED`] (1024 per layer; the HTTP layer's
+//!   `max_detached` sets its own) run on at once; work dropped beyond that is cancelled where
+//!   it stands instead of detached.
 //!
 //! Cancelled work records nothing and releases nothing: the key stays pending until its lease
 //! lapses (the lease renewal stopped with the work), then a retry runs the work again, as after
