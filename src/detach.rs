@@ -9,6 +9,25 @@
 //! effects and its outcome is recorded: the retry or redelivery is answered from the record
 //! instead of waiting for the lease to lapse and running again.
 //!
+//! Detached work is bounded twice, so that work nobody waits for cannot hold a key or the
+//! process forever, nor escape the concurrency limits and timeouts outside the layer:
+//!
+//! - **In time**: it runs at most [`DEFAULT_DETACHED_TIMEOUT`] (5 min; the HTTP layer's
+//!   `detached_timeout` sets its own) after its caller left; then it is cancelled where it
+//!   stands.
+//! - **In number**: at most [`DEFAULT_MAX_DETACHED`] (1024 per layer; the HTTP layer's
+//!   `max_detached` sets its own) run on at once; work dropped beyond that is cancelled where
+//!   it stands instead of detached.
+//!
+//! Cancelled work records nothing and releases nothing: the key stays pending until its lease
+//! lapses (the lease renewal stopped with the work), then a retry runs the work again, as after
+//! a crash. Releasing it at once would let that retry run while the cancelled work's effects
+//! may still be landing; recording it would store an answer the handler never gave.
+//!
+//! Work whose poll panicked is never detached: it is poisoned, and polling it again would only
+//! raise a second, misleading panic. It is dropped, and its key too stays pending until its
+//! lease lapses.
+//!
 //! Every such future, attached or moved, holds a token of one [`TaskTracker`] per layer, so
 //! [`InFlightWork::wait`] sees both. `tokio-util`'s tracker is used rather than a hand-made
 //! counter and notifier: it is the tokio project's own answer to exactly this (counting
@@ -18,6 +37,8 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio_util::task::TaskTracker;
@@ -53,13 +74,55 @@ use tracing::Instrument;
 #[derive(Clone)]
 pub struct InFlightWork {
     tracker: TaskTracker,
+    /// How many run on a task of their own, shared by every clone.
+    detached: Arc<AtomicUsize>,
+    /// This layer's bounds on detached work (a copy: a layer's setter changes its own).
+    bounds: Bounds,
 }
+
+/// The bounds on work that runs on after its caller left.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Bounds {
+    timeout: Duration,
+    max: usize,
+}
+
+/// How long work whose caller went away may run on before it is cancelled (5 min), unless the
+/// layer sets its own (`detached_timeout`).
+pub const DEFAULT_DETACHED_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+
+/// How many works whose callers went away may run on at once, per layer (1024), unless the
+/// layer sets its own (`max_detached`).
+pub const DEFAULT_MAX_DETACHED: usize = 1024;
 
 impl InFlightWork {
     pub(crate) fn new() -> Self {
         Self {
             tracker: TaskTracker::new(),
+            detached: Arc::new(AtomicUsize::new(0)),
+            bounds: Bounds {
+                timeout: DEFAULT_DETACHED_TIMEOUT,
+                max: DEFAULT_MAX_DETACHED,
+            },
         }
+    }
+
+    /// Sets how long detached work may run on (any value: `ZERO` cancels it at its next
+    /// wait, `Duration::MAX` is never).
+    pub(crate) fn set_detached_timeout(&mut self, timeout: Duration) {
+        self.bounds.timeout = timeout;
+    }
+
+    /// Sets how many detached works may run on at once (zero: none is detached).
+    pub(crate) fn set_max_detached(&mut self, max: usize) {
+        self.bounds.max = max;
+    }
+
+    /// How many of the claimed requests or messages that have not finished run on a task of
+    /// their own, their caller gone (at most the layer's `max_detached`).
+    #[must_use]
+    pub fn detached(&self) -> usize {
+        self.detached.load(Ordering::Acquire)
     }
 
     /// How many claimed requests or messages have not finished (their handler running, or its
@@ -101,6 +164,9 @@ impl InFlightWork {
         Detachable {
             work: Some(self.tracker.track_future(Box::pin(work))),
             span: tracing::Span::current(),
+            polling: false,
+            detached: Arc::clone(&self.detached),
+            bounds: self.bounds,
         }
     }
 
@@ -114,12 +180,15 @@ impl fmt::Debug for InFlightWork {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("InFlightWork")
             .field("len", &self.len())
+            .field("detached", &self.detached())
+            .field("detached_timeout", &self.bounds.timeout)
+            .field("max_detached", &self.bounds.max)
             .finish()
     }
 }
 
 /// A future polled in place while its caller waits for it, and spawned to finish on its own
-/// when its caller drops it first (its output is then discarded).
+/// (within the bounds) when its caller drops it first (its output is then discarded).
 pub(crate) struct Detachable<F>
 where
     F: Future + Send + 'static,
@@ -128,6 +197,11 @@ where
     work: Option<TrackedFuture<Pin<Box<F>>>>,
     /// The span the work was started in; its caller polls it there, a detached task enters it.
     span: tracing::Span,
+    /// Set while the work is polled: still set when it is dropped, the poll unwound (the work
+    /// panicked) and the work is poisoned.
+    polling: bool,
+    detached: Arc<AtomicUsize>,
+    bounds: Bounds,
 }
 
 impl<F> Future for Detachable<F>
@@ -137,13 +211,17 @@ where
 {
     type Output = F::Output;
 
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
-        let work = self
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.get_mut();
+        let work = this
             .work
             .as_mut()
             .expect("Detachable polled after completion");
-        let out = std::task::ready!(Pin::new(work).poll(cx));
-        self.work = None;
+        this.polling = true;
+        let out = Pin::new(work).poll(cx);
+        this.polling = false;
+        let out = std::task::ready!(out);
+        this.work = None;
         Poll::Ready(out)
     }
 }
@@ -157,23 +235,65 @@ where
         let Some(work) = self.work.take() else {
             return;
         };
+        if self.polling {
+            // The poll unwound: the work panicked. Polled again it would only panic again.
+            tracing::warn!(
+                "idempotent work panicked; it is not run again and its key stays pending until its lease lapses"
+            );
+            return;
+        }
         // Outside a runtime (it is shutting down) there is nowhere to run the rest: it is
         // dropped, and its key stays pending until its lease lapses, as before this existed.
-        match tokio::runtime::Handle::try_current() {
-            Ok(rt) => {
-                tracing::debug!(
-                    "idempotent work abandoned by its caller; its handler runs on and its outcome is recorded"
-                );
-                drop(rt.spawn(
-                    work.instrument(std::mem::replace(&mut self.span, tracing::Span::none())),
-                ));
-            }
-            Err(_) => {
+        let Ok(rt) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(
+                "idempotent work abandoned outside a runtime; its handler is cancelled and its key stays pending until its lease lapses"
+            );
+            return;
+        };
+        let Some(slot) = Slot::take(&self.detached, self.bounds.max) else {
+            tracing::warn!(
+                max_detached = self.bounds.max,
+                "idempotent work abandoned by its caller while the most detached work already runs; its handler is cancelled and its key stays pending until its lease lapses"
+            );
+            return;
+        };
+        tracing::debug!(
+            "idempotent work abandoned by its caller; its handler runs on and its outcome is recorded"
+        );
+        let timeout = self.bounds.timeout;
+        let detached = async move {
+            let _slot = slot;
+            if tokio::time::timeout(timeout, work).await.is_err() {
                 tracing::warn!(
-                    "idempotent work abandoned outside a runtime; its handler is cancelled and its key stays pending until its lease lapses"
+                    detached_timeout = ?timeout,
+                    "idempotent work abandoned by its caller still runs at the detached timeout; its handler is cancelled and its key stays pending until its lease lapses"
                 );
             }
-        }
+        };
+        drop(
+            rt.spawn(detached.instrument(std::mem::replace(&mut self.span, tracing::Span::none()))),
+        );
+    }
+}
+
+/// One of the places for detached work, given back when the work ends or is cancelled.
+struct Slot(Arc<AtomicUsize>);
+
+impl Slot {
+    /// A place, if fewer than `max` are taken.
+    fn take(count: &Arc<AtomicUsize>, max: usize) -> Option<Self> {
+        count
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .ok()
+            .map(|_| Self(Arc::clone(count)))
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
@@ -208,5 +328,120 @@ mod tests {
             .expect("finished")
             .expect("reported");
         assert_eq!(name, Some("request"));
+    }
+    /// Counts its polls and its drop; pending forever, or panicking at its first poll.
+    struct Probe {
+        polls: Arc<AtomicUsize>,
+        dropped: Arc<AtomicUsize>,
+        panics: bool,
+    }
+
+    impl Future for Probe {
+        type Output = ();
+
+        fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<()> {
+            self.polls.fetch_add(1, Ordering::SeqCst);
+            assert!(!self.panics, "the handler panics on purpose");
+            Poll::Pending
+        }
+    }
+
+    impl Drop for Probe {
+        fn drop(&mut self) {
+            self.dropped.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+
+    fn probe(panics: bool) -> (Probe, Arc<AtomicUsize>, Arc<AtomicUsize>) {
+        let polls = Arc::new(AtomicUsize::new(0));
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let p = Probe {
+            polls: Arc::clone(&polls),
+            dropped: Arc::clone(&dropped),
+            panics,
+        };
+        (p, polls, dropped)
+    }
+
+    /// Polls `work` once in place, then drops it (its caller went away).
+    async fn poll_once_and_drop<F>(work: Detachable<F>)
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        let mut work = Box::pin(work);
+        let first = std::future::poll_fn(|cx| Poll::Ready(work.as_mut().poll(cx))).await;
+        assert!(first.is_pending());
+    }
+
+    /// Work whose poll panicked is poisoned: dropped after the panic (an outer catch, or the
+    /// task that caught it), it is not moved onto a task and polled again.
+    #[tokio::test(flavor = "current_thread")]
+    async fn panicked_work_is_not_polled_again() {
+        let in_flight = InFlightWork::new();
+        let (work, polls, dropped) = probe(true);
+        let mut work = Box::pin(in_flight.detachable(work));
+        let caught = std::future::poll_fn(|cx| {
+            Poll::Ready(std::panic::catch_unwind(std::panic::AssertUnwindSafe(
+                || work.as_mut().poll(cx),
+            )))
+        })
+        .await;
+        assert!(caught.is_err(), "the poll panicked");
+        drop(work);
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        assert_eq!(polls.load(Ordering::SeqCst), 1, "polled once, never again");
+        assert_eq!(dropped.load(Ordering::SeqCst), 1, "the work is dropped");
+        assert_eq!(in_flight.detached(), 0, "nothing detached");
+        assert!(in_flight.is_empty(), "nothing counted");
+    }
+
+    /// Detached work runs at most the detached timeout, then is cancelled; its place and its
+    /// count are given back.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn detached_work_is_cancelled_at_the_detached_timeout() {
+        let in_flight = InFlightWork::new();
+        let (work, _, dropped) = probe(false);
+        poll_once_and_drop(in_flight.detachable(work)).await;
+        assert_eq!(in_flight.detached(), 1, "detached");
+        tokio::time::sleep(DEFAULT_DETACHED_TIMEOUT - Duration::from_secs(1)).await;
+        assert_eq!(
+            dropped.load(Ordering::SeqCst),
+            0,
+            "still running before the bound"
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        assert_eq!(dropped.load(Ordering::SeqCst), 1, "cancelled at the bound");
+        assert_eq!(in_flight.detached(), 0);
+        assert!(in_flight.is_empty());
+    }
+
+    /// Beyond the most detached work at once, work its caller dropped is cancelled at once.
+    #[tokio::test(flavor = "current_thread", start_paused = true)]
+    async fn work_beyond_the_most_detached_is_cancelled() {
+        let mut in_flight = InFlightWork::new();
+        in_flight.set_max_detached(1);
+        let (first, _, first_dropped) = probe(false);
+        let (second, _, second_dropped) = probe(false);
+        poll_once_and_drop(in_flight.detachable(first)).await;
+        poll_once_and_drop(in_flight.detachable(second)).await;
+        tokio::task::yield_now().await;
+        assert_eq!(in_flight.detached(), 1, "one detached");
+        assert_eq!(first_dropped.load(Ordering::SeqCst), 0, "the first runs on");
+        assert_eq!(
+            second_dropped.load(Ordering::SeqCst),
+            1,
+            "the second is cancelled"
+        );
+        assert_eq!(in_flight.len(), 1);
+        // Its place is given back when it ends.
+        tokio::time::sleep(DEFAULT_DETACHED_TIMEOUT + Duration::from_secs(1)).await;
+        assert_eq!(in_flight.detached(), 0);
+        let (third, _, third_dropped) = probe(false);
+        poll_once_and_drop(in_flight.detachable(third)).await;
+        assert_eq!(in_flight.detached(), 1, "a place again");
+        assert_eq!(third_dropped.load(Ordering::SeqCst), 0);
     }
 }

@@ -49,6 +49,11 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// The default largest recorded body.
 pub const DEFAULT_MAX_RECORD_BODY: usize = 1024 * 1024;
 
+/// The longest lease, retention or wait the engine counts: about a century, as the stores keep
+/// at most. A longer one (up to `Duration::MAX`) counts as this, so no value can overflow a
+/// clock.
+const LONGEST: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
 /// Logs a renewal's outcome; `true` when the lease is lost for good (stop renewing).
 fn renewal_lost(res: Result<bool, StoreError>, key: &StoreKey) -> bool {
     match res {
@@ -250,11 +255,11 @@ impl<S: Store> Engine<S> {
     }
 
     pub(crate) fn set_lease(&mut self, lease: Duration) {
-        self.lease = lease.max(Duration::from_millis(3));
+        self.lease = lease.clamp(Duration::from_millis(3), LONGEST);
     }
 
     pub(crate) fn set_ttl(&mut self, ttl: Duration) {
-        self.ttl = ttl.max(Duration::from_millis(1));
+        self.ttl = ttl.clamp(Duration::from_millis(1), LONGEST);
     }
 
     pub(crate) fn set_max_record_body(&mut self, bytes: usize) {
@@ -322,7 +327,8 @@ impl<S: Store> Engine<S> {
     /// A store that is told when a key settles (the memory store, in process) wakes the waiter
     /// at once; any other is asked again with backoff (10 ms, doubling to 250 ms), each ask one
     /// claim round trip. The wait also ends when the first run's lease lapses (the key is then
-    /// claimed by this request, as by any request after the lease).
+    /// claimed by this request, as by any request after the lease). Any bound is accepted
+    /// (`Duration::MAX` waits until the first run settles or its lease lapses).
     ///
     /// # Errors
     /// The store's error; the work must not run.
@@ -334,7 +340,7 @@ impl<S: Store> Engine<S> {
     ) -> Result<Begin, StoreError> {
         const FIRST_POLL: Duration = Duration::from_millis(10);
         const MAX_POLL: Duration = Duration::from_millis(250);
-        let deadline = tokio::time::Instant::now() + bound;
+        let deadline = tokio::time::Instant::now() + bound.min(LONGEST);
         let mut poll = FIRST_POLL;
         loop {
             let begin = self.begin(key, fingerprint).await?;
@@ -610,13 +616,14 @@ pub struct EngineBuilder<S> {
 
 impl<S: Store> EngineBuilder<S> {
     /// How long a claim holds a key (default 60 s); renewed while the work runs, at a third of
-    /// the lease. At least 3 ms.
+    /// the lease. At least 3 ms, at most about a century (a longer one counts as that).
     pub fn lease(mut self, lease: Duration) -> Self {
         self.engine.set_lease(lease);
         self
     }
 
-    /// How long a completed record is kept (default 24 h). At least 1 ms.
+    /// How long a completed record is kept (default 24 h). At least 1 ms, at most about a
+    /// century (a longer one counts as that).
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.engine.set_ttl(ttl);
         self

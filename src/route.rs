@@ -541,6 +541,37 @@ mod tests {
         );
     }
 
+    static LONGEST: RouteOptions = RouteOptions::new()
+        .lease(Duration::MAX)
+        .ttl(Duration::MAX)
+        .wait_in_flight(Duration::MAX);
+    static SHORTEST: RouteOptions = RouteOptions::new()
+        .lease(Duration::ZERO)
+        .ttl(Duration::ZERO)
+        .wait_in_flight(Duration::ZERO);
+
+    /// No duration a route may name overflows a clock: the longest count as about a century,
+    /// the shortest as the least the engine keeps.
+    #[test]
+    fn route_durations_at_the_extremes_stay_in_range() {
+        let config = IdempotentRoutes::new(shared());
+        let century = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+        let longest = config.layer_for(&LONGEST);
+        let engine = longest.engine();
+        assert_eq!((engine.lease(), engine.ttl()), (century, century));
+        assert_eq!(
+            longest.state.config.wait_in_flight,
+            Duration::MAX,
+            "any wait is kept"
+        );
+        let shortest = config.layer_for(&SHORTEST);
+        let engine = shortest.engine();
+        assert_eq!(
+            (engine.lease(), engine.ttl()),
+            (Duration::from_millis(3), Duration::from_millis(1))
+        );
+    }
+
     #[test]
     fn a_route_layer_is_built_once_per_config() {
         let config = IdempotentRoutes::new(shared());

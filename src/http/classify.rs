@@ -5,6 +5,8 @@
 //! classification hook releases them; a streaming response (a streaming media type, or a body
 //! not ended within the collection bound) and a body over the record limit are sent on as they
 //! come and recorded as status and headers only once they have ended (released if they fail).
+//! A response declared definitive whose body cannot be recorded whole is recorded as status
+//! and headers at once, whatever its body does after (its work is done).
 //! gRPC (an HTTP 200 to a gRPC request): the outcome is the gRPC status, read from the headers
 //! of a Trailers-Only response or else from the trailers, so the body is read first (see
 //! [gRPC mode](super::grpc#classification)).
@@ -143,20 +145,23 @@ where
 /// bound. A body read whole is recorded (its bytes only in full mode), then sent; a streaming
 /// media type, a longer body or a slower one is sent on as it comes and recorded as status and
 /// headers once it has ended. A response declared `definitive` is recorded whatever its
-/// status (but 304), without asking the hook.
+/// status (but 304), without asking the hook; when its body cannot be recorded whole (a
+/// streaming type, over the limit, slower than the bound, or failing while read), its status
+/// and headers are recorded at once, whatever the body does after: the work is done, and a
+/// retry must be answered, never run again.
 async fn classify_http<B>(
     config: &Config,
     max: usize,
     tail: usize,
     key: &StoreKey,
     res: Response<B>,
-    definitive: bool,
+    declared: bool,
 ) -> Outcome<B>
 where
     B: Body<Data = Bytes> + Send + 'static,
 {
     let status = res.status().as_u16();
-    let recordable = if definitive {
+    let recordable = if declared {
         is_recordable_definitive(status)
     } else {
         is_recordable(status)
@@ -165,7 +170,7 @@ where
         return Outcome::Release(res.map(ResponseBody::passthrough));
     }
     let (parts, body) = res.into_parts();
-    if !definitive
+    if !declared
         && let Some(f) = &config.classify_fn
         && f(&parts) == Classification::Release
     {
@@ -175,7 +180,14 @@ where
     let full = config.response_mode == ResponseMode::Full;
     // The record carries the declaration only where the table would not record the status,
     // so a flipped flag on any other record is refused at replay.
-    let definitive = definitive && !is_recordable(status);
+    let definitive = declared && !is_recordable(status);
+    // A body that goes out as it comes: recorded once it has ended, or at once when declared
+    // definitive (its end, a failure or the client leaving must not free or lapse the key).
+    let at_end = if declared {
+        Outcome::Record
+    } else {
+        Outcome::RecordAtEnd
+    };
     let over_limit = || {
         if full {
             tracing::warn!(key = ?key, "response body over the record limit; recording status and headers only");
@@ -184,16 +196,16 @@ where
     // A body with nothing to send is read at once (a streamed empty body may not be polled).
     let empty = body.is_end_stream() || body.size_hint().exact() == Some(0);
     if !empty && config.is_streaming(&parts.headers) {
-        tracing::debug!(key = ?key, "streaming response; sent as it comes, recorded as status and headers once it has ended");
+        tracing::debug!(key = ?key, "streaming response; sent as it comes, recorded as status and headers");
         let written = status_only(config, status, &parts.headers, definitive, tail);
         let res = Response::from_parts(parts, ResponseBody::passthrough(body));
-        return keep_unless_written(res, key, written, Outcome::RecordAtEnd);
+        return keep_unless_written(res, key, written, at_end);
     }
     if body.size_hint().lower() > max as u64 {
         over_limit();
         let written = status_only(config, status, &parts.headers, definitive, tail);
         let res = Response::from_parts(parts, ResponseBody::passthrough(body));
-        return keep_unless_written(res, key, written, Outcome::RecordAtEnd);
+        return keep_unless_written(res, key, written, at_end);
     }
     match collect_limited(body, max, config.collect_timeout).await {
         Collected::Whole { data, trailers } => {
@@ -215,18 +227,43 @@ where
             over_limit();
             let written = status_only(config, status, &parts.headers, definitive, tail);
             let res = Response::from_parts(parts, ResponseBody::prefixed(prefix, rest));
-            keep_unless_written(res, key, written, Outcome::RecordAtEnd)
+            keep_unless_written(res, key, written, at_end)
         }
         Collected::Slow { prefix, rest } => {
-            tracing::info!(key = ?key, timeout = ?config.collect_timeout, "response body not ended within the collection bound; sent as it comes, recorded as status and headers once it has ended");
+            tracing::info!(key = ?key, timeout = ?config.collect_timeout, "response body not ended within the collection bound; sent as it comes, recorded as status and headers");
             let written = status_only(config, status, &parts.headers, definitive, tail);
             let res = Response::from_parts(parts, ResponseBody::prefixed(prefix, rest));
-            keep_unless_written(res, key, written, Outcome::RecordAtEnd)
+            keep_unless_written(res, key, written, at_end)
+        }
+        Collected::Failed { prefix, error } if declared => {
+            tracing::warn!(key = ?key, status, "response declared definitive failed while its body was read; recording status and headers only");
+            let written = status_only(config, status, &parts.headers, definitive, tail);
+            let res = Response::from_parts(parts, ResponseBody::failed(prefix, error));
+            keep_unless_written(res, key, written, Outcome::Record)
         }
         Collected::Failed { prefix, error } => Outcome::Release(Response::from_parts(
             parts,
             ResponseBody::failed(prefix, error),
         )),
+    }
+}
+
+/// A gRPC response declared definitive whose status cannot be read (its body is over the
+/// record limit, slower than the bound, or failed): nothing a replay could answer with can be
+/// recorded, and the work must not run again at once, so the key is held until its lease
+/// lapses; otherwise it is released.
+fn unread_grpc<B: Body>(
+    key: &StoreKey,
+    res: Response<ResponseBody<B>>,
+    definitive: bool,
+    why: &'static str,
+) -> Outcome<B> {
+    if definitive {
+        tracing::warn!(outcome = "held", key = ?key, why, "gRPC response declared definitive but its status cannot be recorded; the key stays pending until its lease lapses");
+        Outcome::Keep(res)
+    } else {
+        tracing::info!(key = ?key, why, "gRPC response released, not recorded");
+        Outcome::Release(res)
     }
 }
 
@@ -244,32 +281,30 @@ where
     B: Body<Data = Bytes> + Send + 'static,
 {
     let (parts, body) = res.into_parts();
+    const OVER: &str = "over the record limit";
     if body.size_hint().lower() > max as u64 {
-        tracing::warn!(key = ?key, "gRPC response over the record limit; released, not recorded");
-        return Outcome::Release(Response::from_parts(parts, ResponseBody::passthrough(body)));
+        let res = Response::from_parts(parts, ResponseBody::passthrough(body));
+        return unread_grpc(key, res, definitive, OVER);
     }
     let (data, trailers) = match collect_limited(body, max, config.collect_timeout).await {
         Collected::Whole { data, trailers } => (data, trailers),
         Collected::TooLarge { prefix, rest } => {
-            tracing::warn!(key = ?key, "gRPC response over the record limit; released, not recorded");
-            return Outcome::Release(Response::from_parts(
-                parts,
-                ResponseBody::prefixed(prefix, rest),
-            ));
+            let res = Response::from_parts(parts, ResponseBody::prefixed(prefix, rest));
+            return unread_grpc(key, res, definitive, OVER);
         }
         Collected::Slow { prefix, rest } => {
             // As over the limit: the status comes at the end, and an empty stream is no answer.
-            tracing::info!(key = ?key, timeout = ?config.collect_timeout, "gRPC response not ended within the collection bound; sent as it comes, released, not recorded");
-            return Outcome::Release(Response::from_parts(
-                parts,
-                ResponseBody::prefixed(prefix, rest),
-            ));
+            let res = Response::from_parts(parts, ResponseBody::prefixed(prefix, rest));
+            return unread_grpc(
+                key,
+                res,
+                definitive,
+                "not ended within the collection bound",
+            );
         }
         Collected::Failed { prefix, error } => {
-            return Outcome::Release(Response::from_parts(
-                parts,
-                ResponseBody::failed(prefix, error),
-            ));
+            let res = Response::from_parts(parts, ResponseBody::failed(prefix, error));
+            return unread_grpc(key, res, definitive, "failed while read");
         }
     };
     // A Trailers-Only response has its status in the headers (tonic's clients look there first).

@@ -14,7 +14,7 @@ use http::Response;
 /// | declared | the key | a retry under the key |
 /// | --- | --- | --- |
 /// | [`NotStarted`](Self::NotStarted) | released, whatever the status | runs the handler again |
-/// | [`Definitive`](Self::Definitive) | recorded, whatever the status (2xx–5xx, not 304) | is replayed this response |
+/// | [`Definitive`](Self::Definitive) | recorded, whatever the status (2xx–5xx, not 304), and whatever its body does | is replayed this response |
 /// | [`Ambiguous`](Self::Ambiguous) | neither: pending until its lease lapses | gets 409 until then, runs again after |
 ///
 /// **Why a 5xx may be recorded.** By default a 5xx is released: most 5xx mean the work did not
@@ -27,6 +27,15 @@ use http::Response;
 /// cannot tell whether the effect happened (a payment provider timed out) declares the
 /// outcome ambiguous: the key stays held for the lease, time for a reconciliation job to
 /// settle it, instead of a retry running the work at once.
+///
+/// **A definitive body that cannot be recorded whole** (over the record limit, slower than the
+/// collection bound, a streaming media type, or failing while read) never frees the key: the
+/// status and headers are recorded at once, before the body goes on, and a retry is replayed
+/// them with an empty body, whether the body then ends, fails, or its client leaves. (Without
+/// the declaration such a body is recorded only once it has ended, and released if it
+/// fails.) A gRPC response keeps its status in its trailers, at the end of such a body: with
+/// nothing a replay could answer, its key is held until its lease lapses instead (409 until
+/// then, a re-run after), never released.
 ///
 /// Precedence: a marker wins over the classification table and the
 /// [`classify`](super::IdempotencyLayer::classify) hook. A rejection of another idempotency
@@ -57,8 +66,9 @@ pub enum Declared {
     /// so the corrected request can be sent with the same key.
     NotStarted,
     /// The work's final answer, whatever the status (a 500 after an effect that cannot be
-    /// undone): recorded and replayed. A `304 Not Modified` is never recorded (it means
-    /// nothing without the request's validators) and is released.
+    /// undone): recorded and replayed (as status and headers when the body cannot be recorded
+    /// whole). A `304 Not Modified` is never recorded (it means nothing without the request's
+    /// validators) and is released.
     Definitive,
     /// The work may or may not have happened: the key stays pending until its lease lapses,
     /// so a retry neither replays nor runs at once (409 until then).

@@ -599,15 +599,65 @@ impl<St: Store> IdempotencyLayer<St> {
     /// after): for handlers that must stop when nobody waits for them (an expensive report
     /// nobody will read), and whose side effects are safe to cut short.
     ///
-    /// Two limits. A response whose body streams through (a streaming media type, a body over
-    /// the record limit or slower than the collection bound; see
+    /// Work that runs on is bounded, in time by [`detached_timeout`](Self::detached_timeout)
+    /// (default 5 min after its caller left) and in number by
+    /// [`max_detached`](Self::max_detached) (default 1024 at once): a hung handler does not
+    /// hold its key, nor the process, forever, and work whose callers left does not escape
+    /// the concurrency limits and timeouts outside the layer. Work cut by either bound is
+    /// treated as with `false`: nothing recorded, nothing released.
+    ///
+    /// Three limits. A response whose body streams through (a streaming media type, a body
+    /// over the record limit or slower than the collection bound; see
     /// [response bodies](super#response-bodies)) is not drained for a caller that has gone:
-    /// its key stays pending until its lease lapses, as before. And work is finished only
+    /// its key stays pending until its lease lapses, as before. A handler that panicked is
+    /// never run on (its key stays pending until its lease lapses). And work is finished only
     /// while the runtime lives; a process that exits (or a runtime shut down) with work
     /// running leaves those keys pending.
     #[must_use]
     pub fn run_to_completion(self, on: bool) -> Self {
         self.config(|c| c.run_to_completion = on)
+    }
+
+    /// How long work whose caller went away runs on before it is cancelled (default 5 min,
+    /// [`DEFAULT_DETACHED_TIMEOUT`](super::DEFAULT_DETACHED_TIMEOUT)); see
+    /// [`run_to_completion`](Self::run_to_completion). The bound starts when the caller goes
+    /// away. Any value is accepted: `Duration::MAX` never cancels, `ZERO` cancels at the
+    /// work's next wait.
+    ///
+    /// At the bound the work is cancelled where it stands and its lease is no longer renewed:
+    /// nothing is recorded (the handler gave no answer) and nothing is released (it may have
+    /// had effects, and a retry must not run beside them at once). The key stays pending until
+    /// its lease lapses (409 until then), and a retry after it runs the work again, as after a
+    /// crash. Set it above the slowest handler's time: work cut short may have done part of
+    /// its effects.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::new().detached_timeout(Duration::from_secs(60));
+    /// ```
+    #[must_use]
+    pub fn detached_timeout(mut self, timeout: Duration) -> Self {
+        Arc::make_mut(&mut self.state)
+            .in_flight
+            .set_detached_timeout(timeout);
+        self
+    }
+
+    /// How many works whose callers went away run on at once, for this layer and every
+    /// service and route made from it (default 1024,
+    /// [`DEFAULT_MAX_DETACHED`](super::DEFAULT_MAX_DETACHED)); see
+    /// [`run_to_completion`](Self::run_to_completion). Work dropped by its caller while that
+    /// many run is cancelled where it stands, as with `run_to_completion(false)`: nothing
+    /// recorded, nothing released, its key pending until its lease lapses. (The caller is
+    /// gone: there is no one to make wait.) Zero detaches nothing.
+    #[must_use]
+    pub fn max_detached(mut self, max: usize) -> Self {
+        Arc::make_mut(&mut self.state)
+            .in_flight
+            .set_max_detached(max);
+        self
     }
 
     /// How long a duplicate that finds the same request in flight waits for the first run to

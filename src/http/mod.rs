@@ -42,6 +42,13 @@
 //! [`run_to_completion(false)`](IdempotencyLayer::run_to_completion) (the handler is then
 //! cancelled, and the key stays pending until its lease lapses).
 //!
+//! Work that runs on is bounded: it is cancelled [`detached_timeout`](IdempotencyLayer::detached_timeout)
+//! after its caller left (default 5 min), and work dropped while
+//! [`max_detached`](IdempotencyLayer::max_detached) works already run on (default 1024) is
+//! cancelled at once. Cancelled work records and releases nothing: its key stays pending until
+//! its lease lapses (409 until then, a re-run after), as after a crash. A handler that panicked
+//! is never run on either; its key too is left to its lease.
+//!
 //! # Response bodies
 //!
 //! A recordable response's body is read before the response goes out, up to the record limit
@@ -66,6 +73,10 @@
 //! | fails | released, not recorded: a retry runs again (a success the client never received is never replayed) |
 //! | is dropped before its end (the client went away) | neither completed nor released: it stays pending until its lease lapses (409 until then, a re-run after), as when the client goes away mid-handler |
 //! | has not ended after `stream_lease_limit` (default 5 min) | its lease is no longer renewed and lapses: a retry after that runs again while the first stream goes on; a body that ends later is still recorded unless a retry holds the key by then |
+//!
+//! A response [declared definitive](Declared::Definitive) is the exception: its status and
+//! headers are recorded at once, before its body goes on, so neither a failing body, nor a
+//! client that leaves, nor the stream lease limit can free its key or let it lapse.
 //!
 //! Until its end (or the limit) the key stays pending, its lease renewed, so a duplicate gets
 //! 409. The limit is the trade-off for a stream that never ends (a subscription sent with a
@@ -168,7 +179,7 @@ mod rejection;
 mod replay;
 mod service;
 
-pub use crate::detach::InFlightWork;
+pub use crate::detach::{DEFAULT_DETACHED_TIMEOUT, DEFAULT_MAX_DETACHED, InFlightWork};
 pub use body::{RequestBody, ResponseBody};
 pub use config::{
     Classification, ConfigError, ConfigErrorKind, DEFAULT_COLLECT_TIMEOUT,

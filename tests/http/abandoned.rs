@@ -128,7 +128,8 @@ async fn the_shutdown_wait_is_bounded() {
     let mut conn = tokio::net::TcpStream::connect(server.addr())
         .await
         .expect("connect to the test server");
-    conn.write_all(raw_post("slow", 1_500).as_bytes())
+    // Seconds longer than the short wait below, so a loaded machine still sees it unfinished.
+    conn.write_all(raw_post("slow", 4_000).as_bytes())
         .await
         .expect("write the request");
     work.wait_runs("slow", 1).await;

@@ -6,7 +6,6 @@ use crate::support;
 use std::time::Duration;
 use support::http::{Answer, RequestExt, SpyStore, bounded, eventually, send, server_with};
 use tokio::io::AsyncWriteExt;
-use tokio::time::Instant;
 use tower_idempotency::IdempotencyLayer;
 
 const BODY: &str = r#"{"item":"book"}"#;
@@ -73,24 +72,39 @@ async fn hundred_concurrent_duplicates_run_the_handler_exactly_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn handler_slower_than_the_lease_keeps_its_claim_by_renewal() {
-    let store = SpyStore::new();
-    let layer = IdempotencyLayer::with_store(store.clone()).lease(Duration::from_millis(300));
+    // The store's clock is moved by hand, by less than a lease each time and only once a
+    // renewal has been seen: the key outlives its first lease by renewal alone, and a busy
+    // machine cannot make it lapse early.
+    let clock = tower_idempotency::store::clock::ManualClock::new();
+    let store = SpyStore::over(
+        tower_idempotency::MemoryStore::builder()
+            .clock(clock.clone())
+            .build()
+            .expect("a valid store"),
+    );
+    let lease = Duration::from_millis(300);
+    let layer = IdempotencyLayer::with_store(store.clone()).lease(lease);
     let (server, work) = server_with(layer).await;
     let request = || server.post("/work", BODY).principal("alice").key("slow");
-    let start = Instant::now();
-    let first = tokio::spawn(send(request().delay_ms(1_200)));
+    let first = tokio::spawn(send(request().delay_ms(3_000)));
     assert!(
         eventually(Duration::from_secs(5), || work.executions() == 1).await,
         "the first request reached the handler"
     );
-    for at in [600, 1_000] {
-        tokio::time::sleep_until(start + Duration::from_millis(at)).await;
+    for step in 1..=3 {
+        let renewed = store.renews();
+        assert!(
+            eventually(Duration::from_secs(5), || store.renews() > renewed).await,
+            "the lease is renewed while the handler runs"
+        );
+        clock.advance(lease * 2 / 3);
         let dup = send(request()).await;
         dup.assert_problem(409, "idempotency.in_flight");
         assert_eq!(
             work.executions(),
             1,
-            "the duplicate at {at} ms did not start a second execution"
+            "the duplicate after {step} steps ({:?} on the store's clock, lease {lease:?}) did not start a second execution",
+            lease * 2 / 3 * step
         );
     }
     let first = bounded(Duration::from_secs(10), "the slow request", first)
@@ -122,10 +136,14 @@ fn raw_post(key: &str, delay_ms: u64) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_run_to_completion_a_dropped_client_leaves_the_key_pending_until_the_lease_lapses()
 {
-    let lease = Duration::from_millis(600);
-    let layer = IdempotencyLayer::with_store(SpyStore::new())
-        .lease(lease)
-        .run_to_completion(false);
+    // The store's clock is moved by hand: a busy machine cannot make the lease lapse early.
+    let clock = tower_idempotency::store::clock::ManualClock::new();
+    let store = tower_idempotency::MemoryStore::builder()
+        .clock(clock.clone())
+        .build()
+        .expect("a valid store");
+    let layer = IdempotencyLayer::with_store(SpyStore::over(store)).run_to_completion(false);
+    let lease = layer.engine().lease();
     let (server, work) = server_with(layer).await;
 
     let mut conn = tokio::net::TcpStream::connect(server.addr())
@@ -143,18 +161,16 @@ async fn without_run_to_completion_a_dropped_client_leaves_the_key_pending_until
         eventually(Duration::from_secs(5), || work.cancelled() == 1).await,
         "the server dropped the handler when its client went away"
     );
-    let gone_at = Instant::now();
 
     let request = || server.post("/work", BODY).principal("alice").key("gone");
     let right_after = send(request()).await;
-    assert!(
-        gone_at.elapsed() < lease / 2,
-        "the check ran well within the lease (took {:?}); the machine is too slow for this test",
-        gone_at.elapsed()
-    );
     right_after.assert_problem(409, "idempotency.in_flight");
+    clock.advance(lease - Duration::from_millis(1));
+    send(request())
+        .await
+        .assert_problem(409, "idempotency.in_flight");
 
-    tokio::time::sleep_until(gone_at + lease + Duration::from_millis(200)).await;
+    clock.advance(Duration::from_millis(2));
     let after_lease = send(request()).await;
     assert_eq!(after_lease.status, 201, "{}", after_lease.describe());
     assert!(

@@ -53,9 +53,10 @@ async fn record_times<St: Store>(store: St) {
         .expect("the replay's age")
         .parse()
         .expect("seconds");
+    // At least the second slept; a loaded machine may add seconds.
     assert!(
-        (1..=3).contains(&age),
-        "the record is about a second old ({age} s)"
+        (1..=60).contains(&age),
+        "the record is at least a second old ({age} s)"
     );
 }
 

@@ -277,7 +277,15 @@ async fn body_ended_within_the_collection_bound_is_recorded_whole() {
 async fn stream_that_never_ends_holds_its_key_only_up_to_the_stream_lease_limit() {
     let lease = Duration::from_millis(300);
     let limit = Duration::from_millis(900);
-    let store = SpyStore::new();
+    // The store's clock is moved by hand: the lease lapses when the test says, not when a busy
+    // machine falls behind its renewals.
+    let clock = tower_idempotency::store::clock::ManualClock::new();
+    let store = SpyStore::over(
+        tower_idempotency::MemoryStore::builder()
+            .clock(clock.clone())
+            .build()
+            .expect("a valid store"),
+    );
     let layer = IdempotencyLayer::with_store(store.clone())
         .lease(lease)
         .stream_lease_limit(limit);
@@ -286,21 +294,21 @@ async fn stream_that_never_ends_holds_its_key_only_up_to_the_stream_lease_limit(
     let started = Instant::now();
     let mut res = open(request(&server, "k-endless")).await;
     read_exactly(&mut res, "first;").await;
-    // Within the limit the lease is renewed: two leases on, a duplicate is still in flight.
-    tokio::time::sleep_until(started + 2 * lease).await;
+    // Within the limit the lease is renewed.
+    assert!(
+        eventually(PROMPTLY, || store.renews() > 0).await,
+        "the lease was renewed while the body streamed"
+    );
     send(request(&server, "k-endless"))
         .await
         .assert_problem(409, "idempotency.in_flight");
-    assert!(
-        store.renews() > 0,
-        "the lease was renewed while the body streamed"
-    );
 
     // Then renewal stops and the key is left to its lease.
-    tokio::time::sleep_until(started + limit + lease).await;
+    tokio::time::sleep_until(started + limit + 3 * lease).await;
     let renews = store.renews();
     tokio::time::sleep(2 * lease).await;
     assert_eq!(store.renews(), renews, "no renewal after the limit");
+    clock.advance(lease + Duration::from_millis(1));
 
     // Once the lease lapsed, a retry runs again, while the first stream still goes on.
     let retry_deadline = Instant::now() + PROMPTLY;
@@ -327,10 +335,17 @@ async fn stream_that_never_ends_holds_its_key_only_up_to_the_stream_lease_limit(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_going_away_mid_stream_leaves_the_key_pending_until_its_lease_lapses() {
-    let lease = Duration::from_millis(400);
-    let store = SpyStore::new();
-    let (server, streams) =
-        server_with(IdempotencyLayer::with_store(store.clone()).lease(lease)).await;
+    // The store's clock is moved by hand: a busy machine cannot make the lease lapse early.
+    let clock = tower_idempotency::store::clock::ManualClock::new();
+    let store = SpyStore::over(
+        tower_idempotency::MemoryStore::builder()
+            .clock(clock.clone())
+            .build()
+            .expect("a valid store"),
+    );
+    let layer = IdempotencyLayer::with_store(store.clone());
+    let lease = layer.engine().lease();
+    let (server, streams) = server_with(layer).await;
 
     let mut res = open(request(&server, "k-gone")).await;
     read_exactly(&mut res, "first;").await;
@@ -343,14 +358,17 @@ async fn client_going_away_mid_stream_leaves_the_key_pending_until_its_lease_lap
         .await,
         "the server let go of the body"
     );
-    let gone_at = Instant::now();
     assert_eq!(store.completes(), 0, "the client never received the end");
     assert_eq!(store.releases(), 0, "the work happened: not released");
     send(request(&server, "k-gone"))
         .await
         .assert_problem(409, "idempotency.in_flight");
+    clock.advance(lease - Duration::from_millis(1));
+    send(request(&server, "k-gone"))
+        .await
+        .assert_problem(409, "idempotency.in_flight");
 
-    tokio::time::sleep_until(gone_at + lease + Duration::from_millis(200)).await;
+    clock.advance(Duration::from_millis(2));
     let mut retry = open(request(&server, "k-gone")).await;
     assert_eq!(retry.status(), 200, "re-run after the lease");
     read_exactly(&mut retry, "first;").await;
