@@ -293,11 +293,9 @@ async fn finish(
         Ok(e) => Ended::Conflict(e),
         Err(e) => Ended::Failed(e.into_store(op)),
     };
-    if !own {
-        if let Err(e) = store.restore(&mut tx, lifted).await {
-            let failed = ended(e, "PostgreSQL settings");
-            return Err(rolled_back(tx, failed).await);
-        }
+    if !own && let Err(e) = store.restore(&mut tx, lifted).await {
+        let failed = ended(e, "PostgreSQL settings");
+        return Err(rolled_back(tx, failed).await);
     }
     tx.commit()
         .await
