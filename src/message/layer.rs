@@ -346,6 +346,28 @@ impl<St, K, C, F, P> MessageIdempotencyLayer<St, K, C, F, P> {
         self.config(|c| c.run_to_completion = on)
     }
 
+    /// How long a handler whose caller went away runs on before it is cancelled (default
+    /// 5 min, as the HTTP layer's [`detached_timeout`](crate::IdempotencyLayer::detached_timeout));
+    /// see [`run_to_completion`](Self::run_to_completion). Any value is accepted:
+    /// `Duration::MAX` never cancels. At the bound the handler is cancelled where it stands:
+    /// nothing is recorded and nothing is released (it may have had effects), so its key stays
+    /// pending until its lease lapses and the redelivery after that runs it again, as after a
+    /// crash. Set it above the slowest handler's time.
+    pub fn detached_timeout(mut self, timeout: Duration) -> Self {
+        self.in_flight.set_detached_timeout(timeout);
+        self
+    }
+
+    /// How many handlers whose callers went away run on at once, for this layer and every
+    /// service made from it (default 1024, as the HTTP layer's
+    /// [`max_detached`](crate::IdempotencyLayer::max_detached)). A handler dropped while that
+    /// many run is cancelled where it stands, its key pending until its lease lapses. Zero
+    /// detaches nothing.
+    pub fn max_detached(mut self, max: usize) -> Self {
+        self.in_flight.set_max_detached(max);
+        self
+    }
+
     /// The claimed messages of this layer (and of every service made from it and its clones)
     /// whose handling has not finished, to wait on at shutdown (see [`InFlightWork`]).
     ///

@@ -68,7 +68,7 @@
 //! | a duplicate while the first runs (or while a crashed first delivery's claim is pending), [`InProgress::Wait(bound)`](InProgress::Wait) (default, 1 s) | not run; waits for the first | the first's outcome: `Ok(Handled::Duplicate(stored))`, or it runs if the first was released or its lease lapsed; past the bound as `Reject` | ack (or as `Reject`) |
 //! | the same, [`InProgress::Reject`] | not run | `Err`, kind `InFlight`, [`retry_after`](MessageError::retry_after) = the lease the first run's claim has left, at most a third of the lease | redeliver after a short delay, growing per delivery, at most `retry_after` |
 //! | the same, [`InProgress::Skip`] (opt-in: loses a crashed holder's message) | not run | `Ok(Handled::Skipped)` | ack |
-//! | the caller drops the future after the claim (consumer shutdown, an outer timeout) | finishes on a task of its own ([`run_to_completion`](MessageIdempotencyLayer::run_to_completion), default) | none (no one listens); recorded or released as if it did | the redelivery is a completed duplicate: ack |
+//! | the caller drops the future after the claim (consumer shutdown, an outer timeout) | finishes on a task of its own ([`run_to_completion`](MessageIdempotencyLayer::run_to_completion), default), at most [`detached_timeout`](MessageIdempotencyLayer::detached_timeout) | none (no one listens); recorded or released as if it did | the redelivery is a completed duplicate: ack |
 //! | the key used before by a different message | not run | `Err`, kind `KeyReused` | dead-letter, and look at the producer |
 //! | the store fails on claim | not run | `Err`, kind `Store` | redeliver with backoff |
 //! | the store fails on record, after `Ok(r)` | ran | `Ok(Handled::Ran(r))`, warning; the key stays pending until its lease lapses | ack |
@@ -130,6 +130,11 @@
 //! [`MessageIdempotencyLayer::in_flight`] ([`InFlightWork::wait`], bounded); with
 //! [`run_to_completion(false)`](MessageIdempotencyLayer::run_to_completion) a dropped future
 //! cancels the handler and its key stays pending until its lease lapses, as after a crash.
+//! Work that runs on is bounded: in time by
+//! [`detached_timeout`](MessageIdempotencyLayer::detached_timeout) (5 min after its caller
+//! left) and in number by [`max_detached`](MessageIdempotencyLayer::max_detached) (1024 at
+//! once); work cut by either bound is treated as with `run_to_completion(false)`. A handler
+//! that panicked is never polled again.
 
 mod codec;
 mod error;

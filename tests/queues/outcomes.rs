@@ -540,6 +540,35 @@ macro_rules! outcomes_suite {
         }
 
         #[tokio::test]
+        async fn a_hung_handler_whose_consumer_left_is_cancelled_at_the_detached_timeout() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let door = layer(&engine, &namespace())
+                .detached_timeout(Duration::from_millis(200))
+                .in_progress(InProgress::Reject);
+            let in_flight = door.in_flight();
+            let svc = ServiceBuilder::new().layer(door).service(work.service());
+            let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
+            work.started.notified().await;
+            first.abort();
+            assert!(first.await.unwrap_err().is_cancelled());
+            // The handler never returns (its gate stays shut): only the bound ends it.
+            assert!(
+                in_flight.wait(Duration::from_secs(20)).await,
+                "cancelled at the detached timeout"
+            );
+            assert_eq!(in_flight.detached(), 0);
+            assert_eq!(
+                call(&svc, keyed("k1", "slow")).await.unwrap_err().kind(),
+                MessageErrorKind::InFlight,
+                "nothing recorded, nothing released: the key waits out its lease"
+            );
+            assert_eq!(work.runs(), 1);
+        }
+
+        #[tokio::test]
         async fn without_run_to_completion_a_dropped_delivery_is_cancelled() {
             let Some((_, engine)) = setup().await else {
                 return;
