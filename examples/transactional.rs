@@ -172,7 +172,7 @@ async fn create_order(
 
     match outcome {
         Ok(Within::Ran(recorded)) => respond(recorded, false),
-        Ok(Within::Replay(recorded)) => respond(recorded, true),
+        Ok(Within::Replayed(recorded)) => respond(recorded, true),
         Ok(Within::InFlight) => Rejection::new(
             RejectionKind::InFlight,
             "a request with this key is still being processed; retry later",

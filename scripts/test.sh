@@ -24,7 +24,7 @@
 #
 # Examples:
 #   scripts/test.sh
-#   scripts/test.sh --test stores -- redis_store:: --nocapture
+#   scripts/test.sh --test store -- redis_store:: --nocapture
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."

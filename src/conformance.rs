@@ -754,7 +754,7 @@ pub async fn engine_run_in_flight_reused_replay<H: Harness>(h: H) {
         "the ticket's complete must be written"
     );
     match ok(engine.begin(key, fa).await, "begin") {
-        Begin::Replay(replayed) => assert_eq!(
+        Begin::Replayed(replayed) => assert_eq!(
             replayed, response,
             "the replay must equal the stored response"
         ),

@@ -551,7 +551,7 @@ impl<'a> Parser<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fingerprint::Fingerprint;
+    use crate::engine::fingerprint::Fingerprint;
     use proptest::prelude::*;
 
     fn fp(body: &str) -> Option<Fingerprint> {

@@ -34,7 +34,7 @@
 //! })
 //! .await?;
 //! match outcome {
-//!     Within::Ran(response) | Within::Replay(response) => println!("{}", response.status),
+//!     Within::Ran(response) | Within::Replayed(response) => println!("{}", response.status),
 //!     Within::InFlight => println!("409: the first request is still running"),
 //!     Within::KeyReused => println!("422: this key was used for another request"),
 //!     other => println!("503: {other:?}"),
@@ -57,10 +57,10 @@
 //!
 //! | the first request | the duplicate |
 //! | --- | --- |
-//! | commits within the lock wait ([`PostgresStoreBuilder::lock_timeout`], 1 s by default) | gets [`Within::Replay`] of the first's record |
+//! | commits within the lock wait ([`PostgresStoreBuilder::lock_timeout`], 1 s by default) | gets [`Within::Replayed`] of the first's record |
 //! | runs longer | gets [`Within::InFlight`] once the wait ends (HTTP: 409, retry later) |
 //! | rolls back (its work failed, its connection died) | claims the key and runs |
-//! | committed earlier | [`Within::Replay`] at once, or [`Within::KeyReused`] for another request (422) |
+//! | committed earlier | [`Within::Replayed`] at once, or [`Within::KeyReused`] for another request (422) |
 //!
 //! # Timeouts
 //!
@@ -111,7 +111,7 @@
 
 use crate::engine::{Begin, Engine, Fingerprint, RecordError, RecordedResponse, Ticket};
 use crate::metrics::{Door, Op, Outcome, Settled, Started, request, settled};
-use crate::scope::StoreKey;
+use crate::engine::scope::StoreKey;
 use crate::store::postgres::{Held, Lifted, OpError, PostgresStore};
 use crate::store::{StoreError, StoreErrorKind};
 use sqlx::postgres::{PgConnection, Postgres};
@@ -133,7 +133,7 @@ pub enum Within {
     /// your transaction, written into it (commit it).
     Ran(RecordedResponse),
     /// The same request completed before: its recorded response. The work did not run.
-    Replay(RecordedResponse),
+    Replayed(RecordedResponse),
     /// The same request holds the key and did not commit within the lock wait (HTTP: 409,
     /// retryable). The work did not run.
     InFlight,
@@ -142,7 +142,7 @@ pub enum Within {
     KeyReused,
     /// The stored record failed validation and is not replayed (HTTP: 503). The work did not
     /// run.
-    Invalid(RecordError),
+    RecordInvalid(RecordError),
 }
 
 /// Why [`within`] failed. In every case but a failed commit of [`Store`](Self::Store),
@@ -264,10 +264,10 @@ where
             settled(Door::Within, end);
             return answer;
         }
-        Begin::Replay(response) => (Outcome::Replayed, Within::Replay(response)),
+        Begin::Replayed(response) => (Outcome::Replayed, Within::Replayed(response)),
         Begin::InFlight => (Outcome::InFlight, Within::InFlight),
         Begin::KeyReused => (Outcome::KeyReused, Within::KeyReused),
-        Begin::Invalid(e) => (Outcome::RecordInvalid, Within::Invalid(e)),
+        Begin::RecordInvalid(e) => (Outcome::RecordInvalid, Within::RecordInvalid(e)),
     };
     request(Door::Within, outcome);
     rolled_back(tx, Ok(answer)).await

@@ -17,8 +17,8 @@ use super::declare::Declared;
 use super::grpc::{GrpcCode, status_of};
 use super::headers::GRPC_STATUS;
 use super::rejection::Rejection;
-use crate::record::{Draft, FieldRef};
-use crate::scope::StoreKey;
+use crate::engine::record::{Draft, FieldRef};
+use crate::engine::scope::StoreKey;
 use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
 use http_body::Body;
@@ -76,7 +76,7 @@ const NO_TRAILERS: Option<fn() -> std::iter::Empty<FieldRef<'static>>> = None;
 fn keep_unless_written<B: Body>(
     res: Response<ResponseBody<B>>,
     key: &StoreKey,
-    written: Result<Draft, crate::record::RecordError>,
+    written: Result<Draft, crate::engine::record::RecordError>,
     outcome: fn(Response<ResponseBody<B>>, Draft) -> Outcome<B>,
 ) -> Outcome<B> {
     match written {
@@ -96,7 +96,7 @@ fn status_only(
     headers: &HeaderMap,
     definitive: bool,
     tail: usize,
-) -> Result<Draft, crate::record::RecordError> {
+) -> Result<Draft, crate::engine::record::RecordError> {
     let fields = || config.headers.recorded_without_body(headers);
     Draft::write(status, fields, None, NO_TRAILERS, definitive, tail)
 }

@@ -1,7 +1,7 @@
 //! What the layer puts into a request's extensions for the handler (and the axum extractors).
 
-use crate::key::IdempotencyKey;
-use crate::scope::{DerivedKey, Scope, StoreKey};
+use crate::engine::key::IdempotencyKey;
+use crate::engine::scope::{DerivedKey, Scope, StoreKey};
 use std::sync::Arc;
 
 /// Marks a request the layer saw without a key (for the extractors' rejection messages).

@@ -7,7 +7,7 @@
 //! credential refreshed in the body, a client that orders query parameters at random. Each
 //! option is off by default; the defaults are unchanged.
 
-use crate::fingerprint::Fingerprint;
+use crate::engine::fingerprint::Fingerprint;
 use crate::json::{JsonField, is_json};
 use bytes::Bytes;
 use http::HeaderName;

@@ -10,7 +10,7 @@
 //! response, which arrive as headers) pass the same two lists; the gRPC status trailers
 //! (`grpc-status`, `grpc-message`, `grpc-status-details-bin`) are always kept.
 
-use crate::record::FieldRef;
+use crate::engine::record::FieldRef;
 use http::{HeaderMap, HeaderName, HeaderValue, header};
 
 /// The request header that carries the idempotency key by default (`Idempotency-Key`), read by

@@ -5,7 +5,7 @@
 //! names no header for it; until it does, the headers carry this crate's own prefix, so that
 //! a name the draft picks later cannot clash with a meaning of ours.
 
-use crate::record::{Draft, RecordTimes};
+use crate::engine::record::{Draft, RecordTimes};
 use http::{HeaderMap, HeaderName, HeaderValue};
 use std::time::{Duration, SystemTime};
 

@@ -172,6 +172,14 @@ mod extensions;
 mod fingerprint;
 mod future;
 pub mod grpc;
+
+#[cfg(feature = "axum")]
+#[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
+pub mod extract;
+
+#[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
+pub mod route;
 mod headers;
 mod kept;
 mod layer;
@@ -179,7 +187,7 @@ mod rejection;
 mod replay;
 mod service;
 
-pub use crate::detach::{DEFAULT_DETACHED_TIMEOUT, DEFAULT_MAX_DETACHED, InFlightWork};
+pub use crate::engine::detach::{DEFAULT_DETACHED_TIMEOUT, DEFAULT_MAX_DETACHED, InFlightWork};
 pub use body::{RequestBody, ResponseBody};
 pub use config::{
     Classification, ConfigError, ConfigErrorKind, DEFAULT_COLLECT_TIMEOUT,

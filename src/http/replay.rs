@@ -7,7 +7,7 @@ use super::body::ResponseBody;
 use super::classify::{is_recordable, is_recordable_definitive, is_recorded_status};
 use super::grpc::parse_status;
 use super::headers::{GRPC_STATUS, HeaderPolicy, REPLAYED_HEADER, describes_body, is_denied_bytes};
-use crate::record::RecordedResponse;
+use crate::engine::record::RecordedResponse;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body::Body;
@@ -132,7 +132,7 @@ fn to_value(value: Bytes) -> Result<HeaderValue, &'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record::Field;
+    use crate::engine::record::Field;
 
     fn f(name: &'static str, value: &'static str) -> Field {
         (

@@ -11,10 +11,10 @@ use super::kept;
 use super::rejection::{Rejection, RejectionKind};
 use super::replay::replay;
 use crate::engine::{Begin, Engine, Ticket};
-use crate::key::IdempotencyKey;
+use crate::engine::key::IdempotencyKey;
 use crate::metrics::{self, Settled};
-use crate::record::Draft;
-use crate::scope::{Scope, StoreKey};
+use crate::engine::record::Draft;
+use crate::engine::scope::{Scope, StoreKey};
 use crate::store::{Store, StoreError, StoreErrorKind};
 use bytes::Bytes;
 use http::request::Parts;
@@ -453,7 +453,7 @@ where
         };
         let ticket = match begun {
             Ok(Begin::Run(ticket)) => ticket,
-            Ok(Begin::Replay(record)) => {
+            Ok(Begin::Replayed(record)) => {
                 let times = record.times;
                 return Ok(match replay(&config.headers, record, grpc) {
                     Ok(mut res) => {
@@ -493,7 +493,7 @@ where
                     grpc,
                 ));
             }
-            Ok(Begin::Invalid(e)) => {
+            Ok(Begin::RecordInvalid(e)) => {
                 tracing::warn!(outcome = "record_invalid", key = ?store_key, error = %e, "stored record failed validation; not replayed");
                 return Ok(render(&state, record_invalid(), grpc));
             }

@@ -1,7 +1,7 @@
 //! Why the door did not let a message through, and whether the broker should try again.
 
-use crate::key::KeyError;
-use crate::record::RecordError;
+use crate::engine::key::KeyError;
+use crate::engine::record::RecordError;
 use crate::store::StoreError;
 use std::error::Error as StdError;
 use std::fmt;

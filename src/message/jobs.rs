@@ -90,7 +90,7 @@
 use super::error::{MessageError, MessageErrorKind};
 use super::key::{HeaderOrHash, KeyStrategy, Message, MessageKey};
 use super::layer::{Handled, MessageIdempotency, MessageIdempotencyLayer};
-use crate::key::KeyError;
+use crate::engine::key::KeyError;
 pub use apalis_core;
 use apalis_core::error::{AbortError, BoxDynError, RetryAfterError};
 use apalis_core::task::Task;

@@ -1,6 +1,6 @@
 //! What a message is to the door, and how its key is found.
 
-use crate::key::{DEFAULT_MAX_KEY_LEN, IdempotencyKey, KeyError};
+use crate::engine::key::{DEFAULT_MAX_KEY_LEN, IdempotencyKey, KeyError};
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use std::borrow::Cow;
@@ -128,7 +128,7 @@ impl MessageKey {
     pub fn given(value: &[u8]) -> Result<Self, KeyError> {
         let trimmed = trim(value);
         let text = std::str::from_utf8(trimmed)
-            .map_err(|_| KeyError::new(crate::key::KeyErrorKind::NonAscii))?;
+            .map_err(|_| KeyError::new(crate::engine::key::KeyErrorKind::NonAscii))?;
         IdempotencyKey::with_max_len(text, DEFAULT_MAX_KEY_LEN).map(|k| Self(Kind::Given(k)))
     }
 
@@ -157,7 +157,7 @@ impl MessageKey {
             }
         }
         lp(&mut h, body);
-        let hex = crate::scope::hex(&h.finalize());
+        let hex = crate::engine::scope::hex(&h.finalize());
         // 64 hex digits are always a valid key.
         let key = IdempotencyKey::with_max_len(&hex, DEFAULT_MAX_KEY_LEN)
             .unwrap_or_else(|_| unreachable!("hex digits form a key"));
@@ -181,7 +181,7 @@ impl MessageKey {
         let mut h = Sha256::new();
         h.update(HASHED_DOMAIN);
         lp(&mut h, value);
-        let hex = crate::scope::hex(&h.finalize());
+        let hex = crate::engine::scope::hex(&h.finalize());
         let key = IdempotencyKey::with_max_len(&hex, DEFAULT_MAX_KEY_LEN)
             .unwrap_or_else(|_| unreachable!("hex digits form a key"));
         Self(Kind::Digest(key))

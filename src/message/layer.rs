@@ -3,10 +3,10 @@
 use super::codec::{Discard, ResultCodec};
 use super::error::MessageError;
 use super::key::{HeaderOrHash, KeyStrategy, Message, MessageKey};
-use crate::detach::InFlightWork;
+use crate::engine::detach::InFlightWork;
 use crate::engine::{Begin, Engine, Fingerprint, RecordedResponse, Ticket};
 use crate::metrics::{Door, Outcome, Settled, request, settled};
-use crate::scope::{Scope, StoreKey};
+use crate::engine::scope::{Scope, StoreKey};
 use crate::store::{Forgotten, Store, StoreError};
 use std::collections::HashSet;
 use std::fmt;
@@ -703,7 +703,7 @@ where
                     request(Door::Message, Outcome::Fresh);
                     ticket
                 }
-                Ok(Begin::Replay(record)) => {
+                Ok(Begin::Replayed(record)) => {
                     let duplicate = replay(record, &*shared.codec);
                     let outcome = match duplicate {
                         Ok(_) => Outcome::Replayed,
@@ -727,7 +727,7 @@ where
                     tracing::warn!(target: "tower_idempotency::message", key = ?store_key, "idempotency key reused by a different message; refused");
                     return Err(MessageError::key_reused());
                 }
-                Ok(Begin::Invalid(e)) => {
+                Ok(Begin::RecordInvalid(e)) => {
                     request(Door::Message, Outcome::RecordInvalid);
                     tracing::error!(target: "tower_idempotency::message", key = ?store_key, reason = e.reason(), "message record failed validation; not used");
                     return Err(MessageError::record_invalid(Some(e)));

@@ -149,7 +149,7 @@ pub mod jetstream;
 #[cfg_attr(docsrs, doc(cfg(feature = "apalis")))]
 pub mod jobs;
 
-pub use crate::detach::InFlightWork;
+pub use crate::engine::detach::InFlightWork;
 #[cfg(feature = "json")]
 pub use codec::Json;
 pub use codec::{Discard, Raw, ResultCodec};

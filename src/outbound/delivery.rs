@@ -1,7 +1,7 @@
 //! What a send did: the answer of the door, and its errors.
 
-use crate::key::KeyError;
-use crate::record::RecordError;
+use crate::engine::key::KeyError;
+use crate::engine::record::RecordError;
 use crate::store::StoreError;
 use std::error::Error as StdError;
 use std::fmt;

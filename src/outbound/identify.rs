@@ -1,7 +1,7 @@
 //! What an outgoing request is sent under: its key and its fingerprint.
 
-use crate::fingerprint::Fingerprint;
-use crate::key::{IdempotencyKey, KeyError};
+use crate::engine::fingerprint::Fingerprint;
+use crate::engine::key::{IdempotencyKey, KeyError};
 
 /// The key a request is sent under and the fingerprint that tells it from another request.
 #[derive(Clone, Debug)]

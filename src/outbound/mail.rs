@@ -95,7 +95,7 @@ use super::identify::{Identify, Identity};
 use super::receipt::{Receipt, ReceiptError};
 use super::service::{BoxFuture, SendOnce, SendOnceLayer};
 use crate::engine::{Engine, Fingerprint, FingerprintBuilder, KeyError, Scope};
-use crate::key::IdempotencyKey;
+use crate::engine::key::IdempotencyKey;
 use crate::store::Store;
 use bytes::Bytes;
 use lettre::address::Envelope;

@@ -6,7 +6,7 @@ use super::identify::{Identify, Identity};
 use super::receipt::Receipt;
 use crate::engine::{Begin, Engine, RecordError, RecordedResponse, Scope, Ticket};
 use crate::metrics::{self, Outcome, Settled};
-use crate::scope::StoreKey;
+use crate::engine::scope::StoreKey;
 use crate::store::Store;
 use bytes::Bytes;
 use std::future::Future;
@@ -311,12 +311,12 @@ impl<St: Store, I, C> Door<St, I, C> {
             }
             Ok(Begin::InFlight) => (Outcome::InFlight, Ok(Delivery::InFlight)),
             Ok(Begin::KeyReused) => (Outcome::KeyReused, Err(OutboundError::KeyReused)),
-            Ok(Begin::Replay(record)) => match read_record(record) {
+            Ok(Begin::Replayed(record)) => match read_record(record) {
                 Ok(Found::Receipt(receipt)) => (Outcome::Replayed, Ok(Delivery::Replayed(receipt))),
                 Ok(Found::Held) => (Outcome::InFlight, Ok(Delivery::Held)),
                 Err(e) => (Outcome::RecordInvalid, Err(OutboundError::RecordInvalid(e))),
             },
-            Ok(Begin::Invalid(e)) => (Outcome::RecordInvalid, Err(OutboundError::RecordInvalid(e))),
+            Ok(Begin::RecordInvalid(e)) => (Outcome::RecordInvalid, Err(OutboundError::RecordInvalid(e))),
             Err(e) => {
                 tracing::warn!(error = %e, "outbound idempotency claim failed; nothing sent");
                 (Outcome::of_store_error(&e), Err(OutboundError::Store(e)))

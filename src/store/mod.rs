@@ -147,7 +147,7 @@
 //! tower_idempotency::store_conformance!(async { MyHarness(HashMapStore::default()) });
 //! ```
 
-use crate::fingerprint::Fingerprint;
+use crate::engine::fingerprint::Fingerprint;
 use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
@@ -163,8 +163,8 @@ pub mod postgres;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
-pub use crate::record::Record;
-pub use crate::scope::StoreKey;
+pub use crate::engine::record::Record;
+pub use crate::engine::scope::StoreKey;
 pub use memory::{MemoryStats, MemoryStore, MemoryStoreBuilder};
 
 /// A backend that keeps idempotency records.

@@ -6,7 +6,7 @@
 //! Bad keys sent through reqwest (one value each) are covered in `tests/http/rejections.rs`;
 //! this file sends what reqwest cannot: raw non-ASCII and control bytes, obs-fold, 10 KiB
 //! keys, mixed-case repeated lines, lying `Content-Length`s and broken chunked bodies.
-//! Tampered records in the store are in `tests/stores/hostile_records.rs`.
+//! Tampered records in the store are in `tests/store/hostile_records.rs`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 

@@ -8,9 +8,9 @@
 use super::ENTRY_OVERHEAD;
 use super::budget::Usage;
 use super::shard::Shard;
-use crate::fingerprint::Fingerprint;
-use crate::record::Record;
-use crate::scope::StoreKey;
+use crate::engine::fingerprint::Fingerprint;
+use crate::engine::record::Record;
+use crate::engine::scope::StoreKey;
 use crate::store::{StoreError, StoreErrorKind};
 use std::hash::BuildHasher;
 

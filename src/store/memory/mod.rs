@@ -136,9 +136,9 @@ pub use builder::{MemoryConfigError, MemoryConfigErrorKind, MemoryStoreBuilder};
 pub use stats::MemoryStats;
 
 use super::{Claim, Forgotten, Store, StoreError, StoreErrorKind, Token};
-use crate::fingerprint::Fingerprint;
-use crate::record::Record;
-use crate::scope::StoreKey;
+use crate::engine::fingerprint::Fingerprint;
+use crate::engine::record::Record;
+use crate::engine::scope::StoreKey;
 use crate::store::clock::Clock;
 #[cfg(doc)]
 use crate::store::clock::TokioClock;

@@ -131,15 +131,15 @@
 //! As with Redis, nothing bounds what one caller writes: each record stays until its retention
 //! ends and the purge runs. Rate-limit per principal in front of the layer, and size the table
 //! for the callers' rates times the retention times a record's size: about 430 bytes of row and
-//! indexes for a response of 89 encoded bytes (`tests/stores/postgres_store.rs`,
+//! indexes for a response of 89 encoded bytes (`tests/store/postgres_store.rs`,
 //! `storage_per_record`), growing with the response.
 //!
 //! [`StoreErrorKind`]: crate::store::StoreErrorKind
 
 use super::{Claim, Forgotten, Store, StoreError, Token};
-use crate::fingerprint::Fingerprint;
-use crate::record::Record;
-use crate::scope::StoreKey;
+use crate::engine::fingerprint::Fingerprint;
+use crate::engine::record::Record;
+use crate::engine::scope::StoreKey;
 use bytes::Bytes;
 use sqlx::postgres::{PgPool, PgRow, Postgres};
 use sqlx::{Executor, Row};

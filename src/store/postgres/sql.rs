@@ -6,7 +6,7 @@
 //! a transaction that began earlier).
 
 use super::error::InvalidConfig;
-use crate::scope::StoreKey;
+use crate::engine::scope::StoreKey;
 use sha2::{Digest, Sha256};
 use std::time::Duration;
 

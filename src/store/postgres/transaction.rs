@@ -4,9 +4,9 @@
 
 use super::error::OpError;
 use super::{CLAIM_ATTEMPTS, PostgresStore, sql};
-use crate::fingerprint::Fingerprint;
-use crate::record::Record;
-use crate::scope::StoreKey;
+use crate::engine::fingerprint::Fingerprint;
+use crate::engine::record::Record;
+use crate::engine::scope::StoreKey;
 use crate::store::{Claim, StoreError, Token};
 use sqlx::postgres::PgConnection;
 use std::time::Duration;

@@ -4,9 +4,9 @@
 
 use super::error::InvalidNamespace;
 use super::error::protocol;
-use crate::fingerprint::Fingerprint;
-use crate::record::Record;
-use crate::scope::StoreKey;
+use crate::engine::fingerprint::Fingerprint;
+use crate::engine::record::Record;
+use crate::engine::scope::StoreKey;
 use crate::store::{Claim, StoreError, Token};
 use ::redis::Value;
 use bytes::Bytes;
@@ -33,7 +33,7 @@ pub(super) fn prefix_of(namespace: &str) -> Result<String, InvalidNamespace> {
     h.update(NAMESPACE_DOMAIN);
     h.update(namespace.as_bytes());
     let digest = h.finalize();
-    Ok(format!("ti:{}", crate::scope::hex(&digest[..8])))
+    Ok(format!("ti:{}", crate::engine::scope::hex(&digest[..8])))
 }
 
 /// `'P' fingerprint token`: the value of a key held pending.
@@ -107,7 +107,7 @@ impl KeyBytes {
         debug_assert_eq!(p.len(), 19);
         buf[..19].copy_from_slice(&p[..19]);
         buf[19..21].copy_from_slice(b":{");
-        crate::scope::hex_into(key.id(), &mut buf[21..KEY_LEN - 1]);
+        crate::engine::scope::hex_into(key.id(), &mut buf[21..KEY_LEN - 1]);
         buf[KEY_LEN - 1] = b'}';
         Self { buf }
     }
@@ -202,7 +202,7 @@ mod tests {
         let prefix = prefix_of("orders").unwrap();
         let key = StoreKey::derive(
             "orders",
-            &crate::scope::Scope::principal("p"),
+            &crate::engine::scope::Scope::principal("p"),
             &crate::IdempotencyKey::new("k").unwrap(),
         );
         assert_eq!(

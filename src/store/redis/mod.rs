@@ -203,9 +203,9 @@
 //! [`StoreErrorKind`]: crate::store::StoreErrorKind
 
 use super::{Claim, Forgotten, Store, StoreError, Token};
-use crate::fingerprint::Fingerprint;
-use crate::record::Record;
-use crate::scope::StoreKey;
+use crate::engine::fingerprint::Fingerprint;
+use crate::engine::record::Record;
+use crate::engine::scope::StoreKey;
 use ::redis::aio::ConnectionLike;
 use std::fmt;
 use std::sync::Arc;

@@ -157,7 +157,7 @@ async fn the_order_and_its_record_commit_together_and_a_repeat_replays() {
     assert!(has_record(&pool, engine.store(), &key).await);
 
     match run(&engine, &mut conn, key, fp, place_order(&table, None, None)).await {
-        Within::Replay(r) => assert_eq!(r, response, "the repeat gets the first's response"),
+        Within::Replayed(r) => assert_eq!(r, response, "the repeat gets the first's response"),
         other => panic!("a repeat must replay, got {other:?}"),
     }
     assert_eq!(orders(&pool, &table).await, 1, "the repeat placed no order");
@@ -278,7 +278,7 @@ async fn a_hundred_concurrent_duplicates_place_one_order() {
     for t in tasks {
         match t.await.unwrap() {
             Within::Ran(_) => ran += 1,
-            Within::Replay(r) => {
+            Within::Replayed(r) => {
                 assert_eq!(r.status, 201);
                 replayed += 1;
             }
@@ -404,7 +404,7 @@ async fn a_duplicate_waits_for_the_first_and_replays_it() {
     go.send(()).unwrap();
     let first = first.await.unwrap();
     match duplicate.await.unwrap() {
-        Within::Replay(r) => assert_eq!(&r, ran(&first), "the first's response"),
+        Within::Replayed(r) => assert_eq!(&r, ran(&first), "the first's response"),
         other => panic!("the duplicate must replay once the first commits, got {other:?}"),
     }
     assert_eq!(orders(&pool, &table).await, 1);
@@ -447,7 +447,7 @@ async fn a_duplicate_past_the_lock_wait_is_in_flight_and_its_transaction_goes_on
     ran(&first.await.unwrap());
     assert!(matches!(
         run(&engine, &mut conn, key, fp, place_order(&table, None, None)).await,
-        Within::Replay(_)
+        Within::Replayed(_)
     ));
     assert_eq!(orders(&pool, &table).await, 1);
 }
@@ -525,7 +525,7 @@ async fn a_repeatable_read_duplicate_that_began_before_the_commit_is_in_flight()
     snapshot.rollback().await.unwrap();
     assert!(matches!(
         run(&engine, &mut late, key, fp, place_order(&table, None, None)).await,
-        Within::Replay(_)
+        Within::Replayed(_)
     ));
     assert_eq!(orders(&pool, &table).await, 1);
 }
@@ -672,7 +672,7 @@ async fn within_counts_each_outcome_once() {
     }
 
     let replay = run(&engine, &mut conn, key, fp, place_order(&table, None, None)).await;
-    assert!(matches!(replay, Within::Replay(_)));
+    assert!(matches!(replay, Within::Replayed(_)));
     let second = seen();
     assert_eq!(
         second.get("idempotency_requests_total{door=within,outcome=replayed}"),
@@ -772,7 +772,7 @@ async fn on_the_stores_own_pool_a_duplicate_waits_past_its_statement_timeout_and
     go.send(()).unwrap();
     let first = first.await.unwrap();
     match duplicate.await.unwrap() {
-        Ok(Within::Replay(r)) => assert_eq!(&r, ran(&first)),
+        Ok(Within::Replayed(r)) => assert_eq!(&r, ran(&first)),
         other => panic!("the duplicate must replay once the first commits, got {other:?}"),
     }
     assert_eq!(orders(&watch, &table).await, 1);
@@ -922,7 +922,7 @@ async fn a_waiting_duplicate_replays_under(isolation: &str) {
     go.send(()).unwrap();
     let first = first.await.unwrap();
     match duplicate.await.unwrap() {
-        Ok(Within::Replay(r)) => assert_eq!(&r, ran(&first)),
+        Ok(Within::Replayed(r)) => assert_eq!(&r, ran(&first)),
         other => panic!("{isolation}: the duplicate must replay, got {other:?}"),
     }
     assert_eq!(orders(&pool, &table).await, 1);

@@ -33,10 +33,10 @@
 //!     .layer(Extension(IdempotentRoutes::new(shared)));
 //! ```
 
-use crate::fingerprint::Fingerprint;
+use crate::engine::fingerprint::Fingerprint;
 use crate::http::{IdempotencyLayer, PrincipalMode, ResponseMode};
-use crate::record::Record;
-use crate::scope::StoreKey;
+use crate::engine::record::Record;
+use crate::engine::scope::StoreKey;
 use crate::store::{Claim, Forgotten, Store, StoreError, Token};
 use http::HeaderName;
 use std::collections::HashMap;

@@ -20,20 +20,34 @@
 //! let status = engine.run(&ticket, async { 200 }).await;
 //! engine.complete(ticket, &RecordedResponse::new(status, vec![], None)).await.unwrap();
 //!
-//! assert!(matches!(engine.begin(key, fp).await.unwrap(), Begin::Replay(r) if r.status == 200));
+//! assert!(matches!(engine.begin(key, fp).await.unwrap(), Begin::Replayed(r) if r.status == 200));
 //! # }
 //! ```
 
-pub use crate::fingerprint::{Fingerprint, FingerprintBuilder};
-pub use crate::key::{DEFAULT_MAX_KEY_LEN, KeyError, KeyErrorKind};
-pub use crate::record::{Field, RecordError, RecordTimes, RecordedResponse};
-pub use crate::scope::Scope;
-pub use crate::secret::SecretTooShort;
+pub(crate) mod codec;
+pub(crate) mod detach;
+pub(crate) mod fingerprint;
+pub(crate) mod key;
+pub(crate) mod record;
+pub(crate) mod scope;
+pub(crate) mod secret;
+pub(crate) mod verdict;
+
+#[cfg(feature = "json")]
+pub use crate::engine::codec::Json;
+pub use crate::engine::codec::{BoxFuture, Codec, CodecError, CodecErrorKind, Discard, Raw};
+pub use crate::engine::verdict::{Classify, Verdict};
+
+pub use crate::engine::fingerprint::{Fingerprint, FingerprintBuilder};
+pub use crate::engine::key::{DEFAULT_MAX_KEY_LEN, KeyError, KeyErrorKind};
+pub use crate::engine::record::{Field, RecordError, RecordTimes, RecordedResponse};
+pub use crate::engine::scope::Scope;
+pub use crate::engine::secret::SecretTooShort;
 
 use crate::metrics::{Op, Started, StoreTimer};
-use crate::record::Record;
-use crate::scope::StoreKey;
-use crate::secret::Secret;
+use crate::engine::record::Record;
+use crate::engine::scope::StoreKey;
+use crate::engine::secret::Secret;
 use crate::store::{Claim, Forgotten, Store, StoreError, StoreErrorKind, Token};
 use std::fmt;
 use std::future::Future;
@@ -194,9 +208,9 @@ pub enum Begin {
     /// The key is held or done by a different request (HTTP: 422).
     KeyReused,
     /// The same request finished: answer with its record.
-    Replay(RecordedResponse),
+    Replayed(RecordedResponse),
     /// A record was found but failed validation; never replay it (HTTP: 503).
-    Invalid(RecordError),
+    RecordInvalid(RecordError),
 }
 
 /// Proof of a claim: the key, the request's fingerprint and the fencing token.
@@ -438,8 +452,8 @@ impl<S: Store> Engine<S> {
                     None => record.decode(self.max_record_body),
                 };
                 match decoded {
-                    Ok(r) => Begin::Replay(r),
-                    Err(e) => Begin::Invalid(e),
+                    Ok(r) => Begin::Replayed(r),
+                    Err(e) => Begin::RecordInvalid(e),
                 }
             }
             Claim::Pending { .. } | Claim::Done { .. } => Begin::KeyReused,
@@ -521,7 +535,7 @@ impl<S: Store> Engine<S> {
     pub(crate) async fn complete_draft(
         &self,
         ticket: Ticket,
-        draft: crate::record::Draft,
+        draft: crate::engine::record::Draft,
     ) -> Result<bool, StoreError> {
         let record = draft.finish(self.secret.as_ref(), ticket.key.id(), &ticket.fingerprint);
         self.store_record(ticket, record).await
@@ -530,7 +544,7 @@ impl<S: Store> Engine<S> {
     /// The bytes a record gains when it is stored: its tag, when there is a secret.
     pub(crate) fn tag_len(&self) -> usize {
         if self.secret.is_some() {
-            crate::secret::TAG_LEN
+            crate::engine::secret::TAG_LEN
         } else {
             0
         }

@@ -76,7 +76,7 @@ impl Record {
     pub fn decode(&self, max_body: usize) -> Result<RecordedResponse, RecordError> {
         let content = match self.0.get(3) {
             Some(flags) if flags & FLAG_MAC != 0 => {
-                let end = self.0.len().checked_sub(crate::secret::TAG_LEN);
+                let end = self.0.len().checked_sub(crate::engine::secret::TAG_LEN);
                 self.0
                     .slice(..end.ok_or(RecordError::new("truncated record"))?)
             }
@@ -91,7 +91,7 @@ impl Record {
         max_body: usize,
         secret: &crate::Secret,
         key_id: &[u8; 32],
-        fingerprint: &crate::fingerprint::Fingerprint,
+        fingerprint: &crate::engine::fingerprint::Fingerprint,
     ) -> Result<RecordedResponse, RecordError> {
         let flags = *self.0.get(3).ok_or(RecordError::new("truncated record"))?;
         if flags & FLAG_MAC == 0 {
@@ -100,7 +100,7 @@ impl Record {
         let end = self
             .0
             .len()
-            .checked_sub(crate::secret::TAG_LEN)
+            .checked_sub(crate::engine::secret::TAG_LEN)
             .ok_or(RecordError::new("truncated record"))?;
         if !secret.verify(key_id, fingerprint, &self.0[..end], &self.0[end..]) {
             return Err(RecordError::new("record authentication failed"));
@@ -113,7 +113,7 @@ impl Record {
         self,
         secret: &crate::Secret,
         key_id: &[u8; 32],
-        fingerprint: &crate::fingerprint::Fingerprint,
+        fingerprint: &crate::engine::fingerprint::Fingerprint,
     ) -> Self {
         let mut bytes = BytesMut::from(self.0);
         if let Some(flags) = bytes.get_mut(3) {
@@ -500,7 +500,7 @@ impl Draft {
         mut self,
         secret: Option<&crate::Secret>,
         key_id: &[u8; 32],
-        fingerprint: &crate::fingerprint::Fingerprint,
+        fingerprint: &crate::engine::fingerprint::Fingerprint,
     ) -> Record {
         if let Some(secret) = secret {
             self.out[3] |= FLAG_MAC;
@@ -775,8 +775,8 @@ mod tests {
 #[cfg(test)]
 mod mac_tests {
     use super::*;
-    use crate::fingerprint::Fingerprint;
-    use crate::secret::Secret;
+    use crate::engine::fingerprint::Fingerprint;
+    use crate::engine::secret::Secret;
 
     fn secret(b: u8) -> Secret {
         Secret::new(vec![b; 32]).unwrap()
@@ -833,8 +833,8 @@ mod mac_tests {
 #[cfg(test)]
 mod draft_tests {
     use super::*;
-    use crate::fingerprint::Fingerprint;
-    use crate::secret::Secret;
+    use crate::engine::fingerprint::Fingerprint;
+    use crate::engine::secret::Secret;
 
     fn refs(fields: &[Field]) -> impl Iterator<Item = FieldRef<'_>> {
         fields.iter().map(|(n, v)| (&n[..], &v[..]))
@@ -901,7 +901,7 @@ mod draft_tests {
         let secret = Secret::new(vec![1; 32]).expect("secret");
         let fp = Fingerprint::builder().field(b"a").finish();
         let r = sample(true);
-        let record = draft(&r, crate::secret::TAG_LEN).finish(Some(&secret), &[7; 32], &fp);
+        let record = draft(&r, crate::engine::secret::TAG_LEN).finish(Some(&secret), &[7; 32], &fp);
         assert_eq!(record, r.encode().unwrap().seal(&secret, &[7; 32], &fp));
         assert_eq!(
             record

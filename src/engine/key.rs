@@ -18,7 +18,7 @@ pub const DEFAULT_MAX_KEY_LEN: usize = 255;
 /// and `abc` are the same key. Keys are 1 to 255 bytes by default.
 ///
 /// Behind an [`IdempotencyLayer`](crate::IdempotencyLayer), it is also an axum extractor (see
-/// [`extract`](crate::extract)).
+/// [`extract`](crate::http::extract)).
 ///
 /// Its `Debug` output is redacted so a key never reaches a log by accident; use
 /// [`as_str`](Self::as_str) when you need the value.

@@ -2,7 +2,7 @@
 """Self (exclusive) instruction counts per function from a callgrind output file, grouped by
 function name (inlined code counts toward the function it was inlined into).
 
-    bench/callgrind_self.py CALLGRIND_FILE [TOP] [REQUESTS]
+    loadtest/callgrind_self.py CALLGRIND_FILE [TOP] [REQUESTS]
 """
 import re
 import sys

@@ -148,7 +148,7 @@ async fn command_counts(native: bool) -> [BTreeMap<String, u64>; 4] {
     engine.complete(t, &response()).await.unwrap();
     assert!(matches!(
         engine.begin(key("warm"), fa).await.unwrap(),
-        Begin::Replay(_)
+        Begin::Replayed(_)
     ));
 
     let before = commandstats(&server);
@@ -160,7 +160,7 @@ async fn command_counts(native: bool) -> [BTreeMap<String, u64>; 4] {
 
     let before = commandstats(&server);
     assert!(
-        matches!(engine.begin(key("first"), fa).await.unwrap(), Begin::Replay(r) if r == response())
+        matches!(engine.begin(key("first"), fa).await.unwrap(), Begin::Replayed(r) if r == response())
     );
     let replay = delta(&before, &commandstats(&server));
 
@@ -420,7 +420,7 @@ async fn concurrent_commands_share_one_pipeline_and_keep_their_own_answers() {
     for key in &keys {
         assert!(matches!(
             engine.begin(*key, fingerprint("a")).await.unwrap(),
-            Begin::Replay(r) if r == response()
+            Begin::Replayed(r) if r == response()
         ));
     }
     let pipelines = counting.pipelines.lock().unwrap().clone();
@@ -486,7 +486,7 @@ async fn a_server_without_set_nx_get_gets_the_claim_script() {
     ));
     assert!(engine.complete(t, &response()).await.unwrap());
     assert!(
-        matches!(engine.begin(key, fingerprint("a")).await.unwrap(), Begin::Replay(r) if r == response())
+        matches!(engine.begin(key, fingerprint("a")).await.unwrap(), Begin::Replayed(r) if r == response())
     );
     assert!(matches!(
         engine.begin(key, fingerprint("b")).await.unwrap(),

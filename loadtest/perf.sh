@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # Where a row's server spends its time under the wrk load (sampling, with the kernel's share):
 #
-#   bench/perf.sh ROW [WORKLOAD] [SECONDS]      # e.g. bench/perf.sh memory replay 6
+#   loadtest/perf.sh ROW [WORKLOAD] [SECONDS]      # e.g. loadtest/perf.sh memory replay 6
 #
 # Starts redis-server for the Redis rows, load-server on core 0, stores the replay keys, runs
-# wrk on core 1 as `bench/run.sh --mode wrk` does (2 s unmeasured, then SECONDS), and records
+# wrk on core 1 as `loadtest/run.sh --mode wrk` does (2 s unmeasured, then SECONDS), and records
 # the server (and redis-server) with `perf record --call-graph dwarf` for 4 s in the middle.
 # Prints wrk's figures, the share of the server's samples by module, the top functions by self
 # time, and the inclusive share of the crate's parts. Output files stay in $OUT (default
@@ -15,7 +15,7 @@ row="${1:?row}"; workload="${2:-replay}"; secs="${3:-6}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 out="${OUT:-/tmp/tower-idempotency-perf}"
 for tool in perf wrk taskset python3 curl; do
-    command -v "$tool" >/dev/null || { echo "bench/perf.sh: $tool is not installed" >&2; exit 1; }
+    command -v "$tool" >/dev/null || { echo "loadtest/perf.sh: $tool is not installed" >&2; exit 1; }
 done
 # shellcheck source=common.sh
 source "$here/common.sh"

@@ -5,9 +5,9 @@ use crate::http::{
     ClaimedKey, IdempotencyLayer, Plan, RequestBody, is_grpc, plan, read_limited, read_rejection,
     render,
 };
-pub use crate::route::RouteOptions;
-use crate::route::{DynStore, IdempotentRoutes};
-use crate::scope::StoreKey;
+pub use crate::http::route::RouteOptions;
+use crate::http::route::{DynStore, IdempotentRoutes};
+use crate::engine::scope::StoreKey;
 use ::axum::body::Body;
 use bytes::Bytes;
 use http::{HeaderValue, StatusCode, header};

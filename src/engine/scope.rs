@@ -5,7 +5,7 @@
 //! domain-separated SHA-256 of those parts and never the parts themselves, so a store dump holds
 //! no raw key, principal or namespace.
 
-use crate::key::IdempotencyKey;
+use crate::engine::key::IdempotencyKey;
 use sha2::{Digest, Sha256};
 use std::fmt;
 

@@ -12,7 +12,7 @@
 //! unreadable (answered 503 until they expire) and existing pending keys look like other
 //! requests (422) until their lease ends.
 
-use crate::fingerprint::Fingerprint;
+use crate::engine::fingerprint::Fingerprint;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::fmt;

@@ -14,7 +14,7 @@
 //! engine's defaults too (30 s, 60 s):
 //!
 //! ```text
-//! TOWER_IDEMPOTENCY_REQUIRE_SERVERS=1 cargo test --all-features --test queues -- \
+//! TOWER_IDEMPOTENCY_REQUIRE_SERVERS=1 cargo test --all-features --test message -- \
 //!     --ignored --exact crash::crash_figure_with_every_default --nocapture
 //! ```
 //!

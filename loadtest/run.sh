@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # The load benchmark, one command (see BENCHMARKS.md):
 #
-#   bench/run.sh                       # every row × workload, 3 runs, medians (about 10 minutes)
-#   bench/run.sh --runs 1 --duration 2 --warmup 1     # a quick smoke run
-#   bench/run.sh --mode long           # 60 s of fresh keys: req/s of the first and last 10 s
-#   bench/run.sh --rows bare,memory --workloads fresh --out /tmp/x.md
+#   loadtest/run.sh                       # every row × workload, 3 runs, medians (about 10 minutes)
+#   loadtest/run.sh --runs 1 --duration 2 --warmup 1     # a quick smoke run
+#   loadtest/run.sh --mode long           # 60 s of fresh keys: req/s of the first and last 10 s
+#   loadtest/run.sh --rows bare,memory --workloads fresh --out /tmp/x.md
 #
-# Builds bench/load (its own workspace, not part of the crate's) in release mode, then runs
+# Builds loadtest/load (its own workspace, not part of the crate's) in release mode, then runs
 # load-driver, which starts redis-server and one load-server per case on 127.0.0.1, pins them
 # to core 0 and the generator to core 1, and kills everything it started before it exits.
 # Needs: Linux with 2+ cores, taskset (util-linux), redis-server (Debian: apt-get install
@@ -21,15 +21,15 @@ export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target-bench}"
 tools="taskset redis-server"
 case " $* " in *" wrk "*|*"--mode=wrk"*) tools="$tools wrk" ;; esac
 for tool in $tools; do
-    command -v "$tool" >/dev/null || { echo "bench/run.sh: $tool is not installed" >&2; exit 1; }
+    command -v "$tool" >/dev/null || { echo "loadtest/run.sh: $tool is not installed" >&2; exit 1; }
 done
 if [ "$(nproc)" -lt 2 ]; then
-    echo "bench/run.sh: needs 2 cores (server on core 0, generator on core 1)" >&2
+    echo "loadtest/run.sh: needs 2 cores (server on core 0, generator on core 1)" >&2
     exit 1
 fi
 
 cargo build --release --ignore-rust-version --manifest-path "$here/load/Cargo.toml" --bins >&2
 
 # Bounded: the whole run is stopped after an hour whatever happens.
-LOAD_COMMAND="bench/run.sh${*:+ $*}" exec timeout --signal=TERM --kill-after=10 3600 \
+LOAD_COMMAND="loadtest/run.sh${*:+ $*}" exec timeout --signal=TERM --kill-after=10 3600 \
     "$CARGO_TARGET_DIR/release/load-driver" "$@"

@@ -2,7 +2,7 @@
 # Instruction counts of one row's server under valgrind's callgrind, for a fixed number of
 # requests (deterministic, unlike timings on a busy machine):
 #
-#   bench/profile.sh ROW [WORKLOAD] [REQUESTS]     # e.g. bench/profile.sh memory fresh 5000
+#   loadtest/profile.sh ROW [WORKLOAD] [REQUESTS]     # e.g. loadtest/profile.sh memory fresh 5000
 #
 # Starts redis-server for the Redis rows, load-server under callgrind on 127.0.0.1, zeroes the
 # counters once it answers, sends REQUESTS requests over 8 connections, dumps, and prints the

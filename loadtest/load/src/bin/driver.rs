@@ -57,7 +57,7 @@ struct Cfg {
     wrk: Option<Wrk>,
 }
 
-/// The wrk mode's generator: `wrk -t1 -cN` with bench/wrk/orders.lua.
+/// The wrk mode's generator: `wrk -t1 -cN` with loadtest/wrk/orders.lua.
 #[derive(Clone)]
 struct Wrk {
     script: PathBuf,
@@ -985,7 +985,7 @@ fn setup_text(cfg: &Cfg, mode: &str) -> String {
             .unwrap_or_else(|_| "not installed".into());
         let _ = writeln!(
             s,
-            "- server: Tokio, 1 worker thread, pinned to core {} (with redis-server); generator: wrk {version}, 1 thread (`wrk -t1 -c{}`, bench/wrk/orders.lua), pinned to core {}",
+            "- server: Tokio, 1 worker thread, pinned to core {} (with redis-server); generator: wrk {version}, 1 thread (`wrk -t1 -c{}`, loadtest/wrk/orders.lua), pinned to core {}",
             cfg.server_core, cfg.connections, cfg.gen_core
         );
         let _ = writeln!(
@@ -1376,7 +1376,7 @@ fn emit(out: Option<&Path>, text: &str) {
 fn main() {
     let args: Vec<String> = std::env::args().collect();
     // The request body every mode sends, for scripts that drive a server themselves
-    // (bench/perf.sh).
+    // (loadtest/perf.sh).
     if let Some(file) = arg(&args, "--write-body") {
         let size = arg(&args, "--body").map_or(1024, |v| v.parse().expect("bytes"));
         std::fs::write(&file, tower_idempotency_load::order_body(size)).expect("--write-body");

@@ -15,7 +15,7 @@
 //!   a full store takes room from the scope that holds the most, never from a smaller one.
 //!
 //! ```text
-//! cargo test --test stores -- memory_bound:: --nocapture
+//! cargo test --test store -- memory_bound:: --nocapture
 //! ```
 #![allow(clippy::unwrap_used)]
 
@@ -159,7 +159,7 @@ async fn distinct_keys_stay_within_max_bytes_and_never_drop_a_live_claim() {
         let k = key(u32::try_from(n % 10_000).unwrap() + 1_000_000, n);
         let again = engine.begin(k, fp(n)).await.unwrap();
         assert!(
-            matches!(again, Begin::Replay(ref r) if r.status == 201),
+            matches!(again, Begin::Replayed(ref r) if r.status == 201),
             "newest key {n}: {again:?}"
         );
     }
@@ -281,7 +281,7 @@ async fn a_scope_of_pending_claims_answers_429_while_other_scopes_claim() {
                 .begin(derived("alice", "held-1"), fp(1))
                 .await
                 .unwrap(),
-            Begin::Replay(_)
+            Begin::Replayed(_)
         ),
         "her newer completed record is kept"
     );
@@ -407,7 +407,7 @@ async fn store_one(engine: &Engine<MemoryStore>, k: StoreKey, n: u64, response: 
 /// Whether `k` still holds its completed record. Looking writes nothing when it does; when it
 /// does not, the look claims the key (and may make room), so tests look at absent keys last.
 async fn replays(engine: &Engine<MemoryStore>, k: StoreKey, n: u64) -> bool {
-    matches!(engine.begin(k, fp(n)).await.unwrap(), Begin::Replay(_))
+    matches!(engine.begin(k, fp(n)).await.unwrap(), Begin::Replayed(_))
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -1,6 +1,6 @@
-# What bench/profile.sh and bench/perf.sh share (sourced, not run): the build of bench/load,
+# What loadtest/profile.sh and loadtest/perf.sh share (sourced, not run): the build of loadtest/load,
 # free loopback ports, the processes to stop at exit, and a redis-server for the Redis rows.
-# Expects $here (bench/) and $out (the output directory); sets $bin, and $extra / $rpid when
+# Expects $here (loadtest/) and $out (the output directory); sets $bin, and $extra / $rpid when
 # start_redis runs.
 
 root="$(dirname "$here")"

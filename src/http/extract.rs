@@ -26,9 +26,9 @@
 
 use crate::http::{ClaimedKey, KeyMissing};
 #[doc(no_inline)]
-pub use crate::key::IdempotencyKey;
+pub use crate::engine::key::IdempotencyKey;
 #[doc(no_inline)]
-pub use crate::scope::DerivedKey;
+pub use crate::engine::scope::DerivedKey;
 use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum_core::response::{IntoResponse, Response};
 use http::StatusCode;

@@ -1,6 +1,6 @@
--- POST /orders for wrk: the load benchmark's wrk mode (bench/run.sh --mode wrk; BENCHMARKS.md).
+-- POST /orders for wrk: the load benchmark's wrk mode (loadtest/run.sh --mode wrk; BENCHMARKS.md).
 --
---   wrk -t1 -c64 -d10s -s bench/wrk/orders.lua http://127.0.0.1:PORT -- MODE BODY PREFIX KEYS
+--   wrk -t1 -c64 -d10s -s loadtest/wrk/orders.lua http://127.0.0.1:PORT -- MODE BODY PREFIX KEYS
 --
 -- MODE fresh: a new Idempotency-Key on every request (PREFIX .. n).
 -- MODE replay: KEYS keys (PREFIX .. 0 … KEYS-1) cycled; the driver stores each once first.
