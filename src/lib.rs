@@ -3,7 +3,6 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod error;
-mod json;
 mod metrics;
 
 pub mod client;

@@ -217,8 +217,8 @@ fn state_argument(ty: &Type) -> Option<&Type> {
 /// `RouteOptions::new().lease(…)…`, evaluated in a `static` initialiser.
 fn route_options(o: &Options, private: &TokenStream) -> TokenStream {
     let mut chain = quote!(#private::RouteOptions::new());
-    if let Some(required) = o.required {
-        chain = quote!(#chain.required(#required));
+    if let Some(require) = o.require_key {
+        chain = quote!(#chain.require_key(#require));
     }
     if let Some(header) = &o.header {
         chain = quote!(#chain.header(#header));

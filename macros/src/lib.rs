@@ -24,7 +24,7 @@ use proc_macro::TokenStream;
 /// `IdempotencyLayer` once:
 ///
 /// ```text
-/// .layer(Extension(IdempotentRoutes::new(IdempotencyLayer::with_store(store).namespace("payments"))))
+/// .layer(Extension(IdempotentRoutes::new(IdempotencyLayer::new(store).namespace("payments"))))
 /// ```
 ///
 /// An extension (rather than router state read with `FromRef`) works with any state type and
@@ -78,18 +78,19 @@ use proc_macro::TokenStream;
 ///
 /// # Options
 ///
-/// All are optional; an option not given keeps the shared configuration's setting (the
-/// defaults below are `IdempotencyLayer`'s).
+/// All are optional. An option not given keeps the shared configuration's setting. The
+/// defaults below are those of `IdempotencyLayer` and its engine. `lease`, `ttl` and
+/// `max_record_body` override the shared engine's settings for this route.
 ///
 /// | option | default | meaning |
 /// | --- | --- | --- |
-/// | `required` / `required = false` | `true` | refuse a request without a key (400), or pass it through to the handler |
+/// | `require_key` / `require_key = false` | `true` | refuse a request without a key (400), or pass it through to the handler |
 /// | `header = "x-key"` | `Idempotency-Key` | the header the key is read from |
 /// | `lease = "30s"` | 60 s | how long a claim holds the key; renewed while the handler runs |
 /// | `wait_in_flight = "5s"` | 0 (409 at once) | how long a duplicate waits for the first run to finish and replays it, before 409 |
 /// | `ttl = "1h"` | 24 h | how long a completed record is kept |
 /// | `response = "full"` or `"status_and_headers"` | `"full"` | `"status_and_headers"` keeps status and allowed headers only (no body at rest; a replay has an empty body) |
-/// | `namespace = "suffix"` | the shared namespace | this route's keys live in `<shared namespace>/<suffix>`, apart from other routes' |
+/// | `namespace = "payments"` | the shared namespace | the namespace this route's keys live in, replacing the shared one |
 /// | `max_record_body = 65536` | 1 MiB | a larger response is recorded as status and headers only |
 /// | `max_request_body = 65536` | 1 MiB | a larger request body is refused with 413 |
 /// | `principal = "required"` or `"optional"` | `"required"` | 401 without a `Principal`, or all anonymous callers share one scope (pair with `response = "status_and_headers"`) |
@@ -131,12 +132,12 @@ use proc_macro::TokenStream;
 /// }
 ///
 /// /// Charges once per key.
-/// #[idempotent(required, lease = "30s", ttl = "1h", response = "status_and_headers")]
+/// #[idempotent(require_key, lease = "30s", ttl = "1h", response = "status_and_headers")]
 /// async fn create_payment(State(_app): State<App>, Json(p): Json<NewPayment>) -> (StatusCode, String) {
 ///     (StatusCode::CREATED, format!("charged {}", p.amount))
 /// }
 ///
-/// let shared = IdempotencyLayer::with_store(MemoryStore::new()).namespace("payments");
+/// let shared = IdempotencyLayer::new(MemoryStore::new()).namespace("payments");
 /// let app: Router = Router::new()
 ///     .route("/payments", post(create_payment))
 ///     .layer(Extension(IdempotentRoutes::new(shared)))
@@ -144,7 +145,7 @@ use proc_macro::TokenStream;
 /// ```
 ///
 /// [`IdempotencyLayer`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/http/struct.IdempotencyLayer.html
-/// [`IdempotentRoutes`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/route/struct.IdempotentRoutes.html
+/// [`IdempotentRoutes`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/http/route/struct.IdempotentRoutes.html
 /// [`Idempotency`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/http/struct.Idempotency.html
 #[proc_macro_attribute]
 pub fn idempotent(attr: TokenStream, item: TokenStream) -> TokenStream {

@@ -1,4 +1,4 @@
-//! Parsing of the attribute's options: `#[idempotent(required, lease = "30s", …)]`.
+//! Parsing of the attribute's options: `#[idempotent(require_key, lease = "30s", …)]`.
 
 use proc_macro2::Span;
 use syn::ext::IdentExt;
@@ -6,7 +6,7 @@ use syn::parse::{Parse, ParseStream};
 use syn::{Ident, LitBool, LitInt, LitStr, Token, Type};
 
 mod kw {
-    syn::custom_keyword!(required);
+    syn::custom_keyword!(require_key);
     syn::custom_keyword!(header);
     syn::custom_keyword!(lease);
     syn::custom_keyword!(wait_in_flight);
@@ -20,7 +20,7 @@ mod kw {
 }
 
 /// Every option, for the "unknown option" message.
-const KNOWN: &str = "`required`, `header`, `lease`, `ttl`, `response`, `namespace`, \
+const KNOWN: &str = "`require_key`, `header`, `lease`, `ttl`, `response`, `namespace`, \
                      `max_record_body`, `max_request_body`, `principal`, `wait_in_flight`, `state`";
 
 const DURATION_FORM: &str = "a whole number followed by a unit (`ms`, `s`, `m`, `h` or `d`), \
@@ -43,7 +43,7 @@ pub(crate) enum Principal {
 /// The options given in the attribute; `None` keeps the shared configuration's setting.
 #[derive(Default)]
 pub(crate) struct Options {
-    pub(crate) required: Option<bool>,
+    pub(crate) require_key: Option<bool>,
     /// Lower-cased and checked to be a valid header name.
     pub(crate) header: Option<LitStr>,
     pub(crate) lease_ms: Option<u64>,
@@ -79,14 +79,14 @@ impl Parse for Options {
     fn parse(input: ParseStream<'_>) -> syn::Result<Self> {
         let mut o = Self::default();
         while !input.is_empty() {
-            if input.peek(kw::required) {
-                let k: kw::required = input.parse()?;
+            if input.peek(kw::require_key) {
+                let k: kw::require_key = input.parse()?;
                 let v = if input.peek(Token![=]) {
                     value::<LitBool>(input)?.value
                 } else {
                     true
                 };
-                once(&mut o.required, v, "required", k.span)?;
+                once(&mut o.require_key, v, "require_key", k.span)?;
             } else if input.peek(kw::header) {
                 let k: kw::header = input.parse()?;
                 let v = header_name(&value(input)?)?;
@@ -125,7 +125,7 @@ impl Parse for Options {
                 if lit.value().is_empty() {
                     return Err(syn::Error::new(
                         lit.span(),
-                        "the namespace suffix must not be empty",
+                        "the namespace must not be empty",
                     ));
                 }
                 once(&mut o.namespace, lit, "namespace", k.span)?;
@@ -286,12 +286,12 @@ mod tests {
     #[test]
     fn parses_every_option() {
         let o: Options = syn::parse_str(
-            r#"required = false, header = "X-Key", lease = "30s", ttl = "1h", response = "status_and_headers",
+            r#"require_key = false, header = "X-Key", lease = "30s", ttl = "1h", response = "status_and_headers",
                namespace = "payments", max_record_body = 65_536, max_request_body = 1024,
                principal = "optional", state = crate::App"#,
         )
         .expect("all options parse");
-        assert_eq!(o.required, Some(false));
+        assert_eq!(o.require_key, Some(false));
         assert_eq!(o.header.map(|h| h.value()).as_deref(), Some("x-key"));
         assert_eq!(o.lease_ms, Some(30_000));
         assert_eq!(o.ttl_ms, Some(3_600_000));

@@ -15,7 +15,7 @@ use tower_service::Service;
 
 /// The default of [`BufferRequestLayer::limit`]: 1 MiB, the server layer's default limit of a
 /// request body.
-pub const DEFAULT_BUFFER_LIMIT: usize = crate::http::DEFAULT_MAX_REQUEST_BODY;
+pub const DEFAULT_BUFFER_LIMIT: usize = 1024 * 1024;
 
 /// Reads a request's body into memory, when it is all there and fits, and sends the request
 /// on with a [`BufferedBody`], which [`RetryPolicy`](super::RetryPolicy) can clone for every

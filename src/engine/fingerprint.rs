@@ -3,15 +3,10 @@
 //! A fingerprint is a SHA-256 over length-prefixed fields, domain-separated from every other
 //! hash the crate makes, so no two field lists can produce the same input.
 
-use crate::json::Canonical;
 use sha2::{Digest, Sha256};
 use std::fmt;
 
 const DOMAIN: &[u8] = b"tower-idempotency/fingerprint/v1";
-
-/// The field before a JSON value's canonical form, so that no raw field list produces the same
-/// hash input as a JSON value.
-const JSON_VALUE_TAG: &[u8] = b"json-value/v1";
 
 /// A 32-byte digest of the parts of a request that must match for a repeat to be a replay.
 ///
@@ -91,65 +86,8 @@ impl FingerprintBuilder {
         self
     }
 
-    /// Adds a JSON text by its value, not its bytes: insignificant whitespace and the order of
-    /// object members are ignored and string escapes decoded, while array order, every value
-    /// and type, and each number's literal text (`1` and `1.0` differ) count. A name repeated
-    /// in one object keeps its members in their order. A text that is not strict JSON
-    /// (RFC 8259, UTF-8, nested at most 128 deep) is added as [`field`](Self::field) adds it.
-    ///
-    /// This is what [`IdempotencyLayer::fingerprint_json_by_value`] does with a JSON body, for
-    /// a [`fingerprint_fn`] of your own. The canonical form is streamed into the hash (a tag
-    /// field, then one field), never built whole.
-    ///
-    /// [`IdempotencyLayer::fingerprint_json_by_value`]: crate::http::IdempotencyLayer::fingerprint_json_by_value
-    /// [`fingerprint_fn`]: crate::http::IdempotencyLayer::fingerprint_fn
-    ///
-    /// ```
-    /// use tower_idempotency::engine::Fingerprint;
-    ///
-    /// let fp = |json: &str| Fingerprint::builder().json_value(json.as_bytes()).finish();
-    /// assert_eq!(fp(r#"{"item": "book", "qty": 1}"#), fp(r#"{"qty":1,"item":"b\u006fok"}"#));
-    /// assert_ne!(fp(r#"{"qty":1}"#), fp(r#"{"qty":1.0}"#));
-    /// assert_ne!(fp(r#"{"qty":1}"#), Fingerprint::builder().field(br#"{"qty":1}"#).finish());
-    /// ```
-    pub fn json_value(self, json: &[u8]) -> Self {
-        match Canonical::parse(json) {
-            Some(value) => self
-                .field(JSON_VALUE_TAG)
-                .field_from(value.encoded_len(), |g| {
-                    value.encode(|bytes| g.write(bytes))
-                }),
-            None => self.field(json),
-        }
-    }
-
-    /// As [`json_value`](Self::json_value), over only what `include` points at (when not
-    /// empty) and without what `exclude` points at. An excluded array item leaves a mark in
-    /// its place, so every pointer reads the body's own indices. A body that is not JSON: its
-    /// bytes.
-    pub(crate) fn json_filtered(
-        self,
-        json: &[u8],
-        include: &[crate::json::JsonField],
-        exclude: &[crate::json::JsonField],
-    ) -> Self {
-        let Some(value) = Canonical::parse(json) else {
-            return self.field(json);
-        };
-        let value = value.without(exclude);
-        let value = if include.is_empty() {
-            value
-        } else {
-            value.only(include)
-        };
-        self.field(JSON_VALUE_TAG)
-            .field_from(value.encoded_len(), |g| {
-                value.encode(|bytes| g.write(bytes))
-            })
-    }
-
     /// Adds one field of `len` bytes that `write` feeds in pieces; it must feed exactly `len`.
-    fn field_from(mut self, len: u64, write: impl FnOnce(&mut Gather<'_>)) -> Self {
+    pub(crate) fn field_from(mut self, len: u64, write: impl FnOnce(&mut Gather<'_>)) -> Self {
         self.hasher.update(len.to_be_bytes());
         let mut gather = Gather {
             hasher: &mut self.hasher,
@@ -175,7 +113,7 @@ impl FingerprintBuilder {
 
 /// Gathers the small pieces of a field on the stack: one hash update per piece would cost more
 /// than the piece.
-struct Gather<'a> {
+pub(crate) struct Gather<'a> {
     hasher: &'a mut Sha256,
     buf: [u8; 256],
     filled: usize,
@@ -184,7 +122,7 @@ struct Gather<'a> {
 
 impl Gather<'_> {
     #[inline]
-    fn write(&mut self, bytes: &[u8]) {
+    pub(crate) fn write(&mut self, bytes: &[u8]) {
         self.written += bytes.len() as u64;
         if self.filled + bytes.len() > self.buf.len() {
             self.flush();

@@ -480,7 +480,9 @@ impl Draft {
         self.out[at..at + 2].copy_from_slice(&count.to_be_bytes());
     }
 
-    /// Adds when the record is written and until when it is kept.
+    /// Adds when the record is written and until when it is kept. No door writes times; the
+    /// format still reads them.
+    #[cfg(test)]
     pub(crate) fn stamp(&mut self, times: RecordTimes) {
         if self.out[3] & FLAG_TIMES != 0 {
             return;

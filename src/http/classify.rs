@@ -12,12 +12,13 @@
 //! [gRPC mode](super::grpc#classification)).
 
 use super::body::{Collected, ResponseBody, collect_limited};
-use super::config::{Classification, Config, ResponseMode};
-use super::declare::Declared;
+use super::config::{Config, ResponseMode};
+use super::declare::declared;
 use super::grpc::{GrpcCode, status_of};
 use super::headers::GRPC_STATUS;
 use super::rejection::Rejection;
 use crate::engine::record::{Draft, FieldRef};
+use crate::engine::Verdict;
 use crate::engine::scope::StoreKey;
 use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
@@ -58,7 +59,7 @@ pub(crate) fn is_recordable_definitive(status: u16) -> bool {
 /// What to do with the key, and the response that goes out either way.
 pub(crate) enum Outcome<B: Body> {
     Release(Response<ResponseBody<B>>),
-    /// Neither recorded nor released (declared [`Declared::Ambiguous`]): the key stays pending
+    /// Neither recorded nor released (declared or classified [`Verdict::Hold`]): the key stays pending
     /// until its lease lapses.
     Keep(Response<ResponseBody<B>>),
     /// Recorded now, then sent (the body was read whole).
@@ -121,16 +122,17 @@ where
         return Outcome::Release(res.map(ResponseBody::passthrough));
     }
     // The handler's own word wins over the status (one extension lookup when there is none).
-    let definitive = match Declared::of(&res) {
+    let definitive = match declared(&res) {
         None => false,
-        Some(Declared::Definitive) => true,
-        Some(Declared::NotStarted) => {
-            tracing::debug!(key = ?key, status = res.status().as_u16(), "declared not started; released");
-            return Outcome::Release(res.map(ResponseBody::passthrough));
-        }
-        Some(Declared::Ambiguous) => {
-            tracing::info!(outcome = "ambiguous", key = ?key, status = res.status().as_u16(), "declared ambiguous; the key stays pending until its lease lapses");
+        Some(Verdict::Record) => true,
+        Some(Verdict::Hold) => {
+            tracing::info!(outcome = "ambiguous", key = ?key, status = res.status().as_u16(), "declared hold; the key stays pending until its lease lapses");
             return Outcome::Keep(res.map(ResponseBody::passthrough));
+        }
+        // `Release` and `Fail` (and any verdict added later) free the key.
+        Some(_) => {
+            tracing::debug!(key = ?key, status = res.status().as_u16(), "declared release; released");
+            return Outcome::Release(res.map(ResponseBody::passthrough));
         }
     };
     // gRPC mode: the outcome is in the gRPC status (a non-200 follows the HTTP table).
@@ -170,12 +172,21 @@ where
         return Outcome::Release(res.map(ResponseBody::passthrough));
     }
     let (parts, body) = res.into_parts();
-    if !declared
-        && let Some(f) = &config.classify_fn
-        && f(&parts) == Classification::Release
-    {
-        tracing::debug!(key = ?key, status, "released by the classification hook");
-        return Outcome::Release(Response::from_parts(parts, ResponseBody::passthrough(body)));
+    if !declared && let Some(hook) = &config.classify_fn {
+        match hook.classify(&parts) {
+            Verdict::Record => {}
+            Verdict::Hold => {
+                tracing::info!(outcome = "ambiguous", key = ?key, status, "held by the classification hook; the key stays pending until its lease lapses");
+                return Outcome::Keep(Response::from_parts(parts, ResponseBody::passthrough(body)));
+            }
+            _ => {
+                tracing::debug!(key = ?key, status, "released by the classification hook");
+                return Outcome::Release(Response::from_parts(
+                    parts,
+                    ResponseBody::passthrough(body),
+                ));
+            }
+        }
     }
     let full = config.response_mode == ResponseMode::Full;
     // The record carries the declaration only where the table would not record the status,
@@ -207,7 +218,7 @@ where
         let res = Response::from_parts(parts, ResponseBody::passthrough(body));
         return keep_unless_written(res, key, written, at_end);
     }
-    match collect_limited(body, max, config.collect_timeout).await {
+    match collect_limited(body, max, config.streaming.collect_timeout).await {
         Collected::Whole { data, trailers } => {
             let written = if full {
                 // Written from the response's own headers, body and trailers: no copies
@@ -230,7 +241,7 @@ where
             keep_unless_written(res, key, written, at_end)
         }
         Collected::Slow { prefix, rest } => {
-            tracing::info!(key = ?key, timeout = ?config.collect_timeout, "response body not ended within the collection bound; sent as it comes, recorded as status and headers");
+            tracing::info!(key = ?key, timeout = ?config.streaming.collect_timeout, "response body not ended within the collection bound; sent as it comes, recorded as status and headers");
             let written = status_only(config, status, &parts.headers, definitive, tail);
             let res = Response::from_parts(parts, ResponseBody::prefixed(prefix, rest));
             keep_unless_written(res, key, written, at_end)
@@ -286,7 +297,7 @@ where
         let res = Response::from_parts(parts, ResponseBody::passthrough(body));
         return unread_grpc(key, res, definitive, OVER);
     }
-    let (data, trailers) = match collect_limited(body, max, config.collect_timeout).await {
+    let (data, trailers) = match collect_limited(body, max, config.streaming.collect_timeout).await {
         Collected::Whole { data, trailers } => (data, trailers),
         Collected::TooLarge { prefix, rest } => {
             let res = Response::from_parts(parts, ResponseBody::prefixed(prefix, rest));
@@ -384,9 +395,9 @@ mod tests {
                 .expect("response")
                 .into_parts();
             let expected = if matches!(s, 400 | 413 | 415 | 422) {
-                Classification::Release
+                Verdict::Release
             } else {
-                Classification::Record
+                Verdict::Record
             };
             assert_eq!(release_validation_errors(&parts), expected, "{s}");
         }

@@ -1,15 +1,5 @@
 //! axum extractors for handlers behind the [`IdempotencyLayer`](crate::IdempotencyLayer).
 //!
-//! | extractor | gives | without a claimed key |
-//! | --- | --- | --- |
-//! | [`IdempotencyKey`] | the client's validated key | [`KeyRejection`]: 400 (no key sent) or 500 (no layer) |
-//! | [`DerivedKey`] | a stable 64-hex key per namespace, caller and client key, to forward to a provider that de-duplicates (a payment API) | the same |
-//! | `Option<IdempotencyKey>`, `Option<DerivedKey>` | the same, or `None` | never fails |
-//!
-//! When the layer claims a key it puts a [`ClaimedKey`] into the
-//! request's extensions; these extractors read it (a tonic handler reads it with
-//! `request.extensions().get::<ClaimedKey>()`).
-//!
 //! ```
 //! use axum::{Router, routing::post};
 //! use tower_idempotency::{http::PrincipalMode, DerivedKey, IdempotencyKey, IdempotencyLayer};
@@ -21,8 +11,18 @@
 //!
 //! let app: Router = Router::new()
 //!     .route("/charges", post(charge))
-//!     .layer(IdempotencyLayer::new().principal(PrincipalMode::Optional));
+//!     .layer(IdempotencyLayer::default().principal(PrincipalMode::Optional));
 //! ```
+//!
+//! | extractor | gives | without a claimed key |
+//! | --- | --- | --- |
+//! | [`IdempotencyKey`] | the client's validated key | [`KeyRejection`]: 400 (no key sent) or 500 (no layer) |
+//! | [`DerivedKey`] | a stable 64-hex key per namespace, caller and client key, to forward to a provider that de-duplicates (a payment API) | the same |
+//! | `Option<IdempotencyKey>`, `Option<DerivedKey>` | the same, or `None` | never fails |
+//!
+//! When the layer claims a key it puts a [`ClaimedKey`] into the request's extensions. These
+//! extractors read it. A tonic handler reads it with
+//! `request.extensions().get::<ClaimedKey>()`.
 
 use crate::http::{ClaimedKey, KeyMissing};
 #[doc(no_inline)]
@@ -37,21 +37,64 @@ use std::convert::Infallible;
 use std::fmt;
 
 /// The rejection of [`IdempotencyKey`] and [`DerivedKey`] when the request has no claimed key.
+///
+/// ```
+/// use tower_idempotency::http::extract::{KeyRejection, KeyRejectionKind};
+///
+/// fn status(rejection: &KeyRejection) -> u16 {
+///     match rejection.kind() {
+///         KeyRejectionKind::KeyMissing => 400,
+///         _ => 500,
+///     }
+/// }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyRejection {
+    kind: KeyRejectionKind,
+}
+
+/// What a [`KeyRejection`] says is missing.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum KeyRejection {
-    /// The layer saw the request, which had no key (the layer runs with `required(false)`):
-    /// 400, use `Option<…>` in the handler to accept unkeyed requests.
+pub enum KeyRejectionKind {
+    /// The layer saw the request, which had no key: the layer runs with `require_key(false)`.
+    /// Answered 400. Take `Option<…>` in the handler to accept unkeyed requests.
     KeyMissing,
     /// No `IdempotencyLayer` ran before this handler: 500, a wiring error.
     LayerMissing,
 }
 
+impl KeyRejection {
+    /// What is missing.
+    #[must_use]
+    pub fn kind(&self) -> KeyRejectionKind {
+        self.kind
+    }
+
+    /// The stable machine code: `idempotency.key_missing` or `idempotency.layer_missing`.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        match self.kind {
+            KeyRejectionKind::KeyMissing => "idempotency.key_missing",
+            KeyRejectionKind::LayerMissing => "idempotency.layer_missing",
+        }
+    }
+
+    /// The HTTP status it is answered with: 400 or 500.
+    #[must_use]
+    pub fn status(&self) -> StatusCode {
+        match self.kind {
+            KeyRejectionKind::KeyMissing => StatusCode::BAD_REQUEST,
+            KeyRejectionKind::LayerMissing => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
 impl fmt::Display for KeyRejection {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::KeyMissing => "this request requires an idempotency key",
-            Self::LayerMissing => {
+        f.write_str(match self.kind {
+            KeyRejectionKind::KeyMissing => "this request requires an idempotency key",
+            KeyRejectionKind::LayerMissing => {
                 "no idempotency key in the request extensions: is `IdempotencyLayer` installed on this route?"
             }
         })
@@ -62,11 +105,7 @@ impl std::error::Error for KeyRejection {}
 
 impl IntoResponse for KeyRejection {
     fn into_response(self) -> Response {
-        let status = match self {
-            Self::KeyMissing => StatusCode::BAD_REQUEST,
-            Self::LayerMissing => StatusCode::INTERNAL_SERVER_ERROR,
-        };
-        (status, self.to_string()).into_response()
+        (self.status(), self.to_string()).into_response()
     }
 }
 
@@ -74,10 +113,14 @@ fn missing(parts: &Parts) -> KeyRejection {
     use crate::metrics::{Door, Outcome, request};
     if parts.extensions.get::<KeyMissing>().is_some() {
         request(Door::Extract, Outcome::KeyMissing);
-        KeyRejection::KeyMissing
+        KeyRejection {
+            kind: KeyRejectionKind::KeyMissing,
+        }
     } else {
         request(Door::Extract, Outcome::ConfigMissing);
-        KeyRejection::LayerMissing
+        KeyRejection {
+            kind: KeyRejectionKind::LayerMissing,
+        }
     }
 }
 

@@ -1,17 +1,14 @@
 //! The layer: a builder over the shared settings, and the [`Layer`] that wraps a service.
 
-use super::config::{
-    Classification, Config, ConfigError, ConfigErrorKind, KeySource, LayerState, PrincipalMode,
-    ResponseMode,
-};
-use super::fingerprint::FingerprintSpec;
+use super::config::{ClassifyFn, Config, KeySource, LayerState, PrincipalMode, ResponseMode};
+use super::fingerprint::Fingerprinting;
 use super::rejection::Rejection;
 use super::service::Idempotency;
-use crate::engine::detach::InFlightWork;
-use crate::engine::Engine;
-use crate::engine::fingerprint::Fingerprint;
-use crate::json::JsonField;
+use super::streaming::Streaming;
+use crate::engine::detach::InFlightWork as Drain;
 use crate::engine::scope::Scope;
+use crate::engine::{Classify, Engine};
+use crate::error::{ConfigError, ConfigErrorKind};
 use crate::store::{MemoryStore, Store};
 use bytes::Bytes;
 use http::request::Parts;
@@ -45,35 +42,35 @@ impl<St> fmt::Debug for IdempotencyLayer<St> {
     }
 }
 
-impl IdempotencyLayer<MemoryStore> {
-    /// A layer over a new [`MemoryStore`] with its default bounds.
-    #[must_use]
-    pub fn new() -> Self {
-        Self::with_store(MemoryStore::new())
-    }
-}
-
 impl Default for IdempotencyLayer<MemoryStore> {
+    /// A layer over a new [`MemoryStore`] with its default bounds.
     fn default() -> Self {
-        Self::new()
+        Self::new(MemoryStore::new())
     }
 }
 
 impl<St: Store> IdempotencyLayer<St> {
-    /// A layer over `store`.
+    /// A layer over `engine`: a store, or an [`Engine`] to share one store with other doors.
+    ///
+    /// The lease, the retention, the record limit and the secret are the engine's: set them
+    /// on [`Engine::builder`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::engine::Engine;
+    /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
+    ///
+    /// let layer = IdempotencyLayer::new(MemoryStore::new());
+    /// let engine = Engine::builder(MemoryStore::new()).ttl(Duration::from_secs(3600)).build();
+    /// let layer = IdempotencyLayer::new(engine);
+    /// ```
     #[must_use]
-    pub fn with_store(store: St) -> Self {
-        Self::with_engine(Engine::new(store))
-    }
-
-    /// A layer over an engine (to share one store, lease and retention with other doors).
-    #[must_use]
-    pub fn with_engine(engine: Engine<St>) -> Self {
+    pub fn new(engine: impl Into<Engine<St>>) -> Self {
         Self {
             state: Arc::new(LayerState {
-                engine,
+                engine: engine.into(),
                 config: Config::default(),
-                in_flight: InFlightWork::new(),
+                drain: Drain::new(),
             }),
         }
     }
@@ -101,82 +98,10 @@ impl<St: Store> IdempotencyLayer<St> {
         self.config(|c| c.key_source = KeySource::Fn(Arc::new(f)))
     }
 
-    /// Also reads the key from a field of a JSON body, for clients that cannot set headers.
-    /// Off by default.
-    ///
-    /// `field` is an RFC 6901 JSON pointer when it starts with `/` (`/meta/idempotency_key`;
-    /// `~1` stands for `/` and `~0` for `~` in a name), otherwise the name of a top-level
-    /// field, taken as it is (`idempotency_key`).
-    ///
-    /// - **The header wins.** The body is looked at only when the header (or
-    ///   [`key_fn`](Self::key_fn)) gives no key; a request with both is keyed by the header,
-    ///   and the field is then just part of the body (and of its fingerprint).
-    /// - **JSON bodies only**: `Content-Type: application/json` or `application/*+json`,
-    ///   parameters such as `charset` ignored. Any other body is not read for a key.
-    /// - **The value** must be a JSON string, validated like a key from [`key_fn`](Self::key_fn)
-    ///   (`1..=max_key_len` bytes of visible ASCII or spaces; escapes such as `\u0041` are
-    ///   decoded first). No such field, `null`, or a body that is not valid JSON is *no key*: with
-    ///   [`required(false)`](Self::required) the request passes through (the handler then answers
-    ///   broken JSON itself), otherwise 400 `idempotency.key_missing`. A number, boolean, object
-    ///   or array there, a string that is not a valid key, or the field twice in one object is
-    ///   400 `idempotency.key_invalid` (a client that sent a key in the wrong shape is told so,
-    ///   never run unprotected).
-    ///
-    /// **The cost**: the layer cannot know whether such a request has a key before it has read
-    /// its body, so a JSON request without a key header is buffered (up to
-    /// [`max_request_body`](Self::max_request_body)) even when it turns out to have no key, and
-    /// one over the limit is refused with 413 even with `required(false)`: it could carry a key
-    /// the layer cannot read. A request with a key header, a body that is not JSON, and a
-    /// method the layer does not act on are not buffered for this. A required key still checks
-    /// the principal before the body is read (401 whatever the body holds); with
-    /// `required(false)` a request without a key passes through before the principal check,
-    /// as ever.
-    ///
-    /// # Errors
-    /// [`ConfigErrorKind::InvalidJsonField`] for an empty `field`, or a pointer with a `~` not
-    /// followed by `0` or `1`.
-    ///
-    /// ```
-    /// use http::Request;
-    /// use http_body_util::Full;
-    /// use bytes::Bytes;
-    /// use std::convert::Infallible;
-    /// use tower::{ServiceBuilder, ServiceExt, service_fn};
-    /// use tower_idempotency::{IdempotencyLayer, Principal};
-    ///
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let layer = IdempotencyLayer::new().key_from_json_field("/idempotency_key").unwrap();
-    /// let svc = ServiceBuilder::new().layer(layer).service(service_fn(|_req| async {
-    ///     Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from("created"))))
-    /// }));
-    /// let request = || {
-    ///     let mut req = Request::post("/orders")
-    ///         .header("content-type", "application/json")
-    ///         .body(Full::new(Bytes::from(r#"{"idempotency_key":"order-7","item":"book"}"#)))
-    ///         .unwrap();
-    ///     req.extensions_mut().insert(Principal::new("alice"));
-    ///     req
-    /// };
-    /// let first = svc.clone().oneshot(request()).await.unwrap();
-    /// assert!(!first.headers().contains_key("idempotent-replayed"));
-    /// let again = svc.clone().oneshot(request()).await.unwrap();
-    /// assert_eq!(again.headers()["idempotent-replayed"], "true");
-    /// # });
-    /// ```
-    pub fn key_from_json_field(self, field: &str) -> Result<Self, ConfigError> {
-        let field = JsonField::parse(field).map_err(|reason| {
-            ConfigError::new(
-                ConfigErrorKind::InvalidJsonField,
-                format!("`{field}` is not a JSON body field for the key: {reason}"),
-            )
-        })?;
-        Ok(self.config(|c| c.json_key = Some(field)))
-    }
-
-    /// Whether a request without a key is refused (400, the default) or passed through.
+    /// Whether a request without a key is refused with 400, or passed through. Default: `true`.
     #[must_use]
-    pub fn required(self, required: bool) -> Self {
-        self.config(|c| c.required = required)
+    pub fn require_key(self, require: bool) -> Self {
+        self.config(|c| c.require_key = require)
     }
 
     /// Reads the caller's scope with a closure instead of the [`Principal`](super::Principal)
@@ -200,104 +125,81 @@ impl<St: Store> IdempotencyLayer<St> {
         self.config(|c| c.methods = Some(methods))
     }
 
-    /// The namespace keys live in (default `default`): one per application or route group, so
-    /// two of them sharing a store never read each other's records.
+    /// The namespace keys live in, replacing the default. Default: `http`.
+    ///
+    /// Give each door or route group its own, so two of them sharing a store never read each
+    /// other's records. A store's own prefix keeps applications apart.
     #[must_use]
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
         let ns: String = namespace.into();
         self.config(|c| c.namespace = Arc::from(ns))
     }
 
-    /// Appends `/suffix` to the namespace (`payments` → `payments/refunds`), so one route or
-    /// route group keeps its keys apart from the rest of the namespace. Used by the
-    /// `#[idempotent(namespace = "…")]` option.
+    /// A route's lease over the engine's (the `lease` option of `#[idempotent]`).
     #[cfg(feature = "macros")]
-    pub(crate) fn namespace_suffix(self, suffix: &str) -> Self {
-        self.config(|c| c.namespace = Arc::from(format!("{}/{suffix}", c.namespace)))
-    }
-
-    /// How long a claim holds a key (default 60 s), renewed while the handler runs.
-    #[must_use]
-    pub fn lease(self, lease: Duration) -> Self {
+    pub(crate) fn lease(self, lease: Duration) -> Self {
         self.map_engine(|e| e.set_lease(lease))
     }
 
-    /// How long a completed record is kept (default 24 h).
-    #[must_use]
-    pub fn ttl(self, ttl: Duration) -> Self {
+    /// A route's retention over the engine's (the `ttl` option of `#[idempotent]`).
+    #[cfg(feature = "macros")]
+    pub(crate) fn ttl(self, ttl: Duration) -> Self {
         self.map_engine(|e| e.set_ttl(ttl))
     }
 
-    /// The largest request body buffered for the fingerprint (default 1 MiB); larger → 413.
+    /// The largest request body buffered for the fingerprint, in bytes. Default: 1 MiB.
+    ///
+    /// A larger body is refused with 413, from its `Content-Length` first, then while read.
     #[must_use]
     pub fn max_request_body(self, bytes: usize) -> Self {
         self.config(|c| c.max_request_body = bytes)
     }
 
-    /// The largest response body recorded (default 1 MiB); a larger response goes out as it
-    /// comes and is recorded as status and headers only once its body has ended, and a
-    /// warning is logged. (A larger gRPC response is released instead: see
-    /// [gRPC mode](super::grpc).)
-    #[must_use]
-    pub fn max_record_body(self, bytes: usize) -> Self {
+    /// A route's record limit over the engine's (the `max_record_body` option of
+    /// `#[idempotent]`).
+    #[cfg(feature = "macros")]
+    pub(crate) fn max_record_body(self, bytes: usize) -> Self {
         self.map_engine(|e| e.set_max_record_body(bytes))
     }
 
-    /// The longest key accepted, in bytes (default 255).
+    /// The longest key accepted, in bytes. Default: 255.
     #[must_use]
     pub fn max_key_len(self, bytes: usize) -> Self {
         self.config(|c| c.max_key_len = bytes.max(1))
     }
 
-    /// What a record keeps (default [`ResponseMode::Full`]).
+    /// What a record keeps. Default: [`ResponseMode::Full`].
     #[must_use]
     pub fn response_mode(self, mode: ResponseMode) -> Self {
         self.config(|c| c.response_mode = mode)
     }
 
-    /// How long the layer waits for a recordable response's body to end before it sends what
-    /// it has read and lets the rest stream through, recorded as status and headers once it
-    /// has ended (default 5 s, [`DEFAULT_COLLECT_TIMEOUT`](super::DEFAULT_COLLECT_TIMEOUT)).
-    /// The bound starts when the handler has answered and its body first has to be waited
-    /// for (a body whose frames are all ready is read without it); see
-    /// [response bodies](super#response-bodies).
-    #[must_use]
-    pub fn collect_timeout(self, timeout: Duration) -> Self {
-        self.config(|c| c.collect_timeout = timeout)
-    }
-
-    /// How long the key of a response that streams through stays held (its lease renewed)
-    /// while its body has not ended (default 5 min,
-    /// [`DEFAULT_STREAM_LEASE_LIMIT`](super::DEFAULT_STREAM_LEASE_LIMIT)). After it the lease
-    /// is no longer renewed and lapses: a retry runs again, while the first stream goes on.
-    /// See [response bodies](super#response-bodies).
-    #[must_use]
-    pub fn stream_lease_limit(self, limit: Duration) -> Self {
-        self.config(|c| c.stream_lease_limit = limit)
-    }
-
-    /// The media types whose responses stream through as they come, never held back, and are
-    /// recorded as status and headers once they have ended (default `text/event-stream`,
-    /// [`DEFAULT_STREAMING_CONTENT_TYPES`](super::DEFAULT_STREAMING_CONTENT_TYPES)). The list
-    /// replaces the default; a type is matched without its parameters, in any case.
+    /// When a response body goes out as it comes, and how long its key is held meanwhile.
+    /// Default: [`Streaming::default()`].
     ///
     /// ```
-    /// use tower_idempotency::http::IdempotencyLayer;
+    /// use tower_idempotency::http::{IdempotencyLayer, Streaming};
     ///
-    /// let layer = IdempotencyLayer::new()
-    ///     .streaming_content_types(["text/event-stream", "application/x-ndjson"]);
+    /// let layer = IdempotencyLayer::default()
+    ///     .streaming(Streaming::default().content_types(["text/event-stream", "application/x-ndjson"]));
     /// ```
     #[must_use]
-    pub fn streaming_content_types<I>(self, types: I) -> Self
-    where
-        I: IntoIterator,
-        I::Item: AsRef<str>,
-    {
-        let types = types
-            .into_iter()
-            .map(|t| Box::from(t.as_ref().trim().to_ascii_lowercase()))
-            .collect();
-        self.config(|c| c.streaming_content_types = types)
+    pub fn streaming(self, streaming: Streaming) -> Self {
+        self.config(|c| c.streaming = streaming)
+    }
+
+    /// What the request fingerprint covers. Default: [`Fingerprinting::default()`], the
+    /// method, path, raw query, `Content-Type` and body bytes.
+    ///
+    /// ```
+    /// use tower_idempotency::http::{Fingerprinting, IdempotencyLayer};
+    ///
+    /// let layer = IdempotencyLayer::default()
+    ///     .fingerprint(Fingerprinting::default().json_exclude(["/sent_at"]).unwrap());
+    /// ```
+    #[must_use]
+    pub fn fingerprint(self, fingerprinting: Fingerprinting) -> Self {
+        self.config(|c| c.fingerprint = fingerprinting)
     }
 
     /// Adds a header to the allow list of recorded and replayed headers.
@@ -310,8 +212,8 @@ impl<St: Store> IdempotencyLayer<St> {
     /// use tower_idempotency::http::IdempotencyLayer;
     /// use http::HeaderName;
     ///
-    /// let layer = IdempotencyLayer::new().allow_header(HeaderName::from_static("x-order-id")).unwrap();
-    /// assert!(IdempotencyLayer::new().allow_header(HeaderName::from_static("set-cookie")).is_err());
+    /// let layer = IdempotencyLayer::default().allow_header(HeaderName::from_static("x-order-id")).unwrap();
+    /// assert!(IdempotencyLayer::default().allow_header(HeaderName::from_static("set-cookie")).is_err());
     /// ```
     pub fn allow_header(mut self, name: HeaderName) -> Result<Self, ConfigError> {
         let state = Arc::make_mut(&mut self.state);
@@ -333,14 +235,14 @@ impl<St: Store> IdempotencyLayer<St> {
     /// that grows with the traffic (every distinct value is a new time series).
     ///
     /// # Errors
-    /// [`ConfigErrorKind::ReservedMetricLabel`] for a key the layer sets itself: `door`,
+    /// [`ConfigErrorKind::ReservedLabel`] for a key the layer sets itself: `door`,
     /// `outcome` or `result`.
     ///
     /// ```
     /// use tower_idempotency::IdempotencyLayer;
     ///
-    /// let layer = IdempotencyLayer::new().metrics_label("route", "create_order").unwrap();
-    /// assert!(IdempotencyLayer::new().metrics_label("outcome", "x").is_err());
+    /// let layer = IdempotencyLayer::default().metrics_label("route", "create_order").unwrap();
+    /// assert!(IdempotencyLayer::default().metrics_label("outcome", "x").is_err());
     /// ```
     #[cfg(feature = "metrics")]
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
@@ -351,7 +253,7 @@ impl<St: Store> IdempotencyLayer<St> {
     ) -> Result<Self, ConfigError> {
         if crate::metrics::RESERVED_LABELS.contains(&key) {
             return Err(ConfigError::new(
-                ConfigErrorKind::ReservedMetricLabel,
+                ConfigErrorKind::ReservedLabel,
                 format!("the metric label `{key}` is set by the layer itself"),
             ));
         }
@@ -371,217 +273,35 @@ impl<St: Store> IdempotencyLayer<St> {
         self.config(|c| c.renderer = Some(Arc::new(f)))
     }
 
-    /// Computes the fingerprint with your own function (given the request head and the
-    /// buffered body) instead of method, path, raw query, content-type and body. (It replaces
-    /// [`fingerprint_json_by_value`](Self::fingerprint_json_by_value) too.)
-    #[must_use]
-    pub fn fingerprint_fn(
-        self,
-        f: impl Fn(&Parts, &Bytes) -> Fingerprint + Send + Sync + 'static,
-    ) -> Self {
-        self.config(|c| c.fingerprint_fn = Some(Arc::new(f)))
-    }
-
-    /// Fingerprints a JSON body by its value instead of its bytes, so a client library that
-    /// serialises the body again for a retry (`{"item": "book"}`, then `{"item":"book"}`) gets a
-    /// replay instead of 422. Off by default.
+    /// Gives the [`Verdict`](crate::engine::Verdict) on a response the table would record.
+    /// Default: every such response is recorded.
     ///
-    /// For `Content-Type: application/json` and `application/*+json` bodies (parameters ignored)
-    /// the body is parsed and its canonical form is fingerprinted: insignificant whitespace
-    /// and the order of object members are ignored, and escapes in strings are decoded
-    /// (`"\u00e9"` is `"é"`). Everything else still counts: array order, the value and type
-    /// of every member, and a **number's literal text** (`1`, `1.0` and `1e0` differ; a
-    /// retry is never replayed as an earlier request that a decimal parser would read
-    /// otherwise). A name repeated in one object keeps its members in their order. A body
-    /// that does not parse (or nests deeper than 128) is fingerprinted by its bytes, as is
-    /// every other content type. The method, path, query and `Content-Type` header are
-    /// fingerprinted as before.
+    /// The hook sees the response's status, headers and extensions, not its body. It is asked
+    /// only about a response the table records: 2xx, 3xx but 304, 4xx but 408, 425, 429. That
+    /// holds in HTTP mode and for a non-200 answer to a gRPC request. So it can release more,
+    /// never record what the table releases: such a record could never be replayed. A
+    /// rejection of another idempotency layer is released before the hook is asked. See
+    /// [after the handler](crate::http#after-the-handler).
     ///
-    /// The cost is one parse of the body per keyed request (the canonical form is streamed into
-    /// the hash, never built whole): `cargo bench --bench layer -- fingerprint` compares it with
-    /// the raw fingerprint. Turning the option on or off changes the fingerprint of every JSON
-    /// body, so a retry across that change is answered 422.
+    /// | verdict | the key |
+    /// | --- | --- |
+    /// | `Record` | recorded, as the table says |
+    /// | `Release`, `Fail` | released: a retry runs the handler again |
+    /// | `Hold` | kept pending until its lease lapses: 409 until then, a re-run after |
     ///
-    /// ```
-    /// use http::Request;
-    /// use http_body_util::Full;
-    /// use bytes::Bytes;
-    /// use std::convert::Infallible;
-    /// use tower::{ServiceBuilder, ServiceExt, service_fn};
-    /// use tower_idempotency::{IdempotencyLayer, Principal};
-    ///
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let layer = IdempotencyLayer::new().fingerprint_json_by_value(true);
-    /// let svc = ServiceBuilder::new().layer(layer).service(service_fn(|_req| async {
-    ///     Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from("created"))))
-    /// }));
-    /// let request = |body: &'static str| {
-    ///     let mut req = Request::post("/orders")
-    ///         .header("content-type", "application/json")
-    ///         .header("idempotency-key", "order-7")
-    ///         .body(Full::new(Bytes::from(body)))
-    ///         .unwrap();
-    ///     req.extensions_mut().insert(Principal::new("alice"));
-    ///     req
-    /// };
-    /// svc.clone().oneshot(request(r#"{"item": "book", "qty": 1}"#)).await.unwrap();
-    /// let again = svc.clone().oneshot(request(r#"{"qty":1,"item":"book"}"#)).await.unwrap();
-    /// assert_eq!(again.headers()["idempotent-replayed"], "true");
-    /// let other = svc.clone().oneshot(request(r#"{"qty":1.0,"item":"book"}"#)).await.unwrap();
-    /// assert_eq!(other.status(), 422);
-    /// # });
-    /// ```
-    #[must_use]
-    pub fn fingerprint_json_by_value(self, on: bool) -> Self {
-        self.config(|c| c.json_by_value = on)
-    }
-
-    fn spec(self, f: impl FnOnce(&mut FingerprintSpec)) -> Self {
-        self.config(|c| f(c.fingerprint_spec.get_or_insert_with(Box::default)))
-    }
-
-    fn json_fields<'a>(
-        pointers: impl IntoIterator<Item = &'a str>,
-    ) -> Result<Vec<JsonField>, ConfigError> {
-        pointers
-            .into_iter()
-            .map(|p| {
-                JsonField::parse(p).map_err(|reason| {
-                    ConfigError::new(
-                        ConfigErrorKind::InvalidJsonField,
-                        format!("`{p}` is not a JSON body field for the fingerprint: {reason}"),
-                    )
-                })
-            })
-            .collect()
-    }
-
-    /// Leaves these fields of a JSON body out of the fingerprint: values that change between
-    /// attempts without changing the request (a timestamp, a nonce, a refreshed credential).
-    /// Each is an RFC 6901 JSON pointer (`/meta/sent_at`; `/items/0` for an array item) or a
-    /// top-level name. The body is then compared by value (as
-    /// [`fingerprint_json_by_value`](Self::fingerprint_json_by_value)); every member of a
-    /// repeated name goes. A body that is not JSON is fingerprinted by its bytes, as ever.
-    ///
-    /// ```
-    /// use http::Request;
-    /// use http_body_util::Full;
-    /// use bytes::Bytes;
-    /// use std::convert::Infallible;
-    /// use tower::{ServiceBuilder, ServiceExt, service_fn};
-    /// use tower_idempotency::{IdempotencyLayer, Principal};
-    ///
-    /// # tokio::runtime::Runtime::new().unwrap().block_on(async {
-    /// let layer = IdempotencyLayer::new().fingerprint_json_exclude(["/sent_at"]).unwrap();
-    /// let svc = ServiceBuilder::new().layer(layer).service(service_fn(|_req| async {
-    ///     Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::from("created"))))
-    /// }));
-    /// let request = |body: &'static str| {
-    ///     let mut req = Request::post("/orders")
-    ///         .header("content-type", "application/json")
-    ///         .header("idempotency-key", "order-7")
-    ///         .body(Full::new(Bytes::from(body)))
-    ///         .unwrap();
-    ///     req.extensions_mut().insert(Principal::new("alice"));
-    ///     req
-    /// };
-    /// svc.clone().oneshot(request(r#"{"item":"book","sent_at":"12:00:00"}"#)).await.unwrap();
-    /// let retry = svc.clone().oneshot(request(r#"{"item":"book","sent_at":"12:00:05"}"#)).await.unwrap();
-    /// assert_eq!(retry.headers()["idempotent-replayed"], "true");
-    /// # });
-    /// ```
-    ///
-    /// # Errors
-    /// [`ConfigErrorKind::InvalidJsonField`] for an empty name or a malformed pointer.
-    pub fn fingerprint_json_exclude<'a>(
-        self,
-        pointers: impl IntoIterator<Item = &'a str>,
-    ) -> Result<Self, ConfigError> {
-        let fields = Self::json_fields(pointers)?;
-        Ok(self.spec(|s| s.exclude = fields))
-    }
-
-    /// Fingerprints only these fields of a JSON body (by value, in the order given; an absent
-    /// field counts as absent), so anything else in the body may change between attempts.
-    /// Pointers as in [`fingerprint_json_exclude`](Self::fingerprint_json_exclude), which still
-    /// applies inside the included values. A body that is not JSON: its bytes.
-    ///
-    /// # Errors
-    /// [`ConfigErrorKind::InvalidJsonField`] for an empty name or a malformed pointer.
-    pub fn fingerprint_json_include<'a>(
-        self,
-        pointers: impl IntoIterator<Item = &'a str>,
-    ) -> Result<Self, ConfigError> {
-        let fields = Self::json_fields(pointers)?;
-        Ok(self.spec(|s| s.include = fields))
-    }
-
-    /// Fingerprints axum's route template (`/orders/{id}`, from
-    /// [`MatchedPath`](axum::extract::MatchedPath)) instead of the request path. Off by
-    /// default. With a key that names the resource already, this lets `/orders/7` and
-    /// `/orders/7/` (or a path rewritten by a proxy) count as one request; it also means two
-    /// paths of one route under one key are one request, so use it only where the key is
-    /// unique per resource.
-    ///
-    /// axum sets `MatchedPath` when it routes: add the layer with `Router::route_layer` or on
-    /// a route (the `#[idempotent]` handlers always see it). A layer added with
-    /// `Router::layer` runs before routing: it fingerprints the path, and warns once.
-    #[cfg(feature = "axum")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
-    #[must_use]
-    pub fn fingerprint_route_template(self, on: bool) -> Self {
-        self.spec(|s| s.route_template = on)
-    }
-
-    /// Fingerprints these request headers too (their values in order, absent counted), e.g. a
-    /// `X-Account` that selects what the request acts on. None by default.
-    #[must_use]
-    pub fn fingerprint_headers(self, names: impl IntoIterator<Item = HeaderName>) -> Self {
-        let names = names.into_iter().collect();
-        self.spec(|s| s.headers = names)
-    }
-
-    /// Fingerprints the query with its parameters sorted, so `?a=1&b=2` and `?b=2&a=1` are one
-    /// request. Off by default (the raw query counts, order included). Parameters are compared
-    /// as sent (`%41` and `A` differ); a repeated parameter counts each time.
-    #[must_use]
-    pub fn fingerprint_canonical_query(self, on: bool) -> Self {
-        self.spec(|s| s.canonical_query = on)
-    }
-
-    /// Decides with `f` whether a response the classification table would record is recorded
-    /// or released (see the [module docs](crate::http#after-the-handler)); by default every
-    /// such response is recorded.
-    ///
-    /// `f` sees the response's status, headers and extensions (not its body) and is called only
-    /// for a response the table records (2xx, 3xx but 304, 4xx but 408, 425, 429), in HTTP
-    /// mode and for a non-200 answer to a gRPC request: it can release more, never record
-    /// what the table releases (such a record could never be replayed). A rejection of another
-    /// idempotency layer is released before `f` is asked.
-    ///
-    /// [`release_validation_errors`](super::release_validation_errors) is the preset for a
-    /// layer around axum routes whose extractors reject invalid requests (400, 413, 415, 422):
-    /// the corrected request can then be sent with the same key.
+    /// [`release_validation_errors`](super::release_validation_errors) is the preset for axum
+    /// routes whose extractors refuse invalid requests. The corrected request can then be
+    /// sent with the same key.
     ///
     /// ```
     /// use tower_idempotency::http::{IdempotencyLayer, release_validation_errors};
     ///
-    /// let layer = IdempotencyLayer::new().classify(release_validation_errors);
+    /// let layer = IdempotencyLayer::default().classify(release_validation_errors);
     /// ```
     #[must_use]
-    pub fn classify(
-        self,
-        f: impl Fn(&http::response::Parts) -> Classification + Send + Sync + 'static,
-    ) -> Self {
-        self.config(|c| c.classify_fn = Some(Arc::new(f)))
-    }
-
-    /// Authenticates records with an HMAC under `secret` and keys the stored fingerprints, so
-    /// a record written into the store by someone else is refused (503), not replayed. Off by
-    /// default; see [`Secret`](crate::Secret).
-    #[must_use]
-    pub fn secret(self, secret: crate::Secret) -> Self {
-        self.map_engine(|e| e.set_secret(secret))
+    pub fn classify(self, hook: impl Classify<http::response::Parts>) -> Self {
+        let hook: ClassifyFn = Arc::new(hook);
+        self.config(|c| c.classify_fn = Some(hook))
     }
 
     /// Whether a claimed request's work runs to its end when the response future is dropped
@@ -592,7 +312,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// record) is moved onto a task of its own and finishes: the handler is never cut between
     /// two side effects, and the retry is answered from the record. While the caller waits
     /// nothing moves: the work is polled in place as any future. Wait for such work at
-    /// shutdown with [`in_flight`](Self::in_flight).
+    /// shutdown with [`drain`](Self::drain).
     ///
     /// With `false`, the handler is cancelled where it stands, as a dropped future is in
     /// tower, and the key stays pending until its lease lapses (409 until then, a re-run
@@ -618,9 +338,8 @@ impl<St: Store> IdempotencyLayer<St> {
         self.config(|c| c.run_to_completion = on)
     }
 
-    /// How long work whose caller went away runs on before it is cancelled (default 5 min,
-    /// [`DEFAULT_DETACHED_TIMEOUT`](super::DEFAULT_DETACHED_TIMEOUT)); see
-    /// [`run_to_completion`](Self::run_to_completion). The bound starts when the caller goes
+    /// How long work whose caller went away runs on before it is cancelled. Default: 5 min.
+    /// See [`run_to_completion`](Self::run_to_completion). The bound starts when the caller goes
     /// away. Any value is accepted: `Duration::MAX` never cancels, `ZERO` cancels at the
     /// work's next wait.
     ///
@@ -635,19 +354,18 @@ impl<St: Store> IdempotencyLayer<St> {
     /// use std::time::Duration;
     /// use tower_idempotency::IdempotencyLayer;
     ///
-    /// let layer = IdempotencyLayer::new().detached_timeout(Duration::from_secs(60));
+    /// let layer = IdempotencyLayer::default().detached_timeout(Duration::from_secs(60));
     /// ```
     #[must_use]
     pub fn detached_timeout(mut self, timeout: Duration) -> Self {
         Arc::make_mut(&mut self.state)
-            .in_flight
+            .drain
             .set_detached_timeout(timeout);
         self
     }
 
     /// How many works whose callers went away run on at once, for this layer and every
-    /// service and route made from it (default 1024,
-    /// [`DEFAULT_MAX_DETACHED`](super::DEFAULT_MAX_DETACHED)); see
+    /// service and route made from it. Default: 1024. See
     /// [`run_to_completion`](Self::run_to_completion). Work dropped by its caller while that
     /// many run is cancelled where it stands, as with `run_to_completion(false)`: nothing
     /// recorded, nothing released, its key pending until its lease lapses. (The caller is
@@ -655,7 +373,7 @@ impl<St: Store> IdempotencyLayer<St> {
     #[must_use]
     pub fn max_detached(mut self, max: usize) -> Self {
         Arc::make_mut(&mut self.state)
-            .in_flight
+            .drain
             .set_max_detached(max);
         self
     }
@@ -676,33 +394,20 @@ impl<St: Store> IdempotencyLayer<St> {
     /// use std::time::Duration;
     /// use tower_idempotency::IdempotencyLayer;
     ///
-    /// let layer = IdempotencyLayer::new().wait_in_flight(Duration::from_secs(5));
+    /// let layer = IdempotencyLayer::default().wait_in_flight(Duration::from_secs(5));
     /// ```
     #[must_use]
     pub fn wait_in_flight(self, bound: Duration) -> Self {
         self.config(|c| c.wait_in_flight = bound)
     }
 
-    /// Tells the client until when the key's record is kept, and how old a replayed one is
-    /// (default off). A recorded response and its replays carry
-    /// [`Tower-Idempotency-Kept-Until`](super::KEPT_UNTIL_HEADER) (an HTTP-date: when the
-    /// retention ends), and a replay [`Tower-Idempotency-Age`](super::RECORD_AGE_HEADER) (the
-    /// record's age in seconds). The record then holds when it was written and until when it
-    /// is kept (16 bytes more). Vendor-prefixed until the IETF draft names a header.
+    /// The claimed work of this layer that has not finished yet, to wait on at shutdown.
     ///
-    /// A record written while this was off carries no times: its replays carry no such
-    /// headers.
+    /// Every service and `#[idempotent]` route made from this layer, and from its clones,
+    /// counts into the same handle.
     #[must_use]
-    pub fn record_times(self, on: bool) -> Self {
-        self.config(|c| c.record_times = on)
-    }
-
-    /// The claimed work of this layer that has not finished yet, to wait on at shutdown (see
-    /// [`InFlightWork`]). Every service and `#[idempotent]` route made from this layer (and
-    /// from its clones) counts into the same handle.
-    #[must_use]
-    pub fn in_flight(&self) -> InFlightWork {
-        self.state.in_flight.clone()
+    pub fn drain(&self) -> Drain {
+        self.state.drain.clone()
     }
 
     /// Forgets the record of `key` sent by the caller of `scope` through this layer (its
@@ -715,7 +420,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// use tower_idempotency::store::Forgotten;
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let layer = IdempotencyLayer::new();
+    /// let layer = IdempotencyLayer::default();
     /// let key = IdempotencyKey::new("order-7").unwrap();
     /// let found = layer.forget(&key, Principal::new("alice").scope()).await.unwrap();
     /// assert_eq!(found, Forgotten::Nothing);
@@ -763,7 +468,7 @@ impl<St: Store> IdempotencyLayer<St> {
                 engine: self.state.engine.map_store(f),
                 config: self.state.config.clone(),
                 // The routes' work is the shared layer's: one wait covers them all.
-                in_flight: self.state.in_flight.clone(),
+                drain: self.state.drain.clone(),
             }),
         }
     }

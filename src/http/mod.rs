@@ -160,10 +160,10 @@
 //!     .layer(IdempotencyLayer::new().required(false).principal(PrincipalMode::Optional));
 //! ```
 
-// Imports run one way. `body`, `headers`, `extensions`, `declare`, `fingerprint` and
-// `kept` import no sibling, `grpc` only
-// `headers`; then `rejection` → `config` → `classify` → `replay` → `future` → `service` →
-// `layer`, each using only modules before it, never one after it.
+// Imports run one way. `body`, `headers`, `extensions`, `declare`, `json`, `streaming` import
+// no sibling, `fingerprint` only `json`, `grpc` only `headers`; then `rejection` → `config` →
+// `classify` → `replay` → `future` → `service` → `layer`, each using only modules before it,
+// never one after it.
 mod body;
 mod classify;
 mod config;
@@ -172,6 +172,9 @@ mod extensions;
 mod fingerprint;
 mod future;
 pub mod grpc;
+#[cfg(feature = "json")]
+mod json;
+mod streaming;
 
 #[cfg(feature = "axum")]
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
@@ -181,7 +184,6 @@ pub mod extract;
 #[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
 pub mod route;
 mod headers;
-mod kept;
 mod layer;
 mod rejection;
 mod replay;
@@ -189,12 +191,8 @@ mod service;
 
 pub use crate::engine::detach::{DEFAULT_DETACHED_TIMEOUT, DEFAULT_MAX_DETACHED, InFlightWork};
 pub use body::{RequestBody, ResponseBody};
-pub use config::{
-    Classification, ConfigError, ConfigErrorKind, DEFAULT_COLLECT_TIMEOUT,
-    DEFAULT_MAX_REQUEST_BODY, DEFAULT_STREAM_LEASE_LIMIT, DEFAULT_STREAMING_CONTENT_TYPES,
-    Principal, PrincipalMode, ResponseMode, release_validation_errors,
-};
-pub use declare::Declared;
+pub use config::{Principal, PrincipalMode, ResponseMode, release_validation_errors};
+pub use declare::declare;
 pub use extensions::ClaimedKey;
 // Read by the axum extractors only.
 #[cfg(feature = "axum")]
@@ -205,12 +203,13 @@ pub use headers::{
 };
 // The gRPC wire names, shared with the client's retry rules.
 pub(crate) use headers::{GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS};
-pub use kept::{KEPT_UNTIL_HEADER, RECORD_AGE_HEADER};
 // The deny list, shared with the outbound door's HTTP receipts.
 pub(crate) use headers::is_denied_bytes;
+pub use fingerprint::Fingerprinting;
 pub use layer::IdempotencyLayer;
 pub use rejection::{Rejection, RejectionKind};
 pub use service::Idempotency;
+pub use streaming::Streaming;
 
 // For `#[idempotent]`, which runs the handler's extractors between the checks and the claim.
 #[cfg(feature = "macros")]

@@ -31,7 +31,7 @@ pub enum RejectionKind {
     /// The request body could not be read (400).
     BodyUnreadable,
     /// The store failed or timed out; the handler did not run (503, retryable).
-    StoreFailed,
+    Store,
     /// The caller's scope holds its maximum of pending records (429, retryable).
     ScopeFull,
     /// The store is full of pending records (503, retryable).
@@ -51,7 +51,7 @@ impl RejectionKind {
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ScopeFull => StatusCode::TOO_MANY_REQUESTS,
-            Self::StoreFailed | Self::StoreFull | Self::RecordInvalid => {
+            Self::Store | Self::StoreFull | Self::RecordInvalid => {
                 StatusCode::SERVICE_UNAVAILABLE
             }
         }
@@ -68,11 +68,21 @@ impl RejectionKind {
             Self::KeyReused => "idempotency.key_reused",
             Self::BodyTooLarge => "idempotency.body_too_large",
             Self::BodyUnreadable => "idempotency.body_unreadable",
-            Self::StoreFailed => "idempotency.store_failed",
+            Self::Store => "idempotency.store_failed",
             Self::ScopeFull => "idempotency.scope_full",
             Self::StoreFull => "idempotency.store_full",
             Self::RecordInvalid => "idempotency.record_invalid",
         }
+    }
+
+    /// Whether a retry of the same request may succeed: in flight, store failure, full
+    /// scope or store.
+    #[must_use]
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            Self::InFlight | Self::Store | Self::ScopeFull | Self::StoreFull
+        )
     }
 
     /// A short human title.
@@ -86,7 +96,7 @@ impl RejectionKind {
             Self::KeyReused => "Idempotency key reused with a different request",
             Self::BodyTooLarge => "Request body too large",
             Self::BodyUnreadable => "Request body could not be read",
-            Self::StoreFailed => "Idempotency store unavailable",
+            Self::Store => "Idempotency store unavailable",
             Self::ScopeFull => "Too many requests in progress",
             Self::StoreFull => "Idempotency store full",
             Self::RecordInvalid => "Stored response could not be replayed",
@@ -114,7 +124,7 @@ impl RejectionKind {
             Self::InFlight => GrpcCode::Aborted,
             Self::KeyReused => GrpcCode::FailedPrecondition,
             Self::BodyTooLarge | Self::ScopeFull => GrpcCode::ResourceExhausted,
-            Self::StoreFailed | Self::StoreFull | Self::RecordInvalid => GrpcCode::Unavailable,
+            Self::Store | Self::StoreFull | Self::RecordInvalid => GrpcCode::Unavailable,
         }
     }
 }
@@ -161,9 +171,9 @@ impl Rejection {
         )
     }
 
-    /// The same rejection with a `Retry-After` hint (sent in whole seconds, at least 1).
+    /// The same rejection with a `Retry-After` hint, sent in whole seconds, at least 1.
     #[must_use]
-    pub fn retry_after(mut self, after: Duration) -> Self {
+    pub fn with_retry_after(mut self, after: Duration) -> Self {
         self.retry_after = Some(after);
         self
     }
@@ -172,6 +182,18 @@ impl Rejection {
     #[must_use]
     pub fn kind(&self) -> RejectionKind {
         self.kind
+    }
+
+    /// The problem type's stable machine code, e.g. `idempotency.key_missing`.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        self.kind.code()
+    }
+
+    /// Whether a retry of the same request may succeed (see [`RejectionKind::is_retryable`]).
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        self.kind.is_retryable()
     }
 
     /// The HTTP status.
@@ -186,9 +208,9 @@ impl Rejection {
         &self.detail
     }
 
-    /// When a retry may succeed (sent as `Retry-After`), for the retryable cases.
+    /// When a retry may succeed, sent as `Retry-After`. Set on the retryable cases.
     #[must_use]
-    pub fn retry_after_hint(&self) -> Option<Duration> {
+    pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after
     }
 
@@ -249,7 +271,7 @@ impl Rejection {
         if let Ok(message) = HeaderValue::from_maybe_shared(percent_encode(&self.grpc_message())) {
             h.insert(GRPC_MESSAGE, message);
         }
-        if let Some(after) = self.retry_after_hint() {
+        if let Some(after) = self.retry_after() {
             h.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from(millis(after)));
         }
         res
@@ -275,7 +297,7 @@ impl Rejection {
             tonic::Code::from_i32(self.kind().grpc_code()),
             self.grpc_message(),
         );
-        if let Some(after) = self.retry_after_hint() {
+        if let Some(after) = self.retry_after() {
             status.metadata_mut().insert(
                 "grpc-retry-pushback-ms",
                 tonic::metadata::MetadataValue::from(millis(after)),
@@ -327,7 +349,7 @@ mod tests {
     #[test]
     fn rejection_renders_trailers_only() {
         let r = Rejection::new(RejectionKind::InFlight, "busy 100%")
-            .retry_after(std::time::Duration::from_secs(1));
+            .with_retry_after(std::time::Duration::from_secs(1));
         let res = r.to_grpc_response();
         assert_eq!(res.status(), StatusCode::OK);
         assert!(res.body().is_empty());
@@ -350,7 +372,7 @@ mod tests {
             (KeyReused, 9),
             (BodyTooLarge, 8),
             (ScopeFull, 8),
-            (StoreFailed, 14),
+            (Store, 14),
             (StoreFull, 14),
             (RecordInvalid, 14),
         ] {

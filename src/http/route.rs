@@ -1,13 +1,5 @@
-//! Per-route idempotency with the [`#[idempotent]`](crate::idempotent) attribute, and the
-//! shared [`IdempotentRoutes`] it reads from the request extensions.
-//!
-//! The attribute marks one axum handler idempotent where it is written, with per-route options
-//! (lease, retention, response mode, namespace suffix, …) merged over one shared configuration:
-//! the store, principal source, namespace and limits of an [`IdempotencyLayer`], installed once
-//! on the router as an [`Extension`](axum::Extension). The handler then runs the layer's own
-//! check order, classification and replay, with one difference: the handler's extractors run
-//! before the key is claimed, so a request they refuse (a validation error) leaves the key free
-//! for the corrected request.
+//! Per-route idempotency: the [`#[idempotent]`](crate::idempotent) attribute, and the shared
+//! [`IdempotentRoutes`] it reads from the request extensions.
 //!
 //! ```
 //! use axum::extract::Extension;
@@ -26,12 +18,21 @@
 //!     StatusCode::ACCEPTED
 //! }
 //!
-//! let shared = IdempotencyLayer::with_store(MemoryStore::new()).namespace("billing");
+//! let shared = IdempotencyLayer::new(MemoryStore::new()).namespace("billing");
 //! let app: Router = Router::new()
 //!     .route("/payments", post(create_payment))
 //!     .route("/refunds", post(create_refund))
 //!     .layer(Extension(IdempotentRoutes::new(shared)));
 //! ```
+//!
+//! The attribute marks one axum handler idempotent where it is written. Its options override
+//! one shared configuration, per route: lease, retention, response mode, namespace and more.
+//! The shared configuration is an [`IdempotencyLayer`]: the store, principal source, namespace
+//! and limits. It is installed once on the router as an [`Extension`](axum::Extension).
+//!
+//! The handler then runs the layer's own check order, classification and replay, with one
+//! difference. Its extractors run before the key is claimed. So a request they refuse, a
+//! validation error, leaves the key free for the corrected request.
 
 use crate::engine::fingerprint::Fingerprint;
 use crate::http::{IdempotencyLayer, PrincipalMode, ResponseMode};
@@ -57,7 +58,7 @@ use std::time::Duration;
 /// ```
 /// # use axum::{Extension, Router};
 /// # use tower_idempotency::{IdempotencyLayer, IdempotentRoutes, MemoryStore};
-/// let config = IdempotentRoutes::new(IdempotencyLayer::with_store(MemoryStore::new()).namespace("payments"));
+/// let config = IdempotentRoutes::new(IdempotencyLayer::new(MemoryStore::new()).namespace("payments"));
 /// let app: Router = Router::new() /* .route(…) */ .layer(Extension(config));
 /// ```
 ///
@@ -146,7 +147,7 @@ impl fmt::Debug for IdempotentRoutes {
 /// ```
 /// use tower_idempotency::{route::DynStore, IdempotencyLayer, MemoryStore};
 ///
-/// let layer: IdempotencyLayer<DynStore> = IdempotencyLayer::with_store(DynStore::new(MemoryStore::new()));
+/// let layer: IdempotencyLayer<DynStore> = IdempotencyLayer::new(DynStore::new(MemoryStore::new()));
 /// ```
 #[derive(Clone)]
 pub struct DynStore(Arc<dyn ErasedStore>);
@@ -307,7 +308,7 @@ impl Store for DynStore {
 #[derive(Debug, Clone, Copy)]
 #[doc(hidden)]
 pub struct RouteOptions {
-    required: Option<bool>,
+    require_key: Option<bool>,
     header: Option<&'static str>,
     lease: Option<Duration>,
     ttl: Option<Duration>,
@@ -324,7 +325,7 @@ impl RouteOptions {
     #[must_use]
     pub const fn new() -> Self {
         Self {
-            required: None,
+            require_key: None,
             header: None,
             lease: None,
             ttl: None,
@@ -337,10 +338,10 @@ impl RouteOptions {
         }
     }
 
-    /// `required` / `required = false`.
+    /// `require_key` / `require_key = false`.
     #[must_use]
-    pub const fn required(mut self, required: bool) -> Self {
-        self.required = Some(required);
+    pub const fn require_key(mut self, require: bool) -> Self {
+        self.require_key = Some(require);
         self
     }
 
@@ -372,10 +373,10 @@ impl RouteOptions {
         self
     }
 
-    /// `namespace = "suffix"`.
+    /// `namespace = "…"`: the route's namespace, replacing the shared one.
     #[must_use]
-    pub const fn namespace(mut self, suffix: &'static str) -> Self {
-        self.namespace = Some(suffix);
+    pub const fn namespace(mut self, namespace: &'static str) -> Self {
+        self.namespace = Some(namespace);
         self
     }
 
@@ -409,7 +410,7 @@ impl RouteOptions {
 
     pub(crate) fn is_empty(&self) -> bool {
         let Self {
-            required,
+            require_key,
             header,
             lease,
             ttl,
@@ -420,7 +421,7 @@ impl RouteOptions {
             principal,
             wait_in_flight,
         } = self;
-        required.is_none()
+        require_key.is_none()
             && header.is_none()
             && lease.is_none()
             && ttl.is_none()
@@ -437,8 +438,8 @@ impl RouteOptions {
         &self,
         mut layer: IdempotencyLayer<DynStore>,
     ) -> IdempotencyLayer<DynStore> {
-        if let Some(required) = self.required {
-            layer = layer.required(required);
+        if let Some(require) = self.require_key {
+            layer = layer.require_key(require);
         }
         if let Some(name) = self.header {
             match HeaderName::from_bytes(name.as_bytes()) {
@@ -459,8 +460,8 @@ impl RouteOptions {
         if let Some(mode) = self.response {
             layer = layer.response_mode(mode);
         }
-        if let Some(suffix) = self.namespace {
-            layer = layer.namespace_suffix(suffix);
+        if let Some(namespace) = self.namespace {
+            layer = layer.namespace(namespace);
         }
         if let Some(bytes) = self.max_record_body {
             layer = layer.max_record_body(bytes);
@@ -498,12 +499,13 @@ mod tests {
     static PLAIN: RouteOptions = RouteOptions::new();
 
     fn shared() -> IdempotencyLayer<MemoryStore> {
-        IdempotencyLayer::new()
-            .namespace("billing")
+        let engine = crate::engine::Engine::builder(MemoryStore::new())
             .lease(Duration::from_secs(7))
             .ttl(Duration::from_secs(70))
             .max_record_body(512)
             .secret(Secret::new([7u8; 32]).expect("a 32-byte secret"))
+            .build();
+        IdempotencyLayer::new(engine).namespace("billing")
     }
 
     #[test]
@@ -532,7 +534,7 @@ mod tests {
         );
         assert!(format!("{engine:?}").contains("authenticated: true"));
         let c = &layer.state.config;
-        assert_eq!(&*c.namespace, "billing/refunds");
+        assert_eq!(&*c.namespace, "refunds", "the route's namespace replaces the shared one");
         assert_eq!(c.response_mode, ResponseMode::StatusAndHeaders);
         assert_eq!(
             &*config.layer().state.config.namespace,

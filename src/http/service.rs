@@ -7,7 +7,6 @@ use super::config::{Config, LayerState};
 use super::extensions::{ClaimedKey, KeyMissing};
 use super::future::ResponseFuture;
 use super::grpc::is_grpc;
-use super::kept;
 use super::rejection::{Rejection, RejectionKind};
 use super::replay::replay;
 use crate::engine::{Begin, Engine, Ticket};
@@ -95,7 +94,7 @@ where
         let (mut parts, body) = req.into_parts();
         // A gRPC request: classified by its gRPC status, rejected with gRPC statuses.
         let grpc = is_grpc(&parts.headers);
-        let key = match plan(config, &parts) {
+        let (key, scope) = match plan(config, &parts) {
             Plan::Pass => {
                 let req = Request::from_parts(parts, RequestBody::passthrough(body));
                 return ResponseFuture::passthrough(self.inner.call(req));
@@ -108,10 +107,9 @@ where
                 return ResponseFuture::passthrough(self.inner.call(req));
             }
             Plan::Reject(rejection) => return self.reject(rejection, grpc),
-            Plan::Keyed(key, scope) => KeyFrom::Header(key, scope),
-            Plan::KeyInBody(scope) => KeyFrom::Body(scope),
+            Plan::Keyed(key, scope) => (key, scope),
         };
-        self.keyed(parts, body, key, grpc)
+        self.keyed(parts, body, key, scope, grpc)
     }
 }
 
@@ -121,7 +119,8 @@ impl<S, St> Idempotency<S, St> {
         &mut self,
         parts: Parts,
         body: ReqB,
-        key: KeyFrom,
+        key: IdempotencyKey,
+        scope: Scope,
         grpc: bool,
     ) -> ResponseFuture<S::Future, ResB, S::Error>
     where
@@ -146,7 +145,7 @@ impl<S, St> Idempotency<S, St> {
         );
         // The span is entered around each poll by the response future, not held in the box:
         // the box stays under the allocator's small-size cache (1 KiB), and is written once.
-        let fut = keyed(state, inner, parts, body, key, grpc);
+        let fut = keyed(state, inner, parts, body, key, scope, grpc);
         ResponseFuture::keyed(Box::pin(fut), span)
     }
 }
@@ -164,10 +163,6 @@ pub(crate) enum Plan {
     Reject(Rejection),
     /// Keyed: buffer and fingerprint the body, then claim.
     Keyed(IdempotencyKey, Scope),
-    /// No key from the header, but it may be in a JSON body field: the body is read first,
-    /// and steps 3–5 run on what it holds (with the scope when it was already checked: a
-    /// required key is refused without a principal, whatever the body holds).
-    KeyInBody(Option<Scope>),
 }
 
 pub(crate) fn plan(config: &Config, parts: &Parts) -> Plan {
@@ -177,23 +172,8 @@ pub(crate) fn plan(config: &Config, parts: &Parts) -> Plan {
     }
     // 2. The key.
     let key = config.key(parts);
-    // 2b. No key from the header: it may be in a JSON body field.
-    if key.is_none() && !is_grpc(&parts.headers) && config.key_in_body(&parts.headers) {
-        let scope = if config.required {
-            match config.scope(parts) {
-                Some(scope) => Some(scope),
-                None => return Plan::Reject(principal_missing()),
-            }
-        } else {
-            None
-        };
-        return match declared_too_large(config, parts) {
-            Some(rejection) => Plan::Reject(rejection),
-            None => Plan::KeyInBody(scope),
-        };
-    }
     // 3. No key, not required: pass through before any principal check.
-    if key.is_none() && !config.required {
+    if key.is_none() && !config.require_key {
         return Plan::Unkeyed;
     }
     // 4. The principal.
@@ -245,15 +225,6 @@ pub(crate) fn read_rejection(e: ReadError, limit: usize) -> Rejection {
     }
 }
 
-/// The key of a request that goes on to be buffered and claimed.
-enum KeyFrom {
-    /// From the header (or the key closure), with the caller's scope: steps 3–5 are done.
-    Header(IdempotencyKey, Scope),
-    /// Perhaps in a JSON body field, with the scope when it was already checked (a required
-    /// key): steps 3–5 run once the body is read.
-    Body(Option<Scope>),
-}
-
 fn principal_missing() -> Rejection {
     Rejection::new(
         RejectionKind::PrincipalMissing,
@@ -271,33 +242,6 @@ fn record_invalid() -> Rejection {
 
 fn key_missing(config: &Config) -> Rejection {
     Rejection::new(RejectionKind::KeyMissing, config.missing_key_detail())
-}
-
-/// Steps 3–5 for a key read from the body: `Ok(None)` to pass the request through.
-fn body_key(
-    config: &Config,
-    parts: &Parts,
-    body: &[u8],
-    scope: Option<Scope>,
-) -> Result<Option<(IdempotencyKey, Scope)>, Rejection> {
-    let key = config.body_key(body);
-    // 3. No key, not required: pass through before any principal check.
-    if key.is_none() && !config.required {
-        return Ok(None);
-    }
-    // 4. The principal (already checked for a required key).
-    let Some(scope) = scope.or_else(|| config.scope(parts)) else {
-        return Err(principal_missing());
-    };
-    // 5. Missing or invalid key.
-    match key {
-        None => Err(key_missing(config)),
-        Some(Err(detail)) => {
-            tracing::debug!(reason = %detail, "idempotency key refused");
-            Err(Rejection::new(RejectionKind::KeyInvalid, detail))
-        }
-        Some(Ok(key)) => Ok(Some((key, scope))),
-    }
 }
 
 impl<S, St> Idempotency<S, St> {
@@ -347,7 +291,7 @@ fn rejected(kind: RejectionKind) -> metrics::Outcome {
         RejectionKind::KeyReused => O::KeyReused,
         RejectionKind::BodyTooLarge => O::BodyTooLarge,
         RejectionKind::BodyUnreadable => O::BodyUnreadable,
-        RejectionKind::StoreFailed => O::StoreFailed,
+        RejectionKind::Store => O::StoreFailed,
         RejectionKind::ScopeFull => O::ScopeFull,
         RejectionKind::StoreFull => O::StoreFull,
         RejectionKind::RecordInvalid => O::RecordInvalid,
@@ -387,10 +331,11 @@ fn content_length(headers: &HeaderMap) -> Option<u64> {
 #[allow(clippy::manual_async_fn)]
 fn keyed<S, St, ReqB, ResB>(
     state: Arc<LayerState<St>>,
-    mut inner: S,
+    inner: S,
     mut parts: Parts,
     body: ReqB,
-    key: KeyFrom,
+    key: IdempotencyKey,
+    scope: Scope,
     grpc: bool,
 ) -> impl Future<Output = Result<Response<ResponseBody<ResB>>, S::Error>>
 where
@@ -414,35 +359,8 @@ where
                 return Ok(render(&state, rejection, grpc));
             }
         };
-        let (key, scope) = match key {
-            KeyFrom::Header(key, scope) => (key, scope),
-            KeyFrom::Body(scope) => match body_key(config, &parts, &body, scope) {
-                Ok(Some(keyed)) => keyed,
-                Ok(None) => {
-                    // 3. No key in the body, not required: pass through with the body read.
-                    observe(config, grpc, metrics::Outcome::Passthrough);
-                    parts.extensions.insert(KeyMissing);
-                    let req = Request::from_parts(parts, RequestBody::buffered(body));
-                    std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
-                    let res = inner.call(req).await?;
-                    return Ok(res.map(ResponseBody::passthrough));
-                }
-                Err(rejection) => return Ok(render(&state, rejection, grpc)),
-            },
-        };
         let fingerprint = config.fingerprint(&parts, &body);
         let store_key = StoreKey::derive(&config.namespace, &scope, &key);
-        // A key read from the body may be one an outer idempotency layer already claimed (the
-        // header case is caught by `plan`): pass through, the outer layer records.
-        if let Some(claimed) = parts.extensions.get::<ClaimedKey>()
-            && *claimed.store_key() == store_key
-        {
-            nested(&store_key);
-            let req = Request::from_parts(parts, RequestBody::buffered(body));
-            std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
-            let res = inner.call(req).await?;
-            return Ok(res.map(ResponseBody::passthrough));
-        }
 
         let begun = if config.wait_in_flight.is_zero() {
             engine.begin(store_key, fingerprint).await
@@ -454,14 +372,10 @@ where
         let ticket = match begun {
             Ok(Begin::Run(ticket)) => ticket,
             Ok(Begin::Replayed(record)) => {
-                let times = record.times;
                 return Ok(match replay(&config.headers, record, grpc) {
-                    Ok(mut res) => {
+                    Ok(res) => {
                         observe(config, grpc, metrics::Outcome::Replayed);
                         tracing::debug!(outcome = "replayed", key = ?store_key, "idempotency replay");
-                        if config.record_times {
-                            kept::on_replay(res.headers_mut(), times);
-                        }
                         res
                     }
                     Err(reason) => {
@@ -478,7 +392,7 @@ where
                         RejectionKind::InFlight,
                         "a request with this key is still being processed; retry later",
                     )
-                    .retry_after(Box::pin(in_flight_retry_after(engine, &store_key)).await),
+                    .with_retry_after(Box::pin(in_flight_retry_after(engine, &store_key)).await),
                     grpc,
                 ));
             }
@@ -516,11 +430,11 @@ where
         let work = run_claimed(Arc::clone(&state), inner, req, ticket, store_key, grpc);
         if config.run_to_completion {
             // Finishes (and records) on a task of its own if this future is dropped first.
-            state.in_flight.detachable(work).await
+            state.drain.detachable(work).await
         } else {
             // Boxed as the detachable work is, so that this branch does not make every keyed
             // request's future (replays too) as large as the handler's.
-            Box::pin(state.in_flight.counted(work)).await
+            Box::pin(state.drain.counted(work)).await
         }
     }
 }
@@ -550,12 +464,7 @@ where
         let config = &state.config;
         let engine = &state.engine;
         // Room the record leaves for what is added before it is stored.
-        let tail = engine.tag_len()
-            + if config.record_times {
-                kept::TIMES_LEN
-            } else {
-                0
-            };
+        let tail = engine.tag_len();
         // The handler and the reading of its body both run under lease renewal.
         let outcome = engine
             .run(&ticket, async {
@@ -581,10 +490,7 @@ where
                 observe_end(config, grpc, Settled::Held);
                 Ok(res)
             }
-            Ok(Outcome::Record(mut res, mut record)) => {
-                if config.record_times {
-                    kept::stamp(&mut record, res.headers_mut(), engine.ttl());
-                }
+            Ok(Outcome::Record(res, record)) => {
                 observe_end(
                     config,
                     grpc,
@@ -592,16 +498,13 @@ where
                 );
                 Ok(res)
             }
-            Ok(Outcome::RecordAtEnd(mut res, mut record)) => {
-                if config.record_times {
-                    kept::stamp(&mut record, res.headers_mut(), engine.ttl());
-                }
+            Ok(Outcome::RecordAtEnd(res, record)) => {
                 // The body streams on; a task holds the key until it has ended.
                 let (report, ended) = oneshot::channel();
                 // The task runs in the request's span: its end names the span's `result`.
                 let settled = tokio::spawn(
                     state
-                        .in_flight
+                        .drain
                         .counted(settle_at_end(
                             Arc::clone(&state),
                             ticket,
@@ -632,7 +535,7 @@ async fn settle_at_end<St: Store>(
     grpc: bool,
 ) {
     let engine = &state.engine;
-    let limit = state.config.stream_lease_limit;
+    let limit = state.config.streaming.lease_limit;
     let end = match engine
         .run(&ticket, tokio::time::timeout(limit, &mut ended))
         .await
@@ -724,7 +627,7 @@ fn store_rejection(e: &StoreError) -> Rejection {
                 RejectionKind::ScopeFull,
                 "too many requests of this caller are in progress",
             )
-            .retry_after(RETRY_AFTER)
+            .with_retry_after(RETRY_AFTER)
         }
         StoreErrorKind::StoreFull => {
             tracing::warn!(outcome = "store_full", error = %e, "idempotency store full");
@@ -732,15 +635,15 @@ fn store_rejection(e: &StoreError) -> Rejection {
                 RejectionKind::StoreFull,
                 "the idempotency store is full; retry later",
             )
-            .retry_after(RETRY_AFTER)
+            .with_retry_after(RETRY_AFTER)
         }
         _ => {
             tracing::warn!(outcome = "store_failed", error = %e, "idempotency claim failed; the handler did not run");
             Rejection::new(
-                RejectionKind::StoreFailed,
+                RejectionKind::Store,
                 "the idempotency store is unavailable; retry later",
             )
-            .retry_after(RETRY_AFTER)
+            .with_retry_after(RETRY_AFTER)
         }
     }
 }

@@ -1,13 +1,13 @@
-//! JSON bodies: the key read from a field of a JSON body, and the canonical form a JSON body
-//! is fingerprinted by when it is compared by value.
+//! JSON bodies fingerprinted by value: the canonical form, and the fields picked or left out.
 //!
-//! Both read the body with one strict RFC 8259 parser of our own, not `serde_json`: a number
+//! The body is read with one strict RFC 8259 parser of our own, not `serde_json`. A number
 //! must keep its literal text (`serde_json` reads it as `f64` unless its `arbitrary_precision`
 //! feature is on, and that feature would change `serde_json::Value` for the whole build), a
 //! repeated object member must stay visible, and the parse is one pass that borrows from the
 //! body. Input it refuses (not UTF-8, a syntax error, a lone surrogate escape, nesting deeper
 //! than [`MAX_DEPTH`]) is "not JSON": no key from it, and its raw bytes are fingerprinted.
 
+use crate::engine::FingerprintBuilder;
 use std::borrow::Cow;
 use std::fmt;
 
@@ -32,10 +32,10 @@ pub(crate) fn is_json(content_type: &[u8]) -> bool {
 }
 
 // ---------------------------------------------------------------------------------------------
-// The key field
+// The fields
 // ---------------------------------------------------------------------------------------------
 
-/// The body field a key is read from: an RFC 6901 JSON pointer (`/meta/idempotency_key`, with
+/// A field of a JSON body: an RFC 6901 JSON pointer (`/meta/idempotency_key`, with
 /// `~1` for `/` and `~0` for `~` in a name), or a bare top-level field name taken as it is.
 #[derive(Clone)]
 pub(crate) struct JsonField {
@@ -62,41 +62,9 @@ impl JsonField {
     }
 
     /// The field as configured.
-    pub(crate) fn name(&self) -> &str {
+    #[cfg(test)]
+    fn name(&self) -> &str {
         &self.name
-    }
-
-    /// The field's value in `body`. A body that is not JSON, or has no such field, or holds
-    /// `null` there, has no key.
-    pub(crate) fn find(&self, body: &[u8]) -> Found {
-        let Some(mut value) = parse(body) else {
-            return Found::Absent;
-        };
-        for token in &self.tokens {
-            let next = match value {
-                Value::Object(members) => {
-                    let mut matching = members.into_iter().filter(|(k, _)| **k == **token);
-                    let Some((_, v)) = matching.next() else {
-                        return Found::Absent;
-                    };
-                    if matching.next().is_some() {
-                        return Found::Repeated;
-                    }
-                    v
-                }
-                Value::Array(mut items) => match array_index(token) {
-                    Some(i) if i < items.len() => items.swap_remove(i),
-                    _ => return Found::Absent,
-                },
-                _ => return Found::Absent,
-            };
-            value = next;
-        }
-        match value {
-            Value::Null => Found::Absent,
-            Value::String(s) => Found::String(s.into_owned()),
-            _ => Found::NotAString,
-        }
     }
 }
 
@@ -104,19 +72,6 @@ impl fmt::Debug for JsonField {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         fmt::Debug::fmt(&self.name, f)
     }
-}
-
-/// What a body holds at the key field.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Found {
-    /// No key: not JSON, no such field, or `null`.
-    Absent,
-    /// A string (not yet validated as a key).
-    String(String),
-    /// A number, boolean, object or array.
-    NotAString,
-    /// The field (or an object on its path) appears more than once.
-    Repeated,
 }
 
 fn unescape_token(token: &str) -> Result<Box<str>, &'static str> {
@@ -145,6 +100,71 @@ fn array_index(token: &str) -> Option<usize> {
         && token.bytes().all(|b| b.is_ascii_digit())
         && (token == "0" || !token.starts_with('0'));
     valid.then(|| token.parse().ok()).flatten()
+}
+
+/// The field before a JSON value's canonical form, so that no raw field list produces the same
+/// hash input as a JSON value.
+const JSON_VALUE_TAG: &[u8] = b"json-value/v1";
+
+// The JSON methods of the fingerprint builder live with the parser, so the engine core imports
+// nothing from the HTTP door.
+impl FingerprintBuilder {
+    /// Adds a JSON text by its value, not its bytes: insignificant whitespace and the order of
+    /// object members are ignored and string escapes decoded, while array order, every value
+    /// and type, and each number's literal text (`1` and `1.0` differ) count. A name repeated
+    /// in one object keeps its members in their order. A text that is not strict JSON
+    /// (RFC 8259, UTF-8, nested at most 128 deep) is added as [`field`](Self::field) adds it.
+    ///
+    /// This is what [`IdempotencyLayer::fingerprint_json_by_value`] does with a JSON body, for
+    /// a [`fingerprint_fn`] of your own. The canonical form is streamed into the hash (a tag
+    /// field, then one field), never built whole.
+    ///
+    /// [`IdempotencyLayer::fingerprint_json_by_value`]: crate::http::IdempotencyLayer::fingerprint_json_by_value
+    /// [`fingerprint_fn`]: crate::http::IdempotencyLayer::fingerprint_fn
+    ///
+    /// ```
+    /// use tower_idempotency::engine::Fingerprint;
+    ///
+    /// let fp = |json: &str| Fingerprint::builder().json_value(json.as_bytes()).finish();
+    /// assert_eq!(fp(r#"{"item": "book", "qty": 1}"#), fp(r#"{"qty":1,"item":"b\u006fok"}"#));
+    /// assert_ne!(fp(r#"{"qty":1}"#), fp(r#"{"qty":1.0}"#));
+    /// assert_ne!(fp(r#"{"qty":1}"#), Fingerprint::builder().field(br#"{"qty":1}"#).finish());
+    /// ```
+    pub fn json_value(self, json: &[u8]) -> Self {
+        match Canonical::parse(json) {
+            Some(value) => self
+                .field(JSON_VALUE_TAG)
+                .field_from(value.encoded_len(), |g| {
+                    value.encode(|bytes| g.write(bytes))
+                }),
+            None => self.field(json),
+        }
+    }
+
+    /// As [`json_value`](Self::json_value), over only what `include` points at (when not
+    /// empty) and without what `exclude` points at. An excluded array item leaves a mark in
+    /// its place, so every pointer reads the body's own indices. A body that is not JSON: its
+    /// bytes.
+    pub(crate) fn json_filtered(
+        self,
+        json: &[u8],
+        include: &[JsonField],
+        exclude: &[JsonField],
+    ) -> Self {
+        let Some(value) = Canonical::parse(json) else {
+            return self.field(json);
+        };
+        let value = value.without(exclude);
+        let value = if include.is_empty() {
+            value
+        } else {
+            value.only(include)
+        };
+        self.field(JSON_VALUE_TAG)
+            .field_from(value.encoded_len(), |g| {
+                value.encode(|bytes| g.write(bytes))
+            })
+    }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -603,31 +623,6 @@ mod tests {
         assert!(JsonField::parse("").is_err());
         assert!(JsonField::parse("/a~").is_err());
         assert!(JsonField::parse("/a~2").is_err());
-    }
-
-    #[test]
-    fn finds_the_key_field() {
-        let f = |field: &str, body: &str| {
-            JsonField::parse(field)
-                .expect("field")
-                .find(body.as_bytes())
-        };
-        let s = |v: &str| Found::String(v.to_owned());
-        assert_eq!(f("k", r#"{"k":"v"}"#), s("v"));
-        assert_eq!(f("/k", r#" {"a":1, "k" : "v\u0031"} "#), s("v1"));
-        assert_eq!(f("/a/1/k", r#"{"a":[{}, {"k":"v"}]}"#), s("v"));
-        assert_eq!(f("/a/01", r#"{"a":["x","y"]}"#), Found::Absent);
-        assert_eq!(f("/a/2", r#"{"a":["x","y"]}"#), Found::Absent);
-        assert_eq!(f("/a/-", r#"{"a":["x","y"]}"#), Found::Absent);
-        assert_eq!(f("k", r#"{"k":null}"#), Found::Absent);
-        assert_eq!(f("k", r#"{"K":"v"}"#), Found::Absent);
-        assert_eq!(f("k", r#"["k"]"#), Found::Absent);
-        assert_eq!(f("k", r#"{"k":"v",}"#), Found::Absent, "not JSON");
-        assert_eq!(f("k", r#"{"k":1}"#), Found::NotAString);
-        assert_eq!(f("k", r#"{"k":{"x":"y"}}"#), Found::NotAString);
-        assert_eq!(f("k", r#"{"k":"v","k":"v"}"#), Found::Repeated);
-        assert_eq!(f("/a/k", r#"{"a":{"k":"v"},"a":{}}"#), Found::Repeated);
-        assert_eq!(f("/a/k", r#"{"a":{"k":"v"},"b":{"k":"w"}}"#), s("v"));
     }
 
     #[test]
