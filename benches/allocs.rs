@@ -109,14 +109,13 @@ fn main() {
     let layered: Router = Router::new()
         .route("/orders", post(handler))
         .layer(
-            IdempotencyLayer::with_store(MemoryStore::new())
+            IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(MemoryStore::new()).ttl(Duration::from_secs(3600)).build())
                 .principal_fn(|p| {
                     p.headers
                         .get("x-client")
                         .and_then(|v| v.to_str().ok())
                         .map(Scope::principal)
-                })
-                .ttl(Duration::from_secs(3600)),
+                }),
         )
         .with_state(());
     const N: usize = 2000;

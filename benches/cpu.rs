@@ -80,10 +80,13 @@ fn main() {
     let body = json_body(1024);
     let layered = || -> Router {
         Router::new().route("/orders", post(handler)).layer(
-            IdempotencyLayer::with_store(MemoryStore::new())
-                .principal(PrincipalMode::Required)
-                // Records outlive a round only briefly: the store stays near steady state.
-                .ttl(Duration::from_secs(2)),
+            // Records outlive a round only briefly: the store stays near steady state.
+            IdempotencyLayer::new(
+                tower_idempotency::engine::Engine::builder(MemoryStore::new())
+                    .ttl(Duration::from_secs(2))
+                    .build(),
+            )
+            .principal(PrincipalMode::Required),
         )
     };
     let mut rows = vec![

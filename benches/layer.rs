@@ -243,9 +243,8 @@ fn layer_overhead(c: &mut Criterion) {
     let layered: Router = Router::new()
         .route("/orders", post(handler))
         .layer(
-            IdempotencyLayer::with_store(MemoryStore::new())
-                .principal(PrincipalMode::Required)
-                .ttl(Duration::from_secs(5)),
+            IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(MemoryStore::new()).ttl(Duration::from_secs(5)).build())
+                .principal(PrincipalMode::Required),
         )
         .with_state(());
     // Warm one key for the replay row.

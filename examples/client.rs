@@ -108,7 +108,7 @@ fn orders_api(executions: Arc<AtomicU64>) -> Router {
     Router::new()
         .route("/orders", post(create_order))
         .with_state(executions)
-        .layer(IdempotencyLayer::new())
+        .layer(IdempotencyLayer::default())
         .layer(middleware::from_fn(authenticate))
 }
 

@@ -138,7 +138,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
 
     // Order matters: the interceptor runs first (outermost) and sets the principal.
-    let idempotency = IdempotencyLayer::new()
+    let idempotency = IdempotencyLayer::default()
         // Replay this response metadata entry too (content-type and grpc-encoding are
         // replayed by default; so are the status trailers, while custom trailing metadata
         // needs the allow list too).

@@ -141,7 +141,7 @@ async fn create_order(
     let store_key = StoreKey::derive(NAMESPACE, &Scope::principal(principal), &key);
 
     let Ok(mut conn) = app.pool.acquire().await else {
-        return problem(RejectionKind::StoreFailed, "the database is unavailable");
+        return problem(RejectionKind::Store, "the database is unavailable");
     };
     let outcome = within(&app.engine, &mut conn, store_key, fingerprint, |tx| {
         Box::pin(async move {
@@ -177,7 +177,7 @@ async fn create_order(
             RejectionKind::InFlight,
             "a request with this key is still being processed; retry later",
         )
-        .retry_after(Duration::from_secs(1))
+        .with_retry_after(Duration::from_secs(1))
         .to_problem_response()
         .map(Into::into),
         Ok(Within::KeyReused) => problem(
@@ -189,7 +189,7 @@ async fn create_order(
             "the stored response for this key could not be replayed",
         ),
         Err(WithinError::Store(_)) => {
-            problem(RejectionKind::StoreFailed, "the database is unavailable")
+            problem(RejectionKind::Store, "the database is unavailable")
         }
         // The transaction lost to a concurrent one: no order was placed, the key is free.
         Err(WithinError::Conflict(_)) => (

@@ -192,7 +192,7 @@ async fn redis_app(url: &str, metrics: Metrics) -> std::io::Result<Router> {
     let report = store.verify().await.map_err(std::io::Error::other)?;
     println!("redis: {report:?}");
     Ok(app(
-        IdempotencyLayer::with_store(store).required(false),
+        IdempotencyLayer::new(store).require_key(false),
         metrics,
     ))
 }
@@ -221,7 +221,7 @@ async fn main() -> std::io::Result<()> {
     let (router, store) = match std::env::var("REDIS_URL").ok().filter(|u| !u.is_empty()) {
         Some(url) => (redis_app(&url, metrics).await?, "redis store"),
         None => {
-            let layer = IdempotencyLayer::new().required(false);
+            let layer = IdempotencyLayer::default().require_key(false);
             // The memory store's gauges, fresh at every scrape.
             let engine = layer.engine().clone();
             let metrics = Metrics {

@@ -25,7 +25,7 @@ async fn memory_storm_runs_every_key_exactly_once() {
     let workers = (dups * 4).clamp(1, 256);
 
     let work = Work::per_key();
-    let server = TestServer::start(work.user_app(IdempotencyLayer::new())).await;
+    let server = TestServer::start(work.user_app(IdempotencyLayer::default())).await;
     let http = client();
     // A random delay in 0..=20 ms, drawn once per key (every duplicate of a key sleeps alike).
     let delays: Vec<u64> = (0..keys).map(|_| random_delay_ms()).collect();

@@ -27,7 +27,7 @@ async fn layer(url: &str) -> IdempotencyLayer<RedisStore> {
     let store = RedisStore::connect(url, PREFIX)
         .await
         .expect("connect to redis");
-    IdempotencyLayer::with_store(store).wait_in_flight(Duration::from_secs(10))
+    IdempotencyLayer::new(store).wait_in_flight(Duration::from_secs(10))
 }
 
 /// The second process: serves the test app on a free port, prints it, and exits after 60 s

@@ -55,7 +55,7 @@ async fn scenario<S: Store + Sync>(
     let store = SpyStore::wrap(inner);
     let work = Work::per_key();
     let server =
-        TestServer::start(work.user_app(IdempotencyLayer::with_store(store.clone()).lease(lease)))
+        TestServer::start(work.user_app(IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(store.clone()).lease(lease).build())))
             .await;
     let key = format!("fence-{late:?}-{fault:?}");
 

@@ -33,7 +33,7 @@ async fn redis_restart_with_data_loss_runs_the_next_duplicate_once() {
         .await
         .unwrap();
     let work = Work::per_key();
-    let server = TestServer::start(work.user_app(IdempotencyLayer::with_store(store))).await;
+    let server = TestServer::start(work.user_app(IdempotencyLayer::new(store))).await;
 
     // Before: one run, then replays.
     let first = send(server.work("done-before")).await;

@@ -38,7 +38,7 @@ async fn leave_mid_handler(addr: std::net::SocketAddr, work: &Work, key: &str) {
 /// The client leaves while the handler sleeps: the handler finishes, the record is written,
 /// the retry replays it, and the handler ran once.
 async fn finishes_and_replays<St: Store>(layer: IdempotencyLayer<St>) {
-    let in_flight = layer.in_flight();
+    let in_flight = layer.drain();
     let (server, work) = server_with(layer).await;
     leave_mid_handler(server.addr(), &work, "gone").await;
     assert!(
@@ -62,7 +62,7 @@ async fn finishes_and_replays<St: Store>(layer: IdempotencyLayer<St>) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn client_going_away_mid_handler_still_records_on_memory() {
-    finishes_and_replays(IdempotencyLayer::new()).await;
+    finishes_and_replays(IdempotencyLayer::default()).await;
 }
 
 #[cfg(feature = "redis")]
@@ -77,15 +77,15 @@ async fn client_going_away_mid_handler_still_records_on_redis() {
     let store = RedisStore::connect(&redis.url(), "abandoned")
         .await
         .expect("connect to redis");
-    finishes_and_replays(IdempotencyLayer::with_store(store)).await;
+    finishes_and_replays(IdempotencyLayer::new(store)).await;
 }
 
 /// A released outcome is released after the client left too: the retry runs again at once
 /// (no 409 until the lease lapses).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_released_outcome_is_released_after_the_client_left() {
-    let layer = IdempotencyLayer::new();
-    let in_flight = layer.in_flight();
+    let layer = IdempotencyLayer::default();
+    let in_flight = layer.drain();
     let (server, work) = server_with(layer).await;
     let mut conn = tokio::net::TcpStream::connect(server.addr())
         .await
@@ -122,8 +122,8 @@ async fn a_released_outcome_is_released_after_the_client_left() {
 /// on (it is not cancelled).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_shutdown_wait_is_bounded() {
-    let layer = IdempotencyLayer::new();
-    let in_flight = layer.in_flight();
+    let layer = IdempotencyLayer::default();
+    let in_flight = layer.drain();
     let (server, work) = server_with(layer).await;
     let mut conn = tokio::net::TcpStream::connect(server.addr())
         .await

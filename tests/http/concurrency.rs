@@ -16,7 +16,7 @@ const BODY: &str = r#"{"item":"book"}"#;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hundred_concurrent_duplicates_run_the_handler_exactly_once() {
-    let (server, work) = server_with(IdempotencyLayer::with_store(SpyStore::new())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(SpyStore::new())).await;
     let tasks: Vec<_> = (0..100)
         .map(|_| {
             tokio::spawn(send(
@@ -83,7 +83,7 @@ async fn handler_slower_than_the_lease_keeps_its_claim_by_renewal() {
             .expect("a valid store"),
     );
     let lease = Duration::from_millis(300);
-    let layer = IdempotencyLayer::with_store(store.clone()).lease(lease);
+    let layer = IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(store.clone()).lease(lease).build());
     let (server, work) = server_with(layer).await;
     let request = || server.post("/work", BODY).principal("alice").key("slow");
     let first = tokio::spawn(send(request().delay_ms(3_000)));
@@ -142,7 +142,7 @@ async fn without_run_to_completion_a_dropped_client_leaves_the_key_pending_until
         .clock(clock.clone())
         .build()
         .expect("a valid store");
-    let layer = IdempotencyLayer::with_store(SpyStore::over(store)).run_to_completion(false);
+    let layer = IdempotencyLayer::new(SpyStore::over(store)).run_to_completion(false);
     let lease = layer.engine().lease();
     let (server, work) = server_with(layer).await;
 

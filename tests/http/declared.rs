@@ -1,4 +1,4 @@
-//! The outcome a handler declares (issue 18 §3): a `Declared` marker in the response's
+//! The outcome a handler declares: a `Verdict` in the response's
 //! extensions wins over the classification by status. On the memory store and on Redis.
 
 use crate::support;
@@ -6,7 +6,7 @@ use crate::support;
 use std::time::{Duration, Instant};
 use support::http::{RequestExt, TestServer, Work, send};
 use tower_idempotency::IdempotencyLayer;
-use tower_idempotency::http::Classification;
+use tower_idempotency::engine::{Engine, Verdict};
 use tower_idempotency::store::Store;
 use tower_idempotency::store::clock::ManualClock;
 
@@ -32,10 +32,11 @@ fn request(server: &TestServer, key: &str, status: u16, declare: &str) -> reqwes
 /// Every declaration, through the layer over `store`.
 async fn declarations_are_followed<St: Store>(store: St, lapse: Lapse) {
     // A hook that would release everything: a definitive answer is recorded all the same.
-    let mut layer = IdempotencyLayer::with_store(store).classify(|_| Classification::Release);
-    if let Lapse::Real(lease) = lapse {
-        layer = layer.lease(lease);
-    }
+    let engine = match &lapse {
+        Lapse::Real(lease) => Engine::builder(store).lease(*lease).build(),
+        Lapse::Manual(_) => Engine::new(store),
+    };
+    let layer = IdempotencyLayer::new(engine).classify(|_: &http::response::Parts| Verdict::Release);
     let lease = layer.engine().lease();
     let work = Work::new();
     let server = TestServer::start(work.app(layer)).await;
@@ -129,7 +130,7 @@ async fn declared_outcomes_are_followed_on_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_undeclared_500_is_still_released() {
     let work = Work::new();
-    let server = TestServer::start(work.app(IdempotencyLayer::new())).await;
+    let server = TestServer::start(work.app(IdempotencyLayer::default())).await;
     send(request(&server, "plain-500", 500, "")).await;
     let retry = send(request(&server, "plain-500", 500, "")).await;
     assert!(!retry.is_replay());
@@ -140,7 +141,7 @@ async fn an_undeclared_500_is_still_released() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_declared_definitive_304_is_released() {
     let work = Work::new();
-    let server = TestServer::start(work.app(IdempotencyLayer::new())).await;
+    let server = TestServer::start(work.app(IdempotencyLayer::default())).await;
     send(request(&server, "nm", 304, "definitive")).await;
     send(request(&server, "nm", 304, "definitive")).await;
     assert_eq!(work.runs_of("nm"), 2);

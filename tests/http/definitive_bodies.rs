@@ -17,7 +17,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tower::{Layer, ServiceExt, service_fn};
 use tower_idempotency::engine::DEFAULT_LEASE;
-use tower_idempotency::http::{Declared, RequestBody};
+use tower_idempotency::engine::Verdict;
+use tower_idempotency::http::RequestBody;
 use tower_idempotency::{IdempotencyLayer, Principal};
 
 /// One step of a response body.
@@ -133,7 +134,7 @@ fn charging(
                     )
                     .body(Scripted::new(steps()))
                     .expect("response");
-                Declared::Definitive.insert_into(&mut res);
+                tower_idempotency::http::declare(&mut res, Verdict::Record);
                 Ok::<_, Infallible>(res)
             }
         },
@@ -158,7 +159,7 @@ async fn send(svc: &impl Svc, key: &str, grpc: bool) -> (StatusCode, bool, bool)
 /// the retry is replayed the 500 (status and headers), not charged again.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_definitive_answer_whose_body_fails_is_recorded_not_released() {
-    let (svc, runs) = charging(IdempotencyLayer::new(), 500, false, || {
+    let (svc, runs) = charging(IdempotencyLayer::default(), 500, false, || {
         vec![Step::Data(b"charged"), Step::Fail]
     });
     let (status, replayed, failed) = send(&svc, "fails", false).await;
@@ -175,7 +176,7 @@ async fn a_definitive_answer_whose_body_fails_is_recorded_not_released() {
 /// Over the record limit, then failing: recorded as status and headers, replayed.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_definitive_answer_over_the_record_limit_that_fails_is_recorded() {
-    let layer = IdempotencyLayer::new().max_record_body(4);
+    let layer = IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(tower_idempotency::MemoryStore::new()).max_record_body(4).build());
     let (svc, runs) = charging(layer, 201, false, || {
         vec![Step::Data(b"0123456789"), Step::Fail]
     });
@@ -193,7 +194,8 @@ async fn a_definitive_answer_over_the_record_limit_that_fails_is_recorded() {
 /// so the retry is replayed, even after the lease (which a held key would have let lapse).
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_slow_definitive_answer_whose_client_leaves_is_recorded() {
-    let layer = IdempotencyLayer::new().collect_timeout(Duration::from_secs(1));
+    let layer = IdempotencyLayer::default()
+        .streaming(tower_idempotency::http::Streaming::default().collect_timeout(Duration::from_secs(1)));
     let (svc, runs) = charging(layer, 500, false, || {
         vec![
             Step::Data(b"charged"),
@@ -219,7 +221,7 @@ async fn a_slow_definitive_answer_whose_client_leaves_is_recorded() {
 /// cannot read; the key is held until its lease lapses (409), never released at once.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_definitive_grpc_answer_over_the_record_limit_holds_its_key() {
-    let layer = IdempotencyLayer::new().max_record_body(4);
+    let layer = IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(tower_idempotency::MemoryStore::new()).max_record_body(4).build());
     let (svc, runs) = charging(layer, 200, true, || vec![Step::Data(b"0123456789")]);
     let (status, _, _) = send(&svc, "grpc-large", true).await;
     assert_eq!(status, StatusCode::OK);

@@ -130,8 +130,8 @@ async fn status(svc: &impl Svc, key: &str) -> StatusCode {
 /// lapses (not released: the handler may have had effects), and the retry after it runs.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_hung_handler_whose_client_left_is_cancelled_at_the_detached_timeout() {
-    let layer = IdempotencyLayer::new();
-    let in_flight = layer.in_flight();
+    let layer = IdempotencyLayer::default();
+    let in_flight = layer.drain();
     let (svc, runs) = service(&layer, 1);
     leave_mid_handler(&svc, &runs, "hung").await;
     assert_eq!(in_flight.detached(), 1, "the work runs on by itself");
@@ -175,7 +175,7 @@ async fn a_hung_handler_whose_client_left_is_cancelled_at_the_detached_timeout()
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn the_detached_timeout_is_configurable() {
     let bound = Duration::from_secs(30);
-    let layer = IdempotencyLayer::new().detached_timeout(bound);
+    let layer = IdempotencyLayer::default().detached_timeout(bound);
     let (svc, runs) = service(&layer, 1);
     leave_mid_handler(&svc, &runs, "short").await;
     tokio::time::sleep(bound + Duration::from_secs(1)).await;
@@ -192,8 +192,8 @@ async fn the_detached_timeout_is_configurable() {
 /// to its lease; the work that did detach runs on, its key held.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn work_beyond_the_most_detached_is_cancelled_and_left_to_its_lease() {
-    let layer = IdempotencyLayer::new().max_detached(1);
-    let in_flight: InFlightWork = layer.in_flight();
+    let layer = IdempotencyLayer::default().max_detached(1);
+    let in_flight: InFlightWork = layer.drain();
     let (svc, runs) = service(&layer, 2);
     leave_mid_handler(&svc, &runs, "first").await;
     leave_mid_handler(&svc, &runs, "second").await;
@@ -247,8 +247,8 @@ fn count_panics() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_panicking_handler_caught_outside_the_layer_is_not_polled_again() {
     count_panics();
-    let layer = IdempotencyLayer::new();
-    let in_flight = layer.in_flight();
+    let layer = IdempotencyLayer::default();
+    let in_flight = layer.drain();
     let panics_left = Arc::new(AtomicUsize::new(1));
     let left = Arc::clone(&panics_left);
     let inner = service_fn(move |_req: Request<RequestBody<Full<Bytes>>>| {

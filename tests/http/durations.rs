@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tower::{Layer, ServiceExt, service_fn};
-use tower_idempotency::http::RequestBody;
-use tower_idempotency::{IdempotencyLayer, Principal};
+use tower_idempotency::engine::Engine;
+use tower_idempotency::http::{RequestBody, Streaming};
+use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal};
 
 /// The layered service, as the tests call it.
 trait Svc:
@@ -47,16 +48,13 @@ fn request(key: &str) -> Request<Full<Bytes>> {
         .expect("request")
 }
 
-/// Every duration setter of the layer at `d`, records stamped with their times.
+/// Every duration setter of the layer and its engine at `d`.
 fn every_duration(d: Duration) -> IdempotencyLayer {
-    IdempotencyLayer::new()
-        .lease(d)
-        .ttl(d)
-        .collect_timeout(d)
-        .stream_lease_limit(d)
+    let engine = Engine::builder(MemoryStore::new()).lease(d).ttl(d).build();
+    IdempotencyLayer::new(engine)
+        .streaming(Streaming::default().collect_timeout(d).lease_limit(d))
         .wait_in_flight(d)
         .detached_timeout(d)
-        .record_times(true)
 }
 
 /// A layer over a handler that sleeps `work` (on the paused clock) and answers 201; the runs
@@ -101,7 +99,7 @@ async fn every_duration_setter_takes_zero_and_the_maximum() {
 /// (it panicked at the first duplicate).
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_duplicate_waits_without_bound_for_the_first_run() {
-    let layer = IdempotencyLayer::new().wait_in_flight(Duration::MAX);
+    let layer = IdempotencyLayer::default().wait_in_flight(Duration::MAX);
     let (svc, runs) = sleeping(&layer, Duration::from_secs(5));
     let first = tokio::spawn(svc.clone().oneshot(request("k-wait")));
     while runs.load(Ordering::SeqCst) == 0 {

@@ -50,7 +50,7 @@ async fn idempotency_key_extractor_yields_the_key_as_sent_unquoted() {
     let server = serve(
         Router::new()
             .route("/keys", post(keys))
-            .layer(IdempotencyLayer::new()),
+            .layer(IdempotencyLayer::default()),
     )
     .await;
     let a = send(
@@ -68,7 +68,7 @@ async fn idempotency_key_extractor_yields_the_key_as_sent_unquoted() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn derived_key_is_64_hex_and_matches_derived_key_derive() {
-    let layer = IdempotencyLayer::new().namespace("payments");
+    let layer = IdempotencyLayer::default().namespace("payments");
     let server = serve(Router::new().route("/keys", post(keys)).layer(layer)).await;
     let derived = derived_key(&server, "alice", "pay-1").await;
     assert_eq!(derived.len(), 64, "{derived}");
@@ -94,13 +94,13 @@ async fn derived_key_is_the_same_for_the_same_principal_and_key_across_servers()
     let one = serve(
         Router::new()
             .route("/keys", post(keys))
-            .layer(IdempotencyLayer::new()),
+            .layer(IdempotencyLayer::default()),
     )
     .await;
     let two = serve(
         Router::new()
             .route("/keys", post(keys))
-            .layer(IdempotencyLayer::new()),
+            .layer(IdempotencyLayer::default()),
     )
     .await;
     let a = derived_key(&one, "alice", "pay-1").await;
@@ -113,13 +113,13 @@ async fn derived_key_differs_across_principals_keys_and_namespaces() {
     let server = serve(
         Router::new()
             .route("/keys", post(keys))
-            .layer(IdempotencyLayer::new()),
+            .layer(IdempotencyLayer::default()),
     )
     .await;
     let other_ns = serve(
         Router::new()
             .route("/keys", post(keys))
-            .layer(IdempotencyLayer::new().namespace("other")),
+            .layer(IdempotencyLayer::default().namespace("other")),
     )
     .await;
     let alice = derived_key(&server, "alice", "pay-1").await;
@@ -133,7 +133,7 @@ async fn derived_key_differs_across_principals_keys_and_namespaces() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn optional_extractors_are_none_without_a_key() {
-    let layer = IdempotencyLayer::new().required(false);
+    let layer = IdempotencyLayer::default().require_key(false);
     let server = serve(
         Router::new()
             .route("/keys", post(optional_keys))
@@ -147,7 +147,7 @@ async fn optional_extractors_are_none_without_a_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn optional_extractors_are_some_with_a_key() {
-    let layer = IdempotencyLayer::new().required(false);
+    let layer = IdempotencyLayer::default().require_key(false);
     let server = serve(
         Router::new()
             .route("/keys", post(optional_keys))
@@ -162,7 +162,7 @@ async fn optional_extractors_are_some_with_a_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn optional_extractors_share_the_anonymous_scope_in_optional_principal_mode() {
-    let layer = IdempotencyLayer::new().principal(PrincipalMode::Optional);
+    let layer = IdempotencyLayer::default().principal(PrincipalMode::Optional);
     let server = serve(Router::new().route("/keys", post(keys)).layer(layer)).await;
     let a = send(server.post("/keys", BODY).key("k1")).await;
     let key = IdempotencyKey::new("k1").expect("key");
@@ -176,7 +176,7 @@ async fn optional_extractors_share_the_anonymous_scope_in_optional_principal_mod
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_extractor_without_a_key_when_not_required_is_400() {
-    let layer = IdempotencyLayer::new().required(false);
+    let layer = IdempotencyLayer::default().require_key(false);
     let server = serve(Router::new().route("/keys", post(key_only)).layer(layer)).await;
     let a = send(server.post("/keys", BODY)).await;
     assert_eq!(a.status, 400, "{}", a.describe());

@@ -7,16 +7,19 @@ use crate::support;
 use axum::Router;
 use axum::routing::post;
 use support::http::{RequestExt, TestServer, Work, send};
-use tower_idempotency::http::PrincipalMode;
+use tower_idempotency::http::{Fingerprinting, PrincipalMode};
 use tower_idempotency::store::Store;
 use tower_idempotency::{IdempotencyLayer, Principal};
 
 async fn options<St: Store>(store: St) {
-    let layer = IdempotencyLayer::with_store(store)
-        .fingerprint_json_exclude(["/sent_at", "/auth/token"])
-        .expect("valid pointers")
-        .fingerprint_headers([http::HeaderName::from_static("x-account")])
-        .fingerprint_canonical_query(true);
+    let layer = IdempotencyLayer::new(store)
+        .fingerprint(
+            Fingerprinting::default()
+                .json_exclude(["/sent_at", "/auth/token"])
+                .expect("valid pointers")
+                .headers([http::HeaderName::from_static("x-account")])
+                .canonical_query(true),
+        );
     let work = Work::new();
     let server = TestServer::start(work.app(layer)).await;
     let post = |path: &str, key: &str, body: &str, account: &str| {
@@ -108,9 +111,12 @@ async fn fingerprint_options_on_redis() {
 /// Only the included fields count: a note may change, the amount may not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_included_fields_count() {
-    let layer = IdempotencyLayer::new()
-        .fingerprint_json_include(["/amount", "/currency"])
-        .expect("valid pointers");
+    let layer = IdempotencyLayer::default()
+        .fingerprint(
+            Fingerprinting::default()
+                .json_include(["/amount", "/currency"])
+                .expect("valid pointers"),
+        );
     let work = Work::new();
     let server = TestServer::start(work.app(layer)).await;
     let post = |body: &str| server.post("/work", body).principal("alice").key("pay");
@@ -135,12 +141,12 @@ async fn only_the_included_fields_count() {
 
 #[test]
 fn a_malformed_pointer_is_refused_at_build_time() {
-    let err = IdempotencyLayer::new()
-        .fingerprint_json_exclude(["/a~2"])
+    let err = Fingerprinting::default()
+        .json_exclude(["/a~2"])
         .expect_err("`~2` is no escape");
     assert_eq!(
         err.kind(),
-        tower_idempotency::http::ConfigErrorKind::InvalidJsonField
+        tower_idempotency::ConfigErrorKind::InvalidName
     );
 }
 
@@ -151,9 +157,9 @@ async fn the_route_template_stands_for_the_path() {
         (http::StatusCode::CREATED, "made")
     }
     let app = |template: bool| {
-        let layer = IdempotencyLayer::new()
+        let layer = IdempotencyLayer::default()
             .principal(PrincipalMode::Optional)
-            .fingerprint_route_template(template);
+            .fingerprint(Fingerprinting::default().route_template(template));
         Router::new()
             .route("/items/{id}", post(handler))
             .route_layer(layer)

@@ -13,7 +13,7 @@ use tower_idempotency::{IdempotencyKey, IdempotencyLayer};
 const BODY: &str = r#"{"item":"book"}"#;
 
 async fn forgetting<St: Store>(store: St) {
-    let layer = IdempotencyLayer::with_store(store);
+    let layer = IdempotencyLayer::new(store);
     let ops = layer.clone();
     let work = Work::new();
     let server = TestServer::start(work.app(layer)).await;

@@ -78,7 +78,7 @@ proptest! {
         req.extensions_mut().insert(Principal::new("fuzz"));
         let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let ran2 = ran.clone();
-        let svc = IdempotencyLayer::new().max_request_body(512).layer(tower::service_fn(move |_req| {
+        let svc = IdempotencyLayer::default().max_request_body(512).layer(tower::service_fn(move |_req| {
             ran2.store(true, std::sync::atomic::Ordering::SeqCst);
             async { Ok::<_, Infallible>(http::Response::new(http_body_util::Full::new(Bytes::from_static(b"ok")))) }
         }));

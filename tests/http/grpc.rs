@@ -24,6 +24,7 @@ use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::service::{InterceptorLayer, LayerExt};
 use tonic::transport::{Channel, Server};
 use tonic::{Code, Request, Response, Status, Streaming};
+use tower_idempotency::engine::Engine;
 use tower_idempotency::http::{Rejection, RejectionKind};
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal};
 
@@ -241,7 +242,12 @@ fn x_order_id() -> http::HeaderName {
 /// The allow list of these tests: `x-order-id` (initial metadata of a created order) and
 /// `x-field` (the trailing metadata of an `INVALID_ARGUMENT`).
 fn layer() -> IdempotencyLayer<MemoryStore> {
-    IdempotencyLayer::new()
+    layer_over(Engine::new(MemoryStore::new()))
+}
+
+/// The test layer over an engine of its own (its record limit, say).
+fn layer_over(engine: Engine<MemoryStore>) -> IdempotencyLayer<MemoryStore> {
+    IdempotencyLayer::new(engine)
         .allow_header(x_order_id())
         .expect("allowed")
         .allow_header(http::HeaderName::from_static("x-field"))
@@ -368,7 +374,7 @@ async fn a_recorded_error_replays_its_status_details_and_metadata() {
 #[tokio::test]
 async fn trailing_metadata_off_the_allow_list_is_not_replayed() {
     // The default allow list: `x-field` is not on it, the gRPC status trailers always are.
-    let (server, svc) = serve(IdempotencyLayer::new()).await;
+    let (server, svc) = serve(IdempotencyLayer::default()).await;
     let mut client = server.client().await;
     let first = client
         .create(call(order("invalid", 0), Some("k-md"), Some("alice")))
@@ -535,7 +541,7 @@ async fn one_layer_serves_http_and_grpc_callers() {
     use http_body_util::{BodyExt, Full};
     use tower::{Layer, ServiceExt};
 
-    let svc = IdempotencyLayer::new().layer(OrdersServer::new(OrderService::default()));
+    let svc = IdempotencyLayer::default().layer(OrdersServer::new(OrderService::default()));
     let http_req = http::Request::post("/orders.v1.Orders/Create")
         .header("content-type", "application/json")
         .header("idempotency-key", "k-1")
@@ -661,7 +667,7 @@ async fn watch(
 
 #[tokio::test]
 async fn a_server_stream_within_the_record_limit_is_recorded_and_replayed() {
-    let (server, svc) = serve(layer().max_record_body(4096)).await;
+    let (server, svc) = serve(layer_over(Engine::builder(MemoryStore::new()).max_record_body(4096).build())).await;
     let mut client = server.client().await;
     let (md, first, status) = watch(&mut client, "small", 5, 100).await;
     assert_eq!(status.code(), Code::Ok);
@@ -677,7 +683,7 @@ async fn a_server_stream_within_the_record_limit_is_recorded_and_replayed() {
 
 #[tokio::test]
 async fn a_server_stream_over_the_record_limit_is_passed_through_whole_and_released() {
-    let (server, svc) = serve(layer().max_record_body(4096)).await;
+    let (server, svc) = serve(layer_over(Engine::builder(MemoryStore::new()).max_record_body(4096).build())).await;
     let mut client = server.client().await;
     for attempt in 1..=2 {
         let (md, got, status) = watch(&mut client, "large", 40, 1000).await;
@@ -698,7 +704,7 @@ async fn a_server_stream_over_the_record_limit_is_passed_through_whole_and_relea
 #[tokio::test]
 async fn a_server_stream_that_never_ends_goes_out_after_the_collection_bound_and_is_released() {
     let bound = std::time::Duration::from_millis(200);
-    let (server, svc) = serve(layer().collect_timeout(bound)).await;
+    let (server, svc) = serve(layer().streaming(tower_idempotency::http::Streaming::default().collect_timeout(bound))).await;
     let mut client = server.client().await;
     for attempt in 1..=2 {
         let w = WatchOrder {

@@ -42,7 +42,7 @@ async fn app_with(
 }
 
 async fn app() -> (TestServer, Work, Arc<MemoryStore>) {
-    app_with(IdempotencyLayer::with_store).await
+    app_with(IdempotencyLayer::new).await
 }
 
 /// A valid request by alice with `key`, which must run (201, not a replay).
@@ -149,7 +149,7 @@ async fn hostile_keys_over_raw_tcp_are_400_and_store_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn declared_length_over_the_limit_is_413_before_the_body_is_sent() {
     let (server, work, store) =
-        app_with(|s| IdempotencyLayer::with_store(s).max_request_body(16)).await;
+        app_with(|s| IdempotencyLayer::new(s).max_request_body(16)).await;
     // Declares 10 GB and sends none of it: the answer must come from the header alone.
     let mut req = raw_http::head("/work", &keyed("alice", b"k-declared"));
     req.extend_from_slice(b"content-length: 10000000000\r\nconnection: close\r\n\r\n");
@@ -166,7 +166,7 @@ async fn declared_length_over_the_limit_is_413_before_the_body_is_sent() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunked_body_over_the_limit_without_a_length_is_413_and_stores_nothing() {
     let (server, work, store) =
-        app_with(|s| IdempotencyLayer::with_store(s).max_request_body(16)).await;
+        app_with(|s| IdempotencyLayer::new(s).max_request_body(16)).await;
     let mut req = raw_http::head("/work", &keyed("alice", b"k-chunked"));
     req.extend_from_slice(b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n");
     for _ in 0..4 {
@@ -303,7 +303,7 @@ async fn erroring_request_body_through_oneshot_is_400_body_unreadable() {
     let store = Arc::new(MemoryStore::new());
     let ran = Arc::new(AtomicBool::new(false));
     let seen = Arc::clone(&ran);
-    let svc = IdempotencyLayer::with_store(Arc::clone(&store)).layer(service_fn(
+    let svc = IdempotencyLayer::new(Arc::clone(&store)).layer(service_fn(
         move |_req: http::Request<RequestBody<BreaksHalfWay>>| {
             seen.store(true, Ordering::SeqCst);
             async { Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::new()))) }
@@ -475,7 +475,7 @@ async fn assert_panic_leaves_the_key_to_its_lease(catch: Catch) {
     );
     let work = Work::plain();
     work.panic_next(1);
-    let layer = IdempotencyLayer::with_store(Arc::clone(&store));
+    let layer = IdempotencyLayer::new(Arc::clone(&store));
     let lease = layer.engine().lease();
     let routes = work.routes().layer(layer);
     let routes = match catch {
@@ -532,7 +532,7 @@ async fn panicking_handler_caught_inside_the_layer_is_a_500_and_releases_the_key
     let store = Arc::new(MemoryStore::new());
     let work = Work::plain();
     work.panic_next(1);
-    let layer = IdempotencyLayer::with_store(Arc::clone(&store));
+    let layer = IdempotencyLayer::new(Arc::clone(&store));
     // Inside: the layer sees the 500, which is not recorded, and releases the key.
     let server =
         TestServer::start(with_auth(work.routes().layer(CatchPanicLayer).layer(layer))).await;

@@ -35,7 +35,7 @@ const BODY: &str = r#"{"item":"book"}"#;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn get_with_a_key_passes_through_and_runs_every_time() {
     let store = SpyStore::new();
-    let (server, work) = server_with(IdempotencyLayer::with_store(store.clone())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(store.clone())).await;
     for attempt in 1..=2 {
         let a = send(
             server
@@ -55,7 +55,7 @@ async fn get_with_a_key_passes_through_and_runs_every_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn methods_option_limits_the_layer_to_the_listed_methods() {
     let store = SpyStore::new();
-    let layer = IdempotencyLayer::with_store(store.clone()).methods([Method::PUT]);
+    let layer = IdempotencyLayer::new(store.clone()).methods([Method::PUT]);
     let (server, work) = server_with(layer).await;
     for _ in 0..2 {
         let a = send(server.post("/work", BODY).principal("alice").key("k")).await;
@@ -89,7 +89,7 @@ async fn methods_option_limits_the_layer_to_the_listed_methods() {
 async fn no_key_and_not_required_passes_through_before_the_principal_check() {
     let store = SpyStore::new();
     let (server, work) =
-        server_with(IdempotencyLayer::with_store(store.clone()).required(false)).await;
+        server_with(IdempotencyLayer::new(store.clone()).require_key(false)).await;
     for attempt in 1..=2 {
         // No principal and no key: the principal is only required for keyed requests.
         let a = send(server.post("/work", BODY)).await;
@@ -108,7 +108,7 @@ async fn no_key_and_not_required_passes_through_before_the_principal_check() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyed_request_without_a_principal_is_401_principal_missing() {
     let store = SpyStore::new();
-    let (server, work) = server_with(IdempotencyLayer::with_store(store.clone())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(store.clone())).await;
     let a = send(server.post("/work", BODY).key("k1")).await;
     a.assert_problem(401, "idempotency.principal_missing");
     assert_eq!(work.executions(), 0, "the handler did not run");
@@ -117,7 +117,7 @@ async fn keyed_request_without_a_principal_is_401_principal_missing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_principal_is_checked_before_a_missing_required_key() {
-    let (server, work) = server_with(IdempotencyLayer::with_store(SpyStore::new())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(SpyStore::new())).await;
     let a = send(server.post("/work", BODY)).await;
     a.assert_problem(401, "idempotency.principal_missing");
     assert_eq!(work.executions(), 0);
@@ -126,7 +126,7 @@ async fn missing_principal_is_checked_before_a_missing_required_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn required_key_missing_is_400_key_missing() {
     let store = SpyStore::new();
-    let (server, work) = server_with(IdempotencyLayer::with_store(store.clone())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(store.clone())).await;
     let a = send(server.post("/work", BODY).principal("alice")).await;
     a.assert_problem(400, "idempotency.key_missing");
     assert!(
@@ -142,7 +142,7 @@ async fn required_key_missing_is_400_key_missing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quoted_and_bare_forms_of_a_key_are_one_key() {
-    let (server, work) = server_with(IdempotencyLayer::with_store(SpyStore::new())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(SpyStore::new())).await;
     let bare = send(server.post("/work", BODY).principal("alice").key("order-7")).await;
     let quoted = send(
         server
@@ -167,7 +167,7 @@ async fn quoted_and_bare_forms_of_a_key_are_one_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn first_request_with_a_key_is_claimed_and_runs() {
     let store = SpyStore::new();
-    let (server, work) = server_with(IdempotencyLayer::with_store(store.clone())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(store.clone())).await;
     let a = send(server.post("/work", BODY).principal("alice").key("k1")).await;
     assert_eq!(a.status, 201, "{}", a.describe());
     assert!(!a.is_replay(), "a first run is not a replay");
@@ -179,7 +179,7 @@ async fn first_request_with_a_key_is_claimed_and_runs() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeat_of_a_completed_request_is_replayed_without_running_the_handler() {
-    let (server, work) = server_with(IdempotencyLayer::with_store(SpyStore::new())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(SpyStore::new())).await;
     let first = send(server.post("/work", BODY).principal("alice").key("k1")).await;
     let second = send(server.post("/work", BODY).principal("alice").key("k1")).await;
     assert!(
@@ -199,7 +199,7 @@ async fn repeat_of_a_completed_request_is_replayed_without_running_the_handler()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn duplicate_while_the_first_is_in_flight_is_409_in_flight_with_retry_after() {
-    let (server, work) = server_with(IdempotencyLayer::with_store(SpyStore::new())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(SpyStore::new())).await;
     let slow = server
         .post("/work", BODY)
         .principal("alice")
@@ -243,7 +243,7 @@ async fn assert_key_reused(server: &TestServer, work: &Work, second: reqwest::Re
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_key_with_a_different_body_is_422_key_reused() {
-    let (server, work) = server_with(IdempotencyLayer::with_store(SpyStore::new())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(SpyStore::new())).await;
     let other = server
         .post("/work?x=1", r#"{"item":"pen"}"#)
         .principal("alice")
@@ -253,21 +253,21 @@ async fn same_key_with_a_different_body_is_422_key_reused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_key_with_a_different_path_is_422_key_reused() {
-    let (server, work) = server_with(IdempotencyLayer::with_store(SpyStore::new())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(SpyStore::new())).await;
     let other = server.post("/other?x=1", BODY).principal("alice").key("k1");
     assert_key_reused(&server, &work, other).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_key_with_a_different_query_is_422_key_reused() {
-    let (server, work) = server_with(IdempotencyLayer::with_store(SpyStore::new())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(SpyStore::new())).await;
     let other = server.post("/work?x=2", BODY).principal("alice").key("k1");
     assert_key_reused(&server, &work, other).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_key_with_a_different_content_type_is_422_key_reused() {
-    let (server, work) = server_with(IdempotencyLayer::with_store(SpyStore::new())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(SpyStore::new())).await;
     let other = server
         .client()
         .post(server.url("/work?x=1"))
@@ -280,7 +280,7 @@ async fn same_key_with_a_different_content_type_is_422_key_reused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn different_request_while_the_first_is_in_flight_is_422_key_reused() {
-    let (server, work) = server_with(IdempotencyLayer::with_store(SpyStore::new())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(SpyStore::new())).await;
     let slow = server
         .post("/work", BODY)
         .principal("alice")
@@ -308,7 +308,7 @@ async fn different_request_while_the_first_is_in_flight_is_422_key_reused() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunked_request_body_within_the_limit_is_fingerprinted_and_replayed() {
-    let (server, work) = server_with(IdempotencyLayer::with_store(SpyStore::new())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(SpyStore::new())).await;
     let client = Client::builder(TokioExecutor::new()).build_http::<Chunks>();
     let request = || {
         hyper::Request::post(server.url("/work"))
@@ -356,7 +356,7 @@ async fn chunked_request_body_within_the_limit_is_fingerprinted_and_replayed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_principal_with_the_same_key_runs_its_own_work() {
-    let (server, work) = server_with(IdempotencyLayer::with_store(SpyStore::new())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(SpyStore::new())).await;
     let alice = send(server.post("/work", BODY).principal("alice").key("k1")).await;
     let bob = send(server.post("/work", BODY).principal("bob").key("k1")).await;
     assert!(!alice.is_replay());
@@ -386,7 +386,7 @@ async fn another_principal_with_the_same_key_runs_its_own_work() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_principal_under_another_tenant_runs_its_own_work() {
-    let (server, work) = server_with(IdempotencyLayer::with_store(SpyStore::new())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(SpyStore::new())).await;
     let acme = send(
         server
             .post("/work", BODY)
@@ -414,7 +414,7 @@ async fn same_principal_under_another_tenant_runs_its_own_work() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn optional_principal_mode_shares_one_anonymous_scope_so_a_second_anonymous_caller_gets_a_replay()
  {
-    let layer = IdempotencyLayer::with_store(SpyStore::new()).principal(PrincipalMode::Optional);
+    let layer = IdempotencyLayer::new(SpyStore::new()).principal(PrincipalMode::Optional);
     let (server, work) = server_with(layer).await;
     // Two different anonymous callers (two connections, no principal) with one key.
     let first = send(server.post("/work", BODY).key("anon-1")).await;
@@ -446,11 +446,11 @@ async fn namespaces_sharing_one_store_keep_their_records_apart() {
     let store = Arc::new(MemoryStore::new());
     let work = Work::new();
     let a = TestServer::start(
-        work.app(IdempotencyLayer::with_store(Arc::clone(&store)).namespace("a")),
+        work.app(IdempotencyLayer::new(Arc::clone(&store)).namespace("a")),
     )
     .await;
     let b = TestServer::start(
-        work.app(IdempotencyLayer::with_store(Arc::clone(&store)).namespace("b")),
+        work.app(IdempotencyLayer::new(Arc::clone(&store)).namespace("b")),
     )
     .await;
     let in_a = send(a.post("/work", BODY).principal("alice").key("k1")).await;
@@ -484,7 +484,7 @@ async fn layer_works_as_router_layer() {
     let router = Router::new()
         .route("/work", post(support::http::work))
         .with_state(work.clone())
-        .layer(IdempotencyLayer::new());
+        .layer(IdempotencyLayer::default());
     let server = TestServer::start(with_auth(router)).await;
     assert_runs_once(&server, &work).await;
 }
@@ -494,7 +494,7 @@ async fn layer_works_as_router_route_layer() {
     let work = Work::new();
     let router = Router::new()
         .route("/work", post(support::http::work))
-        .route_layer(IdempotencyLayer::new())
+        .route_layer(IdempotencyLayer::default())
         .with_state(work.clone());
     let server = TestServer::start(with_auth(router)).await;
     assert_runs_once(&server, &work).await;
@@ -513,7 +513,7 @@ async fn layer_works_per_route_on_a_method_router() {
     let router = Router::new()
         .route(
             "/work",
-            post(support::http::work).layer(IdempotencyLayer::new()),
+            post(support::http::work).layer(IdempotencyLayer::default()),
         )
         .route("/other", post(support::http::work))
         .with_state(work.clone());
@@ -537,7 +537,7 @@ async fn layer_works_per_route_on_a_method_router() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_stacked_layers_over_one_store_run_the_handler_once() {
     let store = SpyStore::new();
-    let layer = IdempotencyLayer::with_store(store.clone());
+    let layer = IdempotencyLayer::new(store.clone());
     let work = Work::new();
     let app = with_auth(work.routes().layer(layer.clone()).layer(layer));
     let server = TestServer::start(app).await;
@@ -565,8 +565,8 @@ async fn two_stacked_layers_over_one_store_run_the_handler_once() {
 async fn an_inner_layers_rejection_is_never_recorded_by_the_outer_layer() {
     for (outer_ns, inner_ns) in [("outer", "inner"), ("inner", "outer")] {
         let store = SpyStore::new();
-        let outer = IdempotencyLayer::with_store(store.clone()).namespace(outer_ns);
-        let inner = IdempotencyLayer::with_store(store.clone()).namespace(inner_ns);
+        let outer = IdempotencyLayer::new(store.clone()).namespace(outer_ns);
+        let inner = IdempotencyLayer::new(store.clone()).namespace(inner_ns);
         let work = Work::new();
         let server = TestServer::start(with_auth(work.routes().layer(inner).layer(outer))).await;
         let request = || {

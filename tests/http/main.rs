@@ -18,8 +18,8 @@ mod forget;
 mod fuzz_standins;
 mod grpc;
 mod hostile_input;
+#[cfg(feature = "json")]
 mod json;
-mod kept;
 mod layer;
 #[cfg(feature = "metrics")]
 mod metrics;

@@ -56,7 +56,7 @@ async fn counts_each_http_outcome_once() {
 
     let store = SpyStore::new();
     let (server, _work) = server_with(
-        IdempotencyLayer::with_store(store.clone())
+        IdempotencyLayer::new(store.clone())
             .max_request_body(128)
             .metrics_label("route", "work")
             .expect("a free label key"),
@@ -152,7 +152,7 @@ async fn counts_in_flight_and_passthrough() {
     let recorder = DebuggingRecorder::new();
     let snap = recorder.snapshotter();
     let _local = metrics::set_default_local_recorder(&recorder);
-    let (server, work) = server_with(IdempotencyLayer::new().required(false)).await;
+    let (server, work) = server_with(IdempotencyLayer::default().require_key(false)).await;
 
     let first = tokio::spawn(send(server.work("k").principal("p").header("x-gate", "g")));
     work.wait_runs("k", 1).await;
@@ -191,7 +191,7 @@ async fn counts_a_full_scope_and_a_full_store() {
         .max_entries_per_scope(1)
         .build()
         .expect("valid bounds");
-    let (server, work) = server_with(IdempotencyLayer::with_store(store)).await;
+    let (server, work) = server_with(IdempotencyLayer::new(store)).await;
 
     // Two scopes each hold one pending claim: the store is full, and each scope at its cap.
     let a = tokio::spawn(send(server.work("a").principal("p").header("x-gate", "g")));
@@ -228,9 +228,9 @@ async fn counts_a_record_that_fails_validation() {
     let store = Arc::new(MemoryStore::new());
     let work = Work::new();
     let writer =
-        TestServer::start(work.app(IdempotencyLayer::with_store(Arc::clone(&store)))).await;
+        TestServer::start(work.app(IdempotencyLayer::new(Arc::clone(&store)))).await;
     let reader = TestServer::start(
-        work.app(IdempotencyLayer::with_store(Arc::clone(&store)).max_record_body(8)),
+        work.app(IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(Arc::clone(&store)).max_record_body(8).build())),
     )
     .await;
     assert_eq!(send(writer.work("k").principal("p")).await.status, 201);
@@ -253,7 +253,7 @@ async fn times_each_store_step_and_reports_the_memory_gauges() {
     let store = Arc::new(MemoryStore::new());
     let work = Work::new();
     let server =
-        TestServer::start(work.app(IdempotencyLayer::with_store(Arc::clone(&store)))).await;
+        TestServer::start(work.app(IdempotencyLayer::new(Arc::clone(&store)))).await;
 
     assert_eq!(send(server.work("k1").principal("p")).await.status, 201);
     assert_eq!(
@@ -295,7 +295,7 @@ async fn counts_grpc_requests_under_their_own_door() {
     let recorder = DebuggingRecorder::new();
     let snap = recorder.snapshotter();
     let _local = metrics::set_default_local_recorder(&recorder);
-    let (server, _work) = server_with(IdempotencyLayer::new()).await;
+    let (server, _work) = server_with(IdempotencyLayer::default()).await;
     // Without a principal: refused with a gRPC status before anything runs.
     let res = send(
         server
@@ -326,7 +326,7 @@ async fn counts_an_extractor_refusal_under_the_extract_door() {
     let _local = metrics::set_default_local_recorder(&recorder);
     let app = Router::new()
         .route("/k", post(needs_key))
-        .layer(IdempotencyLayer::new().required(false));
+        .layer(IdempotencyLayer::default().require_key(false));
     let server = TestServer::start(with_auth(app)).await;
     let res = send(server.post("/k", "{}").principal("p")).await;
     assert_eq!(res.status, 400);
@@ -344,12 +344,12 @@ async fn counts_an_extractor_refusal_under_the_extract_door() {
 #[test]
 fn a_layer_label_may_not_take_a_key_the_layer_sets() {
     for key in ["door", "outcome", "result"] {
-        let err = IdempotencyLayer::new()
+        let err = IdempotencyLayer::default()
             .metrics_label(key, "x")
             .expect_err("a reserved label key");
         assert_eq!(
             err.kind(),
-            tower_idempotency::http::ConfigErrorKind::ReservedMetricLabel
+            tower_idempotency::ConfigErrorKind::ReservedLabel
         );
     }
 }
@@ -409,7 +409,7 @@ async fn counts_a_lost_lease_and_a_failed_release() {
     let snap = recorder.snapshotter();
     let _local = metrics::set_default_local_recorder(&recorder);
     let (server, _work) =
-        server_with(IdempotencyLayer::with_store(Unlucky(MemoryStore::new()))).await;
+        server_with(IdempotencyLayer::new(Unlucky(MemoryStore::new()))).await;
 
     assert_eq!(send(server.work("k1").principal("p")).await.status, 201);
     assert_eq!(

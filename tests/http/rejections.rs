@@ -32,7 +32,7 @@ const BODY: &str = r#"{"item":"book"}"#;
 /// runs normally.
 async fn assert_key_refused(values: &[HeaderValue], reason: &str) {
     let store = SpyStore::new();
-    let (server, work) = server_with(IdempotencyLayer::with_store(store.clone())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(store.clone())).await;
     let mut rb = server.post("/work", BODY).principal("alice");
     for v in values {
         rb = rb.header("idempotency-key", v.clone());
@@ -91,7 +91,7 @@ async fn key_of_256_bytes_is_400_key_invalid_and_nothing_is_stored() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_of_255_bytes_is_accepted() {
-    let (server, work) = server_with(IdempotencyLayer::with_store(SpyStore::new())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(SpyStore::new())).await;
     let key = "a".repeat(255);
     let first = send(server.post("/work", BODY).principal("alice").key(&key)).await;
     let second = send(server.post("/work", BODY).principal("alice").key(&key)).await;
@@ -103,7 +103,7 @@ async fn key_of_255_bytes_is_accepted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_longer_than_a_configured_max_key_len_is_400() {
     let store = SpyStore::new();
-    let layer = IdempotencyLayer::with_store(store.clone()).max_key_len(8);
+    let layer = IdempotencyLayer::new(store.clone()).max_key_len(8);
     let (server, work) = server_with(layer).await;
     let a = send(
         server
@@ -136,7 +136,7 @@ async fn key_with_a_control_byte_is_400_key_invalid_and_nothing_is_stored() {
 async fn key_from_a_key_fn_with_a_control_byte_is_400_key_invalid() {
     let store = SpyStore::new();
     // The closure turns `x-key: k` into `k\u{1}`: a control byte no header could carry.
-    let layer = IdempotencyLayer::with_store(store.clone()).key_fn(|parts| {
+    let layer = IdempotencyLayer::new(store.clone()).key_fn(|parts| {
         parts
             .headers
             .get("x-key")
@@ -197,7 +197,7 @@ async fn bare_key_with_an_inner_space_is_400_key_invalid() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn body_over_the_limit_with_content_length_is_413_and_the_handler_does_not_run() {
     let store = SpyStore::new();
-    let layer = IdempotencyLayer::with_store(store.clone()).max_request_body(16);
+    let layer = IdempotencyLayer::new(store.clone()).max_request_body(16);
     let (server, work) = server_with(layer).await;
     let body = "x".repeat(17);
     let a = send(server.post("/work", &body).principal("alice").key("big")).await;
@@ -223,7 +223,7 @@ async fn body_over_the_limit_with_content_length_is_413_and_the_handler_does_not
 async fn chunked_body_over_the_limit_without_content_length_is_413_and_the_handler_does_not_run() {
     let store = SpyStore::new();
     let work = Work::new();
-    let layer = IdempotencyLayer::with_store(store.clone()).max_request_body(16);
+    let layer = IdempotencyLayer::new(store.clone()).max_request_body(16);
     // Records what the server saw, to prove the body had no Content-Length.
     let chunked = Arc::new(AtomicBool::new(false));
     let saw = Arc::clone(&chunked);
@@ -271,7 +271,7 @@ async fn chunked_body_over_the_limit_without_content_length_is_413_and_the_handl
 async fn request_body_that_fails_while_read_is_400_body_unreadable() {
     let ran = Arc::new(AtomicBool::new(false));
     let seen = Arc::clone(&ran);
-    let svc = IdempotencyLayer::new().layer(service_fn(
+    let svc = IdempotencyLayer::default().layer(service_fn(
         move |_req: http::Request<RequestBody<FailingBody>>| {
             seen.store(true, Ordering::SeqCst);
             async {
@@ -304,7 +304,7 @@ async fn store_failure_on_claim_is_503_store_failed_with_retry_after_and_the_han
 {
     let store = SpyStore::new();
     store.fail_claims(true);
-    let (server, work) = server_with(IdempotencyLayer::with_store(store.clone())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(store.clone())).await;
     let a = send(server.post("/work", BODY).principal("alice").key("k1")).await;
     a.assert_problem(503, "idempotency.store_failed");
     assert_eq!(a.header("retry-after"), Some("1"), "503 says when to retry");
@@ -333,7 +333,7 @@ async fn scope_with_all_its_records_pending_at_its_cap_is_429_scope_full_while_o
         .max_entries_per_scope(2)
         .build()
         .expect("valid bounds");
-    let (server, work) = server_with(IdempotencyLayer::with_store(SpyStore::over(memory))).await;
+    let (server, work) = server_with(IdempotencyLayer::new(SpyStore::over(memory))).await;
     let slow = |key: &str| {
         tokio::spawn(send(
             server
@@ -386,7 +386,7 @@ async fn store_full_of_pending_records_is_503_store_full() {
         .shards(1)
         .build()
         .expect("valid bounds");
-    let (server, work) = server_with(IdempotencyLayer::with_store(SpyStore::over(memory))).await;
+    let (server, work) = server_with(IdempotencyLayer::new(SpyStore::over(memory))).await;
     let slow = |principal: &str| {
         tokio::spawn(send(
             server
@@ -428,7 +428,7 @@ async fn store_full_of_pending_records_is_503_store_full() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rejection_is_problem_json_with_no_store_and_a_stable_code() {
-    let (server, _work) = server_with(IdempotencyLayer::with_store(SpyStore::new())).await;
+    let (server, _work) = server_with(IdempotencyLayer::new(SpyStore::new())).await;
     let a = send(server.post("/work", BODY).principal("alice")).await;
     assert_eq!(a.status, 400);
     assert_eq!(a.header("content-type"), Some("application/problem+json"));
@@ -474,7 +474,7 @@ async fn every_rejection_kind_has_its_documented_status_and_code() {
             400,
             "idempotency.body_unreadable",
         ),
-        (RejectionKind::StoreFailed, 503, "idempotency.store_failed"),
+        (RejectionKind::Store, 503, "idempotency.store_failed"),
         (RejectionKind::ScopeFull, 429, "idempotency.scope_full"),
         (RejectionKind::StoreFull, 503, "idempotency.store_full"),
         (
@@ -500,7 +500,7 @@ fn custom_renderer(r: &tower_idempotency::http::Rejection) -> http::Response<Byt
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn custom_renderer_is_used_for_rejections() {
-    let layer = IdempotencyLayer::with_store(SpyStore::new()).render_rejection(custom_renderer);
+    let layer = IdempotencyLayer::new(SpyStore::new()).render_rejection(custom_renderer);
     let (server, work) = server_with(layer).await;
     let a = send(server.post("/work", BODY).principal("alice")).await;
     assert_eq!(a.status, 400, "{}", a.describe());
@@ -533,7 +533,7 @@ async fn rejection_via_oneshot<St: tower_idempotency::Store>(
 
 #[tokio::test]
 async fn rejection_is_in_the_response_extensions_with_the_default_renderer() {
-    let res = rejection_via_oneshot(&IdempotencyLayer::new()).await;
+    let res = rejection_via_oneshot(&IdempotencyLayer::default()).await;
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
     let r = res
         .extensions()
@@ -545,7 +545,7 @@ async fn rejection_is_in_the_response_extensions_with_the_default_renderer() {
 #[tokio::test]
 async fn rejection_is_in_the_response_extensions_with_a_custom_renderer() {
     let res =
-        rejection_via_oneshot(&IdempotencyLayer::new().render_rejection(custom_renderer)).await;
+        rejection_via_oneshot(&IdempotencyLayer::default().render_rejection(custom_renderer)).await;
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
     assert_eq!(
         res.headers().get("x-custom").map(HeaderValue::as_bytes),

@@ -16,7 +16,8 @@ use support::http::{
 };
 use tower::{Layer, ServiceExt, service_fn};
 use tower_idempotency::engine::RecordedResponse;
-use tower_idempotency::http::{ConfigErrorKind, RequestBody, ResponseBody, ResponseMode};
+use tower_idempotency::ConfigErrorKind;
+use tower_idempotency::http::{RequestBody, ResponseBody, ResponseMode};
 use tower_idempotency::store::Record;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal, Secret};
 
@@ -49,7 +50,7 @@ async fn twice(server: &TestServer, key: &str, status: u16) -> (Answer, Answer) 
 
 async fn assert_recorded(statuses: &[u16]) {
     let store = SpyStore::new();
-    let (server, work) = server_with(IdempotencyLayer::with_store(store.clone())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(store.clone())).await;
     for &s in statuses {
         let (first, second) = twice(&server, &format!("k-{s}"), s).await;
         assert!(
@@ -67,7 +68,7 @@ async fn assert_recorded(statuses: &[u16]) {
 
 async fn assert_released(statuses: &[u16]) {
     let store = SpyStore::new();
-    let (server, work) = server_with(IdempotencyLayer::with_store(store.clone())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(store.clone())).await;
     for &s in statuses {
         let (first, second) = twice(&server, &format!("k-{s}"), s).await;
         assert!(
@@ -120,7 +121,7 @@ async fn retryable_client_errors_408_425_429_are_released_so_the_retry_runs_agai
 async fn redirects_are_recorded_and_replayed_with_their_location() {
     // Post/Redirect/Get: a 303 after a create is the work's final answer (issue 11 item 10).
     assert_recorded(&[300, 301, 302, 303, 307, 308]).await;
-    let (server, work) = server_with(IdempotencyLayer::new()).await;
+    let (server, work) = server_with(IdempotencyLayer::default()).await;
     let (first, second) = twice(&server, "k-prg", 303).await;
     assert!(second.is_replay(), "{}", second.describe());
     assert_eq!(second.status, StatusCode::SEE_OTHER);
@@ -175,7 +176,7 @@ async fn json_server(layer: IdempotencyLayer<SpyStore>) -> (TestServer, Arc<Atom
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_validation_preset_a_corrected_request_runs_under_the_same_key() {
     let store = SpyStore::new();
-    let layer = IdempotencyLayer::with_store(store.clone())
+    let layer = IdempotencyLayer::new(store.clone())
         .classify(tower_idempotency::http::release_validation_errors);
     let (server, runs) = json_server(layer).await;
     let orders = || server.client().post(server.url("/orders"));
@@ -246,7 +247,7 @@ async fn with_the_validation_preset_a_corrected_request_runs_under_the_same_key(
 async fn without_a_hook_a_validation_error_is_recorded() {
     // The default (the reference table): the 400 is the key's record, and the corrected request
     // is another request under a used key.
-    let (server, runs) = json_server(IdempotencyLayer::with_store(SpyStore::new())).await;
+    let (server, runs) = json_server(IdempotencyLayer::new(SpyStore::new())).await;
     let post = |body: &'static str| {
         server
             .client()
@@ -277,7 +278,7 @@ fn keyed_request() -> http::Request<Full<Bytes>> {
 #[tokio::test]
 async fn inner_service_error_releases_the_key_and_comes_back_unchanged() {
     let store = SpyStore::new();
-    let layer = IdempotencyLayer::with_store(store.clone());
+    let layer = IdempotencyLayer::new(store.clone());
     let calls = Arc::new(AtomicUsize::new(0));
 
     let c = Arc::clone(&calls);
@@ -362,7 +363,7 @@ async fn assert_failing_body_releases_the_key(layer: IdempotencyLayer<SpyStore>,
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn response_body_failing_while_streamed_releases_the_key() {
     let store = SpyStore::new();
-    let layer = IdempotencyLayer::with_store(store.clone());
+    let layer = IdempotencyLayer::new(store.clone());
     assert_failing_body_releases_the_key(layer, &store).await;
 }
 
@@ -371,7 +372,7 @@ async fn response_body_failing_while_streamed_releases_the_key() {
 async fn status_mode_response_body_failing_while_streamed_releases_the_key() {
     let store = SpyStore::new();
     let layer =
-        IdempotencyLayer::with_store(store.clone()).response_mode(ResponseMode::StatusAndHeaders);
+        IdempotencyLayer::new(store.clone()).response_mode(ResponseMode::StatusAndHeaders);
     assert_failing_body_releases_the_key(layer, &store).await;
 }
 
@@ -379,13 +380,13 @@ async fn status_mode_response_body_failing_while_streamed_releases_the_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn response_body_over_the_record_limit_failing_while_streamed_releases_the_key() {
     let store = SpyStore::new();
-    let layer = IdempotencyLayer::with_store(store.clone()).max_record_body(4);
+    let layer = IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(store.clone()).max_record_body(4).build());
     assert_failing_body_releases_the_key(layer, &store).await;
 }
 
 async fn assert_over_limit_recorded_as_status_only(header: &str, value: &str, expected: &[u8]) {
     let store = SpyStore::new();
-    let layer = IdempotencyLayer::with_store(store.clone()).max_record_body(8);
+    let layer = IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(store.clone()).max_record_body(8).build());
     let (server, work) = server_with(layer).await;
     let request = || {
         server
@@ -442,7 +443,7 @@ async fn failed_complete_still_answers_the_handlers_response_and_the_key_stays_p
             .expect("a valid store"),
     );
     store.fail_completes(true);
-    let layer = IdempotencyLayer::with_store(store.clone());
+    let layer = IdempotencyLayer::new(store.clone());
     let lease = layer.engine().lease();
     let (server, work) = server_with(layer).await;
     let request = || {
@@ -488,7 +489,7 @@ async fn failed_complete_still_answers_the_handlers_response_and_the_key_stays_p
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn set_cookie_and_request_id_are_never_replayed() {
-    let (server, _work) = server_with(IdempotencyLayer::new()).await;
+    let (server, _work) = server_with(IdempotencyLayer::default()).await;
     let (first, replay) = twice(&server, "k-cookie", 201).await;
     assert!(
         first.header("set-cookie").is_some(),
@@ -510,7 +511,7 @@ async fn set_cookie_and_request_id_are_never_replayed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn location_and_content_type_are_replayed() {
-    let (server, _work) = server_with(IdempotencyLayer::new()).await;
+    let (server, _work) = server_with(IdempotencyLayer::default()).await;
     let (first, replay) = twice(&server, "k-loc", 201).await;
     assert!(replay.is_replay(), "{}", replay.describe());
     assert_eq!(replay.header("location"), first.header("location"));
@@ -520,7 +521,7 @@ async fn location_and_content_type_are_replayed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_link_lines_are_replayed_in_order() {
-    let (server, _work) = server_with(IdempotencyLayer::new()).await;
+    let (server, _work) = server_with(IdempotencyLayer::default()).await;
     let (first, replay) = twice(&server, "k-link", 201).await;
     let expected = vec![
         "<a>; rel=\"first\"".to_owned(),
@@ -537,7 +538,7 @@ async fn repeated_link_lines_are_replayed_in_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_off_the_allow_list_is_not_replayed() {
-    let (server, _work) = server_with(IdempotencyLayer::new()).await;
+    let (server, _work) = server_with(IdempotencyLayer::default()).await;
     let (first, replay) = twice(&server, "k-plain", 201).await;
     assert_eq!(first.header("x-order-id"), Some("order-1"));
     assert!(replay.is_replay());
@@ -550,7 +551,7 @@ async fn header_off_the_allow_list_is_not_replayed() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn header_added_with_allow_header_is_replayed() {
-    let layer = IdempotencyLayer::new()
+    let layer = IdempotencyLayer::default()
         .allow_header(HeaderName::from_static("x-order-id"))
         .expect("x-order-id may be allowed");
     let (server, _work) = server_with(layer).await;
@@ -573,7 +574,7 @@ fn allow_header_refuses_denied_headers_at_build_time() {
         "traceparent",
         "idempotent-replayed",
     ] {
-        let err = IdempotencyLayer::new()
+        let err = IdempotencyLayer::default()
             .allow_header(HeaderName::from_static(name))
             .expect_err(name);
         assert_eq!(err.kind(), ConfigErrorKind::DeniedHeader, "{name}");
@@ -587,7 +588,7 @@ fn allow_header_refuses_denied_headers_at_build_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_mode_replays_status_and_headers_with_an_empty_body() {
     let (server, work) =
-        server_with(IdempotencyLayer::new().response_mode(ResponseMode::StatusAndHeaders)).await;
+        server_with(IdempotencyLayer::default().response_mode(ResponseMode::StatusAndHeaders)).await;
     let (first, replay) = twice(&server, "k-status", 201).await;
     assert!(!first.body.is_empty(), "the caller gets the whole body");
     assert!(replay.is_replay(), "{}", replay.describe());
@@ -700,14 +701,14 @@ fn assert_no_representation_headers(headers: &http::HeaderMap, body: &Bytes) {
 #[tokio::test]
 async fn status_mode_record_drops_the_headers_that_describe_the_body() {
     let layer =
-        IdempotencyLayer::with_store(SpyStore::new()).response_mode(ResponseMode::StatusAndHeaders);
+        IdempotencyLayer::new(SpyStore::new()).response_mode(ResponseMode::StatusAndHeaders);
     let (headers, body) = replay_of_a_represented_body(layer).await;
     assert_no_representation_headers(&headers, &body);
 }
 
 #[tokio::test]
 async fn over_the_record_limit_record_drops_the_headers_that_describe_the_body() {
-    let layer = IdempotencyLayer::with_store(SpyStore::new()).max_record_body(4);
+    let layer = IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(SpyStore::new()).max_record_body(4).build());
     let (headers, body) = replay_of_a_represented_body(layer).await;
     assert_no_representation_headers(&headers, &body);
 }
@@ -715,7 +716,7 @@ async fn over_the_record_limit_record_drops_the_headers_that_describe_the_body()
 #[tokio::test]
 async fn full_record_keeps_the_headers_that_describe_its_body() {
     let (headers, body) =
-        replay_of_a_represented_body(IdempotencyLayer::with_store(SpyStore::new())).await;
+        replay_of_a_represented_body(IdempotencyLayer::new(SpyStore::new())).await;
     assert_eq!(headers["idempotent-replayed"], "true");
     assert_eq!(&body[..], b"\x1f\x8bgzip bytes");
     for (n, v) in REPRESENTATION {
@@ -751,7 +752,7 @@ async fn record_without_a_body_stored_with_body_headers_replays_without_them() {
         record,
     )
     .await;
-    let (server, work) = server_with(IdempotencyLayer::with_store(Arc::clone(&store))).await;
+    let (server, work) = server_with(IdempotencyLayer::new(Arc::clone(&store))).await;
     let replay = send(server.post("/work", BODY).principal("alice").key("k-old")).await;
     assert!(replay.is_replay(), "{}", replay.describe());
     assert_eq!(replay.status, 201);
@@ -771,7 +772,7 @@ async fn record_without_a_body_stored_with_body_headers_replays_without_them() {
 async fn response_with_a_header_too_long_to_record_is_recorded_without_it() {
     use http_body_util::BodyExt;
     let store = SpyStore::new();
-    let layer = IdempotencyLayer::with_store(store.clone());
+    let layer = IdempotencyLayer::new(store.clone());
     let calls = Arc::new(AtomicUsize::new(0));
     let long_link = format!("<{}>; rel=\"next\"", "x".repeat(70 * 1024));
     let mut answers = Vec::new();
@@ -847,7 +848,7 @@ async fn assert_planted_record_refused(key: &str, record: Record) {
     let store = Arc::new(MemoryStore::new());
     let fp = default_fingerprint("POST", "/work", "", "application/json", BODY.as_bytes());
     plant(&*store, &store_key("default", "alice", key), &fp, record).await;
-    let (server, work) = server_with(IdempotencyLayer::with_store(Arc::clone(&store))).await;
+    let (server, work) = server_with(IdempotencyLayer::new(Arc::clone(&store))).await;
     let a = send(server.post("/work", BODY).principal("alice").key(key)).await;
     a.assert_problem(503, "idempotency.record_invalid");
     assert_eq!(
@@ -896,7 +897,7 @@ async fn record_with_corrupt_bytes_is_503_record_invalid() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn record_with_a_header_no_longer_allowed_is_503_record_invalid() {
     let store = Arc::new(MemoryStore::new());
-    let loose = IdempotencyLayer::with_store(Arc::clone(&store))
+    let loose = IdempotencyLayer::new(Arc::clone(&store))
         .allow_header(HeaderName::from_static("x-order-id"))
         .expect("x-order-id may be allowed");
     let (before, work) = server_with(loose).await;
@@ -910,7 +911,7 @@ async fn record_with_a_header_no_longer_allowed_is_503_record_invalid() {
     assert_eq!(first.status, 201, "{}", first.describe());
 
     // The same store under the default allow list: the record is checked against it.
-    let (after, work_after) = server_with(IdempotencyLayer::with_store(Arc::clone(&store))).await;
+    let (after, work_after) = server_with(IdempotencyLayer::new(Arc::clone(&store))).await;
     let a = send(
         after
             .post("/work", BODY)
@@ -931,7 +932,7 @@ async fn with_a_secret_a_record_planted_without_it_is_503_record_invalid() {
     let secret = Secret::new([7u8; 32]).expect("a 32-byte secret");
     let store = SpyStore::new();
     let (server, work) =
-        server_with(IdempotencyLayer::with_store(store.clone()).secret(secret)).await;
+        server_with(IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(store.clone()).secret(secret).build())).await;
     // A first request shows which (keyed) fingerprint the store sees for this request.
     let probe = send(server.post("/work", BODY).principal("alice").key("k-probe")).await;
     assert_eq!(probe.status, 201, "{}", probe.describe());
@@ -1002,7 +1003,7 @@ impl http_body::Body for WithTrailers {
 
 #[tokio::test]
 async fn http_trailers_pass_the_allow_list() {
-    let layer = IdempotencyLayer::new()
+    let layer = IdempotencyLayer::default()
         .allow_header(HeaderName::from_static("x-order-id"))
         .expect("x-order-id may be allowed");
     let calls = Arc::new(AtomicUsize::new(0));

@@ -24,6 +24,7 @@ use support::http::{RequestExt, SpyStore, TestServer, bounded, eventually, send,
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tower_idempotency::IdempotencyLayer;
+use tower_idempotency::http::Streaming;
 
 const BODY: &str = r#"{"prompt":"tell me a story","stream":true}"#;
 /// How long a streamed answer may take to show its first bytes (generous: a shared machine).
@@ -168,7 +169,7 @@ async fn read_to_end(res: &mut reqwest::Response) -> Vec<u8> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn event_stream_goes_out_as_it_comes_and_is_recorded_as_status_and_headers_once_ended() {
     let store = SpyStore::new();
-    let (server, streams) = server_with(IdempotencyLayer::with_store(store.clone())).await;
+    let (server, streams) = server_with(IdempotencyLayer::new(store.clone())).await;
 
     let mut res = open(request(&server, "k-sse")).await;
     assert_eq!(res.status(), 200);
@@ -210,7 +211,8 @@ async fn event_stream_goes_out_as_it_comes_and_is_recorded_as_status_and_headers
 async fn body_not_ended_within_the_collection_bound_goes_out_as_it_comes_nothing_lost() {
     let store = SpyStore::new();
     let layer =
-        IdempotencyLayer::with_store(store.clone()).collect_timeout(Duration::from_millis(200));
+        IdempotencyLayer::new(store.clone())
+        .streaming(Streaming::default().collect_timeout(Duration::from_millis(200)));
     let (server, streams) = server_with(layer).await;
     let download = || request(&server, "k-slow").header("x-content-type", "text/csv");
 
@@ -249,7 +251,7 @@ async fn body_not_ended_within_the_collection_bound_goes_out_as_it_comes_nothing
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn body_ended_within_the_collection_bound_is_recorded_whole() {
     let store = SpyStore::new();
-    let (server, streams) = server_with(IdempotencyLayer::with_store(store.clone())).await;
+    let (server, streams) = server_with(IdempotencyLayer::new(store.clone())).await;
     let quick = || request(&server, "k-quick").header("x-content-type", "text/plain");
     // The test ends the body soon after the handler answered: well within the default bound.
     let ender = {
@@ -286,9 +288,8 @@ async fn stream_that_never_ends_holds_its_key_only_up_to_the_stream_lease_limit(
             .build()
             .expect("a valid store"),
     );
-    let layer = IdempotencyLayer::with_store(store.clone())
-        .lease(lease)
-        .stream_lease_limit(limit);
+    let layer = IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(store.clone()).lease(lease).build())
+        .streaming(Streaming::default().lease_limit(limit));
     let (server, streams) = server_with(layer).await;
 
     let started = Instant::now();
@@ -343,7 +344,7 @@ async fn client_going_away_mid_stream_leaves_the_key_pending_until_its_lease_lap
             .build()
             .expect("a valid store"),
     );
-    let layer = IdempotencyLayer::with_store(store.clone());
+    let layer = IdempotencyLayer::new(store.clone());
     let lease = layer.engine().lease();
     let (server, streams) = server_with(layer).await;
 

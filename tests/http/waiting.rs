@@ -33,7 +33,7 @@ async fn first_and_duplicate(
 }
 
 async fn duplicate_waits_and_replays<St: Store>(store: St) {
-    let layer = IdempotencyLayer::with_store(store).wait_in_flight(Duration::from_secs(10));
+    let layer = IdempotencyLayer::new(store).wait_in_flight(Duration::from_secs(10));
     let work = Work::new();
     let server = TestServer::start(work.app(layer)).await;
     let (first, duplicate, _) = first_and_duplicate(&server, &work, "waits", 400).await;
@@ -73,7 +73,7 @@ async fn a_waiting_duplicate_gets_the_replay_on_redis() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_memory_store_wakes_the_waiter_without_polling() {
     let store = SpyStore::new();
-    let layer = IdempotencyLayer::with_store(store.clone()).wait_in_flight(Duration::from_secs(10));
+    let layer = IdempotencyLayer::new(store.clone()).wait_in_flight(Duration::from_secs(10));
     let work = Work::new();
     let server = TestServer::start(work.app(layer)).await;
     let (_, duplicate, waited) = first_and_duplicate(&server, &work, "woken", 800).await;
@@ -92,7 +92,7 @@ async fn the_memory_store_wakes_the_waiter_without_polling() {
 /// A first run released (a 503) leaves the key free: the waiting duplicate runs it itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_duplicate_runs_when_the_first_run_is_released() {
-    let layer = IdempotencyLayer::new().wait_in_flight(Duration::from_secs(10));
+    let layer = IdempotencyLayer::default().wait_in_flight(Duration::from_secs(10));
     let work = Work::new();
     let server = TestServer::start(work.app(layer)).await;
     let first = tokio::spawn(send(
@@ -115,8 +115,7 @@ async fn a_waiting_duplicate_runs_when_the_first_run_is_released() {
 /// most a third of the lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_bound_it_is_409_with_the_lease_left_as_retry_after() {
-    let layer = IdempotencyLayer::new()
-        .lease(Duration::from_secs(30))
+    let layer = IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(tower_idempotency::MemoryStore::new()).lease(Duration::from_secs(30)).build())
         .wait_in_flight(Duration::from_millis(300));
     let work = Work::new();
     let server = TestServer::start(work.app(layer)).await;
@@ -145,7 +144,7 @@ async fn past_the_bound_it_is_409_with_the_lease_left_as_retry_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_wait_the_duplicate_gets_409_at_once() {
     let work = Work::new();
-    let server = TestServer::start(work.app(IdempotencyLayer::new())).await;
+    let server = TestServer::start(work.app(IdempotencyLayer::default())).await;
     // A duplicate that waited would be answered after the first run's 5 s, with its replay.
     let (_, duplicate, waited) = first_and_duplicate(&server, &work, "now", 5_000).await;
     duplicate.assert_problem(409, "idempotency.in_flight");
@@ -165,7 +164,7 @@ async fn the_retry_after_of_a_stalled_claim_is_the_lease_it_has_left() {
         .clock(clock.clone())
         .build()
         .expect("a valid store");
-    let layer = IdempotencyLayer::with_store(store).lease(Duration::from_secs(30));
+    let layer = IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(store).lease(Duration::from_secs(30)).build());
     let work = Work::new();
     let server = TestServer::start(work.app(layer)).await;
     let request = || {

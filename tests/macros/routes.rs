@@ -14,7 +14,7 @@ use serde::Deserialize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use tower_idempotency::engine::Scope;
+use tower_idempotency::engine::{Engine, Scope};
 use tower_idempotency::http::PrincipalMode;
 use tower_idempotency::{
     DerivedKey, IdempotencyKey, IdempotencyLayer, IdempotentRoutes, MemoryStore, Store, idempotent,
@@ -47,7 +47,7 @@ async fn lenient(Extension(runs): Extension<Runs>) -> (StatusCode, String) {
     (StatusCode::CREATED, format!("run {}", runs.next()))
 }
 
-#[idempotent(required)]
+#[idempotent(require_key)]
 async fn strict(Extension(runs): Extension<Runs>) -> (StatusCode, String) {
     (StatusCode::CREATED, format!("run {}", runs.next()))
 }
@@ -93,7 +93,7 @@ struct NewPayment {
 }
 
 /// A handler with router state and a JSON body, the usual shape.
-#[idempotent(required, lease = "30s", ttl = "1h")]
+#[idempotent(require_key, lease = "30s", ttl = "1h")]
 async fn create_payment(
     State(app): State<App>,
     Json(payment): Json<NewPayment>,
@@ -107,7 +107,7 @@ async fn create_payment(
 
 /// The crate's own extractors, run before the claim: they see the key the request is claimed
 /// under (and no key when none was sent).
-#[idempotent(required = false)]
+#[idempotent(require_key = false)]
 async fn with_keys(
     key: Option<IdempotencyKey>,
     derived: Option<DerivedKey>,
@@ -128,7 +128,7 @@ async fn with_keys(
 
 /// The shared configuration most tests use: a fresh memory store, anonymous callers allowed.
 fn anonymous() -> IdempotencyLayer<MemoryStore> {
-    IdempotencyLayer::new().principal(PrincipalMode::Optional)
+    IdempotencyLayer::default().principal(PrincipalMode::Optional)
 }
 
 /// A server of `routes` with a run counter and the shared configuration of `layer`.
@@ -184,13 +184,13 @@ async fn required_refuses_a_request_without_a_key_where_the_shared_config_does_n
     let routes = Router::new()
         .route("/strict", post(strict))
         .route("/lenient", post(lenient));
-    let (server, runs) = start(routes, anonymous().required(false)).await;
+    let (server, runs) = start(routes, anonymous().require_key(false)).await;
 
     let refused = send(post_to(&server, "/strict")).await;
     assert_eq!(
         refused.status,
         400,
-        "`required` on the route: {}",
+        "`require_key` on the route: {}",
         refused.text()
     );
     assert!(
@@ -204,7 +204,7 @@ async fn required_refuses_a_request_without_a_key_where_the_shared_config_does_n
     assert_eq!(
         (passed.status.as_u16(), passed.is_replay()),
         (201, false),
-        "the shared `required(false)` holds on a route without the option"
+        "the shared `require_key(false)` holds on a route without the option"
     );
 }
 
@@ -232,10 +232,11 @@ async fn per_route_lease_and_ttl_reach_the_store() {
     let routes = Router::new()
         .route("/timed", post(timed))
         .route("/plain", post(create));
-    let shared = IdempotencyLayer::with_store(store.clone())
-        .principal(PrincipalMode::Optional)
+    let engine = Engine::builder(store.clone())
         .lease(Duration::from_secs(7))
-        .ttl(Duration::from_secs(70));
+        .ttl(Duration::from_secs(70))
+        .build();
+    let shared = IdempotencyLayer::new(engine).principal(PrincipalMode::Optional);
     let (server, _runs) = start(routes, shared).await;
 
     assert_eq!(post_key(&server, "/timed", "k-t").await.status, 201);
@@ -274,7 +275,7 @@ async fn status_mode_replays_an_empty_body() {
 }
 
 #[tokio::test]
-async fn namespace_suffixes_keep_routes_apart() {
+async fn route_namespaces_keep_routes_apart() {
     let routes = Router::new()
         .route("/a", post(in_a))
         .route("/b", post(in_b))
@@ -287,11 +288,11 @@ async fn namespace_suffixes_keep_routes_apart() {
     assert_eq!(
         (a.status.as_u16(), a.text(), b.status.as_u16(), b.text()),
         (201, "a run 1", 201, "b run 2"),
-        "one key on two routes with different namespace suffixes: two records"
+        "one key on two routes with different namespaces: two records"
     );
     assert_eq!(runs.count(), 2);
 
-    // Control: without suffixes both routes share `shop`, and the key is taken.
+    // Control: without a namespace of their own both routes share `shop`, and the key is taken.
     let c = post_key(&server, "/c", "shared").await;
     let d = post_key(&server, "/d", "shared").await;
     assert_eq!(
@@ -366,7 +367,7 @@ async fn state_and_json_extractors_work() {
 
     let unkeyed =
         send(post_to(&server, "/payments").json(&serde_json::json!({ "amount": 1 }))).await;
-    assert_eq!(unkeyed.status, 400, "`required`: {}", unkeyed.text());
+    assert_eq!(unkeyed.status, 400, "`require_key`: {}", unkeyed.text());
 }
 
 #[tokio::test]
@@ -398,7 +399,7 @@ async fn the_principal_comes_from_a_middleware() {
     // Demo authentication: `x-user: <name>` becomes the request's `Principal`.
     let routes = with_auth_header(Router::new().route("/", post(create)), "x-user");
     // The shared default: a principal is required.
-    let (server, runs) = start(routes, IdempotencyLayer::new()).await;
+    let (server, runs) = start(routes, IdempotencyLayer::default()).await;
     let as_user = |user: &str| {
         post_to(&server, "/")
             .header("idempotency-key", "k")
@@ -434,7 +435,7 @@ async fn a_request_its_extractors_refuse_is_not_claimed_and_the_corrected_one_ru
     let routes = Router::new()
         .route("/payments", post(create_payment))
         .with_state(app.clone());
-    let shared = IdempotencyLayer::with_store(store.clone()).principal(PrincipalMode::Optional);
+    let shared = IdempotencyLayer::new(store.clone()).principal(PrincipalMode::Optional);
     let (server, _runs) = start(routes, shared).await;
     let payments = || post_to(&server, "/payments");
     let valid = r#"{"amount":42}"#;
@@ -604,7 +605,7 @@ async fn attributed_handlers_count_under_the_route_door() {
     let routes = Router::new()
         .route("/", post(create))
         .route("/strict", post(strict));
-    let (server, _runs) = start(routes, anonymous().required(false)).await;
+    let (server, _runs) = start(routes, anonymous().require_key(false)).await;
 
     assert_eq!(post_key(&server, "/", "k-1").await.status, 201);
     assert_eq!(

@@ -125,7 +125,7 @@ async fn plant<S: Store>(store: &S, key: &str, bytes: Vec<u8>, fp: &Fingerprint)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tampered_records_in_the_memory_store_are_503_record_invalid_and_never_replayed() {
     let work = Work::plain();
-    let (server, store) = memory_app(&work, IdempotencyLayer::with_store).await;
+    let (server, store) = memory_app(&work, IdempotencyLayer::new).await;
     for (i, (name, bytes)) in tampered().into_iter().enumerate() {
         let key = format!("k-tampered-{i}");
         plant(&*store, &key, bytes, &work_fingerprint(BODY)).await;
@@ -239,7 +239,7 @@ async fn flip_every_bit(
 #[tokio::test]
 async fn with_a_secret_every_bit_flip_of_a_record_is_refused() {
     let secret = Secret::new(*b"hostile-input-test-secret-32-byt").unwrap();
-    let layer_for = |s: Arc<MemoryStore>| IdempotencyLayer::with_store(s).secret(secret.clone());
+    let layer_for = |s: Arc<MemoryStore>| IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(s).secret(secret.clone()).build());
     // The layer's own record, sealed, and the keyed fingerprint it is stored under.
     let origin = Arc::new(MemoryStore::new());
     let svc = layer_for(Arc::clone(&origin)).layer(service_fn(
@@ -302,7 +302,7 @@ async fn without_a_secret_bit_flips_are_refused_or_replayed_as_valid_records_nev
     let (refused, replayed, bytes) = flip_every_bit(
         &record,
         &work_fingerprint(BODY),
-        IdempotencyLayer::with_store,
+        IdempotencyLayer::new,
     )
     .await;
     eprintln!(
@@ -340,7 +340,7 @@ mod on_redis {
         let ns = "hostile-redis";
         let store = RedisStore::connect(&server.url(), ns).await.unwrap();
         let work = Work::plain();
-        let layer = IdempotencyLayer::with_store(store.clone());
+        let layer = IdempotencyLayer::new(store.clone());
         let app = TestServer::start(work.app(layer)).await;
         let fp = work_fingerprint(BODY);
 

@@ -229,7 +229,7 @@ async fn http_rig(store: MemoryStore) -> (Arc<MemoryStore>, Engine<MemoryStore>,
     let store = Arc::new(store);
     let engine = Engine::from_arc(Arc::clone(&store));
     let work = Work::per_key();
-    let layer = IdempotencyLayer::with_engine(Engine::from_arc(Arc::clone(&store))).namespace(NS);
+    let layer = IdempotencyLayer::new(Engine::from_arc(Arc::clone(&store))).namespace(NS);
     let server = TestServer::start(work.user_app(layer)).await;
     (store, engine, server, work)
 }

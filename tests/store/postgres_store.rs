@@ -436,7 +436,7 @@ async fn nothing_secret_rests_in_the_table() {
     };
     let table = fresh_table("at_rest");
     let store = store_on(server, &table, "NAMESPACEMARKER-payments").await;
-    let layer = IdempotencyLayer::with_store(store.clone()).namespace("LAYERNSMARKER-refunds");
+    let layer = IdempotencyLayer::new(store.clone()).namespace("LAYERNSMARKER-refunds");
     let work = Work::plain();
     let app = TestServer::start(work.app(layer)).await;
     let body = br#"{"card":"BODYMARKER-4111"}"#;

@@ -101,7 +101,7 @@ async fn send(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_principal_or_tenant_under_the_same_key_runs_its_own_work_on_redis() {
     let Some(redis) = shared_server() else { return };
-    let (server, work) = app(IdempotencyLayer::with_store(store(redis, "iso").await)).await;
+    let (server, work) = app(IdempotencyLayer::new(store(redis, "iso").await)).await;
     let callers = [
         (Some("alice"), None),
         (Some("bob"), None),
@@ -137,7 +137,7 @@ async fn another_principal_or_tenant_under_the_same_key_runs_its_own_work_on_red
 async fn optional_principal_mode_shares_one_anonymous_scope_on_redis() {
     let Some(redis) = shared_server() else { return };
     let layer =
-        IdempotencyLayer::with_store(store(redis, "anon").await).principal(PrincipalMode::Optional);
+        IdempotencyLayer::new(store(redis, "anon").await).principal(PrincipalMode::Optional);
     let (server, work) = app(layer).await;
     let first = send(&server, None, None, "anon-key").await;
     assert_eq!(first.status, 201, "{}", first.describe());
@@ -153,7 +153,7 @@ async fn optional_principal_mode_shares_one_anonymous_scope_on_redis() {
     assert_eq!(work.executions(), 2);
 
     // The default (required) mode refuses the anonymous caller instead.
-    let (strict, strict_work) = app(IdempotencyLayer::with_store(
+    let (strict, strict_work) = app(IdempotencyLayer::new(
         store(redis, "anon-strict").await,
     ))
     .await;
@@ -176,7 +176,7 @@ async fn nothing_secret_rests_in_redis() {
     let redis = RedisServer::start();
     let ns = "NAMESPACEMARKER-payments";
     let layer =
-        IdempotencyLayer::with_store(store(&redis, ns).await).namespace("LAYERNSMARKER-refunds");
+        IdempotencyLayer::new(store(&redis, ns).await).namespace("LAYERNSMARKER-refunds");
     let (server, work) = app(layer).await;
     let principals = ["PRINCIPALMARKER-alice", "PRINCIPALMARKER-bob"];
     let tenant = "TENANTMARKER-acme";
@@ -268,8 +268,8 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
     let Some(redis) = shared_server() else { return };
     let ns = "auth";
     let st = store(redis, ns).await;
-    let (a, work_a) = app(IdempotencyLayer::with_store(st.clone()).secret(secret(1))).await;
-    let (b, work_b) = app(IdempotencyLayer::with_store(st.clone()).secret(secret(2))).await;
+    let (a, work_a) = app(IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(st.clone()).secret(secret(1)).build())).await;
+    let (b, work_b) = app(IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(st.clone()).secret(secret(2)).build())).await;
     let req = |key: &str| post("/work", &keyed("alice", key.as_bytes()), BODY);
 
     // A's own record replays; its value tells us A's keyed fingerprint of this request.
@@ -338,8 +338,8 @@ async fn keyed_fingerprint_keeps_a_low_entropy_body_from_being_confirmed() {
     // The secret body: one of 10 000 PINs.
     let body = pin_body(4217);
     let req = |key: &str| post("/work", &keyed("alice", key.as_bytes()), &body);
-    let (plain, _) = app(IdempotencyLayer::with_store(st.clone())).await;
-    let (keyed_app, _) = app(IdempotencyLayer::with_store(st.clone()).secret(secret(9))).await;
+    let (plain, _) = app(IdempotencyLayer::new(st.clone())).await;
+    let (keyed_app, _) = app(IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(st.clone()).secret(secret(9)).build())).await;
     assert_eq!(plain.one(&req("k-plain")).await.status, 201);
     assert_eq!(keyed_app.one(&req("k-keyed")).await.status, 201);
 
@@ -378,7 +378,7 @@ async fn without_a_secret_a_record_copied_under_another_key_replays() {
     // The default's limit, stated in RELIABILITY.md: records are not bound to their key.
     let Some(redis) = shared_server() else { return };
     let st = store(redis, "copy").await;
-    let (server, work) = app(IdempotencyLayer::with_store(st.clone())).await;
+    let (server, work) = app(IdempotencyLayer::new(st.clone())).await;
     let req = |key: &str| post("/work", &keyed("alice", key.as_bytes()), BODY);
     assert_eq!(server.one(&req("k-original")).await.status, 201);
     let original = redis

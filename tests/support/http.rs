@@ -49,7 +49,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{Semaphore, oneshot};
 use tokio::task::JoinHandle;
 use tower_idempotency::engine::{Fingerprint, Scope};
-use tower_idempotency::http::{Declared, PrincipalMode, REPLAYED_HEADER};
+use tower_idempotency::engine::Verdict;
+use tower_idempotency::http::{PrincipalMode, REPLAYED_HEADER, declare};
 use tower_idempotency::store::Record;
 use tower_idempotency::store::{Claim, Forgotten, StoreError, StoreErrorKind, StoreKey, Token};
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore, Principal, Store};
@@ -58,7 +59,7 @@ use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore, Principal
 pub(crate) const REQUEST_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// The layer's namespace when none is set.
-pub(crate) const LAYER_NS: &str = "default";
+pub(crate) const LAYER_NS: &str = "http";
 
 /// A `Content-Disposition` value with obs-text bytes (0x80–0xff): not UTF-8 (`x-mode: obs-text`).
 pub(crate) const OBS_TEXT: &[u8] = b"attachment; filename=\"r\xe9sum\xe9-\x80\xff.txt\"";
@@ -698,9 +699,9 @@ pub(crate) async fn work(
         HeaderValue::from_static("<b>; rel=\"second\""),
     );
     match headers.get("x-declare").map(HeaderValue::as_bytes) {
-        Some(b"not-started") => Declared::NotStarted.insert_into(&mut res),
-        Some(b"definitive") => Declared::Definitive.insert_into(&mut res),
-        Some(b"ambiguous") => Declared::Ambiguous.insert_into(&mut res),
+        Some(b"not-started") => declare(&mut res, Verdict::Release),
+        Some(b"definitive") => declare(&mut res, Verdict::Record),
+        Some(b"ambiguous") => declare(&mut res, Verdict::Hold),
         _ => {}
     }
     let h = res.headers_mut();

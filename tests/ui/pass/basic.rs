@@ -36,5 +36,5 @@ fn main() {
         .route("/nothing", post(no_return_type))
         .route("/opaque", post(opaque))
         .route("/api", post(Api::create))
-        .layer(Extension(IdempotentRoutes::new(IdempotencyLayer::new())));
+        .layer(Extension(IdempotentRoutes::new(IdempotencyLayer::default())));
 }

@@ -44,7 +44,7 @@ async fn update_order(State(_db): State<Db>, body: String) -> String {
 async fn replace_order() {}
 
 fn main() {
-    let config = IdempotentRoutes::new(IdempotencyLayer::with_store(MemoryStore::new()));
+    let config = IdempotentRoutes::new(IdempotencyLayer::new(MemoryStore::new()));
     let _app: Router = Router::new()
         .route("/orders/1", put(update_order))
         .route("/orders/2", put(replace_order))

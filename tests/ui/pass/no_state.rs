@@ -23,5 +23,5 @@ fn main() {
     let with_state: Router<App> = Router::new().route("/search-with-state", post(search));
     let _app: Router = stateless
         .merge(with_state.with_state(App))
-        .layer(Extension(IdempotentRoutes::new(IdempotencyLayer::new())));
+        .layer(Extension(IdempotentRoutes::new(IdempotencyLayer::default())));
 }

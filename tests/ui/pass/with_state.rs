@@ -39,7 +39,7 @@ fn main() {
     let _app: Router = Router::new()
         .route("/accounts/{account}/payments", post(create_payment))
         .route("/by-path", post(by_path))
-        .layer(Extension(IdempotentRoutes::new(IdempotencyLayer::new())))
+        .layer(Extension(IdempotentRoutes::new(IdempotencyLayer::default())))
         .with_state(App {
             name: "shop".to_owned(),
         });
