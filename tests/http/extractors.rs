@@ -166,7 +166,7 @@ async fn optional_extractors_share_the_anonymous_scope_in_optional_principal_mod
     let server = serve(Router::new().route("/keys", post(keys)).layer(layer)).await;
     let a = send(server.post("/keys", BODY).key("k1")).await;
     let key = IdempotencyKey::new("k1").expect("key");
-    let expected = DerivedKey::derive("default", &Scope::anonymous(), &key);
+    let expected = DerivedKey::derive("http", &Scope::anonymous(), &key);
     assert_eq!(
         a.json()["derived"],
         expected.as_str(),

@@ -747,7 +747,7 @@ async fn record_without_a_body_stored_with_body_headers_replays_without_them() {
         .expect("encode");
     plant(
         &*store,
-        &store_key("default", "alice", "k-old"),
+        &store_key("http", "alice", "k-old"),
         &fp,
         record,
     )
@@ -847,7 +847,7 @@ async fn response_with_a_header_too_long_to_record_is_recorded_without_it() {
 async fn assert_planted_record_refused(key: &str, record: Record) {
     let store = Arc::new(MemoryStore::new());
     let fp = default_fingerprint("POST", "/work", "", "application/json", BODY.as_bytes());
-    plant(&*store, &store_key("default", "alice", key), &fp, record).await;
+    plant(&*store, &store_key("http", "alice", key), &fp, record).await;
     let (server, work) = server_with(IdempotencyLayer::new(Arc::clone(&store))).await;
     let a = send(server.post("/work", BODY).principal("alice").key(key)).await;
     a.assert_problem(503, "idempotency.record_invalid");
@@ -941,7 +941,7 @@ async fn with_a_secret_a_record_planted_without_it_is_503_record_invalid() {
     // Someone with store access but without the secret writes a well-formed record.
     plant(
         store.memory(),
-        &store_key("default", "alice", "k-forged"),
+        &store_key("http", "alice", "k-forged"),
         &keyed,
         encoded(201, &[]),
     )
