@@ -60,8 +60,8 @@ use tracing::Instrument;
 /// use tower_idempotency::IdempotencyLayer;
 ///
 /// # async fn run(listener: tokio::net::TcpListener, shutdown: impl std::future::Future<Output = ()> + Send + 'static) {
-/// let layer = IdempotencyLayer::new();
-/// let in_flight = layer.in_flight();
+/// let layer = IdempotencyLayer::default();
+/// let in_flight = layer.drain();
 /// let app: Router = Router::new().route("/orders", post(|| async { "created" })).layer(layer);
 ///
 /// axum::serve(listener, app).with_graceful_shutdown(shutdown).await.unwrap();

@@ -204,13 +204,12 @@ pub struct RecordedResponse {
     /// Trailer fields (gRPC status and metadata), when the response had trailers.
     pub trailers: Option<Vec<Field>>,
     /// The work declared this response its final answer, whatever its status (HTTP:
-    /// [`Declared::Definitive`](crate::http::Declared::Definitive)): replayed even with a
+    /// a declared [`Verdict::Record`](crate::engine::Verdict::Record)): replayed even with a
     /// status the classification would not record, such as a 500. The HTTP layer sets it only
     /// on such a status, and refuses at replay a record that has it on any other (a damaged
     /// flag must not pass unnoticed).
     pub definitive: bool,
-    /// When the record was written and until when it is kept, when the door asked for them
-    /// (the HTTP layer's [`record_times`](crate::http::IdempotencyLayer::record_times)).
+    /// When the record was written and until when it is kept, for a record written with them.
     pub times: Option<RecordTimes>,
 }
 

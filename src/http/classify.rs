@@ -9,7 +9,7 @@
 //! and headers at once, whatever its body does after (its work is done).
 //! gRPC (an HTTP 200 to a gRPC request): the outcome is the gRPC status, read from the headers
 //! of a Trailers-Only response or else from the trailers, so the body is read first (see
-//! [gRPC mode](super::grpc#classification)).
+//! [gRPC mode](super#grpc-classification)).
 
 use super::body::{Collected, ResponseBody, collect_limited};
 use super::config::{Config, ResponseMode};

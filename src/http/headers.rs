@@ -21,7 +21,7 @@ pub const KEY_HEADER: HeaderName = HeaderName::from_static("idempotency-key");
 pub const REPLAYED_HEADER: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// Headers stored and replayed by default, together with `grpc-encoding` (see
-/// [gRPC mode](super::grpc)).
+/// [gRPC mode](super#grpc-mode)).
 pub const DEFAULT_ALLOWED_HEADERS: &[HeaderName] = &[
     header::CONTENT_TYPE,
     header::CONTENT_ENCODING,

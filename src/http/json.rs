@@ -115,12 +115,12 @@ impl FingerprintBuilder {
     /// in one object keeps its members in their order. A text that is not strict JSON
     /// (RFC 8259, UTF-8, nested at most 128 deep) is added as [`field`](Self::field) adds it.
     ///
-    /// This is what [`IdempotencyLayer::fingerprint_json_by_value`] does with a JSON body, for
-    /// a [`fingerprint_fn`] of your own. The canonical form is streamed into the hash (a tag
-    /// field, then one field), never built whole.
+    /// This is what [`Fingerprinting::json_by_value`] does with a JSON body, for a
+    /// [`Fingerprinting::custom`] function of your own. The canonical form is streamed into the
+    /// hash, a tag field then one field, never built whole.
     ///
-    /// [`IdempotencyLayer::fingerprint_json_by_value`]: crate::http::IdempotencyLayer::fingerprint_json_by_value
-    /// [`fingerprint_fn`]: crate::http::IdempotencyLayer::fingerprint_fn
+    /// [`Fingerprinting::json_by_value`]: crate::http::Fingerprinting::json_by_value
+    /// [`Fingerprinting::custom`]: crate::http::Fingerprinting::custom
     ///
     /// ```
     /// use tower_idempotency::engine::Fingerprint;
@@ -130,6 +130,7 @@ impl FingerprintBuilder {
     /// assert_ne!(fp(r#"{"qty":1}"#), fp(r#"{"qty":1.0}"#));
     /// assert_ne!(fp(r#"{"qty":1}"#), Fingerprint::builder().field(br#"{"qty":1}"#).finish());
     /// ```
+    #[cfg_attr(docsrs, doc(cfg(feature = "json")))]
     pub fn json_value(self, json: &[u8]) -> Self {
         match Canonical::parse(json) {
             Some(value) => self

@@ -143,12 +143,8 @@
 //!   [`Rejection`] extension, such as the inner layer's 409. It releases its claim, and the
 //!   caller gets the rejection with its `Retry-After`.
 //!
-//! # gRPC
 //!
-//! A request whose `content-type` starts with `application/grpc` is handled in
-//! [gRPC mode](grpc). The steps are the same, but it is classified by its gRPC status, read
-//! from the trailers. It is replayed with its trailers, and rejected with gRPC statuses
-//! instead of problem+json. One layer serves HTTP and gRPC callers side by side.
+#![doc = include_str!("grpc.md")]
 
 // Imports run one way. `body`, `headers`, `extensions`, `declare`, `json`, `streaming` import
 // no sibling, `fingerprint` only `json`, `grpc` only `headers`; then `rejection` → `config` →
@@ -161,7 +157,7 @@ mod declare;
 mod extensions;
 mod fingerprint;
 mod future;
-pub mod grpc;
+pub(crate) mod grpc;
 #[cfg(feature = "json")]
 mod json;
 mod streaming;

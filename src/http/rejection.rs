@@ -104,7 +104,7 @@ impl RejectionKind {
     }
 
     /// The gRPC status code of this case (a `tonic::Code` as `i32`); see the
-    /// [mapping](crate::http::grpc#rejections).
+    /// [mapping](crate::http#grpc-rejections).
     ///
     /// ```
     /// use tower_idempotency::http::RejectionKind;

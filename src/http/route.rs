@@ -145,7 +145,8 @@ impl fmt::Debug for IdempotentRoutes {
 /// Each call boxes the store's future: one small allocation per store step.
 ///
 /// ```
-/// use tower_idempotency::{route::DynStore, IdempotencyLayer, MemoryStore};
+/// use tower_idempotency::http::route::DynStore;
+/// use tower_idempotency::{IdempotencyLayer, MemoryStore};
 ///
 /// let layer: IdempotencyLayer<DynStore> = IdempotencyLayer::new(DynStore::new(MemoryStore::new()));
 /// ```
