@@ -18,8 +18,8 @@ use std::time::Duration;
 /// The default request body limit (1 MiB).
 pub(crate) const MAX_REQUEST_BODY: usize = 1024 * 1024;
 
-/// The principal a request acts for, put into request extensions by the application's
-/// authentication layer (which must run before the idempotency layer).
+/// The principal a request acts for. The application's authentication layer puts it into the
+/// request extensions; that layer must run before the idempotency layer.
 ///
 /// ```
 /// use tower_idempotency::http::Principal;
@@ -60,12 +60,13 @@ impl From<Principal> for Scope {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum PrincipalMode {
-    /// A keyed request without a principal is refused with 401 (the default).
+    /// A keyed request without a principal is refused with 401. The default.
     #[default]
     Required,
-    /// Requests without a principal share ONE anonymous scope: an anonymous caller who sends
+    /// Requests without a principal share ONE anonymous scope. An anonymous caller who sends
     /// another anonymous caller's key is served that caller's stored response. Pair it with
-    /// [`ResponseMode::StatusAndHeaders`] unless the responses are safe for any anonymous caller.
+    /// [`ResponseMode::StatusAndHeaders`] unless the responses are safe for any anonymous
+    /// caller.
     Optional,
 }
 
@@ -73,13 +74,13 @@ pub enum PrincipalMode {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ResponseMode {
-    /// Status, allowed headers and body (the default).
+    /// Status, allowed headers and body. The default.
     #[default]
     Full,
-    /// Status and allowed headers only, for bodies that must not rest in the store; a replay
-    /// has an empty body, so the headers that describe a body are not kept
-    /// ([`REPRESENTATION_HEADERS`](super::REPRESENTATION_HEADERS)). The record is written
-    /// once the body has ended (released if the body fails).
+    /// Status and allowed headers only, for bodies that must not rest in the store. A replay
+    /// has an empty body, so the headers that describe a body are not kept:
+    /// [`REPRESENTATION_HEADERS`](super::REPRESENTATION_HEADERS). The record is written once
+    /// the body has ended, and the key released if the body fails.
     StatusAndHeaders,
 }
 

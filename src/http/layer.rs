@@ -18,9 +18,23 @@ use std::sync::Arc;
 use std::time::Duration;
 use tower_layer::Layer;
 
-/// Applies [`Idempotency`] to a service. Built with `#[must_use]` options; cheap to clone.
+/// Applies [`Idempotency`] to a service. Cheap to clone.
 ///
-/// See the [module docs](crate::http) for the check order and every option's default.
+/// Build it from a store or an [`Engine`], then set options. Each option's default is on its
+/// setter. The [module docs](crate::http) give the check order.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::engine::Engine;
+/// use tower_idempotency::http::{IdempotencyLayer, Streaming};
+/// use tower_idempotency::MemoryStore;
+///
+/// let engine = Engine::builder(MemoryStore::new()).lease(Duration::from_secs(30)).build();
+/// let layer = IdempotencyLayer::new(engine)
+///     .namespace("orders")
+///     .wait_in_flight(Duration::from_secs(2))
+///     .streaming(Streaming::default().collect_timeout(Duration::from_secs(1)));
+/// ```
 pub struct IdempotencyLayer<St = MemoryStore> {
     pub(crate) state: Arc<LayerState<St>>,
 }
@@ -85,13 +99,13 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
-    /// Reads the key from this header (default `Idempotency-Key`).
+    /// Reads the key from this header. Default: `Idempotency-Key`.
     #[must_use]
     pub fn header_name(self, name: HeaderName) -> Self {
         self.config(|c| c.key_source = KeySource::Header(name))
     }
 
-    /// Reads the key with a closure instead of a header (e.g. from a path segment). The value
+    /// Reads the key with a closure instead of a header: from a path segment, say. The value
     /// is validated as a key: `1..=max_key_len` bytes of visible ASCII or spaces.
     #[must_use]
     pub fn key_fn(self, f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
@@ -104,21 +118,21 @@ impl<St: Store> IdempotencyLayer<St> {
         self.config(|c| c.require_key = require)
     }
 
-    /// Reads the caller's scope with a closure instead of the [`Principal`](super::Principal)
-    /// request extension (the default).
+    /// Reads the caller's scope with a closure. Default: the [`Principal`](super::Principal)
+    /// request extension.
     #[must_use]
     pub fn principal_fn(self, f: impl Fn(&Parts) -> Option<Scope> + Send + Sync + 'static) -> Self {
         self.config(|c| c.principal_fn = Some(Arc::new(f)))
     }
 
-    /// Whether a principal is required (401 without one, the default) or optional (one
-    /// shared anonymous scope).
+    /// Whether a principal is required, 401 without one, or optional: one shared anonymous
+    /// scope. Default: [`PrincipalMode::Required`].
     #[must_use]
     pub fn principal(self, mode: PrincipalMode) -> Self {
         self.config(|c| c.principal_mode = mode)
     }
 
-    /// The methods the layer acts on (default: every method but GET, HEAD, OPTIONS, TRACE).
+    /// The methods the layer acts on. Default: every method but GET, HEAD, OPTIONS, TRACE.
     #[must_use]
     pub fn methods(self, methods: impl IntoIterator<Item = Method>) -> Self {
         let methods = methods.into_iter().collect();
@@ -305,7 +319,7 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// Whether a claimed request's work runs to its end when the response future is dropped
-    /// before it finishes (default `true`).
+    /// before it finishes. Default: `true`.
     ///
     /// A client that closes the connection, or an outer timeout, drops the response future.
     /// With `true`, the rest of the work (the handler, the reading of its response body, the
@@ -379,7 +393,7 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// How long a duplicate that finds the same request in flight waits for the first run to
-    /// finish before it is answered (default zero: 409 `idempotency.in_flight` at once).
+    /// finish before it is answered. Default: zero, 409 `idempotency.in_flight` at once.
     ///
     /// Within the bound the duplicate gets what the first run left: its replay, or, when the
     /// first run was released (a 5xx, say), a run of its own. Past the bound: 409, with a

@@ -122,7 +122,7 @@
 //! }
 //!
 //! // Use it like any store:
-//! let layer = tower_idempotency::IdempotencyLayer::with_store(HashMapStore::default());
+//! let layer = tower_idempotency::IdempotencyLayer::new(HashMapStore::default());
 //! ```
 //!
 //! Then prove that it answers like the stores of this crate: the conformance suite (feature

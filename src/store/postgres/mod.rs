@@ -13,7 +13,7 @@
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = PostgresStore::connect("postgres://app@127.0.0.1/app", "orders").await?;
 //! store.migrate().await?; // creates the table when it does not exist
-//! let layer = IdempotencyLayer::with_store(store.clone());
+//! let layer = IdempotencyLayer::new(store.clone());
 //!
 //! // Expired rows stay until purged: purge now and then, on one replica or all.
 //! tokio::spawn(async move {

@@ -1,6 +1,6 @@
 use tower_idempotency::idempotent;
 
-#[idempotent(required, retries = 3)]
+#[idempotent(require_key, retries = 3)]
 async fn create() {}
 
 fn main() {}

@@ -19,7 +19,7 @@ impl FromRef<App> for Db {
 
 /// Takes a `FromRef` sub-state; runs with the whole `App` state (`state = App`).
 #[idempotent(
-    required = false,
+    require_key = false,
     header = "X-Request-Key",
     lease = "1500ms",
     ttl = "1h30m",
@@ -35,7 +35,7 @@ async fn update_order(State(_db): State<Db>, body: String) -> String {
 }
 
 #[idempotent(
-    required = true,
+    require_key = true,
     principal = "required",
     response = "status_and_headers",
     lease = "2d",

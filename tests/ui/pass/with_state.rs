@@ -15,7 +15,7 @@ struct NewPayment {
     amount: u64,
 }
 
-#[idempotent(required, lease = "30s", ttl = "1h", response = "status_and_headers")]
+#[idempotent(require_key, lease = "30s", ttl = "1h", response = "status_and_headers")]
 async fn create_payment(
     State(app): State<App>,
     Path(account): Path<String>,
