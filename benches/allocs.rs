@@ -109,13 +109,17 @@ fn main() {
     let layered: Router = Router::new()
         .route("/orders", post(handler))
         .layer(
-            IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(MemoryStore::new()).ttl(Duration::from_secs(3600)).build())
-                .principal_fn(|p| {
-                    p.headers
-                        .get("x-client")
-                        .and_then(|v| v.to_str().ok())
-                        .map(Scope::principal)
-                }),
+            IdempotencyLayer::new(
+                tower_idempotency::engine::Engine::builder(MemoryStore::new())
+                    .ttl(Duration::from_secs(3600))
+                    .build(),
+            )
+            .principal_fn(|p| {
+                p.headers
+                    .get("x-client")
+                    .and_then(|v| v.to_str().ok())
+                    .map(Scope::principal)
+            }),
         )
         .with_state(());
     const N: usize = 2000;

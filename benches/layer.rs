@@ -243,8 +243,12 @@ fn layer_overhead(c: &mut Criterion) {
     let layered: Router = Router::new()
         .route("/orders", post(handler))
         .layer(
-            IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(MemoryStore::new()).ttl(Duration::from_secs(5)).build())
-                .principal(PrincipalMode::Required),
+            IdempotencyLayer::new(
+                tower_idempotency::engine::Engine::builder(MemoryStore::new())
+                    .ttl(Duration::from_secs(5))
+                    .build(),
+            )
+            .principal(PrincipalMode::Required),
         )
         .with_state(());
     // Warm one key for the replay row.

@@ -17,8 +17,8 @@ use super::declare::declared;
 use super::grpc::{GrpcCode, status_of};
 use super::headers::GRPC_STATUS;
 use super::rejection::Rejection;
-use crate::engine::record::{Draft, FieldRef};
 use crate::engine::Verdict;
+use crate::engine::record::{Draft, FieldRef};
 use crate::engine::scope::StoreKey;
 use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
@@ -297,7 +297,8 @@ where
         let res = Response::from_parts(parts, ResponseBody::passthrough(body));
         return unread_grpc(key, res, definitive, OVER);
     }
-    let (data, trailers) = match collect_limited(body, max, config.streaming.collect_timeout).await {
+    let (data, trailers) = match collect_limited(body, max, config.streaming.collect_timeout).await
+    {
         Collected::Whole { data, trailers } => (data, trailers),
         Collected::TooLarge { prefix, rest } => {
             let res = Response::from_parts(parts, ResponseBody::prefixed(prefix, rest));

@@ -90,7 +90,10 @@ impl Fingerprinting {
     ///     Fingerprint::builder().field(parts.uri.path().as_bytes()).field(body).finish()
     /// });
     /// ```
-    pub fn custom(mut self, f: impl Fn(&Parts, &Bytes) -> Fingerprint + Send + Sync + 'static) -> Self {
+    pub fn custom(
+        mut self,
+        f: impl Fn(&Parts, &Bytes) -> Fingerprint + Send + Sync + 'static,
+    ) -> Self {
         self.custom = Some(Arc::new(f));
         self
     }

@@ -386,9 +386,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// gone: there is no one to make wait.) Zero detaches nothing.
     #[must_use]
     pub fn max_detached(mut self, max: usize) -> Self {
-        Arc::make_mut(&mut self.state)
-            .drain
-            .set_max_detached(max);
+        Arc::make_mut(&mut self.state).drain.set_max_detached(max);
         self
     }
 
@@ -448,7 +446,8 @@ impl<St: Store> IdempotencyLayer<St> {
         key: &crate::IdempotencyKey,
         scope: &Scope,
     ) -> Result<crate::store::Forgotten, crate::store::StoreError> {
-        let store_key = crate::engine::scope::StoreKey::derive(&self.state.config.namespace, scope, key);
+        let store_key =
+            crate::engine::scope::StoreKey::derive(&self.state.config.namespace, scope, key);
         self.state.engine.forget(&store_key).await
     }
 
@@ -462,7 +461,8 @@ impl<St: Store> IdempotencyLayer<St> {
         key: &crate::IdempotencyKey,
         scope: &Scope,
     ) -> Result<crate::store::Forgotten, crate::store::StoreError> {
-        let store_key = crate::engine::scope::StoreKey::derive(&self.state.config.namespace, scope, key);
+        let store_key =
+            crate::engine::scope::StoreKey::derive(&self.state.config.namespace, scope, key);
         self.state.engine.forget_even_pending(&store_key).await
     }
 

@@ -166,13 +166,13 @@ mod streaming;
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod extract;
 
-#[cfg(feature = "macros")]
-#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
-pub mod route;
 mod headers;
 mod layer;
 mod rejection;
 mod replay;
+#[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
+pub mod route;
 mod service;
 
 pub use crate::engine::detach::{DEFAULT_DETACHED_TIMEOUT, DEFAULT_MAX_DETACHED, InFlightWork};
@@ -190,8 +190,8 @@ pub use headers::{
 // The gRPC wire names, shared with the client's retry rules.
 pub(crate) use headers::{GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS};
 // The deny list, shared with the outbound door's HTTP receipts.
-pub(crate) use headers::is_denied_bytes;
 pub use fingerprint::Fingerprinting;
+pub(crate) use headers::is_denied_bytes;
 pub use layer::IdempotencyLayer;
 pub use rejection::{Rejection, RejectionKind};
 pub use service::Idempotency;

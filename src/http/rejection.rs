@@ -51,9 +51,7 @@ impl RejectionKind {
             Self::KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             Self::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
             Self::ScopeFull => StatusCode::TOO_MANY_REQUESTS,
-            Self::Store | Self::StoreFull | Self::RecordInvalid => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::Store | Self::StoreFull | Self::RecordInvalid => StatusCode::SERVICE_UNAVAILABLE,
         }
     }
 

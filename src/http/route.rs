@@ -35,9 +35,9 @@
 //! validation error, leaves the key free for the corrected request.
 
 use crate::engine::fingerprint::Fingerprint;
-use crate::http::{IdempotencyLayer, PrincipalMode, ResponseMode};
 use crate::engine::record::Record;
 use crate::engine::scope::StoreKey;
+use crate::http::{IdempotencyLayer, PrincipalMode, ResponseMode};
 use crate::store::{Claim, Forgotten, Store, StoreError, Token};
 use http::HeaderName;
 use std::collections::HashMap;
@@ -535,7 +535,10 @@ mod tests {
         );
         assert!(format!("{engine:?}").contains("authenticated: true"));
         let c = &layer.state.config;
-        assert_eq!(&*c.namespace, "refunds", "the route's namespace replaces the shared one");
+        assert_eq!(
+            &*c.namespace, "refunds",
+            "the route's namespace replaces the shared one"
+        );
         assert_eq!(c.response_mode, ResponseMode::StatusAndHeaders);
         assert_eq!(
             &*config.layer().state.config.namespace,

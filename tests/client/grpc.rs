@@ -141,7 +141,11 @@ async fn serve() -> (SocketAddr, Service) {
         .layer(InterceptorLayer::new(auth))
         // A 3 s lease: the pushback of an in-flight call (the lease left, at most a third of
         // the lease) is then 1 s.
-        .layer(IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(tower_idempotency::MemoryStore::new()).lease(Duration::from_secs(3)).build()))
+        .layer(IdempotencyLayer::new(
+            tower_idempotency::engine::Engine::builder(tower_idempotency::MemoryStore::new())
+                .lease(Duration::from_secs(3))
+                .build(),
+        ))
         .add_service(OrdersServer::new(svc.clone()));
     tokio::spawn(async move {
         router

@@ -192,7 +192,13 @@ impl Rig {
             // is then 1 s.
             Backend::Memory => (
                 None,
-                work.user_app(IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(tower_idempotency::MemoryStore::new()).lease(Duration::from_secs(3)).build())),
+                work.user_app(IdempotencyLayer::new(
+                    tower_idempotency::engine::Engine::builder(
+                        tower_idempotency::MemoryStore::new(),
+                    )
+                    .lease(Duration::from_secs(3))
+                    .build(),
+                )),
             ),
             Backend::Redis => redis_app(&work).await?,
         };
@@ -262,7 +268,11 @@ async fn redis_app(work: &Work) -> Option<(Option<RedisServer>, axum::Router)> {
         .expect("connect to redis-server");
     Some((
         Some(redis),
-        work.user_app(IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(store).lease(Duration::from_secs(3)).build())),
+        work.user_app(IdempotencyLayer::new(
+            tower_idempotency::engine::Engine::builder(store)
+                .lease(Duration::from_secs(3))
+                .build(),
+        )),
     ))
 }
 

@@ -54,9 +54,14 @@ async fn scenario<S: Store + Sync>(
 ) -> String {
     let store = SpyStore::wrap(inner);
     let work = Work::per_key();
-    let server =
-        TestServer::start(work.user_app(IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(store.clone()).lease(lease).build())))
-            .await;
+    let server = TestServer::start(
+        work.user_app(IdempotencyLayer::new(
+            tower_idempotency::engine::Engine::builder(store.clone())
+                .lease(lease)
+                .build(),
+        )),
+    )
+    .await;
     let key = format!("fence-{late:?}-{fault:?}");
 
     // A claims and runs; its renewal is blocked; it waits on gate "a".

@@ -56,8 +56,14 @@ async fn rig() -> Option<Rig> {
         .await
         .unwrap();
     let work = Work::per_key();
-    let server =
-        TestServer::start(work.user_app(IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(store).lease(LEASE).build()))).await;
+    let server = TestServer::start(
+        work.user_app(IdempotencyLayer::new(
+            tower_idempotency::engine::Engine::builder(store)
+                .lease(LEASE)
+                .build(),
+        )),
+    )
+    .await;
     // One full run first, so the claim and complete scripts are loaded in Redis (a script's
     // first call answers NOSCRIPT and is sent again with SCRIPT LOAD; a step abandoned by its
     // timeout in between never loads it, which would blur what the faults below show).
@@ -521,8 +527,14 @@ async fn a_failed_replacement_keeps_the_connection_and_is_tried_again() {
         .build(conn)
         .unwrap();
     let work = Work::per_key();
-    let server =
-        TestServer::start(work.user_app(IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(store).lease(LEASE).build()))).await;
+    let server = TestServer::start(
+        work.user_app(IdempotencyLayer::new(
+            tower_idempotency::engine::Engine::builder(store)
+                .lease(LEASE)
+                .build(),
+        )),
+    )
+    .await;
     let warm = send(server.work("warm-up")).await;
     assert_eq!(warm.kind(), Kind::Fresh, "{}", warm.describe());
     let rig = Rig {

@@ -83,7 +83,11 @@ async fn handler_slower_than_the_lease_keeps_its_claim_by_renewal() {
             .expect("a valid store"),
     );
     let lease = Duration::from_millis(300);
-    let layer = IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(store.clone()).lease(lease).build());
+    let layer = IdempotencyLayer::new(
+        tower_idempotency::engine::Engine::builder(store.clone())
+            .lease(lease)
+            .build(),
+    );
     let (server, work) = server_with(layer).await;
     let request = || server.post("/work", BODY).principal("alice").key("slow");
     let first = tokio::spawn(send(request().delay_ms(3_000)));

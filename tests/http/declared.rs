@@ -36,7 +36,8 @@ async fn declarations_are_followed<St: Store>(store: St, lapse: Lapse) {
         Lapse::Real(lease) => Engine::builder(store).lease(*lease).build(),
         Lapse::Manual(_) => Engine::new(store),
     };
-    let layer = IdempotencyLayer::new(engine).classify(|_: &http::response::Parts| Verdict::Release);
+    let layer =
+        IdempotencyLayer::new(engine).classify(|_: &http::response::Parts| Verdict::Release);
     let lease = layer.engine().lease();
     let work = Work::new();
     let server = TestServer::start(work.app(layer)).await;

@@ -176,7 +176,11 @@ async fn a_definitive_answer_whose_body_fails_is_recorded_not_released() {
 /// Over the record limit, then failing: recorded as status and headers, replayed.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_definitive_answer_over_the_record_limit_that_fails_is_recorded() {
-    let layer = IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(tower_idempotency::MemoryStore::new()).max_record_body(4).build());
+    let layer = IdempotencyLayer::new(
+        tower_idempotency::engine::Engine::builder(tower_idempotency::MemoryStore::new())
+            .max_record_body(4)
+            .build(),
+    );
     let (svc, runs) = charging(layer, 201, false, || {
         vec![Step::Data(b"0123456789"), Step::Fail]
     });
@@ -194,8 +198,9 @@ async fn a_definitive_answer_over_the_record_limit_that_fails_is_recorded() {
 /// so the retry is replayed, even after the lease (which a held key would have let lapse).
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_slow_definitive_answer_whose_client_leaves_is_recorded() {
-    let layer = IdempotencyLayer::default()
-        .streaming(tower_idempotency::http::Streaming::default().collect_timeout(Duration::from_secs(1)));
+    let layer = IdempotencyLayer::default().streaming(
+        tower_idempotency::http::Streaming::default().collect_timeout(Duration::from_secs(1)),
+    );
     let (svc, runs) = charging(layer, 500, false, || {
         vec![
             Step::Data(b"charged"),
@@ -221,7 +226,11 @@ async fn a_slow_definitive_answer_whose_client_leaves_is_recorded() {
 /// cannot read; the key is held until its lease lapses (409), never released at once.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_definitive_grpc_answer_over_the_record_limit_holds_its_key() {
-    let layer = IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(tower_idempotency::MemoryStore::new()).max_record_body(4).build());
+    let layer = IdempotencyLayer::new(
+        tower_idempotency::engine::Engine::builder(tower_idempotency::MemoryStore::new())
+            .max_record_body(4)
+            .build(),
+    );
     let (svc, runs) = charging(layer, 200, true, || vec![Step::Data(b"0123456789")]);
     let (status, _, _) = send(&svc, "grpc-large", true).await;
     assert_eq!(status, StatusCode::OK);

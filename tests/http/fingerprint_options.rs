@@ -12,14 +12,13 @@ use tower_idempotency::store::Store;
 use tower_idempotency::{IdempotencyLayer, Principal};
 
 async fn options<St: Store>(store: St) {
-    let layer = IdempotencyLayer::new(store)
-        .fingerprint(
-            Fingerprinting::default()
-                .json_exclude(["/sent_at", "/auth/token"])
-                .expect("valid pointers")
-                .headers([http::HeaderName::from_static("x-account")])
-                .canonical_query(true),
-        );
+    let layer = IdempotencyLayer::new(store).fingerprint(
+        Fingerprinting::default()
+            .json_exclude(["/sent_at", "/auth/token"])
+            .expect("valid pointers")
+            .headers([http::HeaderName::from_static("x-account")])
+            .canonical_query(true),
+    );
     let work = Work::new();
     let server = TestServer::start(work.app(layer)).await;
     let post = |path: &str, key: &str, body: &str, account: &str| {
@@ -111,12 +110,11 @@ async fn fingerprint_options_on_redis() {
 /// Only the included fields count: a note may change, the amount may not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_included_fields_count() {
-    let layer = IdempotencyLayer::default()
-        .fingerprint(
-            Fingerprinting::default()
-                .json_include(["/amount", "/currency"])
-                .expect("valid pointers"),
-        );
+    let layer = IdempotencyLayer::default().fingerprint(
+        Fingerprinting::default()
+            .json_include(["/amount", "/currency"])
+            .expect("valid pointers"),
+    );
     let work = Work::new();
     let server = TestServer::start(work.app(layer)).await;
     let post = |body: &str| server.post("/work", body).principal("alice").key("pay");
@@ -144,10 +142,7 @@ fn a_malformed_pointer_is_refused_at_build_time() {
     let err = Fingerprinting::default()
         .json_exclude(["/a~2"])
         .expect_err("`~2` is no escape");
-    assert_eq!(
-        err.kind(),
-        tower_idempotency::ConfigErrorKind::InvalidName
-    );
+    assert_eq!(err.kind(), tower_idempotency::ConfigErrorKind::InvalidName);
 }
 
 /// The route template instead of the path, with the layer on the route (after routing).

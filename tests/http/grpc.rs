@@ -667,7 +667,12 @@ async fn watch(
 
 #[tokio::test]
 async fn a_server_stream_within_the_record_limit_is_recorded_and_replayed() {
-    let (server, svc) = serve(layer_over(Engine::builder(MemoryStore::new()).max_record_body(4096).build())).await;
+    let (server, svc) = serve(layer_over(
+        Engine::builder(MemoryStore::new())
+            .max_record_body(4096)
+            .build(),
+    ))
+    .await;
     let mut client = server.client().await;
     let (md, first, status) = watch(&mut client, "small", 5, 100).await;
     assert_eq!(status.code(), Code::Ok);
@@ -683,7 +688,12 @@ async fn a_server_stream_within_the_record_limit_is_recorded_and_replayed() {
 
 #[tokio::test]
 async fn a_server_stream_over_the_record_limit_is_passed_through_whole_and_released() {
-    let (server, svc) = serve(layer_over(Engine::builder(MemoryStore::new()).max_record_body(4096).build())).await;
+    let (server, svc) = serve(layer_over(
+        Engine::builder(MemoryStore::new())
+            .max_record_body(4096)
+            .build(),
+    ))
+    .await;
     let mut client = server.client().await;
     for attempt in 1..=2 {
         let (md, got, status) = watch(&mut client, "large", 40, 1000).await;
@@ -704,7 +714,10 @@ async fn a_server_stream_over_the_record_limit_is_passed_through_whole_and_relea
 #[tokio::test]
 async fn a_server_stream_that_never_ends_goes_out_after_the_collection_bound_and_is_released() {
     let bound = std::time::Duration::from_millis(200);
-    let (server, svc) = serve(layer().streaming(tower_idempotency::http::Streaming::default().collect_timeout(bound))).await;
+    let (server, svc) = serve(
+        layer().streaming(tower_idempotency::http::Streaming::default().collect_timeout(bound)),
+    )
+    .await;
     let mut client = server.client().await;
     for attempt in 1..=2 {
         let w = WatchOrder {

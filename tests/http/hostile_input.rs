@@ -148,8 +148,7 @@ async fn hostile_keys_over_raw_tcp_are_400_and_store_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn declared_length_over_the_limit_is_413_before_the_body_is_sent() {
-    let (server, work, store) =
-        app_with(|s| IdempotencyLayer::new(s).max_request_body(16)).await;
+    let (server, work, store) = app_with(|s| IdempotencyLayer::new(s).max_request_body(16)).await;
     // Declares 10 GB and sends none of it: the answer must come from the header alone.
     let mut req = raw_http::head("/work", &keyed("alice", b"k-declared"));
     req.extend_from_slice(b"content-length: 10000000000\r\nconnection: close\r\n\r\n");
@@ -165,8 +164,7 @@ async fn declared_length_over_the_limit_is_413_before_the_body_is_sent() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chunked_body_over_the_limit_without_a_length_is_413_and_stores_nothing() {
-    let (server, work, store) =
-        app_with(|s| IdempotencyLayer::new(s).max_request_body(16)).await;
+    let (server, work, store) = app_with(|s| IdempotencyLayer::new(s).max_request_body(16)).await;
     let mut req = raw_http::head("/work", &keyed("alice", b"k-chunked"));
     req.extend_from_slice(b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n");
     for _ in 0..4 {

@@ -88,8 +88,7 @@ async fn methods_option_limits_the_layer_to_the_listed_methods() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_key_and_not_required_passes_through_before_the_principal_check() {
     let store = SpyStore::new();
-    let (server, work) =
-        server_with(IdempotencyLayer::new(store.clone()).require_key(false)).await;
+    let (server, work) = server_with(IdempotencyLayer::new(store.clone()).require_key(false)).await;
     for attempt in 1..=2 {
         // No principal and no key: the principal is only required for keyed requests.
         let a = send(server.post("/work", BODY)).await;
@@ -445,14 +444,10 @@ async fn optional_principal_mode_shares_one_anonymous_scope_so_a_second_anonymou
 async fn namespaces_sharing_one_store_keep_their_records_apart() {
     let store = Arc::new(MemoryStore::new());
     let work = Work::new();
-    let a = TestServer::start(
-        work.app(IdempotencyLayer::new(Arc::clone(&store)).namespace("a")),
-    )
-    .await;
-    let b = TestServer::start(
-        work.app(IdempotencyLayer::new(Arc::clone(&store)).namespace("b")),
-    )
-    .await;
+    let a =
+        TestServer::start(work.app(IdempotencyLayer::new(Arc::clone(&store)).namespace("a"))).await;
+    let b =
+        TestServer::start(work.app(IdempotencyLayer::new(Arc::clone(&store)).namespace("b"))).await;
     let in_a = send(a.post("/work", BODY).principal("alice").key("k1")).await;
     let in_b = send(b.post("/work", BODY).principal("alice").key("k1")).await;
     assert!(!in_a.is_replay());

@@ -227,10 +227,13 @@ async fn counts_a_record_that_fails_validation() {
     // first one's record fails validation there.
     let store = Arc::new(MemoryStore::new());
     let work = Work::new();
-    let writer =
-        TestServer::start(work.app(IdempotencyLayer::new(Arc::clone(&store)))).await;
+    let writer = TestServer::start(work.app(IdempotencyLayer::new(Arc::clone(&store)))).await;
     let reader = TestServer::start(
-        work.app(IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(Arc::clone(&store)).max_record_body(8).build())),
+        work.app(IdempotencyLayer::new(
+            tower_idempotency::engine::Engine::builder(Arc::clone(&store))
+                .max_record_body(8)
+                .build(),
+        )),
     )
     .await;
     assert_eq!(send(writer.work("k").principal("p")).await.status, 201);
@@ -252,8 +255,7 @@ async fn times_each_store_step_and_reports_the_memory_gauges() {
     let _local = metrics::set_default_local_recorder(&recorder);
     let store = Arc::new(MemoryStore::new());
     let work = Work::new();
-    let server =
-        TestServer::start(work.app(IdempotencyLayer::new(Arc::clone(&store)))).await;
+    let server = TestServer::start(work.app(IdempotencyLayer::new(Arc::clone(&store)))).await;
 
     assert_eq!(send(server.work("k1").principal("p")).await.status, 201);
     assert_eq!(
@@ -408,8 +410,7 @@ async fn counts_a_lost_lease_and_a_failed_release() {
     let recorder = DebuggingRecorder::new();
     let snap = recorder.snapshotter();
     let _local = metrics::set_default_local_recorder(&recorder);
-    let (server, _work) =
-        server_with(IdempotencyLayer::new(Unlucky(MemoryStore::new()))).await;
+    let (server, _work) = server_with(IdempotencyLayer::new(Unlucky(MemoryStore::new()))).await;
 
     assert_eq!(send(server.work("k1").principal("p")).await.status, 201);
     assert_eq!(

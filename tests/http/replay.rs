@@ -15,8 +15,8 @@ use support::http::{
     store_key,
 };
 use tower::{Layer, ServiceExt, service_fn};
-use tower_idempotency::engine::RecordedResponse;
 use tower_idempotency::ConfigErrorKind;
+use tower_idempotency::engine::RecordedResponse;
 use tower_idempotency::http::{RequestBody, ResponseBody, ResponseMode};
 use tower_idempotency::store::Record;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal, Secret};
@@ -371,8 +371,7 @@ async fn response_body_failing_while_streamed_releases_the_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_mode_response_body_failing_while_streamed_releases_the_key() {
     let store = SpyStore::new();
-    let layer =
-        IdempotencyLayer::new(store.clone()).response_mode(ResponseMode::StatusAndHeaders);
+    let layer = IdempotencyLayer::new(store.clone()).response_mode(ResponseMode::StatusAndHeaders);
     assert_failing_body_releases_the_key(layer, &store).await;
 }
 
@@ -380,13 +379,21 @@ async fn status_mode_response_body_failing_while_streamed_releases_the_key() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn response_body_over_the_record_limit_failing_while_streamed_releases_the_key() {
     let store = SpyStore::new();
-    let layer = IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(store.clone()).max_record_body(4).build());
+    let layer = IdempotencyLayer::new(
+        tower_idempotency::engine::Engine::builder(store.clone())
+            .max_record_body(4)
+            .build(),
+    );
     assert_failing_body_releases_the_key(layer, &store).await;
 }
 
 async fn assert_over_limit_recorded_as_status_only(header: &str, value: &str, expected: &[u8]) {
     let store = SpyStore::new();
-    let layer = IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(store.clone()).max_record_body(8).build());
+    let layer = IdempotencyLayer::new(
+        tower_idempotency::engine::Engine::builder(store.clone())
+            .max_record_body(8)
+            .build(),
+    );
     let (server, work) = server_with(layer).await;
     let request = || {
         server
@@ -588,7 +595,8 @@ fn allow_header_refuses_denied_headers_at_build_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_mode_replays_status_and_headers_with_an_empty_body() {
     let (server, work) =
-        server_with(IdempotencyLayer::default().response_mode(ResponseMode::StatusAndHeaders)).await;
+        server_with(IdempotencyLayer::default().response_mode(ResponseMode::StatusAndHeaders))
+            .await;
     let (first, replay) = twice(&server, "k-status", 201).await;
     assert!(!first.body.is_empty(), "the caller gets the whole body");
     assert!(replay.is_replay(), "{}", replay.describe());
@@ -708,7 +716,11 @@ async fn status_mode_record_drops_the_headers_that_describe_the_body() {
 
 #[tokio::test]
 async fn over_the_record_limit_record_drops_the_headers_that_describe_the_body() {
-    let layer = IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(SpyStore::new()).max_record_body(4).build());
+    let layer = IdempotencyLayer::new(
+        tower_idempotency::engine::Engine::builder(SpyStore::new())
+            .max_record_body(4)
+            .build(),
+    );
     let (headers, body) = replay_of_a_represented_body(layer).await;
     assert_no_representation_headers(&headers, &body);
 }
@@ -745,13 +757,7 @@ async fn record_without_a_body_stored_with_body_headers_replays_without_them() {
     let record = RecordedResponse::new(201, fields, None)
         .encode()
         .expect("encode");
-    plant(
-        &*store,
-        &store_key("http", "alice", "k-old"),
-        &fp,
-        record,
-    )
-    .await;
+    plant(&*store, &store_key("http", "alice", "k-old"), &fp, record).await;
     let (server, work) = server_with(IdempotencyLayer::new(Arc::clone(&store))).await;
     let replay = send(server.post("/work", BODY).principal("alice").key("k-old")).await;
     assert!(replay.is_replay(), "{}", replay.describe());
@@ -931,8 +937,12 @@ async fn record_with_a_header_no_longer_allowed_is_503_record_invalid() {
 async fn with_a_secret_a_record_planted_without_it_is_503_record_invalid() {
     let secret = Secret::new([7u8; 32]).expect("a 32-byte secret");
     let store = SpyStore::new();
-    let (server, work) =
-        server_with(IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(store.clone()).secret(secret).build())).await;
+    let (server, work) = server_with(IdempotencyLayer::new(
+        tower_idempotency::engine::Engine::builder(store.clone())
+            .secret(secret)
+            .build(),
+    ))
+    .await;
     // A first request shows which (keyed) fingerprint the store sees for this request.
     let probe = send(server.post("/work", BODY).principal("alice").key("k-probe")).await;
     assert_eq!(probe.status, 201, "{}", probe.describe());

@@ -210,8 +210,7 @@ async fn event_stream_goes_out_as_it_comes_and_is_recorded_as_status_and_headers
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn body_not_ended_within_the_collection_bound_goes_out_as_it_comes_nothing_lost() {
     let store = SpyStore::new();
-    let layer =
-        IdempotencyLayer::new(store.clone())
+    let layer = IdempotencyLayer::new(store.clone())
         .streaming(Streaming::default().collect_timeout(Duration::from_millis(200)));
     let (server, streams) = server_with(layer).await;
     let download = || request(&server, "k-slow").header("x-content-type", "text/csv");
@@ -288,8 +287,12 @@ async fn stream_that_never_ends_holds_its_key_only_up_to_the_stream_lease_limit(
             .build()
             .expect("a valid store"),
     );
-    let layer = IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(store.clone()).lease(lease).build())
-        .streaming(Streaming::default().lease_limit(limit));
+    let layer = IdempotencyLayer::new(
+        tower_idempotency::engine::Engine::builder(store.clone())
+            .lease(lease)
+            .build(),
+    )
+    .streaming(Streaming::default().lease_limit(limit));
     let (server, streams) = server_with(layer).await;
 
     let started = Instant::now();

@@ -115,8 +115,12 @@ async fn a_waiting_duplicate_runs_when_the_first_run_is_released() {
 /// most a third of the lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn past_the_bound_it_is_409_with_the_lease_left_as_retry_after() {
-    let layer = IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(tower_idempotency::MemoryStore::new()).lease(Duration::from_secs(30)).build())
-        .wait_in_flight(Duration::from_millis(300));
+    let layer = IdempotencyLayer::new(
+        tower_idempotency::engine::Engine::builder(tower_idempotency::MemoryStore::new())
+            .lease(Duration::from_secs(30))
+            .build(),
+    )
+    .wait_in_flight(Duration::from_millis(300));
     let work = Work::new();
     let server = TestServer::start(work.app(layer)).await;
     // The first run outlasts the bound by seconds, so a loaded machine still sees the bound end
@@ -164,7 +168,11 @@ async fn the_retry_after_of_a_stalled_claim_is_the_lease_it_has_left() {
         .clock(clock.clone())
         .build()
         .expect("a valid store");
-    let layer = IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(store).lease(Duration::from_secs(30)).build());
+    let layer = IdempotencyLayer::new(
+        tower_idempotency::engine::Engine::builder(store)
+            .lease(Duration::from_secs(30))
+            .build(),
+    );
     let work = Work::new();
     let server = TestServer::start(work.app(layer)).await;
     let request = || {

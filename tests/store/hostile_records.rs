@@ -239,7 +239,13 @@ async fn flip_every_bit(
 #[tokio::test]
 async fn with_a_secret_every_bit_flip_of_a_record_is_refused() {
     let secret = Secret::new(*b"hostile-input-test-secret-32-byt").unwrap();
-    let layer_for = |s: Arc<MemoryStore>| IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(s).secret(secret.clone()).build());
+    let layer_for = |s: Arc<MemoryStore>| {
+        IdempotencyLayer::new(
+            tower_idempotency::engine::Engine::builder(s)
+                .secret(secret.clone())
+                .build(),
+        )
+    };
     // The layer's own record, sealed, and the keyed fingerprint it is stored under.
     let origin = Arc::new(MemoryStore::new());
     let svc = layer_for(Arc::clone(&origin)).layer(service_fn(
@@ -299,12 +305,8 @@ async fn with_a_secret_every_bit_flip_of_a_record_is_refused() {
 #[tokio::test]
 async fn without_a_secret_bit_flips_are_refused_or_replayed_as_valid_records_never_run() {
     let record = encode(&genuine());
-    let (refused, replayed, bytes) = flip_every_bit(
-        &record,
-        &work_fingerprint(BODY),
-        IdempotencyLayer::new,
-    )
-    .await;
+    let (refused, replayed, bytes) =
+        flip_every_bit(&record, &work_fingerprint(BODY), IdempotencyLayer::new).await;
     eprintln!(
         "plain record of {} bytes: {refused} bit flips refused, {replayed} replayed \
          (only flips at bytes {bytes:?} survive validation)",

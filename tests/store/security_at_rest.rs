@@ -153,10 +153,7 @@ async fn optional_principal_mode_shares_one_anonymous_scope_on_redis() {
     assert_eq!(work.executions(), 2);
 
     // The default (required) mode refuses the anonymous caller instead.
-    let (strict, strict_work) = app(IdempotencyLayer::new(
-        store(redis, "anon-strict").await,
-    ))
-    .await;
+    let (strict, strict_work) = app(IdempotencyLayer::new(store(redis, "anon-strict").await)).await;
     send(&strict, None, None, "anon-key")
         .await
         .assert_problem(401, "idempotency.principal_missing");
@@ -175,8 +172,7 @@ async fn nothing_secret_rests_in_redis() {
     // A server of its own, so every key in it is this test's.
     let redis = RedisServer::start();
     let ns = "NAMESPACEMARKER-payments";
-    let layer =
-        IdempotencyLayer::new(store(&redis, ns).await).namespace("LAYERNSMARKER-refunds");
+    let layer = IdempotencyLayer::new(store(&redis, ns).await).namespace("LAYERNSMARKER-refunds");
     let (server, work) = app(layer).await;
     let principals = ["PRINCIPALMARKER-alice", "PRINCIPALMARKER-bob"];
     let tenant = "TENANTMARKER-acme";
@@ -268,8 +264,18 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
     let Some(redis) = shared_server() else { return };
     let ns = "auth";
     let st = store(redis, ns).await;
-    let (a, work_a) = app(IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(st.clone()).secret(secret(1)).build())).await;
-    let (b, work_b) = app(IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(st.clone()).secret(secret(2)).build())).await;
+    let (a, work_a) = app(IdempotencyLayer::new(
+        tower_idempotency::engine::Engine::builder(st.clone())
+            .secret(secret(1))
+            .build(),
+    ))
+    .await;
+    let (b, work_b) = app(IdempotencyLayer::new(
+        tower_idempotency::engine::Engine::builder(st.clone())
+            .secret(secret(2))
+            .build(),
+    ))
+    .await;
     let req = |key: &str| post("/work", &keyed("alice", key.as_bytes()), BODY);
 
     // A's own record replays; its value tells us A's keyed fingerprint of this request.
@@ -339,7 +345,12 @@ async fn keyed_fingerprint_keeps_a_low_entropy_body_from_being_confirmed() {
     let body = pin_body(4217);
     let req = |key: &str| post("/work", &keyed("alice", key.as_bytes()), &body);
     let (plain, _) = app(IdempotencyLayer::new(st.clone())).await;
-    let (keyed_app, _) = app(IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(st.clone()).secret(secret(9)).build())).await;
+    let (keyed_app, _) = app(IdempotencyLayer::new(
+        tower_idempotency::engine::Engine::builder(st.clone())
+            .secret(secret(9))
+            .build(),
+    ))
+    .await;
     assert_eq!(plain.one(&req("k-plain")).await.status, 201);
     assert_eq!(keyed_app.one(&req("k-keyed")).await.status, 201);
 
