@@ -87,6 +87,7 @@ impl FingerprintBuilder {
     }
 
     /// Adds one field of `len` bytes that `write` feeds in pieces; it must feed exactly `len`.
+    #[cfg(feature = "json")]
     pub(crate) fn field_from(mut self, len: u64, write: impl FnOnce(&mut Gather<'_>)) -> Self {
         self.hasher.update(len.to_be_bytes());
         let mut gather = Gather {
@@ -113,6 +114,7 @@ impl FingerprintBuilder {
 
 /// Gathers the small pieces of a field on the stack: one hash update per piece would cost more
 /// than the piece.
+#[cfg(feature = "json")]
 pub(crate) struct Gather<'a> {
     hasher: &'a mut Sha256,
     buf: [u8; 256],
@@ -120,6 +122,7 @@ pub(crate) struct Gather<'a> {
     written: u64,
 }
 
+#[cfg(feature = "json")]
 impl Gather<'_> {
     #[inline]
     pub(crate) fn write(&mut self, bytes: &[u8]) {

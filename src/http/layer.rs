@@ -94,6 +94,7 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
+    #[cfg(feature = "macros")]
     fn map_engine(mut self, f: impl FnOnce(&mut Engine<St>)) -> Self {
         f(&mut Arc::make_mut(&mut self.state).engine);
         self
