@@ -308,10 +308,17 @@ impl<St: Store> IdempotencyLayer<St> {
     /// routes whose extractors refuse invalid requests. The corrected request can then be
     /// sent with the same key.
     ///
+    /// A closure names the type of its argument, as any [`Classify`] hook:
+    ///
     /// ```
+    /// use http::StatusCode;
+    /// use tower_idempotency::engine::Verdict;
     /// use tower_idempotency::http::{IdempotencyLayer, release_validation_errors};
     ///
     /// let layer = IdempotencyLayer::default().classify(release_validation_errors);
+    /// let layer = IdempotencyLayer::default().classify(|res: &http::response::Parts| {
+    ///     if res.status == StatusCode::ACCEPTED { Verdict::Hold } else { Verdict::Record }
+    /// });
     /// ```
     #[must_use]
     pub fn classify(self, hook: impl Classify<http::response::Parts>) -> Self {

@@ -151,8 +151,12 @@ async fn build(
                 MemoryStore::new() // default bounds: 100 000 records, 64 MiB
             };
             let store = Arc::new(store);
-            let layer = IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(Arc::clone(&store)).ttl(TTL).build())
-                .principal_fn(|p| client_of(&p.headers).map(Scope::principal));
+            let layer = IdempotencyLayer::new(
+                tower_idempotency::engine::Engine::builder(Arc::clone(&store))
+                    .ttl(TTL)
+                    .build(),
+            )
+            .principal_fn(|p| client_of(&p.headers).map(Scope::principal));
             let records: RecordsFn = Arc::new(move || {
                 let n = store.stats().entries as u64;
                 Box::pin(async move { Some(n) })
@@ -170,8 +174,12 @@ async fn build(
                 .connect(&url)
                 .await
                 .expect("connect to Redis");
-            let layer = IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(store).ttl(TTL).build())
-                .principal_fn(|p| client_of(&p.headers).map(Scope::principal));
+            let layer = IdempotencyLayer::new(
+                tower_idempotency::engine::Engine::builder(store)
+                    .ttl(TTL)
+                    .build(),
+            )
+            .principal_fn(|p| client_of(&p.headers).map(Scope::principal));
             (orders().layer(layer), None)
         }
         "postgres" => {
@@ -184,8 +192,12 @@ async fn build(
                 .expect("connect to PostgreSQL");
             store.migrate().await.expect("create the table");
             let counter = store.clone();
-            let layer = IdempotencyLayer::new(tower_idempotency::engine::Engine::builder(store).ttl(TTL).build())
-                .principal_fn(|p| client_of(&p.headers).map(Scope::principal));
+            let layer = IdempotencyLayer::new(
+                tower_idempotency::engine::Engine::builder(store)
+                    .ttl(TTL)
+                    .build(),
+            )
+            .principal_fn(|p| client_of(&p.headers).map(Scope::principal));
             let records: RecordsFn = Arc::new(move || {
                 let pool = counter.pool().clone();
                 Box::pin(async move {
