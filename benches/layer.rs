@@ -90,7 +90,7 @@ fn key(c: &mut Criterion) {
 
 fn fingerprint(c: &mut Criterion) {
     let mut g = c.benchmark_group("fingerprint");
-    // A JSON body by its bytes (the default) and by value (`fingerprint_json_by_value`): one
+    // A JSON body by its bytes (the default) and by value (`Fingerprinting::json_by_value`): one
     // long string member, and an order of many members.
     for (name, body) in [
         ("json_1KiB_one_string", json_body(1024)),

@@ -147,3 +147,56 @@ async fn a_declared_definitive_304_is_released() {
     send(request(&server, "nm", 304, "definitive")).await;
     assert_eq!(work.runs_of("nm"), 2);
 }
+
+/// The classification hook answers with any verdict: `Hold` keeps the key pending until its
+/// lease lapses, `Fail` releases it as `Release` does, `Record` records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_verdict_of_the_hook_is_followed() {
+    let clock = ManualClock::new();
+    let store = tower_idempotency::MemoryStore::builder()
+        .clock(clock.clone())
+        .build()
+        .expect("a valid store");
+    let layer = IdempotencyLayer::new(store).classify(|res: &http::response::Parts| {
+        match res.status.as_u16() {
+            202 => Verdict::Hold,
+            409 => Verdict::Fail,
+            _ => Verdict::Record,
+        }
+    });
+    let lease = layer.engine().lease();
+    let work = Work::new();
+    let server = TestServer::start(work.app(layer)).await;
+
+    let first = send(request(&server, "recorded", 201, "")).await;
+    assert_eq!(first.status, 201, "{}", first.describe());
+    let retry = send(request(&server, "recorded", 201, "")).await;
+    assert!(
+        retry.is_replay(),
+        "`Record` is replayed: {}",
+        retry.describe()
+    );
+    assert_eq!(work.runs_of("recorded"), 1);
+
+    let first = send(request(&server, "failed", 409, "")).await;
+    assert_eq!(first.status, 409, "{}", first.describe());
+    let retry = send(request(&server, "failed", 409, "")).await;
+    assert!(!retry.is_replay(), "`Fail` releases: {}", retry.describe());
+    assert_eq!(work.runs_of("failed"), 2, "the retry ran again");
+
+    let first = send(request(&server, "held", 202, "")).await;
+    assert_eq!(first.status, 202, "{}", first.describe());
+    let retry = send(request(&server, "held", 202, "")).await;
+    retry.assert_problem(409, "idempotency.in_flight");
+    assert_eq!(
+        work.runs_of("held"),
+        1,
+        "`Hold`: neither replayed nor run at once"
+    );
+    clock.advance(lease + Duration::from_millis(1));
+    let later = send(request(&server, "held", 202, "")).await;
+    assert_eq!(later.status, 202, "{}", later.describe());
+    assert!(!later.is_replay(), "after the lease the work runs again");
+    assert_eq!(work.runs_of("held"), 2);
+    server.stop().await;
+}
