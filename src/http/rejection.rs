@@ -133,8 +133,21 @@ impl fmt::Display for RejectionKind {
     }
 }
 
-/// Why the layer answered a request itself. Also inserted into the response's extensions, so
-/// outer layers and tests can read it.
+/// Why the layer answered a request itself.
+///
+/// It is also inserted into the response's extensions, so outer layers and tests can read it.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::http::{Rejection, RejectionKind};
+///
+/// let busy = Rejection::new(RejectionKind::InFlight, "still running")
+///     .with_retry_after(Duration::from_secs(1));
+/// assert_eq!(busy.kind(), RejectionKind::InFlight);
+/// assert_eq!(busy.code(), "idempotency.in_flight");
+/// assert!(busy.is_retryable());
+/// assert_eq!(busy.retry_after(), Some(Duration::from_secs(1)));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Rejection {
     kind: RejectionKind,
