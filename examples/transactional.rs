@@ -188,7 +188,9 @@ async fn create_order(
             RejectionKind::RecordInvalid,
             "the stored response for this key could not be replayed",
         ),
-        Err(WithinError::Store(_)) => problem(RejectionKind::Store, "the database is unavailable"),
+        Err(WithinError::Store(_)) => {
+            problem(RejectionKind::Store, "the database is unavailable")
+        }
         // The transaction lost to a concurrent one: no order was placed, the key is free.
         Err(WithinError::Conflict(_)) => (
             StatusCode::SERVICE_UNAVAILABLE,
