@@ -6,7 +6,6 @@ mod error;
 mod json;
 mod metrics;
 
-pub mod client;
 pub mod engine;
 pub mod http;
 pub mod message;
