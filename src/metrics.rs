@@ -266,8 +266,8 @@ pub(crate) const RESERVED_LABELS: [&str; 3] = ["door", "outcome", "result"];
 #[cfg(feature = "metrics")]
 mod on {
     use super::{
-        Door, MEMORY_BYTES, MEMORY_EARLY_DROPS, MEMORY_ENTRIES, MEMORY_PENDING,
-        Op, Outcome, REQUESTS, RESULTS, STORE_DURATION, STORE_RESULTS, Settled, store_result,
+        Door, MEMORY_BYTES, MEMORY_EARLY_DROPS, MEMORY_ENTRIES, MEMORY_PENDING, Op, Outcome,
+        REQUESTS, RESULTS, STORE_DURATION, STORE_RESULTS, Settled, store_result,
     };
     use crate::store::StoreError;
     use metrics::{Key, Label, Level, Metadata};

@@ -26,15 +26,15 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tower_idempotency::client::{Attempts, RetryMiddleware, RetryPolicy};
 use tower_idempotency::{IdempotencyLayer, Principal};
+use tower_idempotency_client::{Attempts, RetryMiddleware, RetryPolicy};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| "tower_idempotency::client=debug".into());
+        .unwrap_or_else(|_| "tower_idempotency_client=debug".into());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)

@@ -13,10 +13,6 @@ use tower::BoxError;
 use tower_layer::Layer;
 use tower_service::Service;
 
-/// The default of [`BufferRequestLayer::limit`]: 1 MiB, the server layer's default limit of a
-/// request body.
-pub const DEFAULT_BUFFER_LIMIT: usize = crate::http::DEFAULT_MAX_REQUEST_BODY;
-
 /// Reads a request's body into memory, when it is all there and fits, and sends the request
 /// on with a [`BufferedBody`], which [`RetryPolicy`](super::RetryPolicy) can clone for every
 /// attempt.
@@ -28,7 +24,7 @@ pub const DEFAULT_BUFFER_LIMIT: usize = crate::http::DEFAULT_MAX_REQUEST_BODY;
 /// ```no_run
 /// use tower::ServiceBuilder;
 /// use tower::retry::RetryLayer;
-/// use tower_idempotency::client::{BufferRequestLayer, BufferedBody, RetryPolicy, StampKeyLayer};
+/// use tower_idempotency_client::{BufferRequestLayer, BufferedBody, RetryPolicy, StampKeyLayer};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let channel = tonic::transport::Channel::from_static("http://127.0.0.1:50051").connect_lazy();
@@ -67,11 +63,9 @@ impl Default for BufferRequestLayer {
 }
 
 impl BufferRequestLayer {
-    /// Buffers bodies of up to [`DEFAULT_BUFFER_LIMIT`] bytes.
+    /// Buffers bodies of up to 1 MiB.
     pub fn new() -> Self {
-        Self {
-            limit: DEFAULT_BUFFER_LIMIT,
-        }
+        Self { limit: 1024 * 1024 }
     }
 
     /// The most bytes of one body held in memory; a longer body is streamed and not retried.

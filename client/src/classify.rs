@@ -1,9 +1,10 @@
 //! Reading an outcome: which statuses, gRPC codes and failures may be retried, and the delay a
 //! server asked for (`Retry-After`, `grpc-retry-pushback-ms`).
 
-use super::outcome::{Failure, Outcome};
-use crate::http::grpc::{self, GrpcCode};
-use crate::http::{GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, RejectionKind};
+use super::outcome::{Outcome, RetryErrorKind};
+use crate::protocol::{
+    self, GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, IN_FLIGHT_CODE, LAYER_CODE_PREFIX, grpc_code,
+};
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use std::any::Any;
@@ -31,11 +32,11 @@ impl Verdict {
 
 pub(crate) fn classify(outcome: &Outcome<'_>) -> Verdict {
     match *outcome {
-        Outcome::Failed(Failure::Other) => Verdict::Final,
+        Outcome::Failed(RetryErrorKind::Other) => Verdict::Final,
         // Only a failed connect is sure to have sent nothing.
-        Outcome::Failed(f) => Verdict::retry(None, f == Failure::Connect),
+        Outcome::Failed(f) => Verdict::retry(None, f == RetryErrorKind::Connect),
         Outcome::Response { status, headers } => {
-            if status == StatusCode::OK && grpc::is_grpc(headers) {
+            if status == StatusCode::OK && protocol::is_grpc(headers) {
                 classify_grpc(headers)
             } else {
                 classify_http(status, headers)
@@ -79,7 +80,7 @@ fn classify_http(status: StatusCode, headers: &HeaderMap) -> Verdict {
 /// A status whose message is the layer's own code (`idempotency.…`) was sent by the layer
 /// instead of running the call: nothing ran. Any other `UNAVAILABLE` may follow a run.
 fn classify_grpc(headers: &HeaderMap) -> Verdict {
-    let Some(code) = grpc::status_of(headers) else {
+    let Some(code) = protocol::status_of(headers) else {
         return Verdict::Final;
     };
     let pushback = match headers.get(GRPC_RETRY_PUSHBACK_MS) {
@@ -92,12 +93,12 @@ fn classify_grpc(headers: &HeaderMap) -> Verdict {
     let message = headers
         .get(GRPC_MESSAGE)
         .map_or(&b""[..], HeaderValue::as_bytes);
-    let in_flight = message.starts_with(RejectionKind::InFlight.code().as_bytes());
-    let layer = message.starts_with(b"idempotency.");
-    match GrpcCode::from_i32(code) {
-        Some(GrpcCode::Unavailable) => Verdict::retry(pushback, layer),
-        Some(GrpcCode::Aborted) if in_flight => Verdict::retry(pushback, true),
-        Some(GrpcCode::ResourceExhausted) if pushback.is_some() => Verdict::retry(pushback, layer),
+    let in_flight = message.starts_with(IN_FLIGHT_CODE.as_bytes());
+    let layer = message.starts_with(LAYER_CODE_PREFIX.as_bytes());
+    match code {
+        grpc_code::UNAVAILABLE => Verdict::retry(pushback, layer),
+        grpc_code::ABORTED if in_flight => Verdict::retry(pushback, true),
+        grpc_code::RESOURCE_EXHAUSTED if pushback.is_some() => Verdict::retry(pushback, layer),
         _ => Verdict::Final,
     }
 }
@@ -165,24 +166,24 @@ fn days_from_civil(year: u64, month: u64, day: u64) -> u64 {
 
 /// What an error says about the exchange, read from its chain of sources: I/O error kinds and
 /// elapsed timers (Tokio's, and `tower::timeout`'s). `fallback` when nothing in the chain tells.
-pub(crate) fn failure_of(err: &(dyn Error + 'static), fallback: Failure) -> Failure {
+pub(crate) fn failure_of(err: &(dyn Error + 'static), fallback: RetryErrorKind) -> RetryErrorKind {
     let mut next = Some(err);
     while let Some(e) = next {
         if e.is::<tokio::time::error::Elapsed>() || e.is::<tower::timeout::error::Elapsed>() {
-            return Failure::Timeout;
+            return RetryErrorKind::Timeout;
         }
         if let Some(io) = e.downcast_ref::<io::Error>() {
             match io.kind() {
                 io::ErrorKind::ConnectionRefused
                 | io::ErrorKind::AddrNotAvailable
                 | io::ErrorKind::HostUnreachable
-                | io::ErrorKind::NetworkUnreachable => return Failure::Connect,
-                io::ErrorKind::TimedOut => return Failure::Timeout,
+                | io::ErrorKind::NetworkUnreachable => return RetryErrorKind::Connect,
+                io::ErrorKind::TimedOut => return RetryErrorKind::Timeout,
                 io::ErrorKind::ConnectionReset
                 | io::ErrorKind::ConnectionAborted
                 | io::ErrorKind::BrokenPipe
                 | io::ErrorKind::UnexpectedEof
-                | io::ErrorKind::NotConnected => return Failure::ConnectionLost,
+                | io::ErrorKind::NotConnected => return RetryErrorKind::ConnectionLost,
                 _ => {}
             }
         }
@@ -195,27 +196,27 @@ pub(crate) fn failure_of(err: &(dyn Error + 'static), fallback: Failure) -> Fail
 /// (an HTTP error status is a response), so an error of any type is a transport failure; a
 /// boxed error (`tower::BoxError`, what timeouts and buffers produce) or an I/O error is read
 /// for its detail.
-pub(crate) fn failure_of_any<E: 'static>(err: &E) -> Failure {
+pub(crate) fn failure_of_any<E: 'static>(err: &E) -> RetryErrorKind {
     let any: &dyn Any = err;
     if let Some(boxed) = any.downcast_ref::<Box<dyn Error + Send + Sync>>() {
-        return failure_of(&**boxed, Failure::Transport);
+        return failure_of(&**boxed, RetryErrorKind::Transport);
     }
     if let Some(io) = any.downcast_ref::<io::Error>() {
-        return failure_of(io, Failure::Transport);
+        return failure_of(io, RetryErrorKind::Transport);
     }
-    Failure::Transport
+    RetryErrorKind::Transport
 }
 
 /// The failure of a client stack's error ([`failure_of_any`]), where `Connect` is kept only
 /// when the client itself says its connect stage failed: an I/O error kind alone cannot tell
 /// a refused connect from an error on a connection that had sent the request.
-pub(crate) fn attempt_failure_of_any<E: 'static>(err: &E) -> Failure {
+pub(crate) fn attempt_failure_of_any<E: 'static>(err: &E) -> RetryErrorKind {
     match (failure_of_any(err), stage_of_any(err)) {
-        (Failure::Timeout, _) => Failure::Timeout,
-        (_, Some(Stage::Connect)) => Failure::Connect,
-        (Failure::Connect, _) => Failure::Transport,
+        (RetryErrorKind::Timeout, _) => RetryErrorKind::Timeout,
+        (_, Some(Stage::Connect)) => RetryErrorKind::Connect,
+        (RetryErrorKind::Connect, _) => RetryErrorKind::Transport,
         // hyper-util failed past its connect stage: the connection ended mid-exchange.
-        (Failure::Transport, Some(Stage::Exchange)) => Failure::ConnectionLost,
+        (RetryErrorKind::Transport, Some(Stage::Exchange)) => RetryErrorKind::ConnectionLost,
         (f, _) => f,
     }
 }
@@ -400,22 +401,25 @@ mod tests {
     #[test]
     fn io_errors_are_told_apart() {
         let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
-        assert_eq!(failure_of(&refused, Failure::Other), Failure::Connect);
+        assert_eq!(
+            failure_of(&refused, RetryErrorKind::Other),
+            RetryErrorKind::Connect
+        );
         let reset: tower::BoxError = Box::new(io::Error::from(io::ErrorKind::ConnectionReset));
-        assert_eq!(failure_of_any(&reset), Failure::ConnectionLost);
+        assert_eq!(failure_of_any(&reset), RetryErrorKind::ConnectionLost);
         let elapsed: tower::BoxError = Box::new(tower::timeout::error::Elapsed::new());
-        assert_eq!(failure_of_any(&elapsed), Failure::Timeout);
+        assert_eq!(failure_of_any(&elapsed), RetryErrorKind::Timeout);
         let other: tower::BoxError = "an unknown failure".into();
-        assert_eq!(failure_of_any(&other), Failure::Transport);
-        assert_eq!(failure_of_any(&42_u8), Failure::Transport);
+        assert_eq!(failure_of_any(&other), RetryErrorKind::Transport);
+        assert_eq!(failure_of_any(&42_u8), RetryErrorKind::Transport);
     }
 
     #[test]
     fn a_refused_io_error_alone_does_not_prove_a_failed_connect() {
         let refused: tower::BoxError = Box::new(io::Error::from(io::ErrorKind::ConnectionRefused));
-        assert_eq!(attempt_failure_of_any(&refused), Failure::Transport);
+        assert_eq!(attempt_failure_of_any(&refused), RetryErrorKind::Transport);
         let elapsed: tower::BoxError = Box::new(tower::timeout::error::Elapsed::new());
-        assert_eq!(attempt_failure_of_any(&elapsed), Failure::Timeout);
+        assert_eq!(attempt_failure_of_any(&elapsed), RetryErrorKind::Timeout);
     }
 
     #[test]
@@ -443,12 +447,12 @@ mod tests {
         for s in [501, 505, 506, 508, 510, 511] {
             assert_eq!(http(s, &none), Verdict::Final, "{s} is permanent");
         }
-        let connect = classify(&Outcome::Failed(Failure::Connect));
+        let connect = classify(&Outcome::Failed(RetryErrorKind::Connect));
         assert_eq!(connect, Verdict::retry(None, true));
         for f in [
-            Failure::Timeout,
-            Failure::ConnectionLost,
-            Failure::Transport,
+            RetryErrorKind::Timeout,
+            RetryErrorKind::ConnectionLost,
+            RetryErrorKind::Transport,
         ] {
             assert_eq!(
                 classify(&Outcome::Failed(f)),

@@ -1,7 +1,7 @@
 //! The error of a logical request whose attempts ended in a failure: what the last attempt met,
 //! how many were made, and the key to resume under.
 
-use super::outcome::Failure;
+use super::outcome::RetryErrorKind;
 use super::policy::Attempts;
 use http::HeaderValue;
 use std::error::Error as StdError;
@@ -22,7 +22,7 @@ use tower::BoxError;
 /// [`of_reqwest`](Self::of_reqwest), feature `reqwest`).
 ///
 /// ```
-/// use tower_idempotency::client::RetryError;
+/// use tower_idempotency_client::RetryError;
 ///
 /// fn resume_key(err: &tower::BoxError) -> Option<String> {
 ///     let gave_up = err.downcast_ref::<RetryError>()?;
@@ -33,13 +33,13 @@ use tower::BoxError;
 /// ```
 #[derive(Debug)]
 pub struct RetryError {
-    failure: Failure,
+    failure: RetryErrorKind,
     attempts: Attempts,
     source: BoxError,
 }
 
 impl RetryError {
-    pub(crate) fn new(failure: Failure, attempts: Attempts, source: BoxError) -> Self {
+    pub(crate) fn new(failure: RetryErrorKind, attempts: Attempts, source: BoxError) -> Self {
         Self {
             failure,
             attempts,
@@ -49,7 +49,7 @@ impl RetryError {
 
     /// What the last attempt met: a timeout, a lost connection, a failed connect, …
     #[must_use]
-    pub fn kind(&self) -> Failure {
+    pub fn kind(&self) -> RetryErrorKind {
         self.failure
     }
 
@@ -68,7 +68,7 @@ impl RetryError {
 
     /// The last attempt's error (a `reqwest_middleware::Error` for the reqwest stack).
     #[must_use]
-    pub fn into_source(self) -> BoxError {
+    pub fn into_inner(self) -> BoxError {
         self.source
     }
 

@@ -11,7 +11,7 @@
 //!   which stamps and retries in one piece.
 //!
 //! This module uses none of the server layer: it reads the same headers
-//! ([`KEY_HEADER`](crate::http::KEY_HEADER), [`REPLAYED_HEADER`](crate::http::REPLAYED_HEADER))
+//! ([`KEY_HEADER`](crate::protocol::KEY_HEADER), [`REPLAYED_HEADER`](crate::protocol::REPLAYED_HEADER))
 //! and gRPC codes, and talks to any server that follows the protocol.
 //!
 //! # The rules
@@ -51,7 +51,7 @@
 //! that refuses the request (408, 425, 429, the in-flight 409), a gRPC status the idempotency
 //! layer sent in place of the call. A timeout, a lost connection or a 5xx may follow a run (a
 //! proxy answers 502 or 503 after it forwarded the request), so it stops the attempts there
-//! ([`Reason::NotHonoured`]) and the caller gets the answer or a [`RetryError`], with the key
+//! ([`StopReason::NotHonoured`]) and the caller gets the answer or a [`RetryError`], with the key
 //! to resume under once it knows what happened. This default never makes a POST run twice on
 //! a server that ignores keys. Declare the servers that honour keys to have those outcomes
 //! retried too.
@@ -79,7 +79,7 @@
 //! they carried. When they end in an error, the error is a [`RetryError`] with the same
 //! [`Attempts`] and what the last attempt met ([`RetryError::kind`]). To resume a logical
 //! request later, send it again with that key. Each attempt emits one `tracing` event (target
-//! `tower_idempotency::client`) with the attempt number, the status or failure, the delay, and
+//! `tower_idempotency_client`) with the attempt number, the status or failure, the delay, and
 //! the key's first 8 characters only; the key's `Debug` form is `Sensitive`.
 //!
 //! **The guarantee**, as the server's: no duplicate processing within the limits of the
@@ -98,7 +98,7 @@
 //! use std::time::Duration;
 //! use tower::retry::RetryLayer;
 //! use tower::timeout::TimeoutLayer;
-//! use tower_idempotency::client::{RetryPolicy, StampKeyLayer};
+//! use tower_idempotency_client::{RetryPolicy, StampKeyLayer};
 //!
 //! # async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! let http = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
@@ -134,7 +134,7 @@
 //! ```no_run
 //! use tower::ServiceBuilder;
 //! use tower::retry::RetryLayer;
-//! use tower_idempotency::client::{BufferRequestLayer, BufferedBody, RetryPolicy, StampKeyLayer};
+//! use tower_idempotency_client::{BufferRequestLayer, BufferedBody, RetryPolicy, StampKeyLayer};
 //!
 //! let channel = tonic::transport::Channel::from_static("http://127.0.0.1:50051").connect_lazy();
 //! let retrying = ServiceBuilder::new()
@@ -153,7 +153,7 @@
 //! # #[cfg(feature = "reqwest")]
 //! # async fn run() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
 //! use reqwest_middleware::ClientBuilder;
-//! use tower_idempotency::client::{Attempts, RetryMiddleware, RetryPolicy};
+//! use tower_idempotency_client::{Attempts, RetryMiddleware, RetryPolicy};
 //!
 //! let policy = RetryPolicy::new().keys_honoured_by(["127.0.0.1:3000".parse()?]);
 //! let client = ClientBuilder::new(reqwest::Client::new())
@@ -170,27 +170,37 @@
 //! # Ok(()) }
 //! ```
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 // `policy` holds the rules and their types, `classify` reads outcomes for them; `stamp`,
-// `retry` (tower) and `middleware` (reqwest) are the stacks, each using only the two first;
-// `buffer` stands alone.
+// `retry` (tower) and `middleware` (reqwest) are the stacks; `buffer` stands alone.
 mod buffer;
-pub(crate) mod classify;
+mod classify;
 mod error;
+mod metrics;
 #[cfg(feature = "reqwest")]
 mod middleware;
 mod outcome;
 mod policy;
+mod protocol;
 mod retry;
 mod stamp;
 
-pub use buffer::{BufferRequest, BufferRequestLayer, BufferedBody, DEFAULT_BUFFER_LIMIT};
+pub use buffer::{BufferRequest, BufferRequestLayer, BufferedBody};
 pub use error::RetryError;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use middleware::RetryMiddleware;
-pub use outcome::{Failure, Outcome};
-pub use policy::{
-    Attempt, Attempts, DEFAULT_BASE_DELAY, DEFAULT_DEADLINE, DEFAULT_MAX_ATTEMPTS,
-    DEFAULT_MAX_DELAY, DEFAULT_MAX_RETRY_AFTER, Decision, Reason, RetryPolicy,
-};
+pub use outcome::{Outcome, RetryErrorKind};
+pub use policy::{Attempt, Attempts, Decision, RetryPolicy, StopReason};
+pub use protocol::KEY_HEADER;
 pub use stamp::{StampKey, StampKeyLayer, new_key};
+
+/// The reqwest crate (0.13) the middleware works with.
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub use reqwest;
+/// The reqwest-middleware crate (0.5) `RetryMiddleware` plugs into.
+#[cfg(feature = "reqwest")]
+#[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
+pub use reqwest_middleware;

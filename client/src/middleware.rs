@@ -2,8 +2,10 @@
 
 use super::classify::failure_of;
 use super::error::RetryError;
-use super::outcome::{Failure, Outcome};
-use super::policy::{Attempt, Attempts, Decision, Reason, RetryPolicy, key_prefix, log_attempt};
+use super::outcome::{Outcome, RetryErrorKind};
+use super::policy::{
+    Attempt, Attempts, Decision, RetryPolicy, StopReason, key_prefix, log_attempt,
+};
 use super::stamp::Stamp;
 use http::{Extensions, HeaderMap, Method};
 use reqwest_middleware::{Middleware, Next};
@@ -15,12 +17,12 @@ use std::time::Instant;
 ///
 /// Each attempt sends a copy made with `reqwest::Request::try_clone`. A request whose body
 /// cannot be copied (a streaming body, `Body::wrap_stream`) is sent once and never retried
-/// ([`Reason::NotReplayable`]): buffer the body (`Vec<u8>`, `Bytes`, `String`, `.json(..)`) to
+/// ([`StopReason::NotReplayable`]): buffer the body (`Vec<u8>`, `Bytes`, `String`, `.json(..)`) to
 /// make it retryable.
 ///
 /// ```
 /// use reqwest_middleware::ClientBuilder;
-/// use tower_idempotency::client::{RetryMiddleware, RetryPolicy};
+/// use tower_idempotency_client::{RetryMiddleware, RetryPolicy};
 ///
 /// let policy = RetryPolicy::new()
 ///     .keys_honoured_by(["api.example.com".parse().unwrap()])
@@ -39,7 +41,7 @@ use std::time::Instant;
 /// failed connect, …), and that attempt's own `reqwest_middleware::Error` as its source.
 ///
 /// ```
-/// use tower_idempotency::client::RetryError;
+/// use tower_idempotency_client::RetryError;
 ///
 /// fn report(err: &reqwest_middleware::Error) {
 ///     if let Some(gave_up) = RetryError::of_reqwest(err) {
@@ -121,7 +123,7 @@ impl Middleware for RetryMiddleware {
             let result = next.clone().run(req, extensions).await;
             let attempt =
                 Attempt::new(&method, keyed, number, started.elapsed()).key_honoured(honoured);
-            let mut failure = Failure::Transport;
+            let mut failure = RetryErrorKind::Transport;
             let decision = {
                 let outcome = match &result {
                     Ok(res) => Outcome::response(res.status(), res.headers()),
@@ -131,7 +133,9 @@ impl Middleware for RetryMiddleware {
                     }
                 };
                 let decision = match self.policy.decide(&attempt, &outcome) {
-                    Decision::Retry(_) if spare.is_none() => Decision::Stop(Reason::NotReplayable),
+                    Decision::Retry(_) if spare.is_none() => {
+                        Decision::Stop(StopReason::NotReplayable)
+                    }
                     d => d,
                 };
                 log_attempt(&attempt, &key, &outcome, decision);
@@ -174,28 +178,28 @@ impl Middleware for RetryMiddleware {
 
 /// What a failed attempt says about the exchange. An error of another middleware is not a
 /// transport failure: it is returned, not retried.
-fn failure_of_middleware(err: &reqwest_middleware::Error) -> Failure {
+fn failure_of_middleware(err: &reqwest_middleware::Error) -> RetryErrorKind {
     match err {
         reqwest_middleware::Error::Reqwest(e) => failure_of_reqwest(e),
-        reqwest_middleware::Error::Middleware(_) => Failure::Other,
+        reqwest_middleware::Error::Middleware(_) => RetryErrorKind::Other,
     }
 }
 
-fn failure_of_reqwest(err: &reqwest::Error) -> Failure {
+fn failure_of_reqwest(err: &reqwest::Error) -> RetryErrorKind {
     if err.is_connect() {
-        Failure::Connect
+        RetryErrorKind::Connect
     } else if err.is_timeout() {
-        Failure::Timeout
+        RetryErrorKind::Timeout
     } else if err.is_request() {
         // Sending failed or the connection ended before the answer: a reset, or a response
         // cut off after the handler ran. Past the connect stage, an unreachable host is a
         // lost connection, not a failed connect.
-        match failure_of(err, Failure::ConnectionLost) {
-            Failure::Connect => Failure::ConnectionLost,
+        match failure_of(err, RetryErrorKind::ConnectionLost) {
+            RetryErrorKind::Connect => RetryErrorKind::ConnectionLost,
             f => f,
         }
     } else {
         // Building, redirects, bodies, decoding: a repeat would fail the same way.
-        Failure::Other
+        RetryErrorKind::Other
     }
 }

@@ -14,7 +14,7 @@ pub enum Outcome<'a> {
         headers: &'a HeaderMap,
     },
     /// No response arrived.
-    Failed(Failure),
+    Failed(RetryErrorKind),
 }
 
 impl<'a> Outcome<'a> {
@@ -28,7 +28,7 @@ impl<'a> Outcome<'a> {
 /// Why no response arrived, as far as the client can tell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum Failure {
+pub enum RetryErrorKind {
     /// The connection could not be made: nothing reached the server. The client's retry
     /// stacks report it only where the client itself says its connect stage failed
     /// (reqwest's and hyper-util's `is_connect()`, tonic's `ConnectError`), so a POST is

@@ -8,19 +8,8 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use std::fmt;
 use std::time::Duration;
 
-/// The default of [`RetryPolicy::max_attempts`].
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
-/// The default of [`RetryPolicy::deadline`].
-pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
-/// The default of [`RetryPolicy::base_delay`].
-pub const DEFAULT_BASE_DELAY: Duration = Duration::from_millis(100);
-/// The default of [`RetryPolicy::max_delay`].
-pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(5);
-/// The default of [`RetryPolicy::max_retry_after`].
-pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
-
 /// When to retry a request and how long to wait first: the rules of the
-/// [module docs](super#the-rules), with limits.
+/// [module docs](crate#the-rules), with limits.
 ///
 /// One value serves every request of a client: it holds settings only, no per-request state
 /// (the stacks keep the attempt count and start time with each request). It is the
@@ -29,7 +18,7 @@ pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_idempotency::client::RetryPolicy;
+/// use tower_idempotency_client::RetryPolicy;
 ///
 /// let policy = RetryPolicy::new()
 ///     .keys_honoured_by(["api.example.com".parse().unwrap()])
@@ -70,12 +59,12 @@ impl RetryPolicy {
     #[must_use]
     pub fn new() -> Self {
         Self {
-            max_attempts: DEFAULT_MAX_ATTEMPTS,
-            deadline: DEFAULT_DEADLINE,
-            base_delay: DEFAULT_BASE_DELAY,
-            max_delay: DEFAULT_MAX_DELAY,
-            max_retry_after: DEFAULT_MAX_RETRY_AFTER,
-            key_header: crate::http::KEY_HEADER,
+            max_attempts: 5,
+            deadline: Duration::from_secs(30),
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(5),
+            max_retry_after: Duration::from_secs(30),
+            key_header: crate::protocol::KEY_HEADER,
             honoured: Honoured::Listed(Vec::new()),
         }
     }
@@ -84,7 +73,7 @@ impl RetryPolicy {
     /// non-idempotent request to one of them is retried on every retryable outcome (5xx,
     /// timeouts, lost connections), since a repeat under the same key is answered from the
     /// record. To any other server such a request is retried only on an outcome that shows
-    /// nothing ran (see the [module docs](super#the-rules)).
+    /// nothing ran (see the [module docs](crate#the-rules)).
     ///
     /// A server is its host, optionally with a port: `api.example.com` matches every port of
     /// that host, `127.0.0.1:3000` only that port (a URL without a port has its scheme's
@@ -92,7 +81,7 @@ impl RetryPolicy {
     ///
     /// ```
     /// use http::uri::Authority;
-    /// use tower_idempotency::client::RetryPolicy;
+    /// use tower_idempotency_client::RetryPolicy;
     ///
     /// let policy = RetryPolicy::new().keys_honoured_by([
     ///     Authority::from_static("api.example.com"),
@@ -180,7 +169,7 @@ impl RetryPolicy {
 
     /// The longest `Retry-After` (or gRPC `grpc-retry-pushback-ms`) honoured. A server that
     /// asks for a longer wait gets no retry: its answer is returned at once
-    /// ([`Reason::RetryAfterTooLong`]), rather than retried earlier than it asked.
+    /// ([`StopReason::RetryAfterTooLong`]), rather than retried earlier than it asked.
     #[must_use]
     pub fn max_retry_after(mut self, limit: Duration) -> Self {
         self.max_retry_after = limit;
@@ -206,7 +195,7 @@ impl RetryPolicy {
     /// ```
     /// use http::{HeaderMap, Method, StatusCode};
     /// use std::time::Duration;
-    /// use tower_idempotency::client::{Attempt, Decision, Outcome, Reason, RetryPolicy};
+    /// use tower_idempotency_client::{Attempt, Decision, Outcome, StopReason, RetryPolicy};
     ///
     /// let policy = RetryPolicy::new();
     /// let post = Method::POST;
@@ -221,46 +210,46 @@ impl RetryPolicy {
     /// // A 503 may follow a run: the keyed POST is retried only where keys are honoured.
     /// let none = HeaderMap::new();
     /// let unavailable = Outcome::response(StatusCode::SERVICE_UNAVAILABLE, &none);
-    /// assert_eq!(policy.decide(&first, &unavailable), Decision::Stop(Reason::NotHonoured));
+    /// assert_eq!(policy.decide(&first, &unavailable), Decision::Stop(StopReason::NotHonoured));
     /// let honoured = first.key_honoured(true);
     /// assert!(matches!(policy.decide(&honoured, &unavailable), Decision::Retry(_)));
     ///
     /// // The same POST without a key is never retried.
     /// let unkeyed = Attempt::new(&post, false, 1, Duration::ZERO);
-    /// assert_eq!(policy.decide(&unkeyed, &in_flight), Decision::Stop(Reason::NotKeyed));
+    /// assert_eq!(policy.decide(&unkeyed, &in_flight), Decision::Stop(StopReason::NotKeyed));
     ///
     /// // A 422 (the key was used for another request) is final.
     /// let reused = Outcome::response(StatusCode::UNPROCESSABLE_ENTITY, &none);
-    /// assert_eq!(policy.decide(&first, &reused), Decision::Stop(Reason::Final));
+    /// assert_eq!(policy.decide(&first, &reused), Decision::Stop(StopReason::Final));
     /// ```
     #[must_use]
     pub fn decide(&self, attempt: &Attempt<'_>, outcome: &Outcome<'_>) -> Decision {
         let (after, unrun) = match classify(outcome) {
-            Verdict::Final => return Decision::Stop(Reason::Final),
+            Verdict::Final => return Decision::Stop(StopReason::Final),
             Verdict::Retry { after, unrun } => (after, unrun),
         };
         if !is_idempotent(attempt.method) {
             if !attempt.keyed {
-                return Decision::Stop(Reason::NotKeyed);
+                return Decision::Stop(StopReason::NotKeyed);
             }
             // A server that ignores keys would run the work again: only an outcome that
             // shows nothing ran is repeated there.
             if !attempt.honoured && !unrun {
-                return Decision::Stop(Reason::NotHonoured);
+                return Decision::Stop(StopReason::NotHonoured);
             }
         }
         if attempt.number >= self.max_attempts {
-            return Decision::Stop(Reason::AttemptsExhausted);
+            return Decision::Stop(StopReason::AttemptsExhausted);
         }
         let delay = match after {
             Some(after) if after > self.max_retry_after => {
-                return Decision::Stop(Reason::RetryAfterTooLong);
+                return Decision::Stop(StopReason::RetryAfterTooLong);
             }
             Some(after) => after,
             None => self.backoff(attempt.number),
         };
         if attempt.elapsed.saturating_add(delay) > self.deadline {
-            return Decision::Stop(Reason::DeadlineExceeded);
+            return Decision::Stop(StopReason::DeadlineExceeded);
         }
         Decision::Retry(delay)
     }
@@ -336,13 +325,13 @@ pub enum Decision {
     /// Send the same request, with the same key, after this delay.
     Retry(Duration),
     /// Return this outcome to the caller.
-    Stop(Reason),
+    Stop(StopReason),
 }
 
 /// Why the attempts stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum Reason {
+pub enum StopReason {
     /// The outcome is final: a success, or an answer a retry would not change (400, 401, 403,
     /// 404, 413, 422 `idempotency.key_reused`, a 409 without `Retry-After`, …).
     Final,
@@ -364,7 +353,7 @@ pub enum Reason {
     RetryAfterTooLong,
 }
 
-impl Reason {
+impl StopReason {
     /// A short name for logs (`final`, `not_keyed`, …).
     #[must_use]
     pub fn as_str(self) -> &'static str {
@@ -380,7 +369,7 @@ impl Reason {
     }
 }
 
-impl fmt::Display for Reason {
+impl fmt::Display for StopReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
@@ -399,7 +388,7 @@ impl fmt::Display for Reason {
 pub struct Attempts {
     count: u32,
     replayed: bool,
-    reason: Reason,
+    reason: StopReason,
     key: Option<HeaderValue>,
 }
 
@@ -409,7 +398,7 @@ impl Attempts {
     pub(crate) fn new(
         count: u32,
         headers: &HeaderMap,
-        reason: Reason,
+        reason: StopReason,
         request_headers: &HeaderMap,
         header: &HeaderName,
     ) -> Self {
@@ -421,7 +410,7 @@ impl Attempts {
         Self {
             count,
             replayed: headers
-                .get(crate::http::REPLAYED_HEADER)
+                .get(crate::protocol::REPLAYED_HEADER)
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true")),
             reason,
             key,
@@ -444,7 +433,7 @@ impl Attempts {
 
     /// Why no further attempt was made.
     #[must_use]
-    pub fn reason(&self) -> Reason {
+    pub fn reason(&self) -> StopReason {
         self.reason
     }
 
@@ -467,7 +456,7 @@ pub(crate) fn key_prefix(headers: &HeaderMap, name: &HeaderName) -> String {
 }
 
 /// The target of the client's events (one per attempt).
-const LOG_TARGET: &str = "tower_idempotency::client";
+const LOG_TARGET: &str = "tower_idempotency_client";
 
 /// The one event per attempt: its number, the method, at most 8 characters of the key, what
 /// came back and what follows. A retry is `INFO`; a stop on a retryable outcome (attempts,
@@ -482,7 +471,7 @@ pub(crate) fn log_attempt(
     let (status, grpc_status, failure) = match *outcome {
         Outcome::Response { status, headers } => (
             Some(status.as_u16()),
-            crate::http::grpc::status_of(headers),
+            crate::protocol::status_of(headers),
             None,
         ),
         Outcome::Failed(f) => (None, None, Some(f)),
@@ -490,7 +479,7 @@ pub(crate) fn log_attempt(
     let n = attempt.number;
     let method = attempt.method.as_str();
     let elapsed_ms = u64::try_from(attempt.elapsed.as_millis()).unwrap_or(u64::MAX);
-    crate::metrics::client_attempt(match decision {
+    crate::metrics::attempt(match decision {
         Decision::Retry(_) => "retry",
         Decision::Stop(reason) => reason.as_str(),
     });
@@ -499,7 +488,9 @@ pub(crate) fn log_attempt(
             let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
             tracing::info!(target: LOG_TARGET, attempt = n, method, key, status, grpc_status, failure = ?failure, elapsed_ms, delay_ms, "idempotent request: retrying");
         }
-        Decision::Stop(reason @ (Reason::Final | Reason::NotKeyed | Reason::NotReplayable)) => {
+        Decision::Stop(
+            reason @ (StopReason::Final | StopReason::NotKeyed | StopReason::NotReplayable),
+        ) => {
             if n == 1 {
                 tracing::debug!(target: LOG_TARGET, attempt = n, method, key, status, grpc_status, failure = ?failure, elapsed_ms, reason = reason.as_str(), "idempotent request: done");
             } else {
@@ -516,7 +507,7 @@ pub(crate) fn log_attempt(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::client::outcome::Failure;
+    use crate::outcome::RetryErrorKind;
     use http::HeaderValue;
     use http::StatusCode;
 
@@ -600,7 +591,7 @@ mod tests {
         ] {
             assert_eq!(
                 decide_status(&p, &Method::POST, true, s),
-                Decision::Stop(Reason::Final),
+                Decision::Stop(StopReason::Final),
                 "{s} must not be retried"
             );
         }
@@ -612,12 +603,12 @@ mod tests {
         for m in [Method::POST, Method::PATCH] {
             assert_eq!(
                 decide_status(&p, &m, false, 503),
-                Decision::Stop(Reason::NotKeyed)
+                Decision::Stop(StopReason::NotKeyed)
             );
-            let failed = Outcome::Failed(Failure::ConnectionLost);
+            let failed = Outcome::Failed(RetryErrorKind::ConnectionLost);
             assert_eq!(
                 p.decide(&Attempt::new(&m, false, 1, Duration::ZERO), &failed),
-                Decision::Stop(Reason::NotKeyed)
+                Decision::Stop(StopReason::NotKeyed)
             );
         }
     }
@@ -631,19 +622,19 @@ mod tests {
             let o = Outcome::response(StatusCode::from_u16(s).unwrap(), &none);
             assert_eq!(
                 p.decide(&first, &o),
-                Decision::Stop(Reason::NotHonoured),
+                Decision::Stop(StopReason::NotHonoured),
                 "{s}"
             );
         }
         for f in [
-            Failure::Timeout,
-            Failure::ConnectionLost,
-            Failure::Transport,
+            RetryErrorKind::Timeout,
+            RetryErrorKind::ConnectionLost,
+            RetryErrorKind::Transport,
         ] {
             let o = Outcome::Failed(f);
             assert_eq!(
                 p.decide(&first, &o),
-                Decision::Stop(Reason::NotHonoured),
+                Decision::Stop(StopReason::NotHonoured),
                 "{f:?}"
             );
         }
@@ -651,7 +642,7 @@ mod tests {
             let o = Outcome::response(StatusCode::from_u16(s).unwrap(), &none);
             assert!(matches!(p.decide(&first, &o), Decision::Retry(_)), "{s}");
         }
-        let connect = Outcome::Failed(Failure::Connect);
+        let connect = Outcome::Failed(RetryErrorKind::Connect);
         assert!(matches!(p.decide(&first, &connect), Decision::Retry(_)));
         // Idempotent methods need no declaration.
         let put = Attempt::new(&Method::PUT, true, 1, Duration::ZERO);
@@ -708,7 +699,7 @@ mod tests {
         assert_eq!(d, Decision::Retry(Duration::from_secs(2)));
         assert_eq!(
             decide_status(&p, &Method::POST, true, 409),
-            Decision::Stop(Reason::Final)
+            Decision::Stop(StopReason::Final)
         );
     }
 
@@ -720,7 +711,7 @@ mod tests {
             &Attempt::new(&Method::POST, true, 1, Duration::ZERO).key_honoured(true),
             &Outcome::response(StatusCode::SERVICE_UNAVAILABLE, &h),
         );
-        assert_eq!(d, Decision::Stop(Reason::RetryAfterTooLong));
+        assert_eq!(d, Decision::Stop(StopReason::RetryAfterTooLong));
     }
 
     #[test]
@@ -728,10 +719,10 @@ mod tests {
         let p = RetryPolicy::new();
         let a = Attempt::new(&Method::POST, true, 1, Duration::ZERO).key_honoured(true);
         for f in [
-            Failure::Connect,
-            Failure::Timeout,
-            Failure::ConnectionLost,
-            Failure::Transport,
+            RetryErrorKind::Connect,
+            RetryErrorKind::Timeout,
+            RetryErrorKind::ConnectionLost,
+            RetryErrorKind::Transport,
         ] {
             assert!(matches!(
                 p.decide(&a, &Outcome::Failed(f)),
@@ -739,25 +730,25 @@ mod tests {
             ));
         }
         assert_eq!(
-            p.decide(&a, &Outcome::Failed(Failure::Other)),
-            Decision::Stop(Reason::Final)
+            p.decide(&a, &Outcome::Failed(RetryErrorKind::Other)),
+            Decision::Stop(StopReason::Final)
         );
     }
 
     #[test]
     fn stops_after_max_attempts() {
         let p = RetryPolicy::new().max_attempts(3);
-        let f = Outcome::Failed(Failure::Connect);
+        let f = Outcome::Failed(RetryErrorKind::Connect);
         let at = |n| Attempt::new(&Method::GET, false, n, Duration::ZERO);
         assert!(matches!(p.decide(&at(2), &f), Decision::Retry(_)));
         assert_eq!(
             p.decide(&at(3), &f),
-            Decision::Stop(Reason::AttemptsExhausted)
+            Decision::Stop(StopReason::AttemptsExhausted)
         );
         let once = RetryPolicy::new().max_attempts(0);
         assert_eq!(
             once.decide(&at(1), &f),
-            Decision::Stop(Reason::AttemptsExhausted)
+            Decision::Stop(StopReason::AttemptsExhausted)
         );
     }
 
@@ -773,7 +764,7 @@ mod tests {
         );
         assert_eq!(
             p.decide(&at(1100), &o),
-            Decision::Stop(Reason::DeadlineExceeded)
+            Decision::Stop(StopReason::DeadlineExceeded)
         );
     }
 
@@ -796,17 +787,17 @@ mod tests {
 
     #[test]
     fn attempts_reads_the_replayed_header_and_hides_the_key() {
-        let name = crate::http::KEY_HEADER;
+        let name = crate::protocol::KEY_HEADER;
         let h = headers(&[("idempotent-replayed", "true")]);
         let req = headers(&[("idempotency-key", "0f8fad5b-d9cb-469f-a165-70867728950e")]);
-        let a = Attempts::new(2, &h, Reason::Final, &req, &name);
+        let a = Attempts::new(2, &h, StopReason::Final, &req, &name);
         assert!(a.replayed());
         assert_eq!(a.key().unwrap(), "0f8fad5b-d9cb-469f-a165-70867728950e");
         assert!(!format!("{a:?}").contains("0f8fad5b"), "{a:?}");
         let none = Attempts::new(
             1,
             &HeaderMap::new(),
-            Reason::Final,
+            StopReason::Final,
             &HeaderMap::new(),
             &name,
         );
@@ -817,7 +808,10 @@ mod tests {
     #[test]
     fn logs_at_most_eight_characters_of_a_key() {
         let h = headers(&[("idempotency-key", "0f8fad5b-d9cb-469f-a165-70867728950e")]);
-        assert_eq!(key_prefix(&h, &crate::http::KEY_HEADER), "0f8fad5b");
-        assert_eq!(key_prefix(&HeaderMap::new(), &crate::http::KEY_HEADER), "-");
+        assert_eq!(key_prefix(&h, &crate::protocol::KEY_HEADER), "0f8fad5b");
+        assert_eq!(
+            key_prefix(&HeaderMap::new(), &crate::protocol::KEY_HEADER),
+            "-"
+        );
     }
 }

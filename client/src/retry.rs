@@ -4,8 +4,8 @@
 use super::buffer::Streamed;
 use super::classify::attempt_failure_of_any;
 use super::error::RetryError;
-use super::outcome::Failure;
 use super::outcome::Outcome;
+use super::outcome::RetryErrorKind;
 use super::policy::{Attempt, Attempts, Decision, RetryPolicy, key_prefix, log_attempt};
 use http::{HeaderMap, Request, Response};
 use std::any::Any;
@@ -100,7 +100,7 @@ where
                             req.headers(),
                             header,
                         );
-                        give_up(e, failure.unwrap_or(Failure::Transport), attempts);
+                        give_up(e, failure.unwrap_or(RetryErrorKind::Transport), attempts);
                     }
                 }
                 None
@@ -131,7 +131,7 @@ where
 
 /// Turns the last attempt's error into a [`RetryError`] that carries the attempts and the key,
 /// when the stack's error type can hold one (`tower::BoxError`); another type is left as is.
-fn give_up<E: 'static>(err: &mut E, failure: Failure, attempts: Attempts) {
+fn give_up<E: 'static>(err: &mut E, failure: RetryErrorKind, attempts: Attempts) {
     let any: &mut dyn Any = err;
     if let Some(boxed) = any.downcast_mut::<tower::BoxError>() {
         let source = std::mem::replace(boxed, Box::from(""));

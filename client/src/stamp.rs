@@ -42,7 +42,7 @@ pub(crate) struct Stamp {
 
 impl Default for Stamp {
     fn default() -> Self {
-        Self::with_header(crate::http::KEY_HEADER)
+        Self::with_header(crate::protocol::KEY_HEADER)
     }
 }
 
@@ -197,7 +197,7 @@ mod tests {
             "variant: {a}"
         );
         assert!(a.bytes().all(|c| c == b'-' || HEX.contains(&c)));
-        crate::IdempotencyKey::new(&a).unwrap();
+        tower_idempotency::IdempotencyKey::new(&a).unwrap();
     }
 
     #[test]

@@ -177,14 +177,14 @@ pub mod grpc;
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod extract;
 
-#[cfg(feature = "macros")]
-#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
-pub mod route;
 mod headers;
 mod kept;
 mod layer;
 mod rejection;
 mod replay;
+#[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
+pub mod route;
 mod service;
 
 pub use crate::engine::detach::{DEFAULT_DETACHED_TIMEOUT, DEFAULT_MAX_DETACHED, InFlightWork};
@@ -203,8 +203,6 @@ pub use future::ResponseFuture;
 pub use headers::{
     DEFAULT_ALLOWED_HEADERS, DENIED_HEADERS, KEY_HEADER, REPLAYED_HEADER, REPRESENTATION_HEADERS,
 };
-// The gRPC wire names, shared with the client's retry rules.
-pub(crate) use headers::{GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS};
 pub use kept::{KEPT_UNTIL_HEADER, RECORD_AGE_HEADER};
 // The deny list, shared with the outbound door's HTTP receipts.
 pub(crate) use headers::is_denied_bytes;

@@ -16,7 +16,7 @@
 //! (one binary per door or store family), and its tests need the `reqwest` feature where the
 //! store-fault tests need `redis` only.
 
-#[path = "../support/mod.rs"]
+#[allow(dead_code)]
 mod support;
 
 mod defaults;
@@ -56,9 +56,8 @@ macro_rules! scenarios {
 scenarios!(memory_tower, Backend::Memory, Stack::Tower);
 #[cfg(feature = "reqwest")]
 scenarios!(memory_reqwest, Backend::Memory, Stack::Reqwest);
-#[cfg(feature = "redis")]
 scenarios!(redis_tower, Backend::Redis, Stack::Tower);
-#[cfg(all(feature = "redis", feature = "reqwest"))]
+#[cfg(feature = "reqwest")]
 scenarios!(redis_reqwest, Backend::Redis, Stack::Reqwest);
 
 /// Expands every test of `defaults.rs` for one stack.
