@@ -11,14 +11,14 @@ use http::{Extensions, HeaderMap, Method};
 use reqwest_middleware::{Middleware, Next};
 use std::time::Instant;
 
-/// Stamps an idempotency key on each request that has none and retries it by the rules of
-/// [`RetryPolicy`], sending the same key every time; the final response gets an
-/// [`Attempts`] extension (`response.extensions().get::<Attempts>()`).
+/// Stamps an idempotency key on each request that has none, and retries it by the rules of
+/// [`RetryPolicy`] with the same key every time. The final response gets an [`Attempts`]
+/// extension: `response.extensions().get::<Attempts>()`.
 ///
 /// Each attempt sends a copy made with `reqwest::Request::try_clone`. A request whose body
-/// cannot be copied (a streaming body, `Body::wrap_stream`) is sent once and never retried
-/// ([`StopReason::NotReplayable`]): buffer the body (`Vec<u8>`, `Bytes`, `String`, `.json(..)`) to
-/// make it retryable.
+/// cannot be copied is sent once and never retried, with [`StopReason::NotReplayable`]. That
+/// is a streaming body, `Body::wrap_stream`. Buffer the body to make it retryable: `Vec<u8>`,
+/// `Bytes`, `String`, `.json(..)`.
 ///
 /// ```
 /// use reqwest_middleware::ClientBuilder;
@@ -36,9 +36,9 @@ use std::time::Instant;
 /// Put it first in the chain (outermost), so that middleware after it runs on every attempt.
 ///
 /// When the attempts end in an error, it is a [`RetryError`] inside
-/// `reqwest_middleware::Error::Middleware` ([`RetryError::of_reqwest`] finds it): the attempts,
-/// the key to resume under, what the last attempt met ([`RetryError::kind`]: a timeout, a
-/// failed connect, …), and that attempt's own `reqwest_middleware::Error` as its source.
+/// `reqwest_middleware::Error::Middleware`; [`RetryError::of_reqwest`] finds it. It holds the
+/// attempts, the key to resume under, and what the last attempt met ([`RetryError::kind`]).
+/// Its source is that attempt's own `reqwest_middleware::Error`.
 ///
 /// ```
 /// use tower_idempotency_client::RetryError;
@@ -69,8 +69,10 @@ impl RetryMiddleware {
         }
     }
 
-    /// Only requests of these methods get a key (others are retried only when idempotent or
-    /// keyed by the caller).
+    /// Only requests of these methods get a key. Others are retried only when idempotent or
+    /// keyed by the caller.
+    ///
+    /// Default: every method but GET, HEAD, OPTIONS and TRACE.
     #[must_use]
     pub fn stamp_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
         if let Some(stamp) = &mut self.stamp {
@@ -79,8 +81,10 @@ impl RetryMiddleware {
         self
     }
 
-    /// Whether to stamp keys at all (default `true`). Without stamping only the requests that
-    /// carry a key of the caller's, and the idempotent methods, are retried.
+    /// Whether to stamp keys at all. Without stamping, only the idempotent methods and the
+    /// requests that carry the caller's own key are retried.
+    ///
+    /// Default: `true`.
     #[must_use]
     pub fn stamp(mut self, stamp: bool) -> Self {
         if !stamp {
@@ -111,7 +115,7 @@ impl Middleware for RetryMiddleware {
         let honoured = self
             .policy
             .honours(url.host_str(), url.port_or_known_default());
-        // The key, for the caller's answer (the request itself is consumed by each attempt).
+        // The key, for the caller's answer: each attempt consumes the request itself.
         let mut key_headers = HeaderMap::new();
         if let Some(v) = req.headers().get(header) {
             key_headers.insert(header.clone(), v.clone());

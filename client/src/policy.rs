@@ -1,5 +1,5 @@
-//! The retry rules both client stacks share: [`RetryPolicy::decide`] takes what was sent, how
-//! often, and what came back, and answers retry-after-a-delay or stop.
+//! The retry rules both stacks share. [`RetryPolicy::decide`] takes what was sent, how often,
+//! and what came back. It answers: retry after a delay, or stop.
 
 use super::classify::{Verdict, classify};
 use super::outcome::Outcome;
@@ -8,13 +8,12 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use std::fmt;
 use std::time::Duration;
 
-/// When to retry a request and how long to wait first: the rules of the
-/// [module docs](crate#the-rules), with limits.
+/// When to retry a request and how long to wait first: the [rules](crate#the-rules), with
+/// limits.
 ///
-/// One value serves every request of a client: it holds settings only, no per-request state
-/// (the stacks keep the attempt count and start time with each request). It is the
-/// `tower::retry::Policy` of the tower stack and the settings of
-/// `RetryMiddleware` (feature `reqwest`).
+/// One value serves every request of a client. It holds settings only: the stacks keep each
+/// request's attempt count and start time with the request. It is the `tower::retry::Policy`
+/// of the tower stack, and the settings of `RetryMiddleware` (feature `reqwest`).
 ///
 /// ```
 /// use std::time::Duration;
@@ -54,8 +53,9 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// The defaults: 5 attempts within 30 s, backoff from 100 ms up to 5 s, a `Retry-After` of
-    /// up to 30 s honoured, the key in `Idempotency-Key`.
+    /// The defaults: 5 attempts within 30 s, backoff from 100 ms up to 5 s, a `Retry-After`
+    /// of up to 30 s honoured, the key in `Idempotency-Key`, no server declared to honour
+    /// keys.
     #[must_use]
     pub fn new() -> Self {
         Self {
@@ -69,15 +69,17 @@ impl RetryPolicy {
         }
     }
 
-    /// Declares servers that honour idempotency keys: a keyed POST, PATCH or other
-    /// non-idempotent request to one of them is retried on every retryable outcome (5xx,
-    /// timeouts, lost connections), since a repeat under the same key is answered from the
-    /// record. To any other server such a request is retried only on an outcome that shows
-    /// nothing ran (see the [module docs](crate#the-rules)).
+    /// Declares servers that honour idempotency keys. A keyed POST, PATCH or other
+    /// non-idempotent request to one of them is retried on every retryable outcome: a 5xx, a
+    /// timeout, a lost connection. A repeat under the same key is answered from the record.
+    /// To any other server such a request is retried only on an outcome that shows nothing
+    /// ran: see the [rules](crate#the-rules).
     ///
-    /// A server is its host, optionally with a port: `api.example.com` matches every port of
-    /// that host, `127.0.0.1:3000` only that port (a URL without a port has its scheme's
-    /// default, 80 or 443). Hosts compare without case. Calls add to the list.
+    /// A server is its host, with a port or without. `api.example.com` matches every port of
+    /// that host; `127.0.0.1:3000` matches that port only. A URL without a port has its
+    /// scheme's default, 80 or 443. Hosts compare without case. Calls add to the list.
+    ///
+    /// Default: no server.
     ///
     /// ```
     /// use http::uri::Authority;
@@ -97,9 +99,9 @@ impl RetryPolicy {
         self
     }
 
-    /// Declares that every server this client calls honours idempotency keys: for a client of
-    /// one API behind this crate's layer (or another that de-duplicates by key), a tonic
-    /// channel above all (its requests carry no host at the retry layer).
+    /// Declares that every server this client calls honours idempotency keys. It suits a
+    /// client of one API that de-duplicates by key. It suits a tonic channel above all: its
+    /// requests carry no host at the retry layer.
     ///
     /// Risk: a server that ignores keys runs a retried POST again.
     #[must_use]
@@ -108,8 +110,8 @@ impl RetryPolicy {
         self
     }
 
-    /// Whether the server at `host` (`port` explicit or its scheme's default) was declared to
-    /// honour keys.
+    /// Whether the server at `host` and `port` was declared to honour keys. `port` is the
+    /// URL's, or its scheme's default.
     pub(crate) fn honours(&self, host: Option<&str>, port: Option<u16>) -> bool {
         match &self.honoured {
             Honoured::All => true,
@@ -122,8 +124,8 @@ impl RetryPolicy {
         }
     }
 
-    /// [`honours`](Self::honours) for an `http::Uri` (a URI without a host honours only
-    /// under [`keys_honoured_by_all`](Self::keys_honoured_by_all)).
+    /// [`honours`](Self::honours) for an `http::Uri`. A URI without a host honours only under
+    /// [`keys_honoured_by_all`](Self::keys_honoured_by_all).
     pub(crate) fn honours_uri(&self, uri: &http::Uri) -> bool {
         let port = uri.port_u16().or_else(|| match uri.scheme_str() {
             Some("https") => Some(443),
@@ -133,51 +135,64 @@ impl RetryPolicy {
         self.honours(uri.host(), port)
     }
 
-    /// The most attempts per request, the first one included (at least 1: `1` never retries).
+    /// The most attempts per request, the first one included. `1` never retries; `0` counts
+    /// as `1`.
+    ///
+    /// Default: 5.
     #[must_use]
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts.max(1);
         self
     }
 
-    /// No retry starts later than this after the first attempt started: a retry whose delay
-    /// would end past the deadline is not made. An attempt in progress is not cut short; bound
-    /// each attempt with your client's request timeout (reqwest's `timeout`, tower's
-    /// `TimeoutLayer` inside the retry).
+    /// No retry starts later than this after the first attempt started. A retry whose delay
+    /// would end past the deadline is not made. An attempt in progress is not cut short:
+    /// bound each attempt with the client's request timeout. That is reqwest's `timeout`, or
+    /// tower's `TimeoutLayer` inside the retry layer.
+    ///
+    /// Default: 30 s.
     #[must_use]
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
         self
     }
 
-    /// The backoff of the first retry when the server gave no `Retry-After`; it doubles with
-    /// every retry up to [`max_delay`](Self::max_delay), and each delay is drawn between half
-    /// of it and all of it (jitter, so clients that failed together do not retry together).
+    /// The backoff of the first retry when the server gave no `Retry-After`. It doubles with
+    /// every retry up to [`max_delay`](Self::max_delay). Each delay is drawn between half of
+    /// it and all of it, so that clients that failed together do not retry together.
+    ///
+    /// Default: 100 ms.
     #[must_use]
     pub fn base_delay(mut self, delay: Duration) -> Self {
         self.base_delay = delay;
         self
     }
 
-    /// The longest backoff between two attempts (a `Retry-After` is bounded by
-    /// [`max_retry_after`](Self::max_retry_after) instead).
+    /// The longest backoff between two attempts. A `Retry-After` is bounded by
+    /// [`max_retry_after`](Self::max_retry_after) instead.
+    ///
+    /// Default: 5 s.
     #[must_use]
     pub fn max_delay(mut self, delay: Duration) -> Self {
         self.max_delay = delay;
         self
     }
 
-    /// The longest `Retry-After` (or gRPC `grpc-retry-pushback-ms`) honoured. A server that
-    /// asks for a longer wait gets no retry: its answer is returned at once
-    /// ([`StopReason::RetryAfterTooLong`]), rather than retried earlier than it asked.
+    /// The longest `Retry-After` or gRPC `grpc-retry-pushback-ms` honoured. A server that
+    /// asks for a longer wait gets no retry: its answer is returned at once, with
+    /// [`StopReason::RetryAfterTooLong`]. It is never retried earlier than it asked.
+    ///
+    /// Default: 30 s.
     #[must_use]
     pub fn max_retry_after(mut self, limit: Duration) -> Self {
         self.max_retry_after = limit;
         self
     }
 
-    /// The request header that carries the key (default `Idempotency-Key`); must match the
-    /// server's and the stamping layer's.
+    /// The request header that carries the key. It must match the server's and the stamping
+    /// layer's.
+    ///
+    /// Default: [`KEY_HEADER`](crate::KEY_HEADER), `Idempotency-Key`.
     #[must_use]
     pub fn key_header(mut self, name: HeaderName) -> Self {
         self.key_header = name;
@@ -190,7 +205,7 @@ impl RetryPolicy {
         &self.key_header
     }
 
-    /// The decision after an attempt: retry after a delay, or stop (and why).
+    /// The decision after an attempt: retry after a delay, or stop and say why.
     ///
     /// ```
     /// use http::{HeaderMap, Method, StatusCode};
@@ -283,8 +298,8 @@ pub(crate) fn is_idempotent(method: &Method) -> bool {
     )
 }
 
-/// What had been sent when an outcome arrived: the input of [`RetryPolicy::decide`] besides
-/// the outcome.
+/// What had been sent when an outcome arrived: the input of [`RetryPolicy::decide`] with the
+/// outcome.
 #[derive(Clone, Copy, Debug)]
 pub struct Attempt<'a> {
     method: &'a Method,
@@ -295,9 +310,9 @@ pub struct Attempt<'a> {
 }
 
 impl<'a> Attempt<'a> {
-    /// Attempt `number` (1 for the first) of a request of `method`, which carries an
-    /// idempotency key if `keyed`, `elapsed` after the first attempt started, to a server not
-    /// known to honour keys.
+    /// Attempt `number` of a request of `method`, 1 for the first. It carries an idempotency
+    /// key if `keyed`, and started `elapsed` after the first attempt. Its server is not known
+    /// to honour keys.
     #[must_use]
     pub fn new(method: &'a Method, keyed: bool, number: u32, elapsed: Duration) -> Self {
         Self {
@@ -309,8 +324,10 @@ impl<'a> Attempt<'a> {
         }
     }
 
-    /// Whether the server is known to honour the key (the stacks set it from
-    /// [`RetryPolicy::keys_honoured_by`]); default `false`.
+    /// Whether the server is known to honour the key. The stacks set it from
+    /// [`RetryPolicy::keys_honoured_by`].
+    ///
+    /// Default: `false`.
     #[must_use]
     pub fn key_honoured(mut self, honoured: bool) -> Self {
         self.honoured = honoured;
@@ -332,18 +349,18 @@ pub enum Decision {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum StopReason {
-    /// The outcome is final: a success, or an answer a retry would not change (400, 401, 403,
-    /// 404, 413, 422 `idempotency.key_reused`, a 409 without `Retry-After`, …).
+    /// The outcome is final: a success, or an answer a retry would not change. That is 400,
+    /// 401, 403, 404, 413, 422 `idempotency.key_reused`, a 409 without `Retry-After`, …
     Final,
     /// The outcome was retryable, but the request may not be repeated: a POST, PATCH or other
     /// non-idempotent method without an idempotency key.
     NotKeyed,
-    /// The outcome was retryable but may follow a run of the work (a 5xx, a timeout, a lost
-    /// connection), and the server is not known to honour keys
-    /// ([`RetryPolicy::keys_honoured_by`]): a repeat could run the work twice.
+    /// The outcome was retryable but may follow a run of the work: a 5xx, a timeout, a lost
+    /// connection. The server is not known to honour keys, see
+    /// [`RetryPolicy::keys_honoured_by`]. A repeat could run the work twice.
     NotHonoured,
-    /// The outcome was retryable, but the request's body cannot be sent again (a streaming
-    /// body); it was sent once.
+    /// The outcome was retryable, but the request's body cannot be sent again. It is a
+    /// streaming body, sent once.
     NotReplayable,
     /// The last allowed attempt was made.
     AttemptsExhausted,
@@ -354,7 +371,7 @@ pub enum StopReason {
 }
 
 impl StopReason {
-    /// A short name for logs (`final`, `not_keyed`, …).
+    /// A short name for logs and metrics: `final`, `not_keyed`, …
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
@@ -375,14 +392,14 @@ impl fmt::Display for StopReason {
     }
 }
 
-/// How a response was obtained, inserted into the final response's extensions by both client
-/// stacks (`http::Response::extensions()`, `reqwest::Response::extensions()`), and carried by
-/// [`RetryError`](super::RetryError) when the attempts end in an error.
+/// How a response was obtained. Both stacks insert it into the final response's extensions:
+/// `http::Response::extensions()`, `reqwest::Response::extensions()`.
+/// [`RetryError`](crate::RetryError) carries it when the attempts end in an error.
 ///
-/// A response without it was not seen by a retrying stack: with tower, a request whose body
+/// A response without it was not seen by a retrying stack. With tower, a request whose body
 /// cannot be cloned bypasses the policy.
 ///
-/// Its `Debug` form shows the key as `Sensitive`: the key stands for the work, keep it out of
+/// Its `Debug` form shows the key as `Sensitive`. The key stands for the work: keep it out of
 /// logs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Attempts {
@@ -394,7 +411,7 @@ pub struct Attempts {
 
 impl Attempts {
     /// `count` attempts, the last answered with `headers` (empty for an error), stopped for
-    /// `reason`, under the key in `header` of the request's `request_headers`.
+    /// `reason`. The key is in `header` of the request's `request_headers`.
     pub(crate) fn new(
         count: u32,
         headers: &HeaderMap,
@@ -417,15 +434,15 @@ impl Attempts {
         }
     }
 
-    /// How many attempts were made, this one included (1: no retry).
+    /// How many attempts were made, the last one included. 1 means no retry.
     #[must_use]
     pub fn count(&self) -> u32 {
         self.count
     }
 
-    /// Whether the server answered from the record of an earlier run
-    /// (`Idempotent-Replayed: true`): the work had been done by an attempt whose answer was
-    /// lost, or by an earlier call with the same key.
+    /// Whether the server answered from the record of an earlier run: `Idempotent-Replayed:
+    /// true`. An attempt whose answer was lost had done the work, or an earlier call with the
+    /// same key had.
     #[must_use]
     pub fn replayed(&self) -> bool {
         self.replayed
@@ -437,17 +454,17 @@ impl Attempts {
         self.reason
     }
 
-    /// The idempotency key every attempt carried (stamped by the stack or given by the
-    /// caller), `None` for a request without one. Send the same request again later with it
-    /// (in the same header) to resume this logical request: a server that honours keys
-    /// answers from its record if an attempt ran the work.
+    /// The idempotency key every attempt carried, stamped by the stack or given by the
+    /// caller. `None` for a request without one. To resume this logical request, send it again
+    /// later with this key in the same header. A server that honours keys answers from its
+    /// record if an attempt ran the work.
     #[must_use]
     pub fn key(&self) -> Option<&HeaderValue> {
         self.key.as_ref()
     }
 }
 
-/// At most the first 8 characters of a key, for logs (never the whole key).
+/// At most the first 8 characters of a key, for logs: never the whole key.
 pub(crate) fn key_prefix(headers: &HeaderMap, name: &HeaderName) -> String {
     match headers.get(name).and_then(|v| v.to_str().ok()) {
         Some(key) => key.chars().take(8).collect(),
@@ -459,9 +476,9 @@ pub(crate) fn key_prefix(headers: &HeaderMap, name: &HeaderName) -> String {
 const LOG_TARGET: &str = "tower_idempotency_client";
 
 /// The one event per attempt: its number, the method, at most 8 characters of the key, what
-/// came back and what follows. A retry is `INFO`; a stop on a retryable outcome (attempts,
-/// deadline or `Retry-After` exhausted) `WARN`; a final answer `DEBUG` on the first attempt and
-/// `INFO` after retries.
+/// came back and what follows. A retry is `INFO`. A stop on a retryable outcome is `WARN`. A
+/// final answer is `DEBUG` on the first attempt and `INFO` after retries. Each attempt is also
+/// counted (feature `metrics`).
 pub(crate) fn log_attempt(
     attempt: &Attempt<'_>,
     key: &str,
