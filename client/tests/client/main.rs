@@ -14,6 +14,12 @@
 //! `grpc.rs` runs the tower stack on a tonic channel against a tonic server (feature `tonic`).
 //! The helpers come from the workspace's `tests/support`, mounted by `support.rs`.
 
+// Without `hyper-util` and `reqwest` some scenarios and helpers go unused.
+#![cfg_attr(
+    not(all(feature = "hyper-util", feature = "reqwest")),
+    allow(dead_code, unused_macros)
+)]
+
 #[allow(dead_code)]
 mod support;
 
@@ -86,6 +92,8 @@ macro_rules! all_defaults {
     };
 }
 
+// The tower stack tells a failed connect from a lost answer by hyper-util's error.
+#[cfg(feature = "hyper-util")]
 all_defaults!(defaults_tower, Stack::Tower);
 #[cfg(feature = "reqwest")]
 all_defaults!(defaults_reqwest, Stack::Reqwest);

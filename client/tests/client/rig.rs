@@ -22,7 +22,6 @@ pub(crate) enum Backend {
 }
 
 /// Which client stack calls it.
-#[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stack {
     /// `StampKeyLayer` + `RetryLayer<RetryPolicy>` + `TimeoutLayer` on hyper-util's client.
