@@ -19,8 +19,8 @@ use tower::BoxError;
 ///
 /// Both stacks return it. The tower stack returns it as the retry layer's `tower::BoxError`,
 /// when the service below fails with a `BoxError` as `tower::timeout::Timeout` does. The
-/// reqwest stack returns it inside `reqwest_middleware::Error::Middleware`: see
-/// [`of_reqwest`](Self::of_reqwest).
+/// reqwest stack returns it inside `reqwest_middleware::Error::Middleware`, where
+/// `RetryError::of_reqwest` finds it (feature `reqwest`).
 ///
 /// ```
 /// use tower_idempotency_client::RetryError;
