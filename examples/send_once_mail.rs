@@ -52,8 +52,7 @@ async fn main() -> Result<(), Error> {
     let engine = Engine::builder(MemoryStore::new())
         .ttl(Duration::from_secs(7 * 24 * 3600)) // receipts answer repeats for a week
         .build();
-    let mailer = LettreSendOnce::new(engine, stub.clone())
-        .hold(Duration::from_secs(15 * 60)); // an unknown delivery holds its key 15 minutes
+    let mailer = LettreSendOnce::new(engine, stub.clone()).hold(Duration::from_secs(15 * 60)); // an unknown delivery holds its key 15 minutes
 
     for run in 1..=2 {
         let delivery = mailer

@@ -234,7 +234,9 @@ impl Identify<Request<Bytes>> for HttpIdentify {
         let mut values = req.headers().get_all(&self.header).iter();
         let key = match (values.next(), values.next()) {
             (Some(_), Some(_)) => {
-                return Err(KeyError::new(crate::engine::key::KeyErrorKind::MultipleValues));
+                return Err(KeyError::new(
+                    crate::engine::key::KeyErrorKind::MultipleValues,
+                ));
             }
             (Some(v), None) => IdempotencyKey::parse_header(v.as_bytes())?,
             (None, _) => match req.extensions().get::<DerivedKey>() {

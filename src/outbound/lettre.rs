@@ -498,9 +498,8 @@ impl Codec<smtp::response::Response> for Raw {
         let text = std::str::from_utf8(&bytes).map_err(|e| {
             CodecError::with_source(CodecErrorKind::Decode, "an SMTP reply that is not UTF-8", e)
         })?;
-        smtp::response::Response::from_str(text).map_err(|e| {
-            CodecError::with_source(CodecErrorKind::Decode, "not an SMTP reply", e)
-        })
+        smtp::response::Response::from_str(text)
+            .map_err(|e| CodecError::with_source(CodecErrorKind::Decode, "not an SMTP reply", e))
     }
 }
 
