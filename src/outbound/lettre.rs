@@ -32,7 +32,7 @@
 //! [`LettreSendOnce`] wraps any lettre [`AsyncTransport`]: SMTP, the stub, your own. It is
 //! one itself. A message whose key already went is answered with the receipt of its first
 //! send, and not handed to the transport again. Feature `lettre`; lettre itself is
-//! re-exported here as [`lettre`](::lettre).
+//! re-exported here as [`lettre`].
 //!
 //! # The key
 //!
