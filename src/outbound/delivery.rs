@@ -6,7 +6,7 @@ use crate::store::StoreError;
 use std::error::Error as StdError;
 use std::fmt;
 
-/// What became of a send through the door (the `Ok` of [`SendOnce`](super::SendOnce)).
+/// What became of a send through the door: the `Ok` of [`SendOnce`](super::SendOnce).
 ///
 /// | variant | sent now | key |
 /// | --- | --- | --- |
@@ -19,40 +19,42 @@ use std::fmt;
 /// | `Unknown` | maybe | held for the hold time |
 ///
 /// `InFlight`, `Held` and `Unknown` are not errors to retry at once: the message may be on
-/// its way. After `InFlight`, try again shortly (or let the door
-/// [wait](super::SendOnceLayer::wait_in_flight)); after `Held` or `Unknown`, check with the
+/// its way. After `InFlight`, try again shortly, or let the door
+/// [wait](super::SendOnceLayer::wait_in_flight). After `Held` or `Unknown`, check with the
 /// provider, or try again after the hold time.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Delivery<R, E> {
     /// The message went now; its receipt was recorded under the key.
     Sent(R),
-    /// The message went now, without de-duplication: the request had no key, so nothing was
+    /// The message went now, without de-duplication. The request had no key: nothing was
     /// claimed or recorded, and a repeat sends again. Refuse such requests with
     /// [`require_key`](super::SendOnceLayer::require_key).
     SentWithoutKey(R),
     /// An earlier send under this key went: its receipt. Nothing was sent now.
     Replayed(R),
-    /// The provider answered that it took nothing (a 4xx, a 429, an SMTP 5xx reply to a command
-    /// before the message, ...). The key was released: another send under it goes.
+    /// The provider answered that it took nothing: a 4xx, a 429, an SMTP 5xx reply, ...
+    /// The key was released: another send under it goes. The classifier's `Release` is
+    /// retryable, its `Fail` is not.
     Rejected {
         /// The provider's answer.
         response: R,
-        /// Whether the same request may succeed later (429, 503 with `Retry-After`, SMTP 4xx).
+        /// Whether the same request may succeed later: a 429, a 503 with `Retry-After`, an
+        /// SMTP 4xx.
         retryable: bool,
     },
     /// Another send under this key is running now. Nothing was sent now.
     InFlight,
-    /// An earlier send under this key may have gone: its delivery was unknown (or its receipt
-    /// could not be kept), and the key is held for the hold time. Nothing was sent now.
+    /// An earlier send under this key may have gone. Its delivery was unknown, or its receipt
+    /// could not be kept, and the key is held for the hold time. Nothing was sent now.
     Held,
-    /// This send may have gone: the key is held for the hold time, so a retry meanwhile is
+    /// This send may have gone. The key is held for the hold time: a retry meanwhile is
     /// answered [`Held`](Delivery::Held) and sends nothing.
     Unknown(Unknown<R, E>),
 }
 
 impl<R, E> Delivery<R, E> {
-    /// The receipt, when the message went (now or before).
+    /// The receipt, when the message went, now or before.
     #[must_use]
     pub fn receipt(&self) -> Option<&R> {
         match self {
@@ -61,7 +63,7 @@ impl<R, E> Delivery<R, E> {
         }
     }
 
-    /// The receipt, when the message went (now or before).
+    /// The receipt, when the message went, now or before.
     #[must_use]
     pub fn into_receipt(self) -> Option<R> {
         match self {
@@ -70,14 +72,14 @@ impl<R, E> Delivery<R, E> {
         }
     }
 
-    /// Whether this call sent the message (`Sent`, `SentWithoutKey`).
+    /// Whether this call sent the message: `Sent` or `SentWithoutKey`.
     #[must_use]
     pub fn is_sent(&self) -> bool {
         matches!(self, Self::Sent(_) | Self::SentWithoutKey(_))
     }
 
-    /// Whether the message may be on its way without a receipt (`InFlight`, `Held`,
-    /// `Unknown`).
+    /// Whether the message may be on its way without a receipt: `InFlight`, `Held` or
+    /// `Unknown`.
     #[must_use]
     pub fn is_unknown(&self) -> bool {
         matches!(self, Self::InFlight | Self::Held | Self::Unknown(_))
@@ -88,11 +90,11 @@ impl<R, E> Delivery<R, E> {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Unknown<R, E> {
-    /// The provider answered in a way that does not say (an HTTP 500, 502 or 504, a 503
-    /// without `Retry-After`).
+    /// The provider answered in a way that does not say: an HTTP 500, 502 or 504, or a 503
+    /// without `Retry-After`.
     Response(R),
-    /// The exchange failed after it may have reached the provider (a timeout after the request
-    /// was written, a connection reset mid-exchange).
+    /// The exchange failed after it may have reached the provider: a timeout after the
+    /// request was written, a connection reset mid-exchange.
     Error(E),
 }
 
