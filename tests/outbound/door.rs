@@ -557,3 +557,54 @@ pub(crate) async fn an_operator_frees_a_held_key_with_forget<S: Store>(store: Sp
     assert!(matches!(retry, Delivery::Sent(_)), "{retry:?}");
     assert_eq!(provider.received(), 2);
 }
+
+/// A receipt of a serde type, kept as JSON by the door's codec.
+#[cfg(feature = "json")]
+#[tokio::test]
+async fn a_json_receipt_is_replayed_through_the_codec() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::{Layer, service_fn};
+    use tower_idempotency::MemoryStore;
+    use tower_idempotency::engine::{Json, KeyError};
+    use tower_idempotency::outbound::{Identity, SendOnceLayer};
+
+    #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+    struct Charge {
+        id: String,
+        amount: u64,
+    }
+
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let provider = service_fn(move |amount: u64| {
+        let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+        async move {
+            Ok::<_, std::io::Error>(Charge {
+                id: format!("ch_{n}"),
+                amount,
+            })
+        }
+    });
+    let identify = |a: &u64| -> Result<Option<Identity>, KeyError> {
+        Identity::of("charge:1", [a.to_string().as_bytes()]).map(Some)
+    };
+    let door = SendOnceLayer::new(MemoryStore::new(), identify)
+        .codec(Json)
+        .layer(provider);
+    let first = door.clone().oneshot(500).await.unwrap();
+    let again = door.oneshot(500).await.unwrap();
+    let want = Charge {
+        id: "ch_1".into(),
+        amount: 500,
+    };
+    assert!(
+        matches!(&first, Delivery::Sent(c) if *c == want),
+        "{first:?}"
+    );
+    assert!(
+        matches!(&again, Delivery::Replayed(c) if *c == want),
+        "{again:?}"
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
