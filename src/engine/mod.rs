@@ -241,6 +241,13 @@ impl Ticket {
     }
 }
 
+/// A store given where an engine is taken: the engine with the default settings.
+impl<S: Store> From<S> for Engine<S> {
+    fn from(store: S) -> Self {
+        Self::new(store)
+    }
+}
+
 impl<S: Store> Engine<S> {
     /// An engine with the default lease (60 s), retention (24 h) and record body limit (1 MiB).
     #[must_use]
@@ -578,22 +585,6 @@ impl<S: Store> Engine<S> {
         let held = self.store.renew(&ticket.key, &ticket.token, hold).await;
         self.timer.record(Op::Renew, started, &held);
         held
-    }
-
-    /// Renews the ticket's lease once, for the lease (a door that renews many claims in one
-    /// loop, the outbound door's batches). Returns `Ok(false)` when the ticket no longer
-    /// holds the key.
-    ///
-    /// # Errors
-    /// The store's error.
-    pub(crate) async fn renew(&self, ticket: &Ticket) -> Result<bool, StoreError> {
-        let started = Started::now();
-        let renewed = self
-            .store
-            .renew(&ticket.key, &ticket.token, self.lease)
-            .await;
-        self.timer.record(Op::Renew, started, &renewed);
-        renewed
     }
 
     /// Frees the key so a retry runs the work again. Returns `Ok(false)` when the ticket no
