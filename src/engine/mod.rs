@@ -241,6 +241,12 @@ impl Ticket {
     }
 }
 
+impl<S: Store> From<S> for Engine<S> {
+    fn from(store: S) -> Self {
+        Self::new(store)
+    }
+}
+
 impl<S: Store> Engine<S> {
     /// An engine with the default lease (60 s), retention (24 h) and record body limit (1 MiB).
     #[must_use]
