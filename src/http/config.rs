@@ -3,12 +3,12 @@
 use super::fingerprint::FingerprintSpec;
 use super::headers::HeaderPolicy;
 use super::rejection::{Rejection, Renderer};
-use crate::engine::Engine;
 use crate::engine::detach::InFlightWork;
+use crate::engine::Engine;
 use crate::engine::fingerprint::Fingerprint;
+use crate::json::{Found, JsonField, is_json};
 use crate::engine::key::{DEFAULT_MAX_KEY_LEN, IdempotencyKey, KeyError, KeyErrorKind};
 use crate::engine::scope::Scope;
-use crate::json::{Found, JsonField, is_json};
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, HeaderName, Method};

@@ -24,11 +24,11 @@
 //!     .layer(IdempotencyLayer::new().principal(PrincipalMode::Optional));
 //! ```
 
+use crate::http::{ClaimedKey, KeyMissing};
 #[doc(no_inline)]
 pub use crate::engine::key::IdempotencyKey;
 #[doc(no_inline)]
 pub use crate::engine::scope::DerivedKey;
-use crate::http::{ClaimedKey, KeyMissing};
 use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum_core::response::{IntoResponse, Response};
 use http::StatusCode;

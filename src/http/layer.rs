@@ -7,11 +7,11 @@ use super::config::{
 use super::fingerprint::FingerprintSpec;
 use super::rejection::Rejection;
 use super::service::Idempotency;
-use crate::engine::Engine;
 use crate::engine::detach::InFlightWork;
+use crate::engine::Engine;
 use crate::engine::fingerprint::Fingerprint;
-use crate::engine::scope::Scope;
 use crate::json::JsonField;
+use crate::engine::scope::Scope;
 use crate::store::{MemoryStore, Store};
 use bytes::Bytes;
 use http::request::Parts;
@@ -729,8 +729,7 @@ impl<St: Store> IdempotencyLayer<St> {
         key: &crate::IdempotencyKey,
         scope: &Scope,
     ) -> Result<crate::store::Forgotten, crate::store::StoreError> {
-        let store_key =
-            crate::engine::scope::StoreKey::derive(&self.state.config.namespace, scope, key);
+        let store_key = crate::engine::scope::StoreKey::derive(&self.state.config.namespace, scope, key);
         self.state.engine.forget(&store_key).await
     }
 
@@ -744,8 +743,7 @@ impl<St: Store> IdempotencyLayer<St> {
         key: &crate::IdempotencyKey,
         scope: &Scope,
     ) -> Result<crate::store::Forgotten, crate::store::StoreError> {
-        let store_key =
-            crate::engine::scope::StoreKey::derive(&self.state.config.namespace, scope, key);
+        let store_key = crate::engine::scope::StoreKey::derive(&self.state.config.namespace, scope, key);
         self.state.engine.forget_even_pending(&store_key).await
     }
 

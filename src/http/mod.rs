@@ -177,14 +177,14 @@ pub mod grpc;
 #[cfg_attr(docsrs, doc(cfg(feature = "axum")))]
 pub mod extract;
 
+#[cfg(feature = "macros")]
+#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
+pub mod route;
 mod headers;
 mod kept;
 mod layer;
 mod rejection;
 mod replay;
-#[cfg(feature = "macros")]
-#[cfg_attr(docsrs, doc(cfg(feature = "macros")))]
-pub mod route;
 mod service;
 
 pub use crate::engine::detach::{DEFAULT_DETACHED_TIMEOUT, DEFAULT_MAX_DETACHED, InFlightWork};

@@ -34,9 +34,9 @@
 //! ```
 
 use crate::engine::fingerprint::Fingerprint;
+use crate::http::{IdempotencyLayer, PrincipalMode, ResponseMode};
 use crate::engine::record::Record;
 use crate::engine::scope::StoreKey;
-use crate::http::{IdempotencyLayer, PrincipalMode, ResponseMode};
 use crate::store::{Claim, Forgotten, Store, StoreError, Token};
 use http::HeaderName;
 use std::collections::HashMap;

@@ -63,10 +63,10 @@ use super::delivery::{Delivery, OutboundError};
 use super::identify::{Identify, Identity};
 use super::receipt::{Receipt, ReceiptError};
 use super::service::{BoxFuture, SendOnce, SendOnceLayer};
+use crate::engine::{Engine, Fingerprint, KeyError, RecordedResponse, Scope};
 use crate::engine::key::IdempotencyKey;
 use crate::engine::record::Record;
 use crate::engine::scope::DerivedKey;
-use crate::engine::{Engine, Fingerprint, KeyError, RecordedResponse, Scope};
 use crate::store::Store;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
@@ -223,9 +223,7 @@ impl Identify<Request<Bytes>> for HttpIdentify {
         let mut values = req.headers().get_all(&self.header).iter();
         let key = match (values.next(), values.next()) {
             (Some(_), Some(_)) => {
-                return Err(KeyError::new(
-                    crate::engine::key::KeyErrorKind::MultipleValues,
-                ));
+                return Err(KeyError::new(crate::engine::key::KeyErrorKind::MultipleValues));
             }
             (Some(v), None) => IdempotencyKey::parse_header(v.as_bytes())?,
             (None, _) => match req.extensions().get::<DerivedKey>() {

@@ -4,9 +4,9 @@ use super::classify::{Classify, DefaultClassifier, Verdict};
 use super::delivery::{Delivery, OutboundError, Unknown};
 use super::identify::{Identify, Identity};
 use super::receipt::Receipt;
-use crate::engine::scope::StoreKey;
 use crate::engine::{Begin, Engine, RecordError, RecordedResponse, Scope, Ticket};
 use crate::metrics::{self, Outcome, Settled};
+use crate::engine::scope::StoreKey;
 use crate::store::Store;
 use bytes::Bytes;
 use std::future::Future;
@@ -316,9 +316,7 @@ impl<St: Store, I, C> Door<St, I, C> {
                 Ok(Found::Held) => (Outcome::InFlight, Ok(Delivery::Held)),
                 Err(e) => (Outcome::RecordInvalid, Err(OutboundError::RecordInvalid(e))),
             },
-            Ok(Begin::RecordInvalid(e)) => {
-                (Outcome::RecordInvalid, Err(OutboundError::RecordInvalid(e)))
-            }
+            Ok(Begin::RecordInvalid(e)) => (Outcome::RecordInvalid, Err(OutboundError::RecordInvalid(e))),
             Err(e) => {
                 tracing::warn!(error = %e, "outbound idempotency claim failed; nothing sent");
                 (Outcome::of_store_error(&e), Err(OutboundError::Store(e)))
