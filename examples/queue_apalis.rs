@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use tower::{Layer, ServiceExt, service_fn};
 use tower_idempotency::engine::Engine;
-use tower_idempotency::message::jobs::JobIdempotencyLayer;
+use tower_idempotency::message::apalis::ApalisLayer;
 use tower_idempotency::message::{Handled, MessageIdempotencyLayer};
 use tower_idempotency::store::redis::RedisStore;
 
@@ -55,7 +55,7 @@ async fn main() -> Result<(), BoxDynError> {
         )
         .await?;
 
-    let door = JobIdempotencyLayer::new(MessageIdempotencyLayer::new(
+    let door = ApalisLayer::new(MessageIdempotencyLayer::new(
         Engine::new(RedisStore::connect(&url, "example-apalis").await?),
         "email-workers", // the pool's name: the same in every worker process
     ));

@@ -21,8 +21,8 @@ use tower::{ServiceBuilder, service_fn};
 use tower_idempotency::MemoryStore;
 use tower_idempotency::engine::Engine;
 use tower_idempotency::message::MessageIdempotencyLayer;
-use tower_idempotency::message::jetstream::async_nats::{self, jetstream};
-use tower_idempotency::message::jetstream::{JetStreamConsumer, keys};
+use tower_idempotency::message::nats::async_nats::{self, jetstream};
+use tower_idempotency::message::nats::{JetStreamConsumer, keys};
 
 const STREAM: &str = "EXAMPLE_ORDERS";
 

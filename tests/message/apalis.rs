@@ -23,7 +23,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 use tower::{Service, service_fn};
 use tower_idempotency::engine::Engine;
-use tower_idempotency::message::jobs::JobIdempotencyLayer;
+use tower_idempotency::message::apalis::ApalisLayer;
 use tower_idempotency::message::{Handled, MessageIdempotencyLayer};
 use tower_idempotency::store::redis::{RedisStore, redis};
 
@@ -49,10 +49,10 @@ const POOL: &str = "invoice-workers";
 /// The door with its default settings (the engine's lease aside, where a test names one).
 fn door(
     engine: &Engine<RedisStore>,
-) -> JobIdempotencyLayer<
-    MessageIdempotencyLayer<RedisStore, tower_idempotency::message::jobs::TaskKey>,
+) -> ApalisLayer<
+    MessageIdempotencyLayer<RedisStore, tower_idempotency::message::apalis::TaskKey>,
 > {
-    JobIdempotencyLayer::new(MessageIdempotencyLayer::new(engine.clone(), POOL))
+    ApalisLayer::new(MessageIdempotencyLayer::new(engine.clone(), POOL))
 }
 
 fn config(queue: &str) -> Config {
@@ -383,7 +383,7 @@ async fn die_before_ack_then_redeliver(keyed: bool) {
     );
     assert_eq!(
         b[0].2,
-        Ok(Handled::Duplicate(None)),
+        Ok(Handled::Replayed(None)),
         "a completed duplicate"
     );
     assert_eq!(
@@ -491,7 +491,7 @@ where
             *c.lock().unwrap().entry(task.args).or_default() += 1;
             task
         })
-        .layer(JobIdempotencyLayer::new(MessageIdempotencyLayer::new(
+        .layer(ApalisLayer::new(MessageIdempotencyLayer::new(
             engine, "pool",
         )))
         .build(service_fn(handler));

@@ -9,10 +9,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
-use tower_idempotency::engine::{Engine, RecordedResponse, Scope};
+use tower_idempotency::engine::{Engine, Raw, RecordedResponse, Scope, Verdict};
 use tower_idempotency::message::{
-    Envelope, Handled, HeaderOrHash, InProgress, MessageError, MessageErrorKind,
-    MessageIdempotencyLayer, MessageKey, Raw,
+    Envelope, Handled, HeaderOrHash, MessageError, MessageErrorKind, MessageIdempotencyLayer,
+    MessageKey,
 };
 use tower_idempotency::store::{Forgotten, StoreKey};
 use tower_idempotency::{IdempotencyKey, Store};
@@ -124,7 +124,7 @@ macro_rules! outcomes_suite {
                 Handled::Ran("a".into())
             );
             let again = call(&svc, keyed("k1", "a")).await.unwrap();
-            assert_eq!(again, Handled::Duplicate(None));
+            assert_eq!(again, Handled::Replayed(None));
             assert!(again.is_ack());
             assert_eq!(work.runs(), 1, "the handler ran once");
         }
@@ -136,7 +136,7 @@ macro_rules! outcomes_suite {
             };
             let work = Work::default();
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).store_results(Raw))
+                .layer(layer(&engine, &namespace()).codec(Raw))
                 .service(work.service());
             assert_eq!(
                 call(&svc, keyed("k1", "result")).await.unwrap(),
@@ -144,7 +144,7 @@ macro_rules! outcomes_suite {
             );
             assert_eq!(
                 call(&svc, keyed("k1", "result")).await.unwrap(),
-                Handled::Duplicate(Some("result".into()))
+                Handled::Replayed(Some("result".into()))
             );
             assert_eq!(work.runs(), 1);
         }
@@ -161,7 +161,7 @@ macro_rules! outcomes_suite {
             let err = call(&svc, keyed("k1", "fail")).await.unwrap_err();
             assert_eq!(err.kind(), MessageErrorKind::Handler);
             assert!(err.is_retryable());
-            assert_eq!(err.into_handler_error().unwrap(), Failed);
+            assert_eq!(err.into_inner().unwrap(), Failed);
             assert_eq!(spy.releases(), 1);
             let err = call(&svc, keyed("k1", "fail")).await.unwrap_err();
             assert_eq!(
@@ -179,7 +179,11 @@ macro_rules! outcomes_suite {
             };
             let work = Work::default();
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).classify(|r: &String| r != "bad"))
+                .layer(layer(&engine, &namespace()).classify(|r: &Result<String, Failed>| match r {
+                    Ok(body) if body == "bad" => Verdict::Release,
+                    Ok(_) => Verdict::Record,
+                    Err(_) => Verdict::Release,
+                }))
                 .service(work.service());
             let first = call(&svc, keyed("k1", "bad")).await.unwrap();
             assert_eq!(first, Handled::Failed("bad".into()));
@@ -214,7 +218,7 @@ macro_rules! outcomes_suite {
             assert_eq!(err.kind(), MessageErrorKind::InFlight);
             assert!(err.is_retryable(), "redeliver it");
             assert!(
-                waited >= InProgress::DEFAULT_WAIT && waited < LEASE / 2,
+                waited >= Duration::from_secs(1) && waited < LEASE / 2,
                 "waited the default bound first: {waited:?}"
             );
             let after = err.retry_after().unwrap();
@@ -226,7 +230,7 @@ macro_rules! outcomes_suite {
             assert_eq!(first.await.unwrap().unwrap(), Handled::Ran("slow".into()));
             assert_eq!(
                 call(&svc, keyed("k1", "slow")).await.unwrap(),
-                Handled::Duplicate(None)
+                Handled::Replayed(None)
             );
             assert_eq!(work.runs(), 1, "never two handlers at once");
         }
@@ -238,7 +242,7 @@ macro_rules! outcomes_suite {
             };
             let work = Work::default();
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).store_results(Raw))
+                .layer(layer(&engine, &namespace()).codec(Raw))
                 .service(work.service());
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
             work.started.notified().await;
@@ -248,7 +252,7 @@ macro_rules! outcomes_suite {
             assert_eq!(first.await.unwrap().unwrap(), Handled::Ran("slow".into()));
             assert_eq!(
                 dup.await.unwrap().unwrap(),
-                Handled::Duplicate(Some("slow".into())),
+                Handled::Replayed(Some("slow".into())),
                 "answered from the record within the default wait"
             );
             assert_eq!(work.runs(), 1);
@@ -261,7 +265,7 @@ macro_rules! outcomes_suite {
             };
             let work = Work::default();
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).in_progress(InProgress::Skip))
+                .layer(layer(&engine, &namespace()).skip_in_flight(true))
                 .service(work.service());
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
             work.started.notified().await;
@@ -280,7 +284,7 @@ macro_rules! outcomes_suite {
             };
             let work = Work::default();
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).in_progress(InProgress::Reject))
+                .layer(layer(&engine, &namespace()).wait_in_flight(Duration::ZERO))
                 .service(work.service());
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
             work.started.notified().await;
@@ -297,7 +301,7 @@ macro_rules! outcomes_suite {
             first.await.unwrap().unwrap();
             assert_eq!(
                 call(&svc, keyed("k1", "slow")).await.unwrap(),
-                Handled::Duplicate(None)
+                Handled::Replayed(None)
             );
             assert_eq!(work.runs(), 1);
         }
@@ -316,7 +320,7 @@ macro_rules! outcomes_suite {
             let svc = ServiceBuilder::new()
                 .layer(
                     layer(&engine, &namespace())
-                        .in_progress(InProgress::Reject)
+                        .wait_in_flight(Duration::ZERO)
                         .run_to_completion(false),
                 )
                 .service(work.service());
@@ -344,8 +348,8 @@ macro_rules! outcomes_suite {
             let svc = ServiceBuilder::new()
                 .layer(
                     layer(&engine, &namespace())
-                        .in_progress(InProgress::Wait(Duration::from_secs(4)))
-                        .store_results(Raw),
+                        .wait_in_flight(Duration::from_secs(4))
+                        .codec(Raw),
                 )
                 .service(work.service());
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
@@ -359,7 +363,7 @@ macro_rules! outcomes_suite {
             work.gate.notify_one();
             assert_eq!(first.await.unwrap().unwrap(), Handled::Ran("slow".into()));
             let dup = dup.await.unwrap().unwrap();
-            assert_eq!(dup, Handled::Duplicate(Some("slow".into())));
+            assert_eq!(dup, Handled::Replayed(Some("slow".into())));
             assert!(dup.is_ack());
             assert_eq!(work.runs(), 1, "the handler ran once");
         }
@@ -387,7 +391,7 @@ macro_rules! outcomes_suite {
             let svc = ServiceBuilder::new()
                 .layer(
                     layer(&engine, &namespace())
-                        .in_progress(InProgress::Wait(Duration::from_secs(4))),
+                        .wait_in_flight(Duration::from_secs(4)),
                 )
                 .service(handler);
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "x")));
@@ -413,7 +417,7 @@ macro_rules! outcomes_suite {
             let work = Work::default();
             let bound = Duration::from_millis(300);
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).in_progress(InProgress::Wait(bound)))
+                .layer(layer(&engine, &namespace()).wait_in_flight(bound))
                 .service(work.service());
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
             work.started.notified().await;
@@ -430,7 +434,7 @@ macro_rules! outcomes_suite {
             first.await.unwrap().unwrap();
             assert_eq!(
                 call(&svc, keyed("k1", "slow")).await.unwrap(),
-                Handled::Duplicate(None)
+                Handled::Replayed(None)
             );
             assert_eq!(work.runs(), 1, "the handler ran once");
         }
@@ -450,7 +454,7 @@ macro_rules! outcomes_suite {
             call(&svc, keyed("k1", "a")).await.unwrap();
             assert_eq!(
                 call(&svc, keyed("k1", "a")).await.unwrap(),
-                Handled::Duplicate(None)
+                Handled::Replayed(None)
             );
             assert_eq!(door.forget(&key).await.unwrap(), Forgotten::Record);
             assert_eq!(
@@ -477,8 +481,8 @@ macro_rules! outcomes_suite {
             };
             let work = Work::default();
             let door = layer(&engine, &namespace())
-                .store_results(Raw)
-                .in_progress(InProgress::Reject);
+                .codec(Raw)
+                .wait_in_flight(Duration::ZERO);
             let svc = ServiceBuilder::new()
                 .layer(door.clone())
                 .service(work.service());
@@ -509,7 +513,7 @@ macro_rules! outcomes_suite {
             assert_eq!(again.await.unwrap().unwrap(), Handled::Ran("slow".into()));
             assert_eq!(
                 call(&svc, keyed("k1", "slow")).await.unwrap(),
-                Handled::Duplicate(Some("slow".into()))
+                Handled::Replayed(Some("slow".into()))
             );
         }
 
@@ -519,8 +523,8 @@ macro_rules! outcomes_suite {
                 return;
             };
             let work = Work::default();
-            let door = layer(&engine, &namespace()).store_results(Raw);
-            let in_flight = door.in_flight();
+            let door = layer(&engine, &namespace()).codec(Raw);
+            let in_flight = door.drain();
             let svc = ServiceBuilder::new().layer(door).service(work.service());
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
             work.started.notified().await;
@@ -533,7 +537,7 @@ macro_rules! outcomes_suite {
             assert!(in_flight.is_empty());
             assert_eq!(
                 call(&svc, keyed("k1", "slow")).await.unwrap(),
-                Handled::Duplicate(Some("slow".into())),
+                Handled::Replayed(Some("slow".into())),
                 "the outcome was recorded"
             );
             assert_eq!(work.runs(), 1, "the handler ran once");
@@ -547,8 +551,8 @@ macro_rules! outcomes_suite {
             let work = Work::default();
             let door = layer(&engine, &namespace())
                 .detached_timeout(Duration::from_millis(200))
-                .in_progress(InProgress::Reject);
-            let in_flight = door.in_flight();
+                .wait_in_flight(Duration::ZERO);
+            let in_flight = door.drain();
             let svc = ServiceBuilder::new().layer(door).service(work.service());
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
             work.started.notified().await;
@@ -576,8 +580,8 @@ macro_rules! outcomes_suite {
             let work = Work::default();
             let door = layer(&engine, &namespace())
                 .run_to_completion(false)
-                .in_progress(InProgress::Reject);
-            let in_flight = door.in_flight();
+                .wait_in_flight(Duration::ZERO);
+            let in_flight = door.drain();
             let svc = ServiceBuilder::new().layer(door).service(work.service());
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
             work.started.notified().await;
@@ -632,18 +636,21 @@ macro_rules! outcomes_suite {
             };
             let work = Work::default();
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).permanent_errors(|_: &Failed| true))
+                .layer(layer(&engine, &namespace()).classify(|r: &Result<String, Failed>| match r {
+                    Ok(_) => Verdict::Record,
+                    Err(_) => Verdict::Fail,
+                }))
                 .service(work.service());
             let err = call(&svc, keyed("k1", "fail")).await.unwrap_err();
             assert_eq!(err.kind(), MessageErrorKind::Handler);
-            assert!(err.is_permanent() && !err.is_retryable(), "{err:?}");
-            assert_eq!(err.handler_error(), Some(&Failed));
+            assert!(!err.is_retryable(), "{err:?}");
+            assert_eq!(err.get_ref(), Some(&Failed));
             // Released, as any handler error: a replay of the message runs it again.
             assert!(
-                call(&svc, keyed("k1", "fail"))
+                !call(&svc, keyed("k1", "fail"))
                     .await
                     .unwrap_err()
-                    .is_permanent()
+                    .is_retryable()
             );
             assert_eq!(work.runs(), 2, "the key was released");
 
@@ -652,7 +659,7 @@ macro_rules! outcomes_suite {
                 .layer(layer(&engine, &namespace()))
                 .service(work.service());
             let err = call(&svc, keyed("k1", "fail")).await.unwrap_err();
-            assert!(err.is_retryable() && !err.is_permanent());
+            assert!(err.is_retryable());
         }
 
         #[tokio::test]
@@ -663,7 +670,7 @@ macro_rules! outcomes_suite {
             let engine = Engine::builder(spy).lease(LEASE).max_record_body(8).build();
             let work = Work::default();
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).store_results(Raw))
+                .layer(layer(&engine, &namespace()).codec(Raw))
                 .service(work.service());
             let long = "a result of more than eight bytes";
             assert_eq!(
@@ -673,7 +680,7 @@ macro_rules! outcomes_suite {
             // Work that succeeded: its redelivery is a completed duplicate, acknowledged.
             assert_eq!(
                 call(&svc, keyed("k1", long)).await.unwrap(),
-                Handled::Duplicate(None)
+                Handled::Replayed(None)
             );
             assert_eq!(
                 call(&svc, keyed("k2", "short")).await.unwrap(),
@@ -681,7 +688,7 @@ macro_rules! outcomes_suite {
             );
             assert_eq!(
                 call(&svc, keyed("k2", "short")).await.unwrap(),
-                Handled::Duplicate(Some("short".into())),
+                Handled::Replayed(Some("short".into())),
                 "a result that fits is kept"
             );
             assert_eq!(work.runs(), 2);
@@ -719,7 +726,7 @@ macro_rules! outcomes_suite {
             };
             let work = Work::default();
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).in_progress(InProgress::Reject))
+                .layer(layer(&engine, &namespace()).wait_in_flight(Duration::ZERO))
                 .service(work.service());
             spy.fail_completes(true);
             assert_eq!(
@@ -783,7 +790,7 @@ macro_rules! outcomes_suite {
                 call(&svc, listed.clone()).await.unwrap(),
                 Handled::Ran("a".into())
             );
-            assert_eq!(call(&svc, listed).await.unwrap(), Handled::Duplicate(None));
+            assert_eq!(call(&svc, listed).await.unwrap(), Handled::Replayed(None));
         }
 
         #[tokio::test]
@@ -856,7 +863,7 @@ macro_rules! outcomes_suite {
                 call(&svc, m.clone()).await.unwrap(),
                 Handled::Ran("order 17".into())
             );
-            assert_eq!(call(&svc, m).await.unwrap(), Handled::Duplicate(None));
+            assert_eq!(call(&svc, m).await.unwrap(), Handled::Replayed(None));
             let other = Envelope::new("orders", "order 18");
             assert_eq!(
                 call(&svc, other).await.unwrap(),
@@ -963,7 +970,7 @@ async fn the_message_door_counts_each_outcome_once() {
     );
     assert_eq!(
         call(&svc, keyed("k1", "a")).await.unwrap(),
-        Handled::Duplicate(None)
+        Handled::Replayed(None)
     );
     assert_eq!(counted(), ["door=message,outcome=replayed"]);
     assert!(call(&svc, keyed("k1", "b")).await.is_err());
