@@ -49,9 +49,7 @@ const POOL: &str = "invoice-workers";
 /// The door with its default settings (the engine's lease aside, where a test names one).
 fn door(
     engine: &Engine<RedisStore>,
-) -> ApalisLayer<
-    MessageIdempotencyLayer<RedisStore, tower_idempotency::message::apalis::TaskKey>,
-> {
+) -> ApalisLayer<MessageIdempotencyLayer<RedisStore, tower_idempotency::message::apalis::TaskKey>> {
     ApalisLayer::new(MessageIdempotencyLayer::new(engine.clone(), POOL))
 }
 
@@ -381,11 +379,7 @@ async fn die_before_ack_then_redeliver(keyed: bool) {
         a[0].1, b[0].1,
         "the map serialized in another order (the case under test)"
     );
-    assert_eq!(
-        b[0].2,
-        Ok(Handled::Replayed(None)),
-        "a completed duplicate"
-    );
+    assert_eq!(b[0].2, Ok(Handled::Replayed(None)), "a completed duplicate");
     assert_eq!(
         effects.load(Ordering::SeqCst),
         1,

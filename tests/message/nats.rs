@@ -20,9 +20,9 @@ use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_idempotency::MemoryStore;
 use tower_idempotency::Store;
 use tower_idempotency::engine::Engine;
+use tower_idempotency::engine::Verdict;
 use tower_idempotency::message::nats::async_nats::{self, jetstream};
 use tower_idempotency::message::nats::{JetStreamConsumer, Reply, keys};
-use tower_idempotency::engine::Verdict;
 use tower_idempotency::message::{Handled, MessageErrorKind, MessageIdempotencyLayer};
 
 use jetstream::consumer::{AckPolicy, PullConsumer, pull};
@@ -279,11 +279,13 @@ async fn a_failing_handler_is_naked_with_a_growing_delay_and_a_permanent_error_t
     });
     let consumer = JetStreamConsumer::new(
         ServiceBuilder::new()
-            .layer(layer(&engine, "billing").classify(|r: &Result<(), &str>| match r {
-                Ok(()) => Verdict::Record,
-                Err(e) if *e == "unparsable" => Verdict::Fail,
-                Err(_) => Verdict::Release,
-            }))
+            .layer(
+                layer(&engine, "billing").classify(|r: &Result<(), &str>| match r {
+                    Ok(()) => Verdict::Record,
+                    Err(e) if *e == "unparsable" => Verdict::Fail,
+                    Err(_) => Verdict::Release,
+                }),
+            )
             .service(handler),
     );
     let c = rig.connect("billing").await;

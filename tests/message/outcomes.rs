@@ -179,11 +179,13 @@ macro_rules! outcomes_suite {
             };
             let work = Work::default();
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).classify(|r: &Result<String, Failed>| match r {
-                    Ok(body) if body == "bad" => Verdict::Release,
-                    Ok(_) => Verdict::Record,
-                    Err(_) => Verdict::Release,
-                }))
+                .layer(layer(&engine, &namespace()).classify(
+                    |r: &Result<String, Failed>| match r {
+                        Ok(body) if body == "bad" => Verdict::Release,
+                        Ok(_) => Verdict::Record,
+                        Err(_) => Verdict::Release,
+                    },
+                ))
                 .service(work.service());
             let first = call(&svc, keyed("k1", "bad")).await.unwrap();
             assert_eq!(first, Handled::Failed("bad".into()));
@@ -389,10 +391,7 @@ macro_rules! outcomes_suite {
                 }
             });
             let svc = ServiceBuilder::new()
-                .layer(
-                    layer(&engine, &namespace())
-                        .wait_in_flight(Duration::from_secs(4)),
-                )
+                .layer(layer(&engine, &namespace()).wait_in_flight(Duration::from_secs(4)))
                 .service(handler);
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "x")));
             while runs.load(Ordering::SeqCst) == 0 {
@@ -636,10 +635,12 @@ macro_rules! outcomes_suite {
             };
             let work = Work::default();
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).classify(|r: &Result<String, Failed>| match r {
-                    Ok(_) => Verdict::Record,
-                    Err(_) => Verdict::Fail,
-                }))
+                .layer(layer(&engine, &namespace()).classify(
+                    |r: &Result<String, Failed>| match r {
+                        Ok(_) => Verdict::Record,
+                        Err(_) => Verdict::Fail,
+                    },
+                ))
                 .service(work.service());
             let err = call(&svc, keyed("k1", "fail")).await.unwrap_err();
             assert_eq!(err.kind(), MessageErrorKind::Handler);
