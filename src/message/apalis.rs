@@ -207,7 +207,7 @@ fn write_json<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
 /// use apalis_core::task::builder::TaskBuilder;
 /// use apalis_core::task::task_id::TaskId;
 /// use tower_idempotency::message::KeyStrategy;
-/// use tower_idempotency::message::jobs::TaskKey;
+/// use tower_idempotency::message::apalis::TaskKey;
 ///
 /// let reminder = |id: u64| TaskBuilder::new(5_u32).task_id(TaskId::from_int(id)).build();
 /// let (monday, tuesday) = (reminder(1), reminder(2));
