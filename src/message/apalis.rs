@@ -702,6 +702,25 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_result_classified_fail_kills_the_task() {
+        let svc = ApalisLayer::new(door().classify(|r: &Result<bool, Infallible>| match r {
+            Ok(true) => Verdict::Record,
+            _ => Verdict::Fail,
+        }))
+        .layer(service_fn(|_: Task<u32>| async {
+            Ok::<_, Infallible>(false)
+        }));
+        let t = task(5_u32, 1);
+        t.ctx().raw_status().store(Status::Done);
+        let status = t.ctx().raw_status().clone();
+        let e = svc.oneshot(t).await.unwrap_err();
+        let abort = e.downcast_ref::<AbortError>().expect("an AbortError");
+        let cause = std::error::Error::source(abort).expect("the cause");
+        assert!(cause.downcast_ref::<Unsuccessful>().is_some(), "{cause}");
+        assert_eq!(status.load(), Status::Killed);
+    }
+
+    #[tokio::test]
     async fn a_handler_error_keeps_the_status_apalis_gave_it() {
         let svc = ApalisLayer::new(door()).layer(service_fn(|_: Task<u32>| async {
             Err::<(), BoxDynError>(Box::new(AbortError::new("permanent")))

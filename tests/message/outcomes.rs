@@ -202,6 +202,93 @@ macro_rules! outcomes_suite {
         }
 
         #[tokio::test]
+        async fn a_result_classified_fail_is_rejected_and_one_classified_hold_keeps_its_key() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(
+                    layer(&engine, &namespace())
+                        .wait_in_flight(Duration::ZERO)
+                        .classify(|r: &Result<String, Failed>| match r {
+                            Ok(body) if body == "rejected" => Verdict::Fail,
+                            Ok(body) if body == "held" => Verdict::Hold,
+                            Ok(_) => Verdict::Record,
+                            Err(_) => Verdict::Release,
+                        }),
+                )
+                .service(work.service());
+            let rejected = call(&svc, keyed("k1", "rejected")).await.unwrap();
+            assert_eq!(rejected, Handled::Rejected("rejected".into()));
+            assert!(!rejected.is_ack() && rejected.ran());
+            assert_eq!(
+                call(&svc, keyed("k1", "rejected")).await.unwrap(),
+                Handled::Rejected("rejected".into()),
+                "released: a redelivery runs again"
+            );
+            assert_eq!(work.runs(), 2);
+
+            let held = call(&svc, keyed("k2", "held")).await.unwrap();
+            assert_eq!(held, Handled::Held("held".into()));
+            assert!(!held.is_ack());
+            let again = call(&svc, keyed("k2", "held")).await.unwrap_err();
+            assert_eq!(
+                again.kind(),
+                MessageErrorKind::InFlight,
+                "the key stays pending"
+            );
+            assert_eq!(
+                work.runs(),
+                3,
+                "a held message does not run again in its lease"
+            );
+        }
+
+        #[tokio::test]
+        async fn a_held_error_is_retryable_after_the_lease_and_a_recorded_one_is_replayed() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let held = ServiceBuilder::new()
+                .layer(
+                    layer(&engine, &namespace())
+                        .wait_in_flight(Duration::ZERO)
+                        .classify(|r: &Result<String, Failed>| match r {
+                            Ok(_) => Verdict::Record,
+                            Err(_) => Verdict::Hold,
+                        }),
+                )
+                .service(work.service());
+            let err = call(&held, keyed("k1", "fail")).await.unwrap_err();
+            assert_eq!(err.kind(), MessageErrorKind::Handler);
+            assert!(err.is_retryable());
+            assert_eq!(err.retry_after(), Some(LEASE));
+            assert_eq!(err.into_inner(), Some(Failed));
+            let again = call(&held, keyed("k1", "fail")).await.unwrap_err();
+            assert_eq!(again.kind(), MessageErrorKind::InFlight);
+            assert_eq!(work.runs(), 1);
+
+            let recorded = ServiceBuilder::new()
+                .layer(
+                    layer(&engine, &namespace())
+                        .codec(Raw)
+                        .classify(|_: &Result<String, Failed>| Verdict::Record),
+                )
+                .service(work.service());
+            let err = call(&recorded, keyed("k2", "fail")).await.unwrap_err();
+            assert_eq!(err.kind(), MessageErrorKind::Handler);
+            assert!(!err.is_retryable() && err.retry_after().is_none());
+            assert_eq!(
+                call(&recorded, keyed("k2", "fail")).await.unwrap(),
+                Handled::Replayed(None),
+                "recorded as done, without a result"
+            );
+            assert_eq!(work.runs(), 2);
+        }
+
+        #[tokio::test]
         async fn by_default_a_duplicate_in_flight_waits_then_is_refused_never_acknowledged() {
             let Some((_, engine)) = setup().await else {
                 return;
@@ -261,7 +348,7 @@ macro_rules! outcomes_suite {
         }
 
         #[tokio::test]
-        async fn a_duplicate_in_flight_is_skipped_and_acknowledged_under_skip() {
+        async fn a_duplicate_in_flight_is_acknowledged_unrun_with_skip_in_flight() {
             let Some((_, engine)) = setup().await else {
                 return;
             };
@@ -280,7 +367,7 @@ macro_rules! outcomes_suite {
         }
 
         #[tokio::test]
-        async fn a_duplicate_in_flight_is_rejected_for_later_under_reject() {
+        async fn a_duplicate_in_flight_is_refused_at_once_with_no_wait() {
             let Some((_, engine)) = setup().await else {
                 return;
             };
