@@ -199,9 +199,11 @@ fn write_json<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
     }
 }
 
-/// How the door finds an apalis task's key. Every strategy takes the task's own idempotency
-/// key first (`TaskBuilder::idempotency_key`), then a task metadata entry `Idempotency-Key`
-/// (any case); they differ in what keys a task that has neither.
+/// How the door finds an apalis task's key.
+///
+/// Every strategy takes the task's own idempotency key first, set by
+/// `TaskBuilder::idempotency_key`. Then a task metadata entry `Idempotency-Key`, in any case.
+/// They differ in what keys a task that has neither.
 ///
 /// ```
 /// use apalis_core::task::builder::TaskBuilder;
@@ -218,19 +220,23 @@ fn write_json<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TaskKey {
-    /// The task's id ([`TaskKey::task_id_key`]): the same for every retry and redelivery of
-    /// one task, never for two tasks. The default. A task without an id (apalis' backends give
-    /// every task one) has no key: it runs untracked, or is refused with
-    /// [`require_key`](MessageIdempotencyLayer::require_key).
+    /// The task's id, as [`TaskKey::task_id_key`] makes it. The default.
+    ///
+    /// It is the same for every retry and redelivery of one task, never for two tasks. A
+    /// task without an id has no key: it runs untracked, or is refused with
+    /// [`require_key`](MessageIdempotencyLayer::require_key). apalis' backends give every
+    /// task an id.
     #[default]
     TaskId,
-    /// The SHA-256 of the queue and the arguments as JSON (every object's keys sorted, arrays
-    /// in order; [`MessageKey::digest`]). **Tasks pushed with equal arguments are one job**:
-    /// the second is a duplicate and does not run, at any later time within the engine's
-    /// retention (a daily reminder with the same arguments runs once). Use it where a repeat
-    /// push is a producer's retry and equal arguments mean the same work. A `HashSet` in the
-    /// arguments (or any value whose JSON is not the same each time) keys each delivery
-    /// differently, so a redelivery runs again.
+    /// The [digest](MessageKey::digest) of the queue and the arguments as JSON. Every
+    /// object's keys are sorted; arrays keep their order.
+    ///
+    /// **Tasks pushed with equal arguments are one job.** The second is a duplicate and does
+    /// not run, at any later time within the engine's retention: a daily reminder with the
+    /// same arguments runs once. Use it where a repeat push is a producer's retry and equal
+    /// arguments mean the same work. A `HashSet` in the arguments, or any value whose JSON
+    /// is not the same each time, keys each delivery differently. A redelivery then runs
+    /// again.
     Arguments,
     /// No key unless the producer gave one: the task runs untracked, or is refused with
     /// [`require_key`](MessageIdempotencyLayer::require_key).
@@ -238,9 +244,10 @@ pub enum TaskKey {
 }
 
 impl TaskKey {
-    /// The key [`TaskKey::TaskId`] gives a task with this id (and no key of its own), to pass
-    /// to [`MessageIdempotencyLayer::forget`]. A digest, so it never equals a key a producer
-    /// gave, whatever the id spells.
+    /// The key [`TaskKey::TaskId`] gives a task with this id and no key of its own.
+    ///
+    /// Pass it to [`MessageIdempotencyLayer::forget`]. It is a digest, so it never equals a
+    /// key a producer gave, whatever the id spells.
     #[must_use]
     pub fn task_id_key(id: &TaskId) -> MessageKey {
         MessageKey::digest("", Some(TASK_ID_SCHEMA), id.to_string().as_bytes())
