@@ -523,3 +523,45 @@ async fn a_store_outage_naks_with_backoff_and_the_redelivery_runs() {
     assert_eq!(processed.outcome.unwrap(), Handled::Ran(()));
     assert_eq!(effects.count("order-3"), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_classified_fail_is_terminated_and_one_classified_hold_is_naked() {
+    let Some(rig) = rig().await else { return };
+    rig.durable("billing").await;
+    let engine = Engine::new(MemoryStore::new());
+    let handler = service_fn(|m: async_nats::Message| async move {
+        Ok::<_, Infallible>(String::from_utf8(m.payload.to_vec()).unwrap())
+    });
+    let consumer = JetStreamConsumer::new(
+        ServiceBuilder::new()
+            .layer(
+                layer(&engine, "billing").classify(|r: &Result<String, Infallible>| match r {
+                    Ok(body) if body == "gone" => Verdict::Fail,
+                    Ok(body) if body == "maybe" => Verdict::Hold,
+                    _ => Verdict::Record,
+                }),
+            )
+            .service(handler),
+    )
+    .ack_wait(ACK_WAIT);
+    let c = rig.connect("billing").await;
+
+    rig.publish("orders.created", Some("k-gone"), "gone").await;
+    let gone = consumer
+        .handle(next(&c, Duration::from_secs(5)).await.unwrap())
+        .await;
+    assert_eq!(gone.outcome.unwrap(), Handled::Rejected("gone".into()));
+    assert_eq!(gone.reply, Reply::Term);
+
+    rig.publish("orders.created", Some("k-maybe"), "maybe")
+        .await;
+    let maybe = consumer
+        .handle(next(&c, Duration::from_secs(5)).await.unwrap())
+        .await;
+    assert_eq!(maybe.outcome.unwrap(), Handled::Held("maybe".into()));
+    assert_eq!(
+        maybe.reply,
+        Reply::Nak(Some(Duration::from_millis(500))),
+        "naked as a duplicate in flight"
+    );
+}
