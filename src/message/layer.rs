@@ -33,7 +33,7 @@ const DOOR_VALUE: &[u8] = b"message/v1";
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Handled<R> {
-    /// The handler ran and succeeded. Its result is recorded under the key.
+    /// The handler ran, and its result is recorded under the key.
     Ran(R),
     /// The handler ran, and the classifier gave [`Verdict::Release`]. The key was released,
     /// so a redelivery runs again. Do not acknowledge.
