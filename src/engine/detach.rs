@@ -48,7 +48,7 @@ use tracing::Instrument;
 /// The claimed work of one layer (and of every service and `#[idempotent]` route built from
 /// it) that has not finished yet: handlers still running, and outcomes still being recorded.
 /// Made by [`IdempotencyLayer::in_flight`](crate::IdempotencyLayer::in_flight) and
-/// [`MessageIdempotencyLayer::in_flight`](crate::message::MessageIdempotencyLayer::in_flight);
+/// [`MessageIdempotencyLayer::drain`](crate::message::MessageIdempotencyLayer::drain);
 /// cheap to clone. (The same type as `http::InFlightWork` and `message::InFlightWork`.)
 ///
 /// Wait on it after the server (or consumer) has stopped taking work, so that the work its
