@@ -1,17 +1,20 @@
-//! The client against the real server layer, through the TCP fault proxy of
-//! `tests/support/proxy.rs`.
+//! The client door against the real server layer: both client stacks (`RetryMiddleware` on
+//! reqwest, `StampKeyLayer` + `RetryPolicy` on a hyper-util client) call the in-process app
+//! behind `IdempotencyLayer` with `MemoryStore` and with `RedisStore` (a `redis-server` on a
+//! free loopback port), through the TCP fault proxy of `tests/support/proxy.rs`.
 //!
-//! Two client stacks call an in-process app behind `IdempotencyLayer`: `RetryMiddleware` on
-//! reqwest, and `StampKeyLayer` with `RetryPolicy` on a hyper-util client. The app runs over
-//! `MemoryStore` and over `RedisStore`, with a `redis-server` on a free loopback port. Every
-//! scenario in `scenarios.rs` runs once per store and stack: `memory_tower::…`,
-//! `memory_reqwest::…`, `redis_tower::…` and `redis_reqwest::…`.
+//! Every scenario in `scenarios.rs` runs once per store and stack
+//! (`memory_tower::…`, `memory_reqwest::…`, `redis_tower::…`, `redis_reqwest::…`):
 //!
 //! ```text
 //! cargo test --features reqwest,redis,tonic --test client
 //! ```
 //!
-//! `grpc.rs` runs the tower stack on a tonic channel against a tonic server, feature `tonic`.
+//! `grpc.rs` runs the tower stack on a tonic channel against a tonic server (feature `tonic`).
+//!
+//! A binary of its own rather than a module of `tests/faults`: the client is a door of its own
+//! (one binary per door or store family), and its tests need the `reqwest` feature where the
+//! store-fault tests need `redis` only.
 
 #[path = "../support/mod.rs"]
 mod support;

@@ -1,12 +1,13 @@
-//! The outbound door: a job that runs twice sends once.
+//! The outbound door (issue 13, "send once"): a job that runs twice sends once.
 //!
-//! - `door.rs`: every outcome of the generic door over a scripted provider, once per store.
-//!   `memory::…` runs over `MemoryStore`, `redis::…` over a `redis-server` on a free loopback
-//!   port. Each store is wrapped in a spy store that can fail claims and completes.
-//! - `http_calls.rs`: the HTTP adapter over hyper-util's client against local stubs. One stub
-//!   answers, one reads the body and closes, one refuses connections.
-//! - The lettre adapter's tests, feature `lettre`, send over lettre's SMTP transport to a
-//!   real SMTP server: Debian's `python3-aiosmtpd`, run by `tests/support/smtp_server.py`.
+//! - `door.rs`: every outcome of the generic `SendOnce` over a scripted provider, once per
+//!   store (`memory::…` over `MemoryStore`, `redis::…` over a `redis-server` on a free
+//!   loopback port), each store wrapped in the spy store that can fail claims and completes;
+//! - `batch.rs`: batches, fresh requests through the inner batch path, repeats in place;
+//! - `http_calls.rs`: the HTTP adapter over hyper-util's client against local stubs (one that
+//!   answers, one that reads the body and closes, one that refuses connections);
+//! - `mail.rs` (feature `lettre`): lettre's SMTP transport against a real SMTP server
+//!   (Debian's `python3-aiosmtpd`, `tests/support/smtp_server.py`).
 //!
 //! ```text
 //! cargo test -p tower-idempotency --features redis,lettre,json,hyper-util --test outbound
