@@ -1,4 +1,6 @@
 #![doc = include_str!("docs/crate.md")]
+#![doc = include_str!("docs/namespaces.md")]
+#![doc = include_str!("docs/metrics.md")]
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
