@@ -39,10 +39,11 @@ pub use crate::engine::codec::{BoxFuture, Codec, CodecError, CodecErrorKind, Dis
 pub use crate::engine::verdict::{Classify, Verdict};
 
 pub use crate::engine::fingerprint::{Fingerprint, FingerprintBuilder};
-pub use crate::engine::key::{DEFAULT_MAX_KEY_LEN, KeyError, KeyErrorKind};
-pub use crate::engine::record::{Field, RecordError, RecordTimes, RecordedResponse};
+pub use crate::engine::key::{KeyError, KeyErrorKind};
+pub use crate::engine::record::{
+    Field, RecordError, RecordErrorKind, RecordTimes, RecordedResponse,
+};
 pub use crate::engine::scope::Scope;
-pub use crate::engine::secret::SecretTooShort;
 
 use crate::metrics::{Op, Started, StoreTimer};
 use crate::engine::record::Record;
@@ -57,11 +58,11 @@ use std::task::Poll;
 use std::time::Duration;
 
 /// The default lease: how long a claim holds a key before another claimant may take it.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 /// The default retention of a completed record.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// The default largest recorded body.
-pub const DEFAULT_MAX_RECORD_BODY: usize = 1024 * 1024;
+pub(crate) const DEFAULT_MAX_RECORD_BODY: usize = 1024 * 1024;
 
 /// The longest lease, retention or wait the engine counts: about a century, as the stores keep
 /// at most. A longer one (up to `Duration::MAX`) counts as this, so no value can overflow a
@@ -238,6 +239,13 @@ impl Ticket {
     #[cfg(feature = "postgres")]
     pub(crate) fn fingerprint(&self) -> &Fingerprint {
         &self.fingerprint
+    }
+}
+
+impl<S: Store> From<S> for Engine<S> {
+    /// [`Engine::new`]: every door's `new` takes a store or an engine.
+    fn from(store: S) -> Self {
+        Self::new(store)
     }
 }
 

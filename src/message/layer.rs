@@ -3,7 +3,7 @@
 use super::codec::{Discard, ResultCodec};
 use super::error::MessageError;
 use super::key::{HeaderOrHash, KeyStrategy, Message, MessageKey};
-use crate::engine::detach::InFlightWork;
+use crate::engine::detach::Drain;
 use crate::engine::{Begin, Engine, Fingerprint, RecordedResponse, Ticket};
 use crate::metrics::{Door, Outcome, Settled, request, settled};
 use crate::engine::scope::{Scope, StoreKey};
@@ -249,7 +249,7 @@ pub struct MessageIdempotencyLayer<
 > {
     engine: Engine<St>,
     config: Arc<Config>,
-    in_flight: InFlightWork,
+    in_flight: Drain,
     keys: Arc<K>,
     codec: Arc<C>,
     classify: Arc<F>,
@@ -298,7 +298,7 @@ impl<St: Store> MessageIdempotencyLayer<St> {
         Self {
             engine,
             config: Arc::new(config),
-            in_flight: InFlightWork::new(),
+            in_flight: Drain::new(),
             keys: Arc::new(HeaderOrHash::new()),
             codec: Arc::new(Discard),
             classify: Arc::new(AllSuccessful),
@@ -369,7 +369,7 @@ impl<St, K, C, F, P> MessageIdempotencyLayer<St, K, C, F, P> {
     }
 
     /// The claimed messages of this layer (and of every service made from it and its clones)
-    /// whose handling has not finished, to wait on at shutdown (see [`InFlightWork`]).
+    /// whose handling has not finished, to wait on at shutdown (see [`Drain`]).
     ///
     /// ```
     /// use std::time::Duration;
@@ -385,7 +385,7 @@ impl<St, K, C, F, P> MessageIdempotencyLayer<St, K, C, F, P> {
     /// # }
     /// ```
     #[must_use]
-    pub fn in_flight(&self) -> InFlightWork {
+    pub fn in_flight(&self) -> Drain {
         self.in_flight.clone()
     }
 
@@ -558,7 +558,7 @@ impl<S, St, K, C, F, P> Layer<S> for MessageIdempotencyLayer<St, K, C, F, P> {
 struct Shared<St, K, C, F, P> {
     engine: Engine<St>,
     config: Arc<Config>,
-    in_flight: InFlightWork,
+    in_flight: Drain,
     keys: Arc<K>,
     codec: Arc<C>,
     classify: Arc<F>,
@@ -621,7 +621,7 @@ impl<S, St, K, C, F, P> MessageIdempotency<S, St, K, C, F, P> {
     /// The layer's claimed messages that have not finished (see
     /// [`MessageIdempotencyLayer::in_flight`]).
     #[must_use]
-    pub fn in_flight(&self) -> InFlightWork {
+    pub fn in_flight(&self) -> Drain {
         self.shared.in_flight.clone()
     }
 }

@@ -127,7 +127,7 @@
 //! task of its own, finishes, and is recorded or released as if the caller were there, so the
 //! redelivery is a completed duplicate and the handler runs once. While the caller waits, the
 //! work is polled in place (one allocation per claimed message). At shutdown, wait for it with
-//! [`MessageIdempotencyLayer::in_flight`] ([`InFlightWork::wait`], bounded); with
+//! [`MessageIdempotencyLayer::in_flight`] ([`Drain::wait`], bounded); with
 //! [`run_to_completion(false)`](MessageIdempotencyLayer::run_to_completion) a dropped future
 //! cancels the handler and its key stays pending until its lease lapses, as after a crash.
 //! Work that runs on is bounded: in time by
@@ -149,7 +149,7 @@ pub mod jetstream;
 #[cfg_attr(docsrs, doc(cfg(feature = "apalis")))]
 pub mod jobs;
 
-pub use crate::engine::detach::InFlightWork;
+pub use crate::engine::detach::Drain;
 #[cfg(feature = "json")]
 pub use codec::Json;
 pub use codec::{Discard, Raw, ResultCodec};

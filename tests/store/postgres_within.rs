@@ -787,7 +787,8 @@ async fn on_the_stores_own_pool_with_the_defaults_a_duplicate_past_the_lock_wait
     let engine = Arc::new(
         engine_on_own_pool(
             server,
-            tower_idempotency::store::postgres::DEFAULT_LOCK_TIMEOUT,
+            // The store's default lock wait, as its docs say.
+            Duration::from_secs(1),
         )
         .await,
     );

@@ -19,8 +19,8 @@
 //! may be as large as the store allows ([`build`](MemoryStoreBuilder::build) refuses a
 //! `max_bytes` below one record of [`max_record_bytes`](MemoryStoreBuilder::max_record_bytes)).
 //!
-//! A record is counted as its encoded bytes plus [`ENTRY_OVERHEAD`] (160) bytes for the entry
-//! itself, its index slot and allocator overhead; a pending claim counts `ENTRY_OVERHEAD` alone.
+//! A record is counted as its encoded bytes plus 160 bytes for the entry itself, its index
+//! slot and allocator overhead. A pending claim counts the 160 bytes alone.
 //! The per-scope bookkeeping (about 80 bytes per scope that has records) is not counted; it is
 //! bounded by the number of records and removed when a scope has none left.
 //!
@@ -30,7 +30,7 @@
 //!
 //! # Making room
 //!
-//! A step needs room when it adds to the store: a claim one record of `ENTRY_OVERHEAD` bytes, a
+//! A step needs room when it adds to the store: a claim one record of 160 bytes, a
 //! `complete` the record's bytes (and a record, when nothing holds the key any more). When the
 //! store does not have that room free:
 //!
@@ -132,7 +132,7 @@ mod tests;
 mod waiters;
 mod weights;
 
-pub use builder::{MemoryConfigError, MemoryConfigErrorKind, MemoryStoreBuilder};
+pub use builder::MemoryStoreBuilder;
 pub use stats::MemoryStats;
 
 use super::{Claim, Forgotten, Store, StoreError, StoreErrorKind, Token};
@@ -151,20 +151,20 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 /// The default bound on stored records, over all shards.
-pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
+pub(crate) const DEFAULT_MAX_ENTRIES: usize = 100_000;
 /// The default bound on stored bytes (records plus [`ENTRY_OVERHEAD`] each), over all shards.
-pub const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
 /// The default size of the largest record the store must be able to hold: the engine's default
-/// body limit ([`DEFAULT_MAX_RECORD_BODY`](crate::engine::DEFAULT_MAX_RECORD_BODY), 1 MiB) plus
-/// 64 KiB for the status, headers and trailers.
-pub const DEFAULT_MAX_RECORD_BYTES: usize = crate::engine::DEFAULT_MAX_RECORD_BODY + 64 * 1024;
+/// body limit plus 64 KiB for the status, headers and trailers.
+pub(crate) const DEFAULT_MAX_RECORD_BYTES: usize =
+    crate::engine::DEFAULT_MAX_RECORD_BODY + 64 * 1024;
 /// The default number of shards.
-pub const DEFAULT_SHARDS: usize = 16;
+pub(crate) const DEFAULT_SHARDS: usize = 16;
 /// The largest number of shards; larger requests are clamped to it.
-pub const MAX_SHARDS: usize = 1024;
+pub(crate) const MAX_SHARDS: usize = 1024;
 /// The bytes each record is counted for on top of its encoded length (the entry, its index slot
 /// and allocator overhead). A pending claim is counted this much alone.
-pub const ENTRY_OVERHEAD: usize = 160;
+pub(crate) const ENTRY_OVERHEAD: usize = 160;
 
 /// The in-process store. Cheap to share behind an `Arc` (the engine does); see the
 /// [module docs](self) for its bounds and eviction order.
