@@ -4,7 +4,7 @@
 //! | --- | --- | --- |
 //! | [`MemoryStore`] (default) | this process, bounded | one replica, or tests |
 //! | `RedisStore` (feature `redis`) | a Redis server or cluster | many replicas sharing records |
-//! | `PostgresStore` (feature `postgres`) | a table in PostgreSQL | many replicas, records as durable as your data; work and record in one transaction (tier C) |
+//! | `PostgresStore` (feature `postgres`) | a table in PostgreSQL | many replicas, records as durable as your data; the work and its record in one transaction (transactional) |
 //!
 //! # The contract
 //!
@@ -445,6 +445,14 @@ impl StoreError {
     #[must_use]
     pub fn kind(&self) -> StoreErrorKind {
         self.kind
+    }
+
+    /// Whether the same step may succeed when tried again later. Every kind but
+    /// [`Protocol`](StoreErrorKind::Protocol) is: the backend was away, slow, full or busy.
+    /// An answer the store does not understand is likely to come back the same.
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self.kind, StoreErrorKind::Protocol)
     }
 }
 
