@@ -44,32 +44,25 @@ use tokio_util::task::TaskTracker;
 use tokio_util::task::task_tracker::TrackedFuture;
 use tracing::Instrument;
 
-/// The claimed work of one layer (and of every service and `#[idempotent]` route built from
-/// it) that has not finished yet: handlers still running, and outcomes still being recorded.
-/// Made by [`IdempotencyLayer::in_flight`](crate::IdempotencyLayer::in_flight) and
-/// [`MessageIdempotencyLayer::in_flight`](crate::message::MessageIdempotencyLayer::in_flight);
-/// cheap to clone. (The same type as `http::Drain` and `message::Drain`.)
+/// The claimed work of one door that has not finished yet: handlers still running, and
+/// outcomes still being recorded. Wait on it at shutdown.
 ///
-/// Wait on it after the server (or consumer) has stopped taking work, so that the work its
-/// callers left behind is finished and recorded before the process exits:
-///
-/// ```no_run
-/// use std::time::Duration;
-/// use axum::{Router, routing::post};
-/// use tower_idempotency::IdempotencyLayer;
-///
-/// # async fn run(listener: tokio::net::TcpListener, shutdown: impl std::future::Future<Output = ()> + Send + 'static) {
-/// let layer = IdempotencyLayer::new();
-/// let in_flight = layer.in_flight();
-/// let app: Router = Router::new().route("/orders", post(|| async { "created" })).layer(layer);
-///
-/// axum::serve(listener, app).with_graceful_shutdown(shutdown).await.unwrap();
-/// // The server has stopped; the handlers of clients that went away may still run.
-/// if !in_flight.wait(Duration::from_secs(30)).await {
-///     eprintln!("{} idempotent requests still running at exit", in_flight.len());
-/// }
-/// # }
 /// ```
+/// use std::time::Duration;
+/// use tower_idempotency::http::Drain;
+///
+/// /// Called once the server has stopped taking requests.
+/// async fn finish(drain: Drain) {
+///     // The handlers of clients that went away may still run: let them finish.
+///     if !drain.wait(Duration::from_secs(30)).await {
+///         eprintln!("{} idempotent requests still running at exit", drain.len());
+///     }
+/// }
+/// ```
+///
+/// Got by the `drain()` method of the HTTP layer and of the message door. It counts the work
+/// of every service and `#[idempotent]` route built from that door. Cheap to clone. The same
+/// type is `engine::Drain`, `http::Drain` and `message::Drain`.
 #[derive(Clone)]
 pub struct Drain {
     tracker: TaskTracker,

@@ -36,6 +36,7 @@ pub(crate) mod verdict;
 #[cfg(feature = "json")]
 pub use crate::engine::codec::Json;
 pub use crate::engine::codec::{BoxFuture, Codec, CodecError, CodecErrorKind, Discard, Raw};
+pub use crate::engine::detach::Drain;
 pub use crate::engine::verdict::{Classify, Verdict};
 
 pub use crate::engine::fingerprint::{Fingerprint, FingerprintBuilder};

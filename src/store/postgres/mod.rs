@@ -8,13 +8,13 @@
 //! which commits the work and its record in one transaction.
 //!
 //! ```no_run
-//! use tower_idempotency::IdempotencyLayer;
+//! use tower_idempotency::engine::Engine;
 //! use tower_idempotency::store::postgres::PostgresStore;
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = PostgresStore::connect("postgres://app@127.0.0.1/app", "orders").await?;
 //! store.migrate().await?; // creates the table when it does not exist
-//! let layer = IdempotencyLayer::new(store.clone());
+//! let engine = Engine::new(store.clone()); // give it to any door
 //!
 //! // Expired rows stay until purged: purge now and then, on one replica or all.
 //! tokio::spawn(async move {
@@ -26,7 +26,7 @@
 //!         }
 //!     }
 //! });
-//! # let _ = layer; Ok(()) }
+//! # let _ = engine; Ok(()) }
 //! ```
 //!
 //! # Which store
