@@ -148,7 +148,10 @@ impl<S: Store, F: Future> Future for Run<'_, S, F> {
     }
 }
 
-/// The idempotency engine over a store. Cheap to clone (the store is shared).
+/// The idempotency engine over a store. Cheap to clone: the store is shared.
+///
+/// Every door is made from one: `new(engine, ..)` takes an `Engine` or a store, which becomes
+/// [`Engine::new`] of it (`impl From<S: Store> for Engine<S>`).
 pub struct Engine<S> {
     store: Arc<S>,
     lease: Duration,
@@ -271,6 +274,7 @@ impl<S: Store> Engine<S> {
     }
 
     /// An engine with settings of its own: `Engine::builder(store).lease(..).ttl(..).build()`.
+    /// The defaults are written on each setter of [`EngineBuilder`].
     pub fn builder(store: S) -> EngineBuilder<S> {
         EngineBuilder {
             engine: Self::new(store),
@@ -618,7 +622,10 @@ impl<S: Store> Engine<S> {
     }
 }
 
-/// Builds an [`Engine`] with settings other than the defaults; made by [`Engine::builder`].
+/// Builds an [`Engine`] with settings other than the defaults. Made by [`Engine::builder`].
+///
+/// The lease, the retention, the record limit and the secret are set here only. Every door
+/// takes the engine built.
 ///
 /// ```
 /// use std::time::Duration;
@@ -638,29 +645,29 @@ pub struct EngineBuilder<S> {
 }
 
 impl<S: Store> EngineBuilder<S> {
-    /// How long a claim holds a key (default 60 s); renewed while the work runs, at a third of
-    /// the lease. At least 3 ms, at most about a century (a longer one counts as that).
+    /// How long a claim holds a key. It is renewed while the work runs, every third of the
+    /// lease. At least 3 ms; a longer one than about a century counts as that. Default: 60 s.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.engine.set_lease(lease);
         self
     }
 
-    /// How long a completed record is kept (default 24 h). At least 1 ms, at most about a
-    /// century (a longer one counts as that).
+    /// How long a completed record is kept. At least 1 ms; a longer one than about a century
+    /// counts as that. Default: 24 h.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.engine.set_ttl(ttl);
         self
     }
 
-    /// The largest body a record may hold (default 1 MiB); longer records fail validation when
-    /// read back.
+    /// The largest body a record may hold. Longer records fail validation when read back.
+    /// Default: 1 MiB.
     pub fn max_record_body(mut self, bytes: usize) -> Self {
         self.engine.set_max_record_body(bytes);
         self
     }
 
-    /// Authenticates records and keys fingerprints with `secret` (see [`Secret`]). Off by
-    /// default.
+    /// Authenticates records and keys fingerprints with `secret` (see [`Secret`]).
+    /// Default: off.
     pub fn secret(mut self, secret: Secret) -> Self {
         self.engine.set_secret(secret);
         self

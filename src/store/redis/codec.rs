@@ -181,7 +181,7 @@ mod tests {
     use crate::store::StoreErrorKind;
 
     #[test]
-    fn prefix_hides_the_namespace() {
+    fn prefix_hides_the_store_prefix() {
         let p = prefix_of("orders").unwrap();
         assert_eq!(p.len(), 3 + 16);
         assert!(p.starts_with("ti:") && !p.contains("orders"));
