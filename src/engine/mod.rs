@@ -1,10 +1,5 @@
 //! The state machine every door uses: claim → run (renewing the lease) → complete or release.
 //!
-//! The engine compares fingerprints and decodes records, so every store behaves alike. It knows
-//! nothing of HTTP: a door turns its request into a [`StoreKey`] and a [`Fingerprint`], asks
-//! [`Engine::begin`] what to do, and reports the result with [`Engine::complete`] or
-//! [`Engine::release`].
-//!
 //! ```
 //! use std::time::Duration;
 //! use tower_idempotency::{IdempotencyKey, MemoryStore};
@@ -23,6 +18,11 @@
 //! assert!(matches!(engine.begin(key, fp).await.unwrap(), Begin::Replayed(r) if r.status == 200));
 //! # }
 //! ```
+//!
+//! The engine compares fingerprints and decodes records, so every store behaves alike. It knows
+//! nothing of HTTP: a door turns its request into a [`StoreKey`] and a [`Fingerprint`], asks
+//! [`Engine::begin`] what to do, and reports the result with [`Engine::complete`] or
+//! [`Engine::release`].
 
 pub(crate) mod codec;
 pub(crate) mod detach;

@@ -1,5 +1,39 @@
 //! The embedded store: sharded, bounded, in process memory, fair to its callers under pressure.
 //!
+//! ```
+//! use std::time::Duration;
+//! use bytes::Bytes;
+//! use tower_idempotency::store::memory::MemoryStore;
+//! use tower_idempotency::{IdempotencyKey, Store};
+//! use tower_idempotency::engine::{Fingerprint, Scope};
+//! use tower_idempotency::store::{Claim, Record, StoreKey};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tower_idempotency::store::StoreError> {
+//! let store = MemoryStore::builder()
+//!     .max_entries(10_000)
+//!     .max_bytes(8 * 1024 * 1024)
+//!     .shards(4)
+//!     .build()
+//!     .expect("settings that can work");
+//!
+//! let key = StoreKey::derive("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1").unwrap());
+//! let fp = Fingerprint::builder().field(b"POST").field(b"/orders").finish();
+//! let lease = Duration::from_secs(30);
+//!
+//! let Claim::Claimed(token) = store.claim(&key, &fp, lease).await? else { panic!("a free key") };
+//! assert!(matches!(store.claim(&key, &fp, lease).await?, Claim::Pending { .. }));
+//!
+//! let record = Record::from_bytes(Bytes::from_static(b"an encoded response"));
+//! assert!(store.complete(&key, &token, &fp, record.clone(), Duration::from_secs(3600)).await?);
+//! assert!(matches!(store.claim(&key, &fp, lease).await?, Claim::Done { record: r, .. } if r == record));
+//!
+//! let stats = store.stats();
+//! assert_eq!((stats.entries, stats.pending, stats.early_drops), (1, 0, 0));
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! [`MemoryStore`] keeps records in `N` shards (default 16), each behind its own
 //! [`std::sync::Mutex`] that is held only for the synchronous work of one step (never across an
 //! `.await`). A key's shard is chosen by its scope hash, so every record of one caller (scope:
@@ -83,42 +117,6 @@
 //! over scopes. A step that must make room reads one published value per shard (the weight of
 //! its heaviest scope and its earliest deadline) and, when the room is in another shard, leaves
 //! its own shard's lock, visits that one, and starts again.
-//!
-//! # Example
-//!
-//! ```
-//! use std::time::Duration;
-//! use bytes::Bytes;
-//! use tower_idempotency::store::memory::MemoryStore;
-//! use tower_idempotency::{IdempotencyKey, Store};
-//! use tower_idempotency::engine::{Fingerprint, Scope};
-//! use tower_idempotency::store::{Claim, Record, StoreKey};
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), tower_idempotency::store::StoreError> {
-//! let store = MemoryStore::builder()
-//!     .max_entries(10_000)
-//!     .max_bytes(8 * 1024 * 1024)
-//!     .shards(4)
-//!     .build()
-//!     .expect("settings that can work");
-//!
-//! let key = StoreKey::derive("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1").unwrap());
-//! let fp = Fingerprint::builder().field(b"POST").field(b"/orders").finish();
-//! let lease = Duration::from_secs(30);
-//!
-//! let Claim::Claimed(token) = store.claim(&key, &fp, lease).await? else { panic!("a free key") };
-//! assert!(matches!(store.claim(&key, &fp, lease).await?, Claim::Pending { .. }));
-//!
-//! let record = Record::from_bytes(Bytes::from_static(b"an encoded response"));
-//! assert!(store.complete(&key, &token, &fp, record.clone(), Duration::from_secs(3600)).await?);
-//! assert!(matches!(store.claim(&key, &fp, lease).await?, Claim::Done { record: r, .. } if r == record));
-//!
-//! let stats = store.stats();
-//! assert_eq!((stats.entries, stats.pending, stats.early_drops), (1, 0, 0));
-//! # Ok(())
-//! # }
-//! ```
 
 mod budget;
 mod builder;

@@ -1,12 +1,6 @@
 //! A PostgreSQL store, shared by every replica of a service, and the table of the
 //! transactional door.
 //!
-//! [`PostgresStore`] keeps records in a table of your database, where every replica finds them,
-//! and where they are as durable as the rest of your data: a completed record survives a crash
-//! and a failover like any committed row. It serves the HTTP layer and every other door like
-//! the other stores, and it is the store of the [transactional door](crate::transactional),
-//! which commits the work and its record in one transaction.
-//!
 //! ```no_run
 //! use tower_idempotency::engine::Engine;
 //! use tower_idempotency::store::postgres::PostgresStore;
@@ -29,6 +23,12 @@
 //! # let _ = engine; Ok(()) }
 //! ```
 //!
+//! [`PostgresStore`] keeps records in a table of your database, where every replica finds them,
+//! and where they are as durable as the rest of your data: a completed record survives a crash
+//! and a failover like any committed row. It serves the HTTP layer and every other door like
+//! the other stores, and it is the store of the [transactional door](crate::transactional),
+//! which commits the work and its record in one transaction.
+//!
 //! # Which store
 //!
 //! | store | a completed record survives | a crash between the work and its record | for |
@@ -36,7 +36,7 @@
 //! | [`MemoryStore`](super::MemoryStore) | while the process lives | leaves the work done, no record: a retry after the lease runs it again | one replica, or tests |
 //! | `RedisStore` (feature `redis`) | while Redis keeps it (no eviction, no failover losing writes) | same | many replicas, work anywhere |
 //! | [`PostgresStore`] | as long as your database keeps committed rows (a failover to an asynchronous standby may lose the last commits) | same | many replicas, records as durable as your data |
-//! | [`PostgresStore`] through [`transactional::within`](crate::transactional::within) (transactional) | same, and what a failover loses it loses with the work | cannot happen: the work and the record commit together or not at all | work that is writes to the same database |
+//! | [`PostgresStore`] through [`transactional::within`](crate::transactional::within) | same, and what a failover loses it loses with the work | cannot happen: the work and the record commit together or not at all | work that is writes to the same database |
 //!
 //! # The table
 //!

@@ -1,10 +1,5 @@
 //! A Redis store, shared by every replica of a service: standalone Redis or Redis Cluster.
 //!
-//! When a service runs as more than one process, a retry may land on another replica than the
-//! first attempt; the [`MemoryStore`](super::MemoryStore) of that replica has never seen the
-//! key and would run the work again. [`RedisStore`] keeps the records in Redis, where every
-//! replica finds them.
-//!
 //! ```no_run
 //! use std::time::Duration;
 //! use tower_idempotency::engine::Engine;
@@ -20,6 +15,11 @@
 //! let engine = Engine::new(store);
 //! # let _ = engine; Ok(()) }
 //! ```
+//!
+//! When a service runs as more than one process, a retry may land on another replica than the
+//! first attempt; the [`MemoryStore`](super::MemoryStore) of that replica has never seen the
+//! key and would run the work again. [`RedisStore`] keeps the records in Redis, where every
+//! replica finds them.
 //!
 //! # Settings
 //!
