@@ -110,9 +110,9 @@
 //! [`PostgresStoreBuilder::lock_timeout`]: crate::store::postgres::PostgresStoreBuilder::lock_timeout
 //! [`PostgresStore::connect`]: crate::store::postgres::PostgresStore::connect
 
-use crate::engine::{BoxFuture, Begin, Engine, Fingerprint, RecordError, RecordedResponse, Ticket};
-use crate::metrics::{Door, Op, Outcome, Settled, Started, request, settled};
 use crate::engine::scope::StoreKey;
+use crate::engine::{Begin, BoxFuture, Engine, Fingerprint, RecordError, RecordedResponse, Ticket};
+use crate::metrics::{Door, Op, Outcome, Settled, Started, request, settled};
 use crate::store::postgres::{Held, Lifted, OpError, PostgresStore};
 use crate::store::{StoreError, StoreErrorKind};
 use sqlx::postgres::{PgConnection, Postgres};

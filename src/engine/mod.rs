@@ -46,10 +46,10 @@ pub use crate::engine::record::{
 };
 pub use crate::engine::scope::Scope;
 
-use crate::metrics::{Op, Started, StoreTimer};
 use crate::engine::record::Record;
 use crate::engine::scope::StoreKey;
 use crate::engine::secret::Secret;
+use crate::metrics::{Op, Started, StoreTimer};
 use crate::store::{Claim, Forgotten, Store, StoreError, StoreErrorKind, Token};
 use std::fmt;
 use std::future::Future;

@@ -322,7 +322,9 @@ impl RecordedResponse {
         }
         out.put_u16(self.status);
         put_fields(&mut out, &self.headers)?;
-        out.put_u32(u32::try_from(body.len()).map_err(|_| RecordError::unencodable("body too long"))?);
+        out.put_u32(
+            u32::try_from(body.len()).map_err(|_| RecordError::unencodable("body too long"))?,
+        );
         out.put_slice(body);
         if let Some(t) = &self.trailers {
             put_fields(&mut out, t)?;
@@ -522,14 +524,20 @@ fn unix_ms(t: SystemTime) -> u64 {
 }
 
 fn put_fields(out: &mut BytesMut, fields: &[Field]) -> Result<(), RecordError> {
-    out.put_u16(u16::try_from(fields.len()).map_err(|_| RecordError::unencodable("too many fields"))?);
+    out.put_u16(
+        u16::try_from(fields.len()).map_err(|_| RecordError::unencodable("too many fields"))?,
+    );
     for (n, v) in fields {
         if !valid_name(n) || !valid_value(v) {
             return Err(RecordError::unencodable("invalid field"));
         }
-        out.put_u16(u16::try_from(n.len()).map_err(|_| RecordError::unencodable("field name too long"))?);
+        out.put_u16(
+            u16::try_from(n.len()).map_err(|_| RecordError::unencodable("field name too long"))?,
+        );
         out.put_slice(n);
-        out.put_u16(u16::try_from(v.len()).map_err(|_| RecordError::unencodable("field value too long"))?);
+        out.put_u16(
+            u16::try_from(v.len()).map_err(|_| RecordError::unencodable("field value too long"))?,
+        );
         out.put_slice(v);
     }
     Ok(())

@@ -13,11 +13,11 @@ use bytes::Bytes;
 use std::future::Future;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+use tower_idempotency::ConfigErrorKind;
 use tower_idempotency::conformance::{Harness, LONG, SHORT, fingerprint, random_key, record};
 use tower_idempotency::engine::{Begin, Engine, RecordedResponse};
-use tower_idempotency::store::postgres::sqlx::{self, PgPool, Row};
-use tower_idempotency::ConfigErrorKind;
 use tower_idempotency::store::postgres::PostgresStore;
+use tower_idempotency::store::postgres::sqlx::{self, PgPool, Row};
 use tower_idempotency::store::{Claim, StoreErrorKind};
 use tower_idempotency::{IdempotencyLayer, Store};
 

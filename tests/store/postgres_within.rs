@@ -15,11 +15,11 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Barrier, oneshot};
 use tower_idempotency::Store;
 use tower_idempotency::conformance::{LONG, SHORT, fingerprint, random_key};
+use tower_idempotency::engine::BoxFuture;
 use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse};
 use tower_idempotency::store::postgres::PostgresStore;
 use tower_idempotency::store::postgres::sqlx::{self, Connection, PgConnection, PgPool};
 use tower_idempotency::store::{Claim, StoreKey};
-use tower_idempotency::engine::BoxFuture;
 use tower_idempotency::transactional::{Within, WithinErrorKind, within};
 
 /// An engine over the shared server's default table, with this lock wait.

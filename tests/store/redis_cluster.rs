@@ -17,8 +17,8 @@ use support::proxy::Proxy;
 use support::redis_server::{self, RedisCluster, redis_key};
 use tower_idempotency::Store;
 use tower_idempotency::conformance::{Harness, fingerprint, random_key};
-use tower_idempotency::store::redis::redis::cluster_async::ClusterConnection;
 use tower_idempotency::store::redis::RedisStore;
+use tower_idempotency::store::redis::redis::cluster_async::ClusterConnection;
 use tower_idempotency::store::{Claim, StoreErrorKind};
 
 /// Timeouts in a row after which the store replaces its connection, as its docs say.

@@ -5,8 +5,8 @@
 //! once per statement (`now()` would be the start of the transaction, stale for a claim inside
 //! a transaction that began earlier).
 
-use crate::error::{ConfigError, ConfigErrorKind};
 use crate::engine::scope::StoreKey;
+use crate::error::{ConfigError, ConfigErrorKind};
 use sha2::{Digest, Sha256};
 use std::time::Duration;
 
@@ -219,7 +219,11 @@ mod tests {
             "t-1",
             &"a".repeat(49),
         ] {
-            assert_eq!(check_table(bad).map_err(|e| e.kind()), Err(ConfigErrorKind::InvalidName), "{bad}");
+            assert_eq!(
+                check_table(bad).map_err(|e| e.kind()),
+                Err(ConfigErrorKind::InvalidName),
+                "{bad}"
+            );
         }
     }
 
@@ -261,6 +265,9 @@ mod tests {
         let b = key_bytes(&prefix_hash("b").unwrap(), &key);
         assert_ne!(a, b);
         assert_eq!(&a[8..], key.id());
-        assert_eq!(prefix_hash("").map_err(|e| e.kind()), Err(ConfigErrorKind::InvalidName));
+        assert_eq!(
+            prefix_hash("").map_err(|e| e.kind()),
+            Err(ConfigErrorKind::InvalidName)
+        );
     }
 }

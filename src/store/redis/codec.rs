@@ -2,11 +2,11 @@
 //!
 //! The layout is described in the [module docs](super#keys-and-values).
 
-use crate::error::{ConfigError, ConfigErrorKind};
 use super::error::protocol;
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::record::Record;
 use crate::engine::scope::StoreKey;
+use crate::error::{ConfigError, ConfigErrorKind};
 use crate::store::{Claim, StoreError, Token};
 use ::redis::Value;
 use bytes::Bytes;
@@ -186,7 +186,10 @@ mod tests {
         assert_eq!(p.len(), 3 + 16);
         assert!(p.starts_with("ti:") && !p.contains("orders"));
         assert_ne!(p, prefix_of("orders2").unwrap());
-        assert_eq!(prefix_of("").map_err(|e| e.kind()), Err(ConfigErrorKind::InvalidName));
+        assert_eq!(
+            prefix_of("").map_err(|e| e.kind()),
+            Err(ConfigErrorKind::InvalidName)
+        );
     }
 
     #[test]
