@@ -687,6 +687,17 @@ impl std::error::Error for RecordError {}
 mod tests {
     use super::*;
 
+    #[test]
+    fn record_times_take_any_ttl() {
+        let now = SystemTime::now();
+        let day = Duration::from_secs(24 * 60 * 60);
+        assert_eq!(RecordTimes::new(now, day).kept_until, now + day);
+        let longest = RecordTimes::new(now, Duration::MAX).kept_until;
+        assert!(longest > now + 99 * 365 * day, "a century, not a panic");
+        let late = UNIX_EPOCH + Duration::from_secs(u64::from(u32::MAX) * 64);
+        assert!(RecordTimes::new(late, Duration::MAX).kept_until >= late);
+    }
+
     fn sample() -> RecordedResponse {
         RecordedResponse::new(
             201,
