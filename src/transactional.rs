@@ -44,13 +44,14 @@
 //!
 //! # How it runs
 //!
-//! 1. A transaction begins on your connection: a transaction of its own on a connection that is
-//!    not in one, a savepoint inside yours when you pass `&mut *tx` (then nothing is durable
-//!    until *you* commit, and your rollback takes the claim, the work and the record with it).
-//! 2. The key is claimed in it: a pending row is inserted (or an expired one taken over). The
-//!    row lock this takes is the lease: it lasts exactly as long as the transaction, needs no
-//!    renewal, and a crash (of the process, the connection or the server) rolls it back.
-//! 3. The work runs on the same transaction; its `Ok` value is the response to record.
+//! 1. A transaction begins on your connection. On a connection outside a transaction, it is a
+//!    transaction of its own. When you pass your own transaction (`&mut *tx`), it is a
+//!    savepoint inside it. Then nothing is durable until *you* commit, and your rollback takes
+//!    the claim, the work and the record with it.
+//! 2. The key is claimed in it: a pending row is inserted, or an expired one taken over. The
+//!    row lock this takes is the lease. It lasts exactly as long as the transaction and needs
+//!    no renewal. A crash of the process, the connection or the server rolls it back.
+//! 3. The work runs on the same transaction. Its `Ok` value is the response to record.
 //! 4. The record is written over the claim, and the transaction commits.
 //!
 //! A duplicate that arrives meanwhile meets the row lock:
@@ -64,24 +65,30 @@
 //!
 //! # Timeouts
 //!
-//! The claim runs under the store's own bounds: the lock wait, and a `statement_timeout` of
-//! the lock wait plus the store's [timeout](crate::store::postgres::PostgresStoreBuilder::timeout),
-//! so the wait always ends first and answers "in flight". The work runs under your
-//! connection's settings, put back after the claim. On a connection of the store's own pool
-//! ([`PostgresStore::connect`]), whose `statement_timeout` is the store's timeout, that bound
-//! is lifted for the work: a slow work is not cut at 1 s (set `SET LOCAL statement_timeout`
-//! in the work for a bound of your own).
+//! The claim runs under the store's own bounds. One is the lock wait. The other is a
+//! `statement_timeout` of the lock wait plus the store's
+//! [timeout](crate::store::postgres::PostgresStoreBuilder::timeout). So the wait always ends
+//! first and answers "in flight".
+//!
+//! The work runs under your connection's settings, put back after the claim. A connection of
+//! the store's own pool ([`PostgresStore::connect`]) has the store's timeout as its
+//! `statement_timeout`. That bound is lifted for the work, so a slow work is not cut at 1 s.
+//! For a bound of your own, run `SET LOCAL statement_timeout` in the work.
 //!
 //! # Isolation levels
 //!
-//! Under `REPEATABLE READ` or `SERIALIZABLE` (set per transaction, or as the database's
-//! `default_transaction_isolation`), a claim that meets the first request's commit is rolled
-//! back by PostgreSQL (a serialization failure, `40001`): another transaction holds or held
-//! the key. In a transaction of its own, `within` tries the claim once more, in a new
-//! transaction, whose snapshot sees the first's record: the duplicate gets the replay, as
-//! under `READ COMMITTED`. In your transaction, whose snapshot is yours, the duplicate gets
-//! [`Within::InFlight`] (a retry, in a new transaction, gets the replay). A deadlock on the
-//! claim (`40P01`) is answered the same way.
+//! Under `REPEATABLE READ` or `SERIALIZABLE`, set per transaction or as the database's
+//! `default_transaction_isolation`, a claim can meet the first request's commit. PostgreSQL
+//! then rolls it back with a serialization failure (`40001`): another transaction holds or
+//! held the key.
+//!
+//! - In a transaction of its own, `within` tries the claim once more, in a new transaction.
+//!   Its snapshot sees the first's record, so the duplicate gets the replay, as under
+//!   `READ COMMITTED`.
+//! - In your transaction, the snapshot is yours. The duplicate gets [`Within::InFlight`]; a
+//!   retry in a new transaction gets the replay.
+//!
+//! A deadlock on the claim (`40P01`) is answered the same way.
 //!
 //! A serialization failure or a deadlock of the transaction itself is yours. In the work's
 //! statements it comes back as an error of kind [`WithinErrorKind::Work`], with the work's
@@ -91,21 +98,21 @@
 //!
 //! # When to use it, and when the layer is enough
 //!
-//! Use `within` when the work is writes to the PostgreSQL database the records live in (create
-//! the order, debit the balance): then no crash can leave the work without its record, or a
-//! record without its work. It costs the handler an explicit call, and a duplicate holds a
+//! Use `within` when the work is writes to the PostgreSQL database the records live in:
+//! create the order, debit the balance. Then no crash can leave the work without its record,
+//! or a record without its work. It costs the handler an explicit call. A duplicate holds a
 //! database connection while it waits for the first.
 //!
-//! The [`IdempotencyLayer`](crate::IdempotencyLayer), over any store, is enough when the work is
-//! elsewhere (another database, a queue, a remote API) or when a re-run after a crash inside
-//! the lease window is acceptable: it needs no change to handlers. Side effects outside the
-//! transaction (an email, a call to a payment provider) are at-least-once either way; forward
-//! a [`DerivedKey`](crate::DerivedKey) to a provider that de-duplicates.
+//! The [`IdempotencyLayer`](crate::IdempotencyLayer), over any store, is enough in two cases:
+//! the work is elsewhere (another database, a queue, a remote API), or a re-run after a crash
+//! inside the lease window is acceptable. It needs no change to handlers. Side effects outside
+//! the transaction, such as an email or a call to a payment provider, are at-least-once either
+//! way. Forward a [`DerivedKey`](crate::DerivedKey) to a provider that de-duplicates.
 //!
-//! The key, scope and fingerprint are the caller's, as in every door: derive the [`StoreKey`]
-//! from the client's key and the *authenticated* principal ([`StoreKey::derive`]), and the
+//! The key, scope and fingerprint are the caller's, as in every door. Derive the [`StoreKey`]
+//! from the client's key and the *authenticated* principal ([`StoreKey::derive`]). Derive the
 //! fingerprint from the request. The `transactional` example in the repository does it for an
-//! axum handler with the layer's `Idempotency-Key` semantics (replay, 409, 422).
+//! axum handler with the layer's `Idempotency-Key` semantics: replay, 409, 422.
 //!
 //! [`PostgresStoreBuilder::lock_timeout`]: crate::store::postgres::PostgresStoreBuilder::lock_timeout
 //! [`PostgresStore::connect`]: crate::store::postgres::PostgresStore::connect
