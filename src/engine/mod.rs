@@ -348,14 +348,15 @@ impl<S: Store> Engine<S> {
     }
 
     /// As [`begin`](Self::begin), but a request that finds the same request in flight waits
-    /// up to `bound` for it to finish, then gets what it left: its record to replay, or the key
-    /// to run (the first run was released). Past the bound: [`Begin::InFlight`], as `begin`.
+    /// up to `bound` for it to finish. Then it gets what the first run left: its record to
+    /// replay, or the key to run if the first run was released. Past the bound it gets
+    /// [`Begin::InFlight`], as from `begin`.
     ///
-    /// A store that is told when a key settles (the memory store, in process) wakes the waiter
-    /// at once; any other is asked again with backoff (10 ms, doubling to 250 ms), each ask one
-    /// claim round trip. The wait also ends when the first run's lease lapses (the key is then
-    /// claimed by this request, as by any request after the lease). Any bound is accepted
-    /// (`Duration::MAX` waits until the first run settles or its lease lapses).
+    /// A store that is told when a key settles, such as the memory store, wakes the waiter at
+    /// once. Any other is asked again with backoff: 10 ms, doubling up to 250 ms, each ask one
+    /// claim round trip. The wait also ends when the first run's lease lapses; this request
+    /// then claims the key, as any request after the lease would. Any bound is accepted:
+    /// `Duration::MAX` waits until the first run settles or its lease lapses.
     ///
     /// # Errors
     /// The store's error; the work must not run.
@@ -386,10 +387,10 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// Deletes the completed record under `key`, so the key can be used again: for support
-    /// staff who must let a customer reuse a key. A pending claim is kept (and reported as
-    /// [`Forgotten::KeptPending`]): its work may be running. Derive the key as the door does
-    /// (the HTTP layer: [`IdempotencyLayer::forget`](crate::http::IdempotencyLayer::forget)).
+    /// Deletes the completed record under `key`, so the key can be used again. This is for
+    /// support staff who must let a customer reuse a key. A pending claim is kept and reported
+    /// as [`Forgotten::KeptPending`]: its work may be running. Derive the key as the door does;
+    /// the HTTP layer has [`IdempotencyLayer::forget`](crate::http::IdempotencyLayer::forget).
     ///
     /// ```
     /// use tower_idempotency::{IdempotencyKey, MemoryStore};
@@ -416,10 +417,10 @@ impl<S: Store> Engine<S> {
         Ok(found)
     }
 
-    /// As [`forget`](Self::forget), and a pending claim is deleted too: said explicitly,
-    /// because its work may still be running, and a retry then runs the work again beside it.
-    /// The first run's record still lands if nothing has claimed the key again by the time it
-    /// completes (a completion is refused only while another claim holds the key).
+    /// As [`forget`](Self::forget), and a pending claim is deleted too. This is said
+    /// explicitly: its work may still be running, and a retry then runs the work again beside
+    /// it. The first run's record still lands if nothing has claimed the key again by the time
+    /// it completes. A completion is refused only while another claim holds the key.
     ///
     /// # Errors
     /// The store's error.

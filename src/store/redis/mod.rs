@@ -133,11 +133,11 @@
 //! retransmission timeout, about 15 minutes), and the `ConnectionManager` reconnects only on a
 //! connection *error*, never on a timeout, so every call would time out until then. The store
 //! made by [`RedisStore::connect`] therefore counts consecutive operation timeouts on its
-//! connection: after 2 in a row it makes a fresh
-//! `ConnectionManager` from the same URL and settings, in the background (bounded by
-//! 5 s), and the calls after it use the new connection (logged at `warn`).
-//! Any successful call resets the count; one replacement is made at a time; a replacement
-//! that fails keeps the old connection and is tried again after the next run of timeouts.
+//! connection. After 2 in a row it makes a fresh `ConnectionManager` from the same URL and
+//! settings, in the background, bounded by 5 s. The calls after it use the new connection
+//! (logged at `warn`). Any successful call resets the count. One replacement is made at a
+//! time. A replacement that fails keeps the old connection, and is tried again after the next
+//! run of timeouts.
 //! Calls already in flight finish on the connection they started on, which closes once the
 //! last of them is done. Measured in `tests/faults/proxy.rs`: with a 300 ms operation timeout,
 //! a store whose connection went half-open answers again about 0.9 s later (three 503s: the two
