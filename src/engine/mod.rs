@@ -150,8 +150,24 @@ impl<S: Store, F: Future> Future for Run<'_, S, F> {
 
 /// The idempotency engine over a store. Cheap to clone: the store is shared.
 ///
-/// Every door is made from one: `new(engine, ..)` takes an `Engine` or a store, which becomes
-/// [`Engine::new`] of it (`impl From<S: Store> for Engine<S>`).
+/// Every door is made from one. A door's `new(engine, ..)` takes an `Engine`, or a store that
+/// becomes [`Engine::new`] of it:
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::{MemoryStore, Store};
+/// use tower_idempotency::engine::Engine;
+///
+/// // What every door's `new` does with its first argument.
+/// fn door<S: Store>(engine: impl Into<Engine<S>>) -> Engine<S> {
+///     engine.into()
+/// }
+///
+/// let defaults = door(MemoryStore::new());
+/// assert_eq!(defaults.lease(), Duration::from_secs(60));
+/// let tuned = door(Engine::builder(MemoryStore::new()).lease(Duration::from_secs(5)).build());
+/// assert_eq!(tuned.lease(), Duration::from_secs(5));
+/// ```
 pub struct Engine<S> {
     store: Arc<S>,
     lease: Duration,
