@@ -42,7 +42,7 @@ pub(crate) enum Door {
     /// The axum extractors (their own refusals only; the layer counts the request).
     #[cfg_attr(not(feature = "axum"), allow(dead_code))]
     Extract,
-    /// Tier C, `transactional::within`.
+    /// The transactional door, `transactional::within`.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Within,
     /// The queue consumers' door, `message`.

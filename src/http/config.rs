@@ -3,7 +3,7 @@
 use super::fingerprint::FingerprintSpec;
 use super::headers::HeaderPolicy;
 use super::rejection::{Rejection, Renderer};
-use crate::engine::detach::InFlightWork;
+use crate::engine::detach::Drain;
 use crate::engine::Engine;
 use crate::engine::fingerprint::Fingerprint;
 use crate::json::{Found, JsonField, is_json};
@@ -165,7 +165,7 @@ pub(crate) struct LayerState<St> {
     pub(crate) engine: Engine<St>,
     pub(crate) config: Config,
     /// The claimed work not finished yet (shared by clones: one count per layer).
-    pub(crate) in_flight: InFlightWork,
+    pub(crate) in_flight: Drain,
 }
 
 impl<St> Clone for LayerState<St> {

@@ -7,7 +7,7 @@ use super::config::{
 use super::fingerprint::FingerprintSpec;
 use super::rejection::Rejection;
 use super::service::Idempotency;
-use crate::engine::detach::InFlightWork;
+use crate::engine::detach::Drain;
 use crate::engine::Engine;
 use crate::engine::fingerprint::Fingerprint;
 use crate::json::JsonField;
@@ -73,7 +73,7 @@ impl<St: Store> IdempotencyLayer<St> {
             state: Arc::new(LayerState {
                 engine,
                 config: Config::default(),
-                in_flight: InFlightWork::new(),
+                in_flight: Drain::new(),
             }),
         }
     }
@@ -618,8 +618,7 @@ impl<St: Store> IdempotencyLayer<St> {
         self.config(|c| c.run_to_completion = on)
     }
 
-    /// How long work whose caller went away runs on before it is cancelled (default 5 min,
-    /// [`DEFAULT_DETACHED_TIMEOUT`](super::DEFAULT_DETACHED_TIMEOUT)); see
+    /// How long work whose caller went away runs on before it is cancelled (default 5 min); see
     /// [`run_to_completion`](Self::run_to_completion). The bound starts when the caller goes
     /// away. Any value is accepted: `Duration::MAX` never cancels, `ZERO` cancels at the
     /// work's next wait.
@@ -646,8 +645,7 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// How many works whose callers went away run on at once, for this layer and every
-    /// service and route made from it (default 1024,
-    /// [`DEFAULT_MAX_DETACHED`](super::DEFAULT_MAX_DETACHED)); see
+    /// service and route made from it (default 1024); see
     /// [`run_to_completion`](Self::run_to_completion). Work dropped by its caller while that
     /// many run is cancelled where it stands, as with `run_to_completion(false)`: nothing
     /// recorded, nothing released, its key pending until its lease lapses. (The caller is
@@ -698,10 +696,10 @@ impl<St: Store> IdempotencyLayer<St> {
     }
 
     /// The claimed work of this layer that has not finished yet, to wait on at shutdown (see
-    /// [`InFlightWork`]). Every service and `#[idempotent]` route made from this layer (and
+    /// [`Drain`]). Every service and `#[idempotent]` route made from this layer (and
     /// from its clones) counts into the same handle.
     #[must_use]
-    pub fn in_flight(&self) -> InFlightWork {
+    pub fn in_flight(&self) -> Drain {
         self.state.in_flight.clone()
     }
 

@@ -187,7 +187,7 @@ mod rejection;
 mod replay;
 mod service;
 
-pub use crate::engine::detach::{DEFAULT_DETACHED_TIMEOUT, DEFAULT_MAX_DETACHED, InFlightWork};
+pub use crate::engine::detach::Drain;
 pub use body::{RequestBody, ResponseBody};
 pub use config::{
     Classification, ConfigError, ConfigErrorKind, DEFAULT_COLLECT_TIMEOUT,

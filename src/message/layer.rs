@@ -2,7 +2,7 @@
 
 use super::error::{Fate, MessageError};
 use super::key::{HeaderOrHash, KeyStrategy, Message, MessageKey};
-use crate::engine::detach::InFlightWork as Drain;
+use crate::engine::detach::Drain;
 use crate::engine::scope::{Scope, StoreKey};
 use crate::engine::{
     Begin, BoxFuture, Classify, Codec, Discard, Engine, Fingerprint, RecordedResponse, Ticket,

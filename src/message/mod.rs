@@ -148,7 +148,7 @@ pub mod nats;
 #[cfg_attr(docsrs, doc(cfg(feature = "apalis")))]
 pub mod apalis;
 
-pub use crate::engine::detach::InFlightWork;
+pub use crate::engine::detach::Drain;
 pub use error::{MessageError, MessageErrorKind};
 pub use key::{Envelope, HeaderOrHash, KeyStrategy, Message, MessageKey};
 pub use layer::{Handled, MessageIdempotency, MessageIdempotencyLayer, RecordOk};
