@@ -11,7 +11,7 @@
 //! go out, as each task is keyed by its own id) and a welcome email under the key `welcome-7`.
 //! One worker with the door in its layer stack handles them and prints each outcome. Then it
 //! hands the welcome task to the door again, as apalis-redis does when a worker died before
-//! acknowledging it: the door answers `Duplicate` without sending it twice. The door keeps its
+//! acknowledging it: the door answers `Replayed` without sending it twice. The door keeps its
 //! records in the same Redis (`RedisStore`), so every worker process of the pool shares them.
 
 use apalis::prelude::{BoxDynError, Task, TaskBuilder, TaskSink, WorkerBuilder};
@@ -20,8 +20,7 @@ use serde::{Deserialize, Serialize};
 use std::sync::{Arc, Mutex};
 use tokio::sync::Notify;
 use tower::{Layer, ServiceExt, service_fn};
-use tower_idempotency::engine::Engine;
-use tower_idempotency::message::jobs::JobIdempotencyLayer;
+use tower_idempotency::message::apalis::ApalisLayer;
 use tower_idempotency::message::{Handled, MessageIdempotencyLayer};
 use tower_idempotency::store::redis::RedisStore;
 
@@ -55,8 +54,8 @@ async fn main() -> Result<(), BoxDynError> {
         )
         .await?;
 
-    let door = JobIdempotencyLayer::new(MessageIdempotencyLayer::new(
-        Engine::new(RedisStore::connect(&url, "example-apalis").await?),
+    let door = ApalisLayer::new(MessageIdempotencyLayer::new(
+        RedisStore::connect(&url, "example-apalis").await?,
         "email-workers", // the pool's name: the same in every worker process
     ));
     let send_email = service_fn(|task: Task<Email>| async move {

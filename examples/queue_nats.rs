@@ -19,10 +19,9 @@ use std::time::Duration;
 use tokio_stream::StreamExt;
 use tower::{ServiceBuilder, service_fn};
 use tower_idempotency::MemoryStore;
-use tower_idempotency::engine::Engine;
 use tower_idempotency::message::MessageIdempotencyLayer;
-use tower_idempotency::message::jetstream::async_nats::{self, jetstream};
-use tower_idempotency::message::jetstream::{JetStreamConsumer, keys};
+use tower_idempotency::message::nats::async_nats::{self, jetstream};
+use tower_idempotency::message::nats::{JetStreamConsumer, keys};
 
 const STREAM: &str = "EXAMPLE_ORDERS";
 
@@ -72,10 +71,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let invoices = Arc::new(AtomicUsize::new(0));
     let sent = Arc::clone(&invoices);
     let handler = ServiceBuilder::new()
-        .layer(
-            MessageIdempotencyLayer::new(Engine::new(MemoryStore::new()), "invoices")
-                .key_strategy(keys()),
-        )
+        .layer(MessageIdempotencyLayer::new(MemoryStore::new(), "invoices").key_strategy(keys()))
         .service(service_fn(move |m: async_nats::Message| {
             let sent = Arc::clone(&sent);
             async move {

@@ -7,18 +7,21 @@
 //! Runs with no mail server: lettre's stub transport stands in for SMTP and keeps what it was
 //! given. The job sends an invoice (with an attachment) under the key `invoice:2024-017`; it
 //! runs twice, as a job queue may run it, and the second run is answered with the receipt of
-//! the first. Then a batch with a repeat inside it, and the same key on another message.
-//! Swap the stub for `AsyncSmtpTransport::<Tokio1Executor>::relay(..)` to send for real.
+//! the first. Then a loop over several invoices with a repeat among them, and the same key
+//! on another message. Swap the stub for `AsyncSmtpTransport::<Tokio1Executor>::relay(..)`
+//! to send for real.
 
-use lettre::message::header::{ContentType, HeaderName, HeaderValue};
-use lettre::message::{Attachment, MultiPart, SinglePart};
-use lettre::transport::stub::AsyncStubTransport;
-use lettre::{AsyncTransport, Message};
 use std::time::Duration;
 use tower_idempotency::MemoryStore;
 use tower_idempotency::engine::Engine;
 use tower_idempotency::outbound::Delivery;
-use tower_idempotency::outbound::mail::{Mail, SendOnceTransport};
+use tower_idempotency::outbound::lettre::LettreSendOnce;
+use tower_idempotency::outbound::lettre::lettre::message::header::{
+    ContentType, HeaderName, HeaderValue,
+};
+use tower_idempotency::outbound::lettre::lettre::message::{Attachment, MultiPart, SinglePart};
+use tower_idempotency::outbound::lettre::lettre::transport::stub::AsyncStubTransport;
+use tower_idempotency::outbound::lettre::lettre::{AsyncTransport, Message};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -49,9 +52,7 @@ async fn main() -> Result<(), Error> {
     let engine = Engine::builder(MemoryStore::new())
         .ttl(Duration::from_secs(7 * 24 * 3600)) // receipts answer repeats for a week
         .build();
-    let mailer = SendOnceTransport::builder(stub.clone(), engine)
-        .hold(Duration::from_secs(15 * 60)) // an unknown delivery holds its key 15 minutes
-        .build();
+    let mailer = LettreSendOnce::new(engine, stub.clone()).hold(Duration::from_secs(15 * 60)); // an unknown delivery holds its key 15 minutes
 
     for run in 1..=2 {
         let delivery = mailer
@@ -67,19 +68,20 @@ async fn main() -> Result<(), Error> {
         println!("job run {run}: invoice:2024-017 {what}");
     }
 
-    let batch = vec![
-        Mail::new(&invoice("invoice:2024-018", "bob@example.com", "€7.50")?),
-        Mail::new(&invoice("invoice:2024-017", "ada@example.com", "€42.00")?), // sent before
-        Mail::new(&invoice("invoice:2024-018", "bob@example.com", "€7.50")?),  // repeated here
+    // Many messages: one send each, each under its own key.
+    let invoices = [
+        ("invoice:2024-018", "bob@example.com", "€7.50"),
+        ("invoice:2024-017", "ada@example.com", "€42.00"), // sent before
+        ("invoice:2024-018", "bob@example.com", "€7.50"),  // repeated here
     ];
-    for (i, answer) in mailer.send_many(batch).await.into_iter().enumerate() {
-        let answer = answer?;
+    for (i, (key, to, amount)) in invoices.into_iter().enumerate() {
+        let answer = mailer.send(invoice(key, to, amount)?).await?;
         println!(
-            "batch item {i}: {}",
+            "invoice {i}: {}",
             if answer.is_sent() {
                 "sent"
             } else {
-                "answered in place"
+                "answered from its receipt"
             }
         );
     }

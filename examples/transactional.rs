@@ -1,5 +1,5 @@
-//! Tier C in an axum handler: an order and its idempotency record committed in one PostgreSQL
-//! transaction, behind the layer's `Idempotency-Key` semantics (replay, 409, 422).
+//! The transactional door in an axum handler: an order and its idempotency record committed
+//! in one PostgreSQL transaction, behind the layer's `Idempotency-Key` semantics (replay, 409, 422).
 //!
 //! ```text
 //! DATABASE_URL=postgres://postgres@127.0.0.1:5432/postgres \
@@ -31,7 +31,7 @@ use tower_idempotency::http::{REPLAYED_HEADER, Rejection, RejectionKind};
 use tower_idempotency::store::StoreKey;
 use tower_idempotency::store::postgres::PostgresStore;
 use tower_idempotency::store::postgres::sqlx::{self, PgPool};
-use tower_idempotency::transactional::{Within, WithinError, within};
+use tower_idempotency::transactional::{Within, WithinErrorKind, within};
 
 /// The namespace of this route's keys (a store key hashes it with the principal and the key).
 const NAMESPACE: &str = "orders.create";
@@ -188,11 +188,11 @@ async fn create_order(
             RejectionKind::RecordInvalid,
             "the stored response for this key could not be replayed",
         ),
-        Err(WithinError::Store(_)) => {
+        Err(e) if e.kind() == WithinErrorKind::Store => {
             problem(RejectionKind::Store, "the database is unavailable")
         }
         // The transaction lost to a concurrent one: no order was placed, the key is free.
-        Err(WithinError::Conflict(_)) => (
+        Err(e) if e.kind() == WithinErrorKind::Conflict => (
             StatusCode::SERVICE_UNAVAILABLE,
             [(header::RETRY_AFTER, "1")],
             "the order conflicted with a concurrent one; retry",

@@ -1,14 +1,9 @@
 //! The store conformance suite (feature `test-util`): one test per behaviour of the
-//! [`Store`] contract, expanded in your own tests by [`store_conformance!`](crate::store_conformance) once per store, so
-//! a store you wrote is held to the same behaviour as the stores of this crate (the
-//! tower-sessions way).
-//!
-//! Implement [`Harness`] for your store (the store, and a way to move its time) and expand the
-//! macro with an expression that evaluates to a future of a fresh harness; it is evaluated once
-//! per test. The expansion needs `tokio` (features `macros`, `rt-multi-thread`, `time`) as a
-//! dev-dependency of your crate:
+//! [`Store`] contract, for a store you wrote.
 //!
 //! ```ignore
+//! // tests/conformance.rs of your crate, with `tokio` (features `macros`, `rt-multi-thread`,
+//! // `time`) as a dev-dependency.
 //! use std::time::Duration;
 //! use tower_idempotency::conformance::Harness;
 //!
@@ -24,15 +19,19 @@
 //! tower_idempotency::store_conformance!(async { MyHarness { store: MyStore::connect().await } });
 //! ```
 //!
-//! The [`store`](crate::store) module docs show a whole store of your own with its harness.
+//! Implement [`Harness`] for your store: the store, and a way to move its time. Then expand
+//! [`store_conformance!`](crate::store_conformance) with an expression that evaluates to a
+//! future of a fresh harness. It is evaluated once per test. Your store is then held to the
+//! same behaviour as the stores of this crate. The [`store`](crate::store) module docs show a
+//! whole store of your own with its harness.
 //!
-//! Every test uses fresh random keys, each in its own random scope, so tests may share one
+//! Every test uses fresh random keys, each in its own random scope. So tests may share one
 //! server and run in parallel, and keys spread over cluster slots. Expiry tests use a 300 ms
-//! lease or retention and move time 600 ms, so a store on real time stays fast; everything else
-//! uses a 60 s lease and retention that never lapses during a test.
+//! lease or retention and move time 600 ms, so a store on real time stays fast. Everything
+//! else uses a 60 s lease and retention that never lapses during a test. Each test panics
+//! with a message saying what the store did wrong.
 //!
-//! The functions below are the behaviours (each panics with a message saying what the store
-//! did wrong) and the helpers they use; call one directly to run a single behaviour.
+//! [`random_key`], [`fingerprint`] and [`record`] make inputs for tests of your own.
 
 // Test code: a failed expectation panics with its reason.
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
@@ -105,10 +104,13 @@ macro_rules! store_conformance {
     };
 }
 
+#[doc(hidden)]
 /// A lease or retention that never lapses during a test.
 pub const LONG: Duration = Duration::from_secs(60);
+#[doc(hidden)]
 /// The lease or retention of expiry tests.
 pub const SHORT: Duration = Duration::from_millis(300);
+#[doc(hidden)]
 /// How far expiry tests move time: comfortably past [`SHORT`].
 pub const PAST_SHORT: Duration = Duration::from_millis(600);
 
@@ -117,6 +119,7 @@ pub fn random_key() -> StoreKey {
     StoreKey::from_parts(random_bytes(), random_bytes())
 }
 
+#[doc(hidden)]
 /// Two fresh random keys in one (fresh random) scope.
 pub fn random_keys_in_one_scope() -> (StoreKey, StoreKey) {
     let scope = random_bytes();
@@ -145,11 +148,13 @@ pub fn record(tag: &str) -> Record {
     Record::from_bytes(Bytes::from(b))
 }
 
+#[doc(hidden)]
 /// A token no claim handed out.
 pub fn stranger() -> Token {
     Token::generate().expect("the OS random source works")
 }
 
+#[doc(hidden)]
 /// Claims `key`, which must be free, and returns the token.
 pub async fn claim_free<S: Store>(
     store: &S,
@@ -163,6 +168,7 @@ pub async fn claim_free<S: Store>(
     }
 }
 
+#[doc(hidden)]
 /// Claims `key` (the claim must find it pending) and returns the holder's fingerprint.
 pub async fn expect_pending<S: Store>(store: &S, key: &StoreKey, why: &str) -> Fingerprint {
     match store.claim(key, &fingerprint("probe"), LONG).await {
@@ -171,6 +177,7 @@ pub async fn expect_pending<S: Store>(store: &S, key: &StoreKey, why: &str) -> F
     }
 }
 
+#[doc(hidden)]
 /// Claims `key` (the claim must find it done) and returns the fingerprint and record.
 pub async fn expect_done<S: Store>(store: &S, key: &StoreKey, why: &str) -> (Fingerprint, Record) {
     match store.claim(key, &fingerprint("probe"), LONG).await {
@@ -188,12 +195,14 @@ fn ok<T>(result: Result<T, StoreError>, step: &str) -> T {
 
 // ---- the behaviours -----------------------------------------------------------------------
 
+#[doc(hidden)]
 /// A claim on a free key holds it.
 pub async fn claim_on_free_key_is_claimed<H: Harness>(h: H) {
     let key = random_key();
     claim_free(h.store(), &key, &fingerprint("a"), LONG).await;
 }
 
+#[doc(hidden)]
 /// A second claim finds the key pending, with the first claimant's fingerprint.
 pub async fn second_claim_sees_pending_with_first_fingerprint<H: Harness>(h: H) {
     let s = h.store();
@@ -209,6 +218,7 @@ pub async fn second_claim_sees_pending_with_first_fingerprint<H: Harness>(h: H) 
     }
 }
 
+#[doc(hidden)]
 /// After `complete`, a claim finds the key done with its fingerprint and exactly the record.
 pub async fn claim_then_replay<H: Harness>(h: H) {
     let s = h.store();
@@ -236,6 +246,7 @@ pub async fn claim_then_replay<H: Harness>(h: H) {
     }
 }
 
+#[doc(hidden)]
 /// A claim with another fingerprint still gets the stored fingerprint: the engine, not the
 /// store, decides that the key was reused.
 pub async fn other_fingerprint_gets_stored_fingerprint<H: Harness>(h: H) {
@@ -273,6 +284,7 @@ pub async fn other_fingerprint_gets_stored_fingerprint<H: Harness>(h: H) {
     }
 }
 
+#[doc(hidden)]
 /// Once a lease lapses, a new claimant claims the key under a new token.
 pub async fn lease_expiry_frees_key<H: Harness>(h: H) {
     let s = h.store();
@@ -292,6 +304,7 @@ pub async fn lease_expiry_frees_key<H: Harness>(h: H) {
     );
 }
 
+#[doc(hidden)]
 /// Once a record's retention ends, the key is free again.
 pub async fn record_expires_after_ttl<H: Harness>(h: H) {
     let s = h.store();
@@ -310,6 +323,7 @@ pub async fn record_expires_after_ttl<H: Harness>(h: H) {
     }
 }
 
+#[doc(hidden)]
 /// After a lease lapsed and another claim took the key, the first token's late steps leave the
 /// new holder alone, pending or done.
 pub async fn stale_token_is_fenced<H: Harness>(h: H) {
@@ -358,6 +372,7 @@ pub async fn stale_token_is_fenced<H: Harness>(h: H) {
     );
 }
 
+#[doc(hidden)]
 /// Renewing with the holding token extends the lease past its original end, and the renewed
 /// lease ends in turn.
 pub async fn renew_extends_lease<H: Harness>(h: H) {
@@ -379,6 +394,7 @@ pub async fn renew_extends_lease<H: Harness>(h: H) {
     }
 }
 
+#[doc(hidden)]
 /// Renew succeeds only for the token that holds the key pending.
 pub async fn renew_needs_the_holding_token<H: Harness>(h: H) {
     let s = h.store();
@@ -416,6 +432,7 @@ pub async fn renew_needs_the_holding_token<H: Harness>(h: H) {
     }
 }
 
+#[doc(hidden)]
 /// `forget` deletes a completed record, keeps a pending claim unless told, deletes it when told,
 /// and finds nothing under a free (or expired) key; a forgotten key is free to claim. The
 /// forgotten claim's late record is written when nothing holds the key, refused when a retry
@@ -495,6 +512,7 @@ pub async fn forget_deletes_a_record_and_a_pending_claim_only_when_asked<H: Harn
     );
 }
 
+#[doc(hidden)]
 /// `lease_left` is `None` for a free key and a completed record; for a pending claim it is
 /// `None` (the store cannot tell) or at most the lease.
 pub async fn lease_left_is_none_or_within_the_lease<H: Harness>(h: H) {
@@ -520,6 +538,7 @@ pub async fn lease_left_is_none_or_within_the_lease<H: Harness>(h: H) {
     );
 }
 
+#[doc(hidden)]
 /// Release frees a key held pending by the token, and nothing else.
 pub async fn release_frees_pending_key<H: Harness>(h: H) {
     let s = h.store();
@@ -558,6 +577,7 @@ pub async fn release_frees_pending_key<H: Harness>(h: H) {
     );
 }
 
+#[doc(hidden)]
 /// Release after complete returns false and the record stays.
 pub async fn release_after_complete_keeps_record<H: Harness>(h: H) {
     let s = h.store();
@@ -578,6 +598,7 @@ pub async fn release_after_complete_keeps_record<H: Harness>(h: H) {
     );
 }
 
+#[doc(hidden)]
 /// A done key is not overwritten by a second complete with the same token.
 pub async fn complete_is_written_once<H: Harness>(h: H) {
     let s = h.store();
@@ -601,6 +622,7 @@ pub async fn complete_is_written_once<H: Harness>(h: H) {
     );
 }
 
+#[doc(hidden)]
 /// `complete` writes the record when nothing holds the key: the lease lapsed and nobody claimed
 /// since, or nobody ever claimed it.
 pub async fn complete_without_holder_writes_record<H: Harness>(h: H) {
@@ -651,6 +673,7 @@ pub async fn complete_without_holder_writes_record<H: Harness>(h: H) {
     );
 }
 
+#[doc(hidden)]
 /// Keys of one scope and of other scopes do not interfere.
 pub async fn keys_are_independent<H: Harness>(h: H) {
     let s = h.store();
@@ -678,6 +701,7 @@ pub async fn keys_are_independent<H: Harness>(h: H) {
     );
 }
 
+#[doc(hidden)]
 /// 64 tasks claim one fresh key at once: exactly one wins, the others see the winner pending.
 pub async fn concurrent_claims_have_one_winner<H: Harness>(h: H) {
     const TASKS: usize = 64;
@@ -715,6 +739,7 @@ pub async fn concurrent_claims_have_one_winner<H: Harness>(h: H) {
     );
 }
 
+#[doc(hidden)]
 /// The engine over the store: run, in flight, key reused, replay.
 pub async fn engine_run_in_flight_reused_replay<H: Harness>(h: H) {
     let engine = Engine::builder(HarnessStore(Arc::new(h)))
@@ -766,6 +791,7 @@ pub async fn engine_run_in_flight_reused_replay<H: Harness>(h: H) {
     );
 }
 
+#[doc(hidden)]
 /// A released ticket lets the same request run again.
 pub async fn engine_release_lets_work_run_again<H: Harness>(h: H) {
     let engine = Engine::builder(HarnessStore(Arc::new(h)))
@@ -785,7 +811,7 @@ pub async fn engine_release_lets_work_run_again<H: Harness>(h: H) {
 }
 
 /// A harness's store as an owned [`Store`], for the engine (which owns its store).
-pub struct HarnessStore<H>(pub Arc<H>);
+struct HarnessStore<H>(Arc<H>);
 
 impl<H> std::fmt::Debug for HarnessStore<H> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {

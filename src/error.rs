@@ -37,7 +37,6 @@ pub enum ConfigErrorKind {
 }
 
 impl ConfigError {
-    #[allow(dead_code)] // the builders use it
     pub(crate) fn new(kind: ConfigErrorKind, detail: impl Into<String>) -> Self {
         Self {
             kind,

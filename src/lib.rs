@@ -1,11 +1,12 @@
 #![doc = include_str!("docs/crate.md")]
+#![doc = include_str!("docs/namespaces.md")]
+#![doc = include_str!("docs/metrics.md")]
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod error;
 mod metrics;
 
-pub mod client;
 pub mod engine;
 pub mod http;
 pub mod message;

@@ -28,8 +28,6 @@ pub(crate) const MEMORY_ENTRIES: &str = "idempotency_memory_entries";
 pub(crate) const MEMORY_PENDING: &str = "idempotency_memory_pending";
 pub(crate) const MEMORY_BYTES: &str = "idempotency_memory_bytes";
 pub(crate) const MEMORY_EARLY_DROPS: &str = "idempotency_memory_early_drops_total";
-/// `idempotency_client_attempts_total{decision}`: the client's attempts by what followed.
-pub(crate) const CLIENT_ATTEMPTS: &str = "idempotency_client_attempts_total";
 
 /// The way in: the `door` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,7 +42,7 @@ pub(crate) enum Door {
     /// The axum extractors (their own refusals only; the layer counts the request).
     #[cfg_attr(not(feature = "axum"), allow(dead_code))]
     Extract,
-    /// Tier C, `transactional::within`.
+    /// The transactional door, `transactional::within`.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     Within,
     /// The queue consumers' door, `message`.
@@ -268,8 +266,8 @@ pub(crate) const RESERVED_LABELS: [&str; 3] = ["door", "outcome", "result"];
 #[cfg(feature = "metrics")]
 mod on {
     use super::{
-        CLIENT_ATTEMPTS, Door, MEMORY_BYTES, MEMORY_EARLY_DROPS, MEMORY_ENTRIES, MEMORY_PENDING,
-        Op, Outcome, REQUESTS, RESULTS, STORE_DURATION, STORE_RESULTS, Settled, store_result,
+        Door, MEMORY_BYTES, MEMORY_EARLY_DROPS, MEMORY_ENTRIES, MEMORY_PENDING, Op, Outcome,
+        REQUESTS, RESULTS, STORE_DURATION, STORE_RESULTS, Settled, store_result,
     };
     use crate::store::StoreError;
     use metrics::{Key, Label, Level, Metadata};
@@ -420,11 +418,6 @@ mod on {
         }
     }
 
-    /// Counts one attempt of the client's retries: `retry`, or the reason it stopped.
-    pub(crate) fn client_attempt(decision: &'static str) {
-        metrics::counter!(CLIENT_ATTEMPTS, "decision" => decision).increment(1);
-    }
-
     /// What one memory store last added to the process's gauges and counter: each store
     /// moves them by its own change, so that two stores add up rather than overwrite each
     /// other (and the counter never goes back).
@@ -490,9 +483,6 @@ mod on {
     #[inline(always)]
     pub(crate) fn settled(_: Door, _: Settled) {}
 
-    #[inline(always)]
-    pub(crate) fn client_attempt(_: &'static str) {}
-
     #[derive(Debug, Clone)]
     pub(crate) struct DoorCounters;
 
@@ -543,7 +533,7 @@ mod on {
 #[cfg(feature = "metrics")]
 pub(crate) use on::MemoryShare;
 #[allow(unused_imports)]
-pub(crate) use on::{DoorCounters, Started, StoreTimer, client_attempt, request, settled};
+pub(crate) use on::{DoorCounters, Started, StoreTimer, request, settled};
 
 #[cfg(test)]
 mod tests {

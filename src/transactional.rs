@@ -1,10 +1,4 @@
-//! Tier C: the work and its record committed in one PostgreSQL transaction.
-//!
-//! The HTTP layer records a response *after* the handler's work has committed. A crash between
-//! the two leaves the work done and no record: the key stays pending until its lease lapses, and
-//! a retry after that runs the work again. When the work is writes to the same PostgreSQL
-//! database that keeps the records, [`within`] closes that window: the claim, the work and the
-//! record are one transaction, so they commit together or not at all.
+//! Transactional: the work and its record committed in one PostgreSQL transaction.
 //!
 //! ```no_run
 //! use tower_idempotency::IdempotencyKey;
@@ -42,15 +36,22 @@
 //! # Ok(()) }
 //! ```
 //!
+//! The HTTP layer records a response *after* the handler's work has committed. A crash between
+//! the two leaves the work done and no record. The key stays pending until its lease lapses,
+//! and a retry after that runs the work again. When the work is writes to the PostgreSQL
+//! database that keeps the records, [`within`] closes that window. The claim, the work and the
+//! record are one transaction: they commit together or not at all.
+//!
 //! # How it runs
 //!
-//! 1. A transaction begins on your connection: a transaction of its own on a connection that is
-//!    not in one, a savepoint inside yours when you pass `&mut *tx` (then nothing is durable
-//!    until *you* commit, and your rollback takes the claim, the work and the record with it).
-//! 2. The key is claimed in it: a pending row is inserted (or an expired one taken over). The
-//!    row lock this takes is the lease: it lasts exactly as long as the transaction, needs no
-//!    renewal, and a crash (of the process, the connection or the server) rolls it back.
-//! 3. The work runs on the same transaction; its `Ok` value is the response to record.
+//! 1. A transaction begins on your connection. On a connection outside a transaction, it is a
+//!    transaction of its own. When you pass your own transaction (`&mut *tx`), it is a
+//!    savepoint inside it. Then nothing is durable until *you* commit, and your rollback takes
+//!    the claim, the work and the record with it.
+//! 2. The key is claimed in it: a pending row is inserted, or an expired one taken over. The
+//!    row lock this takes is the lease. It lasts exactly as long as the transaction and needs
+//!    no renewal. A crash of the process, the connection or the server rolls it back.
+//! 3. The work runs on the same transaction. Its `Ok` value is the response to record.
 //! 4. The record is written over the claim, and the transaction commits.
 //!
 //! A duplicate that arrives meanwhile meets the row lock:
@@ -64,66 +65,67 @@
 //!
 //! # Timeouts
 //!
-//! The claim runs under the store's own bounds: the lock wait, and a `statement_timeout` of
-//! the lock wait plus the store's [timeout](crate::store::postgres::PostgresStoreBuilder::timeout),
-//! so the wait always ends first and answers "in flight". The work runs under your
-//! connection's settings, put back after the claim. On a connection of the store's own pool
-//! ([`PostgresStore::connect`]), whose `statement_timeout` is the store's timeout, that bound
-//! is lifted for the work: a slow work is not cut at 1 s (set `SET LOCAL statement_timeout`
-//! in the work for a bound of your own).
+//! The claim runs under the store's own bounds. One is the lock wait. The other is a
+//! `statement_timeout` of the lock wait plus the store's
+//! [timeout](crate::store::postgres::PostgresStoreBuilder::timeout). So the wait always ends
+//! first and answers "in flight".
+//!
+//! The work runs under your connection's settings, put back after the claim. A connection of
+//! the store's own pool ([`PostgresStore::connect`]) has the store's timeout as its
+//! `statement_timeout`. That bound is lifted for the work, so a slow work is not cut at 1 s.
+//! For a bound of your own, run `SET LOCAL statement_timeout` in the work.
 //!
 //! # Isolation levels
 //!
-//! Under `REPEATABLE READ` or `SERIALIZABLE` (set per transaction, or as the database's
-//! `default_transaction_isolation`), a claim that meets the first request's commit is rolled
-//! back by PostgreSQL (a serialization failure, `40001`): another transaction holds or held
-//! the key. In a transaction of its own, `within` tries the claim once more, in a new
-//! transaction, whose snapshot sees the first's record: the duplicate gets the replay, as
-//! under `READ COMMITTED`. In your transaction, whose snapshot is yours, the duplicate gets
-//! [`Within::InFlight`] (a retry, in a new transaction, gets the replay). A deadlock on the
-//! claim (`40P01`) is answered the same way.
+//! Under `REPEATABLE READ` or `SERIALIZABLE`, set per transaction or as the database's
+//! `default_transaction_isolation`, a claim can meet the first request's commit. PostgreSQL
+//! then rolls it back with a serialization failure (`40001`): another transaction holds or
+//! held the key.
 //!
-//! A serialization failure or a deadlock of the transaction itself is yours: in the work's
-//! statements it comes back as [`WithinError::Work`], with the work's error; when the record
-//! is written or at the commit, as [`WithinError::Conflict`]. Either way nothing was
-//! committed and the key is free: run the request again, in a new transaction.
+//! - In a transaction of its own, `within` tries the claim once more, in a new transaction.
+//!   Its snapshot sees the first's record, so the duplicate gets the replay, as under
+//!   `READ COMMITTED`.
+//! - In your transaction, the snapshot is yours. The duplicate gets [`Within::InFlight`]; a
+//!   retry in a new transaction gets the replay.
+//!
+//! A deadlock on the claim (`40P01`) is answered the same way.
+//!
+//! A serialization failure or a deadlock of the transaction itself is yours. In the work's
+//! statements it comes back as an error of kind [`WithinErrorKind::Work`], with the work's
+//! error. When the record is written or at the commit, it is of kind
+//! [`WithinErrorKind::Conflict`]. Either way nothing was committed and the key is free: run
+//! the request again, in a new transaction.
 //!
 //! # When to use it, and when the layer is enough
 //!
-//! Use `within` when the work is writes to the PostgreSQL database the records live in (create
-//! the order, debit the balance): then no crash can leave the work without its record, or a
-//! record without its work. It costs the handler an explicit call, and a duplicate holds a
+//! Use `within` when the work is writes to the PostgreSQL database the records live in:
+//! create the order, debit the balance. Then no crash can leave the work without its record,
+//! or a record without its work. It costs the handler an explicit call. A duplicate holds a
 //! database connection while it waits for the first.
 //!
-//! The [`IdempotencyLayer`](crate::IdempotencyLayer), over any store, is enough when the work is
-//! elsewhere (another database, a queue, a remote API) or when a re-run after a crash inside
-//! the lease window is acceptable: it needs no change to handlers. Side effects outside the
-//! transaction (an email, a call to a payment provider) are at-least-once either way; forward
-//! a [`DerivedKey`](crate::DerivedKey) to a provider that de-duplicates.
+//! The [`IdempotencyLayer`](crate::IdempotencyLayer), over any store, is enough in two cases:
+//! the work is elsewhere (another database, a queue, a remote API), or a re-run after a crash
+//! inside the lease window is acceptable. It needs no change to handlers. Side effects outside
+//! the transaction, such as an email or a call to a payment provider, are at-least-once either
+//! way. Forward a [`DerivedKey`](crate::DerivedKey) to a provider that de-duplicates.
 //!
-//! The key, scope and fingerprint are the caller's, as in every door: derive the [`StoreKey`]
-//! from the client's key and the *authenticated* principal ([`StoreKey::derive`]), and the
+//! The key, scope and fingerprint are the caller's, as in every door. Derive the [`StoreKey`]
+//! from the client's key and the *authenticated* principal ([`StoreKey::derive`]). Derive the
 //! fingerprint from the request. The `transactional` example in the repository does it for an
-//! axum handler with the layer's `Idempotency-Key` semantics (replay, 409, 422).
+//! axum handler with the layer's `Idempotency-Key` semantics: replay, 409, 422.
 //!
 //! [`PostgresStoreBuilder::lock_timeout`]: crate::store::postgres::PostgresStoreBuilder::lock_timeout
 //! [`PostgresStore::connect`]: crate::store::postgres::PostgresStore::connect
 
-use crate::engine::{Begin, Engine, Fingerprint, RecordError, RecordedResponse, Ticket};
-use crate::metrics::{Door, Op, Outcome, Settled, Started, request, settled};
 use crate::engine::scope::StoreKey;
+use crate::engine::{Begin, BoxFuture, Engine, Fingerprint, RecordError, RecordedResponse, Ticket};
+use crate::metrics::{Door, Op, Outcome, Settled, Started, request, settled};
 use crate::store::postgres::{Held, Lifted, OpError, PostgresStore};
 use crate::store::{StoreError, StoreErrorKind};
 use sqlx::postgres::{PgConnection, Postgres};
 use sqlx::{Connection, Transaction};
 use std::error::Error as StdError;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
-
-/// The future of the work: boxed, so that it can borrow the connection it is given (as sqlx's
-/// own `Connection::transaction` does). Write the work as `|tx| Box::pin(async move { … })`.
-pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
 /// What [`within`] did.
 #[derive(Debug)]
@@ -145,32 +147,146 @@ pub enum Within {
     RecordInvalid(RecordError),
 }
 
-/// Why [`within`] failed. In every case but a failed commit of [`Store`](Self::Store),
-/// everything it did was rolled back and the key is free.
+/// Why [`within`] failed.
+///
+/// Except for a failed commit of kind [`Store`](WithinErrorKind::Store), everything `within`
+/// did was rolled back and the key is free. The work's own error comes back with
+/// [`into_inner`](Self::into_inner).
+///
+/// ```no_run
+/// use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse, Scope};
+/// use tower_idempotency::store::StoreKey;
+/// use tower_idempotency::store::postgres::{PostgresStore, sqlx};
+/// use tower_idempotency::transactional::{WithinErrorKind, within};
+/// use tower_idempotency::IdempotencyKey;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let pool = sqlx::PgPool::connect("postgres://app@127.0.0.1/app").await?;
+/// # let engine = Engine::new(PostgresStore::new(pool.clone(), "orders")?);
+/// # let key = StoreKey::derive("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1")?);
+/// # let fingerprint = Fingerprint::builder().field(b"POST /orders").finish();
+/// let mut conn = pool.acquire().await?;
+/// let failed = within(&engine, &mut conn, key, fingerprint, |_tx| {
+///     Box::pin(async { Err::<RecordedResponse, _>("out of stock") })
+/// })
+/// .await
+/// .unwrap_err();
+/// assert_eq!(failed.kind(), WithinErrorKind::Work);
+/// assert!(!failed.is_retryable());
+/// assert_eq!(failed.into_inner(), Some("out of stock"));
+/// # Ok(()) }
+/// ```
+pub struct WithinError<E> {
+    repr: Repr<E>,
+}
+
 #[derive(Debug)]
-#[non_exhaustive]
-pub enum WithinError<E> {
-    /// The work returned an error: the work and the claim were rolled back.
+enum Repr<E> {
     Work(E),
-    /// A step of the store failed (the claim, the record, the commit). When the commit itself
-    /// failed on a lost connection, whether it happened is unknown: a retry under the same key
-    /// either replays or runs.
     Store(StoreError),
-    /// PostgreSQL rolled the transaction back for a concurrent one, when the record was
-    /// written or at the commit: a serialization failure (SQLSTATE `40001`, under
-    /// `REPEATABLE READ` or `SERIALIZABLE`) or a deadlock (`40P01`). Nothing was committed
-    /// and the key is free: run the request again, in a new transaction (on your own
-    /// transaction: roll it back first). The same failure in the work's own statements comes
-    /// back as [`Work`](Self::Work), with the work's error.
     Conflict(sqlx::Error),
+}
+
+/// What a [`WithinError`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WithinErrorKind {
+    /// The work returned an error. The work and the claim were rolled back.
+    Work,
+    /// A step of the store failed: the claim, the record or the commit. When the commit
+    /// itself failed on a lost connection, whether it happened is unknown. A retry under the
+    /// same key then either replays or runs.
+    Store,
+    /// PostgreSQL rolled the transaction back for a concurrent one, when the record was
+    /// written or at the commit. This is a serialization failure (SQLSTATE `40001`, under
+    /// `REPEATABLE READ` or `SERIALIZABLE`) or a deadlock (`40P01`). Nothing was committed and
+    /// the key is free: run the request again, in a new transaction. On your own transaction,
+    /// roll it back first. The same failure in the work's own statements is of kind
+    /// [`Work`](Self::Work), with the work's error.
+    Conflict,
+}
+
+impl<E> WithinError<E> {
+    fn work(e: E) -> Self {
+        Self {
+            repr: Repr::Work(e),
+        }
+    }
+
+    fn store(e: StoreError) -> Self {
+        Self {
+            repr: Repr::Store(e),
+        }
+    }
+
+    fn conflict(e: sqlx::Error) -> Self {
+        Self {
+            repr: Repr::Conflict(e),
+        }
+    }
+
+    /// What failed.
+    #[must_use]
+    pub fn kind(&self) -> WithinErrorKind {
+        match self.repr {
+            Repr::Work(_) => WithinErrorKind::Work,
+            Repr::Store(_) => WithinErrorKind::Store,
+            Repr::Conflict(_) => WithinErrorKind::Conflict,
+        }
+    }
+
+    /// Whether running the request again, in a new transaction, may succeed: a conflict, or
+    /// a store failure that [is retryable](StoreError::is_retryable). The work's own error is
+    /// the work's to judge: `false`.
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        match &self.repr {
+            Repr::Work(_) => false,
+            Repr::Store(e) => e.is_retryable(),
+            Repr::Conflict(_) => true,
+        }
+    }
+
+    /// The work's error, for kind [`Work`](WithinErrorKind::Work).
+    #[must_use]
+    pub fn get_ref(&self) -> Option<&E> {
+        match &self.repr {
+            Repr::Work(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The work's error, for kind [`Work`](WithinErrorKind::Work).
+    #[must_use]
+    pub fn into_inner(self) -> Option<E> {
+        match self.repr {
+            Repr::Work(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The store's error, for kind [`Store`](WithinErrorKind::Store).
+    #[must_use]
+    pub fn store_error(&self) -> Option<&StoreError> {
+        match &self.repr {
+            Repr::Store(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl<E: fmt::Debug> fmt::Debug for WithinError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(&self.repr, f)
+    }
 }
 
 impl<E: fmt::Display> fmt::Display for WithinError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Work(e) => write!(f, "the transactional work failed: {e}"),
-            Self::Store(e) => fmt::Display::fmt(e, f),
-            Self::Conflict(e) => write!(
+        match &self.repr {
+            Repr::Work(e) => write!(f, "the transactional work failed: {e}"),
+            Repr::Store(e) => fmt::Display::fmt(e, f),
+            Repr::Conflict(e) => write!(
                 f,
                 "the transaction conflicted with a concurrent one and was rolled back: {e}"
             ),
@@ -178,12 +294,13 @@ impl<E: fmt::Display> fmt::Display for WithinError<E> {
     }
 }
 
+/// The source is the work's error, the [`StoreError`], or the `sqlx::Error` of a conflict.
 impl<E: StdError + 'static> StdError for WithinError<E> {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        match self {
-            Self::Work(e) => Some(e),
-            Self::Store(e) => Some(e),
-            Self::Conflict(e) => Some(e),
+        match &self.repr {
+            Repr::Work(e) => Some(e),
+            Repr::Store(e) => Some(e),
+            Repr::Conflict(e) => Some(e),
         }
     }
 }
@@ -197,15 +314,16 @@ impl<E: StdError + 'static> StdError for WithinError<E> {
 /// `fingerprint` is the request's, as the engine keeps it (keyed by its secret when it has
 /// one); the record is written with the engine's retention and sealed with its secret.
 ///
-/// The work's `Ok` value is recorded and returned as [`Within::Ran`]; its `Err` rolls back the
-/// work and the claim, and is returned as [`WithinError::Work`]: the key is free, and a retry
-/// runs the work again. Dropping the future rolls back as well. See the module docs for the
+/// The work is written `|tx| Box::pin(async move { … })`: boxed, so that it can borrow the
+/// connection it is given, as sqlx's own `Connection::transaction` does. Its `Ok` value is
+/// recorded and returned as [`Within::Ran`]. Its `Err` rolls back the work and the claim, and
+/// is returned as a [`WithinError`] of kind [`Work`](WithinErrorKind::Work). The key is then
+/// free, and a retry runs the work again. Dropping the future rolls back as well. See the module docs for the
 /// [timeouts](self#timeouts) the work runs under and the [isolation levels](self#isolation-levels).
 ///
 /// # Errors
-/// [`WithinError::Work`] with the work's error, [`WithinError::Store`] when a step of the store
-/// failed, [`WithinError::Conflict`] when PostgreSQL rolled the transaction back for a
-/// concurrent one (see [`WithinError`]).
+/// A [`WithinError`]: the work's error, a step of the store that failed, or a conflict with a
+/// concurrent transaction (see [`WithinErrorKind`]).
 pub async fn within<F, E>(
     engine: &Engine<PostgresStore>,
     conn: &mut PgConnection,
@@ -227,7 +345,7 @@ where
         let mut tx = conn
             .begin()
             .await
-            .map_err(|e| WithinError::Store(OpError::from(e).into_store("PostgreSQL begin")))?;
+            .map_err(|e| WithinError::store(OpError::from(e).into_store("PostgreSQL begin")))?;
         let started = Started::now();
         let held = store
             .claim_held(&mut tx, &key, &fingerprint, engine.lease())
@@ -245,7 +363,7 @@ where
             }
             Err(e) => {
                 request(Door::Within, Outcome::of_store_error(&e));
-                return rolled_back(tx, Err(WithinError::Store(e))).await;
+                return rolled_back(tx, Err(WithinError::store(e))).await;
             }
         }
     };
@@ -256,8 +374,8 @@ where
                 Ok(response) => match finish(store, tx, own, lifted).await {
                     Ok(()) => (Settled::Completed, Ok(Within::Ran(response))),
                     // Nothing was committed: the key is free.
-                    Err(Ended::Conflict(e)) => (Settled::Released, Err(WithinError::Conflict(e))),
-                    Err(Ended::Failed(e)) => (Settled::CompleteFailed, Err(WithinError::Store(e))),
+                    Err(Ended::Conflict(e)) => (Settled::Released, Err(WithinError::conflict(e))),
+                    Err(Ended::Failed(e)) => (Settled::CompleteFailed, Err(WithinError::store(e))),
                 },
                 Err((end, e)) => (end, rolled_back(tx, Err(e)).await),
             };
@@ -316,14 +434,14 @@ where
     let response = match work(tx).await {
         Ok(response) => response,
         // The work's error rolls back the claim with it: the key is free.
-        Err(e) => return Err((Settled::Released, WithinError::Work(e))),
+        Err(e) => return Err((Settled::Released, WithinError::work(e))),
     };
     let record = match engine.seal(ticket, &response) {
         Ok(record) => record,
         Err(e) => {
             let e =
                 StoreError::with_source(StoreErrorKind::Protocol, "response cannot be recorded", e);
-            return Err((Settled::CompleteFailed, WithinError::Store(e)));
+            return Err((Settled::CompleteFailed, WithinError::store(e)));
         }
     };
     let started = Started::now();
@@ -353,10 +471,10 @@ where
         Ok(()) => Ok(response),
         // The transaction lost to a concurrent one (serializable): it will not commit.
         Err(e) => match e.into_conflict() {
-            Ok(e) => Err((Settled::Released, WithinError::Conflict(e))),
+            Ok(e) => Err((Settled::Released, WithinError::conflict(e))),
             Err(e) => Err((
                 Settled::CompleteFailed,
-                WithinError::Store(e.into_store(op)),
+                WithinError::store(e.into_store(op)),
             )),
         },
     }

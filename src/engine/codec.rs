@@ -61,7 +61,10 @@ impl<T> Codec<T> for Discard {
     }
 
     fn decode(&self, _: Bytes) -> Result<T, CodecError> {
-        Err(CodecError::new(CodecErrorKind::Decode, "the codec keeps no values"))
+        Err(CodecError::new(
+            CodecErrorKind::Decode,
+            "the codec keeps no values",
+        ))
     }
 
     fn keeps_values(&self) -> bool {

@@ -12,12 +12,11 @@
 //! Detached work is bounded twice, so that work nobody waits for cannot hold a key or the
 //! process forever, nor escape the concurrency limits and timeouts outside the layer:
 //!
-//! - **In time**: it runs at most [`DEFAULT_DETACHED_TIMEOUT`] (5 min; the HTTP layer's
-//!   `detached_timeout` sets its own) after its caller left; then it is cancelled where it
-//!   stands.
-//! - **In number**: at most [`DEFAULT_MAX_DETACHED`] (1024 per layer; the HTTP layer's
-//!   `max_detached` sets its own) run on at once; work dropped beyond that is cancelled where
-//!   it stands instead of detached.
+//! - **In time**: it runs at most 5 min after its caller left, unless the door's
+//!   `detached_timeout` says otherwise. Then it is cancelled where it stands.
+//! - **In number**: at most 1024 per layer run on at once, unless the door's `max_detached`
+//!   says otherwise. Work dropped beyond that is cancelled where it stands instead of
+//!   detached.
 //!
 //! Cancelled work records nothing and releases nothing: the key stays pending until its lease
 //! lapses (the lease renewal stopped with the work), then a retry runs the work again, as after
@@ -29,7 +28,7 @@
 //! lease lapses.
 //!
 //! Every such future, attached or moved, holds a token of one [`TaskTracker`] per layer, so
-//! [`InFlightWork::wait`] sees both. `tokio-util`'s tracker is used rather than a hand-made
+//! [`Drain::wait`] sees both. `tokio-util`'s tracker is used rather than a hand-made
 //! counter and notifier: it is the tokio project's own answer to exactly this (counting
 //! tasks, waking a waiter when the count reaches zero after a close), and it is already in the
 //! lock file through `redis`, `tonic` and `h2`.
@@ -45,34 +44,27 @@ use tokio_util::task::TaskTracker;
 use tokio_util::task::task_tracker::TrackedFuture;
 use tracing::Instrument;
 
-/// The claimed work of one layer (and of every service and `#[idempotent]` route built from
-/// it) that has not finished yet: handlers still running, and outcomes still being recorded.
-/// Made by [`IdempotencyLayer::drain`](crate::IdempotencyLayer::drain) and
-/// [`MessageIdempotencyLayer::in_flight`](crate::message::MessageIdempotencyLayer::in_flight);
-/// cheap to clone. (The same type as `http::InFlightWork` and `message::InFlightWork`.)
+/// The claimed work of one door that has not finished yet: handlers still running, and
+/// outcomes still being recorded. Wait on it at shutdown.
 ///
-/// Wait on it after the server (or consumer) has stopped taking work, so that the work its
-/// callers left behind is finished and recorded before the process exits:
-///
-/// ```no_run
-/// use std::time::Duration;
-/// use axum::{Router, routing::post};
-/// use tower_idempotency::IdempotencyLayer;
-///
-/// # async fn run(listener: tokio::net::TcpListener, shutdown: impl std::future::Future<Output = ()> + Send + 'static) {
-/// let layer = IdempotencyLayer::default();
-/// let in_flight = layer.drain();
-/// let app: Router = Router::new().route("/orders", post(|| async { "created" })).layer(layer);
-///
-/// axum::serve(listener, app).with_graceful_shutdown(shutdown).await.unwrap();
-/// // The server has stopped; the handlers of clients that went away may still run.
-/// if !in_flight.wait(Duration::from_secs(30)).await {
-///     eprintln!("{} idempotent requests still running at exit", in_flight.len());
-/// }
-/// # }
 /// ```
+/// use std::time::Duration;
+/// use tower_idempotency::http::Drain;
+///
+/// /// Called once the server has stopped taking requests.
+/// async fn finish(drain: Drain) {
+///     // The handlers of clients that went away may still run: let them finish.
+///     if !drain.wait(Duration::from_secs(30)).await {
+///         eprintln!("{} idempotent requests still running at exit", drain.len());
+///     }
+/// }
+/// ```
+///
+/// Got by the `drain()` method of the HTTP layer and of the message door. It counts the work
+/// of every service and `#[idempotent]` route built from that door. Cheap to clone. The same
+/// type is `engine::Drain`, `http::Drain` and `message::Drain`.
 #[derive(Clone)]
-pub struct InFlightWork {
+pub struct Drain {
     tracker: TaskTracker,
     /// How many run on a task of their own, shared by every clone.
     detached: Arc<AtomicUsize>,
@@ -87,15 +79,15 @@ struct Bounds {
     max: usize,
 }
 
-/// How long work whose caller went away may run on before it is cancelled (5 min), unless the
+/// How long work whose caller went away may run on before it is cancelled, unless the
 /// layer sets its own (`detached_timeout`).
-pub const DEFAULT_DETACHED_TIMEOUT: Duration = Duration::from_secs(5 * 60);
+pub(crate) const DEFAULT_DETACHED_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 
-/// How many works whose callers went away may run on at once, per layer (1024), unless the
+/// How many works whose callers went away may run on at once, per layer, unless the
 /// layer sets its own (`max_detached`).
-pub const DEFAULT_MAX_DETACHED: usize = 1024;
+pub(crate) const DEFAULT_MAX_DETACHED: usize = 1024;
 
-impl InFlightWork {
+impl Drain {
     pub(crate) fn new() -> Self {
         Self {
             tracker: TaskTracker::new(),
@@ -176,9 +168,9 @@ impl InFlightWork {
     }
 }
 
-impl fmt::Debug for InFlightWork {
+impl fmt::Debug for Drain {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("InFlightWork")
+        f.debug_struct("Drain")
             .field("len", &self.len())
             .field("detached", &self.detached())
             .field("detached_timeout", &self.bounds.timeout)
@@ -306,7 +298,7 @@ mod tests {
     #[tokio::test(flavor = "current_thread")]
     async fn detached_work_finishes_in_the_span_it_was_started_in() {
         let _subscriber = tracing::subscriber::set_default(tracing_subscriber::registry());
-        let in_flight = InFlightWork::new();
+        let in_flight = Drain::new();
         let (go, wait) = tokio::sync::oneshot::channel::<()>();
         let (report, seen) = tokio::sync::oneshot::channel();
         let span = tracing::info_span!("request");
@@ -378,7 +370,7 @@ mod tests {
     /// task that caught it), it is not moved onto a task and polled again.
     #[tokio::test(flavor = "current_thread")]
     async fn panicked_work_is_not_polled_again() {
-        let in_flight = InFlightWork::new();
+        let in_flight = Drain::new();
         let (work, polls, dropped) = probe(true);
         let mut work = Box::pin(in_flight.detachable(work));
         let caught = std::future::poll_fn(|cx| {
@@ -402,7 +394,7 @@ mod tests {
     /// count are given back.
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn detached_work_is_cancelled_at_the_detached_timeout() {
-        let in_flight = InFlightWork::new();
+        let in_flight = Drain::new();
         let (work, _, dropped) = probe(false);
         poll_once_and_drop(in_flight.detachable(work)).await;
         assert_eq!(in_flight.detached(), 1, "detached");
@@ -421,7 +413,7 @@ mod tests {
     /// Beyond the most detached work at once, work its caller dropped is cancelled at once.
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn work_beyond_the_most_detached_is_cancelled() {
-        let mut in_flight = InFlightWork::new();
+        let mut in_flight = Drain::new();
         in_flight.set_max_detached(1);
         let (first, _, first_dropped) = probe(false);
         let (second, _, second_dropped) = probe(false);

@@ -8,7 +8,7 @@
 use std::fmt;
 
 /// The default longest key, in bytes.
-pub const DEFAULT_MAX_KEY_LEN: usize = 255;
+pub(crate) const DEFAULT_MAX_KEY_LEN: usize = 255;
 
 /// A validated idempotency key as the client sent it (after sf-string unquoting).
 ///
@@ -35,8 +35,7 @@ pub const DEFAULT_MAX_KEY_LEN: usize = 255;
 pub struct IdempotencyKey(Box<str>);
 
 impl IdempotencyKey {
-    /// Parses one header value under the key rules, with keys of 1 to
-    /// [`DEFAULT_MAX_KEY_LEN`] (255) bytes.
+    /// Parses one header value under the key rules, with keys of 1 to 255 bytes.
     ///
     /// # Errors
     /// A [`KeyError`] saying why the value is not a key.
@@ -69,8 +68,7 @@ impl IdempotencyKey {
     }
 
     /// Validates a key that did not come from a header (a key closure, a message field): it must
-    /// be 1 to [`DEFAULT_MAX_KEY_LEN`] (255) bytes of visible ASCII or spaces (what an
-    /// sf-string can carry).
+    /// be 1 to 255 bytes of visible ASCII or spaces, what an sf-string can carry.
     ///
     /// ```
     /// use tower_idempotency::IdempotencyKey;
@@ -223,13 +221,13 @@ impl KeyError {
 
     /// What was wrong with the key.
     #[must_use]
-    pub fn kind(&self) -> &KeyErrorKind {
-        &self.kind
+    pub fn kind(&self) -> KeyErrorKind {
+        self.kind
     }
 }
 
 /// The reasons a key is refused.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeyErrorKind {
     /// The value is empty (or `""`).
@@ -285,7 +283,7 @@ mod tests {
     use super::*;
 
     fn parse(v: &[u8]) -> Result<IdempotencyKey, KeyErrorKind> {
-        IdempotencyKey::parse_header_with_max_len(v, 16).map_err(|e| e.kind().clone())
+        IdempotencyKey::parse_header_with_max_len(v, 16).map_err(|e| e.kind())
     }
 
     #[test]

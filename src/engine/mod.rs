@@ -1,10 +1,5 @@
 //! The state machine every door uses: claim → run (renewing the lease) → complete or release.
 //!
-//! The engine compares fingerprints and decodes records, so every store behaves alike. It knows
-//! nothing of HTTP: a door turns its request into a [`StoreKey`] and a [`Fingerprint`], asks
-//! [`Engine::begin`] what to do, and reports the result with [`Engine::complete`] or
-//! [`Engine::release`].
-//!
 //! ```
 //! use std::time::Duration;
 //! use tower_idempotency::{IdempotencyKey, MemoryStore};
@@ -23,6 +18,11 @@
 //! assert!(matches!(engine.begin(key, fp).await.unwrap(), Begin::Replayed(r) if r.status == 200));
 //! # }
 //! ```
+//!
+//! The engine compares fingerprints and decodes records, so every store behaves alike. It knows
+//! nothing of HTTP: a door turns its request into a [`StoreKey`] and a [`Fingerprint`], asks
+//! [`Engine::begin`] what to do, and reports the result with [`Engine::complete`] or
+//! [`Engine::release`].
 
 pub(crate) mod codec;
 pub(crate) mod detach;
@@ -36,18 +36,20 @@ pub(crate) mod verdict;
 #[cfg(feature = "json")]
 pub use crate::engine::codec::Json;
 pub use crate::engine::codec::{BoxFuture, Codec, CodecError, CodecErrorKind, Discard, Raw};
+pub use crate::engine::detach::Drain;
 pub use crate::engine::verdict::{Classify, Verdict};
 
 pub use crate::engine::fingerprint::{Fingerprint, FingerprintBuilder};
-pub use crate::engine::key::{DEFAULT_MAX_KEY_LEN, KeyError, KeyErrorKind};
-pub use crate::engine::record::{Field, RecordError, RecordTimes, RecordedResponse};
+pub use crate::engine::key::{KeyError, KeyErrorKind};
+pub use crate::engine::record::{
+    Field, RecordError, RecordErrorKind, RecordTimes, RecordedResponse,
+};
 pub use crate::engine::scope::Scope;
-pub use crate::engine::secret::SecretTooShort;
 
-use crate::metrics::{Op, Started, StoreTimer};
 use crate::engine::record::Record;
 use crate::engine::scope::StoreKey;
 use crate::engine::secret::Secret;
+use crate::metrics::{Op, Started, StoreTimer};
 use crate::store::{Claim, Forgotten, Store, StoreError, StoreErrorKind, Token};
 use std::fmt;
 use std::future::Future;
@@ -57,11 +59,11 @@ use std::task::Poll;
 use std::time::Duration;
 
 /// The default lease: how long a claim holds a key before another claimant may take it.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 /// The default retention of a completed record.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// The default largest recorded body.
-pub const DEFAULT_MAX_RECORD_BODY: usize = 1024 * 1024;
+pub(crate) const DEFAULT_MAX_RECORD_BODY: usize = 1024 * 1024;
 
 /// The longest lease, retention or wait the engine counts: about a century, as the stores keep
 /// at most. A longer one (up to `Duration::MAX`) counts as this, so no value can overflow a
@@ -146,7 +148,26 @@ impl<S: Store, F: Future> Future for Run<'_, S, F> {
     }
 }
 
-/// The idempotency engine over a store. Cheap to clone (the store is shared).
+/// The idempotency engine over a store. Cheap to clone: the store is shared.
+///
+/// Every door is made from one. A door's `new(engine, ..)` takes an `Engine`, or a store that
+/// becomes [`Engine::new`] of it:
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_idempotency::{MemoryStore, Store};
+/// use tower_idempotency::engine::Engine;
+///
+/// // What every door's `new` does with its first argument.
+/// fn door<S: Store>(engine: impl Into<Engine<S>>) -> Engine<S> {
+///     engine.into()
+/// }
+///
+/// let defaults = door(MemoryStore::new());
+/// assert_eq!(defaults.lease(), Duration::from_secs(60));
+/// let tuned = door(Engine::builder(MemoryStore::new()).lease(Duration::from_secs(5)).build());
+/// assert_eq!(tuned.lease(), Duration::from_secs(5));
+/// ```
 pub struct Engine<S> {
     store: Arc<S>,
     lease: Duration,
@@ -241,8 +262,8 @@ impl Ticket {
     }
 }
 
-/// A store given where an engine is asked for: the engine over it with the default settings.
 impl<S: Store> From<S> for Engine<S> {
+    /// [`Engine::new`]: every door's `new` takes a store or an engine.
     fn from(store: S) -> Self {
         Self::new(store)
     }
@@ -269,6 +290,7 @@ impl<S: Store> Engine<S> {
     }
 
     /// An engine with settings of its own: `Engine::builder(store).lease(..).ttl(..).build()`.
+    /// The defaults are written on each setter of [`EngineBuilder`].
     pub fn builder(store: S) -> EngineBuilder<S> {
         EngineBuilder {
             engine: Self::new(store),
@@ -342,14 +364,15 @@ impl<S: Store> Engine<S> {
     }
 
     /// As [`begin`](Self::begin), but a request that finds the same request in flight waits
-    /// up to `bound` for it to finish, then gets what it left: its record to replay, or the key
-    /// to run (the first run was released). Past the bound: [`Begin::InFlight`], as `begin`.
+    /// up to `bound` for it to finish. Then it gets what the first run left: its record to
+    /// replay, or the key to run if the first run was released. Past the bound it gets
+    /// [`Begin::InFlight`], as from `begin`.
     ///
-    /// A store that is told when a key settles (the memory store, in process) wakes the waiter
-    /// at once; any other is asked again with backoff (10 ms, doubling to 250 ms), each ask one
-    /// claim round trip. The wait also ends when the first run's lease lapses (the key is then
-    /// claimed by this request, as by any request after the lease). Any bound is accepted
-    /// (`Duration::MAX` waits until the first run settles or its lease lapses).
+    /// A store that is told when a key settles, such as the memory store, wakes the waiter at
+    /// once. Any other is asked again with backoff: 10 ms, doubling up to 250 ms, each ask one
+    /// claim round trip. The wait also ends when the first run's lease lapses; this request
+    /// then claims the key, as any request after the lease would. Any bound is accepted:
+    /// `Duration::MAX` waits until the first run settles or its lease lapses.
     ///
     /// # Errors
     /// The store's error; the work must not run.
@@ -380,10 +403,10 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// Deletes the completed record under `key`, so the key can be used again: for support
-    /// staff who must let a customer reuse a key. A pending claim is kept (and reported as
-    /// [`Forgotten::KeptPending`]): its work may be running. Derive the key as the door does
-    /// (the HTTP layer: [`IdempotencyLayer::forget`](crate::http::IdempotencyLayer::forget)).
+    /// Deletes the completed record under `key`, so the key can be used again. This is for
+    /// support staff who must let a customer reuse a key. A pending claim is kept and reported
+    /// as [`Forgotten::KeptPending`]: its work may be running. Derive the key as the door does;
+    /// the HTTP layer has [`IdempotencyLayer::forget`](crate::http::IdempotencyLayer::forget).
     ///
     /// ```
     /// use tower_idempotency::{IdempotencyKey, MemoryStore};
@@ -410,10 +433,10 @@ impl<S: Store> Engine<S> {
         Ok(found)
     }
 
-    /// As [`forget`](Self::forget), and a pending claim is deleted too: said explicitly,
-    /// because its work may still be running, and a retry then runs the work again beside it.
-    /// The first run's record still lands if nothing has claimed the key again by the time it
-    /// completes (a completion is refused only while another claim holds the key).
+    /// As [`forget`](Self::forget), and a pending claim is deleted too. This is said
+    /// explicitly: its work may still be running, and a retry then runs the work again beside
+    /// it. The first run's record still lands if nothing has claimed the key again by the time
+    /// it completes. A completion is refused only while another claim holds the key.
     ///
     /// # Errors
     /// The store's error.
@@ -587,22 +610,6 @@ impl<S: Store> Engine<S> {
         held
     }
 
-    /// Renews the ticket's lease once, for the lease (a door that renews many claims in one
-    /// loop, the outbound door's batches). Returns `Ok(false)` when the ticket no longer
-    /// holds the key.
-    ///
-    /// # Errors
-    /// The store's error.
-    pub(crate) async fn renew(&self, ticket: &Ticket) -> Result<bool, StoreError> {
-        let started = Started::now();
-        let renewed = self
-            .store
-            .renew(&ticket.key, &ticket.token, self.lease)
-            .await;
-        self.timer.record(Op::Renew, started, &renewed);
-        renewed
-    }
-
     /// Frees the key so a retry runs the work again. Returns `Ok(false)` when the ticket no
     /// longer held it.
     ///
@@ -616,7 +623,10 @@ impl<S: Store> Engine<S> {
     }
 }
 
-/// Builds an [`Engine`] with settings other than the defaults; made by [`Engine::builder`].
+/// Builds an [`Engine`] with settings other than the defaults. Made by [`Engine::builder`].
+///
+/// The lease, the retention, the record limit and the secret are set here only. Every door
+/// takes the engine built.
 ///
 /// ```
 /// use std::time::Duration;
@@ -636,29 +646,29 @@ pub struct EngineBuilder<S> {
 }
 
 impl<S: Store> EngineBuilder<S> {
-    /// How long a claim holds a key (default 60 s); renewed while the work runs, at a third of
-    /// the lease. At least 3 ms, at most about a century (a longer one counts as that).
+    /// How long a claim holds a key. It is renewed while the work runs, every third of the
+    /// lease. At least 3 ms; a longer one than about a century counts as that. Default: 60 s.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.engine.set_lease(lease);
         self
     }
 
-    /// How long a completed record is kept (default 24 h). At least 1 ms, at most about a
-    /// century (a longer one counts as that).
+    /// How long a completed record is kept. At least 1 ms; a longer one than about a century
+    /// counts as that. Default: 24 h.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.engine.set_ttl(ttl);
         self
     }
 
-    /// The largest body a record may hold (default 1 MiB); longer records fail validation when
-    /// read back.
+    /// The largest body a record may hold. Longer records fail validation when read back.
+    /// Default: 1 MiB.
     pub fn max_record_body(mut self, bytes: usize) -> Self {
         self.engine.set_max_record_body(bytes);
         self
     }
 
-    /// Authenticates records and keys fingerprints with `secret` (see [`Secret`]). Off by
-    /// default.
+    /// Authenticates records and keys fingerprints with `secret` (see [`Secret`]).
+    /// Default: off.
     pub fn secret(mut self, secret: Secret) -> Self {
         self.engine.set_secret(secret);
         self

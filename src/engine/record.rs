@@ -95,7 +95,7 @@ impl Record {
     ) -> Result<RecordedResponse, RecordError> {
         let flags = *self.0.get(3).ok_or(RecordError::new("truncated record"))?;
         if flags & FLAG_MAC == 0 {
-            return Err(RecordError::new("record is not authenticated"));
+            return Err(RecordError::unauthenticated("record is not authenticated"));
         }
         let end = self
             .0
@@ -103,7 +103,7 @@ impl Record {
             .checked_sub(crate::engine::secret::TAG_LEN)
             .ok_or(RecordError::new("truncated record"))?;
         if !secret.verify(key_id, fingerprint, &self.0[..end], &self.0[end..]) {
-            return Err(RecordError::new("record authentication failed"));
+            return Err(RecordError::unauthenticated("record authentication failed"));
         }
         Self::decode_content(&self.0.slice(..end), max_body)
     }
@@ -209,7 +209,7 @@ pub struct RecordedResponse {
     /// on such a status, and refuses at replay a record that has it on any other (a damaged
     /// flag must not pass unnoticed).
     pub definitive: bool,
-    /// When the record was written and until when it is kept, for a record written with them.
+    /// When the record was written and until when it is kept, when the door wrote them.
     pub times: Option<RecordTimes>,
 }
 
@@ -224,12 +224,17 @@ pub struct RecordTimes {
 }
 
 impl RecordTimes {
-    /// Written `now`, kept for `ttl`.
+    /// Written `now`, kept for `ttl`. A `ttl` past what the system clock can count keeps it
+    /// until about a century from `now`.
     #[must_use]
     pub fn new(now: SystemTime, ttl: Duration) -> Self {
+        const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
         Self {
             written_at: now,
-            kept_until: now + ttl,
+            kept_until: now
+                .checked_add(ttl.min(CENTURY))
+                .or_else(|| now.checked_add(CENTURY))
+                .unwrap_or(now),
         }
     }
 }
@@ -313,11 +318,13 @@ impl RecordedResponse {
         }
         out.put_u8(flags);
         if !(100..=999).contains(&self.status) {
-            return Err(RecordError::new("status out of range"));
+            return Err(RecordError::unencodable("status out of range"));
         }
         out.put_u16(self.status);
         put_fields(&mut out, &self.headers)?;
-        out.put_u32(u32::try_from(body.len()).map_err(|_| RecordError::new("body too long"))?);
+        out.put_u32(
+            u32::try_from(body.len()).map_err(|_| RecordError::unencodable("body too long"))?,
+        );
         out.put_slice(body);
         if let Some(t) = &self.trailers {
             put_fields(&mut out, t)?;
@@ -412,7 +419,7 @@ impl Draft {
         T: Iterator<Item = FieldRef<'a>>,
     {
         if !(100..=999).contains(&status) {
-            return Err(RecordError::new("status out of range"));
+            return Err(RecordError::unencodable("status out of range"));
         }
         // A body the layout cannot hold is left out, as `fitted` does.
         let body = body.filter(|b| u32::try_from(b.len()).is_ok());
@@ -519,14 +526,20 @@ fn unix_ms(t: SystemTime) -> u64 {
 }
 
 fn put_fields(out: &mut BytesMut, fields: &[Field]) -> Result<(), RecordError> {
-    out.put_u16(u16::try_from(fields.len()).map_err(|_| RecordError::new("too many fields"))?);
+    out.put_u16(
+        u16::try_from(fields.len()).map_err(|_| RecordError::unencodable("too many fields"))?,
+    );
     for (n, v) in fields {
         if !valid_name(n) || !valid_value(v) {
-            return Err(RecordError::new("invalid field"));
+            return Err(RecordError::unencodable("invalid field"));
         }
-        out.put_u16(u16::try_from(n.len()).map_err(|_| RecordError::new("field name too long"))?);
+        out.put_u16(
+            u16::try_from(n.len()).map_err(|_| RecordError::unencodable("field name too long"))?,
+        );
         out.put_slice(n);
-        out.put_u16(u16::try_from(v.len()).map_err(|_| RecordError::new("field value too long"))?);
+        out.put_u16(
+            u16::try_from(v.len()).map_err(|_| RecordError::unencodable("field value too long"))?,
+        );
         out.put_slice(v);
     }
     Ok(())
@@ -598,14 +611,63 @@ impl Reader<'_> {
 }
 
 /// A record that cannot be encoded, or that failed validation when read back.
+///
+/// ```
+/// use tower_idempotency::engine::{RecordErrorKind, RecordedResponse};
+///
+/// let err = RecordedResponse::new(42, vec![], None).encode().unwrap_err();
+/// assert_eq!(err.kind(), RecordErrorKind::Unencodable);
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RecordError {
+    kind: RecordErrorKind,
     reason: &'static str,
 }
 
+/// What a [`RecordError`] found wrong.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RecordErrorKind {
+    /// A record read back failed validation: truncated, damaged, or of an unknown layout.
+    /// It is never replayed.
+    Invalid,
+    /// A record read back was not sealed by the engine's secret, or its tag does not match.
+    /// Someone without the secret wrote it, moved it, or the secret changed.
+    Unauthenticated,
+    /// A response the record layout cannot hold: a status outside 100–999, a field over
+    /// 64 KiB, more than 65 535 fields, or bytes a header may not hold.
+    Unencodable,
+}
+
 impl RecordError {
+    /// A record that failed validation.
     pub(crate) const fn new(reason: &'static str) -> Self {
-        Self { reason }
+        Self {
+            kind: RecordErrorKind::Invalid,
+            reason,
+        }
+    }
+
+    /// A record whose seal does not verify.
+    pub(crate) const fn unauthenticated(reason: &'static str) -> Self {
+        Self {
+            kind: RecordErrorKind::Unauthenticated,
+            reason,
+        }
+    }
+
+    /// A response the layout cannot hold.
+    pub(crate) const fn unencodable(reason: &'static str) -> Self {
+        Self {
+            kind: RecordErrorKind::Unencodable,
+            reason,
+        }
+    }
+
+    /// What was wrong.
+    #[must_use]
+    pub fn kind(&self) -> RecordErrorKind {
+        self.kind
     }
 
     /// What was wrong, in a few words.
@@ -626,6 +688,17 @@ impl std::error::Error for RecordError {}
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn record_times_take_any_ttl() {
+        let now = SystemTime::now();
+        let day = Duration::from_secs(24 * 60 * 60);
+        assert_eq!(RecordTimes::new(now, day).kept_until, now + day);
+        let longest = RecordTimes::new(now, Duration::MAX).kept_until;
+        assert!(longest > now + 99 * 365 * day, "a century, not a panic");
+        let late = UNIX_EPOCH + Duration::from_secs(u64::from(u32::MAX) * 64);
+        assert!(RecordTimes::new(late, Duration::MAX).kept_until >= late);
+    }
 
     fn sample() -> RecordedResponse {
         RecordedResponse::new(

@@ -13,6 +13,7 @@
 //! requests (422) until their lease ends.
 
 use crate::engine::fingerprint::Fingerprint;
+use crate::error::{ConfigError, ConfigErrorKind};
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::fmt;
@@ -56,11 +57,19 @@ impl Secret {
     /// A secret from key material (e.g. 32 random bytes from your secret manager).
     ///
     /// # Errors
-    /// When the key is shorter than [`Secret::MIN_LEN`] bytes.
-    pub fn new(key: impl Into<Vec<u8>>) -> Result<Self, SecretTooShort> {
+    /// A [`ConfigError`] of kind [`SecretTooShort`](ConfigErrorKind::SecretTooShort) when
+    /// the key is shorter than [`Secret::MIN_LEN`] bytes.
+    pub fn new(key: impl Into<Vec<u8>>) -> Result<Self, ConfigError> {
         let key = key.into();
         if key.len() < Self::MIN_LEN {
-            return Err(SecretTooShort { len: key.len() });
+            return Err(ConfigError::new(
+                ConfigErrorKind::SecretTooShort,
+                format!(
+                    "the idempotency secret has {} bytes; at least {} are required",
+                    key.len(),
+                    Self::MIN_LEN
+                ),
+            ));
         }
         Ok(Self(key.into()))
     }
@@ -115,22 +124,3 @@ impl fmt::Debug for Secret {
         f.write_str("Secret(..)")
     }
 }
-
-/// A secret shorter than [`Secret::MIN_LEN`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SecretTooShort {
-    len: usize,
-}
-
-impl fmt::Display for SecretTooShort {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "the idempotency secret has {} bytes; at least {} are required",
-            self.len,
-            Secret::MIN_LEN
-        )
-    }
-}
-
-impl std::error::Error for SecretTooShort {}

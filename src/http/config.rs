@@ -4,7 +4,7 @@ use super::fingerprint::Fingerprinting;
 use super::headers::HeaderPolicy;
 use super::rejection::{Rejection, Renderer};
 use super::streaming::Streaming;
-use crate::engine::detach::InFlightWork as Drain;
+use crate::engine::detach::Drain;
 use crate::engine::key::{DEFAULT_MAX_KEY_LEN, IdempotencyKey, KeyError, KeyErrorKind};
 use crate::engine::scope::Scope;
 use crate::engine::{Classify, Engine, Verdict};

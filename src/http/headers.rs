@@ -14,7 +14,7 @@ use crate::engine::record::FieldRef;
 use http::{HeaderMap, HeaderName, HeaderValue, header};
 
 /// The request header that carries the idempotency key by default (`Idempotency-Key`), read by
-/// the layer and sent by the [client](crate::client).
+/// the layer and sent by the client crate, `tower-idempotency-client`.
 pub const KEY_HEADER: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// The header added to every replayed response.

@@ -5,7 +5,7 @@ use super::fingerprint::Fingerprinting;
 use super::rejection::Rejection;
 use super::service::Idempotency;
 use super::streaming::Streaming;
-use crate::engine::detach::InFlightWork as Drain;
+use crate::engine::detach::Drain;
 use crate::engine::scope::Scope;
 use crate::engine::{Classify, Engine};
 use crate::error::{ConfigError, ConfigErrorKind};

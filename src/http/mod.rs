@@ -175,7 +175,7 @@ mod replay;
 pub mod route;
 mod service;
 
-pub use crate::engine::detach::{DEFAULT_DETACHED_TIMEOUT, DEFAULT_MAX_DETACHED, InFlightWork};
+pub use crate::engine::detach::Drain;
 pub use body::{RequestBody, ResponseBody};
 pub use config::{Principal, PrincipalMode, ResponseMode, release_validation_errors};
 pub use declare::declare;
@@ -187,8 +187,6 @@ pub use future::ResponseFuture;
 pub use headers::{
     DEFAULT_ALLOWED_HEADERS, DENIED_HEADERS, KEY_HEADER, REPLAYED_HEADER, REPRESENTATION_HEADERS,
 };
-// The gRPC wire names, shared with the client's retry rules.
-pub(crate) use headers::{GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS};
 // The deny list, shared with the outbound door's HTTP receipts.
 pub use fingerprint::Fingerprinting;
 pub(crate) use headers::is_denied_bytes;

@@ -11,40 +11,40 @@ use std::time::Duration;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum MessageErrorKind {
-    /// The handler returned an error; the key was released. Retryable (redeliver), unless the
-    /// layer's [`permanent_errors`](super::MessageIdempotencyLayer::permanent_errors)
-    /// classifier calls it permanent: then [`MessageError::is_retryable`] is false and
-    /// [`MessageError::is_permanent`] true (dead-letter it).
+    /// The handler returned an error. The [classifier](super::MessageIdempotencyLayer::classify)
+    /// decides the rest. By default the key is released and the error is retryable. With
+    /// [`Verdict::Fail`](crate::engine::Verdict::Fail) it is not retryable: dead-letter it.
+    /// With [`Verdict::Hold`](crate::engine::Verdict::Hold) the key stays pending, and
+    /// [`MessageError::retry_after`] says for how long.
     Handler,
-    /// A duplicate of a message still in progress, under [`InProgress::Reject`](super::InProgress::Reject)
-    /// or past the bound of [`InProgress::Wait`](super::InProgress::Wait) (retryable, after
-    /// [`MessageError::retry_after`]).
+    /// A duplicate of a message still being handled, refused after
+    /// [`wait_in_flight`](super::MessageIdempotencyLayer::wait_in_flight). Retryable, after
+    /// [`MessageError::retry_after`].
     InFlight,
-    /// The store could not claim the key; the handler did not run (retryable).
+    /// The store could not claim the key. The handler did not run. Retryable.
     Store,
-    /// The message is on a listed topic, has no key, and keys are required: refused so it
-    /// dead-letters instead of running unprotected (not retryable).
+    /// The message has no key, and keys are required. Refused so that it dead-letters
+    /// instead of running unprotected. Not retryable.
     KeyMissing,
-    /// The message carries a key that is not valid (not retryable).
+    /// The message carries a key that is not valid. Not retryable.
     KeyInvalid,
-    /// The key was used by a different message (another topic, schema version or body) for
-    /// the same consumer: a key is scoped by the consumer, not by the topic (not retryable:
-    /// the producer reused a key).
+    /// The key was used by a different message for the same consumer. A key is scoped by
+    /// the consumer, not by the topic. Not retryable: the producer reused a key.
     KeyReused,
-    /// The record of a completed duplicate failed validation or did not decode; it is never
-    /// used (not retryable).
+    /// The record under the key failed validation, so it is not used. Not retryable.
     RecordInvalid,
 }
 
-/// The door refused or failed a message. The handler's own error is kept, as are the store's
-/// and the key's as [`source`](StdError::source).
+/// The door refused or failed a message.
+///
+/// The handler's own error comes back with [`into_inner`](Self::into_inner). The store's and
+/// the key's errors are its [`source`](StdError::source).
 pub struct MessageError<E> {
     inner: Inner<E>,
 }
 
 enum Inner<E> {
-    /// The error, and whether the layer's classifier calls it permanent.
-    Handler(E, bool),
+    Handler(E, Fate),
     InFlight(Duration),
     Store(StoreError),
     KeyMissing,
@@ -53,17 +53,23 @@ enum Inner<E> {
     RecordInvalid(Option<RecordError>),
 }
 
-impl<E> MessageError<E> {
-    pub(crate) fn handler(e: E) -> Self {
-        Self {
-            inner: Inner::Handler(e, false),
-        }
-    }
+/// What the classifier made of a handler's error.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Fate {
+    /// The key was released: a redelivery runs again.
+    Retry,
+    /// The key was released, and a redelivery would fail the same way.
+    Permanent,
+    /// The key stays pending for this long: a redelivery before then is in flight.
+    Held(Duration),
+    /// The work counts as done: recorded without a result.
+    Recorded,
+}
 
-    /// The handler's error, called permanent (`true`) or retryable by the layer's classifier.
-    pub(crate) fn handler_classified(e: E, permanent: bool) -> Self {
+impl<E> MessageError<E> {
+    pub(crate) fn handler(e: E, fate: Fate) -> Self {
         Self {
-            inner: Inner::Handler(e, permanent),
+            inner: Inner::Handler(e, fate),
         }
     }
 
@@ -117,64 +123,57 @@ impl<E> MessageError<E> {
         }
     }
 
-    /// Whether a redelivery may succeed: the handler's error (unless called permanent), a
-    /// message in flight, a store failure. The others will fail the same way every time:
-    /// dead-letter them.
+    /// Whether a redelivery may succeed.
+    ///
+    /// True for a handler's error whose key was released or held, a message in flight and a
+    /// store failure. The others fail the same way every time: dead-letter them.
     #[must_use]
     pub fn is_retryable(&self) -> bool {
         matches!(
             self.inner,
-            Inner::Handler(_, false) | Inner::InFlight(_) | Inner::Store(_)
+            Inner::Handler(_, Fate::Retry | Fate::Held(_)) | Inner::InFlight(_) | Inner::Store(_)
         )
     }
 
-    /// Whether this is a handler error that the layer's
-    /// [`permanent_errors`](super::MessageIdempotencyLayer::permanent_errors) classifier
-    /// calls permanent: the key was released, and a redelivery would fail the same way.
-    /// Adapters dead-letter it (JetStream: `Term`; apalis: abort) instead of retrying.
-    #[must_use]
-    pub fn is_permanent(&self) -> bool {
-        matches!(self.inner, Inner::Handler(_, true))
-    }
-
-    /// For a message in flight: how long to wait before redelivering, at most a third of the
-    /// engine's lease. The lease the first delivery's claim has left, when that is shorter
-    /// (a claim whose consumer is gone lapses then); a running claim is renewed every third of
-    /// the lease, so its lease left says nothing about when it ends, and the cap keeps the
-    /// wait to one renewal period (20 s for the default 60 s lease). A third of the lease when
-    /// the store cannot tell. Adapters that count deliveries start lower and grow toward it
-    /// (the [`jetstream`](super::jetstream) adapter does).
+    /// How long to wait before a redelivery, when the key is still pending.
+    ///
+    /// For a message in flight: the lease the first delivery's claim has left, at most a
+    /// third of the engine's lease. A running claim is renewed every third of the lease, so
+    /// the cap keeps the wait to one renewal period: 20 s for the default 60 s lease. A
+    /// claim whose consumer is gone lapses within it. For a handler's error whose key was
+    /// held: the engine's lease. `None` for every other error.
+    ///
+    /// Adapters that count deliveries start lower and grow toward it, as the
+    /// [`nats`](super::nats) adapter does.
     #[must_use]
     pub fn retry_after(&self) -> Option<Duration> {
         match self.inner {
-            Inner::InFlight(d) => Some(d),
+            Inner::InFlight(d) | Inner::Handler(_, Fate::Held(d)) => Some(d),
             _ => None,
         }
     }
 
     /// The handler's error, if that is what this is.
     #[must_use]
-    pub fn handler_error(&self) -> Option<&E> {
+    pub fn get_ref(&self) -> Option<&E> {
         match &self.inner {
             Inner::Handler(e, _) => Some(e),
             _ => None,
         }
     }
 
-    /// The handler's error, or this error back.
-    ///
-    /// # Errors
-    /// `self`, when it is not the handler's error.
-    pub fn into_handler_error(self) -> Result<E, Self> {
+    /// The handler's error, if that is what this is.
+    #[must_use]
+    pub fn into_inner(self) -> Option<E> {
         match self.inner {
-            Inner::Handler(e, _) => Ok(e),
-            inner => Err(Self { inner }),
+            Inner::Handler(e, _) => Some(e),
+            _ => None,
         }
     }
 
-    /// The handler's error as `Err`, or this error as a door error that holds no handler
-    /// error (for adapters whose handler errors do not implement `Error`). Ask
-    /// [`is_permanent`](Self::is_permanent) first: the handler's error comes back bare.
+    /// The handler's error as `Err`, or this error as one that holds no handler error.
+    /// For adapters whose handler errors do not implement `Error`. Ask
+    /// [`is_retryable`](Self::is_retryable) first: the handler's error comes back bare.
     #[cfg(feature = "apalis")]
     pub(crate) fn split_handler(self) -> Result<MessageError<std::convert::Infallible>, E> {
         let inner = match self.inner {
@@ -188,15 +187,6 @@ impl<E> MessageError<E> {
         };
         Ok(MessageError { inner })
     }
-
-    /// The store's error, if that is what this is.
-    #[must_use]
-    pub fn store_error(&self) -> Option<&StoreError> {
-        match &self.inner {
-            Inner::Store(e) => Some(e),
-            _ => None,
-        }
-    }
 }
 
 impl<E: fmt::Debug> fmt::Debug for MessageError<E> {
@@ -204,7 +194,7 @@ impl<E: fmt::Debug> fmt::Debug for MessageError<E> {
         let mut d = f.debug_struct("MessageError");
         d.field("kind", &self.kind());
         match &self.inner {
-            Inner::Handler(e, permanent) => d.field("handler", e).field("permanent", permanent),
+            Inner::Handler(e, fate) => d.field("handler", e).field("fate", fate),
             Inner::InFlight(after) => d.field("retry_after", after),
             Inner::Store(e) => d.field("store", e),
             Inner::KeyInvalid(e) => d.field("key", e),
@@ -218,8 +208,17 @@ impl<E: fmt::Debug> fmt::Debug for MessageError<E> {
 impl<E: fmt::Display> fmt::Display for MessageError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner {
-            Inner::Handler(e, false) => write!(f, "the message handler failed: {e}"),
-            Inner::Handler(e, true) => write!(f, "the message handler failed for good: {e}"),
+            Inner::Handler(e, Fate::Retry) => write!(f, "the message handler failed: {e}"),
+            Inner::Handler(e, Fate::Permanent) => {
+                write!(f, "the message handler failed for good: {e}")
+            }
+            Inner::Handler(e, Fate::Held(_)) => write!(
+                f,
+                "the message handler failed and may have had its effect; its key is held: {e}"
+            ),
+            Inner::Handler(e, Fate::Recorded) => {
+                write!(f, "the message handler failed; recorded as done: {e}")
+            }
             Inner::InFlight(after) => write!(
                 f,
                 "a delivery of this message is still being handled; retry after {after:?}"

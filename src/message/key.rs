@@ -12,7 +12,7 @@ const DIGEST_DOMAIN: &[u8] = b"tower-idempotency/message-digest/v1";
 /// Domain tag of a hashed header value, apart from the body digest.
 const HASHED_DOMAIN: &[u8] = b"tower-idempotency/message-hashed-id/v1";
 
-/// What the door reads from a message: its topic (or queue, or subject), its headers, its body.
+/// What the door reads from a message: its topic, its headers, its body.
 ///
 /// Implemented for [`Envelope`] and, with the `nats` feature, for `async_nats::Message`.
 /// Implement it for your broker's message type to put the layer in front of its handler.
@@ -20,16 +20,17 @@ pub trait Message {
     /// The topic, queue or subject the message came from.
     fn topic(&self) -> &str;
 
-    /// The value of the header (or attribute) `name`, compared without regard to ASCII case;
-    /// the first one when the message carries several.
+    /// The value of the header or attribute `name`, compared without regard to ASCII case.
+    /// The first one when the message carries several.
     fn header(&self, name: &str) -> Option<&[u8]>;
 
-    /// The body, as the producer sent it (borrowed), or its serialized form when the message
-    /// holds a typed value (an apalis task's arguments).
+    /// The body, borrowed as the producer sent it. For a message that holds a typed value,
+    /// such as an apalis task's arguments, its serialized form.
     fn body(&self) -> Cow<'_, [u8]>;
 
-    /// The version of the body's schema, when the message says (hashed with the body, so the
-    /// same bytes under two schemas are two messages). `None` by default.
+    /// The version of the body's schema, when the message says. Default: `None`.
+    ///
+    /// It is hashed with the body, so the same bytes under two schemas are two messages.
     fn schema_version(&self) -> Option<&str> {
         None
     }
@@ -49,7 +50,7 @@ pub trait Message {
 pub struct Envelope {
     /// The topic or queue name.
     pub topic: String,
-    /// Headers (attributes) in order.
+    /// Headers or attributes, in order.
     pub headers: Vec<(String, Bytes)>,
     /// The body.
     pub body: Bytes,
@@ -119,12 +120,14 @@ enum Kind {
 }
 
 impl MessageKey {
-    /// A key the producer gave (a header, an attribute, a field of the job): trimmed of spaces
-    /// and tabs, then 1 to 255 bytes of visible ASCII or spaces.
+    /// A key the producer gave, in a header, an attribute or a field of the job.
+    ///
+    /// It is trimmed of spaces and tabs, then must be 1 to 255 bytes of visible ASCII or
+    /// spaces.
     ///
     /// # Errors
-    /// A [`KeyError`] saying why the value is not a key (empty, too long, a byte outside
-    /// visible ASCII).
+    /// A [`KeyError`] saying why the value is not a key: empty, too long, or a byte outside
+    /// visible ASCII.
     pub fn given(value: &[u8]) -> Result<Self, KeyError> {
         let trimmed = trim(value);
         let text = std::str::from_utf8(trimmed)
@@ -132,9 +135,11 @@ impl MessageKey {
         IdempotencyKey::with_max_len(text, DEFAULT_MAX_KEY_LEN).map(|k| Self(Kind::Given(k)))
     }
 
-    /// The digest of a message: SHA-256 over the length-prefixed topic, the schema version (or
-    /// its absence) and the body. Byte-identical redeliveries have the same digest; two
-    /// messages whose fields differ never do, wherever the boundaries between fields fall.
+    /// The digest of a message: SHA-256 over the length-prefixed topic, schema version and body.
+    ///
+    /// A missing schema version is hashed as absent. Byte-identical redeliveries have the
+    /// same digest. Two messages whose fields differ never do, wherever the boundaries
+    /// between fields fall.
     ///
     /// ```
     /// use tower_idempotency::message::MessageKey;
@@ -164,9 +169,10 @@ impl MessageKey {
         Self(Kind::Digest(key))
     }
 
-    /// A key for an identifier that is not a valid key itself (a broker's message id over
-    /// 255 bytes, or not ASCII): its SHA-256, kept apart from given keys and from message
-    /// digests. The same identifier always gives the same key.
+    /// A key for an identifier that is not a valid key itself: its SHA-256.
+    ///
+    /// For a broker's message id over 255 bytes, or not ASCII. It is kept apart from given
+    /// keys and from message digests. The same identifier always gives the same key.
     ///
     /// ```
     /// use tower_idempotency::message::MessageKey;
@@ -187,7 +193,7 @@ impl MessageKey {
         Self(Kind::Digest(key))
     }
 
-    /// Whether the producer gave this key (not a digest of the message).
+    /// Whether the producer gave this key, rather than it being a digest of the message.
     #[must_use]
     pub fn is_given(&self) -> bool {
         matches!(self.0, Kind::Given(_))
@@ -246,8 +252,8 @@ pub trait KeyStrategy<M>: Send + Sync + 'static {
     /// The message's key, `Ok(None)` for none.
     ///
     /// # Errors
-    /// The message carries a key that is not valid: the layer refuses the message (it is
-    /// never run unprotected).
+    /// The message carries a key that is not valid. The layer refuses the message, so it
+    /// never runs unprotected.
     fn key(&self, message: &M) -> Result<Option<MessageKey>, KeyError>;
 }
 
@@ -260,13 +266,15 @@ where
     }
 }
 
-/// The default strategy: the first of a list of headers that the message carries (default
-/// `Idempotency-Key`; names compared without regard to case, the value trimmed), else — when
-/// [`hash_body`](Self::hash_body) is on, as it is by default — the [digest](MessageKey::digest)
-/// of the topic, schema version and body.
+/// The default strategy: the first key header the message carries, else the digest.
 ///
-/// A header that is present but not a valid key refuses the message; it does not fall back to
-/// the digest (a producer that meant to give a key is told it is wrong).
+/// The header is `Idempotency-Key` by default. Names are compared without regard to case,
+/// and the value is trimmed. With no such header, the key is the
+/// [digest](MessageKey::digest) of the topic, schema version and body, unless
+/// [`hash_body`](Self::hash_body) is off.
+///
+/// A header that is present but not a valid key refuses the message. It does not fall back
+/// to the digest: a producer that meant to give a key is told it is wrong.
 ///
 /// ```
 /// use tower_idempotency::message::{Envelope, HeaderOrHash, KeyStrategy, MessageKey};
@@ -313,10 +321,12 @@ impl HeaderOrHash {
         self
     }
 
-    /// Also reads the key from this header, when the ones before it are absent; a value that
-    /// is not a valid key (over 255 bytes, not ASCII) is [hashed](MessageKey::hashed) into
-    /// one instead of refusing the message, and an empty one is taken as absent. For identifiers a broker or producer library
-    /// sets by rules of its own (`Nats-Msg-Id`), which the producer did not mean as our key.
+    /// Also reads the key from this header, when the ones before it are absent. A value that
+    /// is not a valid key is [hashed](MessageKey::hashed) into one.
+    ///
+    /// A value over 255 bytes or not ASCII does not refuse the message, and an empty one is
+    /// taken as absent. This is for identifiers that a broker or producer library sets by
+    /// rules of its own, such as `Nats-Msg-Id`: the producer did not mean them as our key.
     ///
     /// ```
     /// use tower_idempotency::message::{Envelope, HeaderOrHash, KeyStrategy, MessageKey};
@@ -331,8 +341,8 @@ impl HeaderOrHash {
         self
     }
 
-    /// Whether a message without a key header is keyed by its digest (default on). Off: such
-    /// a message has no key.
+    /// Whether a message without a key header is keyed by its digest. Default: `true`.
+    /// With `false`, such a message has no key.
     pub fn hash_body(mut self, on: bool) -> Self {
         self.hash_body = on;
         self

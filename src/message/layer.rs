@@ -1,188 +1,101 @@
-//! The layer and its service: claim the message's key, run the handler once, record or release.
+//! The layer and its service: claim the message's key, run the handler once, then the verdict.
 
-use super::codec::{Discard, ResultCodec};
-use super::error::MessageError;
+use super::error::{Fate, MessageError};
 use super::key::{HeaderOrHash, KeyStrategy, Message, MessageKey};
-use crate::engine::detach::InFlightWork;
-use crate::engine::{Begin, Engine, Fingerprint, RecordedResponse, Ticket};
-use crate::metrics::{Door, Outcome, Settled, request, settled};
+use crate::engine::detach::Drain;
 use crate::engine::scope::{Scope, StoreKey};
+use crate::engine::{
+    Begin, BoxFuture, Classify, Codec, Discard, Engine, Fingerprint, RecordedResponse, Ticket,
+    Verdict,
+};
+use crate::metrics::{Door, Outcome, Settled, request, settled};
 use crate::store::{Forgotten, Store, StoreError};
+use bytes::Bytes;
 use std::collections::HashSet;
 use std::fmt;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tower_layer::Layer;
 use tower_service::Service;
 
-/// The default namespace of message keys, apart from the HTTP layer's.
-pub const DEFAULT_NAMESPACE: &str = "tower-idempotency/message";
-
 /// The header a message record carries, so no other door's record is taken for one.
 const DOOR_VALUE: &[u8] = b"message/v1";
 
-/// What a duplicate of a message that is still being handled gets.
+/// What the door did with a message that it let through.
 ///
-/// A duplicate in flight is either a real concurrent duplicate (the producer sent the message
-/// twice, or the broker redelivered it while a slow handler runs) or the redelivery of a
-/// message whose consumer **crashed mid-handler**: its claim stays pending until the lease
-/// lapses, and nothing else will ever run it. The door cannot tell the two apart, so by
-/// default a duplicate in flight is never acknowledged: it waits briefly for the first
-/// delivery, then is refused for a later redelivery.
-///
-/// ```
-/// use std::time::Duration;
-/// use tower_idempotency::MemoryStore;
-/// use tower_idempotency::engine::Engine;
-/// use tower_idempotency::message::{InProgress, MessageIdempotencyLayer};
-///
-/// assert_eq!(InProgress::default(), InProgress::Wait(InProgress::DEFAULT_WAIT));
-/// // Handlers that take a few seconds: wait up to 5 s for the first delivery.
-/// let layer = MessageIdempotencyLayer::new(Engine::new(MemoryStore::new()), "billing")
-///     .in_progress(InProgress::Wait(Duration::from_secs(5)));
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum InProgress {
-    /// Waits up to the bound for the first delivery to finish (with
-    /// [`Engine::begin_waiting`]): if it recorded its result, the duplicate is answered
-    /// [`Handled::Duplicate`] with it; if it was released (it failed), the duplicate runs.
-    /// Past the bound, as [`Reject`](Self::Reject). The default, with a bound of
-    /// [`DEFAULT_WAIT`](Self::DEFAULT_WAIT) (1 s): a quick handler's duplicate is answered
-    /// without a redelivery round trip. The wait holds the consumer's slot (and the broker's
-    /// ack deadline runs, unless the adapter sends progress as the NATS one does): keep the
-    /// bound well under the broker's ack wait.
-    Wait(Duration),
-    /// Refused at once with a retryable [`MessageError`] of kind `InFlight`: the broker
-    /// redelivers it later, after the first delivery finished (then it is a completed
-    /// duplicate) or failed or lapsed (then it runs). [`MessageError::retry_after`] is the
-    /// lease the first delivery's claim has left, at most a third of the lease.
-    Reject,
-    /// **Opt-in, and it can lose a message.** Answered [`Handled::Skipped`]: acknowledged
-    /// unrun. Two handlers never run at once, and a first delivery that fails is redelivered
-    /// on its own; but if the first delivery's consumer crashed, the skipped duplicate was
-    /// the message's only copy left and its work never happens. Use it only where the broker
-    /// redelivers an unacknowledged message after the lease has lapsed, never before (its
-    /// ack wait or visibility timeout longer than the engine's lease, and not kept alive
-    /// while a handler runs), so that a redelivery after a crash always claims the key.
-    Skip,
-}
-
-impl InProgress {
-    /// The bound of the default [`Wait`](Self::Wait): 1 s.
-    pub const DEFAULT_WAIT: Duration = Duration::from_secs(1);
-}
-
-impl Default for InProgress {
-    fn default() -> Self {
-        Self::Wait(Self::DEFAULT_WAIT)
-    }
-}
-
-/// What the door did with a message that it let through. Every variant but `Failed` means
-/// "acknowledge".
-///
-/// It serializes (serde) as `{"ran": r}`, `{"failed": r}`, `{"duplicate": r | null}`,
-/// `"skipped"` or `{"untracked": r}`, for job backends that keep a task's result.
+/// `Ran`, `Replayed`, `Skipped` and `Untracked` mean "acknowledge": see [`is_ack`](Self::is_ack).
+/// It serializes (serde) as `{"ran": r}`, `{"failed": r}`, `{"rejected": r}`, `{"held": r}`,
+/// `{"replayed": r | null}`, `"skipped"` or `{"untracked": r}`, for job backends that keep
+/// a task's result.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Handled<R> {
-    /// The handler ran and succeeded; its result is recorded under the key.
+    /// The handler ran, and its result is recorded under the key.
     Ran(R),
-    /// The handler ran, and the classifier called its result unsuccessful: the key was
-    /// released, so a redelivery runs again. Do not acknowledge.
+    /// The handler ran, and the classifier gave [`Verdict::Release`]. The key was released,
+    /// so a redelivery runs again. Do not acknowledge.
     Failed(R),
-    /// A completed duplicate: the handler did not run. The recorded result, when the codec
-    /// keeps results.
-    Duplicate(Option<R>),
-    /// A duplicate of a message still being handled, skipped ([`InProgress::Skip`], an
-    /// opt-in).
+    /// The handler ran, and the classifier gave [`Verdict::Fail`]. The key was released, and
+    /// a redelivery would fail the same way. Dead-letter it.
+    Rejected(R),
+    /// The handler ran, and the classifier gave [`Verdict::Hold`]: it may have had its
+    /// effect. The key stays pending for the engine's lease. Do not acknowledge: a
+    /// redelivery is in flight until the lease lapses, then runs again.
+    Held(R),
+    /// A completed duplicate: the handler did not run. It holds the recorded result when the
+    /// codec keeps results.
+    Replayed(Option<R>),
+    /// A duplicate of a message still being handled, acknowledged unrun. Only with the
+    /// opt-in [`skip_in_flight`](MessageIdempotencyLayer::skip_in_flight).
     Skipped,
     /// The handler ran untracked: the topic is not listed, or the message has no key.
     Untracked(R),
 }
 
 impl<R> Handled<R> {
-    /// Whether the broker should be told the message is done (all but `Failed`).
+    /// Whether the broker should be told the message is done.
     #[must_use]
     pub fn is_ack(&self) -> bool {
-        !matches!(self, Self::Failed(_))
+        matches!(
+            self,
+            Self::Ran(_) | Self::Replayed(_) | Self::Skipped | Self::Untracked(_)
+        )
     }
 
     /// Whether the handler ran for this delivery.
     #[must_use]
     pub fn ran(&self) -> bool {
-        matches!(self, Self::Ran(_) | Self::Failed(_) | Self::Untracked(_))
+        !matches!(self, Self::Replayed(_) | Self::Skipped)
     }
 
     /// The result: the handler's, or the recorded one.
     #[must_use]
     pub fn into_result(self) -> Option<R> {
         match self {
-            Self::Ran(r) | Self::Failed(r) | Self::Untracked(r) => Some(r),
-            Self::Duplicate(r) => r,
+            Self::Ran(r)
+            | Self::Failed(r)
+            | Self::Rejected(r)
+            | Self::Held(r)
+            | Self::Untracked(r) => Some(r),
+            Self::Replayed(r) => r,
             Self::Skipped => None,
         }
     }
 }
 
-/// Tells a successful result from an unsuccessful one. An unsuccessful result releases the
-/// key (the message is answered [`Handled::Failed`]) instead of recording it.
-///
-/// Any `Fn(&R) -> bool` (true: success) is a classifier.
-pub trait Classify<R>: Send + Sync + 'static {
-    /// Whether `result` is the message's final, successful result.
-    fn is_success(&self, result: &R) -> bool;
-}
-
-/// Every `Ok` result is a success (the default).
+/// The default classifier: records an `Ok` result and releases the key on an `Err`.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct AllSuccessful;
+pub struct RecordOk;
 
-impl<R> Classify<R> for AllSuccessful {
-    fn is_success(&self, _: &R) -> bool {
-        true
-    }
-}
-
-impl<R, F> Classify<R> for F
-where
-    F: Fn(&R) -> bool + Send + Sync + 'static,
-{
-    fn is_success(&self, result: &R) -> bool {
-        self(result)
-    }
-}
-
-/// Tells a permanent handler error (a redelivery would fail the same way: dead-letter it)
-/// from a retryable one. See [`MessageIdempotencyLayer::permanent_errors`].
-///
-/// Any `Fn(&E) -> bool` (true: permanent) is a classifier.
-pub trait ClassifyError<E>: Send + Sync + 'static {
-    /// Whether `error` will come back on every redelivery.
-    fn is_permanent(&self, error: &E) -> bool;
-}
-
-/// Every handler error is retryable (the default).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct AllRetryable;
-
-impl<E> ClassifyError<E> for AllRetryable {
-    fn is_permanent(&self, _: &E) -> bool {
-        false
-    }
-}
-
-impl<E, F> ClassifyError<E> for F
-where
-    F: Fn(&E) -> bool + Send + Sync + 'static,
-{
-    fn is_permanent(&self, error: &E) -> bool {
-        self(error)
+impl<R, E> Classify<Result<R, E>> for RecordOk {
+    fn classify(&self, outcome: &Result<R, E>) -> Verdict {
+        match outcome {
+            Ok(_) => Verdict::Record,
+            Err(_) => Verdict::Release,
+        }
     }
 }
 
@@ -194,7 +107,8 @@ struct Config {
     digest_namespace: String,
     topics: Option<HashSet<String>>,
     require_key: bool,
-    in_progress: InProgress,
+    wait_in_flight: Duration,
+    skip_in_flight: bool,
     run_to_completion: bool,
 }
 
@@ -216,18 +130,18 @@ impl Config {
     }
 }
 
-/// Makes a message handler (any `Service<M>`) run once per key; see the [module
-/// docs](super) for the outcomes.
+/// Makes a message handler run once per key. See the [module docs](super) for the outcomes.
+///
+/// The handler is any `Service<M>` over a [`Message`].
 ///
 /// ```
 /// use std::convert::Infallible;
 /// use tower::{ServiceBuilder, ServiceExt, service_fn};
 /// use tower_idempotency::MemoryStore;
-/// use tower_idempotency::engine::Engine;
 /// use tower_idempotency::message::{Envelope, Handled, MessageIdempotencyLayer};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-/// let layer = MessageIdempotencyLayer::new(Engine::new(MemoryStore::new()), "billing");
+/// let layer = MessageIdempotencyLayer::new(MemoryStore::new(), "billing");
 /// let handler = ServiceBuilder::new()
 ///     .layer(layer)
 ///     .service(service_fn(|m: Envelope| async move { Ok::<_, Infallible>(m.body.len()) }));
@@ -236,41 +150,33 @@ impl Config {
 /// let first = handler.clone().oneshot(msg.clone()).await.unwrap();
 /// assert_eq!(first, Handled::Ran(11));
 /// let again = handler.oneshot(msg).await.unwrap();
-/// assert_eq!(again, Handled::Duplicate(None), "acknowledge; the handler did not run");
+/// assert_eq!(again, Handled::Replayed(None), "acknowledge; the handler did not run");
 /// # }
 /// ```
 #[must_use]
-pub struct MessageIdempotencyLayer<
-    St,
-    K = HeaderOrHash,
-    C = Discard,
-    F = AllSuccessful,
-    P = AllRetryable,
-> {
+pub struct MessageIdempotencyLayer<St, K = HeaderOrHash, C = Discard, F = RecordOk> {
     engine: Engine<St>,
     config: Arc<Config>,
-    in_flight: InFlightWork,
+    drain: Drain,
     keys: Arc<K>,
     codec: Arc<C>,
     classify: Arc<F>,
-    permanent: Arc<P>,
 }
 
-impl<St, K, C, F, P> Clone for MessageIdempotencyLayer<St, K, C, F, P> {
+impl<St, K, C, F> Clone for MessageIdempotencyLayer<St, K, C, F> {
     fn clone(&self) -> Self {
         Self {
             engine: self.engine.clone(),
             config: Arc::clone(&self.config),
-            in_flight: self.in_flight.clone(),
+            drain: self.drain.clone(),
             keys: Arc::clone(&self.keys),
             codec: Arc::clone(&self.codec),
             classify: Arc::clone(&self.classify),
-            permanent: Arc::clone(&self.permanent),
         }
     }
 }
 
-impl<St, K, C, F, P> fmt::Debug for MessageIdempotencyLayer<St, K, C, F, P> {
+impl<St, K, C, F> fmt::Debug for MessageIdempotencyLayer<St, K, C, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MessageIdempotencyLayer")
             .field("engine", &self.engine)
@@ -280,131 +186,170 @@ impl<St, K, C, F, P> fmt::Debug for MessageIdempotencyLayer<St, K, C, F, P> {
 }
 
 impl<St: Store> MessageIdempotencyLayer<St> {
-    /// A layer over `engine` for the consumer named `consumer`: one name per consumer group,
-    /// durable subscription or worker pool, the same in every replica of it. The name is part
-    /// of every key's scope, so two consumers of one topic each handle a message once, and
-    /// neither is skipped as the other's duplicate.
-    pub fn new(engine: Engine<St>, consumer: impl Into<String>) -> Self {
+    /// A layer over `engine` for the consumer named `consumer`.
+    ///
+    /// `engine` is an [`Engine`] or a store, which gets an engine with the defaults. Name
+    /// one consumer group, durable subscription or worker pool, the same in every replica.
+    /// The name is part of every key's scope. So two consumers of one topic each handle a
+    /// message once, and neither is skipped as the other's duplicate.
+    pub fn new(engine: impl Into<Engine<St>>, consumer: impl Into<String>) -> Self {
         let mut config = Config {
             consumer: Scope::principal(consumer),
             namespace: String::new(),
             digest_namespace: String::new(),
             topics: None,
             require_key: false,
-            in_progress: InProgress::default(),
+            wait_in_flight: Duration::from_secs(1),
+            skip_in_flight: false,
             run_to_completion: true,
         };
-        config.set_namespace(DEFAULT_NAMESPACE.to_owned());
+        config.set_namespace("message".to_owned());
         Self {
-            engine,
+            engine: engine.into(),
             config: Arc::new(config),
-            in_flight: InFlightWork::new(),
+            drain: Drain::new(),
             keys: Arc::new(HeaderOrHash::new()),
             codec: Arc::new(Discard),
-            classify: Arc::new(AllSuccessful),
-            permanent: Arc::new(AllRetryable),
+            classify: Arc::new(RecordOk),
         }
     }
 }
 
-impl<St, K, C, F, P> MessageIdempotencyLayer<St, K, C, F, P> {
+impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
     fn config(mut self, f: impl FnOnce(&mut Config)) -> Self {
         f(Arc::make_mut(&mut self.config));
         self
     }
 
-    /// Acts only on messages of these topics (queues, subjects; compared exactly). Others
-    /// pass to the handler with no store call. Default: every topic.
+    /// Acts only on messages of these topics, compared exactly. A topic is a queue or a
+    /// subject. Others pass to the handler with no store call. Default: every topic.
     pub fn topics<I: IntoIterator<Item = T>, T: Into<String>>(self, topics: I) -> Self {
         let set = topics.into_iter().map(Into::into).collect();
         self.config(|c| c.topics = Some(set))
     }
 
-    /// Refuses a message of a listed topic that has no key, with an error of kind
-    /// `KeyMissing` (not retryable: it dead-letters instead of running unprotected). Off by
-    /// default: such a message runs untracked. With the default strategy every message has a
-    /// key unless [`HeaderOrHash::hash_body`] is off.
-    pub fn require_key(self, required: bool) -> Self {
-        self.config(|c| c.require_key = required)
+    /// Refuses a message of a listed topic that has no key. The error's kind is
+    /// `KeyMissing`, not retryable: the message dead-letters instead of running unprotected.
+    /// Default: `false`, and such a message runs untracked. With the default strategy every
+    /// message has a key unless [`HeaderOrHash::hash_body`] is off.
+    pub fn require_key(self, require: bool) -> Self {
+        self.config(|c| c.require_key = require)
     }
 
-    /// What a duplicate of a message still being handled gets (default
-    /// [`InProgress::Wait`] of [`InProgress::DEFAULT_WAIT`], then refused as in flight: never
-    /// acknowledged while its claim is pending). See [`InProgress`].
-    pub fn in_progress(self, policy: InProgress) -> Self {
-        self.config(|c| c.in_progress = policy)
-    }
-
-    /// Whether a claimed message's handler finishes when the door's future is dropped (the
-    /// consumer shuts down, an outer timeout fires): default `true`. The rest of the work
-    /// (handler, record or release) then moves onto a task of its own and its outcome is
-    /// recorded, so the redelivery is a completed duplicate instead of waiting for the lease
-    /// to lapse and running again. Wait for such work at shutdown with
-    /// [`in_flight`](Self::in_flight). With `false` the handler is cancelled with the future
-    /// and its key stays pending until its lease lapses, as after a crash.
-    pub fn run_to_completion(self, on: bool) -> Self {
-        self.config(|c| c.run_to_completion = on)
-    }
-
-    /// How long a handler whose caller went away runs on before it is cancelled (default
-    /// 5 min, as the HTTP layer's [`detached_timeout`](crate::IdempotencyLayer::detached_timeout));
-    /// see [`run_to_completion`](Self::run_to_completion). Any value is accepted:
-    /// `Duration::MAX` never cancels. At the bound the handler is cancelled where it stands:
-    /// nothing is recorded and nothing is released (it may have had effects), so its key stays
-    /// pending until its lease lapses and the redelivery after that runs it again, as after a
-    /// crash. Set it above the slowest handler's time.
-    pub fn detached_timeout(mut self, timeout: Duration) -> Self {
-        self.in_flight.set_detached_timeout(timeout);
-        self
-    }
-
-    /// How many handlers whose callers went away run on at once, for this layer and every
-    /// service made from it (default 1024, as the HTTP layer's
-    /// [`max_detached`](crate::IdempotencyLayer::max_detached)). A handler dropped while that
-    /// many run is cancelled where it stands, its key pending until its lease lapses. Zero
-    /// detaches nothing.
-    pub fn max_detached(mut self, max: usize) -> Self {
-        self.in_flight.set_max_detached(max);
-        self
-    }
-
-    /// The claimed messages of this layer (and of every service made from it and its clones)
-    /// whose handling has not finished, to wait on at shutdown (see [`InFlightWork`]).
+    /// How long a duplicate of a message still being handled waits for the first delivery.
+    /// Default: 1 s.
+    ///
+    /// If the first delivery records its result within the wait, the duplicate is answered
+    /// [`Handled::Replayed`]. If it is released, the duplicate runs. Otherwise the duplicate
+    /// is refused with a retryable error of kind `InFlight`, and
+    /// [`MessageError::retry_after`] says when to redeliver. `Duration::ZERO` refuses at
+    /// once and holds no consumer slot while waiting. The wait holds the consumer's slot,
+    /// and the broker's ack deadline runs unless the adapter sends progress, as the NATS
+    /// one does. Keep it well under the broker's ack wait.
+    ///
+    /// A duplicate in flight is never acknowledged: it may be the redelivery of a message
+    /// whose consumer crashed mid-handler, and then it is the only copy left.
     ///
     /// ```
     /// use std::time::Duration;
     /// use tower_idempotency::MemoryStore;
-    /// use tower_idempotency::engine::Engine;
+    /// use tower_idempotency::message::MessageIdempotencyLayer;
+    ///
+    /// // Handlers that take a few seconds: wait up to 5 s for the first delivery.
+    /// let layer = MessageIdempotencyLayer::new(MemoryStore::new(), "billing")
+    ///     .wait_in_flight(Duration::from_secs(5));
+    /// ```
+    pub fn wait_in_flight(self, wait: Duration) -> Self {
+        self.config(|c| c.wait_in_flight = wait)
+    }
+
+    /// **Opt-in, and it can lose a message.** Acknowledges a duplicate in flight unrun, as
+    /// [`Handled::Skipped`], without waiting. Default: `false`.
+    ///
+    /// Two handlers never run at once, and a first delivery that fails is redelivered on
+    /// its own. But if the first delivery's consumer crashed, the skipped duplicate was the
+    /// message's only copy left, and its work never happens. Use it only where the broker
+    /// redelivers an unacknowledged message after the lease has lapsed, never before. Its
+    /// ack wait or visibility timeout must then be longer than the engine's lease, and not
+    /// kept alive while a handler runs. A redelivery after a crash then always claims the
+    /// key. With it on, [`wait_in_flight`](Self::wait_in_flight) is not used.
+    pub fn skip_in_flight(self, skip: bool) -> Self {
+        self.config(|c| c.skip_in_flight = skip)
+    }
+
+    /// Whether a claimed message's handler finishes when the door's future is dropped.
+    /// Default: `true`.
+    ///
+    /// A future is dropped when the consumer shuts down or an outer timeout fires. The rest
+    /// of the work (handler, record or release) then moves onto a task of its own. Its
+    /// outcome is recorded, so the redelivery is a completed duplicate. Wait for such work
+    /// at shutdown with [`drain`](Self::drain). With `false` the handler is cancelled with
+    /// the future, and its key stays pending until its lease lapses, as after a crash.
+    pub fn run_to_completion(self, on: bool) -> Self {
+        self.config(|c| c.run_to_completion = on)
+    }
+
+    /// How long a handler whose caller went away runs on before it is cancelled.
+    /// Default: 5 min, as the HTTP layer's.
+    ///
+    /// See [`run_to_completion`](Self::run_to_completion). Any value is accepted:
+    /// `Duration::MAX` never cancels. At the bound the handler is cancelled where it stands.
+    /// Nothing is recorded and nothing is released, since it may have had effects. Its key
+    /// stays pending until its lease lapses, and the redelivery after that runs it again, as
+    /// after a crash. Set it above the slowest handler's time.
+    pub fn detached_timeout(mut self, timeout: Duration) -> Self {
+        self.drain.set_detached_timeout(timeout);
+        self
+    }
+
+    /// How many handlers whose callers went away run on at once. Default: 1024, as the HTTP
+    /// layer's.
+    ///
+    /// The bound is shared by this layer and every service made from it. A handler dropped
+    /// while that many run is cancelled where it stands, its key pending until its lease
+    /// lapses. Zero detaches nothing.
+    pub fn max_detached(mut self, max: usize) -> Self {
+        self.drain.set_max_detached(max);
+        self
+    }
+
+    /// The claimed messages whose handling has not finished, to wait on at shutdown.
+    ///
+    /// It counts the messages of this layer, its clones and every service made from them.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::MemoryStore;
     /// use tower_idempotency::message::MessageIdempotencyLayer;
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let layer = MessageIdempotencyLayer::new(Engine::new(MemoryStore::new()), "billing");
-    /// let in_flight = layer.in_flight();
+    /// let layer = MessageIdempotencyLayer::new(MemoryStore::new(), "billing");
+    /// let drain = layer.drain();
     /// // ... run the consumer with the layer; once it stops taking messages:
-    /// assert!(in_flight.wait(Duration::from_secs(30)).await, "every handler finished");
+    /// assert!(drain.wait(Duration::from_secs(30)).await, "every handler finished");
     /// # }
     /// ```
     #[must_use]
-    pub fn in_flight(&self) -> InFlightWork {
-        self.in_flight.clone()
+    pub fn drain(&self) -> Drain {
+        self.drain.clone()
     }
 
-    /// Forgets this consumer's record of `key` (in this layer's namespace and tenant), so a
-    /// redelivery of the message runs again: see [`Engine::forget`]. A pending claim is kept
-    /// ([`Forgotten::KeptPending`]): its handler may be running; delete it too with
-    /// [`forget_even_pending`](Self::forget_even_pending). For a message keyed by its digest,
-    /// pass [`MessageKey::digest`] of it.
+    /// Forgets this consumer's record of `key`, so a redelivery of the message runs again.
+    ///
+    /// It acts in this layer's namespace and tenant: see [`Engine::forget`]. A pending claim
+    /// is kept, as [`Forgotten::KeptPending`], since its handler may be running. Delete it
+    /// too with [`forget_even_pending`](Self::forget_even_pending). For a message keyed by
+    /// its digest, pass [`MessageKey::digest`] of it.
     ///
     /// ```
     /// use std::convert::Infallible;
     /// use tower::{Layer, ServiceExt, service_fn};
     /// use tower_idempotency::MemoryStore;
-    /// use tower_idempotency::engine::Engine;
     /// use tower_idempotency::message::{Envelope, Handled, MessageIdempotencyLayer, MessageKey};
     /// use tower_idempotency::store::Forgotten;
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let layer = MessageIdempotencyLayer::new(Engine::new(MemoryStore::new()), "billing");
+    /// let layer = MessageIdempotencyLayer::new(MemoryStore::new(), "billing");
     /// let handler = layer.layer(service_fn(|_: Envelope| async { Ok::<_, Infallible>(()) }));
     /// let msg = Envelope::new("orders", "order 17").with_header("Idempotency-Key", "order-17");
     /// assert_eq!(handler.clone().oneshot(msg.clone()).await.unwrap(), Handled::Ran(()));
@@ -424,9 +369,10 @@ impl<St, K, C, F, P> MessageIdempotencyLayer<St, K, C, F, P> {
         self.engine.forget(&self.config.store_key(key)).await
     }
 
-    /// As [`forget`](Self::forget), and a pending claim is deleted too: its handler may still
-    /// be running, and a redelivery then runs it again beside it (see
-    /// [`Engine::forget_even_pending`]).
+    /// As [`forget`](Self::forget), and a pending claim is deleted too.
+    ///
+    /// Its handler may still be running, and a redelivery then runs beside it. See
+    /// [`Engine::forget_even_pending`].
     ///
     /// # Errors
     /// The store's error.
@@ -439,93 +385,95 @@ impl<St, K, C, F, P> MessageIdempotencyLayer<St, K, C, F, P> {
             .await
     }
 
-    /// The namespace of this consumer's keys (default [`DEFAULT_NAMESPACE`]): give services
-    /// that share a store and a consumer name namespaces of their own.
+    /// The namespace of this consumer's keys. Default: `message`.
+    ///
+    /// It replaces the default. Give services that share a store and a consumer name
+    /// namespaces of their own.
     pub fn namespace(self, namespace: impl Into<String>) -> Self {
         let ns = namespace.into();
         self.config(|c| c.set_namespace(ns))
     }
 
-    /// The same consumer under a tenant (part of the scope, as the consumer is).
+    /// The same consumer under a tenant, part of the scope as the consumer is.
     pub fn tenant(self, tenant: impl Into<String>) -> Self {
         let tenant = tenant.into();
         self.config(|c| c.consumer = c.consumer.clone().with_tenant(tenant))
     }
 
-    /// Finds keys with `strategy` instead of [`HeaderOrHash`].
-    pub fn key_strategy<K2>(self, strategy: K2) -> MessageIdempotencyLayer<St, K2, C, F, P> {
+    /// Finds keys with `strategy`. Default: [`HeaderOrHash`].
+    pub fn key_strategy<K2>(self, strategy: K2) -> MessageIdempotencyLayer<St, K2, C, F> {
         MessageIdempotencyLayer {
             engine: self.engine,
             config: self.config,
-            in_flight: self.in_flight,
+            drain: self.drain,
             keys: Arc::new(strategy),
             codec: self.codec,
             classify: self.classify,
-            permanent: self.permanent,
         }
     }
 
     /// Records the handler's result with `codec`, so a completed duplicate is answered with
-    /// it ([`Raw`](super::Raw) for bytes and text, [`Json`](super::Json) with feature
-    /// `json`). Default [`Discard`]: nothing but the fact that it completed.
-    pub fn store_results<C2>(self, codec: C2) -> MessageIdempotencyLayer<St, K, C2, F, P> {
+    /// it. Default: [`Discard`], which records only that the message was handled.
+    ///
+    /// [`Raw`](crate::engine::Raw) keeps bytes and text, [`Json`](crate::engine::Json) any
+    /// serde type (feature `json`). A result that does not encode, or whose bytes are over
+    /// the engine's record limit, is recorded without it, with a warning.
+    pub fn codec<C2>(self, codec: C2) -> MessageIdempotencyLayer<St, K, C2, F> {
         MessageIdempotencyLayer {
             engine: self.engine,
             config: self.config,
-            in_flight: self.in_flight,
+            drain: self.drain,
             keys: self.keys,
             codec: Arc::new(codec),
             classify: self.classify,
-            permanent: self.permanent,
         }
     }
 
-    /// Calls a result unsuccessful when `classify` says so (`false`): the key is released and
-    /// the message answered [`Handled::Failed`], so a redelivery runs again.
-    pub fn classify<F2>(self, classify: F2) -> MessageIdempotencyLayer<St, K, C, F2, P> {
-        MessageIdempotencyLayer {
-            engine: self.engine,
-            config: self.config,
-            in_flight: self.in_flight,
-            keys: self.keys,
-            codec: self.codec,
-            classify: Arc::new(classify),
-            permanent: self.permanent,
-        }
-    }
-
-    /// Calls a handler error permanent when `classify` says so (`true`): the key is released
-    /// and the error is one of kind `Handler` that is not retryable
-    /// ([`MessageError::is_permanent`]), so adapters dead-letter the message instead of
-    /// redelivering it (a body that will never parse, an order that no longer exists).
-    /// Default [`AllRetryable`]: every handler error is retried.
+    /// Gives the [`Verdict`] on the handler's `Result`. Default: [`RecordOk`], which records
+    /// `Ok` and releases the key on `Err`.
+    ///
+    /// | verdict | on `Ok(r)` | on `Err(e)` |
+    /// | --- | --- | --- |
+    /// | `Record` | recorded; [`Handled::Ran`] | recorded without a result; `Err`, kind `Handler`, not retryable |
+    /// | `Release` | key released; [`Handled::Failed`] | key released; `Err`, kind `Handler`, retryable |
+    /// | `Fail` | key released; [`Handled::Rejected`] | key released; `Err`, kind `Handler`, not retryable |
+    /// | `Hold` | key held for the lease; [`Handled::Held`] | key held for the lease; `Err`, kind `Handler`, retryable after [`retry_after`](MessageError::retry_after) |
+    ///
+    /// `Fail` is for a message that fails the same way on every redelivery: a body that
+    /// never parses, an order that no longer exists. The adapters dead-letter it. `Hold` is
+    /// for a handler that may have had its effect: a redelivery is refused in flight until
+    /// the lease lapses, then runs again.
     ///
     /// ```
     /// use tower::{Layer, ServiceExt, service_fn};
     /// use tower_idempotency::MemoryStore;
-    /// use tower_idempotency::engine::Engine;
-    /// use tower_idempotency::message::{Envelope, MessageIdempotencyLayer};
+    /// use tower_idempotency::engine::Verdict;
+    /// use tower_idempotency::message::{Envelope, MessageErrorKind, MessageIdempotencyLayer};
     ///
     /// #[derive(Debug)]
     /// enum MailError { Unparsable, Smtp }
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
-    /// let handler = MessageIdempotencyLayer::new(Engine::new(MemoryStore::new()), "mailer")
-    ///     .permanent_errors(|e: &MailError| matches!(e, MailError::Unparsable))
+    /// let handler = MessageIdempotencyLayer::new(MemoryStore::new(), "mailer")
+    ///     .classify(|r: &Result<(), MailError>| match r {
+    ///         Ok(()) => Verdict::Record,
+    ///         Err(MailError::Unparsable) => Verdict::Fail,
+    ///         Err(MailError::Smtp) => Verdict::Release,
+    ///     })
     ///     .layer(service_fn(|_: Envelope| async { Err::<(), _>(MailError::Unparsable) }));
     /// let err = handler.oneshot(Envelope::new("mail", "???")).await.unwrap_err();
-    /// assert!(err.is_permanent() && !err.is_retryable());
+    /// assert_eq!(err.kind(), MessageErrorKind::Handler);
+    /// assert!(!err.is_retryable(), "dead-letter it");
     /// # }
     /// ```
-    pub fn permanent_errors<P2>(self, classify: P2) -> MessageIdempotencyLayer<St, K, C, F, P2> {
+    pub fn classify<F2>(self, classify: F2) -> MessageIdempotencyLayer<St, K, C, F2> {
         MessageIdempotencyLayer {
             engine: self.engine,
             config: self.config,
-            in_flight: self.in_flight,
+            drain: self.drain,
             keys: self.keys,
             codec: self.codec,
-            classify: self.classify,
-            permanent: Arc::new(classify),
+            classify: Arc::new(classify),
         }
     }
 
@@ -536,8 +484,8 @@ impl<St, K, C, F, P> MessageIdempotencyLayer<St, K, C, F, P> {
     }
 }
 
-impl<S, St, K, C, F, P> Layer<S> for MessageIdempotencyLayer<St, K, C, F, P> {
-    type Service = MessageIdempotency<S, St, K, C, F, P>;
+impl<S, St, K, C, F> Layer<S> for MessageIdempotencyLayer<St, K, C, F> {
+    type Service = MessageIdempotency<S, St, K, C, F>;
 
     fn layer(&self, inner: S) -> Self::Service {
         MessageIdempotency {
@@ -545,40 +493,31 @@ impl<S, St, K, C, F, P> Layer<S> for MessageIdempotencyLayer<St, K, C, F, P> {
             shared: Arc::new(Shared {
                 engine: self.engine.clone(),
                 config: Arc::clone(&self.config),
-                in_flight: self.in_flight.clone(),
+                drain: self.drain.clone(),
                 keys: Arc::clone(&self.keys),
                 codec: Arc::clone(&self.codec),
                 classify: Arc::clone(&self.classify),
-                permanent: Arc::clone(&self.permanent),
             }),
         }
     }
 }
 
-struct Shared<St, K, C, F, P> {
+struct Shared<St, K, C, F> {
     engine: Engine<St>,
     config: Arc<Config>,
-    in_flight: InFlightWork,
+    drain: Drain,
     keys: Arc<K>,
     codec: Arc<C>,
     classify: Arc<F>,
-    permanent: Arc<P>,
 }
 
 /// The service made by [`MessageIdempotencyLayer`].
-pub struct MessageIdempotency<
-    S,
-    St,
-    K = HeaderOrHash,
-    C = Discard,
-    F = AllSuccessful,
-    P = AllRetryable,
-> {
+pub struct MessageIdempotency<S, St, K = HeaderOrHash, C = Discard, F = RecordOk> {
     inner: S,
-    shared: Arc<Shared<St, K, C, F, P>>,
+    shared: Arc<Shared<St, K, C, F>>,
 }
 
-impl<S: Clone, St, K, C, F, P> Clone for MessageIdempotency<S, St, K, C, F, P> {
+impl<S: Clone, St, K, C, F> Clone for MessageIdempotency<S, St, K, C, F> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -587,7 +526,7 @@ impl<S: Clone, St, K, C, F, P> Clone for MessageIdempotency<S, St, K, C, F, P> {
     }
 }
 
-impl<S: fmt::Debug, St, K, C, F, P> fmt::Debug for MessageIdempotency<S, St, K, C, F, P> {
+impl<S: fmt::Debug, St, K, C, F> fmt::Debug for MessageIdempotency<S, St, K, C, F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MessageIdempotency")
             .field("inner", &self.inner)
@@ -597,7 +536,7 @@ impl<S: fmt::Debug, St, K, C, F, P> fmt::Debug for MessageIdempotency<S, St, K, 
     }
 }
 
-impl<S, St, K, C, F, P> MessageIdempotency<S, St, K, C, F, P> {
+impl<S, St, K, C, F> MessageIdempotency<S, St, K, C, F> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -618,17 +557,15 @@ impl<S, St, K, C, F, P> MessageIdempotency<S, St, K, C, F, P> {
         &self.shared.engine
     }
 
-    /// The layer's claimed messages that have not finished (see
-    /// [`MessageIdempotencyLayer::in_flight`]).
+    /// The layer's claimed messages that have not finished. See
+    /// [`MessageIdempotencyLayer::drain`].
     #[must_use]
-    pub fn in_flight(&self) -> InFlightWork {
-        self.shared.in_flight.clone()
+    pub fn drain(&self) -> Drain {
+        self.shared.drain.clone()
     }
 }
 
-type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
-
-impl<S, M, St, K, C, F, P> Service<M> for MessageIdempotency<S, St, K, C, F, P>
+impl<S, M, St, K, C, F> Service<M> for MessageIdempotency<S, St, K, C, F>
 where
     M: Message + Send + 'static,
     S: Service<M> + Clone + Send + 'static,
@@ -637,16 +574,17 @@ where
     S::Error: Send + 'static,
     St: Store,
     K: KeyStrategy<M>,
-    C: ResultCodec<S::Response>,
-    F: Classify<S::Response>,
-    P: ClassifyError<S::Error>,
+    C: Codec<S::Response>,
+    F: Classify<Result<S::Response, S::Error>>,
 {
     type Response = Handled<S::Response>;
     type Error = MessageError<S::Error>;
-    type Future = BoxFuture<Result<Handled<S::Response>, MessageError<S::Error>>>;
+    type Future = BoxFuture<'static, Result<Handled<S::Response>, MessageError<S::Error>>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx).map_err(MessageError::handler)
+        self.inner
+            .poll_ready(cx)
+            .map_err(|e| MessageError::handler(e, Fate::Retry))
     }
 
     fn call(&mut self, message: M) -> Self::Future {
@@ -685,13 +623,14 @@ where
 
         Box::pin(async move {
             let engine = &shared.engine;
-            let begun = match shared.config.in_progress {
-                InProgress::Wait(bound) => {
-                    // A day is forever here, and a bound that large cannot overflow the clock.
-                    let bound = bound.min(Duration::from_secs(24 * 3600));
-                    engine.begin_waiting(store_key, fingerprint, bound).await
-                }
-                InProgress::Skip | InProgress::Reject => engine.begin(store_key, fingerprint).await,
+            let config = &shared.config;
+            let wait = config.wait_in_flight;
+            let begun = if config.skip_in_flight || wait.is_zero() {
+                engine.begin(store_key, fingerprint).await
+            } else {
+                // A day is forever here, and a bound that large cannot overflow the clock.
+                let wait = wait.min(Duration::from_secs(24 * 3600));
+                engine.begin_waiting(store_key, fingerprint, wait).await
             };
             let ticket = match begun {
                 Err(e) => {
@@ -704,23 +643,23 @@ where
                     ticket
                 }
                 Ok(Begin::Replayed(record)) => {
-                    let duplicate = replay(record, &*shared.codec);
-                    let outcome = match duplicate {
+                    let replayed = replay(record, &*shared.codec);
+                    let outcome = match replayed {
                         Ok(_) => Outcome::Replayed,
                         Err(_) => Outcome::RecordInvalid,
                     };
                     request(Door::Message, outcome);
-                    return duplicate;
+                    return replayed;
                 }
                 Ok(Begin::InFlight) => {
                     request(Door::Message, Outcome::InFlight);
-                    return match shared.config.in_progress {
-                        InProgress::Skip => Ok(Handled::Skipped),
-                        // Past the wait's bound: refused as Reject refuses.
-                        InProgress::Reject | InProgress::Wait(_) => Err(MessageError::in_flight(
-                            in_flight_retry_after(engine, &store_key).await,
-                        )),
-                    };
+                    if config.skip_in_flight {
+                        return Ok(Handled::Skipped);
+                    }
+                    // Past the wait, or with no wait: refused for a later redelivery.
+                    return Err(MessageError::in_flight(
+                        in_flight_retry_after(engine, &store_key).await,
+                    ));
                 }
                 Ok(Begin::KeyReused) => {
                     request(Door::Message, Outcome::KeyReused);
@@ -733,24 +672,23 @@ where
                     return Err(MessageError::record_invalid(Some(e)));
                 }
             };
-            let run_to_completion = shared.config.run_to_completion;
-            let in_flight = shared.in_flight.clone();
+            let run_to_completion = config.run_to_completion;
+            let drain = shared.drain.clone();
             let work = run_claimed(shared, inner, message, ticket);
             if run_to_completion {
                 // Finishes (and records) on a task of its own if this future is dropped first.
-                in_flight.detachable(work).await
+                drain.detachable(work).await
             } else {
-                in_flight.counted(work).await
+                drain.counted(work).await
             }
         })
     }
 }
 
-/// The claimed part of a delivery: the handler under lease renewal, then the record or
-/// release. Owns everything it uses, so it can finish on a task of its own when the caller
-/// goes away.
-async fn run_claimed<S, M, St, K, C, F, P>(
-    shared: Arc<Shared<St, K, C, F, P>>,
+/// The claimed part of a delivery: the handler under lease renewal, then the verdict. Owns
+/// everything it uses, so it can finish on a task of its own when the caller goes away.
+async fn run_claimed<S, M, St, K, C, F>(
+    shared: Arc<Shared<St, K, C, F>>,
     mut inner: S,
     message: M,
     ticket: Ticket,
@@ -758,48 +696,98 @@ async fn run_claimed<S, M, St, K, C, F, P>(
 where
     S: Service<M>,
     St: Store,
-    C: ResultCodec<S::Response>,
-    F: Classify<S::Response>,
-    P: ClassifyError<S::Error>,
+    C: Codec<S::Response>,
+    F: Classify<Result<S::Response, S::Error>>,
 {
     let engine = &shared.engine;
-    let store_key = *ticket.key();
     let result = engine.run(&ticket, inner.call(message)).await;
+    match shared.classify.classify(&result) {
+        Verdict::Record => {
+            let body = encode(engine, &*shared.codec, ticket.key(), result.as_ref().ok());
+            record(engine, ticket, body).await;
+            match result {
+                Ok(r) => Ok(Handled::Ran(r)),
+                Err(e) => Err(MessageError::handler(e, Fate::Recorded)),
+            }
+        }
+        Verdict::Release => {
+            release(engine, ticket).await;
+            match result {
+                Ok(r) => Ok(Handled::Failed(r)),
+                Err(e) => Err(MessageError::handler(e, Fate::Retry)),
+            }
+        }
+        Verdict::Fail => {
+            release(engine, ticket).await;
+            match result {
+                Ok(r) => Ok(Handled::Rejected(r)),
+                Err(e) => Err(MessageError::handler(e, Fate::Permanent)),
+            }
+        }
+        Verdict::Hold => {
+            hold(engine, ticket).await;
+            match result {
+                Ok(r) => Ok(Handled::Held(r)),
+                Err(e) => Err(MessageError::handler(e, Fate::Held(engine.lease()))),
+            }
+        }
+    }
+}
+
+/// The bytes of `result` to record, when the codec keeps it and it fits.
+fn encode<St: Store, R, C: Codec<R>>(
+    engine: &Engine<St>,
+    codec: &C,
+    store_key: &StoreKey,
+    result: Option<&R>,
+) -> Option<Bytes> {
     match result {
-        Ok(r) if shared.classify.is_success(&r) => {
-            let mut body = shared.codec.encode(&r);
+        Some(r) if codec.keeps_values() => match codec.encode(r) {
             // A record must read back within the engine's limit, or every redelivery of work
             // that succeeded is refused: keep the fact that it completed, as the HTTP layer
             // keeps status and headers of a body over the limit.
-            if body
-                .as_ref()
-                .is_some_and(|b| b.len() > engine.max_record_body())
-            {
+            Ok(b) if b.len() > engine.max_record_body() => {
                 tracing::warn!(target: "tower_idempotency::message", key = ?store_key, limit = engine.max_record_body(), "result over the record limit; recorded without it, so a duplicate is acknowledged without a result");
-                body = None;
+                None
             }
-            let record = RecordedResponse::of_door(DOOR_VALUE, body);
-            let done = engine.complete(ticket, &record).await;
-            settled(Door::Message, Settled::of_complete(&done));
-            match done {
-                Ok(true) => {}
-                Ok(false) => {
-                    tracing::warn!(target: "tower_idempotency::message", key = ?store_key, "the lease lapsed while the handler ran; another delivery may have run it too");
-                }
-                Err(e) => {
-                    tracing::warn!(target: "tower_idempotency::message", key = ?store_key, error = %e, "message handled but not recorded; the key stays pending until its lease lapses");
-                }
+            Ok(b) => Some(b),
+            Err(e) => {
+                tracing::warn!(target: "tower_idempotency::message", key = ?store_key, error = %e, "message result does not encode; recorded without it");
+                None
             }
-            Ok(Handled::Ran(r))
-        }
-        Ok(r) => {
-            release(engine, ticket).await;
-            Ok(Handled::Failed(r))
+        },
+        _ => None,
+    }
+}
+
+/// Records the message as handled, with `body` as its result.
+async fn record<St: Store>(engine: &Engine<St>, ticket: Ticket, body: Option<Bytes>) {
+    let store_key = *ticket.key();
+    let record = RecordedResponse::of_door(DOOR_VALUE, body);
+    let done = engine.complete(ticket, &record).await;
+    settled(Door::Message, Settled::of_complete(&done));
+    match done {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!(target: "tower_idempotency::message", key = ?store_key, "the lease lapsed while the handler ran; another delivery may have run it too");
         }
         Err(e) => {
-            release(engine, ticket).await;
-            let permanent = shared.permanent.is_permanent(&e);
-            Err(MessageError::handler_classified(e, permanent))
+            tracing::warn!(target: "tower_idempotency::message", key = ?store_key, error = %e, "message handled but not recorded; the key stays pending until its lease lapses");
+        }
+    }
+}
+
+/// Keeps the key pending for the engine's lease: the handler may have had its effect.
+async fn hold<St: Store>(engine: &Engine<St>, ticket: Ticket) {
+    let key = *ticket.key();
+    settled(Door::Message, Settled::Held);
+    match engine.hold(ticket, engine.lease()).await {
+        Ok(true) => {}
+        Ok(false) => {
+            tracing::warn!(target: "tower_idempotency::message", key = ?key, "the lease lapsed while the handler ran; the key was not held");
+        }
+        Err(e) => {
+            tracing::warn!(target: "tower_idempotency::message", key = ?key, error = %e, "key not held; it stays pending until its current lease lapses");
         }
     }
 }
@@ -822,14 +810,14 @@ async fn in_flight_retry_after<St: Store>(engine: &Engine<St>, key: &StoreKey) -
     }
 }
 
-fn untracked<Fut, R, E>(fut: Fut) -> BoxFuture<Result<Handled<R>, MessageError<E>>>
+fn untracked<Fut, R, E>(fut: Fut) -> BoxFuture<'static, Result<Handled<R>, MessageError<E>>>
 where
     Fut: Future<Output = Result<R, E>> + Send + 'static,
 {
     Box::pin(async move {
         fut.await
             .map(Handled::Untracked)
-            .map_err(MessageError::handler)
+            .map_err(|e| MessageError::handler(e, Fate::Retry))
     })
 }
 
@@ -855,7 +843,7 @@ async fn release<St: Store>(engine: &Engine<St>, ticket: Ticket) {
     }
 }
 
-fn replay<R, E, C: ResultCodec<R>>(
+fn replay<R, E, C: Codec<R>>(
     record: RecordedResponse,
     codec: &C,
 ) -> Result<Handled<R>, MessageError<E>> {
@@ -863,12 +851,15 @@ fn replay<R, E, C: ResultCodec<R>>(
         tracing::error!(target: "tower_idempotency::message", "the record under this key was not written by the message door; not used");
         return Err(MessageError::record_invalid(None));
     }
-    Ok(Handled::Duplicate(record.body.and_then(|b| {
-        let len = b.len();
-        let r = codec.decode(b);
-        if r.is_none() && len > 0 {
-            tracing::warn!(target: "tower_idempotency::message", "the recorded result does not decode with this codec; the duplicate is acknowledged without it");
-        }
-        r
+    if !codec.keeps_values() {
+        return Ok(Handled::Replayed(None));
+    }
+    Ok(Handled::Replayed(record.body.and_then(|b| {
+        codec
+            .decode(b)
+            .inspect_err(|e| {
+                tracing::warn!(target: "tower_idempotency::message", error = %e, "the recorded result does not decode with this codec; the duplicate is acknowledged without it");
+            })
+            .ok()
     })))
 }

@@ -1,5 +1,6 @@
 //! Whether a send went, failed before anything could go, or may have gone.
 
+use crate::engine::{Classify, Verdict};
 use std::any::Any;
 use std::error::Error as StdError;
 use std::fmt;
@@ -7,83 +8,49 @@ use std::io;
 
 type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
-/// What a send's result says about the message.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Verdict {
-    /// It went: the response is the receipt, recorded under the key.
-    Sent,
-    /// Nothing went (the connection was never made, the provider said no): the key is released
-    /// so another attempt may send. `retryable` says whether the same request may succeed
-    /// later (a connection never made, a 429 or a 4xx SMTP reply) or not (a 400, a 5xx SMTP
-    /// reply).
-    Failed {
-        /// Whether sending the same request again may succeed.
-        retryable: bool,
-    },
-    /// It may have gone (a timeout after the request was written, a connection lost
-    /// mid-exchange, an answer that may follow an action): the key is held, so a retry does
-    /// not send it again.
-    Unknown,
-}
-
-/// Decides the [`Verdict`] of a send from its result. The adapters bring their own
-/// ([`HttpClassifier`](super::http::HttpClassifier), `MailClassifier`); any
-/// `Fn(Result<&R, &E>) -> Verdict` is one too.
-pub trait Classify<R, E> {
-    /// The verdict of a send that came back with `result`.
-    fn classify(&self, result: Result<&R, &E>) -> Verdict;
-}
-
-impl<R, E, F> Classify<R, E> for F
-where
-    F: Fn(Result<&R, &E>) -> Verdict,
-{
-    fn classify(&self, result: Result<&R, &E>) -> Verdict {
-        self(result)
-    }
-}
-
-/// The classifier of the generic door: a response is [`Verdict::Sent`]; an error is
-/// [`Verdict::Failed`] (retryable) only when the client itself says it failed before it could
-/// send (see [`NotSent`]), and [`Verdict::Unknown`] otherwise: an error it cannot place may
-/// have come after the request went, so the key is held.
+/// The classifier of the generic door.
 ///
-/// I/O error kinds do not decide: Linux reports `EHOSTUNREACH`, `ENETUNREACH` and even
-/// `ECONNREFUSED` (an ICMP answer) on a connection that was already sending, and a retry
-/// layer inside the door may end with a refused connection after an earlier attempt went.
+/// A response is [`Verdict::Record`]: it went. An error is [`Verdict::Release`] only when
+/// the client says it never sent (see [`NotSent`]). Any other error is [`Verdict::Hold`]: it
+/// may have come after the request went.
+///
+/// I/O error kinds do not decide. Linux reports `EHOSTUNREACH`, `ENETUNREACH` and even
+/// `ECONNREFUSED` on a connection that was already sending. A retry layer inside the door
+/// may also end with a refused connection after an earlier attempt went.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct DefaultClassifier;
 
-impl<R, E: 'static> Classify<R, E> for DefaultClassifier {
-    fn classify(&self, result: Result<&R, &E>) -> Verdict {
+impl<R, E: 'static> Classify<Result<R, E>> for DefaultClassifier {
+    fn classify(&self, result: &Result<R, E>) -> Verdict {
         match result {
-            Ok(_) => Verdict::Sent,
-            Err(e) if never_sent_any(e) => Verdict::Failed { retryable: true },
-            Err(_) => Verdict::Unknown,
+            Ok(_) => Verdict::Record,
+            Err(e) if never_sent_any(e) => Verdict::Release,
+            Err(_) => Verdict::Hold,
         }
     }
 }
 
-/// An error that says nothing went out: the client failed in its own connect stage (no
-/// connection, no TLS session, no name), before any byte of the request was written.
-///
-/// Return it from a client of your own (or put it in your error's chain of sources, an
-/// `io::Error` wrapping it included), and the door's classifiers release the key for it. The
-/// door also reads the stage of the clients it knows: hyper-util's legacy client
-/// (`Error::is_connect`, feature `hyper-util`) and reqwest (`Error::is_connect`, feature
-/// `reqwest`). Keep retries outside the door: a retry layer inside it may end with a
-/// connect error after an earlier attempt went.
+/// An error that says nothing went out: the client failed in its own connect stage.
 ///
 /// ```
 /// use std::io;
-/// use tower_idempotency::outbound::{Classify, DefaultClassifier, NotSent, Verdict};
+/// use tower_idempotency::engine::{Classify, Verdict};
+/// use tower_idempotency::outbound::{DefaultClassifier, NotSent};
 ///
 /// let refused = io::Error::other(NotSent::new(io::Error::from(io::ErrorKind::ConnectionRefused)));
-/// assert_eq!(DefaultClassifier.classify(Err::<&(), _>(&refused)), Verdict::Failed { retryable: true });
+/// assert_eq!(DefaultClassifier.classify(&Err::<(), _>(refused)), Verdict::Release);
 /// let reset = io::Error::from(io::ErrorKind::ConnectionReset);
-/// assert_eq!(DefaultClassifier.classify(Err::<&(), _>(&reset)), Verdict::Unknown);
+/// assert_eq!(DefaultClassifier.classify(&Err::<(), _>(reset)), Verdict::Hold);
 /// ```
+///
+/// No connection, no TLS session, no name: no byte of the request was written. Return it
+/// from a client of your own, or put it in your error's chain of sources. An `io::Error`
+/// wrapping it counts too. The door's classifiers then release the key.
+///
+/// The door also reads the stage of the clients it knows. These are hyper-util's legacy
+/// client (`Error::is_connect`, feature `hyper-util`) and reqwest (`Error::is_connect`,
+/// feature `reqwest`). Keep retries outside the door: a retry layer inside it may end with a
+/// connect error after an earlier attempt went.
 #[derive(Debug)]
 pub struct NotSent {
     source: BoxError,
@@ -182,7 +149,7 @@ mod tests {
     use super::*;
 
     fn verdict(e: io::Error) -> Verdict {
-        DefaultClassifier.classify(Err::<&(), _>(&e))
+        DefaultClassifier.classify(&Err::<(), _>(e))
     }
 
     #[test]
@@ -195,7 +162,7 @@ mod tests {
             io::ErrorKind::ConnectionReset,
             io::ErrorKind::TimedOut,
         ] {
-            assert_eq!(verdict(io::Error::from(kind)), Verdict::Unknown, "{kind:?}");
+            assert_eq!(verdict(io::Error::from(kind)), Verdict::Hold, "{kind:?}");
         }
     }
 
@@ -204,8 +171,8 @@ mod tests {
         let inner = io::Error::other(NotSent::new("no route"));
         let boxed: BoxError = Box::new(io::Error::other(inner));
         assert_eq!(
-            DefaultClassifier.classify(Err::<&(), _>(&boxed)),
-            Verdict::Failed { retryable: true }
+            DefaultClassifier.classify(&Err::<(), _>(boxed)),
+            Verdict::Release
         );
     }
 }

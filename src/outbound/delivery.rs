@@ -6,7 +6,7 @@ use crate::store::StoreError;
 use std::error::Error as StdError;
 use std::fmt;
 
-/// What became of a send through the door (the `Ok` of [`SendOnce`](super::SendOnce)).
+/// What became of a send through the door: the `Ok` of [`SendOnce`](super::SendOnce).
 ///
 /// | variant | sent now | key |
 /// | --- | --- | --- |
@@ -19,40 +19,42 @@ use std::fmt;
 /// | `Unknown` | maybe | held for the hold time |
 ///
 /// `InFlight`, `Held` and `Unknown` are not errors to retry at once: the message may be on
-/// its way. After `InFlight`, try again shortly (or let the door
-/// [wait](super::SendOnceLayer::wait_in_flight)); after `Held` or `Unknown`, check with the
+/// its way. After `InFlight`, try again shortly, or let the door
+/// [wait](super::SendOnceLayer::wait_in_flight). After `Held` or `Unknown`, check with the
 /// provider, or try again after the hold time.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Delivery<R, E> {
     /// The message went now; its receipt was recorded under the key.
     Sent(R),
-    /// The message went now, without de-duplication: the request had no key, so nothing was
+    /// The message went now, without de-duplication. The request had no key: nothing was
     /// claimed or recorded, and a repeat sends again. Refuse such requests with
     /// [`require_key`](super::SendOnceLayer::require_key).
     SentWithoutKey(R),
     /// An earlier send under this key went: its receipt. Nothing was sent now.
     Replayed(R),
-    /// The provider answered that it took nothing (a 4xx, a 429, an SMTP 5xx reply to a command
-    /// before the message, ...). The key was released: another send under it goes.
+    /// The provider answered that it took nothing: a 4xx, a 429, an SMTP 5xx reply, ...
+    /// The key was released: another send under it goes. The classifier's `Release` is
+    /// retryable, its `Fail` is not.
     Rejected {
         /// The provider's answer.
         response: R,
-        /// Whether the same request may succeed later (429, 503 with `Retry-After`, SMTP 4xx).
+        /// Whether the same request may succeed later: a 429, a 503 with `Retry-After`, an
+        /// SMTP 4xx.
         retryable: bool,
     },
     /// Another send under this key is running now. Nothing was sent now.
     InFlight,
-    /// An earlier send under this key may have gone: its delivery was unknown (or its receipt
-    /// could not be kept), and the key is held for the hold time. Nothing was sent now.
+    /// An earlier send under this key may have gone. Its delivery was unknown, or its receipt
+    /// could not be kept, and the key is held for the hold time. Nothing was sent now.
     Held,
-    /// This send may have gone: the key is held for the hold time, so a retry meanwhile is
+    /// This send may have gone. The key is held for the hold time: a retry meanwhile is
     /// answered [`Held`](Delivery::Held) and sends nothing.
     Unknown(Unknown<R, E>),
 }
 
 impl<R, E> Delivery<R, E> {
-    /// The receipt, when the message went (now or before).
+    /// The receipt, when the message went, now or before.
     #[must_use]
     pub fn receipt(&self) -> Option<&R> {
         match self {
@@ -61,7 +63,7 @@ impl<R, E> Delivery<R, E> {
         }
     }
 
-    /// The receipt, when the message went (now or before).
+    /// The receipt, when the message went, now or before.
     #[must_use]
     pub fn into_receipt(self) -> Option<R> {
         match self {
@@ -70,14 +72,14 @@ impl<R, E> Delivery<R, E> {
         }
     }
 
-    /// Whether this call sent the message (`Sent`, `SentWithoutKey`).
+    /// Whether this call sent the message: `Sent` or `SentWithoutKey`.
     #[must_use]
     pub fn is_sent(&self) -> bool {
         matches!(self, Self::Sent(_) | Self::SentWithoutKey(_))
     }
 
-    /// Whether the message may be on its way without a receipt (`InFlight`, `Held`,
-    /// `Unknown`).
+    /// Whether the message may be on its way without a receipt: `InFlight`, `Held` or
+    /// `Unknown`.
     #[must_use]
     pub fn is_unknown(&self) -> bool {
         matches!(self, Self::InFlight | Self::Held | Self::Unknown(_))
@@ -88,134 +90,173 @@ impl<R, E> Delivery<R, E> {
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Unknown<R, E> {
-    /// The provider answered in a way that does not say (an HTTP 500, 502 or 504, a 503
-    /// without `Retry-After`).
+    /// The provider answered in a way that does not say: an HTTP 500, 502 or 504, or a 503
+    /// without `Retry-After`.
     Response(R),
-    /// The exchange failed after it may have reached the provider (a timeout after the request
-    /// was written, a connection reset mid-exchange).
+    /// The exchange failed after it may have reached the provider: a timeout after the
+    /// request was written, a connection reset mid-exchange.
     Error(E),
-    /// A batch path returned fewer answers than requests: this one has none.
-    NoAnswer,
 }
 
 /// Why a send through the door failed. Nothing was sent in any case.
+///
+/// Read it with [`kind`](Self::kind). The inner service's error comes back with
+/// [`into_inner`](Self::into_inner); the store's and the key's are the
+/// [`source`](StdError::source).
 #[derive(Debug)]
-#[non_exhaustive]
-pub enum OutboundError<E> {
-    /// The inner service failed before anything could go (its client's connect stage failed);
-    /// the key was released.
-    Failed {
-        /// The inner service's error.
-        error: E,
-        /// Whether the same request may succeed later.
-        retryable: bool,
-    },
-    /// The request's key is not a valid idempotency key.
-    KeyInvalid(KeyError),
-    /// The request has no key, and the door [requires one](super::SendOnceLayer::require_key)
-    /// (`idempotency.key_missing`).
-    KeyMissing,
-    /// The key was used before for a different request (`idempotency.key_reused`).
-    KeyReused,
-    /// The store failed to claim the key (`idempotency.store_failed`): retryable.
-    Store(StoreError),
-    /// The record found under the key is not a receipt this door can read
-    /// (`idempotency.record_invalid`); it is not replayed.
-    RecordInvalid(RecordError),
-    /// A repeat, in the same batch, of a request whose send failed before anything went (its
-    /// answer is the first one's `Failed` or `Rejected`). Its key is free.
-    RepeatFailed {
-        /// Whether sending the same request again may succeed.
-        retryable: bool,
-    },
+pub struct OutboundError<E> {
+    inner: Inner<E>,
 }
 
-/// The kind of an [`OutboundError`], without its payload.
+#[derive(Debug)]
+enum Inner<E> {
+    Failed { error: E, retryable: bool },
+    KeyInvalid(KeyError),
+    KeyMissing,
+    KeyReused,
+    Store(StoreError),
+    RecordInvalid(RecordError),
+}
+
+/// What kind of [`OutboundError`] this is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum OutboundErrorKind {
-    /// [`OutboundError::Failed`] and [`OutboundError::RepeatFailed`].
+    /// The inner service failed before anything could go: its client's connect stage failed.
+    /// The key was released. [`OutboundError::is_retryable`] says if a retry may succeed.
     Failed,
-    /// [`OutboundError::KeyInvalid`].
+    /// The request's key is not a valid idempotency key.
     KeyInvalid,
-    /// [`OutboundError::KeyMissing`].
+    /// The request has no key, and the door
+    /// [requires one](super::SendOnceLayer::require_key).
     KeyMissing,
-    /// [`OutboundError::KeyReused`].
+    /// The key was used before for a different request.
     KeyReused,
-    /// [`OutboundError::Store`].
-    StoreFailed,
-    /// [`OutboundError::RecordInvalid`].
+    /// The store failed to claim the key. Retryable.
+    Store,
+    /// The record under the key is not a receipt this door can read. It is not replayed.
     RecordInvalid,
 }
 
 impl<E> OutboundError<E> {
-    /// The kind of failure.
-    #[must_use]
-    pub fn kind(&self) -> OutboundErrorKind {
-        match self {
-            Self::Failed { .. } | Self::RepeatFailed { .. } => OutboundErrorKind::Failed,
-            Self::KeyInvalid(_) => OutboundErrorKind::KeyInvalid,
-            Self::KeyMissing => OutboundErrorKind::KeyMissing,
-            Self::KeyReused => OutboundErrorKind::KeyReused,
-            Self::Store(_) => OutboundErrorKind::StoreFailed,
-            Self::RecordInvalid(_) => OutboundErrorKind::RecordInvalid,
+    pub(crate) fn failed(error: E, retryable: bool) -> Self {
+        Self {
+            inner: Inner::Failed { error, retryable },
         }
     }
 
-    /// Whether sending the same request again may succeed: a retryable failure of the inner
-    /// service, or a store that failed to claim the key.
+    pub(crate) fn key_invalid(e: KeyError) -> Self {
+        Self {
+            inner: Inner::KeyInvalid(e),
+        }
+    }
+
+    pub(crate) fn key_missing() -> Self {
+        Self {
+            inner: Inner::KeyMissing,
+        }
+    }
+
+    pub(crate) fn key_reused() -> Self {
+        Self {
+            inner: Inner::KeyReused,
+        }
+    }
+
+    pub(crate) fn store(e: StoreError) -> Self {
+        Self {
+            inner: Inner::Store(e),
+        }
+    }
+
+    pub(crate) fn record_invalid(e: RecordError) -> Self {
+        Self {
+            inner: Inner::RecordInvalid(e),
+        }
+    }
+
+    /// What kind of error this is.
+    #[must_use]
+    pub fn kind(&self) -> OutboundErrorKind {
+        match &self.inner {
+            Inner::Failed { .. } => OutboundErrorKind::Failed,
+            Inner::KeyInvalid(_) => OutboundErrorKind::KeyInvalid,
+            Inner::KeyMissing => OutboundErrorKind::KeyMissing,
+            Inner::KeyReused => OutboundErrorKind::KeyReused,
+            Inner::Store(_) => OutboundErrorKind::Store,
+            Inner::RecordInvalid(_) => OutboundErrorKind::RecordInvalid,
+        }
+    }
+
+    /// Whether sending the same request again may succeed. True for a retryable failure of
+    /// the inner service, and for a store that failed to claim the key.
     #[must_use]
     pub fn is_retryable(&self) -> bool {
-        match self {
-            Self::Failed { retryable, .. } | Self::RepeatFailed { retryable } => *retryable,
-            Self::Store(_) => true,
+        match &self.inner {
+            Inner::Failed { retryable, .. } => *retryable,
+            Inner::Store(_) => true,
             _ => false,
         }
     }
 
-    /// The machine code of the case, as the HTTP layer's problem details name it
-    /// (`idempotency.key_reused`, ...); `None` for the inner service's failure.
+    /// The machine code, as the HTTP layer's problem details name it
+    /// (`idempotency.key_reused`, ...). `None` for the inner service's failure.
     #[must_use]
     pub fn code(&self) -> Option<&'static str> {
-        match self {
-            Self::Failed { .. } | Self::RepeatFailed { .. } => None,
-            Self::KeyInvalid(_) => Some("idempotency.key_invalid"),
-            Self::KeyMissing => Some("idempotency.key_missing"),
-            Self::KeyReused => Some("idempotency.key_reused"),
-            Self::Store(_) => Some("idempotency.store_failed"),
-            Self::RecordInvalid(_) => Some("idempotency.record_invalid"),
+        match &self.inner {
+            Inner::Failed { .. } => None,
+            Inner::KeyInvalid(_) => Some("idempotency.key_invalid"),
+            Inner::KeyMissing => Some("idempotency.key_missing"),
+            Inner::KeyReused => Some("idempotency.key_reused"),
+            Inner::Store(_) => Some("idempotency.store_failed"),
+            Inner::RecordInvalid(_) => Some("idempotency.record_invalid"),
+        }
+    }
+
+    /// The inner service's error, when that is what failed.
+    #[must_use]
+    pub fn get_ref(&self) -> Option<&E> {
+        match &self.inner {
+            Inner::Failed { error, .. } => Some(error),
+            _ => None,
+        }
+    }
+
+    /// The inner service's error, when that is what failed.
+    #[must_use]
+    pub fn into_inner(self) -> Option<E> {
+        match self.inner {
+            Inner::Failed { error, .. } => Some(error),
+            _ => None,
         }
     }
 }
 
 impl<E: fmt::Display> fmt::Display for OutboundError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Failed { error, .. } => write!(f, "the send failed, nothing went: {error}"),
-            Self::KeyInvalid(e) => write!(f, "idempotency.key_invalid: {e}"),
-            Self::KeyMissing => {
+        match &self.inner {
+            Inner::Failed { error, .. } => write!(f, "the send failed, nothing went: {error}"),
+            Inner::KeyInvalid(e) => write!(f, "idempotency.key_invalid: {e}"),
+            Inner::KeyMissing => {
                 f.write_str("idempotency.key_missing: the request has no key; nothing was sent")
             }
-            Self::RepeatFailed { .. } => f.write_str(
-                "a repeat in the batch of a request whose send failed; nothing was sent",
-            ),
-            Self::KeyReused => f.write_str(
+            Inner::KeyReused => f.write_str(
                 "idempotency.key_reused: the key was used before for a different request",
             ),
-            Self::Store(e) => write!(f, "idempotency.store_failed: {e}; nothing was sent"),
-            Self::RecordInvalid(e) => write!(f, "idempotency.record_invalid: {e}"),
+            Inner::Store(e) => write!(f, "idempotency.store_failed: {e}; nothing was sent"),
+            Inner::RecordInvalid(e) => write!(f, "idempotency.record_invalid: {e}"),
         }
     }
 }
 
 impl<E: StdError + 'static> StdError for OutboundError<E> {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
-        match self {
-            Self::Failed { error, .. } => Some(error),
-            Self::KeyInvalid(e) => Some(e),
-            Self::KeyMissing | Self::RepeatFailed { .. } | Self::KeyReused => None,
-            Self::Store(e) => Some(e),
-            Self::RecordInvalid(e) => Some(e),
+        match &self.inner {
+            Inner::Failed { error, .. } => Some(error),
+            Inner::KeyInvalid(e) => Some(e),
+            Inner::KeyMissing | Inner::KeyReused => None,
+            Inner::Store(e) => Some(e),
+            Inner::RecordInvalid(e) => Some(e),
         }
     }
 }

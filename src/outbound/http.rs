@@ -1,5 +1,4 @@
-//! The HTTP adapter: send once through any `Service<http::Request<B>>` client (hyper-util's,
-//! a tower HTTP stack), and forward the key to the provider as `Idempotency-Key`.
+//! The HTTP adapter: send once through any HTTP client, and forward the key.
 //!
 //! ```
 //! use bytes::Bytes;
@@ -8,65 +7,71 @@
 //! use hyper_util::rt::TokioExecutor;
 //! use tower::ServiceBuilder;
 //! use tower_idempotency::MemoryStore;
-//! use tower_idempotency::engine::Engine;
 //! use tower_idempotency::outbound::http::HttpSendOnceLayer;
 //!
 //! let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
 //! let payments = ServiceBuilder::new()
-//!     .layer(HttpSendOnceLayer::new(Engine::new(MemoryStore::new())).namespace("payments"))
+//!     .layer(HttpSendOnceLayer::new(MemoryStore::new()).namespace("payments"))
 //!     .service(client);
 //! // payments.oneshot(Request<Bytes> with `Idempotency-Key: charge:order-17`)
 //! //   → Delivery::Sent(Response<Bytes>), and a repeat → Delivery::Replayed(the same response)
 //! # let _ = payments;
 //! ```
 //!
+//! The client is any `Service<http::Request<B>>`: hyper-util's, or a tower HTTP stack. The
+//! key goes to the provider as `Idempotency-Key`.
+//!
 //! # The key
 //!
-//! The outgoing request's `Idempotency-Key` header; else a [`DerivedKey`] in its extensions,
-//! which is then sent as the header. Put the inbound request's derived key there (the
-//! [`DerivedKey`] extractor, or [`ClaimedKey::derived_key`](crate::http::ClaimedKey::derived_key))
-//! and a retried inbound request sends the same key downstream: the provider can de-duplicate
-//! too. A request with neither is sent as it is. Give each provider its own
+//! The key is the outgoing request's `Idempotency-Key` header. Without one, it is a
+//! [`DerivedKey`] in the request's extensions, then sent as the header. Put the inbound
+//! request's derived key there: the [`DerivedKey`] extractor, or
+//! [`ClaimedKey::derived_key`](crate::http::ClaimedKey::derived_key). A retried inbound
+//! request then sends the same key downstream, and the provider can de-duplicate too. A
+//! request with neither is sent as it is. Give each provider its own
 //! [`namespace`](HttpSendOnceLayer::namespace) when one job calls several with one key.
 //!
-//! The fingerprint is the method, URI, `Content-Type` and body; the request body is taken as
-//! [`Bytes`] (what API calls and webhooks send) and handed to the client as its body type.
+//! The fingerprint is the method, URI, `Content-Type` and body. The request body is taken as
+//! [`Bytes`], what API calls and webhooks send, and handed to the client as its body type.
 //!
 //! # What the answers mean
 //!
+//! [`HttpClassifier`] gives these verdicts.
+//!
 //! | answer | verdict | key |
 //! | --- | --- | --- |
-//! | 2xx | sent: the response (status, headers but those on [`DENIED_HEADERS`](crate::http::DENIED_HEADERS), body) is the receipt | completed |
-//! | 3xx but 304 (a 303 after a create, say) | sent: the redirect is the answer, kept as the receipt | completed |
-//! | 408, 425, 429, and 503 with `Retry-After` (the provider's own "come back then") | failed, retryable | released |
-//! | 503 without `Retry-After` (a proxy's answer for an upstream that failed after the request was forwarded) | unknown | held |
-//! | 409 with `Retry-After` (the provider's own "in flight") | unknown | held |
-//! | 500, 502, 504 and other 5xx | unknown: the provider may have acted | held |
-//! | 501, 304, other 4xx, 1xx | failed, not retryable | released |
-//! | the client's connect stage failed (hyper-util's `Error::is_connect`, feature `hyper-util`; a [`NotSent`](super::NotSent) in the error's chain) | failed, retryable | released |
-//! | a timeout, a connection closed, reset or unreachable, any other transport error | unknown | held |
-//! | the response body fails or is over [`max_response_body`](HttpSendOnceLayer::max_response_body) | unknown | held |
+//! | 2xx | `Record`: the response is the receipt (status, body, headers but those on [`DENIED_HEADERS`](crate::http::DENIED_HEADERS)) | completed |
+//! | 3xx but 304, such as a 303 after a create | `Record`: the redirect is the answer | completed |
+//! | 408, 425, 429, and 503 with `Retry-After`: the provider's own "come back then" | `Release` | released |
+//! | 503 without `Retry-After`: maybe a proxy's answer after the request was forwarded | `Hold` | held |
+//! | 409 with `Retry-After`: the provider's own "in flight" | `Hold` | held |
+//! | 500, 502, 504 and other 5xx: the provider may have acted | `Hold` | held |
+//! | 501, 304, other 4xx, 1xx | `Fail` | released |
+//! | the client's connect stage failed: hyper-util's `Error::is_connect` (feature `hyper-util`), a [`NotSent`](super::NotSent) in the error's chain | `Release` | released |
+//! | a timeout, a connection closed, reset or unreachable, any other transport error | `Hold` | held |
+//! | the response body fails or is over [`max_response_body`](HttpSendOnceLayer::max_response_body) | `Hold` | held |
 //!
-//! Only the client can say that it never sent: an `io::Error` kind cannot (Linux reports
-//! `EHOSTUNREACH` and `ENETUNREACH` on a connection that was already sending), so a transport
-//! error is unknown unless the client's own connect stage failed. With hyper-util's legacy
-//! client, turn on the feature `hyper-util`, or a refused connection holds its key too (the
-//! safe side). A timeout cannot tell whether the request was written, so every timeout is
-//! unknown. Bound each call with `tower::timeout::TimeoutLayer` inside this layer; keep
-//! retries outside it (a retry inside may end with a connect error after an earlier attempt
-//! went).
+//! Only the client can say that it never sent. An `io::Error` kind cannot: Linux reports
+//! `EHOSTUNREACH` and `ENETUNREACH` on a connection that was already sending. So a transport
+//! error holds its key unless the client's own connect stage failed. With hyper-util's
+//! legacy client, turn on the feature `hyper-util`, or a refused connection holds its key
+//! too: the safe side. A timeout cannot tell whether the request was written, so every
+//! timeout holds. Bound each call with `tower::timeout::TimeoutLayer` inside this layer.
+//! Keep retries outside it: a retry inside may end with a connect error after an earlier
+//! attempt went.
 //!
 //! [`DerivedKey`]: crate::DerivedKey
 
-use super::classify::{Classify, Verdict, never_sent};
-use super::delivery::{Delivery, OutboundError};
+use super::classify::never_sent;
 use super::identify::{Identify, Identity};
-use super::receipt::{Receipt, ReceiptError};
-use super::service::{BoxFuture, SendOnce, SendOnceLayer};
-use crate::engine::{Engine, Fingerprint, KeyError, RecordedResponse, Scope};
+use super::service::{SendOnce, SendOnceLayer};
 use crate::engine::key::IdempotencyKey;
 use crate::engine::record::Record;
 use crate::engine::scope::DerivedKey;
+use crate::engine::{
+    BoxFuture, Classify, Codec, CodecError, CodecErrorKind, Engine, Fingerprint, KeyError, Raw,
+    RecordedResponse, Scope, Verdict,
+};
 use crate::store::Store;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};
@@ -81,28 +86,26 @@ use std::time::Duration;
 use tower_layer::Layer;
 use tower_service::Service;
 
-/// The default namespace of the HTTP adapter's keys (the mail adapter and the generic door have
-/// their own, so one job key used for a mail and a charge is two keys).
-pub const DEFAULT_NAMESPACE: &str = "outbound/http";
+/// The HTTP adapter's key namespace.
+const NAMESPACE: &str = "outbound/http";
 
-/// The largest response body kept as a receipt by default (1 MiB).
-pub const DEFAULT_MAX_RESPONSE_BODY: usize = 1024 * 1024;
+/// The largest response body kept as a receipt: 1 MiB.
+const MAX_RESPONSE_BODY: usize = 1024 * 1024;
 
 type BoxError = Box<dyn StdError + Send + Sync + 'static>;
 
-/// The send-once service over an HTTP client: takes `Request<Bytes>`, answers
-/// [`Delivery`]`<Response<Bytes>, CallError>`.
+/// The service [`HttpSendOnceLayer`] makes over the client `S`.
+///
+/// It takes `Request<Bytes>` and answers
+/// [`Delivery`](super::Delivery)`<Response<Bytes>, CallError>`, or an
+/// [`OutboundError`](super::OutboundError)`<CallError>`.
 pub type HttpSendOnce<S, St, B = Full<Bytes>> =
     SendOnce<HttpCall<S, B>, St, HttpIdentify, HttpClassifier>;
 
-/// The answer of [`HttpSendOnce`].
-pub type HttpDelivery = Delivery<Response<Bytes>, CallError>;
-
-/// The error of [`HttpSendOnce`].
-pub type HttpError = OutboundError<CallError>;
-
-/// Wraps an HTTP client (`Service<Request<B>>`, `B` being [`Full<Bytes>`] unless named) so
-/// that a request sent twice under one key goes once. See the [module docs](self).
+/// Wraps an HTTP client so that a request sent twice under one key goes once.
+///
+/// The client is a `Service<Request<B>>`. `B` is [`Full<Bytes>`] unless set with
+/// [`request_body`](Self::request_body). See the [module docs](self).
 #[must_use]
 pub struct HttpSendOnceLayer<St, B = Full<Bytes>> {
     door: SendOnceLayer<St, HttpIdentify, HttpClassifier>,
@@ -130,28 +133,34 @@ impl<St, B> fmt::Debug for HttpSendOnceLayer<St, B> {
 }
 
 impl<St: Store> HttpSendOnceLayer<St> {
-    /// A layer over `engine` for clients whose request body is [`Full<Bytes>`]
-    /// (hyper-util's `build_http::<Full<Bytes>>()`), with the default key header
-    /// (`Idempotency-Key`) and response limit (1 MiB).
-    pub fn new(engine: Engine<St>) -> Self {
-        Self::with_body(engine)
+    /// A layer over `engine`, an [`Engine`] or a store.
+    ///
+    /// It suits clients whose request body is [`Full<Bytes>`], such as hyper-util's
+    /// `build_http::<Full<Bytes>>()`. The key header is `Idempotency-Key`.
+    pub fn new(engine: impl Into<Engine<St>>) -> Self {
+        Self {
+            door: SendOnceLayer::new(engine, HttpIdentify::default())
+                .classify(HttpClassifier)
+                .namespace(NAMESPACE),
+            max_response_body: MAX_RESPONSE_BODY,
+            body: PhantomData,
+        }
     }
 }
 
 impl<St: Store, B> HttpSendOnceLayer<St, B> {
-    /// A layer for a client whose request body is `B` (built from the request's [`Bytes`]).
-    pub fn with_body(engine: Engine<St>) -> Self {
-        Self {
-            door: SendOnceLayer::new(engine, HttpIdentify::default())
-                .classify(HttpClassifier)
-                .namespace(DEFAULT_NAMESPACE),
-            max_response_body: DEFAULT_MAX_RESPONSE_BODY,
+    /// The client's request body type: built from the request's [`Bytes`].
+    /// Default: [`Full<Bytes>`].
+    pub fn request_body<B2>(self) -> HttpSendOnceLayer<St, B2> {
+        HttpSendOnceLayer {
+            door: self.door,
+            max_response_body: self.max_response_body,
             body: PhantomData,
         }
     }
 
-    /// See [`SendOnceLayer::namespace`] (default [`DEFAULT_NAMESPACE`]).
-    pub fn namespace(mut self, namespace: &str) -> Self {
+    /// See [`SendOnceLayer::namespace`]. Default: `outbound/http`.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.door = self.door.namespace(namespace);
         self
     }
@@ -162,29 +171,31 @@ impl<St: Store, B> HttpSendOnceLayer<St, B> {
         self
     }
 
-    /// See [`SendOnceLayer::hold`].
+    /// See [`SendOnceLayer::hold`]. Default: 10 minutes.
     pub fn hold(mut self, hold: Duration) -> Self {
         self.door = self.door.hold(hold);
         self
     }
 
-    /// See [`SendOnceLayer::wait_in_flight`].
+    /// See [`SendOnceLayer::wait_in_flight`]. Default: zero.
     pub fn wait_in_flight(mut self, bound: Duration) -> Self {
         self.door = self.door.wait_in_flight(bound);
         self
     }
 
-    /// See [`SendOnceLayer::require_key`]: a request with neither an `Idempotency-Key` nor a
-    /// [`DerivedKey`] is refused.
+    /// See [`SendOnceLayer::require_key`]. On, a request with neither an `Idempotency-Key`
+    /// nor a [`DerivedKey`] is refused. Default: off.
     pub fn require_key(mut self, on: bool) -> Self {
         self.door = self.door.require_key(on);
         self
     }
 
-    /// The largest response body read and kept as the receipt (default 1 MiB); a longer one
-    /// is an unknown delivery (the provider answered, the answer cannot be kept). A receipt
-    /// over the engine's [record limit](crate::engine::EngineBuilder::max_record_body) is kept
-    /// without its body.
+    /// The largest response body read and kept as the receipt.
+    ///
+    /// A longer one is an unknown delivery: the provider answered, but the answer cannot be
+    /// kept. A receipt over the engine's
+    /// [record limit](crate::engine::EngineBuilder::max_record_body) is kept without its
+    /// body. Default: 1 MiB.
     pub fn max_response_body(mut self, bytes: usize) -> Self {
         self.max_response_body = bytes;
         self
@@ -223,7 +234,9 @@ impl Identify<Request<Bytes>> for HttpIdentify {
         let mut values = req.headers().get_all(&self.header).iter();
         let key = match (values.next(), values.next()) {
             (Some(_), Some(_)) => {
-                return Err(KeyError::new(crate::engine::key::KeyErrorKind::MultipleValues));
+                return Err(KeyError::new(
+                    crate::engine::key::KeyErrorKind::MultipleValues,
+                ));
             }
             (Some(v), None) => IdempotencyKey::parse_header(v.as_bytes())?,
             (None, _) => match req.extensions().get::<DerivedKey>() {
@@ -245,64 +258,70 @@ impl Identify<Request<Bytes>> for HttpIdentify {
     }
 }
 
-/// The HTTP reading of a send's result (the table in the [module docs](self)).
+/// The HTTP reading of a send's result: the table in the [module docs](self).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct HttpClassifier;
 
-impl Classify<Response<Bytes>, CallError> for HttpClassifier {
-    fn classify(&self, result: Result<&Response<Bytes>, &CallError>) -> Verdict {
+impl Classify<Result<Response<Bytes>, CallError>> for HttpClassifier {
+    fn classify(&self, result: &Result<Response<Bytes>, CallError>) -> Verdict {
         match result {
             Ok(res) => verdict_of_status(res.status(), res.headers().contains_key(RETRY_AFTER)),
-            Err(e) if e.stage == Stage::Response => Verdict::Unknown,
-            Err(e) if never_sent(&*e.source) => Verdict::Failed { retryable: true },
-            Err(_) => Verdict::Unknown,
+            Err(e) if e.kind == CallErrorKind::ResponseBody => Verdict::Hold,
+            Err(e) if never_sent(&*e.source) => Verdict::Release,
+            Err(_) => Verdict::Hold,
         }
     }
 }
 
 fn verdict_of_status(status: StatusCode, retry_after: bool) -> Verdict {
     match status.as_u16() {
-        200..=299 => Verdict::Sent,
-        304 => Verdict::Failed { retryable: false },
+        200..=299 => Verdict::Record,
+        304 => Verdict::Fail,
         // A redirect may follow the action (a 303 after a create): it is the answer, kept.
-        300..=399 => Verdict::Sent,
-        408 | 425 | 429 => Verdict::Failed { retryable: true },
+        300..=399 => Verdict::Record,
+        408 | 425 | 429 => Verdict::Release,
         // The provider's own "unavailable, come back then"; without a date it may be a
         // proxy's answer for an upstream that failed after the request was forwarded.
-        503 if retry_after => Verdict::Failed { retryable: true },
-        409 if retry_after => Verdict::Unknown,
-        501 => Verdict::Failed { retryable: false },
-        500..=599 => Verdict::Unknown,
-        _ => Verdict::Failed { retryable: false },
+        503 if retry_after => Verdict::Release,
+        409 if retry_after => Verdict::Hold,
+        501 => Verdict::Fail,
+        500..=599 => Verdict::Hold,
+        _ => Verdict::Fail,
     }
 }
 
-/// Which part of the exchange failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Stage {
-    /// The client's call: no response head (yet).
-    Exchange,
-    /// Reading the response body, after the provider answered.
-    Response,
+/// Which part of an HTTP call failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum CallErrorKind {
+    /// The client's call failed before a response head came.
+    Request,
+    /// The response body failed or was over the limit, after the provider answered.
+    ResponseBody,
 }
 
-/// Why an HTTP call failed: the client's error, or the response body that failed or was too
+/// Why an HTTP call failed: the client's error, or a response body that failed or was too
 /// long. Its [`source`](StdError::source) is the client's error.
 #[derive(Debug)]
 pub struct CallError {
     source: BoxError,
-    stage: Stage,
+    kind: CallErrorKind,
 }
 
 impl CallError {
-    /// Whether the provider answered a status before the failure (the response body failed or
-    /// was over the limit).
+    /// Which part of the call failed.
     #[must_use]
-    pub fn after_response(&self) -> bool {
-        self.stage == Stage::Response
+    pub fn kind(&self) -> CallErrorKind {
+        self.kind
     }
 
-    /// The client's error.
+    /// The client's error, or the body's.
+    #[must_use]
+    pub fn get_ref(&self) -> &(dyn StdError + Send + Sync + 'static) {
+        &*self.source
+    }
+
+    /// The client's error, or the body's.
     #[must_use]
     pub fn into_inner(self) -> BoxError {
         self.source
@@ -311,9 +330,11 @@ impl CallError {
 
 impl fmt::Display for CallError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.stage {
-            Stage::Exchange => write!(f, "the HTTP call failed: {}", self.source),
-            Stage::Response => write!(f, "the HTTP response body failed: {}", self.source),
+        match self.kind {
+            CallErrorKind::Request => write!(f, "the HTTP call failed: {}", self.source),
+            CallErrorKind::ResponseBody => {
+                write!(f, "the HTTP response body failed: {}", self.source)
+            }
         }
     }
 }
@@ -369,12 +390,12 @@ where
 {
     type Response = Response<Bytes>;
     type Error = CallError;
-    type Future = BoxFuture<Result<Response<Bytes>, CallError>>;
+    type Future = BoxFuture<'static, Result<Response<Bytes>, CallError>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CallError>> {
         self.inner.poll_ready(cx).map_err(|e| CallError {
             source: e.into(),
-            stage: Stage::Exchange,
+            kind: CallErrorKind::Request,
         })
     }
 
@@ -391,7 +412,7 @@ where
         Box::pin(async move {
             let res = fut.await.map_err(|e| CallError {
                 source: e.into(),
-                stage: Stage::Exchange,
+                kind: CallErrorKind::Request,
             })?;
             let (parts, body) = res.into_parts();
             let body = Limited::new(body, limit)
@@ -399,7 +420,7 @@ where
                 .await
                 .map_err(|source| CallError {
                     source,
-                    stage: Stage::Response,
+                    kind: CallErrorKind::ResponseBody,
                 })?
                 .to_bytes();
             Ok(Response::from_parts(parts, body))
@@ -407,11 +428,11 @@ where
     }
 }
 
-/// An HTTP response as a receipt: status, headers (but those on the deny list: cookies,
-/// `Date`, hop-by-hop, ...) and body.
-impl Receipt for Response<Bytes> {
-    fn to_bytes(&self) -> Result<Bytes, ReceiptError> {
-        let headers = self
+/// An HTTP response as a receipt: status, headers and body. Headers on the deny list are
+/// left out: cookies, `Date`, hop-by-hop, ... Its fitted form is status and headers.
+impl Codec<Response<Bytes>> for Raw {
+    fn encode(&self, res: &Response<Bytes>) -> Result<Bytes, CodecError> {
+        let headers = res
             .headers()
             .iter()
             .filter(|(n, _)| !crate::http::is_denied_bytes(n.as_str().as_bytes()))
@@ -423,17 +444,16 @@ impl Receipt for Response<Bytes> {
             })
             .collect();
         let record =
-            RecordedResponse::new(self.status().as_u16(), headers, Some(self.body().clone()));
-        record
-            .encode()
-            .map(Record::into_bytes)
-            .map_err(|e| ReceiptError::with_source("the response cannot be kept", e))
+            RecordedResponse::new(res.status().as_u16(), headers, Some(res.body().clone()));
+        record.encode().map(Record::into_bytes).map_err(|e| {
+            CodecError::with_source(CodecErrorKind::Encode, "the response cannot be kept", e)
+        })
     }
 
-    fn to_fitted_bytes(&self) -> Option<Bytes> {
+    fn encode_fitted(&self, res: &Response<Bytes>) -> Option<Bytes> {
         // Status and headers, as the HTTP layer keeps a body over its limit; the headers that
         // describe the body left out are dropped with it.
-        let headers = self
+        let headers = res
             .headers()
             .iter()
             .filter(|(n, _)| {
@@ -447,17 +467,17 @@ impl Receipt for Response<Bytes> {
                 )
             })
             .collect();
-        RecordedResponse::new(self.status().as_u16(), headers, None)
+        RecordedResponse::new(res.status().as_u16(), headers, None)
             .encode()
             .ok()
             .map(Record::into_bytes)
     }
 
-    fn from_bytes(bytes: Bytes) -> Result<Self, ReceiptError> {
-        let bad = |e: &'static str| ReceiptError::new(e);
-        let record = Record::from_bytes(bytes)
-            .decode(usize::MAX)
-            .map_err(|e| ReceiptError::with_source("not an HTTP receipt", e))?;
+    fn decode(&self, bytes: Bytes) -> Result<Response<Bytes>, CodecError> {
+        let bad = |e: &'static str| CodecError::new(CodecErrorKind::Decode, e);
+        let record = Record::from_bytes(bytes).decode(usize::MAX).map_err(|e| {
+            CodecError::with_source(CodecErrorKind::Decode, "not an HTTP receipt", e)
+        })?;
         let mut res = Response::new(record.body.unwrap_or_default());
         *res.status_mut() =
             StatusCode::from_u16(record.status).map_err(|_| bad("a status out of range"))?;
@@ -478,24 +498,21 @@ mod tests {
     fn statuses_are_read_as_the_module_docs_say() {
         let v = |s: u16| verdict_of_status(StatusCode::from_u16(s).unwrap_or_default(), false);
         for s in [200, 201, 202, 204, 301, 302, 303, 307, 308] {
-            assert_eq!(v(s), Verdict::Sent, "{s}");
+            assert_eq!(v(s), Verdict::Record, "{s}");
         }
         for s in [408, 425, 429] {
-            assert_eq!(v(s), Verdict::Failed { retryable: true }, "{s}");
+            assert_eq!(v(s), Verdict::Release, "{s}");
         }
         for s in [500, 502, 503, 504, 507] {
-            assert_eq!(v(s), Verdict::Unknown, "{s}");
+            assert_eq!(v(s), Verdict::Hold, "{s}");
         }
         for s in [400, 401, 403, 404, 409, 422, 501, 304] {
-            assert_eq!(v(s), Verdict::Failed { retryable: false }, "{s}");
+            assert_eq!(v(s), Verdict::Fail, "{s}");
         }
-        assert_eq!(
-            verdict_of_status(StatusCode::CONFLICT, true),
-            Verdict::Unknown
-        );
+        assert_eq!(verdict_of_status(StatusCode::CONFLICT, true), Verdict::Hold);
         assert_eq!(
             verdict_of_status(StatusCode::SERVICE_UNAVAILABLE, true),
-            Verdict::Failed { retryable: true }
+            Verdict::Release
         );
     }
 
@@ -508,8 +525,9 @@ mod tests {
             .header("x-charge", "ch_1")
             .body(Bytes::from_static(b"{\"id\":\"ch_1\"}"))
             .unwrap_or_default();
-        let back =
-            Response::<Bytes>::from_bytes(res.to_bytes().unwrap_or_default()).unwrap_or_default();
+        let back: Response<Bytes> = Raw
+            .decode(Raw.encode(&res).unwrap_or_default())
+            .unwrap_or_default();
         assert_eq!(back.status(), 201);
         assert_eq!(back.body(), res.body());
         assert_eq!(

@@ -17,8 +17,9 @@ impl Identity {
         Self { key, fingerprint }
     }
 
-    /// The common case: a key given as text and a fingerprint over `fields` (each
-    /// length-prefixed, so `["ab", "c"]` and `["a", "bc"]` differ).
+    /// The common case: a key given as text and a fingerprint over `fields`.
+    ///
+    /// Each field is length-prefixed, so `["ab", "c"]` and `["a", "bc"]` differ.
     ///
     /// ```
     /// use tower_idempotency::outbound::Identity;
@@ -30,7 +31,8 @@ impl Identity {
     /// ```
     ///
     /// # Errors
-    /// The key is not a valid idempotency key (empty, over 255 bytes, control characters).
+    /// The key is not a valid idempotency key: empty, over 255 bytes, or with control
+    /// characters.
     pub fn of<'a>(key: &str, fields: impl IntoIterator<Item = &'a [u8]>) -> Result<Self, KeyError> {
         let key = IdempotencyKey::new(key)?;
         let fingerprint = fields
@@ -55,11 +57,6 @@ impl Identity {
 
 /// Reads the [`Identity`] of an outgoing request.
 ///
-/// `Ok(None)` means the request has no key: it is sent as it is, without de-duplication.
-/// An `Err` fails the send before anything goes ([`OutboundError::KeyInvalid`]).
-///
-/// Any `Fn(&Req) -> Result<Option<Identity>, KeyError>` is an `Identify<Req>`:
-///
 /// ```
 /// use tower_idempotency::outbound::{Identify, Identity};
 ///
@@ -72,7 +69,9 @@ impl Identity {
 /// assert!(by_fields.identify(&mail).unwrap().is_some());
 /// ```
 ///
-/// [`OutboundError::KeyInvalid`]: super::OutboundError::KeyInvalid
+/// Any `Fn(&Req) -> Result<Option<Identity>, KeyError>` is one. `Ok(None)` means the request
+/// has no key: it is sent as it is, without de-duplication. An `Err` fails the send before
+/// anything goes: [`KeyInvalid`](super::OutboundErrorKind::KeyInvalid).
 pub trait Identify<Req> {
     /// The request's key and fingerprint, `None` when it has no key.
     ///

@@ -1,16 +1,17 @@
 //! The door itself: [`SendOnceLayer`] and the [`SendOnce`] service.
 
-use super::classify::{Classify, DefaultClassifier, Verdict};
+use super::classify::DefaultClassifier;
 use super::delivery::{Delivery, OutboundError, Unknown};
 use super::identify::{Identify, Identity};
-use super::receipt::Receipt;
-use crate::engine::{Begin, Engine, RecordError, RecordedResponse, Scope, Ticket};
-use crate::metrics::{self, Outcome, Settled};
 use crate::engine::scope::StoreKey;
+use crate::engine::{
+    Begin, BoxFuture, Classify, Codec, Engine, Raw, RecordError, RecordedResponse, Scope, Ticket,
+    Verdict,
+};
+use crate::metrics::{self, Outcome, Settled};
 use crate::store::Store;
 use bytes::Bytes;
 use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -18,14 +19,11 @@ use std::{fmt, mem};
 use tower_layer::Layer;
 use tower_service::Service;
 
-/// The default namespace of the generic door's keys (each adapter has its own, and the HTTP
-/// layer and message door theirs, so one store serves them all).
-pub const DEFAULT_NAMESPACE: &str = "outbound";
+/// The generic door's key namespace. Each adapter has its own.
+pub(crate) const NAMESPACE: &str = "outbound";
 
-/// How long a key whose delivery is unknown stays held by default: ten minutes, longer than
-/// a job's retries usually take, short enough that a message that never went is sent on a
-/// later try.
-pub const DEFAULT_HOLD: Duration = Duration::from_secs(10 * 60);
+/// How long a key of unknown delivery stays held: longer than a job's retries usually take.
+const HOLD: Duration = Duration::from_secs(10 * 60);
 
 /// The longest hold (and in-flight wait) a setter takes; longer values are cut to it.
 const MAX_HOLD: Duration = Duration::from_secs(30 * 24 * 60 * 60);
@@ -35,9 +33,6 @@ const DOOR_NAME: &[u8] = b"outbound";
 
 /// The tag of this door's held keys: a send of unknown delivery, kept for the hold time.
 const HELD_NAME: &[u8] = b"outbound/held";
-
-/// A boxed, sendable future (the door's futures, as an honest first version).
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// The settings every clone of a door shares.
 #[derive(Clone, Debug)]
@@ -50,25 +45,27 @@ pub(crate) struct Settings {
 }
 
 /// Everything but the inner service: what a send needs after it leaves `call`.
-pub(crate) struct Door<St, I, C> {
+pub(crate) struct Door<St, I, C, K> {
     pub(crate) engine: Engine<St>,
     pub(crate) identify: I,
     pub(crate) classify: C,
+    codec: K,
     settings: Arc<Settings>,
 }
 
-impl<St, I: Clone, C: Clone> Clone for Door<St, I, C> {
+impl<St, I: Clone, C: Clone, K: Clone> Clone for Door<St, I, C, K> {
     fn clone(&self) -> Self {
         Self {
             engine: self.engine.clone(),
             identify: self.identify.clone(),
             classify: self.classify.clone(),
+            codec: self.codec.clone(),
             settings: Arc::clone(&self.settings),
         }
     }
 }
 
-impl<St, I, C> fmt::Debug for Door<St, I, C> {
+impl<St, I, C, K> fmt::Debug for Door<St, I, C, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SendOnce")
             .field("engine", &self.engine)
@@ -81,15 +78,16 @@ impl<St, I, C> fmt::Debug for Door<St, I, C> {
 
 /// Wraps an outbound service so that a request sent twice under one key goes once.
 ///
-/// Built from an [`Engine`] (the store, lease and retention), an [`Identify`] (the request's
-/// key and fingerprint) and a [`Classify`] (sent, failed or unknown; [`DefaultClassifier`]
-/// unless given). See the [module docs](super) for the outcomes.
+/// Give it an [`Engine`] or a store, and an [`Identify`] that reads each request's key and
+/// fingerprint. A [`Classify`] judges each send; [`DefaultClassifier`] unless set. A
+/// [`Codec`] keeps the receipt; [`Raw`] unless set. The [module docs](super) list the
+/// outcomes.
 #[must_use]
-pub struct SendOnceLayer<St, I, C = DefaultClassifier> {
-    door: Door<St, I, C>,
+pub struct SendOnceLayer<St, I, C = DefaultClassifier, K = Raw> {
+    door: Door<St, I, C, K>,
 }
 
-impl<St, I: Clone, C: Clone> Clone for SendOnceLayer<St, I, C> {
+impl<St, I: Clone, C: Clone, K: Clone> Clone for SendOnceLayer<St, I, C, K> {
     fn clone(&self) -> Self {
         Self {
             door: self.door.clone(),
@@ -97,24 +95,25 @@ impl<St, I: Clone, C: Clone> Clone for SendOnceLayer<St, I, C> {
     }
 }
 
-impl<St, I, C> fmt::Debug for SendOnceLayer<St, I, C> {
+impl<St, I, C, K> fmt::Debug for SendOnceLayer<St, I, C, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.door.fmt(f)
     }
 }
 
-impl<St: Store, I> SendOnceLayer<St, I, DefaultClassifier> {
+impl<St: Store, I> SendOnceLayer<St, I> {
     /// A layer over `engine` that reads each request's key with `identify`.
-    pub fn new(engine: Engine<St>, identify: I) -> Self {
+    pub fn new(engine: impl Into<Engine<St>>, identify: I) -> Self {
         Self {
             door: Door {
-                engine,
+                engine: engine.into(),
                 identify,
                 classify: DefaultClassifier,
+                codec: Raw,
                 settings: Arc::new(Settings {
-                    namespace: DEFAULT_NAMESPACE.into(),
+                    namespace: NAMESPACE.into(),
                     scope: Scope::anonymous(),
-                    hold: DEFAULT_HOLD,
+                    hold: HOLD,
                     wait: Duration::ZERO,
                     require_key: false,
                 }),
@@ -123,71 +122,129 @@ impl<St: Store, I> SendOnceLayer<St, I, DefaultClassifier> {
     }
 }
 
-impl<St: Store, I, C> SendOnceLayer<St, I, C> {
+impl<St: Store, I, C, K> SendOnceLayer<St, I, C, K> {
     /// Reads each request's key with `identify` instead.
-    pub fn identify<I2>(self, identify: I2) -> SendOnceLayer<St, I2, C> {
+    pub fn identify<I2>(self, identify: I2) -> SendOnceLayer<St, I2, C, K> {
+        let Door {
+            engine,
+            classify,
+            codec,
+            settings,
+            ..
+        } = self.door;
         SendOnceLayer {
             door: Door {
-                engine: self.door.engine,
+                engine,
                 identify,
-                classify: self.door.classify,
-                settings: self.door.settings,
+                classify,
+                codec,
+                settings,
             },
         }
     }
 
-    /// Decides sent / failed / unknown with `classify` instead.
-    pub fn classify<C2>(self, classify: C2) -> SendOnceLayer<St, I, C2> {
+    /// Judges each send with `classify`: an [`engine::Classify`](Classify) of the inner
+    /// service's `Result`.
+    ///
+    /// | verdict | on a response | on an error | the key |
+    /// | --- | --- | --- | --- |
+    /// | `Record` | [`Delivery::Sent`] | [`Delivery::Unknown`] | completed; held on an error |
+    /// | `Release` | [`Delivery::Rejected`], retryable | [`OutboundError`], retryable | released |
+    /// | `Fail` | [`Delivery::Rejected`], not retryable | [`OutboundError`], not retryable | released |
+    /// | `Hold` | [`Delivery::Unknown`] | [`Delivery::Unknown`] | held for the hold time |
+    ///
+    /// An error is never a receipt: a `Record` on an error holds the key. Default:
+    /// [`DefaultClassifier`].
+    pub fn classify<C2>(self, classify: C2) -> SendOnceLayer<St, I, C2, K> {
+        let Door {
+            engine,
+            identify,
+            codec,
+            settings,
+            ..
+        } = self.door;
         SendOnceLayer {
             door: Door {
-                engine: self.door.engine,
-                identify: self.door.identify,
+                engine,
+                identify,
                 classify,
-                settings: self.door.settings,
+                codec,
+                settings,
             },
         }
     }
 
-    /// The namespace of the keys (default [`DEFAULT_NAMESPACE`]; each adapter has its own):
-    /// give each provider its own when one key may be sent to several (the same job's key to
-    /// the mailer and to the payment API).
-    pub fn namespace(mut self, namespace: &str) -> Self {
-        self.settings_mut().namespace = namespace.into();
+    /// Keeps each receipt with `codec`. Default: [`Raw`], for bytes and text.
+    ///
+    /// Use [`Json`](crate::engine::Json) for a receipt of any serde type. The codec must
+    /// keep values: with [`Discard`](crate::engine::Discard), a repeat finds no receipt and
+    /// fails [`RecordInvalid`](super::OutboundErrorKind::RecordInvalid).
+    pub fn codec<K2>(self, codec: K2) -> SendOnceLayer<St, I, C, K2> {
+        let Door {
+            engine,
+            identify,
+            classify,
+            settings,
+            ..
+        } = self.door;
+        SendOnceLayer {
+            door: Door {
+                engine,
+                identify,
+                classify,
+                codec,
+                settings,
+            },
+        }
+    }
+
+    /// The namespace of the keys. It replaces the default.
+    ///
+    /// Give each provider its own when one key may go to several: the same job's key to the
+    /// mailer and to the payment API. Default: `outbound`.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.settings_mut().namespace = namespace.into().into_boxed_str();
         self
     }
 
-    /// The scope of the keys (default: anonymous, one scope shared by every sender on the
-    /// store): a tenant or principal when keys come from callers who must not share them.
+    /// The scope of the keys: a tenant or principal when callers must not share keys.
+    /// Default: anonymous, one scope for every sender on the store.
     pub fn scope(mut self, scope: Scope) -> Self {
         self.settings_mut().scope = scope;
         self
     }
 
-    /// How long a key whose delivery is unknown stays held, from the moment that was known
-    /// (default [`DEFAULT_HOLD`], ten minutes; at least 1 ms, at most 30 days). A repeat
-    /// within it is answered [`Delivery::Held`] and sends nothing; one after it sends again.
-    /// A send whose future was dropped after it began is held for this too (a task writes the
-    /// hold; without a Tokio runtime the lease alone holds the key).
+    /// How long a key of unknown delivery stays held, from when that was known.
+    ///
+    /// A repeat within it is answered [`Delivery::Held`] and sends nothing. One after it
+    /// sends again. A send whose future was dropped after it began is held too. A task
+    /// writes that hold; without a Tokio runtime the lease alone holds the key.
+    ///
+    /// Default: 10 minutes. At least 1 ms, at most 30 days.
     pub fn hold(mut self, hold: Duration) -> Self {
         self.settings_mut().hold = hold.clamp(Duration::from_millis(1), MAX_HOLD);
         self
     }
 
-    /// How long a repeat that finds another send of the same request running waits for it
-    /// to end (default zero: [`Delivery::InFlight`] at once; at most 30 days). Within the
-    /// bound the repeat gets what the first send left: its receipt ([`Delivery::Replayed`]),
-    /// [`Delivery::Held`] when its delivery is unknown, or a send of its own when the first
-    /// failed and released the key. Past the bound: [`Delivery::InFlight`]. On the memory
-    /// store the waiter is woken when the key settles; on other stores it asks again with
-    /// backoff (10 ms doubling to 250 ms). Keep it short: a few seconds.
+    /// How long a repeat waits for a running send of the same request to end.
+    ///
+    /// Within the bound the repeat gets what the first send left. That is its receipt
+    /// ([`Delivery::Replayed`]), [`Delivery::Held`] when its delivery is unknown, or a send
+    /// of its own when the first released the key. Past the bound: [`Delivery::InFlight`].
+    /// The memory store wakes the waiter when the key settles. Other stores are asked again
+    /// with backoff, 10 ms doubling to 250 ms. Keep it short: a few seconds.
+    ///
+    /// Default: zero, [`Delivery::InFlight`] at once. At most 30 days.
     pub fn wait_in_flight(mut self, bound: Duration) -> Self {
         self.settings_mut().wait = bound.min(MAX_HOLD);
         self
     }
 
-    /// Refuses a request without a key (default off: sent as it is, answered
-    /// [`Delivery::SentWithoutKey`]): on, such a request fails with
-    /// [`OutboundError::KeyMissing`] and nothing is sent.
+    /// Whether a request without a key is refused.
+    ///
+    /// On, it fails [`KeyMissing`](super::OutboundErrorKind::KeyMissing) and nothing is
+    /// sent. Off, it is sent as it is and answered [`Delivery::SentWithoutKey`].
+    /// Default: off.
     pub fn require_key(mut self, on: bool) -> Self {
         self.settings_mut().require_key = on;
         self
@@ -198,8 +255,8 @@ impl<St: Store, I, C> SendOnceLayer<St, I, C> {
     }
 }
 
-impl<S, St, I: Clone, C: Clone> Layer<S> for SendOnceLayer<St, I, C> {
-    type Service = SendOnce<S, St, I, C>;
+impl<S, St, I: Clone, C: Clone, K: Clone> Layer<S> for SendOnceLayer<St, I, C, K> {
+    type Service = SendOnce<S, St, I, C, K>;
 
     fn layer(&self, inner: S) -> Self::Service {
         SendOnce {
@@ -210,12 +267,12 @@ impl<S, St, I: Clone, C: Clone> Layer<S> for SendOnceLayer<St, I, C> {
 }
 
 /// The service made by [`SendOnceLayer`]: answers a repeat from its receipt, sends the rest.
-pub struct SendOnce<S, St, I, C = DefaultClassifier> {
+pub struct SendOnce<S, St, I, C = DefaultClassifier, K = Raw> {
     inner: S,
-    pub(crate) door: Door<St, I, C>,
+    door: Door<St, I, C, K>,
 }
 
-impl<S: Clone, St, I: Clone, C: Clone> Clone for SendOnce<S, St, I, C> {
+impl<S: Clone, St, I: Clone, C: Clone, K: Clone> Clone for SendOnce<S, St, I, C, K> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
@@ -224,7 +281,7 @@ impl<S: Clone, St, I: Clone, C: Clone> Clone for SendOnce<S, St, I, C> {
     }
 }
 
-impl<S: fmt::Debug, St, I, C> fmt::Debug for SendOnce<S, St, I, C> {
+impl<S: fmt::Debug, St, I, C, K> fmt::Debug for SendOnce<S, St, I, C, K> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SendOnce")
             .field("inner", &self.inner)
@@ -233,12 +290,7 @@ impl<S: fmt::Debug, St, I, C> fmt::Debug for SendOnce<S, St, I, C> {
     }
 }
 
-impl<S, St, I, C> SendOnce<S, St, I, C> {
-    /// The door's state and its inner service, for the batch path.
-    pub(crate) fn parts(&mut self) -> (&Door<St, I, C>, &mut S) {
-        (&self.door, &mut self.inner)
-    }
-
+impl<S, St, I, C, K> SendOnce<S, St, I, C, K> {
     /// The inner service.
     pub fn get_ref(&self) -> &S {
         &self.inner
@@ -278,7 +330,7 @@ pub(crate) enum Step {
     Release,
 }
 
-impl<St: Store, I, C> Door<St, I, C> {
+impl<St: Store, I, C, K> Door<St, I, C, K> {
     pub(crate) fn store_key(&self, identity: &Identity) -> StoreKey {
         StoreKey::derive(
             &self.settings.namespace,
@@ -294,7 +346,10 @@ impl<St: Store, I, C> Door<St, I, C> {
 
     /// Claims the key (waiting for a running send, when the door is told to), or answers
     /// from what holds it.
-    pub(crate) async fn begin<R: Receipt, E>(&self, identity: &Identity) -> Start<R, E> {
+    pub(crate) async fn begin<R, E>(&self, identity: &Identity) -> Start<R, E>
+    where
+        K: Codec<R>,
+    {
         let key = self.store_key(identity);
         let fingerprint = *identity.fingerprint();
         let begun = if self.settings.wait.is_zero() {
@@ -310,22 +365,19 @@ impl<St: Store, I, C> Door<St, I, C> {
                 return Start::Send(ticket);
             }
             Ok(Begin::InFlight) => (Outcome::InFlight, Ok(Delivery::InFlight)),
-            Ok(Begin::KeyReused) => (Outcome::KeyReused, Err(OutboundError::KeyReused)),
-            Ok(Begin::Replayed(record)) => match read_record(record) {
+            Ok(Begin::KeyReused) => (Outcome::KeyReused, Err(OutboundError::key_reused())),
+            Ok(Begin::Replayed(record)) => match read_record(&self.codec, record) {
                 Ok(Found::Receipt(receipt)) => (Outcome::Replayed, Ok(Delivery::Replayed(receipt))),
                 Ok(Found::Held) => (Outcome::InFlight, Ok(Delivery::Held)),
-                Err(e) => (Outcome::RecordInvalid, Err(OutboundError::RecordInvalid(e))),
+                Err(e) => (Outcome::RecordInvalid, Err(invalid(&key, e))),
             },
-            Ok(Begin::RecordInvalid(e)) => (Outcome::RecordInvalid, Err(OutboundError::RecordInvalid(e))),
+            Ok(Begin::RecordInvalid(e)) => (Outcome::RecordInvalid, Err(invalid(&key, e))),
             Err(e) => {
                 tracing::warn!(error = %e, "outbound idempotency claim failed; nothing sent");
-                (Outcome::of_store_error(&e), Err(OutboundError::Store(e)))
+                (Outcome::of_store_error(&e), Err(OutboundError::store(e)))
             }
         };
         metrics::request(metrics::Door::Outbound, outcome);
-        if let Err(OutboundError::RecordInvalid(e)) = &answer {
-            tracing::warn!(key = ?key, reason = e.reason(), "outbound receipt is invalid; not replayed, nothing sent");
-        }
         Start::Answered(answer)
     }
 
@@ -344,28 +396,28 @@ impl<St: Store, I, C> Door<St, I, C> {
         result: Result<R, E>,
     ) -> (Step, Result<Delivery<R, E>, OutboundError<E>>)
     where
-        R: Receipt,
-        C: Classify<R, E>,
+        C: Classify<Result<R, E>>,
+        K: Codec<R>,
     {
-        match (self.classify.classify(result.as_ref()), result) {
-            (Verdict::Sent, Ok(response)) => {
+        match (self.classify.classify(&result), result) {
+            (Verdict::Record, Ok(response)) => {
                 let step = self.receipt_step(key, &response);
                 (step, Ok(Delivery::Sent(response)))
             }
-            (Verdict::Failed { retryable }, Ok(response)) => (
+            (v @ (Verdict::Release | Verdict::Fail), Ok(response)) => (
                 Step::Release,
                 Ok(Delivery::Rejected {
                     response,
-                    retryable,
+                    retryable: v == Verdict::Release,
                 }),
             ),
-            (Verdict::Failed { retryable }, Err(error)) => (
+            (v @ (Verdict::Release | Verdict::Fail), Err(error)) => (
                 Step::Release,
-                Err(OutboundError::Failed { error, retryable }),
+                Err(OutboundError::failed(error, v == Verdict::Release)),
             ),
-            (Verdict::Unknown, Ok(r)) => (Step::Hold, Ok(Delivery::Unknown(Unknown::Response(r)))),
-            // An error is never a receipt: a classifier that calls one sent is read as unknown.
-            (Verdict::Sent | Verdict::Unknown, Err(e)) => {
+            (Verdict::Hold, Ok(r)) => (Step::Hold, Ok(Delivery::Unknown(Unknown::Response(r)))),
+            // An error is never a receipt: a classifier that records one is read as a hold.
+            (Verdict::Record | Verdict::Hold, Err(e)) => {
                 (Step::Hold, Ok(Delivery::Unknown(Unknown::Error(e))))
             }
         }
@@ -373,11 +425,14 @@ impl<St: Store, I, C> Door<St, I, C> {
 
     /// The receipt to record: whole when the engine's record limit takes it, else its fitted
     /// form, else none (the key is held: the message went, a repeat must not send it again).
-    fn receipt_step<R: Receipt>(&self, key: &StoreKey, response: &R) -> Step {
+    fn receipt_step<R>(&self, key: &StoreKey, response: &R) -> Step
+    where
+        K: Codec<R>,
+    {
         let max = self.engine.max_record_body();
-        match response.to_bytes() {
+        match self.codec.encode(response) {
             Ok(bytes) if bytes.len() <= max => Step::Complete(bytes),
-            Ok(bytes) => match response.to_fitted_bytes() {
+            Ok(bytes) => match self.codec.encode_fitted(response) {
                 Some(fitted) if fitted.len() <= max => {
                     tracing::warn!(key = ?key, len = bytes.len(), max, "outbound receipt over the record limit; recorded without its body");
                     Step::Complete(fitted)
@@ -401,10 +456,10 @@ impl<St: Store, I, C> Door<St, I, C> {
         &self,
         ticket: Ticket,
         result: Result<R, E>,
-    ) -> impl Future<Output = Result<Delivery<R, E>, OutboundError<E>>> + use<R, E, St, I, C>
+    ) -> impl Future<Output = Result<Delivery<R, E>, OutboundError<E>>> + use<R, E, St, I, C, K>
     where
-        R: Receipt,
-        C: Classify<R, E>,
+        C: Classify<Result<R, E>>,
+        K: Codec<R>,
     {
         let (step, answer) = self.verdict(ticket.key(), result);
         let finished = self.keys().finish_detached(ticket, step);
@@ -420,22 +475,28 @@ impl<St: Store, I, C> Door<St, I, C> {
         result: Result<R, E>,
     ) -> Result<Delivery<R, E>, OutboundError<E>>
     where
-        C: Classify<R, E>,
+        C: Classify<Result<R, E>>,
     {
         metrics::request(metrics::Door::Outbound, Outcome::Passthrough);
-        match (self.classify.classify(result.as_ref()), result) {
-            (Verdict::Sent, Ok(r)) => Ok(Delivery::SentWithoutKey(r)),
-            (Verdict::Failed { retryable }, Ok(response)) => Ok(Delivery::Rejected {
+        match (self.classify.classify(&result), result) {
+            (Verdict::Record, Ok(r)) => Ok(Delivery::SentWithoutKey(r)),
+            (v @ (Verdict::Release | Verdict::Fail), Ok(response)) => Ok(Delivery::Rejected {
                 response,
-                retryable,
+                retryable: v == Verdict::Release,
             }),
-            (Verdict::Failed { retryable }, Err(error)) => {
-                Err(OutboundError::Failed { error, retryable })
+            (v @ (Verdict::Release | Verdict::Fail), Err(error)) => {
+                Err(OutboundError::failed(error, v == Verdict::Release))
             }
             (_, Ok(r)) => Ok(Delivery::Unknown(Unknown::Response(r))),
             (_, Err(e)) => Ok(Delivery::Unknown(Unknown::Error(e))),
         }
     }
+}
+
+/// A record that is not a receipt this door can read: logged, and the caller's error.
+fn invalid<E>(key: &StoreKey, e: RecordError) -> OutboundError<E> {
+    tracing::warn!(key = ?key, reason = e.reason(), "outbound receipt is invalid; not replayed, nothing sent");
+    OutboundError::record_invalid(e)
 }
 
 /// Where a key's last step runs.
@@ -540,13 +601,17 @@ pub(crate) enum Found<R> {
 }
 
 /// The receipt (or hold) in a record this door wrote; any other record is invalid.
-pub(crate) fn read_record<R: Receipt>(record: RecordedResponse) -> Result<Found<R>, RecordError> {
+pub(crate) fn read_record<R, K: Codec<R>>(
+    codec: &K,
+    record: RecordedResponse,
+) -> Result<Found<R>, RecordError> {
     if record.is_of_door(HELD_NAME) {
         return Ok(Found::Held);
     }
     let ours = record.is_of_door(DOOR_NAME);
     match record.body {
-        Some(body) if ours => R::from_bytes(body)
+        Some(body) if ours => codec
+            .decode(body)
             .map(Found::Receipt)
             .map_err(|_| RecordError::new("the stored receipt does not decode")),
         _ => Err(RecordError::new("a record of another door")),
@@ -591,29 +656,27 @@ impl<St: Store> Drop for HoldOnDrop<St> {
     }
 }
 
-impl<S, St, I, C, Req> Service<Req> for SendOnce<S, St, I, C>
+impl<S, St, I, C, K, Req> Service<Req> for SendOnce<S, St, I, C, K>
 where
     S: Service<Req> + Clone + Send + 'static,
     S::Future: Send,
-    S::Response: Receipt + Send + 'static,
+    S::Response: Send + 'static,
     S::Error: Send + 'static,
     St: Store,
     I: Identify<Req> + Clone + Send + Sync + 'static,
-    C: Classify<S::Response, S::Error> + Clone + Send + Sync + 'static,
+    C: Classify<Result<S::Response, S::Error>> + Clone,
+    K: Codec<S::Response> + Clone,
     Req: Send + 'static,
 {
     type Response = Delivery<S::Response, S::Error>;
     type Error = OutboundError<S::Error>;
-    type Future = BoxFuture<Result<Self::Response, Self::Error>>;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         // Not ready is before any claim or send: nothing went.
         self.inner
             .poll_ready(cx)
-            .map_err(|error| OutboundError::Failed {
-                error,
-                retryable: true,
-            })
+            .map_err(|error| OutboundError::failed(error, true))
     }
 
     fn call(&mut self, req: Req) -> Self::Future {
@@ -624,8 +687,8 @@ where
         let door = self.door.clone();
         Box::pin(async move {
             let identity = match identity {
-                Err(e) => return Err(OutboundError::KeyInvalid(e)),
-                Ok(None) if door.requires_key() => return Err(OutboundError::KeyMissing),
+                Err(e) => return Err(OutboundError::key_invalid(e)),
+                Ok(None) if door.requires_key() => return Err(OutboundError::key_missing()),
                 Ok(None) => return door.unkeyed(inner.call(req).await),
                 Ok(Some(identity)) => identity,
             };

@@ -1,4 +1,16 @@
 //! Time for stores that keep their own expiry, injectable for tests.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_idempotency::store::MemoryStore;
+//! use tower_idempotency::store::clock::ManualClock;
+//!
+//! let clock = ManualClock::new();
+//! let store = MemoryStore::builder().clock(clock.clone()).build()?;
+//! clock.advance(Duration::from_secs(60)); // the store's leases and records age a minute
+//! # let _ = store;
+//! # Ok::<(), tower_idempotency::ConfigError>(())
+//! ```
 
 use std::fmt;
 use std::sync::Arc;

@@ -1,10 +1,20 @@
 //! Where records live: the [`Store`] contract, and the stores that ship with the crate.
 //!
+//! ```
+//! use tower_idempotency::engine::Engine;
+//! use tower_idempotency::store::MemoryStore;
+//!
+//! let store = MemoryStore::builder().max_entries(10_000).build()?;
+//! let engine = Engine::new(store); // every door takes the engine, or the store itself
+//! # let _ = engine;
+//! # Ok::<(), tower_idempotency::ConfigError>(())
+//! ```
+//!
 //! | store | where | for |
 //! | --- | --- | --- |
 //! | [`MemoryStore`] (default) | this process, bounded | one replica, or tests |
 //! | `RedisStore` (feature `redis`) | a Redis server or cluster | many replicas sharing records |
-//! | `PostgresStore` (feature `postgres`) | a table in PostgreSQL | many replicas, records as durable as your data; work and record in one transaction (tier C) |
+//! | `PostgresStore` (feature `postgres`) | a table in PostgreSQL | many replicas, records as durable as your data; the work and its record in one transaction ([`transactional`](crate::transactional)) |
 //!
 //! # The contract
 //!
@@ -20,21 +30,22 @@
 //! The token fences a claim: once a lease has lapsed and another claimant holds the key, the
 //! first holder's late `complete` or `release` leaves the new holder alone. The store never
 //! compares fingerprints; the engine does, so every store answers alike. A store sees hashes
-//! and opaque bytes only ([`StoreKey`], [`engine::Fingerprint`](crate::engine::Fingerprint),
-//! [`Record`]): no raw key, principal or HTTP type reaches it.
+//! and opaque bytes only: [`StoreKey`], [`Fingerprint`], [`Record`]. No raw key, principal or
+//! HTTP type reaches it.
 //!
 //! # Your own store
 //!
-//! A store for another backend implements the four steps. This one keeps records in a
-//! `HashMap` behind a mutex, with expiry on the process clock (a database would use its own
-//! clock, so that every replica agrees):
+//! A store for another backend implements the four steps. Everything the [`Store`] trait
+//! names is in this module. This one keeps records in a `HashMap` behind a mutex, with expiry
+//! on the process clock. A database would use its own clock, so that every replica agrees:
 //!
 //! ```
 //! use std::collections::HashMap;
 //! use std::sync::Mutex;
 //! use std::time::{Duration, Instant};
-//! use tower_idempotency::engine::Fingerprint;
-//! use tower_idempotency::store::{Claim, Forgotten, Record, Store, StoreError, StoreKey, Token};
+//! use tower_idempotency::store::{
+//!     Claim, Fingerprint, Forgotten, Record, Store, StoreError, StoreKey, Token,
+//! };
 //!
 //! enum Entry {
 //!     Pending { token: Token, fingerprint: Fingerprint, until: Instant },
@@ -121,8 +132,8 @@
 //!     }
 //! }
 //!
-//! // Use it like any store:
-//! let layer = tower_idempotency::IdempotencyLayer::new(HashMapStore::default());
+//! // Use it like any store: every door takes it, or an engine over it.
+//! let engine = tower_idempotency::engine::Engine::new(HashMapStore::default());
 //! ```
 //!
 //! Then prove that it answers like the stores of this crate: the conformance suite (feature
@@ -147,7 +158,6 @@
 //! tower_idempotency::store_conformance!(async { MyHarness(HashMapStore::default()) });
 //! ```
 
-use crate::engine::fingerprint::Fingerprint;
 use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
@@ -163,6 +173,7 @@ pub mod postgres;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
+pub use crate::engine::fingerprint::Fingerprint;
 pub use crate::engine::record::Record;
 pub use crate::engine::scope::StoreKey;
 pub use memory::{MemoryStats, MemoryStore, MemoryStoreBuilder};
@@ -445,6 +456,14 @@ impl StoreError {
     #[must_use]
     pub fn kind(&self) -> StoreErrorKind {
         self.kind
+    }
+
+    /// Whether the same step may succeed when tried again later. Every kind but
+    /// [`Protocol`](StoreErrorKind::Protocol) is: the backend was away, slow, full or busy.
+    /// An answer the store does not understand is likely to come back the same.
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        !matches!(self.kind, StoreErrorKind::Protocol)
     }
 }
 

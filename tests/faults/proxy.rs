@@ -27,10 +27,11 @@ use support::apps::Mix;
 use support::http::{Answer, Kind, TestServer, Work, bounded, send};
 use support::proxy::Proxy;
 use support::redis_server::{self, RedisServer};
-use tower_idempotency::store::redis::RECONNECT_AFTER_TIMEOUTS;
 use tower_idempotency::store::redis::redis::{self, aio::ConnectionManager};
 use tower_idempotency::{IdempotencyLayer, RedisStore};
 
+/// Timeouts in a row after which the Redis store replaces its connection (its docs say 2).
+const RECONNECT_AFTER_TIMEOUTS: u32 = 2;
 const TIMEOUT: Duration = Duration::from_millis(300);
 const LEASE: Duration = Duration::from_millis(1500);
 /// Scheduling slack for a debug build on a busy machine.

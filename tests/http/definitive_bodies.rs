@@ -16,10 +16,12 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 use tower::{Layer, ServiceExt, service_fn};
-use tower_idempotency::engine::DEFAULT_LEASE;
 use tower_idempotency::engine::Verdict;
 use tower_idempotency::http::RequestBody;
 use tower_idempotency::{IdempotencyLayer, Principal};
+
+/// The engine's default lease.
+const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
 /// One step of a response body.
 enum Step {

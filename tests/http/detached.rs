@@ -16,11 +16,13 @@ use std::sync::{Arc, Once};
 use std::task::Poll;
 use std::time::Duration;
 use tower::{Layer, Service, ServiceExt, service_fn};
-use tower_idempotency::engine::DEFAULT_LEASE;
-use tower_idempotency::http::{DEFAULT_DETACHED_TIMEOUT, InFlightWork, RequestBody, ResponseBody};
+use tower_idempotency::http::{Drain, RequestBody, ResponseBody};
 use tower_idempotency::{IdempotencyLayer, Principal};
 
 const BODY: &str = r#"{"item":"book"}"#;
+/// The engine's default lease and the layer's default detached timeout.
+const DEFAULT_LEASE: Duration = Duration::from_secs(60);
+const DEFAULT_DETACHED_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 
 fn request(key: &str) -> Request<Full<Bytes>> {
     Request::post("/work")
@@ -193,7 +195,7 @@ async fn the_detached_timeout_is_configurable() {
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn work_beyond_the_most_detached_is_cancelled_and_left_to_its_lease() {
     let layer = IdempotencyLayer::default().max_detached(1);
-    let in_flight: InFlightWork = layer.drain();
+    let in_flight: Drain = layer.drain();
     let (svc, runs) = service(&layer, 2);
     leave_mid_handler(&svc, &runs, "first").await;
     leave_mid_handler(&svc, &runs, "second").await;

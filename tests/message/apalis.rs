@@ -23,7 +23,7 @@ use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 use tower::{Service, service_fn};
 use tower_idempotency::engine::Engine;
-use tower_idempotency::message::jobs::JobIdempotencyLayer;
+use tower_idempotency::message::apalis::ApalisLayer;
 use tower_idempotency::message::{Handled, MessageIdempotencyLayer};
 use tower_idempotency::store::redis::{RedisStore, redis};
 
@@ -49,10 +49,8 @@ const POOL: &str = "invoice-workers";
 /// The door with its default settings (the engine's lease aside, where a test names one).
 fn door(
     engine: &Engine<RedisStore>,
-) -> JobIdempotencyLayer<
-    MessageIdempotencyLayer<RedisStore, tower_idempotency::message::jobs::TaskKey>,
-> {
-    JobIdempotencyLayer::new(MessageIdempotencyLayer::new(engine.clone(), POOL))
+) -> ApalisLayer<MessageIdempotencyLayer<RedisStore, tower_idempotency::message::apalis::TaskKey>> {
+    ApalisLayer::new(MessageIdempotencyLayer::new(engine.clone(), POOL))
 }
 
 fn config(queue: &str) -> Config {
@@ -381,11 +379,7 @@ async fn die_before_ack_then_redeliver(keyed: bool) {
         a[0].1, b[0].1,
         "the map serialized in another order (the case under test)"
     );
-    assert_eq!(
-        b[0].2,
-        Ok(Handled::Duplicate(None)),
-        "a completed duplicate"
-    );
+    assert_eq!(b[0].2, Ok(Handled::Replayed(None)), "a completed duplicate");
     assert_eq!(
         effects.load(Ordering::SeqCst),
         1,
@@ -491,7 +485,7 @@ where
             *c.lock().unwrap().entry(task.args).or_default() += 1;
             task
         })
-        .layer(JobIdempotencyLayer::new(MessageIdempotencyLayer::new(
+        .layer(ApalisLayer::new(MessageIdempotencyLayer::new(
             engine, "pool",
         )))
         .build(service_fn(handler));

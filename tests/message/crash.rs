@@ -36,8 +36,8 @@ use tokio_stream::StreamExt;
 use tower::{ServiceBuilder, service_fn};
 use tower_idempotency::engine::Engine;
 use tower_idempotency::message::MessageIdempotencyLayer;
-use tower_idempotency::message::jetstream::async_nats::{self, jetstream};
-use tower_idempotency::message::jetstream::{JetStreamConsumer, Reply, keys};
+use tower_idempotency::message::nats::async_nats::{self, jetstream};
+use tower_idempotency::message::nats::{JetStreamConsumer, Reply, keys};
 use tower_idempotency::store::redis::{RedisStore, redis};
 
 use jetstream::consumer::{AckPolicy, PullConsumer, pull};

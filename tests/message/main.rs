@@ -1,8 +1,10 @@
-//! The message door: its outcomes over the memory and Redis stores, the NATS JetStream adapter
-//! against a real `nats-server`, a redelivery storm over two consumer processes, and a JetStream
-//! consumer process killed mid-handler.
+//! The message door: its outcomes over the memory and Redis stores, and its adapters.
 //!
-//! One test binary for the door (it builds and links once); the helpers it shares with the
+//! The NATS adapter runs against a real `nats-server`. A redelivery storm runs over two
+//! consumer processes, and a JetStream consumer process is killed mid-handler. The apalis
+//! adapter runs on a real `redis-server`.
+//!
+//! One test binary for the door: it builds and links once. The helpers it shares with the
 //! other binaries live in `tests/support/`.
 
 #[path = "../support/mod.rs"]

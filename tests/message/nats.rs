@@ -20,9 +20,10 @@ use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 use tower_idempotency::MemoryStore;
 use tower_idempotency::Store;
 use tower_idempotency::engine::Engine;
-use tower_idempotency::message::jetstream::async_nats::{self, jetstream};
-use tower_idempotency::message::jetstream::{JetStreamConsumer, Reply, keys};
-use tower_idempotency::message::{Handled, InProgress, MessageErrorKind, MessageIdempotencyLayer};
+use tower_idempotency::engine::Verdict;
+use tower_idempotency::message::nats::async_nats::{self, jetstream};
+use tower_idempotency::message::nats::{JetStreamConsumer, Reply, keys};
+use tower_idempotency::message::{Handled, MessageErrorKind, MessageIdempotencyLayer};
 
 use jetstream::consumer::{AckPolicy, PullConsumer, pull};
 
@@ -188,7 +189,7 @@ async fn a_consumer_that_dies_before_acking_hands_over_and_the_effect_happens_on
         .ack_wait(ACK_WAIT)
         .handle(msg)
         .await;
-    assert_eq!(processed.outcome.unwrap(), Handled::Duplicate(None));
+    assert_eq!(processed.outcome.unwrap(), Handled::Replayed(None));
     assert_eq!(processed.reply, Reply::Ack);
     assert_eq!(effects.count("order-1"), 1, "the side effect happened once");
 
@@ -278,7 +279,13 @@ async fn a_failing_handler_is_naked_with_a_growing_delay_and_a_permanent_error_t
     });
     let consumer = JetStreamConsumer::new(
         ServiceBuilder::new()
-            .layer(layer(&engine, "billing").permanent_errors(|e: &&str| *e == "unparsable"))
+            .layer(
+                layer(&engine, "billing").classify(|r: &Result<(), &str>| match r {
+                    Ok(()) => Verdict::Record,
+                    Err(e) if *e == "unparsable" => Verdict::Fail,
+                    Err(_) => Verdict::Release,
+                }),
+            )
             .service(handler),
     );
     let c = rig.connect("billing").await;
@@ -311,7 +318,9 @@ async fn a_failing_handler_is_naked_with_a_growing_delay_and_a_permanent_error_t
     let bad = consumer
         .handle(next(&c, Duration::from_secs(5)).await.unwrap())
         .await;
-    assert!(bad.outcome.unwrap_err().is_permanent());
+    let bad_error = bad.outcome.unwrap_err();
+    assert_eq!(bad_error.kind(), MessageErrorKind::Handler);
+    assert!(!bad_error.is_retryable());
     assert_eq!(bad.reply, Reply::Term);
     assert!(
         next(&c, ACK_WAIT * 2).await.is_none(),
@@ -383,7 +392,7 @@ async fn two_durable_consumers_each_handle_a_message_once() {
         }
         assert_eq!(
             outcomes,
-            [Handled::Ran(()), Handled::Duplicate(None)],
+            [Handled::Ran(()), Handled::Replayed(None)],
             "{name}"
         );
     }
@@ -407,7 +416,7 @@ async fn a_handler_slower_than_ack_wait_is_not_redelivered_while_it_runs() {
     let msg = next(&a, Duration::from_secs(5)).await.unwrap();
     let consumer = JetStreamConsumer::new(
         ServiceBuilder::new()
-            .layer(layer(&engine, "billing").in_progress(InProgress::Reject))
+            .layer(layer(&engine, "billing").wait_in_flight(Duration::ZERO))
             .service(effects.handler(ACK_WAIT * 3)),
     )
     .ack_wait(ACK_WAIT);
@@ -513,4 +522,46 @@ async fn a_store_outage_naks_with_backoff_and_the_redelivery_runs() {
     let processed = consumer.handle(msg).await;
     assert_eq!(processed.outcome.unwrap(), Handled::Ran(()));
     assert_eq!(effects.count("order-3"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_classified_fail_is_terminated_and_one_classified_hold_is_naked() {
+    let Some(rig) = rig().await else { return };
+    rig.durable("billing").await;
+    let engine = Engine::new(MemoryStore::new());
+    let handler = service_fn(|m: async_nats::Message| async move {
+        Ok::<_, Infallible>(String::from_utf8(m.payload.to_vec()).unwrap())
+    });
+    let consumer = JetStreamConsumer::new(
+        ServiceBuilder::new()
+            .layer(
+                layer(&engine, "billing").classify(|r: &Result<String, Infallible>| match r {
+                    Ok(body) if body == "gone" => Verdict::Fail,
+                    Ok(body) if body == "maybe" => Verdict::Hold,
+                    _ => Verdict::Record,
+                }),
+            )
+            .service(handler),
+    )
+    .ack_wait(ACK_WAIT);
+    let c = rig.connect("billing").await;
+
+    rig.publish("orders.created", Some("k-gone"), "gone").await;
+    let gone = consumer
+        .handle(next(&c, Duration::from_secs(5)).await.unwrap())
+        .await;
+    assert_eq!(gone.outcome.unwrap(), Handled::Rejected("gone".into()));
+    assert_eq!(gone.reply, Reply::Term);
+
+    rig.publish("orders.created", Some("k-maybe"), "maybe")
+        .await;
+    let maybe = consumer
+        .handle(next(&c, Duration::from_secs(5)).await.unwrap())
+        .await;
+    assert_eq!(maybe.outcome.unwrap(), Handled::Held("maybe".into()));
+    assert_eq!(
+        maybe.reply,
+        Reply::Nak(Some(Duration::from_millis(500))),
+        "naked as a duplicate in flight"
+    );
 }

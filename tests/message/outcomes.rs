@@ -9,10 +9,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
-use tower_idempotency::engine::{Engine, RecordedResponse, Scope};
+use tower_idempotency::engine::{Engine, Raw, RecordedResponse, Scope, Verdict};
 use tower_idempotency::message::{
-    Envelope, Handled, HeaderOrHash, InProgress, MessageError, MessageErrorKind,
-    MessageIdempotencyLayer, MessageKey, Raw,
+    Envelope, Handled, HeaderOrHash, MessageError, MessageErrorKind, MessageIdempotencyLayer,
+    MessageKey,
 };
 use tower_idempotency::store::{Forgotten, StoreKey};
 use tower_idempotency::{IdempotencyKey, Store};
@@ -124,7 +124,7 @@ macro_rules! outcomes_suite {
                 Handled::Ran("a".into())
             );
             let again = call(&svc, keyed("k1", "a")).await.unwrap();
-            assert_eq!(again, Handled::Duplicate(None));
+            assert_eq!(again, Handled::Replayed(None));
             assert!(again.is_ack());
             assert_eq!(work.runs(), 1, "the handler ran once");
         }
@@ -136,7 +136,7 @@ macro_rules! outcomes_suite {
             };
             let work = Work::default();
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).store_results(Raw))
+                .layer(layer(&engine, &namespace()).codec(Raw))
                 .service(work.service());
             assert_eq!(
                 call(&svc, keyed("k1", "result")).await.unwrap(),
@@ -144,7 +144,7 @@ macro_rules! outcomes_suite {
             );
             assert_eq!(
                 call(&svc, keyed("k1", "result")).await.unwrap(),
-                Handled::Duplicate(Some("result".into()))
+                Handled::Replayed(Some("result".into()))
             );
             assert_eq!(work.runs(), 1);
         }
@@ -161,7 +161,7 @@ macro_rules! outcomes_suite {
             let err = call(&svc, keyed("k1", "fail")).await.unwrap_err();
             assert_eq!(err.kind(), MessageErrorKind::Handler);
             assert!(err.is_retryable());
-            assert_eq!(err.into_handler_error().unwrap(), Failed);
+            assert_eq!(err.into_inner().unwrap(), Failed);
             assert_eq!(spy.releases(), 1);
             let err = call(&svc, keyed("k1", "fail")).await.unwrap_err();
             assert_eq!(
@@ -179,7 +179,13 @@ macro_rules! outcomes_suite {
             };
             let work = Work::default();
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).classify(|r: &String| r != "bad"))
+                .layer(layer(&engine, &namespace()).classify(
+                    |r: &Result<String, Failed>| match r {
+                        Ok(body) if body == "bad" => Verdict::Release,
+                        Ok(_) => Verdict::Record,
+                        Err(_) => Verdict::Release,
+                    },
+                ))
                 .service(work.service());
             let first = call(&svc, keyed("k1", "bad")).await.unwrap();
             assert_eq!(first, Handled::Failed("bad".into()));
@@ -193,6 +199,93 @@ macro_rules! outcomes_suite {
                 2,
                 "each redelivery runs while the result is unsuccessful"
             );
+        }
+
+        #[tokio::test]
+        async fn a_result_classified_fail_is_rejected_and_one_classified_hold_keeps_its_key() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let svc = ServiceBuilder::new()
+                .layer(
+                    layer(&engine, &namespace())
+                        .wait_in_flight(Duration::ZERO)
+                        .classify(|r: &Result<String, Failed>| match r {
+                            Ok(body) if body == "rejected" => Verdict::Fail,
+                            Ok(body) if body == "held" => Verdict::Hold,
+                            Ok(_) => Verdict::Record,
+                            Err(_) => Verdict::Release,
+                        }),
+                )
+                .service(work.service());
+            let rejected = call(&svc, keyed("k1", "rejected")).await.unwrap();
+            assert_eq!(rejected, Handled::Rejected("rejected".into()));
+            assert!(!rejected.is_ack() && rejected.ran());
+            assert_eq!(
+                call(&svc, keyed("k1", "rejected")).await.unwrap(),
+                Handled::Rejected("rejected".into()),
+                "released: a redelivery runs again"
+            );
+            assert_eq!(work.runs(), 2);
+
+            let held = call(&svc, keyed("k2", "held")).await.unwrap();
+            assert_eq!(held, Handled::Held("held".into()));
+            assert!(!held.is_ack());
+            let again = call(&svc, keyed("k2", "held")).await.unwrap_err();
+            assert_eq!(
+                again.kind(),
+                MessageErrorKind::InFlight,
+                "the key stays pending"
+            );
+            assert_eq!(
+                work.runs(),
+                3,
+                "a held message does not run again in its lease"
+            );
+        }
+
+        #[tokio::test]
+        async fn a_held_error_is_retryable_after_the_lease_and_a_recorded_one_is_replayed() {
+            let Some((_, engine)) = setup().await else {
+                return;
+            };
+            let work = Work::default();
+            let held = ServiceBuilder::new()
+                .layer(
+                    layer(&engine, &namespace())
+                        .wait_in_flight(Duration::ZERO)
+                        .classify(|r: &Result<String, Failed>| match r {
+                            Ok(_) => Verdict::Record,
+                            Err(_) => Verdict::Hold,
+                        }),
+                )
+                .service(work.service());
+            let err = call(&held, keyed("k1", "fail")).await.unwrap_err();
+            assert_eq!(err.kind(), MessageErrorKind::Handler);
+            assert!(err.is_retryable());
+            assert_eq!(err.retry_after(), Some(LEASE));
+            assert_eq!(err.into_inner(), Some(Failed));
+            let again = call(&held, keyed("k1", "fail")).await.unwrap_err();
+            assert_eq!(again.kind(), MessageErrorKind::InFlight);
+            assert_eq!(work.runs(), 1);
+
+            let recorded = ServiceBuilder::new()
+                .layer(
+                    layer(&engine, &namespace())
+                        .codec(Raw)
+                        .classify(|_: &Result<String, Failed>| Verdict::Record),
+                )
+                .service(work.service());
+            let err = call(&recorded, keyed("k2", "fail")).await.unwrap_err();
+            assert_eq!(err.kind(), MessageErrorKind::Handler);
+            assert!(!err.is_retryable() && err.retry_after().is_none());
+            assert_eq!(
+                call(&recorded, keyed("k2", "fail")).await.unwrap(),
+                Handled::Replayed(None),
+                "recorded as done, without a result"
+            );
+            assert_eq!(work.runs(), 2);
         }
 
         #[tokio::test]
@@ -214,7 +307,7 @@ macro_rules! outcomes_suite {
             assert_eq!(err.kind(), MessageErrorKind::InFlight);
             assert!(err.is_retryable(), "redeliver it");
             assert!(
-                waited >= InProgress::DEFAULT_WAIT && waited < LEASE / 2,
+                waited >= Duration::from_secs(1) && waited < LEASE / 2,
                 "waited the default bound first: {waited:?}"
             );
             let after = err.retry_after().unwrap();
@@ -226,7 +319,7 @@ macro_rules! outcomes_suite {
             assert_eq!(first.await.unwrap().unwrap(), Handled::Ran("slow".into()));
             assert_eq!(
                 call(&svc, keyed("k1", "slow")).await.unwrap(),
-                Handled::Duplicate(None)
+                Handled::Replayed(None)
             );
             assert_eq!(work.runs(), 1, "never two handlers at once");
         }
@@ -238,7 +331,7 @@ macro_rules! outcomes_suite {
             };
             let work = Work::default();
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).store_results(Raw))
+                .layer(layer(&engine, &namespace()).codec(Raw))
                 .service(work.service());
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
             work.started.notified().await;
@@ -248,20 +341,20 @@ macro_rules! outcomes_suite {
             assert_eq!(first.await.unwrap().unwrap(), Handled::Ran("slow".into()));
             assert_eq!(
                 dup.await.unwrap().unwrap(),
-                Handled::Duplicate(Some("slow".into())),
+                Handled::Replayed(Some("slow".into())),
                 "answered from the record within the default wait"
             );
             assert_eq!(work.runs(), 1);
         }
 
         #[tokio::test]
-        async fn a_duplicate_in_flight_is_skipped_and_acknowledged_under_skip() {
+        async fn a_duplicate_in_flight_is_acknowledged_unrun_with_skip_in_flight() {
             let Some((_, engine)) = setup().await else {
                 return;
             };
             let work = Work::default();
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).in_progress(InProgress::Skip))
+                .layer(layer(&engine, &namespace()).skip_in_flight(true))
                 .service(work.service());
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
             work.started.notified().await;
@@ -274,13 +367,13 @@ macro_rules! outcomes_suite {
         }
 
         #[tokio::test]
-        async fn a_duplicate_in_flight_is_rejected_for_later_under_reject() {
+        async fn a_duplicate_in_flight_is_refused_at_once_with_no_wait() {
             let Some((_, engine)) = setup().await else {
                 return;
             };
             let work = Work::default();
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).in_progress(InProgress::Reject))
+                .layer(layer(&engine, &namespace()).wait_in_flight(Duration::ZERO))
                 .service(work.service());
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
             work.started.notified().await;
@@ -297,7 +390,7 @@ macro_rules! outcomes_suite {
             first.await.unwrap().unwrap();
             assert_eq!(
                 call(&svc, keyed("k1", "slow")).await.unwrap(),
-                Handled::Duplicate(None)
+                Handled::Replayed(None)
             );
             assert_eq!(work.runs(), 1);
         }
@@ -316,7 +409,7 @@ macro_rules! outcomes_suite {
             let svc = ServiceBuilder::new()
                 .layer(
                     layer(&engine, &namespace())
-                        .in_progress(InProgress::Reject)
+                        .wait_in_flight(Duration::ZERO)
                         .run_to_completion(false),
                 )
                 .service(work.service());
@@ -344,8 +437,8 @@ macro_rules! outcomes_suite {
             let svc = ServiceBuilder::new()
                 .layer(
                     layer(&engine, &namespace())
-                        .in_progress(InProgress::Wait(Duration::from_secs(4)))
-                        .store_results(Raw),
+                        .wait_in_flight(Duration::from_secs(4))
+                        .codec(Raw),
                 )
                 .service(work.service());
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
@@ -359,7 +452,7 @@ macro_rules! outcomes_suite {
             work.gate.notify_one();
             assert_eq!(first.await.unwrap().unwrap(), Handled::Ran("slow".into()));
             let dup = dup.await.unwrap().unwrap();
-            assert_eq!(dup, Handled::Duplicate(Some("slow".into())));
+            assert_eq!(dup, Handled::Replayed(Some("slow".into())));
             assert!(dup.is_ack());
             assert_eq!(work.runs(), 1, "the handler ran once");
         }
@@ -385,10 +478,7 @@ macro_rules! outcomes_suite {
                 }
             });
             let svc = ServiceBuilder::new()
-                .layer(
-                    layer(&engine, &namespace())
-                        .in_progress(InProgress::Wait(Duration::from_secs(4))),
-                )
+                .layer(layer(&engine, &namespace()).wait_in_flight(Duration::from_secs(4)))
                 .service(handler);
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "x")));
             while runs.load(Ordering::SeqCst) == 0 {
@@ -413,7 +503,7 @@ macro_rules! outcomes_suite {
             let work = Work::default();
             let bound = Duration::from_millis(300);
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).in_progress(InProgress::Wait(bound)))
+                .layer(layer(&engine, &namespace()).wait_in_flight(bound))
                 .service(work.service());
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
             work.started.notified().await;
@@ -430,7 +520,7 @@ macro_rules! outcomes_suite {
             first.await.unwrap().unwrap();
             assert_eq!(
                 call(&svc, keyed("k1", "slow")).await.unwrap(),
-                Handled::Duplicate(None)
+                Handled::Replayed(None)
             );
             assert_eq!(work.runs(), 1, "the handler ran once");
         }
@@ -450,7 +540,7 @@ macro_rules! outcomes_suite {
             call(&svc, keyed("k1", "a")).await.unwrap();
             assert_eq!(
                 call(&svc, keyed("k1", "a")).await.unwrap(),
-                Handled::Duplicate(None)
+                Handled::Replayed(None)
             );
             assert_eq!(door.forget(&key).await.unwrap(), Forgotten::Record);
             assert_eq!(
@@ -477,8 +567,8 @@ macro_rules! outcomes_suite {
             };
             let work = Work::default();
             let door = layer(&engine, &namespace())
-                .store_results(Raw)
-                .in_progress(InProgress::Reject);
+                .codec(Raw)
+                .wait_in_flight(Duration::ZERO);
             let svc = ServiceBuilder::new()
                 .layer(door.clone())
                 .service(work.service());
@@ -509,7 +599,7 @@ macro_rules! outcomes_suite {
             assert_eq!(again.await.unwrap().unwrap(), Handled::Ran("slow".into()));
             assert_eq!(
                 call(&svc, keyed("k1", "slow")).await.unwrap(),
-                Handled::Duplicate(Some("slow".into()))
+                Handled::Replayed(Some("slow".into()))
             );
         }
 
@@ -519,8 +609,8 @@ macro_rules! outcomes_suite {
                 return;
             };
             let work = Work::default();
-            let door = layer(&engine, &namespace()).store_results(Raw);
-            let in_flight = door.in_flight();
+            let door = layer(&engine, &namespace()).codec(Raw);
+            let in_flight = door.drain();
             let svc = ServiceBuilder::new().layer(door).service(work.service());
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
             work.started.notified().await;
@@ -533,7 +623,7 @@ macro_rules! outcomes_suite {
             assert!(in_flight.is_empty());
             assert_eq!(
                 call(&svc, keyed("k1", "slow")).await.unwrap(),
-                Handled::Duplicate(Some("slow".into())),
+                Handled::Replayed(Some("slow".into())),
                 "the outcome was recorded"
             );
             assert_eq!(work.runs(), 1, "the handler ran once");
@@ -547,8 +637,8 @@ macro_rules! outcomes_suite {
             let work = Work::default();
             let door = layer(&engine, &namespace())
                 .detached_timeout(Duration::from_millis(200))
-                .in_progress(InProgress::Reject);
-            let in_flight = door.in_flight();
+                .wait_in_flight(Duration::ZERO);
+            let in_flight = door.drain();
             let svc = ServiceBuilder::new().layer(door).service(work.service());
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
             work.started.notified().await;
@@ -576,8 +666,8 @@ macro_rules! outcomes_suite {
             let work = Work::default();
             let door = layer(&engine, &namespace())
                 .run_to_completion(false)
-                .in_progress(InProgress::Reject);
-            let in_flight = door.in_flight();
+                .wait_in_flight(Duration::ZERO);
+            let in_flight = door.drain();
             let svc = ServiceBuilder::new().layer(door).service(work.service());
             let first = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
             work.started.notified().await;
@@ -632,18 +722,23 @@ macro_rules! outcomes_suite {
             };
             let work = Work::default();
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).permanent_errors(|_: &Failed| true))
+                .layer(layer(&engine, &namespace()).classify(
+                    |r: &Result<String, Failed>| match r {
+                        Ok(_) => Verdict::Record,
+                        Err(_) => Verdict::Fail,
+                    },
+                ))
                 .service(work.service());
             let err = call(&svc, keyed("k1", "fail")).await.unwrap_err();
             assert_eq!(err.kind(), MessageErrorKind::Handler);
-            assert!(err.is_permanent() && !err.is_retryable(), "{err:?}");
-            assert_eq!(err.handler_error(), Some(&Failed));
+            assert!(!err.is_retryable(), "{err:?}");
+            assert_eq!(err.get_ref(), Some(&Failed));
             // Released, as any handler error: a replay of the message runs it again.
             assert!(
-                call(&svc, keyed("k1", "fail"))
+                !call(&svc, keyed("k1", "fail"))
                     .await
                     .unwrap_err()
-                    .is_permanent()
+                    .is_retryable()
             );
             assert_eq!(work.runs(), 2, "the key was released");
 
@@ -652,7 +747,7 @@ macro_rules! outcomes_suite {
                 .layer(layer(&engine, &namespace()))
                 .service(work.service());
             let err = call(&svc, keyed("k1", "fail")).await.unwrap_err();
-            assert!(err.is_retryable() && !err.is_permanent());
+            assert!(err.is_retryable());
         }
 
         #[tokio::test]
@@ -663,7 +758,7 @@ macro_rules! outcomes_suite {
             let engine = Engine::builder(spy).lease(LEASE).max_record_body(8).build();
             let work = Work::default();
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).store_results(Raw))
+                .layer(layer(&engine, &namespace()).codec(Raw))
                 .service(work.service());
             let long = "a result of more than eight bytes";
             assert_eq!(
@@ -673,7 +768,7 @@ macro_rules! outcomes_suite {
             // Work that succeeded: its redelivery is a completed duplicate, acknowledged.
             assert_eq!(
                 call(&svc, keyed("k1", long)).await.unwrap(),
-                Handled::Duplicate(None)
+                Handled::Replayed(None)
             );
             assert_eq!(
                 call(&svc, keyed("k2", "short")).await.unwrap(),
@@ -681,7 +776,7 @@ macro_rules! outcomes_suite {
             );
             assert_eq!(
                 call(&svc, keyed("k2", "short")).await.unwrap(),
-                Handled::Duplicate(Some("short".into())),
+                Handled::Replayed(Some("short".into())),
                 "a result that fits is kept"
             );
             assert_eq!(work.runs(), 2);
@@ -719,7 +814,7 @@ macro_rules! outcomes_suite {
             };
             let work = Work::default();
             let svc = ServiceBuilder::new()
-                .layer(layer(&engine, &namespace()).in_progress(InProgress::Reject))
+                .layer(layer(&engine, &namespace()).wait_in_flight(Duration::ZERO))
                 .service(work.service());
             spy.fail_completes(true);
             assert_eq!(
@@ -783,7 +878,7 @@ macro_rules! outcomes_suite {
                 call(&svc, listed.clone()).await.unwrap(),
                 Handled::Ran("a".into())
             );
-            assert_eq!(call(&svc, listed).await.unwrap(), Handled::Duplicate(None));
+            assert_eq!(call(&svc, listed).await.unwrap(), Handled::Replayed(None));
         }
 
         #[tokio::test]
@@ -856,7 +951,7 @@ macro_rules! outcomes_suite {
                 call(&svc, m.clone()).await.unwrap(),
                 Handled::Ran("order 17".into())
             );
-            assert_eq!(call(&svc, m).await.unwrap(), Handled::Duplicate(None));
+            assert_eq!(call(&svc, m).await.unwrap(), Handled::Replayed(None));
             let other = Envelope::new("orders", "order 18");
             assert_eq!(
                 call(&svc, other).await.unwrap(),
@@ -963,7 +1058,7 @@ async fn the_message_door_counts_each_outcome_once() {
     );
     assert_eq!(
         call(&svc, keyed("k1", "a")).await.unwrap(),
-        Handled::Duplicate(None)
+        Handled::Replayed(None)
     );
     assert_eq!(counted(), ["door=message,outcome=replayed"]);
     assert!(call(&svc, keyed("k1", "b")).await.is_err());

@@ -106,7 +106,7 @@ async fn consumer_process() {
         tasks.push(tokio::spawn(async move {
             let outcome = match svc.oneshot(message(n)).await {
                 Ok(Handled::Ran(())) => "ran",
-                Ok(Handled::Duplicate(_)) => "duplicate",
+                Ok(Handled::Replayed(_)) => "duplicate",
                 Ok(Handled::Skipped) => "skipped",
                 Ok(_) => "other",
                 // The default: a duplicate in flight waits a second, then is refused for a

@@ -17,8 +17,10 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tower::{ServiceBuilder, ServiceExt};
 use tower_idempotency::engine::{Engine, Scope};
-use tower_idempotency::outbound::http::{HttpDelivery, HttpError, HttpSendOnceLayer};
-use tower_idempotency::outbound::{Delivery, OutboundErrorKind, Unknown};
+use tower_idempotency::outbound::http::{CallError, HttpSendOnceLayer};
+use tower_idempotency::outbound::{Delivery, OutboundError, OutboundErrorKind, Unknown};
+
+type HttpDelivery = Delivery<Response<Bytes>, CallError>;
 use tower_idempotency::{DerivedKey, IdempotencyKey, Store};
 
 /// What the stub does with a request once it has read it whole.
@@ -169,7 +171,7 @@ pub(crate) fn charge(url: &str, key: Option<&str>, body: &'static str) -> Reques
 pub(crate) async fn send<St: Store>(
     layer: &HttpSendOnceLayer<St>,
     req: Request<Bytes>,
-) -> Result<HttpDelivery, HttpError> {
+) -> Result<HttpDelivery, OutboundError<CallError>> {
     layer.clone().layer_service(client()).oneshot(req).await
 }
 
@@ -195,7 +197,7 @@ fn status_of(d: &HttpDelivery) -> Option<u16> {
 
 pub(crate) async fn a_webhook_sent_twice_is_delivered_once<S: Store>(store: SpyStore<S>) {
     let stub = Stub::start(Behave::Answer(201)).await;
-    let layer = HttpSendOnceLayer::new(Engine::new(store));
+    let layer = HttpSendOnceLayer::new(store);
     let first = send(
         &layer,
         charge(&stub.url(), Some("charge-17"), "{\"amount\":5}"),
@@ -231,7 +233,7 @@ pub(crate) async fn a_webhook_sent_twice_is_delivered_once<S: Store>(store: SpyS
 
 pub(crate) async fn a_stub_that_reads_the_body_and_closes_is_unknown<S: Store>(store: SpyStore<S>) {
     let stub = Stub::start(Behave::Close).await;
-    let layer = HttpSendOnceLayer::new(Engine::new(store));
+    let layer = HttpSendOnceLayer::new(store);
     let first = send(&layer, charge(&stub.url(), Some("k"), "{}"))
         .await
         .unwrap();
@@ -258,7 +260,7 @@ pub(crate) async fn a_refused_connection_is_released_and_the_retry_sends<S: Stor
     let addr = listener.local_addr().unwrap();
     drop(listener);
     let url = format!("http://{addr}/charges");
-    let layer = HttpSendOnceLayer::new(Engine::new(store.clone()));
+    let layer = HttpSendOnceLayer::new(store.clone());
     let err = send(&layer, charge(&url, Some("k"), "{}"))
         .await
         .unwrap_err();
@@ -274,7 +276,7 @@ pub(crate) async fn a_refused_connection_is_released_and_the_retry_sends<S: Stor
 
 pub(crate) async fn the_inbound_derived_key_is_forwarded<S: Store>(store: SpyStore<S>) {
     let stub = Stub::start(Behave::Answer(201)).await;
-    let layer = HttpSendOnceLayer::new(Engine::new(store)).namespace("payments");
+    let layer = HttpSendOnceLayer::new(store).namespace("payments");
     // The derived key of an inbound request (what the `DerivedKey` extractor gives a handler).
     let derived = DerivedKey::derive(
         "orders",
@@ -294,7 +296,7 @@ pub(crate) async fn the_inbound_derived_key_is_forwarded<S: Store>(store: SpySto
 
 pub(crate) async fn a_429_releases_and_a_500_holds<S: Store>(store: SpyStore<S>) {
     let stub = Stub::start(Behave::Answer(429)).await;
-    let layer = HttpSendOnceLayer::new(Engine::new(store));
+    let layer = HttpSendOnceLayer::new(store);
     let busy = send(&layer, charge(&stub.url(), Some("a"), "{}"))
         .await
         .unwrap();
@@ -338,7 +340,7 @@ pub(crate) async fn a_timeout_after_the_request_was_written_is_unknown<S: Store>
 ) {
     let stub = Stub::start(Behave::Stall).await;
     let client = ServiceBuilder::new()
-        .layer(HttpSendOnceLayer::new(Engine::new(store)))
+        .layer(HttpSendOnceLayer::new(store))
         .timeout(Duration::from_millis(300))
         .service(client());
     let first = client
@@ -366,7 +368,7 @@ pub(crate) async fn another_body_under_the_key_is_key_reused_and_a_failed_claim_
     store: SpyStore<S>,
 ) {
     let stub = Stub::start(Behave::Answer(201)).await;
-    let layer = HttpSendOnceLayer::new(Engine::new(store.clone()));
+    let layer = HttpSendOnceLayer::new(store.clone());
     assert!(
         send(&layer, charge(&stub.url(), Some("k"), "{\"amount\":5}"))
             .await
@@ -382,7 +384,7 @@ pub(crate) async fn another_body_under_the_key_is_key_reused_and_a_failed_claim_
     let err = send(&layer, charge(&stub.url(), Some("other"), "{}"))
         .await
         .unwrap_err();
-    assert_eq!(err.kind(), OutboundErrorKind::StoreFailed, "{err:?}");
+    assert_eq!(err.kind(), OutboundErrorKind::Store, "{err:?}");
     assert!(err.is_retryable());
     assert_eq!(
         stub.received(),
@@ -395,7 +397,7 @@ pub(crate) async fn a_call_dropped_after_it_was_written_keeps_its_key<S: Store>(
     store: SpyStore<S>,
 ) {
     let stub = Stub::start(Behave::Stall).await;
-    let layer = HttpSendOnceLayer::new(Engine::new(store.clone()));
+    let layer = HttpSendOnceLayer::new(store.clone());
     let calling = tokio::spawn({
         let layer = layer.clone();
         let url = stub.url();
@@ -422,7 +424,7 @@ pub(crate) async fn a_call_dropped_after_it_was_written_keeps_its_key<S: Store>(
 
 pub(crate) async fn a_303_after_a_create_is_kept_as_the_receipt<S: Store>(store: SpyStore<S>) {
     let stub = Stub::start(Behave::AnswerWith(303, "location: /charges/1")).await;
-    let layer = HttpSendOnceLayer::new(Engine::new(store.clone()));
+    let layer = HttpSendOnceLayer::new(store.clone());
     let first = send(&layer, charge(&stub.url(), Some("k"), "{}"))
         .await
         .unwrap();
@@ -442,7 +444,7 @@ pub(crate) async fn a_303_after_a_create_is_kept_as_the_receipt<S: Store>(store:
 pub(crate) async fn a_503_holds_unless_it_says_when_to_come_back<S: Store>(store: SpyStore<S>) {
     // Without `Retry-After`: a proxy's answer for an upstream that failed after forwarding.
     let stub = Stub::start(Behave::Answer(503)).await;
-    let layer = HttpSendOnceLayer::new(Engine::new(store));
+    let layer = HttpSendOnceLayer::new(store);
     let reset = send(&layer, charge(&stub.url(), Some("a"), "{}"))
         .await
         .unwrap();
@@ -489,7 +491,7 @@ pub(crate) async fn an_unreachable_host_after_the_request_went_is_unknown<S: Sto
             }
         })
     };
-    let door = tower::Layer::layer(&HttpSendOnceLayer::new(Engine::new(store.clone())), client);
+    let door = tower::Layer::layer(&HttpSendOnceLayer::new(store.clone()), client);
     let first = door
         .clone()
         .oneshot(charge("http://127.0.0.1:9/charges", Some("k"), "{}"))

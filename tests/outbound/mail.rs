@@ -1,18 +1,17 @@
-//! lettre's SMTP transport through `SendOnceTransport`, against a real SMTP server
+//! lettre's SMTP transport through `LettreSendOnce`, against a real SMTP server
 //! (`python3-aiosmtpd`, started per test on a free loopback port); expanded per store in
 //! `main.rs`.
 
 use crate::support::http::SpyStore;
 use crate::support::redis_server::free_port;
 use crate::support::smtp_server::{self, SmtpServer};
-use lettre::message::header::{HeaderName, HeaderValue};
-use lettre::transport::smtp::AsyncSmtpTransport;
-use lettre::{AsyncTransport, Message, Tokio1Executor};
 use std::time::Duration;
 use tower_idempotency::Store;
-use tower_idempotency::engine::Engine;
-use tower_idempotency::outbound::mail::{MailError, SendOnceTransport};
-use tower_idempotency::outbound::{Delivery, OutboundError, OutboundErrorKind, Unknown};
+use tower_idempotency::outbound::lettre::lettre::message::header::{HeaderName, HeaderValue};
+use tower_idempotency::outbound::lettre::lettre::transport::smtp::AsyncSmtpTransport;
+use tower_idempotency::outbound::lettre::lettre::{AsyncTransport, Message, Tokio1Executor};
+use tower_idempotency::outbound::lettre::{LettreSendOnce, MailErrorKind};
+use tower_idempotency::outbound::{Delivery, OutboundErrorKind, Unknown};
 
 type Smtp = AsyncSmtpTransport<Tokio1Executor>;
 
@@ -23,10 +22,8 @@ fn smtp(port: u16) -> Smtp {
         .build()
 }
 
-fn mailer<S: Store>(store: SpyStore<S>, port: u16) -> SendOnceTransport<Smtp, SpyStore<S>> {
-    SendOnceTransport::builder(smtp(port), Engine::new(store))
-        .timeout(Some(Duration::from_millis(800)))
-        .build()
+fn mailer<S: Store>(store: SpyStore<S>, port: u16) -> LettreSendOnce<Smtp, SpyStore<S>> {
+    LettreSendOnce::new(store, smtp(port)).timeout(Duration::from_millis(800))
 }
 
 /// The welcome email of a job, with its key in the `Idempotency-Key` header.
@@ -90,8 +87,8 @@ pub(crate) async fn a_server_that_stalls_after_data_is_unknown_and_the_retry_doe
     let first = mailer.send(welcome("k", "Receipt")).await.unwrap();
     assert!(
         matches!(
-            first,
-            Delivery::Unknown(Unknown::Error(MailError::Timeout(_)))
+            &first,
+            Delivery::Unknown(Unknown::Error(e)) if e.kind() == MailErrorKind::Timeout
         ),
         "{first:?}"
     );
@@ -115,14 +112,11 @@ pub(crate) async fn a_refused_connection_is_released_and_the_retry_sends<S: Stor
     let port = free_port(false);
     let mailer = mailer(store.clone(), port);
     let err = mailer.send(welcome("k", "Hello")).await.unwrap_err();
-    assert!(
-        matches!(
-            &err,
-            OutboundError::Failed {
-                error: MailError::Transport(_),
-                retryable: true
-            }
-        ),
+    assert_eq!(err.kind(), OutboundErrorKind::Failed, "{err:?}");
+    assert!(err.is_retryable(), "{err:?}");
+    assert_eq!(
+        err.get_ref().map(|e| e.kind()),
+        Some(MailErrorKind::Transport),
         "{err:?}"
     );
     assert_eq!(store.releases(), 1);
@@ -185,9 +179,7 @@ pub(crate) async fn a_key_from_the_caller_or_the_message_id<S: Store>(store: Spy
     let again = by_caller.send_with_key("invoice-7", plain()).await.unwrap();
     assert!(matches!(again, Delivery::Replayed(_)), "{again:?}");
 
-    let by_id = SendOnceTransport::builder(smtp(server.port()), Engine::new(store))
-        .key_from_message_id()
-        .build();
+    let by_id = LettreSendOnce::new(store, smtp(server.port())).key_from_message_id();
     let with_id = || {
         Message::builder()
             .message_id(Some("<reminder-7@shop.example>".to_owned()))
@@ -227,7 +219,7 @@ pub(crate) async fn another_message_under_the_key_is_key_reused_and_a_failed_cla
 
     store.fail_claims(true);
     let err = mailer.send(welcome("other", "Hello")).await.unwrap_err();
-    assert_eq!(err.kind(), OutboundErrorKind::StoreFailed, "{err:?}");
+    assert_eq!(err.kind(), OutboundErrorKind::Store, "{err:?}");
     assert!(err.is_retryable());
     assert_eq!(server.messages(), vec!["Welcome"]);
 }
@@ -239,9 +231,7 @@ pub(crate) async fn key_from_message_id_refuses_a_message_without_one<S: Store>(
         return;
     }
     let server = SmtpServer::start();
-    let by_id = SendOnceTransport::builder(smtp(server.port()), Engine::new(store.clone()))
-        .key_from_message_id()
-        .build();
+    let by_id = LettreSendOnce::new(store.clone(), smtp(server.port())).key_from_message_id();
     // lettre's builder adds no Message-ID.
     let plain = || {
         Message::builder()
@@ -258,10 +248,9 @@ pub(crate) async fn key_from_message_id_refuses_a_message_without_one<S: Store>(
     assert!(server.messages().is_empty(), "not sent unguarded");
     assert_eq!(store.claims(), 0);
 
-    let unguarded = SendOnceTransport::builder(smtp(server.port()), Engine::new(store))
+    let unguarded = LettreSendOnce::new(store, smtp(server.port()))
         .key_from_message_id()
-        .require_key(false)
-        .build();
+        .require_key(false);
     let sent = unguarded.send(plain()).await.unwrap();
     assert!(matches!(sent, Delivery::SentWithoutKey(_)), "{sent:?}");
     assert_eq!(server.messages(), vec!["Reminder"]);
@@ -276,9 +265,8 @@ pub(crate) async fn one_job_key_for_a_mail_and_a_charge_is_two_keys<S: Store>(st
     let server = SmtpServer::start();
     let stub = Stub::start(Behave::Answer(201)).await;
     // One store, one job key, two adapters with their default settings.
-    let mailer =
-        SendOnceTransport::builder(smtp(server.port()), Engine::new(store.clone())).build();
-    let payments = HttpSendOnceLayer::new(Engine::new(store));
+    let mailer = LettreSendOnce::new(store.clone(), smtp(server.port()));
+    let payments = HttpSendOnceLayer::new(store);
     let mail = mailer.send(welcome("job-7", "Welcome")).await.unwrap();
     assert!(matches!(mail, Delivery::Sent(_)), "{mail:?}");
     let charged = send(&payments, charge(&stub.url(), Some("job-7"), "{}"))

@@ -1,9 +1,8 @@
-//! The outbound door (issue 13, "send once"): a job that runs twice sends once.
+//! The outbound door: a job that runs twice sends once.
 //!
 //! - `door.rs`: every outcome of the generic `SendOnce` over a scripted provider, once per
 //!   store (`memory::…` over `MemoryStore`, `redis::…` over a `redis-server` on a free
 //!   loopback port), each store wrapped in the spy store that can fail claims and completes;
-//! - `batch.rs`: batches, fresh requests through the inner batch path, repeats in place;
 //! - `http_calls.rs`: the HTTP adapter over hyper-util's client against local stubs (one that
 //!   answers, one that reads the body and closes, one that refuses connections);
 //! - `mail.rs` (feature `lettre`): lettre's SMTP transport against a real SMTP server
@@ -18,7 +17,6 @@
 #[path = "../support/mod.rs"]
 mod support;
 
-mod batch;
 mod door;
 mod http_calls;
 #[cfg(feature = "lettre")]
@@ -77,13 +75,6 @@ per_store!(memory, redis, door;
     an_operator_frees_a_held_key_with_forget,
     an_invalid_key_is_refused_before_sending,
     a_record_of_another_door_is_not_replayed,
-);
-
-per_store!(memory_batch, redis_batch, batch;
-    batch_sends_fresh_requests_once_and_answers_repeats_in_place,
-    batch_without_a_batch_path_sends_each_fresh_request,
-    batch_repeat_with_another_request_is_key_reused,
-    batch_repeat_of_a_failed_request_is_told_it_failed,
 );
 
 per_store!(memory_http, redis_http, http_calls;

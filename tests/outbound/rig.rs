@@ -10,10 +10,9 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tower::Service;
-use tower_idempotency::outbound::{
-    Classify, DefaultClassifier, Identity, NotSent, SendBatch, SendOnce, SendOnceLayer, Verdict,
-};
-use tower_idempotency::{Store, engine::Engine};
+use tower_idempotency::Store;
+use tower_idempotency::engine::{Classify, Engine, Verdict};
+use tower_idempotency::outbound::{DefaultClassifier, Identity, NotSent, SendOnce, SendOnceLayer};
 use tower_layer::Layer;
 
 /// What the provider does with a message.
@@ -61,21 +60,20 @@ pub(crate) fn identify(m: &Msg) -> Result<Option<Identity>, tower_idempotency::e
 }
 
 /// The default classifier, plus "rejected: …" receipts read as a definite rejection.
-pub(crate) fn classify(res: Result<&String, &io::Error>) -> Verdict {
+pub(crate) fn classify(res: &Result<String, io::Error>) -> Verdict {
     match res {
-        Ok(r) if r.starts_with("rejected") => Verdict::Failed { retryable: false },
+        Ok(r) if r.starts_with("rejected") => Verdict::Fail,
         other => DefaultClassifier.classify(other),
     }
 }
 
 type IdentifyFn = fn(&Msg) -> Result<Option<Identity>, tower_idempotency::engine::KeyError>;
-type ClassifyFn = fn(Result<&String, &io::Error>) -> Verdict;
+type ClassifyFn = fn(&Result<String, io::Error>) -> Verdict;
 pub(crate) type Door<St> = SendOnce<Provider, St, IdentifyFn, ClassifyFn>;
 
 #[derive(Clone, Default)]
 pub(crate) struct Provider {
     received: Arc<AtomicUsize>,
-    batches: Arc<AtomicUsize>,
     gate: Arc<Notify>,
 }
 
@@ -83,10 +81,6 @@ impl Provider {
     /// Messages that reached the provider.
     pub(crate) fn received(&self) -> usize {
         self.received.load(Ordering::SeqCst)
-    }
-    /// Calls of the batch path.
-    pub(crate) fn batches(&self) -> usize {
-        self.batches.load(Ordering::SeqCst)
     }
     /// Lets a stalled send answer.
     pub(crate) fn open(&self) {
@@ -128,23 +122,6 @@ impl Service<Msg> for Provider {
 
     fn call(&mut self, m: Msg) -> Self::Future {
         Box::pin(self.handle(m))
-    }
-}
-
-impl SendBatch<Msg> for Provider {
-    fn send_batch(
-        &mut self,
-        reqs: Vec<Msg>,
-    ) -> impl Future<Output = Vec<Result<String, io::Error>>> + Send {
-        self.batches.fetch_add(1, Ordering::SeqCst);
-        let sends: Vec<_> = reqs.into_iter().map(|m| self.handle(m)).collect();
-        async move {
-            let mut out = Vec::new();
-            for s in sends {
-                out.push(s.await);
-            }
-            out
-        }
     }
 }
 

@@ -13,10 +13,11 @@ use bytes::Bytes;
 use std::future::Future;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
+use tower_idempotency::ConfigErrorKind;
 use tower_idempotency::conformance::{Harness, LONG, SHORT, fingerprint, random_key, record};
 use tower_idempotency::engine::{Begin, Engine, RecordedResponse};
+use tower_idempotency::store::postgres::PostgresStore;
 use tower_idempotency::store::postgres::sqlx::{self, PgPool, Row};
-use tower_idempotency::store::postgres::{InvalidConfig, PostgresStore};
 use tower_idempotency::store::{Claim, StoreErrorKind};
 use tower_idempotency::{IdempotencyLayer, Store};
 
@@ -157,16 +158,17 @@ async fn settings_that_would_break_the_sql_are_refused() {
     };
     let pool = server.pool(1).await;
     assert_eq!(
-        PostgresStore::new(pool.clone(), "").unwrap_err(),
-        InvalidConfig::EmptyNamespace
+        PostgresStore::new(pool.clone(), "").unwrap_err().kind(),
+        ConfigErrorKind::InvalidName
     );
     for table in ["Orders", "t; DROP TABLE x", "a.b.c", "\"t\""] {
         assert_eq!(
             PostgresStore::builder("n")
                 .table(table)
                 .build(pool.clone())
-                .unwrap_err(),
-            InvalidConfig::TableName,
+                .unwrap_err()
+                .kind(),
+            ConfigErrorKind::InvalidName,
             "{table}"
         );
     }
@@ -221,7 +223,7 @@ async fn a_table_named_by_sql_keywords_works_for_every_step() {
 }
 
 #[tokio::test]
-async fn namespaces_share_a_table_without_sharing_keys() {
+async fn prefixes_share_a_table_without_sharing_keys() {
     let Some(server) = shared_server() else {
         return;
     };
@@ -240,7 +242,7 @@ async fn namespaces_share_a_table_without_sharing_keys() {
     );
     assert!(
         matches!(b.claim(&key, &fp, LONG).await.unwrap(), Claim::Claimed(_)),
-        "another namespace's store claims the same StoreKey afresh"
+        "another prefix's store claims the same StoreKey afresh"
     );
     assert_ne!(a.row_key(&key), b.row_key(&key));
 }

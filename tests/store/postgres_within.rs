@@ -1,5 +1,5 @@
-//! Tier C on a real PostgreSQL server: `transactional::within` commits an order and its record
-//! together or not at all; duplicates wait, replay, or are told the first is in flight; a crash
+//! The transactional door on a real PostgreSQL server: `transactional::within` commits an
+//! order and its record together or not at all; duplicates wait, replay, or are told the first is in flight; a crash
 //! or a rollback leaves neither and frees the key.
 //!
 //! Without PostgreSQL installed these tests print a notice and pass, unless
@@ -15,16 +15,17 @@ use std::time::{Duration, Instant};
 use tokio::sync::{Barrier, oneshot};
 use tower_idempotency::Store;
 use tower_idempotency::conformance::{LONG, SHORT, fingerprint, random_key};
+use tower_idempotency::engine::BoxFuture;
 use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse};
 use tower_idempotency::store::postgres::PostgresStore;
 use tower_idempotency::store::postgres::sqlx::{self, Connection, PgConnection, PgPool};
 use tower_idempotency::store::{Claim, StoreKey};
-use tower_idempotency::transactional::{BoxFuture, Within, WithinError, within};
+use tower_idempotency::transactional::{Within, WithinErrorKind, within};
 
 /// An engine over the shared server's default table, with this lock wait.
 async fn engine(server: &PostgresServer, lock_timeout: Duration) -> Engine<PostgresStore> {
-    store_on(server, "tower_idempotency", "tier-c").await;
-    let store = PostgresStore::builder("tier-c")
+    store_on(server, "tower_idempotency", "transactional").await;
+    let store = PostgresStore::builder("transactional")
         .lock_timeout(lock_timeout)
         .connect(&server.url())
         .await
@@ -316,7 +317,13 @@ async fn a_failed_work_rolls_back_and_frees_the_key() {
         })
     };
     match within(&engine, &mut conn, key, fp, failing).await {
-        Err(WithinError::Work(sqlx::Error::Protocol(m))) => assert_eq!(m, "payment declined"),
+        Err(e) if e.kind() == WithinErrorKind::Work => {
+            assert!(!e.is_retryable() && e.store_error().is_none());
+            match e.into_inner() {
+                Some(sqlx::Error::Protocol(m)) => assert_eq!(m, "payment declined"),
+                other => panic!("the work's error must come back, got {other:?}"),
+            }
+        }
         other => panic!("the work's error must come back, got {other:?}"),
     }
     assert_eq!(orders(&pool, &table).await, 0, "the order was rolled back");
@@ -577,7 +584,7 @@ async fn the_purge_leaves_a_row_that_a_running_transaction_claimed_again_alone()
         return;
     };
     let table = fresh_table("reclaim");
-    let store = store_on(server, &table, "tier-c").await;
+    let store = store_on(server, &table, "transactional").await;
     let engine = Arc::new(Engine::builder(store.clone()).lease(LONG).ttl(LONG).build());
     let pool = server.pool(4).await;
     let orders_t = orders_table(&pool).await;
@@ -682,7 +689,7 @@ async fn within_counts_each_outcome_once() {
 
     let failing: Work = Box::new(|_| Box::pin(async { Err(sqlx::Error::RowNotFound) }));
     let failed = within(&engine, &mut conn, random_key(), fp, failing).await;
-    assert!(matches!(failed, Err(WithinError::Work(_))));
+    assert!(matches!(failed, Err(e) if e.kind() == WithinErrorKind::Work));
     let third = seen();
     assert_eq!(
         third.get("idempotency_requests_total{door=within,outcome=fresh}"),
@@ -787,7 +794,8 @@ async fn on_the_stores_own_pool_with_the_defaults_a_duplicate_past_the_lock_wait
     let engine = Arc::new(
         engine_on_own_pool(
             server,
-            tower_idempotency::store::postgres::DEFAULT_LOCK_TIMEOUT,
+            // The store's default lock wait, as its docs say.
+            Duration::from_secs(1),
         )
         .await,
     );
@@ -1052,8 +1060,11 @@ async fn a_serialization_failure_of_the_transaction_is_a_conflict_and_frees_the_
     ran(&a.await.unwrap().unwrap());
     go_b.send(()).unwrap();
     match b.await.unwrap() {
-        Err(WithinError::Conflict(e)) => {
-            let code = e.as_database_error().and_then(|d| d.code()).unwrap();
+        Err(e) if e.kind() == WithinErrorKind::Conflict => {
+            assert!(e.is_retryable() && e.get_ref().is_none());
+            let source = std::error::Error::source(&e).expect("the sqlx error");
+            let sqlx = source.downcast_ref::<sqlx::Error>().expect("a sqlx error");
+            let code = sqlx.as_database_error().and_then(|d| d.code()).unwrap();
             assert_eq!(code, "40001");
         }
         other => panic!("the second transaction must be a conflict, got {other:?}"),

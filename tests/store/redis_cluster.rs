@@ -17,9 +17,12 @@ use support::proxy::Proxy;
 use support::redis_server::{self, RedisCluster, redis_key};
 use tower_idempotency::Store;
 use tower_idempotency::conformance::{Harness, fingerprint, random_key};
+use tower_idempotency::store::redis::RedisStore;
 use tower_idempotency::store::redis::redis::cluster_async::ClusterConnection;
-use tower_idempotency::store::redis::{RECONNECT_AFTER_TIMEOUTS, RedisStore};
 use tower_idempotency::store::{Claim, StoreErrorKind};
+
+/// Timeouts in a row after which the store replaces its connection, as its docs say.
+const RECONNECT_AFTER_TIMEOUTS: u32 = 2;
 
 /// One cluster for the whole suite (creating one takes seconds); the tests use random keys.
 fn shared_cluster() -> Option<&'static RedisCluster> {
@@ -27,8 +30,8 @@ fn shared_cluster() -> Option<&'static RedisCluster> {
     redis_server::available().then(|| CLUSTER.get_or_init(RedisCluster::start))
 }
 
-async fn connect(cluster: &RedisCluster, namespace: &str) -> RedisStore<ClusterConnection> {
-    RedisStore::connect_cluster(cluster.urls(), namespace)
+async fn connect(cluster: &RedisCluster, prefix: &str) -> RedisStore<ClusterConnection> {
+    RedisStore::connect_cluster(cluster.urls(), prefix)
         .await
         .expect("connect to the cluster")
 }

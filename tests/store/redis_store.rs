@@ -1,5 +1,5 @@
 //! `RedisStore` on a real standalone `redis-server`: the conformance suite, the command count
-//! of each answer, outages, start-up checks and namespaces.
+//! of each answer, outages, start-up checks and store prefixes.
 //!
 //! Without `redis-server` on `PATH` these tests print a notice and pass, unless
 //! `TOWER_IDEMPOTENCY_REQUIRE_SERVERS` is set (as `scripts/test.sh` does), where they fail.
@@ -19,9 +19,11 @@ use std::time::{Duration, Instant};
 use support::redis_server::{self, RedisServer, redis_key};
 use tower_idempotency::conformance::{Harness, fingerprint, random_key, record};
 use tower_idempotency::engine::{Begin, Engine, RecordedResponse, Scope};
-use tower_idempotency::store::redis::{
-    DEFAULT_TIMEOUT, EvictionCheck, InvalidNamespace, RedisStore, redis,
-};
+use tower_idempotency::store::redis::{EvictionCheck, RedisStore, redis};
+use tower_idempotency::{ConfigError, ConfigErrorKind};
+
+/// The store's default operation timeout, as its docs say.
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 use tower_idempotency::store::{Claim, StoreErrorKind, StoreKey};
 use tower_idempotency::{IdempotencyKey, Store};
 
@@ -968,35 +970,35 @@ fn the_builder_fixes_the_settings_and_clones_keep_them() {
     assert_eq!(defaults.key_prefix(), store.key_prefix());
     assert!(
         RedisStore::builder("").build(ManagedRedis).is_err(),
-        "the builder refuses an empty namespace too"
+        "the builder refuses an empty prefix too"
     );
 }
 
-// ---- namespaces -------------------------------------------------------------------------
+// ---- prefixes ---------------------------------------------------------------------------
 
 #[tokio::test]
-async fn an_empty_namespace_is_refused() {
-    assert!(matches!(
-        RedisStore::new(ManagedRedis, "").err(),
-        Some(InvalidNamespace { .. })
-    ));
+async fn an_empty_prefix_is_refused() {
+    assert_eq!(
+        RedisStore::new(ManagedRedis, "").err().map(|e| e.kind()),
+        Some(ConfigErrorKind::InvalidName)
+    );
     // Refused before any connection is tried (nothing listens on port 1).
     let err = RedisStore::connect("redis://127.0.0.1:1/", "")
         .await
-        .expect_err("empty namespace");
+        .expect_err("empty prefix");
     assert!(
-        std::error::Error::source(&err).is_some_and(|s| s.is::<InvalidNamespace>()),
+        std::error::Error::source(&err).is_some_and(|s| s.is::<ConfigError>()),
         "{err:?}"
     );
 }
 
 #[tokio::test]
-async fn namespaces_never_see_each_others_records_and_keys_hold_nothing_raw() {
+async fn prefixes_never_see_each_others_records_and_keys_hold_nothing_raw() {
     if !redis_server::available() {
         return;
     }
     let server = RedisServer::start();
-    let (ns_a, ns_b) = ("namespace-alpha-visible", "namespace-beta-visible");
+    let (ns_a, ns_b) = ("prefix-alpha-visible", "prefix-beta-visible");
     let a = RedisStore::connect(&server.url(), ns_a)
         .await
         .expect("connect");
@@ -1005,7 +1007,7 @@ async fn namespaces_never_see_each_others_records_and_keys_hold_nothing_raw() {
         .expect("connect");
     assert_ne!(a.key_prefix(), b.key_prefix());
 
-    // The same store key under both namespaces: two separate records.
+    // The same store key under both prefixes: two separate records.
     let key = StoreKey::derive(
         "shared",
         &Scope::principal("principal-visible"),

@@ -15,7 +15,7 @@
 //! | `x-body-bytes` | answers this many `x` bytes (known length) instead of JSON |
 //! | `x-stream-chunks` | answers this many 10-byte chunks with no known length |
 //! | `x-fail-body-first` | the first execution's body fails after one chunk |
-//! | `x-declare` | `not-started`, `definitive` or `ambiguous`: the answer carries that [`Declared`](tower_idempotency::http::Declared) marker |
+//! | `x-declare` | `not-started`, `definitive` or `ambiguous`: the answer carries the `Verdict` `Release`, `Record` or `Hold` |
 //! | `x-mode: panic` | the handler panics while [`Work::panic_next`] has panics left |
 //! | `x-mode: cookies` | the answer carries 100 more `Set-Cookie` lines `sid<i>=<x-marker>-<i>` |
 //! | `x-mode: obs-text` | the answer carries [`OBS_TEXT`] as `Content-Disposition` and `X-Raw` |

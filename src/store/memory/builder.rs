@@ -6,20 +6,21 @@ use super::{
     DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_RECORD_BYTES, DEFAULT_SHARDS,
     ENTRY_OVERHEAD, MAX_SHARDS, MemoryStore, ShardCell,
 };
+use crate::error::{ConfigError, ConfigErrorKind};
 use crate::store::clock::{Clock, TokioClock};
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
 /// Builds a [`MemoryStore`].
 ///
-/// The bounds are store-wide: shards split the locking, not the budgets, so any scope may use
-/// all the room there is. [`build`](Self::build) refuses settings that can never work (see
-/// [`MemoryConfigErrorKind`]); the number of shards is clamped to `1..=`[`MAX_SHARDS`]. A shard
-/// holds at most `u32::MAX - 1` records.
+/// The bounds are store-wide: shards split the locking, not the budgets. So any scope may use
+/// all the room there is. [`build`](Self::build) refuses settings that can never work, with a
+/// [`ConfigError`]. A shard holds at most `u32::MAX - 1` records.
 ///
 /// ```
 /// use tower_idempotency::store::clock::ManualClock;
-/// use tower_idempotency::store::memory::{MemoryConfigErrorKind, MemoryStore};
+/// use tower_idempotency::ConfigErrorKind;
+/// use tower_idempotency::store::MemoryStore;
 ///
 /// let clock = ManualClock::new();
 /// let store = MemoryStore::builder()
@@ -31,13 +32,13 @@ use std::sync::{Arc, Mutex};
 ///
 /// // 512 KiB cannot hold a record of the engine's largest body (1 MiB)...
 /// let err = MemoryStore::builder().max_bytes(512 * 1024).build().unwrap_err();
-/// assert_eq!(err.kind(), MemoryConfigErrorKind::BytesBelowRecord);
+/// assert_eq!(err.kind(), ConfigErrorKind::OutOfRange);
 /// // ...unless the records are known to be smaller (`EngineBuilder::max_record_body`).
 /// let _small = MemoryStore::builder()
 ///     .max_bytes(512 * 1024)
 ///     .max_record_bytes(64 * 1024)
 ///     .build()?;
-/// # Ok::<(), tower_idempotency::store::memory::MemoryConfigError>(())
+/// # Ok::<(), tower_idempotency::ConfigError>(())
 /// ```
 #[must_use]
 #[derive(Clone)]
@@ -51,8 +52,7 @@ pub struct MemoryStoreBuilder {
 }
 
 impl MemoryStoreBuilder {
-    /// A builder with the defaults: 100 000 records, 64 MiB, no fixed cap per scope, records up
-    /// to [`DEFAULT_MAX_RECORD_BYTES`], 16 shards, [`TokioClock`].
+    /// A builder with the defaults, written on each setter.
     pub fn new() -> Self {
         Self {
             max_entries: DEFAULT_MAX_ENTRIES,
@@ -64,14 +64,15 @@ impl MemoryStoreBuilder {
         }
     }
 
-    /// The most records the store holds, over all shards (at least 1).
+    /// The most records the store holds, over all shards. At least 1. Default: 100 000.
     pub fn max_entries(mut self, n: usize) -> Self {
         self.max_entries = n;
         self
     }
 
-    /// The most bytes the store holds (record bytes plus [`ENTRY_OVERHEAD`] per record), over
-    /// all shards. It must hold one record of [`max_record_bytes`](Self::max_record_bytes).
+    /// The most bytes the store holds, over all shards. Each record counts its bytes plus
+    /// 160 bytes for its entry. It must hold one record of
+    /// [`max_record_bytes`](Self::max_record_bytes). Default: 64 MiB.
     pub fn max_bytes(mut self, n: usize) -> Self {
         self.max_bytes = n;
         self
@@ -86,9 +87,10 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// The largest encoded record the store must always be able to hold (default
-    /// [`DEFAULT_MAX_RECORD_BYTES`]): `max_bytes` is refused below it plus [`ENTRY_OVERHEAD`].
-    /// Lower it with the engine's record limit
+    /// The largest encoded record the store must always be able to hold. Default: 1 MiB plus
+    /// 64 KiB, the engine's default body limit plus room for the status, headers and trailers.
+    ///
+    /// `max_bytes` is refused below it plus 160 bytes. Lower it with the engine's record limit
     /// ([`EngineBuilder::max_record_body`](crate::engine::EngineBuilder::max_record_body)) for a store
     /// smaller than a megabyte. Larger records are still kept when they fit.
     pub fn max_record_bytes(mut self, n: usize) -> Self {
@@ -96,8 +98,8 @@ impl MemoryStoreBuilder {
         self
     }
 
-    /// The number of shards, each with its own lock (clamped to `1..=`[`MAX_SHARDS`]). The
-    /// budgets are not split between them.
+    /// The number of shards, each with its own lock. Clamped to 1 to 1024. The budgets are
+    /// not split between them. Default: 16.
     pub fn shards(mut self, n: usize) -> Self {
         self.shards = n;
         self
@@ -113,23 +115,24 @@ impl MemoryStoreBuilder {
     /// Builds the store.
     ///
     /// # Errors
-    /// A [`MemoryConfigError`] for a setting that can never work: no room for a single record,
-    /// a byte budget below one record of [`max_record_bytes`](Self::max_record_bytes), or a
-    /// per-scope cap of zero or above `max_entries`.
-    pub fn build(self) -> Result<MemoryStore, MemoryConfigError> {
+    /// A [`ConfigError`] of kind [`OutOfRange`](ConfigErrorKind::OutOfRange) for a setting
+    /// that can never work: no room for a single record, a byte budget below one record of
+    /// [`max_record_bytes`](Self::max_record_bytes), or a per-scope cap of zero or above
+    /// `max_entries`.
+    pub fn build(self) -> Result<MemoryStore, ConfigError> {
         if self.max_entries == 0 {
-            return Err(MemoryConfigError::new(
-                MemoryConfigErrorKind::EntriesZero,
-                "max_entries is 0: the store could not hold a single claim".into(),
+            return Err(ConfigError::new(
+                ConfigErrorKind::OutOfRange,
+                "max_entries is 0: the store could not hold a single claim",
             ));
         }
         let one_record = self.max_record_bytes.saturating_add(ENTRY_OVERHEAD);
         if self.max_bytes < one_record {
-            return Err(MemoryConfigError::new(
-                MemoryConfigErrorKind::BytesBelowRecord,
+            return Err(ConfigError::new(
+                ConfigErrorKind::OutOfRange,
                 format!(
                     "max_bytes ({}) is below one record of max_record_bytes ({}) plus its \
-                     ENTRY_OVERHEAD: such records could never be kept (raise max_bytes, or \
+                     entry overhead: such records could never be kept (raise max_bytes, or \
                      lower max_record_bytes with the engine's record limit)",
                     self.max_bytes, self.max_record_bytes
                 ),
@@ -138,8 +141,8 @@ impl MemoryStoreBuilder {
         if let Some(cap) = self.max_entries_per_scope
             && (cap == 0 || cap > self.max_entries)
         {
-            return Err(MemoryConfigError::new(
-                MemoryConfigErrorKind::ScopeCapOutOfRange,
+            return Err(ConfigError::new(
+                ConfigErrorKind::OutOfRange,
                 format!(
                     "max_entries_per_scope ({cap}) must be from 1 to max_entries ({})",
                     self.max_entries
@@ -194,43 +197,3 @@ impl fmt::Debug for MemoryStoreBuilder {
             .finish()
     }
 }
-
-/// A [`MemoryStoreBuilder`] setting that can never work, refused by
-/// [`build`](MemoryStoreBuilder::build).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MemoryConfigError {
-    kind: MemoryConfigErrorKind,
-    detail: String,
-}
-
-/// What a [`MemoryConfigError`] refused.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum MemoryConfigErrorKind {
-    /// `max_entries` is zero.
-    EntriesZero,
-    /// `max_bytes` cannot hold one record of `max_record_bytes` plus its [`ENTRY_OVERHEAD`].
-    BytesBelowRecord,
-    /// `max_entries_per_scope` is zero or larger than `max_entries`.
-    ScopeCapOutOfRange,
-}
-
-impl MemoryConfigError {
-    fn new(kind: MemoryConfigErrorKind, detail: String) -> Self {
-        Self { kind, detail }
-    }
-
-    /// What was refused.
-    #[must_use]
-    pub fn kind(&self) -> MemoryConfigErrorKind {
-        self.kind
-    }
-}
-
-impl fmt::Display for MemoryConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "memory store settings refused: {}", self.detail)
-    }
-}
-
-impl std::error::Error for MemoryConfigError {}

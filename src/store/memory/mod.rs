@@ -1,5 +1,39 @@
 //! The embedded store: sharded, bounded, in process memory, fair to its callers under pressure.
 //!
+//! ```
+//! use std::time::Duration;
+//! use bytes::Bytes;
+//! use tower_idempotency::store::memory::MemoryStore;
+//! use tower_idempotency::{IdempotencyKey, Store};
+//! use tower_idempotency::engine::{Fingerprint, Scope};
+//! use tower_idempotency::store::{Claim, Record, StoreKey};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), tower_idempotency::store::StoreError> {
+//! let store = MemoryStore::builder()
+//!     .max_entries(10_000)
+//!     .max_bytes(8 * 1024 * 1024)
+//!     .shards(4)
+//!     .build()
+//!     .expect("settings that can work");
+//!
+//! let key = StoreKey::derive("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1").unwrap());
+//! let fp = Fingerprint::builder().field(b"POST").field(b"/orders").finish();
+//! let lease = Duration::from_secs(30);
+//!
+//! let Claim::Claimed(token) = store.claim(&key, &fp, lease).await? else { panic!("a free key") };
+//! assert!(matches!(store.claim(&key, &fp, lease).await?, Claim::Pending { .. }));
+//!
+//! let record = Record::from_bytes(Bytes::from_static(b"an encoded response"));
+//! assert!(store.complete(&key, &token, &fp, record.clone(), Duration::from_secs(3600)).await?);
+//! assert!(matches!(store.claim(&key, &fp, lease).await?, Claim::Done { record: r, .. } if r == record));
+//!
+//! let stats = store.stats();
+//! assert_eq!((stats.entries, stats.pending, stats.early_drops), (1, 0, 0));
+//! # Ok(())
+//! # }
+//! ```
+//!
 //! [`MemoryStore`] keeps records in `N` shards (default 16), each behind its own
 //! [`std::sync::Mutex`] that is held only for the synchronous work of one step (never across an
 //! `.await`). A key's shard is chosen by its scope hash, so every record of one caller (scope:
@@ -19,8 +53,8 @@
 //! may be as large as the store allows ([`build`](MemoryStoreBuilder::build) refuses a
 //! `max_bytes` below one record of [`max_record_bytes`](MemoryStoreBuilder::max_record_bytes)).
 //!
-//! A record is counted as its encoded bytes plus [`ENTRY_OVERHEAD`] (160) bytes for the entry
-//! itself, its index slot and allocator overhead; a pending claim counts `ENTRY_OVERHEAD` alone.
+//! A record is counted as its encoded bytes plus 160 bytes for the entry itself, its index
+//! slot and allocator overhead. A pending claim counts the 160 bytes alone.
 //! The per-scope bookkeeping (about 80 bytes per scope that has records) is not counted; it is
 //! bounded by the number of records and removed when a scope has none left.
 //!
@@ -30,7 +64,7 @@
 //!
 //! # Making room
 //!
-//! A step needs room when it adds to the store: a claim one record of `ENTRY_OVERHEAD` bytes, a
+//! A step needs room when it adds to the store: a claim one record of 160 bytes, a
 //! `complete` the record's bytes (and a record, when nothing holds the key any more). When the
 //! store does not have that room free:
 //!
@@ -83,42 +117,6 @@
 //! over scopes. A step that must make room reads one published value per shard (the weight of
 //! its heaviest scope and its earliest deadline) and, when the room is in another shard, leaves
 //! its own shard's lock, visits that one, and starts again.
-//!
-//! # Example
-//!
-//! ```
-//! use std::time::Duration;
-//! use bytes::Bytes;
-//! use tower_idempotency::store::memory::MemoryStore;
-//! use tower_idempotency::{IdempotencyKey, Store};
-//! use tower_idempotency::engine::{Fingerprint, Scope};
-//! use tower_idempotency::store::{Claim, Record, StoreKey};
-//!
-//! # #[tokio::main(flavor = "current_thread")]
-//! # async fn main() -> Result<(), tower_idempotency::store::StoreError> {
-//! let store = MemoryStore::builder()
-//!     .max_entries(10_000)
-//!     .max_bytes(8 * 1024 * 1024)
-//!     .shards(4)
-//!     .build()
-//!     .expect("settings that can work");
-//!
-//! let key = StoreKey::derive("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1").unwrap());
-//! let fp = Fingerprint::builder().field(b"POST").field(b"/orders").finish();
-//! let lease = Duration::from_secs(30);
-//!
-//! let Claim::Claimed(token) = store.claim(&key, &fp, lease).await? else { panic!("a free key") };
-//! assert!(matches!(store.claim(&key, &fp, lease).await?, Claim::Pending { .. }));
-//!
-//! let record = Record::from_bytes(Bytes::from_static(b"an encoded response"));
-//! assert!(store.complete(&key, &token, &fp, record.clone(), Duration::from_secs(3600)).await?);
-//! assert!(matches!(store.claim(&key, &fp, lease).await?, Claim::Done { record: r, .. } if r == record));
-//!
-//! let stats = store.stats();
-//! assert_eq!((stats.entries, stats.pending, stats.early_drops), (1, 0, 0));
-//! # Ok(())
-//! # }
-//! ```
 
 mod budget;
 mod builder;
@@ -132,7 +130,7 @@ mod tests;
 mod waiters;
 mod weights;
 
-pub use builder::{MemoryConfigError, MemoryConfigErrorKind, MemoryStoreBuilder};
+pub use builder::MemoryStoreBuilder;
 pub use stats::MemoryStats;
 
 use super::{Claim, Forgotten, Store, StoreError, StoreErrorKind, Token};
@@ -151,20 +149,20 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
 /// The default bound on stored records, over all shards.
-pub const DEFAULT_MAX_ENTRIES: usize = 100_000;
+pub(crate) const DEFAULT_MAX_ENTRIES: usize = 100_000;
 /// The default bound on stored bytes (records plus [`ENTRY_OVERHEAD`] each), over all shards.
-pub const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
+pub(crate) const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
 /// The default size of the largest record the store must be able to hold: the engine's default
-/// body limit ([`DEFAULT_MAX_RECORD_BODY`](crate::engine::DEFAULT_MAX_RECORD_BODY), 1 MiB) plus
-/// 64 KiB for the status, headers and trailers.
-pub const DEFAULT_MAX_RECORD_BYTES: usize = crate::engine::DEFAULT_MAX_RECORD_BODY + 64 * 1024;
+/// body limit plus 64 KiB for the status, headers and trailers.
+pub(crate) const DEFAULT_MAX_RECORD_BYTES: usize =
+    crate::engine::DEFAULT_MAX_RECORD_BODY + 64 * 1024;
 /// The default number of shards.
-pub const DEFAULT_SHARDS: usize = 16;
+pub(crate) const DEFAULT_SHARDS: usize = 16;
 /// The largest number of shards; larger requests are clamped to it.
-pub const MAX_SHARDS: usize = 1024;
+pub(crate) const MAX_SHARDS: usize = 1024;
 /// The bytes each record is counted for on top of its encoded length (the entry, its index slot
 /// and allocator overhead). A pending claim is counted this much alone.
-pub const ENTRY_OVERHEAD: usize = 160;
+pub(crate) const ENTRY_OVERHEAD: usize = 160;
 
 /// The in-process store. Cheap to share behind an `Arc` (the engine does); see the
 /// [module docs](self) for its bounds and eviction order.

@@ -15,7 +15,7 @@ pub struct MemoryStats {
     /// Of those, pending claims.
     pub pending: usize,
     /// Bytes counted against [`max_bytes`](MemoryStoreBuilder::max_bytes): record bytes plus
-    /// [`ENTRY_OVERHEAD`] per record.
+    /// 160 bytes per record.
     pub bytes: usize,
     /// Scopes that hold at least one record.
     pub scopes: usize,

@@ -1,9 +1,10 @@
 //! [`PostgresStoreBuilder`]: the settings of a [`PostgresStore`], fixed when it is built.
 
-use super::error::{InvalidConfig, OpError};
+use super::error::OpError;
 use super::sql::{self, Statements};
 use super::transaction::STORE_TIMEOUT_SETTING;
 use super::{CONNECT_TIMEOUT, DEFAULT_LOCK_TIMEOUT, DEFAULT_TABLE, DEFAULT_TIMEOUT, PostgresStore};
+use crate::error::ConfigError;
 use crate::store::{StoreError, StoreErrorKind};
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
@@ -34,32 +35,35 @@ const POOL_SIZE: u32 = 10;
 #[must_use]
 #[derive(Debug, Clone)]
 pub struct PostgresStoreBuilder {
-    /// The namespace's hash, or why it was refused (reported by the terminal method).
-    namespace: Result<[u8; 8], InvalidConfig>,
+    /// The prefix's hash, or why it was refused (reported by the terminal method).
+    prefix: Result<[u8; 8], ConfigError>,
     table: String,
     timeout: Duration,
     lock_timeout: Duration,
 }
 
 impl PostgresStoreBuilder {
-    /// A builder for a store keeping its records under `namespace`, with the defaults: the
-    /// table [`DEFAULT_TABLE`], [`DEFAULT_TIMEOUT`] and [`DEFAULT_LOCK_TIMEOUT`].
+    /// A builder for a store keeping its records under `prefix`, with the default settings.
     ///
-    /// An empty namespace is refused when the store is built
-    /// ([`InvalidConfig::EmptyNamespace`]).
-    pub fn new(namespace: &str) -> Self {
+    /// The prefix names the application. Two applications sharing one table need different
+    /// prefixes, or they would answer each other's requests. An empty prefix is refused when
+    /// the store is built, with a [`ConfigError`] of kind
+    /// [`InvalidName`](crate::ConfigErrorKind::InvalidName).
+    pub fn new(prefix: &str) -> Self {
         Self {
-            namespace: sql::namespace_hash(namespace),
+            prefix: sql::prefix_hash(prefix),
             table: DEFAULT_TABLE.to_owned(),
             timeout: DEFAULT_TIMEOUT,
             lock_timeout: DEFAULT_LOCK_TIMEOUT,
         }
     }
 
-    /// The table the records live in (default [`DEFAULT_TABLE`]): a lowercase identifier,
-    /// optionally schema-qualified (`app.idempotency`); anything else is refused when the store
-    /// is built ([`InvalidConfig::TableName`]). The store's SQL quotes each part, so an SQL
-    /// keyword (`order`, `user`) names its table like any other word.
+    /// The table the records live in: a lowercase identifier, optionally schema-qualified
+    /// (`app.idempotency`). Default: `tower_idempotency`.
+    ///
+    /// Anything else is refused when the store is built, with a [`ConfigError`] of kind
+    /// [`InvalidName`](crate::ConfigErrorKind::InvalidName). The store's SQL quotes each part,
+    /// so an SQL keyword (`order`, `user`) names its table like any other word.
     /// [`PostgresStore::migrate`] creates it.
     pub fn table(mut self, table: &str) -> Self {
         table.clone_into(&mut self.table);
@@ -68,7 +72,7 @@ impl PostgresStoreBuilder {
 
     /// Bounds every store step (claim, complete, release, renew) to `timeout`, waiting for a
     /// pooled connection included; a step that takes longer fails with
-    /// [`StoreErrorKind::Timeout`]. Default: [`DEFAULT_TIMEOUT`] (1 s). At least 1 ms.
+    /// [`StoreErrorKind::Timeout`]. Default: 1 s. At least 1 ms.
     ///
     /// A pool made by [`connect`](Self::connect) also sets PostgreSQL's `statement_timeout` to
     /// it, so the server stops a statement the store gave up on. That setting is the store's
@@ -83,8 +87,8 @@ impl PostgresStoreBuilder {
 
     /// How long a claim inside a transaction ([`transactional::within`]) waits for a row that
     /// another transaction holds (the same key's first request, still running) before it
-    /// answers "in flight": PostgreSQL's `lock_timeout`, set for that one statement. Default:
-    /// [`DEFAULT_LOCK_TIMEOUT`] (1 s). At least 1 ms.
+    /// answers "in flight": PostgreSQL's `lock_timeout`, set for that one statement.
+    /// Default: 1 s. At least 1 ms.
     ///
     /// A duplicate that arrives while the first request's transaction runs waits, holding its
     /// connection, and gets the stored result if the first commits within this time. The
@@ -102,13 +106,13 @@ impl PostgresStoreBuilder {
     /// timeout abandons).
     ///
     /// # Errors
-    /// [`InvalidConfig`] when the namespace is empty or the table name is not accepted.
-    pub fn build(self, pool: PgPool) -> Result<PostgresStore, InvalidConfig> {
-        let namespace = self.namespace?;
+    /// A [`ConfigError`] when the prefix is empty or the table name is not accepted.
+    pub fn build(self, pool: PgPool) -> Result<PostgresStore, ConfigError> {
+        let prefix = self.prefix?;
         sql::check_table(&self.table)?;
         Ok(PostgresStore {
             pool,
-            namespace,
+            prefix,
             sql: Arc::new(Statements::new(&self.table)),
             timeout: self.timeout,
             lock_timeout: self.lock_timeout,
@@ -124,14 +128,14 @@ impl PostgresStoreBuilder {
     /// [`within`]: crate::transactional::within
     ///
     /// # Errors
-    /// `Unavailable` when a setting is refused (source: [`InvalidConfig`]), the URL is invalid
-    /// or the server cannot be reached; `Timeout` when connecting takes longer than
-    /// [`CONNECT_TIMEOUT`].
+    /// `Unavailable` when a setting is refused (source: a [`ConfigError`]), the URL is
+    /// invalid or the server cannot be reached. `Timeout` when connecting takes longer than
+    /// 5 s.
     pub async fn connect(self, url: &str) -> Result<PostgresStore, StoreError> {
-        let invalid = |e: InvalidConfig| {
+        let invalid = |e: ConfigError| {
             StoreError::with_source(StoreErrorKind::Unavailable, "invalid setting", e)
         };
-        self.namespace.clone().map_err(invalid)?;
+        self.prefix.clone().map_err(invalid)?;
         sql::check_table(&self.table).map_err(invalid)?;
         let timeout = sql::millis(self.timeout);
         let options = PgConnectOptions::from_str(url)

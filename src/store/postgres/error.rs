@@ -5,7 +5,6 @@
 //! can tell a lock wait that ran out (answered "in flight") from other failures. It becomes a [`StoreError`] once, keeping the sqlx error as its source.
 
 use crate::store::{StoreError, StoreErrorKind};
-use std::fmt;
 use tokio::time::error::Elapsed;
 
 /// `lock_not_available`: a lock wait ran out (`lock_timeout`, or `NOWAIT`).
@@ -127,35 +126,6 @@ fn kind_of(e: &sqlx::Error) -> StoreErrorKind {
 pub(crate) fn protocol(message: &'static str) -> StoreError {
     StoreError::new(StoreErrorKind::Protocol, message)
 }
-
-/// A setting of a [`PostgresStoreBuilder`](super::PostgresStoreBuilder) that was refused when
-/// the store was built.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum InvalidConfig {
-    /// The namespace was empty. Two applications that share one table must use different
-    /// namespaces, or they would answer each other's requests; an empty one is refused so none
-    /// is forgotten.
-    EmptyNamespace,
-    /// The table name is not a plain lowercase SQL identifier (`[a-z_][a-z0-9_]*`, at most 48
-    /// bytes), optionally qualified by a schema of the same form (`app.idempotency`). It is
-    /// written into the store's SQL, each part quoted (so a keyword such as `order` or `user`
-    /// is a name like any other), and nothing else is accepted.
-    TableName,
-}
-
-impl fmt::Display for InvalidConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::EmptyNamespace => "the PostgreSQL store's namespace must not be empty",
-            Self::TableName => {
-                "the PostgreSQL store's table must be a lowercase identifier, optionally schema-qualified"
-            }
-        })
-    }
-}
-
-impl std::error::Error for InvalidConfig {}
 
 #[cfg(test)]
 mod tests {

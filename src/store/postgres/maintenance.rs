@@ -48,7 +48,7 @@ impl PostgresStore {
     }
 
     /// Deletes the rows whose lease or retention has ended, in statements of at most
-    /// [`PURGE_BATCH`] rows, until none is left; returns how many it deleted.
+    /// 1000 rows, until none is left; returns how many it deleted.
     ///
     /// Rows a transaction holds are skipped, and a row claimed again while the purge runs is
     /// never deleted (see the [module docs](crate::store::postgres#expiry-and-the-purge)). Each statement is

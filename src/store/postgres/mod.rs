@@ -1,19 +1,14 @@
-//! A PostgreSQL store, shared by every replica of a service, and the table behind tier C.
-//!
-//! [`PostgresStore`] keeps records in a table of your database, where every replica finds them,
-//! and where they are as durable as the rest of your data: a completed record survives a crash
-//! and a failover like any committed row. It serves the HTTP layer and every other door like
-//! the other stores, and it is the store of the [transactional door](crate::transactional),
-//! which commits the work and its record in one transaction.
+//! A PostgreSQL store, shared by every replica of a service, and the table of the
+//! transactional door.
 //!
 //! ```no_run
-//! use tower_idempotency::IdempotencyLayer;
+//! use tower_idempotency::engine::Engine;
 //! use tower_idempotency::store::postgres::PostgresStore;
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = PostgresStore::connect("postgres://app@127.0.0.1/app", "orders").await?;
 //! store.migrate().await?; // creates the table when it does not exist
-//! let layer = IdempotencyLayer::new(store.clone());
+//! let engine = Engine::new(store.clone()); // give it to any door
 //!
 //! // Expired rows stay until purged: purge now and then, on one replica or all.
 //! tokio::spawn(async move {
@@ -25,24 +20,30 @@
 //!         }
 //!     }
 //! });
-//! # let _ = layer; Ok(()) }
+//! # let _ = engine; Ok(()) }
 //! ```
 //!
-//! # Which tier
+//! [`PostgresStore`] keeps records in a table of your database, where every replica finds them,
+//! and where they are as durable as the rest of your data: a completed record survives a crash
+//! and a failover like any committed row. It serves the HTTP layer and every other door like
+//! the other stores, and it is the store of the [transactional door](crate::transactional),
+//! which commits the work and its record in one transaction.
+//!
+//! # Which store
 //!
 //! | store | a completed record survives | a crash between the work and its record | for |
 //! | --- | --- | --- | --- |
 //! | [`MemoryStore`](super::MemoryStore) | while the process lives | leaves the work done, no record: a retry after the lease runs it again | one replica, or tests |
 //! | `RedisStore` (feature `redis`) | while Redis keeps it (no eviction, no failover losing writes) | same | many replicas, work anywhere |
 //! | [`PostgresStore`] | as long as your database keeps committed rows (a failover to an asynchronous standby may lose the last commits) | same | many replicas, records as durable as your data |
-//! | [`PostgresStore`] through [`transactional::within`](crate::transactional::within) (tier C) | same, and what a failover loses it loses with the work | cannot happen: the work and the record commit together or not at all | work that is writes to the same database |
+//! | [`PostgresStore`] through [`transactional::within`](crate::transactional::within) | same, and what a failover loses it loses with the work | cannot happen: the work and the record commit together or not at all | work that is writes to the same database |
 //!
 //! # The table
 //!
 //! [`PostgresStore::migrate`] creates it when it does not exist (and never alters an existing
-//! one). A DBA can create it by hand instead; this is the DDL for the default table name
-//! ([`DEFAULT_TABLE`]), the same that `migrate` runs (with the table name of
-//! [`PostgresStoreBuilder::table`] in its place, each part quoted):
+//! one). A DBA can create it by hand instead. This is the DDL for the default table name,
+//! `tower_idempotency`, the same that `migrate` runs. `migrate` puts the name of
+//! [`PostgresStoreBuilder::table`] in its place, each part quoted:
 //!
 //! ```sql
 #![doc = include_str!("schema.sql")]
@@ -51,9 +52,9 @@
 //! The store needs `SELECT`, `INSERT`, `UPDATE` and `DELETE` on it (and `CREATE` on the schema
 //! for `migrate`).
 //!
-//! **Hashes only.** A row holds no raw key, principal, tenant or namespace: its key is 8 bytes
-//! of a domain-separated SHA-256 of the store's namespace followed by the [`StoreKey`] (itself
-//! a hash of the application's namespace, tenant, principal and client key). The fingerprint
+//! **Hashes only.** A row holds no raw key, principal, tenant or namespace. Its key is 8 bytes
+//! of a domain-separated SHA-256 of the store's prefix, followed by the [`StoreKey`]. That is
+//! itself a hash of the door's namespace, the tenant, the principal and the client key. The fingerprint
 //! is a SHA-256 of the request, the token 16 random bytes, the record the engine's encoding of
 //! the response (which does hold the response: see the layer's `status` response mode for
 //! bodies that must not rest in a database).
@@ -94,7 +95,7 @@
 //!
 //! A pending row stops holding its key when its lease ends, a done row when its retention ends;
 //! from then on a claim takes the row over as if it were absent. Nothing deletes the row by
-//! itself: [`PostgresStore::purge`] deletes expired rows, in batches of [`PURGE_BATCH`], each
+//! itself: [`PostgresStore::purge`] deletes expired rows, in batches of 1000 rows, each
 //! batch one short statement. Run it now and then (every minute, say) from one replica or all.
 //!
 //! The purge is safe against a concurrent re-claim. It locks the rows it is about to delete
@@ -105,7 +106,7 @@
 //!
 //! # Failures
 //!
-//! Every step is bounded by one operation timeout ([`DEFAULT_TIMEOUT`], 1 s; see
+//! Every step is bounded by one operation timeout (1 s by default; see
 //! [`PostgresStoreBuilder::timeout`]), waiting for a pooled connection included. Errors keep
 //! the sqlx error as their source and map to:
 //!
@@ -158,27 +159,25 @@ use self::error::protocol;
 use self::sql::{KeyBytes, Statements};
 
 pub use self::builder::PostgresStoreBuilder;
-pub use self::error::InvalidConfig;
 pub(crate) use self::transaction::{Held, Lifted};
 /// The `sqlx` crate this store is built on, for pools, connections and transactions of your
 /// own.
 pub use ::sqlx;
 
-/// The default table: `tower_idempotency`.
-pub const DEFAULT_TABLE: &str = "tower_idempotency";
+/// The default table.
+pub(crate) const DEFAULT_TABLE: &str = "tower_idempotency";
 
-/// The default bound on one store operation: 1 second.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The default bound on one store operation.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The default bound on a transactional claim's wait for a row another transaction holds:
-/// 1 second (see [`PostgresStoreBuilder::lock_timeout`]).
-pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(1);
+/// The default bound on a transactional claim's wait for a row another transaction holds.
+pub(crate) const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(1);
 
-/// The bound on making the first connection in [`PostgresStore::connect`]: 5 seconds.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// The bound on making the first connection in [`PostgresStore::connect`].
+pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Rows one purge statement deletes at most: 1000.
-pub const PURGE_BATCH: i64 = 1000;
+/// Rows one purge statement deletes at most.
+pub(crate) const PURGE_BATCH: i64 = 1000;
 
 /// Claims sent for one step at most: a claim is sent again only when it raced another claim of
 /// the same key.
@@ -196,7 +195,7 @@ const CONFLICT_ATTEMPTS: usize = 4;
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: PgPool,
-    namespace: [u8; 8],
+    prefix: [u8; 8],
     sql: Arc<Statements>,
     timeout: Duration,
     lock_timeout: Duration,
@@ -213,8 +212,8 @@ impl fmt::Debug for PostgresStore {
 }
 
 impl PostgresStore {
-    /// A builder for a store keeping its records under `namespace`: set the table, the
-    /// operation timeout or the transactional lock wait, then connect or build over a pool.
+    /// A builder for a store keeping its records under `prefix`: set the table, the
+    /// operation timeout or the transactional lock wait. Then connect, or build over a pool.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -227,23 +226,25 @@ impl PostgresStore {
     ///     .await?;
     /// # let _ = store; Ok(()) }
     /// ```
-    pub fn builder(namespace: &str) -> PostgresStoreBuilder {
-        PostgresStoreBuilder::new(namespace)
+    pub fn builder(prefix: &str) -> PostgresStoreBuilder {
+        PostgresStoreBuilder::new(prefix)
     }
 
-    /// Connects to the PostgreSQL at `url` with the default settings: a shortcut for
-    /// `PostgresStore::builder(namespace).connect(url)` (see [`PostgresStoreBuilder::connect`]).
+    /// Connects to the PostgreSQL at `url` with the default settings. A shortcut for
+    /// `PostgresStore::builder(prefix).connect(url)`; see [`PostgresStoreBuilder::connect`].
     ///
     /// # Errors
-    /// `Unavailable` when the namespace is empty (source: [`InvalidConfig`]), the URL is
-    /// invalid or the server cannot be reached; `Timeout` when connecting takes longer than
-    /// [`CONNECT_TIMEOUT`].
-    pub async fn connect(url: &str, namespace: &str) -> Result<Self, StoreError> {
-        Self::builder(namespace).connect(url).await
+    /// `Unavailable` when the prefix is empty (source: a [`ConfigError`]), the URL is
+    /// invalid or the server cannot be reached. `Timeout` when connecting takes longer than
+    /// 5 s.
+    ///
+    /// [`ConfigError`]: crate::ConfigError
+    pub async fn connect(url: &str, prefix: &str) -> Result<Self, StoreError> {
+        Self::builder(prefix).connect(url).await
     }
 
     /// A store over an existing pool with the default settings, keeping records under
-    /// `namespace`: a shortcut for `PostgresStore::builder(namespace).build(pool)`.
+    /// `prefix`. A shortcut for `PostgresStore::builder(prefix).build(pool)`.
     ///
     /// ```no_run
     /// use tower_idempotency::store::postgres::{PostgresStore, sqlx::PgPool};
@@ -255,9 +256,9 @@ impl PostgresStore {
     /// ```
     ///
     /// # Errors
-    /// [`InvalidConfig::EmptyNamespace`] when `namespace` is empty.
-    pub fn new(pool: PgPool, namespace: &str) -> Result<Self, InvalidConfig> {
-        Self::builder(namespace).build(pool)
+    /// A [`ConfigError`](crate::ConfigError) when `prefix` is empty.
+    pub fn new(pool: PgPool, prefix: &str) -> Result<Self, crate::ConfigError> {
+        Self::builder(prefix).build(pool)
     }
 
     /// The pool.
@@ -284,11 +285,11 @@ impl PostgresStore {
         self.lock_timeout
     }
 
-    /// The `key` column of `key`'s row: 8 bytes of the namespace's hash, then
-    /// [`StoreKey::id`] (for operators and tests looking at the table).
+    /// The `key` column of `key`'s row: 8 bytes of the prefix's hash, then
+    /// [`StoreKey::id`]. For operators and tests looking at the table.
     #[must_use]
     pub fn row_key(&self, key: &StoreKey) -> [u8; 40] {
-        sql::key_bytes(&self.namespace, key)
+        sql::key_bytes(&self.prefix, key)
     }
 
     /// Runs one step under the operation timeout. A step PostgreSQL rolled back for a

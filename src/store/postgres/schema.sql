@@ -4,8 +4,8 @@ CREATE TABLE tower_idempotency (
     -- When the row stops holding its key: the end of a pending claim's lease, or of a done
     -- record's retention, on the database's clock. First, being fixed-width: no padding.
     expires_at  timestamptz NOT NULL,
-    -- 8 bytes of a hash of the store's namespace, then the 32-byte store key (a hash of the
-    -- application's namespace, tenant, principal and client key). No raw key is stored.
+    -- 8 bytes of a hash of the store's prefix, then the 32-byte store key (a hash of the
+    -- door's namespace, tenant, principal and client key). No raw key is stored.
     key         bytea       NOT NULL PRIMARY KEY,
     -- 'P': pending (a claim holds the key); 'D': done (the record is stored).
     state       "char"      NOT NULL,

@@ -5,8 +5,8 @@
 //! once per statement (`now()` would be the start of the transaction, stale for a claim inside
 //! a transaction that began earlier).
 
-use super::error::InvalidConfig;
 use crate::engine::scope::StoreKey;
+use crate::error::{ConfigError, ConfigErrorKind};
 use sha2::{Digest, Sha256};
 use std::time::Duration;
 
@@ -27,25 +27,28 @@ pub(super) const DONE: i8 = b'D' as i8;
 /// Not a stored state: the claim's answer when it took the key.
 pub(super) const CLAIMED: i8 = b'C' as i8;
 
-/// A row's key: 8 bytes of the namespace's hash, then the 32-byte [`StoreKey::id`].
+/// A row's key: 8 bytes of the store prefix's hash, then the 32-byte [`StoreKey::id`].
 pub(crate) type KeyBytes = [u8; 40];
 
-/// The first 8 bytes of the namespace's domain-separated SHA-256.
-pub(super) fn namespace_hash(namespace: &str) -> Result<[u8; 8], InvalidConfig> {
-    if namespace.is_empty() {
-        return Err(InvalidConfig::EmptyNamespace);
+/// The first 8 bytes of the store prefix's domain-separated SHA-256.
+pub(super) fn prefix_hash(prefix: &str) -> Result<[u8; 8], ConfigError> {
+    if prefix.is_empty() {
+        return Err(ConfigError::new(
+            ConfigErrorKind::InvalidName,
+            "the PostgreSQL store's prefix must not be empty",
+        ));
     }
     let mut h = Sha256::new();
     h.update(NAMESPACE_DOMAIN);
-    h.update(namespace.as_bytes());
+    h.update(prefix.as_bytes());
     let mut out = [0u8; 8];
     out.copy_from_slice(&h.finalize()[..8]);
     Ok(out)
 }
 
-pub(super) fn key_bytes(namespace: &[u8; 8], key: &StoreKey) -> KeyBytes {
+pub(super) fn key_bytes(prefix: &[u8; 8], key: &StoreKey) -> KeyBytes {
     let mut out = [0u8; 40];
-    out[..8].copy_from_slice(namespace);
+    out[..8].copy_from_slice(prefix);
     out[8..].copy_from_slice(key.id());
     out
 }
@@ -58,7 +61,7 @@ pub(super) fn millis(d: Duration) -> i64 {
 }
 
 /// Checks a table name: `name` or `schema.name`, each part a lowercase identifier.
-pub(super) fn check_table(table: &str) -> Result<(), InvalidConfig> {
+pub(super) fn check_table(table: &str) -> Result<(), ConfigError> {
     let part_ok = |p: &str| {
         let mut bytes = p.bytes();
         p.len() <= MAX_NAME_PART
@@ -76,7 +79,10 @@ pub(super) fn check_table(table: &str) -> Result<(), InvalidConfig> {
     if ok {
         Ok(())
     } else {
-        Err(InvalidConfig::TableName)
+        Err(ConfigError::new(
+            ConfigErrorKind::InvalidName,
+            "the PostgreSQL store's table must be a lowercase identifier, optionally schema-qualified",
+        ))
     }
 }
 
@@ -213,7 +219,11 @@ mod tests {
             "t-1",
             &"a".repeat(49),
         ] {
-            assert_eq!(check_table(bad), Err(InvalidConfig::TableName), "{bad}");
+            assert_eq!(
+                check_table(bad).map_err(|e| e.kind()),
+                Err(ConfigErrorKind::InvalidName),
+                "{bad}"
+            );
         }
     }
 
@@ -249,12 +259,15 @@ mod tests {
     }
 
     #[test]
-    fn namespaces_change_the_key_and_are_required() {
+    fn prefixes_change_the_key_and_are_required() {
         let key = StoreKey::from_parts([1; 32], [2; 32]);
-        let a = key_bytes(&namespace_hash("a").unwrap(), &key);
-        let b = key_bytes(&namespace_hash("b").unwrap(), &key);
+        let a = key_bytes(&prefix_hash("a").unwrap(), &key);
+        let b = key_bytes(&prefix_hash("b").unwrap(), &key);
         assert_ne!(a, b);
         assert_eq!(&a[8..], key.id());
-        assert_eq!(namespace_hash(""), Err(InvalidConfig::EmptyNamespace));
+        assert_eq!(
+            prefix_hash("").map_err(|e| e.kind()),
+            Err(ConfigErrorKind::InvalidName)
+        );
     }
 }

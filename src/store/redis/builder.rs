@@ -2,8 +2,9 @@
 
 use super::codec::prefix_of;
 use super::connection::{Connecting, Inner, Reconnect};
-use super::error::{InvalidNamespace, OpError};
+use super::error::OpError;
 use super::{DEFAULT_TIMEOUT, RECONNECT_TIMEOUT, RedisStore};
+use crate::error::ConfigError;
 use crate::store::{StoreError, StoreErrorKind};
 use ::redis::RedisError;
 use ::redis::aio::{ConnectionLike, ConnectionManager};
@@ -33,9 +34,9 @@ use std::time::Duration;
 /// ```
 #[must_use]
 pub struct RedisStoreBuilder<C = ConnectionManager> {
-    /// The key prefix of the namespace, or why the namespace was refused (reported by the
-    /// terminal method).
-    prefix: Result<String, InvalidNamespace>,
+    /// The key prefix made from the store prefix, or why the prefix was refused (reported by
+    /// the terminal method).
+    prefix: Result<String, ConfigError>,
     timeout: Duration,
     native_claim: bool,
     /// `None`: the terminal method's default (on for `connect`, off otherwise).
@@ -44,14 +45,15 @@ pub struct RedisStoreBuilder<C = ConnectionManager> {
 }
 
 impl<C> RedisStoreBuilder<C> {
-    /// A builder for a store keeping its records under `namespace`, with the defaults:
-    /// [`DEFAULT_TIMEOUT`], native claims, pipelining as the terminal method chooses, and
-    /// replacement of a silent connection only where the terminal method can make one.
+    /// A builder for a store keeping its records under `prefix`, with the default settings.
     ///
-    /// An empty namespace is refused when the store is built ([`InvalidNamespace`]).
-    pub fn new(namespace: &str) -> Self {
+    /// The prefix names the application. Two applications sharing one Redis need different
+    /// prefixes, or they would answer each other's requests. An empty prefix is refused when
+    /// the store is built, with a [`ConfigError`] of kind
+    /// [`InvalidName`](crate::ConfigErrorKind::InvalidName).
+    pub fn new(prefix: &str) -> Self {
         Self {
-            prefix: prefix_of(namespace),
+            prefix: prefix_of(prefix),
             timeout: DEFAULT_TIMEOUT,
             native_claim: true,
             pipelining: None,
@@ -61,7 +63,7 @@ impl<C> RedisStoreBuilder<C> {
 
     /// Bounds every store step (claim, complete, release, renew) to `timeout`, including the
     /// script load and retry a step may need; a step that takes longer fails with
-    /// [`StoreErrorKind::Timeout`]. Default: [`DEFAULT_TIMEOUT`] (1 s). At least 1 ms.
+    /// [`StoreErrorKind::Timeout`]. Default: 1 s. At least 1 ms.
     ///
     /// Keep it well below the lease: a claim must not outlive the lease it takes.
     pub fn timeout(mut self, timeout: Duration) -> Self {
@@ -118,15 +120,13 @@ impl<C> RedisStoreBuilder<C> {
         self
     }
 
-    /// Replaces the connection with one made by `connect` after
-    /// [`RECONNECT_AFTER_TIMEOUTS`](super::RECONNECT_AFTER_TIMEOUTS) operation timeouts in a
-    /// row (see the [module docs](super#failures)): for a connection that can go silent
+    /// Replaces the connection with one made by `connect` after 2 operation timeouts in a row
+    /// (see the [module docs](super#failures)). This is for a connection that can go silent
     /// without failing (half-open), which its own reconnection never notices.
     /// [`connect`](RedisStoreBuilder::connect) and `connect_cluster` set one by themselves (a
     /// new connection from the same URL or nodes); this one takes its place.
     ///
-    /// `connect` runs in a task of its own, one at a time, bounded by [`RECONNECT_TIMEOUT`];
-    /// when it fails or times out the store keeps its connection and tries again after the next
+    /// `connect` runs in a task of its own, one at a time, bounded by 5 s. When it fails or times out the store keeps its connection and tries again after the next
     /// run of timeouts.
     ///
     /// ```no_run
@@ -163,8 +163,8 @@ where
     /// [`reconnect`](Self::reconnect) is set.
     ///
     /// # Errors
-    /// [`InvalidNamespace`] when the namespace is empty.
-    pub fn build(self, conn: C) -> Result<RedisStore<C>, InvalidNamespace> {
+    /// A [`ConfigError`] when the prefix is empty.
+    pub fn build(self, conn: C) -> Result<RedisStore<C>, ConfigError> {
         let prefix = self.prefix?;
         Ok(RedisStore {
             inner: Arc::new(Inner::new(conn)),
@@ -182,7 +182,7 @@ impl RedisStoreBuilder<ConnectionManager> {
     /// of the `redis` crate) through a [`ConnectionManager`], which reconnects by itself after
     /// Redis comes back. Pipelining is on unless set.
     ///
-    /// Each connection attempt is bounded by [`DEFAULT_TIMEOUT`], and a lost connection is
+    /// Each connection attempt is bounded by 1 s, and a lost connection is
     /// retried twice with a short back-off before calls fail fast (the next call then tries
     /// again). Responses are bounded by the store's operation timeout, not by the connection.
     /// A connection that only times out (half-open) is replaced by a new `ConnectionManager`
@@ -191,12 +191,11 @@ impl RedisStoreBuilder<ConnectionManager> {
     /// build a `ConnectionManager` and use [`build`](Self::build).
     ///
     /// # Errors
-    /// `Unavailable` when the namespace is empty (source: [`InvalidNamespace`]), the URL is
-    /// invalid or the server cannot be reached; `Timeout` when connecting takes longer than
-    /// [`RECONNECT_TIMEOUT`].
+    /// `Unavailable` when the prefix is empty (source: a [`ConfigError`]), the URL is invalid
+    /// or the server cannot be reached. `Timeout` when connecting takes longer than 5 s.
     pub async fn connect(mut self, url: &str) -> Result<RedisStore, StoreError> {
         if let Err(e) = &self.prefix {
-            return Err(invalid_namespace(e.clone()));
+            return Err(invalid_prefix(e.clone()));
         }
         let client = ::redis::Client::open(url)
             .map_err(|e| OpError::from(e).into_store("invalid Redis URL"))?;
@@ -214,7 +213,7 @@ impl RedisStoreBuilder<ConnectionManager> {
             self = self.reconnect(connect);
         }
         self.pipelining = Some(self.pipelining.unwrap_or(true));
-        self.build(conn).map_err(invalid_namespace)
+        self.build(conn).map_err(invalid_prefix)
     }
 }
 
@@ -225,7 +224,7 @@ impl RedisStoreBuilder<::redis::cluster_async::ClusterConnection> {
     /// client learns the rest of the cluster from them and follows slot moves and failovers.
     /// Pipelining is off unless set.
     ///
-    /// Connection attempts and responses are bounded by [`DEFAULT_TIMEOUT`]. A connection that
+    /// Connection attempts and responses are bounded by 1 s. A connection that
     /// only times out (half-open) is replaced by a new `ClusterConnection` from the same nodes
     /// after a run of timeouts, as [`connect`](RedisStoreBuilder::connect) does (see the
     /// [module docs](super#failures)), unless [`reconnect`](Self::reconnect) says otherwise.
@@ -233,9 +232,8 @@ impl RedisStoreBuilder<::redis::cluster_async::ClusterConnection> {
     /// [`redis::cluster::ClusterClient::builder`] and use [`build`](Self::build).
     ///
     /// # Errors
-    /// `Unavailable` when the namespace is empty (source: [`InvalidNamespace`]), a node URL is
-    /// invalid or no node can be reached; `Timeout` when connecting takes longer than
-    /// [`RECONNECT_TIMEOUT`].
+    /// `Unavailable` when the prefix is empty (source: a [`ConfigError`]), a node URL is
+    /// invalid or no node can be reached. `Timeout` when connecting takes longer than 5 s.
     pub async fn connect_cluster<I, T>(
         mut self,
         nodes: I,
@@ -245,7 +243,7 @@ impl RedisStoreBuilder<::redis::cluster_async::ClusterConnection> {
         T: ::redis::IntoConnectionInfo,
     {
         if let Err(e) = &self.prefix {
-            return Err(invalid_namespace(e.clone()));
+            return Err(invalid_prefix(e.clone()));
         }
         let client = ::redis::cluster::ClusterClient::builder(nodes)
             .connection_timeout(DEFAULT_TIMEOUT)
@@ -264,7 +262,7 @@ impl RedisStoreBuilder<::redis::cluster_async::ClusterConnection> {
                 async move { client.get_async_connection().await }
             });
         }
-        self.build(conn).map_err(invalid_namespace)
+        self.build(conn).map_err(invalid_prefix)
     }
 }
 
@@ -280,6 +278,6 @@ impl<C> fmt::Debug for RedisStoreBuilder<C> {
     }
 }
 
-fn invalid_namespace(e: InvalidNamespace) -> StoreError {
-    StoreError::with_source(StoreErrorKind::Unavailable, "invalid namespace", e)
+fn invalid_prefix(e: ConfigError) -> StoreError {
+    StoreError::with_source(StoreErrorKind::Unavailable, "invalid prefix", e)
 }

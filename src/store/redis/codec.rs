@@ -2,11 +2,11 @@
 //!
 //! The layout is described in the [module docs](super#keys-and-values).
 
-use super::error::InvalidNamespace;
 use super::error::protocol;
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::record::Record;
 use crate::engine::scope::StoreKey;
+use crate::error::{ConfigError, ConfigErrorKind};
 use crate::store::{Claim, StoreError, Token};
 use ::redis::Value;
 use bytes::Bytes;
@@ -24,14 +24,17 @@ pub(super) const PENDING_LEN: usize = FP_END + 16;
 /// from the overflow Redis refuses when it adds an expiry to its clock.
 pub(super) const MAX_EXPIRY_MS: u64 = 100 * 365 * 24 * 60 * 60 * 1000;
 
-/// `ti:` and the first 16 hex digits of the namespace's domain-separated SHA-256.
-pub(super) fn prefix_of(namespace: &str) -> Result<String, InvalidNamespace> {
-    if namespace.is_empty() {
-        return Err(InvalidNamespace);
+/// `ti:` and the first 16 hex digits of the store prefix's domain-separated SHA-256.
+pub(super) fn prefix_of(prefix: &str) -> Result<String, ConfigError> {
+    if prefix.is_empty() {
+        return Err(ConfigError::new(
+            ConfigErrorKind::InvalidName,
+            "the Redis store's prefix must not be empty",
+        ));
     }
     let mut h = Sha256::new();
     h.update(NAMESPACE_DOMAIN);
-    h.update(namespace.as_bytes());
+    h.update(prefix.as_bytes());
     let digest = h.finalize();
     Ok(format!("ti:{}", crate::engine::scope::hex(&digest[..8])))
 }
@@ -178,12 +181,15 @@ mod tests {
     use crate::store::StoreErrorKind;
 
     #[test]
-    fn prefix_hides_the_namespace() {
+    fn prefix_hides_the_store_prefix() {
         let p = prefix_of("orders").unwrap();
         assert_eq!(p.len(), 3 + 16);
         assert!(p.starts_with("ti:") && !p.contains("orders"));
         assert_ne!(p, prefix_of("orders2").unwrap());
-        assert_eq!(prefix_of(""), Err(InvalidNamespace));
+        assert_eq!(
+            prefix_of("").map_err(|e| e.kind()),
+            Err(ConfigErrorKind::InvalidName)
+        );
     }
 
     #[test]

@@ -112,7 +112,7 @@ where
     }
 
     /// A success resets the count of timeouts; a timeout adds one, and the
-    /// [`RECONNECT_AFTER_TIMEOUTS`]th in a row starts a replacement unless one is under way.
+    /// `RECONNECT_AFTER_TIMEOUTS`th in a row starts a replacement unless one is under way.
     /// Other errors leave the count alone (the `ConnectionManager` handles a connection that
     /// fails). Outcomes on a connection already replaced are ignored.
     fn observe(&self, reconnect: &Reconnect<C>, generation: u64, error: Option<&OpError>) {

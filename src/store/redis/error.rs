@@ -6,7 +6,6 @@
 
 use crate::store::{StoreError, StoreErrorKind};
 use ::redis::{ErrorKind, RedisError, ServerErrorKind};
-use std::fmt;
 use tokio::time::error::Elapsed;
 
 /// Why a round trip failed.
@@ -143,19 +142,3 @@ mod tests {
         assert!(std::error::Error::source(&e).is_some_and(|s| s.is::<RedisError>()));
     }
 }
-
-/// The namespace given to a [`RedisStore`](super::RedisStore) was empty.
-///
-/// Two applications that share one Redis must use different namespaces, or they would answer
-/// each other's requests; an empty namespace is refused so none is forgotten.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct InvalidNamespace;
-
-impl fmt::Display for InvalidNamespace {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("the Redis store's namespace must not be empty")
-    }
-}
-
-impl std::error::Error for InvalidNamespace {}

@@ -1,10 +1,5 @@
 //! A Redis store, shared by every replica of a service: standalone Redis or Redis Cluster.
 //!
-//! When a service runs as more than one process, a retry may land on another replica than the
-//! first attempt; the [`MemoryStore`](super::MemoryStore) of that replica has never seen the
-//! key and would run the work again. [`RedisStore`] keeps the records in Redis, where every
-//! replica finds them.
-//!
 //! ```no_run
 //! use std::time::Duration;
 //! use tower_idempotency::engine::Engine;
@@ -20,6 +15,11 @@
 //! let engine = Engine::new(store);
 //! # let _ = engine; Ok(()) }
 //! ```
+//!
+//! When a service runs as more than one process, a retry may land on another replica than the
+//! first attempt; the [`MemoryStore`](super::MemoryStore) of that replica has never seen the
+//! key and would run the work again. [`RedisStore`] keeps the records in Redis, where every
+//! replica finds them.
 //!
 //! # Settings
 //!
@@ -81,9 +81,9 @@
 //!
 //! # Keys and values
 //!
-//! A record is one Redis string, keyed `ti:<ns>:{<id>}`: `<ns>` is the first 16 hex digits of a
-//! domain-separated SHA-256 of the namespace (the namespace itself is never stored), `<id>` the
-//! hex [`StoreKey::id`], already a hash of namespace, scope and client key. The id sits inside a
+//! A record is one Redis string, keyed `ti:<ns>:{<id>}`. `<ns>` is the first 16 hex digits of
+//! a domain-separated SHA-256 of the store's prefix; the prefix itself is never stored. `<id>`
+//! is the hex [`StoreKey::id`], already a hash of the door's namespace, scope and client key. The id sits inside a
 //! hash tag, so each record is its own cluster slot and one busy caller's keys spread over the
 //! whole cluster. The value is compact binary:
 //!
@@ -98,7 +98,7 @@
 //!
 //! # Server requirements
 //!
-//! Redis **5.0** or newer ([`MIN_REDIS_VERSION`]); [`RedisStore::verify`] checks it, and 7.0 or
+//! Redis **5.0** or newer; [`RedisStore::verify`] checks it, and 7.0 or
 //! newer for the native claim (older servers get the claim script, above). The
 //! scripts use only `GET`, `SET … NX PX`, `DEL` and `PEXPIRE` (all older than 3.0), but 5.0 is
 //! the first version that replicates a script by its effects by default: replicas and the AOF
@@ -107,7 +107,7 @@
 //!
 //! # Failures
 //!
-//! Every step is bounded by one operation timeout ([`DEFAULT_TIMEOUT`], 1 s; see
+//! Every step is bounded by one operation timeout (1 s by default; see
 //! [`RedisStoreBuilder::timeout`]), however many round trips it takes: a script the server
 //! answered `NOSCRIPT` for is loaded and sent again, and a native claim the server refused is
 //! sent as the script, all before the same deadline. Errors keep the Redis error as their
@@ -133,11 +133,11 @@
 //! retransmission timeout, about 15 minutes), and the `ConnectionManager` reconnects only on a
 //! connection *error*, never on a timeout, so every call would time out until then. The store
 //! made by [`RedisStore::connect`] therefore counts consecutive operation timeouts on its
-//! connection: after [`RECONNECT_AFTER_TIMEOUTS`] (2) in a row it makes a fresh
-//! `ConnectionManager` from the same URL and settings, in the background (bounded by
-//! [`RECONNECT_TIMEOUT`]), and the calls after it use the new connection (logged at `warn`).
-//! Any successful call resets the count; one replacement is made at a time; a replacement
-//! that fails keeps the old connection and is tried again after the next run of timeouts.
+//! connection. After 2 in a row it makes a fresh `ConnectionManager` from the same URL and
+//! settings, in the background, bounded by 5 s. The calls after it use the new connection
+//! (logged at `warn`). Any successful call resets the count. One replacement is made at a
+//! time. A replacement that fails keeps the old connection, and is tried again after the next
+//! run of timeouts.
 //! Calls already in flight finish on the connection they started on, which closes once the
 //! last of them is done. Measured in `tests/faults/proxy.rs`: with a 300 ms operation timeout,
 //! a store whose connection went half-open answers again about 0.9 s later (three 503s: the two
@@ -226,29 +226,28 @@ use self::connection::{Inner, Reconnect};
 use self::error::OpError;
 
 pub use self::builder::RedisStoreBuilder;
-pub use self::error::InvalidNamespace;
 pub use self::verify::{EvictionCheck, VerifyReport};
 /// The `redis` crate this store is built on, for building connections of your own.
 pub use ::redis;
 
-/// The oldest Redis server the store works with: 5.0 (see the [module docs](self)).
-pub const MIN_REDIS_VERSION: (u32, u32, u32) = (5, 0, 0);
+/// The oldest Redis server the store works with (see the [module docs](self)).
+pub(crate) const MIN_REDIS_VERSION: (u32, u32, u32) = (5, 0, 0);
 
-/// The first Redis version whose `SET` takes `NX` and `GET` together: 7.0 (claims are then one
-/// native command; see the [module docs](self)).
-pub const NATIVE_CLAIM_VERSION: (u32, u32, u32) = (7, 0, 0);
+/// The first Redis version whose `SET` takes `NX` and `GET` together: claims are then one
+/// native command.
+pub(crate) const NATIVE_CLAIM_VERSION: (u32, u32, u32) = (7, 0, 0);
 
-/// The default bound on one store operation: 1 second.
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The default bound on one store operation.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Consecutive operation timeouts after which a store that can reconnect (made by
 /// [`RedisStore::connect`] or `connect_cluster`, or given [`RedisStoreBuilder::reconnect`])
-/// replaces its connection: 2. See the [module docs](self#failures).
-pub const RECONNECT_AFTER_TIMEOUTS: u32 = 2;
+/// replaces its connection. See the [module docs](self#failures).
+pub(crate) const RECONNECT_AFTER_TIMEOUTS: u32 = 2;
 
 /// The bound on making a connection: the first one in [`RedisStore::connect`], and each
-/// replacement after a run of timeouts: 5 seconds.
-pub const RECONNECT_TIMEOUT: Duration = Duration::from_secs(5);
+/// replacement after a run of timeouts.
+pub(crate) const RECONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// An idempotency [`Store`] in Redis or Redis Cluster, generic over the connection.
 ///
@@ -299,9 +298,9 @@ impl<C> fmt::Debug for RedisStore<C> {
 }
 
 impl<C> RedisStore<C> {
-    /// A builder for a store keeping its records under `namespace`: set the operation
-    /// timeout, native or scripted claims, pipelining or the replacement of a silent
-    /// connection, then connect or build over a connection.
+    /// A builder for a store keeping its records under `prefix`. Set the operation timeout,
+    /// native or scripted claims, pipelining or the replacement of a silent connection. Then
+    /// connect, or build over a connection.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -314,8 +313,8 @@ impl<C> RedisStore<C> {
     ///     .await?;
     /// # let _ = store; Ok(()) }
     /// ```
-    pub fn builder(namespace: &str) -> RedisStoreBuilder<C> {
-        RedisStoreBuilder::new(namespace)
+    pub fn builder(prefix: &str) -> RedisStoreBuilder<C> {
+        RedisStoreBuilder::new(prefix)
     }
 
     /// Whether commands are pipelined (see [`RedisStoreBuilder::pipelining`]).
@@ -326,7 +325,7 @@ impl<C> RedisStore<C> {
 
     /// Whether claims are sent as the native `SET … NX PX … GET` (see
     /// [`RedisStoreBuilder::native_claim`]); `false` also once the server refused it, or
-    /// [`verify`](Self::verify) found a server older than [`NATIVE_CLAIM_VERSION`].
+    /// [`verify`](Self::verify) found a server older than 7.0.
     #[must_use]
     pub fn native_claim(&self) -> bool {
         self.native_claim && !self.inner.native_claim_unsupported.load(Ordering::Relaxed)
@@ -338,8 +337,8 @@ impl<C> RedisStore<C> {
         self.timeout
     }
 
-    /// The prefix of every key this store writes (`ti:` and 16 hex digits of the hashed
-    /// namespace), for operators looking at Redis: a record's key is
+    /// The start of every key this store writes: `ti:` and 16 hex digits of the hashed store
+    /// prefix. For operators looking at Redis: a record's key is
     /// `<prefix>:{<StoreKey::id_hex>}` (see the [module docs](self#keys-and-values)).
     #[must_use]
     pub fn key_prefix(&self) -> &str {
@@ -353,35 +352,35 @@ impl<C> RedisStore<C> {
 }
 
 impl RedisStore<::redis::aio::ConnectionManager> {
-    /// Connects to the Redis at `url` with the default settings: a shortcut for
-    /// `RedisStore::builder(namespace).connect(url)` (see [`RedisStoreBuilder::connect`]).
+    /// Connects to the Redis at `url` with the default settings. A shortcut for
+    /// `RedisStore::builder(prefix).connect(url)`; see [`RedisStoreBuilder::connect`].
     ///
     /// # Errors
-    /// `Unavailable` when the namespace is empty (source: [`InvalidNamespace`]), the URL is
-    /// invalid or the server cannot be reached; `Timeout` when connecting takes longer than
-    /// [`RECONNECT_TIMEOUT`].
-    pub async fn connect(url: &str, namespace: &str) -> Result<Self, StoreError> {
-        Self::builder(namespace).connect(url).await
+    /// `Unavailable` when the prefix is empty (source: a [`ConfigError`](crate::ConfigError)),
+    /// the URL is invalid or the server cannot be reached. `Timeout` when connecting takes
+    /// longer than 5 s.
+    pub async fn connect(url: &str, prefix: &str) -> Result<Self, StoreError> {
+        Self::builder(prefix).connect(url).await
     }
 }
 
 #[cfg(feature = "redis-cluster")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis-cluster")))]
 impl RedisStore<::redis::cluster_async::ClusterConnection> {
-    /// Connects to a Redis Cluster through any of its `nodes` with the default settings: a
-    /// shortcut for `RedisStore::builder(namespace).connect_cluster(nodes)` (see
-    /// [`RedisStoreBuilder::connect_cluster`]).
+    /// Connects to a Redis Cluster through any of its `nodes` with the default settings. A
+    /// shortcut for `RedisStore::builder(prefix).connect_cluster(nodes)`; see
+    /// [`RedisStoreBuilder::connect_cluster`].
     ///
     /// # Errors
-    /// `Unavailable` when the namespace is empty (source: [`InvalidNamespace`]), a node URL is
-    /// invalid or no node can be reached; `Timeout` when connecting takes longer than
-    /// [`RECONNECT_TIMEOUT`].
-    pub async fn connect_cluster<I, T>(nodes: I, namespace: &str) -> Result<Self, StoreError>
+    /// `Unavailable` when the prefix is empty (source: a [`ConfigError`](crate::ConfigError)),
+    /// a node URL is invalid or no node can be reached. `Timeout` when connecting takes longer
+    /// than 5 s.
+    pub async fn connect_cluster<I, T>(nodes: I, prefix: &str) -> Result<Self, StoreError>
     where
         I: IntoIterator<Item = T>,
         T: ::redis::IntoConnectionInfo,
     {
-        Self::builder(namespace).connect_cluster(nodes).await
+        Self::builder(prefix).connect_cluster(nodes).await
     }
 }
 
@@ -390,8 +389,8 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// A store over an existing connection with the default settings, keeping records under
-    /// `namespace`: a shortcut for `RedisStore::builder(namespace).build(conn)` (see
-    /// [`RedisStoreBuilder::build`]; pipelining is off).
+    /// `prefix`. A shortcut for `RedisStore::builder(prefix).build(conn)`; see
+    /// [`RedisStoreBuilder::build`]. Pipelining is off.
     ///
     /// ```no_run
     /// use tower_idempotency::store::redis::{RedisStore, redis};
@@ -404,9 +403,9 @@ where
     /// ```
     ///
     /// # Errors
-    /// [`InvalidNamespace`] when `namespace` is empty.
-    pub fn new(conn: C, namespace: &str) -> Result<Self, InvalidNamespace> {
-        Self::builder(namespace).build(conn)
+    /// A [`ConfigError`](crate::ConfigError) when `prefix` is empty.
+    pub fn new(conn: C, prefix: &str) -> Result<Self, crate::ConfigError> {
+        Self::builder(prefix).build(conn)
     }
 
     /// A claim's answer: the native `SET … NX PX … GET` unless the store was built without it

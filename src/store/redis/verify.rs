@@ -10,8 +10,8 @@ impl<C> RedisStore<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// Checks the server at start-up: its version is at least [`MIN_REDIS_VERSION`] (below
-    /// [`NATIVE_CLAIM_VERSION`], claims use the script from then on), and its
+    /// Checks the server at start-up: its version is at least 5.0 (below 7.0, claims use the
+    /// script from then on), and its
     /// `maxmemory-policy` is `noeviction` (warned through `tracing` otherwise, since an evicted
     /// record lets the next duplicate run). On Redis Cluster every primary is checked.
     ///

@@ -22,8 +22,8 @@ use tonic::transport::{Channel, Server};
 use tonic::{Code, Request, Response, Status, Streaming};
 use tower::ServiceBuilder;
 use tower::retry::RetryLayer;
-use tower_idempotency::client::{Attempts, BufferRequestLayer, BufferedBody, StampKeyLayer};
 use tower_idempotency::{IdempotencyLayer, Principal};
+use tower_idempotency_client::{Attempts, BufferRequestLayer, BufferedBody, StampKeyLayer};
 
 /// Counts its calls; item "slow" waits until released, "flaky" is `UNAVAILABLE` on the first
 /// call (released by the layer, so the retry runs it again). `import` counts the messages it

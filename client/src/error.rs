@@ -1,28 +1,29 @@
-//! The error of a logical request whose attempts ended in a failure: what the last attempt met,
-//! how many were made, and the key to resume under.
+//! The error of a logical request whose attempts ended in a failure.
 
-use super::outcome::Failure;
+use super::outcome::RetryErrorKind;
 use super::policy::Attempts;
 use http::HeaderValue;
 use std::error::Error as StdError;
 use std::fmt;
 use tower::BoxError;
 
-/// The attempts of one logical request ended without a response: the last attempt's error,
-/// with how many attempts were made, why no further one was, and the key they all carried.
+/// The attempts of one logical request ended without a response.
 ///
-/// The key is what lets the caller resume: send the same request again, later or from another
-/// process, with [`key`](Self::key) in the key header, and a server that honours keys answers
-/// from its record if an attempt ran the work. Its `Debug` form shows the key as `Sensitive`,
-/// and its `Display` form leaves it out.
+/// It holds what the last attempt met ([`kind`](Self::kind)), that attempt's error
+/// ([`source`](StdError::source)), how many attempts were made and why no further one was
+/// ([`attempts`](Self::attempts)), and the key they all carried ([`key`](Self::key)).
 ///
-/// Both stacks return it: the tower stack as the `tower::BoxError` of the retry layer (when
-/// the service below it fails with a `BoxError`, as `tower::timeout::Timeout` does), the
-/// reqwest stack inside `reqwest_middleware::Error::Middleware` (see
-/// [`of_reqwest`](Self::of_reqwest), feature `reqwest`).
+/// The key lets the caller resume. Send the same request again with it, later or from another
+/// process. A server that honours keys answers from its record if an attempt ran the work.
+/// The `Debug` form shows the key as `Sensitive`; the `Display` form leaves it out.
+///
+/// Both stacks return it. The tower stack returns it as the retry layer's `tower::BoxError`,
+/// when the service below fails with a `BoxError` as `tower::timeout::Timeout` does. The
+/// reqwest stack returns it inside `reqwest_middleware::Error::Middleware`, where
+/// `RetryError::of_reqwest` finds it (feature `reqwest`).
 ///
 /// ```
-/// use tower_idempotency::client::RetryError;
+/// use tower_idempotency_client::RetryError;
 ///
 /// fn resume_key(err: &tower::BoxError) -> Option<String> {
 ///     let gave_up = err.downcast_ref::<RetryError>()?;
@@ -33,13 +34,13 @@ use tower::BoxError;
 /// ```
 #[derive(Debug)]
 pub struct RetryError {
-    failure: Failure,
+    failure: RetryErrorKind,
     attempts: Attempts,
     source: BoxError,
 }
 
 impl RetryError {
-    pub(crate) fn new(failure: Failure, attempts: Attempts, source: BoxError) -> Self {
+    pub(crate) fn new(failure: RetryErrorKind, attempts: Attempts, source: BoxError) -> Self {
         Self {
             failure,
             attempts,
@@ -49,7 +50,7 @@ impl RetryError {
 
     /// What the last attempt met: a timeout, a lost connection, a failed connect, …
     #[must_use]
-    pub fn kind(&self) -> Failure {
+    pub fn kind(&self) -> RetryErrorKind {
         self.failure
     }
 
@@ -59,21 +60,21 @@ impl RetryError {
         &self.attempts
     }
 
-    /// The idempotency key every attempt carried, to resume under; `None` for a request
+    /// The idempotency key every attempt carried, to resume under. `None` for a request
     /// without one.
     #[must_use]
     pub fn key(&self) -> Option<&HeaderValue> {
         self.attempts.key()
     }
 
-    /// The last attempt's error (a `reqwest_middleware::Error` for the reqwest stack).
+    /// The last attempt's error. For the reqwest stack it is a `reqwest_middleware::Error`.
     #[must_use]
-    pub fn into_source(self) -> BoxError {
+    pub fn into_inner(self) -> BoxError {
         self.source
     }
 
-    /// The `RetryError` inside an error of a `reqwest-middleware` client with
-    /// `RetryMiddleware`.
+    /// The `RetryError` inside the error of a `reqwest-middleware` client with
+    /// `RetryMiddleware`, if there is one.
     #[cfg(feature = "reqwest")]
     #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
     #[must_use]

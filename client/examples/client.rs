@@ -1,17 +1,18 @@
 //! Calling an idempotent API with retries, through a flaky network.
 //!
 //! ```text
-//! cargo run --example client --features reqwest
+//! cargo run -p tower-idempotency-client --example client --features reqwest
 //! ```
 //!
-//! Everything runs in this process, on loopback ports it picks: a quickstart-like order API
-//! behind `IdempotencyLayer`, and a flaky TCP proxy in front of it that loses the first answer
-//! after the handler ran (the connection closes), then resets the next connection. The client
-//! (`reqwest-middleware` with `RetryMiddleware`) stamps one key on the order and retries with
-//! it, since the policy declares the API (here, the proxy's address) as honouring keys; each
-//! attempt is printed (`RUST_LOG` overrides the filter), then the final answer: one
+//! Everything runs in this process, on loopback ports it picks. An order API runs behind
+//! `IdempotencyLayer`. A flaky TCP proxy in front of it loses the first answer after the
+//! handler ran, then resets the next connection.
+//!
+//! The client is `reqwest-middleware` with `RetryMiddleware`. It stamps one key on the order
+//! and retries with it: the policy declares the API, here the proxy's address, as honouring
+//! keys. Each attempt is printed; `RUST_LOG` overrides the filter. The final answer shows one
 //! execution on the server, the third attempt answered from the record. Last, the same key
-//! with another order: 422 `idempotency.key_reused`, returned at once with its problem details.
+//! with another order gets 422 `idempotency.key_reused` at once, with its problem details.
 
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
@@ -26,15 +27,15 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tower_idempotency::client::{Attempts, RetryMiddleware, RetryPolicy};
 use tower_idempotency::{IdempotencyLayer, Principal};
+use tower_idempotency_client::{Attempts, RetryMiddleware, RetryPolicy};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| "tower_idempotency::client=debug".into());
+        .unwrap_or_else(|_| "tower_idempotency_client=debug".into());
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_target(false)

@@ -5,14 +5,14 @@ use std::task::{Context, Poll};
 use tower_layer::Layer;
 use tower_service::Service;
 
-/// A fresh idempotency key: a random UUID v4 in its text form
-/// (`0f8fad5b-d9cb-469f-a165-70867728950e`), 122 bits from the operating system's random
-/// source.
+/// A fresh idempotency key: a random UUID v4 in its text form, such as
+/// `0f8fad5b-d9cb-469f-a165-70867728950e`. Its 122 random bits come from the operating
+/// system.
 ///
 /// # Panics
 ///
-/// If the operating system has no random source to give (`getrandom` fails), which a
-/// supported platform never does.
+/// If the operating system has no random source to give (`getrandom` fails). A supported
+/// platform never does that.
 #[must_use]
 pub fn new_key() -> String {
     let mut b = [0u8; 16];
@@ -32,8 +32,8 @@ pub fn new_key() -> String {
 
 const HEX: &[u8; 16] = b"0123456789abcdef";
 
-/// Which requests get a key and in which header; shared by the tower layer and the reqwest
-/// middleware.
+/// Which requests get a key, in which header. The tower layer and the reqwest middleware
+/// share it.
 #[derive(Clone, Debug)]
 pub(crate) struct Stamp {
     pub(crate) header: HeaderName,
@@ -42,7 +42,7 @@ pub(crate) struct Stamp {
 
 impl Default for Stamp {
     fn default() -> Self {
-        Self::with_header(crate::http::KEY_HEADER)
+        Self::with_header(crate::protocol::KEY_HEADER)
     }
 }
 
@@ -60,7 +60,7 @@ impl Stamp {
     }
 
     /// Whether a request of this method gets a key: the configured methods, by default every
-    /// method but the safe ones (the server layer's default set).
+    /// method but the safe ones. The server layer checks the same set by default.
     fn stamps(&self, method: &Method) -> bool {
         match &self.methods {
             Some(list) => list.contains(method),
@@ -71,27 +71,27 @@ impl Stamp {
         }
     }
 
-    /// Adds a fresh key unless the request carries one (a key given by the caller is kept).
+    /// Adds a fresh key unless the request carries one: a key given by the caller is kept.
     pub(crate) fn apply(&self, method: &Method, headers: &mut HeaderMap) {
         if self.stamps(method) && !headers.contains_key(&self.header) {
             let mut key = HeaderValue::try_from(new_key()).expect("a UUID is a valid header value");
-            // Kept out of `Debug` output (and HPACK tables on HTTP/2).
+            // Kept out of `Debug` output and of HPACK tables on HTTP/2.
             key.set_sensitive(true);
             headers.insert(self.header.clone(), key);
         }
     }
 }
 
-/// Stamps an idempotency key on each request that has none: the tower half of the client
-/// (the other half is [`RetryPolicy`](super::RetryPolicy) as a `tower::retry::Policy`).
+/// Stamps an idempotency key on each request that has none. With
+/// [`RetryPolicy`](crate::RetryPolicy) as a `tower::retry::Policy`, it makes the tower stack.
 ///
 /// Put it **outside** the retry layer, so that the key is chosen once per logical request and
-/// every attempt repeats it. Inside, each attempt would get a key of its own, which the
-/// server would take for a new request; the policy refuses to retry a keyless POST, so the
-/// mistake costs the retries, never a duplicate.
+/// every attempt repeats it. Inside, each attempt would get a key of its own, and the server
+/// would take it for a new request. The policy refuses to retry a keyless POST, so the mistake
+/// costs the retries, never a duplicate.
 ///
-/// By default every method but GET, HEAD, OPTIONS and TRACE is stamped (the set the server
-/// layer checks), in `Idempotency-Key`.
+/// By default every method but GET, HEAD, OPTIONS and TRACE is stamped, in `Idempotency-Key`.
+/// The server layer checks the same set of methods.
 #[derive(Clone, Debug, Default)]
 #[must_use]
 pub struct StampKeyLayer {
@@ -104,13 +104,18 @@ impl StampKeyLayer {
         Self::default()
     }
 
-    /// The header to put the key in (the server's and [`RetryPolicy::key_header`](super::RetryPolicy::key_header) must match).
+    /// The header to put the key in. The server's and
+    /// [`RetryPolicy::key_header`](crate::RetryPolicy::key_header) must match.
+    ///
+    /// Default: [`KEY_HEADER`](crate::KEY_HEADER), `Idempotency-Key`.
     pub fn header(mut self, name: HeaderName) -> Self {
         self.stamp.header = name;
         self
     }
 
     /// Only requests of these methods get a key.
+    ///
+    /// Default: every method but GET, HEAD, OPTIONS and TRACE.
     pub fn methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
         self.stamp.set_methods(methods);
         self
@@ -197,7 +202,7 @@ mod tests {
             "variant: {a}"
         );
         assert!(a.bytes().all(|c| c == b'-' || HEX.contains(&c)));
-        crate::IdempotencyKey::new(&a).unwrap();
+        tower_idempotency::IdempotencyKey::new(&a).unwrap();
     }
 
     #[test]

@@ -1,22 +1,26 @@
-//! The client door against the real server layer: both client stacks (`RetryMiddleware` on
-//! reqwest, `StampKeyLayer` + `RetryPolicy` on a hyper-util client) call the in-process app
-//! behind `IdempotencyLayer` with `MemoryStore` and with `RedisStore` (a `redis-server` on a
-//! free loopback port), through the TCP fault proxy of `tests/support/proxy.rs`.
+//! The client against the real server layer. Both stacks call the in-process app behind
+//! `IdempotencyLayer`: `RetryMiddleware` on reqwest, and `StampKeyLayer` with `RetryPolicy`
+//! on a hyper-util client. The app keeps its records in `MemoryStore`, or in `RedisStore` on a
+//! `redis-server` at a free loopback port. Calls go through the TCP fault proxy of
+//! `tests/support/proxy.rs`.
 //!
-//! Every scenario in `scenarios.rs` runs once per store and stack
-//! (`memory_tower::…`, `memory_reqwest::…`, `redis_tower::…`, `redis_reqwest::…`):
+//! Every scenario in `scenarios.rs` runs once per store and stack: `memory_tower::…`,
+//! `memory_reqwest::…`, `redis_tower::…`, `redis_reqwest::…`.
 //!
 //! ```text
-//! cargo test --features reqwest,redis,tonic --test client
+//! cargo test -p tower-idempotency-client --all-features --test client
 //! ```
 //!
 //! `grpc.rs` runs the tower stack on a tonic channel against a tonic server (feature `tonic`).
-//!
-//! A binary of its own rather than a module of `tests/faults`: the client is a door of its own
-//! (one binary per door or store family), and its tests need the `reqwest` feature where the
-//! store-fault tests need `redis` only.
+//! The helpers come from the workspace's `tests/support`, mounted by `support.rs`.
 
-#[path = "../support/mod.rs"]
+// Without `hyper-util` and `reqwest` some scenarios and helpers go unused.
+#![cfg_attr(
+    not(all(feature = "hyper-util", feature = "reqwest")),
+    allow(dead_code, unused_macros)
+)]
+
+#[allow(dead_code)]
 mod support;
 
 mod defaults;
@@ -56,9 +60,8 @@ macro_rules! scenarios {
 scenarios!(memory_tower, Backend::Memory, Stack::Tower);
 #[cfg(feature = "reqwest")]
 scenarios!(memory_reqwest, Backend::Memory, Stack::Reqwest);
-#[cfg(feature = "redis")]
 scenarios!(redis_tower, Backend::Redis, Stack::Tower);
-#[cfg(all(feature = "redis", feature = "reqwest"))]
+#[cfg(feature = "reqwest")]
 scenarios!(redis_reqwest, Backend::Redis, Stack::Reqwest);
 
 /// Expands every test of `defaults.rs` for one stack.
@@ -89,6 +92,8 @@ macro_rules! all_defaults {
     };
 }
 
+// The tower stack tells a failed connect from a lost answer by hyper-util's error.
+#[cfg(feature = "hyper-util")]
 all_defaults!(defaults_tower, Stack::Tower);
 #[cfg(feature = "reqwest")]
 all_defaults!(defaults_reqwest, Stack::Reqwest);

@@ -7,7 +7,7 @@ use crate::rig::{Backend, Call, Rig, Stack};
 use crate::support::proxy::Cut;
 use http::StatusCode;
 use std::time::Duration;
-use tower_idempotency::client::{Failure, Reason};
+use tower_idempotency_client::{RetryErrorKind, StopReason};
 
 /// A server without the layer runs every request. The answer to a stamped POST is lost after
 /// the handler ran: with the default policy (no server declared to honour keys) the client
@@ -22,9 +22,9 @@ pub(crate) async fn lost_answer_from_a_server_that_ignores_keys_is_not_retried(s
         .await
         .expect_err("the lost answer is the caller's error");
     let (failure, attempts) = err.retry();
-    assert_eq!(failure, Failure::ConnectionLost, "{}", err.text);
+    assert_eq!(failure, RetryErrorKind::ConnectionLost, "{}", err.text);
     assert_eq!(attempts.count(), 1, "not sent again: {attempts:?}");
-    assert_eq!(attempts.reason(), Reason::NotHonoured);
+    assert_eq!(attempts.reason(), StopReason::NotHonoured);
     let key = attempts
         .key()
         .expect("the stamped key")
@@ -52,7 +52,7 @@ pub(crate) async fn server_error_from_a_server_that_ignores_keys_is_not_retried(
         reply.describe()
     );
     assert_eq!(reply.attempts().count(), 1, "{}", reply.describe());
-    assert_eq!(reply.attempts().reason(), Reason::NotHonoured);
+    assert_eq!(reply.attempts().reason(), StopReason::NotHonoured);
     assert!(reply.attempts().key().is_some(), "the key to resume under");
     assert_eq!(rig.work.executions(), 1, "ran once");
 }
@@ -76,9 +76,9 @@ pub(crate) async fn refused_connect_is_retried_to_any_server(stack: Stack) {
         .await
         .expect_err("nothing listens");
     let (failure, attempts) = err.retry();
-    assert_eq!(failure, Failure::Connect, "{}", err.text);
+    assert_eq!(failure, RetryErrorKind::Connect, "{}", err.text);
     assert_eq!(attempts.count(), 4, "every attempt: {attempts:?}");
-    assert_eq!(attempts.reason(), Reason::AttemptsExhausted);
+    assert_eq!(attempts.reason(), StopReason::AttemptsExhausted);
     assert!(attempts.key().is_some());
 }
 
@@ -93,9 +93,9 @@ pub(crate) async fn give_up_error_carries_the_key_to_resume_under(stack: Stack) 
     let call = Call::post("clock");
     let err = rig.call(&call).await.expect_err("every answer lost");
     let (failure, attempts) = err.retry();
-    assert_eq!(failure, Failure::ConnectionLost, "{}", err.text);
+    assert_eq!(failure, RetryErrorKind::ConnectionLost, "{}", err.text);
     assert_eq!(attempts.count(), 4, "{attempts:?}");
-    assert_eq!(attempts.reason(), Reason::AttemptsExhausted);
+    assert_eq!(attempts.reason(), StopReason::AttemptsExhausted);
     let key = attempts
         .key()
         .expect("the key")
@@ -138,7 +138,7 @@ pub(crate) async fn permanent_server_errors_are_not_retried(stack: Stack) {
             "{status}: {}",
             reply.describe()
         );
-        assert_eq!(reply.attempts().reason(), Reason::Final);
+        assert_eq!(reply.attempts().reason(), StopReason::Final);
         assert_eq!(rig.work.executions(), before + 1, "{status} ran once");
     }
 }
@@ -155,7 +155,7 @@ async fn delays_follow_retry_after_then_the_backoff() {
     use std::sync::atomic::{AtomicUsize, Ordering};
     use tower::ServiceExt;
     use tower::retry::RetryLayer;
-    use tower_idempotency::client::{Attempts, RetryPolicy, StampKeyLayer};
+    use tower_idempotency_client::{Attempts, RetryPolicy, StampKeyLayer};
 
     let calls = Arc::new(AtomicUsize::new(0));
     let seen = Arc::clone(&calls);

@@ -2,25 +2,27 @@
 
 use super::classify::failure_of;
 use super::error::RetryError;
-use super::outcome::{Failure, Outcome};
-use super::policy::{Attempt, Attempts, Decision, Reason, RetryPolicy, key_prefix, log_attempt};
+use super::outcome::{Outcome, RetryErrorKind};
+use super::policy::{
+    Attempt, Attempts, Decision, RetryPolicy, StopReason, key_prefix, log_attempt,
+};
 use super::stamp::Stamp;
 use http::{Extensions, HeaderMap, Method};
 use reqwest_middleware::{Middleware, Next};
 use std::time::Instant;
 
-/// Stamps an idempotency key on each request that has none and retries it by the rules of
-/// [`RetryPolicy`], sending the same key every time; the final response gets an
-/// [`Attempts`] extension (`response.extensions().get::<Attempts>()`).
+/// Stamps an idempotency key on each request that has none, and retries it by the rules of
+/// [`RetryPolicy`] with the same key every time. The final response gets an [`Attempts`]
+/// extension: `response.extensions().get::<Attempts>()`.
 ///
 /// Each attempt sends a copy made with `reqwest::Request::try_clone`. A request whose body
-/// cannot be copied (a streaming body, `Body::wrap_stream`) is sent once and never retried
-/// ([`Reason::NotReplayable`]): buffer the body (`Vec<u8>`, `Bytes`, `String`, `.json(..)`) to
-/// make it retryable.
+/// cannot be copied is sent once and never retried, with [`StopReason::NotReplayable`]. That
+/// is a streaming body, `Body::wrap_stream`. Buffer the body to make it retryable: `Vec<u8>`,
+/// `Bytes`, `String`, `.json(..)`.
 ///
 /// ```
 /// use reqwest_middleware::ClientBuilder;
-/// use tower_idempotency::client::{RetryMiddleware, RetryPolicy};
+/// use tower_idempotency_client::{RetryMiddleware, RetryPolicy};
 ///
 /// let policy = RetryPolicy::new()
 ///     .keys_honoured_by(["api.example.com".parse().unwrap()])
@@ -34,12 +36,12 @@ use std::time::Instant;
 /// Put it first in the chain (outermost), so that middleware after it runs on every attempt.
 ///
 /// When the attempts end in an error, it is a [`RetryError`] inside
-/// `reqwest_middleware::Error::Middleware` ([`RetryError::of_reqwest`] finds it): the attempts,
-/// the key to resume under, what the last attempt met ([`RetryError::kind`]: a timeout, a
-/// failed connect, …), and that attempt's own `reqwest_middleware::Error` as its source.
+/// `reqwest_middleware::Error::Middleware`; [`RetryError::of_reqwest`] finds it. It holds the
+/// attempts, the key to resume under, and what the last attempt met ([`RetryError::kind`]).
+/// Its source is that attempt's own `reqwest_middleware::Error`.
 ///
 /// ```
-/// use tower_idempotency::client::RetryError;
+/// use tower_idempotency_client::RetryError;
 ///
 /// fn report(err: &reqwest_middleware::Error) {
 ///     if let Some(gave_up) = RetryError::of_reqwest(err) {
@@ -67,8 +69,10 @@ impl RetryMiddleware {
         }
     }
 
-    /// Only requests of these methods get a key (others are retried only when idempotent or
-    /// keyed by the caller).
+    /// Only requests of these methods get a key. Others are retried only when idempotent or
+    /// keyed by the caller.
+    ///
+    /// Default: every method but GET, HEAD, OPTIONS and TRACE.
     #[must_use]
     pub fn stamp_methods(mut self, methods: impl IntoIterator<Item = Method>) -> Self {
         if let Some(stamp) = &mut self.stamp {
@@ -77,8 +81,10 @@ impl RetryMiddleware {
         self
     }
 
-    /// Whether to stamp keys at all (default `true`). Without stamping only the requests that
-    /// carry a key of the caller's, and the idempotent methods, are retried.
+    /// Whether to stamp keys at all. Without stamping, only the idempotent methods and the
+    /// requests that carry the caller's own key are retried.
+    ///
+    /// Default: `true`.
     #[must_use]
     pub fn stamp(mut self, stamp: bool) -> Self {
         if !stamp {
@@ -109,7 +115,7 @@ impl Middleware for RetryMiddleware {
         let honoured = self
             .policy
             .honours(url.host_str(), url.port_or_known_default());
-        // The key, for the caller's answer (the request itself is consumed by each attempt).
+        // The key, for the caller's answer: each attempt consumes the request itself.
         let mut key_headers = HeaderMap::new();
         if let Some(v) = req.headers().get(header) {
             key_headers.insert(header.clone(), v.clone());
@@ -121,7 +127,7 @@ impl Middleware for RetryMiddleware {
             let result = next.clone().run(req, extensions).await;
             let attempt =
                 Attempt::new(&method, keyed, number, started.elapsed()).key_honoured(honoured);
-            let mut failure = Failure::Transport;
+            let mut failure = RetryErrorKind::Transport;
             let decision = {
                 let outcome = match &result {
                     Ok(res) => Outcome::response(res.status(), res.headers()),
@@ -131,7 +137,9 @@ impl Middleware for RetryMiddleware {
                     }
                 };
                 let decision = match self.policy.decide(&attempt, &outcome) {
-                    Decision::Retry(_) if spare.is_none() => Decision::Stop(Reason::NotReplayable),
+                    Decision::Retry(_) if spare.is_none() => {
+                        Decision::Stop(StopReason::NotReplayable)
+                    }
                     d => d,
                 };
                 log_attempt(&attempt, &key, &outcome, decision);
@@ -174,28 +182,28 @@ impl Middleware for RetryMiddleware {
 
 /// What a failed attempt says about the exchange. An error of another middleware is not a
 /// transport failure: it is returned, not retried.
-fn failure_of_middleware(err: &reqwest_middleware::Error) -> Failure {
+fn failure_of_middleware(err: &reqwest_middleware::Error) -> RetryErrorKind {
     match err {
         reqwest_middleware::Error::Reqwest(e) => failure_of_reqwest(e),
-        reqwest_middleware::Error::Middleware(_) => Failure::Other,
+        reqwest_middleware::Error::Middleware(_) => RetryErrorKind::Other,
     }
 }
 
-fn failure_of_reqwest(err: &reqwest::Error) -> Failure {
+fn failure_of_reqwest(err: &reqwest::Error) -> RetryErrorKind {
     if err.is_connect() {
-        Failure::Connect
+        RetryErrorKind::Connect
     } else if err.is_timeout() {
-        Failure::Timeout
+        RetryErrorKind::Timeout
     } else if err.is_request() {
         // Sending failed or the connection ended before the answer: a reset, or a response
         // cut off after the handler ran. Past the connect stage, an unreachable host is a
         // lost connection, not a failed connect.
-        match failure_of(err, Failure::ConnectionLost) {
-            Failure::Connect => Failure::ConnectionLost,
+        match failure_of(err, RetryErrorKind::ConnectionLost) {
+            RetryErrorKind::Connect => RetryErrorKind::ConnectionLost,
             f => f,
         }
     } else {
         // Building, redirects, bodies, decoding: a repeat would fail the same way.
-        Failure::Other
+        RetryErrorKind::Other
     }
 }

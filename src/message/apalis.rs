@@ -1,91 +1,87 @@
-//! The message door on [apalis](https://docs.rs/apalis) workers (jobs and queues built on tower
-//! services).
+//! The message door on [apalis](https://docs.rs/apalis) workers, jobs and queues built on
+//! tower services.
 //!
-//! [`JobIdempotencyLayer`] wraps a [`MessageIdempotencyLayer`] for a worker's layer stack:
-//! `WorkerBuilder::new(..).backend(storage).layer(JobIdempotencyLayer::new(..)).build(handler)`.
-//! An apalis [`Task`] is a [`Message`]:
+//! ```
+//! use tower_idempotency::MemoryStore;
+//! use tower_idempotency::message::MessageIdempotencyLayer;
+//! use tower_idempotency::message::apalis::ApalisLayer;
 //!
-//! - **key** ([`TaskKey`], default [`TaskKey::TaskId`]): the task's own idempotency key
-//!   (`TaskBuilder::idempotency_key`), else a task metadata entry `Idempotency-Key` (any case),
-//!   else the task's id. The backend gives a task its id when it is pushed and keeps it across
-//!   retries and redeliveries, so a redelivery is a duplicate, and two tasks pushed with equal
-//!   arguments are two jobs (a daily `Reminder { user: 5 }` runs every day). Keying by the
-//!   arguments instead is an opt-in, [`TaskKey::Arguments`], whose risks its docs state.
-//!   (apalis-redis and `MemoryStorage` themselves drop a second push under one
-//!   `idempotency_key`; the door catches the redeliveries of the first.)
-//! - **topic**: the task's queue (empty when the backend does not say; apalis-redis does not);
-//! - **body** (the fingerprint, which tells a reused key from a redelivery): the arguments as
-//!   JSON with every object's keys and every array's items sorted, so the order of a `HashMap`
-//!   or a `HashSet`, new at every deserialization, does not make a redelivery `KeyReused`. The
-//!   cost: under one given key, two tasks whose arguments differ only in the order of a list
-//!   are taken for one message (a duplicate, not `KeyReused`);
-//! - **consumer name** (the scope): the name of the worker *pool* — the same in every process
-//!   that works the queue, not `WorkerBuilder::new`'s per-worker name, or a task redelivered to
-//!   another worker would not be seen as a duplicate.
+//! let layer = ApalisLayer::new(MessageIdempotencyLayer::new(MemoryStore::new(), "email-workers"));
+//! // WorkerBuilder::new("email-worker-1").backend(storage).layer(layer).build(send_email)
+//! # let _ = layer;
+//! ```
+//!
+//! [`ApalisLayer`] wraps a [`MessageIdempotencyLayer`] for a worker's layer stack. An apalis
+//! [`Task`] is a [`Message`]:
+//!
+//! - **key**, by [`TaskKey`], default [`TaskKey::TaskId`]: the task's own idempotency key
+//!   (`TaskBuilder::idempotency_key`), else a task metadata entry `Idempotency-Key` in any
+//!   case, else the task's id. The backend gives a task its id when it is pushed, and keeps
+//!   it across retries and redeliveries. So a redelivery is a duplicate, and two tasks pushed
+//!   with equal arguments are two jobs: a daily `Reminder { user: 5 }` runs every day. Keying
+//!   by the arguments instead is an opt-in, [`TaskKey::Arguments`], whose risks its docs
+//!   state. apalis-redis and `MemoryStorage` themselves drop a second push under one
+//!   `idempotency_key`; the door catches the redeliveries of the first.
+//! - **topic**: the task's queue, empty when the backend does not say. apalis-redis does not.
+//! - **body**, the fingerprint that tells a reused key from a redelivery: the arguments as
+//!   JSON, with every object's keys and every array's items sorted. So the order of a
+//!   `HashMap` or a `HashSet`, new at every deserialization, does not make a redelivery
+//!   `KeyReused`. The cost: under one given key, two tasks whose arguments differ only in
+//!   the order of a list are taken for one message, a duplicate and not `KeyReused`.
+//! - **consumer name**, the scope: the name of the worker *pool*. It is the same in every
+//!   process that works the queue. It is not `WorkerBuilder::new`'s per-worker name, or a
+//!   task redelivered to another worker would not be seen as a duplicate.
 //!
 //! # Outcomes
 //!
-//! apalis reads a task's fate from its status: the backend files the task by it (done, retried,
-//! dead) and apalis' `RetryPolicy` stops at `Killed`. apalis sets the status from the handler's
-//! result, so the adapter sets it for every answer the door gives, including those that do
-//! not run the handler (without it, a task redelivered to apalis-redis keeps the `Running` it
-//! was fetched with, and is filed dead). The answer goes back to apalis as the [`Handled`]
-//! outcome (serialized into the task's result by backends that keep results) or as apalis'
+//! apalis reads a task's fate from its status. The backend files the task by it: done,
+//! retried, dead. apalis' `RetryPolicy` stops at `Killed`. apalis sets the status from the
+//! handler's result, so the adapter sets it for every answer the door gives, also those that
+//! do not run the handler. Without it, a task redelivered to apalis-redis keeps the `Running`
+//! it was fetched with, and is filed dead. The answer goes back to apalis as the [`Handled`]
+//! outcome, serialized into the task's result by backends that keep results, or as apalis'
 //! own errors:
 //!
 //! | outcome | answer to apalis | status | apalis-redis then |
 //! | --- | --- | --- | --- |
 //! | ran, untracked | `Ok(Handled::Ran / Untracked)` | `Done` | done |
-//! | completed duplicate | `Ok(Handled::Duplicate)` | `Done` | done |
-//! | duplicate in flight, [`InProgress::Skip`](super::InProgress::Skip) (an opt-in) | `Ok(Handled::Skipped)` | `Done` | done: if the first holder crashed mid-handler, its work is lost |
-//! | duplicate in flight, any other mode | `RetryAfterError` with the door's [`retry_after`](super::MessageError::retry_after) | `Pending` | rescheduled after *attempt* seconds (it does not read the delay); not an attempt, so never dead for it |
-//! | handler `Err(e)` (key released) | `Err(e)` unchanged | as apalis sets it: `Failed` (`Killed` for an `AbortError`, `Pending` for a `RetryAfterError`) | retried after *attempt* seconds, dead after 25 attempts |
+//! | completed duplicate | `Ok(Handled::Replayed)` | `Done` | done |
+//! | duplicate in flight, with the opt-in [`skip_in_flight`](MessageIdempotencyLayer::skip_in_flight) | `Ok(Handled::Skipped)` | `Done` | done: if the first holder crashed mid-handler, its work is lost |
+//! | duplicate in flight, past [`wait_in_flight`](MessageIdempotencyLayer::wait_in_flight) | `RetryAfterError` with the door's [`retry_after`](super::MessageError::retry_after) | `Pending` | rescheduled after *attempt* seconds, not reading the delay; not an attempt, so never dead for it |
+//! | handler `Err(e)`, key released | `Err(e)` unchanged | as apalis sets it: `Failed`, or `Killed` for an `AbortError`, `Pending` for a `RetryAfterError` | retried after *attempt* seconds, dead after 25 attempts |
 //! | a handler error the door does not retry | `AbortError` | `Killed` | dead, not retried |
-//! | a result classified unsuccessful (key released) | `Err` ([`Unsuccessful`]) | `Failed` | retried, as above |
-//! | store failure on claim | `Err` (the store error as source) | `Failed` | retried |
+//! | `Handled::Failed` or `Handled::Held`, the key released or held | `Err` ([`Unsuccessful`]) | `Failed` | retried, as above |
+//! | `Handled::Rejected`, the key released | `AbortError` of [`Unsuccessful`] | `Killed` | dead, not retried |
+//! | store failure on claim | `Err`, the store error as source | `Failed` | retried |
 //! | key reused, key missing or invalid, invalid record | `AbortError` | `Killed` | dead, not retried |
 //!
-//! A worker that dies mid-handler holds its task's claim until the engine's lease lapses (it
-//! renews it no longer). apalis-redis re-enqueues the dead worker's tasks once its heartbeats
-//! stop (`Config::heartbeat_interval` × `Config::missed_heartbeats`); each redelivery before
-//! the lease lapses is a duplicate in flight, rescheduled, and the first after it runs the
-//! task. A worker that dies after recording, before acknowledging, costs nothing: the
-//! redelivery is a completed duplicate.
+//! A worker that dies mid-handler holds its task's claim until the engine's lease lapses,
+//! since it renews it no longer. apalis-redis re-enqueues the dead worker's tasks once its
+//! heartbeats stop: `Config::heartbeat_interval` × `Config::missed_heartbeats`. Each
+//! redelivery before the lease lapses is a duplicate in flight, rescheduled, and the first
+//! after it runs the task. A worker that dies after recording, before acknowledging, costs
+//! nothing: the redelivery is a completed duplicate.
 //!
 //! # apalis' retry layer
 //!
-//! Add this layer *inside* apalis' retry layer (after `.retry(..)` in the builder chain, which
-//! makes it the inner one): each retry then goes through the door, a failed attempt having
-//! released the key. Outside the retry layer, retries would run under one claim, and a
-//! redelivery meanwhile would meet a key in flight.
+//! Add this layer *inside* apalis' retry layer: after `.retry(..)` in the builder chain,
+//! which makes it the inner one. Each retry then goes through the door, a failed attempt
+//! having released the key. Outside the retry layer, retries would run under one claim, and
+//! a redelivery meanwhile would meet a key in flight.
 //!
 //! `RetryPolicy` never retries a task whose status is `Killed`. Its own check for an
-//! `AbortError` compares the error's type, so it never matches the boxed errors of a worker's
-//! stack; the `Killed` status is what stops it: apalis sets it when the handler returns an
-//! `AbortError`, and the adapter with every `AbortError` it returns. apalis counts an attempt
-//! when the handler runs, so a refusal that does not run it (a duplicate in flight, a store
-//! failure) is retried without counting, at once, until the key is decided or the store
-//! answers: give the policy a backoff (`RetryPolicy::retries(n).with_backoff(..)`).
+//! `AbortError` compares the error's type, so it never matches the boxed errors of a
+//! worker's stack. The `Killed` status is what stops it. apalis sets it when the handler
+//! returns an `AbortError`, and the adapter with every `AbortError` it returns. apalis counts
+//! an attempt when the handler runs. So a refusal that does not run it, a duplicate in flight
+//! or a store failure, is retried at once without counting, until the key is decided or the
+//! store answers. Give the policy a backoff: `RetryPolicy::retries(n).with_backoff(..)`.
 //!
-//! apalis-redis retries a failed task on its own (the table above). apalis' in-memory
-//! `MemoryStorage` takes a task off its channel for good: an `Err` there is final unless the
-//! retry layer runs the task again in the worker, so configure retries there, or a handler's
+//! apalis-redis retries a failed task on its own, as in the table above. apalis' in-memory
+//! `MemoryStorage` takes a task off its channel for good. An `Err` there is final unless the
+//! retry layer runs the task again in the worker. So configure retries there, or a handler's
 //! error loses the message. The lease arithmetic of the [module
 //! docs](super#the-lease-and-the-brokers-redelivery) applies.
-//!
-//! ```
-//! use tower_idempotency::MemoryStore;
-//! use tower_idempotency::engine::Engine;
-//! use tower_idempotency::message::MessageIdempotencyLayer;
-//! use tower_idempotency::message::jobs::JobIdempotencyLayer;
-//!
-//! let layer = JobIdempotencyLayer::new(MessageIdempotencyLayer::new(
-//!     Engine::new(MemoryStore::new()),
-//!     "email-workers",
-//! ));
-//! // WorkerBuilder::new("email-worker-1").backend(storage).layer(layer).build(send_email)
-//! # let _ = layer;
-//! ```
 
 use super::error::{MessageError, MessageErrorKind};
 use super::key::{HeaderOrHash, KeyStrategy, Message, MessageKey};
@@ -203,15 +199,17 @@ fn write_json<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
     }
 }
 
-/// How the door finds an apalis task's key. Every strategy takes the task's own idempotency
-/// key first (`TaskBuilder::idempotency_key`), then a task metadata entry `Idempotency-Key`
-/// (any case); they differ in what keys a task that has neither.
+/// How the door finds an apalis task's key.
+///
+/// Every strategy takes the task's own idempotency key first, set by
+/// `TaskBuilder::idempotency_key`. Then a task metadata entry `Idempotency-Key`, in any case.
+/// They differ in what keys a task that has neither.
 ///
 /// ```
 /// use apalis_core::task::builder::TaskBuilder;
 /// use apalis_core::task::task_id::TaskId;
 /// use tower_idempotency::message::KeyStrategy;
-/// use tower_idempotency::message::jobs::TaskKey;
+/// use tower_idempotency::message::apalis::TaskKey;
 ///
 /// let reminder = |id: u64| TaskBuilder::new(5_u32).task_id(TaskId::from_int(id)).build();
 /// let (monday, tuesday) = (reminder(1), reminder(2));
@@ -222,19 +220,23 @@ fn write_json<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum TaskKey {
-    /// The task's id ([`TaskKey::task_id_key`]): the same for every retry and redelivery of
-    /// one task, never for two tasks. The default. A task without an id (apalis' backends give
-    /// every task one) has no key: it runs untracked, or is refused with
-    /// [`require_key`](MessageIdempotencyLayer::require_key).
+    /// The task's id, as [`TaskKey::task_id_key`] makes it. The default.
+    ///
+    /// It is the same for every retry and redelivery of one task, never for two tasks. A
+    /// task without an id has no key: it runs untracked, or is refused with
+    /// [`require_key`](MessageIdempotencyLayer::require_key). apalis' backends give every
+    /// task an id.
     #[default]
     TaskId,
-    /// The SHA-256 of the queue and the arguments as JSON (every object's keys sorted, arrays
-    /// in order; [`MessageKey::digest`]). **Tasks pushed with equal arguments are one job**:
-    /// the second is a duplicate and does not run, at any later time within the engine's
-    /// retention (a daily reminder with the same arguments runs once). Use it where a repeat
-    /// push is a producer's retry and equal arguments mean the same work. A `HashSet` in the
-    /// arguments (or any value whose JSON is not the same each time) keys each delivery
-    /// differently, so a redelivery runs again.
+    /// The [digest](MessageKey::digest) of the queue and the arguments as JSON. Every
+    /// object's keys are sorted; arrays keep their order.
+    ///
+    /// **Tasks pushed with equal arguments are one job.** The second is a duplicate and does
+    /// not run, at any later time within the engine's retention: a daily reminder with the
+    /// same arguments runs once. Use it where a repeat push is a producer's retry and equal
+    /// arguments mean the same work. A `HashSet` in the arguments, or any value whose JSON
+    /// is not the same each time, keys each delivery differently. A redelivery then runs
+    /// again.
     Arguments,
     /// No key unless the producer gave one: the task runs untracked, or is refused with
     /// [`require_key`](MessageIdempotencyLayer::require_key).
@@ -242,9 +244,10 @@ pub enum TaskKey {
 }
 
 impl TaskKey {
-    /// The key [`TaskKey::TaskId`] gives a task with this id (and no key of its own), to pass
-    /// to [`MessageIdempotencyLayer::forget`]. A digest, so it never equals a key a producer
-    /// gave, whatever the id spells.
+    /// The key [`TaskKey::TaskId`] gives a task with this id and no key of its own.
+    ///
+    /// Pass it to [`MessageIdempotencyLayer::forget`]. It is a digest, so it never equals a
+    /// key a producer gave, whatever the id spells.
     #[must_use]
     pub fn task_id_key(id: &TaskId) -> MessageKey {
         MessageKey::digest("", Some(TASK_ID_SCHEMA), id.to_string().as_bytes())
@@ -268,58 +271,59 @@ impl<Args: serde::Serialize> KeyStrategy<Task<Args>> for TaskKey {
     }
 }
 
-/// The message door for apalis workers; see the [module docs](self).
+/// The message door for apalis workers. See the [module docs](self).
 #[derive(Clone, Debug)]
 #[must_use]
-pub struct JobIdempotencyLayer<L> {
+pub struct ApalisLayer<L> {
     inner: L,
 }
 
-impl<St, C, F, P> JobIdempotencyLayer<MessageIdempotencyLayer<St, TaskKey, C, F, P>> {
-    /// The door configured as `layer` (its consumer name: the worker pool's), tasks keyed by
-    /// [`TaskKey::TaskId`]: the layer's default strategy, which would key a task by its
-    /// arguments, is replaced. Choose another with [`task_key`](Self::task_key); keep a
-    /// strategy of your own with [`custom_keys`](JobIdempotencyLayer::custom_keys).
-    pub fn new(layer: MessageIdempotencyLayer<St, HeaderOrHash, C, F, P>) -> Self {
+impl<St, C, F> ApalisLayer<MessageIdempotencyLayer<St, TaskKey, C, F>> {
+    /// The door configured as `layer`, tasks keyed by [`TaskKey::TaskId`].
+    ///
+    /// Name the layer's consumer after the worker pool. Its key strategy is replaced: the
+    /// default would key a task by its arguments. Choose another with
+    /// [`key_strategy`](ApalisLayer::key_strategy).
+    pub fn new(layer: MessageIdempotencyLayer<St, HeaderOrHash, C, F>) -> Self {
         Self {
             inner: layer.key_strategy(TaskKey::default()),
         }
     }
+}
 
-    /// Finds tasks' keys with `key` (default [`TaskKey::TaskId`]).
-    pub fn task_key(self, key: TaskKey) -> Self {
-        Self {
-            inner: self.inner.key_strategy(key),
+impl<St, K, C, F> ApalisLayer<MessageIdempotencyLayer<St, K, C, F>> {
+    /// Finds tasks' keys with `strategy`: a [`TaskKey`] or a strategy of your own.
+    /// Default: [`TaskKey::TaskId`].
+    ///
+    /// [`HeaderOrHash`] keys a task without a key by its arguments, as
+    /// [`TaskKey::Arguments`] does.
+    pub fn key_strategy<K2>(
+        self,
+        strategy: K2,
+    ) -> ApalisLayer<MessageIdempotencyLayer<St, K2, C, F>> {
+        ApalisLayer {
+            inner: self.inner.key_strategy(strategy),
         }
     }
 }
 
-impl<L> JobIdempotencyLayer<L> {
-    /// The door as `layer` is, its own key strategy kept (for a
-    /// `MessageIdempotencyLayer::new(..)` left as it is: `HeaderOrHash`, which keys a task
-    /// without a key by its arguments, as [`TaskKey::Arguments`] does).
-    pub fn custom_keys(layer: L) -> Self {
-        Self { inner: layer }
-    }
-}
-
-impl<S, St, K, C, F, P> Layer<S> for JobIdempotencyLayer<MessageIdempotencyLayer<St, K, C, F, P>> {
-    type Service = JobIdempotency<MessageIdempotency<S, St, K, C, F, P>>;
+impl<S, St, K, C, F> Layer<S> for ApalisLayer<MessageIdempotencyLayer<St, K, C, F>> {
+    type Service = ApalisService<MessageIdempotency<S, St, K, C, F>>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        JobIdempotency {
+        ApalisService {
             inner: self.inner.layer(inner),
         }
     }
 }
 
-/// The service made by [`JobIdempotencyLayer`].
+/// The service made by [`ApalisLayer`].
 #[derive(Clone, Debug)]
-pub struct JobIdempotency<T> {
+pub struct ApalisService<T> {
     inner: T,
 }
 
-impl<T> JobIdempotency<T> {
+impl<T> ApalisService<T> {
     /// The door's service.
     pub fn get_ref(&self) -> &T {
         &self.inner
@@ -331,28 +335,30 @@ impl<T> JobIdempotency<T> {
     }
 }
 
-/// The handler's result was classified unsuccessful: the key was released, and the task fails
-/// so the backend retries it.
+/// The handler ran, and the classifier released or held the key, or failed the task.
+///
+/// The task fails with it, so the backend retries it. For [`Handled::Rejected`] it comes
+/// inside an `AbortError`, and the task is killed.
 #[derive(Debug)]
 #[non_exhaustive]
 pub struct Unsuccessful;
 
 impl fmt::Display for Unsuccessful {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("the task's result was classified unsuccessful; it will run again")
+        f.write_str("the task's result was not recorded as done")
     }
 }
 
 impl std::error::Error for Unsuccessful {}
 
-impl<T, Args, R, E> Service<Task<Args>> for JobIdempotency<T>
+impl<T, Args, R, E> Service<Task<Args>> for ApalisService<T>
 where
     T: Service<Task<Args>, Response = Handled<R>, Error = MessageError<E>>,
     E: Into<BoxDynError>,
 {
     type Response = Handled<R>;
     type Error = BoxDynError;
-    type Future = JobFuture<T::Future>;
+    type Future = ApalisFuture<T::Future>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx).map_err(|e| to_apalis(e).1)
@@ -360,7 +366,7 @@ where
 
     fn call(&mut self, task: Task<Args>) -> Self::Future {
         let status = task.ctx().raw_status().clone();
-        JobFuture {
+        ApalisFuture {
             inner: self.inner.call(task),
             status,
         }
@@ -368,8 +374,8 @@ where
 }
 
 pin_project_lite::pin_project! {
-    /// The future of [`JobIdempotency`].
-    pub struct JobFuture<F> {
+    /// The future of [`ApalisService`].
+    pub struct ApalisFuture<F> {
         #[pin]
         inner: F,
         // The task's status, shared with apalis: what its backend and retry layer act on.
@@ -377,13 +383,13 @@ pin_project_lite::pin_project! {
     }
 }
 
-impl<F> fmt::Debug for JobFuture<F> {
+impl<F> fmt::Debug for ApalisFuture<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("JobFuture").finish_non_exhaustive()
+        f.debug_struct("ApalisFuture").finish_non_exhaustive()
     }
 }
 
-impl<F, R, E> Future for JobFuture<F>
+impl<F, R, E> Future for ApalisFuture<F>
 where
     F: Future<Output = Result<Handled<R>, MessageError<E>>>,
     E: Into<BoxDynError>,
@@ -393,9 +399,13 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let (status, out) = match ready!(this.inner.poll(cx)) {
-            Ok(Handled::Failed(_)) => (
+            Ok(Handled::Failed(_) | Handled::Held(_)) => (
                 Some(Status::Failed),
                 Err(Box::new(Unsuccessful) as BoxDynError),
+            ),
+            Ok(Handled::Rejected(_)) => (
+                Some(Status::Killed),
+                Err(Box::new(AbortError::new(Unsuccessful)) as BoxDynError),
             ),
             // Also when the handler did not run (a duplicate): the task is done.
             Ok(handled) => (Some(Status::Done), Ok(handled)),
@@ -411,10 +421,11 @@ where
     }
 }
 
-/// The door's error as apalis reads it, and the task status that goes with it (`None`: the
-/// one apalis set from the handler's own result). The handler's error unchanged (as an
-/// `AbortError` when the door does not retry it), a duplicate in flight as `RetryAfterError`,
-/// a store failure as a plain (retried) error, the rest as `AbortError` (not retried).
+/// The door's error as apalis reads it, and the task status that goes with it. `None` keeps
+/// the one apalis set from the handler's own result. The handler's error goes unchanged, or
+/// as an `AbortError` when the door does not retry it. A duplicate in flight goes as
+/// `RetryAfterError`, a store failure as a plain error that is retried, the rest as
+/// `AbortError`, not retried.
 fn to_apalis<E: Into<BoxDynError>>(e: MessageError<E>) -> (Option<Status>, BoxDynError) {
     let retryable = e.is_retryable();
     match e.split_handler() {
@@ -438,8 +449,7 @@ fn to_apalis<E: Into<BoxDynError>>(e: MessageError<E>) -> (Option<Status>, BoxDy
 mod tests {
     use super::*;
     use crate::MemoryStore;
-    use crate::engine::Engine;
-    use crate::message::InProgress;
+    use crate::engine::Verdict;
     use apalis_core::task::builder::TaskBuilder;
     use std::collections::{HashMap, HashSet};
     use std::convert::Infallible;
@@ -454,7 +464,7 @@ mod tests {
     }
 
     fn door() -> MessageIdempotencyLayer<MemoryStore> {
-        MessageIdempotencyLayer::new(Engine::new(MemoryStore::new()), "reminders")
+        MessageIdempotencyLayer::new(MemoryStore::new(), "reminders")
     }
 
     fn counting(
@@ -471,35 +481,32 @@ mod tests {
     #[tokio::test]
     async fn two_tasks_with_equal_arguments_both_run_by_default() {
         let runs = Arc::new(AtomicUsize::new(0));
-        let svc = JobIdempotencyLayer::new(door()).layer(counting(&runs));
+        let svc = ApalisLayer::new(door()).layer(counting(&runs));
         let monday = svc.clone().oneshot(task(5_u32, 1)).await.unwrap();
         let tuesday = svc.clone().oneshot(task(5_u32, 2)).await.unwrap();
         assert_eq!((monday, tuesday), (Handled::Ran(()), Handled::Ran(())));
         // A redelivery of one of them (same id) is its duplicate.
         let again = svc.oneshot(task(5_u32, 2)).await.unwrap();
-        assert_eq!(again, Handled::Duplicate(None));
+        assert_eq!(again, Handled::Replayed(None));
         assert_eq!(runs.load(Ordering::SeqCst), 2, "each task ran once");
     }
 
     #[tokio::test]
     async fn keying_by_arguments_is_an_opt_in_that_merges_equal_arguments() {
         let runs = Arc::new(AtomicUsize::new(0));
-        let svc = JobIdempotencyLayer::new(door())
-            .task_key(TaskKey::Arguments)
+        let svc = ApalisLayer::new(door())
+            .key_strategy(TaskKey::Arguments)
             .layer(counting(&runs));
         let first = svc.clone().oneshot(task(5_u32, 1)).await.unwrap();
         let second = svc.oneshot(task(5_u32, 2)).await.unwrap();
-        assert_eq!(
-            (first, second),
-            (Handled::Ran(()), Handled::Duplicate(None))
-        );
+        assert_eq!((first, second), (Handled::Ran(()), Handled::Replayed(None)));
         assert_eq!(runs.load(Ordering::SeqCst), 1);
     }
 
     #[tokio::test]
     async fn a_given_key_comes_before_the_task_id() {
         let runs = Arc::new(AtomicUsize::new(0));
-        let svc = JobIdempotencyLayer::new(door()).layer(counting(&runs));
+        let svc = ApalisLayer::new(door()).layer(counting(&runs));
         let keyed = |id| {
             TaskBuilder::new(5_u32)
                 .task_id(TaskId::from_int(id))
@@ -513,7 +520,7 @@ mod tests {
         // Another task (a producer's retry) under the same key does not run.
         assert_eq!(
             svc.oneshot(keyed(2)).await.unwrap(),
-            Handled::Duplicate(None)
+            Handled::Replayed(None)
         );
         assert_eq!(runs.load(Ordering::SeqCst), 1);
     }
@@ -546,15 +553,16 @@ mod tests {
     async fn a_redelivery_whose_hash_map_iterates_anew_is_a_duplicate_under_a_given_key() {
         let (a, b) = maps_in_two_orders();
         let keyed = |args| TaskBuilder::new(args).idempotency_key("order-17").build();
-        let svc = JobIdempotencyLayer::new(door()).layer(service_fn(
-            |_: Task<HashMap<String, u32>>| async { Ok::<_, Infallible>(()) },
-        ));
+        let svc =
+            ApalisLayer::new(door()).layer(service_fn(|_: Task<HashMap<String, u32>>| async {
+                Ok::<_, Infallible>(())
+            }));
         assert_eq!(
             svc.clone().oneshot(keyed(a)).await.unwrap(),
             Handled::Ran(())
         );
         let again = svc.oneshot(keyed(b)).await;
-        assert_eq!(again.unwrap(), Handled::Duplicate(None), "not KeyReused");
+        assert_eq!(again.unwrap(), Handled::Replayed(None), "not KeyReused");
     }
 
     /// Two sets with the same items whose plain JSON differs (their hashers differ).
@@ -572,16 +580,15 @@ mod tests {
     #[tokio::test]
     async fn a_redelivery_whose_hash_set_iterates_anew_is_a_duplicate_under_the_task_id() {
         let (a, b) = sets_in_two_orders();
-        let svc =
-            JobIdempotencyLayer::new(door()).layer(service_fn(|_: Task<HashSet<u32>>| async {
-                Ok::<_, Infallible>(())
-            }));
+        let svc = ApalisLayer::new(door()).layer(service_fn(|_: Task<HashSet<u32>>| async {
+            Ok::<_, Infallible>(())
+        }));
         assert_eq!(
             svc.clone().oneshot(task(a, 1)).await.unwrap(),
             Handled::Ran(())
         );
         let again = svc.oneshot(task(b, 1)).await;
-        assert_eq!(again.unwrap(), Handled::Duplicate(None), "not KeyReused");
+        assert_eq!(again.unwrap(), Handled::Replayed(None), "not KeyReused");
     }
 
     #[test]
@@ -611,7 +618,7 @@ mod tests {
     ) -> (Result<Handled<()>, BoxDynError>, Status) {
         let (started, release) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
         let (s, r) = (Arc::clone(&started), Arc::clone(&release));
-        let svc = JobIdempotencyLayer::new(layer).layer(service_fn(move |_: Task<u32>| {
+        let svc = ApalisLayer::new(layer).layer(service_fn(move |_: Task<u32>| {
             let (s, r) = (Arc::clone(&s), Arc::clone(&r));
             async move {
                 s.notify_one();
@@ -631,11 +638,8 @@ mod tests {
 
     #[tokio::test]
     async fn a_duplicate_in_flight_is_retried_after_the_doors_delay_not_completed() {
-        for mode in [
-            InProgress::Reject,
-            InProgress::Wait(Duration::from_millis(10)),
-        ] {
-            let (out, status) = duplicate_while_the_first_runs(door().in_progress(mode)).await;
+        for mode in [Duration::ZERO, Duration::from_millis(10)] {
+            let (out, status) = duplicate_while_the_first_runs(door().wait_in_flight(mode)).await;
             let e = out.expect_err("not acknowledged");
             let retry = e
                 .downcast_ref::<RetryAfterError>()
@@ -647,15 +651,14 @@ mod tests {
 
     #[tokio::test]
     async fn skip_acknowledges_a_duplicate_in_flight_only_when_chosen() {
-        let (out, status) =
-            duplicate_while_the_first_runs(door().in_progress(InProgress::Skip)).await;
+        let (out, status) = duplicate_while_the_first_runs(door().skip_in_flight(true)).await;
         assert_eq!(out.unwrap(), Handled::Skipped);
         assert_eq!(status, Status::Done);
     }
 
     #[tokio::test]
     async fn a_completed_duplicate_is_done_though_the_handler_did_not_run() {
-        let svc = JobIdempotencyLayer::new(door())
+        let svc = ApalisLayer::new(door())
             .layer(service_fn(|_: Task<u32>| async { Ok::<_, Infallible>(()) }));
         svc.clone().oneshot(task(5_u32, 1)).await.unwrap();
         let redelivery = task(5_u32, 1);
@@ -664,14 +667,14 @@ mod tests {
         let status = redelivery.ctx().raw_status().clone();
         assert_eq!(
             svc.oneshot(redelivery).await.unwrap(),
-            Handled::Duplicate(None)
+            Handled::Replayed(None)
         );
         assert_eq!(status.load(), Status::Done);
     }
 
     #[tokio::test]
     async fn a_reused_key_is_an_abort_error_and_kills_the_task() {
-        let svc = JobIdempotencyLayer::new(door())
+        let svc = ApalisLayer::new(door())
             .layer(service_fn(|_: Task<u32>| async { Ok::<_, Infallible>(()) }));
         let keyed = |args: u32| TaskBuilder::new(args).idempotency_key("k").build();
         svc.clone().oneshot(keyed(1)).await.unwrap();
@@ -689,9 +692,13 @@ mod tests {
 
     #[tokio::test]
     async fn an_unsuccessful_result_fails_the_task() {
-        let svc = JobIdempotencyLayer::new(door().classify(|ok: &bool| *ok)).layer(service_fn(
-            |_: Task<u32>| async { Ok::<_, Infallible>(false) },
-        ));
+        let svc = ApalisLayer::new(door().classify(|r: &Result<bool, Infallible>| match r {
+            Ok(true) => Verdict::Record,
+            _ => Verdict::Release,
+        }))
+        .layer(service_fn(|_: Task<u32>| async {
+            Ok::<_, Infallible>(false)
+        }));
         let t = task(5_u32, 1);
         // apalis marks it done: the handler returned `Ok`.
         t.ctx().raw_status().store(Status::Done);
@@ -702,8 +709,27 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_result_classified_fail_kills_the_task() {
+        let svc = ApalisLayer::new(door().classify(|r: &Result<bool, Infallible>| match r {
+            Ok(true) => Verdict::Record,
+            _ => Verdict::Fail,
+        }))
+        .layer(service_fn(|_: Task<u32>| async {
+            Ok::<_, Infallible>(false)
+        }));
+        let t = task(5_u32, 1);
+        t.ctx().raw_status().store(Status::Done);
+        let status = t.ctx().raw_status().clone();
+        let e = svc.oneshot(t).await.unwrap_err();
+        let abort = e.downcast_ref::<AbortError>().expect("an AbortError");
+        let cause = std::error::Error::source(abort).expect("the cause");
+        assert!(cause.downcast_ref::<Unsuccessful>().is_some(), "{cause}");
+        assert_eq!(status.load(), Status::Killed);
+    }
+
+    #[tokio::test]
     async fn a_handler_error_keeps_the_status_apalis_gave_it() {
-        let svc = JobIdempotencyLayer::new(door()).layer(service_fn(|_: Task<u32>| async {
+        let svc = ApalisLayer::new(door()).layer(service_fn(|_: Task<u32>| async {
             Err::<(), BoxDynError>(Box::new(AbortError::new("permanent")))
         }));
         let t = task(5_u32, 1);
@@ -727,9 +753,11 @@ mod tests {
 
         let runs = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&runs);
-        let layer = JobIdempotencyLayer::new(
-            door().permanent_errors(|e: &BoxDynError| e.downcast_ref::<CardDeclined>().is_some()),
-        );
+        let layer = ApalisLayer::new(door().classify(|r: &Result<(), BoxDynError>| match r {
+            Err(e) if e.downcast_ref::<CardDeclined>().is_some() => Verdict::Fail,
+            Ok(_) => Verdict::Record,
+            Err(_) => Verdict::Release,
+        }));
         let svc = layer.layer(service_fn(move |_: Task<u32>| {
             counted.fetch_add(1, Ordering::SeqCst);
             async { Err::<(), BoxDynError>(Box::new(CardDeclined)) }

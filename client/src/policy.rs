@@ -1,5 +1,5 @@
-//! The retry rules both client stacks share: [`RetryPolicy::decide`] takes what was sent, how
-//! often, and what came back, and answers retry-after-a-delay or stop.
+//! The retry rules both stacks share. [`RetryPolicy::decide`] takes what was sent, how often,
+//! and what came back. It answers: retry after a delay, or stop.
 
 use super::classify::{Verdict, classify};
 use super::outcome::Outcome;
@@ -8,28 +8,16 @@ use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use std::fmt;
 use std::time::Duration;
 
-/// The default of [`RetryPolicy::max_attempts`].
-pub const DEFAULT_MAX_ATTEMPTS: u32 = 5;
-/// The default of [`RetryPolicy::deadline`].
-pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
-/// The default of [`RetryPolicy::base_delay`].
-pub const DEFAULT_BASE_DELAY: Duration = Duration::from_millis(100);
-/// The default of [`RetryPolicy::max_delay`].
-pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(5);
-/// The default of [`RetryPolicy::max_retry_after`].
-pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
-
-/// When to retry a request and how long to wait first: the rules of the
-/// [module docs](super#the-rules), with limits.
+/// When to retry a request and how long to wait first: the [rules](crate#the-rules), with
+/// limits.
 ///
-/// One value serves every request of a client: it holds settings only, no per-request state
-/// (the stacks keep the attempt count and start time with each request). It is the
-/// `tower::retry::Policy` of the tower stack and the settings of
-/// `RetryMiddleware` (feature `reqwest`).
+/// One value serves every request of a client. It holds settings only: the stacks keep each
+/// request's attempt count and start time with the request. It is the `tower::retry::Policy`
+/// of the tower stack, and the settings of `RetryMiddleware` (feature `reqwest`).
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_idempotency::client::RetryPolicy;
+/// use tower_idempotency_client::RetryPolicy;
 ///
 /// let policy = RetryPolicy::new()
 ///     .keys_honoured_by(["api.example.com".parse().unwrap()])
@@ -65,34 +53,37 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// The defaults: 5 attempts within 30 s, backoff from 100 ms up to 5 s, a `Retry-After` of
-    /// up to 30 s honoured, the key in `Idempotency-Key`.
+    /// The defaults: 5 attempts within 30 s, backoff from 100 ms up to 5 s, a `Retry-After`
+    /// of up to 30 s honoured, the key in `Idempotency-Key`, no server declared to honour
+    /// keys.
     #[must_use]
     pub fn new() -> Self {
         Self {
-            max_attempts: DEFAULT_MAX_ATTEMPTS,
-            deadline: DEFAULT_DEADLINE,
-            base_delay: DEFAULT_BASE_DELAY,
-            max_delay: DEFAULT_MAX_DELAY,
-            max_retry_after: DEFAULT_MAX_RETRY_AFTER,
-            key_header: crate::http::KEY_HEADER,
+            max_attempts: 5,
+            deadline: Duration::from_secs(30),
+            base_delay: Duration::from_millis(100),
+            max_delay: Duration::from_secs(5),
+            max_retry_after: Duration::from_secs(30),
+            key_header: crate::protocol::KEY_HEADER,
             honoured: Honoured::Listed(Vec::new()),
         }
     }
 
-    /// Declares servers that honour idempotency keys: a keyed POST, PATCH or other
-    /// non-idempotent request to one of them is retried on every retryable outcome (5xx,
-    /// timeouts, lost connections), since a repeat under the same key is answered from the
-    /// record. To any other server such a request is retried only on an outcome that shows
-    /// nothing ran (see the [module docs](super#the-rules)).
+    /// Declares servers that honour idempotency keys. A keyed POST, PATCH or other
+    /// non-idempotent request to one of them is retried on every retryable outcome: a 5xx, a
+    /// timeout, a lost connection. A repeat under the same key is answered from the record.
+    /// To any other server such a request is retried only on an outcome that shows nothing
+    /// ran: see the [rules](crate#the-rules).
     ///
-    /// A server is its host, optionally with a port: `api.example.com` matches every port of
-    /// that host, `127.0.0.1:3000` only that port (a URL without a port has its scheme's
-    /// default, 80 or 443). Hosts compare without case. Calls add to the list.
+    /// A server is its host, with a port or without. `api.example.com` matches every port of
+    /// that host; `127.0.0.1:3000` matches that port only. A URL without a port has its
+    /// scheme's default, 80 or 443. Hosts compare without case. Calls add to the list.
+    ///
+    /// Default: no server.
     ///
     /// ```
     /// use http::uri::Authority;
-    /// use tower_idempotency::client::RetryPolicy;
+    /// use tower_idempotency_client::RetryPolicy;
     ///
     /// let policy = RetryPolicy::new().keys_honoured_by([
     ///     Authority::from_static("api.example.com"),
@@ -108,9 +99,9 @@ impl RetryPolicy {
         self
     }
 
-    /// Declares that every server this client calls honours idempotency keys: for a client of
-    /// one API behind this crate's layer (or another that de-duplicates by key), a tonic
-    /// channel above all (its requests carry no host at the retry layer).
+    /// Declares that every server this client calls honours idempotency keys. It suits a
+    /// client of one API that de-duplicates by key. It suits a tonic channel above all: its
+    /// requests carry no host at the retry layer.
     ///
     /// Risk: a server that ignores keys runs a retried POST again.
     #[must_use]
@@ -119,8 +110,8 @@ impl RetryPolicy {
         self
     }
 
-    /// Whether the server at `host` (`port` explicit or its scheme's default) was declared to
-    /// honour keys.
+    /// Whether the server at `host` and `port` was declared to honour keys. `port` is the
+    /// URL's, or its scheme's default.
     pub(crate) fn honours(&self, host: Option<&str>, port: Option<u16>) -> bool {
         match &self.honoured {
             Honoured::All => true,
@@ -133,8 +124,8 @@ impl RetryPolicy {
         }
     }
 
-    /// [`honours`](Self::honours) for an `http::Uri` (a URI without a host honours only
-    /// under [`keys_honoured_by_all`](Self::keys_honoured_by_all)).
+    /// [`honours`](Self::honours) for an `http::Uri`. A URI without a host honours only under
+    /// [`keys_honoured_by_all`](Self::keys_honoured_by_all).
     pub(crate) fn honours_uri(&self, uri: &http::Uri) -> bool {
         let port = uri.port_u16().or_else(|| match uri.scheme_str() {
             Some("https") => Some(443),
@@ -144,51 +135,64 @@ impl RetryPolicy {
         self.honours(uri.host(), port)
     }
 
-    /// The most attempts per request, the first one included (at least 1: `1` never retries).
+    /// The most attempts per request, the first one included. `1` never retries; `0` counts
+    /// as `1`.
+    ///
+    /// Default: 5.
     #[must_use]
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts.max(1);
         self
     }
 
-    /// No retry starts later than this after the first attempt started: a retry whose delay
-    /// would end past the deadline is not made. An attempt in progress is not cut short; bound
-    /// each attempt with your client's request timeout (reqwest's `timeout`, tower's
-    /// `TimeoutLayer` inside the retry).
+    /// No retry starts later than this after the first attempt started. A retry whose delay
+    /// would end past the deadline is not made. An attempt in progress is not cut short:
+    /// bound each attempt with the client's request timeout. That is reqwest's `timeout`, or
+    /// tower's `TimeoutLayer` inside the retry layer.
+    ///
+    /// Default: 30 s.
     #[must_use]
     pub fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = deadline;
         self
     }
 
-    /// The backoff of the first retry when the server gave no `Retry-After`; it doubles with
-    /// every retry up to [`max_delay`](Self::max_delay), and each delay is drawn between half
-    /// of it and all of it (jitter, so clients that failed together do not retry together).
+    /// The backoff of the first retry when the server gave no `Retry-After`. It doubles with
+    /// every retry up to [`max_delay`](Self::max_delay). Each delay is drawn between half of
+    /// it and all of it, so that clients that failed together do not retry together.
+    ///
+    /// Default: 100 ms.
     #[must_use]
     pub fn base_delay(mut self, delay: Duration) -> Self {
         self.base_delay = delay;
         self
     }
 
-    /// The longest backoff between two attempts (a `Retry-After` is bounded by
-    /// [`max_retry_after`](Self::max_retry_after) instead).
+    /// The longest backoff between two attempts. A `Retry-After` is bounded by
+    /// [`max_retry_after`](Self::max_retry_after) instead.
+    ///
+    /// Default: 5 s.
     #[must_use]
     pub fn max_delay(mut self, delay: Duration) -> Self {
         self.max_delay = delay;
         self
     }
 
-    /// The longest `Retry-After` (or gRPC `grpc-retry-pushback-ms`) honoured. A server that
-    /// asks for a longer wait gets no retry: its answer is returned at once
-    /// ([`Reason::RetryAfterTooLong`]), rather than retried earlier than it asked.
+    /// The longest `Retry-After` or gRPC `grpc-retry-pushback-ms` honoured. A server that
+    /// asks for a longer wait gets no retry: its answer is returned at once, with
+    /// [`StopReason::RetryAfterTooLong`]. It is never retried earlier than it asked.
+    ///
+    /// Default: 30 s.
     #[must_use]
     pub fn max_retry_after(mut self, limit: Duration) -> Self {
         self.max_retry_after = limit;
         self
     }
 
-    /// The request header that carries the key (default `Idempotency-Key`); must match the
-    /// server's and the stamping layer's.
+    /// The request header that carries the key. It must match the server's and the stamping
+    /// layer's.
+    ///
+    /// Default: [`KEY_HEADER`](crate::KEY_HEADER), `Idempotency-Key`.
     #[must_use]
     pub fn key_header(mut self, name: HeaderName) -> Self {
         self.key_header = name;
@@ -201,12 +205,12 @@ impl RetryPolicy {
         &self.key_header
     }
 
-    /// The decision after an attempt: retry after a delay, or stop (and why).
+    /// The decision after an attempt: retry after a delay, or stop and say why.
     ///
     /// ```
     /// use http::{HeaderMap, Method, StatusCode};
     /// use std::time::Duration;
-    /// use tower_idempotency::client::{Attempt, Decision, Outcome, Reason, RetryPolicy};
+    /// use tower_idempotency_client::{Attempt, Decision, Outcome, StopReason, RetryPolicy};
     ///
     /// let policy = RetryPolicy::new();
     /// let post = Method::POST;
@@ -221,46 +225,46 @@ impl RetryPolicy {
     /// // A 503 may follow a run: the keyed POST is retried only where keys are honoured.
     /// let none = HeaderMap::new();
     /// let unavailable = Outcome::response(StatusCode::SERVICE_UNAVAILABLE, &none);
-    /// assert_eq!(policy.decide(&first, &unavailable), Decision::Stop(Reason::NotHonoured));
+    /// assert_eq!(policy.decide(&first, &unavailable), Decision::Stop(StopReason::NotHonoured));
     /// let honoured = first.key_honoured(true);
     /// assert!(matches!(policy.decide(&honoured, &unavailable), Decision::Retry(_)));
     ///
     /// // The same POST without a key is never retried.
     /// let unkeyed = Attempt::new(&post, false, 1, Duration::ZERO);
-    /// assert_eq!(policy.decide(&unkeyed, &in_flight), Decision::Stop(Reason::NotKeyed));
+    /// assert_eq!(policy.decide(&unkeyed, &in_flight), Decision::Stop(StopReason::NotKeyed));
     ///
     /// // A 422 (the key was used for another request) is final.
     /// let reused = Outcome::response(StatusCode::UNPROCESSABLE_ENTITY, &none);
-    /// assert_eq!(policy.decide(&first, &reused), Decision::Stop(Reason::Final));
+    /// assert_eq!(policy.decide(&first, &reused), Decision::Stop(StopReason::Final));
     /// ```
     #[must_use]
     pub fn decide(&self, attempt: &Attempt<'_>, outcome: &Outcome<'_>) -> Decision {
         let (after, unrun) = match classify(outcome) {
-            Verdict::Final => return Decision::Stop(Reason::Final),
+            Verdict::Final => return Decision::Stop(StopReason::Final),
             Verdict::Retry { after, unrun } => (after, unrun),
         };
         if !is_idempotent(attempt.method) {
             if !attempt.keyed {
-                return Decision::Stop(Reason::NotKeyed);
+                return Decision::Stop(StopReason::NotKeyed);
             }
             // A server that ignores keys would run the work again: only an outcome that
             // shows nothing ran is repeated there.
             if !attempt.honoured && !unrun {
-                return Decision::Stop(Reason::NotHonoured);
+                return Decision::Stop(StopReason::NotHonoured);
             }
         }
         if attempt.number >= self.max_attempts {
-            return Decision::Stop(Reason::AttemptsExhausted);
+            return Decision::Stop(StopReason::AttemptsExhausted);
         }
         let delay = match after {
             Some(after) if after > self.max_retry_after => {
-                return Decision::Stop(Reason::RetryAfterTooLong);
+                return Decision::Stop(StopReason::RetryAfterTooLong);
             }
             Some(after) => after,
             None => self.backoff(attempt.number),
         };
         if attempt.elapsed.saturating_add(delay) > self.deadline {
-            return Decision::Stop(Reason::DeadlineExceeded);
+            return Decision::Stop(StopReason::DeadlineExceeded);
         }
         Decision::Retry(delay)
     }
@@ -294,8 +298,8 @@ pub(crate) fn is_idempotent(method: &Method) -> bool {
     )
 }
 
-/// What had been sent when an outcome arrived: the input of [`RetryPolicy::decide`] besides
-/// the outcome.
+/// What had been sent when an outcome arrived: the input of [`RetryPolicy::decide`] with the
+/// outcome.
 #[derive(Clone, Copy, Debug)]
 pub struct Attempt<'a> {
     method: &'a Method,
@@ -306,9 +310,9 @@ pub struct Attempt<'a> {
 }
 
 impl<'a> Attempt<'a> {
-    /// Attempt `number` (1 for the first) of a request of `method`, which carries an
-    /// idempotency key if `keyed`, `elapsed` after the first attempt started, to a server not
-    /// known to honour keys.
+    /// Attempt `number` of a request of `method`, 1 for the first. It carries an idempotency
+    /// key if `keyed`, and started `elapsed` after the first attempt. Its server is not known
+    /// to honour keys.
     #[must_use]
     pub fn new(method: &'a Method, keyed: bool, number: u32, elapsed: Duration) -> Self {
         Self {
@@ -320,8 +324,10 @@ impl<'a> Attempt<'a> {
         }
     }
 
-    /// Whether the server is known to honour the key (the stacks set it from
-    /// [`RetryPolicy::keys_honoured_by`]); default `false`.
+    /// Whether the server is known to honour the key. The stacks set it from
+    /// [`RetryPolicy::keys_honoured_by`].
+    ///
+    /// Default: `false`.
     #[must_use]
     pub fn key_honoured(mut self, honoured: bool) -> Self {
         self.honoured = honoured;
@@ -336,25 +342,25 @@ pub enum Decision {
     /// Send the same request, with the same key, after this delay.
     Retry(Duration),
     /// Return this outcome to the caller.
-    Stop(Reason),
+    Stop(StopReason),
 }
 
 /// Why the attempts stopped.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
-pub enum Reason {
-    /// The outcome is final: a success, or an answer a retry would not change (400, 401, 403,
-    /// 404, 413, 422 `idempotency.key_reused`, a 409 without `Retry-After`, …).
+pub enum StopReason {
+    /// The outcome is final: a success, or an answer a retry would not change. That is 400,
+    /// 401, 403, 404, 413, 422 `idempotency.key_reused`, a 409 without `Retry-After`, …
     Final,
     /// The outcome was retryable, but the request may not be repeated: a POST, PATCH or other
     /// non-idempotent method without an idempotency key.
     NotKeyed,
-    /// The outcome was retryable but may follow a run of the work (a 5xx, a timeout, a lost
-    /// connection), and the server is not known to honour keys
-    /// ([`RetryPolicy::keys_honoured_by`]): a repeat could run the work twice.
+    /// The outcome was retryable but may follow a run of the work: a 5xx, a timeout, a lost
+    /// connection. The server is not known to honour keys, see
+    /// [`RetryPolicy::keys_honoured_by`]. A repeat could run the work twice.
     NotHonoured,
-    /// The outcome was retryable, but the request's body cannot be sent again (a streaming
-    /// body); it was sent once.
+    /// The outcome was retryable, but the request's body cannot be sent again. It is a
+    /// streaming body, sent once.
     NotReplayable,
     /// The last allowed attempt was made.
     AttemptsExhausted,
@@ -364,8 +370,8 @@ pub enum Reason {
     RetryAfterTooLong,
 }
 
-impl Reason {
-    /// A short name for logs (`final`, `not_keyed`, …).
+impl StopReason {
+    /// A short name for logs and metrics: `final`, `not_keyed`, …
     #[must_use]
     pub fn as_str(self) -> &'static str {
         match self {
@@ -380,36 +386,36 @@ impl Reason {
     }
 }
 
-impl fmt::Display for Reason {
+impl fmt::Display for StopReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(self.as_str())
     }
 }
 
-/// How a response was obtained, inserted into the final response's extensions by both client
-/// stacks (`http::Response::extensions()`, `reqwest::Response::extensions()`), and carried by
-/// [`RetryError`](super::RetryError) when the attempts end in an error.
+/// How a response was obtained. Both stacks insert it into the final response's extensions:
+/// `http::Response::extensions()`, `reqwest::Response::extensions()`.
+/// [`RetryError`](crate::RetryError) carries it when the attempts end in an error.
 ///
-/// A response without it was not seen by a retrying stack: with tower, a request whose body
+/// A response without it was not seen by a retrying stack. With tower, a request whose body
 /// cannot be cloned bypasses the policy.
 ///
-/// Its `Debug` form shows the key as `Sensitive`: the key stands for the work, keep it out of
+/// Its `Debug` form shows the key as `Sensitive`. The key stands for the work: keep it out of
 /// logs.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Attempts {
     count: u32,
     replayed: bool,
-    reason: Reason,
+    reason: StopReason,
     key: Option<HeaderValue>,
 }
 
 impl Attempts {
     /// `count` attempts, the last answered with `headers` (empty for an error), stopped for
-    /// `reason`, under the key in `header` of the request's `request_headers`.
+    /// `reason`. The key is in `header` of the request's `request_headers`.
     pub(crate) fn new(
         count: u32,
         headers: &HeaderMap,
-        reason: Reason,
+        reason: StopReason,
         request_headers: &HeaderMap,
         header: &HeaderName,
     ) -> Self {
@@ -421,22 +427,22 @@ impl Attempts {
         Self {
             count,
             replayed: headers
-                .get(crate::http::REPLAYED_HEADER)
+                .get(crate::protocol::REPLAYED_HEADER)
                 .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"true")),
             reason,
             key,
         }
     }
 
-    /// How many attempts were made, this one included (1: no retry).
+    /// How many attempts were made, the last one included. 1 means no retry.
     #[must_use]
     pub fn count(&self) -> u32 {
         self.count
     }
 
-    /// Whether the server answered from the record of an earlier run
-    /// (`Idempotent-Replayed: true`): the work had been done by an attempt whose answer was
-    /// lost, or by an earlier call with the same key.
+    /// Whether the server answered from the record of an earlier run: `Idempotent-Replayed:
+    /// true`. An attempt whose answer was lost had done the work, or an earlier call with the
+    /// same key had.
     #[must_use]
     pub fn replayed(&self) -> bool {
         self.replayed
@@ -444,21 +450,21 @@ impl Attempts {
 
     /// Why no further attempt was made.
     #[must_use]
-    pub fn reason(&self) -> Reason {
+    pub fn reason(&self) -> StopReason {
         self.reason
     }
 
-    /// The idempotency key every attempt carried (stamped by the stack or given by the
-    /// caller), `None` for a request without one. Send the same request again later with it
-    /// (in the same header) to resume this logical request: a server that honours keys
-    /// answers from its record if an attempt ran the work.
+    /// The idempotency key every attempt carried, stamped by the stack or given by the
+    /// caller. `None` for a request without one. To resume this logical request, send it again
+    /// later with this key in the same header. A server that honours keys answers from its
+    /// record if an attempt ran the work.
     #[must_use]
     pub fn key(&self) -> Option<&HeaderValue> {
         self.key.as_ref()
     }
 }
 
-/// At most the first 8 characters of a key, for logs (never the whole key).
+/// At most the first 8 characters of a key, for logs: never the whole key.
 pub(crate) fn key_prefix(headers: &HeaderMap, name: &HeaderName) -> String {
     match headers.get(name).and_then(|v| v.to_str().ok()) {
         Some(key) => key.chars().take(8).collect(),
@@ -467,12 +473,12 @@ pub(crate) fn key_prefix(headers: &HeaderMap, name: &HeaderName) -> String {
 }
 
 /// The target of the client's events (one per attempt).
-const LOG_TARGET: &str = "tower_idempotency::client";
+const LOG_TARGET: &str = "tower_idempotency_client";
 
 /// The one event per attempt: its number, the method, at most 8 characters of the key, what
-/// came back and what follows. A retry is `INFO`; a stop on a retryable outcome (attempts,
-/// deadline or `Retry-After` exhausted) `WARN`; a final answer `DEBUG` on the first attempt and
-/// `INFO` after retries.
+/// came back and what follows. A retry is `INFO`. A stop on a retryable outcome is `WARN`. A
+/// final answer is `DEBUG` on the first attempt and `INFO` after retries. Each attempt is also
+/// counted (feature `metrics`).
 pub(crate) fn log_attempt(
     attempt: &Attempt<'_>,
     key: &str,
@@ -482,7 +488,7 @@ pub(crate) fn log_attempt(
     let (status, grpc_status, failure) = match *outcome {
         Outcome::Response { status, headers } => (
             Some(status.as_u16()),
-            crate::http::grpc::status_of(headers),
+            crate::protocol::status_of(headers),
             None,
         ),
         Outcome::Failed(f) => (None, None, Some(f)),
@@ -490,7 +496,7 @@ pub(crate) fn log_attempt(
     let n = attempt.number;
     let method = attempt.method.as_str();
     let elapsed_ms = u64::try_from(attempt.elapsed.as_millis()).unwrap_or(u64::MAX);
-    crate::metrics::client_attempt(match decision {
+    crate::metrics::attempt(match decision {
         Decision::Retry(_) => "retry",
         Decision::Stop(reason) => reason.as_str(),
     });
@@ -499,7 +505,9 @@ pub(crate) fn log_attempt(
             let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
             tracing::info!(target: LOG_TARGET, attempt = n, method, key, status, grpc_status, failure = ?failure, elapsed_ms, delay_ms, "idempotent request: retrying");
         }
-        Decision::Stop(reason @ (Reason::Final | Reason::NotKeyed | Reason::NotReplayable)) => {
+        Decision::Stop(
+            reason @ (StopReason::Final | StopReason::NotKeyed | StopReason::NotReplayable),
+        ) => {
             if n == 1 {
                 tracing::debug!(target: LOG_TARGET, attempt = n, method, key, status, grpc_status, failure = ?failure, elapsed_ms, reason = reason.as_str(), "idempotent request: done");
             } else {
@@ -516,7 +524,7 @@ pub(crate) fn log_attempt(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::client::outcome::Failure;
+    use crate::outcome::RetryErrorKind;
     use http::HeaderValue;
     use http::StatusCode;
 
@@ -600,7 +608,7 @@ mod tests {
         ] {
             assert_eq!(
                 decide_status(&p, &Method::POST, true, s),
-                Decision::Stop(Reason::Final),
+                Decision::Stop(StopReason::Final),
                 "{s} must not be retried"
             );
         }
@@ -612,12 +620,12 @@ mod tests {
         for m in [Method::POST, Method::PATCH] {
             assert_eq!(
                 decide_status(&p, &m, false, 503),
-                Decision::Stop(Reason::NotKeyed)
+                Decision::Stop(StopReason::NotKeyed)
             );
-            let failed = Outcome::Failed(Failure::ConnectionLost);
+            let failed = Outcome::Failed(RetryErrorKind::ConnectionLost);
             assert_eq!(
                 p.decide(&Attempt::new(&m, false, 1, Duration::ZERO), &failed),
-                Decision::Stop(Reason::NotKeyed)
+                Decision::Stop(StopReason::NotKeyed)
             );
         }
     }
@@ -631,19 +639,19 @@ mod tests {
             let o = Outcome::response(StatusCode::from_u16(s).unwrap(), &none);
             assert_eq!(
                 p.decide(&first, &o),
-                Decision::Stop(Reason::NotHonoured),
+                Decision::Stop(StopReason::NotHonoured),
                 "{s}"
             );
         }
         for f in [
-            Failure::Timeout,
-            Failure::ConnectionLost,
-            Failure::Transport,
+            RetryErrorKind::Timeout,
+            RetryErrorKind::ConnectionLost,
+            RetryErrorKind::Transport,
         ] {
             let o = Outcome::Failed(f);
             assert_eq!(
                 p.decide(&first, &o),
-                Decision::Stop(Reason::NotHonoured),
+                Decision::Stop(StopReason::NotHonoured),
                 "{f:?}"
             );
         }
@@ -651,7 +659,7 @@ mod tests {
             let o = Outcome::response(StatusCode::from_u16(s).unwrap(), &none);
             assert!(matches!(p.decide(&first, &o), Decision::Retry(_)), "{s}");
         }
-        let connect = Outcome::Failed(Failure::Connect);
+        let connect = Outcome::Failed(RetryErrorKind::Connect);
         assert!(matches!(p.decide(&first, &connect), Decision::Retry(_)));
         // Idempotent methods need no declaration.
         let put = Attempt::new(&Method::PUT, true, 1, Duration::ZERO);
@@ -708,7 +716,7 @@ mod tests {
         assert_eq!(d, Decision::Retry(Duration::from_secs(2)));
         assert_eq!(
             decide_status(&p, &Method::POST, true, 409),
-            Decision::Stop(Reason::Final)
+            Decision::Stop(StopReason::Final)
         );
     }
 
@@ -720,7 +728,7 @@ mod tests {
             &Attempt::new(&Method::POST, true, 1, Duration::ZERO).key_honoured(true),
             &Outcome::response(StatusCode::SERVICE_UNAVAILABLE, &h),
         );
-        assert_eq!(d, Decision::Stop(Reason::RetryAfterTooLong));
+        assert_eq!(d, Decision::Stop(StopReason::RetryAfterTooLong));
     }
 
     #[test]
@@ -728,10 +736,10 @@ mod tests {
         let p = RetryPolicy::new();
         let a = Attempt::new(&Method::POST, true, 1, Duration::ZERO).key_honoured(true);
         for f in [
-            Failure::Connect,
-            Failure::Timeout,
-            Failure::ConnectionLost,
-            Failure::Transport,
+            RetryErrorKind::Connect,
+            RetryErrorKind::Timeout,
+            RetryErrorKind::ConnectionLost,
+            RetryErrorKind::Transport,
         ] {
             assert!(matches!(
                 p.decide(&a, &Outcome::Failed(f)),
@@ -739,25 +747,25 @@ mod tests {
             ));
         }
         assert_eq!(
-            p.decide(&a, &Outcome::Failed(Failure::Other)),
-            Decision::Stop(Reason::Final)
+            p.decide(&a, &Outcome::Failed(RetryErrorKind::Other)),
+            Decision::Stop(StopReason::Final)
         );
     }
 
     #[test]
     fn stops_after_max_attempts() {
         let p = RetryPolicy::new().max_attempts(3);
-        let f = Outcome::Failed(Failure::Connect);
+        let f = Outcome::Failed(RetryErrorKind::Connect);
         let at = |n| Attempt::new(&Method::GET, false, n, Duration::ZERO);
         assert!(matches!(p.decide(&at(2), &f), Decision::Retry(_)));
         assert_eq!(
             p.decide(&at(3), &f),
-            Decision::Stop(Reason::AttemptsExhausted)
+            Decision::Stop(StopReason::AttemptsExhausted)
         );
         let once = RetryPolicy::new().max_attempts(0);
         assert_eq!(
             once.decide(&at(1), &f),
-            Decision::Stop(Reason::AttemptsExhausted)
+            Decision::Stop(StopReason::AttemptsExhausted)
         );
     }
 
@@ -773,7 +781,7 @@ mod tests {
         );
         assert_eq!(
             p.decide(&at(1100), &o),
-            Decision::Stop(Reason::DeadlineExceeded)
+            Decision::Stop(StopReason::DeadlineExceeded)
         );
     }
 
@@ -796,17 +804,17 @@ mod tests {
 
     #[test]
     fn attempts_reads_the_replayed_header_and_hides_the_key() {
-        let name = crate::http::KEY_HEADER;
+        let name = crate::protocol::KEY_HEADER;
         let h = headers(&[("idempotent-replayed", "true")]);
         let req = headers(&[("idempotency-key", "0f8fad5b-d9cb-469f-a165-70867728950e")]);
-        let a = Attempts::new(2, &h, Reason::Final, &req, &name);
+        let a = Attempts::new(2, &h, StopReason::Final, &req, &name);
         assert!(a.replayed());
         assert_eq!(a.key().unwrap(), "0f8fad5b-d9cb-469f-a165-70867728950e");
         assert!(!format!("{a:?}").contains("0f8fad5b"), "{a:?}");
         let none = Attempts::new(
             1,
             &HeaderMap::new(),
-            Reason::Final,
+            StopReason::Final,
             &HeaderMap::new(),
             &name,
         );
@@ -817,7 +825,10 @@ mod tests {
     #[test]
     fn logs_at_most_eight_characters_of_a_key() {
         let h = headers(&[("idempotency-key", "0f8fad5b-d9cb-469f-a165-70867728950e")]);
-        assert_eq!(key_prefix(&h, &crate::http::KEY_HEADER), "0f8fad5b");
-        assert_eq!(key_prefix(&HeaderMap::new(), &crate::http::KEY_HEADER), "-");
+        assert_eq!(key_prefix(&h, &crate::protocol::KEY_HEADER), "0f8fad5b");
+        assert_eq!(
+            key_prefix(&HeaderMap::new(), &crate::protocol::KEY_HEADER),
+            "-"
+        );
     }
 }

@@ -1,76 +1,76 @@
 //! The message door on [async-nats](https://docs.rs/async-nats) JetStream consumers.
 //!
-//! [`JetStreamConsumer`] takes each `jetstream::Message` a pull or push consumer yields, runs
-//! it through a handler wrapped in [`MessageIdempotencyLayer`](super::MessageIdempotencyLayer)
-//! (the handler sees the core `async_nats::Message`), and answers the server:
-//!
-//! | outcome (see the [outcomes table](super#outcomes)) | reply |
-//! | --- | --- |
-//! | ran, untracked, completed duplicate, skipped duplicate (opt-in) | `Ack` |
-//! | handler `Err`, or a result classified unsuccessful (key released) | `Nak` with backoff: 1 s, doubling per delivery, at most 60 s ([`failure_backoff`](JetStreamConsumer::failure_backoff)) |
-//! | handler `Err` that the layer calls [permanent](super::MessageIdempotencyLayer::permanent_errors) | `Term`, and a warning |
-//! | a duplicate in flight (the default [`Wait`](super::InProgress::Wait) past its bound, or [`Reject`](super::InProgress::Reject)) | `Nak` with backoff: 500 ms, doubling per delivery, at most 20 s and never past [`retry_after`](super::MessageError::retry_after) ([`in_flight_backoff`](JetStreamConsumer::in_flight_backoff)) |
-//! | the store failed on claim | `Nak` with backoff: 1 s, doubling per delivery, at most 60 s ([`store_backoff`](JetStreamConsumer::store_backoff)) |
-//! | the key reused by a different message | `Term`, and a warning |
-//! | no key where one is required, an invalid key, an invalid record | `Term`, and a warning |
-//!
-//! Every `Nak` carries a delay: nats-server redelivers a plain `Nak` at once (the consumer's
-//! `backoff` applies to `ack_wait` expiries only), and a failing handler would loop hot until
-//! `max_deliver` (unlimited by default).
-//!
-//! **A consumer that crashes mid-handler loses nothing** with these defaults: the server
-//! redelivers its message after `ack_wait` (30 s by default) while its claim is pending (the
-//! engine's lease, 60 s by default); the redelivery waits a second for the claim, is naked
-//! with a short delay that grows with each delivery, and runs once the lease has lapsed. Keep
-//! `max_deliver` unlimited, or its span of redeliveries longer than the lease.
-//!
-//! While the handler runs, `Progress` (`+WPI`) is sent every third of the consumer's
-//! `ack_wait`, so the server does not redeliver the message to another consumer mid-work; the
-//! engine renews the key's lease on its own schedule (a third of the lease) meanwhile. The
-//! consumer's `ack_wait` (and its `backoff`, when shorter) is read from the server with the
-//! first delivery of each consumer (one `CONSUMER.INFO` request, kept); set
-//! [`ack_wait`](JetStreamConsumer::ack_wait) to skip the request.
-//!
-//! **Keys** ([`keys`]): `Idempotency-Key`, else `Nats-Msg-Id` (the header JetStream itself
-//! de-duplicates publishes by, within the stream's duplicate window; an id that is not a valid
-//! key, over 255 bytes or not ASCII, is hashed into one), else the digest of the subject and
-//! payload. The consumer name given to the layer should be the durable consumer's name: two
-//! durable consumers of one stream each handle a message once.
-//!
 //! ```no_run
 //! use std::convert::Infallible;
 //! use tokio_stream::StreamExt;
 //! use tower::{ServiceBuilder, service_fn};
 //! use tower_idempotency::MemoryStore;
-//! use tower_idempotency::engine::Engine;
-//! use tower_idempotency::message::jetstream::{JetStreamConsumer, async_nats, keys};
-//! use async_nats::jetstream::{self, consumer::pull};
 //! use tower_idempotency::message::MessageIdempotencyLayer;
+//! use tower_idempotency::message::nats::{JetStreamConsumer, async_nats, keys};
+//! use async_nats::jetstream::{self, consumer::pull};
 //!
 //! # #[tokio::main] async fn main() -> Result<(), async_nats::Error> {
 //! let js = jetstream::new(async_nats::connect("127.0.0.1:4222").await?);
 //! let stream = js.get_stream("ORDERS").await?;
-//! let consumer: pull::Stream = stream
+//! let mut messages: pull::Stream = stream
 //!     .get_consumer::<pull::Config>("invoices")
 //!     .await?
 //!     .messages()
 //!     .await?;
 //!
 //! let handler = ServiceBuilder::new()
-//!     .layer(MessageIdempotencyLayer::new(Engine::new(MemoryStore::new()), "invoices").key_strategy(keys()))
+//!     .layer(MessageIdempotencyLayer::new(MemoryStore::new(), "invoices").key_strategy(keys()))
 //!     .service(service_fn(|m: async_nats::Message| async move {
 //!         // send the invoice for m.payload ...
 //!         Ok::<_, Infallible>(())
 //!     }));
-//! let consumer_loop = JetStreamConsumer::new(handler);
+//! let consumer = JetStreamConsumer::new(handler);
 //!
-//! let mut messages = consumer;
 //! while let Some(message) = messages.next().await {
-//!     let processed = consumer_loop.handle(message?).await;
+//!     let processed = consumer.handle(message?).await;
 //!     println!("{:?}", processed.reply);
 //! }
 //! # Ok(()) }
 //! ```
+//!
+//! [`JetStreamConsumer`] takes each `jetstream::Message` a pull or push consumer yields. It
+//! runs it through a handler wrapped in
+//! [`MessageIdempotencyLayer`](super::MessageIdempotencyLayer); the handler sees the core
+//! `async_nats::Message`. Then it answers the server:
+//!
+//! | outcome (see the [outcomes table](super#outcomes)) | reply |
+//! | --- | --- |
+//! | ran, untracked, replayed, skipped (opt-in) | `Ack` |
+//! | handler `Err` whose key was released, or `Handled::Failed` | `Nak` with backoff: 1 s, doubling per delivery, at most 60 s ([`failure_backoff`](JetStreamConsumer::failure_backoff)) |
+//! | a handler `Err` that is not retryable, or `Handled::Rejected` | `Term`, and a warning |
+//! | a key held: `Handled::Held`, or a handler `Err` with a `retry_after` | `Nak` as for a duplicate in flight |
+//! | a duplicate in flight, past [`wait_in_flight`](super::MessageIdempotencyLayer::wait_in_flight) | `Nak` with backoff: 500 ms, doubling per delivery, at most 20 s and never past [`retry_after`](super::MessageError::retry_after) ([`in_flight_backoff`](JetStreamConsumer::in_flight_backoff)) |
+//! | the store failed on claim | `Nak` with backoff: 1 s, doubling per delivery, at most 60 s ([`store_backoff`](JetStreamConsumer::store_backoff)) |
+//! | the key reused by a different message | `Term`, and a warning |
+//! | no key where one is required, an invalid key, an invalid record | `Term`, and a warning |
+//!
+//! Every `Nak` carries a delay. nats-server redelivers a plain `Nak` at once: the consumer's
+//! `backoff` applies to `ack_wait` expiries only. A failing handler would loop hot until
+//! `max_deliver`, which is unlimited by default.
+//!
+//! **A consumer that crashes mid-handler loses nothing** with these defaults. The server
+//! redelivers its message after `ack_wait`, 30 s by default, while its claim is pending for
+//! the engine's lease, 60 s by default. The redelivery waits a second for the claim. It is
+//! then naked with a short delay that grows with each delivery, and runs once the lease has
+//! lapsed. Keep `max_deliver` unlimited, or its span of redeliveries longer than the lease.
+//!
+//! While the handler runs, `Progress` (`+WPI`) is sent every third of the consumer's
+//! `ack_wait`. So the server does not redeliver the message to another consumer mid-work.
+//! The engine renews the key's lease on its own schedule meanwhile. The consumer's
+//! `ack_wait`, or its `backoff` when shorter, is read from the server with the first delivery
+//! of each consumer: one `CONSUMER.INFO` request, kept. Set
+//! [`ack_wait`](JetStreamConsumer::ack_wait) to skip the request.
+//!
+//! **Keys**, from [`keys`]: `Idempotency-Key`, else `Nats-Msg-Id`, else the digest of the
+//! subject and payload. JetStream itself de-duplicates publishes by `Nats-Msg-Id`, within the
+//! stream's duplicate window. An id that is not a valid key, over 255 bytes or not ASCII, is
+//! hashed into one. The consumer name given to the layer should be the durable consumer's
+//! name: two durable consumers of one stream each handle a message once.
 
 use super::error::{MessageError, MessageErrorKind};
 use super::key::{HeaderOrHash, Message};
@@ -106,9 +106,9 @@ impl Message for async_nats::Message {
     }
 }
 
-/// The key strategy for JetStream: `Idempotency-Key`, else `Nats-Msg-Id` (hashed when it is
-/// not a valid key: see [`HeaderOrHash::or_id_header`]), else the digest of subject and
-/// payload.
+/// The key strategy for JetStream: `Idempotency-Key`, else `Nats-Msg-Id`, else the digest of
+/// subject and payload. An id that is not a valid key is hashed: see
+/// [`HeaderOrHash::or_id_header`].
 pub fn keys() -> HeaderOrHash {
     HeaderOrHash::new().or_id_header(AsRef::<str>::as_ref(&async_nats::header::NATS_MESSAGE_ID))
 }
@@ -133,8 +133,8 @@ pub struct Processed<R, E> {
     pub outcome: Result<Handled<R>, MessageError<E>>,
     /// What the server was told.
     pub reply: Reply,
-    /// The reply could not be sent (the connection is gone): the server redelivers after
-    /// `ack_wait`, and the redelivery is answered from the record.
+    /// The reply could not be sent, as when the connection is gone. The server redelivers
+    /// after `ack_wait`, and the redelivery is answered from the record.
     pub reply_error: Option<async_nats::Error>,
 }
 
@@ -165,8 +165,8 @@ impl Backoff {
     }
 }
 
-/// Drives a layered handler from JetStream messages and acknowledges each one by its outcome.
-/// See the [module docs](self).
+/// Drives a layered handler from JetStream messages, and acknowledges each one by its
+/// outcome. See the [module docs](self).
 #[derive(Clone)]
 #[must_use]
 pub struct JetStreamConsumer<S> {
@@ -193,7 +193,7 @@ impl<S: fmt::Debug> fmt::Debug for JetStreamConsumer<S> {
 }
 
 impl<S> JetStreamConsumer<S> {
-    /// Drives `service`: a handler of `async_nats::Message` wrapped in
+    /// Drives `service`, a handler of `async_nats::Message` wrapped in
     /// [`MessageIdempotencyLayer`](super::MessageIdempotencyLayer).
     pub fn new(service: S) -> Self {
         Self {
@@ -206,35 +206,41 @@ impl<S> JetStreamConsumer<S> {
         }
     }
 
-    /// The consumer's `ack_wait`, instead of reading it from the server (by default it is read
-    /// with the first delivery of each consumer; 30 s, JetStream's default, when that fails).
-    /// Progress is sent every third of it while the handler runs. At least 3 ms.
+    /// The consumer's `ack_wait`, instead of reading it from the server. Default: read with
+    /// the first delivery of each consumer, or 30 s when that fails.
+    ///
+    /// Progress is sent every third of it while the handler runs. Values under 3 ms count as
+    /// 3 ms.
     pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
         self.ack_wait = Some(ack_wait.max(Duration::from_millis(3)));
         self
     }
 
-    /// The delay of a redelivery after the handler's error or a result classified
-    /// unsuccessful: `first` on the first delivery, doubling with each delivery, at most `max`
-    /// (default 1 s and 60 s). A handler error the layer calls permanent is terminated instead.
+    /// The delay of a redelivery after a handler's error or [`Handled::Failed`]. Default: 1 s,
+    /// at most 60 s.
+    ///
+    /// It is `first` on the first delivery and doubles with each delivery, up to `max`. A
+    /// handler's error that is not retryable is terminated instead.
     pub fn failure_backoff(mut self, first: Duration, max: Duration) -> Self {
         self.failure = Backoff::new(first, max);
         self
     }
 
-    /// The delay of a redelivery of a duplicate in flight: `first` on the first delivery,
-    /// doubling with each delivery, at most `max`, and never past the error's
-    /// [`retry_after`](super::MessageError::retry_after) (the lease the first claim has left,
-    /// at most a third of the lease). Default 500 ms and 20 s: a quick handler's duplicate is
-    /// decided within a second or two, and a crashed holder's message runs soon after its
-    /// lease lapses.
+    /// The delay of a redelivery of a duplicate in flight, or of a held key. Default: 500 ms,
+    /// at most 20 s.
+    ///
+    /// It is `first` on the first delivery and doubles with each delivery, up to `max`. It
+    /// is never past the error's [`retry_after`](super::MessageError::retry_after). A quick
+    /// handler's duplicate is decided within a second or two, and a crashed holder's message
+    /// runs soon after its lease lapses.
     pub fn in_flight_backoff(mut self, first: Duration, max: Duration) -> Self {
         self.in_flight = Backoff::new(first, max);
         self
     }
 
-    /// The delay of a redelivery after a store failure: `first` on the first delivery,
-    /// doubling with each delivery, at most `max` (default 1 s and 60 s).
+    /// The delay of a redelivery after a store failure. Default: 1 s, at most 60 s.
+    ///
+    /// It is `first` on the first delivery and doubles with each delivery, up to `max`.
     pub fn store_backoff(mut self, first: Duration, max: Duration) -> Self {
         self.store = Backoff::new(first, max);
         self
@@ -314,8 +320,8 @@ where
     S: Service<async_nats::Message, Response = Handled<R>, Error = MessageError<E>> + Clone,
     E: fmt::Display,
 {
-    /// Handles one delivery: runs it through the service (sending progress while it runs),
-    /// then acks, naks or terms it by the outcome.
+    /// Handles one delivery: runs it through the service, sending progress while it runs.
+    /// Then it acks, naks or terms it by the outcome.
     pub async fn handle(&self, message: async_nats::jetstream::Message) -> Processed<R, E> {
         let delivered = message.info().map_or(1, |i| i.delivered);
         let ack_wait = self.ack_wait_of(&message).await;
@@ -331,16 +337,23 @@ where
         };
         let reply = match &outcome {
             Ok(h) if h.is_ack() => Reply::Ack,
-            Ok(_) => Reply::Nak(Some(self.failure.at(delivered))),
+            Ok(Handled::Held(_)) => Reply::Nak(Some(self.in_flight.at(delivered))),
+            Ok(Handled::Failed(_)) => Reply::Nak(Some(self.failure.at(delivered))),
+            Ok(_) => {
+                tracing::warn!(target: "tower_idempotency::message", "message terminated: the handler's result fails the same way every time");
+                Reply::Term
+            }
             Err(e) => match e.kind() {
-                MessageErrorKind::Handler if e.is_retryable() => {
-                    Reply::Nak(Some(self.failure.at(delivered)))
-                }
-                MessageErrorKind::InFlight => {
+                MessageErrorKind::InFlight | MessageErrorKind::Handler
+                    if e.retry_after().is_some() =>
+                {
                     let grown = self.in_flight.at(delivered);
                     Reply::Nak(Some(
                         e.retry_after().map_or(grown, |after| grown.min(after)),
                     ))
+                }
+                MessageErrorKind::Handler if e.is_retryable() => {
+                    Reply::Nak(Some(self.failure.at(delivered)))
                 }
                 MessageErrorKind::Store => Reply::Nak(Some(self.store.at(delivered))),
                 _ => {

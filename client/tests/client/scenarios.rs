@@ -6,7 +6,7 @@ use crate::support::http::bounded;
 use crate::support::proxy::Cut;
 use http::StatusCode;
 use std::time::Duration;
-use tower_idempotency::client::Reason;
+use tower_idempotency_client::StopReason;
 
 async fn rig(backend: Backend, stack: Stack) -> Option<Rig> {
     Rig::start(backend, stack).await
@@ -36,7 +36,7 @@ pub(crate) async fn answer_lost_after_the_handler_ran_is_replayed(backend: Backe
         "the retry is answered from the record: {}",
         reply.describe()
     );
-    assert_eq!(attempts.reason(), Reason::Final);
+    assert_eq!(attempts.reason(), StopReason::Final);
     assert_eq!(
         reply.key().len(),
         36,
@@ -164,7 +164,7 @@ pub(crate) async fn key_reused_422_is_not_retried(backend: Backend, stack: Stack
         "the problem details reach the caller"
     );
     assert_eq!(reply.attempts().count(), 1, "{}", reply.describe());
-    assert_eq!(reply.attempts().reason(), Reason::Final);
+    assert_eq!(reply.attempts().reason(), StopReason::Final);
     assert!(!reply.attempts().replayed());
     assert_eq!(
         rig.proxy.accepted(),
@@ -211,7 +211,7 @@ pub(crate) async fn server_errors_are_retried_with_one_key_until_max_attempts(
         reply.describe()
     );
     assert_eq!(reply.attempts().count(), 4, "{}", reply.describe());
-    assert_eq!(reply.attempts().reason(), Reason::AttemptsExhausted);
+    assert_eq!(reply.attempts().reason(), StopReason::AttemptsExhausted);
     assert_eq!(rig.work.runs_of(&reply.key()), 4, "four attempts, one key");
     assert_eq!(rig.work.executions(), 4);
 }

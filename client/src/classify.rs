@@ -1,9 +1,10 @@
-//! Reading an outcome: which statuses, gRPC codes and failures may be retried, and the delay a
-//! server asked for (`Retry-After`, `grpc-retry-pushback-ms`).
+//! Reading an outcome: which statuses, gRPC codes and failures may be retried, and the delay
+//! a server asked for in `Retry-After` or `grpc-retry-pushback-ms`.
 
-use super::outcome::{Failure, Outcome};
-use crate::http::grpc::{self, GrpcCode};
-use crate::http::{GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, RejectionKind};
+use super::outcome::{Outcome, RetryErrorKind};
+use crate::protocol::{
+    self, GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, IN_FLIGHT_CODE, LAYER_CODE_PREFIX, grpc_code,
+};
 use http::header::RETRY_AFTER;
 use http::{HeaderMap, HeaderValue, StatusCode};
 use std::any::Any;
@@ -11,9 +12,9 @@ use std::error::Error;
 use std::io;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Whether an outcome may be retried, after the delay the server asked for if it did, and
-/// whether it shows that the attempt ran nothing (`unrun`: a repeat cannot run the work twice,
-/// even on a server that ignores keys).
+/// Whether an outcome may be retried, after the delay the server asked for if it did. `unrun`
+/// says the attempt ran nothing: a repeat cannot run the work twice, even on a server that
+/// ignores keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Verdict {
     Final,
@@ -31,11 +32,11 @@ impl Verdict {
 
 pub(crate) fn classify(outcome: &Outcome<'_>) -> Verdict {
     match *outcome {
-        Outcome::Failed(Failure::Other) => Verdict::Final,
+        Outcome::Failed(RetryErrorKind::Other) => Verdict::Final,
         // Only a failed connect is sure to have sent nothing.
-        Outcome::Failed(f) => Verdict::retry(None, f == Failure::Connect),
+        Outcome::Failed(f) => Verdict::retry(None, f == RetryErrorKind::Connect),
         Outcome::Response { status, headers } => {
-            if status == StatusCode::OK && grpc::is_grpc(headers) {
+            if status == StatusCode::OK && protocol::is_grpc(headers) {
                 classify_grpc(headers)
             } else {
                 classify_http(status, headers)
@@ -44,14 +45,14 @@ pub(crate) fn classify(outcome: &Outcome<'_>) -> Verdict {
     }
 }
 
-/// 408, 425, 429 and 5xx are transient, but for the 5xx that say the server cannot serve
-/// this request at all (501, 505, 506, 508, 510, 511); a 409 is the server's "in flight,
-/// retry later" only when it says when (`Retry-After`, as the layer's `idempotency.in_flight`
-/// does): a 409 without it is an application conflict that a repeat would meet again.
+/// 408, 425, 429 and 5xx are transient. The exceptions are the 5xx that say the server cannot
+/// serve this request at all: 501, 505, 506, 508, 510, 511. A 409 means "in flight, retry
+/// later" only when it says when, in `Retry-After`, as the layer's `idempotency.in_flight`
+/// does. A 409 without it is an application conflict that a repeat would meet again.
 ///
-/// The 4xx among them refuse the request (408: it did not arrive whole; 425: too early to
-/// risk; 429: too many; 409: the same key still runs), so nothing ran; a 5xx may follow a run
-/// (a proxy's 502 or 503 after it forwarded the request, a handler that failed half way).
+/// The 4xx among them refuse the request, so nothing ran. 408: it did not arrive whole. 425:
+/// too early to risk. 429: too many. 409: the same key still runs. A 5xx may follow a run: a
+/// proxy's 502 or 503 after it forwarded the request, a handler that failed half way.
 fn classify_http(status: StatusCode, headers: &HeaderMap) -> Verdict {
     let after = || retry_after(headers, SystemTime::now());
     match status.as_u16() {
@@ -63,23 +64,23 @@ fn classify_http(status: StatusCode, headers: &HeaderMap) -> Verdict {
     }
 }
 
-/// A gRPC response whose status arrived as headers (Trailers-Only, how servers send an error
-/// without messages). A status in the trailers comes with a response that has started: it is
+/// A gRPC response whose status arrived as headers: Trailers-Only, how servers send an error
+/// without messages. A status in the trailers comes with a response that has started. It is
 /// final for a retry layer, which has already passed the response on.
 ///
-/// - `UNAVAILABLE`: retried (the server did not run the call, or a retry under the same key
-///   is answered from its record);
-/// - `ABORTED` with `idempotency.in_flight`: retried after the pushback (another `ABORTED` is
-///   an application conflict);
-/// - `RESOURCE_EXHAUSTED` with a pushback: retried (the layer's `idempotency.scope_full`; a
-///   message over the size limit carries none);
-/// - a pushback that is negative or not a number: the server asks not to retry (gRPC A6);
-/// - everything else, `FAILED_PRECONDITION` (`idempotency.key_reused`) included: final.
+/// - `UNAVAILABLE`: retried. The server did not run the call, or a retry under the same key
+///   is answered from its record.
+/// - `ABORTED` with `idempotency.in_flight`: retried after the pushback. Another `ABORTED` is
+///   an application conflict.
+/// - `RESOURCE_EXHAUSTED` with a pushback: retried. It is the layer's
+///   `idempotency.scope_full`; a message over the size limit carries no pushback.
+/// - A pushback that is negative or not a number: the server asks not to retry (gRPC A6).
+/// - Everything else is final, `FAILED_PRECONDITION` for `idempotency.key_reused` included.
 ///
-/// A status whose message is the layer's own code (`idempotency.…`) was sent by the layer
-/// instead of running the call: nothing ran. Any other `UNAVAILABLE` may follow a run.
+/// A status whose message is the layer's own code, `idempotency.…`, was sent by the layer in
+/// place of the call: nothing ran. Any other `UNAVAILABLE` may follow a run.
 fn classify_grpc(headers: &HeaderMap) -> Verdict {
-    let Some(code) = grpc::status_of(headers) else {
+    let Some(code) = protocol::status_of(headers) else {
         return Verdict::Final;
     };
     let pushback = match headers.get(GRPC_RETRY_PUSHBACK_MS) {
@@ -92,12 +93,12 @@ fn classify_grpc(headers: &HeaderMap) -> Verdict {
     let message = headers
         .get(GRPC_MESSAGE)
         .map_or(&b""[..], HeaderValue::as_bytes);
-    let in_flight = message.starts_with(RejectionKind::InFlight.code().as_bytes());
-    let layer = message.starts_with(b"idempotency.");
-    match GrpcCode::from_i32(code) {
-        Some(GrpcCode::Unavailable) => Verdict::retry(pushback, layer),
-        Some(GrpcCode::Aborted) if in_flight => Verdict::retry(pushback, true),
-        Some(GrpcCode::ResourceExhausted) if pushback.is_some() => Verdict::retry(pushback, layer),
+    let in_flight = message.starts_with(IN_FLIGHT_CODE.as_bytes());
+    let layer = message.starts_with(LAYER_CODE_PREFIX.as_bytes());
+    match code {
+        grpc_code::UNAVAILABLE => Verdict::retry(pushback, layer),
+        grpc_code::ABORTED if in_flight => Verdict::retry(pushback, true),
+        grpc_code::RESOURCE_EXHAUSTED if pushback.is_some() => Verdict::retry(pushback, layer),
         _ => Verdict::Final,
     }
 }
@@ -111,9 +112,9 @@ fn parse_millis(v: &HeaderValue) -> Option<Duration> {
     Some(Duration::from_millis(s.parse().unwrap_or(u64::MAX)))
 }
 
-/// `Retry-After` as delay-seconds or an IMF-fixdate (`Sun, 06 Nov 1994 08:49:37 GMT`, a date
-/// in the past being no delay). Anything else (the obsolete date formats included) is ignored
-/// and the backoff applies.
+/// `Retry-After` as delay-seconds or an IMF-fixdate, such as `Sun, 06 Nov 1994 08:49:37 GMT`.
+/// A date in the past is no delay. Anything else is ignored, the obsolete date formats
+/// included, and the backoff applies.
 pub(crate) fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let s = headers.get(RETRY_AFTER)?.to_str().ok()?.trim();
     if !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()) {
@@ -163,26 +164,26 @@ fn days_from_civil(year: u64, month: u64, day: u64) -> u64 {
     era * 146_097 + doe - 719_468
 }
 
-/// What an error says about the exchange, read from its chain of sources: I/O error kinds and
-/// elapsed timers (Tokio's, and `tower::timeout`'s). `fallback` when nothing in the chain tells.
-pub(crate) fn failure_of(err: &(dyn Error + 'static), fallback: Failure) -> Failure {
+/// What an error says about the exchange, read from its chain of sources: I/O error kinds, and
+/// the elapsed timers of Tokio and `tower::timeout`. `fallback` when nothing in the chain tells.
+pub(crate) fn failure_of(err: &(dyn Error + 'static), fallback: RetryErrorKind) -> RetryErrorKind {
     let mut next = Some(err);
     while let Some(e) = next {
         if e.is::<tokio::time::error::Elapsed>() || e.is::<tower::timeout::error::Elapsed>() {
-            return Failure::Timeout;
+            return RetryErrorKind::Timeout;
         }
         if let Some(io) = e.downcast_ref::<io::Error>() {
             match io.kind() {
                 io::ErrorKind::ConnectionRefused
                 | io::ErrorKind::AddrNotAvailable
                 | io::ErrorKind::HostUnreachable
-                | io::ErrorKind::NetworkUnreachable => return Failure::Connect,
-                io::ErrorKind::TimedOut => return Failure::Timeout,
+                | io::ErrorKind::NetworkUnreachable => return RetryErrorKind::Connect,
+                io::ErrorKind::TimedOut => return RetryErrorKind::Timeout,
                 io::ErrorKind::ConnectionReset
                 | io::ErrorKind::ConnectionAborted
                 | io::ErrorKind::BrokenPipe
                 | io::ErrorKind::UnexpectedEof
-                | io::ErrorKind::NotConnected => return Failure::ConnectionLost,
+                | io::ErrorKind::NotConnected => return RetryErrorKind::ConnectionLost,
                 _ => {}
             }
         }
@@ -191,31 +192,30 @@ pub(crate) fn failure_of(err: &(dyn Error + 'static), fallback: Failure) -> Fail
     fallback
 }
 
-/// The failure of a tower stack's error. A client service fails only when no response came
-/// (an HTTP error status is a response), so an error of any type is a transport failure; a
-/// boxed error (`tower::BoxError`, what timeouts and buffers produce) or an I/O error is read
-/// for its detail.
-pub(crate) fn failure_of_any<E: 'static>(err: &E) -> Failure {
+/// The failure of a tower stack's error. A client service fails only when no response came;
+/// an HTTP error status is a response. So an error of any type is a transport failure. A
+/// `tower::BoxError`, as timeouts and buffers produce, or an I/O error is read for its detail.
+pub(crate) fn failure_of_any<E: 'static>(err: &E) -> RetryErrorKind {
     let any: &dyn Any = err;
     if let Some(boxed) = any.downcast_ref::<Box<dyn Error + Send + Sync>>() {
-        return failure_of(&**boxed, Failure::Transport);
+        return failure_of(&**boxed, RetryErrorKind::Transport);
     }
     if let Some(io) = any.downcast_ref::<io::Error>() {
-        return failure_of(io, Failure::Transport);
+        return failure_of(io, RetryErrorKind::Transport);
     }
-    Failure::Transport
+    RetryErrorKind::Transport
 }
 
-/// The failure of a client stack's error ([`failure_of_any`]), where `Connect` is kept only
-/// when the client itself says its connect stage failed: an I/O error kind alone cannot tell
-/// a refused connect from an error on a connection that had sent the request.
-pub(crate) fn attempt_failure_of_any<E: 'static>(err: &E) -> Failure {
+/// The failure of a client stack's error, as [`failure_of_any`] reads it. `Connect` is kept
+/// only when the client says its connect stage failed. An I/O error kind alone cannot tell a
+/// refused connect from an error on a connection that had sent the request.
+pub(crate) fn attempt_failure_of_any<E: 'static>(err: &E) -> RetryErrorKind {
     match (failure_of_any(err), stage_of_any(err)) {
-        (Failure::Timeout, _) => Failure::Timeout,
-        (_, Some(Stage::Connect)) => Failure::Connect,
-        (Failure::Connect, _) => Failure::Transport,
+        (RetryErrorKind::Timeout, _) => RetryErrorKind::Timeout,
+        (_, Some(Stage::Connect)) => RetryErrorKind::Connect,
+        (RetryErrorKind::Connect, _) => RetryErrorKind::Transport,
         // hyper-util failed past its connect stage: the connection ended mid-exchange.
-        (Failure::Transport, Some(Stage::Exchange)) => Failure::ConnectionLost,
+        (RetryErrorKind::Transport, Some(Stage::Exchange)) => RetryErrorKind::ConnectionLost,
         (f, _) => f,
     }
 }
@@ -231,8 +231,8 @@ enum Stage {
     Exchange,
 }
 
-/// The stage a client reports in the error: tonic's `ConnectError` (a channel's connector),
-/// hyper-util's `is_connect()` (feature `hyper-util`).
+/// The stage a client reports in the error: tonic's `ConnectError` from a channel's connector
+/// (feature `tonic`), hyper-util's `is_connect()` (feature `hyper-util`).
 fn stage_of_any<E: 'static>(err: &E) -> Option<Stage> {
     let any: &dyn Any = err;
     if let Some(boxed) = any.downcast_ref::<Box<dyn Error + Send + Sync>>() {
@@ -400,22 +400,25 @@ mod tests {
     #[test]
     fn io_errors_are_told_apart() {
         let refused = io::Error::from(io::ErrorKind::ConnectionRefused);
-        assert_eq!(failure_of(&refused, Failure::Other), Failure::Connect);
+        assert_eq!(
+            failure_of(&refused, RetryErrorKind::Other),
+            RetryErrorKind::Connect
+        );
         let reset: tower::BoxError = Box::new(io::Error::from(io::ErrorKind::ConnectionReset));
-        assert_eq!(failure_of_any(&reset), Failure::ConnectionLost);
+        assert_eq!(failure_of_any(&reset), RetryErrorKind::ConnectionLost);
         let elapsed: tower::BoxError = Box::new(tower::timeout::error::Elapsed::new());
-        assert_eq!(failure_of_any(&elapsed), Failure::Timeout);
+        assert_eq!(failure_of_any(&elapsed), RetryErrorKind::Timeout);
         let other: tower::BoxError = "an unknown failure".into();
-        assert_eq!(failure_of_any(&other), Failure::Transport);
-        assert_eq!(failure_of_any(&42_u8), Failure::Transport);
+        assert_eq!(failure_of_any(&other), RetryErrorKind::Transport);
+        assert_eq!(failure_of_any(&42_u8), RetryErrorKind::Transport);
     }
 
     #[test]
     fn a_refused_io_error_alone_does_not_prove_a_failed_connect() {
         let refused: tower::BoxError = Box::new(io::Error::from(io::ErrorKind::ConnectionRefused));
-        assert_eq!(attempt_failure_of_any(&refused), Failure::Transport);
+        assert_eq!(attempt_failure_of_any(&refused), RetryErrorKind::Transport);
         let elapsed: tower::BoxError = Box::new(tower::timeout::error::Elapsed::new());
-        assert_eq!(attempt_failure_of_any(&elapsed), Failure::Timeout);
+        assert_eq!(attempt_failure_of_any(&elapsed), RetryErrorKind::Timeout);
     }
 
     #[test]
@@ -443,12 +446,12 @@ mod tests {
         for s in [501, 505, 506, 508, 510, 511] {
             assert_eq!(http(s, &none), Verdict::Final, "{s} is permanent");
         }
-        let connect = classify(&Outcome::Failed(Failure::Connect));
+        let connect = classify(&Outcome::Failed(RetryErrorKind::Connect));
         assert_eq!(connect, Verdict::retry(None, true));
         for f in [
-            Failure::Timeout,
-            Failure::ConnectionLost,
-            Failure::Transport,
+            RetryErrorKind::Timeout,
+            RetryErrorKind::ConnectionLost,
+            RetryErrorKind::Transport,
         ] {
             assert_eq!(
                 classify(&Outcome::Failed(f)),

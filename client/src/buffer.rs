@@ -1,5 +1,5 @@
-//! Buffering a request body so that a retry layer can clone it: what a tonic channel needs,
-//! since `tonic::body::Body` cannot be cloned.
+//! Buffering a request body so that a retry layer can clone it. A tonic channel needs it:
+//! `tonic::body::Body` cannot be cloned.
 
 use bytes::{Buf, Bytes};
 use http::{HeaderMap, Request};
@@ -13,22 +13,18 @@ use tower::BoxError;
 use tower_layer::Layer;
 use tower_service::Service;
 
-/// The default of [`BufferRequestLayer::limit`]: 1 MiB, the server layer's default limit of a
-/// request body.
-pub const DEFAULT_BUFFER_LIMIT: usize = 1024 * 1024;
-
-/// Reads a request's body into memory, when it is all there and fits, and sends the request
-/// on with a [`BufferedBody`], which [`RetryPolicy`](super::RetryPolicy) can clone for every
+/// Reads a request's body into memory when it is all there and fits. It sends the request on
+/// with a [`BufferedBody`], which [`RetryPolicy`](crate::RetryPolicy) can clone for every
 /// attempt.
 ///
-/// For clients whose body type cannot be cloned, a tonic channel above all. Put it between
-/// the stamping layer and the retry layer, and turn the body back into the channel's type
-/// below the retry layer:
+/// It serves clients whose body type cannot be cloned, a tonic channel above all. Put it
+/// between the stamping layer and the retry layer. Below the retry layer, turn the body back
+/// into the channel's type:
 ///
 /// ```no_run
 /// use tower::ServiceBuilder;
 /// use tower::retry::RetryLayer;
-/// use tower_idempotency::client::{BufferRequestLayer, BufferedBody, RetryPolicy, StampKeyLayer};
+/// use tower_idempotency_client::{BufferRequestLayer, BufferedBody, RetryPolicy, StampKeyLayer};
 ///
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// let channel = tonic::transport::Channel::from_static("http://127.0.0.1:50051").connect_lazy();
@@ -44,16 +40,16 @@ pub const DEFAULT_BUFFER_LIMIT: usize = 1024 * 1024;
 /// ```
 ///
 /// **What is buffered.** The body's frames are read as long as they are ready at once. A body
-/// that ends that way within the [`limit`](Self::limit) is held whole and can be retried: a
-/// unary call's message is, and so is a client stream whose messages are all ready. A body
-/// that is still waiting for more (a client-streaming or bidirectional call whose caller sends
-/// as it goes, or waits for an answer first) or that grows past the limit is a stream: it is
-/// sent on at once, what was read followed by the rest as it comes, and the retry layer sends
-/// it **once** (such a response carries no [`Attempts`](super::Attempts)). So the layer never
-/// holds more than the limit, and never waits for a caller's stream to end.
+/// that ends that way within the [`limit`](Self::limit) is held whole and can be retried. A
+/// unary call's message is, and so is a client stream whose messages are all ready.
 ///
-/// Errors become `tower::BoxError` (the body's, or the inner service's unchanged inside the
-/// box).
+/// Any other body is a stream. It is still waiting for more: a client-streaming or
+/// bidirectional call whose caller sends as it goes, or waits for an answer first. Or it grows
+/// past the limit. A stream is sent on at once: what was read, then the rest as it comes. The
+/// retry layer sends it **once**, and its response carries no [`Attempts`](crate::Attempts).
+/// So the layer never holds more than the limit, and never waits for a caller's stream to end.
+///
+/// Errors become `tower::BoxError`: the body's, or the inner service's unchanged in the box.
 #[derive(Clone, Copy, Debug)]
 #[must_use]
 pub struct BufferRequestLayer {
@@ -67,15 +63,15 @@ impl Default for BufferRequestLayer {
 }
 
 impl BufferRequestLayer {
-    /// Buffers bodies of up to [`DEFAULT_BUFFER_LIMIT`] bytes.
+    /// Buffers bodies of up to 1 MiB.
     pub fn new() -> Self {
-        Self {
-            limit: DEFAULT_BUFFER_LIMIT,
-        }
+        Self { limit: 1024 * 1024 }
     }
 
-    /// The most bytes of one body held in memory; a longer body is streamed and not retried.
+    /// The most bytes of one body held in memory. A longer body is streamed and not retried.
     /// `0` buffers only empty bodies.
+    ///
+    /// Default: 1 MiB, the server layer's default limit of a request body.
     pub fn limit(mut self, bytes: usize) -> Self {
         self.limit = bytes;
         self
@@ -122,8 +118,8 @@ impl<S> BufferRequest<S> {
     }
 }
 
-/// Put into the extensions of a request whose body is streamed: the retry policy does not
-/// keep a copy of it, so it is sent once.
+/// Put into the extensions of a request whose body is streamed. The retry policy keeps no copy
+/// of it, so it is sent once.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Streamed;
 
@@ -163,8 +159,8 @@ where
     }
 }
 
-/// Reads the frames of `body` that are ready now, up to `limit` bytes: the whole body if it
-/// ends that way, else what was read and the rest.
+/// Reads the frames of `body` that are ready now, up to `limit` bytes. The result is the whole
+/// body if it ends that way, else what was read and the rest.
 async fn read_ready<B>(body: B, limit: usize) -> Result<BufferedBody, BoxError>
 where
     B: Body + Send + 'static,
@@ -207,11 +203,11 @@ where
     })
 }
 
-/// The request body [`BufferRequestLayer`] sends on: held whole (cloned for each attempt), or
-/// streamed (sent once).
+/// The request body [`BufferRequestLayer`] sends on. It is held whole and cloned for each
+/// attempt, or streamed and sent once.
 ///
 /// A streamed body cannot be sent twice: its clone fails when read. The retry policy never
-/// clones it (the request is sent once).
+/// clones it.
 pub struct BufferedBody {
     inner: Inner,
 }
@@ -254,7 +250,7 @@ impl BufferedBody {
         }
     }
 
-    /// Whether the body is streamed (not held whole, sent once).
+    /// Whether the body is streamed: not held whole, sent once.
     #[must_use]
     pub fn is_streamed(&self) -> bool {
         matches!(self.inner, Inner::Streamed { .. })

@@ -1,20 +1,20 @@
 //! [`RetryPolicy`] as a `tower::retry::Policy` for `http` clients: hyper-util's client, a tonic
-//! channel whose body can be cloned, any `Service<http::Request<B>>`.
+//! channel with a body that can be cloned, any `Service<http::Request<B>>`.
 
 use super::buffer::Streamed;
 use super::classify::attempt_failure_of_any;
 use super::error::RetryError;
-use super::outcome::Failure;
 use super::outcome::Outcome;
+use super::outcome::RetryErrorKind;
 use super::policy::{Attempt, Attempts, Decision, RetryPolicy, key_prefix, log_attempt};
 use http::{HeaderMap, Request, Response};
 use std::any::Any;
 use std::time::Instant;
 use tokio::time::Sleep;
 
-/// The attempt count and start of one logical request, carried in the extensions of the
-/// clone that the retry layer keeps (tower clones the policy per call, but asks the service's
-/// own policy for the first clone, so the policy itself holds no per-request state).
+/// The attempt count and start of one logical request. They ride in the extensions of the
+/// clone that the retry layer keeps. Tower clones the policy per call but asks the service's
+/// own policy for the first clone, so the policy itself holds no per-request state.
 #[derive(Clone, Copy, Debug)]
 struct Progress {
     started: Instant,
@@ -22,14 +22,16 @@ struct Progress {
     number: u32,
 }
 
-/// The rules of [`RetryPolicy::decide`] for `tower::retry::Retry`. A request is cloned before
-/// each attempt (its body `B: Clone`, e.g. `Full<Bytes>`; the key header is cloned with it);
-/// the final response gets an [`Attempts`] extension. Whether the server honours keys is read
-/// from the request's URI (its host and port; a URI without a host, as a tonic client sends,
-/// only under [`RetryPolicy::keys_honoured_by_all`]).
+/// The rules of [`RetryPolicy::decide`] for `tower::retry::Retry`.
+///
+/// A request is cloned before each attempt, its key header with it. Its body must be `Clone`,
+/// as `Full<Bytes>` is. The final response gets an [`Attempts`] extension. Whether the server
+/// honours keys is read from the request URI's host and port. A URI without a host, as a
+/// tonic client sends, honours only under [`RetryPolicy::keys_honoured_by_all`].
 ///
 /// When the attempts end in an error of type `tower::BoxError`, it is replaced by a boxed
-/// [`RetryError`] (with the attempts and the key) whose source is the last attempt's error.
+/// [`RetryError`]. That holds the attempts and the key; its source is the last attempt's
+/// error.
 ///
 /// A delay is a `tokio::time::sleep`, so the service runs on a Tokio runtime with time.
 impl<B, R, E> tower::retry::Policy<Request<B>, Response<R>, E> for RetryPolicy
@@ -100,7 +102,7 @@ where
                             req.headers(),
                             header,
                         );
-                        give_up(e, failure.unwrap_or(Failure::Transport), attempts);
+                        give_up(e, failure.unwrap_or(RetryErrorKind::Transport), attempts);
                     }
                 }
                 None
@@ -109,7 +111,7 @@ where
     }
 
     fn clone_request(&mut self, req: &Request<B>) -> Option<Request<B>> {
-        // A streamed body (from `BufferRequestLayer`) is sent once.
+        // A streamed body from `BufferRequestLayer` is sent once.
         if req.extensions().get::<Streamed>().is_some() {
             return None;
         }
@@ -129,9 +131,9 @@ where
     }
 }
 
-/// Turns the last attempt's error into a [`RetryError`] that carries the attempts and the key,
-/// when the stack's error type can hold one (`tower::BoxError`); another type is left as is.
-fn give_up<E: 'static>(err: &mut E, failure: Failure, attempts: Attempts) {
+/// Turns the last attempt's error into a [`RetryError`] with the attempts and the key, when
+/// the stack's error type can hold one: `tower::BoxError`. Another type is left as is.
+fn give_up<E: 'static>(err: &mut E, failure: RetryErrorKind, attempts: Attempts) {
     let any: &mut dyn Any = err;
     if let Some(boxed) = any.downcast_mut::<tower::BoxError>() {
         let source = std::mem::replace(boxed, Box::from(""));

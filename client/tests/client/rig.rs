@@ -10,10 +10,9 @@ use http_body_util::{BodyExt, Full};
 use std::time::{Duration, Instant};
 use tower::ServiceExt;
 use tower_idempotency::IdempotencyLayer;
-use tower_idempotency::client::{Attempts, Failure, RetryError, RetryPolicy, StampKeyLayer};
+use tower_idempotency_client::{Attempts, RetryError, RetryErrorKind, RetryPolicy, StampKeyLayer};
 
 /// Where the server keeps its records.
-#[cfg_attr(not(feature = "redis"), allow(dead_code))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Backend {
     Memory,
@@ -23,7 +22,6 @@ pub(crate) enum Backend {
 }
 
 /// Which client stack calls it.
-#[cfg_attr(not(feature = "reqwest"), allow(dead_code))]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Stack {
     /// `StampKeyLayer` + `RetryLayer<RetryPolicy>` + `TimeoutLayer` on hyper-util's client.
@@ -156,7 +154,7 @@ impl Reply {
 #[derive(Debug)]
 pub(crate) struct GaveUp {
     pub(crate) text: String,
-    pub(crate) retry: Option<(Failure, Attempts)>,
+    pub(crate) retry: Option<(RetryErrorKind, Attempts)>,
 }
 
 impl GaveUp {
@@ -168,7 +166,7 @@ impl GaveUp {
     }
 
     /// The `RetryError`'s failure and attempts (panics without one).
-    pub(crate) fn retry(&self) -> (Failure, Attempts) {
+    pub(crate) fn retry(&self) -> (RetryErrorKind, Attempts) {
         self.retry
             .clone()
             .unwrap_or_else(|| panic!("not a RetryError: {}", self.text))
@@ -180,7 +178,7 @@ impl Rig {
     pub(crate) async fn start(backend: Backend, stack: Stack) -> Option<Self> {
         // The client's event per attempt, shown with `--nocapture` (RUST_LOG overrides).
         let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-            .unwrap_or_else(|_| "tower_idempotency::client=debug".into());
+            .unwrap_or_else(|_| "tower_idempotency_client=debug".into());
         let _ = tracing_subscriber::fmt()
             .with_env_filter(filter)
             .with_test_writer()
@@ -256,7 +254,6 @@ impl Rig {
     }
 }
 
-#[cfg(feature = "redis")]
 async fn redis_app(work: &Work) -> Option<(Option<RedisServer>, axum::Router)> {
     if !redis_server::available() {
         return None;
@@ -274,12 +271,6 @@ async fn redis_app(work: &Work) -> Option<(Option<RedisServer>, axum::Router)> {
                 .build(),
         )),
     ))
-}
-
-#[cfg(not(feature = "redis"))]
-async fn redis_app(_: &Work) -> Option<(Option<RedisServer>, axum::Router)> {
-    let _ = redis_server::available;
-    unreachable!("the Redis scenarios need the `redis` feature")
 }
 
 async fn tower_call(url: &str, call: &Call, policy: RetryPolicy) -> Result<Reply, GaveUp> {
@@ -334,7 +325,7 @@ async fn tower_call(url: &str, call: &Call, policy: RetryPolicy) -> Result<Reply
 
 #[cfg(feature = "reqwest")]
 async fn reqwest_call(url: &str, call: &Call, policy: RetryPolicy) -> Result<Reply, GaveUp> {
-    use tower_idempotency::client::RetryMiddleware;
+    use tower_idempotency_client::RetryMiddleware;
 
     let inner = reqwest::Client::builder()
         .no_proxy()
