@@ -1,7 +1,6 @@
 #![doc = include_str!("docs/crate.md")]
 #![doc = include_str!("docs/namespaces.md")]
 #![doc = include_str!("docs/metrics.md")]
-
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod error;
@@ -22,15 +21,15 @@ pub mod transactional;
 pub mod conformance;
 
 #[doc(inline)]
-pub use crate::error::{ConfigError, ConfigErrorKind};
-#[doc(inline)]
-pub use crate::http::{IdempotencyLayer, Principal, PrincipalMode, ResponseMode};
-#[doc(inline)]
 pub use crate::engine::key::IdempotencyKey;
 #[doc(inline)]
 pub use crate::engine::scope::DerivedKey;
 #[doc(inline)]
 pub use crate::engine::secret::Secret;
+#[doc(inline)]
+pub use crate::error::{ConfigError, ConfigErrorKind};
+#[doc(inline)]
+pub use crate::http::{IdempotencyLayer, Principal, PrincipalMode, ResponseMode};
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 #[doc(inline)]
