@@ -166,7 +166,7 @@ impl HeaderPolicy {
     }
 
     /// The allowed headers of a response, in order, repeated lines kept. This is what a record
-    /// keeps. They are borrowed from the response, and the record is written from them with no copy.
+    /// keeps. They are borrowed from the response. The record is written from them, no copy.
     pub(crate) fn recorded<'a>(
         &'a self,
         headers: &'a HeaderMap,
