@@ -309,7 +309,8 @@ enum Value<'a> {
 }
 
 impl Value<'_> {
-    /// Sorts every object's members by name. The sort is stable: members of one name keep their order.
+    /// Sorts every object's members by name. The sort is stable: members of one name keep
+    /// their order.
     fn sort_members(&mut self) {
         match self {
             Value::Array(items) => items.iter_mut().for_each(Value::sort_members),
