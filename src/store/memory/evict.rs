@@ -121,7 +121,8 @@ impl Shard {
             && self.drop_by_weight(visit.need, None, visit.weight, now)
     }
 
-    /// Moves free room of the store into the step's credit. Returns whether the credit covers `need`.
+    /// Moves free room of the store into the step's credit. Returns whether the credit covers
+    /// `need`.
     pub(super) fn take(&mut self, need: Usage) -> bool {
         self.budget.take(need, &mut self.credit)
     }
