@@ -221,7 +221,8 @@ impl<St: Store> IdempotencyLayer<St> {
     ///
     /// # Errors
     /// [`ConfigErrorKind::DeniedHeader`] for a header on the fixed deny list. That list holds
-    /// `set-cookie`, `date`, `content-length`, hop-by-hop headers, `retry-after`, `ratelimit-*`, ….
+    /// `set-cookie`, `date`, `content-length`, hop-by-hop headers, `retry-after`,
+    /// `ratelimit-*`, ….
     ///
     /// ```
     /// use tower_idempotency::http::IdempotencyLayer;
