@@ -1,4 +1,4 @@
-//! The store conformance suite (feature `test-util`): one test per behaviour of the
+//! The store conformance suite, with feature `test-util`. It has one test per behaviour of the
 //! [`Store`] contract, for a store you wrote.
 //!
 //! ```ignore
@@ -52,17 +52,17 @@ pub trait Harness: Send + Sync + 'static {
     /// The store under test.
     fn store(&self) -> &Self::S;
 
-    /// Moves the store's time forward by at least `d` (a `ManualClock` advance for the memory
-    /// store; a real sleep for Redis, whose expiry is server-side `PX`).
+    /// Moves the store's time forward by at least `d`. For the memory store that is a
+    /// `ManualClock` advance. For Redis it is a real sleep, since its expiry is server-side `PX`.
     fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send;
 }
 
-/// Expands the conformance suite: one `#[tokio::test]` per behaviour, each starting with
-/// `let h = $make.await;` (so `$make` is an expression evaluating to a future of a fresh
-/// [`Harness`]).
+/// Expands the conformance suite: one `#[tokio::test]` per behaviour. Each starts with
+/// `let h = $make.await;`. So `$make` is an expression evaluating to a future of a fresh
+/// [`Harness`].
 ///
-/// Expand the macro once per module (the test names are fixed); for a second configuration of
-/// the same store, expand it inside a submodule.
+/// Expand the macro once per module, as the test names are fixed. For a second configuration
+/// of the same store, expand it inside a submodule.
 #[macro_export]
 macro_rules! store_conformance {
     ($make:expr) => {
@@ -120,7 +120,7 @@ pub fn random_key() -> StoreKey {
 }
 
 #[doc(hidden)]
-/// Two fresh random keys in one (fresh random) scope.
+/// Two fresh random keys in one fresh random scope.
 pub fn random_keys_in_one_scope() -> (StoreKey, StoreKey) {
     let scope = random_bytes();
     (
@@ -169,7 +169,7 @@ pub async fn claim_free<S: Store>(
 }
 
 #[doc(hidden)]
-/// Claims `key` (the claim must find it pending) and returns the holder's fingerprint.
+/// Claims `key`, which the claim must find pending, and returns the holder's fingerprint.
 pub async fn expect_pending<S: Store>(store: &S, key: &StoreKey, why: &str) -> Fingerprint {
     match store.claim(key, &fingerprint("probe"), LONG).await {
         Ok(Claim::Pending { fingerprint }) => fingerprint,
@@ -178,7 +178,7 @@ pub async fn expect_pending<S: Store>(store: &S, key: &StoreKey, why: &str) -> F
 }
 
 #[doc(hidden)]
-/// Claims `key` (the claim must find it done) and returns the fingerprint and record.
+/// Claims `key`, which the claim must find done, and returns the fingerprint and record.
 pub async fn expect_done<S: Store>(store: &S, key: &StoreKey, why: &str) -> (Fingerprint, Record) {
     match store.claim(key, &fingerprint("probe"), LONG).await {
         Ok(Claim::Done {
@@ -433,10 +433,10 @@ pub async fn renew_needs_the_holding_token<H: Harness>(h: H) {
 }
 
 #[doc(hidden)]
-/// `forget` deletes a completed record, keeps a pending claim unless told, deletes it when told,
-/// and finds nothing under a free (or expired) key; a forgotten key is free to claim. The
-/// forgotten claim's late record is written when nothing holds the key, refused when a retry
-/// does.
+/// `forget` deletes a completed record. It keeps a pending claim unless told, and deletes it
+/// when told. It finds nothing under a free or expired key. A forgotten key is free to claim.
+/// The forgotten claim's late record is written when nothing holds the key, and refused when
+/// a retry does.
 pub async fn forget_deletes_a_record_and_a_pending_claim_only_when_asked<H: Harness>(h: H) {
     let s = h.store();
     assert_eq!(
@@ -513,8 +513,8 @@ pub async fn forget_deletes_a_record_and_a_pending_claim_only_when_asked<H: Harn
 }
 
 #[doc(hidden)]
-/// `lease_left` is `None` for a free key and a completed record; for a pending claim it is
-/// `None` (the store cannot tell) or at most the lease.
+/// `lease_left` is `None` for a free key and a completed record. For a pending claim it is
+/// `None`, when the store cannot tell, or at most the lease.
 pub async fn lease_left_is_none_or_within_the_lease<H: Harness>(h: H) {
     let s = h.store();
     let key = random_key();

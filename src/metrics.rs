@@ -1,29 +1,29 @@
-//! What every door counts, through the [`metrics`](https://docs.rs/metrics) facade (feature
-//! `metrics`). Without the feature every type here is zero-sized and every function empty, so
-//! the calls compile to nothing.
+//! What every door counts, through the [`metrics`](https://docs.rs/metrics) facade, with
+//! feature `metrics`. Without the feature every type here is zero-sized and every function
+//! empty. So the calls compile to nothing.
 //!
-//! A door counts each request once, with one call: [`request`]`(Door::X, Outcome::Y)` (or the
-//! layer's cached [`DoorCounters`], which carry its static labels without an allocation per
-//! event), and each claimed key's end once with [`settled`]. The engine times every store
-//! step ([`StoreTimer`]). The names and labels are documented in one table, in the crate docs
-//! (`# Metrics`); change both together.
+//! A door counts each request once, with one call: [`request`]`(Door::X, Outcome::Y)`. The
+//! layer may use its cached [`DoorCounters`] instead, which carry its static labels without an
+//! allocation per event. It counts each claimed key's end once with [`settled`]. The engine
+//! times every store step with [`StoreTimer`]. The names and labels are documented in one
+//! table, in the crate docs under `# Metrics`. Change both together.
 //!
-//! Never a key, principal, path or other unbounded value as a label: each label below takes
-//! values from a fixed list, and the layer's own labels are fixed when it is built.
+//! Never use a key, principal, path or other unbounded value as a label. Each label below
+//! takes values from a fixed list, and the layer's own labels are fixed when it is built.
 
 // Without the feature the names and label lists are unused: the functions are empty.
 #![cfg_attr(not(feature = "metrics"), allow(dead_code))]
 
 use crate::store::{StoreError, StoreErrorKind};
 
-/// `idempotency_requests_total{door, outcome}`: keyed (or key-checked) requests by outcome.
+/// `idempotency_requests_total{door, outcome}`: keyed or key-checked requests by outcome.
 pub(crate) const REQUESTS: &str = "idempotency_requests_total";
 /// `idempotency_results_total{door, result}`: how each claimed key ended.
 pub(crate) const RESULTS: &str = "idempotency_results_total";
 /// `idempotency_store_duration_seconds{store, op, result}`: one store step.
 pub(crate) const STORE_DURATION: &str = "idempotency_store_duration_seconds";
-/// The memory stores' gauges and their early drops, summed over the process's stores (see
-/// `MemoryStore::report_metrics`).
+/// The memory stores' gauges and their early drops, summed over the process's stores. See
+/// `MemoryStore::report_metrics`.
 pub(crate) const MEMORY_ENTRIES: &str = "idempotency_memory_entries";
 pub(crate) const MEMORY_PENDING: &str = "idempotency_memory_pending";
 pub(crate) const MEMORY_BYTES: &str = "idempotency_memory_bytes";
@@ -36,10 +36,10 @@ pub(crate) enum Door {
     Http,
     /// `IdempotencyLayer` on a gRPC request.
     Grpc,
-    /// An `#[idempotent]` handler (`IdempotentRoutes`).
+    /// An `#[idempotent]` handler, from `IdempotentRoutes`.
     #[cfg_attr(not(feature = "macros"), allow(dead_code))]
     Route,
-    /// The axum extractors (their own refusals only; the layer counts the request).
+    /// The axum extractors. They count their own refusals only; the layer counts the request.
     #[cfg_attr(not(feature = "axum"), allow(dead_code))]
     Extract,
     /// The transactional door, `transactional::within`.
@@ -82,9 +82,9 @@ pub(crate) enum Outcome {
     Fresh,
     /// Answered from the record.
     Replayed,
-    /// The same request holds the key and runs (409).
+    /// The same request holds the key and runs. HTTP answers 409.
     InFlight,
-    /// The key was used for another request (422).
+    /// The key was used for another request. HTTP answers 422.
     KeyReused,
     KeyMissing,
     KeyInvalid,
@@ -97,9 +97,9 @@ pub(crate) enum Outcome {
     StoreFull,
     /// A record failed validation and was not replayed.
     RecordInvalid,
-    /// No key and none required, or claimed by an outer layer: passed on, not claimed.
+    /// Passed on, not claimed: no key and none required, or claimed by an outer layer.
     Passthrough,
-    /// A wiring error: no `IdempotentRoutes`, or an extractor without the layer (500).
+    /// A wiring error, answered 500: no `IdempotentRoutes`, or an extractor without the layer.
     ConfigMissing,
 }
 
@@ -157,7 +157,7 @@ impl Outcome {
 pub(crate) enum Settled {
     /// The record was stored.
     Completed,
-    /// The key was freed (a retry runs again).
+    /// The key was freed. A retry runs again.
     Released,
     /// Storing the record failed: the key stays pending until its lease lapses.
     CompleteFailed,
@@ -165,7 +165,7 @@ pub(crate) enum Settled {
     ReleaseFailed,
     /// The lease had lapsed and another claimant held the key: the record was not stored.
     LeaseLost,
-    /// The response was dropped before its body ended (the client went away): nothing settled.
+    /// The response was dropped before its body ended, as the client went away. Nothing settled.
     Abandoned,
     /// The send-once door's delivery is unknown: the key is held, nothing is sent again.
     Held,
@@ -203,8 +203,8 @@ impl Settled {
         }
     }
 
-    /// The end of `release`'s answer (a ticket that no longer held the key was released all
-    /// the same: nothing of it is left).
+    /// The end of `release`'s answer. A ticket that no longer held the key was released all the
+    /// same: nothing of it is left.
     pub(crate) fn of_release(res: &Result<bool, StoreError>) -> Self {
         match res {
             Ok(_) => Self::Released,
@@ -260,7 +260,7 @@ fn store_result<T>(res: &Result<T, StoreError>) -> usize {
     }
 }
 
-/// The label keys a door sets itself; a layer's own label may not reuse them.
+/// The label keys a door sets itself. A layer's own label may not reuse them.
 pub(crate) const RESERVED_LABELS: [&str; 3] = ["door", "outcome", "result"];
 
 #[cfg(feature = "metrics")]
@@ -288,7 +288,7 @@ mod on {
             [door as usize]
     }
 
-    /// Counts one request of `door` (no labels of its own).
+    /// Counts one request of `door`, with no labels of its own.
     pub(crate) fn request(door: Door, outcome: Outcome) {
         increment(&plain(door).requests[outcome as usize]);
     }
@@ -298,9 +298,9 @@ mod on {
         increment(&plain(door).results[result as usize]);
     }
 
-    /// One door's metric keys with its labels, built once and retained (their labels shared
-    /// behind an `Arc`): an event is a lookup by a cached hash, and a recorder that keeps the
-    /// key (`to_retained`) clones an `Arc`, no allocation.
+    /// One door's metric keys with its labels, built once and retained. Their labels are shared
+    /// behind an `Arc`. An event is a lookup by a cached hash. A recorder that keeps the key with
+    /// `to_retained` clones an `Arc`, with no allocation.
     #[derive(Debug)]
     struct Table {
         requests: Vec<Key>,
@@ -330,8 +330,8 @@ mod on {
         }
     }
 
-    /// The layer's counters: its door for HTTP requests (`http`, or `route` for
-    /// `#[idempotent]`) and `grpc`, with the layer's static labels.
+    /// The layer's counters, with the layer's static labels. Its door for HTTP requests is
+    /// `http`, or `route` for `#[idempotent]`. Its door for gRPC is `grpc`.
     #[derive(Debug, Clone)]
     pub(crate) struct DoorCounters(Arc<(Table, Table, Door, Vec<Label>)>);
 
@@ -355,7 +355,7 @@ mod on {
             Self::build(door, self.0.3.clone())
         }
 
-        /// The same counters with one more static label (replacing one of the same key).
+        /// The same counters with one more static label. It replaces one of the same key.
         pub(crate) fn with_label(&self, key: &'static str, value: String) -> Self {
             let mut extra = self.0.3.clone();
             extra.retain(|l| l.key() != key);
@@ -376,7 +376,7 @@ mod on {
         }
     }
 
-    /// Times an engine's store steps, with the store's name; keys built once per engine.
+    /// Times an engine's store steps, with the store's name. The keys are built once per engine.
     #[derive(Debug, Clone)]
     pub(crate) struct StoreTimer(Arc<Vec<Key>>);
 
@@ -418,9 +418,9 @@ mod on {
         }
     }
 
-    /// What one memory store last added to the process's gauges and counter: each store
-    /// moves them by its own change, so that two stores add up rather than overwrite each
-    /// other (and the counter never goes back).
+    /// What one memory store last added to the process's gauges and counter. Each store moves
+    /// them by its own change. So two stores add up rather than overwrite each other, and the
+    /// counter never goes back.
     #[derive(Debug, Default)]
     pub(crate) struct MemoryShare(std::sync::Mutex<[u64; 4]>);
 
@@ -459,7 +459,7 @@ mod on {
             last[3] = drops;
         }
 
-        /// Takes this store's figures out of the gauges (the store is gone); its drops stay
+        /// Takes this store's figures out of the gauges, as the store is gone. Its drops stay
         /// counted.
         pub(crate) fn withdraw(&self) {
             let drops = self

@@ -131,19 +131,19 @@ use std::fmt;
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Within {
-    /// The work ran, and its response was recorded in the same transaction: committed, or, on
-    /// your transaction, written into it (commit it).
+    /// The work ran, and its response was recorded in the same transaction. It is committed. On
+    /// your transaction, it is written into it, and you commit it.
     Ran(RecordedResponse),
     /// The same request completed before: its recorded response. The work did not run.
     Replayed(RecordedResponse),
-    /// The same request holds the key and did not commit within the lock wait (HTTP: 409,
-    /// retryable). The work did not run.
+    /// The same request holds the key and did not commit within the lock wait. HTTP answers 409,
+    /// retryable. The work did not run.
     InFlight,
-    /// The key is held or was completed by a different request (HTTP: 422). The work did not
-    /// run.
+    /// The key is held or was completed by a different request. HTTP answers 422. The work did
+    /// not run.
     KeyReused,
-    /// The stored record failed validation and is not replayed (HTTP: 503). The work did not
-    /// run.
+    /// The stored record failed validation and is not replayed. HTTP answers 503. The work did
+    /// not run.
     RecordInvalid(RecordError),
 }
 
@@ -197,12 +197,12 @@ pub enum WithinErrorKind {
     /// itself failed on a lost connection, whether it happened is unknown. A retry under the
     /// same key then either replays or runs.
     Store,
-    /// PostgreSQL rolled the transaction back for a concurrent one, when the record was
-    /// written or at the commit. This is a serialization failure (SQLSTATE `40001`, under
-    /// `REPEATABLE READ` or `SERIALIZABLE`) or a deadlock (`40P01`). Nothing was committed and
-    /// the key is free: run the request again, in a new transaction. On your own transaction,
-    /// roll it back first. The same failure in the work's own statements is of kind
-    /// [`Work`](Self::Work), with the work's error.
+    /// PostgreSQL rolled the transaction back for a concurrent one, when the record was written
+    /// or at the commit. This is a serialization failure, SQLSTATE `40001`, under `REPEATABLE
+    /// READ` or `SERIALIZABLE`. Or it is a deadlock, `40P01`. Nothing was committed and the key is
+    /// free: run the request again, in a new transaction. On your own transaction, roll it back
+    /// first. The same failure in the work's own statements is of kind [`Work`](Self::Work), with
+    /// the work's error.
     Conflict,
 }
 
@@ -235,9 +235,9 @@ impl<E> WithinError<E> {
         }
     }
 
-    /// Whether running the request again, in a new transaction, may succeed: a conflict, or
-    /// a store failure that [is retryable](StoreError::is_retryable). The work's own error is
-    /// the work's to judge: `false`.
+    /// Whether running the request again, in a new transaction, may succeed. It is `true` for a
+    /// conflict, or a store failure that [is retryable](StoreError::is_retryable). The work's own
+    /// error is the work's to judge, so it gives `false`.
     #[must_use]
     pub fn is_retryable(&self) -> bool {
         match &self.repr {
@@ -306,24 +306,26 @@ impl<E: StdError + 'static> StdError for WithinError<E> {
 }
 
 /// Claims `key` inside a transaction on `conn`, runs `work` on that transaction, records its
-/// response and commits, all or nothing (see the [module docs](self)).
+/// response and commits, all or nothing. See the [module docs](self).
 ///
-/// `conn` is a connection (`&mut *pool.acquire().await?`), or your own transaction
-/// (`&mut *tx`, with sqlx's `Transaction`, or any crate's that derefs to a `PgConnection`):
-/// on a transaction, `within` works in a savepoint and leaves the commit to you. The
-/// `fingerprint` is the request's, as the engine keeps it (keyed by its secret when it has
-/// one); the record is written with the engine's retention and sealed with its secret.
+/// `conn` is a connection, such as `&mut *pool.acquire().await?`. Or it is your own
+/// transaction, `&mut *tx`: sqlx's `Transaction`, or any crate's that derefs to a
+/// `PgConnection`. On a transaction, `within` works in a savepoint and leaves the commit to
+/// you. The `fingerprint` is the request's, as the engine keeps it. It is keyed by the
+/// engine's secret when it has one. The record is written with the engine's retention and
+/// sealed with its secret.
 ///
-/// The work is written `|tx| Box::pin(async move { … })`: boxed, so that it can borrow the
-/// connection it is given, as sqlx's own `Connection::transaction` does. Its `Ok` value is
+/// The work is written `|tx| Box::pin(async move { … })`. It is boxed so that it can borrow
+/// the connection it is given, as sqlx's own `Connection::transaction` does. Its `Ok` value is
 /// recorded and returned as [`Within::Ran`]. Its `Err` rolls back the work and the claim, and
 /// is returned as a [`WithinError`] of kind [`Work`](WithinErrorKind::Work). The key is then
-/// free, and a retry runs the work again. Dropping the future rolls back as well. See the module docs for the
-/// [timeouts](self#timeouts) the work runs under and the [isolation levels](self#isolation-levels).
+/// free, and a retry runs the work again. Dropping the future rolls back as well. See the
+/// module docs for the [timeouts](self#timeouts) the work runs under and the
+/// [isolation levels](self#isolation-levels).
 ///
 /// # Errors
 /// A [`WithinError`]: the work's error, a step of the store that failed, or a conflict with a
-/// concurrent transaction (see [`WithinErrorKind`]).
+/// concurrent transaction. See [`WithinErrorKind`].
 pub async fn within<F, E>(
     engine: &Engine<PostgresStore>,
     conn: &mut PgConnection,
@@ -395,12 +397,12 @@ where
 enum Ended {
     /// PostgreSQL rolled the transaction back for a concurrent one.
     Conflict(sqlx::Error),
-    /// Any other failure (of a lost connection: whether it committed is unknown).
+    /// Any other failure. On a lost connection, whether it committed is unknown.
     Failed(StoreError),
 }
 
 /// Puts back the store's `statement_timeout` where the caller's transaction goes on, then
-/// commits (on the caller's transaction: releases the savepoint).
+/// commits. On the caller's transaction, committing releases the savepoint.
 async fn finish(
     store: &PostgresStore,
     mut tx: Transaction<'_, Postgres>,
@@ -420,8 +422,8 @@ async fn finish(
         .map_err(|e| ended(OpError::from(e), "PostgreSQL commit"))
 }
 
-/// Runs the work and writes its record in the transaction. On an error the caller rolls
-/// back; the error comes with how that ends the key (counted by the caller).
+/// Runs the work and writes its record in the transaction. On an error the caller rolls back.
+/// The error comes with how that ends the key, and the caller counts it.
 async fn ran<F, E>(
     engine: &Engine<PostgresStore>,
     tx: &mut Transaction<'_, Postgres>,
@@ -480,7 +482,7 @@ where
     }
 }
 
-/// Rolls the transaction (or savepoint) back, then answers `outcome`. A rollback that fails
+/// Rolls the transaction or savepoint back, then answers `outcome`. A rollback that fails
 /// leaves the connection broken, which rolls back on the server all the same.
 async fn rolled_back<T>(tx: Transaction<'_, Postgres>, outcome: T) -> T {
     if let Err(e) = tx.rollback().await {

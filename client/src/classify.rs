@@ -74,7 +74,7 @@ fn classify_http(status: StatusCode, headers: &HeaderMap) -> Verdict {
 ///   an application conflict.
 /// - `RESOURCE_EXHAUSTED` with a pushback: retried. It is the layer's
 ///   `idempotency.scope_full`; a message over the size limit carries no pushback.
-/// - A pushback that is negative or not a number: the server asks not to retry (gRPC A6).
+/// - A pushback that is negative or not a number: the server asks not to retry, per gRPC A6.
 /// - Everything else is final, `FAILED_PRECONDITION` for `idempotency.key_reused` included.
 ///
 /// A status whose message is the layer's own code, `idempotency.…`, was sent by the layer in
@@ -124,7 +124,7 @@ pub(crate) fn retry_after(headers: &HeaderMap, now: SystemTime) -> Option<Durati
     Some(at.duration_since(now).unwrap_or(Duration::ZERO))
 }
 
-/// Seconds since the Unix epoch of an IMF-fixdate (RFC 9110 §5.6.7).
+/// Seconds since the Unix epoch of an IMF-fixdate, as RFC 9110 §5.6.7 defines it.
 fn parse_imf_fixdate(s: &str) -> Option<u64> {
     let b = s.as_bytes();
     if b.len() != 29 || &b[3..5] != b", " || &b[25..] != b" GMT" {
@@ -153,7 +153,7 @@ fn parse_imf_fixdate(s: &str) -> Option<u64> {
     Some(days * 86_400 + hour * 3600 + min * 60 + sec)
 }
 
-/// Days from 1970-01-01 to a date of the proleptic Gregorian calendar (year ≥ 1970).
+/// Days from 1970-01-01 to a date of the proleptic Gregorian calendar, year ≥ 1970.
 fn days_from_civil(year: u64, month: u64, day: u64) -> u64 {
     let y = if month <= 2 { year - 1 } else { year };
     let era = y / 400;
@@ -192,8 +192,8 @@ pub(crate) fn failure_of(err: &(dyn Error + 'static), fallback: RetryErrorKind) 
     fallback
 }
 
-/// The failure of a tower stack's error. A client service fails only when no response came;
-/// an HTTP error status is a response. So an error of any type is a transport failure. A
+/// The failure of a tower stack's error. A client service fails only when no response came.
+/// An HTTP error status is a response. So an error of any type is a transport failure. A
 /// `tower::BoxError`, as timeouts and buffers produce, or an I/O error is read for its detail.
 pub(crate) fn failure_of_any<E: 'static>(err: &E) -> RetryErrorKind {
     let any: &dyn Any = err;
@@ -231,8 +231,9 @@ enum Stage {
     Exchange,
 }
 
-/// The stage a client reports in the error: tonic's `ConnectError` from a channel's connector
-/// (feature `tonic`), hyper-util's `is_connect()` (feature `hyper-util`).
+/// The stage a client reports in the error. With feature `tonic`, that is tonic's
+/// `ConnectError` from a channel's connector. With feature `hyper-util`, it is hyper-util's
+/// `is_connect()`.
 fn stage_of_any<E: 'static>(err: &E) -> Option<Stage> {
     let any: &dyn Any = err;
     if let Some(boxed) = any.downcast_ref::<Box<dyn Error + Send + Sync>>() {

@@ -1,16 +1,17 @@
 //! Claimed work that finishes when its caller goes away, and the handle a graceful shutdown
-//! waits on. Shared by the doors: it knows nothing of HTTP or messages.
+//! waits on. The doors share it, and it knows nothing of HTTP or messages.
 //!
-//! Once a key is claimed, the door's work (the handler, the reading of its answer, the writing
-//! of the record) runs inside one boxed future. While the caller listens it is polled in
-//! place, as any future (no task hop, no channel). If the caller drops it first (an HTTP
-//! client closed the connection, a consumer shut down, an outer timeout fired), the rest of
-//! that future is moved onto a task of its own, so the handler is never cut between two side
-//! effects and its outcome is recorded: the retry or redelivery is answered from the record
-//! instead of waiting for the lease to lapse and running again.
+//! Once a key is claimed, the door's work runs inside one boxed future. That work is the
+//! handler, the reading of its answer, and the writing of the record. While the caller
+//! listens, the future is polled in place, as any future, with no task hop and no channel. The
+//! caller may drop it first. An HTTP client closed the connection, a consumer shut down, or an
+//! outer timeout fired. Then the rest of that future is moved onto a task of its own. So the
+//! handler is never cut between two side effects, and its outcome is recorded. The retry or
+//! redelivery is answered from the record. It does not wait for the lease to lapse and run
+//! again.
 //!
-//! Detached work is bounded twice, so that work nobody waits for cannot hold a key or the
-//! process forever, nor escape the concurrency limits and timeouts outside the layer:
+//! Detached work is bounded twice. Work nobody waits for cannot hold a key or the process
+//! forever. Nor can it escape the concurrency limits and timeouts outside the layer:
 //!
 //! - **In time**: it runs at most 5 min after its caller left, unless the door's
 //!   `detached_timeout` says otherwise. Then it is cancelled where it stands.
@@ -18,20 +19,20 @@
 //!   says otherwise. Work dropped beyond that is cancelled where it stands instead of
 //!   detached.
 //!
-//! Cancelled work records nothing and releases nothing: the key stays pending until its lease
-//! lapses (the lease renewal stopped with the work), then a retry runs the work again, as after
-//! a crash. Releasing it at once would let that retry run while the cancelled work's effects
-//! may still be landing; recording it would store an answer the handler never gave.
+//! Cancelled work records nothing and releases nothing. The key stays pending until its lease
+//! lapses, since the lease renewal stopped with the work. Then a retry runs the work again, as
+//! after a crash. Releasing it at once would let that retry run while the cancelled work's
+//! effects may still be landing. Recording it would store an answer the handler never gave.
 //!
-//! Work whose poll panicked is never detached: it is poisoned, and polling it again would only
+//! Work whose poll panicked is never detached. It is poisoned, and polling it again would only
 //! raise a second, misleading panic. It is dropped, and its key too stays pending until its
 //! lease lapses.
 //!
-//! Every such future, attached or moved, holds a token of one [`TaskTracker`] per layer, so
-//! [`Drain::wait`] sees both. `tokio-util`'s tracker is used rather than a hand-made
-//! counter and notifier: it is the tokio project's own answer to exactly this (counting
-//! tasks, waking a waiter when the count reaches zero after a close), and it is already in the
-//! lock file through `redis`, `tonic` and `h2`.
+//! Every such future, attached or moved, holds a token of one [`TaskTracker`] per layer. So
+//! [`Drain::wait`] sees both. `tokio-util`'s tracker is used rather than a hand-made counter
+//! and notifier. It is the tokio project's own answer to exactly this: counting tasks, and
+//! waking a waiter when the count reaches zero after a close. It is already in the lock file
+//! through `redis`, `tonic` and `h2`.
 
 use std::fmt;
 use std::future::Future;
@@ -68,7 +69,7 @@ pub struct Drain {
     tracker: TaskTracker,
     /// How many run on a task of their own, shared by every clone.
     detached: Arc<AtomicUsize>,
-    /// This layer's bounds on detached work (a copy: a layer's setter changes its own).
+    /// This layer's bounds on detached work. It is a copy, so a layer's setter changes its own.
     bounds: Bounds,
 }
 
@@ -79,12 +80,12 @@ struct Bounds {
     max: usize,
 }
 
-/// How long work whose caller went away may run on before it is cancelled, unless the
-/// layer sets its own (`detached_timeout`).
+/// How long work whose caller went away may run on before it is cancelled. A layer may set its
+/// own with `detached_timeout`.
 pub(crate) const DEFAULT_DETACHED_TIMEOUT: Duration = Duration::from_secs(5 * 60);
 
-/// How many works whose callers went away may run on at once, per layer, unless the
-/// layer sets its own (`max_detached`).
+/// How many works whose callers went away may run on at once, per layer. A layer may set its
+/// own with `max_detached`.
 pub(crate) const DEFAULT_MAX_DETACHED: usize = 1024;
 
 impl Drain {
@@ -99,26 +100,26 @@ impl Drain {
         }
     }
 
-    /// Sets how long detached work may run on (any value: `ZERO` cancels it at its next
-    /// wait, `Duration::MAX` is never).
+    /// Sets how long detached work may run on. Any value is taken. `ZERO` cancels it at its next
+    /// wait, and `Duration::MAX` never does.
     pub(crate) fn set_detached_timeout(&mut self, timeout: Duration) {
         self.bounds.timeout = timeout;
     }
 
-    /// Sets how many detached works may run on at once (zero: none is detached).
+    /// Sets how many detached works may run on at once. Zero means none is detached.
     pub(crate) fn set_max_detached(&mut self, max: usize) {
         self.bounds.max = max;
     }
 
     /// How many of the claimed requests or messages that have not finished run on a task of
-    /// their own, their caller gone (at most the layer's `max_detached`).
+    /// their own, their caller gone. It is at most the layer's `max_detached`.
     #[must_use]
     pub fn detached(&self) -> usize {
         self.detached.load(Ordering::Acquire)
     }
 
-    /// How many claimed requests or messages have not finished (their handler running, or its
-    /// outcome being read and recorded), whether their caller still listens or not.
+    /// How many claimed requests or messages have not finished, whether their caller still
+    /// listens or not. Their handler is running, or its outcome is being read and recorded.
     #[must_use]
     pub fn len(&self) -> usize {
         self.tracker.len()
@@ -130,10 +131,10 @@ impl Drain {
         self.tracker.is_empty()
     }
 
-    /// Waits until every claimed request or message has finished, at most `limit`; `true`
-    /// when they all did. Work claimed while it waits is waited for too. Work still running at
-    /// the limit goes on (it is not cancelled); if the process then exits, its keys stay
-    /// pending until their leases lapse, as without this wait.
+    /// Waits until every claimed request or message has finished, at most `limit`. Returns `true`
+    /// when they all did. Work claimed while it waits is waited for too. Work still running at the
+    /// limit goes on: it is not cancelled. If the process then exits, its keys stay pending until
+    /// their leases lapse, as without this wait.
     pub async fn wait(&self, limit: Duration) -> bool {
         // The tracker's `wait` ends only once it is closed and empty; reopened after, so the
         // layer keeps counting if the server goes on.
@@ -162,7 +163,7 @@ impl Drain {
         }
     }
 
-    /// `work`, counted, dropped with its caller (a layer's `run_to_completion(false)`).
+    /// `work`, counted, and dropped with its caller. This is a layer's `run_to_completion(false)`.
     pub(crate) fn counted<F: Future>(&self, work: F) -> TrackedFuture<F> {
         self.tracker.track_future(work)
     }
@@ -179,18 +180,18 @@ impl fmt::Debug for Drain {
     }
 }
 
-/// A future polled in place while its caller waits for it, and spawned to finish on its own
-/// (within the bounds) when its caller drops it first (its output is then discarded).
+/// A future polled in place while its caller waits for it. When its caller drops it first, it
+/// is spawned to finish on its own, within the bounds. Its output is then discarded.
 pub(crate) struct Detachable<F>
 where
     F: Future + Send + 'static,
     F::Output: Send + 'static,
 {
     work: Option<TrackedFuture<Pin<Box<F>>>>,
-    /// The span the work was started in; its caller polls it there, a detached task enters it.
+    /// The span the work was started in. Its caller polls it there, and a detached task enters it.
     span: tracing::Span,
-    /// Set while the work is polled: still set when it is dropped, the poll unwound (the work
-    /// panicked) and the work is poisoned.
+    /// Set while the work is polled. When it is still set at the drop, the poll unwound: the work
+    /// panicked and is poisoned.
     polling: bool,
     detached: Arc<AtomicUsize>,
     bounds: Bounds,
@@ -293,8 +294,8 @@ impl Drop for Slot {
 mod tests {
     use super::*;
 
-    /// Work its caller dropped finishes on a task of its own, in the span it was started in
-    /// (the request's, for the HTTP layer): its log lines still name the request.
+    /// Work its caller dropped finishes on a task of its own, in the span it was started in. For
+    /// the HTTP layer that is the request's span, so its log lines still name the request.
     #[tokio::test(flavor = "current_thread")]
     async fn detached_work_finishes_in_the_span_it_was_started_in() {
         let _subscriber = tracing::subscriber::set_default(tracing_subscriber::registry());
@@ -321,7 +322,7 @@ mod tests {
             .expect("reported");
         assert_eq!(name, Some("request"));
     }
-    /// Counts its polls and its drop; pending forever, or panicking at its first poll.
+    /// Counts its polls and its drop. It is pending forever, or panics at its first poll.
     struct Probe {
         polls: Arc<AtomicUsize>,
         dropped: Arc<AtomicUsize>,
@@ -355,7 +356,7 @@ mod tests {
         (p, polls, dropped)
     }
 
-    /// Polls `work` once in place, then drops it (its caller went away).
+    /// Polls `work` once in place, then drops it, as when its caller goes away.
     async fn poll_once_and_drop<F>(work: Detachable<F>)
     where
         F: Future + Send + 'static,
@@ -366,8 +367,8 @@ mod tests {
         assert!(first.is_pending());
     }
 
-    /// Work whose poll panicked is poisoned: dropped after the panic (an outer catch, or the
-    /// task that caught it), it is not moved onto a task and polled again.
+    /// Work whose poll panicked is poisoned. It is dropped after the panic, by an outer catch or
+    /// the task that caught it. It is not moved onto a task and polled again.
     #[tokio::test(flavor = "current_thread")]
     async fn panicked_work_is_not_polled_again() {
         let in_flight = Drain::new();
@@ -390,8 +391,8 @@ mod tests {
         assert!(in_flight.is_empty(), "nothing counted");
     }
 
-    /// Detached work runs at most the detached timeout, then is cancelled; its place and its
-    /// count are given back.
+    /// Detached work runs at most the detached timeout, then is cancelled. Its place and its count
+    /// are given back.
     #[tokio::test(flavor = "current_thread", start_paused = true)]
     async fn detached_work_is_cancelled_at_the_detached_timeout() {
         let in_flight = Drain::new();

@@ -1,26 +1,26 @@
 //! The client's idempotency key: parsing and validation.
 //!
-//! A header value that starts with `"` is an RFC 9651 Item whose bare item must be a String
-//! (parameters after it are ignored). Anything else is taken verbatim, as many clients send bare
-//! UUIDs that are not sf-tokens, and must be visible ASCII without `"`, `,` or spaces.
-//! `"abc"` and `abc` are the same key.
+//! A header value that starts with `"` is an RFC 9651 Item whose bare item must be a String.
+//! Parameters after it are ignored. Anything else is taken verbatim, as many clients send bare
+//! UUIDs that are not sf-tokens. It must be visible ASCII without `"`, `,` or spaces. `"abc"`
+//! and `abc` are the same key.
 
 use std::fmt;
 
 /// The default longest key, in bytes.
 pub(crate) const DEFAULT_MAX_KEY_LEN: usize = 255;
 
-/// A validated idempotency key as the client sent it (after sf-string unquoting).
+/// A validated idempotency key as the client sent it, after sf-string unquoting.
 ///
-/// A header value that starts with `"` is an RFC 9651 Item whose bare item must be a String
-/// (parameters after it are ignored). Anything else is taken verbatim, as many clients send bare
-/// UUIDs that are not sf-tokens, and must be visible ASCII without `"`, `,` or spaces. `"abc"`
+/// A header value that starts with `"` is an RFC 9651 Item whose bare item must be a String.
+/// Parameters after it are ignored. Anything else is taken verbatim, as many clients send bare
+/// UUIDs that are not sf-tokens. It must be visible ASCII without `"`, `,` or spaces. `"abc"`
 /// and `abc` are the same key. Keys are 1 to 255 bytes by default.
 ///
-/// Behind an [`IdempotencyLayer`](crate::IdempotencyLayer), it is also an axum extractor (see
-/// [`extract`](crate::http::extract)).
+/// Behind an [`IdempotencyLayer`](crate::IdempotencyLayer), it is also an axum extractor. See
+/// [`extract`](crate::http::extract).
 ///
-/// Its `Debug` output is redacted so a key never reaches a log by accident; use
+/// Its `Debug` output is redacted, so a key never reaches a log by accident. Use
 /// [`as_str`](Self::as_str) when you need the value.
 ///
 /// ```
@@ -67,8 +67,8 @@ impl IdempotencyKey {
         Self::checked(s, max_len)
     }
 
-    /// Validates a key that did not come from a header (a key closure, a message field): it must
-    /// be 1 to 255 bytes of visible ASCII or spaces, what an sf-string can carry.
+    /// Validates a key that did not come from a header, such as a key closure's or a message
+    /// field's. It must be 1 to 255 bytes of visible ASCII or spaces: what an sf-string can carry.
     ///
     /// ```
     /// use tower_idempotency::IdempotencyKey;

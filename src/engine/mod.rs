@@ -66,11 +66,11 @@ pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 pub(crate) const DEFAULT_MAX_RECORD_BODY: usize = 1024 * 1024;
 
 /// The longest lease, retention or wait the engine counts: about a century, as the stores keep
-/// at most. A longer one (up to `Duration::MAX`) counts as this, so no value can overflow a
+/// at most. A longer one, up to `Duration::MAX`, counts as this. So no value can overflow a
 /// clock.
 const LONGEST: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
 
-/// Logs a renewal's outcome; `true` when the lease is lost for good (stop renewing).
+/// Logs a renewal's outcome. Returns `true` when the lease is lost for good: stop renewing.
 fn renewal_lost(res: Result<bool, StoreError>, key: &StoreKey) -> bool {
     match res {
         Ok(true) => false,
@@ -89,7 +89,7 @@ type RenewFuture<'a> = Pin<Box<dyn Future<Output = Result<bool, StoreError>> + S
 
 pin_project_lite::pin_project! {
     /// [`Engine::run`]: the work, and beside it the renewal of its lease every third of the
-    /// lease (one renewal at a time, none once the lease is known lost).
+    /// lease. One renewal runs at a time, and none once the lease is known lost.
     struct Run<'a, S, F> {
         #[pin]
         work: F,
@@ -174,7 +174,7 @@ pub struct Engine<S> {
     ttl: Duration,
     max_record_body: usize,
     secret: Option<Secret>,
-    /// Times each store step (feature `metrics`; zero-sized without it).
+    /// Times each store step, with feature `metrics`. It is zero-sized without it.
     timer: StoreTimer,
 }
 
@@ -192,8 +192,8 @@ impl<S> Clone for Engine<S> {
 }
 
 impl<S> Engine<S> {
-    /// These settings (lease, retention, record limit, secret) over a store made from this one
-    /// (the macro door wraps it to erase its type).
+    /// These settings over a store made from this one: lease, retention, record limit and secret.
+    /// The macro door wraps the store to erase its type.
     #[cfg(feature = "macros")]
     pub(crate) fn map_store<T>(&self, f: impl FnOnce(&Arc<S>) -> T) -> Engine<T> {
         Engine {
@@ -224,13 +224,13 @@ impl<S> fmt::Debug for Engine<S> {
 pub enum Begin {
     /// The key is claimed: run the work, then complete or release the ticket.
     Run(Ticket),
-    /// The same request holds the key and has not finished (HTTP: 409).
+    /// The same request holds the key and has not finished. HTTP answers 409.
     InFlight,
-    /// The key is held or done by a different request (HTTP: 422).
+    /// The key is held or done by a different request. HTTP answers 422.
     KeyReused,
     /// The same request finished: answer with its record.
     Replayed(RecordedResponse),
-    /// A record was found but failed validation; never replay it (HTTP: 503).
+    /// A record was found but failed validation. Never replay it. HTTP answers 503.
     RecordInvalid(RecordError),
 }
 
@@ -270,7 +270,8 @@ impl<S: Store> From<S> for Engine<S> {
 }
 
 impl<S: Store> Engine<S> {
-    /// An engine with the default lease (60 s), retention (24 h) and record body limit (1 MiB).
+    /// An engine with the default settings: a 60 s lease, 24 h retention and a 1 MiB record
+    /// body limit.
     #[must_use]
     pub fn new(store: S) -> Self {
         Self::from_arc(Arc::new(store))
@@ -340,7 +341,7 @@ impl<S: Store> Engine<S> {
     /// Claims the key, or says what the record found means for a request with `fingerprint`.
     ///
     /// # Errors
-    /// The store's error; the work must not run.
+    /// The store's error. The work must not run.
     // Not an `async fn`: its future would hold the key and fingerprint twice (argument and
     // local), and every keyed HTTP request's future holds this one.
     pub fn begin(
@@ -357,7 +358,7 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// The timer of this engine's store steps (for a door that runs steps of its own).
+    /// The timer of this engine's store steps, for a door that runs steps of its own.
     #[cfg(feature = "postgres")]
     pub(crate) fn timer(&self) -> &StoreTimer {
         &self.timer
@@ -370,12 +371,12 @@ impl<S: Store> Engine<S> {
     ///
     /// A store that is told when a key settles, such as the memory store, wakes the waiter at
     /// once. Any other is asked again with backoff: 10 ms, doubling up to 250 ms, each ask one
-    /// claim round trip. The wait also ends when the first run's lease lapses; this request
-    /// then claims the key, as any request after the lease would. Any bound is accepted:
+    /// claim round trip. The wait also ends when the first run's lease lapses. This request then
+    /// claims the key, as any request after the lease would. Any bound is accepted:
     /// `Duration::MAX` waits until the first run settles or its lease lapses.
     ///
     /// # Errors
-    /// The store's error; the work must not run.
+    /// The store's error. The work must not run.
     pub async fn begin_waiting(
         &self,
         key: StoreKey,
@@ -462,7 +463,7 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// What a claim's answer means for a request with the (keyed) `fingerprint`.
+    /// What a claim's answer means for a request with the keyed `fingerprint`.
     pub(crate) fn judge(&self, key: StoreKey, fingerprint: Fingerprint, claim: Claim) -> Begin {
         match claim {
             Claim::Claimed(token) => Begin::Run(Ticket {
@@ -490,9 +491,9 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// The record of `response` under `ticket`: encoded, and sealed when there is a secret.
-    /// A response the layout cannot hold whole is encoded without the parts that do not fit
-    /// (logged); an error only when even that fails (a status outside 100–999).
+    /// The record of `response` under `ticket`: encoded, and sealed when there is a secret. A
+    /// response the layout cannot hold whole is encoded without the parts that do not fit, and
+    /// logged. It is an error only when even that fails, for a status outside 100–999.
     pub(crate) fn seal(
         &self,
         ticket: &Ticket,
@@ -513,9 +514,9 @@ impl<S: Store> Engine<S> {
         })
     }
 
-    /// Runs `work` while renewing the ticket's lease every third of the lease, so work slower
-    /// than the lease keeps its claim. Renewal stops when the work finishes or this future is
-    /// dropped; the key then stays pending until its lease lapses.
+    /// Runs `work` while renewing the ticket's lease every third of the lease. So work slower than
+    /// the lease keeps its claim. Renewal stops when the work finishes or this future is dropped.
+    /// The key then stays pending until its lease lapses.
     // A future of its own, not an `async fn`: an `async fn` keeps its `work` argument and the
     // pinned copy of it both in its state, which made a claimed HTTP request's future twice the
     // size of the handler's and every move of it a copy of ~6 KB.
@@ -536,18 +537,18 @@ impl<S: Store> Engine<S> {
 
     /// Records the result under the ticket for the retention period.
     ///
-    /// A response the record layout cannot hold whole (a header or trailer value over 64 KiB,
-    /// more than 65 535 fields, a body over 4 GiB) is recorded without the parts that do not
-    /// fit, and a warning names them: the work is done, and a retry must be answered from the
-    /// record rather than run it again.
+    /// Some responses the record layout cannot hold whole: a header or trailer value over 64 KiB,
+    /// more than 65 535 fields, or a body over 4 GiB. Such a response is recorded without the
+    /// parts that do not fit, and a warning names them. The work is done, and a retry must be
+    /// answered from the record rather than run it again.
     ///
-    /// Returns `Ok(false)` when the ticket's lease had lapsed and another claimant holds the key
-    /// (the new holder is left alone).
+    /// Returns `Ok(false)` when the ticket's lease had lapsed and another claimant holds the key.
+    /// The new holder is left alone.
     ///
     /// # Errors
     /// The store's error, or a `Protocol` error when the response cannot be encoded even
-    /// without those parts (a status outside 100–999). Either way the key stays pending until
-    /// its lease lapses: nothing is released, since the work may have happened.
+    /// without those parts. Only a status outside 100–999 does that. Either way the key stays
+    /// pending until its lease lapses. Nothing is released, since the work may have happened.
     pub async fn complete(
         &self,
         ticket: Ticket,
@@ -559,9 +560,9 @@ impl<S: Store> Engine<S> {
         self.store_record(ticket, record).await
     }
 
-    /// [`Engine::complete`] for a record written straight from a response (the HTTP layer):
-    /// tagged when there is a secret, then stored. What the layout could not hold was left out
-    /// of the draft; the caller logs it.
+    /// [`Engine::complete`] for a record written straight from a response, as the HTTP layer does.
+    /// It is tagged when there is a secret, then stored. What the layout could not hold was left
+    /// out of the draft. The caller logs it.
     pub(crate) async fn complete_draft(
         &self,
         ticket: Ticket,
@@ -597,12 +598,12 @@ impl<S: Store> Engine<S> {
     }
 
     /// Keeps the key pending for `hold` from now, under the ticket, instead of completing or
-    /// releasing it: for work whose outcome is unknown (a message that may have been sent), so
-    /// that a retry is answered "in flight" rather than doing it again until the hold ends.
-    /// Returns `Ok(false)` when the ticket no longer held the key.
+    /// releasing it. This is for work whose outcome is unknown, such as a message that may have
+    /// been sent. A retry is then answered "in flight" until the hold ends, rather than doing it
+    /// again. Returns `Ok(false)` when the ticket no longer held the key.
     ///
     /// # Errors
-    /// The store's error; the key then stays pending until its current lease lapses.
+    /// The store's error. The key then stays pending until its current lease lapses.
     pub async fn hold(&self, ticket: Ticket, hold: Duration) -> Result<bool, StoreError> {
         let started = Started::now();
         let held = self.store.renew(&ticket.key, &ticket.token, hold).await;
@@ -614,7 +615,7 @@ impl<S: Store> Engine<S> {
     /// longer held it.
     ///
     /// # Errors
-    /// The store's error; the key then stays pending until its lease lapses.
+    /// The store's error. The key then stays pending until its lease lapses.
     pub async fn release(&self, ticket: Ticket) -> Result<bool, StoreError> {
         let started = Started::now();
         let released = self.store.release(&ticket.key, &ticket.token).await;
@@ -647,13 +648,13 @@ pub struct EngineBuilder<S> {
 
 impl<S: Store> EngineBuilder<S> {
     /// How long a claim holds a key. It is renewed while the work runs, every third of the
-    /// lease. At least 3 ms; a longer one than about a century counts as that. Default: 60 s.
+    /// lease. At least 3 ms. A longer one than about a century counts as that. Default: 60 s.
     pub fn lease(mut self, lease: Duration) -> Self {
         self.engine.set_lease(lease);
         self
     }
 
-    /// How long a completed record is kept. At least 1 ms; a longer one than about a century
+    /// How long a completed record is kept. At least 1 ms. A longer one than about a century
     /// counts as that. Default: 24 h.
     pub fn ttl(mut self, ttl: Duration) -> Self {
         self.engine.set_ttl(ttl);
@@ -667,7 +668,7 @@ impl<S: Store> EngineBuilder<S> {
         self
     }
 
-    /// Authenticates records and keys fingerprints with `secret` (see [`Secret`]).
+    /// Authenticates records and keys fingerprints with `secret`. See [`Secret`].
     /// Default: off.
     pub fn secret(mut self, secret: Secret) -> Self {
         self.engine.set_secret(secret);

@@ -1,11 +1,11 @@
 //! The record of a finished request, and its versioned binary encoding.
 //!
-//! A store keeps a [`Record`] as opaque bytes; only this module reads or writes them. Decoding
-//! re-validates everything (version, flags, lengths, status range, header bytes, body size), so
+//! A store keeps a [`Record`] as opaque bytes. Only this module reads or writes them. Decoding
+//! re-validates everything: version, flags, lengths, status range, header bytes, body size. So
 //! a record that was truncated, flipped or written by someone else is refused instead of
-//! replayed. Body and header values decode as slices of the record's `Bytes`: no copies.
+//! replayed. Body and header values decode as slices of the record's `Bytes`, with no copies.
 //!
-//! Layout (version 1, big-endian):
+//! Layout, version 1, big-endian:
 //!
 //! ```text
 //! "TI" 0x01 flags:u8 status:u16
@@ -24,14 +24,14 @@ const MAGIC: &[u8; 2] = b"TI";
 const VERSION: u8 = 1;
 const FLAG_BODY: u8 = 0b0000_0001;
 const FLAG_TRAILERS: u8 = 0b0000_0010;
-/// The last 32 bytes are an HMAC tag (see [`Secret`](crate::Secret)).
+/// The last 32 bytes are an HMAC tag. See [`Secret`](crate::Secret).
 const FLAG_MAC: u8 = 0b0000_0100;
 /// The work declared this response its final answer, whatever its status.
 const FLAG_DEFINITIVE: u8 = 0b0000_1000;
 /// When the record was written and until when it is kept follow the trailers.
 const FLAG_TIMES: u8 = 0b0001_0000;
 const KNOWN_FLAGS: u8 = FLAG_BODY | FLAG_TRAILERS | FLAG_MAC | FLAG_DEFINITIVE | FLAG_TIMES;
-/// The field that tags a record with the door that wrote it (doors other than HTTP).
+/// The field that tags a record with the door that wrote it, for doors other than HTTP.
 const DOOR_FIELD: &[u8] = b"tower-idempotency-door";
 
 /// An encoded record: opaque bytes to a store.
@@ -63,7 +63,7 @@ impl Record {
         self.0.len()
     }
 
-    /// Whether the record holds no bytes at all (never true of an encoded response).
+    /// Whether the record holds no bytes at all. That is never true of an encoded response.
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.0.is_empty()
@@ -188,7 +188,7 @@ impl fmt::Debug for Record {
     }
 }
 
-/// A header (or trailer) field as stored: lowercase name and raw value bytes.
+/// A header or trailer field as stored: lowercase name and raw value bytes.
 pub type Field = (Bytes, Bytes);
 
 /// A response as recorded, free of any HTTP crate's types.
@@ -201,19 +201,19 @@ pub struct RecordedResponse {
     pub headers: Vec<Field>,
     /// The body, or `None` when only the status was recorded.
     pub body: Option<Bytes>,
-    /// Trailer fields (gRPC status and metadata), when the response had trailers.
+    /// Trailer fields, when the response had trailers: gRPC status and metadata.
     pub trailers: Option<Vec<Field>>,
-    /// The work declared this response its final answer, whatever its status (HTTP:
-    /// a declared [`Verdict::Record`](crate::engine::Verdict::Record)): replayed even with a
-    /// status the classification would not record, such as a 500. The HTTP layer sets it only
-    /// on such a status, and refuses at replay a record that has it on any other (a damaged
-    /// flag must not pass unnoticed).
+    /// The work declared this response its final answer, whatever its status. In HTTP that is a
+    /// declared [`Verdict::Record`](crate::engine::Verdict::Record). It is replayed even with a
+    /// status the classification would not record, such as a 500. The HTTP layer sets it only on
+    /// such a status. It refuses at replay a record that has it on any other: a damaged flag must
+    /// not pass unnoticed.
     pub definitive: bool,
     /// When the record was written and until when it is kept, when the door wrote them.
     pub times: Option<RecordTimes>,
 }
 
-/// When a record was written and until when its store keeps it (to the millisecond).
+/// When a record was written and until when its store keeps it, to the millisecond.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct RecordTimes {
@@ -240,9 +240,9 @@ impl RecordTimes {
 }
 
 impl RecordedResponse {
-    /// A record of a door that is not HTTP (messages, outbound receipts): status 200, one field
-    /// naming `door`, and `body`. The tag keeps one door from replaying another's record found
-    /// under the same store key.
+    /// A record of a door that is not HTTP, such as messages and outbound receipts. It has status
+    /// 200, one field naming `door`, and `body`. The tag keeps one door from replaying another's
+    /// record found under the same store key.
     pub(crate) fn of_door(door: &'static [u8], body: Option<Bytes>) -> Self {
         Self::new(
             200,
@@ -257,7 +257,7 @@ impl RecordedResponse {
             && matches!(self.headers.as_slice(), [(n, v)] if n == DOOR_FIELD && v == door)
     }
 
-    /// A record of `status`, `headers` and `body` (`None`: status-only).
+    /// A record of `status`, `headers` and `body`. A `body` of `None` means status-only.
     #[must_use]
     pub fn new(status: u16, headers: Vec<Field>, body: Option<Bytes>) -> Self {
         Self {
@@ -287,8 +287,8 @@ impl RecordedResponse {
     /// Encodes the response into a [`Record`].
     ///
     /// # Errors
-    /// When a field is too long for the layout (a name or value over 64 KiB, more than 65 535
-    /// fields, a body over 4 GiB) or a name or value holds bytes a header may not.
+    /// When a field is too long for the layout, or a name or value holds bytes a header may not.
+    /// Too long is a name or value over 64 KiB, more than 65 535 fields, or a body over 4 GiB.
     pub fn encode(&self) -> Result<Record, RecordError> {
         let fields_len =
             |fs: &[Field]| fs.iter().map(|(n, v)| 4 + n.len() + v.len()).sum::<usize>();
@@ -338,10 +338,10 @@ impl RecordedResponse {
 }
 
 impl RecordedResponse {
-    /// The same response without the parts the layout cannot hold: a header or trailer field
-    /// whose name or value is over 64 KiB or holds bytes a field may not, fields past the
-    /// 65 535th, and a body over 4 GiB. Also returns what was left out (`header <name>`,
-    /// `trailer <name>`, `body`), for the log; values are never named.
+    /// The same response without the parts the layout cannot hold. These are a header or trailer
+    /// field whose name or value is over 64 KiB or holds bytes a field may not. They are fields
+    /// past the 65 535th, and a body over 4 GiB. Also returns what was left out, for the log:
+    /// `header <name>`, `trailer <name>`, `body`. Values are never named.
     #[must_use]
     pub(crate) fn fitted(&self) -> (RecordedResponse, Vec<String>) {
         let mut dropped = Vec::new();
@@ -383,29 +383,30 @@ impl RecordedResponse {
 }
 
 /// A record written straight from a response's parts, with no list of copied fields in
-/// between (the HTTP layer's hot path; [`RecordedResponse::encode`] builds the same bytes from
-/// owned fields). Fields the layout cannot hold are left out and named, as
-/// [`RecordedResponse::fitted`] does; the times and the tag are added before it is stored.
+/// between. This is the HTTP layer's hot path. [`RecordedResponse::encode`] builds the same
+/// bytes from owned fields. Fields the layout cannot hold are left out and named, as
+/// [`RecordedResponse::fitted`] does. The times and the tag are added before it is stored.
 pub(crate) struct Draft {
     out: BytesMut,
-    /// What was left out (`header <name>`, `trailer <name>`, `body`), for the log.
+    /// What was left out, for the log: `header <name>`, `trailer <name>`, `body`.
     dropped: Vec<String>,
 }
 
 /// A field as read from a response: name and value bytes, borrowed.
 pub(crate) type FieldRef<'a> = (&'a [u8], &'a [u8]);
 
-/// The encoded size of some fields (an upper bound: fields left out are counted).
+/// The encoded size of some fields. It is an upper bound: fields left out are counted.
 fn fields_len<'a>(fields: impl Iterator<Item = FieldRef<'a>>) -> usize {
     fields.map(|(n, v)| 4 + n.len() + v.len()).sum()
 }
 
 impl Draft {
-    /// Writes `status`, `headers`, `body` (`None`: status only) and `trailers`, with room for
-    /// `tail` more bytes (the times and the tag), in one allocation of the exact size.
+    /// Writes `status`, `headers`, `body` and `trailers` in one allocation of the exact size. A
+    /// `body` of `None` means status only. It leaves room for `tail` more bytes: the times and the
+    /// tag.
     ///
     /// # Errors
-    /// Only for a status outside 100–999 (nothing else stops a record being written).
+    /// Only for a status outside 100–999. Nothing else stops a record being written.
     pub(crate) fn write<'a, H, T>(
         status: u16,
         headers: impl Fn() -> H,
@@ -460,7 +461,7 @@ impl Draft {
         Ok(draft)
     }
 
-    /// One field section: its count, then the fields that fit (the count written last).
+    /// One field section: its count, then the fields that fit. The count is written last.
     fn fields<'a>(&mut self, fields: impl Iterator<Item = FieldRef<'a>>, kind: &str) {
         let at = self.out.len();
         self.out.put_u16(0);
@@ -498,7 +499,7 @@ impl Draft {
         self.out.put_u64(unix_ms(times.kept_until));
     }
 
-    /// What was left out because the layout cannot hold it (empty when nothing was).
+    /// What was left out because the layout cannot hold it. Empty when nothing was.
     pub(crate) fn dropped(&self) -> &[String] {
         &self.dropped
     }
@@ -519,7 +520,7 @@ impl Draft {
     }
 }
 
-/// Milliseconds since the Unix epoch (0 before it).
+/// Milliseconds since the Unix epoch, 0 before it.
 fn unix_ms(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
@@ -990,7 +991,7 @@ mod draft_tests {
         );
     }
 
-    /// A field the layout cannot hold is left out and named (its value never is); the rest is
+    /// A field the layout cannot hold is left out and named, but never its value. The rest is
     /// recorded, as `fitted` does for an owned record.
     #[test]
     fn leaves_out_what_does_not_fit_and_names_it() {

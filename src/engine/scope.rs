@@ -1,9 +1,9 @@
 //! Who a key belongs to, and the hashes a store sees instead of the raw key.
 //!
-//! A client key is only unique for one caller, so every key is scoped by the namespace (one per
-//! application or route group), the tenant and the principal. The store is given a
-//! domain-separated SHA-256 of those parts and never the parts themselves, so a store dump holds
-//! no raw key, principal or namespace.
+//! A client key is only unique for one caller. So every key is scoped by the namespace, the
+//! tenant and the principal. There is one namespace per door or route group. The store is
+//! given a domain-separated SHA-256 of those parts, never the parts themselves. So a store dump
+//! holds no raw key, principal or namespace.
 
 use crate::engine::key::IdempotencyKey;
 use sha2::{Digest, Sha256};
@@ -15,8 +15,8 @@ const DERIVED_DOMAIN: &[u8] = b"tower-idempotency/derived-key/v1";
 
 /// The caller a key belongs to: an authenticated principal and an optional tenant.
 ///
-/// `Scope::anonymous()` is the one scope all callers without a principal share (only used with
-/// an optional principal; see the layer's docs for the risk).
+/// `Scope::anonymous()` is the one scope all callers without a principal share. It is only
+/// used with an optional principal. See the layer's docs for the risk.
 #[derive(Clone, Default, PartialEq, Eq, Hash)]
 pub struct Scope {
     // Boxed strings, not `String`s: a scope is carried in every keyed request's future, and
@@ -92,8 +92,9 @@ fn opt(h: &mut Sha256, v: Option<&str>) {
     }
 }
 
-/// What a store is keyed by: the hash of the scope (for per-scope caps) and the hash of the whole
-/// key (namespace, scope and client key). Neither can be turned back into its parts.
+/// What a store is keyed by: the hash of the scope, for per-scope caps, and the hash of the
+/// whole key. The whole key is namespace, scope and client key. Neither hash can be turned back
+/// into its parts.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct StoreKey {
     scope: [u8; 32],
@@ -130,7 +131,7 @@ impl StoreKey {
         }
     }
 
-    /// A store key from its two hashes (for tests and stores that rebuild keys).
+    /// A store key from its two hashes, for tests and stores that rebuild keys.
     #[must_use]
     pub const fn from_parts(scope: [u8; 32], id: [u8; 32]) -> Self {
         Self { scope, id }
@@ -142,13 +143,13 @@ impl StoreKey {
         &self.scope
     }
 
-    /// The hash that identifies this key; unique per namespace, scope and client key.
+    /// The hash that identifies this key. It is unique per namespace, scope and client key.
     #[must_use]
     pub const fn id(&self) -> &[u8; 32] {
         &self.id
     }
 
-    /// The id as lowercase hex (64 characters), for stores keyed by text.
+    /// The id as 64 lowercase hex characters, for stores keyed by text.
     #[must_use]
     pub fn id_hex(&self) -> String {
         hex(&self.id)
@@ -161,12 +162,12 @@ impl fmt::Debug for StoreKey {
     }
 }
 
-/// A stable key derived from the client's key, to forward to a provider that de-duplicates
-/// (a payment API, say), so a retry reaches the provider under the same key.
+/// A stable key derived from the client's key, to forward to a provider that de-duplicates,
+/// such as a payment API. A retry then reaches the provider under the same key.
 ///
-/// It is the hex SHA-256 of the namespace, scope and client key under its own domain tag, so it
-/// differs from the store key (a provider never learns what the store is keyed by) and from the
-/// client's key (a provider never learns that either).
+/// It is the hex SHA-256 of the namespace, scope and client key under its own domain tag. So it
+/// differs from the store key: a provider never learns what the store is keyed by. It also
+/// differs from the client's key, which a provider never learns either.
 #[derive(Clone, PartialEq, Eq, Hash)]
 pub struct DerivedKey(String);
 
@@ -207,8 +208,8 @@ pub(crate) fn hex(bytes: &[u8]) -> String {
     buf.into_iter().map(char::from).collect()
 }
 
-/// Writes `bytes` as lowercase hex into `out`, which holds exactly twice as many bytes (for
-/// callers that keep the digits on the stack).
+/// Writes `bytes` as lowercase hex into `out`, which holds exactly twice as many bytes. This
+/// is for callers that keep the digits on the stack.
 pub(crate) fn hex_into(bytes: &[u8], out: &mut [u8]) {
     const DIGITS: &[u8; 16] = b"0123456789abcdef";
     debug_assert_eq!(out.len(), bytes.len() * 2);

@@ -1,16 +1,16 @@
 //! Optional record authentication and fingerprint keying.
 //!
-//! Off by default. With a [`Secret`] configured on the engine (or the layer):
+//! Off by default. With a [`Secret`] configured on the engine:
 //!
 //! - every record carries an HMAC-SHA256 tag over its content, its store key and its request
-//!   fingerprint, so a record written into the store by anyone without the secret (or moved to
-//!   another key) is refused (503 `record_invalid`), never replayed;
-//! - the fingerprint the store sees is keyed by the secret, so a low-entropy request body (a
-//!   short code, a PIN) cannot be confirmed by brute force from a store dump.
+//!   fingerprint. A record written into the store by anyone without the secret is refused with
+//!   503 `record_invalid`, never replayed. So is a record moved to another key;
+//! - the fingerprint the store sees is keyed by the secret. So a low-entropy request body, such
+//!   as a short code or a PIN, cannot be confirmed by brute force from a store dump.
 //!
 //! Every replica sharing a store must use the same secret. Changing it makes existing records
-//! unreadable (answered 503 until they expire) and existing pending keys look like other
-//! requests (422) until their lease ends.
+//! unreadable: they are answered 503 until they expire. Existing pending keys then look like
+//! other requests, answered 422, until their lease ends.
 
 use crate::engine::fingerprint::Fingerprint;
 use crate::error::{ConfigError, ConfigErrorKind};
@@ -27,19 +27,19 @@ const RECORD_DOMAIN: &[u8] = b"tower-idempotency/record-mac/v1";
 /// The length of a record's authentication tag.
 pub(crate) const TAG_LEN: usize = 32;
 
-/// A secret key for record authentication and fingerprint keying (at least 32 bytes).
+/// A secret key for record authentication and fingerprint keying, at least 32 bytes long.
 ///
-/// Off by default. With a [`Secret`] configured on the engine (or the layer):
+/// Off by default. With a [`Secret`] configured on the engine:
 ///
 /// - every record carries an HMAC-SHA256 tag over its content, its store key and its request
-///   fingerprint, so a record written into the store by anyone without the secret (or moved to
-///   another key) is refused (503 `record_invalid`), never replayed;
-/// - the fingerprint the store sees is keyed by the secret, so a low-entropy request body (a
-///   short code, a PIN) cannot be confirmed by brute force from a store dump.
+///   fingerprint. A record written into the store by anyone without the secret is refused with
+///   503 `record_invalid`, never replayed. So is a record moved to another key;
+/// - the fingerprint the store sees is keyed by the secret. So a low-entropy request body, such
+///   as a short code or a PIN, cannot be confirmed by brute force from a store dump.
 ///
 /// Every replica sharing a store must use the same secret. Changing it makes existing records
-/// unreadable (answered 503 until they expire) and existing pending keys look like other
-/// requests (422) until their lease ends.
+/// unreadable: they are answered 503 until they expire. Existing pending keys then look like
+/// other requests, answered 422, until their lease ends.
 ///
 /// ```
 /// use tower_idempotency::Secret;
@@ -54,7 +54,7 @@ impl Secret {
     /// The shortest secret accepted, in bytes.
     pub const MIN_LEN: usize = 32;
 
-    /// A secret from key material (e.g. 32 random bytes from your secret manager).
+    /// A secret from key material, such as 32 random bytes from your secret manager.
     ///
     /// # Errors
     /// A [`ConfigError`] of kind [`SecretTooShort`](ConfigErrorKind::SecretTooShort) when

@@ -12,9 +12,9 @@
 ///
 /// `Record` is for work that is done, whatever its answer. `Release` is for work that did
 /// nothing and may succeed later. `Fail` is for work that did nothing and will fail the same
-/// way every time: a JetStream message is terminated, an apalis task aborted, an outbound send
-/// refused as not retryable; the HTTP layer treats it as `Release`. `Hold` is for work that
-/// may or may not have happened: neither replaying nor running again is safe yet.
+/// way every time. A JetStream message is terminated, an apalis task aborted, and an outbound
+/// send refused as not retryable. The HTTP layer treats it as `Release`. `Hold` is for work
+/// that may or may not have happened: neither replaying nor running again is safe yet.
 ///
 /// ```
 /// use tower_idempotency::engine::{Classify, Verdict};
@@ -36,13 +36,13 @@ pub enum Verdict {
     /// Nothing was done, and it fails the same way every time: the key is freed and the door
     /// reports a permanent failure.
     Fail,
-    /// The work may or may not have happened: the key stays pending, so a repeat neither
+    /// The work may or may not have happened. The key stays pending. So a repeat neither
     /// replays nor runs until the lease or hold time ends.
     Hold,
 }
 
 impl Verdict {
-    /// Whether the key is freed (`Release` or `Fail`).
+    /// Whether the key is freed: `Release` or `Fail`.
     #[must_use]
     pub fn releases(self) -> bool {
         matches!(self, Self::Release | Self::Fail)

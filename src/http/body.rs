@@ -1,8 +1,8 @@
 //! The request and response bodies the layer hands on, and the reading of a body up to a
-//! limit (a request body to fingerprint it, a response body to record it).
+//! limit. A request body is read to fingerprint it, a response body to record it.
 //!
-//! A response whose body streams on to the client before it has ended carries an [`EndHook`]:
-//! its key is completed or released only once the body has ended or failed, and the client sees
+//! A response whose body streams on to the client before it has ended carries an [`EndHook`].
+//! Its key is completed or released only once the body has ended or failed. The client sees
 //! that end only once the key is settled.
 
 use bytes::{Buf, Bytes, BytesMut};
@@ -17,8 +17,8 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
 pin_project! {
-    /// The request body the inner service sees: the caller's body untouched, or the bytes the
-    /// layer buffered to fingerprint it.
+    /// The request body the inner service sees. It is the caller's body untouched, or the bytes
+    /// the layer buffered to fingerprint it.
     #[derive(Debug)]
     pub struct RequestBody<B> {
         #[pin]
@@ -88,8 +88,9 @@ where
 }
 
 pin_project! {
-    /// The response body the layer returns: the handler's body streamed untouched, a buffered
-    /// body (recorded, replayed or a rejection), or what was buffered followed by the rest.
+    /// The response body the layer returns. It is the handler's body streamed untouched, or a
+    /// buffered body: recorded, replayed or a rejection. Or it is what was buffered followed by
+    /// the rest.
     pub struct ResponseBody<B> where B: Body {
         #[pin]
         inner: ResponseInner<B>,
@@ -119,10 +120,10 @@ pub(crate) enum BodyEnd {
     Failed,
 }
 
-/// Ties a response body to the task that settles its key (completes or releases it): the body
-/// reports how it ended, then waits for the task, so the client sees the end of the body (or
-/// its failure) only once the key is settled. Dropped before the body ended (the client went
-/// away), it reports nothing and the task sees the report channel closed.
+/// Ties a response body to the task that settles its key, by completing or releasing it. The
+/// body reports how it ended, then waits for the task. So the client sees the end of the body,
+/// or its failure, only once the key is settled. When dropped before the body ended, because
+/// the client went away, it reports nothing. The task then sees the report channel closed.
 #[derive(Debug)]
 pub(crate) struct EndHook {
     report: Option<oneshot::Sender<BodyEnd>>,
@@ -138,7 +139,7 @@ impl EndHook {
         }
     }
 
-    /// Reports `end` (once), then waits until the key is settled.
+    /// Reports `end` once, then waits until the key is settled.
     fn poll_settle(&mut self, end: BodyEnd, cx: &mut Context<'_>) -> Poll<()> {
         if let Some(report) = self.report.take() {
             let _ = report.send(end);
@@ -149,14 +150,14 @@ impl EndHook {
 }
 
 enum EndState<E> {
-    /// Frames pass on; the end has not been seen. `remaining`: the bytes still due of a body
-    /// of exact length (hyper stops polling a body once its declared length is written).
+    /// Frames pass on, and the end has not been seen. `remaining` is the bytes still due of a body
+    /// of exact length. Hyper stops polling a body once its declared length is written.
     Streaming {
         hook: EndHook,
         remaining: Option<u64>,
     },
-    /// The body ended or failed: the frame that ended it (its last data or its trailers, or
-    /// its error) waits here until the key is settled.
+    /// The body ended or failed. The frame that ended it waits here until the key is settled: its
+    /// last data, its trailers, or its error.
     Settling {
         hook: EndHook,
         end: BodyEnd,
@@ -189,8 +190,8 @@ impl<B: Body> ResponseBody<B> {
         })
     }
 
-    /// Takes the trailers out of a buffered body (a gRPC replay without messages sends them
-    /// as the headers of a Trailers-Only response).
+    /// Takes the trailers out of a buffered body. A gRPC replay without messages sends them as
+    /// the headers of a Trailers-Only response.
     pub(crate) fn take_trailers(&mut self) -> Option<HeaderMap> {
         match &mut self.inner {
             ResponseInner::Buffered { trailers, .. } => trailers.take(),
@@ -371,7 +372,7 @@ pub(crate) enum ReadError {
     Failed,
 }
 
-/// Reads a request body whole, up to `limit` bytes (trailers are dropped).
+/// Reads a request body whole, up to `limit` bytes. Trailers are dropped.
 pub(crate) async fn read_limited<B: Body<Data = Bytes>>(
     body: B,
     limit: usize,
@@ -403,8 +404,8 @@ pub(crate) async fn read_limited<B: Body<Data = Bytes>>(
     Ok(first.unwrap_or_else(|| buf.freeze()))
 }
 
-/// A response body read up to a limit: whole (with its trailers), or what was read before it
-/// grew over the limit, was still going at the deadline, or failed.
+/// A response body read up to a limit. It was read whole, with its trailers. Or it is what was
+/// read before it grew over the limit, was still going at the deadline, or failed.
 pub(crate) enum Collected<B: Body> {
     Whole {
         data: Bytes,
@@ -425,12 +426,12 @@ pub(crate) enum Collected<B: Body> {
     },
 }
 
-/// Reads a response body up to `limit` bytes, keeping its trailers; stops at the first byte
-/// over the limit, or when the body has not ended `timeout` after it first had to be waited
-/// for, and hands back what it read and the rest.
+/// Reads a response body up to `limit` bytes, keeping its trailers. It stops at the first byte
+/// over the limit. It also stops when the body has not ended `timeout` after it first had to
+/// be waited for. Then it hands back what it read and the rest.
 ///
-/// The bound starts when the body first makes the reader wait, not before: a body whose frames
-/// are all ready at once (a buffered handler's) is read without a clock reading or a timer.
+/// The bound starts when the body first makes the reader wait, not before. A body whose frames
+/// are all ready at once, as a buffered handler's, is read without a clock reading or a timer.
 pub(crate) async fn collect_limited<B: Body<Data = Bytes>>(
     body: B,
     limit: usize,

@@ -1,15 +1,17 @@
 //! Step 9: what becomes of the handler's response, HTTP and gRPC side by side. A response is
-//! recorded (then sent) or released (sent, the key freed for a retry).
+//! recorded, then sent. Or it is released: sent, with the key freed for a retry.
 //!
-//! HTTP: 2xx, 3xx (but 304) and 4xx (but 408, 425, 429) are recorded, unless a
-//! classification hook releases them; a streaming response (a streaming media type, or a body
-//! not ended within the collection bound) and a body over the record limit are sent on as they
-//! come and recorded as status and headers only once they have ended (released if they fail).
-//! A response declared definitive whose body cannot be recorded whole is recorded as status
-//! and headers at once, whatever its body does after (its work is done).
-//! gRPC (an HTTP 200 to a gRPC request): the outcome is the gRPC status, read from the headers
-//! of a Trailers-Only response or else from the trailers, so the body is read first (see
-//! [gRPC mode](super#grpc-classification)).
+//! HTTP: 2xx, 3xx but 304, and 4xx but 408, 425 and 429 are recorded. A classification hook
+//! may release them. Some responses are sent on as they come: a streaming one, and a body over
+//! the record limit. A response is streaming when it has a streaming media type, or its body
+//! does not end within the collection bound. These are recorded as status and headers only
+//! once they have ended. They are released if they fail. A response declared definitive whose
+//! body cannot be recorded whole is recorded as status and headers at once. Its work is done,
+//! whatever its body does after.
+//!
+//! gRPC covers an HTTP 200 to a gRPC request. The outcome is the gRPC status. It is read from
+//! the headers of a Trailers-Only response, or else from the trailers. So the body is read
+//! first. See [gRPC mode](super#grpc-classification).
 
 use super::body::{Collected, ResponseBody, collect_limited};
 use super::config::{Config, ResponseMode};
@@ -24,17 +26,17 @@ use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
 use http_body::Body;
 
-/// Whether a response with this status is recorded: 2xx; 3xx except 304 (a redirect, such as
-/// a `303 See Other` after a create, is the work's final answer); and 4xx except 408, 425 and
-/// 429.
+/// Whether a response with this status is recorded. 2xx is, and 4xx except 408, 425 and 429.
+/// 3xx is, except 304. A redirect, such as a `303 See Other` after a create, is the work's
+/// final answer.
 pub(crate) fn is_recordable(status: u16) -> bool {
     matches!(status, 200..=299)
         || (matches!(status, 300..=399) && status != 304)
         || (matches!(status, 400..=499) && !matches!(status, 408 | 425 | 429))
 }
 
-/// Whether a gRPC response with this status is recorded: `OK` and the codes the caller caused
-/// (the same request gets the same answer); the transient ones are released.
+/// Whether a gRPC response with this status is recorded. `OK` and the codes the caller caused
+/// are: the same request gets the same answer. The transient ones are released.
 pub(crate) fn is_recorded_code(code: GrpcCode) -> bool {
     use GrpcCode::*;
     match code {
@@ -45,13 +47,13 @@ pub(crate) fn is_recorded_code(code: GrpcCode) -> bool {
     }
 }
 
-/// Whether a `grpc-status` number is recorded (one that is no gRPC code is not).
+/// Whether a `grpc-status` number is recorded. A number that is no gRPC code is not.
 pub(crate) fn is_recorded_status(status: i32) -> bool {
     GrpcCode::from_i32(status).is_some_and(is_recorded_code)
 }
 
-/// Whether a response declared definitive is recorded: any final status a replay can give
-/// (200–599), but `304 Not Modified`, which means nothing without the request's validators.
+/// Whether a response declared definitive is recorded. Any final status a replay can give is,
+/// 200–599, but `304 Not Modified`. A 304 means nothing without the request's validators.
 pub(crate) fn is_recordable_definitive(status: u16) -> bool {
     matches!(status, 200..=599) && status != 304
 }
@@ -59,21 +61,21 @@ pub(crate) fn is_recordable_definitive(status: u16) -> bool {
 /// What to do with the key, and the response that goes out either way.
 pub(crate) enum Outcome<B: Body> {
     Release(Response<ResponseBody<B>>),
-    /// Neither recorded nor released (declared or classified [`Verdict::Hold`]): the key stays pending
-    /// until its lease lapses.
+    /// Neither recorded nor released: declared or classified [`Verdict::Hold`]. The key stays
+    /// pending until its lease lapses.
     Keep(Response<ResponseBody<B>>),
-    /// Recorded now, then sent (the body was read whole).
+    /// Recorded now, then sent. The body was read whole.
     Record(Response<ResponseBody<B>>, Draft),
-    /// Sent on before its body has ended: recorded once the body has ended, released if it
-    /// fails (DESIGN §3 step 9).
+    /// Sent on before its body has ended. It is recorded once the body has ended, and released
+    /// if it fails. See DESIGN §3 step 9.
     RecordAtEnd(Response<ResponseBody<B>>, Draft),
 }
 
 /// No trailers, for [`Draft::write`].
 const NO_TRAILERS: Option<fn() -> std::iter::Empty<FieldRef<'static>>> = None;
 
-/// Writes a record, or keeps the key pending when it cannot be written: only a status outside
-/// 100–999 stops it, which an `http::StatusCode` never is.
+/// Writes a record, or keeps the key pending when it cannot be written. Only a status outside
+/// 100–999 stops it, and an `http::StatusCode` never is one.
 fn keep_unless_written<B: Body>(
     res: Response<ResponseBody<B>>,
     key: &StoreKey,
@@ -89,7 +91,7 @@ fn keep_unless_written<B: Body>(
     }
 }
 
-/// A record of status and headers only: the headers that describe a body are dropped, since
+/// A record of status and headers only. The headers that describe a body are dropped, since
 /// its replay has none.
 fn status_only(
     config: &Config,
@@ -102,8 +104,8 @@ fn status_only(
     Draft::write(status, fields, None, NO_TRAILERS, definitive, tail)
 }
 
-/// Classifies the handler's response (reading its body up to `max` bytes when it is to be
-/// recorded, or in gRPC mode to find the status).
+/// Classifies the handler's response. It reads the body up to `max` bytes when the response is
+/// to be recorded, or in gRPC mode to find the status.
 pub(crate) async fn classify<B>(
     config: &Config,
     max: usize,
@@ -144,13 +146,13 @@ where
 }
 
 /// HTTP mode: a recordable response's body is read up to the record limit and the collection
-/// bound. A body read whole is recorded (its bytes only in full mode), then sent; a streaming
-/// media type, a longer body or a slower one is sent on as it comes and recorded as status and
-/// headers once it has ended. A response declared `definitive` is recorded whatever its
-/// status (but 304), without asking the hook; when its body cannot be recorded whole (a
-/// streaming type, over the limit, slower than the bound, or failing while read), its status
-/// and headers are recorded at once, whatever the body does after: the work is done, and a
-/// retry must be answered, never run again.
+/// bound. A body read whole is recorded, then sent. Its bytes are recorded only in full mode.
+/// A streaming media type, a longer body or a slower one is sent on as it comes. It is
+/// recorded as status and headers once it has ended. A response declared `definitive` is
+/// recorded whatever its status, but 304, without asking the hook. Its body may not be
+/// recordable whole: a streaming type, over the limit, slower than the bound, or failing while
+/// read. Then its status and headers are recorded at once, whatever the body does after. The
+/// work is done, and a retry must be answered, never run again.
 async fn classify_http<B>(
     config: &Config,
     max: usize,
@@ -259,10 +261,10 @@ where
     }
 }
 
-/// A gRPC response declared definitive whose status cannot be read (its body is over the
-/// record limit, slower than the bound, or failed): nothing a replay could answer with can be
-/// recorded, and the work must not run again at once, so the key is held until its lease
-/// lapses; otherwise it is released.
+/// A gRPC response declared definitive whose status cannot be read. Its body is over the
+/// record limit, slower than the bound, or failed. Nothing a replay could answer with can be
+/// recorded, and the work must not run again at once. So the key is held until its lease
+/// lapses. Otherwise it is released.
 fn unread_grpc<B: Body>(
     key: &StoreKey,
     res: Response<ResponseBody<B>>,
@@ -278,8 +280,9 @@ fn unread_grpc<B: Body>(
     }
 }
 
-/// gRPC mode, for an HTTP 200 response: read the body up to the record limit, find the gRPC
-/// status, then record or release (record whatever the status when declared `definitive`).
+/// gRPC mode, for an HTTP 200 response. Reads the body up to the record limit and finds the
+/// gRPC status. Then it records or releases. When declared `definitive`, it records whatever
+/// the status.
 async fn classify_grpc<B>(
     config: &Config,
     max: usize,

@@ -15,11 +15,11 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// The default request body limit (1 MiB).
+/// The default request body limit: 1 MiB.
 pub(crate) const MAX_REQUEST_BODY: usize = 1024 * 1024;
 
 /// The principal a request acts for. The application's authentication layer puts it into the
-/// request extensions; that layer must run before the idempotency layer.
+/// request extensions. That layer must run before the idempotency layer.
 ///
 /// ```
 /// use tower_idempotency::http::Principal;
@@ -90,17 +90,17 @@ pub enum ResponseMode {
 /// `422 Unprocessable Content`, and records the rest as the table does. Give it to
 /// [`IdempotencyLayer::classify`](super::IdempotencyLayer::classify).
 ///
-/// These are the statuses of axum's extractor rejections, answered *inside* the layer:
-/// malformed JSON (400), a missing or wrong `content-type` (415), a `Json<T>` or `Form<T>`
-/// that does not deserialize (422), a body over axum's limit (413), a bad query string or
-/// path parameter (400). Released, they leave the key free, so the client can send the
-/// corrected request with the same key. Recorded, the corrected request would get
+/// These are the statuses of axum's extractor rejections, answered *inside* the layer.
+/// Malformed JSON gets 400. A missing or wrong `content-type` gets 415. A `Json<T>` or
+/// `Form<T>` that does not deserialize gets 422. A body over axum's limit gets 413. A bad
+/// query string or path parameter gets 400. Released, they leave the key free. So the client
+/// can send the corrected request with the same key. Recorded, the corrected request would get
 /// `422 idempotency.key_reused`.
 ///
 /// The trade-off: a handler's own 400, 413, 415 or 422 is released too, so a retry under the
 /// same key runs the handler again. That is right for validation errors, where the handler
 /// did nothing. It is wrong for a handler that did work and then answered one of these: give
-/// such an outcome another status (409, say), or write your own hook. `#[idempotent]`
+/// such an outcome another status, such as 409, or write your own hook. `#[idempotent]`
 /// handlers do not need this preset for extractor rejections: the attribute runs the
 /// extractors before it claims the key.
 ///
@@ -135,12 +135,12 @@ pub(crate) enum KeySource {
     Fn(KeyFn),
 }
 
-/// What a layer and every service it makes share, behind one `Arc`: the engine (store, lease,
-/// retention) and the HTTP settings.
+/// What a layer and every service it makes share, behind one `Arc`. That is the engine, with
+/// its store, lease and retention, and the HTTP settings.
 pub(crate) struct LayerState<St> {
     pub(crate) engine: Engine<St>,
     pub(crate) config: Config,
-    /// The claimed work not finished yet (shared by clones: one count per layer).
+    /// The claimed work not finished yet. Clones share it: one count per layer.
     pub(crate) drain: Drain,
 }
 
@@ -170,12 +170,12 @@ pub(crate) struct Config {
     pub(crate) renderer: Option<Renderer>,
     pub(crate) fingerprint: Fingerprinting,
     pub(crate) classify_fn: Option<ClassifyFn>,
-    /// Claimed work finishes (and is recorded) when the response future is dropped.
+    /// Claimed work finishes and is recorded when the response future is dropped.
     pub(crate) run_to_completion: bool,
-    /// How long a duplicate that finds its key in flight waits for the first run (zero: 409
-    /// at once).
+    /// How long a duplicate that finds its key in flight waits for the first run. Zero
+    /// answers 409 at once.
     pub(crate) wait_in_flight: Duration,
-    /// The door's counters, with the layer's static labels (feature `metrics`).
+    /// The door's counters, with the layer's static labels, with feature `metrics`.
     pub(crate) metrics: crate::metrics::DoorCounters,
 }
 

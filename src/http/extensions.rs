@@ -1,20 +1,20 @@
-//! What the layer puts into a request's extensions for the handler (and the axum extractors).
+//! What the layer puts into a request's extensions for the handler and the axum extractors.
 
 use crate::engine::key::IdempotencyKey;
 use crate::engine::scope::{DerivedKey, Scope, StoreKey};
 use std::sync::Arc;
 
-/// Marks a request the layer saw without a key (for the extractors' rejection messages).
+/// Marks a request the layer saw without a key, for the extractors' rejection messages.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct KeyMissing;
 
-/// The key a request was claimed under, put into the request's extensions by the layer before
-/// the inner service runs (the axum extractors read it; other servers, tonic say, can read it
-/// with `req.extensions().get::<ClaimedKey>()`).
+/// The key a request was claimed under. The layer puts it into the request's extensions
+/// before the inner service runs. The axum extractors read it. Other servers, such as tonic,
+/// can read it with `req.extensions().get::<ClaimedKey>()`.
 ///
-/// Another idempotency layer inside this one (a second `IdempotencyLayer`, or an
-/// `#[idempotent]` handler) that would claim the same store key passes the request through
-/// instead of claiming it again.
+/// Another idempotency layer inside this one may find it: a second `IdempotencyLayer`, or an
+/// `#[idempotent]` handler. If it would claim the same store key, it passes the request
+/// through instead of claiming it again.
 #[derive(Clone, Debug)]
 pub struct ClaimedKey {
     key: IdempotencyKey,
@@ -49,7 +49,7 @@ impl ClaimedKey {
         &self.key
     }
 
-    /// The stable key to forward to a provider that de-duplicates (hashed on each call).
+    /// The stable key to forward to a provider that de-duplicates. It is hashed on each call.
     #[must_use]
     pub fn derived_key(&self) -> DerivedKey {
         DerivedKey::derive(&self.namespace, &self.scope, &self.key)

@@ -10,7 +10,7 @@ use http::request::Parts;
 use std::fmt;
 use std::sync::Arc;
 
-/// Tells these fingerprints apart from the default one (never equal by accident).
+/// Tells these fingerprints apart from the default one, so they are never equal by accident.
 const SPEC_TAG: &[u8] = b"fingerprint-spec/v1";
 
 pub(crate) type FingerprintFn = Arc<dyn Fn(&Parts, &Bytes) -> Fingerprint + Send + Sync>;
@@ -41,13 +41,13 @@ pub struct Fingerprinting {
     custom: Option<FingerprintFn>,
     #[cfg(feature = "json")]
     json_by_value: bool,
-    /// JSON pointers whose values alone are fingerprinted (empty: the whole body).
+    /// JSON pointers whose values alone are fingerprinted. Empty means the whole body.
     #[cfg(feature = "json")]
     include: Vec<JsonField>,
     /// JSON pointers left out of the fingerprint.
     #[cfg(feature = "json")]
     exclude: Vec<JsonField>,
-    /// The route template (axum's `MatchedPath`) instead of the path.
+    /// The route template, axum's `MatchedPath`, instead of the path.
     #[cfg(feature = "axum")]
     route_template: bool,
     /// Request headers fingerprinted too, in this order.
@@ -152,9 +152,9 @@ impl Fingerprinting {
     /// Leaves these fields of a JSON body out of the fingerprint. Default: none.
     ///
     /// Use it for values that change between attempts without changing the request: a
-    /// timestamp, a nonce, a refreshed credential. Each field is an RFC 6901 JSON pointer
-    /// (`/meta/sent_at`, `/items/0`) or a top-level name. In a pointer, `~1` stands for `/`
-    /// and `~0` for `~`. The body is then compared by value, as with
+    /// timestamp, a nonce, a refreshed credential. Each field is an RFC 6901 JSON pointer,
+    /// such as `/meta/sent_at` or `/items/0`, or a top-level name. In a pointer, `~1` stands
+    /// for `/` and `~0` for `~`. The body is then compared by value, as with
     /// [`json_by_value`](Self::json_by_value). Every member of a repeated name goes. A body
     /// that is not JSON is fingerprinted by its bytes.
     ///
@@ -198,7 +198,7 @@ impl Fingerprinting {
         Ok(self)
     }
 
-    /// Fingerprints axum's route template (`/orders/{id}`) instead of the request path.
+    /// Fingerprints axum's route template, such as `/orders/{id}`, instead of the request path.
     /// Default: off.
     ///
     /// With a key that names the resource already, `/orders/7` and `/orders/7/` then count as
@@ -206,7 +206,7 @@ impl Fingerprinting {
     /// then one request too: use it only where the key is unique per resource.
     ///
     /// The template is axum's [`MatchedPath`](axum::extract::MatchedPath), set when it
-    /// routes. Add the layer with `Router::route_layer` or on a route; `#[idempotent]`
+    /// routes. Add the layer with `Router::route_layer` or on a route. `#[idempotent]`
     /// handlers always see it. A layer added with `Router::layer` runs before routing: it
     /// fingerprints the path, and warns once.
     #[cfg(feature = "axum")]
@@ -234,7 +234,7 @@ impl Fingerprinting {
         self
     }
 
-    /// Whether an option of the widened fingerprint is on (then it carries [`SPEC_TAG`]).
+    /// Whether an option of the widened fingerprint is on. Then it carries [`SPEC_TAG`].
     fn widened(&self) -> bool {
         #[cfg(feature = "json")]
         let json = !self.include.is_empty() || !self.exclude.is_empty();
@@ -268,9 +268,9 @@ impl Fingerprinting {
         head.field(body).finish()
     }
 
-    /// SHA-256 over the tag, method, path (or template), query (raw or sorted), content-type,
-    /// the chosen headers, and the body (filtered by value when it is JSON and pointers are
-    /// set, by value when `json_by_value`, else its bytes).
+    /// SHA-256 over the tag, method, path or template, raw or sorted query, content-type, the
+    /// chosen headers, and the body. A JSON body with pointers set is filtered by value. With
+    /// `json_by_value` the body counts by value. Else its bytes count.
     fn widened_fingerprint(&self, parts: &Parts, body: &Bytes, content_type: &[u8]) -> Fingerprint {
         let mut fp = Fingerprint::builder()
             .field(SPEC_TAG)

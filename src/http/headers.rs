@@ -1,27 +1,27 @@
 //! The header lists: what a record may keep, what it never keeps, and the header names of the
 //! gRPC wire protocol.
 //!
-//! Only headers on the ALLOW list are stored and replayed; the fixed DENY list is never stored,
-//! never replayed and cannot be added to the allow list. A record is re-validated against the
-//! *current* lists at every replay, so a record written under looser settings, or tampered
-//! with, is refused (503) instead of replayed.
+//! Only headers on the ALLOW list are stored and replayed. The fixed DENY list is never
+//! stored, never replayed and cannot be added to the allow list. A record is re-validated
+//! against the *current* lists at every replay. So a record written under looser settings, or
+//! tampered with, is refused with 503 instead of replayed.
 //!
-//! Trailers (HTTP trailers, gRPC trailing metadata, and the trailers of a gRPC Trailers-Only
-//! response, which arrive as headers) pass the same two lists; the gRPC status trailers
-//! (`grpc-status`, `grpc-message`, `grpc-status-details-bin`) are always kept.
+//! Trailers pass the same two lists. They are HTTP trailers, gRPC trailing metadata, and the
+//! trailers of a gRPC Trailers-Only response, which arrive as headers. The gRPC status
+//! trailers are always kept: `grpc-status`, `grpc-message` and `grpc-status-details-bin`.
 
 use crate::engine::record::FieldRef;
 use http::{HeaderMap, HeaderName, HeaderValue, header};
 
-/// The request header that carries the idempotency key by default (`Idempotency-Key`), read by
-/// the layer and sent by the client crate, `tower-idempotency-client`.
+/// The request header that carries the idempotency key by default: `Idempotency-Key`. The
+/// layer reads it. The client crate, `tower-idempotency-client`, sends it.
 pub const KEY_HEADER: HeaderName = HeaderName::from_static("idempotency-key");
 
 /// The header added to every replayed response.
 pub const REPLAYED_HEADER: HeaderName = HeaderName::from_static("idempotent-replayed");
 
-/// Headers stored and replayed by default, together with `grpc-encoding` (see
-/// [gRPC mode](super#grpc-mode)).
+/// Headers stored and replayed by default, together with `grpc-encoding`. See
+/// [gRPC mode](super#grpc-mode).
 pub const DEFAULT_ALLOWED_HEADERS: &[HeaderName] = &[
     header::CONTENT_TYPE,
     header::CONTENT_ENCODING,
@@ -65,12 +65,12 @@ pub const DENIED_HEADERS: &[&str] = &[
     "idempotent-replayed",
 ];
 
-/// Headers that describe a response's body (its encoding, range, validators and digests).
-/// They are dropped from a record that keeps no body (status mode, a body over the record
-/// limit, a streaming response) and never replayed from one: its replay has an empty body,
-/// which they would misdescribe (a gzip client fails to decode it, a cache would key it by the
-/// `etag`, a digest check fails). `content-length` is on the deny list and never recorded;
-/// `content-type` is kept (it names the kind of answer a replay stands for).
+/// Headers that describe a response's body: its encoding, range, validators and digests.
+/// They are dropped from a record that keeps no body, and never replayed from one. That is
+/// status mode, a body over the record limit, or a streaming response. Its replay has an empty
+/// body, which they would misdescribe. A gzip client fails to decode it. A cache would key it
+/// by the `etag`. A digest check fails. `content-length` is on the deny list and never
+/// recorded. `content-type` is kept: it names the kind of answer a replay stands for.
 pub const REPRESENTATION_HEADERS: &[&str] = &[
     "content-encoding",
     "content-range",
@@ -82,24 +82,24 @@ pub const REPRESENTATION_HEADERS: &[&str] = &[
     "content-md5",
 ];
 
-/// Whether a raw header name describes a body (see [`REPRESENTATION_HEADERS`]).
+/// Whether a raw header name describes a body. See [`REPRESENTATION_HEADERS`].
 pub(crate) fn describes_body(name: &[u8]) -> bool {
     REPRESENTATION_HEADERS.iter().any(|h| h.as_bytes() == name)
 }
 
-/// Name prefixes that are never stored (rate-limit state belongs to the moment it was sent).
+/// Name prefixes that are never stored. Rate-limit state belongs to the moment it was sent.
 const DENIED_PREFIXES: &[&str] = &["ratelimit", "x-ratelimit-"];
 
 /// The gRPC status header or trailer.
 pub(crate) const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
-/// The gRPC status message header or trailer (percent-encoded).
+/// The gRPC status message header or trailer, percent-encoded.
 pub(crate) const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
-/// The gRPC rich error details trailer (a serialized `google.rpc.Status`).
+/// The gRPC rich error details trailer. It holds a serialized `google.rpc.Status`.
 pub(crate) const GRPC_STATUS_DETAILS: HeaderName =
     HeaderName::from_static("grpc-status-details-bin");
-/// The compression of a gRPC response's messages: on the default allow list, so a compressed
-/// response replays. (`grpc-accept-encoding` is not: it describes the server, not the
-/// response, and a replay is valid without it.)
+/// The compression of a gRPC response's messages. It is on the default allow list, so a
+/// compressed response replays. `grpc-accept-encoding` is not. It describes the server, not
+/// the response, and a replay is valid without it.
 pub(crate) const GRPC_ENCODING: HeaderName = HeaderName::from_static("grpc-encoding");
 /// The retry delay a server suggests to a gRPC client with a retry policy, in milliseconds.
 pub(crate) const GRPC_RETRY_PUSHBACK_MS: HeaderName =
@@ -110,17 +110,17 @@ pub(crate) fn is_denied(name: &str) -> bool {
     DENIED_HEADERS.contains(&name) || DENIED_PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
-/// Whether `name` is one of the gRPC status trailers (`grpc-status`, `grpc-message`,
-/// `grpc-status-details-bin`): kept in a record's trailers whatever the allow list says, since a
-/// gRPC response without its status is no answer.
+/// Whether `name` is one of the gRPC status trailers: `grpc-status`, `grpc-message` or
+/// `grpc-status-details-bin`. These are kept in a record's trailers whatever the allow list
+/// says. A gRPC response without its status is no answer.
 pub(crate) fn is_grpc_status_trailer(name: &[u8]) -> bool {
     [GRPC_STATUS, GRPC_MESSAGE, GRPC_STATUS_DETAILS]
         .iter()
         .any(|n| n.as_str().as_bytes() == name)
 }
 
-/// Whether a raw header name is on the fixed deny list (a name that is not UTF-8 counts as
-/// denied).
+/// Whether a raw header name is on the fixed deny list. A name that is not UTF-8 counts as
+/// denied.
 pub(crate) fn is_denied_bytes(name: &[u8]) -> bool {
     std::str::from_utf8(name).map_or(true, is_denied)
 }
@@ -144,7 +144,7 @@ impl Default for HeaderPolicy {
 }
 
 impl HeaderPolicy {
-    /// Adds `name` to the allow list; `false` (and nothing added) for a denied header.
+    /// Adds `name` to the allow list. Returns `false` for a denied header, and adds nothing.
     pub(crate) fn allow(&mut self, name: HeaderName) -> bool {
         if is_denied(name.as_str()) {
             return false;
@@ -159,14 +159,14 @@ impl HeaderPolicy {
         self.allowed_name(name).is_some()
     }
 
-    /// The allowed header of this raw name (never a denied one: `allow` refuses those), to
-    /// replay a recorded field without parsing its name again.
+    /// The allowed header of this raw name, to replay a recorded field without parsing its name
+    /// again. It is never a denied one, since `allow` refuses those.
     pub(crate) fn allowed_name(&self, name: &[u8]) -> Option<&HeaderName> {
         self.allowed.iter().find(|a| a.as_str().as_bytes() == name)
     }
 
-    /// The allowed headers of a response, in order, repeated lines kept: what a record keeps,
-    /// borrowed from the response (the record is written from them with no copy between).
+    /// The allowed headers of a response, in order, repeated lines kept. This is what a record
+    /// keeps. They are borrowed from the response. The record is written from them, no copy.
     pub(crate) fn recorded<'a>(
         &'a self,
         headers: &'a HeaderMap,
@@ -177,8 +177,8 @@ impl HeaderPolicy {
             .map(as_field)
     }
 
-    /// The allowed headers of a response recorded without its body: those that describe a
-    /// body dropped ([`REPRESENTATION_HEADERS`]).
+    /// The allowed headers of a response recorded without its body. Those that describe a body
+    /// are dropped: see [`REPRESENTATION_HEADERS`].
     pub(crate) fn recorded_without_body<'a>(
         &'a self,
         headers: &'a HeaderMap,
@@ -187,14 +187,14 @@ impl HeaderPolicy {
             .filter(|(name, _)| !describes_body(name))
     }
 
-    /// Whether a trailer is recorded and replayed: one on the allow list, or a gRPC status
-    /// trailer; never one on the deny list.
+    /// Whether a trailer is recorded and replayed. It is when on the allow list or a gRPC status
+    /// trailer. It never is when on the deny list.
     pub(crate) fn allows_trailer(&self, name: &[u8]) -> bool {
         !is_denied_bytes(name) && (is_grpc_status_trailer(name) || self.allows(name))
     }
 
-    /// The trailers a record keeps (HTTP trailers, or gRPC status and trailing metadata): the
-    /// allowed ones and the gRPC status trailers, in order, repeated lines kept.
+    /// The trailers a record keeps: HTTP trailers, or gRPC status and trailing metadata. These are
+    /// the allowed ones and the gRPC status trailers, in order, repeated lines kept.
     pub(crate) fn recorded_trailers<'a>(
         &'a self,
         trailers: &'a HeaderMap,
@@ -205,8 +205,8 @@ impl HeaderPolicy {
             .filter(|(n, _)| self.allows_trailer(n))
     }
 
-    /// The trailers of a gRPC Trailers-Only response, which arrive as its headers: the gRPC
-    /// status trailers (the allowed headers are recorded as headers; the rest not at all).
+    /// The trailers of a gRPC Trailers-Only response, which arrive as its headers. These are the
+    /// gRPC status trailers. The allowed headers are recorded as headers, the rest not at all.
     pub(crate) fn recorded_trailers_only<'a>(
         &'a self,
         headers: &'a HeaderMap,

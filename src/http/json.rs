@@ -1,21 +1,22 @@
 //! JSON bodies fingerprinted by value: the canonical form, and the fields picked or left out.
 //!
 //! The body is read with one strict RFC 8259 parser of our own, not `serde_json`. A number
-//! must keep its literal text (`serde_json` reads it as `f64` unless its `arbitrary_precision`
-//! feature is on, and that feature would change `serde_json::Value` for the whole build), a
-//! repeated object member must stay visible, and the parse is one pass that borrows from the
-//! body. Input it refuses (not UTF-8, a syntax error, a lone surrogate escape, nesting deeper
-//! than [`MAX_DEPTH`]) is "not JSON": no key from it, and its raw bytes are fingerprinted.
+//! must keep its literal text. `serde_json` reads it as `f64` unless its `arbitrary_precision`
+//! feature is on, and that feature would change `serde_json::Value` for the whole build. A
+//! repeated object member must stay visible. And the parse is one pass that borrows from the
+//! body. Some input is "not JSON": not UTF-8, a syntax error, a lone surrogate escape, or
+//! nesting deeper than [`MAX_DEPTH`]. No key comes from it, and its raw bytes are
+//! fingerprinted.
 
 use crate::engine::FingerprintBuilder;
 use std::borrow::Cow;
 use std::fmt;
 
-/// Objects and arrays nested deeper than this are not parsed (`serde_json`'s default limit).
+/// Objects and arrays nested deeper than this are not parsed. It is `serde_json`'s default limit.
 const MAX_DEPTH: usize = 128;
 
-/// Whether a `Content-Type` value is `application/json` or `application/*+json` (parameters
-/// such as `charset` ignored, case-insensitive).
+/// Whether a `Content-Type` value is `application/json` or `application/*+json`. Parameters
+/// such as `charset` are ignored, and the match is case-insensitive.
 pub(crate) fn is_json(content_type: &[u8]) -> bool {
     let essence = content_type
         .split(|b| *b == b';')
@@ -35,11 +36,12 @@ pub(crate) fn is_json(content_type: &[u8]) -> bool {
 // The fields
 // ---------------------------------------------------------------------------------------------
 
-/// A field of a JSON body: an RFC 6901 JSON pointer (`/meta/idempotency_key`, with
-/// `~1` for `/` and `~0` for `~` in a name), or a bare top-level field name taken as it is.
+/// A field of a JSON body. It is an RFC 6901 JSON pointer, such as `/meta/idempotency_key`,
+/// with `~1` for `/` and `~0` for `~` in a name. Or it is a bare top-level field name, taken
+/// as it is.
 #[derive(Clone)]
 pub(crate) struct JsonField {
-    /// The field as configured (for messages).
+    /// The field as configured, for messages.
     name: Box<str>,
     /// The unescaped reference tokens, outermost first.
     tokens: Box<[Box<str>]>,
@@ -109,11 +111,11 @@ const JSON_VALUE_TAG: &[u8] = b"json-value/v1";
 // The JSON methods of the fingerprint builder live with the parser, so the engine core imports
 // nothing from the HTTP door.
 impl FingerprintBuilder {
-    /// Adds a JSON text by its value, not its bytes: insignificant whitespace and the order of
-    /// object members are ignored and string escapes decoded, while array order, every value
-    /// and type, and each number's literal text (`1` and `1.0` differ) count. A name repeated
-    /// in one object keeps its members in their order. A text that is not strict JSON
-    /// (RFC 8259, UTF-8, nested at most 128 deep) is added as [`field`](Self::field) adds it.
+    /// Adds a JSON text by its value, not its bytes. Insignificant whitespace and the order of
+    /// object members are ignored, and string escapes decoded. Array order counts, as do every
+    /// value and type and each number's literal text: `1` and `1.0` differ. A name repeated in
+    /// one object keeps its members in their order. A text that is not strict JSON is added as
+    /// [`field`](Self::field) adds it. Strict JSON is RFC 8259, UTF-8, nested at most 128 deep.
     ///
     /// This is what [`Fingerprinting::json_by_value`] does with a JSON body, for a
     /// [`Fingerprinting::custom`] function of your own. The canonical form is streamed into the
@@ -142,10 +144,10 @@ impl FingerprintBuilder {
         }
     }
 
-    /// As [`json_value`](Self::json_value), over only what `include` points at (when not
-    /// empty) and without what `exclude` points at. An excluded array item leaves a mark in
-    /// its place, so every pointer reads the body's own indices. A body that is not JSON: its
-    /// bytes.
+    /// As [`json_value`](Self::json_value), over only what `include` points at, and without what
+    /// `exclude` points at. An empty `include` keeps everything. An excluded array item leaves a
+    /// mark in its place, so every pointer reads the body's own indices. For a body that is not
+    /// JSON, its bytes are added.
     pub(crate) fn json_filtered(
         self,
         json: &[u8],
@@ -177,20 +179,25 @@ impl FingerprintBuilder {
 pub(crate) struct Canonical<'a>(Value<'a>);
 
 impl<'a> Canonical<'a> {
-    /// Parses `json`; `None` when it is not JSON.
+    /// Parses `json`. Returns `None` when it is not JSON.
     pub(crate) fn parse(json: &'a [u8]) -> Option<Self> {
         let mut value = parse(json)?;
         value.sort_members();
         Some(Self(value))
     }
 
-    /// Feeds the value's encoding to `out` in pieces (never built whole).
+    /// Feeds the value's encoding to `out` in pieces. It is never built whole.
     ///
-    /// The encoding is prefix-free, so no two values share it: `n`, `t`, `f`; `#` + length +
-    /// the number's literal text; `"` + length + the string's UTF-8 (escapes decoded); `[` +
-    /// count + items; `{` + count + (name, value) pairs sorted by name bytes, members of one
-    /// name kept in their order; `x` for an excluded array item. Lengths and counts are
-    /// big-endian `u64`.
+    /// The encoding is prefix-free, so no two values share it:
+    /// - `n`, `t`, `f`;
+    /// - `#` + length + the number's literal text;
+    /// - `"` + length + the string's UTF-8, escapes decoded;
+    /// - `[` + count + items;
+    /// - `{` + count + name and value pairs sorted by name bytes, members of one name kept in
+    ///   their order;
+    /// - `x` for an excluded array item.
+    ///
+    /// Lengths and counts are big-endian `u64`.
     pub(crate) fn encode(&self, mut out: impl FnMut(&[u8])) {
         self.0.encode(&mut out);
     }
@@ -202,11 +209,10 @@ impl<'a> Canonical<'a> {
         len
     }
 
-    /// The same value without what each field points at; a pointer to nothing removes
-    /// nothing. An object member goes (members repeated under one name all go). An array item
-    /// is replaced by a mark of its own, no JSON value: the items after it keep their
-    /// indices, so every other field still points where it did in the body, and the array
-    /// keeps its length.
+    /// The same value without what each field points at. A pointer to nothing removes nothing. An
+    /// object member goes, and members repeated under one name all go. An array item is replaced
+    /// by a mark of its own, no JSON value. The items after it keep their indices. So every other
+    /// field still points where it did in the body, and the array keeps its length.
     pub(crate) fn without(mut self, fields: &[JsonField]) -> Self {
         for f in fields {
             remove_at(&mut self.0, &f.tokens);
@@ -214,9 +220,9 @@ impl<'a> Canonical<'a> {
         self
     }
 
-    /// Only what the fields point at, in the fields' order: for each, the count of values
-    /// found (0 when absent; more when a name is repeated) then each value. The whole value
-    /// is replaced by that list, an array of `[count, values…]` per field.
+    /// Only what the fields point at, in the fields' order. For each field: the count of values
+    /// found, then each value. The count is 0 when absent, and more when a name is repeated. The
+    /// whole value is replaced by that list, an array of `[count, values…]` per field.
     pub(crate) fn only(self, fields: &[JsonField]) -> Self {
         let mut picked = Vec::with_capacity(fields.len());
         for f in fields {
@@ -231,7 +237,7 @@ impl<'a> Canonical<'a> {
     }
 }
 
-/// Counts as number literals (a repeated name more than 15 times counts as 15).
+/// Counts as number literals. A name repeated more than 15 times counts as 15.
 const COUNTS: [&str; 16] = [
     "0", "1", "2", "3", "4", "5", "6", "7", "8", "9", "10", "11", "12", "13", "14", "15",
 ];
@@ -275,7 +281,7 @@ fn collect_at<'v, 'a>(value: &'v Value<'a>, tokens: &[Box<str>], out: &mut Vec<&
     }
 }
 
-/// A tag byte and a length (or count), as one piece.
+/// A tag byte and a length or count, as one piece.
 fn put_tagged(out: &mut impl FnMut(&[u8]), tag: u8, len: usize) {
     let mut piece = [tag; 9];
     piece[1..].copy_from_slice(&(len as u64).to_be_bytes());
@@ -298,12 +304,13 @@ enum Value<'a> {
     Array(Vec<Value<'a>>),
     /// Members in body order, repeated names kept.
     Object(Vec<(Cow<'a, str>, Value<'a>)>),
-    /// An array item left out of the fingerprint (never parsed).
+    /// An array item left out of the fingerprint. It is never parsed.
     Excluded,
 }
 
 impl Value<'_> {
-    /// Sorts every object's members by name (stable: members of one name keep their order).
+    /// Sorts every object's members by name. The sort is stable: members of one name keep
+    /// their order.
     fn sort_members(&mut self) {
         match self {
             Value::Array(items) => items.iter_mut().for_each(Value::sort_members),
@@ -348,7 +355,7 @@ fn encode_str(s: &str, out: &mut impl FnMut(&[u8])) {
     out(s.as_bytes());
 }
 
-/// Parses a whole body as one JSON text (RFC 8259, surrounding whitespace allowed).
+/// Parses a whole body as one RFC 8259 JSON text. Surrounding whitespace is allowed.
 fn parse(body: &[u8]) -> Option<Value<'_>> {
     let src = std::str::from_utf8(body).ok()?;
     let mut p = Parser { src, pos: 0 };
@@ -738,7 +745,7 @@ mod tests {
         })
     }
 
-    /// The same members in reverse order, all the way down (serde_json keeps a sorted map).
+    /// The same members in reverse order, all the way down. serde_json keeps a sorted map.
     fn reversed(v: &serde_json::Value) -> String {
         match v {
             serde_json::Value::Array(items) => {
@@ -767,7 +774,7 @@ mod tests {
         out
     }
 
-    /// The fingerprint of `body` with only `include` (when not empty) and without `exclude`.
+    /// The fingerprint of `body` with only `include`, when not empty, and without `exclude`.
     fn filtered(body: &str, include: &[&str], exclude: &[&str]) -> Fingerprint {
         let fields = |ps: &[&str]| -> Vec<JsonField> {
             ps.iter()
@@ -830,7 +837,7 @@ mod tests {
         );
     }
 
-    /// Every path in `v`, as reference tokens (the root is the empty path).
+    /// Every path in `v`, as reference tokens. The root is the empty path.
     fn paths(v: &serde_json::Value, at: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
         out.push(at.clone());
         let children: Vec<(String, &serde_json::Value)> = match v {
@@ -891,8 +898,8 @@ mod tests {
     }
 
     proptest! {
-        /// Two bodies that differ outside the excluded paths never share a fingerprint; two
-        /// that differ only inside them always do.
+        /// Two bodies that differ outside the excluded paths never share a fingerprint. Two that
+        /// differ only inside them always do.
         #[test]
         fn exclusions_leave_out_what_they_point_at_and_nothing_else(
             v in json_value(),
@@ -926,8 +933,8 @@ mod tests {
             prop_assert_eq!(fp(&v), fp(&other), "changed at {} excluding {:?}: {}", pointer(e), pointers, other);
         }
 
-        /// Two bodies that differ inside an included path (outside the excluded ones) never
-        /// share a fingerprint; two that differ only elsewhere always do.
+        /// Two bodies that differ inside an included path, outside the excluded ones, never share a
+        /// fingerprint. Two that differ only elsewhere always do.
         #[test]
         fn inclusions_keep_what_they_point_at_and_nothing_else(
             v in json_value(),

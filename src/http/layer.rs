@@ -150,13 +150,13 @@ impl<St: Store> IdempotencyLayer<St> {
         self.config(|c| c.namespace = Arc::from(ns))
     }
 
-    /// A route's lease over the engine's (the `lease` option of `#[idempotent]`).
+    /// A route's lease over the engine's. It is the `lease` option of `#[idempotent]`.
     #[cfg(feature = "macros")]
     pub(crate) fn lease(self, lease: Duration) -> Self {
         self.map_engine(|e| e.set_lease(lease))
     }
 
-    /// A route's retention over the engine's (the `ttl` option of `#[idempotent]`).
+    /// A route's retention over the engine's. It is the `ttl` option of `#[idempotent]`.
     #[cfg(feature = "macros")]
     pub(crate) fn ttl(self, ttl: Duration) -> Self {
         self.map_engine(|e| e.set_ttl(ttl))
@@ -170,8 +170,8 @@ impl<St: Store> IdempotencyLayer<St> {
         self.config(|c| c.max_request_body = bytes)
     }
 
-    /// A route's record limit over the engine's (the `max_record_body` option of
-    /// `#[idempotent]`).
+    /// A route's record limit over the engine's. It is the `max_record_body` option of
+    /// `#[idempotent]`.
     #[cfg(feature = "macros")]
     pub(crate) fn max_record_body(self, bytes: usize) -> Self {
         self.map_engine(|e| e.set_max_record_body(bytes))
@@ -220,8 +220,9 @@ impl<St: Store> IdempotencyLayer<St> {
     /// Adds a header to the allow list of recorded and replayed headers.
     ///
     /// # Errors
-    /// [`ConfigErrorKind::DeniedHeader`] for a header on the fixed deny list (`set-cookie`,
-    /// `date`, `content-length`, hop-by-hop headers, `retry-after`, `ratelimit-*`, …).
+    /// [`ConfigErrorKind::DeniedHeader`] for a header on the fixed deny list. That list holds
+    /// `set-cookie`, `date`, `content-length`, hop-by-hop headers, `retry-after`,
+    /// `ratelimit-*`, ….
     ///
     /// ```
     /// use tower_idempotency::http::IdempotencyLayer;
@@ -242,12 +243,12 @@ impl<St: Store> IdempotencyLayer<St> {
         }
     }
 
-    /// Adds a fixed label to every metric this layer counts (feature `metrics`), e.g. the
-    /// route it guards, so that two layers in one process are graphed apart. A later label
+    /// Adds a fixed label to every metric this layer counts, with feature `metrics`. The route it
+    /// guards is a good label, so that two layers in one process are graphed apart. A later label
     /// with the same key replaces the earlier one.
     ///
-    /// Keep the value fixed and few: never a key, principal, path with ids, or anything else
-    /// that grows with the traffic (every distinct value is a new time series).
+    /// Keep the value fixed and few. Never use a key, principal, path with ids, or anything else
+    /// that grows with the traffic. Every distinct value is a new time series.
     ///
     /// # Errors
     /// [`ConfigErrorKind::ReservedLabel`] for a key the layer sets itself: `door`,
@@ -276,10 +277,9 @@ impl<St: Store> IdempotencyLayer<St> {
         Ok(self.config(|c| c.metrics = c.metrics.with_label(key, value)))
     }
 
-    /// Renders rejections with your own function instead of problem+json. The layer still
-    /// inserts the [`Rejection`] into the response's extensions. Applies to HTTP requests
-    /// only: a gRPC request is always rejected with a gRPC status
-    /// ([`Rejection::to_grpc_response`]).
+    /// Renders rejections with your own function instead of problem+json. The layer still inserts
+    /// the [`Rejection`] into the response's extensions. This applies to HTTP requests only. A
+    /// gRPC request is always rejected with a gRPC status: see [`Rejection::to_grpc_response`].
     #[must_use]
     pub fn render_rejection(
         self,
@@ -329,32 +329,32 @@ impl<St: Store> IdempotencyLayer<St> {
     /// Whether a claimed request's work runs to its end when the response future is dropped
     /// before it finishes. Default: `true`.
     ///
-    /// A client that closes the connection, or an outer timeout, drops the response future.
-    /// With `true`, the rest of the work (the handler, the reading of its response body, the
-    /// record) is moved onto a task of its own and finishes: the handler is never cut between
-    /// two side effects, and the retry is answered from the record. While the caller waits
-    /// nothing moves: the work is polled in place as any future. Wait for such work at
+    /// A client that closes the connection, or an outer timeout, drops the response future. With
+    /// `true`, the rest of the work is moved onto a task of its own and finishes. That work is
+    /// the handler, the reading of its response body, and the record. The handler is never cut
+    /// between two side effects, and the retry is answered from the record. While the caller
+    /// waits nothing moves: the work is polled in place as any future. Wait for such work at
     /// shutdown with [`drain`](Self::drain).
     ///
-    /// With `false`, the handler is cancelled where it stands, as a dropped future is in
-    /// tower, and the key stays pending until its lease lapses (409 until then, a re-run
-    /// after): for handlers that must stop when nobody waits for them (an expensive report
-    /// nobody will read), and whose side effects are safe to cut short.
+    /// With `false`, the handler is cancelled where it stands, as a dropped future is in tower.
+    /// The key stays pending until its lease lapses: 409 until then, a re-run after. This suits
+    /// handlers that must stop when nobody waits for them, and whose side effects are safe to cut
+    /// short. An expensive report nobody will read is one.
     ///
-    /// Work that runs on is bounded, in time by [`detached_timeout`](Self::detached_timeout)
-    /// (default 5 min after its caller left) and in number by
-    /// [`max_detached`](Self::max_detached) (default 1024 at once): a hung handler does not
-    /// hold its key, nor the process, forever, and work whose callers left does not escape
-    /// the concurrency limits and timeouts outside the layer. Work cut by either bound is
+    /// Work that runs on is bounded twice. In time, [`detached_timeout`](Self::detached_timeout)
+    /// bounds it: by default 5 min after its caller left. In number,
+    /// [`max_detached`](Self::max_detached) bounds it: by default 1024 at once. So a hung handler
+    /// does not hold its key, nor the process, forever. And work whose callers left does not
+    /// escape the concurrency limits and timeouts outside the layer. Work cut by either bound is
     /// treated as with `false`: nothing recorded, nothing released.
     ///
-    /// Three limits. A response whose body streams through (a streaming media type, a body
-    /// over the record limit or slower than the collection bound; see
-    /// [response bodies](super#response-bodies)) is not drained for a caller that has gone:
-    /// its key stays pending until its lease lapses, as before. A handler that panicked is
-    /// never run on (its key stays pending until its lease lapses). And work is finished only
-    /// while the runtime lives; a process that exits (or a runtime shut down) with work
-    /// running leaves those keys pending.
+    /// There are three limits. A response whose body streams through is not drained for a caller
+    /// that has gone. Its key stays pending until its lease lapses, as before. Such a body has a
+    /// streaming media type, or is over the record limit or slower than the collection bound. See
+    /// [response bodies](super#response-bodies). A handler that panicked is never run on, and its
+    /// key stays pending until its lease lapses. And work is finished only while the runtime
+    /// lives. A process that exits, or a runtime shut down, with work running leaves those keys
+    /// pending.
     #[must_use]
     pub fn run_to_completion(self, on: bool) -> Self {
         self.config(|c| c.run_to_completion = on)
@@ -365,12 +365,12 @@ impl<St: Store> IdempotencyLayer<St> {
     /// away. Any value is accepted: `Duration::MAX` never cancels, `ZERO` cancels at the
     /// work's next wait.
     ///
-    /// At the bound the work is cancelled where it stands and its lease is no longer renewed:
-    /// nothing is recorded (the handler gave no answer) and nothing is released (it may have
-    /// had effects, and a retry must not run beside them at once). The key stays pending until
-    /// its lease lapses (409 until then), and a retry after it runs the work again, as after a
-    /// crash. Set it above the slowest handler's time: work cut short may have done part of
-    /// its effects.
+    /// At the bound the work is cancelled where it stands, and its lease is no longer renewed.
+    /// Nothing is recorded, since the handler gave no answer. Nothing is released: it may have had
+    /// effects, and a retry must not run beside them at once. The key stays pending until its
+    /// lease lapses, with 409 until then. A retry after that runs the work again, as after a
+    /// crash. Set it above the slowest handler's time: work cut short may have done part of its
+    /// effects.
     ///
     /// ```
     /// use std::time::Duration;
@@ -386,12 +386,12 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
-    /// How many works whose callers went away run on at once, for this layer and every
-    /// service and route made from it. Default: 1024. See
-    /// [`run_to_completion`](Self::run_to_completion). Work dropped by its caller while that
-    /// many run is cancelled where it stands, as with `run_to_completion(false)`: nothing
-    /// recorded, nothing released, its key pending until its lease lapses. (The caller is
-    /// gone: there is no one to make wait.) Zero detaches nothing.
+    /// How many works whose callers went away run on at once, for this layer and every service
+    /// and route made from it. Default: 1024. See [`run_to_completion`](Self::run_to_completion).
+    /// Work dropped by its caller while that many run is cancelled where it stands, as with
+    /// `run_to_completion(false)`. Nothing is recorded or released, and its key stays pending
+    /// until its lease lapses. The caller is gone, so there is no one to make wait. Zero detaches
+    /// nothing.
     #[must_use]
     pub fn max_detached(mut self, max: usize) -> Self {
         Arc::make_mut(&mut self.state).drain.set_max_detached(max);
@@ -401,14 +401,14 @@ impl<St: Store> IdempotencyLayer<St> {
     /// How long a duplicate that finds the same request in flight waits for the first run to
     /// finish before it is answered. Default: zero, 409 `idempotency.in_flight` at once.
     ///
-    /// Within the bound the duplicate gets what the first run left: its replay, or, when the
-    /// first run was released (a 5xx, say), a run of its own. Past the bound: 409, with a
-    /// `Retry-After` from the lease the first run has left. On the memory store the waiter is
-    /// woken in process when the key settles; on Redis (across processes) and other stores it
-    /// asks again with backoff (10 ms doubling to 250 ms, one claim round trip each). A waiting
-    /// duplicate holds its connection and a task for up to the bound: keep it short (a few
-    /// seconds, below the clients' timeouts). A request with another fingerprint is answered
-    /// 422 at once, never made to wait.
+    /// Within the bound the duplicate gets what the first run left: its replay. When the first
+    /// run was released, after a 5xx say, it gets a run of its own. Past the bound it gets 409,
+    /// with a `Retry-After` from the lease the first run has left. On the memory store the waiter
+    /// is woken in process when the key settles. On Redis, across processes, and other stores it
+    /// asks again with backoff: 10 ms doubling to 250 ms, one claim round trip each. A waiting
+    /// duplicate holds its connection and a task for up to the bound. Keep it short: a few
+    /// seconds, below the clients' timeouts. A request with another fingerprint is answered 422
+    /// at once, never made to wait.
     ///
     /// ```
     /// use std::time::Duration;
@@ -430,10 +430,10 @@ impl<St: Store> IdempotencyLayer<St> {
         self.state.drain.clone()
     }
 
-    /// Forgets the record of `key` sent by the caller of `scope` through this layer (its
-    /// namespace), so the key can be used again: see [`Engine::forget`]. A pending claim is
-    /// kept ([`Forgotten::KeptPending`](crate::store::Forgotten::KeptPending)); delete it too
-    /// with [`forget_even_pending`](Self::forget_even_pending).
+    /// Forgets the record of `key` sent by the caller of `scope` through this layer's namespace.
+    /// The key can then be used again: see [`Engine::forget`]. A pending claim is kept, as
+    /// [`Forgotten::KeptPending`](crate::store::Forgotten::KeptPending). Delete it too with
+    /// [`forget_even_pending`](Self::forget_even_pending).
     ///
     /// ```
     /// use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Principal};
@@ -459,8 +459,8 @@ impl<St: Store> IdempotencyLayer<St> {
         self.state.engine.forget(&store_key).await
     }
 
-    /// As [`forget`](Self::forget), and a pending claim is deleted too (its work may still be
-    /// running: a retry then runs it again): see [`Engine::forget_even_pending`].
+    /// As [`forget`](Self::forget), and a pending claim is deleted too. Its work may still be
+    /// running, and a retry then runs it again. See [`Engine::forget_even_pending`].
     ///
     /// # Errors
     /// The store's error.
@@ -474,15 +474,15 @@ impl<St: Store> IdempotencyLayer<St> {
         self.state.engine.forget_even_pending(&store_key).await
     }
 
-    /// The engine the layer uses (its store, lease and retention).
+    /// The engine the layer uses, with its store, lease and retention.
     #[must_use]
     pub fn engine(&self) -> &Engine<St> {
         &self.state.engine
     }
 
-    /// The same settings over another store, made from this layer's engine; every engine
-    /// setting (lease, retention, record limit, secret) carries over. (Erases the store type
-    /// for `IdempotentRoutes`.)
+    /// The same settings over another store, made from this layer's engine. Every engine setting
+    /// carries over: lease, retention, record limit and secret. It erases the store type for
+    /// `IdempotentRoutes`.
     #[cfg(feature = "macros")]
     pub(crate) fn map_store<T: Store>(&self, f: impl FnOnce(&Arc<St>) -> T) -> IdempotencyLayer<T> {
         IdempotencyLayer {
@@ -495,7 +495,7 @@ impl<St: Store> IdempotencyLayer<St> {
         }
     }
 
-    /// Counts this layer's HTTP requests under another door (`#[idempotent]` handlers).
+    /// Counts this layer's HTTP requests under another door, as for `#[idempotent]` handlers.
     #[cfg(feature = "macros")]
     pub(crate) fn metrics_door(self, door: crate::metrics::Door) -> Self {
         self.config(|c| c.metrics = c.metrics.with_door(door))

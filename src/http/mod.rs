@@ -57,17 +57,17 @@
 //! Work that runs on is bounded. It is cancelled
 //! [`detached_timeout`](IdempotencyLayer::detached_timeout) after its caller left, 5 min by
 //! default. Work dropped while [`max_detached`](IdempotencyLayer::max_detached) works already
-//! run on is cancelled at once; 1024 by default. Cancelled work records and releases nothing.
-//! Its key stays pending until its lease lapses, as after a crash. A handler that panicked is
-//! never run on either; its key too is left to its lease.
+//! run on is cancelled at once. That bound is 1024 by default. Cancelled work records and
+//! releases nothing. Its key stays pending until its lease lapses, as after a crash. A handler
+//! that panicked is never run on either. Its key too is left to its lease.
 //!
 //! # Response bodies
 //!
 //! A recordable response's body is read before the response goes out. The read stops at the
-//! record limit, the engine's `max_record_body` (1 MiB by default), and at the collection
-//! bound (5 s by default, counted from the handler's answer). Read whole, the body is
-//! recorded, then sent; its bytes are kept only in [`ResponseMode::Full`]. Any other body goes
-//! out as it comes, never held back until its end. [`Streaming`] sets the bounds.
+//! record limit, the engine's `max_record_body`, 1 MiB by default. It also stops at the
+//! collection bound, 5 s by default, counted from the handler's answer. Read whole, the body
+//! is recorded, then sent. Its bytes are kept only in [`ResponseMode::Full`]. Any other body
+//! goes out as it comes, never held back until its end. [`Streaming`] sets the bounds.
 //!
 //! | the response | goes out |
 //! | --- | --- |
@@ -102,11 +102,11 @@
 //! **Validation errors.** The idempotency step belongs after validation. Then a request that
 //! fails validation can be corrected and sent again with the same key. But a layer around an
 //! axum router runs *before* the handlers' extractors. Their rejections are answered inside
-//! the layer and, by the table above, recorded: malformed JSON (400), a missing
-//! `content-type` (415), a `Json<T>` that does not deserialize (422). The corrected request
-//! then gets 422 `idempotency.key_reused`. Choose one of:
+//! the layer and, by the table above, recorded. Such rejections are malformed JSON with 400,
+//! a missing `content-type` with 415, and a `Json<T>` that does not deserialize with 422. The
+//! corrected request then gets 422 `idempotency.key_reused`. Choose one of:
 //!
-//! - `#[idempotent]` (feature `macros`) on the handler. It runs the handler's extractors
+//! - `#[idempotent]` on the handler, with feature `macros`. It runs the handler's extractors
 //!   before it claims the key, so an extractor rejection never touches the store. The right
 //!   default for axum handlers.
 //! - [`classify(release_validation_errors)`](IdempotencyLayer::classify): 400, 413, 415 and

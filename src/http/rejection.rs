@@ -16,27 +16,27 @@ use std::time::Duration;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum RejectionKind {
-    /// The key is required and the request has none (400).
+    /// The key is required and the request has none: 400.
     KeyMissing,
-    /// The key is not valid (400).
+    /// The key is not valid: 400.
     KeyInvalid,
-    /// The principal is required and the request has none (401).
+    /// The principal is required and the request has none: 401.
     PrincipalMissing,
-    /// The same request is still running under this key (409, retryable).
+    /// The same request is still running under this key: 409, retryable.
     InFlight,
-    /// The key was used for a different request (422).
+    /// The key was used for a different request: 422.
     KeyReused,
-    /// The request body is over the limit (413).
+    /// The request body is over the limit: 413.
     BodyTooLarge,
-    /// The request body could not be read (400).
+    /// The request body could not be read: 400.
     BodyUnreadable,
-    /// The store failed or timed out; the handler did not run (503, retryable).
+    /// The store failed or timed out, and the handler did not run: 503, retryable.
     Store,
-    /// The caller's scope holds its maximum of pending records (429, retryable).
+    /// The caller's scope holds its maximum of pending records: 429, retryable.
     ScopeFull,
-    /// The store is full of pending records (503, retryable).
+    /// The store is full of pending records: 503, retryable.
     StoreFull,
-    /// The stored record failed re-validation and was not replayed (503).
+    /// The stored record failed re-validation and was not replayed: 503.
     RecordInvalid,
 }
 
@@ -101,7 +101,7 @@ impl RejectionKind {
         }
     }
 
-    /// The gRPC status code of this case (a `tonic::Code` as `i32`); see the
+    /// The gRPC status code of this case, a `tonic::Code` as `i32`. See the
     /// [mapping](crate::http#grpc-rejections).
     ///
     /// ```
@@ -156,8 +156,8 @@ pub struct Rejection {
 }
 
 impl Rejection {
-    /// A rejection of `kind` with a sentence for the caller, for a door of your own that
-    /// answers with the layer's problem documents (the `transactional` example does).
+    /// A rejection of `kind` with a sentence for the caller. It serves a door of your own
+    /// that answers with the layer's problem documents, as the `transactional` example does.
     ///
     /// ```
     /// use tower_idempotency::http::{Rejection, RejectionKind};
@@ -174,7 +174,7 @@ impl Rejection {
         }
     }
 
-    /// A request body over `limit` bytes (413), declared or read.
+    /// A request body over `limit` bytes, declared or read: 413.
     pub(crate) fn body_too_large(limit: usize) -> Self {
         Self::new(
             RejectionKind::BodyTooLarge,
@@ -201,7 +201,7 @@ impl Rejection {
         self.kind.code()
     }
 
-    /// Whether a retry of the same request may succeed (see [`RejectionKind::is_retryable`]).
+    /// Whether a retry of the same request may succeed. See [`RejectionKind::is_retryable`].
     #[must_use]
     pub fn is_retryable(&self) -> bool {
         self.kind.is_retryable()
@@ -259,16 +259,16 @@ impl Rejection {
         res
     }
 
-    /// The gRPC status message: the machine code, then the detail
-    /// (`idempotency.key_reused: this key was already used for a different request`).
+    /// The gRPC status message: the machine code, then the detail. An example is
+    /// `idempotency.key_reused: this key was already used for a different request`.
     #[must_use]
     pub fn grpc_message(&self) -> String {
         format!("{}: {}", self.kind().code(), self.detail())
     }
 
-    /// The gRPC rendering: a Trailers-Only response (HTTP 200, `content-type:
-    /// application/grpc`, `grpc-status`, percent-encoded `grpc-message`, and
-    /// `grpc-retry-pushback-ms` when a retry may succeed). The layer uses it for every
+    /// The gRPC rendering: a Trailers-Only response. It is an HTTP 200 with `content-type:
+    /// application/grpc`, `grpc-status` and a percent-encoded `grpc-message`. It carries
+    /// `grpc-retry-pushback-ms` when a retry may succeed. The layer uses it for every
     /// rejection of a gRPC request.
     #[must_use]
     pub fn to_grpc_response(&self) -> Response<Bytes> {
@@ -289,8 +289,8 @@ impl Rejection {
     }
 
     /// The rejection as a `tonic::Status`: the same code, message and pushback metadata as
-    /// the layer's gRPC rendering. For code that answers by itself (an interceptor that checks
-    /// keys first, say) and for tests.
+    /// the layer's gRPC rendering. It serves code that answers by itself, such as an
+    /// interceptor that checks keys first, and tests.
     ///
     /// ```
     /// # fn doc(res: http::Response<()>) -> Option<tonic::Status> {
@@ -344,7 +344,7 @@ impl fmt::Display for Rejection {
 
 impl std::error::Error for Rejection {}
 
-/// Renders a rejection as a response (the layer adds the `Rejection` to its extensions).
+/// Renders a rejection as a response. The layer adds the `Rejection` to its extensions.
 pub(crate) type Renderer = Arc<dyn Fn(&Rejection) -> Response<Bytes> + Send + Sync>;
 
 #[cfg(test)]

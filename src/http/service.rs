@@ -1,5 +1,5 @@
-//! The service: steps 1–5 of the check order at once, then the keyed sequence (buffer,
-//! fingerprint, claim, run, classify, record) in one future.
+//! The service: steps 1–5 of the check order at once, then the keyed sequence in one future.
+//! The sequence is buffer, fingerprint, claim, run, classify and record.
 
 use super::body::{BodyEnd, EndHook, ReadError, RequestBody, ResponseBody, read_limited};
 use super::classify::{Outcome, classify};
@@ -28,7 +28,7 @@ use tokio::sync::oneshot;
 use tower_service::Service;
 use tracing::Instrument;
 
-/// Retry-After for a retryable rejection (in flight, store failure, full store or scope).
+/// Retry-After for a retryable rejection: in flight, store failure, full store or scope.
 const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The idempotency middleware service. See the [module docs](crate::http).
@@ -150,12 +150,12 @@ impl<S, St> Idempotency<S, St> {
     }
 }
 
-/// What the layer does with a request before it reads the body: steps 1–5, the check for an
-/// outer layer's claim and the declared body length. (`#[idempotent]` asks too, and runs the
-/// handler's extractors between this and the claim.)
+/// What the layer does with a request before it reads the body. That covers steps 1–5, the
+/// check for an outer layer's claim, and the declared body length. `#[idempotent]` asks too,
+/// and runs the handler's extractors between this and the claim.
 pub(crate) enum Plan {
     /// Not acted on: a method outside the set, or a request an outer layer claimed under the
-    /// same store key. Passed through.
+    /// same store key. It is passed through.
     Pass,
     /// No key and none required: passed through, marked [`KeyMissing`].
     Unkeyed,
@@ -298,8 +298,8 @@ fn rejected(kind: RejectionKind) -> metrics::Outcome {
     }
 }
 
-/// Logs a request passed through because an outer layer claimed its store key: a warning the
-/// first time in the process, then at debug level.
+/// Logs a request passed through because an outer layer claimed its store key. It is a
+/// warning the first time in the process, then at debug level.
 fn nested(key: &StoreKey) {
     static WARNED: AtomicBool = AtomicBool::new(false);
     if WARNED.swap(true, Ordering::Relaxed) {
@@ -440,8 +440,8 @@ where
 }
 
 /// The claimed part of a keyed request: the handler and the reading of its body under lease
-/// renewal, then the record or release. Owns everything it uses, so it can finish on a task of
-/// its own when the caller goes away.
+/// renewal, then the record or release. It owns everything it uses. So it can finish on a
+/// task of its own when the caller goes away.
 // Deliberately not an `async fn` (see the body's first comment).
 #[allow(clippy::manual_async_fn)]
 fn run_claimed<S, St, ReqB, ResB>(
@@ -521,11 +521,12 @@ where
     }
 }
 
-/// Holds the key of a response whose body streams on (its lease renewed for at most the
-/// stream lease limit), then settles it by how the body ended: ended → complete, failed →
-/// release. A body dropped before its end (the client went away) settles nothing: the work
-/// happened but its answer was not delivered, so the key stays pending until its lease lapses
-/// (409 until then, a re-run after), as when the client goes away before the handler finished.
+/// Holds the key of a response whose body streams on, then settles it by how the body ended:
+/// ended → complete, failed → release. Its lease is renewed for at most the stream lease
+/// limit. A body dropped before its end settles nothing, as when the client went away. The
+/// work happened but its answer was not delivered. So the key stays pending until its lease
+/// lapses: 409 until then, a re-run after. This is as when the client goes away before the
+/// handler finished.
 async fn settle_at_end<St: Store>(
     state: Arc<LayerState<St>>,
     ticket: Ticket,
@@ -562,15 +563,15 @@ async fn settle_at_end<St: Store>(
     observe_end(&state.config, grpc, result);
 }
 
-/// `Retry-After` for a request found in flight: the lease the first run has left, at most a
-/// third of the lease, in whole seconds rounded up (at least 1); the constant when the store
-/// cannot tell. One store call, on this path only.
+/// `Retry-After` for a request found in flight. It is the lease the first run has left, at
+/// most a third of the lease, in whole seconds rounded up, at least 1. It is the constant when
+/// the store cannot tell. It costs one store call, on this path only.
 ///
-/// The lease left is when the key is decided at the latest if the first run has stopped (its
-/// holder gone, or the outcome declared ambiguous). A running first run renews its lease every
-/// third of the lease, so its lease left is always two thirds of the lease or more, which says
-/// nothing about when it ends: the cap keeps the hint to one renewal period (20 s for the
-/// default 60 s lease), within what clients honour.
+/// The lease left is when the key is decided at the latest, if the first run has stopped: its
+/// holder is gone, or the outcome was declared ambiguous. A running first run renews its lease
+/// every third of the lease. So its lease left is always two thirds of the lease or more, which
+/// says nothing about when it ends. The cap keeps the hint to one renewal period, within what
+/// clients honour. That is 20 s for the default 60 s lease.
 async fn in_flight_retry_after<St: Store>(engine: &Engine<St>, key: &StoreKey) -> Duration {
     match engine.lease_left(key).await {
         Ok(Some(left)) => {

@@ -14,14 +14,15 @@
 //! [`ApalisLayer`] wraps a [`MessageIdempotencyLayer`] for a worker's layer stack. An apalis
 //! [`Task`] is a [`Message`]:
 //!
-//! - **key**, by [`TaskKey`], default [`TaskKey::TaskId`]: the task's own idempotency key
-//!   (`TaskBuilder::idempotency_key`), else a task metadata entry `Idempotency-Key` in any
-//!   case, else the task's id. The backend gives a task its id when it is pushed, and keeps
-//!   it across retries and redeliveries. So a redelivery is a duplicate, and two tasks pushed
-//!   with equal arguments are two jobs: a daily `Reminder { user: 5 }` runs every day. Keying
-//!   by the arguments instead is an opt-in, [`TaskKey::Arguments`], whose risks its docs
-//!   state. apalis-redis and `MemoryStorage` themselves drop a second push under one
-//!   `idempotency_key`; the door catches the redeliveries of the first.
+//! - **key**, by [`TaskKey`], default [`TaskKey::TaskId`]. It is the task's own idempotency
+//!   key, set by `TaskBuilder::idempotency_key`. Else it is a task metadata entry
+//!   `Idempotency-Key` in any case. Else it is the task's id. The backend gives a task its id
+//!   when it is pushed, and keeps it across retries and redeliveries. So a redelivery is a
+//!   duplicate, and two tasks pushed with equal arguments are two jobs: a daily
+//!   `Reminder { user: 5 }` runs every day. Keying by the arguments instead is an opt-in,
+//!   [`TaskKey::Arguments`], whose risks its docs state. apalis-redis and `MemoryStorage`
+//!   themselves drop a second push under one `idempotency_key`. The door catches the
+//!   redeliveries of the first.
 //! - **topic**: the task's queue, empty when the backend does not say. apalis-redis does not.
 //! - **body**, the fingerprint that tells a reused key from a redelivery: the arguments as
 //!   JSON, with every object's keys and every array's items sorted. So the order of a
@@ -36,11 +37,11 @@
 //!
 //! apalis reads a task's fate from its status. The backend files the task by it: done,
 //! retried, dead. apalis' `RetryPolicy` stops at `Killed`. apalis sets the status from the
-//! handler's result, so the adapter sets it for every answer the door gives, also those that
+//! handler's result. So the adapter sets it for every answer the door gives, also those that
 //! do not run the handler. Without it, a task redelivered to apalis-redis keeps the `Running`
 //! it was fetched with, and is filed dead. The answer goes back to apalis as the [`Handled`]
-//! outcome, serialized into the task's result by backends that keep results, or as apalis'
-//! own errors:
+//! outcome, or as apalis' own errors. Backends that keep results serialize the outcome into
+//! the task's result:
 //!
 //! | outcome | answer to apalis | status | apalis-redis then |
 //! | --- | --- | --- | --- |
@@ -101,7 +102,7 @@ use tower_layer::Layer;
 use tower_service::Service;
 
 /// The schema version under which a task id is digested, apart from every digest of
-/// arguments (those have none).
+/// arguments. Those have none.
 const TASK_ID_SCHEMA: &str = "apalis/task-id";
 
 impl<Args: serde::Serialize> Message for Task<Args> {
@@ -134,8 +135,8 @@ enum Lists {
     Sorted,
 }
 
-/// The task's arguments as canonical JSON, or, for arguments that do not serialize, the task id
-/// (a redelivery keeps it, two tasks never share it).
+/// The task's arguments as canonical JSON. For arguments that do not serialize, it is the task
+/// id: a redelivery keeps it, and two tasks never share it.
 fn arguments_json<Args: serde::Serialize>(task: &Task<Args>, lists: Lists) -> Vec<u8> {
     match serde_json::to_value(&task.args) {
         Ok(json) => {
@@ -152,9 +153,9 @@ fn arguments_json<Args: serde::Serialize>(task: &Task<Args>, lists: Lists) -> Ve
     }
 }
 
-/// JSON with every object's keys sorted, and with `Lists::Sorted` every array's items: a map's
-/// or a set's iteration order (a `HashMap`'s and a `HashSet`'s is new at every
-/// deserialization) does not change the bytes.
+/// JSON with every object's keys sorted, and with `Lists::Sorted` every array's items. So a
+/// map's or a set's iteration order does not change the bytes. A `HashMap`'s and a
+/// `HashSet`'s order is new at every deserialization.
 fn canonical_json(value: &serde_json::Value, lists: Lists, out: &mut Vec<u8>) {
     use serde_json::Value;
     match value {
@@ -525,7 +526,7 @@ mod tests {
         assert_eq!(runs.load(Ordering::SeqCst), 1);
     }
 
-    /// Two maps with the same entries whose plain JSON differs (their hashers differ).
+    /// Two maps with the same entries whose plain JSON differs, as their hashers differ.
     fn maps_in_two_orders() -> (HashMap<String, u32>, HashMap<String, u32>) {
         let entries: Vec<(String, u32)> = (0..32).map(|i| (format!("item-{i}"), i)).collect();
         let a: HashMap<_, _> = entries.iter().cloned().collect();
@@ -565,7 +566,7 @@ mod tests {
         assert_eq!(again.unwrap(), Handled::Replayed(None), "not KeyReused");
     }
 
-    /// Two sets with the same items whose plain JSON differs (their hashers differ).
+    /// Two sets with the same items whose plain JSON differs, as their hashers differ.
     fn sets_in_two_orders() -> (HashSet<u32>, HashSet<u32>) {
         let a: HashSet<u32> = (0..32).collect();
         for _ in 0..100 {
@@ -611,8 +612,8 @@ mod tests {
         assert_eq!(TaskKey::GivenOnly.key(&t).unwrap(), None);
     }
 
-    /// The first delivery of task 1 runs until released; meanwhile a second delivery of it
-    /// goes through `svc`, and its answer and status are returned.
+    /// The first delivery of task 1 runs until released. Meanwhile a second delivery of it goes
+    /// through `svc`, and its answer and status are returned.
     async fn duplicate_while_the_first_runs(
         layer: MessageIdempotencyLayer<MemoryStore>,
     ) -> (Result<Handled<()>, BoxDynError>, Status) {

@@ -31,10 +31,10 @@
 //! Brokers deliver at least once. A consumer that crashes before it acknowledges gets the
 //! message again, often on another consumer. [`MessageIdempotencyLayer`] wraps any message
 //! handler, a tower `Service<M>` over a [`Message`]. Its side effects then happen once per
-//! key, within the limits of the store: lease, retention, durability (see [the crate
-//! docs](crate)). It needs no broker crate. The [`nats`] adapter (feature `nats`) drives it
-//! from JetStream and turns its outcomes into acks. The [`apalis`] adapter (feature
-//! `apalis`) puts it in an apalis worker.
+//! key, within the limits of the store: lease, retention, durability. See [the crate
+//! docs](crate). It needs no broker crate. The [`nats`] adapter, feature `nats`, drives it
+//! from JetStream and turns its outcomes into acks. The [`apalis`] adapter, feature
+//! `apalis`, puts it in an apalis worker.
 //!
 //! # The key and the scope
 //!
@@ -127,7 +127,7 @@
 //! there. So the redelivery is a completed duplicate and the handler runs once. While the
 //! caller waits, the work is polled in place, at one allocation per claimed message.
 //!
-//! At shutdown, wait for it with [`MessageIdempotencyLayer::drain`]; its `wait` is bounded.
+//! At shutdown, wait for it with [`MessageIdempotencyLayer::drain`]. Its `wait` is bounded.
 //! With [`run_to_completion(false)`](MessageIdempotencyLayer::run_to_completion) a dropped
 //! future cancels the handler, and its key stays pending until its lease lapses, as after a
 //! crash. Work that runs on is bounded in time by

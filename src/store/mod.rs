@@ -18,7 +18,7 @@
 //!
 //! # The contract
 //!
-//! Three atomic steps (and a lease renewal), each one round trip on a networked store:
+//! Three atomic steps and a lease renewal, each one round trip on a networked store:
 //!
 //! | step | does |
 //! | --- | --- |
@@ -27,9 +27,9 @@
 //! | [`release`](Store::release) | delete the key, only if the token holds it pending |
 //! | [`renew`](Store::renew) | extend a pending lease, only if the token holds it |
 //!
-//! The token fences a claim: once a lease has lapsed and another claimant holds the key, the
+//! The token fences a claim. Once a lease has lapsed and another claimant holds the key, the
 //! first holder's late `complete` or `release` leaves the new holder alone. The store never
-//! compares fingerprints; the engine does, so every store answers alike. A store sees hashes
+//! compares fingerprints. The engine does, so every store answers alike. A store sees hashes
 //! and opaque bytes only: [`StoreKey`], [`Fingerprint`], [`Record`]. No raw key, principal or
 //! HTTP type reaches it.
 //!
@@ -136,9 +136,9 @@
 //! let engine = tower_idempotency::engine::Engine::new(HashMapStore::default());
 //! ```
 //!
-//! Then prove that it answers like the stores of this crate: the conformance suite (feature
-//! `test-util`) expands one test per behaviour of the contract (claims, fencing, expiry,
-//! concurrent claims, replays through the engine) in your own test file:
+//! Then prove that it answers like the stores of this crate. The conformance suite, feature
+//! `test-util`, expands one test per behaviour of the contract in your own test file. It
+//! covers claims, fencing, expiry, concurrent claims, and replays through the engine:
 //!
 //! ```ignore
 //! // tests/conformance.rs, with `tower-idempotency = { features = ["test-util"] }` and
@@ -180,7 +180,7 @@ pub use memory::{MemoryStats, MemoryStore, MemoryStoreBuilder};
 
 /// A backend that keeps idempotency records.
 ///
-/// Every method is one atomic step; a networked store should make each one round trip.
+/// Every method is one atomic step. A networked store should make each one round trip.
 /// Futures are `Send` so the layer can run on a multi-threaded runtime.
 pub trait Store: Send + Sync + 'static {
     /// Holds `key` pending for `lease` under a new token, unless a live record holds it.
@@ -192,7 +192,7 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
     /// Stores `record` as the key's result for `ttl`, if `token` still holds the key or nothing
-    /// does. Returns whether the record was written (`false`: another holder has the key).
+    /// does. Returns whether the record was written. `false` means another holder has the key.
     fn complete(
         &self,
         key: &StoreKey,
@@ -218,19 +218,19 @@ pub trait Store: Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Deletes the key's record so the key can be used again (an operator's step, never the
-    /// engine's on a request). A completed record is deleted; a live pending claim only when
-    /// `pending` is `true` (its work may be running: deleting it lets a retry run the work
-    /// again while the first run goes on). Says what was found.
+    /// Deletes the key's record so the key can be used again. This is an operator's step, never
+    /// the engine's on a request. A completed record is deleted. A live pending claim is deleted
+    /// only when `pending` is `true`. Its work may be running: deleting it lets a retry run the
+    /// work again while the first run goes on. Says what was found.
     fn forget(
         &self,
         key: &StoreKey,
         pending: bool,
     ) -> impl Future<Output = Result<Forgotten, StoreError>> + Send;
 
-    /// How long the pending claim on `key` has left, when a live one holds it; `None` when
-    /// nothing pending holds it, or the store cannot tell (the default). The HTTP layer's
-    /// `Retry-After` on 409 comes from it. Asked only for a request found in flight, never
+    /// How long the pending claim on `key` has left, when a live one holds it. `None` when
+    /// nothing pending holds it, or the store cannot tell, as by default. The HTTP layer's
+    /// `Retry-After` on 409 comes from it. It is asked only for a request found in flight, never
     /// on the way of a first run or a replay.
     fn lease_left(
         &self,
@@ -240,25 +240,26 @@ pub trait Store: Send + Sync + 'static {
         std::future::ready(Ok(None))
     }
 
-    /// Whether [`wait_settled`](Self::wait_settled) returns as soon as the key settles (the
-    /// store is told in process), rather than after `within` (the default). The engine polls
-    /// a store that is not, with backoff.
+    /// Whether [`wait_settled`](Self::wait_settled) returns as soon as the key settles, rather
+    /// than after `within`. It does when the store is told in process. The default is `false`.
+    /// The engine polls a store that is not, with backoff.
     fn notifies_settled(&self) -> bool {
         false
     }
 
-    /// Waits until the pending claim on `key` may have settled (completed, released, or its
-    /// lease lapsed), at most `within`. Spurious returns are allowed: the caller claims again
-    /// to see. The default sleeps `within`; a store that can be told (the memory store, in
-    /// process) returns early and says so with [`notifies_settled`](Self::notifies_settled).
+    /// Waits until the pending claim on `key` may have settled, at most `within`. It has
+    /// settled when completed, released, or its lease lapsed. Spurious returns are allowed:
+    /// the caller claims again to see. The default sleeps `within`. A store that can be told
+    /// in process, as the memory store, returns early. It says so with
+    /// [`notifies_settled`](Self::notifies_settled).
     fn wait_settled(&self, key: &StoreKey, within: Duration) -> impl Future<Output = ()> + Send {
         let _ = key;
         tokio::time::sleep(within)
     }
 
-    /// A short fixed name for the store's kind (`memory`, `redis`, `postgres`): the `store`
-    /// label of the step timings (feature `metrics`). A store of your own may name itself;
-    /// keep it one fixed word, never a host or other unbounded value.
+    /// A short fixed name for the store's kind: `memory`, `redis` or `postgres`. It is the
+    /// `store` label of the step timings, with feature `metrics`. A store of your own may name
+    /// itself. Keep it one fixed word, never a host or other unbounded value.
     fn name(&self) -> &'static str {
         "custom"
     }
@@ -334,7 +335,7 @@ pub enum Claim {
         /// The fingerprint of the request that holds the key.
         fingerprint: Fingerprint,
     },
-    /// The key's work finished; this is its record.
+    /// The key's work finished. This is its record.
     Done {
         /// The fingerprint of the request that completed the key.
         fingerprint: Fingerprint,
@@ -351,12 +352,12 @@ pub enum Forgotten {
     Nothing,
     /// A completed record was deleted: the key runs its work again on the next request.
     Record,
-    /// A pending claim was deleted (asked for explicitly): the next request runs the work.
-    /// The first run, if it still goes on, has lost its claim: its record is written if
-    /// nothing holds the key when it completes (no request claimed it meanwhile), as after a
-    /// lapsed lease; while another claim or record holds the key it records nothing.
+    /// A pending claim was deleted, as asked for explicitly. The next request runs the work. The
+    /// first run, if it still goes on, has lost its claim. Its record is written if nothing holds
+    /// the key when it completes, as after a lapsed lease. That is when no request claimed it
+    /// meanwhile. While another claim or record holds the key, it records nothing.
     Pending,
-    /// A pending claim holds the key and was kept (deleting it was not asked for).
+    /// A pending claim holds the key and was kept. Deleting it was not asked for.
     KeptPending,
 }
 
@@ -367,11 +368,11 @@ pub struct Token([u8; 16]);
 impl Token {
     /// A fresh token from the operating system's CSPRNG.
     ///
-    /// Tokens are drawn from the OS in batches of 64 per thread (one system call instead of
-    /// 64); every byte still comes from the OS source, and each one is handed out once.
+    /// Tokens are drawn from the OS in batches of 64 per thread: one system call instead of 64.
+    /// Every byte still comes from the OS source, and each one is handed out once.
     ///
     /// # Errors
-    /// When the OS random source fails (then nothing may be claimed).
+    /// When the OS random source fails. Nothing may be claimed then.
     pub fn generate() -> Result<Self, StoreError> {
         const BATCH: usize = 64;
         thread_local! {
@@ -418,8 +419,8 @@ impl fmt::Debug for Token {
     }
 }
 
-/// A store step that failed. The layer answers a failed claim with 503 (or 429 for a full scope)
-/// and never runs the work on an unclear answer.
+/// A store step that failed. The layer answers a failed claim with 503, or 429 for a full
+/// scope. It never runs the work on an unclear answer.
 #[derive(Debug)]
 pub struct StoreError {
     kind: StoreErrorKind,
@@ -491,13 +492,13 @@ pub enum StoreErrorKind {
     Timeout,
     /// The backend answered something the store does not understand.
     Protocol,
-    /// The store is full and holds nothing it may drop (answered 503).
+    /// The store is full and holds nothing it may drop. It is answered 503.
     StoreFull,
-    /// The caller's scope is at its cap and all its records are pending (answered 429).
+    /// The caller's scope is at its cap and all its records are pending. It is answered 429.
     ScopeFull,
-    /// The backend rolled the step back for a concurrent transaction, each time it was
-    /// tried (PostgreSQL: a serialization failure or a deadlock). Nothing was applied; the
-    /// step may succeed when tried again. Not an outage.
+    /// The backend rolled the step back for a concurrent transaction, each time it was tried. In
+    /// PostgreSQL this is a serialization failure or a deadlock. Nothing was applied, and the
+    /// step may succeed when tried again. It is not an outage.
     Conflict,
 }
 

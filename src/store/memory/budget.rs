@@ -1,9 +1,9 @@
 //! The store-wide budgets: what all shards hold together, and where room can be made.
 //!
-//! Each shard counts its own records under its lock; the budget counts the sum with two atomic
-//! counters. A step takes room from the budget into its *credit* before it adds anything, and
-//! the room its drops free goes into that credit too, so no other step can take it first; what
-//! the step does not use goes back when it ends. The bounds therefore hold at every instant
+//! Each shard counts its own records under its lock. The budget counts the sum with two atomic
+//! counters. A step takes room from the budget into its *credit* before it adds anything. The
+//! room its drops free goes into that credit too, so no other step can take it first. What the
+//! step does not use goes back when it ends. The bounds therefore hold at every instant
 //! without a store-wide lock: `used = sum of the shards' counts + the credits of running steps`.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
@@ -16,10 +16,10 @@ pub(super) const MAX_VISITS: usize = 8;
 pub(super) struct Limits {
     pub(super) entries: usize,
     pub(super) bytes: usize,
-    /// The optional fixed cap on one scope's records (`usize::MAX`: none).
+    /// The optional fixed cap on one scope's records. `usize::MAX` means none.
     pub(super) per_scope: usize,
-    /// What one record weighs for its entry: `bytes / entries` (at least 1), so that a scope's
-    /// weight is the larger of its two shares of the store, in bytes.
+    /// What one record weighs for its entry: `bytes / entries`, at least 1. So a scope's weight is
+    /// the larger of its two shares of the store, in bytes.
     pub(super) entry_weight: u64,
 }
 
@@ -35,8 +35,8 @@ impl Limits {
         }
     }
 
-    /// How much a scope of `records` records and `bytes` counted bytes holds: the larger of its
-    /// share of `max_entries` and its share of `max_bytes`, expressed in bytes.
+    /// How much a scope of `records` records and `bytes` counted bytes holds. It is the larger of
+    /// its share of `max_entries` and its share of `max_bytes`, expressed in bytes.
     pub(super) fn weight(&self, records: u32, bytes: usize) -> u64 {
         u64::try_from(bytes)
             .unwrap_or(u64::MAX)
@@ -80,10 +80,10 @@ impl Usage {
 /// The counters every shard shares.
 pub(super) struct Budget {
     pub(super) limits: Limits,
-    /// What the store holds, on a cache line of its own (every step that adds writes it).
+    /// What the store holds, on a cache line of its own. Every step that adds writes it.
     used: Padded<(AtomicUsize, AtomicUsize)>,
-    /// What each shard offers to other shards' steps, each on its own cache line (its shard
-    /// writes it; others read it only when they need room).
+    /// What each shard offers to other shards' steps, each on its own cache line. Its shard writes
+    /// it. Others read it only when they need room.
     offers: Box<[Padded<Offer>]>,
     pub(super) scope_full: AtomicU64,
     pub(super) store_full: AtomicU64,
@@ -93,13 +93,13 @@ pub(super) struct Budget {
 struct Padded<T>(T);
 
 struct Offer {
-    /// The weight of the shard's heaviest scope that has a completed record (0: none).
+    /// The weight of the shard's heaviest scope that has a completed record. 0 means none.
     top: AtomicU64,
     /// No record of the shard expires earlier than this.
     earliest: AtomicU64,
 }
 
-/// The shards a step already visited (and may not visit again).
+/// The shards a step already visited, which it may not visit again.
 #[derive(Debug, Default)]
 pub(super) struct Visited {
     shards: [usize; MAX_VISITS],
@@ -150,7 +150,7 @@ impl Budget {
         }
     }
 
-    /// Moves free room of the store into `credit` until it covers `need` (or no room is free).
+    /// Moves free room of the store into `credit` until it covers `need`, or no room is free.
     /// Returns whether it covers `need`.
     pub(super) fn take(&self, need: Usage, credit: &mut Usage) -> bool {
         if credit.covers(need) {
@@ -191,8 +191,9 @@ impl Budget {
         self.offers[shard].0.earliest.store(earliest, Relaxed);
     }
 
-    /// Looks at the other shards (not `home`, none already visited): one load per shard, only
-    /// when a step could not get room from the free budget and its own shard's expired records.
+    /// Looks at the other shards: not `home`, and none already visited. It costs one load per
+    /// shard. It runs only when a step could not get room from the free budget and its own
+    /// shard's expired records.
     pub(super) fn elsewhere(&self, home: usize, now: u64, visited: &Visited) -> Elsewhere {
         let mut found = Elsewhere::default();
         for (i, Padded(offer)) in self.offers.iter().enumerate() {
@@ -211,7 +212,7 @@ impl Budget {
     }
 }
 
-/// Adds up to `want` to `counter` without passing `max`; returns what was added.
+/// Adds up to `want` to `counter` without passing `max`. Returns what was added.
 fn grab(counter: &AtomicUsize, max: usize, want: usize) -> usize {
     if want == 0 {
         return 0;

@@ -1,5 +1,5 @@
 //! Making room: expired records first, then the oldest completed records of the scope that
-//! holds the most, never a smaller scope's (the rule is stated in the module docs).
+//! holds the most, never a smaller scope's. The module docs state the rule.
 
 use super::budget::Usage;
 use super::shard::{Shard, Short, Step, Visit};
@@ -108,9 +108,9 @@ impl Shard {
         ))
     }
 
-    /// Gives a visiting step room: expired records, then (if `live`) the oldest completed records
-    /// of its heaviest scopes that weigh at least as much as the visitor's. All or nothing: live
-    /// records go only when they make all the room the visitor misses.
+    /// Gives a visiting step room. Expired records go first. Then, if `live`, the oldest completed
+    /// records of its heaviest scopes go, of those that weigh at least as much as the visitor's.
+    /// It is all or nothing: live records go only when they make all the room the visitor misses.
     pub(super) fn give_room(&mut self, visit: &Visit, now: u64) -> bool {
         self.drop_expired(now, |s| s.take(visit.need));
         if self.take(visit.need) {
@@ -121,16 +121,17 @@ impl Shard {
             && self.drop_by_weight(visit.need, None, visit.weight, now)
     }
 
-    /// Moves free room of the store into the step's credit; whether the credit covers `need`.
+    /// Moves free room of the store into the step's credit. Returns whether the credit covers
+    /// `need`.
     pub(super) fn take(&mut self, need: Usage) -> bool {
         self.budget.take(need, &mut self.credit)
     }
 
-    /// Whether dropping what the rule allows frees `deficit`: every completed record of the
-    /// scope `own` (after `forced`, which goes anyway), and of each other scope its oldest
-    /// completed records while it still weighs at least `weight`. The total does not depend on
-    /// the order the drops are made in, so this walk stops as soon as it has found enough: it
-    /// visits about as many records as will be dropped.
+    /// Whether dropping what the rule allows frees `deficit`. The rule allows every completed
+    /// record of the scope `own`, after `forced`, which goes anyway. Of each other scope, it allows
+    /// its oldest completed records while it still weighs at least `weight`. The total does not
+    /// depend on the order the drops are made in. So this walk stops as soon as it has found
+    /// enough: it visits about as many records as will be dropped.
     fn can_free(&self, deficit: Usage, own: Option<u32>, weight: u64, forced: Option<u32>) -> bool {
         let mut left = deficit;
         if left.is_zero() {
@@ -167,9 +168,9 @@ impl Shard {
         })
     }
 
-    /// Drops completed records until the credit covers `need`: from the heaviest scope (the
-    /// scope `own` itself when it is among the heaviest), never from a scope lighter than
-    /// `weight` other than `own`. Whether the credit covers `need` in the end.
+    /// Drops completed records until the credit covers `need`. They come from the heaviest scope,
+    /// or from the scope `own` itself when it is among the heaviest. They never come from a scope
+    /// lighter than `weight` other than `own`. Returns whether the credit covers `need` in the end.
     fn drop_by_weight(&mut self, need: Usage, own: Option<u32>, weight: u64, now: u64) -> bool {
         loop {
             if self.take(need) {
@@ -188,9 +189,9 @@ impl Shard {
         }
     }
 
-    /// Drops expired records until `enough` holds: the shard's oldest completed records first
-    /// (the likeliest to have expired), then a sweep of the whole shard if anything may still
-    /// have expired.
+    /// Drops expired records until `enough` holds. The shard's oldest completed records go first,
+    /// as the likeliest to have expired. Then the whole shard is swept, if anything may still have
+    /// expired.
     fn drop_expired(&mut self, now: u64, mut enough: impl FnMut(&mut Self) -> bool) {
         while !enough(self)
             && self.done_head != NIL
@@ -237,8 +238,8 @@ impl Shard {
         self.earliest = earliest;
     }
 
-    /// Removes an entry to make room or because it expired, counting (and for a live completed
-    /// record, logging) the drop.
+    /// Removes an entry to make room or because it expired, and counts the drop. A live completed
+    /// record's drop is also logged.
     pub(super) fn drop_entry(&mut self, idx: u32, now: u64) {
         let e = &self.entries[at(idx)];
         if e.deadline <= now {

@@ -2,8 +2,8 @@
 //! weight.
 //!
 //! Every change to a shard's counts goes through [`Shard::insert`], [`Shard::fill`] and
-//! [`Shard::remove`], which keep the step's credit in balance: what the shard adds comes out of
-//! the credit, what it removes goes into it.
+//! [`Shard::remove`], which keep the step's credit in balance. What the shard adds comes out
+//! of the credit. What it removes goes into it.
 
 use super::ENTRY_OVERHEAD;
 use super::budget::Usage;
@@ -64,7 +64,7 @@ impl Shard {
         Ok(s)
     }
 
-    /// Adds a live entry; the step's credit must cover it (the caller made room).
+    /// Adds a live entry. The step's credit must cover it, as the caller made room.
     pub(super) fn insert(
         &mut self,
         key: &StoreKey,
@@ -130,7 +130,7 @@ impl Shard {
         Ok(idx)
     }
 
-    /// Turns a pending entry into a completed one; the step's credit must cover the record.
+    /// Turns a pending entry into a completed one. The step's credit must cover the record.
     pub(super) fn fill(
         &mut self,
         idx: u32,
@@ -167,7 +167,7 @@ impl Shard {
         self.credit = self.credit.minus(room);
     }
 
-    /// Removes a live entry and everything that points at it; its room goes into the credit.
+    /// Removes a live entry and everything that points at it. Its room goes into the credit.
     pub(super) fn remove(&mut self, idx: u32) {
         if self.entries[at(idx)].is_vacant() {
             return;
@@ -205,8 +205,9 @@ impl Shard {
         self.credit = self.credit.plus(Usage::new(1, cost));
     }
 
-    /// Moves the scope to its place in `by_weight` after a change: ranked by its weight while
-    /// it has a completed record to give, out of it otherwise (a vacant slot has no records).
+    /// Moves the scope to its place in `by_weight` after a change. It is ranked by its weight
+    /// while it has a completed record to give, and out of it otherwise. A vacant slot has no
+    /// records.
     fn rerank(&mut self, s: u32) {
         let slot = &self.scopes[at(s)];
         let weight = (slot.records > 0 && slot.head != NIL).then(|| self.weight(s));
@@ -215,13 +216,13 @@ impl Shard {
         }
     }
 
-    /// How much the scope holds (see [`Limits::weight`](super::budget::Limits::weight)).
+    /// How much the scope holds. See [`Limits::weight`](super::budget::Limits::weight).
     pub(super) fn weight(&self, s: u32) -> u64 {
         let slot = &self.scopes[at(s)];
         self.budget.limits.weight(slot.records, slot.bytes)
     }
 
-    /// Appends a completed entry to the shard's and its scope's lists (newest last).
+    /// Appends a completed entry to the shard's and its scope's lists, newest last.
     fn link_done(&mut self, idx: u32) {
         let tail = self.done_tail;
         let s = self.entries[at(idx)].scope;
@@ -282,8 +283,8 @@ impl Shard {
     }
 }
 
-/// A slab index for a new slot. Bounds keep slabs below `u32::MAX` slots, so this never fails in
-/// practice; if it did, the step is refused rather than corrupting the lists.
+/// A slab index for a new slot. Bounds keep slabs below `u32::MAX` slots, so this never fails
+/// in practice. If it did, the step is refused rather than corrupting the lists.
 fn index_of(len: usize) -> Result<u32, StoreError> {
     u32::try_from(len)
         .ok()

@@ -34,11 +34,11 @@
 //! # }
 //! ```
 //!
-//! [`MemoryStore`] keeps records in `N` shards (default 16), each behind its own
-//! [`std::sync::Mutex`] that is held only for the synchronous work of one step (never across an
-//! `.await`). A key's shard is chosen by its scope hash, so every record of one caller (scope:
-//! namespace, tenant and principal) lives in one shard. Shards split the locking, not the
-//! budgets.
+//! [`MemoryStore`] keeps records in `N` shards, 16 by default. Each shard sits behind its own
+//! [`std::sync::Mutex`]. The lock is held only for the synchronous work of one step, never
+//! across an `.await`. A key's shard is chosen by its scope hash. A scope is the namespace,
+//! tenant and principal of one caller, so every record of one caller lives in one shard.
+//! Shards split the locking, not the budgets.
 //!
 //! # Bounds
 //!
@@ -48,75 +48,78 @@
 //! | [`max_bytes`](MemoryStoreBuilder::max_bytes) | 64 MiB | counted bytes in the whole store |
 //! | [`max_entries_per_scope`](MemoryStoreBuilder::max_entries_per_scope) | none | an optional fixed cap on one scope's records |
 //!
-//! The bounds are store-wide and hold at every instant: while there is room, any scope may use
-//! it, so a single caller can fill the whole store before anything is dropped, and one record
-//! may be as large as the store allows ([`build`](MemoryStoreBuilder::build) refuses a
-//! `max_bytes` below one record of [`max_record_bytes`](MemoryStoreBuilder::max_record_bytes)).
+//! The bounds are store-wide and hold at every instant. While there is room, any scope may use
+//! it. So a single caller can fill the whole store before anything is dropped. One record may be
+//! as large as the store allows. [`build`](MemoryStoreBuilder::build) refuses a `max_bytes`
+//! below one record of [`max_record_bytes`](MemoryStoreBuilder::max_record_bytes).
 //!
-//! A record is counted as its encoded bytes plus 160 bytes for the entry itself, its index
-//! slot and allocator overhead. A pending claim counts the 160 bytes alone.
-//! The per-scope bookkeeping (about 80 bytes per scope that has records) is not counted; it is
+//! A record is counted as its encoded bytes plus 160 bytes. The 160 bytes cover the entry
+//! itself, its index slot and allocator overhead. A pending claim counts the 160 bytes alone.
+//! The per-scope bookkeeping is not counted: about 80 bytes per scope that has records. It is
 //! bounded by the number of records and removed when a scope has none left.
 //!
-//! A scope's *weight* is how much of the store it holds: the larger of its two shares,
-//! `max(bytes, records × max_bytes / max_entries)` (its counted bytes, or its records priced at
-//! the average room a record has). Under pressure, room comes from the heaviest scope.
+//! A scope's *weight* is how much of the store it holds. It is the larger of its two shares:
+//! `max(bytes, records × max_bytes / max_entries)`. That is its counted bytes, or its records
+//! priced at the average room a record has. Under pressure, room comes from the heaviest scope.
 //!
 //! # Making room
 //!
-//! A step needs room when it adds to the store: a claim one record of 160 bytes, a
-//! `complete` the record's bytes (and a record, when nothing holds the key any more). When the
-//! store does not have that room free:
+//! A step needs room when it adds to the store. A claim needs one record of 160 bytes. A
+//! `complete` needs the record's bytes, and a record when nothing holds the key any more. When
+//! the store does not have that room free:
 //!
-//! 1. expired records go first (a completed record past its retention, a pending claim past
-//!    its lease): the requester's shard's, oldest completed first, then a sweep of that shard
-//!    if anything in it may have expired; then another shard's that holds an expired record.
-//!    A shard keeps (and publishes) its earliest deadline and only sweeps when something can
-//!    have expired;
-//! 2. then completed records inside their retention, one at a time, each the oldest of its
-//!    scope, chosen by this rule (`R` is the requesting scope, `w(R)` its weight when the step
-//!    began):
+//! 1. expired records go first. These are completed records past their retention and pending
+//!    claims past their lease. The requester's shard goes first, oldest completed first. Then
+//!    that shard is swept if anything in it may have expired. Then another shard's expired
+//!    records go. A shard keeps and publishes its earliest deadline. It only sweeps when
+//!    something can have expired;
+//! 2. then completed records inside their retention go, one at a time. Each is the oldest of
+//!    its scope. `R` is the requesting scope and `w(R)` its weight when the step began. The
+//!    rule picks:
 //!    - `R`'s own, when `R` weighs at least as much as every scope that has a completed
 //!      record;
 //!    - else the heaviest scope's that has one, if it weighs at least `w(R)`;
 //!    - else `R`'s own, if it has any left;
 //!    - else nothing may go.
 //!
-//!    So a scope never loses a record to make room for a scope that holds more than it, and
-//!    between scopes of equal weight the requester gives. Each of these *early drops* is
-//!    logged with `tracing::warn!` and counted in [`MemoryStats::early_drops`]: a retry of that
-//!    request would run its work again;
+//!    So a scope never loses a record to make room for a scope that holds more than it.
+//!    Between scopes of equal weight, the requester gives. Each of these *early drops* is
+//!    logged with `tracing::warn!` and counted in [`MemoryStats::early_drops`]. A retry of
+//!    that request would run its work again;
 //! 3. a pending claim inside its lease is never dropped. When the rule allows nothing more, the
-//!    step is refused: [`StoreErrorKind::ScopeFull`] (the HTTP layer answers 429) when `R`
-//!    holds records (then all pending, or too few for a large record), else
-//!    [`StoreErrorKind::StoreFull`] (503: a newcomer to a store full of pending claims).
+//!    step is refused. It gets [`StoreErrorKind::ScopeFull`] when `R` holds records: all
+//!    pending, or too few for a large record. The HTTP layer answers that with 429. Else it
+//!    gets [`StoreErrorKind::StoreFull`], answered with 503: a newcomer to a store full of
+//!    pending claims.
 //!
-//! Room for one step is made in one shard at a time, the one holding the heaviest scope with a
-//! completed record (the requester's own shard on a tie), heaviest scope first within it; a
-//! step never holds two shard locks. Before it drops a live record there, the shard checks that
-//! what the rule lets it drop is enough; if not, it drops nothing, and the step tries the next
-//! shard (at most eight shards, then it is refused). So nothing is dropped for a step that is
-//! refused anyway. (Expired records, absent already, may still go.)
+//! Room for one step is made in one shard at a time. That is the shard holding the heaviest
+//! scope with a completed record, or the requester's own shard on a tie. Within it, the
+//! heaviest scope goes first. A step never holds two shard locks. Before it drops a live record
+//! there, the shard checks that what the rule lets it drop is enough. If not, it drops nothing,
+//! and the step tries the next shard. After eight shards the step is refused. So nothing is
+//! dropped for a step that is refused anyway. Expired records may still go, as they are absent
+//! already.
 //!
-//! With a fixed cap ([`max_entries_per_scope`](MemoryStoreBuilder::max_entries_per_scope)), a
-//! step that adds a record to a scope at its cap first drops the scope's own expired records,
-//! then its own oldest completed record, and is refused with `ScopeFull` when all its records
-//! are pending, while other scopes still claim; the record goes only if the step then gets all
+//! With a fixed cap, [`max_entries_per_scope`](MemoryStoreBuilder::max_entries_per_scope), a
+//! step may add a record to a scope at its cap. It first drops the scope's own expired records,
+//! then its own oldest completed record. It is refused with `ScopeFull` when all its records
+//! are pending, while other scopes still claim. The record goes only if the step then gets all
 //! the room it needs.
 //!
-//! Expired records are treated as absent by every step, using the store's [`Clock`]
-//! ([`TokioClock`] unless [`MemoryStoreBuilder::clock`] sets another), and dropped when a step
-//! meets them or needs their room; [`MemoryStore::remove_expired`] drops them all at once.
+//! Every step treats expired records as absent, using the store's [`Clock`]. That clock is
+//! [`TokioClock`] unless [`MemoryStoreBuilder::clock`] sets another. Expired records are
+//! dropped when a step meets them or needs their room. [`MemoryStore::remove_expired`] drops
+//! them all at once.
 //!
 //! # Cost
 //!
-//! The store-wide counts are two atomic counters: a step takes the room it needs from them
-//! before it adds anything, and keeps the room its drops free for itself, so a concurrent step
+//! The store-wide counts are two atomic counters. A step takes the room it needs from them
+//! before it adds anything. It keeps the room its drops free for itself, so a concurrent step
 //! cannot take it first. Each shard keeps its scopes that have a completed record in a binary
-//! heap by weight, updated in `O(log n)` on each change, so the heaviest is found without a scan
-//! over scopes. A step that must make room reads one published value per shard (the weight of
-//! its heaviest scope and its earliest deadline) and, when the room is in another shard, leaves
-//! its own shard's lock, visits that one, and starts again.
+//! heap by weight. The heap is updated in `O(log n)` on each change, so the heaviest is found
+//! without a scan over scopes. A step that must make room reads one published value per shard:
+//! the weight of its heaviest scope and its earliest deadline. When the room is in another
+//! shard, the step leaves its own shard's lock, visits that one, and starts again.
 
 mod budget;
 mod builder;
@@ -150,7 +153,7 @@ use std::time::Duration;
 
 /// The default bound on stored records, over all shards.
 pub(crate) const DEFAULT_MAX_ENTRIES: usize = 100_000;
-/// The default bound on stored bytes (records plus [`ENTRY_OVERHEAD`] each), over all shards.
+/// The default bound on stored bytes over all shards. Each record counts plus [`ENTRY_OVERHEAD`].
 pub(crate) const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
 /// The default size of the largest record the store must be able to hold: the engine's default
 /// body limit plus 64 KiB for the status, headers and trailers.
@@ -160,18 +163,18 @@ pub(crate) const DEFAULT_MAX_RECORD_BYTES: usize =
 pub(crate) const DEFAULT_SHARDS: usize = 16;
 /// The largest number of shards; larger requests are clamped to it.
 pub(crate) const MAX_SHARDS: usize = 1024;
-/// The bytes each record is counted for on top of its encoded length (the entry, its index slot
-/// and allocator overhead). A pending claim is counted this much alone.
+/// The bytes each record is counted for on top of its encoded length. They cover the entry,
+/// its index slot and allocator overhead. A pending claim is counted this much alone.
 pub(crate) const ENTRY_OVERHEAD: usize = 160;
 
-/// The in-process store. Cheap to share behind an `Arc` (the engine does); see the
+/// The in-process store. It is cheap to share behind an `Arc`, as the engine does. See the
 /// [module docs](self) for its bounds and eviction order.
 pub struct MemoryStore {
     shards: Box<[ShardCell]>,
     budget: Arc<Budget>,
     clock: Arc<dyn Clock>,
     waiters: waiters::Waiters,
-    /// When the gauges were last set (the store clock's nanoseconds, plus one: 0 is never).
+    /// When the gauges were last set, in the store clock's nanoseconds plus one. 0 means never.
     #[cfg(feature = "metrics")]
     reported: std::sync::atomic::AtomicU64,
     /// What this store last added to the gauges.
@@ -203,8 +206,8 @@ impl MemoryStore {
         MemoryStoreBuilder::new()
     }
 
-    /// Counts of what the store holds and what it dropped or refused, summed over the shards
-    /// (each shard is locked in turn, so the sum is not one instant's snapshot).
+    /// Counts of what the store holds and what it dropped or refused, summed over the shards.
+    /// Each shard is locked in turn, so the sum is not one instant's snapshot.
     ///
     /// Records that expired but were not yet dropped are still counted in `entries` and
     /// `bytes`.
@@ -219,9 +222,9 @@ impl MemoryStore {
         stats
     }
 
-    /// Drops every expired record now and returns how many were dropped. Never needed for
-    /// correctness (expired records are absent to every step and dropped when room is needed);
-    /// useful to give memory back after a burst.
+    /// Drops every expired record now and returns how many were dropped. Correctness never needs
+    /// it: expired records are absent to every step and dropped when room is needed. It is useful
+    /// to give memory back after a burst.
     pub fn remove_expired(&self) -> usize {
         let now = self.now();
         self.shards
@@ -257,8 +260,8 @@ impl MemoryStore {
     }
 
     /// Runs a step that may need room in the key's shard. When the room must come from another
-    /// shard, the step leaves its own shard's lock, visits the other one (never holding two
-    /// locks), and starts again with the room it was given.
+    /// shard, the step leaves its own shard's lock and visits the other one. It never holds two
+    /// locks. Then it starts again with the room it was given.
     fn with_room<T>(
         &self,
         key: &StoreKey,
@@ -304,15 +307,16 @@ impl MemoryStore {
         nanos(self.clock.now())
     }
 
-    /// Updates the metrics `idempotency_memory_entries`, `…_pending`, `…_bytes` (gauges) and
-    /// `idempotency_memory_early_drops_total` (a counter) with [`stats`](Self::stats) now.
+    /// Updates the metrics from [`stats`](Self::stats) now. The gauges are
+    /// `idempotency_memory_entries`, `…_pending` and `…_bytes`. The counter is
+    /// `idempotency_memory_early_drops_total`.
     ///
-    /// The store updates them by itself at most once a second, after a claim or a completion;
-    /// call this where the metrics are rendered (a `/metrics` route) for figures of the
-    /// instant. They are the sums over the process's memory stores: each store moves them by
-    /// its own change since its last report, and takes its figures out when it is dropped,
-    /// so two stores add up and the counter never goes back. Install the metrics recorder
-    /// before the stores first report (at start-up).
+    /// The store updates them by itself at most once a second, after a claim or a completion.
+    /// Call this where the metrics are rendered, such as a `/metrics` route, for figures of the
+    /// instant. They are the sums over the process's memory stores. Each store moves them by its
+    /// own change since its last report, and takes its figures out when it is dropped. So two
+    /// stores add up, and the counter never goes back. Install the metrics recorder at start-up,
+    /// before the stores first report.
     ///
     /// ```
     /// # use tower_idempotency::MemoryStore;

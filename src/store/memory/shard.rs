@@ -30,7 +30,8 @@ pub(super) struct Visit {
     pub(super) need: Usage,
     /// The requesting scope's weight: no scope lighter than this gives room.
     pub(super) weight: u64,
-    /// Whether live records may go (the shard holds the heaviest scope), or expired ones only.
+    /// Whether live records may go, as the shard holds the heaviest scope. Else expired ones
+    /// only.
     pub(super) live: bool,
 }
 
@@ -45,9 +46,10 @@ pub(super) struct Step {
 pub(super) struct Shard {
     /// The store's bounds and counters, shared by every shard.
     pub(super) budget: Arc<Budget>,
-    /// This shard's number in the store (its slot in the budget's published values).
+    /// This shard's number in the store: its slot in the budget's published values.
     pub(super) number: usize,
-    /// Room the running step holds: counted in the budget, not (yet) in this shard's records.
+    /// Room the running step holds. It is counted in the budget, not yet in this shard's
+    /// records.
     pub(super) credit: Usage,
     // Keys are SHA-256 outputs, but a client chooses them: a seeded hash keeps bucket
     // collisions out of reach, and foldhash is several times cheaper than SipHash here.
@@ -62,13 +64,13 @@ pub(super) struct Shard {
     pub(super) free_scope: u32,
     /// The scopes that have a completed record, heaviest first: the first gives room first.
     pub(super) by_weight: ByWeight,
-    /// The shard's completed records, oldest first (expired ones are looked for here first).
+    /// The shard's completed records, oldest first. Expired ones are looked for here first.
     pub(super) done_head: u32,
     pub(super) done_tail: u32,
     pub(super) len: usize,
     pub(super) pending: usize,
     pub(super) bytes: usize,
-    /// No entry's deadline is earlier than this (`u64::MAX`: no entry).
+    /// No entry's deadline is earlier than this. `u64::MAX` means no entry.
     pub(super) earliest: u64,
     /// The heaviest weight and the earliest deadline last published to the budget.
     pub(super) published: (u64, u64),
@@ -152,7 +154,7 @@ impl Shard {
         Ok(Claim::Claimed(token.clone()))
     }
 
-    /// `record` is taken (not cloned) once it is written; a step that returns `Err` to make
+    /// `record` is taken, not cloned, once it is written. A step that returns `Err` to make
     /// room elsewhere leaves it for the next try.
     pub(super) fn complete(
         &mut self,
@@ -211,7 +213,7 @@ impl Shard {
         false
     }
 
-    /// Deletes the key's live record (a pending claim only when `pending`).
+    /// Deletes the key's live record. A pending claim goes only when `pending`.
     pub(super) fn forget(&mut self, key: &StoreKey, pending: bool, now: u64) -> Forgotten {
         let Some(idx) = self.find(self.hasher.hash_one(key.id()), key.id()) else {
             return Forgotten::Nothing;
@@ -230,7 +232,7 @@ impl Shard {
         found
     }
 
-    /// The lease left on `key` (nanoseconds), when a live pending claim holds it.
+    /// The lease left on `key` in nanoseconds, when a live pending claim holds it.
     pub(super) fn pending_left(&self, key: &StoreKey, now: u64) -> Option<u64> {
         let idx = self.find(self.hasher.hash_one(key.id()), key.id())?;
         let e = &self.entries[at(idx)];

@@ -9,8 +9,9 @@ use super::{ENTRY_OVERHEAD, MemoryStore, MemoryStoreBuilder};
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct MemoryStats {
-    /// Records held, pending and completed (expired ones not yet dropped included), against
-    /// [`max_entries`](MemoryStoreBuilder::max_entries).
+    /// Records held, pending and completed, against
+    /// [`max_entries`](MemoryStoreBuilder::max_entries). Expired ones not yet dropped are
+    /// included.
     pub entries: usize,
     /// Of those, pending claims.
     pub pending: usize,
@@ -19,29 +20,29 @@ pub struct MemoryStats {
     pub bytes: usize,
     /// Scopes that hold at least one record.
     pub scopes: usize,
-    /// Records held by the scope that holds the most (the larger of its shares of `max_entries`
-    /// and `max_bytes`) among those with a completed record: the scope a full store takes room
-    /// from first.
+    /// Records held by the scope that holds the most, among those with a completed record.
+    /// Its weight is the larger of its shares of `max_entries` and `max_bytes`. It is the scope
+    /// a full store takes room from first.
     pub largest_scope_entries: usize,
     /// That scope's counted bytes.
     pub largest_scope_bytes: usize,
-    /// Completed records dropped before their retention ended, to make room (each one is
-    /// logged). Each came from a scope that held at least as much as the scope it made room
+    /// Completed records dropped before their retention ended, to make room. Each one is
+    /// logged. Each came from a scope that held at least as much as the scope it made room
     /// for.
     pub early_drops: u64,
-    /// Expired records dropped (past retention, or pending past lease).
+    /// Expired records dropped: past retention, or pending past lease.
     pub expired_drops: u64,
-    /// Steps refused with `ScopeFull` (429): the scope at its fixed cap with only pending
-    /// records, or, in a full store, the room would have to come from the scope's own records
-    /// and they are pending (or too few).
+    /// Steps refused with `ScopeFull`, answered 429. Either the scope is at its fixed cap with
+    /// only pending records. Or, in a full store, the room would have to come from the scope's
+    /// own records, and they are pending or too few.
     pub scope_full_refusals: u64,
-    /// Steps refused with `StoreFull` (503): the store is full, the requesting scope holds no
-    /// record, and what the rule lets go would not make the room.
+    /// Steps refused with `StoreFull`, answered 503. The store is full, the requesting scope
+    /// holds no record, and what the rule lets go would not make the room.
     pub store_full_refusals: u64,
 }
 
 impl Shard {
-    /// Adds this shard's counts to `stats` (the refusals are counted store-wide).
+    /// Adds this shard's counts to `stats`. The refusals are counted store-wide.
     pub(super) fn add_to(&self, stats: &mut MemoryStats) {
         stats.entries += self.len;
         stats.pending += self.pending;

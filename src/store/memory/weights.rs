@@ -1,6 +1,7 @@
-//! The scopes of a shard that have a completed record, heaviest first: an indexed binary
-//! max-heap of `(weight, slot)`. Each scope slot knows its place in the heap, so a change of
-//! weight moves it in `O(log n)` without allocating, and the heaviest scope is at the root.
+//! The scopes of a shard that have a completed record, heaviest first. They form an indexed
+//! binary max-heap of `(weight, slot)`. Each scope slot knows its place in the heap. So a
+//! change of weight moves it in `O(log n)` without allocating. The heaviest scope is at the
+//! root.
 
 use super::slab::{NIL, ScopeSlot, at};
 
@@ -10,7 +11,7 @@ pub(super) struct ByWeight {
 }
 
 impl ByWeight {
-    /// The heaviest scope and its weight (ties: the higher slot).
+    /// The heaviest scope and its weight. On a tie, the higher slot wins.
     pub(super) fn top(&self) -> Option<(u64, u32)> {
         self.heap.first().copied()
     }
@@ -23,7 +24,7 @@ impl ByWeight {
         }
     }
 
-    /// Ranks the scope at `weight`, or takes it out (`None`).
+    /// Ranks the scope at `weight`, or takes it out with `None`.
     pub(super) fn set(&mut self, scopes: &mut [ScopeSlot], s: u32, weight: Option<u64>) {
         match (scopes[at(s)].rank, weight) {
             (NIL, None) => {}
@@ -57,9 +58,9 @@ impl ByWeight {
         }
     }
 
-    /// Calls `found` on the scopes of weight `min` or more (each once, parents before
-    /// children) until it returns `true`; whether it did. Those scopes are the top of the heap,
-    /// so the walk visits no other.
+    /// Calls `found` on the scopes of weight `min` or more until it returns `true`. Each is
+    /// called once, parents before children. Returns whether `found` did. Those scopes are
+    /// the top of the heap, so the walk visits no other.
     pub(super) fn any_at_least(&self, min: u64, found: &mut impl FnMut(u64, u32) -> bool) -> bool {
         self.visit(0, min, found)
     }
@@ -125,8 +126,8 @@ impl ByWeight {
     }
 }
 
-/// A heap position as stored in a scope slot. Scope slots are `u32`-indexed, so the heap (one
-/// place per slot) never outgrows `u32` either.
+/// A heap position as stored in a scope slot. Scope slots are `u32`-indexed. The heap has one
+/// place per slot, so it never outgrows `u32` either.
 fn place(i: usize) -> u32 {
     u32::try_from(i).unwrap_or(NIL)
 }

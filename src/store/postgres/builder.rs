@@ -15,9 +15,9 @@ use std::time::Duration;
 /// Connections of a pool made by [`PostgresStoreBuilder::connect`].
 const POOL_SIZE: u32 = 10;
 
-/// Builds a [`PostgresStore`]: made by [`PostgresStore::builder`], each setter names its
-/// setting, and the store is built over a pool ([`build`](Self::build)) or connects itself
-/// ([`connect`](Self::connect)).
+/// Builds a [`PostgresStore`]. It is made by [`PostgresStore::builder`], and each setter names
+/// its setting. The store is built over a pool with [`build`](Self::build), or connects
+/// itself with [`connect`](Self::connect).
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -35,7 +35,7 @@ const POOL_SIZE: u32 = 10;
 #[must_use]
 #[derive(Debug, Clone)]
 pub struct PostgresStoreBuilder {
-    /// The prefix's hash, or why it was refused (reported by the terminal method).
+    /// The prefix's hash, or why it was refused. The terminal method reports it.
     prefix: Result<[u8; 8], ConfigError>,
     table: String,
     timeout: Duration,
@@ -58,26 +58,26 @@ impl PostgresStoreBuilder {
         }
     }
 
-    /// The table the records live in: a lowercase identifier, optionally schema-qualified
-    /// (`app.idempotency`). Default: `tower_idempotency`.
+    /// The table the records live in: a lowercase identifier, optionally schema-qualified, such as
+    /// `app.idempotency`. Default: `tower_idempotency`.
     ///
     /// Anything else is refused when the store is built, with a [`ConfigError`] of kind
-    /// [`InvalidName`](crate::ConfigErrorKind::InvalidName). The store's SQL quotes each part,
-    /// so an SQL keyword (`order`, `user`) names its table like any other word.
+    /// [`InvalidName`](crate::ConfigErrorKind::InvalidName). The store's SQL quotes each part. So
+    /// an SQL keyword such as `order` or `user` names its table like any other word.
     /// [`PostgresStore::migrate`] creates it.
     pub fn table(mut self, table: &str) -> Self {
         table.clone_into(&mut self.table);
         self
     }
 
-    /// Bounds every store step (claim, complete, release, renew) to `timeout`, waiting for a
-    /// pooled connection included; a step that takes longer fails with
+    /// Bounds every store step to `timeout`, waiting for a pooled connection included. The steps
+    /// are claim, complete, release and renew. A step that takes longer fails with
     /// [`StoreErrorKind::Timeout`]. Default: 1 s. At least 1 ms.
     ///
-    /// A pool made by [`connect`](Self::connect) also sets PostgreSQL's `statement_timeout` to
-    /// it, so the server stops a statement the store gave up on. That setting is the store's
-    /// own: a transaction of [`transactional::within`] on a connection of this pool runs the
-    /// work without it. Keep the timeout well below the lease.
+    /// A pool made by [`connect`](Self::connect) also sets PostgreSQL's `statement_timeout` to it.
+    /// So the server stops a statement the store gave up on. That setting is the store's own: a
+    /// transaction of [`transactional::within`] on a connection of this pool runs the work without
+    /// it. Keep the timeout well below the lease.
     ///
     /// [`transactional::within`]: crate::transactional::within
     pub fn timeout(mut self, timeout: Duration) -> Self {
@@ -85,15 +85,14 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// How long a claim inside a transaction ([`transactional::within`]) waits for a row that
-    /// another transaction holds (the same key's first request, still running) before it
-    /// answers "in flight": PostgreSQL's `lock_timeout`, set for that one statement.
-    /// Default: 1 s. At least 1 ms.
+    /// How long a claim inside a transaction waits for a row that another transaction holds,
+    /// before it answers "in flight". The claim is one of [`transactional::within`]. The other
+    /// transaction is the same key's first request, still running. This is PostgreSQL's
+    /// `lock_timeout`, set for that one statement. Default: 1 s. At least 1 ms.
     ///
     /// A duplicate that arrives while the first request's transaction runs waits, holding its
-    /// connection, and gets the stored result if the first commits within this time. The
-    /// claim's `statement_timeout` is this wait plus the [timeout](Self::timeout), so the wait
-    /// ends first.
+    /// connection. It gets the stored result if the first commits within this time. The claim's
+    /// `statement_timeout` is this wait plus the [timeout](Self::timeout), so the wait ends first.
     ///
     /// [`transactional::within`]: crate::transactional::within
     pub fn lock_timeout(mut self, lock_timeout: Duration) -> Self {
@@ -101,9 +100,8 @@ impl PostgresStoreBuilder {
         self
     }
 
-    /// The store over an existing pool, whose settings are kept as given (set
-    /// `statement_timeout` on its connections to have the server bound what the store's
-    /// timeout abandons).
+    /// The store over an existing pool, whose settings are kept as given. Set `statement_timeout`
+    /// on its connections to have the server bound what the store's timeout abandons.
     ///
     /// # Errors
     /// A [`ConfigError`] when the prefix is empty or the table name is not accepted.
@@ -119,18 +117,18 @@ impl PostgresStoreBuilder {
         })
     }
 
-    /// Connects a pool of up to 10 connections to the PostgreSQL at `url`
-    /// (`postgres://user:password@host:port/database`), with `statement_timeout` set to the
-    /// store's [timeout](Self::timeout) (and the setting `tower_idempotency.statement_timeout`
-    /// marking it as the store's, which [`within`] lifts for its work). For other pool
-    /// settings, build a [`PgPool`] and use [`build`](Self::build).
+    /// Connects a pool of up to 10 connections to the PostgreSQL at `url`, such as
+    /// `postgres://user:password@host:port/database`. It sets `statement_timeout` to the store's
+    /// [timeout](Self::timeout). The setting `tower_idempotency.statement_timeout` marks it as the
+    /// store's, and [`within`] lifts it for its work. For other pool settings, build a [`PgPool`]
+    /// and use [`build`](Self::build).
     ///
     /// [`within`]: crate::transactional::within
     ///
     /// # Errors
-    /// `Unavailable` when a setting is refused (source: a [`ConfigError`]), the URL is
-    /// invalid or the server cannot be reached. `Timeout` when connecting takes longer than
-    /// 5 s.
+    /// `Unavailable` when a setting is refused, with a [`ConfigError`] as source. The same when
+    /// the URL is invalid or the server cannot be reached. `Timeout` when connecting takes longer
+    /// than 5 s.
     pub async fn connect(self, url: &str) -> Result<PostgresStore, StoreError> {
         let invalid = |e: ConfigError| {
             StoreError::with_source(StoreErrorKind::Unavailable, "invalid setting", e)

@@ -4,21 +4,22 @@ use super::error::OpError;
 use super::{PURGE_BATCH, PostgresStore};
 use crate::store::StoreError;
 
-/// The advisory lock `migrate` takes, so that replicas starting together create the table once
-/// (an arbitrary constant: "tower-id" in ASCII).
+/// The advisory lock `migrate` takes, so that replicas starting together create the table
+/// once. It is an arbitrary constant: "tower-id" in ASCII.
 const MIGRATE_LOCK: i64 = 0x746f_7765_722d_6964;
 
 impl PostgresStore {
-    /// Creates the table and its index when the table does not exist (the DDL in the
-    /// [module docs](crate::store::postgres#the-table)); an existing table is left as it is, whatever it holds.
+    /// Creates the table and its index when the table does not exist. The DDL is in the
+    /// [module docs](crate::store::postgres#the-table). An existing table is left as it is,
+    /// whatever it holds.
     ///
-    /// Safe to call from every replica at start-up: it runs in one transaction under an
-    /// advisory lock, and when the table exists it takes no lock on it (so it never queues
-    /// behind, or in front of, the requests of running replicas). Not bounded by the store's
+    /// Safe to call from every replica at start-up. It runs in one transaction under an
+    /// advisory lock. When the table exists it takes no lock on it. So it never queues behind,
+    /// or in front of, the requests of running replicas. It is not bounded by the store's
     /// operation timeout.
     ///
     /// # Errors
-    /// The database's error (`Unavailable` for a missing privilege).
+    /// The database's error. A missing privilege is `Unavailable`.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let op = "PostgreSQL migrate";
         let run = async {
@@ -48,14 +49,14 @@ impl PostgresStore {
     }
 
     /// Deletes the rows whose lease or retention has ended, in statements of at most
-    /// 1000 rows, until none is left; returns how many it deleted.
+    /// 1000 rows, until none is left. Returns how many it deleted.
     ///
-    /// Rows a transaction holds are skipped, and a row claimed again while the purge runs is
-    /// never deleted (see the [module docs](crate::store::postgres#expiry-and-the-purge)). Each statement is
-    /// bounded by the store's operation timeout.
+    /// Rows a transaction holds are skipped. A row claimed again while the purge runs is never
+    /// deleted: see the [module docs](crate::store::postgres#expiry-and-the-purge). Each
+    /// statement is bounded by the store's operation timeout.
     ///
     /// # Errors
-    /// The database's error; the batches before it stay deleted.
+    /// The database's error. The batches before it stay deleted.
     pub async fn purge(&self) -> Result<u64, StoreError> {
         let mut total = 0;
         loop {

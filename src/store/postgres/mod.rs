@@ -23,11 +23,11 @@
 //! # let _ = engine; Ok(()) }
 //! ```
 //!
-//! [`PostgresStore`] keeps records in a table of your database, where every replica finds them,
-//! and where they are as durable as the rest of your data: a completed record survives a crash
-//! and a failover like any committed row. It serves the HTTP layer and every other door like
-//! the other stores, and it is the store of the [transactional door](crate::transactional),
-//! which commits the work and its record in one transaction.
+//! [`PostgresStore`] keeps records in a table of your database, where every replica finds
+//! them. They are as durable as the rest of your data: a completed record survives a crash and
+//! a failover like any committed row. It serves the HTTP layer and every other door like the
+//! other stores. It is also the store of the [transactional door](crate::transactional), which
+//! commits the work and its record in one transaction.
 //!
 //! # Which store
 //!
@@ -40,8 +40,8 @@
 //!
 //! # The table
 //!
-//! [`PostgresStore::migrate`] creates it when it does not exist (and never alters an existing
-//! one). A DBA can create it by hand instead. This is the DDL for the default table name,
+//! [`PostgresStore::migrate`] creates it when it does not exist. It never alters an existing
+//! one. A DBA can create it by hand instead. This is the DDL for the default table name,
 //! `tower_idempotency`, the same that `migrate` runs. `migrate` puts the name of
 //! [`PostgresStoreBuilder::table`] in its place, each part quoted:
 //!
@@ -49,35 +49,34 @@
 #![doc = include_str!("schema.sql")]
 //! ```
 //!
-//! The store needs `SELECT`, `INSERT`, `UPDATE` and `DELETE` on it (and `CREATE` on the schema
-//! for `migrate`).
+//! The store needs `SELECT`, `INSERT`, `UPDATE` and `DELETE` on it. `migrate` also needs
+//! `CREATE` on the schema.
 //!
 //! **Hashes only.** A row holds no raw key, principal, tenant or namespace. Its key is 8 bytes
 //! of a domain-separated SHA-256 of the store's prefix, followed by the [`StoreKey`]. That is
-//! itself a hash of the door's namespace, the tenant, the principal and the client key. The fingerprint
-//! is a SHA-256 of the request, the token 16 random bytes, the record the engine's encoding of
-//! the response (which does hold the response: see the layer's `status` response mode for
-//! bodies that must not rest in a database).
+//! itself a hash of the door's namespace, the tenant, the principal and the client key. The
+//! fingerprint is a SHA-256 of the request, and the token 16 random bytes. The record is the
+//! engine's encoding of the response, so it does hold the response. See the layer's `status`
+//! response mode for bodies that must not rest in a database.
 //!
-//! **A logged table.** The table must be an ordinary (logged) table, never `UNLOGGED`: an
-//! unlogged table skips the write-ahead log, so PostgreSQL truncates it after a crash and never
-//! replicates it to a standby. Every record would vanish with a crash or a failover, and every
-//! duplicate after it would run its work again; durability is the reason to keep records in
-//! PostgreSQL at all.
+//! **A logged table.** The table must be an ordinary, logged table, never `UNLOGGED`. An
+//! unlogged table skips the write-ahead log. So PostgreSQL truncates it after a crash and
+//! never replicates it to a standby. Every record would vanish with a crash or a failover.
+//! Every duplicate after it would run its work again. Durability is the reason to keep
+//! records in PostgreSQL at all.
 //!
 //! **Not partitioned by expiry.** Partitioning by `expires_at` would make dropping old
-//! partitions the purge, but a primary key on a partitioned table must contain the partition
-//! column, and a row's expiry changes at every step (claim, renew, complete). The key would no
-//! longer be unique across partitions, and a claim's `ON CONFLICT (key)`, which is what makes
-//! two concurrent claims of one key meet, would only see rows in its own partition. The
-//! expiry index and a batched purge keep the table small instead.
+//! partitions the purge. But a primary key on a partitioned table must contain the partition
+//! column, and a row's expiry changes at every step: claim, renew, complete. The key would no
+//! longer be unique across partitions. A claim's `ON CONFLICT (key)` makes two concurrent
+//! claims of one key meet, and it would only see rows in its own partition. The expiry index
+//! and a batched purge keep the table small instead.
 //!
 //! # One statement per step
 //!
-//! Needs PostgreSQL 12 or newer. Each step is one SQL statement (prepared once per connection),
-//! atomic on the server; the
-//! time is the database's (`statement_timestamp()`), never the application's, so replicas with
-//! skewed clocks agree on what has expired:
+//! Needs PostgreSQL 12 or newer. Each step is one SQL statement, atomic on the server. It is
+//! prepared once per connection. The time is the database's `statement_timestamp()`, never
+//! the application's. So replicas with skewed clocks agree on what has expired:
 //!
 //! | step | statement |
 //! | --- | --- |
@@ -86,29 +85,30 @@
 //! | release | `DELETE` where the row is pending under the caller's token and live |
 //! | renew | `UPDATE expires_at` where the row is pending under the caller's token and live |
 //!
-//! A claim that meets a row its snapshot could not see (another claim of the same key
-//! committed in the meantime) has neither inserted nor read anything: it sends the statement
-//! once more, with a fresh snapshot, within the same timeout. Only concurrent claims of one key
-//! cost that second round trip.
+//! A claim may meet a row its snapshot could not see, when another claim of the same key
+//! committed in the meantime. It has then neither inserted nor read anything. It sends the
+//! statement once more, with a fresh snapshot, within the same timeout. Only concurrent claims
+//! of one key cost that second round trip.
 //!
 //! # Expiry and the purge
 //!
-//! A pending row stops holding its key when its lease ends, a done row when its retention ends;
-//! from then on a claim takes the row over as if it were absent. Nothing deletes the row by
-//! itself: [`PostgresStore::purge`] deletes expired rows, in batches of 1000 rows, each
-//! batch one short statement. Run it now and then (every minute, say) from one replica or all.
+//! A pending row stops holding its key when its lease ends. A done row stops when its
+//! retention ends. From then on a claim takes the row over as if it were absent. Nothing
+//! deletes the row by itself. [`PostgresStore::purge`] deletes expired rows in batches of 1000
+//! rows, each batch one short statement. Run it now and then, every minute say, from one
+//! replica or all.
 //!
 //! The purge is safe against a concurrent re-claim. It locks the rows it is about to delete
-//! with `FOR UPDATE SKIP LOCKED`, so it leaves alone a row that a transaction holds (a claim
-//! taking over the expired row, committed or not yet), and it checks the expiry again on the
-//! row it deletes in the same statement, so a row claimed again after the purge first looked at
-//! it is never deleted.
+//! with `FOR UPDATE SKIP LOCKED`. So it leaves alone a row that a transaction holds, such as a
+//! claim taking over the expired row, committed or not yet. It also checks the expiry again on
+//! the row it deletes, in the same statement. So a row claimed again after the purge first
+//! looked at it is never deleted.
 //!
 //! # Failures
 //!
-//! Every step is bounded by one operation timeout (1 s by default; see
-//! [`PostgresStoreBuilder::timeout`]), waiting for a pooled connection included. Errors keep
-//! the sqlx error as their source and map to:
+//! Every step is bounded by one operation timeout, waiting for a pooled connection included.
+//! It is 1 s by default: see [`PostgresStoreBuilder::timeout`]. Errors keep the sqlx error as
+//! their source and map to:
 //!
 //! | failure | [`StoreErrorKind`] |
 //! | --- | --- |
@@ -117,23 +117,23 @@
 //! | an answer that does not decode, a row that breaks the layout | `Protocol` |
 //! | a serialization failure (`40001`) or a deadlock (`40P01`) at every try | `Conflict` |
 //!
-//! Under `REPEATABLE READ` or `SERIALIZABLE` as the database's default isolation, a step that
-//! meets a concurrent transaction's write to its row is rolled back by PostgreSQL (a
-//! serialization failure). It applied nothing, and each step is a transaction of its own: the
-//! store sends it again, with a fresh snapshot, within the same timeout (at most 4 times). A
-//! claim that lost to another claim of its key then finds that claim: in flight, or done.
+//! The database's default isolation may be `REPEATABLE READ` or `SERIALIZABLE`. Then a step
+//! that meets a concurrent transaction's write to its row is rolled back by PostgreSQL, as a
+//! serialization failure. It applied nothing, and each step is a transaction of its own. So
+//! the store sends it again, with a fresh snapshot, within the same timeout, at most 4 times.
+//! A claim that lost to another claim of its key then finds that claim: in flight, or done.
 //!
 //! A claim that fails answers 503 and the work does not run. A step that timed out may still
-//! have been applied by the server: a claim may leave the key pending until its lease lapses (a
-//! retry gets 409 until then), a complete may have stored the record.
+//! have been applied by the server. A claim may leave the key pending until its lease lapses.
+//! A retry gets 409 until then. A complete may have stored the record.
 //!
 //! # Bounds
 //!
-//! As with Redis, nothing bounds what one caller writes: each record stays until its retention
-//! ends and the purge runs. Rate-limit per principal in front of the layer, and size the table
-//! for the callers' rates times the retention times a record's size: about 430 bytes of row and
-//! indexes for a response of 89 encoded bytes (`tests/store/postgres_store.rs`,
-//! `storage_per_record`), growing with the response.
+//! As with Redis, nothing bounds what one caller writes. Each record stays until its retention
+//! ends and the purge runs. Rate-limit per principal in front of the layer. Size the table for
+//! the callers' rates times the retention times a record's size. A response of 89 encoded
+//! bytes takes about 430 bytes of row and indexes, growing with the response. See
+//! `storage_per_record` in `tests/store/postgres_store.rs`.
 //!
 //! [`StoreErrorKind`]: crate::store::StoreErrorKind
 
@@ -179,12 +179,12 @@ pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 /// Rows one purge statement deletes at most.
 pub(crate) const PURGE_BATCH: i64 = 1000;
 
-/// Claims sent for one step at most: a claim is sent again only when it raced another claim of
+/// Claims sent for one step at most. A claim is sent again only when it raced another claim of
 /// the same key.
 const CLAIM_ATTEMPTS: usize = 4;
 
 /// Times a step is sent at most when PostgreSQL keeps rolling it back for concurrent
-/// transactions (each try is its own transaction, with a fresh snapshot).
+/// transactions. Each try is its own transaction, with a fresh snapshot.
 const CONFLICT_ATTEMPTS: usize = 4;
 
 /// An idempotency [`Store`] in a PostgreSQL table, over a sqlx [`PgPool`].
@@ -234,8 +234,8 @@ impl PostgresStore {
     /// `PostgresStore::builder(prefix).connect(url)`; see [`PostgresStoreBuilder::connect`].
     ///
     /// # Errors
-    /// `Unavailable` when the prefix is empty (source: a [`ConfigError`]), the URL is
-    /// invalid or the server cannot be reached. `Timeout` when connecting takes longer than
+    /// `Unavailable` when the prefix is empty, with a [`ConfigError`] as source. The same when the
+    /// URL is invalid or the server cannot be reached. `Timeout` when connecting takes longer than
     /// 5 s.
     ///
     /// [`ConfigError`]: crate::ConfigError
@@ -267,19 +267,19 @@ impl PostgresStore {
         &self.pool
     }
 
-    /// The table (see [`PostgresStoreBuilder::table`]).
+    /// The table. See [`PostgresStoreBuilder::table`].
     #[must_use]
     pub fn table(&self) -> &str {
         &self.sql.table
     }
 
-    /// The operation timeout (see [`PostgresStoreBuilder::timeout`]).
+    /// The operation timeout. See [`PostgresStoreBuilder::timeout`].
     #[must_use]
     pub fn timeout(&self) -> Duration {
         self.timeout
     }
 
-    /// The transactional claim's lock wait (see [`PostgresStoreBuilder::lock_timeout`]).
+    /// The transactional claim's lock wait. See [`PostgresStoreBuilder::lock_timeout`].
     #[must_use]
     pub fn lock_timeout(&self) -> Duration {
         self.lock_timeout
@@ -292,9 +292,9 @@ impl PostgresStore {
         sql::key_bytes(&self.prefix, key)
     }
 
-    /// Runs one step under the operation timeout. A step PostgreSQL rolled back for a
-    /// concurrent transaction (a serialization failure or a deadlock: it applied nothing) is
-    /// sent again, up to [`CONFLICT_ATTEMPTS`] times in all, within the same timeout.
+    /// Runs one step under the operation timeout. PostgreSQL may roll a step back for a concurrent
+    /// transaction: a serialization failure or a deadlock. Such a step applied nothing. It is sent
+    /// again, up to [`CONFLICT_ATTEMPTS`] times in all, within the same timeout.
     async fn bounded<T, F, Fut>(&self, op: &'static str, mut step: F) -> Result<T, StoreError>
     where
         F: FnMut() -> Fut,

@@ -2,8 +2,8 @@
 //! bytes of a row's key.
 //!
 //! Every statement takes the time from `statement_timestamp()`: the database's clock, read
-//! once per statement (`now()` would be the start of the transaction, stale for a claim inside
-//! a transaction that began earlier).
+//! once per statement. `now()` would be the start of the transaction. That is stale for a claim
+//! inside a transaction that began earlier.
 
 use crate::engine::scope::StoreKey;
 use crate::error::{ConfigError, ConfigErrorKind};
@@ -15,7 +15,7 @@ const NAMESPACE_DOMAIN: &[u8] = b"tower-idempotency/postgres-ns/v1";
 const DEFAULT_TABLE_NAME: &str = "tower_idempotency";
 /// Longest part of a table name: the index PostgreSQL names after it must fit in 63 bytes.
 const MAX_NAME_PART: usize = 48;
-/// Longest lease or retention sent (about 100 years): far from any overflow of `timestamptz`.
+/// Longest lease or retention sent, about 100 years. It is far from any overflow of `timestamptz`.
 const MAX_MILLIS: u64 = 100 * 365 * 24 * 60 * 60 * 1000;
 
 /// The DDL for the default table, as documented.
@@ -86,8 +86,8 @@ pub(super) fn check_table(table: &str) -> Result<(), ConfigError> {
     }
 }
 
-/// A checked table name with each part quoted (`"app"."order"`): a part that is an SQL
-/// keyword (`order`, `user`) is then a name like any other. The parts hold no `"`.
+/// A checked table name with each part quoted, as `"app"."order"`. A part that is an SQL
+/// keyword, such as `order` or `user`, is then a name like any other. The parts hold no `"`.
 fn quote(table: &str) -> String {
     table
         .split('.')

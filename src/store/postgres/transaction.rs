@@ -1,6 +1,6 @@
 //! The store's statements inside a caller's transaction, for the
-//! [transactional door](crate::transactional): a claim whose row the transaction keeps locked
-//! until it ends, and the record written under that lock.
+//! [transactional door](crate::transactional). A claim's row stays locked by the transaction
+//! until it ends. The record is written under that lock.
 
 use super::error::OpError;
 use super::{CLAIM_ATTEMPTS, PostgresStore, sql};
@@ -14,35 +14,36 @@ use std::time::Duration;
 /// What a claim inside a transaction found.
 #[derive(Debug)]
 pub(crate) enum Held {
-    /// The claim's answer (claimed: the transaction now holds the row), and the store's
-    /// `statement_timeout` lifted for the work, if it was.
+    /// The claim's answer, and the store's `statement_timeout` lifted for the work, if it was.
+    /// When claimed, the transaction now holds the row.
     Found(Claim, Lifted),
     /// Another transaction holds the row past the lock wait: the key is in flight.
     Contended,
-    /// PostgreSQL rolled the claim back for a concurrent transaction (a serialization
-    /// failure: the row changed after this transaction's snapshot; or a deadlock): another
+    /// PostgreSQL rolled the claim back for a concurrent transaction. It was a serialization
+    /// failure, as the row changed after this transaction's snapshot, or a deadlock. Another
     /// transaction holds or held the key. A new transaction sees what it did.
     Conflict,
 }
 
-/// The `statement_timeout` of a connection of the store's own pool, lifted inside `within`'s
-/// transaction so that it does not cut the work: put back with [`PostgresStore::restore`]
-/// where the transaction goes on after `within` (a savepoint in the caller's transaction).
+/// The `statement_timeout` of a connection of the store's own pool. It is lifted inside
+/// `within`'s transaction, so that it does not cut the work. [`PostgresStore::restore`] puts it
+/// back where the transaction goes on after `within`, as a savepoint in the caller's
+/// transaction does.
 #[derive(Debug)]
 pub(crate) struct Lifted(Option<String>);
 
-/// The marker a pool made by `connect` sets beside `statement_timeout`: that value, in ms.
+/// The marker a pool made by `connect` sets beside `statement_timeout`. It holds that value, in ms.
 pub(super) const STORE_TIMEOUT_SETTING: &str = "tower_idempotency.statement_timeout";
 
 impl PostgresStore {
-    /// Claims `key` on `conn`, inside its open transaction, waiting at most the store's
+    /// Claims `key` on `conn`, inside its open transaction. It waits at most the store's
     /// `lock_timeout` for a row another transaction holds.
     ///
-    /// The claim runs under the store's own timeouts: `lock_timeout`, and a
-    /// `statement_timeout` above it (the lock wait answers first). The caller's settings are
-    /// put back before this returns, unless the transaction failed (then rolling back to
-    /// before the claim puts them back); the store's own `statement_timeout` (a connection of
-    /// its pool) is lifted instead, for the work.
+    /// The claim runs under the store's own timeouts: `lock_timeout`, and a `statement_timeout`
+    /// above it, so the lock wait answers first. The caller's settings are put back before this
+    /// returns. If the transaction failed, rolling back to before the claim puts them back. On a
+    /// connection of its own pool, the store's own `statement_timeout` is lifted instead, for the
+    /// work.
     pub(crate) async fn claim_held(
         &self,
         conn: &mut PgConnection,
@@ -121,8 +122,8 @@ impl PostgresStore {
         Ok(())
     }
 
-    /// Writes the record over the row this transaction's claim holds: `false` when the row
-    /// was not found (it cannot be, under the transaction's own lock).
+    /// Writes the record over the row this transaction's claim holds. Returns `false` when the row
+    /// was not found, which cannot be, under the transaction's own lock.
     pub(crate) async fn complete_held(
         &self,
         conn: &mut PgConnection,
