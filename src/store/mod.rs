@@ -499,6 +499,10 @@ pub enum StoreErrorKind {
     /// tried (PostgreSQL: a serialization failure or a deadlock). Nothing was applied; the
     /// step may succeed when tried again. Not an outage.
     Conflict,
+    /// The write was applied on the primary, but fewer replicas than asked acknowledged it in
+    /// time (Redis `WAIT`). The record may still reach them; a failover before it does would
+    /// lose it. Not an outage of the primary.
+    NotReplicated,
 }
 
 impl fmt::Display for StoreErrorKind {
@@ -510,6 +514,7 @@ impl fmt::Display for StoreErrorKind {
             Self::StoreFull => "full",
             Self::ScopeFull => "scope full",
             Self::Conflict => "conflict",
+            Self::NotReplicated => "not replicated",
         })
     }
 }

@@ -2,7 +2,7 @@
 //! [module docs](super#pipelining)).
 
 use super::RedisStore;
-use super::connection::Inner;
+use super::connection::{Inner, timed};
 use super::error::OpError;
 use ::redis::aio::ConnectionLike;
 use ::redis::{ErrorKind, RedisError, Value};
@@ -25,15 +25,10 @@ where
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
             let generation = self.inner.generation();
-            let answer = self.inner.enqueue(&runtime, cmd, deadline);
+            let [answer] = self.inner.enqueue(&runtime, [cmd], deadline);
             return self
                 .bounded(generation, deadline, async move {
-                    answer.await.unwrap_or_else(|_| {
-                        Err(RedisError::from((
-                            ErrorKind::Io,
-                            "the pipeline carrying the command was dropped",
-                        )))
-                    })
+                    received(answer.await).and_then(Value::extract_error)
                 })
                 .await;
         }
@@ -41,30 +36,102 @@ where
         self.bounded(generation, deadline, cmd.query_async(&mut conn))
             .await
     }
+
+    /// Sends the commands of a step together, in order, on one connection and in one write
+    /// (one pipeline of their own, or one of the outbox's); bounded by the step's `deadline`.
+    ///
+    /// Each reply comes as the server sent it, a server error included. An `Err` is a failure
+    /// of the connection. The first server error is what counts towards replacing the
+    /// connection (a `READONLY` from a demoted primary).
+    pub(super) async fn query_all<const N: usize>(
+        &self,
+        cmds: [::redis::Cmd; N],
+        deadline: Instant,
+    ) -> Result<[Value; N], OpError> {
+        let (generation, result) = if self.pipelining
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let generation = self.inner.generation();
+            let answers = self.inner.enqueue(&runtime, cmds, deadline);
+            let result = timed(deadline, async move {
+                let mut values = Vec::with_capacity(N);
+                for answer in answers {
+                    values.push(received(answer.await)?);
+                }
+                Ok(values)
+            })
+            .await;
+            (generation, result)
+        } else {
+            let (generation, mut conn) = self.inner.checkout();
+            let mut pipe = ::redis::pipe();
+            for cmd in cmds {
+                pipe.add_command(cmd);
+            }
+            let result = timed(deadline, async move {
+                conn.req_packed_commands(&pipe, 0, N).await
+            })
+            .await;
+            (generation, result)
+        };
+        let values = result.and_then(|values| {
+            <[Value; N]>::try_from(values).map_err(|_| {
+                OpError::Redis(RedisError::from((
+                    ErrorKind::Parse,
+                    "a pipeline was answered with the wrong number of replies",
+                )))
+            })
+        });
+        let observed = match &values {
+            Ok(values) => values
+                .iter()
+                .find_map(|v| v.clone().extract_error().err())
+                .map(OpError::Redis),
+            Err(_) => None,
+        };
+        self.note(generation, values.as_ref().err().or(observed.as_ref()));
+        values
+    }
+}
+
+/// The answer of a queued command, or the error of a pipeline dropped before it answered.
+fn received(
+    answer: Result<Result<Value, RedisError>, oneshot::error::RecvError>,
+) -> Result<Value, RedisError> {
+    answer.unwrap_or_else(|_| {
+        Err(RedisError::from((
+            ErrorKind::Io,
+            "the pipeline carrying the command was dropped",
+        )))
+    })
 }
 
 impl<C> Inner<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// Queues `cmd` for the next write, spawning the task that writes it unless one is
-    /// already waiting to.
-    fn enqueue(
+    /// Queues `cmds` for the next write, together and in order, spawning the task that
+    /// writes them unless one is already waiting to.
+    fn enqueue<const N: usize>(
         self: &Arc<Self>,
         runtime: &tokio::runtime::Handle,
-        cmd: ::redis::Cmd,
+        cmds: [::redis::Cmd; N],
         deadline: Instant,
-    ) -> oneshot::Receiver<Result<Value, RedisError>> {
-        let (tx, rx) = oneshot::channel();
+    ) -> [oneshot::Receiver<Result<Value, RedisError>>; N] {
         let spawn = {
             let mut outbox = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
-            outbox.queued.push((cmd, tx, deadline));
-            !std::mem::replace(&mut outbox.scheduled, true)
+            let receivers = cmds.map(|cmd| {
+                let (tx, rx) = oneshot::channel();
+                outbox.queued.push((cmd, tx, deadline));
+                rx
+            });
+            let spawn = !std::mem::replace(&mut outbox.scheduled, true);
+            (spawn, receivers)
         };
-        if spawn {
+        if spawn.0 {
             runtime.spawn(Arc::clone(self).flush());
         }
-        rx
+        spawn.1
     }
 
     /// Writes everything queued as one pipeline and hands each caller its own answer.
@@ -84,11 +151,10 @@ where
         };
         let (_, mut conn) = self.checkout();
         if let [(cmd, _, _)] = &queued[..] {
-            // A server error comes back as a value; make it the caller's error.
+            // A server error comes back as a value; the caller reads it.
             let answer = tokio::time::timeout_at(limit, conn.req_packed_command(cmd))
                 .await
-                .unwrap_or_else(|_| Err(elapsed()))
-                .and_then(Value::extract_error);
+                .unwrap_or_else(|_| Err(elapsed()));
             if let Some((_, tx, _)) = queued.into_iter().next() {
                 let _ = tx.send(answer);
             }
@@ -108,7 +174,7 @@ where
             Ok(answers) if answers.len() == senders.len() => {
                 for (answer, tx) in answers.into_iter().zip(senders) {
                     // A command's own error (NOSCRIPT, OOM, …) goes to its caller only.
-                    let _ = tx.send(answer.extract_error());
+                    let _ = tx.send(Ok(answer));
                 }
             }
             Ok(_) => {
