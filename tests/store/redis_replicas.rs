@@ -57,7 +57,10 @@ async fn a_complete_waits_for_the_replica_and_fails_without_it() {
         .connect(&primary.url())
         .await
         .expect("connect");
-    assert!(store.pipelining(), "connect pipelines: the pair goes through the outbox");
+    assert!(
+        store.pipelining(),
+        "connect pipelines: the pair goes through the outbox"
+    );
     assert_eq!(
         store.wait_for_replicas(),
         Some((1, Duration::from_millis(300)))
@@ -67,7 +70,7 @@ async fn a_complete_waits_for_the_replica_and_fails_without_it() {
 
     // With the replica attached: acknowledged, and the replica already holds the record.
     let key = random_key();
-    let Begin::Run(ticket) = engine.begin(key.clone(), fp).await.unwrap() else {
+    let Begin::Run(ticket) = engine.begin(key, fp).await.unwrap() else {
         panic!("a fresh key runs")
     };
     assert!(engine.complete(ticket, &response()).await.unwrap());
@@ -81,7 +84,7 @@ async fn a_complete_waits_for_the_replica_and_fails_without_it() {
     // Replica gone: the write lands on the primary, but the complete fails with its own kind.
     replica.stop();
     let key = random_key();
-    let Begin::Run(ticket) = engine.begin(key.clone(), fp).await.unwrap() else {
+    let Begin::Run(ticket) = engine.begin(key, fp).await.unwrap() else {
         panic!("a fresh key runs")
     };
     let err = engine
@@ -124,7 +127,10 @@ async fn more_replicas_than_attached_fail_and_a_lost_lease_waits_for_nothing() {
     // Twice: the first complete meets NOSCRIPT and loads the script, the second is the pair.
     for _ in 0..2 {
         let key = random_key();
-        let Claim::Claimed(token) = store.claim(&key, &fp, Duration::from_secs(5)).await.unwrap()
+        let Claim::Claimed(token) = store
+            .claim(&key, &fp, Duration::from_secs(5))
+            .await
+            .unwrap()
         else {
             panic!("claims")
         };
@@ -144,7 +150,10 @@ async fn more_replicas_than_attached_fail_and_a_lost_lease_waits_for_nothing() {
         panic!("claims")
     };
     tokio::time::sleep(Duration::from_millis(60)).await;
-    let Claim::Claimed(_holder) = store.claim(&key, &fp, Duration::from_secs(5)).await.unwrap()
+    let Claim::Claimed(_holder) = store
+        .claim(&key, &fp, Duration::from_secs(5))
+        .await
+        .unwrap()
     else {
         panic!("the lapsed key is claimed again")
     };

@@ -43,23 +43,24 @@ async fn the_sentinel_store_follows_a_failover() {
 
     // Claim and complete through the primary the sentinels named.
     let key = random_key();
-    let Begin::Run(t) = plain.begin(key.clone(), fp).await.unwrap() else {
+    let Begin::Run(t) = plain.begin(key, fp).await.unwrap() else {
         panic!("a fresh key runs")
     };
     assert!(plain.complete(t, &response()).await.unwrap());
     assert!(matches!(
-        plain.begin(key.clone(), fp).await.unwrap(),
+        plain.begin(key, fp).await.unwrap(),
         Begin::Replayed(r) if r == response()
     ));
     // Completed with the replica's acknowledgement: it must outlive the primary.
     let kept = random_key();
-    let Begin::Run(t) = durable.begin(kept.clone(), fp).await.unwrap() else {
+    let Begin::Run(t) = durable.begin(kept, fp).await.unwrap() else {
         panic!("a fresh key runs")
     };
     assert!(durable.complete(t, &response()).await.unwrap());
     let prefix = plain.store().key_prefix().to_owned();
     assert_eq!(
-        set.replica().command(&["EXISTS", &redis_key(&prefix, &kept)]),
+        set.replica()
+            .command(&["EXISTS", &redis_key(&prefix, &kept)]),
         "1"
     );
 
@@ -74,13 +75,19 @@ async fn the_sentinel_store_follows_a_failover() {
                     break;
                 }
                 Err(e) => assert!(
-                    matches!(e.kind(), StoreErrorKind::Unavailable | StoreErrorKind::Timeout),
+                    matches!(
+                        e.kind(),
+                        StoreErrorKind::Unavailable | StoreErrorKind::Timeout
+                    ),
                     "{e:?}"
                 ),
             },
             Ok(other) => panic!("a fresh key runs or fails, got {other:?}"),
             Err(e) => assert!(
-                matches!(e.kind(), StoreErrorKind::Unavailable | StoreErrorKind::Timeout),
+                matches!(
+                    e.kind(),
+                    StoreErrorKind::Unavailable | StoreErrorKind::Timeout
+                ),
                 "while the primary is gone a claim is Unavailable or Timeout: {e:?}"
             ),
         }
@@ -130,5 +137,9 @@ async fn no_sentinel_to_ask_is_unavailable() {
         .connect_sentinel([format!("redis://127.0.0.1:{port}/")], SERVICE, None)
         .await
         .unwrap_err();
-    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "an empty prefix: {err:?}");
+    assert_eq!(
+        err.kind(),
+        StoreErrorKind::Unavailable,
+        "an empty prefix: {err:?}"
+    );
 }

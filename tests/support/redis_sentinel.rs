@@ -134,11 +134,8 @@ impl SentinelSet {
     /// knows the replica and the two other sentinels.
     pub(crate) fn start() -> Self {
         let primary = RedisServer::start();
-        let replica = RedisServer::start_with(&[
-            "--replicaof",
-            "127.0.0.1",
-            &primary.port().to_string(),
-        ]);
+        let replica =
+            RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port().to_string()]);
         let set = Self {
             sentinels: (0..3).map(|_| Sentinel::start(primary.port())).collect(),
             primary,

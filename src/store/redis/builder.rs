@@ -340,7 +340,9 @@ impl RedisStoreBuilder<ConnectionManager> {
         };
         let conn = tokio::time::timeout(RECONNECT_TIMEOUT, connect())
             .await
-            .map_err(|e| OpError::from(e).into_store("connecting through Redis Sentinel timed out"))?
+            .map_err(|e| {
+                OpError::from(e).into_store("connecting through Redis Sentinel timed out")
+            })?
             .map_err(|e| OpError::from(e).into_store("connecting through Redis Sentinel failed"))?;
         if self.reconnect.is_none() {
             self = self.reconnect(connect);
