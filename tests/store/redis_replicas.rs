@@ -206,8 +206,8 @@ async fn the_layer_returns_the_response_when_the_complete_is_not_replicated() {
 }
 
 /// The cost of the option: µs per first run (claim and complete) with it off and on, one
-/// caller at a time, on loopback. Printed, not asserted. Run with
-/// `cargo test -p tower-idempotency --all-features --release --test store -- --ignored
+/// caller at a time and 32 at once, on loopback. Printed, not asserted. Run with
+/// `cargo test -p tower-idempotency --all-features --test store -- --ignored
 /// wait_for_replicas_cost --nocapture`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "a timing, printed: run by hand"]
@@ -216,27 +216,43 @@ async fn wait_for_replicas_cost() {
         return;
     }
     let (primary, _replica) = primary_and_replica();
-    const N: u32 = 5_000;
-    for (label, wait) in [("off", 0), ("on (1 replica)", 1)] {
-        let store = RedisStore::builder("replicas-cost")
-            .wait_for_replicas(wait, Duration::from_millis(500))
-            .connect(&primary.url())
-            .await
-            .expect("connect");
-        let engine = Engine::new(store);
-        let fp = fingerprint("a");
-        for round in 0..2 {
-            let started = Instant::now();
-            for _ in 0..N {
-                let Begin::Run(t) = engine.begin(random_key(), fp).await.unwrap() else {
-                    panic!("runs")
-                };
-                assert!(engine.complete(t, &response()).await.unwrap());
-            }
-            let us = started.elapsed().as_secs_f64() * 1e6 / f64::from(N);
+    const N: u32 = 4_000;
+    for callers in [1u32, 32] {
+        for (label, wait) in [("off", 0), ("on (1 replica)", 1)] {
+            let store = RedisStore::builder("replicas-cost")
+                .wait_for_replicas(wait, Duration::from_millis(500))
+                .connect(&primary.url())
+                .await
+                .expect("connect");
+            let engine = Engine::new(store);
             // The first round warms up (scripts loaded, connection made).
-            if round == 1 {
-                println!("wait_for_replicas {label}: {us:.1} µs per first run (claim + complete)");
+            for round in 0..2 {
+                let started = Instant::now();
+                let tasks: Vec<_> = (0..callers)
+                    .map(|_| {
+                        let engine = engine.clone();
+                        tokio::spawn(async move {
+                            let fp = fingerprint("a");
+                            for _ in 0..N / callers {
+                                let Begin::Run(t) = engine.begin(random_key(), fp).await.unwrap()
+                                else {
+                                    panic!("runs")
+                                };
+                                assert!(engine.complete(t, &response()).await.unwrap());
+                            }
+                        })
+                    })
+                    .collect();
+                for t in tasks {
+                    t.await.unwrap();
+                }
+                let us = started.elapsed().as_secs_f64() * 1e6 / f64::from(N);
+                if round == 1 {
+                    println!(
+                        "wait_for_replicas {label}, {callers} callers: {us:.1} µs per first run \
+                         (claim + complete), wall time / runs"
+                    );
+                }
             }
         }
     }
