@@ -128,8 +128,8 @@ impl<C> RedisStoreBuilder<C> {
     /// Makes each complete return only once `replicas` replicas hold the record, waiting at
     /// most `timeout` for them (Redis `WAIT`, sent with the write in one round trip). Fewer
     /// in time: the complete fails with [`StoreErrorKind::NotReplicated`]. Default: off
-    /// (completes do not wait). `replicas` 0 turns it off. `timeout` at least 1 ms, and
-    /// bounded by the operation timeout.
+    /// (completes do not wait). `replicas` 0 turns it off. `timeout` at least 1 ms; at most
+    /// three quarters of the operation time left when `WAIT` is sent.
     ///
     /// What it buys: a record the store acknowledged survives a failover. Redis replicates
     /// asynchronously, so a replica promoted after the primary dies may lack the last
@@ -138,7 +138,10 @@ impl<C> RedisStoreBuilder<C> {
     /// no more than the replicas you run, or every complete fails.
     ///
     /// What it costs: one replica round trip added to every fresh request. `WAIT` holds the
-    /// connection while it waits, so the commands queued behind it wait too. A failed
+    /// connection while it waits, so the commands of other requests queued behind it wait
+    /// too. With no replica to answer, each complete holds it for the whole `timeout`, and
+    /// claims behind it may time out: keep `timeout` short, a few replica round trips
+    /// (tens of milliseconds on one network), well below the operation timeout. A failed
     /// complete still answers the caller with the handler's response; the key stays pending
     /// until its lease lapses, and the record may still reach the replicas.
     ///

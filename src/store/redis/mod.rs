@@ -497,9 +497,10 @@ where
         deadline: Instant,
     ) -> Result<(::redis::Value, ::redis::Value), OpError> {
         let wait = || {
-            // Within the step's deadline, and never 0 (`WAIT … 0` blocks for ever).
+            // Within three quarters of the time left, so that too few replicas fail the step
+            // as `NotReplicated`, not `Timeout`; never 0 (`WAIT … 0` blocks for ever).
             let left = deadline.saturating_duration_since(Instant::now());
-            let ms = codec::millis(replicas.timeout.min(left)).max(1);
+            let ms = codec::millis(replicas.timeout.min(left * 3 / 4)).max(1);
             let mut cmd = ::redis::cmd("WAIT");
             cmd.arg(replicas.count).arg(ms);
             cmd
