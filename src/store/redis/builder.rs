@@ -15,7 +15,7 @@ use std::time::Duration;
 
 /// Builds a [`RedisStore`]: made by [`RedisStore::builder`], each setter names its setting,
 /// and the store is built over a connection ([`build`](Self::build)) or connects itself
-/// ([`connect`](RedisStoreBuilder::connect), `connect_cluster`).
+/// ([`connect`](RedisStoreBuilder::connect), `connect_sentinel`, `connect_cluster`).
 ///
 /// The settings are fixed when the store is built; clones of the store share its connection,
 /// never a setting that could change under them.
