@@ -57,7 +57,7 @@ struct Sentinel {
 }
 
 impl Sentinel {
-    fn start(primary: u16) -> Self {
+    fn start(primary: u16, failover_timeout_ms: u64) -> Self {
         let port = free_port(false);
         let dir = temp_dir(port);
         std::fs::create_dir_all(&dir).expect("create the sentinel's directory");
@@ -68,7 +68,7 @@ impl Sentinel {
                 "port {port}\nbind 127.0.0.1\ndir {dir}\n\
                  sentinel monitor {SERVICE} 127.0.0.1 {primary} 2\n\
                  sentinel down-after-milliseconds {SERVICE} 500\n\
-                 sentinel failover-timeout {SERVICE} 2000\n\
+                 sentinel failover-timeout {SERVICE} {failover_timeout_ms}\n\
                  sentinel parallel-syncs {SERVICE} 1\n",
                 dir = dir.display(),
             ),
@@ -134,10 +134,24 @@ impl SentinelSet {
     /// knows the replica and the two other sentinels.
     pub(crate) fn start() -> Self {
         let primary = RedisServer::start();
-        let replica =
-            RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port().to_string()]);
+        let port = primary.port();
+        Self::start_with(primary, port, 2000)
+    }
+
+    /// A set over `primary` whose replica replicates from `upstream` (the primary's port, or
+    /// a proxy's in front of it), with the sentinels' `failover-timeout`. A long one keeps
+    /// the sentinels from pointing a replica behind a proxy at the primary itself
+    /// (`+fix-slave-config` waits that long); the first failover is as fast either way.
+    pub(crate) fn start_with(
+        primary: RedisServer,
+        upstream: u16,
+        failover_timeout_ms: u64,
+    ) -> Self {
+        let replica = RedisServer::start_with(&["--replicaof", "127.0.0.1", &upstream.to_string()]);
         let set = Self {
-            sentinels: (0..3).map(|_| Sentinel::start(primary.port())).collect(),
+            sentinels: (0..3)
+                .map(|_| Sentinel::start(primary.port(), failover_timeout_ms))
+                .collect(),
             primary,
             replica,
         };
