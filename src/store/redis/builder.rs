@@ -143,7 +143,9 @@ impl<C> RedisStoreBuilder<C> {
     /// claims behind it may time out: keep `timeout` short, a few replica round trips
     /// (tens of milliseconds on one network), well below the operation timeout. A failed
     /// complete still answers the caller with the handler's response; the key stays pending
-    /// until its lease lapses, and the record may still reach the replicas.
+    /// until its lease lapses, and the record may still reach the replicas. If the primary
+    /// dies first, that record is lost and a duplicate runs again: only acknowledged records
+    /// are kept. `NotReplicated` in the logs and the `not_replicated` metric count them.
     ///
     /// Claims do not wait. A claim lost in a failover lets a duplicate that arrives while
     /// the first run is still working run too; a record is never lost once acknowledged.
