@@ -166,6 +166,70 @@ async fn more_replicas_than_attached_fail_and_a_lost_lease_waits_for_nothing() {
     );
 }
 
+/// The calls of `command` the server counted (`INFO commandstats`).
+fn calls(server: &RedisServer, command: &str) -> u64 {
+    let stats = server.command(&["INFO", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix(&format!("cmdstat_{command}:calls=")))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// Completes of concurrent requests that meet in one pipeline share one `WAIT` at its end,
+/// and each is acknowledged.
+#[tokio::test]
+async fn concurrent_completes_share_one_wait() {
+    if !redis_server::available() {
+        return;
+    }
+    let (primary, replica) = primary_and_replica();
+    let store = RedisStore::builder("replicas-shared")
+        .wait_for_replicas(1, Duration::from_millis(500))
+        .connect(&primary.url())
+        .await
+        .expect("connect");
+    let engine = Engine::new(store.clone());
+    let fp = fingerprint("a");
+    // Warm up: the complete script is loaded.
+    let Begin::Run(t) = engine.begin(random_key(), fp).await.unwrap() else {
+        panic!("runs")
+    };
+    assert!(engine.complete(t, &response()).await.unwrap());
+
+    const N: usize = 16;
+    let before = calls(&primary, "wait");
+    let keys: Vec<_> = (0..N).map(|_| random_key()).collect();
+    // Tasks on this one thread: they queue their steps in the same runtime rounds.
+    let runs: Vec<_> = keys
+        .iter()
+        .map(|key| {
+            let (engine, key) = (engine.clone(), *key);
+            tokio::spawn(async move {
+                let Begin::Run(t) = engine.begin(key, fingerprint("a")).await.unwrap() else {
+                    panic!("runs")
+                };
+                engine.complete(t, &response()).await.unwrap()
+            })
+        })
+        .collect();
+    for run in runs {
+        assert!(run.await.unwrap(), "every complete acknowledged");
+    }
+    let waits = calls(&primary, "wait") - before;
+    assert!(
+        (1..N as u64).contains(&waits),
+        "{N} completes in one runtime round share WAITs: {waits} sent"
+    );
+    for key in &keys {
+        assert_eq!(
+            replica.command(&["EXISTS", &redis_key(store.key_prefix(), key)]),
+            "1",
+            "each acknowledged record is on the replica"
+        );
+    }
+}
+
 /// Through the HTTP layer: the complete fails, the caller still gets the handler's response,
 /// and the handler ran once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

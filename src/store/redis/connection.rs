@@ -208,7 +208,15 @@ pub(super) type Queued = (
     ::redis::Cmd,
     oneshot::Sender<Result<Value, RedisError>>,
     Instant,
+    Option<WaitArgs>,
 );
+
+/// A queued `WAIT numreplicas timeout_ms`: the outbox writes one for all of a batch's.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct WaitArgs {
+    pub(super) replicas: usize,
+    pub(super) ms: u64,
+}
 
 /// The commands queued since the last write.
 #[derive(Default)]

@@ -508,10 +508,10 @@ where
             // Within three quarters of the time left, so that too few replicas fail the step
             // as `NotReplicated`, not `Timeout`; never 0 (`WAIT … 0` blocks for ever).
             let left = deadline.saturating_duration_since(Instant::now());
-            let ms = codec::millis(replicas.timeout.min(left * 3 / 4)).max(1);
-            let mut cmd = ::redis::cmd("WAIT");
-            cmd.arg(replicas.count).arg(ms);
-            cmd
+            connection::WaitArgs {
+                replicas: replicas.count,
+                ms: codec::millis(replicas.timeout.min(left * 3 / 4)).max(1),
+            }
         };
         let mut script = ::redis::cmd("EVALSHA");
         script
@@ -521,7 +521,10 @@ where
         for a in args {
             script.arg(*a);
         }
-        let [written, acknowledged] = self.query_all([script, wait()], deadline).await?;
+        let first = wait();
+        let [written, acknowledged] = self
+            .query_all([script, pipeline::wait_cmd(first)], Some(first), deadline)
+            .await?;
         match written.extract_error() {
             Ok(written) => Ok((written, acknowledged.extract_error()?)),
             Err(e) => {
@@ -532,7 +535,7 @@ where
                 // The server lost its scripts (a restart, a failover to a replica that never
                 // ran this one): load and run it, then wait for it.
                 let written = self.eval(&scripts::COMPLETE, key, args, deadline).await?;
-                let acknowledged = self.query(wait(), deadline).await?;
+                let acknowledged = self.query(pipeline::wait_cmd(wait()), deadline).await?;
                 Ok((written, acknowledged))
             }
         }
