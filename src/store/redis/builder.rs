@@ -137,9 +137,9 @@ impl<C> RedisStoreBuilder<C> {
     /// is on `replicas` replicas, and Sentinel promotes one of them. Choose at least 1, and
     /// no more than the replicas you run, or every complete fails.
     ///
-    /// What it costs: one replica round trip added to every fresh request. `WAIT` holds the
-    /// connection while it waits, so the commands of other requests queued behind it wait
-    /// too. With no replica to answer, each complete holds it for the whole `timeout`, and
+    /// What it costs: one replica round trip added to every fresh request. Completes that
+    /// meet in one pipeline share one `WAIT` at its end. `WAIT` holds the connection while it
+    /// waits, so the commands of other requests queued behind it wait too. With no replica to answer, each complete holds it for the whole `timeout`, and
     /// claims behind it may time out: keep `timeout` short, a few replica round trips
     /// (tens of milliseconds on one network), well below the operation timeout. A failed
     /// complete still answers the caller with the handler's response; the key stays pending
