@@ -232,9 +232,9 @@
 //! stores, the replica 300 ms behind (a partition) when the primary is killed. Without the
 //! option, 174 and 194 acknowledged records were lost in two runs, and their keys ran
 //! twice. With `wait_for_replicas(1, 50 ms)`, none. Completes that were not acknowledged
-//! then failed with `NotReplicated` until a replica was back. The option cost 14 µs per
-//! first run with 32 callers at once (177 → 191 µs), and one replica round trip for a
-//! lone caller.
+//! then failed with `NotReplicated` until a replica was back. With 32 callers at once the
+//! option cost 14–38 µs per first run (about 180 µs without it), and a lone caller one
+//! replica round trip (`wait_for_replicas_cost` in `tests/store/redis_replicas.rs`).
 //!
 //! Keep the retention (the engine's ttl) at least as long as clients retry.
 //!
