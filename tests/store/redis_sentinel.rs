@@ -133,6 +133,14 @@ async fn no_sentinel_to_ask_is_unavailable() {
         .await
         .unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err:?}");
+    let err = RedisStore::connect_sentinel(Vec::<String>::new(), SERVICE, "x")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.kind(),
+        StoreErrorKind::Unavailable,
+        "no sentinel at all: {err:?}"
+    );
     let err = RedisStore::builder("")
         .connect_sentinel([format!("redis://127.0.0.1:{port}/")], SERVICE, None)
         .await

@@ -139,9 +139,10 @@ impl<C> RedisStoreBuilder<C> {
     ///
     /// What it costs: one replica round trip added to every fresh request. Completes that
     /// meet in one pipeline share one `WAIT` at its end. `WAIT` holds the connection while it
-    /// waits, so the commands of other requests queued behind it wait too. With no replica to answer, each complete holds it for the whole `timeout`, and
-    /// claims behind it may time out: keep `timeout` short, a few replica round trips
-    /// (tens of milliseconds on one network), well below the operation timeout. A failed
+    /// waits, so the commands of other requests queued behind it wait too. With no replica
+    /// to answer, each complete holds it for the whole `timeout`, and claims behind it may
+    /// time out: keep `timeout` short, a few replica round trips (tens of milliseconds on one
+    /// network), well below the operation timeout. A failed
     /// complete still answers the caller with the handler's response; the key stays pending
     /// until its lease lapses, and the record may still reach the replicas. If the primary
     /// dies first, that record is lost and a duplicate runs again: only acknowledged records
