@@ -40,6 +40,7 @@ need() {
 
 need redis-server redis-server
 need redis-cli redis-tools
+need redis-sentinel redis-sentinel
 if ! command -v nats-server >/dev/null 2>&1 && [[ ! -x /usr/sbin/nats-server ]]; then
     missing_pkgs+=(nats-server)
 fi

@@ -236,7 +236,7 @@ impl Op {
 }
 
 /// A store step's `result` label: `ok`, or the error's kind.
-const STORE_RESULTS: [&str; 7] = [
+const STORE_RESULTS: [&str; 8] = [
     "ok",
     "unavailable",
     "timeout",
@@ -244,6 +244,7 @@ const STORE_RESULTS: [&str; 7] = [
     "store_full",
     "scope_full",
     "conflict",
+    "not_replicated",
 ];
 
 fn store_result<T>(res: &Result<T, StoreError>) -> usize {
@@ -256,6 +257,7 @@ fn store_result<T>(res: &Result<T, StoreError>) -> usize {
             StoreErrorKind::StoreFull => 4,
             StoreErrorKind::ScopeFull => 5,
             StoreErrorKind::Conflict => 6,
+            StoreErrorKind::NotReplicated => 7,
         },
     }
 }

@@ -500,6 +500,10 @@ pub enum StoreErrorKind {
     /// PostgreSQL this is a serialization failure or a deadlock. Nothing was applied, and the
     /// step may succeed when tried again. It is not an outage.
     Conflict,
+    /// The write was applied on the primary, but fewer replicas than asked acknowledged it in
+    /// time (Redis `WAIT`). The record may still reach them; a failover before it does would
+    /// lose it. Not an outage of the primary.
+    NotReplicated,
 }
 
 impl fmt::Display for StoreErrorKind {
@@ -511,6 +515,7 @@ impl fmt::Display for StoreErrorKind {
             Self::StoreFull => "full",
             Self::ScopeFull => "scope full",
             Self::Conflict => "conflict",
+            Self::NotReplicated => "not replicated",
         })
     }
 }

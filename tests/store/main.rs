@@ -23,5 +23,9 @@ mod postgres_within;
 #[cfg(feature = "test-util")]
 mod redis_cluster;
 #[cfg(feature = "test-util")]
+mod redis_replicas;
+#[cfg(feature = "test-util")]
+mod redis_sentinel;
+#[cfg(feature = "test-util")]
 mod redis_store;
 mod security_at_rest;

@@ -9,6 +9,7 @@
 //! - [`metrics`]: the crate's counters read back from the debugging recorder (feature `metrics`);
 //! - [`nats_server`]: `nats-server -js` on a free loopback port with a temporary store;
 //! - [`redis_server`]: `redis-server` (and clusters) spawned on free loopback ports;
+//! - [`redis_sentinel`]: a primary, a replica and three `redis-sentinel` processes on loopback;
 //! - [`postgres_server`]: a PostgreSQL server (`initdb`, `pg_ctl`) on a free loopback port;
 //! - [`smtp_server`]: an SMTP server (`python3-aiosmtpd`) on a free loopback port;
 //! - [`proxy`]: a TCP proxy that injects latency, drops and black holes;
@@ -26,6 +27,7 @@ pub(crate) mod postgres_server;
 pub(crate) mod proxy;
 pub(crate) mod quickstart;
 pub(crate) mod raw_http;
+pub(crate) mod redis_sentinel;
 pub(crate) mod redis_server;
 pub(crate) mod smtp_server;
 

@@ -331,7 +331,7 @@ pub(crate) fn free_port(cluster: bool) -> u16 {
     panic!("no free loopback port found");
 }
 
-fn temp_dir(port: u16) -> PathBuf {
+pub(crate) fn temp_dir(port: u16) -> PathBuf {
     static SEQ: AtomicU32 = AtomicU32::new(0);
     let n = SEQ.fetch_add(1, Ordering::Relaxed);
     std::env::temp_dir().join(format!("ti-redis-{}-{n}-{port}", std::process::id()))
@@ -339,7 +339,7 @@ fn temp_dir(port: u16) -> PathBuf {
 
 /// A shell loop that kills the server and removes its directory once this test process is
 /// gone, so a server held in a `static` (never dropped) does not outlive the test binary.
-fn watchdog(server: u32, dir: &Path) -> Child {
+pub(crate) fn watchdog(server: u32, dir: &Path) -> Child {
     let script = format!(
         "while kill -0 {parent} 2>/dev/null && kill -0 {server} 2>/dev/null; do sleep 1; done; \
          kill -9 {server} 2>/dev/null; if ! kill -0 {parent} 2>/dev/null; then rm -rf '{dir}'; fi",
@@ -356,7 +356,7 @@ fn watchdog(server: u32, dir: &Path) -> Child {
 }
 
 /// Runs a command with a deadline; returns (success, combined output).
-fn run_bounded(mut cmd: Command, limit: Duration) -> (bool, String) {
+pub(crate) fn run_bounded(mut cmd: Command, limit: Duration) -> (bool, String) {
     let mut child = cmd
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

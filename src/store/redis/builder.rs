@@ -3,7 +3,7 @@
 use super::codec::prefix_of;
 use super::connection::{Connecting, Inner, Reconnect};
 use super::error::OpError;
-use super::{DEFAULT_TIMEOUT, RECONNECT_TIMEOUT, RedisStore};
+use super::{DEFAULT_TIMEOUT, RECONNECT_TIMEOUT, RedisStore, WaitReplicas};
 use crate::error::ConfigError;
 use crate::store::{StoreError, StoreErrorKind};
 use ::redis::RedisError;
@@ -15,7 +15,7 @@ use std::time::Duration;
 
 /// Builds a [`RedisStore`]: made by [`RedisStore::builder`], each setter names its setting,
 /// and the store is built over a connection ([`build`](Self::build)) or connects itself
-/// ([`connect`](RedisStoreBuilder::connect), `connect_cluster`).
+/// ([`connect`](RedisStoreBuilder::connect), `connect_sentinel`, `connect_cluster`).
 ///
 /// The settings are fixed when the store is built; clones of the store share its connection,
 /// never a setting that could change under them.
@@ -42,6 +42,9 @@ pub struct RedisStoreBuilder<C = ConnectionManager> {
     /// `None`: the terminal method's default (on for `connect`, off otherwise).
     pipelining: Option<bool>,
     reconnect: Option<Reconnect<C>>,
+    /// Set by `connect_sentinel`: the reconnect finds the primary anew.
+    follow_primary: bool,
+    replicas: Option<WaitReplicas>,
 }
 
 impl<C> RedisStoreBuilder<C> {
@@ -58,6 +61,8 @@ impl<C> RedisStoreBuilder<C> {
             native_claim: true,
             pipelining: None,
             reconnect: None,
+            follow_primary: false,
+            replicas: None,
         }
     }
 
@@ -120,6 +125,52 @@ impl<C> RedisStoreBuilder<C> {
         self
     }
 
+    /// Makes each complete return only once `replicas` replicas hold the record, waiting at
+    /// most `timeout` for them (Redis `WAIT`, sent with the write in one round trip). Fewer
+    /// in time: the complete fails with [`StoreErrorKind::NotReplicated`]. Default: off
+    /// (completes do not wait). `replicas` 0 turns it off. `timeout` at least 1 ms; at most
+    /// three quarters of the operation time left when `WAIT` is sent.
+    ///
+    /// What it buys: a record the store acknowledged survives a failover. Redis replicates
+    /// asynchronously, so a replica promoted after the primary dies may lack the last
+    /// records; their next duplicates would run again. With this on, an acknowledged record
+    /// is on `replicas` replicas, and Sentinel promotes one of them. Choose at least 1, and
+    /// no more than the replicas you run, or every complete fails.
+    ///
+    /// What it costs: one replica round trip added to every fresh request. Completes that
+    /// meet in one pipeline share one `WAIT` at its end. `WAIT` holds the connection while it
+    /// waits, so the commands of other requests queued behind it wait too. With no replica
+    /// to answer, each complete holds it for the whole `timeout`, and claims behind it may
+    /// time out: keep `timeout` short, a few replica round trips (tens of milliseconds on one
+    /// network), well below the operation timeout. A failed
+    /// complete still answers the caller with the handler's response; the key stays pending
+    /// until its lease lapses, and the record may still reach the replicas. If the primary
+    /// dies first, that record is lost and a duplicate runs again: only acknowledged records
+    /// are kept. `NotReplicated` in the logs and the `not_replicated` metric count them.
+    ///
+    /// Claims do not wait. A claim lost in a failover lets a duplicate that arrives while
+    /// the first run is still working run too; a record is never lost once acknowledged.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tower_idempotency::store::redis::RedisStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let store = RedisStore::builder("orders")
+    ///     .wait_for_replicas(1, Duration::from_millis(200))
+    ///     .connect("redis://127.0.0.1:6379")
+    ///     .await?;
+    /// assert_eq!(store.wait_for_replicas(), Some((1, Duration::from_millis(200))));
+    /// # Ok(()) }
+    /// ```
+    pub fn wait_for_replicas(mut self, replicas: usize, timeout: Duration) -> Self {
+        self.replicas = (replicas > 0).then(|| WaitReplicas {
+            count: replicas,
+            timeout: timeout.max(Duration::from_millis(1)),
+        });
+        self
+    }
+
     /// Replaces the connection with one made by `connect` after 2 operation timeouts in a row
     /// (see the [module docs](super#failures)). This is for a connection that can go silent
     /// without failing (half-open), which its own reconnection never notices.
@@ -173,6 +224,8 @@ where
             native_claim: self.native_claim,
             pipelining: self.pipelining.unwrap_or(false),
             reconnect: self.reconnect,
+            follow_primary: self.follow_primary,
+            replicas: self.replicas,
         })
     }
 }
@@ -199,11 +252,7 @@ impl RedisStoreBuilder<ConnectionManager> {
         }
         let client = ::redis::Client::open(url)
             .map_err(|e| OpError::from(e).into_store("invalid Redis URL"))?;
-        let config = ::redis::aio::ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(DEFAULT_TIMEOUT))
-            .set_response_timeout(None)
-            .set_number_of_retries(2)
-            .set_max_delay(Duration::from_millis(500));
+        let config = manager_config();
         let connect = move || ConnectionManager::new_with_config(client.clone(), config.clone());
         let conn = tokio::time::timeout(RECONNECT_TIMEOUT, connect())
             .await
@@ -212,6 +261,99 @@ impl RedisStoreBuilder<ConnectionManager> {
         if self.reconnect.is_none() {
             self = self.reconnect(connect);
         }
+        self.pipelining = Some(self.pipelining.unwrap_or(true));
+        self.build(conn).map_err(invalid_prefix)
+    }
+}
+
+/// The settings of every `ConnectionManager` the store makes: each connection attempt bounded
+/// by 1 s, a lost connection retried twice with a short back-off, responses bounded by the
+/// store's operation timeout instead.
+fn manager_config() -> ::redis::aio::ConnectionManagerConfig {
+    ::redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(DEFAULT_TIMEOUT))
+        .set_response_timeout(None)
+        .set_number_of_retries(2)
+        .set_max_delay(Duration::from_millis(500))
+}
+
+#[cfg(feature = "redis-sentinel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis-sentinel")))]
+impl RedisStoreBuilder<ConnectionManager> {
+    /// Connects to the primary that the Redis Sentinels at `sentinels` (`redis://host:26379`
+    /// each) name for `service_name`, and follows it across a failover. `primary` carries
+    /// what the primary itself needs (password, database, TLS), as in
+    /// [`SentinelClient::build`](::redis::sentinel::SentinelClient::build); `None` for none.
+    /// Pipelining is on unless set.
+    ///
+    /// The connection is a [`ConnectionManager`] to the primary found, as
+    /// [`connect`](RedisStoreBuilder::connect) makes. After 2 failed steps in a row that say
+    /// the primary is gone (a timeout, a refused or dropped connection, `READONLY` from a
+    /// demoted primary), the store asks the sentinels again and connects to the primary they
+    /// name, in the background, bounded by 5 s (see the [module docs](super#sentinel)).
+    /// Until then steps fail with `Unavailable` or `Timeout`; the store needs no restart.
+    /// [`reconnect`](Self::reconnect) takes the place of that lookup.
+    ///
+    /// ```no_run
+    /// use std::time::Duration;
+    /// use tower_idempotency::store::redis::RedisStore;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let sentinels = [
+    ///     "redis://10.0.0.1:26379",
+    ///     "redis://10.0.0.2:26379",
+    ///     "redis://10.0.0.3:26379",
+    /// ];
+    /// let store = RedisStore::builder("orders")
+    ///     .wait_for_replicas(1, Duration::from_millis(200))
+    ///     .connect_sentinel(sentinels, "mymaster", None)
+    ///     .await?;
+    /// # let _ = store; Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// `Unavailable` when the prefix is empty (source: a [`ConfigError`]), a sentinel URL is
+    /// invalid, or no sentinel names a primary that answers as one. `Timeout` when connecting
+    /// takes longer than 5 s.
+    pub async fn connect_sentinel<I, T>(
+        mut self,
+        sentinels: I,
+        service_name: &str,
+        primary: Option<::redis::sentinel::SentinelNodeConnectionInfo>,
+    ) -> Result<RedisStore, StoreError>
+    where
+        I: IntoIterator<Item = T>,
+        T: ::redis::IntoConnectionInfo,
+    {
+        if let Err(e) = &self.prefix {
+            return Err(invalid_prefix(e.clone()));
+        }
+        let sentinel = ::redis::sentinel::SentinelClient::build(
+            sentinels.into_iter().collect(),
+            service_name.to_owned(),
+            primary,
+            ::redis::sentinel::SentinelServerType::Master,
+        )
+        .map_err(|e| OpError::from(e).into_store("invalid Redis Sentinel addresses"))?;
+        let sentinel = Arc::new(tokio::sync::Mutex::new(sentinel));
+        let connect = move || {
+            let sentinel = Arc::clone(&sentinel);
+            async move {
+                // One lookup at a time; the sentinels verify the primary's role.
+                let client = sentinel.lock().await.async_get_client().await?;
+                ConnectionManager::new_with_config(client, manager_config()).await
+            }
+        };
+        let conn = tokio::time::timeout(RECONNECT_TIMEOUT, connect())
+            .await
+            .map_err(|e| {
+                OpError::from(e).into_store("connecting through Redis Sentinel timed out")
+            })?
+            .map_err(|e| OpError::from(e).into_store("connecting through Redis Sentinel failed"))?;
+        if self.reconnect.is_none() {
+            self = self.reconnect(connect);
+        }
+        self.follow_primary = true;
         self.pipelining = Some(self.pipelining.unwrap_or(true));
         self.build(conn).map_err(invalid_prefix)
     }
@@ -274,6 +416,8 @@ impl<C> fmt::Debug for RedisStoreBuilder<C> {
             .field("native_claim", &self.native_claim)
             .field("pipelining", &self.pipelining)
             .field("reconnects", &self.reconnect.is_some())
+            .field("sentinel", &self.follow_primary)
+            .field("replicas", &self.replicas)
             .finish()
     }
 }

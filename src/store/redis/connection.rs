@@ -100,22 +100,23 @@ where
         deadline: Instant,
         fut: impl Future<Output = Result<T, RedisError>>,
     ) -> Result<T, OpError> {
-        let result = match tokio::time::timeout_at(deadline, fut).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(OpError::Redis(e)),
-            Err(e) => Err(OpError::Elapsed(e)),
-        };
-        if let Some(reconnect) = &self.reconnect {
-            self.observe(reconnect, generation, result.as_ref().err());
-        }
+        let result = timed(deadline, fut).await;
+        self.note(generation, result.as_ref().err());
         result
     }
 
-    /// A success resets the count of timeouts; a timeout adds one, and the
+    /// Counts the outcome of a round trip on the connection of `generation` towards
+    /// replacing it (a store that cannot reconnect counts nothing).
+    ///
+    /// A success resets the count; a timeout adds one, and so does a lost primary
+    /// ([`OpError::is_primary_lost`]) on a store that finds its primary through Sentinel. The
     /// `RECONNECT_AFTER_TIMEOUTS`th in a row starts a replacement unless one is under way.
     /// Other errors leave the count alone (the `ConnectionManager` handles a connection that
     /// fails). Outcomes on a connection already replaced are ignored.
-    fn observe(&self, reconnect: &Reconnect<C>, generation: u64, error: Option<&OpError>) {
+    pub(super) fn note(&self, generation: u64, error: Option<&OpError>) {
+        let Some(reconnect) = &self.reconnect else {
+            return;
+        };
         let inner = &self.inner;
         let current = || inner.generation() == generation;
         match error {
@@ -125,7 +126,10 @@ where
                     inner.timeouts.store(0, Ordering::Relaxed);
                 }
             }
-            Some(e) if e.is_timeout() && current() => {
+            Some(e)
+                if (e.is_timeout() || (self.follow_primary && e.is_primary_lost()))
+                    && current() =>
+            {
                 let timeouts = inner.timeouts.fetch_add(1, Ordering::Relaxed) + 1;
                 if timeouts >= RECONNECT_AFTER_TIMEOUTS
                     && !inner.reconnecting.swap(true, Ordering::AcqRel)
@@ -156,7 +160,7 @@ where
                         key_prefix = %prefix,
                         timeouts,
                         "Redis connection replaced after consecutive operation timeouts \
-                         (silent or half-open connection)",
+                         (silent or half-open connection) or, through Sentinel, a lost primary",
                     );
                     drop(old);
                 }
@@ -185,12 +189,34 @@ where
     }
 }
 
-/// A command waiting in the outbox, where its answer goes, and its caller's deadline.
+/// Runs `fut` until `deadline`.
+pub(super) async fn timed<T>(
+    deadline: Instant,
+    fut: impl Future<Output = Result<T, RedisError>>,
+) -> Result<T, OpError> {
+    match tokio::time::timeout_at(deadline, fut).await {
+        Ok(Ok(v)) => Ok(v),
+        Ok(Err(e)) => Err(OpError::Redis(e)),
+        Err(e) => Err(OpError::Elapsed(e)),
+    }
+}
+
+/// A command waiting in the outbox, where its answer goes, and its caller's deadline. The
+/// answer is the server's reply as it came, a server error included (`Value::ServerError`);
+/// an `Err` is a failure of the connection.
 pub(super) type Queued = (
     ::redis::Cmd,
     oneshot::Sender<Result<Value, RedisError>>,
     Instant,
+    Option<WaitArgs>,
 );
+
+/// A queued `WAIT numreplicas timeout_ms`: the outbox writes one for all of a batch's.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct WaitArgs {
+    pub(super) replicas: usize,
+    pub(super) ms: u64,
+}
 
 /// The commands queued since the last write.
 #[derive(Default)]

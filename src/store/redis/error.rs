@@ -38,6 +38,15 @@ impl OpError {
         }
     }
 
+    /// The primary is gone or no longer the primary: the connection dropped or was refused
+    /// (an I/O error), or the server answered `READONLY` (a demoted primary). A store that
+    /// finds its primary through Sentinel counts these as it counts timeouts.
+    pub(super) fn is_primary_lost(&self) -> bool {
+        matches!(self, Self::Redis(e) if e.is_io_error()
+            || e.is_connection_dropped()
+            || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly))
+    }
+
     /// The server does not hold the script (`NOSCRIPT`).
     pub(super) fn is_no_script(&self) -> bool {
         matches!(self, Self::Redis(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
@@ -126,6 +135,11 @@ mod tests {
         assert!(denied.is_refused());
         assert_eq!(denied.kind(), StoreErrorKind::Unavailable);
 
+        let demoted = server_error(b"-READONLY You can't write against a read only replica.\r\n");
+        assert!(demoted.is_primary_lost() && !demoted.is_timeout());
+        assert_eq!(demoted.kind(), StoreErrorKind::Unavailable);
+        assert!(!denied.is_primary_lost() && !no_script.is_primary_lost());
+
         let oom = server_error(b"-OOM command not allowed when used memory > 'maxmemory'.\r\n");
         assert!(!oom.is_timeout() && !oom.is_no_script());
         assert_eq!(oom.kind(), StoreErrorKind::Unavailable);
@@ -137,6 +151,10 @@ mod tests {
             std::io::ErrorKind::TimedOut,
         )));
         assert!(io.is_timeout());
+        let refused = OpError::Redis(RedisError::from(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        assert!(refused.is_primary_lost() && !refused.is_timeout());
         assert_eq!(io.kind(), StoreErrorKind::Timeout);
         let e = io.into_store("Redis claim");
         assert!(std::error::Error::source(&e).is_some_and(|s| s.is::<RedisError>()));

@@ -2,7 +2,7 @@
 //! [module docs](super#pipelining)).
 
 use super::RedisStore;
-use super::connection::Inner;
+use super::connection::{Inner, Queued, WaitArgs, timed};
 use super::error::OpError;
 use ::redis::aio::ConnectionLike;
 use ::redis::{ErrorKind, RedisError, Value};
@@ -25,15 +25,10 @@ where
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
             let generation = self.inner.generation();
-            let answer = self.inner.enqueue(&runtime, cmd, deadline);
+            let [answer] = self.inner.enqueue(&runtime, [cmd], None, deadline);
             return self
                 .bounded(generation, deadline, async move {
-                    answer.await.unwrap_or_else(|_| {
-                        Err(RedisError::from((
-                            ErrorKind::Io,
-                            "the pipeline carrying the command was dropped",
-                        )))
-                    })
+                    received(answer.await).and_then(Value::extract_error)
                 })
                 .await;
         }
@@ -41,30 +36,108 @@ where
         self.bounded(generation, deadline, cmd.query_async(&mut conn))
             .await
     }
+
+    /// Sends the commands of a step together, in order, on one connection and in one write
+    /// (one pipeline of their own, or one of the outbox's); bounded by the step's `deadline`.
+    ///
+    /// Each reply comes as the server sent it, a server error included. An `Err` is a failure
+    /// of the connection. The first server error is what counts towards replacing the
+    /// connection (a `READONLY` from a demoted primary). `wait`: the last command is that
+    /// `WAIT`, which the outbox may share with the other steps of its batch.
+    pub(super) async fn query_all<const N: usize>(
+        &self,
+        cmds: [::redis::Cmd; N],
+        wait: Option<WaitArgs>,
+        deadline: Instant,
+    ) -> Result<[Value; N], OpError> {
+        let (generation, result) = if self.pipelining
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let generation = self.inner.generation();
+            let answers = self.inner.enqueue(&runtime, cmds, wait, deadline);
+            let result = timed(deadline, async move {
+                let mut values = Vec::with_capacity(N);
+                for answer in answers {
+                    values.push(received(answer.await)?);
+                }
+                Ok(values)
+            })
+            .await;
+            (generation, result)
+        } else {
+            let (generation, mut conn) = self.inner.checkout();
+            let mut pipe = ::redis::pipe();
+            for cmd in cmds {
+                pipe.add_command(cmd);
+            }
+            let result = timed(deadline, async move {
+                conn.req_packed_commands(&pipe, 0, N).await
+            })
+            .await;
+            (generation, result)
+        };
+        let values = result.and_then(|values| {
+            <[Value; N]>::try_from(values).map_err(|_| {
+                OpError::Redis(RedisError::from((
+                    ErrorKind::Parse,
+                    "a pipeline was answered with the wrong number of replies",
+                )))
+            })
+        });
+        let observed = match &values {
+            Ok(values) => values
+                .iter()
+                .find_map(|v| v.clone().extract_error().err())
+                .map(OpError::Redis),
+            Err(_) => None,
+        };
+        self.note(generation, values.as_ref().err().or(observed.as_ref()));
+        values
+    }
+}
+
+/// The answer of a queued command, or the error of a pipeline dropped before it answered.
+fn received(
+    answer: Result<Result<Value, RedisError>, oneshot::error::RecvError>,
+) -> Result<Value, RedisError> {
+    answer.unwrap_or_else(|_| {
+        Err(RedisError::from((
+            ErrorKind::Io,
+            "the pipeline carrying the command was dropped",
+        )))
+    })
 }
 
 impl<C> Inner<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// Queues `cmd` for the next write, spawning the task that writes it unless one is
-    /// already waiting to.
-    fn enqueue(
+    /// Queues `cmds` for the next write, together and in order, spawning the task that
+    /// writes them unless one is already waiting to. `wait`: the last command is that `WAIT`.
+    fn enqueue<const N: usize>(
         self: &Arc<Self>,
         runtime: &tokio::runtime::Handle,
-        cmd: ::redis::Cmd,
+        cmds: [::redis::Cmd; N],
+        wait: Option<WaitArgs>,
         deadline: Instant,
-    ) -> oneshot::Receiver<Result<Value, RedisError>> {
-        let (tx, rx) = oneshot::channel();
+    ) -> [oneshot::Receiver<Result<Value, RedisError>>; N] {
         let spawn = {
             let mut outbox = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
-            outbox.queued.push((cmd, tx, deadline));
-            !std::mem::replace(&mut outbox.scheduled, true)
+            let mut i = 0;
+            let receivers = cmds.map(|cmd| {
+                let (tx, rx) = oneshot::channel();
+                i += 1;
+                let wait = if i == N { wait } else { None };
+                outbox.queued.push((cmd, tx, deadline, wait));
+                rx
+            });
+            let spawn = !std::mem::replace(&mut outbox.scheduled, true);
+            (spawn, receivers)
         };
-        if spawn {
+        if spawn.0 {
             runtime.spawn(Arc::clone(self).flush());
         }
-        rx
+        spawn.1
     }
 
     /// Writes everything queued as one pipeline and hands each caller its own answer.
@@ -82,33 +155,37 @@ where
         let Some(limit) = queued.iter().map(|q| q.2).max() else {
             return;
         };
+        let slots = share_waits(queued);
         let (_, mut conn) = self.checkout();
-        if let [(cmd, _, _)] = &queued[..] {
-            // A server error comes back as a value; make it the caller's error.
+        if let [(cmd, _)] = &slots[..] {
+            // A server error comes back as a value; the caller reads it.
             let answer = tokio::time::timeout_at(limit, conn.req_packed_command(cmd))
                 .await
-                .unwrap_or_else(|_| Err(elapsed()))
-                .and_then(Value::extract_error);
-            if let Some((_, tx, _)) = queued.into_iter().next() {
-                let _ = tx.send(answer);
+                .unwrap_or_else(|_| Err(elapsed()));
+            for (_, senders) in slots {
+                for tx in senders {
+                    let _ = tx.send(answer.clone());
+                }
             }
             return;
         }
         let mut pipe = ::redis::pipe();
-        let mut senders = Vec::with_capacity(queued.len());
-        for (cmd, tx, _) in queued {
+        let mut answer_to = Vec::with_capacity(slots.len());
+        for (cmd, senders) in slots {
             pipe.add_command(cmd);
-            senders.push(tx);
+            answer_to.push(senders);
         }
         let answers =
-            tokio::time::timeout_at(limit, conn.req_packed_commands(&pipe, 0, senders.len()))
+            tokio::time::timeout_at(limit, conn.req_packed_commands(&pipe, 0, answer_to.len()))
                 .await
                 .unwrap_or_else(|_| Err(elapsed()));
         match answers {
-            Ok(answers) if answers.len() == senders.len() => {
-                for (answer, tx) in answers.into_iter().zip(senders) {
+            Ok(answers) if answers.len() == answer_to.len() => {
+                for (answer, senders) in answers.into_iter().zip(answer_to) {
                     // A command's own error (NOSCRIPT, OOM, …) goes to its caller only.
-                    let _ = tx.send(answer.extract_error());
+                    for tx in senders {
+                        let _ = tx.send(Ok(answer.clone()));
+                    }
                 }
             }
             Ok(_) => {
@@ -116,17 +193,59 @@ where
                     ErrorKind::Parse,
                     "a pipeline was answered with the wrong number of replies",
                 ));
-                for tx in senders {
+                for tx in answer_to.into_iter().flatten() {
                     let _ = tx.send(Err(e.clone()));
                 }
             }
             Err(e) => {
-                for tx in senders {
+                for tx in answer_to.into_iter().flatten() {
                     let _ = tx.send(Err(e.clone()));
                 }
             }
         }
     }
+}
+
+/// A command of a pipeline and the callers its answer goes to.
+type Slot = (
+    ::redis::Cmd,
+    Vec<oneshot::Sender<Result<Value, RedisError>>>,
+);
+
+/// The batch as pipeline commands. Two or more `WAIT`s become one, at the end: it waits for
+/// every write before it, so each caller's write is covered. It asks for the most replicas
+/// any of them asked for, for the shortest time any of them had left. One `WAIT` stays where
+/// it is.
+fn share_waits(queued: Vec<Queued>) -> Vec<Slot> {
+    let waits = queued.iter().filter(|q| q.3.is_some()).count();
+    if waits < 2 {
+        return queued
+            .into_iter()
+            .map(|(cmd, tx, _, _)| (cmd, vec![tx]))
+            .collect();
+    }
+    let mut slots = Vec::with_capacity(queued.len() - waits + 1);
+    let mut shared = Vec::with_capacity(waits);
+    let (mut replicas, mut ms) = (0, u64::MAX);
+    for (cmd, tx, _, wait) in queued {
+        match wait {
+            Some(w) => {
+                replicas = replicas.max(w.replicas);
+                ms = ms.min(w.ms);
+                shared.push(tx);
+            }
+            None => slots.push((cmd, vec![tx])),
+        }
+    }
+    slots.push((wait_cmd(WaitArgs { replicas, ms }), shared));
+    slots
+}
+
+/// `WAIT replicas ms`.
+pub(super) fn wait_cmd(w: WaitArgs) -> ::redis::Cmd {
+    let mut cmd = ::redis::cmd("WAIT");
+    cmd.arg(w.replicas).arg(w.ms.max(1));
+    cmd
 }
 
 /// The error of a pipeline that outlived its callers' timeouts.

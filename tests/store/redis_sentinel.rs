@@ -1,0 +1,153 @@
+//! `RedisStore` over Redis Sentinel on real servers: a primary, a replica and three
+//! `redis-sentinel` processes on loopback. The store finds the primary through the sentinels,
+//! and after the primary is killed (`kill -9`) and the replica promoted, it follows and
+//! serves again; a record completed with `wait_for_replicas` before the kill survives it.
+//!
+//! Without `redis-sentinel` on `PATH` these tests print a notice and pass, unless
+//! `TOWER_IDEMPOTENCY_REQUIRE_SERVERS` is set (as `scripts/test.sh` does), where they fail.
+#![cfg(feature = "redis-sentinel")]
+#![allow(clippy::unwrap_used)]
+
+use crate::support::redis_sentinel::{self, SERVICE, SentinelSet};
+use crate::support::redis_server::redis_key;
+use bytes::Bytes;
+use std::time::{Duration, Instant};
+use tower_idempotency::conformance::{fingerprint, random_key};
+use tower_idempotency::engine::{Begin, Engine, RecordedResponse};
+use tower_idempotency::store::StoreErrorKind;
+use tower_idempotency::store::redis::RedisStore;
+
+fn response() -> RecordedResponse {
+    RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{\"id\":1}")))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sentinel_store_follows_a_failover() {
+    if !redis_sentinel::available() {
+        return;
+    }
+    let mut set = SentinelSet::start();
+    let plain = RedisStore::builder("sentinel")
+        .timeout(Duration::from_millis(500))
+        .connect_sentinel(set.urls(), SERVICE, None)
+        .await
+        .expect("connect through the sentinels");
+    let durable = RedisStore::builder("sentinel")
+        .timeout(Duration::from_millis(500))
+        .wait_for_replicas(1, Duration::from_millis(400))
+        .connect_sentinel(set.urls(), SERVICE, None)
+        .await
+        .expect("connect through the sentinels");
+    let (plain, durable) = (Engine::new(plain), Engine::new(durable));
+    let fp = fingerprint("a");
+
+    // Claim and complete through the primary the sentinels named.
+    let key = random_key();
+    let Begin::Run(t) = plain.begin(key, fp).await.unwrap() else {
+        panic!("a fresh key runs")
+    };
+    assert!(plain.complete(t, &response()).await.unwrap());
+    assert!(matches!(
+        plain.begin(key, fp).await.unwrap(),
+        Begin::Replayed(r) if r == response()
+    ));
+    // Completed with the replica's acknowledgement: it must outlive the primary.
+    let kept = random_key();
+    let Begin::Run(t) = durable.begin(kept, fp).await.unwrap() else {
+        panic!("a fresh key runs")
+    };
+    assert!(durable.complete(t, &response()).await.unwrap());
+    let prefix = plain.store().key_prefix().to_owned();
+    assert_eq!(
+        set.replica()
+            .command(&["EXISTS", &redis_key(&prefix, &kept)]),
+        "1"
+    );
+
+    set.primary().stop(); // SIGKILL: no shutdown, no save
+    let killed = Instant::now();
+    let (mut failures, deadline) = (0u32, killed + Duration::from_secs(30));
+    loop {
+        match plain.begin(random_key(), fp).await {
+            Ok(Begin::Run(t)) => match plain.complete(t, &response()).await {
+                Ok(done) => {
+                    assert!(done);
+                    break;
+                }
+                Err(e) => assert!(
+                    matches!(
+                        e.kind(),
+                        StoreErrorKind::Unavailable | StoreErrorKind::Timeout
+                    ),
+                    "{e:?}"
+                ),
+            },
+            Ok(other) => panic!("a fresh key runs or fails, got {other:?}"),
+            Err(e) => assert!(
+                matches!(
+                    e.kind(),
+                    StoreErrorKind::Unavailable | StoreErrorKind::Timeout
+                ),
+                "while the primary is gone a claim is Unavailable or Timeout: {e:?}"
+            ),
+        }
+        failures += 1;
+        assert!(
+            Instant::now() < deadline,
+            "the store did not serve again within 30 s of the kill ({failures} failures)"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    eprintln!(
+        "sentinel failover: serving again {:?} after the kill, {failures} failed steps",
+        killed.elapsed()
+    );
+    set.wait_for_promotion();
+
+    // The acknowledged record survived; the new primary has no replica, so a durable
+    // complete now fails with its own kind, and its claim still works.
+    assert!(matches!(
+        plain.begin(kept, fp).await.unwrap(),
+        Begin::Replayed(r) if r == response()
+    ));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let ticket = loop {
+        match durable.begin(random_key(), fp).await {
+            Ok(Begin::Run(t)) => break t,
+            Ok(other) => panic!("a fresh key runs or fails, got {other:?}"),
+            Err(e) => assert!(Instant::now() < deadline, "durable store: {e:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let err = durable.complete(ticket, &response()).await.unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::NotReplicated, "{err:?}");
+}
+
+#[tokio::test]
+async fn no_sentinel_to_ask_is_unavailable() {
+    if !redis_sentinel::available() {
+        return;
+    }
+    let port = crate::support::redis_server::free_port(false);
+    let err = RedisStore::connect_sentinel([format!("redis://127.0.0.1:{port}/")], SERVICE, "x")
+        .await
+        .unwrap_err();
+    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err:?}");
+    let err = RedisStore::connect_sentinel(Vec::<String>::new(), SERVICE, "x")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.kind(),
+        StoreErrorKind::Unavailable,
+        "no sentinel at all: {err:?}"
+    );
+    let err = RedisStore::builder("")
+        .connect_sentinel([format!("redis://127.0.0.1:{port}/")], SERVICE, None)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.kind(),
+        StoreErrorKind::Unavailable,
+        "an empty prefix: {err:?}"
+    );
+}
