@@ -245,7 +245,7 @@ async fn the_layer_returns_the_response_when_the_complete_is_not_replicated() {
         .expect("connect");
     let runs = Arc::new(AtomicUsize::new(0));
     let counter = Arc::clone(&runs);
-    let svc = IdempotencyLayer::with_store(store).layer(service_fn(
+    let svc = IdempotencyLayer::new(store).layer(service_fn(
         move |_req: http::Request<RequestBody<Full<Bytes>>>| {
             counter.fetch_add(1, Ordering::SeqCst);
             async {
