@@ -5,6 +5,7 @@
 #
 # 1. Makes sure the external programs the tests use are on PATH:
 #      redis-server, redis-cli   (Debian: redis-server, redis-tools)
+#      redis-sentinel            (Debian: redis-sentinel; the Sentinel failover tests)
 #      protoc + well-known types (Debian: protobuf-compiler, libprotobuf-dev)
 #      nats-server               (Debian: nats-server, 2.9; JetStream tests of the
 #                                 message door; Debian installs it in /usr/sbin)
