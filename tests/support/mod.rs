@@ -5,6 +5,7 @@
 //!   the client and its answers, the demo authentication, the spy (and fault) store;
 //! - [`raw_http`]: raw HTTP/1.1 bytes to that server, for requests a client library refuses;
 //! - [`apps`]: load over the in-process app or quickstart processes: storms, answer mixes;
+//! - [`child`]: this test binary as a child process (an application to kill), and its output;
 //! - [`quickstart`]: the built quickstart example as a child process (memory store or Redis);
 //! - [`metrics`]: the crate's counters read back from the debugging recorder (feature `metrics`);
 //! - [`nats_server`]: `nats-server -js` on a free loopback port with a temporary store;
@@ -19,6 +20,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod apps;
+pub(crate) mod child;
 pub(crate) mod http;
 #[cfg(feature = "metrics")]
 pub(crate) mod metrics;
