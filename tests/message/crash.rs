@@ -37,10 +37,10 @@
 use crate::storm::{rand_u32, shuffle};
 use crate::support::nats_server::{self, NatsServer};
 use crate::support::redis_server::{self, RedisServer};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::process::Stdio;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
@@ -76,8 +76,11 @@ const SLOTS: usize = 16;
 const CONSUMERS: usize = 3;
 /// The killed child has started this many handlers when it is killed.
 const KILL_AFTER_STARTS: usize = 10;
-/// The pause between two publishes: the storm lasts through the fault.
-const PUBLISH_EVERY: Duration = Duration::from_millis(1);
+/// Publisher tasks, and the pause of each between two publishes: about 500 publishes a
+/// second, more than the consumers handle, so a backlog builds and the storm lasts through
+/// the fault.
+const PUBLISHERS: usize = 4;
+const PUBLISH_EVERY: Duration = Duration::from_millis(8);
 
 /// Notes a run at its start, under its claim. KEYS: `runs:<n>`, `running:<n>`, `effect:<n>`;
 /// ARGV: the run's id (`<pid>:<seq>`), `<n>`. Counts the run, lists the runs of the message
@@ -463,8 +466,8 @@ fn message(n: usize) -> (String, async_nats::HeaderMap) {
     (format!("crash.{n}"), headers)
 }
 
-/// Publishes every message `copies` times, copies near each other in a shuffled order, each
-/// publish retried until acknowledged (at most `until`).
+/// Publishes every message `copies` times, copies near each other in a shuffled order, from
+/// [`PUBLISHERS`] tasks at once. Each publish is retried until acknowledged (at most `until`).
 fn publish(
     js: jetstream::Context,
     messages: usize,
@@ -481,46 +484,66 @@ fn publish(
     for chunk in order.chunks_mut(SLOTS * 2) {
         shuffle(chunk);
     }
-    tokio::spawn(async move {
-        let mut p = Published {
-            acked: vec![0; messages],
-            ..Published::default()
-        };
-        for n in order {
-            loop {
-                p.attempts += 1;
-                let (subject, headers) = message(n);
-                let sent = tokio::time::timeout(Duration::from_secs(2), async {
-                    js.publish_with_headers(subject, headers, n.to_string().into())
-                        .await?
-                        .await
-                        .map_err(async_nats::Error::from)
-                })
-                .await;
-                match sent {
-                    Ok(Ok(ack)) => {
-                        p.acked[n] += 1;
-                        p.deduplicated += usize::from(ack.duplicate);
-                        let now = Instant::now();
-                        if let Some(last) = p.last_ack.replace(now) {
-                            p.longest_gap = p.longest_gap.max(now - last);
-                        }
-                        acked_total.fetch_add(1, Ordering::Relaxed);
-                        break;
-                    }
-                    _ => {
-                        p.errors += 1;
-                        if Instant::now() > until {
-                            p.given_up += 1;
+    let queue = Arc::new(Mutex::new(VecDeque::from(order)));
+    let tally = Arc::new(Mutex::new(Published {
+        acked: vec![0; messages],
+        ..Published::default()
+    }));
+    let workers: Vec<_> = (0..PUBLISHERS)
+        .map(|_| {
+            let (js, queue, tally) = (js.clone(), Arc::clone(&queue), Arc::clone(&tally));
+            let acked_total = Arc::clone(&acked_total);
+            tokio::spawn(async move {
+                loop {
+                    let Some(n) = queue.lock().unwrap().pop_front() else {
+                        return;
+                    };
+                    loop {
+                        let (subject, headers) = message(n);
+                        let sent = tokio::time::timeout(Duration::from_secs(2), async {
+                            js.publish_with_headers(subject, headers, n.to_string().into())
+                                .await?
+                                .await
+                                .map_err(async_nats::Error::from)
+                        })
+                        .await;
+                        let settled = {
+                            let mut p = tally.lock().unwrap();
+                            p.attempts += 1;
+                            if let Ok(Ok(ack)) = sent {
+                                p.acked[n] += 1;
+                                p.deduplicated += usize::from(ack.duplicate);
+                                let now = Instant::now();
+                                if let Some(last) = p.last_ack.replace(now) {
+                                    p.longest_gap = p.longest_gap.max(now - last);
+                                }
+                                acked_total.fetch_add(1, Ordering::Relaxed);
+                                true
+                            } else {
+                                p.errors += 1;
+                                p.given_up += usize::from(Instant::now() > until);
+                                Instant::now() > until
+                            }
+                        };
+                        if settled {
                             break;
                         }
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
+                    tokio::time::sleep(PUBLISH_EVERY).await;
                 }
-            }
-            tokio::time::sleep(PUBLISH_EVERY).await;
+            })
+        })
+        .collect();
+    tokio::spawn(async move {
+        for w in workers {
+            w.await.unwrap();
         }
-        p
+        Arc::try_unwrap(tally)
+            .ok()
+            .expect("every publisher task ended")
+            .into_inner()
+            .unwrap()
     })
 }
 
@@ -597,7 +620,10 @@ pub(crate) async fn fault_run(plan: Plan) -> Option<Figures> {
     while !busy(&obs) {
         obs.next(Duration::from_secs(30), "the consumers handled messages")
             .await;
-        assert!(!obs.gone.contains(&true), "a consumer exited before the fault");
+        assert!(
+            !obs.gone.contains(&true),
+            "a consumer exited before the fault"
+        );
     }
     let fault_at = Instant::now();
     let mut victim = None;
@@ -783,7 +809,10 @@ pub(crate) async fn fault_run(plan: Plan) -> Option<Figures> {
 /// What every fault run must show: no side effect lost, and every run beyond one per message
 /// explained by the killed child's lapsed claim.
 pub(crate) fn assert_nothing_lost(f: &Figures) {
-    assert_eq!(f.lost, 0, "every stored message's side effect happened: {f:#?}");
+    assert_eq!(
+        f.lost, 0,
+        "every stored message's side effect happened: {f:#?}"
+    );
     assert_eq!(f.given_up, 0, "every publish was acknowledged: {f:#?}");
     assert_eq!(f.replies.get("term"), None, "no message terminated: {f:#?}");
     assert_eq!(

@@ -30,10 +30,16 @@ fn down() -> Fault {
 
 /// A restart interrupts no run and stores every acknowledged publish: nothing runs twice.
 fn assert_nothing_twice(f: &Figures) {
-    assert_eq!(f.not_stored, 0, "the server kept every acknowledged publish: {f:#?}");
+    assert_eq!(
+        f.not_stored, 0,
+        "the server kept every acknowledged publish: {f:#?}"
+    );
     assert_eq!(f.extra_runs, 0, "no message ran twice: {f:#?}");
     assert_eq!(f.duplicate_effects, 0, "no side effect done twice: {f:#?}");
-    assert!(f.first_ack.is_some(), "messages delivered after the restart ran: {f:#?}");
+    assert!(
+        f.first_ack.is_some(),
+        "messages delivered after the restart ran: {f:#?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
