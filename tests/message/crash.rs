@@ -30,11 +30,12 @@
 //! ```
 //!
 //! Size: `CRASH_MESSAGES` (default 300) and `CRASH_COPIES` (publishes per message in the
-//! storm, default 3).
+//! storm, default 3). Pace: `CRASH_PUBLISHERS` tasks (default 4), each pausing
+//! `CRASH_PUBLISH_EVERY_MS` (default 8) between two publishes.
 #![cfg(all(feature = "nats", feature = "redis"))]
 #![allow(clippy::unwrap_used)]
 
-use crate::storm::{rand_u32, shuffle};
+use crate::storm::{env_or, rand_u32, shuffle};
 use crate::support::nats_server::{self, NatsServer};
 use crate::support::redis_server::{self, RedisServer};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -76,11 +77,11 @@ const SLOTS: usize = 16;
 const CONSUMERS: usize = 3;
 /// The killed child has started this many handlers when it is killed.
 const KILL_AFTER_STARTS: usize = 10;
-/// Publisher tasks, and the pause of each between two publishes: about 500 publishes a
-/// second, more than the consumers handle, so a backlog builds and the storm lasts through
-/// the fault.
+/// Publisher tasks (`CRASH_PUBLISHERS`), and the pause of each between two publishes
+/// (`CRASH_PUBLISH_EVERY_MS`): about 500 publishes a second by default, more than the
+/// consumers handle, so a backlog builds and the storm lasts through the fault.
 const PUBLISHERS: usize = 4;
-const PUBLISH_EVERY: Duration = Duration::from_millis(8);
+const PUBLISH_EVERY_MS: usize = 8;
 
 /// Notes a run at its start, under its claim. KEYS: `runs:<n>`, `running:<n>`, `effect:<n>`;
 /// ARGV: the run's id (`<pid>:<seq>`), `<n>`. Counts the run, lists the runs of the message
@@ -489,7 +490,8 @@ fn publish(
         acked: vec![0; messages],
         ..Published::default()
     }));
-    let workers: Vec<_> = (0..PUBLISHERS)
+    let every = Duration::from_millis(env_or("CRASH_PUBLISH_EVERY_MS", PUBLISH_EVERY_MS) as u64);
+    let workers: Vec<_> = (0..env_or("CRASH_PUBLISHERS", PUBLISHERS))
         .map(|_| {
             let (js, queue, tally) = (js.clone(), Arc::clone(&queue), Arc::clone(&tally));
             let acked_total = Arc::clone(&acked_total);
@@ -530,7 +532,7 @@ fn publish(
                         }
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
-                    tokio::time::sleep(PUBLISH_EVERY).await;
+                    tokio::time::sleep(every).await;
                 }
             })
         })
@@ -724,11 +726,12 @@ pub(crate) async fn fault_run(plan: Plan) -> Option<Figures> {
             .query_async(&mut conn)
             .await
             .unwrap();
-        let interrupted = unfinished.iter().filter(|r| killed(r)).count() as u64;
-        f.left_running += unfinished.len() - interrupted as usize;
+        let interrupted = unfinished.iter().filter(|r| killed(r)).count();
+        f.left_running += unfinished.len() - interrupted;
         if killing {
-            f.in_flight_at_fault += interrupted as usize;
+            f.in_flight_at_fault += interrupted;
         }
+        let interrupted = interrupted as u64;
         if interrupted > 0 {
             lapsed_messages.insert(n.to_string());
         }
@@ -869,7 +872,7 @@ pub(crate) fn default_plan(messages: usize, copies: usize, fault: Fault) -> Plan
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_killed_mid_handler_loses_nothing_with_the_default_settings() {
-    let messages = crate::storm::env_or("CRASH_MESSAGES", 300);
+    let messages = env_or("CRASH_MESSAGES", 300);
     let Some(f) = fault_run(ci_plan(messages, 1, Fault::KillConsumer)).await else {
         return;
     };
@@ -879,8 +882,8 @@ async fn a_consumer_killed_mid_handler_loses_nothing_with_the_default_settings()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_killed_mid_handler_under_a_duplicate_storm_loses_nothing() {
-    let messages = crate::storm::env_or("CRASH_MESSAGES", 300);
-    let copies = crate::storm::env_or("CRASH_COPIES", 3);
+    let messages = env_or("CRASH_MESSAGES", 300);
+    let copies = env_or("CRASH_COPIES", 3);
     let Some(f) = fault_run(ci_plan(messages, copies, Fault::KillConsumer)).await else {
         return;
     };
@@ -891,7 +894,7 @@ async fn a_consumer_killed_mid_handler_under_a_duplicate_storm_loses_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "the RELIABILITY figure: about 70 s (JetStream's 30 s ack_wait, the 60 s lease)"]
 async fn crash_figure_with_every_default() {
-    let messages = crate::storm::env_or("CRASH_MESSAGES", 300);
+    let messages = env_or("CRASH_MESSAGES", 300);
     let Some(f) = fault_run(default_plan(messages, 1, Fault::KillConsumer)).await else {
         return;
     };
@@ -902,8 +905,8 @@ async fn crash_figure_with_every_default() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "the RELIABILITY figure: about 70 s (JetStream's 30 s ack_wait, the 60 s lease)"]
 async fn storm_crash_figure_with_every_default() {
-    let messages = crate::storm::env_or("CRASH_MESSAGES", 300);
-    let copies = crate::storm::env_or("CRASH_COPIES", 3);
+    let messages = env_or("CRASH_MESSAGES", 300);
+    let copies = env_or("CRASH_COPIES", 3);
     let Some(f) = fault_run(default_plan(messages, copies, Fault::KillConsumer)).await else {
         return;
     };
