@@ -77,7 +77,7 @@
 //!
 //! So keep the loop going on an `Err` from the stream, as the example does. The stream
 //! reports a missed heartbeat or a failed pull, and carries on; a deleted consumer ends it.
-//! Ending the loop on the first error stops the consumer at the first restart.
+//! A loop that ends on its first error stops at the first outage that misses a heartbeat.
 //!
 //! A machine crash or a power cut is another matter. The server syncs its files to disk
 //! every 2 minutes by default, so it can lose the publishes of those minutes. Set

@@ -169,9 +169,12 @@ async fn consumer_process() {
     );
     let js = jetstream::new(async_nats::connect(nats).await.unwrap());
     let consumer: PullConsumer = js.get_consumer_from_stream(DURABLE, STREAM).await.unwrap();
+    // The idle heartbeat `consumer.messages()` asks for: a server down for over 30 s shows
+    // as a missed heartbeat, an `Err` the loop goes past.
     let mut messages = consumer
         .stream()
         .max_messages_per_batch(SLOTS)
+        .heartbeat(Duration::from_secs(15))
         .messages()
         .await
         .unwrap();
