@@ -27,7 +27,15 @@
 //! let consumer = JetStreamConsumer::new(handler);
 //!
 //! while let Some(message) = messages.next().await {
-//!     let processed = consumer.handle(message?).await;
+//!     let message = match message {
+//!         Ok(message) => message,
+//!         // A missed heartbeat or a failed pull, as while the server restarts: go on.
+//!         Err(e) => {
+//!             eprintln!("pull: {e}");
+//!             continue;
+//!         }
+//!     };
+//!     let processed = consumer.handle(message).await;
 //!     println!("{:?}", processed.reply);
 //! }
 //! # Ok(()) }
@@ -58,6 +66,23 @@
 //! the engine's lease, 60 s by default. The redelivery waits a second for the claim. It is
 //! then naked with a short delay that grows with each delivery, and runs once the lease has
 //! lapsed. Keep `max_deliver` unlimited, or its span of redeliveries longer than the lease.
+//!
+//! **A server restart loses nothing** either. Killed with SIGKILL and started again on its
+//! file store, the server keeps every publish it acknowledged. It hands each write to the
+//! operating system, which keeps it when the process dies. The client reconnects by itself:
+//! async-nats retries without limit by default. The pull stream then asks for messages
+//! again. Handlers running meanwhile finish and write their records. Acks sent around the
+//! crash can be lost, so the server redelivers those messages after `ack_wait`. Each
+//! redelivery is answered from its record and acked; nothing runs twice.
+//!
+//! So keep the loop going on an `Err` from the stream, as the example does. The stream
+//! reports a missed heartbeat or a failed pull, and carries on; a deleted consumer ends it.
+//! A loop that ends on its first error stops at the first outage that misses a heartbeat.
+//!
+//! A machine crash or a power cut is another matter. The server syncs its files to disk
+//! every 2 minutes by default, so it can lose the publishes of those minutes. Set
+//! `sync_interval: always` in its `jetstream` block to lose none (nats-server 2.10 or later;
+//! 2.9 has no such option). It costs a sync per write.
 //!
 //! While the handler runs, `Progress` (`+WPI`) is sent every third of the consumer's
 //! `ack_wait`. So the server does not redeliver the message to another consumer mid-work.

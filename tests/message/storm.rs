@@ -144,7 +144,7 @@ pub(crate) fn rand_u32() -> u32 {
     })
 }
 
-fn shuffle<T>(v: &mut [T]) {
+pub(crate) fn shuffle<T>(v: &mut [T]) {
     for i in (1..v.len()).rev() {
         v.swap(i, rand_u32() as usize % (i + 1));
     }

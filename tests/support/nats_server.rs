@@ -1,5 +1,7 @@
 //! A real `nats-server` with JetStream for tests: a free loopback port, a temporary store
-//! directory, killed on drop (and by a watchdog if the test process dies first).
+//! directory, killed on drop (and by a watchdog if the test process dies first). A server can
+//! be killed with SIGKILL and started again on the same port and store ([`NatsServer::kill`],
+//! [`NatsServer::restart`]).
 //!
 //! When `nats-server` is not on `PATH` (Debian puts it in `/usr/sbin`, looked at too),
 //! [`available`] prints a notice and the test returns early; with
@@ -87,6 +89,31 @@ impl NatsServer {
         format!("127.0.0.1:{}", self.port)
     }
 
+    /// Kills the server with SIGKILL, as a crash would, and keeps its store directory.
+    pub(crate) fn kill(&mut self) {
+        self.stop_children();
+    }
+
+    /// Starts the server again on the same port and store directory, after [`Self::kill`].
+    /// Panics when it does not greet within 10 s (its port may have been taken meanwhile).
+    pub(crate) fn restart(&mut self) {
+        self.stop_children();
+        if let Err(e) = self.spawn() {
+            panic!("could not restart nats-server: {e}");
+        }
+    }
+
+    fn stop_children(&mut self) {
+        for c in [self.child.take(), self.watchdog.take()]
+            .into_iter()
+            .flatten()
+        {
+            let mut c = c;
+            let _ = c.kill(); // SIGKILL
+            let _ = c.wait();
+        }
+    }
+
     fn spawn(&mut self) -> Result<(), String> {
         let bin = binary().ok_or("nats-server not found")?;
         std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?;
@@ -153,14 +180,7 @@ fn greets(port: u16) -> bool {
 
 impl Drop for NatsServer {
     fn drop(&mut self) {
-        for c in [self.child.take(), self.watchdog.take()]
-            .into_iter()
-            .flatten()
-        {
-            let mut c = c;
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.stop_children();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
