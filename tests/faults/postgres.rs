@@ -577,8 +577,8 @@ async fn storm(door: Door, size: Size) -> Report {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let killed = Instant::now();
-    let kill_us = now_us();
     tokio::task::block_in_place(|| server.kill());
+    let kill_us = now_us();
     let kill_took = killed.elapsed();
     tokio::time::sleep(size.outage).await;
     let outage = killed.elapsed();
@@ -710,7 +710,7 @@ fn key_index(name: &str) -> usize {
     name.strip_prefix('k').unwrap().parse().unwrap()
 }
 
-/// `fault`: when the kill began and the restart ended, in µs.
+/// `fault`: when the server processes were gone and when the restart ended, in µs.
 async fn count_store(
     report: &mut Report,
     size: Size,
@@ -1027,5 +1027,42 @@ async fn postgres_kill_figures() {
         )
         .await;
         assert_eq!(report.half_done, 0, "{report:#?}");
+    }
+}
+
+/// The store's own pool commits with `synchronous_commit` on where the database's default
+/// is off, and keeps a stronger setting as it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_store_pool_keeps_synchronous_commit_on() {
+    if !postgres_server::available() {
+        return;
+    }
+    let server = PostgresServer::start();
+    let admin = server.pool(1).await;
+    for (default, expected) in [
+        ("off", "on"),
+        ("on", "on"),
+        ("remote_apply", "remote_apply"),
+    ] {
+        sqlx::query(&format!(
+            "ALTER DATABASE postgres SET synchronous_commit = {default}"
+        ))
+        .execute(&admin)
+        .await
+        .unwrap();
+        let store = PostgresStore::connect(&server.url(), PREFIX).await.unwrap();
+        let mut conn = store.pool().acquire().await.unwrap();
+        let setting: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+        assert_eq!(setting, expected, "database default {default}");
+        // A pool of the app's keeps the database's default.
+        let own = server.pool(1).await;
+        let setting: String = sqlx::query_scalar("SHOW synchronous_commit")
+            .fetch_one(&own)
+            .await
+            .unwrap();
+        assert_eq!(setting, default);
     }
 }

@@ -255,12 +255,10 @@ impl PostgresServer {
         let Some(postmaster) = self.postmaster() else {
             return;
         };
-        signal("STOP", postmaster);
+        signal("STOP", &[postmaster]);
         let mut all = children(postmaster);
         all.push(postmaster);
-        for pid in &all {
-            signal("KILL", *pid);
-        }
+        signal("KILL", &all);
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
         while all.iter().any(|pid| alive(*pid)) {
             assert!(
@@ -326,11 +324,11 @@ fn run(cmd: &mut Command) -> Result<Output, String> {
     }
 }
 
-/// `kill -<name> <pid>`.
-fn signal(name: &str, pid: u32) {
+/// `kill -<name> <pids>`: one command, so that they get it at once.
+fn signal(name: &str, pids: &[u32]) {
     let _ = Command::new("kill")
         .arg(format!("-{name}"))
-        .arg(pid.to_string())
+        .args(pids.iter().map(u32::to_string))
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .status();
