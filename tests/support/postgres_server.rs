@@ -107,12 +107,23 @@ pub struct PostgresServer {
     dir: PathBuf,
     bindir: PathBuf,
     as_user: bool,
+    /// Server settings (`-c name=value`) beside the defaults of [`start`](Self::start).
+    extra: String,
     watchdog: Option<Child>,
 }
 
 impl PostgresServer {
     /// A fresh cluster on a free port, with `fsync` off and room for 250 connections.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// [`start`](Self::start) with more server settings, such as `("synchronous_commit", "off")`.
+    pub fn start_with(settings: &[(&str, &str)]) -> Self {
+        let extra: String = settings
+            .iter()
+            .map(|(name, value)| format!(" -c {name}={value}"))
+            .collect();
         let bindir = bindir().expect("PostgreSQL binaries (check `available()` first)");
         let as_user = running_as_root();
         let mut last = String::new();
@@ -123,6 +134,7 @@ impl PostgresServer {
                 dir: temp_dir(port),
                 bindir: bindir.clone(),
                 as_user,
+                extra: extra.clone(),
                 watchdog: None,
             };
             match server.spawn() {
@@ -187,11 +199,18 @@ impl PostgresServer {
             "--locale=C",
             "--no-sync",
         ]))?;
+        self.run_server()
+    }
+
+    /// `pg_ctl start` on the cluster in the directory, and a watchdog for it.
+    fn run_server(&mut self) -> Result<(), String> {
+        let data = self.dir.join("data");
         let options = format!(
             "-c listen_addresses=127.0.0.1 -p {port} -c unix_socket_directories={dir} \
-             -c fsync=off -c full_page_writes=off -c max_connections=250 -c shared_buffers=64MB",
+             -c fsync=off -c full_page_writes=off -c max_connections=250 -c shared_buffers=64MB{extra}",
             port = self.port,
             dir = self.dir.display(),
+            extra = self.extra,
         );
         run(self
             .command("pg_ctl")
@@ -211,6 +230,58 @@ impl PostgresServer {
             .ok_or("no postmaster.pid after pg_ctl start")?;
         self.watchdog = Some(watchdog(pid, &self.dir));
         Ok(())
+    }
+
+    /// The postmaster's process id, from `postmaster.pid`.
+    fn postmaster(&self) -> Option<u32> {
+        std::fs::read_to_string(self.dir.join("data").join("postmaster.pid"))
+            .ok()?
+            .lines()
+            .next()?
+            .trim()
+            .parse()
+            .ok()
+    }
+
+    /// `kill -9` of the postmaster and every backend, as a crash of the server would. The
+    /// postmaster is stopped first (`SIGSTOP`), so that it forks nothing while its children
+    /// are listed. Returns once every one of them is gone. The data directory stays:
+    /// [`restart`](Self::restart) runs crash recovery on it.
+    pub fn kill(&mut self) {
+        if let Some(mut w) = self.watchdog.take() {
+            let _ = w.kill();
+            let _ = w.wait();
+        }
+        let Some(postmaster) = self.postmaster() else {
+            return;
+        };
+        signal("STOP", &[postmaster]);
+        let mut all = children(postmaster);
+        all.push(postmaster);
+        signal("KILL", &all);
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while all.iter().any(|pid| alive(*pid)) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "PostgreSQL processes outlived kill -9"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Starts the server again on the same port and data directory, after [`kill`](Self::kill)
+    /// or [`stop`](Self::stop). PostgreSQL runs crash recovery from its write-ahead log
+    /// before it accepts connections; this returns once it does.
+    pub fn restart(&mut self) {
+        let mut last = String::new();
+        for _ in 0..5 {
+            match self.run_server() {
+                Ok(()) => return,
+                Err(e) => last = e,
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        panic!("could not restart PostgreSQL: {last}");
     }
 
     /// Stops the server at once (`pg_ctl stop -m immediate`: no checkpoint, as a crash would).
@@ -251,6 +322,43 @@ fn run(cmd: &mut Command) -> Result<Output, String> {
             String::from_utf8_lossy(&out.stderr)
         ))
     }
+}
+
+/// `kill -<name> <pids>`: one command, so that they get it at once.
+fn signal(name: &str, pids: &[u32]) {
+    let _ = Command::new("kill")
+        .arg(format!("-{name}"))
+        .args(pids.iter().map(u32::to_string))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status();
+}
+
+/// Whether `pid` is a live process (a zombie counts as gone).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            let state = stat.rsplit_once(") ")?.1.chars().next()?;
+            Some(state != 'Z' && state != 'X')
+        })
+        .unwrap_or(false)
+}
+
+/// The process ids whose parent is `parent`, from `/proc`.
+fn children(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| {
+            let pid: u32 = e.ok()?.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            // `pid (comm) state ppid ...`: comm may hold spaces, so split after its `)`.
+            let ppid: u32 = stat.rsplit_once(") ")?.1.split(' ').nth(1)?.parse().ok()?;
+            (ppid == parent).then_some(pid)
+        })
+        .collect()
 }
 
 fn free_port() -> u16 {

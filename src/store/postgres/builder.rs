@@ -15,6 +15,12 @@ use std::time::Duration;
 /// Connections of a pool made by [`PostgresStoreBuilder::connect`].
 const POOL_SIZE: u32 = 10;
 
+/// Run on each new connection of a pool made by [`PostgresStoreBuilder::connect`]: a commit
+/// waits for its write-ahead log record where the server's default would not. Stronger
+/// settings (`remote_write`, `remote_apply`) are kept.
+const DURABLE_COMMITS: &str = "SELECT set_config('synchronous_commit', 'on', false) \
+     WHERE current_setting('synchronous_commit') = 'off'";
+
 /// Builds a [`PostgresStore`]. It is made by [`PostgresStore::builder`], and each setter names
 /// its setting. The store is built over a pool with [`build`](Self::build), or connects
 /// itself with [`connect`](Self::connect).
@@ -101,7 +107,9 @@ impl PostgresStoreBuilder {
     }
 
     /// The store over an existing pool, whose settings are kept as given. Set `statement_timeout`
-    /// on its connections to have the server bound what the store's timeout abandons.
+    /// on its connections to have the server bound what the store's timeout abandons. Keep
+    /// `synchronous_commit` on: with it off, a crash of the server loses the last acknowledged
+    /// records (see [`connect`](Self::connect)).
     ///
     /// # Errors
     /// A [`ConfigError`] when the prefix is empty or the table name is not accepted.
@@ -122,6 +130,11 @@ impl PostgresStoreBuilder {
     /// [timeout](Self::timeout). The setting `tower_idempotency.statement_timeout` marks it as the
     /// store's, and [`within`] lifts it for its work. For other pool settings, build a [`PgPool`]
     /// and use [`build`](Self::build).
+    ///
+    /// Where the server's `synchronous_commit` is `off`, the pool's connections set it `on`.
+    /// Otherwise a commit is acknowledged before it is in the write-ahead log, and a crash of
+    /// the server loses the last acknowledged records: their work runs again. Stronger
+    /// settings, such as `remote_apply`, are kept.
     ///
     /// [`within`]: crate::transactional::within
     ///
@@ -153,6 +166,12 @@ impl PostgresStoreBuilder {
         let pool = PgPoolOptions::new()
             .max_connections(POOL_SIZE)
             .acquire_timeout(self.timeout.max(CONNECT_TIMEOUT))
+            .after_connect(|conn, _| {
+                Box::pin(async move {
+                    sqlx::query(DURABLE_COMMITS).execute(conn).await?;
+                    Ok(())
+                })
+            })
             .connect_lazy_with(options);
         self.build(pool).map_err(invalid)
     }

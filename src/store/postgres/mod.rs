@@ -25,8 +25,10 @@
 //!
 //! [`PostgresStore`] keeps records in a table of your database, where every replica finds
 //! them. They are as durable as the rest of your data: a completed record survives a crash and
-//! a failover like any committed row. It serves the HTTP layer and every other door like the
-//! other stores. It is also the store of the [transactional door](crate::transactional), which
+//! a failover like any committed row. A commit is acknowledged once it is in the write-ahead
+//! log: a pool made by [`PostgresStore::connect`] keeps `synchronous_commit` on, even where the
+//! server's default is off. It serves the HTTP layer and every other door like the other
+//! stores. It is also the store of the [transactional door](crate::transactional), which
 //! commits the work and its record in one transaction.
 //!
 //! # Which store
