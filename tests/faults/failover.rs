@@ -308,7 +308,10 @@ struct Report {
     duplicates: BTreeMap<String, usize>,
     /// Completes by result.
     completes: BTreeMap<String, usize>,
-    /// Per process: from the fault to the end of its last failed request (zero: none failed).
+    /// Per process: when its failed requests ended, from the fault (first, last).
+    failed_between: Vec<Option<(Duration, Duration)>>,
+    /// Per process: from the fault to the first answer after its last failed request (zero:
+    /// none failed).
     recovered_after: Vec<Duration>,
     /// From the start of the storm to the fault.
     fault_at: Duration,
@@ -329,8 +332,9 @@ impl fmt::Display for Report {
             "storm, {}: {} requests in {:.1?} ({} keys x {} passes by {} clients on each of 2 \
              apps), fault at {:.1?}; acknowledged {}, LOST {} {:?} (runs that showed it: {:.2?} after \
              the fault, per app {:?}); executions {} (keys run \
-             twice {}), duplicates {:?}; completes {:?}; answers per app {}; recovered after \
-             (per app, last failed request) {:.2?}",
+             twice {}), duplicates {:?}; completes {:?}; answers per app {}; failed requests \
+             ended (per app, from the fault) {:.2?}; recovered after (per app: the first answer \
+             after the last failure) {:.2?}",
             self.label,
             self.requests,
             self.took,
@@ -348,6 +352,7 @@ impl fmt::Display for Report {
             self.duplicates,
             self.completes,
             answers.join(" "),
+            self.failed_between,
             self.recovered_after,
         )
     }
@@ -702,19 +707,38 @@ async fn count(
         report
             .answers
             .push(Mix::of(mine.iter().map(|&i| &answers[i])));
-        let last_failure = mine
+        // The store answered: a run, a replay, or a key in flight.
+        let answered = |i: usize| {
+            matches!(
+                answers[i].kind(),
+                Kind::Fresh | Kind::Replay | Kind::InFlight
+            )
+        };
+        let failures: Vec<u64> = mine
             .iter()
-            .filter(|&&i| {
-                !matches!(
-                    answers[i].kind(),
-                    Kind::Fresh | Kind::Replay | Kind::InFlight
-                )
-            })
+            .filter(|&&i| !answered(i))
             .map(|&i| ends[i])
-            .max();
-        report.recovered_after.push(Duration::from_millis(
-            last_failure.map_or(0, |ms| ms.saturating_sub(fault_ms)),
-        ));
+            .collect();
+        let recovered = failures.iter().max().map(|&last| {
+            let next = mine
+                .iter()
+                .filter(|&&i| answered(i) && ends[i] > last)
+                .map(|&i| ends[i])
+                .min()
+                .unwrap_or(last);
+            next.saturating_sub(fault_ms)
+        });
+        let from_fault = |ms: u64| Duration::from_millis(ms.saturating_sub(fault_ms));
+        report.failed_between.push(
+            failures
+                .iter()
+                .min()
+                .zip(failures.iter().max())
+                .map(|(&a, &b)| (from_fault(a), from_fault(b))),
+        );
+        report
+            .recovered_after
+            .push(Duration::from_millis(recovered.unwrap_or(0)));
     }
     report
 }
