@@ -957,3 +957,67 @@ async fn partition_storm_figures() {
     assert_eq!(report.lost(), 0, "{report}");
     assert!(report.acknowledged >= load.keys / 3, "{report}");
 }
+
+/// How long claims take while completes wait for a replica that never acknowledges: `WAIT`
+/// holds the store's one connection, so the claims written after it wait too. Printed. Run
+/// with `cargo test -p tower-idempotency --all-features --test faults -- --ignored
+/// wait_holds_claims_figures --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "figures, printed: run by hand"]
+async fn wait_holds_claims_figures() {
+    if !crate::support::redis_server::available() {
+        return;
+    }
+    // No replica: every `WAIT 1` runs to its bound.
+    let server = RedisServer::start();
+    let store = RedisStore::builder("wait")
+        .wait_for_replicas(1, Duration::from_millis(200))
+        .connect(&server.url())
+        .await
+        .expect("connect");
+    let engine = Engine::new(store);
+    let fp = fingerprint("a");
+    let response = RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{}")));
+    let claims = |engine: Engine<RedisStore>| async move {
+        let mut took = Vec::new();
+        for _ in 0..40 {
+            let started = Instant::now();
+            let Ok(Begin::Run(t)) = engine.begin(random_key(), fp).await else {
+                panic!("a fresh key runs")
+            };
+            took.push(started.elapsed());
+            engine.release(t).await.expect("release");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        took.sort();
+        (
+            took[took.len() / 2],
+            took[took.len() * 9 / 10],
+            took[took.len() - 1],
+        )
+    };
+    let idle = claims(engine.clone()).await;
+    // One complete after another, each waiting its `WAIT` out.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let completing = {
+        let (engine, stop, response) = (engine.clone(), Arc::clone(&stop), response.clone());
+        tokio::spawn(async move {
+            let mut n = 0;
+            while !stop.load(Ordering::SeqCst) {
+                let Ok(Begin::Run(t)) = engine.begin(random_key(), fp).await else {
+                    panic!("a fresh key runs")
+                };
+                let _ = engine.complete(t, &response).await;
+                n += 1;
+            }
+            n
+        })
+    };
+    let waiting = claims(engine.clone()).await;
+    stop.store(true, Ordering::SeqCst);
+    let completes = completing.await.unwrap();
+    eprintln!(
+        "claims (median, p90, max): idle {idle:.2?}; while completes wait 200 ms for a replica \
+         {waiting:.2?} ({completes} completes)"
+    );
+}
