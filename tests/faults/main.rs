@@ -1,6 +1,6 @@
 //! Store faults: lapsed leases, a TCP fault proxy, a Redis restart (through the HTTP layer),
-//! a Redis Sentinel failover under a duplicate storm (through the engine), and a PostgreSQL
-//! server killed under a duplicate storm over two application processes.
+//! Redis failing under a duplicate storm over two application processes (a Sentinel failover,
+//! a partition of one process), and a PostgreSQL server killed under such a storm.
 //!
 //! One test binary per door or store family: each builds and links once. The helpers they
 //! share live in `tests/support/`, mounted the same way by every binary.

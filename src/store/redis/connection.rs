@@ -32,6 +32,10 @@ pub(super) struct Inner<C> {
     timeouts: AtomicU32,
     /// A replacement is being made (at most one at a time).
     reconnecting: AtomicBool,
+    /// The generation, plus one, of a Sentinel store's connection that lost its primary (0:
+    /// none). Nothing is sent on it again. Its manager would reconnect to the old address, where
+    /// the old primary, restarted, answers as a primary until Sentinel demotes it.
+    condemned: AtomicU64,
     /// The server refused `SET … NX … GET` (older than 7.0), so claims use the script. A fact
     /// about the server, learned once, not a setting: every clone of the store sees it.
     pub(super) native_claim_unsupported: AtomicBool,
@@ -46,6 +50,7 @@ impl<C: Clone> Inner<C> {
             generation: AtomicU64::new(0),
             timeouts: AtomicU32::new(0),
             reconnecting: AtomicBool::new(false),
+            condemned: AtomicU64::new(0),
             native_claim_unsupported: AtomicBool::new(false),
             outbox: Mutex::new(Outbox::default()),
         }
@@ -61,6 +66,11 @@ impl<C: Clone> Inner<C> {
     /// The generation of the connection in use.
     pub(super) fn generation(&self) -> u64 {
         self.generation.load(Ordering::Relaxed)
+    }
+
+    /// Whether the connection of `generation` lost its primary and waits for a replacement.
+    pub(super) fn condemned(&self, generation: u64) -> bool {
+        self.condemned.load(Ordering::Acquire) == generation + 1
     }
 
     /// Puts `conn` in place of the current connection; returns the old one (dropped by the
@@ -100,6 +110,7 @@ where
         deadline: Instant,
         fut: impl Future<Output = Result<T, RedisError>>,
     ) -> Result<T, OpError> {
+        self.refuse_condemned(generation)?;
         let result = timed(deadline, fut).await;
         self.note(generation, result.as_ref().err());
         result
@@ -108,9 +119,10 @@ where
     /// Counts the outcome of a round trip on the connection of `generation` towards
     /// replacing it (a store that cannot reconnect counts nothing).
     ///
-    /// A success resets the count; a timeout adds one, and so does a lost primary
-    /// ([`OpError::is_primary_lost`]) on a store that finds its primary through Sentinel. The
-    /// `RECONNECT_AFTER_TIMEOUTS`th in a row starts a replacement unless one is under way.
+    /// A success resets the count; a timeout adds one. The `RECONNECT_AFTER_TIMEOUTS`th in a
+    /// row starts a replacement unless one is under way. On a store that finds its primary
+    /// through Sentinel, a lost primary ([`OpError::is_primary_lost`]) condemns the connection
+    /// and starts a replacement at once.
     /// Other errors leave the count alone (the `ConnectionManager` handles a connection that
     /// fails). Outcomes on a connection already replaced are ignored.
     pub(super) fn note(&self, generation: u64, error: Option<&OpError>) {
@@ -131,7 +143,11 @@ where
                     && current() =>
             {
                 let timeouts = inner.timeouts.fetch_add(1, Ordering::Relaxed) + 1;
-                if timeouts >= RECONNECT_AFTER_TIMEOUTS
+                let lost = self.follow_primary && e.is_primary_lost();
+                if lost {
+                    inner.condemned.store(generation + 1, Ordering::Release);
+                }
+                if (lost || timeouts >= RECONNECT_AFTER_TIMEOUTS)
                     && !inner.reconnecting.swap(true, Ordering::AcqRel)
                 {
                     self.spawn_reconnect(reconnect, timeouts);
@@ -139,6 +155,17 @@ where
             }
             Some(_) => {}
         }
+    }
+
+    /// Fails a round trip on a condemned connection (see [`Inner::condemned`]) without sending
+    /// it, and counts it: each such failure may start the next replacement attempt.
+    pub(super) fn refuse_condemned(&self, generation: u64) -> Result<(), OpError> {
+        if !self.inner.condemned(generation) {
+            return Ok(());
+        }
+        let e = OpError::Redis(condemned());
+        self.note(generation, Some(&e));
+        Err(e)
     }
 
     /// Makes a replacement connection in a task of its own and puts it in place; on failure,
@@ -187,6 +214,14 @@ where
             }
         });
     }
+}
+
+/// The error of a round trip refused on a condemned connection: a lost primary.
+pub(super) fn condemned() -> RedisError {
+    RedisError::from((
+        ::redis::ErrorKind::Io,
+        "the connection lost its Redis primary; waiting for Sentinel to name one",
+    ))
 }
 
 /// Runs `fut` until `deadline`.

@@ -155,11 +155,13 @@
 //!
 //! With the `redis-sentinel` feature, [`RedisStoreBuilder::connect_sentinel`] asks the
 //! sentinels which server is the primary of a service and connects to it. When the primary
-//! dies, the sentinels promote a replica. The store notices from its own steps: 2 in a row
-//! that time out, find the connection refused or dropped, or get `READONLY` from a demoted
-//! primary. It then asks the sentinels again, in the background, and connects to the primary
-//! they name. Until they name one that answers as primary, steps fail (`Unavailable` or
-//! `Timeout`: claims answer 503, nothing runs) and each further run of 2 failures asks again.
+//! dies, the sentinels promote a replica. The store notices from its own steps: one that
+//! finds the connection refused or dropped, or gets `READONLY` from a demoted primary, or 2 in
+//! a row that time out. It then asks the sentinels again, in the background, and connects to
+//! the primary they name. A connection that lost its primary is never used again: it would
+//! reconnect to the old address, where the old primary, restarted, answers as a primary until
+//! the sentinels demote it. Until they name one that answers as primary, steps fail at once
+//! (`Unavailable` or `Timeout`: claims answer 503, nothing runs), and each failure asks again.
 //! The operation timeout and the replacement of a silent connection hold as above.
 //!
 //! Measured on loopback with `down-after-milliseconds 500` and `failover-timeout 2000`: a
@@ -309,7 +311,7 @@ pub struct RedisStore<C = ::redis::aio::ConnectionManager> {
     pipelining: bool,
     /// Makes a replacement connection; `None`: the connection is kept as given.
     reconnect: Option<Reconnect<C>>,
-    /// The replacement asks Sentinel for the primary: a lost primary counts as a timeout.
+    /// The replacement asks Sentinel for the primary, and a lost primary starts one.
     follow_primary: bool,
     /// `WAIT` after each complete: how many replicas, and for how long at most.
     replicas: Option<WaitReplicas>,

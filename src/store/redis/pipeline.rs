@@ -2,7 +2,7 @@
 //! [module docs](super#pipelining)).
 
 use super::RedisStore;
-use super::connection::{Inner, Queued, WaitArgs, timed};
+use super::connection::{Inner, Queued, WaitArgs, condemned, timed};
 use super::error::OpError;
 use ::redis::aio::ConnectionLike;
 use ::redis::{ErrorKind, RedisError, Value};
@@ -25,6 +25,7 @@ where
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
             let generation = self.inner.generation();
+            self.refuse_condemned(generation)?;
             let [answer] = self.inner.enqueue(&runtime, [cmd], None, deadline);
             return self
                 .bounded(generation, deadline, async move {
@@ -54,6 +55,7 @@ where
             && let Ok(runtime) = tokio::runtime::Handle::try_current()
         {
             let generation = self.inner.generation();
+            self.refuse_condemned(generation)?;
             let answers = self.inner.enqueue(&runtime, cmds, wait, deadline);
             let result = timed(deadline, async move {
                 let mut values = Vec::with_capacity(N);
@@ -66,6 +68,7 @@ where
             (generation, result)
         } else {
             let (generation, mut conn) = self.inner.checkout();
+            self.refuse_condemned(generation)?;
             let mut pipe = ::redis::pipe();
             for cmd in cmds {
                 pipe.add_command(cmd);
@@ -156,7 +159,13 @@ where
             return;
         };
         let slots = share_waits(queued);
-        let (_, mut conn) = self.checkout();
+        let (generation, mut conn) = self.checkout();
+        if self.condemned(generation) {
+            for tx in slots.into_iter().flat_map(|(_, senders)| senders) {
+                let _ = tx.send(Err(condemned()));
+            }
+            return;
+        }
         if let [(cmd, _)] = &slots[..] {
             // A server error comes back as a value; the caller reads it.
             let answer = tokio::time::timeout_at(limit, conn.req_packed_command(cmd))
