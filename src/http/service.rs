@@ -2,7 +2,7 @@
 //! The sequence is buffer, fingerprint, claim, run, classify and record.
 
 use super::body::{BodyEnd, EndHook, ReadError, RequestBody, ResponseBody, read_limited};
-use super::classify::{Outcome, classify};
+use super::classify::{Classified, Collecting, Outcome, classify};
 use super::config::{Config, LayerState};
 use super::extensions::{ClaimedKey, KeyMissing};
 use super::future::ResponseFuture;
@@ -12,7 +12,7 @@ use super::replay::replay;
 use crate::engine::key::IdempotencyKey;
 use crate::engine::record::Draft;
 use crate::engine::scope::{Scope, StoreKey};
-use crate::engine::{Begin, Engine, Ticket};
+use crate::engine::{Begin, Engine, Renewal, Ticket};
 use crate::metrics::{self, Settled};
 use crate::store::{Store, StoreError, StoreErrorKind};
 use bytes::Bytes;
@@ -22,7 +22,10 @@ use http_body::Body;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll};
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+use pin_project_lite::pin_project;
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tower_service::Service;
@@ -427,7 +430,7 @@ where
 
         // Polled in the request's span (entered by the response future); a detached task
         // enters it too (`detachable` keeps the current span).
-        let work = run_claimed(Arc::clone(&state), inner, req, ticket, store_key, grpc);
+        let work = run_claimed(Arc::clone(&state), inner, req, ticket, grpc);
         if config.run_to_completion {
             // Finishes (and records) on a task of its own if this future is dropped first.
             state.drain.detachable(work).await
@@ -439,64 +442,131 @@ where
     }
 }
 
-/// The claimed part of a keyed request: the handler and the reading of its body under lease
-/// renewal, then the record or release. It owns everything it uses. So it can finish on a
-/// task of its own when the caller goes away.
-// Deliberately not an `async fn` (see the body's first comment).
-#[allow(clippy::manual_async_fn)]
+pin_project! {
+    /// The claimed part of a keyed request: the handler and the reading of its body under
+    /// lease renewal, then the record or release. It owns everything it uses, so it can finish
+    /// on a task of its own when the caller goes away.
+    ///
+    /// Written by hand, not as an `async` block: such a block keeps each value it captures for
+    /// its whole life, the request beside the handler's future that holds it too, and each
+    /// step's locals beside the next. Here the steps share one place. The request is kept once,
+    /// the handler's future replaces it, and the response read replaces that.
+    pub(crate) struct Claimed<S, St, ReqB, ResB, Fut>
+    where
+        S: Service<Request<RequestBody<ReqB>>>,
+        ResB: Body,
+    {
+        state: Arc<LayerState<St>>,
+        // Taken by the step that settles the key.
+        ticket: Option<Ticket>,
+        renewal: Renewal,
+        grpc: bool,
+        // Completes or releases the key: `settle`, named by its type.
+        settle: fn(Arc<LayerState<St>>, Ticket, Option<Draft>, bool) -> Fut,
+        #[pin]
+        step: Step<S, ReqB, ResB, Fut>,
+    }
+}
+
+pin_project! {
+    #[project = StepProj]
+    enum Step<S, ReqB, ResB, Fut>
+    where
+        S: Service<Request<RequestBody<ReqB>>>,
+        ResB: Body,
+    {
+        /// The handler is asked whether it is ready, then called.
+        Ready { inner: S, req: Option<Request<RequestBody<ReqB>>> },
+        /// The handler runs.
+        Call { #[pin] fut: S::Future },
+        /// The handler's response body is read, to record it or to find its gRPC status.
+        Collect { collecting: Collecting<ResB> },
+        /// The key is completed or released; then the handler's answer is given.
+        Settle {
+            #[pin]
+            fut: Fut,
+            res: Option<Result<Response<ResponseBody<ResB>>, S::Error>>,
+        },
+        Done,
+    }
+}
+
+/// The claimed part of a keyed request, from the claim's ticket to the answer.
 fn run_claimed<S, St, ReqB, ResB>(
     state: Arc<LayerState<St>>,
-    mut inner: S,
+    inner: S,
     req: Request<RequestBody<ReqB>>,
     ticket: Ticket,
-    store_key: StoreKey,
     grpc: bool,
-) -> impl Future<Output = Result<Response<ResponseBody<ResB>>, S::Error>>
+) -> Claimed<S, St, ReqB, ResB, impl Future<Output = ()> + Send + 'static>
 where
     S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
     St: Store,
     ReqB: Body<Data = Bytes>,
     ResB: Body<Data = Bytes> + Send + 'static,
 {
-    // An `async move` block, not an `async fn`: it uses the arguments where they are
-    // captured, where an `async fn` would also keep a second copy of each in its state.
-    async move {
-        let config = &state.config;
-        let engine = &state.engine;
-        // Room the record leaves for what is added before it is stored.
-        let tail = engine.tag_len();
-        // The handler and the reading of its body both run under lease renewal.
-        let outcome = engine
-            .run(&ticket, async {
-                std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
-                let res = inner.call(req).await?;
-                let max = engine.max_record_body();
-                Ok(classify(config, max, tail, &store_key, res, grpc).await)
-            })
-            .await;
+    Claimed {
+        state,
+        ticket: Some(ticket),
+        renewal: Renewal::new(),
+        grpc,
+        settle: settle::<St>,
+        step: Step::Ready {
+            inner,
+            req: Some(req),
+        },
+    }
+}
 
+/// Completes the key with `record`, or releases it without one, and counts how it ended.
+// Not an `async fn`, which would keep its arguments twice.
+#[allow(clippy::manual_async_fn)]
+fn settle<St: Store>(
+    state: Arc<LayerState<St>>,
+    ticket: Ticket,
+    record: Option<Draft>,
+    grpc: bool,
+) -> impl Future<Output = ()> + Send + 'static {
+    async move {
+        let engine = &state.engine;
+        let result = match record {
+            Some(record) => complete(engine, &ticket, record).await,
+            None => release(engine, &ticket).await,
+        };
+        observe_end(&state.config, grpc, result);
+    }
+}
+
+impl<S, St, ReqB, ResB, Fut> Claimed<S, St, ReqB, ResB, Fut>
+where
+    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+    St: Store,
+    ReqB: Body<Data = Bytes>,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    /// The step after the handler's outcome: the key's settling, or the answer at once.
+    fn after(
+        state: &Arc<LayerState<St>>,
+        ticket: &mut Option<Ticket>,
+        grpc: bool,
+        settle: fn(Arc<LayerState<St>>, Ticket, Option<Draft>, bool) -> Fut,
+        outcome: Result<Outcome<ResB>, S::Error>,
+    ) -> Result<Step<S, ReqB, ResB, Fut>, Result<Response<ResponseBody<ResB>>, S::Error>> {
+        let ticket = ticket.take().expect("the ticket settles once");
+        let settling = |ticket, record, res| Step::Settle {
+            fut: settle(Arc::clone(state), ticket, record, grpc),
+            res: Some(res),
+        };
         match outcome {
-            Err(e) => {
-                observe_end(config, grpc, release(engine, ticket, store_key).await);
-                Err(e)
-            }
-            Ok(Outcome::Release(res)) => {
-                observe_end(config, grpc, release(engine, ticket, store_key).await);
-                Ok(res)
-            }
-            // Declared ambiguous: neither recorded nor released; the ticket is let go, the lease
-            // lapses.
+            Err(e) => Ok(settling(ticket, None, Err(e))),
+            Ok(Outcome::Release(res)) => Ok(settling(ticket, None, Ok(res))),
+            Ok(Outcome::Record(res, record)) => Ok(settling(ticket, Some(record), Ok(res))),
+            // Declared ambiguous: neither recorded nor released; the ticket is let go, the
+            // lease lapses.
             Ok(Outcome::Keep(res)) => {
-                observe_end(config, grpc, Settled::Held);
-                Ok(res)
-            }
-            Ok(Outcome::Record(res, record)) => {
-                observe_end(
-                    config,
-                    grpc,
-                    complete(engine, ticket, store_key, record).await,
-                );
-                Ok(res)
+                observe_end(&state.config, grpc, Settled::Held);
+                Err(Ok(res))
             }
             Ok(Outcome::RecordAtEnd(res, record)) => {
                 // The body streams on; a task holds the key until it has ended.
@@ -506,16 +576,93 @@ where
                     state
                         .drain
                         .counted(settle_at_end(
-                            Arc::clone(&state),
+                            Arc::clone(state),
                             ticket,
-                            store_key,
                             record,
                             ended,
                             grpc,
                         ))
                         .in_current_span(),
                 );
-                Ok(res.map(|body| body.settled_by(EndHook::new(report, settled))))
+                Err(Ok(res.map(|body| body.settled_by(EndHook::new(report, settled)))))
+            }
+        }
+    }
+}
+
+impl<S, St, ReqB, ResB, Fut> Future for Claimed<S, St, ReqB, ResB, Fut>
+where
+    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+    St: Store,
+    ReqB: Body<Data = Bytes>,
+    ResB: Body<Data = Bytes> + Send + 'static,
+    Fut: Future<Output = ()>,
+{
+    type Output = Result<Response<ResponseBody<ResB>>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let state = &**this.state;
+        loop {
+            // The handler's outcome, once it is known; `None` while it is not.
+            let outcome = match this.step.as_mut().project() {
+                StepProj::Ready { inner, req } => match inner.poll_ready(cx) {
+                    Poll::Pending => None,
+                    Poll::Ready(Err(e)) => Some(Err(e)),
+                    Poll::Ready(Ok(())) => {
+                        let req = req.take().expect("called once");
+                        let fut = inner.call(req);
+                        this.step.set(Step::Call { fut });
+                        continue;
+                    }
+                },
+                StepProj::Call { fut } => match fut.poll(cx) {
+                    Poll::Pending => None,
+                    Poll::Ready(Err(e)) => Some(Err(e)),
+                    Poll::Ready(Ok(res)) => {
+                        let engine = &state.engine;
+                        let key = this.ticket.as_ref().expect("held until settled").key();
+                        // Room the record leaves for what is added before it is stored.
+                        let (max, tail) = (engine.max_record_body(), engine.tag_len());
+                        match classify(&state.config, max, tail, key, res, *this.grpc) {
+                            Classified::Now(outcome) => Some(Ok(outcome)),
+                            Classified::Collect(collecting) => {
+                                this.step.set(Step::Collect { collecting });
+                                continue;
+                            }
+                        }
+                    }
+                },
+                StepProj::Collect { collecting } => {
+                    let key = this.ticket.as_ref().expect("held until settled").key();
+                    let tail = state.engine.tag_len();
+                    match collecting.poll_outcome(cx, &state.config, tail, key) {
+                        Poll::Pending => None,
+                        Poll::Ready(outcome) => Some(Ok(outcome)),
+                    }
+                }
+                StepProj::Settle { fut, res } => {
+                    ready!(fut.poll(cx));
+                    let res = res.take().expect("answered once");
+                    this.step.set(Step::Done);
+                    return Poll::Ready(res);
+                }
+                StepProj::Done => panic!("Claimed polled after completion"),
+            };
+            let Some(outcome) = outcome else {
+                // The handler and the reading of its body both run under lease renewal.
+                let ticket = this.ticket.as_ref().expect("held until settled");
+                this.renewal.poll(cx, &state.engine, ticket);
+                return Poll::Pending;
+            };
+            // The renewal stops with the work.
+            *this.renewal = Renewal::new();
+            match Self::after(this.state, this.ticket, *this.grpc, *this.settle, outcome) {
+                Ok(step) => this.step.set(step),
+                Err(res) => {
+                    this.step.set(Step::Done);
+                    return Poll::Ready(res);
+                }
             }
         }
     }
@@ -530,12 +677,12 @@ where
 async fn settle_at_end<St: Store>(
     state: Arc<LayerState<St>>,
     ticket: Ticket,
-    key: StoreKey,
     record: Draft,
     mut ended: oneshot::Receiver<BodyEnd>,
     grpc: bool,
 ) {
     let engine = &state.engine;
+    let key = *ticket.key();
     let limit = state.config.streaming.lease_limit;
     let end = match engine
         .run(&ticket, tokio::time::timeout(limit, &mut ended))
@@ -550,10 +697,10 @@ async fn settle_at_end<St: Store>(
         }
     };
     let result = match end {
-        Ok(BodyEnd::Ended) => complete(engine, ticket, key, record).await,
+        Ok(BodyEnd::Ended) => complete(engine, &ticket, record).await,
         Ok(BodyEnd::Failed) => {
             tracing::debug!(key = ?key, "response body failed while streamed");
-            release(engine, ticket, key).await
+            release(engine, &ticket).await
         }
         Err(_) => {
             tracing::debug!(outcome = "abandoned", key = ?key, "response body dropped before its end (the client went away); the key stays pending until its lease lapses");
@@ -587,8 +734,9 @@ async fn in_flight_retry_after<St: Store>(engine: &Engine<St>, key: &StoreKey) -
     }
 }
 
-async fn release<St: Store>(engine: &Engine<St>, ticket: Ticket, key: StoreKey) -> Settled {
-    let res = engine.release(ticket).await;
+async fn release<St: Store>(engine: &Engine<St>, ticket: &Ticket) -> Settled {
+    let key = ticket.key();
+    let res = engine.release_ticket(ticket).await;
     match &res {
         Ok(_) => tracing::debug!(outcome = "released", key = ?key, "idempotency key released"),
         Err(e) => {
@@ -598,26 +746,33 @@ async fn release<St: Store>(engine: &Engine<St>, ticket: Ticket, key: StoreKey) 
     Settled::of_release(&res)
 }
 
-async fn complete<St: Store>(
-    engine: &Engine<St>,
-    ticket: Ticket,
-    key: StoreKey,
+// Not an `async fn`, which would keep the draft twice: as its argument and in the future
+// that stores it.
+fn complete<'a, St: Store>(
+    engine: &'a Engine<St>,
+    ticket: &'a Ticket,
     record: Draft,
-) -> Settled {
+) -> impl Future<Output = Settled> + Send + 'a {
+    let key = ticket.key();
     if !record.dropped().is_empty() {
         tracing::warn!(key = ?key, left_out = ?record.dropped(), "idempotency record could not be written whole; recorded without the parts that do not fit");
     }
-    let res = engine.complete_draft(ticket, record).await;
-    match &res {
-        Ok(true) => tracing::debug!(outcome = "completed", key = ?key, "idempotency record stored"),
-        Ok(false) => {
-            tracing::warn!(outcome = "lease_lost", key = ?key, "idempotency lease was lost before completion; record not stored")
+    let stored = engine.complete_draft(ticket, record);
+    async move {
+        let res = stored.await;
+        match &res {
+            Ok(true) => {
+                tracing::debug!(outcome = "completed", key = ?key, "idempotency record stored");
+            }
+            Ok(false) => {
+                tracing::warn!(outcome = "lease_lost", key = ?key, "idempotency lease was lost before completion; record not stored");
+            }
+            Err(e) => {
+                tracing::warn!(outcome = "complete_failed", key = ?key, error = %e, "idempotency record could not be stored; the key stays pending until its lease lapses");
+            }
         }
-        Err(e) => {
-            tracing::warn!(outcome = "complete_failed", key = ?key, error = %e, "idempotency record could not be stored; the key stays pending until its lease lapses")
-        }
+        Settled::of_complete(&res)
     }
-    Settled::of_complete(&res)
 }
 
 fn store_rejection(e: &StoreError) -> Rejection {
@@ -653,4 +808,55 @@ fn store_rejection(e: &StoreError) -> Rejection {
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 impl<S: tonic::server::NamedService, St> tonic::server::NamedService for Idempotency<S, St> {
     const NAME: &'static str = S::NAME;
+}
+
+#[cfg(test)]
+mod probe {
+    use super::*;
+    use crate::MemoryStore;
+    use crate::http::IdempotencyLayer;
+    use crate::engine::Fingerprint;
+    use tower_layer::Layer;
+
+    async fn handler(body: Bytes) -> (http::StatusCode, String) {
+        (http::StatusCode::CREATED, format!("{}", body.len()))
+    }
+
+    #[tokio::test]
+    async fn sizes() {
+        let layer = IdempotencyLayer::new(MemoryStore::new()).principal_fn(|_| Some(Scope::principal("p")));
+        let svc = layer.layer(axum::routing::post(handler).with_state::<()>(()));
+        let mut svc = svc;
+        let req = Request::post("/").header("idempotency-key", "\"k\"").body(axum::body::Body::from("x")).unwrap();
+        let fut = svc.call(req);
+        eprintln!("ResponseFuture {}", std::mem::size_of_val(&fut));
+        let (parts, body) = Request::post("/").header("idempotency-key", "\"k\"").body(axum::body::Body::from("x")).unwrap().into_parts();
+        let key = IdempotencyKey::new("k").unwrap();
+        let scope = Scope::principal("p");
+        let kf = keyed(Arc::clone(&svc.state), svc.inner.clone(), parts, body, key, scope, false);
+        eprintln!("keyed {}", std::mem::size_of_val(&kf));
+        let sk = StoreKey::derive("a", &Scope::principal("p"), &IdempotencyKey::new("k2").unwrap());
+        let Ok(Begin::Run(ticket)) = svc.state.engine.begin(sk, Fingerprint::builder().finish()).await else { panic!() };
+        eprintln!("Ticket {} StoreKey {} Fingerprint {}", std::mem::size_of::<Ticket>(), std::mem::size_of::<StoreKey>(), std::mem::size_of::<Fingerprint>());
+        let req: Request<RequestBody<axum::body::Body>> = Request::post("/").body(RequestBody::buffered(Bytes::new())).unwrap();
+        eprintln!("Request<RequestBody<Body>> {} Parts {}", std::mem::size_of_val(&req), std::mem::size_of::<Parts>());
+        let mut inner = svc.inner.clone();
+        let f2 = Service::<Request<RequestBody<axum::body::Body>>>::call(&mut inner, Request::post("/").body(RequestBody::buffered(Bytes::new())).unwrap());
+        eprintln!("S::Future {}", std::mem::size_of_val(&f2));
+        let res: Response<axum::body::Body> = Response::new(axum::body::Body::empty());
+        eprintln!("Response<Body> {} ResponseBody<Body> {}", std::mem::size_of_val(&res), std::mem::size_of::<ResponseBody<axum::body::Body>>());
+        let cf = classify(&svc.state.config, 100, 0, &sk, res, false);
+        eprintln!("classified {}", std::mem::size_of_val(&cf));
+        drop(cf);
+        eprintln!("Sleep {}", std::mem::size_of::<tokio::time::Sleep>());
+        eprintln!("Draft {} Record {}", std::mem::size_of::<Draft>(), std::mem::size_of::<crate::engine::record::Record>());
+        let t2 = match svc.state.engine.begin(StoreKey::derive("a", &Scope::principal("p"), &IdempotencyKey::new("k3").unwrap()), Fingerprint::builder().finish()).await { Ok(Begin::Run(t)) => t, _ => panic!() };
+        let sf = settle(Arc::clone(&svc.state), t2, None, false);
+        eprintln!("settle {}", std::mem::size_of_val(&sf));
+        drop(sf);
+        let rc = run_claimed(Arc::clone(&svc.state), inner, req, ticket, false);
+        eprintln!("run_claimed {}", std::mem::size_of_val(&rc));
+        let d = svc.state.drain.detachable(rc);
+        eprintln!("detachable {}", std::mem::size_of_val(&d));
+    }
 }
