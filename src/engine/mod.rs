@@ -539,8 +539,7 @@ impl<S: Store> Engine<S> {
     /// the lease keeps its claim. Renewal stops when the work finishes or this future is dropped.
     /// The key then stays pending until its lease lapses.
     // A future of its own, not an `async fn`: an `async fn` keeps its `work` argument and the
-    // pinned copy of it both in its state, which made a claimed HTTP request's future twice the
-    // size of the handler's and every move of it a copy of ~6 KB.
+    // pinned copy of it both in its state, so the door's future would hold the work twice.
     pub fn run<'a, F: Future>(
         &'a self,
         ticket: &'a Ticket,
