@@ -485,10 +485,7 @@ impl<B: Body<Data = Bytes>> Future for Collect<B> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Collected<B>> {
         let this = self.get_mut();
-        let body = this
-            .body
-            .as_mut()
-            .expect("Collect polled after completion");
+        let body = this.body.as_mut().expect("Collect polled after completion");
         loop {
             let frame = match body.as_mut().poll_frame(cx) {
                 Poll::Ready(Some(frame)) => frame,

@@ -136,7 +136,10 @@ impl<B: Body<Data = Bytes>> Collecting<B> {
         key: &StoreKey,
     ) -> Poll<Outcome<B>> {
         let collected = ready!(Pin::new(&mut self.collect).poll(cx));
-        let parts = self.parts.take().expect("Collecting polled after completion");
+        let parts = self
+            .parts
+            .take()
+            .expect("Collecting polled after completion");
         Poll::Ready(if self.grpc {
             grpc_collected(config, tail, key, parts, collected, self.declared)
         } else {

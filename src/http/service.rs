@@ -19,13 +19,13 @@ use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, Request, Response, header};
 use http_body::Body;
+use pin_project_lite::pin_project;
 use std::fmt;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, ready};
-use pin_project_lite::pin_project;
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tower_service::Service;
@@ -584,7 +584,9 @@ where
                         ))
                         .in_current_span(),
                 );
-                Err(Ok(res.map(|body| body.settled_by(EndHook::new(report, settled)))))
+                Err(Ok(
+                    res.map(|body| body.settled_by(EndHook::new(report, settled)))
+                ))
             }
         }
     }
@@ -831,8 +833,8 @@ mod tests {
     /// enough for the allocator's per-thread cache.
     #[tokio::test(flavor = "current_thread")]
     async fn a_keyed_requests_boxed_futures_stay_under_1_kib() {
-        let layer = IdempotencyLayer::new(MemoryStore::new())
-            .principal_fn(|_| Some(Scope::principal("p")));
+        let layer =
+            IdempotencyLayer::new(MemoryStore::new()).principal_fn(|_| Some(Scope::principal("p")));
         let svc = layer.layer(axum::routing::post(create).with_state::<()>(()));
         let request = || {
             Request::post("/orders")
@@ -854,15 +856,36 @@ mod tests {
         );
         let sequence = std::mem::size_of_val(&sequence);
 
-        let store_key = StoreKey::derive("k", &Scope::principal("p"), &IdempotencyKey::new("k").expect("key"));
-        let Ok(Begin::Run(ticket)) = svc.state.engine.begin(store_key, Fingerprint::builder().finish()).await else {
+        let store_key = StoreKey::derive(
+            "k",
+            &Scope::principal("p"),
+            &IdempotencyKey::new("k").expect("key"),
+        );
+        let Ok(Begin::Run(ticket)) = svc
+            .state
+            .engine
+            .begin(store_key, Fingerprint::builder().finish())
+            .await
+        else {
             panic!("a fresh key is claimed");
         };
         let (parts, _) = request().into_parts();
-        let req = Request::from_parts(parts, RequestBody::buffered(Bytes::from_static(b"{}")));
-        let work = run_claimed(Arc::clone(&svc.state), svc.inner.clone(), req, ticket, false);
+        let req = Request::from_parts(
+            parts,
+            RequestBody::<axum::body::Body>::buffered(Bytes::from_static(b"{}")),
+        );
+        let work = run_claimed(
+            Arc::clone(&svc.state),
+            svc.inner.clone(),
+            req,
+            ticket,
+            false,
+        );
         let claimed = std::mem::size_of_val(&work);
-        assert!(sequence <= SMALL, "the keyed sequence's future is {sequence} B");
+        assert!(
+            sequence <= SMALL,
+            "the keyed sequence's future is {sequence} B"
+        );
         assert!(claimed <= SMALL, "the claimed work's future is {claimed} B");
     }
 }
