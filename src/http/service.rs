@@ -1,5 +1,11 @@
 //! The service: steps 1–5 of the check order at once, then the keyed sequence in one future.
 //! The sequence is buffer, fingerprint, claim, run, classify and record.
+//!
+//! A keyed request boxes two futures. The first is the sequence up to the claim. The second is
+//! the claimed work, [`Claimed`]: the handler, the reading of its answer and the record. It is
+//! boxed on its own, so it can run on a task of its own when the caller leaves. It is written
+//! by hand, so each of its steps reuses one place. Both stay under the allocator's small-size
+//! cache, 1 KiB: a test holds them there.
 
 use super::body::{BodyEnd, EndHook, ReadError, RequestBody, ResponseBody, read_limited};
 use super::classify::{Classified, Collecting, Outcome, classify};
