@@ -491,11 +491,16 @@ pin_project! {
         Settle {
             #[pin]
             fut: Fut,
-            res: Option<Result<Response<ResponseBody<ResB>>, S::Error>>,
+            res: Option<Answer<ResB, S::Error>>,
         },
+        /// The key is held, or settled by a task of its own: the answer is given at once.
+        Answer { res: Option<Answer<ResB, S::Error>> },
         Done,
     }
 }
+
+/// What the claimed work gives back: the handler's answer or its error.
+type Answer<ResB, E> = Result<Response<ResponseBody<ResB>>, E>;
 
 /// The claimed part of a keyed request, from the claim's ticket to the answer.
 fn run_claimed<S, St, ReqB, ResB>(
@@ -558,21 +563,21 @@ where
         grpc: bool,
         settle: fn(Arc<LayerState<St>>, Ticket, Option<Draft>, bool) -> Fut,
         outcome: Result<Outcome<ResB>, S::Error>,
-    ) -> Result<Step<S, ReqB, ResB, Fut>, Result<Response<ResponseBody<ResB>>, S::Error>> {
+    ) -> Step<S, ReqB, ResB, Fut> {
         let ticket = ticket.take().expect("the ticket settles once");
         let settling = |ticket, record, res| Step::Settle {
             fut: settle(Arc::clone(state), ticket, record, grpc),
             res: Some(res),
         };
         match outcome {
-            Err(e) => Ok(settling(ticket, None, Err(e))),
-            Ok(Outcome::Release(res)) => Ok(settling(ticket, None, Ok(res))),
-            Ok(Outcome::Record(res, record)) => Ok(settling(ticket, Some(record), Ok(res))),
+            Err(e) => settling(ticket, None, Err(e)),
+            Ok(Outcome::Release(res)) => settling(ticket, None, Ok(res)),
+            Ok(Outcome::Record(res, record)) => settling(ticket, Some(record), Ok(res)),
             // Declared ambiguous: neither recorded nor released; the ticket is let go, the
             // lease lapses.
             Ok(Outcome::Keep(res)) => {
                 observe_end(&state.config, grpc, Settled::Held);
-                Err(Ok(res))
+                Step::Answer { res: Some(Ok(res)) }
             }
             Ok(Outcome::RecordAtEnd(res, record)) => {
                 // The body streams on; a task holds the key until it has ended.
@@ -590,9 +595,8 @@ where
                         ))
                         .in_current_span(),
                 );
-                Err(Ok(
-                    res.map(|body| body.settled_by(EndHook::new(report, settled)))
-                ))
+                let res = res.map(|body| body.settled_by(EndHook::new(report, settled)));
+                Step::Answer { res: Some(Ok(res)) }
             }
         }
     }
@@ -606,7 +610,7 @@ where
     ResB: Body<Data = Bytes> + Send + 'static,
     Fut: Future<Output = ()>,
 {
-    type Output = Result<Response<ResponseBody<ResB>>, S::Error>;
+    type Output = Answer<ResB, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -655,6 +659,11 @@ where
                     this.step.set(Step::Done);
                     return Poll::Ready(res);
                 }
+                StepProj::Answer { res } => {
+                    let res = res.take().expect("answered once");
+                    this.step.set(Step::Done);
+                    return Poll::Ready(res);
+                }
                 StepProj::Done => panic!("Claimed polled after completion"),
             };
             let Some(outcome) = outcome else {
@@ -665,13 +674,8 @@ where
             };
             // The renewal stops with the work.
             *this.renewal = Renewal::new();
-            match Self::after(this.state, this.ticket, *this.grpc, *this.settle, outcome) {
-                Ok(step) => this.step.set(step),
-                Err(res) => {
-                    this.step.set(Step::Done);
-                    return Poll::Ready(res);
-                }
-            }
+            let next = Self::after(this.state, this.ticket, *this.grpc, *this.settle, outcome);
+            this.step.set(next);
         }
     }
 }
