@@ -892,6 +892,8 @@ mod tests {
             false,
         );
         let claimed = std::mem::size_of_val(&work);
+        // Shown with `--nocapture`, for the benchmark notes.
+        eprintln!("keyed sequence {sequence} B, claimed work {claimed} B");
         assert!(
             sequence <= SMALL,
             "the keyed sequence's future is {sequence} B"
