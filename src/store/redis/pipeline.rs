@@ -148,7 +148,9 @@ where
         let queued = {
             let mut outbox = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
             outbox.scheduled = false;
-            std::mem::take(&mut outbox.queued)
+            // The next batch starts with room for one like this one: no growing step by step.
+            let room = outbox.queued.len();
+            std::mem::replace(&mut outbox.queued, Vec::with_capacity(room))
         };
         // Bounded like its callers: a silent connection must not keep this task (and the
         // connection it holds) alive after every caller has given up.
