@@ -600,12 +600,24 @@ impl Redis {
     fn start_sentinel(cfg: &Cfg) -> Self {
         let dir = cfg.log_dir.join("sentinel");
         std::fs::create_dir_all(&dir).expect("sentinel dir");
-        let mut primary = Self::start_node(cfg, "redis-primary", free_port(), &[]);
+        // Their files (the replica's copy of the primary's RDB) in the deployment's directory.
+        let in_dir = ["--dir".to_owned(), dir.to_str().expect("utf-8 path").to_owned()];
+        let mut primary = Self::start_node(cfg, "redis-primary", free_port(), &in_dir);
+        let replica_port = free_port();
         let replica = Self::start_node(
             cfg,
             "redis-replica",
-            free_port(),
-            &["--replicaof", "127.0.0.1", &primary.port.to_string()].map(str::to_owned),
+            replica_port,
+            &[
+                "--replicaof",
+                "127.0.0.1",
+                &primary.port.to_string(),
+                "--dir",
+                dir.to_str().expect("utf-8 path"),
+                "--dbfilename",
+                &format!("replica-{replica_port}.rdb"),
+            ]
+            .map(str::to_owned),
         );
         let mut urls = Vec::new();
         let mut sentinels = Vec::new();
