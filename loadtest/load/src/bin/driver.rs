@@ -601,7 +601,10 @@ impl Redis {
         let dir = cfg.log_dir.join("sentinel");
         std::fs::create_dir_all(&dir).expect("sentinel dir");
         // Their files (the replica's copy of the primary's RDB) in the deployment's directory.
-        let in_dir = ["--dir".to_owned(), dir.to_str().expect("utf-8 path").to_owned()];
+        let in_dir = [
+            "--dir".to_owned(),
+            dir.to_str().expect("utf-8 path").to_owned(),
+        ];
         let mut primary = Self::start_node(cfg, "redis-primary", free_port(), &in_dir);
         let replica_port = free_port();
         let replica = Self::start_node(
