@@ -48,14 +48,42 @@ pub(super) fn pending_value(fingerprint: &Fingerprint, token: &Token) -> [u8; PE
     pending
 }
 
-/// `'D' fingerprint record`: the value of a completed key.
-pub(super) fn done_value(fingerprint: &Fingerprint, record: Record) -> Vec<u8> {
-    let record = record.into_bytes();
-    let mut done = Vec::with_capacity(FP_END + record.len());
-    done.push(DONE);
-    done.extend_from_slice(fingerprint.as_bytes());
-    done.extend_from_slice(&record);
-    done
+/// One argument of a command: bytes as they are, or a done value.
+#[derive(Clone, Copy)]
+pub(super) enum Arg<'a> {
+    Bytes(&'a [u8]),
+    /// `'D' fingerprint record`, the value of a completed key, written straight into the
+    /// command: the record is copied once, into the command's buffer.
+    Done(&'a Fingerprint, &'a [u8]),
+}
+
+impl Arg<'_> {
+    /// The argument's length in bytes.
+    pub(super) fn len(&self) -> usize {
+        match self {
+            Self::Bytes(b) => b.len(),
+            Self::Done(_, record) => FP_END + record.len(),
+        }
+    }
+}
+
+impl ::redis::ToRedisArgs for Arg<'_> {
+    fn write_redis_args<W>(&self, out: &mut W)
+    where
+        W: ?Sized + ::redis::RedisWrite,
+    {
+        match self {
+            Self::Bytes(b) => out.write_arg(b),
+            Self::Done(fingerprint, record) => {
+                use std::io::Write as _;
+                let mut w = out.writer_for_next_arg();
+                // Writes into the command's own buffer: they cannot fail.
+                let _ = w.write_all(&[DONE]);
+                let _ = w.write_all(fingerprint.as_bytes());
+                let _ = w.write_all(record);
+            }
+        }
+    }
 }
 
 /// A duration as whole milliseconds for `PX`/`PEXPIRE`: rounded up, at least 1, at most
@@ -230,8 +258,9 @@ mod tests {
             parse_stored(pending.to_vec()).unwrap(),
             Claim::Pending { fingerprint: fp }
         );
-        let done = done_value(&fp, Record::from_bytes(Bytes::from_static(b"rec")));
-        assert_eq!(done, [&b"D"[..], &[7; 32], b"rec"].concat());
+        let done = ::redis::ToRedisArgs::to_redis_args(&Arg::Done(&fp, b"rec"));
+        assert_eq!(done, [[&b"D"[..], &[7; 32], b"rec"].concat()]);
+        assert_eq!(Arg::Done(&fp, b"rec").len(), done[0].len());
     }
 
     #[test]

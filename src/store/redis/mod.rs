@@ -262,7 +262,7 @@ mod pipeline;
 mod scripts;
 mod verify;
 
-use self::codec::{ClaimReply, Digits, KeyBytes};
+use self::codec::{Arg, ClaimReply, Digits, KeyBytes};
 use self::connection::{Inner, Reconnect};
 use self::error::OpError;
 
@@ -504,7 +504,7 @@ where
     async fn complete_replicated(
         &self,
         key: &KeyBytes,
-        args: &[&[u8]; 3],
+        args: &[Arg<'_>; 3],
         replicas: WaitReplicas,
         deadline: Instant,
     ) -> Result<(::redis::Value, ::redis::Value), OpError> {
@@ -517,14 +517,7 @@ where
                 ms: codec::millis(replicas.timeout.min(left * 3 / 4)).max(1),
             }
         };
-        let mut script = ::redis::cmd("EVALSHA");
-        script
-            .arg(scripts::COMPLETE.get_hash())
-            .arg(1)
-            .arg(key.as_bytes());
-        for a in args {
-            script.arg(*a);
-        }
+        let script = scripts::evalsha(&scripts::COMPLETE, key, args);
         let first = wait();
         let [written, acknowledged] = self
             .query_all([script, pipeline::wait_cmd(first)], Some(first), deadline)
@@ -555,8 +548,11 @@ where
         deadline: Instant,
     ) -> Result<ClaimReply, OpError> {
         if self.native_claim() {
-            let mut cmd = ::redis::cmd("SET");
-            cmd.arg(key.as_bytes())
+            // Sized once: `SET`, the key, the pending value, `NX PX`, the lease, `GET`.
+            let data = 3 + key.as_bytes().len() + pending.len() + 4 + lease.len() + 3;
+            let mut cmd = ::redis::Cmd::with_capacity(7, data);
+            cmd.arg("SET")
+                .arg(key.as_bytes())
                 .arg(pending)
                 .arg("NX")
                 .arg("PX")
@@ -581,7 +577,12 @@ where
             }
         }
         let reply = self
-            .eval(&scripts::CLAIM, key, &[pending, lease], deadline)
+            .eval(
+                &scripts::CLAIM,
+                key,
+                &[Arg::Bytes(pending), Arg::Bytes(lease)],
+                deadline,
+            )
             .await?;
         Ok(ClaimReply::Script(reply))
     }
@@ -621,9 +622,13 @@ where
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let deadline = self.deadline();
-        let done = codec::done_value(fingerprint, record);
+        let record = record.into_bytes();
         let ttl = Digits::new(codec::millis(ttl));
-        let args: [&[u8]; 3] = [token.as_bytes(), &done, ttl.as_bytes()];
+        let args = [
+            Arg::Bytes(token.as_bytes()),
+            Arg::Done(fingerprint, &record),
+            Arg::Bytes(ttl.as_bytes()),
+        ];
         let key = self.key_bytes(key);
         let Some(replicas) = self.replicas else {
             let reply = self
@@ -658,7 +663,7 @@ where
             .eval(
                 &scripts::RELEASE,
                 &self.key_bytes(key),
-                &[token.as_bytes()],
+                &[Arg::Bytes(token.as_bytes())],
                 deadline,
             )
             .await
@@ -674,7 +679,7 @@ where
     ) -> Result<bool, StoreError> {
         let deadline = self.deadline();
         let lease = Digits::new(codec::millis(lease));
-        let args: [&[u8]; 2] = [token.as_bytes(), lease.as_bytes()];
+        let args = [Arg::Bytes(token.as_bytes()), Arg::Bytes(lease.as_bytes())];
         let reply = self
             .eval(&scripts::RENEW, &self.key_bytes(key), &args, deadline)
             .await
@@ -686,7 +691,12 @@ where
         let deadline = self.deadline();
         let flag: &[u8] = if pending { b"1" } else { b"0" };
         let reply = self
-            .eval(&scripts::FORGET, &self.key_bytes(key), &[flag], deadline)
+            .eval(
+                &scripts::FORGET,
+                &self.key_bytes(key),
+                &[Arg::Bytes(flag)],
+                deadline,
+            )
             .await
             .map_err(|e| e.into_store("Redis forget"))?;
         match reply {

@@ -151,7 +151,9 @@ where
         let queued = {
             let mut outbox = self.outbox.lock().unwrap_or_else(PoisonError::into_inner);
             outbox.scheduled = false;
-            std::mem::take(&mut outbox.queued)
+            // The next batch starts with room for one like this one: no growing step by step.
+            let room = outbox.queued.len();
+            std::mem::replace(&mut outbox.queued, Vec::with_capacity(room))
         };
         // Bounded like its callers: a silent connection must not keep this task (and the
         // connection it holds) alive after every caller has given up.
@@ -171,14 +173,12 @@ where
             let answer = tokio::time::timeout_at(limit, conn.req_packed_command(cmd))
                 .await
                 .unwrap_or_else(|_| Err(elapsed()));
-            for (_, senders) in slots {
-                for tx in senders {
-                    let _ = tx.send(answer.clone());
-                }
+            if let Some((_, senders)) = slots.into_iter().next() {
+                senders.send(answer);
             }
             return;
         }
-        let mut pipe = ::redis::pipe();
+        let mut pipe = ::redis::Pipeline::with_capacity(slots.len());
         let mut answer_to = Vec::with_capacity(slots.len());
         for (cmd, senders) in slots {
             pipe.add_command(cmd);
@@ -192,9 +192,7 @@ where
             Ok(answers) if answers.len() == answer_to.len() => {
                 for (answer, senders) in answers.into_iter().zip(answer_to) {
                     // A command's own error (NOSCRIPT, OOM, …) goes to its caller only.
-                    for tx in senders {
-                        let _ = tx.send(Ok(answer.clone()));
-                    }
+                    senders.send(Ok(answer));
                 }
             }
             Ok(_) => {
@@ -202,13 +200,38 @@ where
                     ErrorKind::Parse,
                     "a pipeline was answered with the wrong number of replies",
                 ));
-                for tx in answer_to.into_iter().flatten() {
-                    let _ = tx.send(Err(e.clone()));
+                for senders in answer_to {
+                    senders.send(Err(e.clone()));
                 }
             }
             Err(e) => {
-                for tx in answer_to.into_iter().flatten() {
-                    let _ = tx.send(Err(e.clone()));
+                for senders in answer_to {
+                    senders.send(Err(e.clone()));
+                }
+            }
+        }
+    }
+}
+
+/// Where a queued command's answer goes.
+type Sender = oneshot::Sender<Result<Value, RedisError>>;
+
+/// The callers one command of a pipeline answers: one, or the callers of a shared `WAIT`.
+enum Senders {
+    One(Sender),
+    Many(Vec<Sender>),
+}
+
+impl Senders {
+    /// Hands `answer` to each caller: moved to a lone one, cloned only for a shared `WAIT`.
+    fn send(self, answer: Result<Value, RedisError>) {
+        match self {
+            Self::One(tx) => {
+                let _ = tx.send(answer);
+            }
+            Self::Many(txs) => {
+                for tx in txs {
+                    let _ = tx.send(answer.clone());
                 }
             }
         }
@@ -216,10 +239,7 @@ where
 }
 
 /// A command of a pipeline and the callers its answer goes to.
-type Slot = (
-    ::redis::Cmd,
-    Vec<oneshot::Sender<Result<Value, RedisError>>>,
-);
+type Slot = (::redis::Cmd, Senders);
 
 /// The batch as pipeline commands. Two or more `WAIT`s become one, at the end: it waits for
 /// every write before it, so each caller's write is covered. It asks for the most replicas
@@ -230,7 +250,7 @@ fn share_waits(queued: Vec<Queued>) -> Vec<Slot> {
     if waits < 2 {
         return queued
             .into_iter()
-            .map(|(cmd, tx, _, _)| (cmd, vec![tx]))
+            .map(|(cmd, tx, _, _)| (cmd, Senders::One(tx)))
             .collect();
     }
     let mut slots = Vec::with_capacity(queued.len() - waits + 1);
@@ -243,10 +263,10 @@ fn share_waits(queued: Vec<Queued>) -> Vec<Slot> {
                 ms = ms.min(w.ms);
                 shared.push(tx);
             }
-            None => slots.push((cmd, vec![tx])),
+            None => slots.push((cmd, Senders::One(tx))),
         }
     }
-    slots.push((wait_cmd(WaitArgs { replicas, ms }), shared));
+    slots.push((wait_cmd(WaitArgs { replicas, ms }), Senders::Many(shared)));
     slots
 }
 

@@ -4,7 +4,7 @@
 //! claim's token before it writes (see the [module docs](super#one-round-trip-per-step)).
 
 use super::RedisStore;
-use super::codec::KeyBytes;
+use super::codec::{Arg, KeyBytes};
 use super::error::OpError;
 use ::redis::aio::ConnectionLike;
 use ::redis::{Script, Value};
@@ -42,21 +42,17 @@ where
         &self,
         script: &Script,
         key: &KeyBytes,
-        args: &[&[u8]],
+        args: &[Arg<'_>],
         deadline: Instant,
     ) -> Result<Value, OpError> {
-        let mut cmd = ::redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(1).arg(key.as_bytes());
-        for a in args {
-            cmd.arg(*a);
-        }
+        let cmd = evalsha(script, key, args);
         match self.query(cmd, deadline).await {
             // The server does not have the script yet (first use, restart, SCRIPT FLUSH):
             // `invoke_async` loads it and runs it again.
             Err(e) if e.is_no_script() => {
                 let mut invocation = script.key(key.as_bytes());
                 for a in args {
-                    invocation.arg(*a);
+                    invocation.arg(a);
                 }
                 let (generation, mut conn) = self.inner.checkout();
                 self.bounded(generation, deadline, invocation.invoke_async(&mut conn))
@@ -65,4 +61,17 @@ where
             other => other,
         }
     }
+}
+
+/// `EVALSHA sha 1 key args…`, its buffers sized once: a done value is written into the
+/// command where it goes, with no growing and no copy of its own.
+pub(super) fn evalsha(script: &Script, key: &KeyBytes, args: &[Arg<'_>]) -> ::redis::Cmd {
+    let hash = script.get_hash();
+    let data = 7 + hash.len() + 1 + key.as_bytes().len() + args.iter().map(Arg::len).sum::<usize>();
+    let mut cmd = ::redis::Cmd::with_capacity(4 + args.len(), data);
+    cmd.arg("EVALSHA").arg(hash).arg(1).arg(key.as_bytes());
+    for a in args {
+        cmd.arg(a);
+    }
+    cmd
 }

@@ -7,6 +7,7 @@
 //!             [--workloads fresh,replay] [--out FILE]
 //! load-driver --mode long [--rows memory,memory-bounded,redis] [--duration 60] [--out FILE]
 //! load-driver --mode wrk [--rows floor,bare,memory,…] [--replay-keys 100] [--out FILE]
+//!             (Redis Cluster and Sentinel rows: redis-cluster, redis-sentinel, redis-sentinel-wait)
 //! load-driver --write-body FILE [--body 1024]
 //! ```
 //!
@@ -14,7 +15,10 @@
 //! Redis row is asked for, and one `load-server` per row × workload (a fresh process, so RSS
 //! and executions start from zero), with the server and redis-server pinned to core 0 and the
 //! generator to core 1 (`taskset`). Redis is `FLUSHALL`ed and its stats reset before each
-//! Redis case. For the `postgres` row it `initdb`s a PostgreSQL cluster in a temporary directory
+//! Redis case. The `redis-cluster` row runs against three cluster masters (no replicas), the
+//! `redis-sentinel` rows against a primary, a replica and three sentinels, all of them pinned to
+//! the server's core; their commands, memory and keys are summed over the masters, without the
+//! deployment's own housekeeping (sentinels' `PING`, `INFO`, `PUBLISH`). For the `postgres` row it `initdb`s a PostgreSQL cluster in a temporary directory
 //! and runs `postgres` on a free loopback port, pinned to core 0 like redis-server, with
 //! `fsync=off` and `synchronous_commit=off` (no durability cost, as Redis runs without
 //! persistence); the table is dropped before each case. Everything listens on 127.0.0.1 only, every request is bounded in time, and every
@@ -34,7 +38,7 @@ const ALL_ROWS: &str =
 /// The wrk mode's rows: axum-idempotent needs a session per connection (a login), which wrk's
 /// script does not do; PostgreSQL can be asked for with `--rows`.
 const WRK_ROWS: &str =
-    "floor,bare,memory,memory-bounded,redis,idempotent-memory,idempotent-redis";
+    "floor,bare,memory,memory-bounded,redis,redis-cluster,redis-sentinel,idempotent-memory,idempotent-redis";
 
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter()
@@ -113,6 +117,57 @@ fn free_port() -> u16 {
 
 fn is_redis_row(row: &str) -> bool {
     row.contains("redis")
+}
+
+/// The Sentinel deployment's service name.
+const SENTINEL_SERVICE: &str = "bench-primary";
+
+/// A loopback port whose cluster bus port (+10000) is free too.
+fn free_cluster_port() -> u16 {
+    for _ in 0..100 {
+        let port = free_port();
+        if port
+            .checked_add(10_000)
+            .is_some_and(|bus| TcpListener::bind(("127.0.0.1", bus)).is_ok())
+        {
+            return port;
+        }
+    }
+    panic!("no free port for a cluster node");
+}
+
+/// Which Redis deployment a row runs against: `redis-cluster*` the cluster,
+/// `redis-sentinel*` the Sentinel deployment, any other Redis row the standalone server.
+fn redis_of<'a>(row: &str, redis: &'a RedisSet) -> Option<&'a Redis> {
+    if row.starts_with("redis-cluster") {
+        redis.cluster.as_ref()
+    } else if row.starts_with("redis-sentinel") {
+        redis.sentinel.as_ref()
+    } else {
+        redis.standalone.as_ref()
+    }
+}
+
+/// The Redis deployments the rows asked for.
+struct RedisSet {
+    standalone: Option<Redis>,
+    cluster: Option<Redis>,
+    sentinel: Option<Redis>,
+}
+
+impl RedisSet {
+    fn start(cfg: &Cfg, rows: &[String]) -> Self {
+        let wants = |f: &dyn Fn(&str) -> bool| rows.iter().any(|r| is_redis_row(r) && f(r));
+        Self {
+            standalone: wants(&|r| {
+                !r.starts_with("redis-cluster") && !r.starts_with("redis-sentinel")
+            })
+            .then(|| Redis::start(cfg)),
+            cluster: wants(&|r| r.starts_with("redis-cluster")).then(|| Redis::start_cluster(cfg)),
+            sentinel: wants(&|r| r.starts_with("redis-sentinel"))
+                .then(|| Redis::start_sentinel(cfg)),
+        }
+    }
 }
 
 // ---------- PostgreSQL ----------
@@ -325,7 +380,51 @@ impl Drop for Postgres {
 struct Redis {
     proc: Proc,
     port: u16,
+    /// What load-server gets as `--redis-url`: this server's URL, a cluster's node URLs or
+    /// the sentinels' URLs (comma-separated).
+    url: String,
+    /// A cluster's other masters: their commands, memory and keys count with this one's.
+    masters: Vec<Redis>,
+    /// A Sentinel deployment's replica (its CPU counts, on the server core).
+    replicas: Vec<Redis>,
+    /// A Sentinel deployment's sentinels (their CPU counts, on the server core).
+    helpers: Vec<Proc>,
+    /// The deployment's own commands (sentinels' and cluster clients' housekeeping), left out
+    /// of the commands per request.
+    housekeeping: &'static [&'static str],
+    /// Files of the deployment (cluster and sentinel configurations), removed on drop.
+    dir: Option<PathBuf>,
 }
+
+impl Drop for Redis {
+    fn drop(&mut self) {
+        self.helpers.clear();
+        self.replicas.clear();
+        self.masters.clear();
+        if let Some(d) = &self.dir {
+            let _ = std::fs::remove_dir_all(d);
+        }
+    }
+}
+
+/// The commands a Sentinel deployment or a cluster exchanges by itself (sentinels' `PING`,
+/// `INFO`, `PUBLISH` hello messages, a replica's `REPLCONF`, a cluster client's topology).
+const HA_HOUSEKEEPING: &[&str] = &[
+    "ping",
+    "info",
+    "publish",
+    "subscribe",
+    "replconf",
+    "psync",
+    "sync",
+    "cluster",
+    "client",
+    "hello",
+    "command",
+    "readonly",
+    "role",
+    "config",
+];
 
 #[derive(Debug)]
 #[allow(dead_code)] // the payloads show in panics' Debug output
@@ -369,10 +468,26 @@ fn read_resp(r: &mut impl BufRead) -> std::io::Result<Resp> {
     })
 }
 
+/// One command to the Redis server (or sentinel) on `port`, on a connection of its own.
+fn resp_cmd(port: u16, args: &[&str]) -> std::io::Result<Resp> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut out = format!("*{}\r\n", args.len());
+    for a in args {
+        let _ = write!(out, "${}\r\n{a}\r\n", a.len());
+    }
+    s.write_all(out.as_bytes())?;
+    read_resp(&mut BufReader::new(s))
+}
+
 impl Redis {
     fn start(cfg: &Cfg) -> Self {
-        let port = free_port();
-        let log = std::fs::File::create(cfg.log_dir.join("redis.log")).expect("log");
+        Self::start_node(cfg, "redis", free_port(), &[])
+    }
+
+    /// A redis-server on `port`, pinned to the server core, with `extra` arguments.
+    fn start_node(cfg: &Cfg, name: &str, port: u16, extra: &[String]) -> Self {
+        let log = std::fs::File::create(cfg.log_dir.join(format!("{name}.log"))).expect("log");
         let child = command("taskset")
             .args([
                 "-c",
@@ -392,6 +507,7 @@ impl Redis {
                 "no",
             ])
             .args(["--loglevel", "warning"])
+            .args(extra)
             .stdout(log.try_clone().expect("log"))
             .stderr(log)
             .spawn()
@@ -402,6 +518,12 @@ impl Redis {
                 name: "redis-server",
             },
             port,
+            url: format!("redis://127.0.0.1:{port}/"),
+            masters: Vec::new(),
+            replicas: Vec::new(),
+            helpers: Vec::new(),
+            housekeeping: &[],
+            dir: None,
         };
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
@@ -415,19 +537,222 @@ impl Redis {
         }
     }
 
+    /// A Redis Cluster of three masters (no replicas), each pinned to the server core; the
+    /// first is `self`, the others in `masters`.
+    fn start_cluster(cfg: &Cfg) -> Self {
+        let dir = cfg.log_dir.join("cluster");
+        std::fs::create_dir_all(&dir).expect("cluster dir");
+        let mut nodes: Vec<Redis> = (0..3)
+            .map(|i| {
+                let port = free_cluster_port();
+                let conf = dir.join(format!("nodes-{port}.conf"));
+                let extra = [
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-config-file",
+                    conf.to_str().expect("utf-8 path"),
+                    "--cluster-node-timeout",
+                    "5000",
+                    "--dir",
+                    dir.to_str().expect("utf-8 path"),
+                ]
+                .map(str::to_owned);
+                Self::start_node(cfg, &format!("redis-cluster-{i}"), port, &extra)
+            })
+            .collect();
+        let mut create = Command::new("redis-cli");
+        create.args(["--cluster", "create"]);
+        for n in &nodes {
+            create.arg(format!("127.0.0.1:{}", n.port));
+        }
+        let out = create
+            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run redis-cli --cluster create");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !nodes.iter().all(|n| {
+            matches!(n.cmd(&["CLUSTER", "INFO"]), Ok(Resp::Bulk(Some(b)))
+                if String::from_utf8_lossy(&b).contains("cluster_state:ok"))
+        }) {
+            assert!(
+                Instant::now() < deadline,
+                "the cluster did not reach cluster_state:ok"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let urls: Vec<String> = nodes.iter().map(|n| n.url.clone()).collect();
+        let mut first = nodes.remove(0);
+        first.url = urls.join(",");
+        first.masters = nodes;
+        first.housekeeping = HA_HOUSEKEEPING;
+        first.dir = Some(dir);
+        first
+    }
+
+    /// A primary, one replica and three sentinels (quorum 2) watching it as `bench-primary`,
+    /// all pinned to the server core. `url` is the sentinels' URLs.
+    fn start_sentinel(cfg: &Cfg) -> Self {
+        let dir = cfg.log_dir.join("sentinel");
+        std::fs::create_dir_all(&dir).expect("sentinel dir");
+        // Their files (the replica's copy of the primary's RDB) in the deployment's directory.
+        let in_dir = [
+            "--dir".to_owned(),
+            dir.to_str().expect("utf-8 path").to_owned(),
+        ];
+        let mut primary = Self::start_node(cfg, "redis-primary", free_port(), &in_dir);
+        let replica_port = free_port();
+        let replica = Self::start_node(
+            cfg,
+            "redis-replica",
+            replica_port,
+            &[
+                "--replicaof",
+                "127.0.0.1",
+                &primary.port.to_string(),
+                "--dir",
+                dir.to_str().expect("utf-8 path"),
+                "--dbfilename",
+                &format!("replica-{replica_port}.rdb"),
+            ]
+            .map(str::to_owned),
+        );
+        let mut urls = Vec::new();
+        let mut sentinels = Vec::new();
+        for i in 0..3 {
+            let port = free_port();
+            let conf = dir.join(format!("sentinel-{i}.conf"));
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {}\n\
+                     sentinel monitor {SENTINEL_SERVICE} 127.0.0.1 {} 2\n\
+                     sentinel down-after-milliseconds {SENTINEL_SERVICE} 5000\n\
+                     sentinel failover-timeout {SENTINEL_SERVICE} 60000\n",
+                    dir.display(),
+                    primary.port
+                ),
+            )
+            .expect("sentinel conf");
+            let log =
+                std::fs::File::create(cfg.log_dir.join(format!("sentinel-{i}.log"))).expect("log");
+            let child = command("taskset")
+                .args(["-c", &cfg.server_core, "redis-sentinel"])
+                .arg(&conf)
+                .stdout(log.try_clone().expect("log"))
+                .stderr(log)
+                .spawn()
+                .expect("spawn redis-sentinel (is it installed?)");
+            sentinels.push(Proc {
+                child,
+                name: "redis-sentinel",
+            });
+            urls.push(format!("redis://127.0.0.1:{port}/"));
+        }
+        // Ready when the replica is in sync and every sentinel knows the replica and the other
+        // sentinels.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let ready = || {
+            let synced = replica
+                .info("replication")
+                .get("master_link_status")
+                .is_some_and(|v| v == "up");
+            synced
+                && urls.iter().all(|u| {
+                    let port: u16 = u
+                        .trim_start_matches("redis://127.0.0.1:")
+                        .trim_end_matches('/')
+                        .parse()
+                        .expect("port");
+                    let master = resp_cmd(port, &["SENTINEL", "master", SENTINEL_SERVICE]);
+                    let Ok(Resp::Array(fields)) = master else {
+                        return false;
+                    };
+                    let field = |name: &str| {
+                        fields.chunks(2).find_map(|kv| match kv {
+                            [Resp::Bulk(Some(k)), Resp::Bulk(Some(v))] if k == name.as_bytes() => {
+                                Some(String::from_utf8_lossy(v).into_owned())
+                            }
+                            _ => None,
+                        })
+                    };
+                    field("num-slaves").as_deref() == Some("1")
+                        && field("num-other-sentinels").as_deref() == Some("2")
+                })
+        };
+        while !ready() {
+            assert!(
+                Instant::now() < deadline,
+                "the Sentinel deployment did not settle"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        primary.url = urls.join(",");
+        primary.replicas.push(replica);
+        primary.helpers.extend(sentinels);
+        primary.housekeeping = HA_HOUSEKEEPING;
+        primary.dir = Some(dir);
+        primary
+    }
+
     fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}/", self.port)
+        self.url.clone()
+    }
+
+    /// This server and a cluster's other masters.
+    fn nodes(&self) -> impl Iterator<Item = &Redis> {
+        std::iter::once(self).chain(&self.masters)
+    }
+
+    /// The CPU seconds of every process of the deployment.
+    fn cpu_seconds(&self) -> f64 {
+        self.nodes()
+            .chain(&self.replicas)
+            .map(|n| cpu_seconds(n.proc.pid()))
+            .sum::<f64>()
+            + self
+                .helpers
+                .iter()
+                .map(|p| cpu_seconds(p.pid()))
+                .sum::<f64>()
+    }
+
+    /// `FLUSHALL` and `CONFIG RESETSTAT` on every master (a replica follows its primary).
+    fn reset(&self) {
+        for n in self.nodes() {
+            n.cmd(&["FLUSHALL"]).expect("FLUSHALL");
+            n.cmd(&["CONFIG", "RESETSTAT"]).expect("RESETSTAT");
+        }
+    }
+
+    /// Calls per command on every master, without the deployment's housekeeping.
+    fn all_commandstats(&self) -> BTreeMap<String, u64> {
+        let mut all = BTreeMap::new();
+        for n in self.nodes() {
+            for (k, v) in n.commandstats() {
+                if !self.housekeeping.contains(&k.as_str()) {
+                    *all.entry(k).or_default() += v;
+                }
+            }
+        }
+        all
+    }
+
+    fn all_used_memory(&self) -> i64 {
+        self.nodes().map(Redis::used_memory).sum()
+    }
+
+    fn all_dbsize(&self) -> i64 {
+        self.nodes().map(Redis::dbsize).sum()
     }
 
     fn cmd(&self, args: &[&str]) -> std::io::Result<Resp> {
-        let mut s = TcpStream::connect(("127.0.0.1", self.port))?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        let mut out = format!("*{}\r\n", args.len());
-        for a in args {
-            let _ = write!(out, "${}\r\n{a}\r\n", a.len());
-        }
-        s.write_all(out.as_bytes())?;
-        read_resp(&mut BufReader::new(s))
+        resp_cmd(self.port, args)
     }
 
     fn info(&self, section: &str) -> BTreeMap<String, String> {
@@ -729,16 +1054,15 @@ fn run_case(
     }
     let mut mem0 = 0;
     if let Some(r) = redis {
-        r.cmd(&["FLUSHALL"]).expect("FLUSHALL");
-        r.cmd(&["CONFIG", "RESETSTAT"]).expect("RESETSTAT");
-        mem0 = r.used_memory();
+        r.reset();
+        mem0 = r.all_used_memory();
     }
     let (server, port) = start_server(cfg, row, redis, pg);
     let s0 = http_get_json(port, "/stats").expect("stats");
-    let cs0 = redis.map_or(BTreeMap::new(), Redis::commandstats);
+    let cs0 = redis.map_or(BTreeMap::new(), Redis::all_commandstats);
     let server_cpu = || {
         cpu_seconds(server.pid())
-            + redis.map_or(0.0, |r| cpu_seconds(r.proc.pid()))
+            + redis.map_or(0.0, Redis::cpu_seconds)
             + pg.map_or(0.0, Postgres::cpu_seconds)
     };
     // Which of the Redis commands are sent by the client and which run inside scripts: a
@@ -836,7 +1160,7 @@ fn run_case(
         ..Case::default()
     };
     if let Some(r) = redis {
-        let cs1 = r.commandstats();
+        let cs1 = r.all_commandstats();
         let mut d = BTreeMap::new();
         for (k, v) in &cs1 {
             // The driver's own commands between the snapshots: the first INFO and the MONITOR.
@@ -854,7 +1178,8 @@ fn run_case(
         }
         // commandstats counts every call, those made inside a script included; the share the
         // client sent comes from the MONITOR sample.
-        if let Some((client, lua)) = sample {
+        if let Some((mut client, lua)) = sample {
+            client.retain(|k, _| !r.housekeeping.contains(&k.as_str()));
             let (nc, nl) = (
                 client.values().sum::<u64>() as f64,
                 lua.values().sum::<u64>() as f64,
@@ -866,8 +1191,8 @@ fn run_case(
             c.redis_client_names = client.keys().cloned().collect();
         }
         c.redis_cmds = Some(d);
-        c.redis_mem_delta = Some((r.used_memory() - mem0) as f64);
-        c.redis_keys = Some(r.dbsize() as f64);
+        c.redis_mem_delta = Some((r.all_used_memory() - mem0) as f64);
+        c.redis_keys = Some(r.all_dbsize() as f64);
     }
     if let Some(pg) = pg {
         c.pg_bytes = pg
@@ -1231,8 +1556,8 @@ fn targets(runs: &[BTreeMap<(String, String), Case>]) -> String {
         v >= 1.5,
         "×",
     );
-    let cmds = |r: &Run, w: &str, client: bool| -> Option<f64> {
-        let c = get(r, "redis", w)?;
+    let cmds_of = |r: &Run, row: &str, w: &str, client: bool| -> Option<f64> {
+        let c = get(r, row, w)?;
         let n = if client {
             c.redis_top_level?
         } else {
@@ -1240,6 +1565,7 @@ fn targets(runs: &[BTreeMap<(String, String), Case>]) -> String {
         };
         Some(n / c.sent)
     };
+    let cmds = |r: &Run, w: &str, client: bool| cmds_of(r, "redis", w, client);
     let v = med(&|r| cmds(r, "fresh", true));
     line(
         "Redis fresh: 2 commands per request, counting those the client sends",
@@ -1268,6 +1594,30 @@ fn targets(runs: &[BTreeMap<(String, String), Case>]) -> String {
         v <= 1.05,
         "",
     );
+    for (row, name) in [
+        ("redis-cluster", "Redis Cluster"),
+        ("redis-sentinel", "Redis Sentinel"),
+        (
+            "redis-sentinel-wait",
+            "Redis Sentinel, wait_for_replicas(1)",
+        ),
+    ] {
+        for (w, n) in [("fresh", 2.0), ("replay", 1.0)] {
+            let v = med(&|r| cmds_of(r, row, w, false));
+            line(
+                &format!("{name} {w}: {n} commands per request (commandstats, every master)"),
+                v,
+                v <= n
+                    + 0.05
+                    + if row.ends_with("-wait") && w == "fresh" {
+                        1.0
+                    } else {
+                        0.0
+                    },
+                "",
+            );
+        }
+    }
     let v = med(&|r| {
         let c = get(r, "redis", "fresh")?;
         Some(c.redis_mem_delta? / c.executions)
@@ -1330,6 +1680,46 @@ fn targets_wrk(runs: &[BTreeMap<(String, String), Case>]) -> String {
             "Redis replay ≥ 2× idempotent's Redis replay",
             ratio(("redis", "replay"), ("idempotent-redis", "replay"), rps),
             2.0,
+            true,
+        ),
+        (
+            "(Redis Cluster fresh ÷ idempotent's Redis fresh)",
+            ratio(
+                ("redis-cluster", "fresh"),
+                ("idempotent-redis", "fresh"),
+                rps,
+            ),
+            f64::NAN,
+            true,
+        ),
+        (
+            "(Redis Cluster replay ÷ idempotent's Redis replay)",
+            ratio(
+                ("redis-cluster", "replay"),
+                ("idempotent-redis", "replay"),
+                rps,
+            ),
+            f64::NAN,
+            true,
+        ),
+        (
+            "(Redis Sentinel fresh ÷ idempotent's Redis fresh)",
+            ratio(
+                ("redis-sentinel", "fresh"),
+                ("idempotent-redis", "fresh"),
+                rps,
+            ),
+            f64::NAN,
+            true,
+        ),
+        (
+            "(Redis Sentinel replay ÷ idempotent's Redis replay)",
+            ratio(
+                ("redis-sentinel", "replay"),
+                ("idempotent-redis", "replay"),
+                rps,
+            ),
+            f64::NAN,
             true,
         ),
         (
@@ -1450,10 +1840,7 @@ fn main() {
             setup_text(&cfg, &mode)
         ),
     );
-    let redis = rows
-        .iter()
-        .any(|r| is_redis_row(r))
-        .then(|| Redis::start(&cfg));
+    let redis = RedisSet::start(&cfg, &rows);
     let pg = rows
         .iter()
         .any(|r| r == "postgres")
@@ -1469,7 +1856,7 @@ fn main() {
                 &cfg,
                 row,
                 "fresh",
-                redis.as_ref(),
+                redis_of(row, &redis),
                 pg.as_ref(),
                 cfg.warmup,
                 cfg.duration,
@@ -1500,7 +1887,7 @@ fn main() {
                         &cfg,
                         row,
                         w,
-                        redis.as_ref(),
+                        redis_of(row, &redis),
                         pg.as_ref(),
                         cfg.warmup,
                         cfg.duration,

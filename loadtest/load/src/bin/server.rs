@@ -2,7 +2,7 @@
 //! runtime with ONE worker thread.
 //!
 //! ```text
-//! load-server --row <floor|bare|memory|memory-bounded|redis|redis-unpipelined|postgres|idempotent-memory|idempotent-redis|axum-idempotent>
+//! load-server --row <floor|bare|memory|memory-bounded|redis|redis-unpipelined|redis-cluster|redis-sentinel|redis-sentinel-wait|postgres|idempotent-memory|idempotent-redis|axum-idempotent>
 //!             --port N [--redis-url redis://127.0.0.1:P] [--postgres-url postgres://…]
 //! ```
 //!
@@ -174,6 +174,49 @@ async fn build(
                 .connect(&url)
                 .await
                 .expect("connect to Redis");
+            let layer = IdempotencyLayer::new(
+                tower_idempotency::engine::Engine::builder(store)
+                    .ttl(TTL)
+                    .build(),
+            )
+            .principal_fn(|p| client_of(&p.headers).map(Scope::principal));
+            (orders().layer(layer), None)
+        }
+        "redis-cluster" => {
+            use tower_idempotency::engine::Scope;
+            use tower_idempotency::{IdempotencyLayer, RedisStore};
+            let url = redis_url.expect("--redis-url");
+            // The cluster's nodes, comma-separated; no pipelining (connect_cluster's default).
+            let store = RedisStore::builder("bench")
+                .connect_cluster(url.split(',').map(str::to_owned).collect::<Vec<_>>())
+                .await
+                .expect("connect to Redis Cluster");
+            let layer = IdempotencyLayer::new(
+                tower_idempotency::engine::Engine::builder(store)
+                    .ttl(TTL)
+                    .build(),
+            )
+            .principal_fn(|p| client_of(&p.headers).map(Scope::principal));
+            (orders().layer(layer), None)
+        }
+        "redis-sentinel" | "redis-sentinel-wait" => {
+            use tower_idempotency::engine::Scope;
+            use tower_idempotency::{IdempotencyLayer, RedisStore};
+            let url = redis_url.expect("--redis-url");
+            // The sentinels, comma-separated; `redis-sentinel-wait`: each complete waits for
+            // the replica (`WAIT 1`, at most 50 ms).
+            let mut builder = RedisStore::builder("bench");
+            if row == "redis-sentinel-wait" {
+                builder = builder.wait_for_replicas(1, std::time::Duration::from_millis(50));
+            }
+            let store = builder
+                .connect_sentinel(
+                    url.split(',').map(str::to_owned).collect::<Vec<_>>(),
+                    "bench-primary",
+                    None,
+                )
+                .await
+                .expect("connect through Redis Sentinel");
             let layer = IdempotencyLayer::new(
                 tower_idempotency::engine::Engine::builder(store)
                     .ttl(TTL)
