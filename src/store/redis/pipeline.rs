@@ -163,8 +163,8 @@ where
         let slots = share_waits(queued);
         let (generation, mut conn) = self.checkout();
         if self.condemned(generation) {
-            for tx in slots.into_iter().flat_map(|(_, senders)| senders) {
-                let _ = tx.send(Err(condemned()));
+            for (_, senders) in slots {
+                senders.send(Err(condemned()));
             }
             return;
         }
