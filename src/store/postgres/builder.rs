@@ -1,5 +1,6 @@
 //! [`PostgresStoreBuilder`]: the settings of a [`PostgresStore`], fixed when it is built.
 
+use super::connections::{CHECK_AFTER_IDLE, Connections};
 use super::error::OpError;
 use super::sql::{self, Statements};
 use super::transaction::STORE_TIMEOUT_SETTING;
@@ -106,10 +107,20 @@ impl PostgresStoreBuilder {
     /// # Errors
     /// A [`ConfigError`] when the prefix is empty or the table name is not accepted.
     pub fn build(self, pool: PgPool) -> Result<PostgresStore, ConfigError> {
+        self.build_with(pool, None)
+    }
+
+    /// The store over `pool`, its steps on `steps` when given.
+    fn build_with(
+        self,
+        pool: PgPool,
+        steps: Option<Connections>,
+    ) -> Result<PostgresStore, ConfigError> {
         let prefix = self.prefix?;
         sql::check_table(&self.table)?;
         Ok(PostgresStore {
             pool,
+            steps: steps.map(Arc::new),
             prefix,
             sql: Arc::new(Statements::new(&self.table)),
             timeout: self.timeout,
@@ -149,11 +160,22 @@ impl PostgresStoreBuilder {
             .await
             .map_err(|e| OpError::from(e).into_store("connecting to PostgreSQL timed out"))?
             .map_err(|e| OpError::from(e).into_store("connecting to PostgreSQL failed"))?;
-        let _ = first.close().await;
+        // Checks only a connection idle long enough to have been closed unseen. sqlx checks a
+        // connection it takes back in any case.
         let pool = PgPoolOptions::new()
             .max_connections(POOL_SIZE)
             .acquire_timeout(self.timeout.max(CONNECT_TIMEOUT))
-            .connect_lazy_with(options);
-        self.build(pool).map_err(invalid)
+            .test_before_acquire(false)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= CHECK_AFTER_IDLE {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
+            .connect_lazy_with(options.clone());
+        let steps = Connections::new(options, POOL_SIZE, first);
+        self.build_with(pool, Some(steps)).map_err(invalid)
     }
 }
