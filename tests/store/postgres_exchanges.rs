@@ -166,7 +166,12 @@ async fn every_step_of_a_store_made_by_connect_is_one_exchange() {
         panic!("a released key is claimed")
     };
     let fp = fingerprint("a");
-    assert!(store.complete(&warm, &token, &fp, record("r"), LONG).await.unwrap());
+    assert!(
+        store
+            .complete(&warm, &token, &fp, record("r"), LONG)
+            .await
+            .unwrap()
+    );
     store.forget(&warm, false).await.unwrap();
     let connections = proxy.connections.load(Ordering::SeqCst);
 

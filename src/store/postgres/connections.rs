@@ -44,7 +44,11 @@ impl Connections {
             .await
             .map_err(|_| sqlx::Error::PoolClosed)?;
         loop {
-            let idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner).pop();
+            let idle = self
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop();
             let Some((mut conn, since)) = idle else {
                 break;
             };

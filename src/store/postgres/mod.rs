@@ -156,9 +156,9 @@ mod maintenance;
 mod sql;
 mod transaction;
 
+use self::connections::{Connections, Taken};
 pub(crate) use self::error::OpError;
 use self::error::protocol;
-use self::connections::{Connections, Taken};
 use self::sql::{KeyBytes, Statements};
 
 pub use self::builder::PostgresStoreBuilder;
