@@ -104,6 +104,11 @@ impl PostgresStoreBuilder {
     /// The store over an existing pool, whose settings are kept as given. Set `statement_timeout`
     /// on its connections to have the server bound what the store's timeout abandons.
     ///
+    /// Each step takes a connection from the pool and gives it back. With sqlx's defaults, the
+    /// pool checks a connection when it hands it out and when it takes it back: a step is three
+    /// exchanges with the server. `test_before_acquire(false)` saves one.
+    /// [`connect`](Self::connect) makes a store whose steps are one exchange each.
+    ///
     /// # Errors
     /// A [`ConfigError`] when the prefix is empty or the table name is not accepted.
     pub fn build(self, pool: PgPool) -> Result<PostgresStore, ConfigError> {
@@ -128,11 +133,23 @@ impl PostgresStoreBuilder {
         })
     }
 
-    /// Connects a pool of up to 10 connections to the PostgreSQL at `url`, such as
-    /// `postgres://user:password@host:port/database`. It sets `statement_timeout` to the store's
-    /// [timeout](Self::timeout). The setting `tower_idempotency.statement_timeout` marks it as the
-    /// store's, and [`within`] lifts it for its work. For other pool settings, build a [`PgPool`]
-    /// and use [`build`](Self::build).
+    /// Connects to the PostgreSQL at `url`, such as `postgres://user:password@host:port/database`.
+    /// Every connection sets `statement_timeout` to the store's [timeout](Self::timeout) when it
+    /// opens. The setting `tower_idempotency.statement_timeout` marks it as the store's, and
+    /// [`within`] lifts it for its work.
+    ///
+    /// The steps run on up to 10 connections of the store's own. Each is opened when a step
+    /// needs it and kept open. A step takes one, sends its one statement and gives it back: one
+    /// exchange with the server. A connection idle for 1 s or more is checked first, with one
+    /// exchange more, in case the server or the network closed it. A connection whose step
+    /// failed on the wire, or timed out, is closed.
+    ///
+    /// [`PostgresStore::pool`] is a sqlx pool of up to 10 more connections, opened when used:
+    /// by [`migrate`](PostgresStore::migrate), [`purge`](PostgresStore::purge) and your own
+    /// statements. It checks a connection idle for 1 s or more when it hands it out. sqlx
+    /// checks every connection it takes back, with one exchange. For other settings, build a
+    /// [`PgPool`] and use [`build`](Self::build): the steps then take its connections, as it
+    /// hands them out.
     ///
     /// [`within`]: crate::transactional::within
     ///
@@ -155,7 +172,8 @@ impl PostgresStoreBuilder {
                 (STORE_TIMEOUT_SETTING, timeout.to_string()),
             ]);
         // One connection first, for the server's own answer: a pool would retry a refused
-        // connection until its acquire timeout and report only that it timed out.
+        // connection until its acquire timeout and report only that it timed out. It is the
+        // steps' first connection.
         let first = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options))
             .await
             .map_err(|e| OpError::from(e).into_store("connecting to PostgreSQL timed out"))?

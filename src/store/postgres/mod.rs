@@ -75,7 +75,9 @@
 //! # One statement per step
 //!
 //! Needs PostgreSQL 12 or newer. Each step is one SQL statement, atomic on the server. It is
-//! prepared once per connection. The time is the database's `statement_timestamp()`, never
+//! prepared once per connection. A store made by [`connect`](PostgresStoreBuilder::connect)
+//! sends it in one exchange with the server: no check of the connection, no `SET`, no
+//! `BEGIN`. The time is the database's `statement_timestamp()`, never
 //! the application's. So replicas with skewed clocks agree on what has expired:
 //!
 //! | step | statement |
@@ -267,7 +269,10 @@ impl PostgresStore {
         Self::builder(prefix).build(pool)
     }
 
-    /// The pool.
+    /// The pool: the one given to [`new`](Self::new) or [`build`](PostgresStoreBuilder::build),
+    /// whose connections the steps take. For a store made by
+    /// [`connect`](PostgresStoreBuilder::connect), a pool for `migrate`, `purge` and your own
+    /// statements, beside the steps' own connections.
     #[must_use]
     pub fn pool(&self) -> &PgPool {
         &self.pool

@@ -322,21 +322,6 @@ impl Postgres {
             .unwrap_or(f64::NAN)
     }
 
-    /// Data segments the server has received on its open client connections (`ss`). A client
-    /// sends each exchange in one write and waits for its answer, so this counts exchanges:
-    /// statements, and checks such as a pool's ping.
-    fn exchanges(&self) -> f64 {
-        let out = Command::new("ss")
-            .args(["-tinH", "state", "established"])
-            .arg(format!("( sport = :{} )", self.port))
-            .output()
-            .expect("ss (iproute2)");
-        String::from_utf8_lossy(&out.stdout)
-            .split_whitespace()
-            .filter_map(|f| f.strip_prefix("data_segs_in:")?.parse::<f64>().ok())
-            .sum()
-    }
-
     /// A fingerprint and a record the store wrote, as hex, for pgbench's statements.
     fn sample_row(&self) -> Option<(String, String)> {
         let row = self.sql(
@@ -395,6 +380,8 @@ impl Postgres {
             (field("tps"), field("latency average"), field("number of transactions actually processed:"), cpu)
         };
         let _ = run(cfg.warmup);
+        // The warm-up's backends exit and are reaped before the measured run starts.
+        std::thread::sleep(Duration::from_millis(500));
         let (commits0, pg0) = (self.commits(), self.cpu_seconds());
         let t0 = Instant::now();
         let (tps, latency_ms, sent, client_cpu) = run(cfg.duration);
@@ -820,8 +807,6 @@ struct Case {
     pg_busy: Option<f64>,
     /// Transactions PostgreSQL committed during the case (a statement each, for the store).
     pg_commits: Option<f64>,
-    /// Exchanges the server received on the store's connections during the case.
-    pg_exchanges: Option<f64>,
     per_second: Vec<f64>,
 }
 
@@ -994,10 +979,8 @@ fn run_case(
         if let (Some(a), Some(b)) = (cpu.first(), cpu.last()) {
             c.pg_busy = Some((b - a) / wall);
         }
-        // Read while the store's connections are open; the commits once their backends have
-        // exited and reported.
+        // The commits once the store's backends have exited and reported.
         let commits0 = pg_start.unwrap_or_default();
-        c.pg_exchanges = Some(pg.exchanges());
         drop(server);
         std::thread::sleep(Duration::from_millis(500));
         c.pg_commits = Some(pg.commits() - commits0);
@@ -1498,7 +1481,7 @@ fn pg_limit(
     runs: &[BTreeMap<(String, String), Case>],
 ) -> String {
     let mut s = String::from(
-        "| row | workload | store req/s | pgbench tx/s | request ÷ pgbench tx (cost) | ≤ 1.5× | PostgreSQL transactions / request | exchanges / request | PostgreSQL CPU / request: store, pgbench | rest of core 0 / request: load-server, pgbench |\n| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n",
+        "| row | workload | store req/s | pgbench tx/s | request ÷ pgbench tx (cost) | ≤ 1.5× | PostgreSQL transactions / request | PostgreSQL CPU / request: store, pgbench | rest of core 0 / request: load-server, pgbench |\n| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |\n",
     );
     for row in rows.iter().filter(|r| r.starts_with("postgres")) {
         for w in workloads {
@@ -1520,12 +1503,11 @@ fn pg_limit(
             let us = |busy: f64, rps: f64| busy / rps * 1e6;
             let _ = writeln!(
                 s,
-                "| {row} | {w} | {:.0} | {:.0} | {ratio:.2}× | {} | {:.2} | {:.2} | {:.0} µs, {:.0} µs | {:.0} µs, {:.0} µs |",
+                "| {row} | {w} | {:.0} | {:.0} | {ratio:.2}× | {} | {:.2} | {:.0} µs, {:.0} µs | {:.0} µs, {:.0} µs |",
                 m(&|c, _| c.rps),
                 m(&|_, b| b.rps),
                 if ratio <= 1.5 { "yes" } else { "no" },
                 m(&|c, _| c.pg_commits.unwrap_or(f64::NAN) / c.sent),
-                m(&|c, _| c.pg_exchanges.unwrap_or(f64::NAN) / c.sent),
                 m(&|c, _| us(c.pg_busy.unwrap_or(f64::NAN), c.rps)),
                 m(&|_, b| us(b.pg_busy.unwrap_or(f64::NAN), b.rps)),
                 m(&|c, _| us(c.core0_busy - c.pg_busy.unwrap_or(f64::NAN), c.rps)),
@@ -1533,7 +1515,7 @@ fn pg_limit(
             );
         }
     }
-    s.push_str("\nA pgbench transaction is the statements of one request: the claim of a stored key for a replay; the claim of a new key, then its complete, for a fresh request. Exchanges are counted on the server's sockets (`ss`), transactions in `pg_stat_database`.\n");
+    s.push_str("\nA pgbench transaction is the statements of one request: the claim of a stored key for a replay; the claim of a new key, then its complete, for a fresh request. Transactions are counted in `pg_stat_database`; exchanges per step are counted by `tests/store/postgres_exchanges.rs`.\n");
     s
 }
 
