@@ -206,3 +206,41 @@ async fn every_step_of_a_store_made_by_connect_is_one_exchange() {
     // No step opened a connection: each took the one the warm-up left.
     assert_eq!(proxy.connections.load(Ordering::SeqCst), connections);
 }
+
+#[tokio::test]
+async fn a_connection_the_server_closed_while_idle_is_replaced_before_a_step() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let table = fresh_table("idle_closed");
+    let store = PostgresStore::builder("idle_closed")
+        .table(&table)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    let first = random_key();
+    assert!(matches!(
+        store.claim(&first, &fingerprint("a"), LONG).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+    // The server ends every backend whose last statement named the table: the store's.
+    let admin = server.pool(1).await;
+    let ended: i64 = tower_idempotency::store::postgres::sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE pid <> pg_backend_pid() AND query LIKE '%' || $1 || '%') t",
+    )
+    .bind(&table)
+    .fetch_one(&admin)
+    .await
+    .unwrap();
+    assert!(ended >= 1, "the store's connection was found");
+    // Idle longer than the store's check threshold: the dead connection is checked, then
+    // replaced, and the step succeeds.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let second = random_key();
+    assert!(matches!(
+        store.claim(&second, &fingerprint("a"), LONG).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+}
