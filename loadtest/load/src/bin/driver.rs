@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! load-driver [--runs 3] [--warmup 3] [--duration 10] [--connections 64] [--body 1024]
-//!             [--rows bare,memory,redis,postgres,idempotent-memory,idempotent-redis,axum-idempotent]
+//!             [--rows bare,memory,redis,postgres,postgres-durable,postgres-pool,idempotent-memory,idempotent-redis,axum-idempotent]
 //!             [--workloads fresh,replay] [--out FILE]
 //! load-driver --mode long [--rows memory,memory-bounded,redis] [--duration 60] [--out FILE]
 //! load-driver --mode wrk [--rows floor,bare,memory,…] [--replay-keys 100] [--out FILE]
@@ -17,7 +17,12 @@
 //! Redis case. For the `postgres` row it `initdb`s a PostgreSQL cluster in a temporary directory
 //! and runs `postgres` on a free loopback port, pinned to core 0 like redis-server, with
 //! `fsync=off` and `synchronous_commit=off` (no durability cost, as Redis runs without
-//! persistence); the table is dropped before each case. Everything listens on 127.0.0.1 only, every request is bounded in time, and every
+//! persistence); the table is dropped before each case. The `postgres-durable` row gets a
+//! cluster of its own with durability as deployed (`fsync`, `synchronous_commit` and
+//! `full_page_writes` on); `postgres-pool` (the store over a sqlx pool with sqlx's defaults)
+//! runs on `postgres`'s. After each `postgres` and `postgres-durable` case, pgbench runs the
+//! store's statements (`loadtest/pgbench/*.sql`) on the same server, pinned to the server's
+//! core, and the section "PostgreSQL at its own limit" sets the two side by side. Everything listens on 127.0.0.1 only, every request is bounded in time, and every
 //! process it started is killed before it returns (or panics).
 
 use serde_json::Value;
