@@ -5,6 +5,15 @@
 #   loadtest/run.sh --runs 1 --duration 2 --warmup 1     # a quick smoke run
 #   loadtest/run.sh --mode long           # 60 s of fresh keys: req/s of the first and last 10 s
 #   loadtest/run.sh --rows bare,memory --workloads fresh --out /tmp/x.md
+#   loadtest/run.sh --mode wrk --rows bare,postgres-pool,postgres,postgres-durable
+#                                         # PostgreSQL rows, each beside pgbench (below)
+#
+# PostgreSQL rows: `postgres` (durability off), `postgres-durable` (fsync, synchronous_commit and
+# full_page_writes on, as deployed), `postgres-pool` (the store over a sqlx pool with sqlx's
+# defaults, on `postgres`'s server). After each `postgres` or `postgres-durable` case, in the
+# same run, pgbench sends the store's own statements (loadtest/pgbench/fresh.sql, replay.sql) to
+# the same server, pinned to the server's core, with the store's 10 connections; the section
+# "PostgreSQL at its own limit" compares the two. Needs pgbench (Debian: postgresql-client).
 #
 # Builds loadtest/load (its own workspace, not part of the crate's) in release mode, then runs
 # load-driver, which starts redis-server and one load-server per case on 127.0.0.1, pins them

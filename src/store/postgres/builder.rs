@@ -1,5 +1,6 @@
 //! [`PostgresStoreBuilder`]: the settings of a [`PostgresStore`], fixed when it is built.
 
+use super::connections::{CHECK_AFTER_IDLE, Connections};
 use super::error::OpError;
 use super::sql::{self, Statements};
 use super::transaction::STORE_TIMEOUT_SETTING;
@@ -18,7 +19,7 @@ const POOL_SIZE: u32 = 10;
 /// Run on each new connection of a pool made by [`PostgresStoreBuilder::connect`]: a commit
 /// waits for its write-ahead log record where the server's default would not. Stronger
 /// settings (`remote_write`, `remote_apply`) are kept.
-const DURABLE_COMMITS: &str = "SELECT set_config('synchronous_commit', 'on', false) \
+pub(super) const DURABLE_COMMITS: &str = "SELECT set_config('synchronous_commit', 'on', false) \
      WHERE current_setting('synchronous_commit') = 'off'";
 
 /// Builds a [`PostgresStore`]. It is made by [`PostgresStore::builder`], and each setter names
@@ -111,13 +112,28 @@ impl PostgresStoreBuilder {
     /// `synchronous_commit` on: with it off, a crash of the server loses the last acknowledged
     /// records (see [`connect`](Self::connect)).
     ///
+    /// Each step takes a connection from the pool and gives it back. With sqlx's defaults, the
+    /// pool checks a connection when it hands it out and when it takes it back: a step is three
+    /// exchanges with the server. `test_before_acquire(false)` saves one.
+    /// [`connect`](Self::connect) makes a store whose steps are one exchange each.
+    ///
     /// # Errors
     /// A [`ConfigError`] when the prefix is empty or the table name is not accepted.
     pub fn build(self, pool: PgPool) -> Result<PostgresStore, ConfigError> {
+        self.build_with(pool, None)
+    }
+
+    /// The store over `pool`, its steps on `steps` when given.
+    fn build_with(
+        self,
+        pool: PgPool,
+        steps: Option<Connections>,
+    ) -> Result<PostgresStore, ConfigError> {
         let prefix = self.prefix?;
         sql::check_table(&self.table)?;
         Ok(PostgresStore {
             pool,
+            steps: steps.map(Arc::new),
             prefix,
             sql: Arc::new(Statements::new(&self.table)),
             timeout: self.timeout,
@@ -125,13 +141,25 @@ impl PostgresStoreBuilder {
         })
     }
 
-    /// Connects a pool of up to 10 connections to the PostgreSQL at `url`, such as
-    /// `postgres://user:password@host:port/database`. It sets `statement_timeout` to the store's
-    /// [timeout](Self::timeout). The setting `tower_idempotency.statement_timeout` marks it as the
-    /// store's, and [`within`] lifts it for its work. For other pool settings, build a [`PgPool`]
-    /// and use [`build`](Self::build).
+    /// Connects to the PostgreSQL at `url`, such as `postgres://user:password@host:port/database`.
+    /// Every connection sets `statement_timeout` to the store's [timeout](Self::timeout) when it
+    /// opens. The setting `tower_idempotency.statement_timeout` marks it as the store's, and
+    /// [`within`] lifts it for its work.
     ///
-    /// Where the server's `synchronous_commit` is `off`, the pool's connections set it `on`.
+    /// The steps run on up to 10 connections of the store's own. Each is opened when a step
+    /// needs it and kept open. A step takes one, sends its one statement and gives it back: one
+    /// exchange with the server. A connection idle for 1 s or more is checked first, with one
+    /// exchange more, in case the server or the network closed it. A connection whose step
+    /// failed on the wire, or timed out, is closed.
+    ///
+    /// [`PostgresStore::pool`] is a sqlx pool of up to 10 more connections, opened when used:
+    /// by [`migrate`](PostgresStore::migrate), [`purge`](PostgresStore::purge) and your own
+    /// statements. It checks a connection idle for 1 s or more when it hands it out. sqlx
+    /// checks every connection it takes back, with one exchange. For other settings, build a
+    /// [`PgPool`] and use [`build`](Self::build): the steps then take its connections, as it
+    /// hands them out.
+    ///
+    /// Where the server's `synchronous_commit` is `off`, the store's connections set it `on`.
     /// Otherwise a commit is acknowledged before it is in the write-ahead log, and a crash of
     /// the server loses the last acknowledged records: their work runs again. Stronger
     /// settings, such as `remote_apply`, are kept.
@@ -157,22 +185,41 @@ impl PostgresStoreBuilder {
                 (STORE_TIMEOUT_SETTING, timeout.to_string()),
             ]);
         // One connection first, for the server's own answer: a pool would retry a refused
-        // connection until its acquire timeout and report only that it timed out.
+        // connection until its acquire timeout and report only that it timed out. It is the
+        // steps' first connection.
         let first = tokio::time::timeout(CONNECT_TIMEOUT, PgConnection::connect_with(&options))
             .await
             .map_err(|e| OpError::from(e).into_store("connecting to PostgreSQL timed out"))?
             .map_err(|e| OpError::from(e).into_store("connecting to PostgreSQL failed"))?;
-        let _ = first.close().await;
+        let mut first = first;
+        sqlx::query(DURABLE_COMMITS)
+            .execute(&mut first)
+            .await
+            .map_err(|e| {
+                OpError::from(e).into_store("setting up a PostgreSQL connection failed")
+            })?;
+        // Checks only a connection idle long enough to have been closed unseen. sqlx checks a
+        // connection it takes back in any case.
         let pool = PgPoolOptions::new()
             .max_connections(POOL_SIZE)
             .acquire_timeout(self.timeout.max(CONNECT_TIMEOUT))
+            .test_before_acquire(false)
             .after_connect(|conn, _| {
                 Box::pin(async move {
                     sqlx::query(DURABLE_COMMITS).execute(conn).await?;
                     Ok(())
                 })
             })
-            .connect_lazy_with(options);
-        self.build(pool).map_err(invalid)
+            .before_acquire(|conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= CHECK_AFTER_IDLE {
+                        conn.ping().await?;
+                    }
+                    Ok(true)
+                })
+            })
+            .connect_lazy_with(options.clone());
+        let steps = Connections::new(options, POOL_SIZE, first);
+        self.build_with(pool, Some(steps)).map_err(invalid)
     }
 }

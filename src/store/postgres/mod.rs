@@ -77,7 +77,9 @@
 //! # One statement per step
 //!
 //! Needs PostgreSQL 12 or newer. Each step is one SQL statement, atomic on the server. It is
-//! prepared once per connection. The time is the database's `statement_timestamp()`, never
+//! prepared once per connection. A store made by [`connect`](PostgresStoreBuilder::connect)
+//! sends it in one exchange with the server: no check of the connection, no `SET`, no
+//! `BEGIN`. The time is the database's `statement_timestamp()`, never
 //! the application's. So replicas with skewed clocks agree on what has expired:
 //!
 //! | step | statement |
@@ -144,18 +146,21 @@ use crate::engine::fingerprint::Fingerprint;
 use crate::engine::record::Record;
 use crate::engine::scope::StoreKey;
 use bytes::Bytes;
-use sqlx::postgres::{PgPool, PgRow, Postgres};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgConnection, PgPool, PgRow, Postgres};
 use sqlx::{Executor, Row};
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 mod builder;
+mod connections;
 mod error;
 mod maintenance;
 mod sql;
 mod transaction;
 
+use self::connections::{Connections, Taken};
 pub(crate) use self::error::OpError;
 use self::error::protocol;
 use self::sql::{KeyBytes, Statements};
@@ -197,6 +202,9 @@ const CONFLICT_ATTEMPTS: usize = 4;
 #[derive(Clone)]
 pub struct PostgresStore {
     pool: PgPool,
+    /// The steps' own connections, in a store made by `connect`. Otherwise the steps take
+    /// connections from `pool`.
+    steps: Option<Arc<Connections>>,
     prefix: [u8; 8],
     sql: Arc<Statements>,
     timeout: Duration,
@@ -263,7 +271,10 @@ impl PostgresStore {
         Self::builder(prefix).build(pool)
     }
 
-    /// The pool.
+    /// The pool: the one given to [`new`](Self::new) or [`build`](PostgresStoreBuilder::build),
+    /// whose connections the steps take. For a store made by
+    /// [`connect`](PostgresStoreBuilder::connect), a pool for `migrate`, `purge` and your own
+    /// statements, beside the steps' own connections.
     #[must_use]
     pub fn pool(&self) -> &PgPool {
         &self.pool
@@ -292,6 +303,14 @@ impl PostgresStore {
     #[must_use]
     pub fn row_key(&self, key: &StoreKey) -> [u8; 40] {
         sql::key_bytes(&self.prefix, key)
+    }
+
+    /// A connection for one step.
+    async fn take(&self) -> Result<Leased<'_>, sqlx::Error> {
+        match &self.steps {
+            Some(own) => own.take().await.map(Leased::Own),
+            None => self.pool.acquire().await.map(Leased::Pool),
+        }
     }
 
     /// Runs one step under the operation timeout. PostgreSQL may roll a step back for a concurrent
@@ -338,6 +357,38 @@ impl PostgresStore {
             .fetch_optional(executor)
             .await?;
         row.as_ref().map(ClaimRow::read).transpose()
+    }
+}
+
+/// A connection one step holds: one of the store's own, or one of the pool it was built over.
+enum Leased<'a> {
+    Own(Taken<'a>),
+    Pool(PoolConnection<Postgres>),
+}
+
+impl Leased<'_> {
+    fn conn(&mut self) -> &mut PgConnection {
+        match self {
+            Self::Own(taken) => &mut taken.conn,
+            Self::Pool(pooled) => pooled,
+        }
+    }
+
+    /// Gives the connection back after a step that failed with `failure`, if it did. A pool's
+    /// connection goes back to its pool, which decides.
+    fn give_back_sql(self, failure: Option<&sqlx::Error>) {
+        match self {
+            Self::Own(taken) => taken.give_back(failure),
+            Self::Pool(pooled) => drop(pooled),
+        }
+    }
+
+    fn give_back(self, failure: Option<&OpError>) {
+        match failure {
+            None => self.give_back_sql(None),
+            Some(OpError::Sql(e)) => self.give_back_sql(Some(e)),
+            Some(OpError::Elapsed(_)) => drop(self),
+        }
     }
 }
 
@@ -397,15 +448,18 @@ impl Store for PostgresStore {
         let lease = sql::millis(lease);
         let row = self
             .bounded("PostgreSQL claim", || async {
+                let mut conn = self.take().await?;
+                let mut found = Ok(None);
                 for _ in 0..CLAIM_ATTEMPTS {
-                    let found = self
-                        .claim_once(&self.pool, &key, fingerprint, &token, lease)
-                        .await?;
-                    if found.is_some() {
-                        return Ok(found);
+                    found = self
+                        .claim_once(conn.conn(), &key, fingerprint, &token, lease)
+                        .await;
+                    if !matches!(found, Ok(None)) {
+                        break;
                     }
                 }
-                Ok(None)
+                conn.give_back(found.as_ref().err());
+                found
             })
             .await?;
         row.ok_or_else(|| protocol("claim kept racing concurrent claims"))?
@@ -424,14 +478,17 @@ impl Store for PostgresStore {
         let record = record.into_bytes();
         let done = self
             .bounded("PostgreSQL complete", || async {
-                Ok(sqlx::query(&self.sql.complete)
+                let mut conn = self.take().await?;
+                let done = sqlx::query(&self.sql.complete)
                     .bind(&key[..])
                     .bind(&token.as_bytes()[..])
                     .bind(&fingerprint.as_bytes()[..])
                     .bind(&record[..])
                     .bind(sql::millis(ttl))
-                    .execute(&self.pool)
-                    .await?)
+                    .execute(conn.conn())
+                    .await;
+                conn.give_back_sql(done.as_ref().err());
+                Ok(done?)
             })
             .await?;
         Ok(done.rows_affected() == 1)
@@ -441,11 +498,14 @@ impl Store for PostgresStore {
         let key = self.row_key(key);
         let deleted = self
             .bounded("PostgreSQL release", || async {
-                Ok(sqlx::query(&self.sql.release)
+                let mut conn = self.take().await?;
+                let deleted = sqlx::query(&self.sql.release)
                     .bind(&key[..])
                     .bind(&token.as_bytes()[..])
-                    .execute(&self.pool)
-                    .await?)
+                    .execute(conn.conn())
+                    .await;
+                conn.give_back_sql(deleted.as_ref().err());
+                Ok(deleted?)
             })
             .await?;
         Ok(deleted.rows_affected() == 1)
@@ -455,11 +515,14 @@ impl Store for PostgresStore {
         let key = self.row_key(key);
         let found = self
             .bounded("PostgreSQL forget", || async {
+                let mut conn = self.take().await?;
                 let row = sqlx::query(&self.sql.forget)
                     .bind(&key[..])
                     .bind(pending)
-                    .fetch_optional(&self.pool);
-                match row.await? {
+                    .fetch_optional(conn.conn())
+                    .await;
+                conn.give_back_sql(row.as_ref().err());
+                match row? {
                     None => Ok(None),
                     Some(r) => Ok(Some((r.try_get::<i8, _>(0)?, r.try_get::<bool, _>(1)?))),
                 }
@@ -483,12 +546,15 @@ impl Store for PostgresStore {
         let key = self.row_key(key);
         let renewed = self
             .bounded("PostgreSQL renew", || async {
-                Ok(sqlx::query(&self.sql.renew)
+                let mut conn = self.take().await?;
+                let renewed = sqlx::query(&self.sql.renew)
                     .bind(&key[..])
                     .bind(&token.as_bytes()[..])
                     .bind(sql::millis(lease))
-                    .execute(&self.pool)
-                    .await?)
+                    .execute(conn.conn())
+                    .await;
+                conn.give_back_sql(renewed.as_ref().err());
+                Ok(renewed?)
             })
             .await?;
         Ok(renewed.rows_affected() == 1)

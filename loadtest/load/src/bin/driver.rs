@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! load-driver [--runs 3] [--warmup 3] [--duration 10] [--connections 64] [--body 1024]
-//!             [--rows bare,memory,redis,postgres,idempotent-memory,idempotent-redis,axum-idempotent]
+//!             [--rows bare,memory,redis,postgres,postgres-durable,postgres-pool,idempotent-memory,idempotent-redis,axum-idempotent]
 //!             [--workloads fresh,replay] [--out FILE]
 //! load-driver --mode long [--rows memory,memory-bounded,redis] [--duration 60] [--out FILE]
 //! load-driver --mode wrk [--rows floor,bare,memory,…] [--replay-keys 100] [--out FILE]
@@ -21,7 +21,12 @@
 //! deployment's own housekeeping (sentinels' `PING`, `INFO`, `PUBLISH`). For the `postgres` row it `initdb`s a PostgreSQL cluster in a temporary directory
 //! and runs `postgres` on a free loopback port, pinned to core 0 like redis-server, with
 //! `fsync=off` and `synchronous_commit=off` (no durability cost, as Redis runs without
-//! persistence); the table is dropped before each case. Everything listens on 127.0.0.1 only, every request is bounded in time, and every
+//! persistence); the table is dropped before each case. The `postgres-durable` row gets a
+//! cluster of its own with durability as deployed (`fsync`, `synchronous_commit` and
+//! `full_page_writes` on); `postgres-pool` (the store over a sqlx pool with sqlx's defaults)
+//! runs on `postgres`'s. After each `postgres` and `postgres-durable` case, pgbench runs the
+//! store's statements (`loadtest/pgbench/*.sql`) on the same server, pinned to the server's
+//! core, and the section "PostgreSQL at its own limit" sets the two side by side. Everything listens on 127.0.0.1 only, every request is bounded in time, and every
 //! process it started is killed before it returns (or panics).
 
 use serde_json::Value;
@@ -207,7 +212,7 @@ fn is_root() -> bool {
 }
 
 impl Postgres {
-    fn start(cfg: &Cfg) -> Self {
+    fn start(cfg: &Cfg, durable: bool) -> Self {
         let bindir = pg_bindir();
         let port = free_port();
         let dir = std::env::temp_dir().join(format!("load-pg-{}-{port}", std::process::id()));
@@ -260,7 +265,8 @@ impl Postgres {
             "initdb failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let log = std::fs::File::create(cfg.log_dir.join("postgres.log")).expect("log");
+        let name = if durable { "postgres-durable" } else { "postgres" };
+        let log = std::fs::File::create(cfg.log_dir.join(format!("{name}.log"))).expect("log");
         let mut cmd = command("taskset");
         cmd.args(["-c", &cfg.server_core]);
         if root {
@@ -279,14 +285,12 @@ impl Postgres {
             .args(["-c", "listen_addresses=127.0.0.1", "-p", &port.to_string()])
             .arg("-c")
             .arg(format!("unix_socket_directories={}", dir.display()))
-            .args([
-                "-c",
-                "fsync=off",
-                "-c",
-                "synchronous_commit=off",
-                "-c",
-                "full_page_writes=off",
-            ])
+            .args(if durable {
+                // As deployed: PostgreSQL's defaults, spelled out.
+                ["-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "full_page_writes=on"]
+            } else {
+                ["-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off"]
+            })
             .args(["-c", "shared_buffers=256MB", "-c", "max_connections=50"])
             .current_dir(&dir)
             .stdin(Stdio::null())
@@ -304,7 +308,7 @@ impl Postgres {
         while pg.sql("SELECT 1").is_none() {
             assert!(
                 Instant::now() < deadline,
-                "postgres did not start (see postgres.log)"
+                "postgres did not start (see {name}.log)"
             );
             std::thread::sleep(Duration::from_millis(100));
         }
@@ -342,10 +346,16 @@ impl Postgres {
             .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
     }
 
-    /// The CPU seconds of the postmaster and its children (the backends).
+    /// The CPU seconds of the postmaster and its children (the backends), those that exited
+    /// included (the postmaster's `cutime` and `cstime`).
     fn cpu_seconds(&self) -> f64 {
         let root = self.child.id();
-        let mut total = cpu_seconds(root);
+        let stat = std::fs::read_to_string(format!("/proc/{root}/stat")).unwrap_or_default();
+        let after = stat.rsplit_once(')').map(|(_, a)| a).unwrap_or("");
+        let f: Vec<&str> = after.split_whitespace().collect();
+        let reaped: f64 = f.get(13).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0)
+            + f.get(14).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+        let mut total = cpu_seconds(root) + reaped / 100.0;
         if let Ok(entries) = std::fs::read_dir("/proc") {
             for e in entries.flatten() {
                 let Some(pid) = e.file_name().to_str().and_then(|p| p.parse::<u32>().ok()) else {
@@ -362,7 +372,97 @@ impl Postgres {
         }
         total
     }
+
+    /// Transactions committed in the `postgres` database so far: one per statement the store
+    /// sends, as each is a transaction of its own. A backend reports its count when it exits
+    /// or at most once a second.
+    fn commits(&self) -> f64 {
+        self.sql("SELECT xact_commit FROM pg_stat_database WHERE datname = 'postgres'")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(f64::NAN)
+    }
+
+    /// A fingerprint and a record the store wrote, as hex, for pgbench's statements.
+    fn sample_row(&self) -> Option<(String, String)> {
+        let row = self.sql(
+            "SELECT encode(fingerprint, 'hex') || '|' || encode(record, 'hex') \
+             FROM tower_idempotency WHERE state = 'D' LIMIT 1",
+        )?;
+        let (fp, rec) = row.split_once('|')?;
+        Some((fp.to_owned(), rec.to_owned()))
+    }
+
+    /// pgbench with the store's own statements for `workload` (loadtest/pgbench/*.sql), pinned
+    /// to the server's core like load-server, with as many connections as the store's pool:
+    /// an unmeasured run of `warmup` s, then `duration` s measured. `rps` is transactions per
+    /// second; a transaction is the statements of one request.
+    fn pgbench(&self, cfg: &Cfg, workload: &str, sample: &(String, String)) -> Case {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("../pgbench/{workload}.sql"));
+        assert!(script.is_file(), "{} is missing", script.display());
+        let (fp, rec) = sample;
+        self.sql("TRUNCATE tower_idempotency").expect("truncate");
+        if workload == "replay" {
+            self.sql(&format!(
+                "INSERT INTO tower_idempotency (expires_at, key, state, fingerprint, record) \
+                 SELECT now() + interval '1 day', decode(lpad(to_hex(k::int8), 80, '0'), 'hex'), \
+                 'D', '\\x{fp}', '\\x{rec}' FROM generate_series(1, 100) k"
+            ))
+            .expect("the replay keys");
+        }
+        self.sql("VACUUM").expect("vacuum");
+        let pgbench = self.bindir.join("pgbench");
+        let pgbench = if pgbench.is_file() { pgbench } else { PathBuf::from("pgbench") };
+        let run = |secs: f64| {
+            let mut cmd = command("taskset");
+            cmd.args(["-c", &cfg.server_core])
+                .arg(&pgbench)
+                .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-U", "postgres"])
+                .args(["-n", "-M", "prepared", "-c", &PG_POOL.to_string(), "-j", "1"])
+                .arg(format!("-T{}", secs.round().max(1.0)))
+                .arg(format!("-Dfp=\\x{fp}"))
+                .arg(format!("-Drec=\\x{rec}"))
+                .args(["-Dlease=30000", "-Dttl=86400000", "-f"])
+                .arg(&script)
+                .arg("postgres");
+            let child = cmd
+                .stdout(Stdio::piped())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn pgbench (Debian: apt-get install postgresql-client)");
+            let (out, cpu) = wait_child(child, "pgbench");
+            let text = String::from_utf8_lossy(&out).into_owned();
+            let field = |name: &str| {
+                text.lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .and_then(|r| r.trim_start_matches([' ', '=']).split_whitespace().next()?.parse::<f64>().ok())
+                    .unwrap_or_else(|| panic!("no `{name}` in pgbench's output: {text}"))
+            };
+            (field("tps"), field("latency average"), field("number of transactions actually processed:"), cpu)
+        };
+        let _ = run(cfg.warmup);
+        // The warm-up's backends exit and are reaped before the measured run starts.
+        std::thread::sleep(Duration::from_millis(500));
+        let (commits0, pg0) = (self.commits(), self.cpu_seconds());
+        let t0 = Instant::now();
+        let (tps, latency_ms, sent, client_cpu) = run(cfg.duration);
+        let wall = t0.elapsed().as_secs_f64();
+        std::thread::sleep(Duration::from_millis(300));
+        let pg_cpu = self.cpu_seconds() - pg0;
+        Case {
+            rps: tps,
+            p50_us: latency_ms * 1000.0,
+            p99_us: f64::NAN,
+            sent,
+            core0_busy: (pg_cpu + client_cpu) / wall,
+            pg_busy: Some(pg_cpu / wall),
+            pg_commits: Some(self.commits() - commits0),
+            ..Case::default()
+        }
+    }
 }
+
+/// Connections of the store's own pool (`PostgresStore::connect`), and of pgbench.
+const PG_POOL: usize = 10;
 
 impl Drop for Postgres {
     fn drop(&mut self) {
@@ -1033,6 +1133,10 @@ struct Case {
     redis_keys: Option<f64>,
     /// `pg_total_relation_size` of the table after the case (table, indexes, TOAST).
     pg_bytes: Option<f64>,
+    /// PostgreSQL's share of core 0 (postmaster and backends).
+    pg_busy: Option<f64>,
+    /// Transactions PostgreSQL committed during the case (a statement each, for the store).
+    pg_commits: Option<f64>,
     per_second: Vec<f64>,
 }
 
@@ -1046,12 +1150,15 @@ fn run_case(
     duration: f64,
 ) -> Case {
     let redis = if is_redis_row(row) { redis } else { None };
-    let pg = if row == "postgres" { pg } else { None };
+    let pg = if row.starts_with("postgres") { pg } else { None };
     if let Some(pg) = pg {
         pg.sql("DROP TABLE IF EXISTS tower_idempotency")
             .expect("drop the table");
         pg.sql("VACUUM").expect("vacuum");
     }
+    // The previous case's backends have exited: every open connection is this case's.
+    let pg_start = pg.map(Postgres::commits);
+    let pg_cpu = std::cell::RefCell::new(Vec::new());
     let mut mem0 = 0;
     if let Some(r) = redis {
         r.reset();
@@ -1061,9 +1168,9 @@ fn run_case(
     let s0 = http_get_json(port, "/stats").expect("stats");
     let cs0 = redis.map_or(BTreeMap::new(), Redis::all_commandstats);
     let server_cpu = || {
-        cpu_seconds(server.pid())
-            + redis.map_or(0.0, Redis::cpu_seconds)
-            + pg.map_or(0.0, Postgres::cpu_seconds)
+        let pg_cpu_now = pg.map_or(0.0, Postgres::cpu_seconds);
+        pg_cpu.borrow_mut().push(pg_cpu_now);
+        cpu_seconds(server.pid()) + redis.map_or(0.0, Redis::cpu_seconds) + pg_cpu_now
     };
     // Which of the Redis commands are sent by the client and which run inside scripts: a
     // MONITOR sample in the middle of the warm-up (never in the measured window).
@@ -1198,6 +1305,16 @@ fn run_case(
         c.pg_bytes = pg
             .sql("SELECT pg_total_relation_size('tower_idempotency')")
             .and_then(|v| v.parse().ok());
+        let cpu = pg_cpu.borrow();
+        if let (Some(a), Some(b)) = (cpu.first(), cpu.last()) {
+            c.pg_busy = Some((b - a) / wall);
+        }
+        // The commits once the store's backends have exited and reported.
+        let commits0 = pg_start.unwrap_or_default();
+        drop(server);
+        std::thread::sleep(Duration::from_millis(500));
+        c.pg_commits = Some(pg.commits() - commits0);
+        return c;
     }
     drop(server);
     c
@@ -1750,6 +1867,53 @@ fn targets_wrk(runs: &[BTreeMap<(String, String), Case>]) -> String {
     s
 }
 
+/// The store's PostgreSQL rows beside pgbench running the same statements on the same server
+/// and core, right after each case. Cost ratio: pgbench transactions/s ÷ the store's req/s, each
+/// the median of per-run values (the goal is at most 1.5).
+fn pg_limit(
+    rows: &[String],
+    workloads: &[String],
+    runs: &[BTreeMap<(String, String), Case>],
+) -> String {
+    let mut s = String::from(
+        "| row | workload | store req/s | pgbench tx/s | request ÷ pgbench tx (cost) | ≤ 1.5× | PostgreSQL transactions / request | PostgreSQL CPU / request: store, pgbench | rest of core 0 / request: load-server, pgbench |\n| --- | --- | ---: | ---: | ---: | --- | ---: | ---: | ---: |\n",
+    );
+    for row in rows.iter().filter(|r| r.starts_with("postgres")) {
+        for w in workloads {
+            let key = (row.clone(), w.clone());
+            // `postgres-pool` runs on the server of `postgres`.
+            let server = if row == "postgres-pool" { "postgres" } else { row };
+            let bkey = (format!("pgbench:{server}"), w.clone());
+            let pairs: Vec<(&Case, &Case)> = runs
+                .iter()
+                .filter_map(|r| Some((r.get(&key)?, r.get(&bkey)?)))
+                .collect();
+            if pairs.is_empty() {
+                continue;
+            }
+            let m = |f: &dyn Fn(&Case, &Case) -> f64| {
+                median(pairs.iter().map(|(c, b)| f(c, b)).collect())
+            };
+            let ratio = m(&|c, b| b.rps / c.rps);
+            let us = |busy: f64, rps: f64| busy / rps * 1e6;
+            let _ = writeln!(
+                s,
+                "| {row} | {w} | {:.0} | {:.0} | {ratio:.2}× | {} | {:.2} | {:.0} µs, {:.0} µs | {:.0} µs, {:.0} µs |",
+                m(&|c, _| c.rps),
+                m(&|_, b| b.rps),
+                if ratio <= 1.5 { "yes" } else { "no" },
+                m(&|c, _| c.pg_commits.unwrap_or(f64::NAN) / c.sent),
+                m(&|c, _| us(c.pg_busy.unwrap_or(f64::NAN), c.rps)),
+                m(&|_, b| us(b.pg_busy.unwrap_or(f64::NAN), b.rps)),
+                m(&|c, _| us(c.core0_busy - c.pg_busy.unwrap_or(f64::NAN), c.rps)),
+                m(&|_, b| us(b.core0_busy - b.pg_busy.unwrap_or(f64::NAN), b.rps)),
+            );
+        }
+    }
+    s.push_str("\nA pgbench transaction is the statements of one request: the claim of a stored key for a replay; the claim of a new key, then its complete, for a fresh request. Transactions are counted in `pg_stat_database`; exchanges per step are counted by `tests/store/postgres_exchanges.rs`.\n");
+    s
+}
+
 fn emit(out: Option<&Path>, text: &str) {
     print!("{text}");
     let _ = std::io::stdout().flush();
@@ -1843,8 +2007,17 @@ fn main() {
     let redis = RedisSet::start(&cfg, &rows);
     let pg = rows
         .iter()
-        .any(|r| r == "postgres")
-        .then(|| Postgres::start(&cfg));
+        .any(|r| r == "postgres" || r == "postgres-pool")
+        .then(|| Postgres::start(&cfg, false));
+    let pg_durable = rows
+        .iter()
+        .any(|r| r == "postgres-durable")
+        .then(|| Postgres::start(&cfg, true));
+    let pg_of = |row: &str| match row {
+        "postgres" | "postgres-pool" => pg.as_ref(),
+        "postgres-durable" => pg_durable.as_ref(),
+        _ => None,
+    };
 
     if long {
         let mut s = String::from(
@@ -1857,7 +2030,7 @@ fn main() {
                 row,
                 "fresh",
                 redis_of(row, &redis),
-                pg.as_ref(),
+                pg_of(row),
                 cfg.warmup,
                 cfg.duration,
             );
@@ -1888,10 +2061,21 @@ fn main() {
                         row,
                         w,
                         redis_of(row, &redis),
-                        pg.as_ref(),
+                        pg_of(row),
                         cfg.warmup,
                         cfg.duration,
                     );
+                    // PostgreSQL's own limit for the same statements, right after on the same
+                    // server: pgbench, pinned like load-server.
+                    let sample = pg_of(row)
+                        .filter(|_| row != "postgres-pool")
+                        .and_then(|pg| Some((pg, pg.sample_row()?)));
+                    if let Some((pg, sample)) = sample.filter(|_| !long) {
+                        eprintln!("load-driver: run {}/{} pgbench on {row} {w}", i + 1, cfg.runs);
+                        let b = pg.pgbench(&cfg, w, &sample);
+                        eprintln!("load-driver:   {:.0} transactions/s", b.rps);
+                        r.insert((format!("pgbench:{row}"), w.clone()), b);
+                    }
                     eprintln!(
                         "load-driver:   {:.0} req/s, p50 {}, p99 {}, executions {:.0} / sent {:.0}, non-201 {:.0}",
                         c.rps,
@@ -1914,6 +2098,15 @@ fn main() {
                 table(&rows, &workloads, &runs)
             ),
         );
+        if rows.iter().any(|r| r.starts_with("postgres")) {
+            emit(
+                out.as_deref(),
+                &format!(
+                    "### PostgreSQL at its own limit\n\n{}\n",
+                    pg_limit(&rows, &workloads, &runs)
+                ),
+            );
+        }
         if wrk {
             emit(
                 out.as_deref(),
@@ -1932,5 +2125,6 @@ fn main() {
     }
     drop(redis);
     drop(pg);
+    drop(pg_durable);
     let _ = std::fs::remove_dir_all(&log_dir);
 }

@@ -2,7 +2,7 @@
 //! runtime with ONE worker thread.
 //!
 //! ```text
-//! load-server --row <floor|bare|memory|memory-bounded|redis|redis-unpipelined|redis-cluster|redis-sentinel|redis-sentinel-wait|postgres|idempotent-memory|idempotent-redis|axum-idempotent>
+//! load-server --row <floor|bare|memory|memory-bounded|redis|redis-unpipelined|redis-cluster|redis-sentinel|redis-sentinel-wait|postgres|postgres-durable|postgres-pool|idempotent-memory|idempotent-redis|axum-idempotent>
 //!             --port N [--redis-url redis://127.0.0.1:P] [--postgres-url postgres://…]
 //! ```
 //!
@@ -225,14 +225,28 @@ async fn build(
             .principal_fn(|p| client_of(&p.headers).map(Scope::principal));
             (orders().layer(layer), None)
         }
-        "postgres" => {
+        "postgres" | "postgres-durable" | "postgres-pool" => {
             use tower_idempotency::engine::Scope;
+            use tower_idempotency::store::postgres::sqlx::postgres::{
+                PgConnectOptions, PgPoolOptions,
+            };
             use tower_idempotency::{IdempotencyLayer, PostgresStore};
             let url = postgres_url.expect("--postgres-url");
-            // The store's own pool (10 connections), as `connect` makes it.
-            let store = PostgresStore::connect(&url, "bench")
-                .await
-                .expect("connect to PostgreSQL");
+            let store = if row == "postgres-pool" {
+                // A sqlx pool with its defaults (it checks a connection when it hands it out
+                // and when it takes it back), 10 connections and the store's
+                // statement_timeout, given to `new`.
+                let options: PgConnectOptions = url.parse().expect("URL");
+                let pool = PgPoolOptions::new()
+                    .max_connections(10)
+                    .connect_lazy_with(options.options([("statement_timeout", "1000ms")]));
+                PostgresStore::new(pool, "bench").expect("store")
+            } else {
+                // The store's own connections (10), as `connect` makes them.
+                PostgresStore::connect(&url, "bench")
+                    .await
+                    .expect("connect to PostgreSQL")
+            };
             store.migrate().await.expect("create the table");
             let counter = store.clone();
             let layer = IdempotencyLayer::new(

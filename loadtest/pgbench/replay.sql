@@ -1,0 +1,6 @@
+-- pgbench script: the statement of a replay, the store's claim, on a key that holds a record.
+-- The text is the claim of src/store/postgres/sql.rs for the default table; only the parameters
+-- differ: pgbench passes them as text, so each is cast to its type. Keys 1 to 100 are done rows
+-- the driver inserts first. `-D fp=\x… -D lease=…` come from load-driver.
+\set k random(1, 100)
+WITH live AS (SELECT state, fingerprint, record FROM "tower_idempotency" WHERE key = decode(lpad(to_hex(:k::int8), 80, '0'), 'hex') AND expires_at > statement_timestamp()), claimed AS (INSERT INTO "tower_idempotency" AS r (expires_at, key, state, fingerprint, token) SELECT statement_timestamp() + :lease::int8 * interval '1 millisecond', decode(lpad(to_hex(:k::int8), 80, '0'), 'hex'), 'P', :fp::bytea, '\x000102030405060708090a0b0c0d0e0f'::bytea WHERE NOT EXISTS (SELECT FROM live) ON CONFLICT (key) DO UPDATE SET expires_at = excluded.expires_at, state = 'P', fingerprint = excluded.fingerprint, token = excluded.token, record = NULL WHERE r.expires_at <= statement_timestamp() RETURNING 'C'::"char" AS state) SELECT state, NULL::bytea AS fingerprint, NULL::bytea AS record FROM claimed UNION ALL SELECT state, fingerprint, record FROM live;

@@ -1,0 +1,104 @@
+//! The connections of a store made by [`connect`](super::PostgresStoreBuilder::connect). A
+//! step takes one, sends its one statement and gives it back. Nothing else crosses the wire.
+//!
+//! A sqlx pool checks a connection with an exchange of its own when it hands it out, and again
+//! when it takes it back. A step would then be three exchanges for one statement. Here a
+//! connection is checked only when it has been idle for [`CHECK_AFTER_IDLE`]: one a server or
+//! a network may have closed unseen. A new connection keeps `synchronous_commit` on, as the
+//! pool's do.
+
+use super::builder::DURABLE_COMMITS;
+use sqlx::Connection;
+use sqlx::postgres::{PgConnectOptions, PgConnection};
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::time::Instant;
+
+/// A connection idle this long is checked, with one exchange, before a step takes it.
+pub(super) const CHECK_AFTER_IDLE: Duration = Duration::from_secs(1);
+
+/// Up to a fixed number of connections, opened when a step needs one and kept open.
+pub(super) struct Connections {
+    options: PgConnectOptions,
+    /// The idle connections, the last given back on top, and when each was given back.
+    idle: Mutex<Vec<(PgConnection, Instant)>>,
+    /// One permit per connection a step may hold, open or not yet opened.
+    permits: Semaphore,
+}
+
+impl Connections {
+    /// Up to `size` connections to `options`, starting with `first`.
+    pub(super) fn new(options: PgConnectOptions, size: u32, first: PgConnection) -> Self {
+        Self {
+            options,
+            idle: Mutex::new(vec![(first, Instant::now())]),
+            permits: Semaphore::new(size as usize),
+        }
+    }
+
+    /// A connection for one step: an idle one, else a new one. It waits for a permit while
+    /// every connection is taken.
+    pub(super) async fn take(&self) -> Result<Taken<'_>, sqlx::Error> {
+        let permit = self
+            .permits
+            .acquire()
+            .await
+            .map_err(|_| sqlx::Error::PoolClosed)?;
+        loop {
+            let idle = self
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .pop();
+            let Some((mut conn, since)) = idle else {
+                break;
+            };
+            // A connection that fails its check is dropped, which closes its socket.
+            if since.elapsed() < CHECK_AFTER_IDLE || conn.ping().await.is_ok() {
+                return Ok(Taken {
+                    owner: self,
+                    conn,
+                    permit,
+                });
+            }
+        }
+        let mut conn = PgConnection::connect_with(&self.options).await?;
+        sqlx::query(DURABLE_COMMITS).execute(&mut conn).await?;
+        Ok(Taken {
+            owner: self,
+            conn,
+            permit,
+        })
+    }
+}
+
+/// A connection a step holds. [`give_back`](Self::give_back) returns it for the next step.
+/// Dropped otherwise, as when its step's timeout ran out, it is closed: it may be in the middle
+/// of an exchange.
+pub(super) struct Taken<'a> {
+    owner: &'a Connections,
+    pub(super) conn: PgConnection,
+    permit: SemaphorePermit<'a>,
+}
+
+impl Taken<'_> {
+    /// Gives the connection back, unless `failure` shows it broken: only an error the server
+    /// answered leaves a connection sound.
+    pub(super) fn give_back(self, failure: Option<&sqlx::Error>) {
+        let Taken {
+            owner,
+            conn,
+            permit,
+        } = self;
+        if matches!(failure, None | Some(sqlx::Error::Database(_))) {
+            owner
+                .idle
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push((conn, Instant::now()));
+        }
+        // The permit goes after the connection: a step waiting for it finds the connection.
+        drop(permit);
+    }
+}

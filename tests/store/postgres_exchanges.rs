@@ -1,0 +1,246 @@
+//! Exchanges per step of `PostgresStore`, counted on the wire: each exchange with PostgreSQL
+//! ends with one `ReadyForQuery` message from the server. A counting proxy between the store
+//! and the server reads the server's messages and counts those. The count does not depend on
+//! timing: it is the protocol the store speaks.
+#![cfg(feature = "postgres")]
+#![allow(clippy::unwrap_used)]
+
+use super::postgres_store::{fresh_table, shared_server};
+use crate::support::postgres_server::PostgresServer;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tower_idempotency::Store;
+use tower_idempotency::conformance::{LONG, fingerprint, random_key, record};
+use tower_idempotency::store::Claim;
+use tower_idempotency::store::postgres::PostgresStore;
+
+/// A proxy to the server that counts the `ReadyForQuery` messages the server sends.
+struct CountingProxy {
+    port: u16,
+    ready: Arc<AtomicU64>,
+    connections: Arc<AtomicU64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for CountingProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Counts `Z` messages in the server's stream. Without TLS (`sslmode=disable`) every byte the
+/// server sends is a message: a type byte and a 4-byte length that counts itself.
+async fn count_ready(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    ready: Arc<AtomicU64>,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    // Bytes of the current message still to skip, and a header split across reads.
+    let (mut skip, mut header) = (0usize, Vec::with_capacity(5));
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        let mut i = 0;
+        while i < n {
+            if skip > 0 {
+                let take = skip.min(n - i);
+                skip -= take;
+                i += take;
+                continue;
+            }
+            header.push(buf[i]);
+            i += 1;
+            if header.len() == 5 {
+                if header[0] == b'Z' {
+                    ready.fetch_add(1, Ordering::SeqCst);
+                }
+                let len = u32::from_be_bytes([header[1], header[2], header[3], header[4]]);
+                skip = (len as usize).saturating_sub(4);
+                header.clear();
+            }
+        }
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+    }
+    let _ = to.shutdown().await;
+}
+
+impl CountingProxy {
+    async fn start(server: &PostgresServer) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let target = server.port();
+        let ready = Arc::new(AtomicU64::new(0));
+        let connections = Arc::new(AtomicU64::new(0));
+        let (r, c) = (Arc::clone(&ready), Arc::clone(&connections));
+        let task = tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(upstream) = TcpStream::connect(("127.0.0.1", target)).await else {
+                    continue;
+                };
+                c.fetch_add(1, Ordering::SeqCst);
+                let _ = (client.set_nodelay(true), upstream.set_nodelay(true));
+                let (mut client_r, client_w) = client.into_split();
+                let (up_r, mut up_w) = upstream.into_split();
+                tokio::spawn(count_ready(up_r, client_w, Arc::clone(&r)));
+                tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut client_r, &mut up_w).await;
+                    let _ = up_w.shutdown().await;
+                });
+            }
+        });
+        Self {
+            port,
+            ready,
+            connections,
+            task,
+        }
+    }
+
+    fn url(&self) -> String {
+        format!(
+            "postgres://postgres@127.0.0.1:{}/postgres?sslmode=disable",
+            self.port
+        )
+    }
+
+    /// The count, once no message has arrived for 30 ms (at most 2 s): work the pool does after
+    /// a step returns, such as a check on release, is counted with the step.
+    async fn settled(&self) -> u64 {
+        let mut last = self.ready.load(Ordering::SeqCst);
+        for _ in 0..200 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let mut still = true;
+            for _ in 0..2 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let now = self.ready.load(Ordering::SeqCst);
+                if now != last {
+                    last = now;
+                    still = false;
+                    break;
+                }
+            }
+            if still {
+                return last;
+            }
+        }
+        panic!("the proxy never went quiet")
+    }
+}
+
+/// Runs `step` and returns the exchanges it took, those after it returned included.
+async fn exchanges<T>(proxy: &CountingProxy, step: impl Future<Output = T>) -> (T, u64) {
+    let before = proxy.settled().await;
+    let out = step.await;
+    (out, proxy.settled().await - before)
+}
+
+#[tokio::test]
+async fn every_step_of_a_store_made_by_connect_is_one_exchange() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let proxy = CountingProxy::start(server).await;
+    let table = fresh_table("exchanges");
+    let store = PostgresStore::builder("exchanges")
+        .table(&table)
+        .connect(&proxy.url())
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    // Once per connection, each statement is prepared: one exchange more, the first time.
+    let warm = random_key();
+    let Claim::Claimed(token) = store.claim(&warm, &fingerprint("a"), LONG).await.unwrap() else {
+        panic!("a fresh key is claimed")
+    };
+    assert!(store.renew(&warm, &token, LONG).await.unwrap());
+    assert!(store.release(&warm, &token).await.unwrap());
+    let Claim::Claimed(token) = store.claim(&warm, &fingerprint("a"), LONG).await.unwrap() else {
+        panic!("a released key is claimed")
+    };
+    let fp = fingerprint("a");
+    assert!(
+        store
+            .complete(&warm, &token, &fp, record("r"), LONG)
+            .await
+            .unwrap()
+    );
+    store.forget(&warm, false).await.unwrap();
+    let connections = proxy.connections.load(Ordering::SeqCst);
+
+    let key = random_key();
+    let (claim, fresh) = exchanges(&proxy, store.claim(&key, &fingerprint("a"), LONG)).await;
+    let Claim::Claimed(token) = claim.unwrap() else {
+        panic!("a fresh key is claimed")
+    };
+    let (renewed, renew) = exchanges(&proxy, store.renew(&key, &token, LONG)).await;
+    assert!(renewed.unwrap());
+    let complete = store.complete(&key, &token, &fp, record("r"), LONG);
+    let (done, complete) = exchanges(&proxy, complete).await;
+    assert!(done.unwrap());
+    let (found, replay) = exchanges(&proxy, store.claim(&key, &fingerprint("a"), LONG)).await;
+    assert!(matches!(found.unwrap(), Claim::Done { .. }));
+    let (_, forget) = exchanges(&proxy, store.forget(&key, false)).await;
+    let other = random_key();
+    let Claim::Claimed(token) = store.claim(&other, &fingerprint("b"), LONG).await.unwrap() else {
+        panic!("a fresh key is claimed")
+    };
+    let (released, release) = exchanges(&proxy, store.release(&other, &token)).await;
+    assert!(released.unwrap());
+    eprintln!(
+        "exchanges per step: claim (fresh) {fresh}, renew {renew}, complete {complete}, \
+         claim (replay) {replay}, forget {forget}, release {release}"
+    );
+    assert_eq!(
+        (fresh, renew, complete, replay, forget, release),
+        (1, 1, 1, 1, 1, 1),
+        "claim fresh, renew, complete, claim replay, forget, release"
+    );
+    // No step opened a connection: each took the one the warm-up left.
+    assert_eq!(proxy.connections.load(Ordering::SeqCst), connections);
+}
+
+#[tokio::test]
+async fn a_connection_the_server_closed_while_idle_is_replaced_before_a_step() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let table = fresh_table("idle_closed");
+    let store = PostgresStore::builder("idle_closed")
+        .table(&table)
+        .connect(&server.url())
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    let first = random_key();
+    assert!(matches!(
+        store.claim(&first, &fingerprint("a"), LONG).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+    // The server ends every backend whose last statement named the table: the store's.
+    let admin = server.pool(1).await;
+    let ended: i64 = tower_idempotency::store::postgres::sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+         WHERE pid <> pg_backend_pid() AND query LIKE '%' || $1 || '%') t",
+    )
+    .bind(&table)
+    .fetch_one(&admin)
+    .await
+    .unwrap();
+    assert!(ended >= 1, "the store's connection was found");
+    // Idle longer than the store's check threshold: the dead connection is checked, then
+    // replaced, and the step succeeds.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let second = random_key();
+    assert!(matches!(
+        store.claim(&second, &fingerprint("a"), LONG).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+}
