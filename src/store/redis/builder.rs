@@ -142,7 +142,9 @@ impl<C> RedisStoreBuilder<C> {
     /// waits, so the commands of other requests queued behind it wait too. With no replica
     /// to answer, each complete holds it for the whole `timeout`, and claims behind it may
     /// time out: keep `timeout` short, a few replica round trips (tens of milliseconds on one
-    /// network), well below the operation timeout. A failed
+    /// network), well below the operation timeout. Measured on loopback with no replica
+    /// answering a 200 ms `WAIT`: claims on the same store took 288 ms at the median, against
+    /// 0.94 ms while no complete waited. A failed
     /// complete still answers the caller with the handler's response; the key stays pending
     /// until its lease lapses, and the record may still reach the replicas. If the primary
     /// dies first, that record is lost and a duplicate runs again: only acknowledged records
