@@ -22,6 +22,7 @@
 use crate::support::apps::{Mix, env_or, run_jobs};
 use crate::support::child::{AppProcess, serve, setting};
 use crate::support::http::{Answer, Kind, LAYER_NS, client, lock, send, store_key};
+use crate::support::observed::{Observed, Step};
 use crate::support::proxy::Proxy;
 use crate::support::redis_sentinel::{self, SERVICE, SentinelSet};
 use crate::support::redis_server::{self, RedisServer};
@@ -39,9 +40,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tower_idempotency::IdempotencyLayer;
 use tower_idempotency::conformance::{fingerprint, random_key};
-use tower_idempotency::engine::{Begin, Engine, Fingerprint, RecordedResponse, Scope};
+use tower_idempotency::engine::{Begin, Engine, RecordedResponse, Scope};
 use tower_idempotency::store::redis::RedisStore;
-use tower_idempotency::store::{Claim, Forgotten, Record, Store, StoreError, StoreKey, Token};
+use tower_idempotency::store::{Claim, Record};
 
 /// The principal of every request: one scope for the whole storm.
 const PRINCIPAL: &str = "storm";
@@ -96,12 +97,6 @@ impl Log {
     }
 }
 
-/// A store that logs the claims and completes of the store it wraps, and forwards every step.
-struct Logged<S> {
-    inner: S,
-    log: Log,
-}
-
 /// The run tag in a record's body (`"run":"<16 hex digits>"`).
 fn run_of(record: &Record) -> String {
     let bytes = record.as_bytes();
@@ -114,85 +109,39 @@ fn run_of(record: &Record) -> String {
         .unwrap_or_default()
 }
 
-impl<S: Store> Store for Logged<S> {
-    async fn claim(
-        &self,
-        key: &StoreKey,
-        fingerprint: &Fingerprint,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
-        let claim = self.inner.claim(key, fingerprint, lease).await;
-        if let Ok(Claim::Claimed(token)) = &claim {
-            self.log.push(Event {
-                event: "claimed".into(),
-                key: key.id_hex(),
-                ms: now_ms(),
-                token: hex(token.as_bytes()),
-                ..Event::default()
-            });
-        }
-        claim
-    }
-
-    async fn complete(
-        &self,
-        key: &StoreKey,
-        token: &Token,
-        fingerprint: &Fingerprint,
-        record: Record,
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        let run = run_of(&record);
-        let res = self
-            .inner
-            .complete(key, token, fingerprint, record, ttl)
-            .await;
-        self.log.push(Event {
+/// Logs each claim won and each complete with its result.
+fn log_steps(log: Log) -> impl Fn(Step<'_>) + Send + Sync + 'static {
+    move |step| match step {
+        Step::Claim {
+            key,
+            result: Ok(Claim::Claimed(token)),
+            ..
+        } => log.push(Event {
+            event: "claimed".into(),
+            key: key.id_hex(),
+            ms: now_ms(),
+            token: hex(token.as_bytes()),
+            ..Event::default()
+        }),
+        Step::Claim { .. } => {}
+        Step::Complete {
+            key,
+            token,
+            record,
+            result,
+            ..
+        } => log.push(Event {
             event: "complete".into(),
             key: key.id_hex(),
             ms: now_ms(),
             token: hex(token.as_bytes()),
-            run,
-            result: match &res {
+            run: run_of(record),
+            result: match result {
                 Ok(true) => "written".into(),
                 Ok(false) => "not_written".into(),
                 Err(e) => format!("{:?}", e.kind()),
             },
-        });
-        res
-    }
-
-    async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
-        self.inner.release(key, token).await
-    }
-
-    async fn renew(
-        &self,
-        key: &StoreKey,
-        token: &Token,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        self.inner.renew(key, token, lease).await
-    }
-
-    async fn forget(&self, key: &StoreKey, pending: bool) -> Result<Forgotten, StoreError> {
-        self.inner.forget(key, pending).await
-    }
-
-    async fn lease_left(&self, key: &StoreKey) -> Result<Option<Duration>, StoreError> {
-        self.inner.lease_left(key).await
-    }
-
-    fn notifies_settled(&self) -> bool {
-        self.inner.notifies_settled()
-    }
-
-    async fn wait_settled(&self, key: &StoreKey, within: Duration) {
-        self.inner.wait_settled(key, within).await;
-    }
-
-    fn name(&self) -> &'static str {
-        self.inner.name()
+        }),
     }
 }
 
@@ -252,10 +201,7 @@ async fn storm_app() {
     }
     .expect("connect to Redis");
     let log = Log::default();
-    let store = Logged {
-        inner: store,
-        log: log.clone(),
-    };
+    let store = Observed::new(store, log_steps(log.clone()));
     let layer = IdempotencyLayer::new(Engine::builder(store).build())
         .principal_fn(|_| Some(Scope::principal(PRINCIPAL)));
     let router = Router::new()

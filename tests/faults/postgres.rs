@@ -39,6 +39,7 @@
 use crate::support::apps::{REQUEST_LIMIT, random_delay_ms};
 use crate::support::child::{AppProcess, serve, setting};
 use crate::support::http::{Answer, Kind, bounded, client, lock, try_send};
+use crate::support::observed::{Observed, Step};
 use crate::support::postgres_server::{self, PostgresServer};
 use axum::Router;
 use axum::extract::State;
@@ -55,7 +56,7 @@ use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse, Scope};
 use tower_idempotency::http::{PrincipalMode, REPLAYED_HEADER, Rejection, RejectionKind};
 use tower_idempotency::store::postgres::PostgresStore;
 use tower_idempotency::store::postgres::sqlx::{self, PgPool};
-use tower_idempotency::store::{Claim, Forgotten, Record, Store, StoreError, StoreKey, Token};
+use tower_idempotency::store::{Claim, StoreKey};
 use tower_idempotency::transactional::{Within, WithinErrorKind, within};
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer};
 
@@ -79,13 +80,12 @@ const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 
 /// Microseconds since the Unix epoch: one clock for the parent and its children.
 fn now_us() -> u64 {
-    u64::try_from(
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .unwrap()
-            .as_micros(),
-    )
-    .unwrap()
+    micros(SystemTime::now())
+}
+
+/// `t` in microseconds since the Unix epoch.
+fn micros(t: SystemTime) -> u64 {
+    u64::try_from(t.duration_since(UNIX_EPOCH).unwrap().as_micros()).unwrap()
 }
 
 fn key_name(k: usize) -> String {
@@ -136,72 +136,26 @@ fn run_tag() -> String {
     b.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-/// A store that logs what the store it wraps answered: claims won, records acknowledged,
-/// steps failed. It changes nothing.
-#[derive(Clone)]
-struct Observed {
-    inner: PostgresStore,
-    events: Events,
-}
-
-impl Store for Observed {
-    fn name(&self) -> &'static str {
-        self.inner.name()
-    }
-
-    async fn claim(
-        &self,
-        key: &StoreKey,
-        fingerprint: &Fingerprint,
-        lease: Duration,
-    ) -> Result<Claim, StoreError> {
-        let started = now_us();
-        let claim = self.inner.claim(key, fingerprint, lease).await;
-        match &claim {
-            Ok(Claim::Claimed(_)) => self.events.push("claim", key.id_hex(), started),
-            Err(_) => self.events.push("claim_failed", key.id_hex(), started),
-            Ok(_) => {}
-        }
-        claim
-    }
-
-    async fn complete(
-        &self,
-        key: &StoreKey,
-        token: &Token,
-        fingerprint: &Fingerprint,
-        record: Record,
-        ttl: Duration,
-    ) -> Result<bool, StoreError> {
-        let started = now_us();
-        let done = self
-            .inner
-            .complete(key, token, fingerprint, record, ttl)
-            .await;
-        let what = match done {
-            Ok(true) => "ack",
-            Ok(false) => "ack_refused",
-            Err(_) => "complete_failed",
+/// Logs what the store answered: claims won, records acknowledged, steps failed.
+fn log_steps(events: Events) -> impl Fn(Step<'_>) + Send + Sync + 'static {
+    move |step| {
+        let (what, key, began) = match step {
+            Step::Claim {
+                key, began, result, ..
+            } => match result {
+                Ok(Claim::Claimed(_)) => ("claim", key, began),
+                Err(_) => ("claim_failed", key, began),
+                Ok(_) => return,
+            },
+            Step::Complete {
+                key, began, result, ..
+            } => match result {
+                Ok(true) => ("ack", key, began),
+                Ok(false) => ("ack_refused", key, began),
+                Err(_) => ("complete_failed", key, began),
+            },
         };
-        self.events.push(what, key.id_hex(), started);
-        done
-    }
-
-    async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
-        self.inner.release(key, token).await
-    }
-
-    async fn renew(
-        &self,
-        key: &StoreKey,
-        token: &Token,
-        lease: Duration,
-    ) -> Result<bool, StoreError> {
-        self.inner.renew(key, token, lease).await
-    }
-
-    async fn forget(&self, key: &StoreKey, pending: bool) -> Result<Forgotten, StoreError> {
-        self.inner.forget(key, pending).await
+        events.push(what, key.id_hex(), micros(began));
     }
 }
 
@@ -246,12 +200,9 @@ async fn child_store_app() {
     let Some(url) = setting(URL) else { return };
     let store = app_store(&url).await;
     let events = Events::default();
-    let engine = Engine::builder(Observed {
-        inner: store,
-        events: events.clone(),
-    })
-    .lease(lease_setting())
-    .build();
+    let engine = Engine::builder(Observed::new(store, log_steps(events.clone())))
+        .lease(lease_setting())
+        .build();
     let layer = IdempotencyLayer::new(engine)
         .principal(PrincipalMode::Required)
         .principal_fn(|_| Some(Scope::principal(PRINCIPAL)));

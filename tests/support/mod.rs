@@ -13,6 +13,7 @@
 //! - [`redis_sentinel`]: a primary, a replica and three `redis-sentinel` processes on loopback;
 //! - [`postgres_server`]: a PostgreSQL server (`initdb`, `pg_ctl`) on a free loopback port;
 //! - [`smtp_server`]: an SMTP server (`python3-aiosmtpd`) on a free loopback port;
+//! - [`observed`]: a store wrapper that reports how each claim and complete ended;
 //! - [`proxy`]: a TCP proxy that injects latency, drops and black holes;
 //! - [`pb`]: the vendored tonic code of the gRPC tests.
 
@@ -25,6 +26,7 @@ pub(crate) mod http;
 #[cfg(feature = "metrics")]
 pub(crate) mod metrics;
 pub(crate) mod nats_server;
+pub(crate) mod observed;
 pub(crate) mod postgres_server;
 pub(crate) mod proxy;
 pub(crate) mod quickstart;
