@@ -37,8 +37,11 @@
 #![allow(clippy::unwrap_used, clippy::missing_panics_doc)]
 
 use crate::Store;
+use crate::engine::Raw;
 use crate::engine::{Begin, Engine, Fingerprint, RecordedResponse};
-use crate::store::{Claim, Forgotten, Record, StoreError, StoreKey, Token};
+use crate::store::{
+    Claim, Forgotten, Record, StepId, StepRecorded, StoreError, StoreErrorKind, StoreKey, Token,
+};
 use bytes::Bytes;
 use std::future::Future;
 use std::sync::Arc;
@@ -55,6 +58,13 @@ pub trait Harness: Send + Sync + 'static {
     /// Moves the store's time forward by at least `d`. For the memory store that is a
     /// `ManualClock` advance. For Redis it is a real sleep, since its expiry is server-side `PX`.
     fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send;
+
+    /// Whether the store keeps the steps of requests' work: [`Store::record_step`] and
+    /// [`Store::steps`]. The default is `true`. A store that keeps none says `false`, and the
+    /// suite then checks that both answer [`StoreErrorKind::Unsupported`](crate::store::StoreErrorKind::Unsupported).
+    fn keeps_steps(&self) -> bool {
+        true
+    }
 }
 
 /// Expands the conformance suite: one `#[tokio::test]` per behaviour. Each starts with
@@ -85,6 +95,11 @@ macro_rules! store_conformance {
             engine_release_lets_work_run_again,
             forget_deletes_a_record_and_a_pending_claim_only_when_asked,
             lease_left_is_none_or_within_the_lease,
+            a_step_is_recorded_once_and_the_first_record_wins,
+            steps_outlive_a_released_claim_and_belong_to_their_key,
+            steps_expire_after_their_retention,
+            forget_deletes_a_keys_steps,
+            engine_steps_resume_after_a_release,
         );
 
         #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -810,6 +825,247 @@ pub async fn engine_release_lets_work_run_again<H: Harness>(h: H) {
     );
 }
 
+/// A fresh random step id.
+fn random_step() -> StepId {
+    StepId::from_bytes(random_bytes())
+}
+
+/// The key's steps, sorted, as a store may return them in any order.
+async fn steps_of<S: Store>(s: &S, key: &StoreKey) -> Vec<(StepId, Bytes)> {
+    let mut steps = ok(s.steps(key).await, "steps");
+    steps.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
+    steps
+}
+
+/// For a store that keeps no steps: both calls say so. Returns whether the store keeps steps.
+async fn keeps_steps<H: Harness>(h: &H) -> bool {
+    if h.keeps_steps() {
+        return true;
+    }
+    let s = h.store();
+    let recorded = s
+        .record_step(
+            &random_key(),
+            &random_step(),
+            Bytes::from_static(b"x"),
+            LONG,
+        )
+        .await;
+    assert!(
+        matches!(&recorded, Err(e) if e.kind() == StoreErrorKind::Unsupported),
+        "a store that keeps no steps must answer record_step with Unsupported, got {recorded:?}"
+    );
+    let read = s.steps(&random_key()).await;
+    assert!(
+        matches!(&read, Err(e) if e.kind() == StoreErrorKind::Unsupported),
+        "a store that keeps no steps must answer steps with Unsupported, got {read:?}"
+    );
+    false
+}
+
+#[doc(hidden)]
+/// A step is recorded if absent: a second record of it keeps the first bytes and returns them.
+pub async fn a_step_is_recorded_once_and_the_first_record_wins<H: Harness>(h: H) {
+    if !keeps_steps(&h).await {
+        return;
+    }
+    let s = h.store();
+    let key = random_key();
+    assert!(
+        steps_of(s, &key).await.is_empty(),
+        "a fresh key has no steps"
+    );
+    let (a, b) = (random_step(), random_step());
+    let first = record("first").into_bytes();
+    assert_eq!(
+        ok(
+            s.record_step(&key, &a, first.clone(), LONG).await,
+            "record_step"
+        ),
+        StepRecorded::Recorded,
+        "a step not yet recorded is recorded"
+    );
+    assert_eq!(
+        ok(
+            s.record_step(&key, &a, Bytes::from_static(b"second"), LONG)
+                .await,
+            "record_step again"
+        ),
+        StepRecorded::Found(first.clone()),
+        "a step recorded before keeps its first bytes and returns them"
+    );
+    assert_eq!(
+        ok(
+            s.record_step(&key, &b, Bytes::new(), LONG).await,
+            "record_step"
+        ),
+        StepRecorded::Recorded,
+        "another step of the key is recorded beside it, even with an empty value"
+    );
+    let mut want = vec![(a, first), (b, Bytes::new())];
+    want.sort_by(|x, y| x.0.as_bytes().cmp(y.0.as_bytes()));
+    assert_eq!(
+        steps_of(s, &key).await,
+        want,
+        "the key's steps, byte for byte"
+    );
+}
+
+#[doc(hidden)]
+/// Steps are kept whatever happens to the key's claim, and another key never sees them.
+pub async fn steps_outlive_a_released_claim_and_belong_to_their_key<H: Harness>(h: H) {
+    if !keeps_steps(&h).await {
+        return;
+    }
+    let s = h.store();
+    let (key, other) = random_keys_in_one_scope();
+    let fp = fingerprint("a");
+    let token = claim_free(s, &key, &fp, LONG).await;
+    let step = random_step();
+    let value = Bytes::from_static(b"charged");
+    ok(
+        s.record_step(&key, &step, value.clone(), LONG).await,
+        "record_step",
+    );
+    assert!(ok(s.release(&key, &token).await, "release"));
+    assert_eq!(
+        steps_of(s, &key).await,
+        vec![(step, value.clone())],
+        "a released key keeps its steps"
+    );
+    let _token = claim_free(s, &key, &fp, LONG).await;
+    assert_eq!(
+        steps_of(s, &key).await,
+        vec![(step, value)],
+        "the next claimant reads them"
+    );
+    assert!(
+        steps_of(s, &other).await.is_empty(),
+        "another key of the same scope has no steps"
+    );
+}
+
+#[doc(hidden)]
+/// Steps expire with the retention given when the last one was recorded.
+pub async fn steps_expire_after_their_retention<H: Harness>(h: H) {
+    if !keeps_steps(&h).await {
+        return;
+    }
+    let s = h.store();
+    let key = random_key();
+    let step = random_step();
+    ok(
+        s.record_step(&key, &step, Bytes::from_static(b"old"), SHORT)
+            .await,
+        "record_step",
+    );
+    h.advance(PAST_SHORT).await;
+    assert!(
+        steps_of(s, &key).await.is_empty(),
+        "steps past their retention are gone"
+    );
+    assert_eq!(
+        ok(
+            s.record_step(&key, &step, Bytes::from_static(b"new"), LONG)
+                .await,
+            "record_step"
+        ),
+        StepRecorded::Recorded,
+        "an expired step is recorded anew"
+    );
+    assert_eq!(
+        steps_of(s, &key).await,
+        vec![(step, Bytes::from_static(b"new"))]
+    );
+}
+
+#[doc(hidden)]
+/// Forgetting a key deletes its steps: the key is used anew.
+pub async fn forget_deletes_a_keys_steps<H: Harness>(h: H) {
+    if !keeps_steps(&h).await {
+        return;
+    }
+    let s = h.store();
+    let key = random_key();
+    let fp = fingerprint("a");
+    let token = claim_free(s, &key, &fp, LONG).await;
+    ok(
+        s.record_step(&key, &random_step(), Bytes::from_static(b"x"), LONG)
+            .await,
+        "record_step",
+    );
+    assert!(ok(
+        s.complete(&key, &token, &fp, record("a"), LONG).await,
+        "complete"
+    ));
+    assert_eq!(ok(s.forget(&key, false).await, "forget"), Forgotten::Record);
+    assert!(
+        steps_of(s, &key).await.is_empty(),
+        "a forgotten key has no steps left"
+    );
+}
+
+#[doc(hidden)]
+/// Through the engine: a retry after a release answers the steps that completed from their
+/// records and runs the first that did not.
+pub async fn engine_steps_resume_after_a_release<H: Harness>(h: H) {
+    if !keeps_steps(&h).await {
+        return;
+    }
+    let engine = Engine::builder(HarnessStore(Arc::new(h)))
+        .lease(LONG)
+        .ttl(LONG)
+        .build();
+    let key = random_key();
+    let fp = fingerprint("order");
+    let runs = std::sync::atomic::AtomicUsize::new(0);
+    let count = || {
+        runs.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    };
+
+    let Begin::Run(ticket) = ok(engine.begin(key, fp).await, "begin") else {
+        panic!("a free key must be run");
+    };
+    let steps = engine.steps(&ticket);
+    let charge: String = steps
+        .run("charge", Raw, |k| async move {
+            count();
+            Ok::<_, ()>(format!("ch-{k}"))
+        })
+        .await
+        .unwrap();
+    let failed = steps
+        .run("receipt", Raw, |_| async { Err::<String, _>("mail down") })
+        .await;
+    assert!(failed.is_err(), "the receipt's error is returned");
+    assert!(ok(engine.release(ticket).await, "release"));
+
+    let Begin::Run(ticket) = ok(engine.begin(key, fp).await, "begin") else {
+        panic!("a released key must be run again");
+    };
+    let steps = engine.steps(&ticket);
+    let again: String = steps
+        .run("charge", Raw, |_| async {
+            count();
+            Ok::<_, ()>(String::from("charged twice"))
+        })
+        .await
+        .unwrap();
+    assert_eq!(again, charge, "the charge is answered from its record");
+    let receipt: String = steps
+        .run("receipt", Raw, |_| async {
+            Ok::<_, ()>(String::from("sent"))
+        })
+        .await
+        .unwrap();
+    assert_eq!(receipt, "sent", "the receipt runs on the retry");
+    assert_eq!(
+        runs.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the charge ran once over both runs"
+    );
+}
+
 /// A harness's store as an owned [`Store`], for the engine (which owns its store).
 struct HarnessStore<H>(Arc<H>);
 
@@ -872,6 +1128,23 @@ impl<H: Harness> Store for HarnessStore<H> {
         key: &StoreKey,
     ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send {
         self.0.store().lease_left(key)
+    }
+
+    fn record_step(
+        &self,
+        key: &StoreKey,
+        step: &StepId,
+        value: Bytes,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<StepRecorded, StoreError>> + Send {
+        self.0.store().record_step(key, step, value, ttl)
+    }
+
+    fn steps(
+        &self,
+        key: &StoreKey,
+    ) -> impl Future<Output = Result<Vec<(StepId, Bytes)>, StoreError>> + Send {
+        self.0.store().steps(key)
     }
 
     fn notifies_settled(&self) -> bool {

@@ -28,6 +28,32 @@ pub(crate) const MEMORY_ENTRIES: &str = "idempotency_memory_entries";
 pub(crate) const MEMORY_PENDING: &str = "idempotency_memory_pending";
 pub(crate) const MEMORY_BYTES: &str = "idempotency_memory_bytes";
 pub(crate) const MEMORY_EARLY_DROPS: &str = "idempotency_memory_early_drops_total";
+/// `idempotency_steps_total{result}`: each step of a request's work, by what it did.
+pub(crate) const STEPS: &str = "idempotency_steps_total";
+
+/// What one step did: the `result` label of `idempotency_steps_total`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StepResult {
+    /// The step ran and its result was recorded.
+    Ran,
+    /// The step was answered from its record, not run.
+    Replayed,
+    /// The step ran, but an overlapping run had recorded it first. Its record was kept.
+    Overlapped,
+    /// The step ran and its result could not be recorded.
+    RecordFailed,
+}
+
+impl StepResult {
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            Self::Ran => "ran",
+            Self::Replayed => "replayed",
+            Self::Overlapped => "overlapped",
+            Self::RecordFailed => "record_failed",
+        }
+    }
+}
 
 /// The way in: the `door` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -220,10 +246,21 @@ pub(crate) enum Op {
     Complete,
     Release,
     Renew,
+    /// A key's recorded steps read.
+    Steps,
+    /// One step recorded.
+    RecordStep,
 }
 
 impl Op {
-    const ALL: [Self; 4] = [Self::Claim, Self::Complete, Self::Release, Self::Renew];
+    const ALL: [Self; 6] = [
+        Self::Claim,
+        Self::Complete,
+        Self::Release,
+        Self::Renew,
+        Self::Steps,
+        Self::RecordStep,
+    ];
 
     pub(crate) const fn as_str(self) -> &'static str {
         match self {
@@ -231,12 +268,14 @@ impl Op {
             Self::Complete => "complete",
             Self::Release => "release",
             Self::Renew => "renew",
+            Self::Steps => "steps",
+            Self::RecordStep => "record_step",
         }
     }
 }
 
 /// A store step's `result` label: `ok`, or the error's kind.
-const STORE_RESULTS: [&str; 8] = [
+const STORE_RESULTS: [&str; 9] = [
     "ok",
     "unavailable",
     "timeout",
@@ -245,6 +284,7 @@ const STORE_RESULTS: [&str; 8] = [
     "scope_full",
     "conflict",
     "not_replicated",
+    "unsupported",
 ];
 
 fn store_result<T>(res: &Result<T, StoreError>) -> usize {
@@ -258,6 +298,7 @@ fn store_result<T>(res: &Result<T, StoreError>) -> usize {
             StoreErrorKind::ScopeFull => 5,
             StoreErrorKind::Conflict => 6,
             StoreErrorKind::NotReplicated => 7,
+            StoreErrorKind::Unsupported => 8,
         },
     }
 }
@@ -298,6 +339,11 @@ mod on {
     /// Counts how one claimed key of `door` ended.
     pub(crate) fn settled(door: Door, result: Settled) {
         increment(&plain(door).results[result as usize]);
+    }
+
+    /// Counts one step of a request's work.
+    pub(crate) fn step(result: super::StepResult) {
+        metrics::counter!(super::STEPS, "result" => result.as_str()).increment(1);
     }
 
     /// One door's metric keys with its labels, built once and retained. Their labels are shared
@@ -485,6 +531,9 @@ mod on {
     #[inline(always)]
     pub(crate) fn settled(_: Door, _: Settled) {}
 
+    #[inline(always)]
+    pub(crate) fn step(_: super::StepResult) {}
+
     #[derive(Debug, Clone)]
     pub(crate) struct DoorCounters;
 
@@ -535,7 +584,7 @@ mod on {
 #[cfg(feature = "metrics")]
 pub(crate) use on::MemoryShare;
 #[allow(unused_imports)]
-pub(crate) use on::{DoorCounters, Started, StoreTimer, request, settled};
+pub(crate) use on::{DoorCounters, Started, StoreTimer, request, settled, step};
 
 #[cfg(test)]
 mod tests {

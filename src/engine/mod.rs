@@ -31,6 +31,7 @@ pub(crate) mod key;
 pub(crate) mod record;
 pub(crate) mod scope;
 pub(crate) mod secret;
+pub(crate) mod steps;
 pub(crate) mod verdict;
 
 #[cfg(feature = "json")]
@@ -45,6 +46,7 @@ pub use crate::engine::record::{
     Field, RecordError, RecordErrorKind, RecordTimes, RecordedResponse,
 };
 pub use crate::engine::scope::Scope;
+pub use crate::engine::steps::{StepError, StepErrorKind, Steps};
 
 use crate::engine::record::Record;
 use crate::engine::scope::StoreKey;
@@ -256,9 +258,14 @@ impl Ticket {
     }
 
     /// The request's fingerprint, as the store keeps it.
-    #[cfg(feature = "postgres")]
     pub(crate) fn fingerprint(&self) -> &Fingerprint {
         &self.fingerprint
+    }
+}
+
+impl<S: Store> steps::StepSource for Engine<S> {
+    fn steps(&self, key: StoreKey, fingerprint: Fingerprint) -> Steps {
+        self.steps_of(key, fingerprint)
     }
 }
 
@@ -445,6 +452,29 @@ impl<S: Store> Engine<S> {
         let found = self.store.forget(key, true).await?;
         tracing::warn!(key = ?key, found = ?found, "idempotency key forgotten by an operator, pending claims included");
         Ok(found)
+    }
+
+    /// The [`Steps`] of the request claimed by `ticket`: its side effects, each recorded as it
+    /// succeeds, so that a retry finishes partly done work instead of redoing it. See [`Steps`].
+    #[must_use]
+    pub fn steps(&self, ticket: &Ticket) -> Steps {
+        self.steps_of(ticket.key, ticket.fingerprint)
+    }
+
+    /// The steps of the request under `key` with the keyed `fingerprint`.
+    pub(crate) fn steps_of(&self, key: StoreKey, fingerprint: Fingerprint) -> Steps {
+        let store: Arc<dyn steps::StepStore> = Arc::clone(&self.store) as Arc<S>;
+        Steps::new(
+            steps::StepSettings {
+                store,
+                timer: self.timer.clone(),
+                ttl: self.ttl,
+                max_record_body: self.max_record_body,
+                secret: self.secret.clone(),
+            },
+            key,
+            fingerprint,
+        )
     }
 
     /// How long the pending claim on `key` has left, if the store can tell.

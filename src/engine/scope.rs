@@ -182,6 +182,11 @@ impl DerivedKey {
         Self(hex(&h.finalize()))
     }
 
+    /// The key of a SHA-256 digest made under a domain tag of its own, as a step's key.
+    pub(crate) fn from_digest(digest: &[u8]) -> Self {
+        Self(hex(digest))
+    }
+
     /// The key as 64 lowercase hex characters.
     #[must_use]
     pub fn as_str(&self) -> &str {

@@ -37,8 +37,10 @@
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::record::Record;
 use crate::engine::scope::StoreKey;
+use crate::engine::steps::StepStore;
 use crate::http::{IdempotencyLayer, PrincipalMode, ResponseMode};
-use crate::store::{Claim, Forgotten, Store, StoreError, Token};
+use crate::store::{Claim, Forgotten, StepId, StepRecorded, Store, StoreError, Token};
+use bytes::Bytes;
 use http::HeaderName;
 use std::collections::HashMap;
 use std::fmt;
@@ -170,7 +172,7 @@ impl fmt::Debug for DynStore {
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
 /// The object-safe twin of [`Store`]: the same steps, returning boxed futures.
-trait ErasedStore: Send + Sync + 'static {
+trait ErasedStore: StepStore {
     fn claim<'a>(
         &'a self,
         key: &'a StoreKey,
@@ -292,6 +294,18 @@ impl Store for DynStore {
     }
     async fn lease_left(&self, key: &StoreKey) -> Result<Option<Duration>, StoreError> {
         self.0.lease_left(key).await
+    }
+    async fn record_step(
+        &self,
+        key: &StoreKey,
+        step: &StepId,
+        value: Bytes,
+        ttl: Duration,
+    ) -> Result<StepRecorded, StoreError> {
+        StepStore::record_step(&*self.0, key, step, value, ttl).await
+    }
+    async fn steps(&self, key: &StoreKey) -> Result<Vec<(StepId, Bytes)>, StoreError> {
+        StepStore::steps(&*self.0, key).await
     }
     fn notifies_settled(&self) -> bool {
         self.0.notifies_settled()

@@ -158,6 +158,7 @@
 //! tower_idempotency::store_conformance!(async { MyHarness(HashMapStore::default()) });
 //! ```
 
+use bytes::Bytes;
 use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
@@ -227,6 +228,37 @@ pub trait Store: Send + Sync + 'static {
         key: &StoreKey,
         pending: bool,
     ) -> impl Future<Output = Result<Forgotten, StoreError>> + Send;
+
+    /// Records one step of the work under `key`, unless a step is already recorded there
+    /// under `step`. The key's steps are then kept for `ttl` from now. It is not fenced by a
+    /// token: a step's side effect happened, so its record is worth keeping whoever holds the
+    /// key. The first record of a step wins. A later one gets [`StepRecorded::Found`] with the
+    /// first's bytes and changes nothing.
+    ///
+    /// The default answers [`StoreErrorKind::Unsupported`]: a store of your own keeps no steps
+    /// until it implements this and [`steps`](Self::steps).
+    fn record_step(
+        &self,
+        key: &StoreKey,
+        step: &StepId,
+        value: Bytes,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<StepRecorded, StoreError>> + Send {
+        let _ = (key, step, value, ttl);
+        std::future::ready(Err(steps_unsupported()))
+    }
+
+    /// Every step recorded under `key` and not expired, in any order. The key's own record,
+    /// pending or completed, does not matter: steps outlive a released claim.
+    ///
+    /// The default answers [`StoreErrorKind::Unsupported`].
+    fn steps(
+        &self,
+        key: &StoreKey,
+    ) -> impl Future<Output = Result<Vec<(StepId, Bytes)>, StoreError>> + Send {
+        let _ = key;
+        std::future::ready(Err(steps_unsupported()))
+    }
 
     /// How long the pending claim on `key` has left, when a live one holds it. `None` when
     /// nothing pending holds it, or the store cannot tell, as by default. The HTTP layer's
@@ -312,6 +344,21 @@ impl<S: Store> Store for Arc<S> {
     ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send {
         (**self).lease_left(key)
     }
+    fn record_step(
+        &self,
+        key: &StoreKey,
+        step: &StepId,
+        value: Bytes,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<StepRecorded, StoreError>> + Send {
+        (**self).record_step(key, step, value, ttl)
+    }
+    fn steps(
+        &self,
+        key: &StoreKey,
+    ) -> impl Future<Output = Result<Vec<(StepId, Bytes)>, StoreError>> + Send {
+        (**self).steps(key)
+    }
     fn notifies_settled(&self) -> bool {
         (**self).notifies_settled()
     }
@@ -359,6 +406,50 @@ pub enum Forgotten {
     Pending,
     /// A pending claim holds the key and was kept. Deleting it was not asked for.
     KeptPending,
+}
+
+/// Where one step of a request's work is recorded under its key: 32 bytes the engine derives
+/// from the request's fingerprint and the step's place in the work. A store keeps it as an
+/// opaque field name.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct StepId([u8; 32]);
+
+impl StepId {
+    /// A step id from bytes a store kept.
+    #[must_use]
+    pub const fn from_bytes(bytes: [u8; 32]) -> Self {
+        Self(bytes)
+    }
+
+    /// The id's 32 bytes.
+    #[must_use]
+    pub const fn as_bytes(&self) -> &[u8; 32] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for StepId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "StepId({}…)", &crate::engine::scope::hex(&self.0)[..12])
+    }
+}
+
+/// What [`Store::record_step`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StepRecorded {
+    /// The step is now recorded with the bytes given.
+    Recorded,
+    /// The step was recorded before, by an overlapping run. These are its bytes; they were
+    /// kept, not overwritten.
+    Found(Bytes),
+}
+
+fn steps_unsupported() -> StoreError {
+    StoreError::new(
+        StoreErrorKind::Unsupported,
+        "this store keeps no steps: it does not implement Store::record_step and Store::steps",
+    )
 }
 
 /// An unguessable token that fences one claim: 16 bytes from the OS CSPRNG.
@@ -460,11 +551,15 @@ impl StoreError {
     }
 
     /// Whether the same step may succeed when tried again later. Every kind but
-    /// [`Protocol`](StoreErrorKind::Protocol) is: the backend was away, slow, full or busy.
-    /// An answer the store does not understand is likely to come back the same.
+    /// [`Protocol`](StoreErrorKind::Protocol) and [`Unsupported`](StoreErrorKind::Unsupported)
+    /// is: the backend was away, slow, full or busy. An answer the store does not understand is
+    /// likely to come back the same.
     #[must_use]
     pub fn is_retryable(&self) -> bool {
-        !matches!(self.kind, StoreErrorKind::Protocol)
+        !matches!(
+            self.kind,
+            StoreErrorKind::Protocol | StoreErrorKind::Unsupported
+        )
     }
 }
 
@@ -504,6 +599,8 @@ pub enum StoreErrorKind {
     /// time (Redis `WAIT`). The record may still reach them; a failover before it does would
     /// lose it. Not an outage of the primary.
     NotReplicated,
+    /// The store does not do what was asked: a store of your own that keeps no steps.
+    Unsupported,
 }
 
 impl fmt::Display for StoreErrorKind {
@@ -516,6 +613,7 @@ impl fmt::Display for StoreErrorKind {
             Self::ScopeFull => "scope full",
             Self::Conflict => "conflict",
             Self::NotReplicated => "not replicated",
+            Self::Unsupported => "unsupported",
         })
     }
 }

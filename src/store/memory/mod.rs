@@ -128,6 +128,7 @@ mod index;
 mod shard;
 mod slab;
 mod stats;
+mod steps;
 #[cfg(test)]
 mod tests;
 mod waiters;
@@ -136,7 +137,7 @@ mod weights;
 pub use builder::MemoryStoreBuilder;
 pub use stats::MemoryStats;
 
-use super::{Claim, Forgotten, Store, StoreError, StoreErrorKind, Token};
+use super::{Claim, Forgotten, StepId, StepRecorded, Store, StoreError, StoreErrorKind, Token};
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::record::Record;
 use crate::engine::scope::StoreKey;
@@ -144,6 +145,7 @@ use crate::store::clock::Clock;
 #[cfg(doc)]
 use crate::store::clock::TokioClock;
 use budget::{Budget, Usage, Visited};
+use bytes::Bytes;
 use shard::Short;
 use shard::{Shard, Step};
 use std::fmt;
@@ -171,6 +173,7 @@ pub(crate) const ENTRY_OVERHEAD: usize = 160;
 /// [module docs](self) for its bounds and eviction order.
 pub struct MemoryStore {
     shards: Box<[ShardCell]>,
+    steps: steps::StepTable,
     budget: Arc<Budget>,
     clock: Arc<dyn Clock>,
     waiters: waiters::Waiters,
@@ -219,6 +222,7 @@ impl MemoryStore {
         }
         stats.scope_full_refusals = self.budget.scope_full.load(Relaxed);
         stats.store_full_refusals = self.budget.store_full.load(Relaxed);
+        (stats.steps, stats.step_bytes) = self.steps.usage();
         stats
     }
 
@@ -432,6 +436,10 @@ impl Store for MemoryStore {
     async fn forget(&self, key: &StoreKey, pending: bool) -> Result<Forgotten, StoreError> {
         let now = self.now();
         let found = self.at_home(key, |shard| shard.forget(key, pending, now));
+        // The key is used anew, so its steps go too; a kept claim's work may still need them.
+        if found != Forgotten::KeptPending {
+            self.steps.forget(key);
+        }
         if found == Forgotten::Pending {
             // A duplicate waiting on the forgotten claim may now run.
             self.waiters.wake(key.id());
@@ -474,6 +482,22 @@ impl Store for MemoryStore {
         let now = self.now();
         let deadline = now.saturating_add(nanos(lease));
         Ok(self.at_home(key, |shard| shard.renew(key, token, deadline, now)))
+    }
+
+    async fn record_step(
+        &self,
+        key: &StoreKey,
+        step: &StepId,
+        value: Bytes,
+        ttl: Duration,
+    ) -> Result<StepRecorded, StoreError> {
+        let now = self.now();
+        let until = now.saturating_add(nanos(ttl));
+        self.steps.record(key, step, value, until, now)
+    }
+
+    async fn steps(&self, key: &StoreKey) -> Result<Vec<(StepId, Bytes)>, StoreError> {
+        Ok(self.steps.read(key, self.now()))
     }
 
     fn name(&self) -> &'static str {

@@ -39,6 +39,12 @@ pub struct MemoryStats {
     /// Steps refused with `StoreFull`, answered 503. The store is full, the requesting scope
     /// holds no record, and what the rule lets go would not make the room.
     pub store_full_refusals: u64,
+    /// Steps of requests' work held, in a table of their own bounded by the same
+    /// [`max_entries`](MemoryStoreBuilder::max_entries) and
+    /// [`max_bytes`](MemoryStoreBuilder::max_bytes) as the records.
+    pub steps: usize,
+    /// Bytes counted for those steps: each value plus 96 bytes.
+    pub step_bytes: usize,
 }
 
 impl Shard {

@@ -1,0 +1,636 @@
+//! Steps: a retry finishes partly done work instead of redoing it.
+
+use crate::engine::codec::{BoxFuture, Codec};
+use crate::engine::fingerprint::Fingerprint;
+use crate::engine::scope::{DerivedKey, StoreKey};
+use crate::engine::secret::{Secret, TAG_LEN};
+use crate::metrics::{self, Op, Started, StepResult, StoreTimer};
+use crate::store::{StepId, StepRecorded, Store, StoreError, StoreErrorKind};
+use bytes::{BufMut, Bytes, BytesMut};
+use sha2::{Digest, Sha256};
+use std::collections::HashMap;
+use std::error::Error as StdError;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The longest step name, in bytes.
+const MAX_NAME: usize = 255;
+/// The version byte that opens a step's stored value.
+const VERSION: u8 = 1;
+const STEP_ID_DOMAIN: &[u8] = b"tower-idempotency step id v1\0";
+const STEP_KEY_DOMAIN: &[u8] = b"tower-idempotency step key v1\0";
+const STEP_TAG_DOMAIN: &[u8] = b"tower-idempotency step record v1\0";
+
+/// The steps of one claimed request's work. Each side effect runs in a named step; a step that
+/// completed under this request's key is answered from its record on a retry, not run again.
+///
+/// ```
+/// use tower_idempotency::{IdempotencyKey, MemoryStore};
+/// use tower_idempotency::engine::{Begin, Engine, Fingerprint, Raw, Scope};
+/// use tower_idempotency::store::StoreKey;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let engine = Engine::new(MemoryStore::new());
+/// let key = StoreKey::derive("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1").unwrap());
+/// let fp = Fingerprint::builder().field(b"order 17").finish();
+/// let mut charges = 0;
+///
+/// // The first run charges, then fails at the receipt: its key is released.
+/// let Begin::Run(ticket) = engine.begin(key, fp).await.unwrap() else { panic!("first run") };
+/// let steps = engine.steps(&ticket);
+/// let charge: String = steps
+///     .run("charge", Raw, |key| async move {
+///         charges += 1; // forward `key` to the payment provider
+///         Ok::<_, &str>(format!("ch_{}", &key.as_str()[..8]))
+///     })
+///     .await
+///     .unwrap();
+/// let receipt = steps.run("receipt", Raw, |_| async { Err::<String, _>("mail server down") }).await;
+/// assert!(receipt.is_err());
+/// engine.release(ticket).await.unwrap();
+///
+/// // The retry runs the handler again: the charge is answered from its record.
+/// let Begin::Run(ticket) = engine.begin(key, fp).await.unwrap() else { panic!("released") };
+/// let steps = engine.steps(&ticket);
+/// let again: String = steps.run("charge", Raw, |_| async { Ok::<_, &str>(String::from("twice!")) }).await.unwrap();
+/// assert_eq!(again, charge);
+/// assert_eq!(charges, 1);
+/// # }
+/// ```
+///
+/// A step's result is recorded through a [`Codec`] when the step returns `Ok`: [`Raw`] for
+/// bytes and text, [`Json`] (feature `json`) for any serde value. A step's `Err` is not
+/// recorded: the step runs again on the next retry, and the handler decides what the request
+/// answers.
+///
+/// # What is kept, and for how long
+///
+/// - Steps belong to one request: its key and its fingerprint. A different request under the
+///   same key never reads them.
+/// - A released key keeps its steps for the engine's retention, counted from the last step
+///   recorded; so does a key whose lease lapsed. The next claimant of the key reads them.
+/// - A completed key keeps its steps beside its record until the retention ends. A retry of a
+///   completed key is answered from the record and never reads them.
+/// - [`Engine::forget`](crate::engine::Engine::forget) deletes them with the record.
+///
+/// # The rules a run must keep
+///
+/// Steps are matched by place and name: the third step of the retry must be the third step of
+/// the first run, under the same name. A name used twice in one run is refused with
+/// [`StepErrorKind::NameReused`], and a retry whose names come in another order with
+/// [`StepErrorKind::SequenceChanged`]. Neither runs the step. A step's place is taken when
+/// [`run`](Self::run) is called, so steps joined concurrently keep the order of the calls.
+///
+/// Two claimants of one key overlap only after a lease lapsed. If both finish the same step,
+/// the first record wins: the second run's step gets the first's result back, with a warning
+/// and the metric `idempotency_steps_total{result="overlapped"}`. Nothing is overwritten.
+///
+/// # The key to forward
+///
+/// Each step gets a [`DerivedKey`] of its own: the same on every retry of the request, and
+/// different for every step. Forward it to a provider that de-duplicates, such as a payment
+/// API. Then a crash between the provider's answer and the step's record is closed there too.
+///
+/// # When recording fails
+///
+/// A step whose work succeeded but whose record could not be written still returns its
+/// result, with a warning: the side effect happened, and the handler should go on. A retry
+/// after the request was released runs that step again, under the same derived key. Reading
+/// the recorded steps fails before any step runs: a store that cannot say what was done runs
+/// nothing.
+///
+/// [`Raw`]: crate::engine::Raw
+#[cfg_attr(feature = "json", doc = "[`Json`]: crate::engine::Json")]
+#[cfg_attr(not(feature = "json"), doc = "[`Json`]: crate::engine::Codec")]
+#[derive(Clone)]
+pub struct Steps {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    store: Arc<dyn StepStore>,
+    timer: StoreTimer,
+    key: StoreKey,
+    fingerprint: Fingerprint,
+    ttl: Duration,
+    max_record_body: usize,
+    secret: Option<Secret>,
+    recorded: tokio::sync::OnceCell<HashMap<StepId, Bytes>>,
+    /// The names of this run's steps, in the order `run` was called.
+    names: Mutex<Vec<Box<str>>>,
+}
+
+impl fmt::Debug for Steps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Steps")
+            .field("key", &self.inner.key)
+            .field("run", &self.names().len())
+            .finish_non_exhaustive()
+    }
+}
+
+/// What [`Steps`] needs of a store, with its type erased so that a handler's `Steps` has none.
+pub(crate) trait StepStore: Send + Sync + 'static {
+    fn steps<'a>(
+        &'a self,
+        key: &'a StoreKey,
+    ) -> BoxFuture<'a, Result<Vec<(StepId, Bytes)>, StoreError>>;
+    fn record_step<'a>(
+        &'a self,
+        key: &'a StoreKey,
+        step: &'a StepId,
+        value: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<StepRecorded, StoreError>>;
+}
+
+impl<S: Store> StepStore for S {
+    fn steps<'a>(
+        &'a self,
+        key: &'a StoreKey,
+    ) -> BoxFuture<'a, Result<Vec<(StepId, Bytes)>, StoreError>> {
+        Box::pin(Store::steps(self, key))
+    }
+
+    fn record_step<'a>(
+        &'a self,
+        key: &'a StoreKey,
+        step: &'a StepId,
+        value: Bytes,
+        ttl: Duration,
+    ) -> BoxFuture<'a, Result<StepRecorded, StoreError>> {
+        Box::pin(Store::record_step(self, key, step, value, ttl))
+    }
+}
+
+/// Makes the [`Steps`] of a claimed request, for a door that holds its engine behind a type it
+/// erases (the HTTP layer's request extensions).
+pub(crate) trait StepSource: Send + Sync + 'static {
+    /// The steps of the request claimed under `key`, with its keyed `fingerprint`.
+    fn steps(&self, key: StoreKey, fingerprint: Fingerprint) -> Steps;
+}
+
+/// The settings of [`Steps`] taken from an engine.
+pub(crate) struct StepSettings {
+    pub(crate) store: Arc<dyn StepStore>,
+    pub(crate) timer: StoreTimer,
+    pub(crate) ttl: Duration,
+    pub(crate) max_record_body: usize,
+    pub(crate) secret: Option<Secret>,
+}
+
+tokio::task_local! {
+    static CURRENT: Steps;
+}
+
+impl Steps {
+    pub(crate) fn new(settings: StepSettings, key: StoreKey, fingerprint: Fingerprint) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                store: settings.store,
+                timer: settings.timer,
+                key,
+                fingerprint,
+                ttl: settings.ttl,
+                max_record_body: settings.max_record_body,
+                secret: settings.secret,
+                recorded: tokio::sync::OnceCell::new(),
+                names: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// The steps of the message or job whose handler is running on this task, set by the
+    /// message door. `None` outside such a handler, or in a task it spawned.
+    #[must_use]
+    pub fn current() -> Option<Self> {
+        CURRENT.try_with(Clone::clone).ok()
+    }
+
+    /// Runs `fut` with these steps as [`Steps::current`].
+    pub(crate) fn scope<F: Future>(self, fut: F) -> impl Future<Output = F::Output> {
+        CURRENT.scope(self, fut)
+    }
+
+    /// The store key of the request these steps belong to.
+    #[must_use]
+    pub fn key(&self) -> &StoreKey {
+        &self.inner.key
+    }
+
+    fn names(&self) -> std::sync::MutexGuard<'_, Vec<Box<str>>> {
+        self.inner
+            .names
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Runs the step `name` once for this request, or answers it from its record.
+    ///
+    /// `work` gets the step's [`DerivedKey`] to forward to its provider. Its `Ok` value is
+    /// recorded with `codec` and returned. On a retry of the request, a step recorded before is
+    /// decoded and returned, and `work` does not run. See [`Steps`] for the rules.
+    ///
+    /// # Errors
+    /// A [`StepError`]: the work's own error (kind [`Work`](StepErrorKind::Work), not
+    /// recorded), or a reason the step did not run: the store could not read the recorded
+    /// steps, a name that is empty, too long, used twice or out of order, or a record that
+    /// fails validation.
+    pub fn run<T, E, C, F, Fut>(
+        &self,
+        name: &str,
+        codec: C,
+        work: F,
+    ) -> impl Future<Output = Result<T, StepError<E>>> + Send + use<'_, T, E, C, F, Fut>
+    where
+        C: Codec<T>,
+        F: FnOnce(DerivedKey) -> Fut + Send,
+        Fut: Future<Output = Result<T, E>> + Send,
+        T: Send,
+        E: Send,
+    {
+        // The step's place is taken now, not when first polled: joined steps keep call order.
+        let place = self.take_place(name);
+        let name = name.to_owned();
+        async move {
+            let place = place?;
+            let id = self.step_id(place);
+            let recorded = self.recorded().await?;
+            if let Some(value) = recorded.get(&id) {
+                let payload = self.read(place, &id, &name, value.clone())?;
+                let value = codec
+                    .decode(payload)
+                    .map_err(|e| StepError::new(Repr::RecordInvalid(Box::new(e)), place, &name))?;
+                metrics::step(StepResult::Replayed);
+                tracing::debug!(key = ?self.inner.key, step = %name, "idempotency step answered from its record");
+                return Ok(value);
+            }
+            let derived = self.derived_key(&name);
+            let value = work(derived)
+                .await
+                .map_err(|e| StepError::new(Repr::Work(e), place, &name))?;
+            self.record(place, &id, &name, &codec, value).await
+        }
+    }
+
+    /// Takes the next place for `name`, refusing a bad or repeated name.
+    fn take_place<E>(&self, name: &str) -> Result<u32, StepError<E>> {
+        let mut names = self.names();
+        let place = u32::try_from(names.len()).unwrap_or(u32::MAX);
+        if name.is_empty() || name.len() > MAX_NAME {
+            return Err(StepError::new(Repr::NameInvalid, place, name));
+        }
+        if names.iter().any(|n| &**n == name) {
+            return Err(StepError::new(Repr::NameReused, place, name));
+        }
+        names.push(name.into());
+        Ok(place)
+    }
+
+    /// The request's recorded steps, read from the store on first use.
+    async fn recorded<E>(&self) -> Result<&HashMap<StepId, Bytes>, StepError<E>> {
+        let inner = &self.inner;
+        inner
+            .recorded
+            .get_or_try_init(|| async {
+                let started = Started::now();
+                let read = inner.store.steps(&inner.key).await;
+                inner.timer.record(Op::Steps, started, &read);
+                read.map(|steps| steps.into_iter().collect())
+            })
+            .await
+            .map_err(|e| {
+                let repr = if e.kind() == StoreErrorKind::Unsupported {
+                    Repr::Unsupported(e)
+                } else {
+                    Repr::Store(e)
+                };
+                StepError::new(repr, u32::MAX, "")
+            })
+    }
+
+    fn step_id(&self, place: u32) -> StepId {
+        let mut h = Sha256::new();
+        h.update(STEP_ID_DOMAIN);
+        h.update(self.inner.fingerprint.as_bytes());
+        h.update(place.to_be_bytes());
+        StepId::from_bytes(h.finalize().into())
+    }
+
+    fn derived_key(&self, name: &str) -> DerivedKey {
+        let mut h = Sha256::new();
+        h.update(STEP_KEY_DOMAIN);
+        h.update(self.inner.key.id());
+        h.update(self.inner.fingerprint.as_bytes());
+        h.update(name.as_bytes());
+        DerivedKey::from_digest(&h.finalize())
+    }
+
+    /// The bytes stored for a step: version, name, payload, and the tag under a secret.
+    fn encode(&self, id: &StepId, name: &str, payload: &[u8]) -> Bytes {
+        let tag = if self.inner.secret.is_some() {
+            TAG_LEN
+        } else {
+            0
+        };
+        let mut out = BytesMut::with_capacity(3 + name.len() + payload.len() + tag);
+        out.put_u8(VERSION);
+        // At most MAX_NAME bytes: checked when the place was taken.
+        out.put_u16(u16::try_from(name.len()).unwrap_or(u16::MAX));
+        out.put_slice(name.as_bytes());
+        out.put_slice(payload);
+        if let Some(secret) = &self.inner.secret {
+            let t = secret.tag(
+                self.inner.key.id(),
+                &self.inner.fingerprint,
+                &tagged(id, &out),
+            );
+            out.put_slice(&t);
+        }
+        out.freeze()
+    }
+
+    /// The payload of a recorded step, checked against this run's name and the secret.
+    fn read<E>(
+        &self,
+        place: u32,
+        id: &StepId,
+        name: &str,
+        mut value: Bytes,
+    ) -> Result<Bytes, StepError<E>> {
+        let invalid =
+            |reason: &'static str| StepError::new(Repr::RecordInvalid(reason.into()), place, name);
+        if let Some(secret) = &self.inner.secret {
+            if value.len() < TAG_LEN {
+                return Err(invalid("a step record too short for its tag"));
+            }
+            let tag = value.split_off(value.len() - TAG_LEN);
+            if !secret.verify(
+                self.inner.key.id(),
+                &self.inner.fingerprint,
+                &tagged(id, &value),
+                &tag,
+            ) {
+                return Err(invalid("a step record whose tag does not match"));
+            }
+        }
+        if value.len() < 3 || value[0] != VERSION {
+            return Err(invalid("a step record of an unknown version"));
+        }
+        let len = usize::from(u16::from_be_bytes([value[1], value[2]]));
+        if value.len() < 3 + len {
+            return Err(invalid("a step record cut short"));
+        }
+        let recorded = &value[3..3 + len];
+        if recorded != name.as_bytes() {
+            let recorded = String::from_utf8_lossy(recorded).into_owned();
+            return Err(StepError::new(Repr::SequenceChanged(recorded), place, name));
+        }
+        let payload = value.slice(3 + len..);
+        if payload.len() > self.inner.max_record_body {
+            return Err(invalid("a step record over the record limit"));
+        }
+        Ok(payload)
+    }
+
+    /// Records a step's result, or gives back the first record of an overlapping run.
+    async fn record<T, E, C: Codec<T>>(
+        &self,
+        place: u32,
+        id: &StepId,
+        name: &str,
+        codec: &C,
+        value: T,
+    ) -> Result<T, StepError<E>> {
+        let inner = &self.inner;
+        let payload = match codec.encode(&value) {
+            Ok(p) if p.len() <= inner.max_record_body => p,
+            Ok(p) => {
+                metrics::step(StepResult::RecordFailed);
+                tracing::warn!(key = ?inner.key, step = %name, bytes = p.len(), limit = inner.max_record_body, "idempotency step result over the record limit; not recorded, a retry runs the step again");
+                return Ok(value);
+            }
+            Err(e) => {
+                metrics::step(StepResult::RecordFailed);
+                tracing::warn!(key = ?inner.key, step = %name, error = %e, "idempotency step result cannot be encoded; not recorded, a retry runs the step again");
+                return Ok(value);
+            }
+        };
+        let stored = self.encode(id, name, &payload);
+        let started = Started::now();
+        let res = inner
+            .store
+            .record_step(&inner.key, id, stored, inner.ttl)
+            .await;
+        inner.timer.record(Op::RecordStep, started, &res);
+        match res {
+            Ok(StepRecorded::Recorded) => {
+                metrics::step(StepResult::Ran);
+                Ok(value)
+            }
+            Ok(StepRecorded::Found(first)) => {
+                metrics::step(StepResult::Overlapped);
+                tracing::warn!(key = ?inner.key, step = %name, "idempotency step ran in two overlapping runs (a lease lapsed); the first record wins, its result is returned");
+                let payload = self.read(place, id, name, first)?;
+                codec
+                    .decode(payload)
+                    .map_err(|e| StepError::new(Repr::RecordInvalid(Box::new(e)), place, name))
+            }
+            Err(e) => {
+                metrics::step(StepResult::RecordFailed);
+                tracing::warn!(key = ?inner.key, step = %name, error = %e, "idempotency step ran but its record failed; a retry runs the step again");
+                Ok(value)
+            }
+        }
+    }
+}
+
+/// What a step's tag covers: its domain, its id and its stored bytes.
+fn tagged(id: &StepId, value: &[u8]) -> Vec<u8> {
+    let mut content = Vec::with_capacity(STEP_TAG_DOMAIN.len() + 32 + value.len());
+    content.extend_from_slice(STEP_TAG_DOMAIN);
+    content.extend_from_slice(id.as_bytes());
+    content.extend_from_slice(value);
+    content
+}
+
+/// A step that did not return its result: the work's own error, or why it did not run.
+///
+/// ```
+/// use tower_idempotency::MemoryStore;
+/// use tower_idempotency::engine::{Begin, Engine, Fingerprint, Raw, StepErrorKind};
+/// use tower_idempotency::store::StoreKey;
+///
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// let engine = Engine::new(MemoryStore::new());
+/// let key = StoreKey::from_parts([1; 32], [2; 32]);
+/// let Begin::Run(ticket) = engine.begin(key, Fingerprint::builder().finish()).await.unwrap() else { panic!() };
+/// let steps = engine.steps(&ticket);
+///
+/// let failed = steps.run("charge", Raw, |_| async { Err::<String, _>("card declined") }).await.unwrap_err();
+/// assert_eq!(failed.kind(), StepErrorKind::Work);
+/// assert_eq!(failed.into_inner(), Some("card declined"));
+///
+/// let reused = steps.run("charge", Raw, |_| async { Ok::<String, &str>("ch_1".into()) }).await.unwrap_err();
+/// assert_eq!(reused.kind(), StepErrorKind::NameReused);
+/// # }
+/// ```
+pub struct StepError<E> {
+    repr: Repr<E>,
+    place: u32,
+    name: Box<str>,
+}
+
+enum Repr<E> {
+    Work(E),
+    Store(StoreError),
+    Unsupported(StoreError),
+    RecordInvalid(Box<dyn StdError + Send + Sync + 'static>),
+    NameInvalid,
+    NameReused,
+    SequenceChanged(String),
+}
+
+/// What a [`StepError`] is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StepErrorKind {
+    /// The step's work returned an error. Nothing was recorded: the step runs again on a retry.
+    Work,
+    /// The store could not read the recorded steps. The step did not run.
+    Store,
+    /// The store keeps no steps: a store of your own that does not implement
+    /// [`Store::record_step`] and [`Store::steps`]. The step did not run.
+    Unsupported,
+    /// The step's record failed validation: another version or secret wrote it, or the codec
+    /// cannot read it. The step did not run.
+    RecordInvalid,
+    /// The name is empty or longer than 255 bytes. The step did not run.
+    NameInvalid,
+    /// The name was already used by a step of this run. The step did not run.
+    NameReused,
+    /// A retry's steps do not come in the order of the first run: this place holds a step of
+    /// another name. The step did not run. Steps must keep their names and order across
+    /// versions of a handler while records of the old order are kept.
+    SequenceChanged,
+}
+
+impl<E> StepError<E> {
+    fn new(repr: Repr<E>, place: u32, name: &str) -> Self {
+        Self {
+            repr,
+            place,
+            name: name.into(),
+        }
+    }
+
+    /// What failed.
+    #[must_use]
+    pub fn kind(&self) -> StepErrorKind {
+        match self.repr {
+            Repr::Work(_) => StepErrorKind::Work,
+            Repr::Store(_) => StepErrorKind::Store,
+            Repr::Unsupported(_) => StepErrorKind::Unsupported,
+            Repr::RecordInvalid(_) => StepErrorKind::RecordInvalid,
+            Repr::NameInvalid => StepErrorKind::NameInvalid,
+            Repr::NameReused => StepErrorKind::NameReused,
+            Repr::SequenceChanged(_) => StepErrorKind::SequenceChanged,
+        }
+    }
+
+    /// Whether running the request again may succeed: a store failure that [is
+    /// retryable](StoreError::is_retryable). The work's own error is the work's to judge, so it
+    /// gives `false`, as does every mistake in the handler's steps.
+    #[must_use]
+    pub fn is_retryable(&self) -> bool {
+        matches!(&self.repr, Repr::Store(e) if e.is_retryable())
+    }
+
+    /// The step's name.
+    #[must_use]
+    pub fn step(&self) -> &str {
+        &self.name
+    }
+
+    /// The work's error, for kind [`Work`](StepErrorKind::Work).
+    #[must_use]
+    pub fn get_ref(&self) -> Option<&E> {
+        match &self.repr {
+            Repr::Work(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The work's error, for kind [`Work`](StepErrorKind::Work).
+    #[must_use]
+    pub fn into_inner(self) -> Option<E> {
+        match self.repr {
+            Repr::Work(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    /// The store's error, for kinds [`Store`](StepErrorKind::Store) and
+    /// [`Unsupported`](StepErrorKind::Unsupported).
+    #[must_use]
+    pub fn store_error(&self) -> Option<&StoreError> {
+        match &self.repr {
+            Repr::Store(e) | Repr::Unsupported(e) => Some(e),
+            _ => None,
+        }
+    }
+}
+
+impl<E: fmt::Debug> fmt::Debug for StepError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut d = f.debug_struct("StepError");
+        d.field("kind", &self.kind()).field("step", &self.name);
+        match &self.repr {
+            Repr::Work(e) => d.field("error", e),
+            Repr::Store(e) | Repr::Unsupported(e) => d.field("error", e),
+            Repr::RecordInvalid(e) => d.field("error", e),
+            Repr::SequenceChanged(recorded) => d.field("recorded", recorded),
+            Repr::NameInvalid | Repr::NameReused => &mut d,
+        };
+        d.finish()
+    }
+}
+
+impl<E: fmt::Display> fmt::Display for StepError<E> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let (name, place) = (&self.name, self.place);
+        match &self.repr {
+            Repr::Work(e) => write!(f, "step `{name}` failed: {e}"),
+            Repr::Store(e) => write!(f, "the recorded steps could not be read: {e}"),
+            Repr::Unsupported(e) => write!(f, "steps are not kept by this store: {e}"),
+            Repr::RecordInvalid(e) => {
+                write!(f, "the record of step `{name}` failed validation: {e}")
+            }
+            Repr::NameInvalid => write!(
+                f,
+                "step names are 1 to {MAX_NAME} bytes; got one of {} bytes",
+                name.len()
+            ),
+            Repr::NameReused => write!(f, "step name `{name}` is used twice in one run"),
+            Repr::SequenceChanged(recorded) => write!(
+                f,
+                "step {} is `{name}`, but the first run recorded `{recorded}` there: the steps changed order",
+                place + 1
+            ),
+        }
+    }
+}
+
+/// The source is the work's error, the [`StoreError`], or what failed to read a record.
+impl<E: StdError + 'static> StdError for StepError<E> {
+    fn source(&self) -> Option<&(dyn StdError + 'static)> {
+        match &self.repr {
+            Repr::Work(e) => Some(e),
+            Repr::Store(e) | Repr::Unsupported(e) => Some(e),
+            Repr::RecordInvalid(e) => Some(&**e),
+            Repr::NameInvalid | Repr::NameReused | Repr::SequenceChanged(_) => None,
+        }
+    }
+}
