@@ -264,8 +264,15 @@ impl Ticket {
 }
 
 impl<S: Store> steps::StepSource for Engine<S> {
-    fn steps(&self, key: StoreKey, fingerprint: Fingerprint) -> Steps {
-        self.steps_of(key, fingerprint)
+    fn step_settings(&self) -> steps::StepSettings {
+        let store: Arc<dyn steps::StepStore> = Arc::clone(&self.store) as Arc<S>;
+        steps::StepSettings {
+            store,
+            timer: self.timer.clone(),
+            ttl: self.ttl,
+            max_record_body: self.max_record_body,
+            secret: self.secret.clone(),
+        }
     }
 }
 
@@ -463,18 +470,7 @@ impl<S: Store> Engine<S> {
 
     /// The steps of the request under `key` with the keyed `fingerprint`.
     pub(crate) fn steps_of(&self, key: StoreKey, fingerprint: Fingerprint) -> Steps {
-        let store: Arc<dyn steps::StepStore> = Arc::clone(&self.store) as Arc<S>;
-        Steps::new(
-            steps::StepSettings {
-                store,
-                timer: self.timer.clone(),
-                ttl: self.ttl,
-                max_record_body: self.max_record_body,
-                secret: self.secret.clone(),
-            },
-            key,
-            fingerprint,
-        )
+        Steps::new(steps::StepSource::step_settings(self), key, fingerprint)
     }
 
     /// How long the pending claim on `key` has left, if the store can tell.

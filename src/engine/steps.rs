@@ -110,6 +110,15 @@ pub struct Steps {
 }
 
 struct Inner {
+    /// The claim these steps belong to: set when they are made, or when the key is claimed
+    /// after a handler's arguments were taken (the `#[idempotent]` attribute).
+    bound: std::sync::OnceLock<Bound>,
+    recorded: tokio::sync::OnceCell<HashMap<StepId, Bytes>>,
+    /// The names of this run's steps, in the order `run` was called.
+    names: Mutex<Vec<Box<str>>>,
+}
+
+struct Bound {
     store: Arc<dyn StepStore>,
     timer: StoreTimer,
     key: StoreKey,
@@ -117,15 +126,12 @@ struct Inner {
     ttl: Duration,
     max_record_body: usize,
     secret: Option<Secret>,
-    recorded: tokio::sync::OnceCell<HashMap<StepId, Bytes>>,
-    /// The names of this run's steps, in the order `run` was called.
-    names: Mutex<Vec<Box<str>>>,
 }
 
 impl fmt::Debug for Steps {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Steps")
-            .field("key", &self.inner.key)
+            .field("key", &self.inner.bound.get().map(|b| b.key))
             .field("run", &self.names().len())
             .finish_non_exhaustive()
     }
@@ -165,11 +171,11 @@ impl<S: Store> StepStore for S {
     }
 }
 
-/// Makes the [`Steps`] of a claimed request, for a door that holds its engine behind a type it
-/// erases (the HTTP layer's request extensions).
+/// An engine with its store type erased: what the HTTP layer's request extensions keep to
+/// make a claimed request's [`Steps`] when a handler asks for them.
 pub(crate) trait StepSource: Send + Sync + 'static {
-    /// The steps of the request claimed under `key`, with its keyed `fingerprint`.
-    fn steps(&self, key: StoreKey, fingerprint: Fingerprint) -> Steps;
+    /// The engine's settings for steps.
+    fn step_settings(&self) -> StepSettings;
 }
 
 /// The settings of [`Steps`] taken from an engine.
@@ -187,19 +193,33 @@ tokio::task_local! {
 
 impl Steps {
     pub(crate) fn new(settings: StepSettings, key: StoreKey, fingerprint: Fingerprint) -> Self {
+        let steps = Self::unbound();
+        steps.bind(settings, key, fingerprint);
+        steps
+    }
+
+    /// Steps not yet tied to a claim: a handler's argument taken before its key is claimed.
+    pub(crate) fn unbound() -> Self {
         Self {
             inner: Arc::new(Inner {
-                store: settings.store,
-                timer: settings.timer,
-                key,
-                fingerprint,
-                ttl: settings.ttl,
-                max_record_body: settings.max_record_body,
-                secret: settings.secret,
+                bound: std::sync::OnceLock::new(),
                 recorded: tokio::sync::OnceCell::new(),
                 names: Mutex::new(Vec::new()),
             }),
         }
+    }
+
+    /// Ties these steps to the request claimed under `key`. Only the first call counts.
+    pub(crate) fn bind(&self, settings: StepSettings, key: StoreKey, fingerprint: Fingerprint) {
+        let _ = self.inner.bound.set(Bound {
+            store: settings.store,
+            timer: settings.timer,
+            key,
+            fingerprint,
+            ttl: settings.ttl,
+            max_record_body: settings.max_record_body,
+            secret: settings.secret,
+        });
     }
 
     /// The steps of the message or job whose handler is running on this task, set by the
@@ -214,10 +234,17 @@ impl Steps {
         CURRENT.scope(self, fut)
     }
 
-    /// The store key of the request these steps belong to.
+    /// The store key of the request these steps belong to. `None` before its key is claimed.
     #[must_use]
-    pub fn key(&self) -> &StoreKey {
-        &self.inner.key
+    pub fn key(&self) -> Option<&StoreKey> {
+        self.inner.bound.get().map(|b| &b.key)
+    }
+
+    fn bound<E>(&self, place: u32, name: &str) -> Result<&Bound, StepError<E>> {
+        self.inner
+            .bound
+            .get()
+            .ok_or_else(|| StepError::new(Repr::NotClaimed, place, name))
     }
 
     fn names(&self) -> std::sync::MutexGuard<'_, Vec<Box<str>>> {
@@ -256,22 +283,23 @@ impl Steps {
         let name = name.to_owned();
         async move {
             let place = place?;
-            let id = self.step_id(place);
-            let recorded = self.recorded().await?;
+            let bound = self.bound(place, &name)?;
+            let id = bound.step_id(place);
+            let recorded = self.recorded(bound).await?;
             if let Some(value) = recorded.get(&id) {
-                let payload = self.read(place, &id, &name, value.clone())?;
+                let payload = bound.read(place, &id, &name, value.clone())?;
                 let value = codec
                     .decode(payload)
                     .map_err(|e| StepError::new(Repr::RecordInvalid(Box::new(e)), place, &name))?;
                 metrics::step(StepResult::Replayed);
-                tracing::debug!(key = ?self.inner.key, step = %name, "idempotency step answered from its record");
+                tracing::debug!(key = ?bound.key, step = %name, "idempotency step answered from its record");
                 return Ok(value);
             }
-            let derived = self.derived_key(&name);
+            let derived = bound.derived_key(&name);
             let value = work(derived)
                 .await
                 .map_err(|e| StepError::new(Repr::Work(e), place, &name))?;
-            self.record(place, &id, &name, &codec, value).await
+            bound.record(place, &id, &name, &codec, value).await
         }
     }
 
@@ -290,14 +318,13 @@ impl Steps {
     }
 
     /// The request's recorded steps, read from the store on first use.
-    async fn recorded<E>(&self) -> Result<&HashMap<StepId, Bytes>, StepError<E>> {
-        let inner = &self.inner;
-        inner
+    async fn recorded<E>(&self, bound: &Bound) -> Result<&HashMap<StepId, Bytes>, StepError<E>> {
+        self.inner
             .recorded
             .get_or_try_init(|| async {
                 let started = Started::now();
-                let read = inner.store.steps(&inner.key).await;
-                inner.timer.record(Op::Steps, started, &read);
+                let read = bound.store.steps(&bound.key).await;
+                bound.timer.record(Op::Steps, started, &read);
                 read.map(|steps| steps.into_iter().collect())
             })
             .await
@@ -310,11 +337,13 @@ impl Steps {
                 StepError::new(repr, u32::MAX, "")
             })
     }
+}
 
+impl Bound {
     fn step_id(&self, place: u32) -> StepId {
         let mut h = Sha256::new();
         h.update(STEP_ID_DOMAIN);
-        h.update(self.inner.fingerprint.as_bytes());
+        h.update(self.fingerprint.as_bytes());
         h.update(place.to_be_bytes());
         StepId::from_bytes(h.finalize().into())
     }
@@ -322,31 +351,23 @@ impl Steps {
     fn derived_key(&self, name: &str) -> DerivedKey {
         let mut h = Sha256::new();
         h.update(STEP_KEY_DOMAIN);
-        h.update(self.inner.key.id());
-        h.update(self.inner.fingerprint.as_bytes());
+        h.update(self.key.id());
+        h.update(self.fingerprint.as_bytes());
         h.update(name.as_bytes());
         DerivedKey::from_digest(&h.finalize())
     }
 
     /// The bytes stored for a step: version, name, payload, and the tag under a secret.
     fn encode(&self, id: &StepId, name: &str, payload: &[u8]) -> Bytes {
-        let tag = if self.inner.secret.is_some() {
-            TAG_LEN
-        } else {
-            0
-        };
+        let tag = if self.secret.is_some() { TAG_LEN } else { 0 };
         let mut out = BytesMut::with_capacity(3 + name.len() + payload.len() + tag);
         out.put_u8(VERSION);
         // At most MAX_NAME bytes: checked when the place was taken.
         out.put_u16(u16::try_from(name.len()).unwrap_or(u16::MAX));
         out.put_slice(name.as_bytes());
         out.put_slice(payload);
-        if let Some(secret) = &self.inner.secret {
-            let t = secret.tag(
-                self.inner.key.id(),
-                &self.inner.fingerprint,
-                &tagged(id, &out),
-            );
+        if let Some(secret) = &self.secret {
+            let t = secret.tag(self.key.id(), &self.fingerprint, &tagged(id, &out));
             out.put_slice(&t);
         }
         out.freeze()
@@ -362,17 +383,12 @@ impl Steps {
     ) -> Result<Bytes, StepError<E>> {
         let invalid =
             |reason: &'static str| StepError::new(Repr::RecordInvalid(reason.into()), place, name);
-        if let Some(secret) = &self.inner.secret {
+        if let Some(secret) = &self.secret {
             if value.len() < TAG_LEN {
                 return Err(invalid("a step record too short for its tag"));
             }
             let tag = value.split_off(value.len() - TAG_LEN);
-            if !secret.verify(
-                self.inner.key.id(),
-                &self.inner.fingerprint,
-                &tagged(id, &value),
-                &tag,
-            ) {
+            if !secret.verify(self.key.id(), &self.fingerprint, &tagged(id, &value), &tag) {
                 return Err(invalid("a step record whose tag does not match"));
             }
         }
@@ -389,7 +405,7 @@ impl Steps {
             return Err(StepError::new(Repr::SequenceChanged(recorded), place, name));
         }
         let payload = value.slice(3 + len..);
-        if payload.len() > self.inner.max_record_body {
+        if payload.len() > self.max_record_body {
             return Err(invalid("a step record over the record limit"));
         }
         Ok(payload)
@@ -404,7 +420,7 @@ impl Steps {
         codec: &C,
         value: T,
     ) -> Result<T, StepError<E>> {
-        let inner = &self.inner;
+        let inner = self;
         let payload = match codec.encode(&value) {
             Ok(p) if p.len() <= inner.max_record_body => p,
             Ok(p) => {
@@ -491,6 +507,7 @@ enum Repr<E> {
     NameInvalid,
     NameReused,
     SequenceChanged(String),
+    NotClaimed,
 }
 
 /// What a [`StepError`] is.
@@ -515,6 +532,9 @@ pub enum StepErrorKind {
     /// another name. The step did not run. Steps must keep their names and order across
     /// versions of a handler while records of the old order are kept.
     SequenceChanged,
+    /// The steps belong to no claimed key: the request passed the layer unclaimed, or the
+    /// steps are used before the key is claimed. The step did not run.
+    NotClaimed,
 }
 
 impl<E> StepError<E> {
@@ -537,6 +557,7 @@ impl<E> StepError<E> {
             Repr::NameInvalid => StepErrorKind::NameInvalid,
             Repr::NameReused => StepErrorKind::NameReused,
             Repr::SequenceChanged(_) => StepErrorKind::SequenceChanged,
+            Repr::NotClaimed => StepErrorKind::NotClaimed,
         }
     }
 
@@ -592,7 +613,7 @@ impl<E: fmt::Debug> fmt::Debug for StepError<E> {
             Repr::Store(e) | Repr::Unsupported(e) => d.field("error", e),
             Repr::RecordInvalid(e) => d.field("error", e),
             Repr::SequenceChanged(recorded) => d.field("recorded", recorded),
-            Repr::NameInvalid | Repr::NameReused => &mut d,
+            Repr::NameInvalid | Repr::NameReused | Repr::NotClaimed => &mut d,
         };
         d.finish()
     }
@@ -614,6 +635,10 @@ impl<E: fmt::Display> fmt::Display for StepError<E> {
                 name.len()
             ),
             Repr::NameReused => write!(f, "step name `{name}` is used twice in one run"),
+            Repr::NotClaimed => write!(
+                f,
+                "step `{name}` has no claimed key: steps run only in a request the idempotency layer claimed"
+            ),
             Repr::SequenceChanged(recorded) => write!(
                 f,
                 "step {} is `{name}`, but the first run recorded `{recorded}` there: the steps changed order",
@@ -630,7 +655,9 @@ impl<E: StdError + 'static> StdError for StepError<E> {
             Repr::Work(e) => Some(e),
             Repr::Store(e) | Repr::Unsupported(e) => Some(e),
             Repr::RecordInvalid(e) => Some(&**e),
-            Repr::NameInvalid | Repr::NameReused | Repr::SequenceChanged(_) => None,
+            Repr::NameInvalid | Repr::NameReused | Repr::SequenceChanged(_) | Repr::NotClaimed => {
+                None
+            }
         }
     }
 }

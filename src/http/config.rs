@@ -144,6 +144,12 @@ pub(crate) struct LayerState<St> {
     pub(crate) drain: Drain,
 }
 
+impl<St: crate::Store> crate::engine::steps::StepSource for LayerState<St> {
+    fn step_settings(&self) -> crate::engine::steps::StepSettings {
+        self.engine.step_settings()
+    }
+}
+
 impl<St> Clone for LayerState<St> {
     fn clone(&self) -> Self {
         Self {

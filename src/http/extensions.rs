@@ -1,7 +1,10 @@
 //! What the layer puts into a request's extensions for the handler and the axum extractors.
 
+use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::IdempotencyKey;
 use crate::engine::scope::{DerivedKey, Scope, StoreKey};
+use crate::engine::steps::{StepSource, Steps};
+use std::fmt;
 use std::sync::Arc;
 
 /// Marks a request the layer saw without a key, for the extractors' rejection messages.
@@ -15,13 +18,31 @@ pub(crate) struct KeyMissing;
 /// Another idempotency layer inside this one may find it: a second `IdempotencyLayer`, or an
 /// `#[idempotent]` handler. If it would claim the same store key, it passes the request
 /// through instead of claiming it again.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ClaimedKey {
     key: IdempotencyKey,
     namespace: Arc<str>,
     scope: Scope,
     store_key: StoreKey,
+    /// The engine and the keyed fingerprint of the claim, once claimed: [`Steps`] are made from
+    /// them only when a handler asks. An `Arc` clone per request, no allocation.
+    claim: Option<(Arc<dyn StepSource>, Fingerprint)>,
 }
+
+impl fmt::Debug for ClaimedKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClaimedKey")
+            .field("key", &self.key)
+            .field("scope", &self.scope)
+            .field("store_key", &self.store_key)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The steps of an `#[idempotent]` handler, taken with its arguments before its key is
+/// claimed, and tied to the claim when the handler is called.
+#[derive(Clone, Debug)]
+pub(crate) struct StepsSlot(pub(crate) Steps);
 
 impl ClaimedKey {
     pub(crate) fn new(
@@ -35,6 +56,29 @@ impl ClaimedKey {
             namespace,
             scope,
             store_key,
+            claim: None,
+        }
+    }
+
+    /// The same, once claimed by `engine` with the keyed `fingerprint`.
+    pub(crate) fn claimed(mut self, engine: Arc<dyn StepSource>, fingerprint: Fingerprint) -> Self {
+        self.claim = Some((engine, fingerprint));
+        self
+    }
+
+    /// The steps of the claimed request, or `None` before the claim. Each call makes a new
+    /// handle: take them once per request.
+    #[must_use]
+    pub fn steps(&self) -> Option<Steps> {
+        self.claim
+            .as_ref()
+            .map(|(engine, fp)| Steps::new(engine.step_settings(), self.store_key, *fp))
+    }
+
+    /// Ties steps taken before the claim to it.
+    pub(crate) fn bind(&self, steps: &Steps) {
+        if let Some((engine, fp)) = &self.claim {
+            steps.bind(engine.step_settings(), self.store_key, *fp);
         }
     }
 

@@ -18,7 +18,8 @@
 //! | --- | --- | --- |
 //! | [`IdempotencyKey`] | the client's validated key | [`KeyRejection`]: 400 (no key sent) or 500 (no layer) |
 //! | [`DerivedKey`] | a stable 64-hex key per namespace, caller and client key, to forward to a provider that de-duplicates (a payment API) | the same |
-//! | `Option<IdempotencyKey>`, `Option<DerivedKey>` | the same, or `None` | never fails |
+//! | [`Steps`] | the request's steps: each side effect recorded as it succeeds, answered from its record on a retry | the same |
+//! | `Option<IdempotencyKey>`, `Option<DerivedKey>`, `Option<Steps>` | the same, or `None` | never fails |
 //!
 //! When the layer claims a key it puts a [`ClaimedKey`] into the request's extensions. These
 //! extractors read it. A tonic handler reads it with
@@ -28,6 +29,9 @@
 pub use crate::engine::key::IdempotencyKey;
 #[doc(no_inline)]
 pub use crate::engine::scope::DerivedKey;
+#[doc(no_inline)]
+pub use crate::engine::steps::Steps;
+use crate::http::extensions::StepsSlot;
 use crate::http::{ClaimedKey, KeyMissing};
 use axum_core::extract::{FromRequestParts, OptionalFromRequestParts};
 use axum_core::response::{IntoResponse, Response};
@@ -158,6 +162,33 @@ impl<S: Send + Sync> OptionalFromRequestParts<S> for DerivedKey {
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Option<Self>, Self::Rejection> {
         Ok(claimed(parts).map(ClaimedKey::derived_key))
     }
+}
+
+/// The claimed request's [`Steps`]: each side effect in a named step, answered from its
+/// record on a retry. Rejected as [`IdempotencyKey`] is when the request has no claimed key.
+impl<S: Send + Sync> FromRequestParts<S> for Steps {
+    type Rejection = KeyRejection;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        steps(parts).ok_or_else(|| missing(parts))
+    }
+}
+
+impl<S: Send + Sync> OptionalFromRequestParts<S> for Steps {
+    type Rejection = Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Option<Self>, Self::Rejection> {
+        Ok(steps(parts))
+    }
+}
+
+/// The steps of the claimed request; for an `#[idempotent]` handler, those its claim will bind.
+fn steps(parts: &Parts) -> Option<Steps> {
+    if let Some(slot) = parts.extensions.get::<StepsSlot>() {
+        return Some(slot.0.clone());
+    }
+    let claimed = claimed(parts)?;
+    Some(claimed.steps().unwrap_or_else(Steps::unbound))
 }
 
 /// What the layer put into the extensions when it claimed the key.

@@ -2,6 +2,8 @@
 //! or http imports. This is not public API: it changes with the macro.
 
 use crate::engine::scope::StoreKey;
+use crate::engine::steps::Steps;
+use crate::http::extensions::StepsSlot;
 pub use crate::http::route::RouteOptions;
 use crate::http::route::{DynStore, IdempotentRoutes};
 use crate::http::{
@@ -95,6 +97,9 @@ where
         scope,
         store_key,
     ));
+    // Steps taken as an argument now are tied to the claim when the handler is called.
+    let steps = Steps::unbound();
+    checked.extensions.insert(StepsSlot(steps.clone()));
     let args = match extract(
         Request::from_parts(checked, Body::from(bytes.clone())),
         state,
@@ -113,6 +118,7 @@ where
     let service = CallOnce {
         call,
         args: Arc::new(Mutex::new(Some(args))),
+        steps,
     };
     serve(
         &layer,
@@ -150,6 +156,8 @@ type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send>>;
 struct CallOnce<C, A> {
     call: C,
     args: Arc<Mutex<Option<A>>>,
+    /// The steps handed to the handler with its arguments, unbound until the claim.
+    steps: Steps,
 }
 
 impl<C: Clone, A> Clone for CallOnce<C, A> {
@@ -157,6 +165,7 @@ impl<C: Clone, A> Clone for CallOnce<C, A> {
         Self {
             call: self.call.clone(),
             args: Arc::clone(&self.args),
+            steps: self.steps.clone(),
         }
     }
 }
@@ -175,7 +184,11 @@ where
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, _: Request<B>) -> Self::Future {
+    fn call(&mut self, req: Request<B>) -> Self::Future {
+        // The claim this request runs under: this route's, or an outer layer's.
+        if let Some(claimed) = req.extensions().get::<ClaimedKey>() {
+            claimed.bind(&self.steps);
+        }
         let args = self
             .args
             .lock()

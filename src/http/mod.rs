@@ -154,7 +154,7 @@ mod body;
 mod classify;
 mod config;
 mod declare;
-mod extensions;
+pub(crate) mod extensions;
 mod fingerprint;
 mod future;
 pub(crate) mod grpc;

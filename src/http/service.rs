@@ -12,6 +12,7 @@ use super::replay::replay;
 use crate::engine::key::IdempotencyKey;
 use crate::engine::record::Draft;
 use crate::engine::scope::{Scope, StoreKey};
+use crate::engine::steps::StepSource;
 use crate::engine::{Begin, Engine, Ticket};
 use crate::metrics::{self, Settled};
 use crate::store::{Store, StoreError, StoreErrorKind};
@@ -417,12 +418,11 @@ where
         tracing::debug!(outcome = "claimed", key = ?store_key, "idempotency key claimed");
 
         // One extension; the derived key is only hashed if a handler asks for it.
-        parts.extensions.insert(ClaimedKey::new(
-            key,
-            Arc::clone(&config.namespace),
-            scope,
-            store_key,
-        ));
+        let engine_ref: Arc<dyn StepSource> = Arc::clone(&state) as Arc<LayerState<St>>;
+        parts.extensions.insert(
+            ClaimedKey::new(key, Arc::clone(&config.namespace), scope, store_key)
+                .claimed(engine_ref, *ticket.fingerprint()),
+        );
         let req = Request::from_parts(parts, RequestBody::buffered(body));
 
         // Polled in the request's span (entered by the response future); a detached task

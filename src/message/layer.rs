@@ -700,7 +700,9 @@ where
     F: Classify<Result<S::Response, S::Error>>,
 {
     let engine = &shared.engine;
-    let result = engine.run(&ticket, inner.call(message)).await;
+    // The handler's future runs with the delivery's steps as `Steps::current()`.
+    let steps = engine.steps(&ticket);
+    let result = engine.run(&ticket, steps.scope(inner.call(message))).await;
     match shared.classify.classify(&result) {
         Verdict::Record => {
             let body = encode(engine, &*shared.codec, ticket.key(), result.as_ref().ok());
