@@ -141,7 +141,7 @@
 //!
 //! [`StoreErrorKind`]: crate::store::StoreErrorKind
 
-use super::{Claim, Forgotten, Store, StoreError, Token};
+use super::{Claim, Forgotten, StepId, StepRecorded, Store, StoreError, Token};
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::record::Record;
 use crate::engine::scope::StoreKey;
@@ -187,7 +187,7 @@ pub(crate) const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 pub(crate) const PURGE_BATCH: i64 = 1000;
 
 /// Claims sent for one step at most. A claim is sent again only when it raced another claim of
-/// the same key.
+/// the same key. The same bound holds for recording a step of the work.
 const CLAIM_ATTEMPTS: usize = 4;
 
 /// Times a step is sent at most when PostgreSQL keeps rolling it back for concurrent
@@ -357,6 +357,37 @@ impl PostgresStore {
             .fetch_optional(executor)
             .await?;
         row.as_ref().map(ClaimRow::read).transpose()
+    }
+
+    /// Records a step of the work on `conn`, which may be inside a transaction. The statement
+    /// is sent again when it raced a record of the same step its snapshot could not see.
+    /// `None` when it kept racing.
+    pub(crate) async fn record_step_on(
+        &self,
+        conn: &mut PgConnection,
+        key: &StoreKey,
+        step: &StepId,
+        value: &[u8],
+        ttl: Duration,
+    ) -> Result<Option<StepRecorded>, OpError> {
+        let key = self.row_key(key);
+        let ttl = sql::millis(ttl);
+        for _ in 0..CLAIM_ATTEMPTS {
+            let row = sqlx::query(&self.sql.record_step)
+                .bind(&key[..])
+                .bind(&step.as_bytes()[..])
+                .bind(value)
+                .bind(ttl)
+                .fetch_optional(&mut *conn)
+                .await?;
+            if let Some(row) = row {
+                return Ok(Some(match row.try_get::<Option<Vec<u8>>, _>(0)? {
+                    None => StepRecorded::Recorded,
+                    Some(first) => StepRecorded::Found(Bytes::from(first)),
+                }));
+            }
+        }
+        Ok(None)
     }
 }
 
@@ -558,5 +589,47 @@ impl Store for PostgresStore {
             })
             .await?;
         Ok(renewed.rows_affected() == 1)
+    }
+
+    async fn record_step(
+        &self,
+        key: &StoreKey,
+        step: &StepId,
+        value: Bytes,
+        ttl: Duration,
+    ) -> Result<StepRecorded, StoreError> {
+        let recorded = self
+            .bounded("PostgreSQL record step", || async {
+                let mut conn = self.take().await?;
+                let recorded = self
+                    .record_step_on(conn.conn(), key, step, &value, ttl)
+                    .await;
+                conn.give_back(recorded.as_ref().err());
+                recorded
+            })
+            .await?;
+        recorded.ok_or_else(|| protocol("recording a step kept racing concurrent records"))
+    }
+
+    async fn steps(&self, key: &StoreKey) -> Result<Vec<(StepId, Bytes)>, StoreError> {
+        let key = self.row_key(key);
+        let rows = self
+            .bounded("PostgreSQL steps", || async {
+                let mut conn = self.take().await?;
+                let rows = sqlx::query_as::<_, (Vec<u8>, Vec<u8>)>(&self.sql.steps)
+                    .bind(&key[..])
+                    .fetch_all(conn.conn())
+                    .await;
+                conn.give_back_sql(rows.as_ref().err());
+                Ok(rows?)
+            })
+            .await?;
+        rows.into_iter()
+            .map(|(step, value)| {
+                let step = <[u8; 32]>::try_from(step)
+                    .map_err(|_| protocol("a step without a 32-byte id"))?;
+                Ok((StepId::from_bytes(step), Bytes::from(value)))
+            })
+            .collect()
     }
 }
