@@ -30,33 +30,35 @@ const STEP_TAG_DOMAIN: &[u8] = b"tower-idempotency step record v1\0";
 /// use tower_idempotency::{IdempotencyKey, MemoryStore};
 /// use tower_idempotency::engine::{Begin, Engine, Fingerprint, Raw, Scope};
 /// use tower_idempotency::store::StoreKey;
+/// use std::future::ready;
+/// use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let engine = Engine::new(MemoryStore::new());
 /// let key = StoreKey::derive("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1").unwrap());
 /// let fp = Fingerprint::builder().field(b"order 17").finish();
-/// let mut charges = 0;
+/// let charges = AtomicUsize::new(0);
 ///
 /// // The first run charges, then fails at the receipt: its key is released.
 /// let Begin::Run(ticket) = engine.begin(key, fp).await.unwrap() else { panic!("first run") };
 /// let steps = engine.steps(&ticket);
 /// let charge: String = steps
-///     .run("charge", Raw, |key| async move {
-///         charges += 1; // forward `key` to the payment provider
-///         Ok::<_, &str>(format!("ch_{}", &key.as_str()[..8]))
+///     .run("charge", Raw, |key| {
+///         charges.fetch_add(1, SeqCst); // forward `key` to the payment provider
+///         ready(Ok::<_, &str>(format!("ch_{}", &key.as_str()[..8])))
 ///     })
 ///     .await
 ///     .unwrap();
-/// let receipt = steps.run("receipt", Raw, |_| async { Err::<String, _>("mail server down") }).await;
+/// let receipt = steps.run("receipt", Raw, |_| ready(Err::<String, _>("mail server down"))).await;
 /// assert!(receipt.is_err());
 /// engine.release(ticket).await.unwrap();
 ///
 /// // The retry runs the handler again: the charge is answered from its record.
 /// let Begin::Run(ticket) = engine.begin(key, fp).await.unwrap() else { panic!("released") };
 /// let steps = engine.steps(&ticket);
-/// let again: String = steps.run("charge", Raw, |_| async { Ok::<_, &str>(String::from("twice!")) }).await.unwrap();
+/// let again: String = steps.run("charge", Raw, |_| ready(Ok::<_, &str>("twice!".into()))).await.unwrap();
 /// assert_eq!(again, charge);
-/// assert_eq!(charges, 1);
+/// assert_eq!(charges.load(SeqCst), 1);
 /// # }
 /// ```
 ///

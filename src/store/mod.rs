@@ -18,14 +18,21 @@
 //!
 //! # The contract
 //!
-//! Three atomic steps and a lease renewal, each one round trip on a networked store:
+//! Three atomic operations and a lease renewal, each one round trip on a networked store:
 //!
-//! | step | does |
+//! | operation | does |
 //! | --- | --- |
 //! | [`claim`](Store::claim) | no live record: hold the key *pending* for `lease` under a fresh token → [`Claim::Claimed`]; else the record found |
 //! | [`complete`](Store::complete) | store the key *done* with the record for `ttl`, only if the token still holds it (or nothing does) |
 //! | [`release`](Store::release) | delete the key, only if the token holds it pending |
 //! | [`renew`](Store::renew) | extend a pending lease, only if the token holds it |
+//!
+//! Two more keep the [`Steps`](crate::Steps) of a request's work, each one round trip too:
+//!
+//! | operation | does |
+//! | --- | --- |
+//! | [`record_step`](Store::record_step) | record one step under the key, unless it is recorded: the first record wins |
+//! | [`steps`](Store::steps) | every step recorded under the key, read when a handler first runs a step |
 //!
 //! The token fences a claim. Once a lease has lapsed and another claimant holds the key, the
 //! first holder's late `complete` or `release` leaves the new holder alone. The store never
@@ -35,8 +42,9 @@
 //!
 //! # Your own store
 //!
-//! A store for another backend implements the four steps. Everything the [`Store`] trait
-//! names is in this module. This one keeps records in a `HashMap` behind a mutex, with expiry
+//! A store for another backend implements the four operations. Everything the [`Store`] trait
+//! names is in this module. The two for steps are optional: without them, a handler's steps
+//! fail with a clear error, and nothing else changes. This one keeps records in a `HashMap` behind a mutex, with expiry
 //! on the process clock. A database would use its own clock, so that every replica agrees:
 //!
 //! ```
@@ -219,10 +227,11 @@ pub trait Store: Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Deletes the key's record so the key can be used again. This is an operator's step, never
-    /// the engine's on a request. A completed record is deleted. A live pending claim is deleted
-    /// only when `pending` is `true`. Its work may be running: deleting it lets a retry run the
-    /// work again while the first run goes on. Says what was found.
+    /// Deletes the key's record and its steps so the key can be used again. An operator does
+    /// this, never the engine on a request. A completed record is deleted. A live pending claim
+    /// is deleted only when `pending` is `true`. Its work may be running: deleting it lets a
+    /// retry run the work again while the first run goes on. A kept pending claim keeps its
+    /// steps. Says what was found.
     fn forget(
         &self,
         key: &StoreKey,

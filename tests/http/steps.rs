@@ -59,8 +59,7 @@ async fn checkout(State(p): State<Shared>, steps: Steps) -> (StatusCode, Json<Va
     };
     let receipt = steps
         .run("receipt", Raw, |_| async {
-            if p
-                .mail_failures_left
+            if p.mail_failures_left
                 .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
                 .is_ok()
             {
@@ -96,7 +95,12 @@ async fn a_retry_after_a_5xx_runs_only_the_steps_that_did_not_complete() {
     let p = Shared::default();
     p.mail_failures_left.store(1, Ordering::SeqCst);
     let server = serve(Arc::clone(&p)).await;
-    let order = || server.post("/checkout", ORDER).principal("alice").key("order-1");
+    let order = || {
+        server
+            .post("/checkout", ORDER)
+            .principal("alice")
+            .key("order-1")
+    };
 
     let first = send(order()).await;
     assert_eq!(first.status, 503, "{}", first.describe());
@@ -135,7 +139,10 @@ async fn each_step_forwards_a_key_stable_across_retries_and_distinct_per_request
     assert_eq!(b.status, 201);
     let keys = p.charge_keys.lock().unwrap().clone();
     assert_eq!(keys.len(), 2, "one charge key per request: {keys:?}");
-    assert!(keys.values().all(|n| *n == 1), "each charged once: {keys:?}");
+    assert!(
+        keys.values().all(|n| *n == 1),
+        "each charged once: {keys:?}"
+    );
     assert!(
         keys.keys().all(|k| k.len() == 64 && k != "a" && k != "b"),
         "a derived key never shows the client's: {keys:?}"

@@ -194,7 +194,11 @@ async fn steps_of_an_attributed_handler_are_tied_to_its_claim() {
     assert_eq!(runs.count(), 1, "the first run charged");
     let retry = post_key(&server, "/checkout", "order-1").await;
     assert_eq!(retry.status, 201, "{}", retry.describe());
-    assert_eq!(retry.text(), "charge 1", "the charge is answered from its record");
+    assert_eq!(
+        retry.text(),
+        "charge 1",
+        "the charge is answered from its record"
+    );
     assert_eq!(runs.count(), 1, "the retry charged nothing more");
     server.stop().await;
 }

@@ -52,7 +52,10 @@ async fn a_redelivery_after_a_failure_runs_only_the_unfinished_steps() {
     assert_eq!(counts.charged.load(Ordering::SeqCst), 1);
 
     let again = handler.clone().oneshot(msg.clone()).await.unwrap();
-    assert!(matches!(again, Handled::Ran(ref c) if c == "ch-0"), "{again:?}");
+    assert!(
+        matches!(again, Handled::Ran(ref c) if c == "ch-0"),
+        "{again:?}"
+    );
     assert_eq!(counts.charged.load(Ordering::SeqCst), 1, "charged once");
     assert_eq!(counts.mailed.load(Ordering::SeqCst), 1, "mailed once");
 }
@@ -65,7 +68,9 @@ async fn steps_outside_a_claimed_message_are_absent() {
         .layer(MessageIdempotencyLayer::new(MemoryStore::new(), "billing"))
         .service(service_fn(|_m: Envelope| async {
             let inside = Steps::current().is_some();
-            let spawned = tokio::spawn(async { Steps::current().is_none() }).await.unwrap();
+            let spawned = tokio::spawn(async { Steps::current().is_none() })
+                .await
+                .unwrap();
             Ok::<_, String>(inside && spawned)
         }));
     let ran = handler.oneshot(Envelope::new("t", "b")).await.unwrap();
