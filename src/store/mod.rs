@@ -189,7 +189,7 @@ pub use memory::{MemoryStats, MemoryStore, MemoryStoreBuilder};
 
 /// A backend that keeps idempotency records.
 ///
-/// Every method is one atomic step. A networked store should make each one round trip.
+/// Every method is one atomic operation. A networked store should make each one round trip.
 /// Futures are `Send` so the layer can run on a multi-threaded runtime.
 pub trait Store: Send + Sync + 'static {
     /// Holds `key` pending for `lease` under a new token, unless a live record holds it.
@@ -299,7 +299,7 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// A short fixed name for the store's kind: `memory`, `redis` or `postgres`. It is the
-    /// `store` label of the step timings, with feature `metrics`. A store of your own may name
+    /// `store` label of the operation timings, with feature `metrics`. A store of your own may name
     /// itself. Keep it one fixed word, never a host or other unbounded value.
     fn name(&self) -> &'static str {
         "custom"
@@ -519,7 +519,7 @@ impl fmt::Debug for Token {
     }
 }
 
-/// A store step that failed. The layer answers a failed claim with 503, or 429 for a full
+/// A store operation that failed. The layer answers a failed claim with 503, or 429 for a full
 /// scope. It never runs the work on an unclear answer.
 #[derive(Debug)]
 pub struct StoreError {
@@ -559,7 +559,7 @@ impl StoreError {
         self.kind
     }
 
-    /// Whether the same step may succeed when tried again later. Every kind but
+    /// Whether the same operation may succeed when tried again later. Every kind but
     /// [`Protocol`](StoreErrorKind::Protocol) and [`Unsupported`](StoreErrorKind::Unsupported)
     /// is: the backend was away, slow, full or busy. An answer the store does not understand is
     /// likely to come back the same.
@@ -600,9 +600,9 @@ pub enum StoreErrorKind {
     StoreFull,
     /// The caller's scope is at its cap and all its records are pending. It is answered 429.
     ScopeFull,
-    /// The backend rolled the step back for a concurrent transaction, each time it was tried. In
+    /// The backend rolled the operation back for a concurrent transaction, each time it was tried. In
     /// PostgreSQL this is a serialization failure or a deadlock. Nothing was applied, and the
-    /// step may succeed when tried again. It is not an outage.
+    /// operation may succeed when tried again. It is not an outage.
     Conflict,
     /// The write was applied on the primary, but fewer replicas than asked acknowledged it in
     /// time (Redis `WAIT`). The record may still reach them; a failover before it does would
