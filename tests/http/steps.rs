@@ -2,6 +2,8 @@
 //! the steps that did not complete; a completed request replays without running any; mistakes
 //! in a handler's steps are refused before they run.
 
+#![allow(clippy::unwrap_used)]
+
 use crate::support;
 
 use axum::extract::State;
