@@ -18,7 +18,7 @@ use tower_idempotency::conformance::{fingerprint, random_key, record};
 use tower_idempotency::engine::{Begin, Engine, RecordedResponse};
 use tower_idempotency::http::RequestBody;
 use tower_idempotency::store::redis::{RedisStore, redis};
-use tower_idempotency::store::{Claim, StoreErrorKind};
+use tower_idempotency::store::{Claim, StepId, StepRecorded, StoreErrorKind};
 use tower_idempotency::{IdempotencyLayer, Principal, Store};
 
 /// A primary and a replica in sync with it.
@@ -101,6 +101,56 @@ async fn a_complete_waits_for_the_replica_and_fails_without_it() {
     assert!(
         matches!(engine.begin(key, fp).await.unwrap(), Begin::Replayed(r) if r == response()),
         "and the primary answers from it"
+    );
+}
+
+/// A recorded step waits for the replica as a complete does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_step_waits_for_the_replica_and_fails_without_it() {
+    if !redis_server::available() {
+        return;
+    }
+    let (primary, mut replica) = primary_and_replica();
+    let store = RedisStore::builder("replicas-steps")
+        .wait_for_replicas(1, Duration::from_millis(300))
+        .connect(&primary.url())
+        .await
+        .expect("connect");
+    let minute = Duration::from_secs(60);
+    let key = random_key();
+    let step = StepId::from_bytes([5; 32]);
+    assert_eq!(
+        store
+            .record_step(&key, &step, Bytes::from_static(b"charged"), minute)
+            .await
+            .unwrap(),
+        StepRecorded::Recorded
+    );
+    let name = format!("{}:s", redis_key(store.key_prefix(), &key));
+    assert_eq!(
+        replica.command(&["HLEN", &name]),
+        "1",
+        "an acknowledged step is on the replica when record_step returns"
+    );
+
+    replica.stop();
+    let err = store
+        .record_step(&key, &StepId::from_bytes([6; 32]), Bytes::new(), minute)
+        .await
+        .expect_err("no replica acknowledges");
+    assert_eq!(err.kind(), StoreErrorKind::NotReplicated, "{err:?}");
+    assert_eq!(
+        primary.command(&["HLEN", &name]),
+        "2",
+        "the step is on the primary all the same"
+    );
+    assert_eq!(
+        store
+            .record_step(&key, &step, Bytes::from_static(b"again"), minute)
+            .await
+            .unwrap(),
+        StepRecorded::Found(Bytes::from_static(b"charged")),
+        "a step found wrote nothing: nothing to replicate"
     );
 }
 

@@ -24,7 +24,7 @@ use tower_idempotency::{ConfigError, ConfigErrorKind};
 
 /// The store's default operation timeout, as its docs say.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
-use tower_idempotency::store::{Claim, StoreErrorKind, StoreKey};
+use tower_idempotency::store::{Claim, Forgotten, StepId, StepRecorded, StoreErrorKind, StoreKey};
 use tower_idempotency::{IdempotencyKey, Store};
 
 /// One server for the whole suite; the tests use random keys, so they may share it.
@@ -935,6 +935,125 @@ async fn an_unexpected_script_answer_is_a_protocol_error() {
         .await
         .expect_err("claim");
     assert_eq!(err.kind(), StoreErrorKind::Protocol, "{err:?}");
+}
+
+// ---- steps ------------------------------------------------------------------------------
+
+/// A key's steps are one hash beside its record (`<record key>:s`), each call one script call,
+/// values kept byte for byte; each recorded step sets the hash's expiry.
+#[tokio::test]
+async fn steps_are_one_hash_beside_the_record_and_each_call_one_script() {
+    if !redis_server::available() {
+        return;
+    }
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url(), "steps")
+        .await
+        .expect("connect");
+    let minute = Duration::from_secs(60);
+    let (a, b) = (StepId::from_bytes([1; 32]), StepId::from_bytes([2; 32]));
+    let binary = Bytes::from_static(b"\0\xff\r\n");
+    // Warm up: the first EVALSHA of each script meets NOSCRIPT and loads it.
+    store
+        .record_step(&random_key(), &a, Bytes::new(), minute)
+        .await
+        .unwrap();
+    store.steps(&random_key()).await.unwrap();
+
+    let key = random_key();
+    let before = commandstats(&server);
+    assert_eq!(
+        store
+            .record_step(&key, &a, binary.clone(), minute)
+            .await
+            .unwrap(),
+        StepRecorded::Recorded
+    );
+    assert_eq!(
+        delta(&before, &commandstats(&server)),
+        counts(&[("evalsha", 1), ("hsetnx", 1), ("pexpire", 1)]),
+        "a step recorded: one script call"
+    );
+    let before = commandstats(&server);
+    assert_eq!(
+        store
+            .record_step(&key, &a, Bytes::from_static(b"second"), minute)
+            .await
+            .unwrap(),
+        StepRecorded::Found(binary.clone())
+    );
+    assert_eq!(
+        delta(&before, &commandstats(&server)),
+        counts(&[("evalsha", 1), ("hsetnx", 1), ("hget", 1)]),
+        "a step found: one script call, nothing written"
+    );
+    let before = commandstats(&server);
+    assert_eq!(store.steps(&key).await.unwrap(), [(a, binary)]);
+    assert_eq!(
+        delta(&before, &commandstats(&server)),
+        counts(&[("evalsha", 1), ("hgetall", 1)]),
+        "reading the steps: one script call"
+    );
+
+    let name = format!("{}:s", redis_key(store.key_prefix(), &key));
+    assert_eq!(server.command(&["TYPE", &name]), "hash");
+    assert_eq!(
+        server.command(&["EXISTS", &redis_key(store.key_prefix(), &key)]),
+        "0",
+        "steps need no record"
+    );
+    store
+        .record_step(&key, &b, Bytes::new(), 2 * minute)
+        .await
+        .unwrap();
+    let left: u64 = server.command(&["PTTL", &name]).parse().unwrap();
+    assert!(
+        left > 60_000 && left <= 120_000,
+        "the last recorded step sets the expiry: {left} ms"
+    );
+}
+
+/// Forget deletes a key's steps with its record, or when only steps are left, and keeps them
+/// when it keeps a pending claim.
+#[tokio::test]
+async fn forget_keeps_the_steps_of_a_kept_claim() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url(), "steps-forget")
+        .await
+        .expect("connect");
+    let minute = Duration::from_secs(60);
+    let key = random_key();
+    let step = StepId::from_bytes([3; 32]);
+    let Claim::Claimed(_token) = store.claim(&key, &fingerprint("a"), minute).await.unwrap() else {
+        panic!("a fresh key is claimed")
+    };
+    store
+        .record_step(&key, &step, Bytes::from_static(b"x"), minute)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.forget(&key, false).await.unwrap(),
+        Forgotten::KeptPending
+    );
+    assert_eq!(
+        store.steps(&key).await.unwrap().len(),
+        1,
+        "a kept claim keeps its steps"
+    );
+    assert_eq!(store.forget(&key, true).await.unwrap(), Forgotten::Pending);
+    assert!(store.steps(&key).await.unwrap().is_empty());
+
+    store
+        .record_step(&key, &step, Bytes::from_static(b"x"), minute)
+        .await
+        .unwrap();
+    assert_eq!(store.forget(&key, false).await.unwrap(), Forgotten::Nothing);
+    assert!(
+        store.steps(&key).await.unwrap().is_empty(),
+        "steps without a record are deleted too"
+    );
 }
 
 // ---- settings ---------------------------------------------------------------------------

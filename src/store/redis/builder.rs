@@ -127,8 +127,9 @@ impl<C> RedisStoreBuilder<C> {
 
     /// Makes each complete return only once `replicas` replicas hold the record, waiting at
     /// most `timeout` for them (Redis `WAIT`, sent with the write in one round trip). Fewer
-    /// in time: the complete fails with [`StoreErrorKind::NotReplicated`]. Default: off
-    /// (completes do not wait). `replicas` 0 turns it off. `timeout` at least 1 ms; at most
+    /// in time: the complete fails with [`StoreErrorKind::NotReplicated`]. Each recorded
+    /// step of a request's work waits alike (see [Steps](super#steps)). Default: off
+    /// (nothing waits). `replicas` 0 turns it off. `timeout` at least 1 ms; at most
     /// three quarters of the operation time left when `WAIT` is sent.
     ///
     /// What it buys: a record the store acknowledged survives a failover. Redis replicates
@@ -137,18 +138,22 @@ impl<C> RedisStoreBuilder<C> {
     /// is on `replicas` replicas, and Sentinel promotes one of them. Choose at least 1, and
     /// no more than the replicas you run, or every complete fails.
     ///
-    /// What it costs: one replica round trip added to every fresh request. Completes that
-    /// meet in one pipeline share one `WAIT` at its end. `WAIT` holds the connection while it
-    /// waits, so the commands of other requests queued behind it wait too. With no replica
-    /// to answer, each complete holds it for the whole `timeout`, and claims behind it may
-    /// time out: keep `timeout` short, a few replica round trips (tens of milliseconds on one
-    /// network), well below the operation timeout. Measured on loopback with no replica
-    /// answering a 200 ms `WAIT`: claims on the same store took 288 ms at the median, against
-    /// 0.94 ms while no complete waited. A failed
-    /// complete still answers the caller with the handler's response; the key stays pending
-    /// until its lease lapses, and the record may still reach the replicas. If the primary
-    /// dies first, that record is lost and a duplicate runs again: only acknowledged records
-    /// are kept. `NotReplicated` in the logs and the `not_replicated` metric count them.
+    /// What it costs: one replica round trip added to every fresh request, and one to each
+    /// recorded step. Writes that meet in one pipeline share one `WAIT` at its end. `WAIT`
+    /// holds the connection while it waits, so the commands of other requests queued behind it
+    /// wait too. With no replica to answer, each complete holds it for the whole `timeout`, and
+    /// claims behind it may time out: keep `timeout` short, a few replica round trips (tens of
+    /// milliseconds on one network), well below the operation timeout. Measured on loopback
+    /// with no replica answering a 200 ms `WAIT`: claims on the same store took 288 ms at the
+    /// median, against 0.94 ms while no complete waited. A failed complete still answers the
+    /// caller with the handler's response; the key stays pending until its lease lapses, and
+    /// the record may still reach the replicas. If the primary dies first, that record is lost
+    /// and a duplicate runs again: only acknowledged records are kept. `NotReplicated` in the
+    /// logs and the `not_replicated` metric count them.
+    ///
+    /// A recorded step that is not acknowledged in time is still returned to the handler,
+    /// with a warning. It is on the primary; if the primary dies before a replica has it, a
+    /// retry runs the step again.
     ///
     /// Claims do not wait. A claim lost in a failover lets a duplicate that arrives while
     /// the first run is still working run too; a record is never lost once acknowledged.

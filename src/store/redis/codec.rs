@@ -7,7 +7,7 @@ use crate::engine::fingerprint::Fingerprint;
 use crate::engine::record::Record;
 use crate::engine::scope::StoreKey;
 use crate::error::{ConfigError, ConfigErrorKind};
-use crate::store::{Claim, StoreError, Token};
+use crate::store::{Claim, StepId, StepRecorded, StoreError, Token};
 use ::redis::Value;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
@@ -148,6 +148,27 @@ impl KeyBytes {
     }
 }
 
+/// `<prefix>:{<64 hex digits>}:s`, the Redis key of a record's steps (a hash, step id →
+/// value). Same hash tag as the record, so same cluster slot: forget's script deletes both.
+pub(super) struct StepsKeyBytes {
+    buf: [u8; KEY_LEN + STEPS_SUFFIX.len()],
+}
+
+const STEPS_SUFFIX: &[u8] = b":s";
+
+impl StepsKeyBytes {
+    pub(super) fn new(record: &KeyBytes) -> Self {
+        let mut buf = [0u8; KEY_LEN + STEPS_SUFFIX.len()];
+        buf[..KEY_LEN].copy_from_slice(&record.buf);
+        buf[KEY_LEN..].copy_from_slice(STEPS_SUFFIX);
+        Self { buf }
+    }
+
+    pub(super) fn as_bytes(&self) -> &[u8] {
+        &self.buf
+    }
+}
+
 /// The answer to a claim, by the way it was sent: each way has its own "claimed" answer.
 pub(super) enum ClaimReply {
     /// `SET … NX PX … GET`: nil when claimed, else the value found.
@@ -190,6 +211,41 @@ pub(super) fn parse_stored(stored: Vec<u8>) -> Result<Claim, StoreError> {
             })
         }
         _ => Err(protocol("unrecognised value under an idempotency key")),
+    }
+}
+
+/// Reads `record_step`'s answer: 1 when recorded, else the bytes recorded first.
+pub(super) fn parse_step_recorded(reply: Value) -> Result<StepRecorded, StoreError> {
+    match reply {
+        Value::Int(1) => Ok(StepRecorded::Recorded),
+        Value::BulkString(first) => Ok(StepRecorded::Found(Bytes::from(first))),
+        _ => Err(protocol("unexpected answer to record_step")),
+    }
+}
+
+/// Reads the steps script's answer (`HGETALL` inside a script, a flat array on RESP2 and RESP3
+/// alike: field, value, field, value…). Strict: a field that is not a
+/// 32-byte step id, or an odd count, is a protocol error.
+pub(super) fn parse_steps(reply: Value) -> Result<Vec<(StepId, Bytes)>, StoreError> {
+    let step = |field: Value, value: Value| match (field, value) {
+        (Value::BulkString(id), Value::BulkString(value)) => {
+            let id: [u8; 32] = id
+                .try_into()
+                .map_err(|_| protocol("a step id under a key is not 32 bytes"))?;
+            Ok((StepId::from_bytes(id), Bytes::from(value)))
+        }
+        _ => Err(protocol("unexpected step in the answer to steps")),
+    };
+    match reply {
+        Value::Array(items) if items.len() % 2 == 0 => {
+            let mut items = items.into_iter();
+            let mut steps = Vec::with_capacity(items.len() / 2);
+            while let (Some(field), Some(value)) = (items.next(), items.next()) {
+                steps.push(step(field, value)?);
+            }
+            Ok(steps)
+        }
+        _ => Err(protocol("unexpected answer to steps")),
     }
 }
 
@@ -243,6 +299,74 @@ mod tests {
             KeyBytes::new(&prefix, &key).as_bytes(),
             format!("{prefix}:{{{}}}", key.id_hex()).as_bytes()
         );
+    }
+
+    #[test]
+    fn a_keys_steps_share_its_hash_tag() {
+        let prefix = prefix_of("orders").unwrap();
+        let key = StoreKey::derive(
+            "orders",
+            &crate::engine::scope::Scope::principal("p"),
+            &crate::IdempotencyKey::new("k").unwrap(),
+        );
+        let record = KeyBytes::new(&prefix, &key);
+        assert_eq!(
+            StepsKeyBytes::new(&record).as_bytes(),
+            format!("{prefix}:{{{}}}:s", key.id_hex()).as_bytes()
+        );
+        // Redis Cluster hashes what lies between the first `{` and the next `}`.
+        let tag = |k: &[u8]| {
+            let open = k.iter().position(|&b| b == b'{').unwrap();
+            let close = open + k[open..].iter().position(|&b| b == b'}').unwrap();
+            k[open + 1..close].to_vec()
+        };
+        assert_eq!(
+            tag(record.as_bytes()),
+            tag(StepsKeyBytes::new(&record).as_bytes())
+        );
+    }
+
+    #[test]
+    fn step_answers_are_strict() {
+        assert_eq!(
+            parse_step_recorded(Value::Int(1)).unwrap(),
+            StepRecorded::Recorded
+        );
+        assert_eq!(
+            parse_step_recorded(Value::BulkString(Vec::new())).unwrap(),
+            StepRecorded::Found(Bytes::new())
+        );
+        for bad in [Value::Int(0), Value::Nil, Value::Okay] {
+            assert_eq!(
+                parse_step_recorded(bad).unwrap_err().kind(),
+                StoreErrorKind::Protocol
+            );
+        }
+        let id = Value::BulkString(vec![7; 32]);
+        let steps = parse_steps(Value::Array(vec![
+            id.clone(),
+            Value::BulkString(b"\0v".to_vec()),
+        ]))
+        .unwrap();
+        assert_eq!(
+            steps,
+            [(StepId::from_bytes([7; 32]), Bytes::from_static(b"\0v"))]
+        );
+        assert!(parse_steps(Value::Array(vec![])).unwrap().is_empty());
+        for bad in [
+            Value::Array(vec![id.clone()]),
+            Value::Array(vec![
+                Value::BulkString(vec![7; 31]),
+                Value::BulkString(vec![]),
+            ]),
+            Value::Array(vec![id, Value::Int(1)]),
+            Value::Nil,
+        ] {
+            assert_eq!(
+                parse_steps(bad).unwrap_err().kind(),
+                StoreErrorKind::Protocol
+            );
+        }
     }
 
     #[test]

@@ -49,7 +49,8 @@
 //! A first execution therefore costs two commands (claim, complete); a replay, an in-flight
 //! answer and a key-reuse answer cost one, a single native command. A native command costs the
 //! server much less than a script call, which is why the claim, the step every request makes,
-//! is not a script.
+//! is not a script. The steps of a request's work cost one script call each (see
+//! [Steps](#steps)).
 //!
 //! A server older than 7.0 refuses `SET … NX … GET` with a syntax error, which executes
 //! nothing; the store then sends the claim as a script (`GET`, and `SET NX PX` when absent) from
@@ -97,14 +98,42 @@
 //! [`Protocol`](crate::store::StoreErrorKind::Protocol) error: the work never runs on an
 //! unclear answer.
 //!
+//! # Steps
+//!
+//! The steps of a request's work ([`Steps`](crate::engine::Steps)) live beside its record,
+//! in one Redis hash keyed `ti:<ns>:{<id>}:s`: the record's key and `:s`. The hash tag is the
+//! record's, so both keys share a cluster slot and forget's script deletes both. A field is a
+//! step's 32-byte [`StepId`], its value the engine's bytes for the step. Each call is one
+//! script:
+//!
+//! | call | commands |
+//! | --- | --- |
+//! | record_step | `HSETNX`; then `PEXPIRE ttl` when recorded, `HGET` when found (the first record wins) |
+//! | steps | `HGETALL` |
+//! | forget | `DEL` of the hash with the record, unless a pending claim is kept |
+//!
+//! The hash expires `ttl` after the last step recorded, whatever becomes of the claim, so a
+//! released key's next claimant reads them. `steps` is a script, not the bare `HGETALL`, so
+//! that it runs on the primary: a connection set to read from replicas, or with a client-side
+//! cache, may answer a read-only command from there, and a step missed that way would run its
+//! side effect again. A request that uses steps reads them once, when its first step runs, and
+//! records each step that succeeds; a request that uses none sends neither. With
+//! [`RedisStoreBuilder::wait_for_replicas`], each recorded step waits for the replicas as a
+//! complete does.
+//!
+//! Measured on Redis 7.0, key and expiry included: a key's steps cost about 200 bytes, and
+//! each step its value and about 45 bytes, while every value is at most 64 bytes (a
+//! listpack). Once one is longer the hash becomes a hash table: about 300 bytes, and about 90
+//! a step. An engine with a [`Secret`](crate::Secret) adds a 32-byte tag to each value.
+//!
 //! # Server requirements
 //!
-//! Redis **5.0** or newer; [`RedisStore::verify`] checks it, and 7.0 or
-//! newer for the native claim (older servers get the claim script, above). The
-//! scripts use only `GET`, `SET … NX PX`, `DEL` and `PEXPIRE` (all older than 3.0), but 5.0 is
-//! the first version that replicates a script by its effects by default: replicas and the AOF
-//! receive the writes the script made, rather than re-running the script against their own
-//! copy of the data and clock. Redis Cluster (hash tags) and Valkey work alike.
+//! Redis **5.0** or newer; [`RedisStore::verify`] checks it, and 7.0 or newer for the native
+//! claim (older servers get the claim script, above). The scripts use only `GET`,
+//! `SET … NX PX`, `DEL`, `PEXPIRE`, `PTTL`, `HSETNX`, `HGET` and `HGETALL` (all older than
+//! 3.0), but 5.0 is the first version that replicates a script by its effects by default:
+//! replicas and the AOF receive the writes the script made, rather than re-running the script
+//! against their own copy of the data and clock. Redis Cluster (hash tags) and Valkey work alike.
 //!
 //! # Failures
 //!
@@ -197,8 +226,8 @@
 //! than its rate times the retention. Size `maxmemory` for the sum of the callers' rates
 //! times the retention times a record's size (about 270 bytes for a pending key on Redis 7.0,
 //! key and expiry included; a done record adds the stored response, up to the record body
-//! limit), keep the retention as short as clients retry, and use the HTTP layer's `status`
-//! response mode where bodies are large.
+//! limit; a request's [steps](#steps) add their own), keep the retention as short as clients
+//! retry, and use the HTTP layer's `status` response mode where bodies are large.
 //!
 //! The store offers no per-scope cap of its own because none fits the one-round-trip design.
 //! The claim and its count would have to change together, atomically: one script touching the
@@ -223,12 +252,12 @@
 //!   restart of a server without persistence.
 //!
 //! [`RedisStoreBuilder::wait_for_replicas`] makes each complete wait until `n` replicas hold
-//! the record (`WAIT`, in the same round trip as the write). An acknowledged record then
-//! survives the promotion of any of those replicas. It costs one replica round trip per
-//! fresh request; a complete the replicas do not acknowledge in time fails with
-//! [`NotReplicated`](crate::store::StoreErrorKind::NotReplicated), and the caller still gets
-//! the handler's response. Claims are not waited for: a claim lost in a failover lets a
-//! duplicate that arrives during the first run run too.
+//! the record (`WAIT`, in the same round trip as the write), and each recorded step likewise.
+//! An acknowledged record then survives the promotion of any of those replicas. It costs one
+//! replica round trip per fresh request; a complete the replicas do not acknowledge in time
+//! fails with [`NotReplicated`](crate::store::StoreErrorKind::NotReplicated), and the caller
+//! still gets the handler's response. Claims are not waited for: a claim lost in a failover
+//! lets a duplicate that arrives during the first run run too.
 //!
 //! Measured in `tests/faults/failover.rs`: 300 keys sent three times each by 8 clients on two
 //! stores, the replica 300 ms behind (a partition) when the primary is killed. Without the
@@ -243,11 +272,12 @@
 //! [`ConnectionManager`]: ::redis::aio::ConnectionManager
 //! [`StoreErrorKind`]: crate::store::StoreErrorKind
 
-use super::{Claim, Forgotten, Store, StoreError, Token};
+use super::{Claim, Forgotten, StepId, StepRecorded, Store, StoreError, Token};
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::record::Record;
 use crate::engine::scope::StoreKey;
 use ::redis::aio::ConnectionLike;
+use bytes::Bytes;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -262,7 +292,7 @@ mod pipeline;
 mod scripts;
 mod verify;
 
-use self::codec::{Arg, ClaimReply, Digits, KeyBytes};
+use self::codec::{Arg, ClaimReply, Digits, KeyBytes, StepsKeyBytes};
 use self::connection::{Inner, Reconnect};
 use self::error::OpError;
 
@@ -313,7 +343,8 @@ pub struct RedisStore<C = ::redis::aio::ConnectionManager> {
     reconnect: Option<Reconnect<C>>,
     /// The replacement asks Sentinel for the primary, and a lost primary starts one.
     follow_primary: bool,
-    /// `WAIT` after each complete: how many replicas, and for how long at most.
+    /// `WAIT` after each complete and recorded step: how many replicas, and for how long at
+    /// most.
     replicas: Option<WaitReplicas>,
 }
 
@@ -387,8 +418,8 @@ impl<C> RedisStore<C> {
         self.native_claim && !self.inner.native_claim_unsupported.load(Ordering::Relaxed)
     }
 
-    /// The replicas each complete waits for, and the longest wait (see
-    /// [`RedisStoreBuilder::wait_for_replicas`]); `None` when completes do not wait.
+    /// The replicas each complete and recorded step waits for, and the longest wait (see
+    /// [`RedisStoreBuilder::wait_for_replicas`]); `None` when they do not wait.
     #[must_use]
     pub fn wait_for_replicas(&self) -> Option<(usize, Duration)> {
         self.replicas.map(|w| (w.count, w.timeout))
@@ -498,13 +529,14 @@ where
         Self::builder(prefix).build(conn)
     }
 
-    /// The complete script and `WAIT`, in one round trip: the script's reply and the number
-    /// of replicas that acknowledged. A `NOSCRIPT` costs two more round trips (the script
-    /// loaded and run, then `WAIT`), all by the step's `deadline`.
-    async fn complete_replicated(
+    /// A writing script and `WAIT`, in one round trip: the script's reply and the number of
+    /// replicas that acknowledged. A `NOSCRIPT` costs two more round trips (the script loaded
+    /// and run, then `WAIT`), all by the step's `deadline`.
+    async fn eval_replicated(
         &self,
-        key: &KeyBytes,
-        args: &[Arg<'_>; 3],
+        script: &::redis::Script,
+        keys: &[&[u8]],
+        args: &[Arg<'_>],
         replicas: WaitReplicas,
         deadline: Instant,
     ) -> Result<(::redis::Value, ::redis::Value), OpError> {
@@ -517,10 +549,10 @@ where
                 ms: codec::millis(replicas.timeout.min(left * 3 / 4)).max(1),
             }
         };
-        let script = scripts::evalsha(&scripts::COMPLETE, key, args);
+        let cmd = scripts::evalsha(script, keys, args);
         let first = wait();
         let [written, acknowledged] = self
-            .query_all([script, pipeline::wait_cmd(first)], Some(first), deadline)
+            .query_all([cmd, pipeline::wait_cmd(first)], Some(first), deadline)
             .await?;
         match written.extract_error() {
             Ok(written) => Ok((written, acknowledged.extract_error()?)),
@@ -531,7 +563,7 @@ where
                 }
                 // The server lost its scripts (a restart, a failover to a replica that never
                 // ran this one): load and run it, then wait for it.
-                let written = self.eval(&scripts::COMPLETE, key, args, deadline).await?;
+                let written = self.eval(script, keys, args, deadline).await?;
                 let acknowledged = self.query(pipeline::wait_cmd(wait()), deadline).await?;
                 Ok((written, acknowledged))
             }
@@ -579,7 +611,7 @@ where
         let reply = self
             .eval(
                 &scripts::CLAIM,
-                key,
+                &[key.as_bytes()],
                 &[Arg::Bytes(pending), Arg::Bytes(lease)],
                 deadline,
             )
@@ -630,31 +662,29 @@ where
             Arg::Bytes(ttl.as_bytes()),
         ];
         let key = self.key_bytes(key);
+        let keys = [key.as_bytes()];
         let Some(replicas) = self.replicas else {
             let reply = self
-                .eval(&scripts::COMPLETE, &key, &args, deadline)
+                .eval(&scripts::COMPLETE, &keys, &args, deadline)
                 .await
                 .map_err(|e| e.into_store("Redis complete"))?;
             return codec::flag(reply, "unexpected answer to complete");
         };
         let (written, acknowledged) = self
-            .complete_replicated(&key, &args, replicas, deadline)
+            .eval_replicated(&scripts::COMPLETE, &keys, &args, replicas, deadline)
             .await
             .map_err(|e| e.into_store("Redis complete"))?;
         let written = codec::flag(written, "unexpected answer to complete")?;
-        match acknowledged {
-            // Nothing written: nothing to replicate.
-            _ if !written => Ok(false),
-            ::redis::Value::Int(n) if usize::try_from(n).is_ok_and(|n| n >= replicas.count) => {
-                Ok(true)
-            }
-            ::redis::Value::Int(_) => Err(StoreError::new(
-                crate::store::StoreErrorKind::NotReplicated,
+        // Nothing written: nothing to replicate.
+        if written {
+            replicated(
+                &acknowledged,
+                replicas,
                 "Redis complete: the record is on the primary, but fewer replicas than asked \
                  acknowledged it in time",
-            )),
-            _ => Err(error::protocol("unexpected answer to WAIT")),
+            )?;
         }
+        Ok(written)
     }
 
     async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
@@ -662,7 +692,7 @@ where
         let reply = self
             .eval(
                 &scripts::RELEASE,
-                &self.key_bytes(key),
+                &[self.key_bytes(key).as_bytes()],
                 &[Arg::Bytes(token.as_bytes())],
                 deadline,
             )
@@ -681,7 +711,12 @@ where
         let lease = Digits::new(codec::millis(lease));
         let args = [Arg::Bytes(token.as_bytes()), Arg::Bytes(lease.as_bytes())];
         let reply = self
-            .eval(&scripts::RENEW, &self.key_bytes(key), &args, deadline)
+            .eval(
+                &scripts::RENEW,
+                &[self.key_bytes(key).as_bytes()],
+                &args,
+                deadline,
+            )
             .await
             .map_err(|e| e.into_store("Redis renew"))?;
         codec::flag(reply, "unexpected answer to renew")
@@ -690,10 +725,11 @@ where
     async fn forget(&self, key: &StoreKey, pending: bool) -> Result<Forgotten, StoreError> {
         let deadline = self.deadline();
         let flag: &[u8] = if pending { b"1" } else { b"0" };
+        let key = self.key_bytes(key);
         let reply = self
             .eval(
                 &scripts::FORGET,
-                &self.key_bytes(key),
+                &[key.as_bytes(), StepsKeyBytes::new(&key).as_bytes()],
                 &[Arg::Bytes(flag)],
                 deadline,
             )
@@ -718,7 +754,12 @@ where
     async fn lease_left(&self, key: &StoreKey) -> Result<Option<Duration>, StoreError> {
         let deadline = self.deadline();
         let reply = self
-            .eval(&scripts::LEASE_LEFT, &self.key_bytes(key), &[], deadline)
+            .eval(
+                &scripts::LEASE_LEFT,
+                &[self.key_bytes(key).as_bytes()],
+                &[],
+                deadline,
+            )
             .await
             .map_err(|e| e.into_store("Redis lease_left"))?;
         match reply {
@@ -732,5 +773,76 @@ where
                 "unexpected answer to lease_left",
             )),
         }
+    }
+
+    /// One script on the key's steps hash: `HSETNX`, then `PEXPIRE` when recorded or `HGET`
+    /// when found. With [`RedisStoreBuilder::wait_for_replicas`], followed by `WAIT` in the same
+    /// round trip, as a complete is: a recorded step lost in a failover runs again.
+    async fn record_step(
+        &self,
+        key: &StoreKey,
+        step: &StepId,
+        value: Bytes,
+        ttl: Duration,
+    ) -> Result<StepRecorded, StoreError> {
+        let deadline = self.deadline();
+        let ttl = Digits::new(codec::millis(ttl));
+        let args = [
+            Arg::Bytes(step.as_bytes()),
+            Arg::Bytes(&value),
+            Arg::Bytes(ttl.as_bytes()),
+        ];
+        let steps = StepsKeyBytes::new(&self.key_bytes(key));
+        let keys = [steps.as_bytes()];
+        let Some(replicas) = self.replicas else {
+            let reply = self
+                .eval(&scripts::RECORD_STEP, &keys, &args, deadline)
+                .await
+                .map_err(|e| e.into_store("Redis record_step"))?;
+            return codec::parse_step_recorded(reply);
+        };
+        let (written, acknowledged) = self
+            .eval_replicated(&scripts::RECORD_STEP, &keys, &args, replicas, deadline)
+            .await
+            .map_err(|e| e.into_store("Redis record_step"))?;
+        let recorded = codec::parse_step_recorded(written)?;
+        if recorded == StepRecorded::Recorded {
+            replicated(
+                &acknowledged,
+                replicas,
+                "Redis record_step: the step is on the primary, but fewer replicas than asked \
+                 acknowledged it in time",
+            )?;
+        }
+        Ok(recorded)
+    }
+
+    /// One script, `HGETALL` on the key's steps hash (see `steps.lua` for why not the bare
+    /// command).
+    async fn steps(&self, key: &StoreKey) -> Result<Vec<(StepId, Bytes)>, StoreError> {
+        let deadline = self.deadline();
+        let steps = StepsKeyBytes::new(&self.key_bytes(key));
+        let reply = self
+            .eval(&scripts::STEPS, &[steps.as_bytes()], &[], deadline)
+            .await
+            .map_err(|e| e.into_store("Redis steps"))?;
+        codec::parse_steps(reply)
+    }
+}
+
+/// Whether `WAIT`'s answer covers a write: `Ok` when `replicas` acknowledged it, else
+/// [`NotReplicated`](crate::store::StoreErrorKind::NotReplicated) with `message`.
+fn replicated(
+    acknowledged: &::redis::Value,
+    replicas: WaitReplicas,
+    message: &'static str,
+) -> Result<(), StoreError> {
+    match acknowledged {
+        ::redis::Value::Int(n) if usize::try_from(*n).is_ok_and(|n| n >= replicas.count) => Ok(()),
+        ::redis::Value::Int(_) => Err(StoreError::new(
+            crate::store::StoreErrorKind::NotReplicated,
+            message,
+        )),
+        _ => Err(error::protocol("unexpected answer to WAIT")),
     }
 }
