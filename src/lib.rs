@@ -27,6 +27,8 @@ pub use crate::engine::scope::DerivedKey;
 #[doc(inline)]
 pub use crate::engine::secret::Secret;
 #[doc(inline)]
+pub use crate::engine::steps::Steps;
+#[doc(inline)]
 pub use crate::error::{ConfigError, ConfigErrorKind};
 #[doc(inline)]
 pub use crate::http::{IdempotencyLayer, Principal, PrincipalMode, ResponseMode};

@@ -5,7 +5,7 @@
 //! A door counts each request once, with one call: [`request`]`(Door::X, Outcome::Y)`. The
 //! layer may use its cached [`DoorCounters`] instead, which carry its static labels without an
 //! allocation per event. It counts each claimed key's end once with [`settled`]. The engine
-//! times every store step with [`StoreTimer`]. The names and labels are documented in one
+//! times every store operation with [`StoreTimer`]. The names and labels are documented in one
 //! table, in the crate docs under `# Metrics`. Change both together.
 //!
 //! Never use a key, principal, path or other unbounded value as a label. Each label below
@@ -20,7 +20,7 @@ use crate::store::{StoreError, StoreErrorKind};
 pub(crate) const REQUESTS: &str = "idempotency_requests_total";
 /// `idempotency_results_total{door, result}`: how each claimed key ended.
 pub(crate) const RESULTS: &str = "idempotency_results_total";
-/// `idempotency_store_duration_seconds{store, op, result}`: one store step.
+/// `idempotency_store_duration_seconds{store, op, result}`: one store operation.
 pub(crate) const STORE_DURATION: &str = "idempotency_store_duration_seconds";
 /// The memory stores' gauges and their early drops, summed over the process's stores. See
 /// `MemoryStore::report_metrics`.
@@ -239,7 +239,7 @@ impl Settled {
     }
 }
 
-/// A store step: the `op` label.
+/// A store operation: the `op` label.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Op {
     Claim,
@@ -274,7 +274,7 @@ impl Op {
     }
 }
 
-/// A store step's `result` label: `ok`, or the error's kind.
+/// A store operation's `result` label: `ok`, or the error's kind.
 const STORE_RESULTS: [&str; 9] = [
     "ok",
     "unavailable",
@@ -424,7 +424,7 @@ mod on {
         }
     }
 
-    /// Times an engine's store steps, with the store's name. The keys are built once per engine.
+    /// Times an engine's store operations, with the store's name. The keys are built once per engine.
     #[derive(Debug, Clone)]
     pub(crate) struct StoreTimer(Arc<Vec<Key>>);
 
@@ -456,7 +456,7 @@ mod on {
         }
     }
 
-    /// When a store step started.
+    /// When a store operation started.
     #[derive(Debug, Clone, Copy)]
     pub(crate) struct Started(Instant);
 

@@ -176,7 +176,7 @@ pub struct Engine<S> {
     ttl: Duration,
     max_record_body: usize,
     secret: Option<Secret>,
-    /// Times each store step, with feature `metrics`. It is zero-sized without it.
+    /// Times each store operation, with feature `metrics`. It is zero-sized without it.
     timer: StoreTimer,
 }
 
@@ -372,7 +372,7 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// The timer of this engine's store steps, for a door that runs steps of its own.
+    /// The timer of this engine's store operations, for a door that runs operations of its own.
     #[cfg(feature = "postgres")]
     pub(crate) fn timer(&self) -> &StoreTimer {
         &self.timer

@@ -30,33 +30,35 @@ const STEP_TAG_DOMAIN: &[u8] = b"tower-idempotency step record v1\0";
 /// use tower_idempotency::{IdempotencyKey, MemoryStore};
 /// use tower_idempotency::engine::{Begin, Engine, Fingerprint, Raw, Scope};
 /// use tower_idempotency::store::StoreKey;
+/// use std::future::ready;
+/// use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let engine = Engine::new(MemoryStore::new());
 /// let key = StoreKey::derive("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1").unwrap());
 /// let fp = Fingerprint::builder().field(b"order 17").finish();
-/// let mut charges = 0;
+/// let charges = AtomicUsize::new(0);
 ///
 /// // The first run charges, then fails at the receipt: its key is released.
 /// let Begin::Run(ticket) = engine.begin(key, fp).await.unwrap() else { panic!("first run") };
 /// let steps = engine.steps(&ticket);
 /// let charge: String = steps
-///     .run("charge", Raw, |key| async move {
-///         charges += 1; // forward `key` to the payment provider
-///         Ok::<_, &str>(format!("ch_{}", &key.as_str()[..8]))
+///     .run("charge", Raw, |key| {
+///         charges.fetch_add(1, SeqCst); // forward `key` to the payment provider
+///         ready(Ok::<_, &str>(format!("ch_{}", &key.as_str()[..8])))
 ///     })
 ///     .await
 ///     .unwrap();
-/// let receipt = steps.run("receipt", Raw, |_| async { Err::<String, _>("mail server down") }).await;
+/// let receipt = steps.run("receipt", Raw, |_| ready(Err::<String, _>("mail server down"))).await;
 /// assert!(receipt.is_err());
 /// engine.release(ticket).await.unwrap();
 ///
 /// // The retry runs the handler again: the charge is answered from its record.
 /// let Begin::Run(ticket) = engine.begin(key, fp).await.unwrap() else { panic!("released") };
 /// let steps = engine.steps(&ticket);
-/// let again: String = steps.run("charge", Raw, |_| async { Ok::<_, &str>(String::from("twice!")) }).await.unwrap();
+/// let again: String = steps.run("charge", Raw, |_| ready(Ok::<_, &str>("twice!".into()))).await.unwrap();
 /// assert_eq!(again, charge);
-/// assert_eq!(charges, 1);
+/// assert_eq!(charges.load(SeqCst), 1);
 /// # }
 /// ```
 ///
@@ -789,5 +791,115 @@ impl<E: StdError + 'static> StdError for StepError<E> {
                 None
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::engine::codec::Raw;
+    use crate::engine::{Begin, Engine};
+    use crate::store::MemoryStore;
+    use std::future::ready;
+
+    fn key(n: u8) -> StoreKey {
+        StoreKey::from_parts([n; 32], [n; 32])
+    }
+
+    async fn claimed<S: Store>(engine: &Engine<S>, k: StoreKey, fp: &[u8]) -> Steps {
+        let fp = Fingerprint::builder().field(fp).finish();
+        let Begin::Run(ticket) = engine.begin(k, fp).await.unwrap() else {
+            panic!("a free key");
+        };
+        let steps = engine.steps(&ticket);
+        // Let the claim go: a later claimant reads the same steps.
+        engine.release(ticket).await.unwrap();
+        steps
+    }
+
+    fn ok(v: &str) -> impl Future<Output = Result<String, String>> + use<> {
+        ready(Ok(v.to_owned()))
+    }
+
+    #[tokio::test]
+    async fn a_retry_with_the_steps_in_another_order_is_refused() {
+        let engine = Engine::new(MemoryStore::new());
+        let first = claimed(&engine, key(1), b"a").await;
+        first.run("reserve", Raw, |_| ok("r")).await.unwrap();
+        let retry = claimed(&engine, key(1), b"a").await;
+        let e = retry.run("charge", Raw, |_| ok("c")).await.unwrap_err();
+        assert_eq!(e.kind(), StepErrorKind::SequenceChanged);
+        assert!(e.to_string().contains("`reserve`"), "{e}");
+    }
+
+    #[tokio::test]
+    async fn names_empty_or_too_long_are_refused_and_take_no_place() {
+        let engine = Engine::new(MemoryStore::new());
+        let steps = claimed(&engine, key(2), b"a").await;
+        let long = "x".repeat(MAX_NAME + 1);
+        for bad in ["", long.as_str()] {
+            let e = steps.run(bad, Raw, |_| ok("v")).await.unwrap_err();
+            assert_eq!(e.kind(), StepErrorKind::NameInvalid);
+        }
+        let fine = "y".repeat(MAX_NAME);
+        steps.run(&fine, Raw, |_| ok("v")).await.unwrap();
+        // The refused names took no place: a retry's first step is still `fine`.
+        let retry = claimed(&engine, key(2), b"a").await;
+        let v: String = retry.run(&fine, Raw, |_| ok("again")).await.unwrap();
+        assert_eq!(v, "v");
+    }
+
+    #[tokio::test]
+    async fn unbound_steps_run_nothing() {
+        let steps = Steps::unbound();
+        let e = steps
+            .run("charge", Raw, |_| async {
+                panic!("must not run");
+                #[allow(unreachable_code)]
+                Ok::<String, String>(String::new())
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), StepErrorKind::NotClaimed);
+    }
+
+    #[tokio::test]
+    async fn overlapping_runs_keep_the_first_record() {
+        let engine = Engine::new(MemoryStore::new());
+        let a = claimed(&engine, key(3), b"a").await;
+        let b = claimed(&engine, key(3), b"a").await;
+        // Both read before either records, as after a lapsed lease.
+        a.recorded::<()>(a.inner.bound.get().unwrap())
+            .await
+            .unwrap();
+        b.recorded::<()>(b.inner.bound.get().unwrap())
+            .await
+            .unwrap();
+        let first: String = a.run("charge", Raw, |_| ok("first")).await.unwrap();
+        let second: String = b.run("charge", Raw, |_| ok("second")).await.unwrap();
+        assert_eq!(first, "first");
+        assert_eq!(second, "first", "the second run gets the first record back");
+    }
+
+    #[tokio::test]
+    async fn a_tampered_step_record_is_refused_under_a_secret() {
+        let secret = Secret::new(vec![7u8; 32]).unwrap();
+        let store = Arc::new(MemoryStore::new());
+        let engine = Engine::builder(Arc::clone(&store)).secret(secret).build();
+        let steps = claimed(&engine, key(4), b"a").await;
+        steps.run("charge", Raw, |_| ok("ch_1")).await.unwrap();
+        // Another run's record under the same step id, written without the secret's tag.
+        let bound = steps.inner.bound.get().unwrap();
+        let id = bound.step_id(0);
+        Store::forget(&*store, &key(4), true).await.unwrap();
+        let forged = Bytes::from_static(b"\x01\x00\x06chargech_2");
+        Store::record_step(&*store, &key(4), &id, forged, Duration::from_secs(60))
+            .await
+            .unwrap();
+        let retry = claimed(&engine, key(4), b"a").await;
+        let e = retry.run("charge", Raw, |_| ok("x")).await.unwrap_err();
+        assert_eq!(e.kind(), StepErrorKind::RecordInvalid, "{e}");
     }
 }

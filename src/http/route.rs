@@ -144,7 +144,7 @@ impl fmt::Debug for IdempotentRoutes {
 /// A store behind a trait object, so layers over different stores have one type
 /// (`IdempotencyLayer<DynStore>`). Cheap to clone.
 ///
-/// Each call boxes the store's future: one small allocation per store step.
+/// Each call boxes the store's future: one small allocation per store operation.
 ///
 /// ```
 /// use tower_idempotency::http::route::DynStore;
@@ -171,7 +171,7 @@ impl fmt::Debug for DynStore {
 
 type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
 
-/// The object-safe twin of [`Store`]: the same steps, returning boxed futures.
+/// The object-safe twin of [`Store`]: the same operations, returning boxed futures.
 trait ErasedStore: StepStore {
     fn claim<'a>(
         &'a self,

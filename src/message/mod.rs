@@ -88,6 +88,14 @@
 //! refuses at once. [`skip_in_flight`](MessageIdempotencyLayer::skip_in_flight) acknowledges
 //! the duplicate unrun: see its docs for the risk.
 //!
+//! # Steps
+//!
+//! A handler with several side effects reads the delivery's [`Steps`](crate::Steps) with
+//! [`Steps::current`](crate::Steps::current) and wraps each in a named step. A redelivery after
+//! a failure, or after a crash let the lease lapse, answers the completed steps from their
+//! records and runs the first unfinished one. `Steps::current` is set for the handler's future,
+//! not for tasks it spawns.
+//!
 //! # Forgetting a key
 //!
 //! [`MessageIdempotencyLayer::forget`] deletes this consumer's record of a key. The next

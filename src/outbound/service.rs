@@ -381,7 +381,7 @@ impl<St: Store, I, C, K> Door<St, I, C, K> {
         Start::Answered(answer)
     }
 
-    /// The store steps of this door, on their own (for a task that outlives the caller).
+    /// The store operations of this door, on their own (for a task that outlives the caller).
     pub(crate) fn keys(&self) -> Keys<St> {
         Keys {
             engine: self.engine.clone(),
@@ -450,7 +450,7 @@ impl<St: Store, I, C, K> Door<St, I, C, K> {
     }
 
     /// Records, releases or holds the key after the send, by the classifier's verdict. The
-    /// store step runs on a task of its own (when there is a Tokio runtime), so a caller that
+    /// store operation runs on a task of its own (when there is a Tokio runtime), so a caller that
     /// gives up meanwhile (an outer timeout) does not cut it short.
     pub(crate) fn settle<R, E>(
         &self,
@@ -499,14 +499,14 @@ fn invalid<E>(key: &StoreKey, e: RecordError) -> OutboundError<E> {
     OutboundError::record_invalid(e)
 }
 
-/// Where a key's last step runs.
+/// Where a key's last operation runs.
 enum Finish<St> {
     Task(tokio::task::JoinHandle<()>),
     // Boxed: the rare path (no runtime) should not size the common one.
     Inline(Box<(Keys<St>, Ticket, Step)>),
 }
 
-/// The door's store steps after a send: what a task needs, without the door's other parts.
+/// The door's store operations after a send: what a task needs, without the door's other parts.
 pub(crate) struct Keys<St> {
     engine: Engine<St>,
     hold: Duration,
@@ -619,7 +619,7 @@ pub(crate) fn read_record<R, K: Codec<R>>(
 }
 
 /// Holds the key of a send whose future was dropped after the send began: the message may
-/// have gone. Disarmed once the send's result is in hand (its last step then runs on a task
+/// have gone. Disarmed once the send's result is in hand (its last operation then runs on a task
 /// of its own).
 pub(crate) struct HoldOnDrop<St: Store> {
     armed: Option<(Keys<St>, Ticket)>,

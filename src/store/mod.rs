@@ -18,14 +18,21 @@
 //!
 //! # The contract
 //!
-//! Three atomic steps and a lease renewal, each one round trip on a networked store:
+//! Three atomic operations and a lease renewal, each one round trip on a networked store:
 //!
-//! | step | does |
+//! | operation | does |
 //! | --- | --- |
 //! | [`claim`](Store::claim) | no live record: hold the key *pending* for `lease` under a fresh token → [`Claim::Claimed`]; else the record found |
 //! | [`complete`](Store::complete) | store the key *done* with the record for `ttl`, only if the token still holds it (or nothing does) |
 //! | [`release`](Store::release) | delete the key, only if the token holds it pending |
 //! | [`renew`](Store::renew) | extend a pending lease, only if the token holds it |
+//!
+//! Two more keep the [`Steps`](crate::Steps) of a request's work, each one round trip too:
+//!
+//! | operation | does |
+//! | --- | --- |
+//! | [`record_step`](Store::record_step) | record one step under the key, unless it is recorded: the first record wins |
+//! | [`steps`](Store::steps) | every step recorded under the key, read when a handler first runs a step |
 //!
 //! The token fences a claim. Once a lease has lapsed and another claimant holds the key, the
 //! first holder's late `complete` or `release` leaves the new holder alone. The store never
@@ -35,8 +42,9 @@
 //!
 //! # Your own store
 //!
-//! A store for another backend implements the four steps. Everything the [`Store`] trait
-//! names is in this module. This one keeps records in a `HashMap` behind a mutex, with expiry
+//! A store for another backend implements the four operations. Everything the [`Store`] trait
+//! names is in this module. The two for steps are optional: without them, a handler's steps
+//! fail with a clear error, and nothing else changes. This one keeps records in a `HashMap` behind a mutex, with expiry
 //! on the process clock. A database would use its own clock, so that every replica agrees:
 //!
 //! ```
@@ -181,7 +189,7 @@ pub use memory::{MemoryStats, MemoryStore, MemoryStoreBuilder};
 
 /// A backend that keeps idempotency records.
 ///
-/// Every method is one atomic step. A networked store should make each one round trip.
+/// Every method is one atomic operation. A networked store should make each one round trip.
 /// Futures are `Send` so the layer can run on a multi-threaded runtime.
 pub trait Store: Send + Sync + 'static {
     /// Holds `key` pending for `lease` under a new token, unless a live record holds it.
@@ -219,10 +227,11 @@ pub trait Store: Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
-    /// Deletes the key's record so the key can be used again. This is an operator's step, never
-    /// the engine's on a request. A completed record is deleted. A live pending claim is deleted
-    /// only when `pending` is `true`. Its work may be running: deleting it lets a retry run the
-    /// work again while the first run goes on. Says what was found.
+    /// Deletes the key's record and its steps so the key can be used again. An operator does
+    /// this, never the engine on a request. A completed record is deleted. A live pending claim
+    /// is deleted only when `pending` is `true`. Its work may be running: deleting it lets a
+    /// retry run the work again while the first run goes on. A kept pending claim keeps its
+    /// steps. Says what was found.
     fn forget(
         &self,
         key: &StoreKey,
@@ -290,7 +299,7 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// A short fixed name for the store's kind: `memory`, `redis` or `postgres`. It is the
-    /// `store` label of the step timings, with feature `metrics`. A store of your own may name
+    /// `store` label of the operation timings, with feature `metrics`. A store of your own may name
     /// itself. Keep it one fixed word, never a host or other unbounded value.
     fn name(&self) -> &'static str {
         "custom"
@@ -510,7 +519,7 @@ impl fmt::Debug for Token {
     }
 }
 
-/// A store step that failed. The layer answers a failed claim with 503, or 429 for a full
+/// A store operation that failed. The layer answers a failed claim with 503, or 429 for a full
 /// scope. It never runs the work on an unclear answer.
 #[derive(Debug)]
 pub struct StoreError {
@@ -550,7 +559,7 @@ impl StoreError {
         self.kind
     }
 
-    /// Whether the same step may succeed when tried again later. Every kind but
+    /// Whether the same operation may succeed when tried again later. Every kind but
     /// [`Protocol`](StoreErrorKind::Protocol) and [`Unsupported`](StoreErrorKind::Unsupported)
     /// is: the backend was away, slow, full or busy. An answer the store does not understand is
     /// likely to come back the same.
@@ -591,9 +600,9 @@ pub enum StoreErrorKind {
     StoreFull,
     /// The caller's scope is at its cap and all its records are pending. It is answered 429.
     ScopeFull,
-    /// The backend rolled the step back for a concurrent transaction, each time it was tried. In
+    /// The backend rolled the operation back for a concurrent transaction, each time it was tried. In
     /// PostgreSQL this is a serialization failure or a deadlock. Nothing was applied, and the
-    /// step may succeed when tried again. It is not an outage.
+    /// operation may succeed when tried again. It is not an outage.
     Conflict,
     /// The write was applied on the primary, but fewer replicas than asked acknowledged it in
     /// time (Redis `WAIT`). The record may still reach them; a failover before it does would

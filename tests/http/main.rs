@@ -25,5 +25,6 @@ mod layer;
 mod metrics;
 mod rejections;
 mod replay;
+mod steps;
 mod streaming;
 mod waiting;

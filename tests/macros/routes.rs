@@ -14,10 +14,11 @@ use serde::Deserialize;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
-use tower_idempotency::engine::{Engine, Scope};
+use tower_idempotency::engine::{Engine, Raw, Scope};
 use tower_idempotency::http::PrincipalMode;
 use tower_idempotency::{
-    DerivedKey, IdempotencyKey, IdempotencyLayer, IdempotentRoutes, MemoryStore, Store, idempotent,
+    DerivedKey, IdempotencyKey, IdempotencyLayer, IdempotentRoutes, MemoryStore, Steps, Store,
+    idempotent,
 };
 
 // ---------------------------------------------------------------------------------------------
@@ -149,9 +150,58 @@ async fn post_key(server: &TestServer, path: &str, key: &str) -> Answer {
     send(post_to(server, path).header("idempotency-key", key)).await
 }
 
+/// Charges, then mails; the first mail fails. `Runs` counts the charges.
+#[idempotent]
+async fn checkout_steps(Extension(runs): Extension<Runs>, steps: Steps) -> (StatusCode, String) {
+    let charge = steps
+        .run("charge", Raw, |_| async {
+            Ok::<_, String>(format!("charge {}", runs.next()))
+        })
+        .await;
+    let Ok(charge) = charge else {
+        return (StatusCode::INTERNAL_SERVER_ERROR, String::new());
+    };
+    // Only this route mails: the first attempt fails.
+    static MAILS: AtomicUsize = AtomicUsize::new(0);
+    let mail = steps
+        .run("mail", Raw, |_| async move {
+            if MAILS.fetch_add(1, Ordering::SeqCst) == 0 {
+                Err(String::from("mail server down"))
+            } else {
+                Ok(String::from("sent"))
+            }
+        })
+        .await;
+    match mail {
+        Ok(_) => (StatusCode::CREATED, charge),
+        Err(_) => (StatusCode::BAD_GATEWAY, String::new()),
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Tests
 // ---------------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn steps_of_an_attributed_handler_are_tied_to_its_claim() {
+    let (server, runs) = start(
+        Router::new().route("/checkout", post(checkout_steps)),
+        anonymous(),
+    )
+    .await;
+    let first = post_key(&server, "/checkout", "order-1").await;
+    assert_eq!(first.status, 502, "{}", first.describe());
+    assert_eq!(runs.count(), 1, "the first run charged");
+    let retry = post_key(&server, "/checkout", "order-1").await;
+    assert_eq!(retry.status, 201, "{}", retry.describe());
+    assert_eq!(
+        retry.text(),
+        "charge 1",
+        "the charge is answered from its record"
+    );
+    assert_eq!(runs.count(), 1, "the retry charged nothing more");
+    server.stop().await;
+}
 
 #[tokio::test]
 async fn runs_once_and_replays_the_repeat() {

@@ -16,4 +16,5 @@ mod crash;
 mod nats;
 mod outcomes;
 mod restart;
+mod steps;
 mod storm;

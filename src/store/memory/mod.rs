@@ -35,7 +35,7 @@
 //! ```
 //!
 //! [`MemoryStore`] keeps records in `N` shards, 16 by default. Each shard sits behind its own
-//! [`std::sync::Mutex`]. The lock is held only for the synchronous work of one step, never
+//! [`std::sync::Mutex`]. The lock is held only for the synchronous work of one operation, never
 //! across an `.await`. A key's shard is chosen by its scope hash. A scope is the namespace,
 //! tenant and principal of one caller, so every record of one caller lives in one shard.
 //! Shards split the locking, not the budgets.
@@ -64,7 +64,7 @@
 //!
 //! # Making room
 //!
-//! A step needs room when it adds to the store. A claim needs one record of 160 bytes. A
+//! An operation needs room when it adds to the store. A claim needs one record of 160 bytes. A
 //! `complete` needs the record's bytes, and a record when nothing holds the key any more. When
 //! the store does not have that room free:
 //!
@@ -74,7 +74,7 @@
 //!    records go. A shard keeps and publishes its earliest deadline. It only sweeps when
 //!    something can have expired;
 //! 2. then completed records inside their retention go, one at a time. Each is the oldest of
-//!    its scope. `R` is the requesting scope and `w(R)` its weight when the step began. The
+//!    its scope. `R` is the requesting scope and `w(R)` its weight when the operation began. The
 //!    rule picks:
 //!    - `R`'s own, when `R` weighs at least as much as every scope that has a completed
 //!      record;
@@ -87,39 +87,47 @@
 //!    logged with `tracing::warn!` and counted in [`MemoryStats::early_drops`]. A retry of
 //!    that request would run its work again;
 //! 3. a pending claim inside its lease is never dropped. When the rule allows nothing more, the
-//!    step is refused. It gets [`StoreErrorKind::ScopeFull`] when `R` holds records: all
+//!    operation is refused. It gets [`StoreErrorKind::ScopeFull`] when `R` holds records: all
 //!    pending, or too few for a large record. The HTTP layer answers that with 429. Else it
 //!    gets [`StoreErrorKind::StoreFull`], answered with 503: a newcomer to a store full of
 //!    pending claims.
 //!
-//! Room for one step is made in one shard at a time. That is the shard holding the heaviest
+//! Room for one operation is made in one shard at a time. That is the shard holding the heaviest
 //! scope with a completed record, or the requester's own shard on a tie. Within it, the
-//! heaviest scope goes first. A step never holds two shard locks. Before it drops a live record
+//! heaviest scope goes first. An operation never holds two shard locks. Before it drops a live record
 //! there, the shard checks that what the rule lets it drop is enough. If not, it drops nothing,
-//! and the step tries the next shard. After eight shards the step is refused. So nothing is
-//! dropped for a step that is refused anyway. Expired records may still go, as they are absent
+//! and the operation tries the next shard. After eight shards the operation is refused. So nothing is
+//! dropped for an operation that is refused anyway. Expired records may still go, as they are absent
 //! already.
 //!
 //! With a fixed cap, [`max_entries_per_scope`](MemoryStoreBuilder::max_entries_per_scope), a
-//! step may add a record to a scope at its cap. It first drops the scope's own expired records,
+//! operation may add a record to a scope at its cap. It first drops the scope's own expired records,
 //! then its own oldest completed record. It is refused with `ScopeFull` when all its records
-//! are pending, while other scopes still claim. The record goes only if the step then gets all
+//! are pending, while other scopes still claim. The record goes only if the operation then gets all
 //! the room it needs.
 //!
-//! Every step treats expired records as absent, using the store's [`Clock`]. That clock is
+//! Every operation treats expired records as absent, using the store's [`Clock`]. That clock is
 //! [`TokioClock`] unless [`MemoryStoreBuilder::clock`] sets another. Expired records are
-//! dropped when a step meets them or needs their room. [`MemoryStore::remove_expired`] drops
+//! dropped when an operation meets them or needs their room. [`MemoryStore::remove_expired`] drops
 //! them all at once.
+//!
+//! # Steps
+//!
+//! The [`Steps`](crate::Steps) of requests' work live in a table of their own, beside the
+//! records. It is bounded by the same `max_entries` and `max_bytes`, counted apart: each step
+//! is its value plus 96 bytes. A step is never dropped early, as that would run its side effect
+//! again. When the table is full and nothing in it has expired, a new step is refused with
+//! [`StoreErrorKind::StoreFull`]; the step's work has run, and a retry runs it again.
 //!
 //! # Cost
 //!
-//! The store-wide counts are two atomic counters. A step takes the room it needs from them
-//! before it adds anything. It keeps the room its drops free for itself, so a concurrent step
+//! The store-wide counts are two atomic counters. An operation takes the room it needs from them
+//! before it adds anything. It keeps the room its drops free for itself, so a concurrent operation
 //! cannot take it first. Each shard keeps its scopes that have a completed record in a binary
 //! heap by weight. The heap is updated in `O(log n)` on each change, so the heaviest is found
-//! without a scan over scopes. A step that must make room reads one published value per shard:
+//! without a scan over scopes. An operation that must make room reads one published value per shard:
 //! the weight of its heaviest scope and its earliest deadline. When the room is in another
-//! shard, the step leaves its own shard's lock, visits that one, and starts again.
+//! shard, the operation leaves its own shard's lock, visits that one, and starts again.
 
 mod budget;
 mod builder;
@@ -227,7 +235,7 @@ impl MemoryStore {
     }
 
     /// Drops every expired record now and returns how many were dropped. Correctness never needs
-    /// it: expired records are absent to every step and dropped when room is needed. It is useful
+    /// it: expired records are absent to every operation and dropped when room is needed. It is useful
     /// to give memory back after a burst.
     pub fn remove_expired(&self) -> usize {
         let now = self.now();
@@ -253,7 +261,7 @@ impl MemoryStore {
         u32::from_le_bytes([a, b, c, d]) as usize % self.shards.len()
     }
 
-    /// Runs a step that needs no room in the key's shard.
+    /// Runs an operation that needs no room in the key's shard.
     fn at_home<T>(&self, key: &StoreKey, f: impl FnOnce(&mut Shard) -> T) -> T {
         let mut shard = lock(&self.shards[self.home(key)]);
         let out = f(&mut shard);
@@ -263,8 +271,8 @@ impl MemoryStore {
         out
     }
 
-    /// Runs a step that may need room in the key's shard. When the room must come from another
-    /// shard, the step leaves its own shard's lock and visits the other one. It never holds two
+    /// Runs an operation that may need room in the key's shard. When the room must come from another
+    /// shard, the operation leaves its own shard's lock and visits the other one. It never holds two
     /// locks. Then it starts again with the room it was given.
     fn with_room<T>(
         &self,
@@ -374,7 +382,7 @@ impl fmt::Debug for MemoryStore {
 }
 
 fn lock(cell: &ShardCell) -> MutexGuard<'_, Shard> {
-    // A panic under the lock cannot leave a step half done in a way later steps rely on more
+    // A panic under the lock cannot leave an operation half done in a way later operations rely on more
     // than on the store staying usable.
     cell.0.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -32,11 +32,11 @@ pub struct MemoryStats {
     pub early_drops: u64,
     /// Expired records dropped: past retention, or pending past lease.
     pub expired_drops: u64,
-    /// Steps refused with `ScopeFull`, answered 429. Either the scope is at its fixed cap with
+    /// Operations refused with `ScopeFull`, answered 429. Either the scope is at its fixed cap with
     /// only pending records. Or, in a full store, the room would have to come from the scope's
     /// own records, and they are pending or too few.
     pub scope_full_refusals: u64,
-    /// Steps refused with `StoreFull`, answered 503. The store is full, the requesting scope
+    /// Operations refused with `StoreFull`, answered 503. The store is full, the requesting scope
     /// holds no record, and what the rule lets go would not make the room.
     pub store_full_refusals: u64,
     /// Steps of requests' work held, in a table of their own bounded by the same

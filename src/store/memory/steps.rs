@@ -150,3 +150,71 @@ fn drained(steps: &mut Vec<(StepId, Bytes)>) -> (usize, usize) {
     steps.clear();
     (count, bytes)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn key(n: u8) -> StoreKey {
+        StoreKey::from_parts([n; 32], [n; 32])
+    }
+
+    fn id(n: u8) -> StepId {
+        StepId::from_bytes([n; 32])
+    }
+
+    #[test]
+    fn a_full_table_refuses_rather_than_drops_and_takes_again_once_steps_expire() {
+        let t = StepTable::new(2, 1 << 20);
+        let v = Bytes::from_static(b"v");
+        assert_eq!(
+            t.record(&key(1), &id(1), v.clone(), 100, 0).unwrap(),
+            StepRecorded::Recorded
+        );
+        assert_eq!(
+            t.record(&key(2), &id(1), v.clone(), 200, 0).unwrap(),
+            StepRecorded::Recorded
+        );
+        let full = t.record(&key(3), &id(1), v.clone(), 300, 50).unwrap_err();
+        assert_eq!(full.kind(), StoreErrorKind::StoreFull);
+        assert_eq!(t.read(&key(1), 50).len(), 1, "no live step was dropped");
+        // Past key 1's expiry its room is taken back.
+        assert_eq!(
+            t.record(&key(3), &id(1), v.clone(), 300, 150).unwrap(),
+            StepRecorded::Recorded
+        );
+        assert!(t.read(&key(1), 150).is_empty());
+        assert_eq!(t.usage(), (2, 2 * (1 + STEP_OVERHEAD)));
+    }
+
+    #[test]
+    fn the_byte_bound_holds_and_forget_gives_the_room_back() {
+        let t = StepTable::new(100, 2 * (10 + STEP_OVERHEAD));
+        let v = Bytes::from(vec![0u8; 10]);
+        t.record(&key(1), &id(1), v.clone(), 100, 0).unwrap();
+        t.record(&key(1), &id(2), v.clone(), 100, 0).unwrap();
+        assert!(t.record(&key(2), &id(1), v.clone(), 100, 0).is_err());
+        t.forget(&key(1));
+        assert_eq!(t.usage(), (0, 0));
+        t.record(&key(2), &id(1), v, 100, 0).unwrap();
+    }
+
+    #[test]
+    fn an_expired_keys_steps_start_afresh() {
+        let t = StepTable::new(10, 1 << 20);
+        t.record(&key(1), &id(1), Bytes::from_static(b"old"), 100, 0)
+            .unwrap();
+        assert_eq!(
+            t.record(&key(1), &id(1), Bytes::from_static(b"new"), 300, 200)
+                .unwrap(),
+            StepRecorded::Recorded
+        );
+        assert_eq!(
+            t.read(&key(1), 200),
+            vec![(id(1), Bytes::from_static(b"new"))]
+        );
+        assert_eq!(t.usage().0, 1, "the expired step is no longer counted");
+    }
+}

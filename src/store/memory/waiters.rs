@@ -1,5 +1,5 @@
 //! Requests waiting for a pending key to settle (a duplicate that waits instead of getting
-//! 409): woken in process by the step that completes or releases the key, so the memory store
+//! 409): woken in process by the operation that completes or releases the key, so the memory store
 //! never needs polling.
 
 use std::collections::HashMap;
