@@ -182,7 +182,7 @@ mod tests {
         assert_eq!(t.read(&key(1), 50).len(), 1, "no live step was dropped");
         // Past key 1's expiry its room is taken back.
         assert_eq!(
-            t.record(&key(3), &id(1), v.clone(), 300, 150).unwrap(),
+            t.record(&key(3), &id(1), v, 300, 150).unwrap(),
             StepRecorded::Recorded
         );
         assert!(t.read(&key(1), 150).is_empty());
