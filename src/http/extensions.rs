@@ -41,6 +41,7 @@ impl fmt::Debug for ClaimedKey {
 
 /// The steps of an `#[idempotent]` handler, taken with its arguments before its key is
 /// claimed, and tied to the claim when the handler is called.
+#[cfg(feature = "axum")]
 #[derive(Clone, Debug)]
 pub(crate) struct StepsSlot(pub(crate) Steps);
 
@@ -75,7 +76,8 @@ impl ClaimedKey {
             .map(|(engine, fp)| Steps::new(engine.step_settings(), self.store_key, *fp))
     }
 
-    /// Ties steps taken before the claim to it.
+    /// Ties steps taken before the claim to it (the `#[idempotent]` attribute).
+    #[cfg(feature = "macros")]
     pub(crate) fn bind(&self, steps: &Steps) {
         if let Some((engine, fp)) = &self.claim {
             steps.bind(engine.step_settings(), self.store_key, *fp);
