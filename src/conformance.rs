@@ -61,7 +61,7 @@ pub trait Harness: Send + Sync + 'static {
 
     /// Whether the store keeps the steps of requests' work: [`Store::record_step`] and
     /// [`Store::steps`]. The default is `true`. A store that keeps none says `false`, and the
-    /// suite then checks that both answer [`StoreErrorKind::Unsupported`](crate::store::StoreErrorKind::Unsupported).
+    /// suite then checks that both answer [`StoreErrorKind::Unsupported`].
     fn keeps_steps(&self) -> bool {
         true
     }

@@ -30,19 +30,21 @@ const STEP_TAG_DOMAIN: &[u8] = b"tower-idempotency step record v1\0";
 /// use tower_idempotency::{IdempotencyKey, MemoryStore};
 /// use tower_idempotency::engine::{Begin, Engine, Fingerprint, Raw, Scope};
 /// use tower_idempotency::store::StoreKey;
+/// use std::sync::atomic::{AtomicUsize, Ordering};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() {
 /// let engine = Engine::new(MemoryStore::new());
 /// let key = StoreKey::derive("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1").unwrap());
 /// let fp = Fingerprint::builder().field(b"order 17").finish();
-/// let mut charges = 0;
+/// let charges = AtomicUsize::new(0);
+/// let charged = &charges;
 ///
 /// // The first run charges, then fails at the receipt: its key is released.
 /// let Begin::Run(ticket) = engine.begin(key, fp).await.unwrap() else { panic!("first run") };
 /// let steps = engine.steps(&ticket);
 /// let charge: String = steps
 ///     .run("charge", Raw, |key| async move {
-///         charges += 1; // forward `key` to the payment provider
+///         charged.fetch_add(1, Ordering::SeqCst); // forward `key` to the payment provider
 ///         Ok::<_, &str>(format!("ch_{}", &key.as_str()[..8]))
 ///     })
 ///     .await
@@ -56,7 +58,7 @@ const STEP_TAG_DOMAIN: &[u8] = b"tower-idempotency step record v1\0";
 /// let steps = engine.steps(&ticket);
 /// let again: String = steps.run("charge", Raw, |_| async { Ok::<_, &str>(String::from("twice!")) }).await.unwrap();
 /// assert_eq!(again, charge);
-/// assert_eq!(charges, 1);
+/// assert_eq!(charges.into_inner(), 1);
 /// # }
 /// ```
 ///
@@ -167,6 +169,7 @@ impl<S: Store> StepStore for S {
 
 /// Makes the [`Steps`] of a claimed request, for a door that holds its engine behind a type it
 /// erases (the HTTP layer's request extensions).
+#[allow(dead_code, reason = "for the doors that hand a handler its steps")]
 pub(crate) trait StepSource: Send + Sync + 'static {
     /// The steps of the request claimed under `key`, with its keyed `fingerprint`.
     fn steps(&self, key: StoreKey, fingerprint: Fingerprint) -> Steps;
@@ -210,6 +213,10 @@ impl Steps {
     }
 
     /// Runs `fut` with these steps as [`Steps::current`].
+    #[allow(
+        dead_code,
+        reason = "for the message door, which sets the handler's steps"
+    )]
     pub(crate) fn scope<F: Future>(self, fut: F) -> impl Future<Output = F::Output> {
         CURRENT.scope(self, fut)
     }
