@@ -103,6 +103,10 @@ const STEP_TAG_DOMAIN: &[u8] = b"tower-idempotency step record v1\0";
 /// the recorded steps fails before any step runs: a store that cannot say what was done runs
 /// nothing.
 ///
+/// A step whose work is writes to the PostgreSQL database of the records can close that gap:
+/// `transactional::step` (feature `postgres`) commits the writes and the step's record in one
+/// transaction.
+///
 /// [`Raw`]: crate::engine::Raw
 #[cfg_attr(feature = "json", doc = "[`Json`]: crate::engine::Json")]
 #[cfg_attr(not(feature = "json"), doc = "[`Json`]: crate::engine::Codec")]
