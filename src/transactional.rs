@@ -114,18 +114,85 @@
 //! fingerprint from the request. The `transactional` example in the repository does it for an
 //! axum handler with the layer's `Idempotency-Key` semantics: replay, 409, 422.
 //!
+//! # Steps in a transaction
+//!
+//! [`Steps`] record each side effect of a request as it succeeds, so that a retry runs only
+//! what is left. A step run by [`Steps::run`] records its result after the work. A crash
+//! between the two runs the step again on a retry. When a step's work is writes to the
+//! database of the records, [`step`] closes that window for the step. Its writes and its
+//! record are one transaction.
+//!
+//! ```no_run
+//! use tower_idempotency::IdempotencyKey;
+//! use tower_idempotency::engine::{Begin, Engine, Fingerprint, Raw, Scope};
+//! use tower_idempotency::store::StoreKey;
+//! use tower_idempotency::store::postgres::PostgresStore;
+//! use tower_idempotency::store::postgres::sqlx::{self, PgPool};
+//! use tower_idempotency::transactional::step;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = PgPool::connect("postgres://app@127.0.0.1/app").await?;
+//! let engine = Engine::new(PostgresStore::new(pool.clone(), "orders")?);
+//! engine.store().migrate().await?;
+//!
+//! let key = StoreKey::derive("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1")?);
+//! let fingerprint = Fingerprint::builder().field(b"POST /orders").field(b"{\"sku\":\"X\"}").finish();
+//! let Begin::Run(ticket) = engine.begin(key, fingerprint).await? else { return Ok(()) };
+//! let steps = engine.steps(&ticket);
+//!
+//! // The order and the step's record commit together. A retry gets the id back.
+//! let mut conn = pool.acquire().await?;
+//! let id: String = step(&engine, &steps, &mut conn, "reserve", Raw, |tx| {
+//!     Box::pin(async move {
+//!         sqlx::query_scalar("INSERT INTO orders (sku) VALUES ('X') RETURNING id::text")
+//!             .fetch_one(&mut *tx)
+//!             .await
+//!     })
+//! })
+//! .await?;
+//!
+//! // A side effect outside the database is an ordinary step.
+//! steps
+//!     .run("receipt", Raw, |key| async move {
+//!         // send the receipt of order `id`, under `key`
+//!         Ok::<_, std::io::Error>(format!("sent for {id} as {key}"))
+//!     })
+//!     .await?;
+//! # let _ = ticket; Ok(()) }
+//! ```
+//!
+//! A step that was recorded is answered from its record. Its work does not run. Otherwise a
+//! transaction begins on your connection, or a savepoint in your transaction. The work runs on
+//! it. Its result is recorded in it, and it commits. An error of the work rolls back both, and
+//! the step runs again on a retry.
+//!
+//! Two runs of a request overlap only after a lease lapsed. If both run the same step, the
+//! second to record it waits for the first's transaction. When the first commits, the second
+//! rolls back its own writes and returns the first's result. Under `REPEATABLE READ` or
+//! `SERIALIZABLE`, PostgreSQL may roll the second back instead. It then fails with
+//! [`StepErrorKind::Conflict`](crate::engine::StepErrorKind::Conflict): run the request again.
+//!
+//! On a connection of the store's own pool, the store's `statement_timeout` is lifted for the
+//! step, as for `within`. Besides the work, a step sends four statements: the begin, the
+//! settings, the record and the commit. The first step of a request also reads its recorded
+//! steps, once.
+//!
 //! [`PostgresStoreBuilder::lock_timeout`]: crate::store::postgres::PostgresStoreBuilder::lock_timeout
 //! [`PostgresStore::connect`]: crate::store::postgres::PostgresStore::connect
 
 use crate::engine::scope::StoreKey;
-use crate::engine::{Begin, BoxFuture, Engine, Fingerprint, RecordError, RecordedResponse, Ticket};
-use crate::metrics::{Door, Op, Outcome, Settled, Started, request, settled};
+use crate::engine::{
+    Begin, BoxFuture, Codec, Engine, Fingerprint, RecordError, RecordedResponse, StepError, Steps,
+    Ticket,
+};
+use crate::metrics::{self, Door, Op, Outcome, Settled, Started, StepResult, request, settled};
 use crate::store::postgres::{Held, Lifted, OpError, PostgresStore};
-use crate::store::{StoreError, StoreErrorKind};
+use crate::store::{StepRecorded, StoreError, StoreErrorKind};
 use sqlx::postgres::{PgConnection, Postgres};
 use sqlx::{Connection, Transaction};
 use std::error::Error as StdError;
 use std::fmt;
+use std::future::Future;
 
 /// What [`within`] did.
 #[derive(Debug)]
@@ -391,6 +458,116 @@ where
     };
     request(Door::Within, outcome);
     rolled_back(tx, Ok(answer)).await
+}
+
+/// Runs the step `name` of a request's work in one PostgreSQL transaction with its record, or
+/// answers it from its record. See [steps in a transaction](self#steps-in-a-transaction).
+///
+/// `steps` are the request's, from [`Engine::steps`] on the same engine. `conn` is a
+/// connection, or your own transaction (`&mut *tx`): the step then works in a savepoint and
+/// leaves the commit to you. The step's place and name follow the rules of [`Steps::run`],
+/// and its place is taken when `step` is called.
+///
+/// When the step is recorded, its value is decoded with `codec` and returned, and `work` does
+/// not run. Otherwise a transaction begins on `conn`, and `work` runs on it. Its `Ok` value is
+/// encoded with `codec` and recorded in that transaction, which then commits. The work is
+/// written `|tx| Box::pin(async move { … })`, as for [`within`].
+///
+/// If an overlapping run recorded the step first, this one rolls back and returns the first's
+/// value, with the metric `idempotency_steps_total{result="overlapped"}`.
+///
+/// # Errors
+/// A [`StepError`]:
+/// - [`Work`](crate::engine::StepErrorKind::Work): the work's error. Everything was rolled
+///   back and nothing recorded.
+/// - [`Store`](crate::engine::StepErrorKind::Store): the recorded steps could not be read, or
+///   the record or the commit failed, or the value cannot be encoded within the record limit.
+///   The work was rolled back, except after a lost commit, which may have happened.
+/// - [`Conflict`](crate::engine::StepErrorKind::Conflict): PostgreSQL rolled the transaction
+///   back for a concurrent one. Run the request again, in a new transaction.
+/// - a bad name or order, or a record that fails validation, as for [`Steps::run`].
+pub fn step<'a, T, E, C, F>(
+    engine: &'a Engine<PostgresStore>,
+    steps: &'a Steps,
+    conn: &'a mut PgConnection,
+    name: &str,
+    codec: C,
+    work: F,
+) -> impl Future<Output = Result<T, StepError<E>>> + Send + 'a
+where
+    C: Codec<T>,
+    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<T, E>> + Send + 'a,
+    T: Send + 'a,
+    E: Send + 'a,
+{
+    // The place is taken now, as `Steps::run` takes it: joined steps keep call order.
+    let place = steps.take_place(name);
+    let name = name.to_owned();
+    async move {
+        let place = place?;
+        let bound = steps.bound(place, &name)?;
+        let id = bound.step_id(place);
+        if let Some(value) = steps.recorded(bound).await?.get(&id) {
+            return bound.replay(place, &id, &name, &codec, value.clone());
+        }
+        let store = engine.store();
+        let failed = |e: OpError, op| match e.into_conflict() {
+            Ok(e) => StepError::conflict(OpError::from(e).into_store(op), place, &name),
+            Err(e) => StepError::not_recorded(e.into_store(op), place, &name),
+        };
+        let own = !conn.is_in_transaction();
+        let mut tx = conn
+            .begin()
+            .await
+            .map_err(|e| failed(e.into(), "PostgreSQL begin"))?;
+        let lifted = match store.lift(&mut tx).await {
+            Ok(lifted) => lifted,
+            Err(e) => return rolled_back(tx, Err(failed(e, "PostgreSQL settings"))).await,
+        };
+        let value = match work(&mut tx).await {
+            Ok(value) => value,
+            // The work's error rolls back what it wrote: nothing is recorded.
+            Err(e) => return rolled_back(tx, Err(StepError::work(e, place, &name))).await,
+        };
+        let sealed = match bound.sealed(&id, &name, &codec, &value) {
+            Ok(sealed) => sealed,
+            // Committing the work without its record would run it again on a retry.
+            Err(e) => return rolled_back(tx, Err(StepError::not_recorded(e, place, &name))).await,
+        };
+        let op = "PostgreSQL record step in a transaction";
+        let started = Started::now();
+        let recorded = store
+            .record_step_on(&mut tx, &bound.key, &id, &sealed, bound.ttl)
+            .await;
+        let timed = recorded
+            .as_ref()
+            .map(|_| ())
+            .map_err(|e| StoreError::new(e.kind(), op));
+        engine.timer().record(Op::RecordStep, started, &timed);
+        match recorded {
+            Ok(Some(StepRecorded::Recorded)) => match finish(store, tx, own, lifted).await {
+                Ok(()) => {
+                    metrics::step(StepResult::Ran);
+                    Ok(value)
+                }
+                Err(Ended::Conflict(e)) => Err(failed(e.into(), "PostgreSQL commit")),
+                Err(Ended::Failed(e)) => Err(StepError::not_recorded(e, place, &name)),
+            },
+            // Another run recorded the step first: its work stands, this one's goes.
+            Ok(Some(StepRecorded::Found(first))) => {
+                rolled_back(tx, ()).await;
+                bound.overlapped(place, &id, &name, &codec, first)
+            }
+            Ok(None) => {
+                let e = StoreError::new(
+                    StoreErrorKind::Protocol,
+                    "recording a step kept racing concurrent records",
+                );
+                rolled_back(tx, Err(StepError::not_recorded(e, place, &name))).await
+            }
+            Err(e) => rolled_back(tx, Err(failed(e, op))).await,
+        }
+    }
 }
 
 /// How the commit failed.

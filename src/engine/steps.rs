@@ -120,12 +120,12 @@ struct Inner {
     names: Mutex<Vec<Box<str>>>,
 }
 
-struct Bound {
+pub(crate) struct Bound {
     store: Arc<dyn StepStore>,
     timer: StoreTimer,
-    key: StoreKey,
+    pub(crate) key: StoreKey,
     fingerprint: Fingerprint,
-    ttl: Duration,
+    pub(crate) ttl: Duration,
     max_record_body: usize,
     secret: Option<Secret>,
 }
@@ -242,13 +242,6 @@ impl Steps {
         self.inner.bound.get().map(|b| &b.key)
     }
 
-    fn bound<E>(&self, place: u32, name: &str) -> Result<&Bound, StepError<E>> {
-        self.inner
-            .bound
-            .get()
-            .ok_or_else(|| StepError::new(Repr::NotClaimed, place, name))
-    }
-
     fn names(&self) -> std::sync::MutexGuard<'_, Vec<Box<str>>> {
         self.inner
             .names
@@ -287,15 +280,8 @@ impl Steps {
             let place = place?;
             let bound = self.bound(place, &name)?;
             let id = bound.step_id(place);
-            let recorded = self.recorded(bound).await?;
-            if let Some(value) = recorded.get(&id) {
-                let payload = bound.read(place, &id, &name, value.clone())?;
-                let value = codec
-                    .decode(payload)
-                    .map_err(|e| StepError::new(Repr::RecordInvalid(Box::new(e)), place, &name))?;
-                metrics::step(StepResult::Replayed);
-                tracing::debug!(key = ?bound.key, step = %name, "idempotency step answered from its record");
-                return Ok(value);
+            if let Some(value) = self.recorded(bound).await?.get(&id) {
+                return bound.replay(place, &id, &name, &codec, value.clone());
             }
             let derived = bound.derived_key(&name);
             let value = work(derived)
@@ -305,8 +291,16 @@ impl Steps {
         }
     }
 
+    /// The claim of these steps, or why a step cannot run.
+    pub(crate) fn bound<E>(&self, place: u32, name: &str) -> Result<&Bound, StepError<E>> {
+        self.inner
+            .bound
+            .get()
+            .ok_or_else(|| StepError::new(Repr::NotClaimed, place, name))
+    }
+
     /// Takes the next place for `name`, refusing a bad or repeated name.
-    fn take_place<E>(&self, name: &str) -> Result<u32, StepError<E>> {
+    pub(crate) fn take_place<E>(&self, name: &str) -> Result<u32, StepError<E>> {
         let mut names = self.names();
         let place = u32::try_from(names.len()).unwrap_or(u32::MAX);
         if name.is_empty() || name.len() > MAX_NAME {
@@ -320,7 +314,10 @@ impl Steps {
     }
 
     /// The request's recorded steps, read from the store on first use.
-    async fn recorded<E>(&self, bound: &Bound) -> Result<&HashMap<StepId, Bytes>, StepError<E>> {
+    pub(crate) async fn recorded<E>(
+        &self,
+        bound: &Bound,
+    ) -> Result<&HashMap<StepId, Bytes>, StepError<E>> {
         self.inner
             .recorded
             .get_or_try_init(|| async {
@@ -342,7 +339,7 @@ impl Steps {
 }
 
 impl Bound {
-    fn step_id(&self, place: u32) -> StepId {
+    pub(crate) fn step_id(&self, place: u32) -> StepId {
         let mut h = Sha256::new();
         h.update(STEP_ID_DOMAIN);
         h.update(self.fingerprint.as_bytes());
@@ -413,6 +410,73 @@ impl Bound {
         Ok(payload)
     }
 
+    /// A recorded step's value, decoded: the step does not run.
+    pub(crate) fn replay<T, E, C: Codec<T>>(
+        &self,
+        place: u32,
+        id: &StepId,
+        name: &str,
+        codec: &C,
+        value: Bytes,
+    ) -> Result<T, StepError<E>> {
+        let value = self.decoded(place, id, name, codec, value)?;
+        metrics::step(StepResult::Replayed);
+        tracing::debug!(key = ?self.key, step = %name, "idempotency step answered from its record");
+        Ok(value)
+    }
+
+    /// The first record of a step that an overlapping run recorded too, decoded.
+    pub(crate) fn overlapped<T, E, C: Codec<T>>(
+        &self,
+        place: u32,
+        id: &StepId,
+        name: &str,
+        codec: &C,
+        first: Bytes,
+    ) -> Result<T, StepError<E>> {
+        metrics::step(StepResult::Overlapped);
+        tracing::warn!(key = ?self.key, step = %name, "idempotency step ran in two overlapping runs (a lease lapsed); the first record wins, its result is returned");
+        self.decoded(place, id, name, codec, first)
+    }
+
+    fn decoded<T, E, C: Codec<T>>(
+        &self,
+        place: u32,
+        id: &StepId,
+        name: &str,
+        codec: &C,
+        value: Bytes,
+    ) -> Result<T, StepError<E>> {
+        let payload = self.read(place, id, name, value)?;
+        codec
+            .decode(payload)
+            .map_err(|e| StepError::new(Repr::RecordInvalid(Box::new(e)), place, name))
+    }
+
+    /// The bytes to record for a step's result, or why it cannot be recorded: the codec
+    /// refused it, or it is over the record limit.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn sealed<T, C: Codec<T>>(
+        &self,
+        id: &StepId,
+        name: &str,
+        codec: &C,
+        value: &T,
+    ) -> Result<Bytes, StoreError> {
+        match codec.encode(value) {
+            Ok(p) if p.len() <= self.max_record_body => Ok(self.encode(id, name, &p)),
+            Ok(_) => Err(StoreError::new(
+                StoreErrorKind::Protocol,
+                "the step's result is over the record limit",
+            )),
+            Err(e) => Err(StoreError::with_source(
+                StoreErrorKind::Protocol,
+                "the step's result cannot be encoded",
+                e,
+            )),
+        }
+    }
+
     /// Records a step's result, or gives back the first record of an overlapping run.
     async fn record<T, E, C: Codec<T>>(
         &self,
@@ -448,14 +512,7 @@ impl Bound {
                 metrics::step(StepResult::Ran);
                 Ok(value)
             }
-            Ok(StepRecorded::Found(first)) => {
-                metrics::step(StepResult::Overlapped);
-                tracing::warn!(key = ?inner.key, step = %name, "idempotency step ran in two overlapping runs (a lease lapsed); the first record wins, its result is returned");
-                let payload = self.read(place, id, name, first)?;
-                codec
-                    .decode(payload)
-                    .map_err(|e| StepError::new(Repr::RecordInvalid(Box::new(e)), place, name))
-            }
+            Ok(StepRecorded::Found(first)) => self.overlapped(place, id, name, codec, first),
             Err(e) => {
                 metrics::step(StepResult::RecordFailed);
                 tracing::warn!(key = ?inner.key, step = %name, error = %e, "idempotency step ran but its record failed; a retry runs the step again");
@@ -504,6 +561,12 @@ pub struct StepError<E> {
 enum Repr<E> {
     Work(E),
     Store(StoreError),
+    /// A step in a transaction whose record, or commit, failed: it was rolled back.
+    #[cfg(feature = "postgres")]
+    NotRecorded(StoreError),
+    /// A step in a transaction that PostgreSQL rolled back for a concurrent one.
+    #[cfg(feature = "postgres")]
+    Conflict(StoreError),
     Unsupported(StoreError),
     RecordInvalid(Box<dyn StdError + Send + Sync + 'static>),
     NameInvalid,
@@ -518,7 +581,10 @@ enum Repr<E> {
 pub enum StepErrorKind {
     /// The step's work returned an error. Nothing was recorded: the step runs again on a retry.
     Work,
-    /// The store could not read the recorded steps. The step did not run.
+    /// The store could not read the recorded steps. The step did not run. Or a step run in a
+    /// transaction (`transactional::step`, feature `postgres`) could not be recorded: its work
+    /// was rolled back. When the commit itself failed on a lost connection, whether it
+    /// happened is unknown.
     Store,
     /// The store keeps no steps: a store of your own that does not implement
     /// [`Store::record_step`] and [`Store::steps`]. The step did not run.
@@ -537,6 +603,10 @@ pub enum StepErrorKind {
     /// The steps belong to no claimed key: the request passed the layer unclaimed, or the
     /// steps are used before the key is claimed. The step did not run.
     NotClaimed,
+    /// A step run in a transaction was rolled back by PostgreSQL for a concurrent transaction:
+    /// a serialization failure (`40001`) or a deadlock (`40P01`). Nothing of it was committed.
+    /// Run the request again, in a new transaction.
+    Conflict,
 }
 
 impl<E> StepError<E> {
@@ -548,12 +618,34 @@ impl<E> StepError<E> {
         }
     }
 
+    /// The work's error, as a step's.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn work(e: E, place: u32, name: &str) -> Self {
+        Self::new(Repr::Work(e), place, name)
+    }
+
+    /// A step in a transaction that was rolled back because its record or commit failed.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn not_recorded(e: StoreError, place: u32, name: &str) -> Self {
+        Self::new(Repr::NotRecorded(e), place, name)
+    }
+
+    /// A step in a transaction that PostgreSQL rolled back for a concurrent one.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn conflict(e: StoreError, place: u32, name: &str) -> Self {
+        Self::new(Repr::Conflict(e), place, name)
+    }
+
     /// What failed.
     #[must_use]
     pub fn kind(&self) -> StepErrorKind {
         match self.repr {
             Repr::Work(_) => StepErrorKind::Work,
             Repr::Store(_) => StepErrorKind::Store,
+            #[cfg(feature = "postgres")]
+            Repr::NotRecorded(_) => StepErrorKind::Store,
+            #[cfg(feature = "postgres")]
+            Repr::Conflict(_) => StepErrorKind::Conflict,
             Repr::Unsupported(_) => StepErrorKind::Unsupported,
             Repr::RecordInvalid(_) => StepErrorKind::RecordInvalid,
             Repr::NameInvalid => StepErrorKind::NameInvalid,
@@ -563,12 +655,19 @@ impl<E> StepError<E> {
         }
     }
 
-    /// Whether running the request again may succeed: a store failure that [is
+    /// Whether running the request again may succeed: a conflict, or a store failure that [is
     /// retryable](StoreError::is_retryable). The work's own error is the work's to judge, so it
     /// gives `false`, as does every mistake in the handler's steps.
     #[must_use]
     pub fn is_retryable(&self) -> bool {
-        matches!(&self.repr, Repr::Store(e) if e.is_retryable())
+        match &self.repr {
+            Repr::Store(e) => e.is_retryable(),
+            #[cfg(feature = "postgres")]
+            Repr::NotRecorded(e) => e.is_retryable(),
+            #[cfg(feature = "postgres")]
+            Repr::Conflict(_) => true,
+            _ => false,
+        }
     }
 
     /// The step's name.
@@ -595,12 +694,14 @@ impl<E> StepError<E> {
         }
     }
 
-    /// The store's error, for kinds [`Store`](StepErrorKind::Store) and
-    /// [`Unsupported`](StepErrorKind::Unsupported).
+    /// The store's error, for kinds [`Store`](StepErrorKind::Store),
+    /// [`Unsupported`](StepErrorKind::Unsupported) and [`Conflict`](StepErrorKind::Conflict).
     #[must_use]
     pub fn store_error(&self) -> Option<&StoreError> {
         match &self.repr {
             Repr::Store(e) | Repr::Unsupported(e) => Some(e),
+            #[cfg(feature = "postgres")]
+            Repr::NotRecorded(e) | Repr::Conflict(e) => Some(e),
             _ => None,
         }
     }
@@ -613,6 +714,8 @@ impl<E: fmt::Debug> fmt::Debug for StepError<E> {
         match &self.repr {
             Repr::Work(e) => d.field("error", e),
             Repr::Store(e) | Repr::Unsupported(e) => d.field("error", e),
+            #[cfg(feature = "postgres")]
+            Repr::NotRecorded(e) | Repr::Conflict(e) => d.field("error", e),
             Repr::RecordInvalid(e) => d.field("error", e),
             Repr::SequenceChanged(recorded) => d.field("recorded", recorded),
             Repr::NameInvalid | Repr::NameReused | Repr::NotClaimed => &mut d,
@@ -628,6 +731,15 @@ impl<E: fmt::Display> fmt::Display for StepError<E> {
             Repr::Work(e) => write!(f, "step `{name}` failed: {e}"),
             Repr::Store(e) => write!(f, "the recorded steps could not be read: {e}"),
             Repr::Unsupported(e) => write!(f, "steps are not kept by this store: {e}"),
+            #[cfg(feature = "postgres")]
+            Repr::NotRecorded(e) => {
+                write!(f, "step `{name}` was rolled back: its record failed: {e}")
+            }
+            #[cfg(feature = "postgres")]
+            Repr::Conflict(e) => write!(
+                f,
+                "step `{name}` conflicted with a concurrent transaction and was rolled back: {e}"
+            ),
             Repr::RecordInvalid(e) => {
                 write!(f, "the record of step `{name}` failed validation: {e}")
             }
@@ -656,6 +768,8 @@ impl<E: StdError + 'static> StdError for StepError<E> {
         match &self.repr {
             Repr::Work(e) => Some(e),
             Repr::Store(e) | Repr::Unsupported(e) => Some(e),
+            #[cfg(feature = "postgres")]
+            Repr::NotRecorded(e) | Repr::Conflict(e) => Some(e),
             Repr::RecordInvalid(e) => Some(&**e),
             Repr::NameInvalid | Repr::NameReused | Repr::SequenceChanged(_) | Repr::NotClaimed => {
                 None

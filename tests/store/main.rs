@@ -19,6 +19,8 @@ mod model_stores;
 #[cfg(feature = "test-util")]
 mod postgres_exchanges;
 #[cfg(feature = "test-util")]
+mod postgres_steps;
+#[cfg(feature = "test-util")]
 mod postgres_store;
 #[cfg(feature = "test-util")]
 mod postgres_within;

@@ -7,6 +7,7 @@
 
 use super::postgres_store::{fresh_table, shared_server};
 use crate::support::postgres_server::PostgresServer;
+use bytes::Bytes;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -14,8 +15,8 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tower_idempotency::Store;
 use tower_idempotency::conformance::{LONG, fingerprint, random_key, record};
-use tower_idempotency::store::Claim;
 use tower_idempotency::store::postgres::PostgresStore;
+use tower_idempotency::store::{Claim, StepId, StepRecorded};
 
 /// A proxy to the server that counts the `ReadyForQuery` messages the server sends.
 struct CountingProxy {
@@ -172,6 +173,12 @@ async fn every_step_of_a_store_made_by_connect_is_one_exchange() {
             .await
             .unwrap()
     );
+    let warm_step = StepId::from_bytes([1; 32]);
+    store
+        .record_step(&warm, &warm_step, Bytes::from_static(b"s"), LONG)
+        .await
+        .unwrap();
+    store.steps(&warm).await.unwrap();
     store.forget(&warm, false).await.unwrap();
     let connections = proxy.connections.load(Ordering::SeqCst);
 
@@ -194,14 +201,29 @@ async fn every_step_of_a_store_made_by_connect_is_one_exchange() {
     };
     let (released, release) = exchanges(&proxy, store.release(&other, &token)).await;
     assert!(released.unwrap());
+    let (step, value) = (StepId::from_bytes([2; 32]), Bytes::from_static(b"charged"));
+    let recording = store.record_step(&other, &step, value.clone(), LONG);
+    let (recorded, record_step) = exchanges(&proxy, recording).await;
+    assert_eq!(recorded.unwrap(), StepRecorded::Recorded);
+    let again = store.record_step(&other, &step, Bytes::from_static(b"twice"), LONG);
+    let (found, record_found) = exchanges(&proxy, again).await;
+    assert_eq!(found.unwrap(), StepRecorded::Found(value.clone()));
+    let (read, steps) = exchanges(&proxy, store.steps(&other)).await;
+    assert_eq!(read.unwrap(), vec![(step, value)]);
     eprintln!(
         "exchanges per step: claim (fresh) {fresh}, renew {renew}, complete {complete}, \
-         claim (replay) {replay}, forget {forget}, release {release}"
+         claim (replay) {replay}, forget {forget}, release {release}, \
+         record_step {record_step}, record_step (found) {record_found}, steps {steps}"
     );
     assert_eq!(
         (fresh, renew, complete, replay, forget, release),
         (1, 1, 1, 1, 1, 1),
         "claim fresh, renew, complete, claim replay, forget, release"
+    );
+    assert_eq!(
+        (record_step, record_found, steps),
+        (1, 1, 1),
+        "record_step, record_step found, steps"
     );
     // No step opened a connection: each took the one the warm-up left.
     assert_eq!(proxy.connections.load(Ordering::SeqCst), connections);

@@ -18,7 +18,7 @@ use tower_idempotency::conformance::{Harness, LONG, SHORT, fingerprint, random_k
 use tower_idempotency::engine::{Begin, Engine, RecordedResponse};
 use tower_idempotency::store::postgres::PostgresStore;
 use tower_idempotency::store::postgres::sqlx::{self, PgPool, Row};
-use tower_idempotency::store::{Claim, StoreErrorKind};
+use tower_idempotency::store::{Claim, StepId, StepRecorded, StoreErrorKind};
 use tower_idempotency::{IdempotencyLayer, Store};
 
 /// One server for the whole binary; the tests use random keys or tables of their own.
@@ -206,6 +206,16 @@ async fn a_table_named_by_sql_keywords_works_for_every_step() {
         store.claim(&key, &fp, LONG).await.unwrap(),
         Claim::Done { .. }
     ));
+    let step = StepId::from_bytes([3; 32]);
+    let value = Bytes::from_static(b"step");
+    assert_eq!(
+        store
+            .record_step(&key, &step, value.clone(), LONG)
+            .await
+            .unwrap(),
+        StepRecorded::Recorded
+    );
+    assert_eq!(store.steps(&key).await.unwrap(), vec![(step, value)]);
     let Claim::Claimed(other) = store.claim(&random_key(), &fp, LONG).await.unwrap() else {
         panic!("a free key is claimed");
     };
@@ -220,6 +230,220 @@ async fn a_table_named_by_sql_keywords_works_for_every_step() {
         .await
         .unwrap();
     assert_eq!(rows, 1, "the other claim's row");
+    let steps: i64 = sqlx::query_scalar("SELECT count(*) FROM \"grant\".\"order_steps\"")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(steps, 0, "forget took the key's step");
+}
+
+// ---- steps ----------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn migrate_creates_the_steps_table_beside_an_existing_table() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let table = fresh_table("stepped");
+    let steps = format!("{table}_steps");
+    let store = store_on(server, &table, "stepped").await;
+    let pool = store.pool();
+    let columns: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT column_name::text, data_type::text, is_nullable::text \
+         FROM information_schema.columns WHERE table_name = $1 ORDER BY ordinal_position",
+    )
+    .bind(&steps)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let got: Vec<(&str, &str, &str)> = columns
+        .iter()
+        .map(|(a, b, c)| (a.as_str(), b.as_str(), c.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            ("expires_at", "timestamp with time zone", "NO"),
+            ("key", "bytea", "NO"),
+            ("step", "bytea", "NO"),
+            ("value", "bytea", "NO"),
+        ],
+        "the columns of the documented DDL"
+    );
+    let indexes: Vec<String> =
+        sqlx::query_scalar("SELECT indexdef FROM pg_indexes WHERE tablename = $1 ORDER BY 1")
+            .bind(&steps)
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    assert_eq!(indexes.len(), 2, "{indexes:?}");
+    assert!(
+        indexes
+            .iter()
+            .any(|i| i.contains("UNIQUE") && i.contains("(key, step)")),
+        "{indexes:?}"
+    );
+    assert!(
+        indexes.iter().any(|i| i.contains("(expires_at)")),
+        "{indexes:?}"
+    );
+
+    // A table made before steps: `migrate` adds the steps' table and leaves the records alone.
+    let key = random_key();
+    let fp = fingerprint("a");
+    let Claim::Claimed(token) = store.claim(&key, &fp, LONG).await.unwrap() else {
+        panic!("a free key is claimed");
+    };
+    sqlx::query(&format!("DROP TABLE {steps}"))
+        .execute(pool)
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    assert!(
+        store
+            .complete(&key, &token, &fp, record("a"), LONG)
+            .await
+            .unwrap(),
+        "the records were kept"
+    );
+    let step = StepId::from_bytes([4; 32]);
+    assert_eq!(
+        store
+            .record_step(&key, &step, Bytes::from_static(b"v"), LONG)
+            .await
+            .unwrap(),
+        StepRecorded::Recorded
+    );
+}
+
+#[tokio::test]
+async fn a_recorded_step_moves_the_keys_live_steps_to_its_expiry_and_never_revives_expired_ones() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let store = store_on(server, "tower_idempotency", "step-expiry").await;
+    let (a, b) = (StepId::from_bytes([5; 32]), StepId::from_bytes([6; 32]));
+    let v = Bytes::from_static(b"v");
+
+    let key = random_key();
+    store.record_step(&key, &a, v.clone(), SHORT).await.unwrap();
+    store.record_step(&key, &b, v.clone(), LONG).await.unwrap();
+    tokio::time::sleep(SHORT + Duration::from_millis(300)).await;
+    assert_eq!(
+        store.steps(&key).await.unwrap().len(),
+        2,
+        "the first step was moved to the second's expiry"
+    );
+
+    let key = random_key();
+    store.record_step(&key, &a, v.clone(), SHORT).await.unwrap();
+    tokio::time::sleep(SHORT + Duration::from_millis(300)).await;
+    store.record_step(&key, &b, v.clone(), LONG).await.unwrap();
+    assert_eq!(
+        store.steps(&key).await.unwrap(),
+        vec![(b, v)],
+        "an expired step stays expired"
+    );
+}
+
+#[tokio::test]
+async fn concurrent_records_of_one_step_keep_the_first() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let store = store_on(server, "tower_idempotency", "step-race").await;
+    for _ in 0..5 {
+        let key = random_key();
+        let step = StepId::from_bytes([7; 32]);
+        let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(8));
+        let runs: Vec<_> = (0..8u8)
+            .map(|i| {
+                let (store, barrier) = (store.clone(), barrier.clone());
+                tokio::spawn(async move {
+                    let value = Bytes::from(vec![i]);
+                    barrier.wait().await;
+                    let got = store.record_step(&key, &step, value.clone(), LONG).await;
+                    (value, got.unwrap())
+                })
+            })
+            .collect();
+        let mut recorded = Vec::new();
+        let mut found = Vec::new();
+        for run in runs {
+            match run.await.unwrap() {
+                (value, StepRecorded::Recorded) => recorded.push(value),
+                (_, StepRecorded::Found(first)) => found.push(first),
+                (_, other) => panic!("{other:?}"),
+            }
+        }
+        assert_eq!(recorded.len(), 1, "one record wins");
+        assert!(found.iter().all(|f| *f == recorded[0]), "the rest see it");
+        assert_eq!(
+            store.steps(&key).await.unwrap(),
+            vec![(step, recorded[0].clone())]
+        );
+    }
+}
+
+#[tokio::test]
+async fn forget_keeps_the_steps_of_a_pending_claim_it_keeps() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let store = store_on(server, "tower_idempotency", "step-forget").await;
+    let key = random_key();
+    let Claim::Claimed(_) = store.claim(&key, &fingerprint("a"), LONG).await.unwrap() else {
+        panic!("a free key is claimed");
+    };
+    let step = StepId::from_bytes([8; 32]);
+    store
+        .record_step(&key, &step, Bytes::from_static(b"v"), LONG)
+        .await
+        .unwrap();
+    assert_eq!(
+        store.forget(&key, false).await.unwrap(),
+        tower_idempotency::store::Forgotten::KeptPending
+    );
+    assert_eq!(store.steps(&key).await.unwrap().len(), 1, "kept");
+    assert_eq!(
+        store.forget(&key, true).await.unwrap(),
+        tower_idempotency::store::Forgotten::Pending
+    );
+    assert!(store.steps(&key).await.unwrap().is_empty(), "deleted");
+}
+
+#[tokio::test]
+async fn purge_deletes_expired_steps_and_keeps_live_ones() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let table = fresh_table("purged_steps");
+    let store = store_on(server, &table, "purge-steps").await;
+    let v = Bytes::from_static(b"v");
+    // More than one batch of expired steps, over many keys and a few steps each.
+    for _ in 0..400 {
+        let key = random_key();
+        for i in 0..3u8 {
+            store
+                .record_step(&key, &StepId::from_bytes([i; 32]), v.clone(), SHORT)
+                .await
+                .unwrap();
+        }
+    }
+    let live = random_key();
+    let step = StepId::from_bytes([9; 32]);
+    store
+        .record_step(&live, &step, v.clone(), LONG)
+        .await
+        .unwrap();
+    tokio::time::sleep(SHORT + Duration::from_millis(300)).await;
+    assert_eq!(store.purge().await.unwrap(), 1200, "every expired step");
+    let left: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}_steps"))
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(left, 1, "the live step");
+    assert_eq!(store.steps(&live).await.unwrap(), vec![(step, v)]);
 }
 
 #[tokio::test]

@@ -1,4 +1,4 @@
-//! Creating the table, and purging expired rows.
+//! Creating the tables, and purging expired rows.
 
 use super::error::OpError;
 use super::{PURGE_BATCH, PostgresStore};
@@ -9,9 +9,11 @@ use crate::store::StoreError;
 const MIGRATE_LOCK: i64 = 0x746f_7765_722d_6964;
 
 impl PostgresStore {
-    /// Creates the table and its index when the table does not exist. The DDL is in the
+    /// Creates the table and its index when the table does not exist, and the same for the
+    /// table of steps beside it. The DDL is in the
     /// [module docs](crate::store::postgres#the-table). An existing table is left as it is,
-    /// whatever it holds.
+    /// whatever it holds. So a store whose table predates steps gets its steps' table on the
+    /// next `migrate`.
     ///
     /// Safe to call from every replica at start-up. It runs in one transaction under an
     /// advisory lock. When the table exists it takes no lock on it. So it never queues behind,
@@ -32,15 +34,23 @@ impl PostgresStore {
                 .bind(MIGRATE_LOCK)
                 .execute(&mut *tx)
                 .await?;
-            let exists: bool = sqlx::query_scalar("SELECT to_regclass($1) IS NOT NULL")
-                .bind(&self.sql.quoted)
-                .fetch_one(&mut *tx)
-                .await?;
-            if !exists {
+            let (records, steps): (bool, bool) =
+                sqlx::query_as("SELECT to_regclass($1) IS NOT NULL, to_regclass($2) IS NOT NULL")
+                    .bind(&self.sql.quoted)
+                    .bind(&self.sql.steps_quoted)
+                    .fetch_one(&mut *tx)
+                    .await?;
+            if !records {
                 for statement in self.sql.schema.split_terminator(";\n") {
                     sqlx::query(statement).execute(&mut *tx).await?;
                 }
                 tracing::info!(table = %self.sql.table, "created the idempotency table");
+            }
+            if !steps {
+                for statement in self.sql.steps_schema.split_terminator(";\n") {
+                    sqlx::query(statement).execute(&mut *tx).await?;
+                }
+                tracing::info!(table = %self.sql.table, "created the idempotency steps table");
             }
             tx.commit().await?;
             Ok::<_, OpError>(())
@@ -49,7 +59,8 @@ impl PostgresStore {
     }
 
     /// Deletes the rows whose lease or retention has ended, in statements of at most
-    /// 1000 rows, until none is left. Returns how many it deleted.
+    /// 1000 rows, until none is left. Then the same for expired steps. Returns how many rows it
+    /// deleted, steps included.
     ///
     /// Rows a transaction holds are skipped. A row claimed again while the purge runs is never
     /// deleted: see the [module docs](crate::store::postgres#expiry-and-the-purge). Each
@@ -58,11 +69,21 @@ impl PostgresStore {
     /// # Errors
     /// The database's error. The batches before it stay deleted.
     pub async fn purge(&self) -> Result<u64, StoreError> {
+        let records = self.purge_with(&self.sql.purge).await?;
+        let steps = self.purge_with(&self.sql.purge_steps).await?;
+        if records + steps > 0 {
+            tracing::debug!(table = %self.sql.table, records, steps, "purged expired idempotency records and steps");
+        }
+        Ok(records + steps)
+    }
+
+    /// Sends `purge`, a batch of at most 1000 rows, until a batch deletes fewer.
+    async fn purge_with(&self, purge: &str) -> Result<u64, StoreError> {
         let mut total = 0;
         loop {
             let deleted = self
                 .bounded("PostgreSQL purge", || async {
-                    Ok(sqlx::query(&self.sql.purge)
+                    Ok(sqlx::query(purge)
                         .bind(PURGE_BATCH)
                         .execute(&self.pool)
                         .await?
@@ -71,9 +92,6 @@ impl PostgresStore {
                 .await?;
             total += deleted;
             if deleted < PURGE_BATCH.unsigned_abs() {
-                if total > 0 {
-                    tracing::debug!(table = %self.sql.table, deleted = total, "purged expired idempotency records");
-                }
                 return Ok(total);
             }
         }

@@ -20,6 +20,12 @@ const MAX_MILLIS: u64 = 100 * 365 * 24 * 60 * 60 * 1000;
 
 /// The DDL for the default table, as documented.
 pub(super) const SCHEMA: &str = include_str!("schema.sql");
+/// The DDL for the default table's steps, as documented.
+pub(super) const STEPS_SCHEMA: &str = include_str!("steps.sql");
+/// The steps' table in [`STEPS_SCHEMA`], replaced by the store's.
+const DEFAULT_STEPS_NAME: &str = "tower_idempotency_steps";
+/// What names the steps' table after the records' table.
+const STEPS_SUFFIX: &str = "_steps";
 
 /// A row's state, as the `"char"` column and the claim's answer hold it.
 pub(super) const PENDING: i8 = b'P' as i8;
@@ -118,16 +124,30 @@ pub(super) struct Statements {
     pub(super) forget: String,
     /// `$1` batch size → the expired rows deleted.
     pub(super) purge: String,
+    /// `$1` key, `$2` step, `$3` value, `$4` ttl (ms) → no row (raced a concurrent record of
+    /// the step: ask again), or one row `(value)`: NULL when recorded, else the first value.
+    pub(super) record_step: String,
+    /// `$1` key → rows `(step, value)` of the key's live steps.
+    pub(super) steps: String,
+    /// `$1` batch size → the expired steps deleted.
+    pub(super) purge_steps: String,
     /// The DDL of [`SCHEMA`] for this table.
     pub(super) schema: String,
+    /// The DDL of [`STEPS_SCHEMA`] for this table's steps.
+    pub(super) steps_schema: String,
     /// The table as the statements name it: each part quoted.
     pub(super) quoted: String,
+    /// The steps' table as the statements name it.
+    pub(super) steps_quoted: String,
 }
 
 impl Statements {
     pub(super) fn new(table: &str) -> Self {
         let quoted = quote(table);
         let t = &quoted;
+        // Its last part at most 48 + 6 bytes: still a valid name.
+        let steps_quoted = quote(&format!("{table}{STEPS_SUFFIX}"));
+        let st = &steps_quoted;
         let claim = format!(
             "WITH live AS (\
                 SELECT state, fingerprint, record FROM {t} \
@@ -165,21 +185,63 @@ impl Statements {
             WHERE key = $1 AND state = 'P' AND token = $2"
         );
         // The main query sees the table before the delete: a deleted row is answered by
-        // `del`, a kept one (pending, not asked for) by the second branch.
+        // `del`, a kept one (pending, not asked for) by the second branch. The steps go unless
+        // a pending claim is kept: its work may still need them.
         let forget = format!(
             "WITH del AS (\
                 DELETE FROM {t} WHERE key = $1 AND expires_at > statement_timestamp() \
                 AND (state = 'D' OR $2::bool) RETURNING state\
+            ), del_steps AS (\
+                DELETE FROM {st} WHERE key = $1 AND NOT EXISTS (\
+                    SELECT FROM {t} WHERE key = $1 AND expires_at > statement_timestamp() \
+                    AND state = 'P' AND NOT $2::bool)\
             ) \
             SELECT state, true AS deleted FROM del \
             UNION ALL SELECT state, false FROM {t} \
             WHERE key = $1 AND expires_at > statement_timestamp() AND NOT EXISTS (SELECT FROM del)"
+        );
+        // A live step is answered as it is. Otherwise the step is inserted, or an expired one
+        // taken over, and the key's other live steps move to the new expiry. A step another
+        // statement recorded after this one's snapshot makes the insert do nothing: no row,
+        // and the caller asks again. The move skips steps another transaction holds, which is
+        // recording a step of the key and sets its own expiry: waiting for it could wait on the
+        // caller's own open transaction.
+        let record_step = format!(
+            "WITH live AS (\
+                SELECT value FROM {st} \
+                WHERE key = $1 AND step = $2 AND expires_at > statement_timestamp()\
+            ), recorded AS (\
+                INSERT INTO {st} AS s (expires_at, key, step, value) \
+                SELECT statement_timestamp() + $4::int8 * interval '1 millisecond', $1, $2, $3 \
+                WHERE NOT EXISTS (SELECT FROM live) \
+                ON CONFLICT (key, step) DO UPDATE SET expires_at = excluded.expires_at, \
+                    value = excluded.value \
+                WHERE s.expires_at <= statement_timestamp() \
+                RETURNING s.expires_at\
+            ), refreshed AS (\
+                UPDATE {st} SET expires_at = (SELECT expires_at FROM recorded) \
+                WHERE (key, step) IN (\
+                    SELECT key, step FROM {st} WHERE key = $1 AND step <> $2 \
+                    AND expires_at > statement_timestamp() AND EXISTS (SELECT FROM recorded) \
+                    FOR UPDATE SKIP LOCKED\
+                )\
+            ) \
+            SELECT NULL::bytea AS value FROM recorded UNION ALL SELECT value FROM live"
+        );
+        let steps = format!(
+            "SELECT step, value FROM {st} WHERE key = $1 AND expires_at > statement_timestamp()"
         );
         // Rows a transaction holds (a claim taking over an expired row) are skipped, and the
         // expiry is checked again on the row deleted: a re-claimed row is never purged.
         let purge = format!(
             "DELETE FROM {t} WHERE key IN (\
                 SELECT key FROM {t} WHERE expires_at <= statement_timestamp() \
+                ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED\
+            ) AND expires_at <= statement_timestamp()"
+        );
+        let purge_steps = format!(
+            "DELETE FROM {st} WHERE (key, step) IN (\
+                SELECT key, step FROM {st} WHERE expires_at <= statement_timestamp() \
                 ORDER BY expires_at LIMIT $1 FOR UPDATE SKIP LOCKED\
             ) AND expires_at <= statement_timestamp()"
         );
@@ -192,8 +254,13 @@ impl Statements {
             complete_held,
             forget,
             purge,
+            record_step,
+            steps,
+            purge_steps,
             schema: SCHEMA.replace(DEFAULT_TABLE_NAME, t),
+            steps_schema: STEPS_SCHEMA.replace(DEFAULT_STEPS_NAME, st),
             quoted,
+            steps_quoted,
         }
     }
 }
@@ -236,6 +303,15 @@ mod tests {
                 .contains("CREATE INDEX ON \"app\".\"order\" (expires_at)")
         );
         assert!(!s.schema.contains(DEFAULT_TABLE_NAME));
+        assert!(
+            s.steps_schema
+                .contains("CREATE TABLE \"app\".\"order_steps\" (")
+        );
+        assert!(
+            s.steps_schema
+                .contains("CREATE INDEX ON \"app\".\"order_steps\" (expires_at)")
+        );
+        assert!(!s.steps_schema.contains(DEFAULT_TABLE_NAME));
         for statement in [
             &s.claim,
             &s.complete,
@@ -246,6 +322,9 @@ mod tests {
         ] {
             assert!(statement.contains("\"app\".\"order\""), "{statement}");
             assert!(!statement.contains(" app.order"), "{statement}");
+        }
+        for statement in [&s.forget, &s.record_step, &s.steps, &s.purge_steps] {
+            assert!(statement.contains("\"app\".\"order_steps\""), "{statement}");
         }
         assert_eq!(s.table, "app.order");
     }

@@ -106,8 +106,25 @@ impl PostgresStore {
         }
     }
 
-    /// Puts back the store's `statement_timeout` that [`claim_held`](Self::claim_held)
-    /// lifted, for the rest of the caller's transaction.
+    /// Lifts the store's own `statement_timeout` for the rest of the transaction on `conn`, so
+    /// that it does not cut the work of a step. A connection not of the store's pool keeps its
+    /// settings.
+    pub(crate) async fn lift(&self, conn: &mut PgConnection) -> Result<Lifted, OpError> {
+        // The lateral reference reads the setting before it is changed.
+        let previous: Option<String> = sqlx::query_scalar(&format!(
+            "WITH previous AS MATERIALIZED (SELECT current_setting('statement_timeout') AS statement \
+                 WHERE (SELECT setting FROM pg_settings WHERE name = 'statement_timeout') \
+                     = current_setting('{STORE_TIMEOUT_SETTING}', true)) \
+             SELECT previous.statement FROM previous \
+             CROSS JOIN LATERAL set_config('statement_timeout', '0' || left(previous.statement, 0), true) AS s"
+        ))
+        .fetch_optional(&mut *conn)
+        .await?;
+        Ok(Lifted(previous))
+    }
+
+    /// Puts back the store's `statement_timeout` that [`claim_held`](Self::claim_held) or
+    /// [`lift`](Self::lift) lifted, for the rest of the caller's transaction.
     pub(crate) async fn restore(
         &self,
         conn: &mut PgConnection,
