@@ -114,6 +114,69 @@
 //! fingerprint from the request. The `transactional` example in the repository does it for an
 //! axum handler with the layer's `Idempotency-Key` semantics: replay, 409, 422.
 //!
+//! # Steps in a transaction
+//!
+//! [`Steps`] record each side effect of a request as it succeeds, so that a retry runs only
+//! what is left. A step run by [`Steps::run`] records its result after the work. A crash
+//! between the two runs the step again on a retry. When a step's work is writes to the
+//! database of the records, [`step`] closes that window for the step. Its writes and its
+//! record are one transaction.
+//!
+//! ```no_run
+//! use tower_idempotency::IdempotencyKey;
+//! use tower_idempotency::engine::{Begin, Engine, Fingerprint, Raw, Scope};
+//! use tower_idempotency::store::StoreKey;
+//! use tower_idempotency::store::postgres::PostgresStore;
+//! use tower_idempotency::store::postgres::sqlx::{self, PgPool};
+//! use tower_idempotency::transactional::step;
+//!
+//! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let pool = PgPool::connect("postgres://app@127.0.0.1/app").await?;
+//! let engine = Engine::new(PostgresStore::new(pool.clone(), "orders")?);
+//! engine.store().migrate().await?;
+//!
+//! let key = StoreKey::derive("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1")?);
+//! let fingerprint = Fingerprint::builder().field(b"POST /orders").field(b"{\"sku\":\"X\"}").finish();
+//! let Begin::Run(ticket) = engine.begin(key, fingerprint).await? else { return Ok(()) };
+//! let steps = engine.steps(&ticket);
+//!
+//! // The order and the step's record commit together. A retry gets the id back.
+//! let mut conn = pool.acquire().await?;
+//! let id: String = step(&engine, &steps, &mut conn, "reserve", Raw, |tx| {
+//!     Box::pin(async move {
+//!         sqlx::query_scalar("INSERT INTO orders (sku) VALUES ('X') RETURNING id::text")
+//!             .fetch_one(&mut *tx)
+//!             .await
+//!     })
+//! })
+//! .await?;
+//!
+//! // A side effect outside the database is an ordinary step.
+//! steps
+//!     .run("receipt", Raw, |key| async move {
+//!         // send the receipt of order `id`, under `key`
+//!         Ok::<_, std::io::Error>(format!("sent for {id} as {key}"))
+//!     })
+//!     .await?;
+//! # let _ = ticket; Ok(()) }
+//! ```
+//!
+//! A step that was recorded is answered from its record. Its work does not run. Otherwise a
+//! transaction begins on your connection, or a savepoint in your transaction. The work runs on
+//! it. Its result is recorded in it, and it commits. An error of the work rolls back both, and
+//! the step runs again on a retry.
+//!
+//! Two runs of a request overlap only after a lease lapsed. If both run the same step, the
+//! second to record it waits for the first's transaction. When the first commits, the second
+//! rolls back its own writes and returns the first's result. Under `REPEATABLE READ` or
+//! `SERIALIZABLE`, PostgreSQL may roll the second back instead. It then fails with
+//! [`StepErrorKind::Conflict`](crate::engine::StepErrorKind::Conflict): run the request again.
+//!
+//! On a connection of the store's own pool, the store's `statement_timeout` is lifted for the
+//! step, as for `within`. Besides the work, a step sends four statements: the begin, the
+//! settings, the record and the commit. The first step of a request also reads its recorded
+//! steps, once.
+//!
 //! [`PostgresStoreBuilder::lock_timeout`]: crate::store::postgres::PostgresStoreBuilder::lock_timeout
 //! [`PostgresStore::connect`]: crate::store::postgres::PostgresStore::connect
 
@@ -444,8 +507,8 @@ where
         let place = place?;
         let bound = steps.bound(place, &name)?;
         let id = bound.step_id(place);
-        if let Some(value) = steps.recorded_value(bound, &id).await? {
-            return bound.replay(place, &id, &name, &codec, value);
+        if let Some(value) = steps.recorded(bound).await?.get(&id) {
+            return bound.replay(place, &id, &name, &codec, value.clone());
         }
         let store = engine.store();
         let failed = |e: OpError, op| match e.into_conflict() {
@@ -474,7 +537,7 @@ where
         let op = "PostgreSQL record step in a transaction";
         let started = Started::now();
         let recorded = store
-            .record_step_on(&mut tx, bound.key(), &id, &sealed, bound.ttl())
+            .record_step_on(&mut tx, &bound.key, &id, &sealed, bound.ttl)
             .await;
         let timed = recorded
             .as_ref()

@@ -123,9 +123,9 @@ struct Inner {
 pub(crate) struct Bound {
     store: Arc<dyn StepStore>,
     timer: StoreTimer,
-    key: StoreKey,
+    pub(crate) key: StoreKey,
     fingerprint: Fingerprint,
-    ttl: Duration,
+    pub(crate) ttl: Duration,
     max_record_body: usize,
     secret: Option<Secret>,
 }
@@ -242,14 +242,6 @@ impl Steps {
         self.inner.bound.get().map(|b| &b.key)
     }
 
-    /// The claim these steps are bound to, or [`StepErrorKind::NotClaimed`].
-    pub(crate) fn bound<E>(&self, place: u32, name: &str) -> Result<&Bound, StepError<E>> {
-        self.inner
-            .bound
-            .get()
-            .ok_or_else(|| StepError::new(Repr::NotClaimed, place, name))
-    }
-
     fn names(&self) -> std::sync::MutexGuard<'_, Vec<Box<str>>> {
         self.inner
             .names
@@ -288,8 +280,8 @@ impl Steps {
             let place = place?;
             let bound = self.bound(place, &name)?;
             let id = bound.step_id(place);
-            if let Some(value) = self.recorded_value(bound, &id).await? {
-                return bound.replay(place, &id, &name, &codec, value);
+            if let Some(value) = self.recorded(bound).await?.get(&id) {
+                return bound.replay(place, &id, &name, &codec, value.clone());
             }
             let derived = bound.derived_key(&name);
             let value = work(derived)
@@ -297,6 +289,14 @@ impl Steps {
                 .map_err(|e| StepError::new(Repr::Work(e), place, &name))?;
             bound.record(place, &id, &name, &codec, value).await
         }
+    }
+
+    /// The claim of these steps, or why a step cannot run.
+    pub(crate) fn bound<E>(&self, place: u32, name: &str) -> Result<&Bound, StepError<E>> {
+        self.inner
+            .bound
+            .get()
+            .ok_or_else(|| StepError::new(Repr::NotClaimed, place, name))
     }
 
     /// Takes the next place for `name`, refusing a bad or repeated name.
@@ -313,17 +313,11 @@ impl Steps {
         Ok(place)
     }
 
-    /// The value recorded for the step `id`, if any. The steps are read on first use.
-    pub(crate) async fn recorded_value<E>(
+    /// The request's recorded steps, read from the store on first use.
+    pub(crate) async fn recorded<E>(
         &self,
         bound: &Bound,
-        id: &StepId,
-    ) -> Result<Option<Bytes>, StepError<E>> {
-        Ok(self.recorded(bound).await?.get(id).cloned())
-    }
-
-    /// The request's recorded steps, read from the store on first use.
-    async fn recorded<E>(&self, bound: &Bound) -> Result<&HashMap<StepId, Bytes>, StepError<E>> {
+    ) -> Result<&HashMap<StepId, Bytes>, StepError<E>> {
         self.inner
             .recorded
             .get_or_try_init(|| async {
@@ -345,83 +339,6 @@ impl Steps {
 }
 
 impl Bound {
-    /// A recorded step's value, decoded: the step does not run.
-    pub(crate) fn replay<T, E, C: Codec<T>>(
-        &self,
-        place: u32,
-        id: &StepId,
-        name: &str,
-        codec: &C,
-        value: Bytes,
-    ) -> Result<T, StepError<E>> {
-        let value = self.decoded(place, id, name, codec, value)?;
-        metrics::step(StepResult::Replayed);
-        tracing::debug!(key = ?self.key, step = %name, "idempotency step answered from its record");
-        Ok(value)
-    }
-
-    /// The first record of a step that an overlapping run recorded too, decoded.
-    pub(crate) fn overlapped<T, E, C: Codec<T>>(
-        &self,
-        place: u32,
-        id: &StepId,
-        name: &str,
-        codec: &C,
-        first: Bytes,
-    ) -> Result<T, StepError<E>> {
-        metrics::step(StepResult::Overlapped);
-        tracing::warn!(key = ?self.key, step = %name, "idempotency step ran in two overlapping runs (a lease lapsed); the first record wins, its result is returned");
-        self.decoded(place, id, name, codec, first)
-    }
-
-    fn decoded<T, E, C: Codec<T>>(
-        &self,
-        place: u32,
-        id: &StepId,
-        name: &str,
-        codec: &C,
-        value: Bytes,
-    ) -> Result<T, StepError<E>> {
-        let payload = self.read(place, id, name, value)?;
-        codec
-            .decode(payload)
-            .map_err(|e| StepError::new(Repr::RecordInvalid(Box::new(e)), place, name))
-    }
-
-    /// The bytes to record for a step's result, or why it cannot be recorded: the codec
-    /// refused it, or it is over the record limit.
-    #[cfg(feature = "postgres")]
-    pub(crate) fn sealed<T, C: Codec<T>>(
-        &self,
-        id: &StepId,
-        name: &str,
-        codec: &C,
-        value: &T,
-    ) -> Result<Bytes, StoreError> {
-        let cannot = |reason| StoreError::new(StoreErrorKind::Protocol, reason);
-        match codec.encode(value) {
-            Ok(p) if p.len() <= self.max_record_body => Ok(self.encode(id, name, &p)),
-            Ok(_) => Err(cannot("the step's result is over the record limit")),
-            Err(e) => Err(StoreError::with_source(
-                StoreErrorKind::Protocol,
-                "the step's result cannot be encoded",
-                e,
-            )),
-        }
-    }
-
-    /// How long the steps are kept after the last one is recorded.
-    #[cfg(feature = "postgres")]
-    pub(crate) fn ttl(&self) -> Duration {
-        self.ttl
-    }
-
-    /// The store key of the claim.
-    #[cfg(feature = "postgres")]
-    pub(crate) fn key(&self) -> &StoreKey {
-        &self.key
-    }
-
     pub(crate) fn step_id(&self, place: u32) -> StepId {
         let mut h = Sha256::new();
         h.update(STEP_ID_DOMAIN);
@@ -491,6 +408,73 @@ impl Bound {
             return Err(invalid("a step record over the record limit"));
         }
         Ok(payload)
+    }
+
+    /// A recorded step's value, decoded: the step does not run.
+    pub(crate) fn replay<T, E, C: Codec<T>>(
+        &self,
+        place: u32,
+        id: &StepId,
+        name: &str,
+        codec: &C,
+        value: Bytes,
+    ) -> Result<T, StepError<E>> {
+        let value = self.decoded(place, id, name, codec, value)?;
+        metrics::step(StepResult::Replayed);
+        tracing::debug!(key = ?self.key, step = %name, "idempotency step answered from its record");
+        Ok(value)
+    }
+
+    /// The first record of a step that an overlapping run recorded too, decoded.
+    pub(crate) fn overlapped<T, E, C: Codec<T>>(
+        &self,
+        place: u32,
+        id: &StepId,
+        name: &str,
+        codec: &C,
+        first: Bytes,
+    ) -> Result<T, StepError<E>> {
+        metrics::step(StepResult::Overlapped);
+        tracing::warn!(key = ?self.key, step = %name, "idempotency step ran in two overlapping runs (a lease lapsed); the first record wins, its result is returned");
+        self.decoded(place, id, name, codec, first)
+    }
+
+    fn decoded<T, E, C: Codec<T>>(
+        &self,
+        place: u32,
+        id: &StepId,
+        name: &str,
+        codec: &C,
+        value: Bytes,
+    ) -> Result<T, StepError<E>> {
+        let payload = self.read(place, id, name, value)?;
+        codec
+            .decode(payload)
+            .map_err(|e| StepError::new(Repr::RecordInvalid(Box::new(e)), place, name))
+    }
+
+    /// The bytes to record for a step's result, or why it cannot be recorded: the codec
+    /// refused it, or it is over the record limit.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn sealed<T, C: Codec<T>>(
+        &self,
+        id: &StepId,
+        name: &str,
+        codec: &C,
+        value: &T,
+    ) -> Result<Bytes, StoreError> {
+        match codec.encode(value) {
+            Ok(p) if p.len() <= self.max_record_body => Ok(self.encode(id, name, &p)),
+            Ok(_) => Err(StoreError::new(
+                StoreErrorKind::Protocol,
+                "the step's result is over the record limit",
+            )),
+            Err(e) => Err(StoreError::with_source(
+                StoreErrorKind::Protocol,
+                "the step's result cannot be encoded",
+                e,
+            )),
+        }
     }
 
     /// Records a step's result, or gives back the first record of an overlapping run.

@@ -293,3 +293,122 @@ async fn a_run_that_meets_an_uncommitted_record_of_its_step_waits_and_takes_it()
     );
     assert_eq!(recorded(&engine, &key).await, 1);
 }
+
+#[tokio::test]
+async fn a_step_recorded_while_the_callers_transaction_holds_a_step_does_not_wait_for_it() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let engine = engine(server).await;
+    let pool = server.pool(4).await;
+    let table = orders_table(&pool).await;
+    let key = random_key();
+    let (steps, _ticket) = claimed(&engine, key).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let _: String = step(&engine, &steps, &mut conn, "reserve", Raw, |tx| {
+        order(&table, tx)
+    })
+    .await
+    .unwrap();
+
+    // The caller's transaction records a step, which moves the first step's expiry: it holds
+    // that row until it commits.
+    let mut caller = pool.begin().await.unwrap();
+    let _: String = step(&engine, &steps, &mut caller, "charge", Raw, |tx| {
+        order(&table, tx)
+    })
+    .await
+    .unwrap();
+    // A step recorded on the store's own connection meanwhile is recorded, not held up.
+    let started = Instant::now();
+    let mail: String = steps
+        .run("mail", Raw, |_| async { Ok::<_, ()>(String::from("sent")) })
+        .await
+        .unwrap();
+    assert_eq!(mail, "sent");
+    assert!(
+        started.elapsed() < Duration::from_millis(500),
+        "it did not wait"
+    );
+    assert_eq!(
+        recorded(&engine, &key).await,
+        2,
+        "the first and the last step; the caller's is not committed"
+    );
+    caller.commit().await.unwrap();
+    assert_eq!(recorded(&engine, &key).await, 3);
+}
+
+/// Waits (bounded) until a backend waits for a lock.
+async fn until_waiting(pool: &PgPool) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if waiting > 0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "no backend waits for a lock");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn under_repeatable_read_a_run_that_loses_its_step_is_a_conflict_and_rolls_back() {
+    use std::str::FromStr;
+    use tower_idempotency::store::postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let engine = engine(server).await;
+    let pool = server.pool(4).await;
+    let table = orders_table(&pool).await;
+    let options = PgConnectOptions::from_str(&server.url())
+        .unwrap()
+        .options([("default_transaction_isolation", "repeatable\\ read")]);
+    let repeatable = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options)
+        .await
+        .unwrap();
+    let key = random_key();
+    let (first, ticket) = claimed(&engine, key).await;
+    let second = engine.steps(&ticket);
+
+    let mut caller = pool.begin().await.unwrap();
+    let first_id: String = step(&engine, &first, &mut caller, "reserve", Raw, |tx| {
+        order(&table, tx)
+    })
+    .await
+    .unwrap();
+    let mut conn = repeatable.acquire().await.unwrap();
+    let second_run = step(&engine, &second, &mut conn, "reserve", Raw, |tx| {
+        order(&table, tx)
+    });
+    let commit = async {
+        until_waiting(&pool).await;
+        caller.commit().await.unwrap();
+    };
+    let (lost, ()) = tokio::join!(second_run, commit);
+    let lost = lost.map(|_: String| ()).unwrap_err();
+    assert_eq!(lost.kind(), StepErrorKind::Conflict, "{lost:?}");
+    assert!(lost.is_retryable());
+    assert!(std::error::Error::source(&lost).is_some());
+    assert_eq!(
+        order_ids(&pool, &table).await,
+        vec![first_id.clone()],
+        "the second run's order was rolled back"
+    );
+    // Run again, the request answers the step from the first's record.
+    let again = engine.steps(&ticket);
+    let id: String = step(&engine, &again, &mut conn, "reserve", Raw, |tx| {
+        order(&table, tx)
+    })
+    .await
+    .unwrap();
+    assert_eq!(id, first_id);
+}

@@ -7,7 +7,7 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = PostgresStore::connect("postgres://app@127.0.0.1/app", "orders").await?;
-//! store.migrate().await?; // creates the table when it does not exist
+//! store.migrate().await?; // creates the tables when they do not exist
 //! let engine = Engine::new(store.clone()); // give it to any door
 //!
 //! // Expired rows stay until purged: purge now and then, on one replica or all.
@@ -40,6 +40,10 @@
 //! | [`PostgresStore`] | as long as your database keeps committed rows (a failover to an asynchronous standby may lose the last commits) | same | many replicas, records as durable as your data |
 //! | [`PostgresStore`] through [`transactional::within`](crate::transactional::within) | same, and what a failover loses it loses with the work | cannot happen: the work and the record commit together or not at all | work that is writes to the same database |
 //!
+//! [`transactional::step`](crate::transactional::step) does the same for one
+//! [step](crate::engine::Steps) of a request's work: the step's writes and its record commit
+//! together.
+//!
 //! # The table
 //!
 //! [`PostgresStore::migrate`] creates it when it does not exist. It never alters an existing
@@ -51,7 +55,16 @@
 #![doc = include_str!("schema.sql")]
 //! ```
 //!
-//! The store needs `SELECT`, `INSERT`, `UPDATE` and `DELETE` on it. `migrate` also needs
+//! The [steps](crate::engine::Steps) of a request's work live in a second table. It is named
+//! after the first, with `_steps` at the end: `tower_idempotency_steps` by default,
+//! `app.idempotency_steps` for `app.idempotency`. `migrate` creates it too, also beside a
+//! table made before steps existed. Its DDL:
+//!
+//! ```sql
+#![doc = include_str!("steps.sql")]
+//! ```
+//!
+//! The store needs `SELECT`, `INSERT`, `UPDATE` and `DELETE` on both. `migrate` also needs
 //! `CREATE` on the schema.
 //!
 //! **Hashes only.** A row holds no raw key, principal, tenant or namespace. Its key is 8 bytes
@@ -59,7 +72,8 @@
 //! itself a hash of the door's namespace, the tenant, the principal and the client key. The
 //! fingerprint is a SHA-256 of the request, and the token 16 random bytes. The record is the
 //! engine's encoding of the response, so it does hold the response. See the layer's `status`
-//! response mode for bodies that must not rest in a database.
+//! response mode for bodies that must not rest in a database. A step's row holds the same key,
+//! a 32-byte hash for the step, and the step's name and result.
 //!
 //! **A logged table.** The table must be an ordinary, logged table, never `UNLOGGED`. An
 //! unlogged table skips the write-ahead log. So PostgreSQL truncates it after a crash and
@@ -88,11 +102,15 @@
 //! | complete | `INSERT … ON CONFLICT (key) DO UPDATE` to done, only where the row has expired or is pending under the caller's token |
 //! | release | `DELETE` where the row is pending under the caller's token and live |
 //! | renew | `UPDATE expires_at` where the row is pending under the caller's token and live |
+//! | forget | `DELETE` the live row, done or (when asked) pending, and the key's steps, unless a pending row is kept |
+//! | record a step | a live step is returned as it is; otherwise `INSERT … ON CONFLICT (key, step) DO UPDATE … WHERE` the step found has expired, and the key's other live steps move to the new expiry |
+//! | read the steps | `SELECT` the key's live steps |
 //!
 //! A claim may meet a row its snapshot could not see, when another claim of the same key
 //! committed in the meantime. It has then neither inserted nor read anything. It sends the
 //! statement once more, with a fresh snapshot, within the same timeout. Only concurrent claims
-//! of one key cost that second round trip.
+//! of one key cost that second round trip. Recording a step does the same when it meets a
+//! concurrent record of that step: the first record wins.
 //!
 //! # Expiry and the purge
 //!
@@ -101,6 +119,10 @@
 //! deletes the row by itself. [`PostgresStore::purge`] deletes expired rows in batches of 1000
 //! rows, each batch one short statement. Run it now and then, every minute say, from one
 //! replica or all.
+//!
+//! A key's steps expire together: each step recorded moves the key's live steps to its own
+//! retention. A step that has expired stays expired, and a new record of it takes its place.
+//! The purge deletes expired steps the same way, after the expired rows.
 //!
 //! The purge is safe against a concurrent re-claim. It locks the rows it is about to delete
 //! with `FOR UPDATE SKIP LOCKED`. So it leaves alone a row that a transaction holds, such as a

@@ -203,7 +203,9 @@ impl Statements {
         // A live step is answered as it is. Otherwise the step is inserted, or an expired one
         // taken over, and the key's other live steps move to the new expiry. A step another
         // statement recorded after this one's snapshot makes the insert do nothing: no row,
-        // and the caller asks again.
+        // and the caller asks again. The move skips steps another transaction holds, which is
+        // recording a step of the key and sets its own expiry: waiting for it could wait on the
+        // caller's own open transaction.
         let record_step = format!(
             "WITH live AS (\
                 SELECT value FROM {st} \
@@ -218,8 +220,11 @@ impl Statements {
                 RETURNING s.expires_at\
             ), refreshed AS (\
                 UPDATE {st} SET expires_at = (SELECT expires_at FROM recorded) \
-                WHERE key = $1 AND step <> $2 AND expires_at > statement_timestamp() \
-                AND EXISTS (SELECT FROM recorded)\
+                WHERE (key, step) IN (\
+                    SELECT key, step FROM {st} WHERE key = $1 AND step <> $2 \
+                    AND expires_at > statement_timestamp() AND EXISTS (SELECT FROM recorded) \
+                    FOR UPDATE SKIP LOCKED\
+                )\
             ) \
             SELECT NULL::bytea AS value FROM recorded UNION ALL SELECT value FROM live"
         );
