@@ -32,7 +32,8 @@
 //!
 //! The handler then runs the layer's own check order, classification and replay, with one
 //! difference. Its extractors run before the key is claimed. So a request they refuse, a
-//! validation error, leaves the key free for the corrected request.
+//! validation error, leaves the key free for the corrected request. A [`Steps`](crate::Steps)
+//! argument is taken then too, and tied to the claim before the handler runs.
 
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::record::Record;
