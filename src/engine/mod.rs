@@ -85,72 +85,20 @@ fn renewal_lost(res: Result<bool, StoreError>, key: &StoreKey) -> bool {
     }
 }
 
-type RenewFuture = Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send>>;
-
-/// The renewal of a ticket's lease every third of the lease, beside work that runs. One
-/// renewal runs at a time, and none once the lease is known lost. It owns what it uses, so a
-/// hand-written future can keep it beside the ticket.
-pub(crate) struct Renewal {
-    // Made when the work first waits: work done in its first poll reads no clock and sets
-    // no timer. Boxed: work that never waits does not carry it.
-    sleep: Option<Pin<Box<tokio::time::Sleep>>>,
-    renewing: Option<RenewFuture>,
-    lost: bool,
-}
-
-impl Renewal {
-    pub(crate) fn new() -> Self {
-        Self {
-            sleep: None,
-            renewing: None,
-            lost: false,
-        }
-    }
-
-    /// Called each time the work it stands beside is pending: registers the timer, and renews
-    /// the lease when a third of it has passed.
-    pub(crate) fn poll<S: Store>(
-        &mut self,
-        cx: &mut std::task::Context<'_>,
-        engine: &Engine<S>,
-        ticket: &Ticket,
-    ) {
-        if let Some(fut) = self.renewing.as_mut()
-            && let Poll::Ready(res) = fut.as_mut().poll(cx)
-        {
-            self.renewing = None;
-            self.lost = renewal_lost(res, &ticket.key);
-        }
-        let sleep = self
-            .sleep
-            .get_or_insert_with(|| Box::pin(tokio::time::sleep(engine.lease / 3)));
-        if !self.lost && self.renewing.is_none() && sleep.as_mut().poll(cx).is_ready() {
-            sleep
-                .as_mut()
-                .reset(tokio::time::Instant::now() + engine.lease / 3);
-            let _ = sleep.as_mut().poll(cx);
-            // Owns a copy of the engine and the claim: every third of the lease, not per request.
-            let (engine, key, token) = (engine.clone(), ticket.key, ticket.token.clone());
-            let mut fut: RenewFuture = Box::pin(async move {
-                let started = Started::now();
-                let renewed = engine.store.renew(&key, &token, engine.lease).await;
-                engine.timer.record(Op::Renew, started, &renewed);
-                renewed
-            });
-            match fut.as_mut().poll(cx) {
-                Poll::Ready(res) => self.lost = renewal_lost(res, &ticket.key),
-                Poll::Pending => self.renewing = Some(fut),
-            }
-        }
-    }
-}
+type RenewFuture<'a> = Pin<Box<dyn Future<Output = Result<bool, StoreError>> + Send + 'a>>;
 
 pin_project_lite::pin_project! {
-    /// [`Engine::run`]: the work, and beside it the [`Renewal`] of its lease.
+    /// [`Engine::run`]: the work, and beside it the renewal of its lease every third of the
+    /// lease. One renewal runs at a time, and none once the lease is known lost.
     struct Run<'a, S, F> {
         #[pin]
         work: F,
-        renewal: Renewal,
+        // Made when the work first waits: work done in its first poll reads no clock and
+        // sets no timer.
+        #[pin]
+        sleep: Option<tokio::time::Sleep>,
+        renewing: Option<RenewFuture<'a>>,
+        lost: bool,
         engine: &'a Engine<S>,
         ticket: &'a Ticket,
     }
@@ -160,11 +108,42 @@ impl<S: Store, F: Future> Future for Run<'_, S, F> {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> Poll<F::Output> {
-        let this = self.project();
+        let mut this = self.project();
         if let Poll::Ready(out) = this.work.poll(cx) {
             return Poll::Ready(out);
         }
-        this.renewal.poll(cx, this.engine, this.ticket);
+        let (engine, ticket) = (*this.engine, *this.ticket);
+        if let Some(fut) = this.renewing.as_mut()
+            && let Poll::Ready(res) = fut.as_mut().poll(cx)
+        {
+            *this.renewing = None;
+            *this.lost = renewal_lost(res, &ticket.key);
+        }
+        if this.sleep.is_none() {
+            this.sleep.set(Some(tokio::time::sleep(engine.lease / 3)));
+        }
+        let Some(mut sleep) = this.sleep.as_pin_mut() else {
+            return Poll::Pending;
+        };
+        if !*this.lost && this.renewing.is_none() && sleep.as_mut().poll(cx).is_ready() {
+            sleep
+                .as_mut()
+                .reset(tokio::time::Instant::now() + engine.lease / 3);
+            let _ = sleep.as_mut().poll(cx);
+            let mut fut: RenewFuture<'_> = Box::pin(async move {
+                let started = Started::now();
+                let renewed = engine
+                    .store
+                    .renew(&ticket.key, &ticket.token, engine.lease)
+                    .await;
+                engine.timer.record(Op::Renew, started, &renewed);
+                renewed
+            });
+            match fut.as_mut().poll(cx) {
+                Poll::Ready(res) => *this.lost = renewal_lost(res, &ticket.key),
+                Poll::Pending => *this.renewing = Some(fut),
+            }
+        }
         Poll::Pending
     }
 }
@@ -539,7 +518,8 @@ impl<S: Store> Engine<S> {
     /// the lease keeps its claim. Renewal stops when the work finishes or this future is dropped.
     /// The key then stays pending until its lease lapses.
     // A future of its own, not an `async fn`: an `async fn` keeps its `work` argument and the
-    // pinned copy of it both in its state, so the door's future would hold the work twice.
+    // pinned copy of it both in its state, which made a claimed HTTP request's future twice the
+    // size of the handler's and every move of it a copy of ~6 KB.
     pub fn run<'a, F: Future>(
         &'a self,
         ticket: &'a Ticket,
@@ -547,7 +527,9 @@ impl<S: Store> Engine<S> {
     ) -> impl Future<Output = F::Output> + use<'a, F, S> {
         Run {
             work,
-            renewal: Renewal::new(),
+            sleep: None,
+            renewing: None,
+            lost: false,
             engine: self,
             ticket,
         }
@@ -575,21 +557,19 @@ impl<S: Store> Engine<S> {
         let record = self.seal(&ticket, response).map_err(|e| {
             StoreError::with_source(StoreErrorKind::Protocol, "response cannot be recorded", e)
         })?;
-        self.store_record(&ticket, record).await
+        self.store_record(ticket, record).await
     }
 
     /// [`Engine::complete`] for a record written straight from a response, as the HTTP layer does.
     /// It is tagged when there is a secret, then stored. What the layout could not hold was left
     /// out of the draft. The caller logs it.
-    // Not an `async fn`: the record is finished before the store's future is made, so the
-    // returned future holds it once, inside the store's.
-    pub(crate) fn complete_draft<'a>(
-        &'a self,
-        ticket: &'a Ticket,
+    pub(crate) async fn complete_draft(
+        &self,
+        ticket: Ticket,
         draft: crate::engine::record::Draft,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a {
+    ) -> Result<bool, StoreError> {
         let record = draft.finish(self.secret.as_ref(), ticket.key.id(), &ticket.fingerprint);
-        self.store_record(ticket, record)
+        self.store_record(ticket, record).await
     }
 
     /// The bytes a record gains when it is stored: its tag, when there is a secret.
@@ -601,26 +581,20 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    // Not an `async fn`, which would keep the record twice: as its argument and inside the
-    // store's future.
-    fn store_record<'a>(
-        &'a self,
-        ticket: &'a Ticket,
-        record: Record,
-    ) -> impl Future<Output = Result<bool, StoreError>> + Send + 'a {
-        let complete = self.store.complete(
-            &ticket.key,
-            &ticket.token,
-            &ticket.fingerprint,
-            record,
-            self.ttl,
-        );
-        async move {
-            let started = Started::now();
-            let done = complete.await;
-            self.timer.record(Op::Complete, started, &done);
-            done
-        }
+    async fn store_record(&self, ticket: Ticket, record: Record) -> Result<bool, StoreError> {
+        let started = Started::now();
+        let done = self
+            .store
+            .complete(
+                &ticket.key,
+                &ticket.token,
+                &ticket.fingerprint,
+                record,
+                self.ttl,
+            )
+            .await;
+        self.timer.record(Op::Complete, started, &done);
+        done
     }
 
     /// Keeps the key pending for `hold` from now, under the ticket, instead of completing or
@@ -643,11 +617,6 @@ impl<S: Store> Engine<S> {
     /// # Errors
     /// The store's error. The key then stays pending until its lease lapses.
     pub async fn release(&self, ticket: Ticket) -> Result<bool, StoreError> {
-        self.release_ticket(&ticket).await
-    }
-
-    /// [`Engine::release`], the ticket borrowed: the caller's future keeps one copy of it.
-    pub(crate) async fn release_ticket(&self, ticket: &Ticket) -> Result<bool, StoreError> {
         let started = Started::now();
         let released = self.store.release(&ticket.key, &ticket.token).await;
         self.timer.record(Op::Release, started, &released);

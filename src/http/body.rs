@@ -94,9 +94,8 @@ pin_project! {
     pub struct ResponseBody<B> where B: Body {
         #[pin]
         inner: ResponseInner<B>,
-        // Set when the key is settled by how this body ends. Boxed, as the trailers are: the
-        // common body, buffered or passed through, stays a few words.
-        end: Option<Box<EndState<B::Error>>>,
+        // Set when the key is settled by how this body ends.
+        end: Option<EndState<B::Error>>,
     }
 }
 
@@ -104,7 +103,7 @@ pin_project! {
     #[project = ResponseInnerProj]
     enum ResponseInner<B> where B: Body {
         Passthrough { #[pin] body: B },
-        Buffered { data: Option<Bytes>, trailers: Option<Box<HeaderMap>> },
+        Buffered { data: Option<Bytes>, trailers: Option<HeaderMap> },
         // Bytes read while trying to record, then the rest of the handler's body.
         Prefixed { prefix: Option<Bytes>, rest: Pin<Box<B>> },
         // Bytes read before the handler's body failed, then its error.
@@ -180,7 +179,7 @@ impl<B: Body> ResponseBody<B> {
     pub(crate) fn buffered(data: Bytes, trailers: Option<HeaderMap>) -> Self {
         Self::new(ResponseInner::Buffered {
             data: (!data.is_empty()).then_some(data),
-            trailers: trailers.map(Box::new),
+            trailers,
         })
     }
 
@@ -195,7 +194,7 @@ impl<B: Body> ResponseBody<B> {
     /// the headers of a Trailers-Only response.
     pub(crate) fn take_trailers(&mut self) -> Option<HeaderMap> {
         match &mut self.inner {
-            ResponseInner::Buffered { trailers, .. } => trailers.take().map(|t| *t),
+            ResponseInner::Buffered { trailers, .. } => trailers.take(),
             _ => None,
         }
     }
@@ -212,7 +211,7 @@ impl<B: Body<Data = Bytes>> ResponseBody<B> {
     /// The same body, its key settled by `hook` once it has ended or failed.
     pub(crate) fn settled_by(mut self, hook: EndHook) -> Self {
         let remaining = self.size_hint().exact();
-        self.end = Some(Box::new(EndState::Streaming { hook, remaining }));
+        self.end = Some(EndState::Streaming { hook, remaining });
         self
     }
 }
@@ -230,7 +229,7 @@ where
     ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
         let mut this = self.project();
         loop {
-            match this.end.as_deref_mut() {
+            match this.end {
                 None => return poll_inner(this.inner, cx),
                 Some(EndState::Streaming { remaining, .. }) => {
                     // The end is the frame after which the body has nothing more. hyper may
@@ -255,19 +254,14 @@ where
                         Some(Err(e)) => (BodyEnd::Failed, Some(Err(e))),
                         None => (BodyEnd::Ended, None),
                     };
-                    if let Some(state) = this.end.as_deref_mut()
-                        && let EndState::Streaming { hook, .. } =
-                            std::mem::replace(state, EndState::Done)
-                    {
-                        *state = EndState::Settling { hook, end, last };
+                    if let Some(EndState::Streaming { hook, .. }) = this.end.take() {
+                        *this.end = Some(EndState::Settling { hook, end, last });
                     }
                 }
                 Some(EndState::Settling { hook, end, last }) => {
                     ready!(hook.poll_settle(*end, cx));
                     let last = last.take();
-                    if let Some(state) = this.end.as_deref_mut() {
-                        *state = EndState::Done;
-                    }
+                    *this.end = Some(EndState::Done);
                     return Poll::Ready(last);
                 }
                 Some(EndState::Done) => return Poll::Ready(None),
@@ -276,7 +270,7 @@ where
     }
 
     fn is_end_stream(&self) -> bool {
-        match self.end.as_deref() {
+        match &self.end {
             None => inner_is_end(&self.inner),
             Some(EndState::Done) => true,
             // The end is passed on only once the key is settled.
@@ -285,7 +279,7 @@ where
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self.end.as_deref() {
+        match &self.end {
             None | Some(EndState::Streaming { .. }) => {}
             Some(EndState::Settling { last, .. }) => {
                 let held = match last {
@@ -335,7 +329,7 @@ fn poll_inner<B: Body<Data = Bytes>>(
         ResponseInnerProj::Passthrough { body } => body.poll_frame(cx),
         ResponseInnerProj::Buffered { data, trailers } => Poll::Ready(match data.take() {
             Some(d) => Some(Ok(Frame::data(d))),
-            None => trailers.take().map(|t| Ok(Frame::trailers(*t))),
+            None => trailers.take().map(|t| Ok(Frame::trailers(t))),
         }),
         ResponseInnerProj::Prefixed { prefix, rest } => match prefix.take() {
             Some(p) => Poll::Ready(Some(Ok(Frame::data(p)))),
@@ -356,7 +350,7 @@ impl<B: Body> std::fmt::Debug for ResponseBody<B> {
             ResponseInner::Prefixed { .. } => "prefixed",
             ResponseInner::Failed { .. } => "failed",
         };
-        let end = match self.end.as_deref() {
+        let end = match &self.end {
             None => "none",
             Some(EndState::Streaming { .. }) => "streaming",
             Some(EndState::Settling { .. }) => "settling",
@@ -438,117 +432,82 @@ pub(crate) enum Collected<B: Body> {
 ///
 /// The bound starts when the body first makes the reader wait, not before. A body whose frames
 /// are all ready at once, as a buffered handler's, is read without a clock reading or a timer.
-pub(crate) fn collect_limited<B: Body<Data = Bytes>>(
+pub(crate) async fn collect_limited<B: Body<Data = Bytes>>(
     body: B,
     limit: usize,
     timeout: std::time::Duration,
-) -> Collect<B> {
-    Collect {
-        body: Some(Box::pin(body)),
-        first: None,
-        buf: BytesMut::new(),
-        len: 0,
-        trailers: None,
-        bound: None,
-        limit,
-        timeout,
-    }
-}
-
-/// The future of [`collect_limited`]. It is written by hand and is `Unpin`: the claimed work's
-/// future keeps it in place, at its own size.
-pub(crate) struct Collect<B> {
-    // Boxed: what is not read is handed back pinned.
-    body: Option<Pin<Box<B>>>,
-    first: Option<Bytes>,
-    buf: BytesMut,
-    len: usize,
-    trailers: Option<HeaderMap>,
+) -> Collected<B> {
+    let mut body = Box::pin(body);
+    let mut first: Option<Bytes> = None;
+    let mut buf = BytesMut::new();
+    let mut len = 0usize;
+    let mut trailers: Option<HeaderMap> = None;
     // Made when the body first has to be waited for (boxed: the rare path does not size
     // every response's future).
-    bound: Option<Pin<Box<tokio::time::Sleep>>>,
-    limit: usize,
-    timeout: std::time::Duration,
-}
-
-impl<B> Collect<B> {
-    /// What was read so far, as one buffer.
-    fn take(&mut self) -> Bytes {
-        self.first
-            .take()
-            .unwrap_or_else(|| std::mem::take(&mut self.buf).freeze())
-    }
-}
-
-impl<B: Body<Data = Bytes>> Future for Collect<B> {
-    type Output = Collected<B>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Collected<B>> {
-        let this = self.get_mut();
-        let body = this.body.as_mut().expect("Collect polled after completion");
-        loop {
-            let frame = match body.as_mut().poll_frame(cx) {
-                Poll::Ready(Some(frame)) => frame,
-                Poll::Ready(None) => break,
-                Poll::Pending => {
-                    // Trailers are the last frame: once they came the end is due, the bound is
-                    // moot.
-                    if this.trailers.is_some() {
-                        return Poll::Pending;
-                    }
-                    let timeout = this.timeout;
-                    let bound = this
-                        .bound
-                        .get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
-                    ready!(bound.as_mut().poll(cx));
-                    let prefix = this.take();
-                    let rest = this.body.take().expect("the body is read");
-                    return Poll::Ready(Collected::Slow { prefix, rest });
-                }
-            };
-            let frame = match frame {
-                Ok(f) => f,
-                Err(error) => {
-                    this.body = None;
-                    return Poll::Ready(Collected::Failed {
-                        prefix: this.take(),
-                        error,
-                    });
-                }
-            };
-            let data = match frame.into_data() {
-                Ok(d) => d,
-                Err(frame) => {
-                    if let Ok(t) = frame.into_trailers() {
-                        match &mut this.trailers {
-                            Some(all) => all.extend(t),
-                            None => this.trailers = Some(t),
-                        }
-                    }
-                    continue;
-                }
-            };
-            this.len += data.len();
-            match this.first.take() {
-                None if this.buf.is_empty() => this.first = Some(data),
-                Some(f) => {
-                    this.buf.reserve(this.len);
-                    this.buf.extend_from_slice(&f);
-                    this.buf.extend_from_slice(&data);
-                }
-                None => this.buf.extend_from_slice(&data),
+    let mut bound: Option<Pin<Box<tokio::time::Sleep>>> = None;
+    let take = |first: &mut Option<Bytes>, buf: &mut BytesMut| {
+        first.take().unwrap_or_else(|| std::mem::take(buf).freeze())
+    };
+    loop {
+        let next = std::future::poll_fn(|cx| {
+            if let Poll::Ready(next) = body.as_mut().poll_frame(cx) {
+                return Poll::Ready(Some(next));
             }
-            if this.len > this.limit {
-                let prefix = this.take();
-                let rest = this.body.take().expect("the body is read");
-                return Poll::Ready(Collected::TooLarge { prefix, rest });
+            // Trailers are the last frame: once they came the end is due, the bound is moot.
+            if trailers.is_some() {
+                return Poll::Pending;
             }
-        }
-        this.body = None;
-        this.bound = None;
-        Poll::Ready(Collected::Whole {
-            data: this.take(),
-            trailers: this.trailers.take(),
+            let bound = bound.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
+            bound.as_mut().poll(cx).map(|()| None)
         })
+        .await;
+        let Some(next) = next else {
+            return Collected::Slow {
+                prefix: take(&mut first, &mut buf),
+                rest: body,
+            };
+        };
+        let Some(frame) = next else { break };
+        let frame = match frame {
+            Ok(f) => f,
+            Err(error) => {
+                return Collected::Failed {
+                    prefix: take(&mut first, &mut buf),
+                    error,
+                };
+            }
+        };
+        let data = match frame.into_data() {
+            Ok(d) => d,
+            Err(frame) => {
+                if let Ok(t) = frame.into_trailers() {
+                    match &mut trailers {
+                        Some(all) => all.extend(t),
+                        None => trailers = Some(t),
+                    }
+                }
+                continue;
+            }
+        };
+        len += data.len();
+        match first.take() {
+            None if buf.is_empty() => first = Some(data),
+            Some(f) => {
+                buf.reserve(len);
+                buf.extend_from_slice(&f);
+                buf.extend_from_slice(&data);
+            }
+            None => buf.extend_from_slice(&data),
+        }
+        if len > limit {
+            return Collected::TooLarge {
+                prefix: take(&mut first, &mut buf),
+                rest: body,
+            };
+        }
+    }
+    Collected::Whole {
+        data: take(&mut first, &mut buf),
+        trailers,
     }
 }

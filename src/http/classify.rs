@@ -13,7 +13,7 @@
 //! the headers of a Trailers-Only response, or else from the trailers. So the body is read
 //! first. See [gRPC mode](super#grpc-classification).
 
-use super::body::{Collect, Collected, ResponseBody, collect_limited};
+use super::body::{Collected, ResponseBody, collect_limited};
 use super::config::{Config, ResponseMode};
 use super::declare::declared;
 use super::grpc::{GrpcCode, status_of};
@@ -23,12 +23,8 @@ use crate::engine::Verdict;
 use crate::engine::record::{Draft, FieldRef};
 use crate::engine::scope::StoreKey;
 use bytes::Bytes;
-use http::response::Parts;
 use http::{HeaderMap, Response, StatusCode};
 use http_body::Body;
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll, ready};
 
 /// Whether a response with this status is recorded. 2xx is, and 4xx except 408, 425 and 429.
 /// 3xx is, except 304. A redirect, such as a `303 See Other` after a create, is the work's
@@ -108,56 +104,16 @@ fn status_only(
     Draft::write(status, fields, None, NO_TRAILERS, definitive, tail)
 }
 
-/// What [`classify`] decides before the body is read: the outcome, or a body to read first.
-pub(crate) enum Classified<B: Body> {
-    Now(Outcome<B>),
-    Collect(Collecting<B>),
-}
-
-/// A response whose body is read before its outcome is known. It borrows nothing: the claimed
-/// work's future keeps it in place and polls it with the layer's settings.
-pub(crate) struct Collecting<B: Body> {
-    // Taken when the outcome is made.
-    parts: Option<Parts>,
-    collect: Collect<B>,
-    /// gRPC mode, for an HTTP 200 to a gRPC request. Else HTTP mode.
-    grpc: bool,
-    /// Declared `Record` by the handler.
-    declared: bool,
-}
-
-impl<B: Body<Data = Bytes>> Collecting<B> {
-    /// Reads the body, then makes the outcome. The arguments are those given to [`classify`].
-    pub(crate) fn poll_outcome(
-        &mut self,
-        cx: &mut Context<'_>,
-        config: &Config,
-        tail: usize,
-        key: &StoreKey,
-    ) -> Poll<Outcome<B>> {
-        let collected = ready!(Pin::new(&mut self.collect).poll(cx));
-        let parts = self
-            .parts
-            .take()
-            .expect("Collecting polled after completion");
-        Poll::Ready(if self.grpc {
-            grpc_collected(config, tail, key, parts, collected, self.declared)
-        } else {
-            http_collected(config, tail, key, parts, collected, self.declared)
-        })
-    }
-}
-
-/// Classifies the handler's response. A response to be recorded, or in gRPC mode, has its body
-/// read up to `max` bytes first: [`Classified::Collect`].
-pub(crate) fn classify<B>(
+/// Classifies the handler's response. It reads the body up to `max` bytes when the response is
+/// to be recorded, or in gRPC mode to find the status.
+pub(crate) async fn classify<B>(
     config: &Config,
     max: usize,
     tail: usize,
     key: &StoreKey,
     res: Response<B>,
     grpc: bool,
-) -> Classified<B>
+) -> Outcome<B>
 where
     B: Body<Data = Bytes> + Send + 'static,
 {
@@ -165,7 +121,7 @@ where
     // store down, …) is that layer's answer about its own key, not the work's: never recorded.
     if res.extensions().get::<Rejection>().is_some() {
         tracing::debug!(key = ?key, status = res.status().as_u16(), "a rejection of an inner idempotency layer; released, not recorded");
-        return Classified::Now(Outcome::Release(res.map(ResponseBody::passthrough)));
+        return Outcome::Release(res.map(ResponseBody::passthrough));
     }
     // The handler's own word wins over the status (one extension lookup when there is none).
     let definitive = match declared(&res) {
@@ -173,38 +129,20 @@ where
         Some(Verdict::Record) => true,
         Some(Verdict::Hold) => {
             tracing::info!(outcome = "ambiguous", key = ?key, status = res.status().as_u16(), "declared hold; the key stays pending until its lease lapses");
-            return Classified::Now(Outcome::Keep(res.map(ResponseBody::passthrough)));
+            return Outcome::Keep(res.map(ResponseBody::passthrough));
         }
         // `Release` and `Fail` (and any verdict added later) free the key.
         Some(_) => {
             tracing::debug!(key = ?key, status = res.status().as_u16(), "declared release; released");
-            return Classified::Now(Outcome::Release(res.map(ResponseBody::passthrough)));
+            return Outcome::Release(res.map(ResponseBody::passthrough));
         }
     };
     // gRPC mode: the outcome is in the gRPC status (a non-200 follows the HTTP table).
     if grpc && res.status() == StatusCode::OK {
-        classify_grpc(config, max, key, res, definitive)
+        classify_grpc(config, max, tail, key, res, definitive).await
     } else {
-        classify_http(config, max, tail, key, res, definitive)
+        classify_http(config, max, tail, key, res, definitive).await
     }
-}
-
-/// Whether a record written after the body of a response sent on carries it: at once when
-/// declared definitive, else once the body has ended.
-fn at_end<B: Body>(declared: bool) -> fn(Response<ResponseBody<B>>, Draft) -> Outcome<B> {
-    // A body that goes out as it comes: recorded once it has ended, or at once when declared
-    // definitive (its end, a failure or the client leaving must not free or lapse the key).
-    if declared {
-        Outcome::Record
-    } else {
-        Outcome::RecordAtEnd
-    }
-}
-
-/// The record carries the declaration only where the table would not record the status, so a
-/// flipped flag on any other record is refused at replay.
-fn marked(declared: bool, status: u16) -> bool {
-    declared && !is_recordable(status)
 }
 
 /// HTTP mode: a recordable response's body is read up to the record limit and the collection
@@ -215,14 +153,14 @@ fn marked(declared: bool, status: u16) -> bool {
 /// recordable whole: a streaming type, over the limit, slower than the bound, or failing while
 /// read. Then its status and headers are recorded at once, whatever the body does after. The
 /// work is done, and a retry must be answered, never run again.
-fn classify_http<B>(
+async fn classify_http<B>(
     config: &Config,
     max: usize,
     tail: usize,
     key: &StoreKey,
     res: Response<B>,
     declared: bool,
-) -> Classified<B>
+) -> Outcome<B>
 where
     B: Body<Data = Bytes> + Send + 'static,
 {
@@ -233,7 +171,7 @@ where
         is_recordable(status)
     };
     if !recordable {
-        return Classified::Now(Outcome::Release(res.map(ResponseBody::passthrough)));
+        return Outcome::Release(res.map(ResponseBody::passthrough));
     }
     let (parts, body) = res.into_parts();
     if !declared && let Some(hook) = &config.classify_fn {
@@ -241,64 +179,50 @@ where
             Verdict::Record => {}
             Verdict::Hold => {
                 tracing::info!(outcome = "ambiguous", key = ?key, status, "held by the classification hook; the key stays pending until its lease lapses");
-                return Classified::Now(Outcome::Keep(Response::from_parts(
-                    parts,
-                    ResponseBody::passthrough(body),
-                )));
+                return Outcome::Keep(Response::from_parts(parts, ResponseBody::passthrough(body)));
             }
             _ => {
                 tracing::debug!(key = ?key, status, "released by the classification hook");
-                return Classified::Now(Outcome::Release(Response::from_parts(
+                return Outcome::Release(Response::from_parts(
                     parts,
                     ResponseBody::passthrough(body),
-                )));
+                ));
             }
         }
     }
-    let definitive = marked(declared, status);
+    let full = config.response_mode == ResponseMode::Full;
+    // The record carries the declaration only where the table would not record the status,
+    // so a flipped flag on any other record is refused at replay.
+    let definitive = declared && !is_recordable(status);
+    // A body that goes out as it comes: recorded once it has ended, or at once when declared
+    // definitive (its end, a failure or the client leaving must not free or lapse the key).
+    let at_end = if declared {
+        Outcome::Record
+    } else {
+        Outcome::RecordAtEnd
+    };
+    let over_limit = || {
+        if full {
+            tracing::warn!(key = ?key, "response body over the record limit; recording status and headers only");
+        }
+    };
     // A body with nothing to send is read at once (a streamed empty body may not be polled).
     let empty = body.is_end_stream() || body.size_hint().exact() == Some(0);
     if !empty && config.is_streaming(&parts.headers) {
         tracing::debug!(key = ?key, "streaming response; sent as it comes, recorded as status and headers");
         let written = status_only(config, status, &parts.headers, definitive, tail);
         let res = Response::from_parts(parts, ResponseBody::passthrough(body));
-        return Classified::Now(keep_unless_written(res, key, written, at_end(declared)));
+        return keep_unless_written(res, key, written, at_end);
     }
     if body.size_hint().lower() > max as u64 {
-        over_limit(config, key);
+        over_limit();
         let written = status_only(config, status, &parts.headers, definitive, tail);
         let res = Response::from_parts(parts, ResponseBody::passthrough(body));
-        return Classified::Now(keep_unless_written(res, key, written, at_end(declared)));
+        return keep_unless_written(res, key, written, at_end);
     }
-    Classified::Collect(Collecting {
-        parts: Some(parts),
-        collect: collect_limited(body, max, config.streaming.collect_timeout),
-        grpc: false,
-        declared,
-    })
-}
-
-fn over_limit(config: &Config, key: &StoreKey) {
-    if config.response_mode == ResponseMode::Full {
-        tracing::warn!(key = ?key, "response body over the record limit; recording status and headers only");
-    }
-}
-
-/// HTTP mode, once the body is read: see [`classify_http`].
-fn http_collected<B: Body>(
-    config: &Config,
-    tail: usize,
-    key: &StoreKey,
-    parts: Parts,
-    collected: Collected<B>,
-    declared: bool,
-) -> Outcome<B> {
-    let status = parts.status.as_u16();
-    let definitive = marked(declared, status);
-    let at_end = at_end(declared);
-    match collected {
+    match collect_limited(body, max, config.streaming.collect_timeout).await {
         Collected::Whole { data, trailers } => {
-            let written = if config.response_mode == ResponseMode::Full {
+            let written = if full {
                 // Written from the response's own headers, body and trailers: no copies
                 // between them and the record.
                 let headers = || config.headers.recorded(&parts.headers);
@@ -313,7 +237,7 @@ fn http_collected<B: Body>(
             keep_unless_written(res, key, written, Outcome::Record)
         }
         Collected::TooLarge { prefix, rest } => {
-            over_limit(config, key);
+            over_limit();
             let written = status_only(config, status, &parts.headers, definitive, tail);
             let res = Response::from_parts(parts, ResponseBody::prefixed(prefix, rest));
             keep_unless_written(res, key, written, at_end)
@@ -356,44 +280,28 @@ fn unread_grpc<B: Body>(
     }
 }
 
-const OVER: &str = "over the record limit";
-
 /// gRPC mode, for an HTTP 200 response. Reads the body up to the record limit and finds the
 /// gRPC status. Then it records or releases. When declared `definitive`, it records whatever
 /// the status.
-fn classify_grpc<B>(
+async fn classify_grpc<B>(
     config: &Config,
     max: usize,
+    tail: usize,
     key: &StoreKey,
     res: Response<B>,
     definitive: bool,
-) -> Classified<B>
+) -> Outcome<B>
 where
     B: Body<Data = Bytes> + Send + 'static,
 {
     let (parts, body) = res.into_parts();
+    const OVER: &str = "over the record limit";
     if body.size_hint().lower() > max as u64 {
         let res = Response::from_parts(parts, ResponseBody::passthrough(body));
-        return Classified::Now(unread_grpc(key, res, definitive, OVER));
+        return unread_grpc(key, res, definitive, OVER);
     }
-    Classified::Collect(Collecting {
-        parts: Some(parts),
-        collect: collect_limited(body, max, config.streaming.collect_timeout),
-        grpc: true,
-        declared: definitive,
-    })
-}
-
-/// gRPC mode, once the body is read: see [`classify_grpc`].
-fn grpc_collected<B: Body>(
-    config: &Config,
-    tail: usize,
-    key: &StoreKey,
-    parts: Parts,
-    collected: Collected<B>,
-    definitive: bool,
-) -> Outcome<B> {
-    let (data, trailers) = match collected {
+    let (data, trailers) = match collect_limited(body, max, config.streaming.collect_timeout).await
+    {
         Collected::Whole { data, trailers } => (data, trailers),
         Collected::TooLarge { prefix, rest } => {
             let res = Response::from_parts(parts, ResponseBody::prefixed(prefix, rest));

@@ -13,8 +13,7 @@ pin_project! {
     ///
     /// Requests the layer does not act on (safe methods, no key when not required) poll the
     /// inner future directly; an immediate rejection is ready at once; a keyed request runs the
-    /// claim → handler → record sequence in a boxed future. Its claimed part is boxed on its
-    /// own, so it can finish on a task of its own when this future is dropped.
+    /// claim → handler → record sequence in one boxed future.
     pub struct ResponseFuture<F, B, E> where B: Body {
         #[pin]
         state: State<F, B, E>,

@@ -1,14 +1,8 @@
 //! The service: steps 1–5 of the check order at once, then the keyed sequence in one future.
 //! The sequence is buffer, fingerprint, claim, run, classify and record.
-//!
-//! A keyed request boxes two futures. The first is the sequence up to the claim. The second is
-//! the claimed work, [`Claimed`]: the handler, the reading of its answer and the record. It is
-//! boxed on its own, so it can run on a task of its own when the caller leaves. It is written
-//! by hand, so each of its steps reuses one place. Both stay under the allocator's small-size
-//! cache, 1 KiB: a test holds them there.
 
 use super::body::{BodyEnd, EndHook, ReadError, RequestBody, ResponseBody, read_limited};
-use super::classify::{Classified, Collecting, Outcome, classify};
+use super::classify::{Outcome, classify};
 use super::config::{Config, LayerState};
 use super::extensions::{ClaimedKey, KeyMissing};
 use super::future::ResponseFuture;
@@ -18,20 +12,17 @@ use super::replay::replay;
 use crate::engine::key::IdempotencyKey;
 use crate::engine::record::Draft;
 use crate::engine::scope::{Scope, StoreKey};
-use crate::engine::{Begin, Engine, Renewal, Ticket};
+use crate::engine::{Begin, Engine, Ticket};
 use crate::metrics::{self, Settled};
 use crate::store::{Store, StoreError, StoreErrorKind};
 use bytes::Bytes;
 use http::request::Parts;
 use http::{HeaderMap, Request, Response, header};
 use http_body::Body;
-use pin_project_lite::pin_project;
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 use std::time::Duration;
 use tokio::sync::oneshot;
 use tower_service::Service;
@@ -436,7 +427,7 @@ where
 
         // Polled in the request's span (entered by the response future); a detached task
         // enters it too (`detachable` keeps the current span).
-        let work = run_claimed(Arc::clone(&state), inner, req, ticket, grpc);
+        let work = run_claimed(Arc::clone(&state), inner, req, ticket, store_key, grpc);
         if config.run_to_completion {
             // Finishes (and records) on a task of its own if this future is dropped first.
             state.drain.detachable(work).await
@@ -448,136 +439,64 @@ where
     }
 }
 
-pin_project! {
-    /// The claimed part of a keyed request: the handler and the reading of its body under
-    /// lease renewal, then the record or release. It owns everything it uses, so it can finish
-    /// on a task of its own when the caller goes away.
-    ///
-    /// Written by hand, not as an `async` block: such a block keeps each value it captures for
-    /// its whole life, the request beside the handler's future that holds it too, and each
-    /// step's locals beside the next. Here the steps share one place. The request is kept once,
-    /// the handler's future replaces it, and the response read replaces that.
-    pub(crate) struct Claimed<S, St, ReqB, ResB, Fut>
-    where
-        S: Service<Request<RequestBody<ReqB>>>,
-        ResB: Body,
-    {
-        state: Arc<LayerState<St>>,
-        // Taken by the step that settles the key.
-        ticket: Option<Ticket>,
-        renewal: Renewal,
-        grpc: bool,
-        // Completes or releases the key: `settle`, named by its type.
-        settle: fn(Arc<LayerState<St>>, Ticket, Option<Draft>, bool) -> Fut,
-        #[pin]
-        step: Step<S, ReqB, ResB, Fut>,
-    }
-}
-
-pin_project! {
-    #[project = StepProj]
-    enum Step<S, ReqB, ResB, Fut>
-    where
-        S: Service<Request<RequestBody<ReqB>>>,
-        ResB: Body,
-    {
-        /// The handler is asked whether it is ready, then called.
-        Ready { inner: S, req: Option<Request<RequestBody<ReqB>>> },
-        /// The handler runs.
-        Call { #[pin] fut: S::Future },
-        /// The handler's response body is read, to record it or to find its gRPC status.
-        Collect { collecting: Collecting<ResB> },
-        /// The key is completed or released; then the handler's answer is given.
-        Settle {
-            #[pin]
-            fut: Fut,
-            res: Option<Answer<ResB, S::Error>>,
-        },
-        /// The key is held, or settled by a task of its own: the answer is given at once.
-        Answer { res: Option<Answer<ResB, S::Error>> },
-        Done,
-    }
-}
-
-/// What the claimed work gives back: the handler's answer or its error.
-type Answer<ResB, E> = Result<Response<ResponseBody<ResB>>, E>;
-
-/// The claimed part of a keyed request, from the claim's ticket to the answer.
+/// The claimed part of a keyed request: the handler and the reading of its body under lease
+/// renewal, then the record or release. It owns everything it uses. So it can finish on a
+/// task of its own when the caller goes away.
+// Deliberately not an `async fn` (see the body's first comment).
+#[allow(clippy::manual_async_fn)]
 fn run_claimed<S, St, ReqB, ResB>(
     state: Arc<LayerState<St>>,
-    inner: S,
+    mut inner: S,
     req: Request<RequestBody<ReqB>>,
     ticket: Ticket,
+    store_key: StoreKey,
     grpc: bool,
-) -> Claimed<S, St, ReqB, ResB, impl Future<Output = ()> + Send + 'static>
+) -> impl Future<Output = Result<Response<ResponseBody<ResB>>, S::Error>>
 where
     S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
     St: Store,
     ReqB: Body<Data = Bytes>,
     ResB: Body<Data = Bytes> + Send + 'static,
 {
-    Claimed {
-        state,
-        ticket: Some(ticket),
-        renewal: Renewal::new(),
-        grpc,
-        settle: settle::<St>,
-        step: Step::Ready {
-            inner,
-            req: Some(req),
-        },
-    }
-}
-
-/// Completes the key with `record`, or releases it without one, and counts how it ended.
-// Not an `async fn`, which would keep its arguments twice.
-#[allow(clippy::manual_async_fn)]
-fn settle<St: Store>(
-    state: Arc<LayerState<St>>,
-    ticket: Ticket,
-    record: Option<Draft>,
-    grpc: bool,
-) -> impl Future<Output = ()> + Send + 'static {
+    // An `async move` block, not an `async fn`: it uses the arguments where they are
+    // captured, where an `async fn` would also keep a second copy of each in its state.
     async move {
+        let config = &state.config;
         let engine = &state.engine;
-        let result = match record {
-            Some(record) => complete(engine, &ticket, record).await,
-            None => release(engine, &ticket).await,
-        };
-        observe_end(&state.config, grpc, result);
-    }
-}
+        // Room the record leaves for what is added before it is stored.
+        let tail = engine.tag_len();
+        // The handler and the reading of its body both run under lease renewal.
+        let outcome = engine
+            .run(&ticket, async {
+                std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+                let res = inner.call(req).await?;
+                let max = engine.max_record_body();
+                Ok(classify(config, max, tail, &store_key, res, grpc).await)
+            })
+            .await;
 
-impl<S, St, ReqB, ResB, Fut> Claimed<S, St, ReqB, ResB, Fut>
-where
-    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
-    St: Store,
-    ReqB: Body<Data = Bytes>,
-    ResB: Body<Data = Bytes> + Send + 'static,
-    Fut: Future<Output = ()>,
-{
-    /// The step after the handler's outcome: the key's settling, or the answer at once.
-    fn after(
-        state: &Arc<LayerState<St>>,
-        ticket: &mut Option<Ticket>,
-        grpc: bool,
-        settle: fn(Arc<LayerState<St>>, Ticket, Option<Draft>, bool) -> Fut,
-        outcome: Result<Outcome<ResB>, S::Error>,
-    ) -> Step<S, ReqB, ResB, Fut> {
-        let ticket = ticket.take().expect("the ticket settles once");
-        let settling = |ticket, record, res| Step::Settle {
-            fut: settle(Arc::clone(state), ticket, record, grpc),
-            res: Some(res),
-        };
         match outcome {
-            Err(e) => settling(ticket, None, Err(e)),
-            Ok(Outcome::Release(res)) => settling(ticket, None, Ok(res)),
-            Ok(Outcome::Record(res, record)) => settling(ticket, Some(record), Ok(res)),
-            // Declared ambiguous: neither recorded nor released; the ticket is let go, the
-            // lease lapses.
+            Err(e) => {
+                observe_end(config, grpc, release(engine, ticket, store_key).await);
+                Err(e)
+            }
+            Ok(Outcome::Release(res)) => {
+                observe_end(config, grpc, release(engine, ticket, store_key).await);
+                Ok(res)
+            }
+            // Declared ambiguous: neither recorded nor released; the ticket is let go, the lease
+            // lapses.
             Ok(Outcome::Keep(res)) => {
-                observe_end(&state.config, grpc, Settled::Held);
-                Step::Answer { res: Some(Ok(res)) }
+                observe_end(config, grpc, Settled::Held);
+                Ok(res)
+            }
+            Ok(Outcome::Record(res, record)) => {
+                observe_end(
+                    config,
+                    grpc,
+                    complete(engine, ticket, store_key, record).await,
+                );
+                Ok(res)
             }
             Ok(Outcome::RecordAtEnd(res, record)) => {
                 // The body streams on; a task holds the key until it has ended.
@@ -587,95 +506,17 @@ where
                     state
                         .drain
                         .counted(settle_at_end(
-                            Arc::clone(state),
+                            Arc::clone(&state),
                             ticket,
+                            store_key,
                             record,
                             ended,
                             grpc,
                         ))
                         .in_current_span(),
                 );
-                let res = res.map(|body| body.settled_by(EndHook::new(report, settled)));
-                Step::Answer { res: Some(Ok(res)) }
+                Ok(res.map(|body| body.settled_by(EndHook::new(report, settled))))
             }
-        }
-    }
-}
-
-impl<S, St, ReqB, ResB, Fut> Future for Claimed<S, St, ReqB, ResB, Fut>
-where
-    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
-    St: Store,
-    ReqB: Body<Data = Bytes>,
-    ResB: Body<Data = Bytes> + Send + 'static,
-    Fut: Future<Output = ()>,
-{
-    type Output = Answer<ResB, S::Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        let state = &**this.state;
-        loop {
-            // The handler's outcome, once it is known; `None` while it is not.
-            let outcome = match this.step.as_mut().project() {
-                StepProj::Ready { inner, req } => match inner.poll_ready(cx) {
-                    Poll::Pending => None,
-                    Poll::Ready(Err(e)) => Some(Err(e)),
-                    Poll::Ready(Ok(())) => {
-                        let req = req.take().expect("called once");
-                        let fut = inner.call(req);
-                        this.step.set(Step::Call { fut });
-                        continue;
-                    }
-                },
-                StepProj::Call { fut } => match fut.poll(cx) {
-                    Poll::Pending => None,
-                    Poll::Ready(Err(e)) => Some(Err(e)),
-                    Poll::Ready(Ok(res)) => {
-                        let engine = &state.engine;
-                        let key = this.ticket.as_ref().expect("held until settled").key();
-                        // Room the record leaves for what is added before it is stored.
-                        let (max, tail) = (engine.max_record_body(), engine.tag_len());
-                        match classify(&state.config, max, tail, key, res, *this.grpc) {
-                            Classified::Now(outcome) => Some(Ok(outcome)),
-                            Classified::Collect(collecting) => {
-                                this.step.set(Step::Collect { collecting });
-                                continue;
-                            }
-                        }
-                    }
-                },
-                StepProj::Collect { collecting } => {
-                    let key = this.ticket.as_ref().expect("held until settled").key();
-                    let tail = state.engine.tag_len();
-                    match collecting.poll_outcome(cx, &state.config, tail, key) {
-                        Poll::Pending => None,
-                        Poll::Ready(outcome) => Some(Ok(outcome)),
-                    }
-                }
-                StepProj::Settle { fut, res } => {
-                    ready!(fut.poll(cx));
-                    let res = res.take().expect("answered once");
-                    this.step.set(Step::Done);
-                    return Poll::Ready(res);
-                }
-                StepProj::Answer { res } => {
-                    let res = res.take().expect("answered once");
-                    this.step.set(Step::Done);
-                    return Poll::Ready(res);
-                }
-                StepProj::Done => panic!("Claimed polled after completion"),
-            };
-            let Some(outcome) = outcome else {
-                // The handler and the reading of its body both run under lease renewal.
-                let ticket = this.ticket.as_ref().expect("held until settled");
-                this.renewal.poll(cx, &state.engine, ticket);
-                return Poll::Pending;
-            };
-            // The renewal stops with the work.
-            *this.renewal = Renewal::new();
-            let next = Self::after(this.state, this.ticket, *this.grpc, *this.settle, outcome);
-            this.step.set(next);
         }
     }
 }
@@ -689,12 +530,12 @@ where
 async fn settle_at_end<St: Store>(
     state: Arc<LayerState<St>>,
     ticket: Ticket,
+    key: StoreKey,
     record: Draft,
     mut ended: oneshot::Receiver<BodyEnd>,
     grpc: bool,
 ) {
     let engine = &state.engine;
-    let key = *ticket.key();
     let limit = state.config.streaming.lease_limit;
     let end = match engine
         .run(&ticket, tokio::time::timeout(limit, &mut ended))
@@ -709,10 +550,10 @@ async fn settle_at_end<St: Store>(
         }
     };
     let result = match end {
-        Ok(BodyEnd::Ended) => complete(engine, &ticket, record).await,
+        Ok(BodyEnd::Ended) => complete(engine, ticket, key, record).await,
         Ok(BodyEnd::Failed) => {
             tracing::debug!(key = ?key, "response body failed while streamed");
-            release(engine, &ticket).await
+            release(engine, ticket, key).await
         }
         Err(_) => {
             tracing::debug!(outcome = "abandoned", key = ?key, "response body dropped before its end (the client went away); the key stays pending until its lease lapses");
@@ -746,9 +587,8 @@ async fn in_flight_retry_after<St: Store>(engine: &Engine<St>, key: &StoreKey) -
     }
 }
 
-async fn release<St: Store>(engine: &Engine<St>, ticket: &Ticket) -> Settled {
-    let key = ticket.key();
-    let res = engine.release_ticket(ticket).await;
+async fn release<St: Store>(engine: &Engine<St>, ticket: Ticket, key: StoreKey) -> Settled {
+    let res = engine.release(ticket).await;
     match &res {
         Ok(_) => tracing::debug!(outcome = "released", key = ?key, "idempotency key released"),
         Err(e) => {
@@ -758,33 +598,26 @@ async fn release<St: Store>(engine: &Engine<St>, ticket: &Ticket) -> Settled {
     Settled::of_release(&res)
 }
 
-// Not an `async fn`, which would keep the draft twice: as its argument and in the future
-// that stores it.
-fn complete<'a, St: Store>(
-    engine: &'a Engine<St>,
-    ticket: &'a Ticket,
+async fn complete<St: Store>(
+    engine: &Engine<St>,
+    ticket: Ticket,
+    key: StoreKey,
     record: Draft,
-) -> impl Future<Output = Settled> + Send + 'a {
-    let key = ticket.key();
+) -> Settled {
     if !record.dropped().is_empty() {
         tracing::warn!(key = ?key, left_out = ?record.dropped(), "idempotency record could not be written whole; recorded without the parts that do not fit");
     }
-    let stored = engine.complete_draft(ticket, record);
-    async move {
-        let res = stored.await;
-        match &res {
-            Ok(true) => {
-                tracing::debug!(outcome = "completed", key = ?key, "idempotency record stored");
-            }
-            Ok(false) => {
-                tracing::warn!(outcome = "lease_lost", key = ?key, "idempotency lease was lost before completion; record not stored");
-            }
-            Err(e) => {
-                tracing::warn!(outcome = "complete_failed", key = ?key, error = %e, "idempotency record could not be stored; the key stays pending until its lease lapses");
-            }
+    let res = engine.complete_draft(ticket, record).await;
+    match &res {
+        Ok(true) => tracing::debug!(outcome = "completed", key = ?key, "idempotency record stored"),
+        Ok(false) => {
+            tracing::warn!(outcome = "lease_lost", key = ?key, "idempotency lease was lost before completion; record not stored")
         }
-        Settled::of_complete(&res)
+        Err(e) => {
+            tracing::warn!(outcome = "complete_failed", key = ?key, error = %e, "idempotency record could not be stored; the key stays pending until its lease lapses")
+        }
     }
+    Settled::of_complete(&res)
 }
 
 fn store_rejection(e: &StoreError) -> Rejection {
@@ -820,84 +653,4 @@ fn store_rejection(e: &StoreError) -> Rejection {
 #[cfg_attr(docsrs, doc(cfg(feature = "tonic")))]
 impl<S: tonic::server::NamedService, St> tonic::server::NamedService for Idempotency<S, St> {
     const NAME: &'static str = S::NAME;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::MemoryStore;
-    use crate::engine::Fingerprint;
-    use crate::http::IdempotencyLayer;
-    use tower_layer::Layer;
-
-    /// Below this a box is served from the allocator's per-thread cache: glibc's tcache holds
-    /// chunks up to 1 032 bytes.
-    const SMALL: usize = 1024;
-
-    async fn create(body: Bytes) -> (http::StatusCode, String) {
-        (http::StatusCode::CREATED, format!("{}", body.len()))
-    }
-
-    /// Each keyed request boxes two futures: the keyed sequence, and the claimed work (so it can
-    /// finish on a task of its own). With the memory store and an axum handler, both stay small
-    /// enough for the allocator's per-thread cache.
-    #[tokio::test(flavor = "current_thread")]
-    async fn a_keyed_requests_boxed_futures_stay_under_1_kib() {
-        let layer =
-            IdempotencyLayer::new(MemoryStore::new()).principal_fn(|_| Some(Scope::principal("p")));
-        let svc = layer.layer(axum::routing::post(create).with_state::<()>(()));
-        let request = || {
-            Request::post("/orders")
-                .header("idempotency-key", "\"k\"")
-                .body(axum::body::Body::from("{}"))
-                .expect("request")
-        };
-        let (parts, body) = request().into_parts();
-        let key = IdempotencyKey::new("k").expect("key");
-        let scope = Scope::principal("p");
-        let sequence = keyed(
-            Arc::clone(&svc.state),
-            svc.inner.clone(),
-            parts,
-            body,
-            key,
-            scope,
-            false,
-        );
-        let sequence = std::mem::size_of_val(&sequence);
-
-        let store_key = StoreKey::derive(
-            "k",
-            &Scope::principal("p"),
-            &IdempotencyKey::new("k").expect("key"),
-        );
-        let Ok(Begin::Run(ticket)) = svc
-            .state
-            .engine
-            .begin(store_key, Fingerprint::builder().finish())
-            .await
-        else {
-            panic!("a fresh key is claimed");
-        };
-        let (parts, _) = request().into_parts();
-        let req = Request::from_parts(
-            parts,
-            RequestBody::<axum::body::Body>::buffered(Bytes::from_static(b"{}")),
-        );
-        let work = run_claimed(
-            Arc::clone(&svc.state),
-            svc.inner.clone(),
-            req,
-            ticket,
-            false,
-        );
-        let claimed = std::mem::size_of_val(&work);
-        // Shown with `--nocapture`, for the benchmark notes.
-        eprintln!("keyed sequence {sequence} B, claimed work {claimed} B");
-        assert!(
-            sequence <= SMALL,
-            "the keyed sequence's future is {sequence} B"
-        );
-        assert!(claimed <= SMALL, "the claimed work's future is {claimed} B");
-    }
 }
