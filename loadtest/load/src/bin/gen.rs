@@ -231,8 +231,11 @@ fn main() {
                         replay_key.clone()
                     } else {
                         n += 1;
-                        HeaderValue::from_maybe_shared(Bytes::from(format!("{key_prefix}-{}-{n}", c.id)))
-                            .expect("key")
+                        HeaderValue::from_maybe_shared(Bytes::from(format!(
+                            "{key_prefix}-{}-{n}",
+                            c.id
+                        )))
+                        .expect("key")
                     };
                     o.sent += 1;
                     match c.send("/orders", Some(key), body.clone()).await {
