@@ -5,10 +5,11 @@
 //!
 //! ```text
 //! load-gen --addr 127.0.0.1:PORT --workload fresh|replay [--connections 64] [--warmup 2]
-//!          [--duration 10] [--body 1024] [--login] [--requests N] [--no-spin]
+//!          [--duration 10] [--body 1024] [--login] [--requests N] [--no-spin] [--key-prefix f]
 //! ```
 //!
-//! - `fresh`: every request carries a new unique `Idempotency-Key`.
+//! - `fresh`: every request carries a new unique `Idempotency-Key`, `<prefix>-<connection>-<n>`
+//!   (`--key-prefix`, default `f`: a second run against the same server sends other keys).
 //! - `replay`: connection `i` sends key `r-i` once before the clock starts (so 64 keys are
 //!   stored), then repeats it: every measured request is a replay.
 //! - `--login`: each connection first `POST /login`s and sends the session cookie on every
@@ -142,6 +143,7 @@ fn main() {
     let size: usize = arg(&args, "--body").map_or(1024, |v| v.parse().expect("bytes"));
     let login = args.iter().any(|a| a == "--login");
     let spin = !args.iter().any(|a| a == "--no-spin");
+    let key_prefix = arg(&args, "--key-prefix").unwrap_or_else(|| "f".into());
     // A fixed count instead of a duration (for profiling under callgrind): each connection
     // sends its share, then stops; nothing is discarded as warm-up.
     let fixed: Option<u64> = arg(&args, "--requests").map(|v| v.parse().expect("number"));
@@ -207,6 +209,7 @@ fn main() {
         let mut tasks = Vec::new();
         for mut c in conns {
             let body = body.clone();
+            let key_prefix = key_prefix.clone();
             tasks.push(tokio::spawn(async move {
                 let mut o = Outcome {
                     hist: Histogram::new_with_bounds(1, 60_000_000, 3).expect("histogram"),
@@ -228,8 +231,11 @@ fn main() {
                         replay_key.clone()
                     } else {
                         n += 1;
-                        HeaderValue::from_maybe_shared(Bytes::from(format!("f-{}-{n}", c.id)))
-                            .expect("key")
+                        HeaderValue::from_maybe_shared(Bytes::from(format!(
+                            "{key_prefix}-{}-{n}",
+                            c.id
+                        )))
+                        .expect("key")
                     };
                     o.sent += 1;
                     match c.send("/orders", Some(key), body.clone()).await {
