@@ -867,6 +867,105 @@ mod tests {
         assert_eq!(second, "first", "the second run gets the first record back");
     }
 
+    /// A memory store whose step records fail, as a store that is down; its reads too unless
+    /// `reads` is set.
+    struct Down(MemoryStore, bool);
+
+    impl Store for Down {
+        fn claim(
+            &self,
+            key: &StoreKey,
+            fp: &Fingerprint,
+            lease: Duration,
+        ) -> impl Future<Output = Result<crate::store::Claim, StoreError>> + Send {
+            self.0.claim(key, fp, lease)
+        }
+        fn complete(
+            &self,
+            key: &StoreKey,
+            token: &crate::store::Token,
+            fp: &Fingerprint,
+            record: crate::store::Record,
+            ttl: Duration,
+        ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+            self.0.complete(key, token, fp, record, ttl)
+        }
+        fn release(
+            &self,
+            key: &StoreKey,
+            token: &crate::store::Token,
+        ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+            self.0.release(key, token)
+        }
+        fn renew(
+            &self,
+            key: &StoreKey,
+            token: &crate::store::Token,
+            lease: Duration,
+        ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+            self.0.renew(key, token, lease)
+        }
+        fn forget(
+            &self,
+            key: &StoreKey,
+            pending: bool,
+        ) -> impl Future<Output = Result<crate::store::Forgotten, StoreError>> + Send {
+            self.0.forget(key, pending)
+        }
+        async fn record_step(
+            &self,
+            _: &StoreKey,
+            _: &StepId,
+            _: Bytes,
+            _: Duration,
+        ) -> Result<StepRecorded, StoreError> {
+            Err(StoreError::new(StoreErrorKind::Unavailable, "down"))
+        }
+        async fn steps(&self, key: &StoreKey) -> Result<Vec<(StepId, Bytes)>, StoreError> {
+            if self.1 {
+                return Store::steps(&self.0, key).await;
+            }
+            Err(StoreError::new(StoreErrorKind::Unavailable, "down"))
+        }
+    }
+
+    #[tokio::test]
+    async fn a_store_that_cannot_read_the_steps_runs_none() {
+        let engine = Engine::new(Down(MemoryStore::new(), false));
+        let steps = claimed(&engine, key(5), b"a").await;
+        let e = steps
+            .run("charge", Raw, |_| async {
+                panic!("a step must not run when the store cannot say what was done");
+                #[allow(unreachable_code)]
+                Ok::<String, String>(String::new())
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind(), StepErrorKind::Store);
+        assert!(e.is_retryable(), "a store outage is worth a retry");
+        assert!(e.store_error().is_some());
+    }
+
+    #[tokio::test]
+    async fn a_step_whose_record_fails_still_returns_its_result() {
+        let engine = Engine::new(Down(MemoryStore::new(), true));
+        let charges = std::sync::atomic::AtomicUsize::new(0);
+        let charge = || {
+            charges.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            ok("ch_1")
+        };
+        let steps = claimed(&engine, key(6), b"a").await;
+        let charged: String = steps.run("charge", Raw, |_| charge()).await.unwrap();
+        assert_eq!(
+            charged, "ch_1",
+            "the side effect happened: its result comes back"
+        );
+        // Nothing was recorded: a retry runs the step again, under the same derived key.
+        let retry = claimed(&engine, key(6), b"a").await;
+        retry.run("charge", Raw, |_| charge()).await.unwrap();
+        assert_eq!(charges.load(std::sync::atomic::Ordering::SeqCst), 2);
+    }
+
     #[tokio::test]
     async fn a_tampered_step_record_is_refused_under_a_secret() {
         let secret = Secret::new(vec![7u8; 32]).unwrap();
