@@ -807,6 +807,11 @@ mod tests {
         ready(Ok(v.to_owned()))
     }
 
+    /// The work of a step that must not run.
+    async fn never() -> Result<String, String> {
+        panic!("this step must not run");
+    }
+
     #[tokio::test]
     async fn a_retry_with_the_steps_in_another_order_is_refused() {
         let engine = Engine::new(MemoryStore::new());
@@ -838,14 +843,7 @@ mod tests {
     #[tokio::test]
     async fn unbound_steps_run_nothing() {
         let steps = Steps::unbound();
-        let e = steps
-            .run("charge", Raw, |_| async {
-                panic!("must not run");
-                #[allow(unreachable_code)]
-                Ok::<String, String>(String::new())
-            })
-            .await
-            .unwrap_err();
+        let e = steps.run("charge", Raw, |_| never()).await.unwrap_err();
         assert_eq!(e.kind(), StepErrorKind::NotClaimed);
     }
 
@@ -933,14 +931,7 @@ mod tests {
     async fn a_store_that_cannot_read_the_steps_runs_none() {
         let engine = Engine::new(Down(MemoryStore::new(), false));
         let steps = claimed(&engine, key(5), b"a").await;
-        let e = steps
-            .run("charge", Raw, |_| async {
-                panic!("a step must not run when the store cannot say what was done");
-                #[allow(unreachable_code)]
-                Ok::<String, String>(String::new())
-            })
-            .await
-            .unwrap_err();
+        let e = steps.run("charge", Raw, |_| never()).await.unwrap_err();
         assert_eq!(e.kind(), StepErrorKind::Store);
         assert!(e.is_retryable(), "a store outage is worth a retry");
         assert!(e.store_error().is_some());

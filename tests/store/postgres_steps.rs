@@ -8,6 +8,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::postgres_store::{fresh_table, shared_server, store_on};
+use super::postgres_within::until_waiting;
 use crate::support::postgres_server::PostgresServer;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -268,20 +269,7 @@ async fn a_run_that_meets_an_uncommitted_record_of_its_step_waits_and_takes_it()
         order(&table, tx)
     });
     let commit = async {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let waiting: i64 = sqlx::query_scalar(
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
-            )
-            .fetch_one(&pool)
-            .await
-            .unwrap();
-            if waiting > 0 {
-                break;
-            }
-            assert!(Instant::now() < deadline, "the second run never waited");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        until_waiting(&pool, 1).await;
         caller.commit().await.unwrap();
     };
     let (second_id, ()) = tokio::join!(second_run, commit);
@@ -339,24 +327,6 @@ async fn a_step_recorded_while_the_callers_transaction_holds_a_step_does_not_wai
     assert_eq!(recorded(&engine, &key).await, 3);
 }
 
-/// Waits (bounded) until a backend waits for a lock.
-async fn until_waiting(pool: &PgPool) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let waiting: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'",
-        )
-        .fetch_one(pool)
-        .await
-        .unwrap();
-        if waiting > 0 {
-            return;
-        }
-        assert!(Instant::now() < deadline, "no backend waits for a lock");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test]
 async fn under_repeatable_read_a_run_that_loses_its_step_is_a_conflict_and_rolls_back() {
     use std::str::FromStr;
@@ -390,7 +360,7 @@ async fn under_repeatable_read_a_run_that_loses_its_step_is_a_conflict_and_rolls
         order(&table, tx)
     });
     let commit = async {
-        until_waiting(&pool).await;
+        until_waiting(&pool, 1).await;
         caller.commit().await.unwrap();
     };
     let (lost, ()) = tokio::join!(second_run, commit);

@@ -711,7 +711,7 @@ async fn lock_waiters(pool: &PgPool) -> i64 {
 }
 
 /// Waits (bounded) until at least `n` backends wait for a lock.
-async fn until_waiting(pool: &PgPool, n: i64) {
+pub(crate) async fn until_waiting(pool: &PgPool, n: i64) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while lock_waiters(pool).await < n {
         assert!(Instant::now() < deadline, "no backend waits for the lock");
