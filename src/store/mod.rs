@@ -257,6 +257,24 @@ pub trait Store: Send + Sync + 'static {
         std::future::ready(Err(steps_unsupported()))
     }
 
+    /// Readies one step of the work under `key`, before the step's side effect runs. It extends
+    /// the pending lease to `lease` from now if `token` still holds the key, as
+    /// [`renew`](Self::renew) does, and a store with a bound makes sure it has room for the
+    /// step's record. Returns whether `token` still holds the key: `false` means the lease was
+    /// lost and the step must not run.
+    ///
+    /// The default is [`renew`](Self::renew). A bounded store overrides it to refuse, with
+    /// [`StoreErrorKind::StoreFull`] or [`StoreErrorKind::ScopeFull`], a step it could not
+    /// record, before the step acts.
+    fn prepare_step(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.renew(key, token, lease)
+    }
+
     /// Every step recorded under `key` and not expired, in any order. The key's own record,
     /// pending or completed, does not matter: steps outlive a released claim.
     ///
@@ -367,6 +385,14 @@ impl<S: Store> Store for Arc<S> {
         key: &StoreKey,
     ) -> impl Future<Output = Result<Vec<(StepId, Bytes)>, StoreError>> + Send {
         (**self).steps(key)
+    }
+    fn prepare_step(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        (**self).prepare_step(key, token, lease)
     }
     fn notifies_settled(&self) -> bool {
         (**self).notifies_settled()
