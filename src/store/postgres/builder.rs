@@ -22,6 +22,13 @@ const POOL_SIZE: u32 = 10;
 pub(super) const DURABLE_COMMITS: &str = "SELECT set_config('synchronous_commit', 'on', false) \
      WHERE current_setting('synchronous_commit') = 'off'";
 
+/// The `statement_timeout` of the store's connections: four fifths of the operation timeout. The
+/// server then cancels a slow statement and answers before the store gives up on it, and the
+/// connection stays usable: one the store gives up on is closed mid-exchange.
+pub(super) fn server_timeout(timeout: Duration) -> Duration {
+    timeout - timeout / 5
+}
+
 /// Builds a [`PostgresStore`]. It is made by [`PostgresStore::builder`], and each setter names
 /// its setting. The store is built over a pool with [`build`](Self::build), or connects
 /// itself with [`connect`](Self::connect).
@@ -176,7 +183,7 @@ impl PostgresStoreBuilder {
         };
         self.prefix.clone().map_err(invalid)?;
         sql::check_table(&self.table).map_err(invalid)?;
-        let timeout = sql::millis(self.timeout);
+        let timeout = sql::millis(server_timeout(self.timeout));
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| OpError::from(e).into_store("invalid PostgreSQL URL"))?
             .options([

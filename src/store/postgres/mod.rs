@@ -327,36 +327,60 @@ impl PostgresStore {
         sql::key_bytes(&self.prefix, key)
     }
 
-    /// A connection for one step.
-    async fn take(&self) -> Result<Leased<'_>, sqlx::Error> {
+    /// A connection for one step: a new one when `fresh` (the store's own connections only).
+    async fn take(&self, fresh: bool) -> Result<Leased<'_>, OpError> {
         match &self.steps {
-            Some(own) => own.take().await.map(Leased::Own),
+            Some(own) => own.take(fresh).await.map(Leased::Own),
             None => self.pool.acquire().await.map(Leased::Pool),
         }
+        .map_err(OpError::Connect)
     }
 
-    /// Runs one step under the operation timeout. PostgreSQL may roll a step back for a concurrent
-    /// transaction: a serialization failure or a deadlock. Such a step applied nothing. It is sent
-    /// again, up to [`CONFLICT_ATTEMPTS`] times in all, within the same timeout.
-    async fn bounded<T, F, Fut>(&self, op: &'static str, mut step: F) -> Result<T, StoreError>
+    /// Runs one step under the operation timeout; `step(fresh)` sends it once. PostgreSQL may
+    /// roll a step back for a concurrent transaction: a serialization failure or a deadlock. Such
+    /// a step applied nothing. It is sent again, up to [`CONFLICT_ATTEMPTS`] times in all, within
+    /// the same timeout.
+    ///
+    /// A step whose connection was lost is sent once more, on a new connection, when it was not
+    /// applied, or when `repeat` says that sending it twice does what once does.
+    async fn bounded<T, F, Fut>(
+        &self,
+        op: &'static str,
+        repeat: Repeat,
+        step: F,
+    ) -> Result<T, StoreError>
     where
-        F: FnMut() -> Fut,
+        F: FnMut(bool) -> Fut,
+        Fut: Future<Output = Result<T, OpError>>,
+    {
+        self.bounded_op(repeat, step)
+            .await
+            .map_err(|e| e.into_store(op))
+    }
+
+    /// [`bounded`](Self::bounded), its failure kept as an [`OpError`].
+    async fn bounded_op<T, F, Fut>(&self, repeat: Repeat, mut step: F) -> Result<T, OpError>
+    where
+        F: FnMut(bool) -> Fut,
         Fut: Future<Output = Result<T, OpError>>,
     {
         let tries = async {
-            let mut sent = 1;
+            let (mut sent, mut fresh) = (1, false);
             loop {
-                match step().await {
+                match step(fresh).await {
                     Err(e) if e.is_conflict() && sent < CONFLICT_ATTEMPTS => sent += 1,
+                    Err(e)
+                        if !fresh
+                            && e.lost_connection()
+                            && (e.unapplied() || repeat == Repeat::Safe) =>
+                    {
+                        fresh = true;
+                    }
                     done => return done,
                 }
             }
         };
-        match tokio::time::timeout(self.timeout, tries).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(e.into_store(op)),
-            Err(e) => Err(OpError::from(e).into_store(op)),
-        }
+        tokio::time::timeout(self.timeout, tries).await?
     }
 
     /// One claim statement: `None` when it raced a claim its snapshot could not see.
@@ -413,6 +437,15 @@ impl PostgresStore {
     }
 }
 
+/// Whether a step whose outcome is unknown may be sent again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Repeat {
+    /// Sent twice, it does what it does once: a read, or a write fenced by the claim's token.
+    Safe,
+    /// A second send would answer differently: a claim would find its own pending row.
+    Unsafe,
+}
+
 /// A connection one step holds: one of the store's own, or one of the pool it was built over.
 enum Leased<'a> {
     Own(Taken<'a>),
@@ -429,17 +462,22 @@ impl Leased<'_> {
 
     /// Gives the connection back after a step that failed with `failure`, if it did. A pool's
     /// connection goes back to its pool, which decides.
+    /// A connection the server or the network ended is closed, never given back.
     fn give_back_sql(self, failure: Option<&sqlx::Error>) {
         match self {
             Self::Own(taken) => taken.give_back(failure),
-            Self::Pool(pooled) => drop(pooled),
+            Self::Pool(mut pooled) => {
+                if !failure.is_none_or(error::keeps_connection) {
+                    pooled.close_on_drop();
+                }
+            }
         }
     }
 
     fn give_back(self, failure: Option<&OpError>) {
         match failure {
             None => self.give_back_sql(None),
-            Some(OpError::Sql(e)) => self.give_back_sql(Some(e)),
+            Some(OpError::Sql(e) | OpError::Connect(e)) => self.give_back_sql(Some(e)),
             Some(OpError::Elapsed(_)) => drop(self),
         }
     }
@@ -497,15 +535,15 @@ impl Store for PostgresStore {
         lease: Duration,
     ) -> Result<Claim, StoreError> {
         let token = Token::generate()?;
-        let key = self.row_key(key);
+        let (row_key, sent) = (self.row_key(key), &token);
         let lease = sql::millis(lease);
         let row = self
-            .bounded("PostgreSQL claim", || async {
-                let mut conn = self.take().await?;
+            .bounded_op(Repeat::Unsafe, |fresh| async move {
+                let mut conn = self.take(fresh).await?;
                 let mut found = Ok(None);
                 for _ in 0..CLAIM_ATTEMPTS {
                     found = self
-                        .claim_once(conn.conn(), &key, fingerprint, &token, lease)
+                        .claim_once(conn.conn(), &row_key, fingerprint, sent, lease)
                         .await;
                     if !matches!(found, Ok(None)) {
                         break;
@@ -514,7 +552,20 @@ impl Store for PostgresStore {
                 conn.give_back(found.as_ref().err());
                 found
             })
-            .await?;
+            .await;
+        let row = match row {
+            Ok(row) => row,
+            Err(e) => {
+                // The claim may have taken the key, on a connection lost before its answer. It
+                // fails, and its work does not run: the key goes back, rather than staying
+                // pending until the lease lapses.
+                if e.lost_connection() && !e.unapplied() {
+                    let released = self.release(key, &token).await;
+                    tracing::debug!(?released, "released a claim whose answer was lost");
+                }
+                return Err(e.into_store("PostgreSQL claim"));
+            }
+        };
         row.ok_or_else(|| protocol("claim kept racing concurrent claims"))?
             .into_claim(token)
     }
@@ -528,10 +579,10 @@ impl Store for PostgresStore {
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let key = self.row_key(key);
-        let record = record.into_bytes();
+        let record = &record.into_bytes();
         let done = self
-            .bounded("PostgreSQL complete", || async {
-                let mut conn = self.take().await?;
+            .bounded("PostgreSQL complete", Repeat::Safe, |fresh| async move {
+                let mut conn = self.take(fresh).await?;
                 let done = sqlx::query(&self.sql.complete)
                     .bind(&key[..])
                     .bind(&token.as_bytes()[..])
@@ -550,8 +601,8 @@ impl Store for PostgresStore {
     async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
         let key = self.row_key(key);
         let deleted = self
-            .bounded("PostgreSQL release", || async {
-                let mut conn = self.take().await?;
+            .bounded("PostgreSQL release", Repeat::Safe, |fresh| async move {
+                let mut conn = self.take(fresh).await?;
                 let deleted = sqlx::query(&self.sql.release)
                     .bind(&key[..])
                     .bind(&token.as_bytes()[..])
@@ -567,8 +618,8 @@ impl Store for PostgresStore {
     async fn forget(&self, key: &StoreKey, pending: bool) -> Result<Forgotten, StoreError> {
         let key = self.row_key(key);
         let found = self
-            .bounded("PostgreSQL forget", || async {
-                let mut conn = self.take().await?;
+            .bounded("PostgreSQL forget", Repeat::Unsafe, |fresh| async move {
+                let mut conn = self.take(fresh).await?;
                 let row = sqlx::query(&self.sql.forget)
                     .bind(&key[..])
                     .bind(pending)
@@ -598,8 +649,8 @@ impl Store for PostgresStore {
     ) -> Result<bool, StoreError> {
         let key = self.row_key(key);
         let renewed = self
-            .bounded("PostgreSQL renew", || async {
-                let mut conn = self.take().await?;
+            .bounded("PostgreSQL renew", Repeat::Safe, |fresh| async move {
+                let mut conn = self.take(fresh).await?;
                 let renewed = sqlx::query(&self.sql.renew)
                     .bind(&key[..])
                     .bind(&token.as_bytes()[..])
@@ -620,11 +671,12 @@ impl Store for PostgresStore {
         value: Bytes,
         ttl: Duration,
     ) -> Result<StepRecorded, StoreError> {
+        let value = &value;
         let recorded = self
-            .bounded("PostgreSQL record step", || async {
-                let mut conn = self.take().await?;
+            .bounded("PostgreSQL record step", Repeat::Unsafe, |fresh| async move {
+                let mut conn = self.take(fresh).await?;
                 let recorded = self
-                    .record_step_on(conn.conn(), key, step, &value, ttl)
+                    .record_step_on(conn.conn(), key, step, value, ttl)
                     .await;
                 conn.give_back(recorded.as_ref().err());
                 recorded
@@ -636,8 +688,8 @@ impl Store for PostgresStore {
     async fn steps(&self, key: &StoreKey) -> Result<Vec<(StepId, Bytes)>, StoreError> {
         let key = self.row_key(key);
         let rows = self
-            .bounded("PostgreSQL steps", || async {
-                let mut conn = self.take().await?;
+            .bounded("PostgreSQL steps", Repeat::Safe, |fresh| async move {
+                let mut conn = self.take(fresh).await?;
                 let rows = sqlx::query_as::<_, (Vec<u8>, Vec<u8>)>(&self.sql.steps)
                     .bind(&key[..])
                     .fetch_all(conn.conn())
