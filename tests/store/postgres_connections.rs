@@ -273,22 +273,43 @@ async fn connections_ended_mid_storm_lose_no_record_and_run_nothing_twice() {
     }
 
     let tally = Arc::try_unwrap(tally).unwrap().into_inner().unwrap();
-    let report = format!("sessions ended per round {ended:?}, {keys} keys: {tally:#?}");
+    let twice: Vec<_> = tally.runs.iter().filter(|(_, n)| **n > 1).collect();
+    let report = format!(
+        "sessions ended per round {ended:?}; {keys} keys; {} ran, {} acknowledged, keys run \
+         more than once {twice:?}; {} replays, {} in flight; claims failed {:#?}; completes \
+         failed {:#?}, refused {}",
+        tally.runs.len(),
+        tally.acknowledged.len(),
+        tally.replays,
+        tally.in_flight,
+        tally.claims_failed,
+        tally.completes_failed,
+        tally.completes_refused,
+    );
     assert!(ended.iter().all(|n| *n > 0), "{report}");
     // No work without a claim, and none twice: the default lease does not lapse here.
-    assert!(tally.runs.values().all(|n| *n == 1), "{report}");
+    assert!(twice.is_empty(), "{report}");
     // Every complete was applied, the one after each end included.
     assert!(tally.completes_failed.is_empty(), "{report}");
     assert_eq!(tally.completes_refused, 0, "{report}");
     assert_eq!(tally.runs.len(), tally.acknowledged.len(), "{report}");
-    // Every key that ran replays its record now, rather than run again after the lease.
-    for k in tally.runs.keys() {
-        let again = engine.begin(store_key(*k), request(*k)).await.unwrap();
-        assert!(
-            matches!(again, Begin::Replayed(_)),
-            "key {k}: {again:?}\n{report}"
-        );
-    }
     assert!(tally.acknowledged.len() > 100, "{report}");
+    // Every key that ran replays its record now, rather than run again after the lease.
+    let ran: Vec<usize> = tally.runs.keys().copied().collect();
+    let checks: Vec<_> = ran
+        .chunks(ran.len().div_ceil(CLIENTS))
+        .map(|keys| {
+            let (engine, keys) = (Arc::clone(&engine), keys.to_vec());
+            tokio::spawn(async move {
+                for k in keys {
+                    let again = engine.begin(store_key(k), request(k)).await.unwrap();
+                    assert!(matches!(again, Begin::Replayed(_)), "key {k}: {again:?}");
+                }
+            })
+        })
+        .collect();
+    for check in checks {
+        check.await.unwrap();
+    }
     eprintln!("{report}");
 }
