@@ -217,4 +217,24 @@ mod tests {
         let decode = OpError::from(sqlx::Error::Decode("bad".into()));
         assert_eq!(decode.kind(), StoreErrorKind::Protocol);
     }
+
+    #[test]
+    fn a_lost_connection_is_unknown_unless_the_server_said_otherwise() {
+        let reset = OpError::from(sqlx::Error::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
+        assert!(reset.lost_connection() && !reset.unapplied());
+        let sqlx::Error::Io(io) = sqlx::Error::Io(std::io::ErrorKind::UnexpectedEof.into()) else {
+            unreachable!()
+        };
+        assert!(!keeps_connection(&sqlx::Error::Io(io)));
+        // No connection was had: nothing to send again on a new one.
+        let refused = OpError::Connect(sqlx::Error::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        assert!(!refused.lost_connection());
+        assert_eq!(refused.kind(), StoreErrorKind::Unavailable);
+        let decode = OpError::from(sqlx::Error::Decode("bad".into()));
+        assert!(!decode.lost_connection());
+    }
 }
