@@ -17,11 +17,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tower_idempotency::IdempotencyKey;
+use tower_idempotency::Store;
 use tower_idempotency::conformance::{LONG, fingerprint, random_key, record};
 use tower_idempotency::engine::{Begin, Engine, Fingerprint, RecordedResponse, Scope};
 use tower_idempotency::store::postgres::PostgresStore;
 use tower_idempotency::store::postgres::sqlx::{self, PgPool};
-use tower_idempotency::Store;
 use tower_idempotency::store::{Claim, StoreError, StoreErrorKind, StoreKey};
 
 /// The server's URL, its sessions named `app`: the test ends only those.
@@ -106,12 +106,11 @@ async fn the_server_statement_timeout_is_below_the_operation_timeout() {
         .await
         .unwrap();
     let mut conn = store.pool().acquire().await.unwrap();
-    let ms: String = sqlx::query_scalar(
-        "SELECT setting FROM pg_settings WHERE name = 'statement_timeout'",
-    )
-    .fetch_one(&mut *conn)
-    .await
-    .unwrap();
+    let ms: String =
+        sqlx::query_scalar("SELECT setting FROM pg_settings WHERE name = 'statement_timeout'")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
     let server_timeout = Duration::from_millis(ms.parse().unwrap());
     assert_eq!(store.timeout(), Duration::from_secs(1));
     assert!(
@@ -165,7 +164,10 @@ async fn a_slow_statement_is_cancelled_by_the_server_and_keeps_its_connection() 
         .and_then(|s| s.as_database_error())
         .and_then(|db| db.code())
         .is_some_and(|code| code == "57014");
-    assert!(cancelled, "the server's query_canceled, not the store's timer: {e:?}");
+    assert!(
+        cancelled,
+        "the server's query_canceled, not the store's timer: {e:?}"
+    );
     // The connection stays: the next claim takes it, and no other is opened.
     assert!(matches!(
         store.claim(&key, &fp, LONG).await.unwrap(),
@@ -289,6 +291,9 @@ async fn connections_ended_mid_storm_lose_no_record_and_run_nothing_twice() {
     assert!(ended.iter().all(|n| *n > 0), "{report}");
     // No work without a claim, and none twice: the default lease does not lapse here.
     assert!(twice.is_empty(), "{report}");
+    // The server said each step it cut off was not applied: each was sent once more, and no
+    // request failed.
+    assert!(tally.claims_failed.is_empty(), "{report}");
     // Every complete was applied, the one after each end included.
     assert!(tally.completes_failed.is_empty(), "{report}");
     assert_eq!(tally.completes_refused, 0, "{report}");

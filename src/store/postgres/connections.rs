@@ -49,12 +49,15 @@ impl Connections {
             .acquire()
             .await
             .map_err(|_| sqlx::Error::PoolClosed)?;
-        while !fresh {
-            let idle = self
-                .idle
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .pop();
+        loop {
+            let idle = if fresh {
+                None
+            } else {
+                self.idle
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .pop()
+            };
             let Some((mut conn, since)) = idle else {
                 break;
             };

@@ -149,9 +149,34 @@
 //! the store sends it again, with a fresh snapshot, within the same timeout, at most 4 times.
 //! A claim that lost to another claim of its key then finds that claim: in flight, or done.
 //!
+//! The server ends a session for `pg_terminate_backend`, a shutdown, a switchover or an idle
+//! timeout. The store closes a connection whose session ended, or that failed on the wire, and
+//! never gives it back. In a store made by [`connect`](PostgresStoreBuilder::connect), its idle
+//! connections are then checked before their next step, since what ended one session may have
+//! ended them all. A step cut off this way is sent once more, on a
+//! new connection, within the same timeout, when it cannot have been applied twice over:
+//!
+//! - the server answered that it ended the session (`57P01` `admin_shutdown`, `57P03`, `57P05`
+//!   `idle_session_timeout`). It does so between two statements, or within one, rolling it
+//!   back, never between a commit and its answer: the step was not applied. Any step is sent
+//!   again.
+//! - the connection was lost with no such answer (an I/O error, a crash of the server): the
+//!   step may have been applied. A complete, a release or a renew is sent again: each is fenced
+//!   by its claim's token, so a second send changes nothing the first did. A claim is not: sent
+//!   again, it would find its own pending row. It fails, answered 503, and the work does not
+//!   run; the store then releases the claim, in case it was applied, so the key is not left
+//!   pending until its lease lapses.
+//!
 //! A claim that fails answers 503 and the work does not run. A step that timed out may still
 //! have been applied by the server. A claim may leave the key pending until its lease lapses.
-//! A retry gets 409 until then. A complete may have stored the record.
+//! A retry gets 409 until then. A complete may have stored the record; a complete sent again
+//! after a lost connection answers `false` when the first send stored it.
+//!
+//! A store made by [`connect`](PostgresStoreBuilder::connect) sets the server's
+//! `statement_timeout` to four fifths of the operation timeout. So the server cancels a slow
+//! step, such as one waiting for a lock, and answers `Timeout` while the store still waits,
+//! and the connection stays open for the next step. A step the store gives up on first is
+//! closed mid-exchange, and the next step opens a new connection.
 //!
 //! # Bounds
 //!
@@ -673,14 +698,18 @@ impl Store for PostgresStore {
     ) -> Result<StepRecorded, StoreError> {
         let value = &value;
         let recorded = self
-            .bounded("PostgreSQL record step", Repeat::Unsafe, |fresh| async move {
-                let mut conn = self.take(fresh).await?;
-                let recorded = self
-                    .record_step_on(conn.conn(), key, step, value, ttl)
-                    .await;
-                conn.give_back(recorded.as_ref().err());
-                recorded
-            })
+            .bounded(
+                "PostgreSQL record step",
+                Repeat::Unsafe,
+                |fresh| async move {
+                    let mut conn = self.take(fresh).await?;
+                    let recorded = self
+                        .record_step_on(conn.conn(), key, step, value, ttl)
+                        .await;
+                    conn.give_back(recorded.as_ref().err());
+                    recorded
+                },
+            )
             .await?;
         recorded.ok_or_else(|| protocol("recording a step kept racing concurrent records"))
     }
