@@ -17,6 +17,8 @@ mod memory_metrics;
 mod memory_store;
 mod model_stores;
 #[cfg(feature = "test-util")]
+mod postgres_connections;
+#[cfg(feature = "test-util")]
 mod postgres_exchanges;
 #[cfg(feature = "test-util")]
 mod postgres_steps;

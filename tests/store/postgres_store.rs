@@ -614,9 +614,9 @@ async fn a_claim_stuck_behind_a_lock_times_out_and_the_store_recovers() {
         started.elapsed() < Duration::from_secs(2),
         "bounded by the timeout"
     );
-    // The server's `statement_timeout` (the same 300 ms, counted from the statement's arrival)
-    // cancels the abandoned claim; were it still waiting, the rollback below would let it
-    // insert a pending row that nobody holds.
+    // The server's `statement_timeout` (four fifths of the 300 ms, counted from the statement's
+    // arrival) cancels the claim; were it still waiting, the rollback below would let it insert
+    // a pending row that nobody holds.
     tokio::time::sleep(Duration::from_millis(500)).await;
     holder.rollback().await.unwrap();
     // The connection the timed-out claim used is usable again, and the key is free.

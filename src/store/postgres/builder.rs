@@ -22,6 +22,13 @@ const POOL_SIZE: u32 = 10;
 pub(super) const DURABLE_COMMITS: &str = "SELECT set_config('synchronous_commit', 'on', false) \
      WHERE current_setting('synchronous_commit') = 'off'";
 
+/// The `statement_timeout` of the store's connections: four fifths of the operation timeout. The
+/// server then cancels a slow statement and answers before the store gives up on it, and the
+/// connection stays usable: one the store gives up on is closed mid-exchange.
+pub(super) fn server_timeout(timeout: Duration) -> Duration {
+    timeout - timeout / 5
+}
+
 /// Builds a [`PostgresStore`]. It is made by [`PostgresStore::builder`], and each setter names
 /// its setting. The store is built over a pool with [`build`](Self::build), or connects
 /// itself with [`connect`](Self::connect).
@@ -81,8 +88,9 @@ impl PostgresStoreBuilder {
     /// are claim, complete, release and renew. A step that takes longer fails with
     /// [`StoreErrorKind::Timeout`]. Default: 1 s. At least 1 ms.
     ///
-    /// A pool made by [`connect`](Self::connect) also sets PostgreSQL's `statement_timeout` to it.
-    /// So the server stops a statement the store gave up on. That setting is the store's own: a
+    /// A pool made by [`connect`](Self::connect) also sets PostgreSQL's `statement_timeout` to
+    /// four fifths of it. So the server cancels a slow statement, and answers, before the store
+    /// gives up on it and closes its connection. That setting is the store's own: a
     /// transaction of [`transactional::within`] on a connection of this pool runs the work without
     /// it. Keep the timeout well below the lease.
     ///
@@ -108,7 +116,9 @@ impl PostgresStoreBuilder {
     }
 
     /// The store over an existing pool, whose settings are kept as given. Set `statement_timeout`
-    /// on its connections to have the server bound what the store's timeout abandons. Keep
+    /// on its connections a little below the store's [timeout](Self::timeout), as
+    /// [`connect`](Self::connect) does, to have the server cancel a slow statement before the
+    /// store gives up on it. Keep
     /// `synchronous_commit` on: with it off, a crash of the server loses the last acknowledged
     /// records (see [`connect`](Self::connect)).
     ///
@@ -142,15 +152,16 @@ impl PostgresStoreBuilder {
     }
 
     /// Connects to the PostgreSQL at `url`, such as `postgres://user:password@host:port/database`.
-    /// Every connection sets `statement_timeout` to the store's [timeout](Self::timeout) when it
-    /// opens. The setting `tower_idempotency.statement_timeout` marks it as the store's, and
+    /// Every connection sets `statement_timeout` to four fifths of the store's
+    /// [timeout](Self::timeout) when it opens: 800 ms by default. The setting `tower_idempotency.statement_timeout` marks it as the store's, and
     /// [`within`] lifts it for its work.
     ///
     /// The steps run on up to 10 connections of the store's own. Each is opened when a step
     /// needs it and kept open. A step takes one, sends its one statement and gives it back: one
     /// exchange with the server. A connection idle for 1 s or more is checked first, with one
     /// exchange more, in case the server or the network closed it. A connection whose step
-    /// failed on the wire, or timed out, is closed.
+    /// failed on the wire, or timed out, or whose session the server ended, is closed. See
+    /// [Failures](super#failures) for the step sent again on a new connection.
     ///
     /// [`PostgresStore::pool`] is a sqlx pool of up to 10 more connections, opened when used:
     /// by [`migrate`](PostgresStore::migrate), [`purge`](PostgresStore::purge) and your own
@@ -176,7 +187,7 @@ impl PostgresStoreBuilder {
         };
         self.prefix.clone().map_err(invalid)?;
         sql::check_table(&self.table).map_err(invalid)?;
-        let timeout = sql::millis(self.timeout);
+        let timeout = sql::millis(server_timeout(self.timeout));
         let options = PgConnectOptions::from_str(url)
             .map_err(|e| OpError::from(e).into_store("invalid PostgreSQL URL"))?
             .options([

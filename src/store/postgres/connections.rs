@@ -4,10 +4,12 @@
 //! A sqlx pool checks a connection with an exchange of its own when it hands it out, and again
 //! when it takes it back. A step would then be three exchanges for one statement. Here a
 //! connection is checked only when it has been idle for [`CHECK_AFTER_IDLE`]: one a server or
-//! a network may have closed unseen. A new connection keeps `synchronous_commit` on, as the
-//! pool's do.
+//! a network may have closed unseen. A connection whose session ended is closed, never given
+//! back, and the idle ones are checked before their next step: a shutdown or a switchover ends
+//! them all. A new connection keeps `synchronous_commit` on, as the pool's do.
 
 use super::builder::DURABLE_COMMITS;
+use super::error::keeps_connection;
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use std::sync::{Mutex, PoisonError};
@@ -21,8 +23,9 @@ pub(super) const CHECK_AFTER_IDLE: Duration = Duration::from_secs(1);
 /// Up to a fixed number of connections, opened when a step needs one and kept open.
 pub(super) struct Connections {
     options: PgConnectOptions,
-    /// The idle connections, the last given back on top, and when each was given back.
-    idle: Mutex<Vec<(PgConnection, Instant)>>,
+    /// The idle connections, the last given back on top, and when each was given back: `None`
+    /// when it is to be checked before its next step.
+    idle: Mutex<Vec<(PgConnection, Option<Instant>)>>,
     /// One permit per connection a step may hold, open or not yet opened.
     permits: Semaphore,
 }
@@ -32,30 +35,35 @@ impl Connections {
     pub(super) fn new(options: PgConnectOptions, size: u32, first: PgConnection) -> Self {
         Self {
             options,
-            idle: Mutex::new(vec![(first, Instant::now())]),
+            idle: Mutex::new(vec![(first, Some(Instant::now()))]),
             permits: Semaphore::new(size as usize),
         }
     }
 
-    /// A connection for one step: an idle one, else a new one. It waits for a permit while
-    /// every connection is taken.
-    pub(super) async fn take(&self) -> Result<Taken<'_>, sqlx::Error> {
+    /// A connection for one step: an idle one, else a new one. `fresh` asks for a new one, for
+    /// a step sent again after its connection was lost. It waits for a permit while every
+    /// connection is taken.
+    pub(super) async fn take(&self, fresh: bool) -> Result<Taken<'_>, sqlx::Error> {
         let permit = self
             .permits
             .acquire()
             .await
             .map_err(|_| sqlx::Error::PoolClosed)?;
         loop {
-            let idle = self
-                .idle
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .pop();
+            let idle = if fresh {
+                None
+            } else {
+                self.idle
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .pop()
+            };
             let Some((mut conn, since)) = idle else {
                 break;
             };
             // A connection that fails its check is dropped, which closes its socket.
-            if since.elapsed() < CHECK_AFTER_IDLE || conn.ping().await.is_ok() {
+            let recent = since.is_some_and(|since| since.elapsed() < CHECK_AFTER_IDLE);
+            if recent || conn.ping().await.is_ok() {
                 return Ok(Taken {
                     owner: self,
                     conn,
@@ -84,20 +92,24 @@ pub(super) struct Taken<'a> {
 
 impl Taken<'_> {
     /// Gives the connection back, unless `failure` shows it broken: only an error the server
-    /// answered leaves a connection sound.
+    /// answered, and that left the session open, leaves a connection sound. A broken one is
+    /// closed, and the idle ones are checked before their next step: what ended one session,
+    /// such as a shutdown, may have ended theirs.
     pub(super) fn give_back(self, failure: Option<&sqlx::Error>) {
         let Taken {
             owner,
             conn,
             permit,
         } = self;
-        if matches!(failure, None | Some(sqlx::Error::Database(_))) {
-            owner
-                .idle
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push((conn, Instant::now()));
+        let mut idle = owner.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        if failure.is_none_or(keeps_connection) {
+            idle.push((conn, Some(Instant::now())));
+        } else {
+            for (_, since) in idle.iter_mut() {
+                *since = None;
+            }
         }
+        drop(idle);
         // The permit goes after the connection: a step waiting for it finds the connection.
         drop(permit);
     }

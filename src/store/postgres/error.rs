@@ -5,6 +5,7 @@
 //! can tell a lock wait that ran out (answered "in flight") from other failures. It becomes a [`StoreError`] once, keeping the sqlx error as its source.
 
 use crate::store::{StoreError, StoreErrorKind};
+use sqlx::postgres::{PgDatabaseError, PgSeverity};
 use tokio::time::error::Elapsed;
 
 /// `lock_not_available`: a lock wait ran out (`lock_timeout`, or `NOWAIT`).
@@ -16,12 +17,24 @@ const QUERY_CANCELED: &str = "57014";
 const SERIALIZATION_FAILURE: &str = "40001";
 /// `deadlock_detected`.
 const DEADLOCK_DETECTED: &str = "40P01";
+/// `admin_shutdown`: `pg_terminate_backend`, a smart or fast shutdown.
+const ADMIN_SHUTDOWN: &str = "57P01";
+/// `crash_shutdown`: another server process crashed, or an immediate shutdown.
+const CRASH_SHUTDOWN: &str = "57P02";
+/// `cannot_connect_now`: the server is starting or shutting down.
+const CANNOT_CONNECT_NOW: &str = "57P03";
+/// `idle_session_timeout`.
+const IDLE_SESSION_TIMEOUT: &str = "57P05";
+/// The class of connection exceptions.
+const CONNECTION_EXCEPTION: &str = "08";
 
 /// Why a statement failed.
 #[derive(Debug)]
 pub(crate) enum OpError {
     /// PostgreSQL, the connection or the pool answered an error.
     Sql(sqlx::Error),
+    /// No connection could be had for the statement: nothing was sent.
+    Connect(sqlx::Error),
     /// The store's operation timeout ran out first.
     Elapsed(Elapsed),
 }
@@ -42,7 +55,7 @@ impl OpError {
     /// The SQLSTATE of a database error.
     fn code(&self) -> Option<String> {
         match self {
-            Self::Sql(e) => code(e),
+            Self::Sql(e) | Self::Connect(e) => code(e),
             Self::Elapsed(_) => None,
         }
     }
@@ -72,7 +85,7 @@ impl OpError {
     pub(crate) fn kind(&self) -> StoreErrorKind {
         match self {
             Self::Elapsed(_) => StoreErrorKind::Timeout,
-            Self::Sql(e) => kind_of(e),
+            Self::Sql(e) | Self::Connect(e) => kind_of(e),
         }
     }
 
@@ -80,9 +93,56 @@ impl OpError {
     pub(crate) fn into_store(self, op: &'static str) -> StoreError {
         let kind = self.kind();
         match self {
-            Self::Sql(e) => StoreError::with_source(kind, op, e),
+            Self::Sql(e) | Self::Connect(e) => StoreError::with_source(kind, op, e),
             Self::Elapsed(e) => StoreError::with_source(kind, op, e),
         }
+    }
+
+    /// The statement's connection is gone: the server or the network ended it.
+    pub(crate) fn lost_connection(&self) -> bool {
+        matches!(self, Self::Sql(e) if lost(e))
+    }
+
+    /// The server ended the session before it could commit the statement. It ends a session for
+    /// `pg_terminate_backend`, a shutdown or an idle timeout only between two statements, or
+    /// within one, rolling it back: never between a commit and its answer. So the statement was
+    /// not applied, and a new connection may send it again.
+    pub(crate) fn unapplied(&self) -> bool {
+        matches!(
+            self.code().as_deref(),
+            Some(ADMIN_SHUTDOWN | CANNOT_CONNECT_NOW | IDLE_SESSION_TIMEOUT)
+        ) && matches!(self, Self::Sql(_))
+    }
+}
+
+/// Whether a connection that failed with `e` is still usable: only after an error the server
+/// answered and that leaves its session open.
+pub(super) fn keeps_connection(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(_)) && !lost(e)
+}
+
+/// The connection is gone: an I/O or TLS failure, an answer out of protocol, or the server
+/// ending the session (a fatal error, a connection exception, a shutdown).
+fn lost(e: &sqlx::Error) -> bool {
+    match e {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::Protocol(_) => true,
+        sqlx::Error::Database(db) => {
+            let fatal = db
+                .try_downcast_ref::<PgDatabaseError>()
+                .is_some_and(|pg| matches!(pg.severity(), PgSeverity::Fatal | PgSeverity::Panic));
+            fatal
+                || db.code().is_some_and(|c| {
+                    c.starts_with(CONNECTION_EXCEPTION)
+                        || matches!(
+                            c.as_ref(),
+                            ADMIN_SHUTDOWN
+                                | CRASH_SHUTDOWN
+                                | CANNOT_CONNECT_NOW
+                                | IDLE_SESSION_TIMEOUT
+                        )
+                })
+        }
+        _ => false,
     }
 }
 
@@ -156,5 +216,25 @@ mod tests {
         assert_eq!(closed.kind(), StoreErrorKind::Unavailable);
         let decode = OpError::from(sqlx::Error::Decode("bad".into()));
         assert_eq!(decode.kind(), StoreErrorKind::Protocol);
+    }
+
+    #[test]
+    fn a_lost_connection_is_unknown_unless_the_server_said_otherwise() {
+        let reset = OpError::from(sqlx::Error::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionReset,
+        )));
+        assert!(reset.lost_connection() && !reset.unapplied());
+        let sqlx::Error::Io(io) = sqlx::Error::Io(std::io::ErrorKind::UnexpectedEof.into()) else {
+            unreachable!()
+        };
+        assert!(!keeps_connection(&sqlx::Error::Io(io)));
+        // No connection was had: nothing to send again on a new one.
+        let refused = OpError::Connect(sqlx::Error::Io(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        )));
+        assert!(!refused.lost_connection());
+        assert_eq!(refused.kind(), StoreErrorKind::Unavailable);
+        let decode = OpError::from(sqlx::Error::Decode("bad".into()));
+        assert!(!decode.lost_connection());
     }
 }

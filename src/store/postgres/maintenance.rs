@@ -1,7 +1,7 @@
 //! Creating the tables, and purging expired rows.
 
 use super::error::OpError;
-use super::{PURGE_BATCH, PostgresStore};
+use super::{PURGE_BATCH, PostgresStore, Repeat};
 use crate::store::StoreError;
 
 /// The advisory lock `migrate` takes, so that replicas starting together create the table
@@ -82,7 +82,7 @@ impl PostgresStore {
         let mut total = 0;
         loop {
             let deleted = self
-                .bounded("PostgreSQL purge", || async {
+                .bounded("PostgreSQL purge", Repeat::Safe, |_| async {
                     Ok(sqlx::query(purge)
                         .bind(PURGE_BATCH)
                         .execute(&self.pool)

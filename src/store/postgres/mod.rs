@@ -149,9 +149,34 @@
 //! the store sends it again, with a fresh snapshot, within the same timeout, at most 4 times.
 //! A claim that lost to another claim of its key then finds that claim: in flight, or done.
 //!
+//! The server ends a session for `pg_terminate_backend`, a shutdown, a switchover or an idle
+//! timeout. The store closes a connection whose session ended, or that failed on the wire, and
+//! never gives it back. In a store made by [`connect`](PostgresStoreBuilder::connect), its idle
+//! connections are then checked before their next step, since what ended one session may have
+//! ended them all. A step cut off this way is sent once more, on a
+//! new connection, within the same timeout, when it cannot have been applied twice over:
+//!
+//! - the server answered that it ended the session (`57P01` `admin_shutdown`, `57P03`, `57P05`
+//!   `idle_session_timeout`). It does so between two statements, or within one, rolling it
+//!   back, never between a commit and its answer: the step was not applied. Any step is sent
+//!   again.
+//! - the connection was lost with no such answer (an I/O error, a crash of the server): the
+//!   step may have been applied. A complete, a release or a renew is sent again: each is fenced
+//!   by its claim's token, so a second send changes nothing the first did. A claim is not: sent
+//!   again, it would find its own pending row. It fails, answered 503, and the work does not
+//!   run; the store then releases the claim, in case it was applied, so the key is not left
+//!   pending until its lease lapses.
+//!
 //! A claim that fails answers 503 and the work does not run. A step that timed out may still
 //! have been applied by the server. A claim may leave the key pending until its lease lapses.
-//! A retry gets 409 until then. A complete may have stored the record.
+//! A retry gets 409 until then. A complete may have stored the record; a complete sent again
+//! after a lost connection answers `false` when the first send stored it.
+//!
+//! A store made by [`connect`](PostgresStoreBuilder::connect) sets the server's
+//! `statement_timeout` to four fifths of the operation timeout. So the server cancels a slow
+//! step, such as one waiting for a lock, and answers `Timeout` while the store still waits,
+//! and the connection stays open for the next step. A step the store gives up on first is
+//! closed mid-exchange, and the next step opens a new connection.
 //!
 //! # Bounds
 //!
@@ -327,36 +352,60 @@ impl PostgresStore {
         sql::key_bytes(&self.prefix, key)
     }
 
-    /// A connection for one step.
-    async fn take(&self) -> Result<Leased<'_>, sqlx::Error> {
+    /// A connection for one step: a new one when `fresh` (the store's own connections only).
+    async fn take(&self, fresh: bool) -> Result<Leased<'_>, OpError> {
         match &self.steps {
-            Some(own) => own.take().await.map(Leased::Own),
+            Some(own) => own.take(fresh).await.map(Leased::Own),
             None => self.pool.acquire().await.map(Leased::Pool),
         }
+        .map_err(OpError::Connect)
     }
 
-    /// Runs one step under the operation timeout. PostgreSQL may roll a step back for a concurrent
-    /// transaction: a serialization failure or a deadlock. Such a step applied nothing. It is sent
-    /// again, up to [`CONFLICT_ATTEMPTS`] times in all, within the same timeout.
-    async fn bounded<T, F, Fut>(&self, op: &'static str, mut step: F) -> Result<T, StoreError>
+    /// Runs one step under the operation timeout; `step(fresh)` sends it once. PostgreSQL may
+    /// roll a step back for a concurrent transaction: a serialization failure or a deadlock. Such
+    /// a step applied nothing. It is sent again, up to [`CONFLICT_ATTEMPTS`] times in all, within
+    /// the same timeout.
+    ///
+    /// A step whose connection was lost is sent once more, on a new connection, when it was not
+    /// applied, or when `repeat` says that sending it twice does what once does.
+    async fn bounded<T, F, Fut>(
+        &self,
+        op: &'static str,
+        repeat: Repeat,
+        step: F,
+    ) -> Result<T, StoreError>
     where
-        F: FnMut() -> Fut,
+        F: FnMut(bool) -> Fut,
+        Fut: Future<Output = Result<T, OpError>>,
+    {
+        self.bounded_op(repeat, step)
+            .await
+            .map_err(|e| e.into_store(op))
+    }
+
+    /// [`bounded`](Self::bounded), its failure kept as an [`OpError`].
+    async fn bounded_op<T, F, Fut>(&self, repeat: Repeat, mut step: F) -> Result<T, OpError>
+    where
+        F: FnMut(bool) -> Fut,
         Fut: Future<Output = Result<T, OpError>>,
     {
         let tries = async {
-            let mut sent = 1;
+            let (mut sent, mut fresh) = (1, false);
             loop {
-                match step().await {
+                match step(fresh).await {
                     Err(e) if e.is_conflict() && sent < CONFLICT_ATTEMPTS => sent += 1,
+                    Err(e)
+                        if !fresh
+                            && e.lost_connection()
+                            && (e.unapplied() || repeat == Repeat::Safe) =>
+                    {
+                        fresh = true;
+                    }
                     done => return done,
                 }
             }
         };
-        match tokio::time::timeout(self.timeout, tries).await {
-            Ok(Ok(v)) => Ok(v),
-            Ok(Err(e)) => Err(e.into_store(op)),
-            Err(e) => Err(OpError::from(e).into_store(op)),
-        }
+        tokio::time::timeout(self.timeout, tries).await?
     }
 
     /// One claim statement: `None` when it raced a claim its snapshot could not see.
@@ -413,6 +462,15 @@ impl PostgresStore {
     }
 }
 
+/// Whether a step whose outcome is unknown may be sent again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Repeat {
+    /// Sent twice, it does what it does once: a read, or a write fenced by the claim's token.
+    Safe,
+    /// A second send would answer differently: a claim would find its own pending row.
+    Unsafe,
+}
+
 /// A connection one step holds: one of the store's own, or one of the pool it was built over.
 enum Leased<'a> {
     Own(Taken<'a>),
@@ -429,17 +487,22 @@ impl Leased<'_> {
 
     /// Gives the connection back after a step that failed with `failure`, if it did. A pool's
     /// connection goes back to its pool, which decides.
+    /// A connection the server or the network ended is closed, never given back.
     fn give_back_sql(self, failure: Option<&sqlx::Error>) {
         match self {
             Self::Own(taken) => taken.give_back(failure),
-            Self::Pool(pooled) => drop(pooled),
+            Self::Pool(mut pooled) => {
+                if !failure.is_none_or(error::keeps_connection) {
+                    pooled.close_on_drop();
+                }
+            }
         }
     }
 
     fn give_back(self, failure: Option<&OpError>) {
         match failure {
             None => self.give_back_sql(None),
-            Some(OpError::Sql(e)) => self.give_back_sql(Some(e)),
+            Some(OpError::Sql(e) | OpError::Connect(e)) => self.give_back_sql(Some(e)),
             Some(OpError::Elapsed(_)) => drop(self),
         }
     }
@@ -497,15 +560,15 @@ impl Store for PostgresStore {
         lease: Duration,
     ) -> Result<Claim, StoreError> {
         let token = Token::generate()?;
-        let key = self.row_key(key);
+        let (row_key, sent) = (self.row_key(key), &token);
         let lease = sql::millis(lease);
         let row = self
-            .bounded("PostgreSQL claim", || async {
-                let mut conn = self.take().await?;
+            .bounded_op(Repeat::Unsafe, |fresh| async move {
+                let mut conn = self.take(fresh).await?;
                 let mut found = Ok(None);
                 for _ in 0..CLAIM_ATTEMPTS {
                     found = self
-                        .claim_once(conn.conn(), &key, fingerprint, &token, lease)
+                        .claim_once(conn.conn(), &row_key, fingerprint, sent, lease)
                         .await;
                     if !matches!(found, Ok(None)) {
                         break;
@@ -514,7 +577,20 @@ impl Store for PostgresStore {
                 conn.give_back(found.as_ref().err());
                 found
             })
-            .await?;
+            .await;
+        let row = match row {
+            Ok(row) => row,
+            Err(e) => {
+                // The claim may have taken the key, on a connection lost before its answer. It
+                // fails, and its work does not run: the key goes back, rather than staying
+                // pending until the lease lapses.
+                if e.lost_connection() && !e.unapplied() {
+                    let released = self.release(key, &token).await;
+                    tracing::debug!(?released, "released a claim whose answer was lost");
+                }
+                return Err(e.into_store("PostgreSQL claim"));
+            }
+        };
         row.ok_or_else(|| protocol("claim kept racing concurrent claims"))?
             .into_claim(token)
     }
@@ -528,10 +604,10 @@ impl Store for PostgresStore {
         ttl: Duration,
     ) -> Result<bool, StoreError> {
         let key = self.row_key(key);
-        let record = record.into_bytes();
+        let record = &record.into_bytes();
         let done = self
-            .bounded("PostgreSQL complete", || async {
-                let mut conn = self.take().await?;
+            .bounded("PostgreSQL complete", Repeat::Safe, |fresh| async move {
+                let mut conn = self.take(fresh).await?;
                 let done = sqlx::query(&self.sql.complete)
                     .bind(&key[..])
                     .bind(&token.as_bytes()[..])
@@ -550,8 +626,8 @@ impl Store for PostgresStore {
     async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
         let key = self.row_key(key);
         let deleted = self
-            .bounded("PostgreSQL release", || async {
-                let mut conn = self.take().await?;
+            .bounded("PostgreSQL release", Repeat::Safe, |fresh| async move {
+                let mut conn = self.take(fresh).await?;
                 let deleted = sqlx::query(&self.sql.release)
                     .bind(&key[..])
                     .bind(&token.as_bytes()[..])
@@ -567,8 +643,8 @@ impl Store for PostgresStore {
     async fn forget(&self, key: &StoreKey, pending: bool) -> Result<Forgotten, StoreError> {
         let key = self.row_key(key);
         let found = self
-            .bounded("PostgreSQL forget", || async {
-                let mut conn = self.take().await?;
+            .bounded("PostgreSQL forget", Repeat::Unsafe, |fresh| async move {
+                let mut conn = self.take(fresh).await?;
                 let row = sqlx::query(&self.sql.forget)
                     .bind(&key[..])
                     .bind(pending)
@@ -598,8 +674,8 @@ impl Store for PostgresStore {
     ) -> Result<bool, StoreError> {
         let key = self.row_key(key);
         let renewed = self
-            .bounded("PostgreSQL renew", || async {
-                let mut conn = self.take().await?;
+            .bounded("PostgreSQL renew", Repeat::Safe, |fresh| async move {
+                let mut conn = self.take(fresh).await?;
                 let renewed = sqlx::query(&self.sql.renew)
                     .bind(&key[..])
                     .bind(&token.as_bytes()[..])
@@ -620,15 +696,20 @@ impl Store for PostgresStore {
         value: Bytes,
         ttl: Duration,
     ) -> Result<StepRecorded, StoreError> {
+        let value = &value;
         let recorded = self
-            .bounded("PostgreSQL record step", || async {
-                let mut conn = self.take().await?;
-                let recorded = self
-                    .record_step_on(conn.conn(), key, step, &value, ttl)
-                    .await;
-                conn.give_back(recorded.as_ref().err());
-                recorded
-            })
+            .bounded(
+                "PostgreSQL record step",
+                Repeat::Unsafe,
+                |fresh| async move {
+                    let mut conn = self.take(fresh).await?;
+                    let recorded = self
+                        .record_step_on(conn.conn(), key, step, value, ttl)
+                        .await;
+                    conn.give_back(recorded.as_ref().err());
+                    recorded
+                },
+            )
             .await?;
         recorded.ok_or_else(|| protocol("recording a step kept racing concurrent records"))
     }
@@ -636,8 +717,8 @@ impl Store for PostgresStore {
     async fn steps(&self, key: &StoreKey) -> Result<Vec<(StepId, Bytes)>, StoreError> {
         let key = self.row_key(key);
         let rows = self
-            .bounded("PostgreSQL steps", || async {
-                let mut conn = self.take().await?;
+            .bounded("PostgreSQL steps", Repeat::Safe, |fresh| async move {
+                let mut conn = self.take(fresh).await?;
                 let rows = sqlx::query_as::<_, (Vec<u8>, Vec<u8>)>(&self.sql.steps)
                     .bind(&key[..])
                     .fetch_all(conn.conn())
