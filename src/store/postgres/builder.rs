@@ -161,7 +161,7 @@ impl PostgresStoreBuilder {
     /// exchange with the server. A connection idle for 1 s or more is checked first, with one
     /// exchange more, in case the server or the network closed it. A connection whose step
     /// failed on the wire, or timed out, or whose session the server ended, is closed. See
-    /// [Failures](super#failures) for the step sent again on a new connection.
+    /// [Failures](super#failures) for the operation sent again on a new connection.
     ///
     /// [`PostgresStore::pool`] is a sqlx pool of up to 10 more connections, opened when used:
     /// by [`migrate`](PostgresStore::migrate), [`purge`](PostgresStore::purge) and your own

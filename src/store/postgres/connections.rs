@@ -5,7 +5,7 @@
 //! when it takes it back. A step would then be three exchanges for one statement. Here a
 //! connection is checked only when it has been idle for [`CHECK_AFTER_IDLE`]: one a server or
 //! a network may have closed unseen. A connection whose session ended is closed, never given
-//! back, and the idle ones are checked before their next step: a shutdown or a switchover ends
+//! back, and the idle ones are checked before their next operation: a shutdown or a switchover ends
 //! them all. A new connection keeps `synchronous_commit` on, as the pool's do.
 
 use super::builder::DURABLE_COMMITS;
@@ -24,7 +24,7 @@ pub(super) const CHECK_AFTER_IDLE: Duration = Duration::from_secs(1);
 pub(super) struct Connections {
     options: PgConnectOptions,
     /// The idle connections, the last given back on top, and when each was given back: `None`
-    /// when it is to be checked before its next step.
+    /// when it is to be checked before its next operation.
     idle: Mutex<Vec<(PgConnection, Option<Instant>)>>,
     /// One permit per connection a step may hold, open or not yet opened.
     permits: Semaphore,
@@ -40,8 +40,8 @@ impl Connections {
         }
     }
 
-    /// A connection for one step: an idle one, else a new one. `fresh` asks for a new one, for
-    /// a step sent again after its connection was lost. It waits for a permit while every
+    /// A connection for one operation: an idle one, else a new one. `fresh` asks for a new one, for
+    /// an operation sent again after its connection was lost. It waits for a permit while every
     /// connection is taken.
     pub(super) async fn take(&self, fresh: bool) -> Result<Taken<'_>, sqlx::Error> {
         let permit = self
@@ -93,7 +93,7 @@ pub(super) struct Taken<'a> {
 impl Taken<'_> {
     /// Gives the connection back, unless `failure` shows it broken: only an error the server
     /// answered, and that left the session open, leaves a connection sound. A broken one is
-    /// closed, and the idle ones are checked before their next step: what ended one session,
+    /// closed, and the idle ones are checked before their next operation: what ended one session,
     /// such as a shutdown, may have ended theirs.
     pub(super) fn give_back(self, failure: Option<&sqlx::Error>) {
         let Taken {

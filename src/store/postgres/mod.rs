@@ -152,16 +152,16 @@
 //! The server ends a session for `pg_terminate_backend`, a shutdown, a switchover or an idle
 //! timeout. The store closes a connection whose session ended, or that failed on the wire, and
 //! never gives it back. In a store made by [`connect`](PostgresStoreBuilder::connect), its idle
-//! connections are then checked before their next step, since what ended one session may have
-//! ended them all. A step cut off this way is sent once more, on a
+//! connections are then checked before their next operation, since what ended one session may have
+//! ended them all. An operation cut off this way is sent once more, on a
 //! new connection, within the same timeout, when it cannot have been applied twice over:
 //!
 //! - the server answered that it ended the session (`57P01` `admin_shutdown`, `57P03`, `57P05`
 //!   `idle_session_timeout`). It does so between two statements, or within one, rolling it
-//!   back, never between a commit and its answer: the step was not applied. Any step is sent
+//!   back, never between a commit and its answer: the operation was not applied. Any operation is sent
 //!   again.
 //! - the connection was lost with no such answer (an I/O error, a crash of the server): the
-//!   step may have been applied. A complete, a release or a renew is sent again: each is fenced
+//!   operation may have been applied. A complete, a release or a renew is sent again: each is fenced
 //!   by its claim's token, so a second send changes nothing the first did. A claim is not: sent
 //!   again, it would find its own pending row. It fails, answered 503, and the work does not
 //!   run; the store then releases the claim, in case it was applied, so the key is not left
@@ -174,9 +174,9 @@
 //!
 //! A store made by [`connect`](PostgresStoreBuilder::connect) sets the server's
 //! `statement_timeout` to four fifths of the operation timeout. So the server cancels a slow
-//! step, such as one waiting for a lock, and answers `Timeout` while the store still waits,
-//! and the connection stays open for the next step. A step the store gives up on first is
-//! closed mid-exchange, and the next step opens a new connection.
+//! operation, such as one waiting for a lock, and answers `Timeout` while the store still waits,
+//! and the connection stays open for the next operation. An operation the store gives up on first is
+//! closed mid-exchange, and the next operation opens a new connection.
 //!
 //! # Bounds
 //!
@@ -352,7 +352,7 @@ impl PostgresStore {
         sql::key_bytes(&self.prefix, key)
     }
 
-    /// A connection for one step: a new one when `fresh` (the store's own connections only).
+    /// A connection for one operation: a new one when `fresh` (the store's own connections only).
     async fn take(&self, fresh: bool) -> Result<Leased<'_>, OpError> {
         match &self.steps {
             Some(own) => own.take(fresh).await.map(Leased::Own),
@@ -361,30 +361,30 @@ impl PostgresStore {
         .map_err(OpError::Connect)
     }
 
-    /// Runs one step under the operation timeout; `step(fresh)` sends it once. PostgreSQL may
-    /// roll a step back for a concurrent transaction: a serialization failure or a deadlock. Such
-    /// a step applied nothing. It is sent again, up to [`CONFLICT_ATTEMPTS`] times in all, within
+    /// Runs one operation under the operation timeout; `send(fresh)` sends it once. PostgreSQL may
+    /// roll an operation back for a concurrent transaction: a serialization failure or a deadlock. Such
+    /// an operation applied nothing. It is sent again, up to [`CONFLICT_ATTEMPTS`] times in all, within
     /// the same timeout.
     ///
-    /// A step whose connection was lost is sent once more, on a new connection, when it was not
+    /// An operation whose connection was lost is sent once more, on a new connection, when it was not
     /// applied, or when `repeat` says that sending it twice does what once does.
     async fn bounded<T, F, Fut>(
         &self,
         op: &'static str,
         repeat: Repeat,
-        step: F,
+        send: F,
     ) -> Result<T, StoreError>
     where
         F: FnMut(bool) -> Fut,
         Fut: Future<Output = Result<T, OpError>>,
     {
-        self.bounded_op(repeat, step)
+        self.bounded_op(repeat, send)
             .await
             .map_err(|e| e.into_store(op))
     }
 
     /// [`bounded`](Self::bounded), its failure kept as an [`OpError`].
-    async fn bounded_op<T, F, Fut>(&self, repeat: Repeat, mut step: F) -> Result<T, OpError>
+    async fn bounded_op<T, F, Fut>(&self, repeat: Repeat, mut send: F) -> Result<T, OpError>
     where
         F: FnMut(bool) -> Fut,
         Fut: Future<Output = Result<T, OpError>>,
@@ -392,7 +392,7 @@ impl PostgresStore {
         let tries = async {
             let (mut sent, mut fresh) = (1, false);
             loop {
-                match step(fresh).await {
+                match send(fresh).await {
                     Err(e) if e.is_conflict() && sent < CONFLICT_ATTEMPTS => sent += 1,
                     Err(e)
                         if !fresh
@@ -462,7 +462,7 @@ impl PostgresStore {
     }
 }
 
-/// Whether a step whose outcome is unknown may be sent again.
+/// Whether an operation whose outcome is unknown may be sent again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Repeat {
     /// Sent twice, it does what it does once: a read, or a write fenced by the claim's token.
