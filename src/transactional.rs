@@ -181,6 +181,7 @@
 //! [`PostgresStore::connect`]: crate::store::postgres::PostgresStore::connect
 
 use crate::engine::scope::StoreKey;
+use crate::engine::steps::Ready;
 use crate::engine::{
     Begin, BoxFuture, Codec, Engine, Fingerprint, RecordError, RecordedResponse, StepError, Steps,
     Ticket,
@@ -505,11 +506,17 @@ where
     let name = name.to_owned();
     async move {
         let place = place?;
-        let bound = steps.bound(place, &name)?;
-        let id = bound.step_id(place);
-        if let Some(value) = steps.recorded(bound).await?.get(&id) {
-            return bound.replay(place, &id, &name, &codec, value.clone());
+        let (claim, run) = steps.claim(place, &name)?;
+        let bound = run.bound();
+        // A record written under another store's key would never be read back, and the claim
+        // checked would be another's: the step does not run.
+        if !bound.is_of(engine.store()) {
+            return Err(StepError::other_store(place, &name));
         }
+        let id = match steps.ready(claim, run, place, &name).await? {
+            Ready::Recorded(id, value) => return bound.replay(place, &id, &name, &codec, value),
+            Ready::Run(id) => id,
+        };
         let store = engine.store();
         let failed = |e: OpError, op| match e.into_conflict() {
             Ok(e) => StepError::conflict(OpError::from(e).into_store(op), place, &name),
@@ -556,7 +563,7 @@ where
             // Another run recorded the step first: its work stands, this one's goes.
             Ok(Some(StepRecorded::Found(first))) => {
                 rolled_back(tx, ()).await;
-                bound.overlapped(place, &id, &name, &codec, first)
+                bound.taken_over(place, &id, &name, &codec, first)
             }
             Ok(None) => {
                 let e = StoreError::new(
