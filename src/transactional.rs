@@ -486,7 +486,11 @@ where
 ///   The work was rolled back, except after a lost commit, which may have happened.
 /// - [`Conflict`](crate::engine::StepErrorKind::Conflict): PostgreSQL rolled the transaction
 ///   back for a concurrent one. Run the request again, in a new transaction.
-/// - a bad name or order, or a record that fails validation, as for [`Steps::run`].
+/// - [`NotClaimed`](crate::engine::StepErrorKind::NotClaimed): `steps` were made by an engine
+///   over another store than `engine`'s. Nothing ran.
+/// - [`ClaimLost`](crate::engine::StepErrorKind::ClaimLost),
+///   [`KeyReused`](crate::engine::StepErrorKind::KeyReused), a bad name or order, or a record
+///   that fails validation, as for [`Steps::run`]. Nothing ran.
 pub fn step<'a, T, E, C, F>(
     engine: &'a Engine<PostgresStore>,
     steps: &'a Steps,
