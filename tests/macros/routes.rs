@@ -689,11 +689,11 @@ static KEPT: std::sync::Mutex<Option<Steps>> = std::sync::Mutex::new(None);
 async fn steps_twice_and_kept(a: Steps, b: Steps) -> String {
     a.run("reserve", Raw, |_| async { Ok::<_, String>(String::new()) })
         .await
-        .unwrap();
+        .expect("the first step runs");
     let again = b
         .run("reserve", Raw, |_| async { Ok::<_, String>(String::new()) })
         .await;
-    *KEPT.lock().unwrap() = Some(b);
+    *KEPT.lock().expect("not poisoned") = Some(b);
     format!("{:?}", again.map_err(|e| e.kind()))
 }
 
