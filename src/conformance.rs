@@ -1147,6 +1147,15 @@ impl<H: Harness> Store for HarnessStore<H> {
         self.0.store().steps(key)
     }
 
+    fn prepare_step(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        lease: Duration,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+        self.0.store().prepare_step(key, token, lease)
+    }
+
     fn notifies_settled(&self) -> bool {
         self.0.store().notifies_settled()
     }

@@ -181,6 +181,7 @@
 //! [`PostgresStore::connect`]: crate::store::postgres::PostgresStore::connect
 
 use crate::engine::scope::StoreKey;
+use crate::engine::steps::Ready;
 use crate::engine::{
     Begin, BoxFuture, Codec, Engine, Fingerprint, RecordError, RecordedResponse, StepError, Steps,
     Ticket,
@@ -485,7 +486,11 @@ where
 ///   The work was rolled back, except after a lost commit, which may have happened.
 /// - [`Conflict`](crate::engine::StepErrorKind::Conflict): PostgreSQL rolled the transaction
 ///   back for a concurrent one. Run the request again, in a new transaction.
-/// - a bad name or order, or a record that fails validation, as for [`Steps::run`].
+/// - [`NotClaimed`](crate::engine::StepErrorKind::NotClaimed): `steps` were made by an engine
+///   over another store than `engine`'s. Nothing ran.
+/// - [`ClaimLost`](crate::engine::StepErrorKind::ClaimLost),
+///   [`KeyReused`](crate::engine::StepErrorKind::KeyReused), a bad name or order, or a record
+///   that fails validation, as for [`Steps::run`]. Nothing ran.
 pub fn step<'a, T, E, C, F>(
     engine: &'a Engine<PostgresStore>,
     steps: &'a Steps,
@@ -505,11 +510,17 @@ where
     let name = name.to_owned();
     async move {
         let place = place?;
-        let bound = steps.bound(place, &name)?;
-        let id = bound.step_id(place);
-        if let Some(value) = steps.recorded(bound).await?.get(&id) {
-            return bound.replay(place, &id, &name, &codec, value.clone());
+        let (claim, run) = steps.claim(place, &name)?;
+        let bound = run.bound();
+        // A record written under another store's key would never be read back, and the claim
+        // checked would be another's: the step does not run.
+        if !bound.is_of(engine.store()) {
+            return Err(StepError::other_store(place, &name));
         }
+        let id = match steps.ready(claim, run, place, &name).await? {
+            Ready::Recorded(id, value) => return bound.replay(place, &id, &name, &codec, value),
+            Ready::Run(id) => id,
+        };
         let store = engine.store();
         let failed = |e: OpError, op| match e.into_conflict() {
             Ok(e) => StepError::conflict(OpError::from(e).into_store(op), place, &name),
@@ -556,7 +567,7 @@ where
             // Another run recorded the step first: its work stands, this one's goes.
             Ok(Some(StepRecorded::Found(first))) => {
                 rolled_back(tx, ()).await;
-                bound.overlapped(place, &id, &name, &codec, first)
+                bound.taken_over(place, &id, &name, &codec, first)
             }
             Ok(None) => {
                 let e = StoreError::new(

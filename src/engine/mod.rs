@@ -120,6 +120,9 @@ impl<S: Store, F: Future> Future for Run<'_, S, F> {
         {
             *this.renewing = None;
             *this.lost = renewal_lost(res, &ticket.key);
+            if *this.lost {
+                ticket.claim.lose();
+            }
         }
         if this.sleep.is_none() {
             this.sleep.set(Some(tokio::time::sleep(engine.lease / 3)));
@@ -142,7 +145,12 @@ impl<S: Store, F: Future> Future for Run<'_, S, F> {
                 renewed
             });
             match fut.as_mut().poll(cx) {
-                Poll::Ready(res) => *this.lost = renewal_lost(res, &ticket.key),
+                Poll::Ready(res) => {
+                    *this.lost = renewal_lost(res, &ticket.key);
+                    if *this.lost {
+                        ticket.claim.lose();
+                    }
+                }
                 Poll::Pending => *this.renewing = Some(fut),
             }
         }
@@ -237,11 +245,22 @@ pub enum Begin {
 }
 
 /// Proof of a claim: the key, the request's fingerprint and the fencing token.
+///
+/// The claim's [`Steps`] run only while the ticket is held: once it is completed, released,
+/// held or dropped, they run nothing.
 #[derive(Debug)]
 pub struct Ticket {
     key: StoreKey,
     fingerprint: Fingerprint,
     token: Token,
+    /// Shared with the claim's steps: whether the claim is still this run's.
+    claim: Arc<steps::ClaimCell>,
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        self.claim.settle();
+    }
 }
 
 impl Ticket {
@@ -261,6 +280,11 @@ impl Ticket {
     pub(crate) fn fingerprint(&self) -> &Fingerprint {
         &self.fingerprint
     }
+
+    /// The claim as its steps see it.
+    pub(crate) fn claim(&self) -> &Arc<steps::ClaimCell> {
+        &self.claim
+    }
 }
 
 impl<S: Store> steps::StepSource for Engine<S> {
@@ -269,7 +293,10 @@ impl<S: Store> steps::StepSource for Engine<S> {
         steps::StepSettings {
             store,
             timer: self.timer.clone(),
-            ttl: self.ttl,
+            // A retention shorter than the lease must not expire steps before a crash's retry,
+            // which comes after the lease lapsed.
+            ttl: self.ttl.saturating_add(self.lease).min(LONGEST),
+            lease: self.lease,
             max_record_body: self.max_record_body,
             secret: self.secret.clone(),
         }
@@ -463,14 +490,11 @@ impl<S: Store> Engine<S> {
 
     /// The [`Steps`] of the request claimed by `ticket`: its side effects, each recorded as it
     /// succeeds, so that a retry finishes partly done work instead of redoing it. See [`Steps`].
+    /// Called again with the same ticket, it gives the same sequence. The steps run only while
+    /// the ticket holds the claim.
     #[must_use]
     pub fn steps(&self, ticket: &Ticket) -> Steps {
-        self.steps_of(ticket.key, ticket.fingerprint)
-    }
-
-    /// The steps of the request under `key` with the keyed `fingerprint`.
-    pub(crate) fn steps_of(&self, key: StoreKey, fingerprint: Fingerprint) -> Steps {
-        Steps::new(steps::StepSource::step_settings(self), key, fingerprint)
+        Steps::of(&ticket.claim, || steps::StepSource::step_settings(self))
     }
 
     /// How long the pending claim on `key` has left, if the store can tell.
@@ -493,6 +517,7 @@ impl<S: Store> Engine<S> {
     pub(crate) fn judge(&self, key: StoreKey, fingerprint: Fingerprint, claim: Claim) -> Begin {
         match claim {
             Claim::Claimed(token) => Begin::Run(Ticket {
+                claim: steps::ClaimCell::new(key, fingerprint, token.clone()),
                 key,
                 fingerprint,
                 token,
@@ -580,6 +605,7 @@ impl<S: Store> Engine<S> {
         ticket: Ticket,
         response: &RecordedResponse,
     ) -> Result<bool, StoreError> {
+        ticket.claim.settle();
         let record = self.seal(&ticket, response).map_err(|e| {
             StoreError::with_source(StoreErrorKind::Protocol, "response cannot be recorded", e)
         })?;
@@ -594,6 +620,7 @@ impl<S: Store> Engine<S> {
         ticket: Ticket,
         draft: crate::engine::record::Draft,
     ) -> Result<bool, StoreError> {
+        ticket.claim.settle();
         let record = draft.finish(self.secret.as_ref(), ticket.key.id(), &ticket.fingerprint);
         self.store_record(ticket, record).await
     }
@@ -631,6 +658,7 @@ impl<S: Store> Engine<S> {
     /// # Errors
     /// The store's error. The key then stays pending until its current lease lapses.
     pub async fn hold(&self, ticket: Ticket, hold: Duration) -> Result<bool, StoreError> {
+        ticket.claim.settle();
         let started = Started::now();
         let held = self.store.renew(&ticket.key, &ticket.token, hold).await;
         self.timer.record(Op::Renew, started, &held);
@@ -643,6 +671,7 @@ impl<S: Store> Engine<S> {
     /// # Errors
     /// The store's error. The key then stays pending until its lease lapses.
     pub async fn release(&self, ticket: Ticket) -> Result<bool, StoreError> {
+        ticket.claim.settle();
         let started = Started::now();
         let released = self.store.release(&ticket.key, &ticket.token).await;
         self.timer.record(Op::Release, started, &released);

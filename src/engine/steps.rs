@@ -5,23 +5,26 @@ use crate::engine::fingerprint::Fingerprint;
 use crate::engine::scope::{DerivedKey, StoreKey};
 use crate::engine::secret::{Secret, TAG_LEN};
 use crate::metrics::{self, Op, Started, StepResult, StoreTimer};
-use crate::store::{StepId, StepRecorded, Store, StoreError, StoreErrorKind};
+use crate::store::{StepId, StepRecorded, Store, StoreError, StoreErrorKind, Token};
 use bytes::{BufMut, Bytes, BytesMut};
 use sha2::{Digest, Sha256};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::error::Error as StdError;
 use std::fmt;
 use std::future::Future;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 /// The longest step name, in bytes.
 const MAX_NAME: usize = 255;
 /// The version byte that opens a step's stored value.
-const VERSION: u8 = 1;
-const STEP_ID_DOMAIN: &[u8] = b"tower-idempotency step id v1\0";
-const STEP_KEY_DOMAIN: &[u8] = b"tower-idempotency step key v1\0";
-const STEP_TAG_DOMAIN: &[u8] = b"tower-idempotency step record v1\0";
+const VERSION: u8 = 2;
+/// What a stored step holds before its name: version, the writer's fingerprint, name length.
+const HEAD: usize = 1 + 32 + 2;
+const STEP_ID_DOMAIN: &[u8] = b"tower-idempotency step id v2\0";
+const STEP_KEY_DOMAIN: &[u8] = b"tower-idempotency step key v2\0";
+const STEP_TAG_DOMAIN: &[u8] = b"tower-idempotency step record v2\0";
 
 /// The steps of one claimed request's work. Each side effect runs in a named step; a step that
 /// completed under this request's key is answered from its record on a retry, not run again.
@@ -67,57 +70,208 @@ const STEP_TAG_DOMAIN: &[u8] = b"tower-idempotency step record v1\0";
 /// recorded: the step runs again on the next retry, and the handler decides what the request
 /// answers.
 ///
+/// Every handle of one claimed request is one sequence: the extractor taken twice,
+/// [`Steps::current`], and [`Engine::steps`](crate::engine::Engine::steps) called again on the
+/// same ticket all share their places and names.
+///
 /// # What is kept, and for how long
 ///
-/// - Steps belong to one request: its key and its fingerprint. A different request under the
-///   same key never reads them.
-/// - A released key keeps its steps for the engine's retention, counted from the last step
-///   recorded; so does a key whose lease lapsed. The next claimant of the key reads them.
-/// - A completed key keeps its steps beside its record until the retention ends. A retry of a
-///   completed key is answered from the record and never reads them.
+/// - Steps belong to one request: its key and its fingerprint. Each record carries the
+///   fingerprint of the request that wrote it. Once a step of a key is recorded, another
+///   request under the key (another body) runs no step: it gets
+///   [`StepErrorKind::KeyReused`], and a door answers it as a reused key (HTTP 422
+///   `key_reused`), releasing its claim. The first request's steps are kept for its retry.
+/// - A released key keeps its steps for the engine's retention and lease, counted from the
+///   last step recorded; so does a key whose lease lapsed. The next claimant of the key reads
+///   them. A retention shorter than the lease still keeps them for a lease: a crash's retry
+///   comes after the lease lapsed.
+/// - A completed key's record answers every repeat: its steps are not read again.
 /// - [`Engine::forget`](crate::engine::Engine::forget) deletes them with the record.
 ///
 /// # The rules a run must keep
 ///
+/// A step starts only while its run holds the claim. Before its work, the claim is checked
+/// with the store ([`Store::prepare_step`]), which renews the lease. When the lease was lost to
+/// another claimant, or the request has settled (completed, released or held; a handle moved
+/// into a task that outlives its request), no step runs: [`StepErrorKind::ClaimLost`].
+///
 /// Steps are matched by place and name: the third step of the retry must be the third step of
 /// the first run, under the same name. A name used twice in one run is refused with
 /// [`StepErrorKind::NameReused`], and a retry whose names come in another order with
-/// [`StepErrorKind::SequenceChanged`]. Neither runs the step. A step's place is taken when
-/// [`run`](Self::run) is called, so steps joined concurrently keep the order of the calls.
+/// [`StepErrorKind::SequenceChanged`], also when a recorded step is called at another place.
+/// Neither runs the step. A step's place is taken when [`run`](Self::run) is called, so steps
+/// joined concurrently keep the order of the calls.
 ///
 /// Two claimants of one key overlap only after a lease lapsed. If both finish the same step,
 /// the first record wins: the second run's step gets the first's result back, with a warning
-/// and the metric `idempotency_steps_total{result="overlapped"}`. Nothing is overwritten.
+/// and the metric `idempotency_steps_total{result="overlapped"}`. Nothing is overwritten. If
+/// the first record cannot be read back, the second run's own result is returned: its work
+/// ran.
 ///
 /// # The key to forward
 ///
-/// Each step gets a [`DerivedKey`] of its own: the same on every retry of the request, and
-/// different for every step. Forward it to a provider that de-duplicates, such as a payment
-/// API. Then a crash between the provider's answer and the step's record is closed there too.
+/// Each step gets a [`DerivedKey`] of its own: derived from the request's store key and the
+/// step's name, so the same on every retry of the request, and different for every step.
+/// Forward it to a provider that de-duplicates, such as a payment API. Then a crash between
+/// the provider's answer and the step's record is closed there too.
 ///
 /// # When recording fails
 ///
 /// A step whose work succeeded but whose record could not be written still returns its
 /// result, with a warning: the side effect happened, and the handler should go on. A retry
-/// after the request was released runs that step again, under the same derived key. Reading
-/// the recorded steps fails before any step runs: a store that cannot say what was done runs
-/// nothing.
+/// after the request was released runs that step again, under the same derived key. A step's
+/// record is written even when the caller stops waiting for the step after its work returned.
+///
+/// Reading the recorded steps fails before any step runs: a store that cannot say what was
+/// done runs nothing. So does a store with no room for the step's record. A record that fails
+/// validation (a record written under another [`Secret`](crate::Secret), or none) runs
+/// nothing: [`StepErrorKind::RecordInvalid`], and the HTTP door answers 503 `record_invalid`,
+/// releasing its claim.
 ///
 /// [`Raw`]: crate::engine::Raw
 #[cfg_attr(feature = "json", doc = "[`Json`]: crate::engine::Json")]
 #[cfg_attr(not(feature = "json"), doc = "[`Json`]: crate::engine::Codec")]
 #[derive(Clone)]
 pub struct Steps {
-    inner: Arc<Inner>,
-}
-
-struct Inner {
     /// The claim these steps belong to: set when they are made, or when the key is claimed
     /// after a handler's arguments were taken (the `#[idempotent]` attribute).
-    bound: std::sync::OnceLock<Bound>,
-    recorded: tokio::sync::OnceCell<HashMap<StepId, Bytes>>,
-    /// The names of this run's steps, in the order `run` was called.
+    slot: Arc<OnceLock<Arc<ClaimCell>>>,
+}
+
+/// One claim as its run, its steps and its door see it: whether it still holds the key, and
+/// the one sequence of steps every handle of the request shares.
+pub(crate) struct ClaimCell {
+    state: AtomicU8,
+    /// What the steps found that binds the request's answer: another request's steps, or a
+    /// step record that fails validation.
+    found: AtomicU8,
+    key: StoreKey,
+    fingerprint: Fingerprint,
+    token: Token,
+    run: OnceLock<Run>,
+}
+
+impl fmt::Debug for ClaimCell {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClaimCell")
+            .field("state", &self.state.load(Ordering::Relaxed))
+            .field("found", &self.found())
+            .finish_non_exhaustive()
+    }
+}
+
+const LIVE: u8 = 0;
+const LOST: u8 = 1;
+const SETTLED: u8 = 2;
+
+/// What a claim's steps found that the door must answer instead of the handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Found {
+    /// The recorded steps were written by another request: the key is that request's.
+    KeyReused,
+    /// A step record failed validation.
+    RecordInvalid,
+}
+
+impl ClaimCell {
+    pub(crate) fn new(key: StoreKey, fingerprint: Fingerprint, token: Token) -> Arc<Self> {
+        Arc::new(Self {
+            state: AtomicU8::new(LIVE),
+            found: AtomicU8::new(0),
+            key,
+            fingerprint,
+            token,
+            run: OnceLock::new(),
+        })
+    }
+
+    /// The lease was lost to another claimant: no step starts.
+    pub(crate) fn lose(&self) {
+        let _ = self
+            .state
+            .compare_exchange(LIVE, LOST, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// The request settled (completed, released, held or let go): no step starts.
+    pub(crate) fn settle(&self) {
+        self.state.store(SETTLED, Ordering::Release);
+    }
+
+    /// What the steps found that the door answers instead of the handler, if anything.
+    pub(crate) fn found(&self) -> Option<Found> {
+        match self.found.load(Ordering::Acquire) {
+            1 => Some(Found::KeyReused),
+            2 => Some(Found::RecordInvalid),
+            _ => None,
+        }
+    }
+
+    fn set_found(&self, found: Found) {
+        let v = match found {
+            Found::KeyReused => 1,
+            Found::RecordInvalid => 2,
+        };
+        let _ = self
+            .found
+            .compare_exchange(0, v, Ordering::AcqRel, Ordering::Acquire);
+    }
+
+    /// This claim's steps, made with `settings` on first use.
+    fn run(&self, settings: impl FnOnce() -> StepSettings) -> &Run {
+        self.run.get_or_init(|| {
+            let s = settings();
+            Run {
+                bound: Bound {
+                    store: s.store,
+                    timer: s.timer,
+                    key: self.key,
+                    fingerprint: self.fingerprint,
+                    token: self.token.clone(),
+                    ttl: s.ttl,
+                    lease: s.lease,
+                    max_record_body: s.max_record_body,
+                    secret: s.secret,
+                },
+                recorded: tokio::sync::OnceCell::new(),
+                names: Mutex::new(Vec::new()),
+            }
+        })
+    }
+
+    /// Whether a step may start: the claim is held, and nothing found binds the request.
+    fn check<E>(&self, place: u32, name: &str) -> Result<(), StepError<E>> {
+        match self.found() {
+            Some(Found::KeyReused) => return Err(StepError::new(Repr::KeyReused, place, name)),
+            Some(Found::RecordInvalid) => {
+                return Err(StepError::new(
+                    Repr::RecordInvalid("a step record of this key failed validation".into()),
+                    place,
+                    name,
+                ));
+            }
+            None => {}
+        }
+        match self.state.load(Ordering::Acquire) {
+            LIVE => Ok(()),
+            LOST => Err(StepError::new(Repr::ClaimLost(Lost::Lease), place, name)),
+            _ => Err(StepError::new(Repr::ClaimLost(Lost::Settled), place, name)),
+        }
+    }
+}
+
+/// The steps of one claim: what they need of the engine, what is recorded, and this run's
+/// names in the order `run` was called.
+pub(crate) struct Run {
+    bound: Bound,
+    recorded: tokio::sync::OnceCell<Recorded>,
     names: Mutex<Vec<Box<str>>>,
+}
+
+/// The recorded steps of a key, verified and of this request.
+struct Recorded {
+    by_id: HashMap<StepId, Bytes>,
+    /// The names recorded, at whatever place.
+    names: HashSet<Box<str>>,
 }
 
 pub(crate) struct Bound {
@@ -125,16 +279,24 @@ pub(crate) struct Bound {
     timer: StoreTimer,
     pub(crate) key: StoreKey,
     fingerprint: Fingerprint,
+    token: Token,
     pub(crate) ttl: Duration,
+    lease: Duration,
     max_record_body: usize,
     secret: Option<Secret>,
 }
 
 impl fmt::Debug for Steps {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let claim = self.slot.get();
         f.debug_struct("Steps")
-            .field("key", &self.inner.bound.get().map(|b| b.key))
-            .field("run", &self.names().len())
+            .field("key", &claim.map(|c| c.key))
+            .field(
+                "run",
+                &claim
+                    .and_then(|c| c.run.get())
+                    .map_or(0, |r| r.names().len()),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -152,6 +314,12 @@ pub(crate) trait StepStore: Send + Sync + 'static {
         value: Bytes,
         ttl: Duration,
     ) -> BoxFuture<'a, Result<StepRecorded, StoreError>>;
+    fn prepare_step<'a>(
+        &'a self,
+        key: &'a StoreKey,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>>;
 }
 
 impl<S: Store> StepStore for S {
@@ -171,6 +339,15 @@ impl<S: Store> StepStore for S {
     ) -> BoxFuture<'a, Result<StepRecorded, StoreError>> {
         Box::pin(Store::record_step(self, key, step, value, ttl))
     }
+
+    fn prepare_step<'a>(
+        &'a self,
+        key: &'a StoreKey,
+        token: &'a Token,
+        lease: Duration,
+    ) -> BoxFuture<'a, Result<bool, StoreError>> {
+        Box::pin(Store::prepare_step(self, key, token, lease))
+    }
 }
 
 /// An engine with its store type erased: what the HTTP layer's request extensions keep to
@@ -184,7 +361,9 @@ pub(crate) trait StepSource: Send + Sync + 'static {
 pub(crate) struct StepSettings {
     pub(crate) store: Arc<dyn StepStore>,
     pub(crate) timer: StoreTimer,
+    /// How long a step's record is kept: the retention and a lease.
     pub(crate) ttl: Duration,
+    pub(crate) lease: Duration,
     pub(crate) max_record_body: usize,
     pub(crate) secret: Option<Secret>,
 }
@@ -194,34 +373,25 @@ tokio::task_local! {
 }
 
 impl Steps {
-    pub(crate) fn new(settings: StepSettings, key: StoreKey, fingerprint: Fingerprint) -> Self {
-        let steps = Self::unbound();
-        steps.bind(settings, key, fingerprint);
-        steps
+    /// The steps of `claim`: every handle made of one claim is one sequence.
+    pub(crate) fn of(claim: &Arc<ClaimCell>, settings: impl FnOnce() -> StepSettings) -> Self {
+        claim.run(settings);
+        Self {
+            slot: Arc::new(OnceLock::from(Arc::clone(claim))),
+        }
     }
 
     /// Steps not yet tied to a claim: a handler's argument taken before its key is claimed.
     pub(crate) fn unbound() -> Self {
         Self {
-            inner: Arc::new(Inner {
-                bound: std::sync::OnceLock::new(),
-                recorded: tokio::sync::OnceCell::new(),
-                names: Mutex::new(Vec::new()),
-            }),
+            slot: Arc::new(OnceLock::new()),
         }
     }
 
-    /// Ties these steps to the request claimed under `key`. Only the first call counts.
-    pub(crate) fn bind(&self, settings: StepSettings, key: StoreKey, fingerprint: Fingerprint) {
-        let _ = self.inner.bound.set(Bound {
-            store: settings.store,
-            timer: settings.timer,
-            key,
-            fingerprint,
-            ttl: settings.ttl,
-            max_record_body: settings.max_record_body,
-            secret: settings.secret,
-        });
+    /// Ties these steps to `claim`. Only the first call counts.
+    pub(crate) fn bind(&self, claim: &Arc<ClaimCell>, settings: impl FnOnce() -> StepSettings) {
+        claim.run(settings);
+        let _ = self.slot.set(Arc::clone(claim));
     }
 
     /// The steps of the message or job whose handler is running on this task, set by the
@@ -239,14 +409,7 @@ impl Steps {
     /// The store key of the request these steps belong to. `None` before its key is claimed.
     #[must_use]
     pub fn key(&self) -> Option<&StoreKey> {
-        self.inner.bound.get().map(|b| &b.key)
-    }
-
-    fn names(&self) -> std::sync::MutexGuard<'_, Vec<Box<str>>> {
-        self.inner
-            .names
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.slot.get().map(|c| &c.key)
     }
 
     /// Runs the step `name` once for this request, or answers it from its record.
@@ -257,9 +420,10 @@ impl Steps {
     ///
     /// # Errors
     /// A [`StepError`]: the work's own error (kind [`Work`](StepErrorKind::Work), not
-    /// recorded), or a reason the step did not run: the store could not read the recorded
-    /// steps, a name that is empty, too long, used twice or out of order, or a record that
-    /// fails validation.
+    /// recorded), or a reason the step did not run: the claim is no longer this run's, the
+    /// store could not read the recorded steps or has no room for the step's record, another
+    /// request's steps are recorded under the key, a name that is empty, too long, used twice
+    /// or out of order, or a record that fails validation.
     pub fn run<T, E, C, F, Fut>(
         &self,
         name: &str,
@@ -278,11 +442,14 @@ impl Steps {
         let name = name.to_owned();
         async move {
             let place = place?;
-            let bound = self.bound(place, &name)?;
-            let id = bound.step_id(place);
-            if let Some(value) = self.recorded(bound).await?.get(&id) {
-                return bound.replay(place, &id, &name, &codec, value.clone());
-            }
+            let (claim, run) = self.claim(place, &name)?;
+            let bound = &run.bound;
+            let id = match self.ready(claim, run, place, &name).await? {
+                Ready::Recorded(id, value) => {
+                    return bound.replay(place, &id, &name, &codec, value);
+                }
+                Ready::Run(id) => id,
+            };
             let derived = bound.derived_key(&name);
             let value = work(derived)
                 .await
@@ -291,17 +458,22 @@ impl Steps {
         }
     }
 
-    /// The claim of these steps, or why a step cannot run.
-    pub(crate) fn bound<E>(&self, place: u32, name: &str) -> Result<&Bound, StepError<E>> {
-        self.inner
-            .bound
+    /// The claim of these steps and its steps, or why a step cannot run.
+    pub(crate) fn claim<E>(
+        &self,
+        place: u32,
+        name: &str,
+    ) -> Result<(&ClaimCell, &Run), StepError<E>> {
+        self.slot
             .get()
+            .and_then(|c| Some((&**c, c.run.get()?)))
             .ok_or_else(|| StepError::new(Repr::NotClaimed, place, name))
     }
 
-    /// Takes the next place for `name`, refusing a bad or repeated name.
+    /// Takes the next place for `name`, refusing a bad or repeated name, or steps of no claim.
     pub(crate) fn take_place<E>(&self, name: &str) -> Result<u32, StepError<E>> {
-        let mut names = self.names();
+        let (_, run) = self.claim(0, name)?;
+        let mut names = run.names();
         let place = u32::try_from(names.len()).unwrap_or(u32::MAX);
         if name.is_empty() || name.len() > MAX_NAME {
             return Err(StepError::new(Repr::NameInvalid, place, name));
@@ -313,36 +485,122 @@ impl Steps {
         Ok(place)
     }
 
-    /// The request's recorded steps, read from the store on first use.
-    pub(crate) async fn recorded<E>(
+    /// Before a step's work: the claim is held, the recorded steps are this request's, and
+    /// either the step is recorded, or it is not recorded at any place and the store renewed
+    /// the claim and has room for its record.
+    pub(crate) async fn ready<E>(
         &self,
-        bound: &Bound,
-    ) -> Result<&HashMap<StepId, Bytes>, StepError<E>> {
-        self.inner
+        claim: &ClaimCell,
+        run: &Run,
+        place: u32,
+        name: &str,
+    ) -> Result<Ready, StepError<E>> {
+        let bound = &run.bound;
+        claim.check(place, name)?;
+        let id = bound.step_id(place);
+        let recorded = self.recorded(claim, run, place, name).await?;
+        if let Some(value) = recorded.by_id.get(&id) {
+            return Ok(Ready::Recorded(id, value.clone()));
+        }
+        // Recorded at another place: the order changed, and running it would run it twice.
+        if recorded.names.contains(name) {
+            return Err(StepError::new(Repr::Moved, place, name));
+        }
+        claim.check(place, name)?;
+        let started = Started::now();
+        let prepared = bound
+            .store
+            .prepare_step(&bound.key, &bound.token, bound.lease)
+            .await;
+        bound.timer.record(Op::Renew, started, &prepared);
+        match prepared {
+            Ok(true) => claim.check(place, name).map(|()| Ready::Run(id)),
+            Ok(false) => {
+                claim.lose();
+                tracing::warn!(key = ?bound.key, step = %name, "idempotency lease lost before a step; the step did not run");
+                Err(StepError::new(Repr::ClaimLost(Lost::Lease), place, name))
+            }
+            Err(e) => {
+                tracing::warn!(key = ?bound.key, step = %name, error = %e, "the store refused a step before it ran; the step did not run");
+                Err(StepError::new(Repr::Store(e), place, name))
+            }
+        }
+    }
+
+    /// The request's recorded steps, read from the store and verified on first use.
+    async fn recorded<'a, E>(
+        &self,
+        claim: &ClaimCell,
+        run: &'a Run,
+        place: u32,
+        name: &str,
+    ) -> Result<&'a Recorded, StepError<E>> {
+        let bound = &run.bound;
+        let read = run
             .recorded
             .get_or_try_init(|| async {
                 let started = Started::now();
                 let read = bound.store.steps(&bound.key).await;
                 bound.timer.record(Op::Steps, started, &read);
-                read.map(|steps| steps.into_iter().collect())
+                match read {
+                    Ok(read) => bound.verify_all(read),
+                    Err(e) if e.kind() == StoreErrorKind::Unsupported => Err(Repr::Unsupported(e)),
+                    Err(e) => Err(Repr::Store(e)),
+                }
             })
-            .await
-            .map_err(|e| {
-                let repr = if e.kind() == StoreErrorKind::Unsupported {
-                    Repr::Unsupported(e)
-                } else {
-                    Repr::Store(e)
-                };
-                StepError::new(repr, u32::MAX, "")
-            })
+            .await;
+        read.map_err(|repr| {
+            match &repr {
+                Repr::KeyReused => {
+                    claim.set_found(Found::KeyReused);
+                    tracing::warn!(key = ?bound.key, step = %name, "idempotency steps of another request are recorded under this key; no step runs");
+                }
+                Repr::RecordInvalid(e) => {
+                    claim.set_found(Found::RecordInvalid);
+                    tracing::warn!(key = ?bound.key, step = %name, error = %e, "idempotency step record failed validation; no step runs");
+                }
+                _ => {}
+            }
+            StepError::new(repr, place, name)
+        })
     }
 }
 
+/// What a step does, once its claim and the recorded steps are checked.
+pub(crate) enum Ready {
+    /// The step is recorded: its stored value, to replay.
+    Recorded(StepId, Bytes),
+    /// The step runs, under this id.
+    Run(StepId),
+}
+
+impl Run {
+    fn names(&self) -> std::sync::MutexGuard<'_, Vec<Box<str>>> {
+        self.names
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The steps' settings and key.
+    pub(crate) fn bound(&self) -> &Bound {
+        &self.bound
+    }
+}
+
+/// A step record, opened: its writer's fingerprint, its name and its payload.
+struct Opened {
+    fingerprint: Fingerprint,
+    name: Bytes,
+    payload: Bytes,
+}
+
 impl Bound {
+    /// A step's id: the request's store key and the step's place. Not the fingerprint: a
+    /// request with another body must find the steps recorded under its key.
     pub(crate) fn step_id(&self, place: u32) -> StepId {
         let mut h = Sha256::new();
         h.update(STEP_ID_DOMAIN);
-        h.update(self.fingerprint.as_bytes());
+        h.update(self.key.id());
         h.update(place.to_be_bytes());
         StepId::from_bytes(h.finalize().into())
     }
@@ -351,16 +609,17 @@ impl Bound {
         let mut h = Sha256::new();
         h.update(STEP_KEY_DOMAIN);
         h.update(self.key.id());
-        h.update(self.fingerprint.as_bytes());
         h.update(name.as_bytes());
         DerivedKey::from_digest(&h.finalize())
     }
 
-    /// The bytes stored for a step: version, name, payload, and the tag under a secret.
+    /// The bytes stored for a step: version, this request's fingerprint, name, payload, and
+    /// the tag under a secret.
     fn encode(&self, id: &StepId, name: &str, payload: &[u8]) -> Bytes {
         let tag = if self.secret.is_some() { TAG_LEN } else { 0 };
-        let mut out = BytesMut::with_capacity(3 + name.len() + payload.len() + tag);
+        let mut out = BytesMut::with_capacity(HEAD + name.len() + payload.len() + tag);
         out.put_u8(VERSION);
+        out.put_slice(self.fingerprint.as_bytes());
         // At most MAX_NAME bytes: checked when the place was taken.
         out.put_u16(u16::try_from(name.len()).unwrap_or(u16::MAX));
         out.put_slice(name.as_bytes());
@@ -372,42 +631,84 @@ impl Bound {
         out.freeze()
     }
 
+    /// A stored step, its tag verified first, then its layout.
+    fn open(&self, id: &StepId, mut value: Bytes) -> Result<Opened, &'static str> {
+        let tag = if self.secret.is_some() {
+            if value.len() < TAG_LEN {
+                return Err("a step record too short for its tag");
+            }
+            Some(value.split_off(value.len() - TAG_LEN))
+        } else {
+            None
+        };
+        if value.len() < HEAD || value[0] != VERSION {
+            return Err("a step record of an unknown version");
+        }
+        let mut fp = [0u8; 32];
+        fp.copy_from_slice(&value[1..33]);
+        let fingerprint = Fingerprint::from_bytes(fp);
+        if let (Some(secret), Some(tag)) = (&self.secret, tag)
+            && !secret.verify(self.key.id(), &fingerprint, &tagged(id, &value), &tag)
+        {
+            return Err("a step record whose tag does not match");
+        }
+        let len = usize::from(u16::from_be_bytes([value[33], value[34]]));
+        if value.len() < HEAD + len {
+            return Err("a step record cut short");
+        }
+        let payload = value.slice(HEAD + len..);
+        if payload.len() > self.max_record_body {
+            return Err("a step record over the record limit");
+        }
+        Ok(Opened {
+            fingerprint,
+            name: value.slice(HEAD..HEAD + len),
+            payload,
+        })
+    }
+
+    /// The steps read from the store, each verified, and all of this request. Every record
+    /// is checked before any step runs: one that fails validation, or one of another request,
+    /// binds the key.
+    fn verify_all<E>(&self, read: Vec<(StepId, Bytes)>) -> Result<Recorded, Repr<E>> {
+        let mut names = HashSet::with_capacity(read.len());
+        let mut other = false;
+        for (id, value) in &read {
+            let opened = self
+                .open(id, value.clone())
+                .map_err(|reason| Repr::RecordInvalid(reason.into()))?;
+            // Compared only once the tag is verified: a forged record binds nothing.
+            other |= opened.fingerprint != self.fingerprint;
+            names.insert(String::from_utf8_lossy(&opened.name).into());
+        }
+        if other {
+            return Err(Repr::KeyReused);
+        }
+        Ok(Recorded {
+            by_id: read.into_iter().collect(),
+            names,
+        })
+    }
+
     /// The payload of a recorded step, checked against this run's name and the secret.
     fn read<E>(
         &self,
         place: u32,
         id: &StepId,
         name: &str,
-        mut value: Bytes,
+        value: Bytes,
     ) -> Result<Bytes, StepError<E>> {
-        let invalid =
-            |reason: &'static str| StepError::new(Repr::RecordInvalid(reason.into()), place, name);
-        if let Some(secret) = &self.secret {
-            if value.len() < TAG_LEN {
-                return Err(invalid("a step record too short for its tag"));
-            }
-            let tag = value.split_off(value.len() - TAG_LEN);
-            if !secret.verify(self.key.id(), &self.fingerprint, &tagged(id, &value), &tag) {
-                return Err(invalid("a step record whose tag does not match"));
-            }
+        let opened = self
+            .open(id, value)
+            .map_err(|reason| StepError::new(Repr::RecordInvalid(reason.into()), place, name))?;
+        if opened.fingerprint != self.fingerprint {
+            return Err(StepError::new(Repr::KeyReused, place, name));
         }
-        if value.len() < 3 || value[0] != VERSION {
-            return Err(invalid("a step record of an unknown version"));
-        }
-        let len = usize::from(u16::from_be_bytes([value[1], value[2]]));
-        if value.len() < 3 + len {
-            return Err(invalid("a step record cut short"));
-        }
-        let recorded = &value[3..3 + len];
-        if recorded != name.as_bytes() {
-            let recorded = String::from_utf8_lossy(recorded).into_owned();
+        if opened.name != name.as_bytes() {
+            let recorded = String::from_utf8_lossy(&opened.name).into_owned();
             return Err(StepError::new(Repr::SequenceChanged(recorded), place, name));
         }
-        let payload = value.slice(3 + len..);
-        if payload.len() > self.max_record_body {
-            return Err(invalid("a step record over the record limit"));
-        }
-        Ok(payload)
+        Ok(opened.payload)
     }
 
     /// A recorded step's value, decoded: the step does not run.
@@ -425,8 +726,35 @@ impl Bound {
         Ok(value)
     }
 
-    /// The first record of a step that an overlapping run recorded too, decoded.
-    pub(crate) fn overlapped<T, E, C: Codec<T>>(
+    /// The first record of a step that an overlapping run recorded too, decoded; or, when it
+    /// cannot be read back, this run's own value: its work ran, and is never reported as not
+    /// run.
+    fn overlapped<T, C: Codec<T>>(
+        &self,
+        place: u32,
+        id: &StepId,
+        name: &str,
+        codec: &C,
+        first: Bytes,
+        own: T,
+    ) -> T {
+        metrics::step(StepResult::Overlapped);
+        match self.decoded::<T, std::convert::Infallible, C>(place, id, name, codec, first) {
+            Ok(first) => {
+                tracing::warn!(key = ?self.key, step = %name, "idempotency step ran in two overlapping runs (a lease lapsed); the first record wins, its result is returned");
+                first
+            }
+            Err(e) => {
+                tracing::warn!(key = ?self.key, step = %name, error = %e, "idempotency step ran in two overlapping runs (a lease lapsed); the first record cannot be read back, so this run's own result is returned");
+                own
+            }
+        }
+    }
+
+    /// The first record of a step whose own run was rolled back for it (a step in a
+    /// transaction): that record is the step's only result.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn taken_over<T, E, C: Codec<T>>(
         &self,
         place: u32,
         id: &StepId,
@@ -435,7 +763,7 @@ impl Bound {
         first: Bytes,
     ) -> Result<T, StepError<E>> {
         metrics::step(StepResult::Overlapped);
-        tracing::warn!(key = ?self.key, step = %name, "idempotency step ran in two overlapping runs (a lease lapsed); the first record wins, its result is returned");
+        tracing::warn!(key = ?self.key, step = %name, "idempotency step ran in two overlapping runs (a lease lapsed); this run's transaction was rolled back, the first record wins");
         self.decoded(place, id, name, codec, first)
     }
 
@@ -477,6 +805,12 @@ impl Bound {
         }
     }
 
+    /// Whether the steps were made by an engine over `store`.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn is_of<S: Store>(&self, store: &S) -> bool {
+        std::ptr::addr_eq(Arc::as_ptr(&self.store), std::ptr::from_ref(store))
+    }
+
     /// Records a step's result, or gives back the first record of an overlapping run.
     async fn record<T, E, C: Codec<T>>(
         &self,
@@ -486,36 +820,56 @@ impl Bound {
         codec: &C,
         value: T,
     ) -> Result<T, StepError<E>> {
-        let inner = self;
         let payload = match codec.encode(&value) {
-            Ok(p) if p.len() <= inner.max_record_body => p,
+            Ok(p) if p.len() <= self.max_record_body => p,
             Ok(p) => {
                 metrics::step(StepResult::RecordFailed);
-                tracing::warn!(key = ?inner.key, step = %name, bytes = p.len(), limit = inner.max_record_body, "idempotency step result over the record limit; not recorded, a retry runs the step again");
+                tracing::warn!(key = ?self.key, step = %name, bytes = p.len(), limit = self.max_record_body, "idempotency step result over the record limit; not recorded, a retry runs the step again");
                 return Ok(value);
             }
             Err(e) => {
                 metrics::step(StepResult::RecordFailed);
-                tracing::warn!(key = ?inner.key, step = %name, error = %e, "idempotency step result cannot be encoded; not recorded, a retry runs the step again");
+                tracing::warn!(key = ?self.key, step = %name, error = %e, "idempotency step result cannot be encoded; not recorded, a retry runs the step again");
                 return Ok(value);
             }
         };
         let stored = self.encode(id, name, &payload);
-        let started = Started::now();
-        let res = inner
-            .store
-            .record_step(&inner.key, id, stored, inner.ttl)
-            .await;
-        inner.timer.record(Op::RecordStep, started, &res);
+        // The work is done: its record is written on a task of its own, so that a caller that
+        // stops waiting now does not lose it.
+        let (store, timer, key, step, ttl) = (
+            Arc::clone(&self.store),
+            self.timer.clone(),
+            self.key,
+            *id,
+            self.ttl,
+        );
+        let write = async move {
+            let started = Started::now();
+            let res = store.record_step(&key, &step, stored, ttl).await;
+            timer.record(Op::RecordStep, started, &res);
+            res
+        };
+        let res = match tokio::runtime::Handle::try_current() {
+            Ok(rt) => rt.spawn(write).await.unwrap_or_else(|e| {
+                Err(StoreError::with_source(
+                    StoreErrorKind::Unavailable,
+                    "the step's record was not written",
+                    e,
+                ))
+            }),
+            Err(_) => write.await,
+        };
         match res {
             Ok(StepRecorded::Recorded) => {
                 metrics::step(StepResult::Ran);
                 Ok(value)
             }
-            Ok(StepRecorded::Found(first)) => self.overlapped(place, id, name, codec, first),
+            Ok(StepRecorded::Found(first)) => {
+                Ok(self.overlapped(place, id, name, codec, first, value))
+            }
             Err(e) => {
                 metrics::step(StepResult::RecordFailed);
-                tracing::warn!(key = ?inner.key, step = %name, error = %e, "idempotency step ran but its record failed; a retry runs the step again");
+                tracing::warn!(key = ?self.key, step = %name, error = %e, "idempotency step ran but its record failed; a retry runs the step again");
                 Ok(value)
             }
         }
@@ -572,7 +926,23 @@ enum Repr<E> {
     NameInvalid,
     NameReused,
     SequenceChanged(String),
+    /// A step recorded at another place is called here.
+    Moved,
     NotClaimed,
+    /// Steps made by an engine over another store.
+    #[cfg(feature = "postgres")]
+    OtherStore,
+    ClaimLost(Lost),
+    KeyReused,
+}
+
+/// How a run lost its claim.
+#[derive(Debug, Clone, Copy)]
+enum Lost {
+    /// Its lease lapsed and another claimant took the key.
+    Lease,
+    /// Its request settled: completed, released, held or let go.
+    Settled,
 }
 
 /// What a [`StepError`] is.
@@ -581,7 +951,9 @@ enum Repr<E> {
 pub enum StepErrorKind {
     /// The step's work returned an error. Nothing was recorded: the step runs again on a retry.
     Work,
-    /// The store could not read the recorded steps. The step did not run. Or a step run in a
+    /// The store could not read the recorded steps, or could not renew the claim before the
+    /// step, or has no room for the step's record ([`StoreError::kind`] `StoreFull` or
+    /// `ScopeFull`). The step did not run. Or a step run in a
     /// transaction (`transactional::step`, feature `postgres`) could not be recorded: its work
     /// was rolled back. When the commit itself failed on a lost connection, whether it
     /// happened is unknown.
@@ -607,6 +979,15 @@ pub enum StepErrorKind {
     /// a serialization failure (`40001`) or a deadlock (`40P01`). Nothing of it was committed.
     /// Run the request again, in a new transaction.
     Conflict,
+    /// The run no longer holds its key's claim: its lease was lost to another claimant, or
+    /// its request has settled (completed, released or held), as for a handle moved into a
+    /// task that outlives its request. The step did not run. The claimant that holds the key
+    /// now runs the steps.
+    ClaimLost,
+    /// The steps recorded under this key belong to another request: the key was first used
+    /// with another fingerprint (another body). The step did not run, and no step of this
+    /// request runs. Doors answer as for a reused key: HTTP 422 `key_reused`.
+    KeyReused,
 }
 
 impl<E> StepError<E> {
@@ -630,6 +1011,12 @@ impl<E> StepError<E> {
         Self::new(Repr::NotRecorded(e), place, name)
     }
 
+    /// A step in a transaction given an engine over another store than its steps'.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn other_store(place: u32, name: &str) -> Self {
+        Self::new(Repr::OtherStore, place, name)
+    }
+
     /// A step in a transaction that PostgreSQL rolled back for a concurrent one.
     #[cfg(feature = "postgres")]
     pub(crate) fn conflict(e: StoreError, place: u32, name: &str) -> Self {
@@ -650,8 +1037,12 @@ impl<E> StepError<E> {
             Repr::RecordInvalid(_) => StepErrorKind::RecordInvalid,
             Repr::NameInvalid => StepErrorKind::NameInvalid,
             Repr::NameReused => StepErrorKind::NameReused,
-            Repr::SequenceChanged(_) => StepErrorKind::SequenceChanged,
+            Repr::SequenceChanged(_) | Repr::Moved => StepErrorKind::SequenceChanged,
             Repr::NotClaimed => StepErrorKind::NotClaimed,
+            #[cfg(feature = "postgres")]
+            Repr::OtherStore => StepErrorKind::NotClaimed,
+            Repr::ClaimLost(_) => StepErrorKind::ClaimLost,
+            Repr::KeyReused => StepErrorKind::KeyReused,
         }
     }
 
@@ -718,7 +1109,14 @@ impl<E: fmt::Debug> fmt::Debug for StepError<E> {
             Repr::NotRecorded(e) | Repr::Conflict(e) => d.field("error", e),
             Repr::RecordInvalid(e) => d.field("error", e),
             Repr::SequenceChanged(recorded) => d.field("recorded", recorded),
-            Repr::NameInvalid | Repr::NameReused | Repr::NotClaimed => &mut d,
+            Repr::ClaimLost(lost) => d.field("lost", lost),
+            Repr::NameInvalid
+            | Repr::NameReused
+            | Repr::NotClaimed
+            | Repr::Moved
+            | Repr::KeyReused => &mut d,
+            #[cfg(feature = "postgres")]
+            Repr::OtherStore => &mut d,
         };
         d.finish()
     }
@@ -729,7 +1127,10 @@ impl<E: fmt::Display> fmt::Display for StepError<E> {
         let (name, place) = (&self.name, self.place);
         match &self.repr {
             Repr::Work(e) => write!(f, "step `{name}` failed: {e}"),
-            Repr::Store(e) => write!(f, "the recorded steps could not be read: {e}"),
+            Repr::Store(e) => write!(
+                f,
+                "step `{name}` did not run: the store could not read the recorded steps or make room for its record: {e}"
+            ),
             Repr::Unsupported(e) => write!(f, "steps are not kept by this store: {e}"),
             #[cfg(feature = "postgres")]
             Repr::NotRecorded(e) => {
@@ -758,6 +1159,28 @@ impl<E: fmt::Display> fmt::Display for StepError<E> {
                 "step {} is `{name}`, but the first run recorded `{recorded}` there: the steps changed order",
                 place + 1
             ),
+            Repr::Moved => write!(
+                f,
+                "step {} is `{name}`, which the first run recorded at another place: the steps changed order",
+                place + 1
+            ),
+            #[cfg(feature = "postgres")]
+            Repr::OtherStore => write!(
+                f,
+                "step `{name}` belongs to steps made by an engine over another store: pass the engine that claimed the key"
+            ),
+            Repr::ClaimLost(Lost::Lease) => write!(
+                f,
+                "step `{name}` did not run: the lease was lost to another claimant of the key"
+            ),
+            Repr::ClaimLost(Lost::Settled) => write!(
+                f,
+                "step `{name}` did not run: its request has settled, and its steps run nothing more"
+            ),
+            Repr::KeyReused => write!(
+                f,
+                "step `{name}` did not run: the key's steps were recorded by a different request"
+            ),
         }
     }
 }
@@ -771,9 +1194,15 @@ impl<E: StdError + 'static> StdError for StepError<E> {
             #[cfg(feature = "postgres")]
             Repr::NotRecorded(e) | Repr::Conflict(e) => Some(e),
             Repr::RecordInvalid(e) => Some(&**e),
-            Repr::NameInvalid | Repr::NameReused | Repr::SequenceChanged(_) | Repr::NotClaimed => {
-                None
-            }
+            Repr::NameInvalid
+            | Repr::NameReused
+            | Repr::SequenceChanged(_)
+            | Repr::Moved
+            | Repr::NotClaimed
+            | Repr::ClaimLost(_)
+            | Repr::KeyReused => None,
+            #[cfg(feature = "postgres")]
+            Repr::OtherStore => None,
         }
     }
 }
@@ -784,7 +1213,7 @@ mod tests {
 
     use super::*;
     use crate::engine::codec::Raw;
-    use crate::engine::{Begin, Engine};
+    use crate::engine::{Begin, Engine, Ticket};
     use crate::store::MemoryStore;
     use std::future::ready;
 
@@ -792,15 +1221,12 @@ mod tests {
         StoreKey::from_parts([n; 32], [n; 32])
     }
 
-    async fn claimed<S: Store>(engine: &Engine<S>, k: StoreKey, fp: &[u8]) -> Steps {
+    async fn claimed<S: Store>(engine: &Engine<S>, k: StoreKey, fp: &[u8]) -> (Steps, Ticket) {
         let fp = Fingerprint::builder().field(fp).finish();
         let Begin::Run(ticket) = engine.begin(k, fp).await.unwrap() else {
             panic!("a free key");
         };
-        let steps = engine.steps(&ticket);
-        // Let the claim go: a later claimant reads the same steps.
-        engine.release(ticket).await.unwrap();
-        steps
+        (engine.steps(&ticket), ticket)
     }
 
     fn ok(v: &str) -> impl Future<Output = Result<String, String>> + use<> {
@@ -815,9 +1241,10 @@ mod tests {
     #[tokio::test]
     async fn a_retry_with_the_steps_in_another_order_is_refused() {
         let engine = Engine::new(MemoryStore::new());
-        let first = claimed(&engine, key(1), b"a").await;
+        let (first, ticket) = claimed(&engine, key(1), b"a").await;
         first.run("reserve", Raw, |_| ok("r")).await.unwrap();
-        let retry = claimed(&engine, key(1), b"a").await;
+        engine.release(ticket).await.unwrap();
+        let (retry, _ticket) = claimed(&engine, key(1), b"a").await;
         let e = retry.run("charge", Raw, |_| ok("c")).await.unwrap_err();
         assert_eq!(e.kind(), StepErrorKind::SequenceChanged);
         assert!(e.to_string().contains("`reserve`"), "{e}");
@@ -826,7 +1253,7 @@ mod tests {
     #[tokio::test]
     async fn names_empty_or_too_long_are_refused_and_take_no_place() {
         let engine = Engine::new(MemoryStore::new());
-        let steps = claimed(&engine, key(2), b"a").await;
+        let (steps, ticket) = claimed(&engine, key(2), b"a").await;
         let long = "x".repeat(MAX_NAME + 1);
         for bad in ["", long.as_str()] {
             let e = steps.run(bad, Raw, |_| ok("v")).await.unwrap_err();
@@ -834,8 +1261,9 @@ mod tests {
         }
         let fine = "y".repeat(MAX_NAME);
         steps.run(&fine, Raw, |_| ok("v")).await.unwrap();
+        engine.release(ticket).await.unwrap();
         // The refused names took no place: a retry's first step is still `fine`.
-        let retry = claimed(&engine, key(2), b"a").await;
+        let (retry, _ticket) = claimed(&engine, key(2), b"a").await;
         let v: String = retry.run(&fine, Raw, |_| ok("again")).await.unwrap();
         assert_eq!(v, "v");
     }
@@ -847,22 +1275,167 @@ mod tests {
         assert_eq!(e.kind(), StepErrorKind::NotClaimed);
     }
 
+    /// Runs `charge` in `first` with work that waits for `go`, while the key is taken from it
+    /// and a second claimant runs the same step, recording `second`: as two runs after a
+    /// lease lapsed.
+    async fn overlap(
+        engine: &Engine<MemoryStore>,
+        k: StoreKey,
+        second: Vec<u8>,
+    ) -> (Result<String, StepError<String>>, Vec<u8>) {
+        let (first, _t1) = claimed(engine, k, b"a").await;
+        let (go, wait) = tokio::sync::oneshot::channel::<()>();
+        let a = first.run("charge", Raw, |_| async move {
+            wait.await.unwrap();
+            Ok::<_, String>("first-run".to_owned())
+        });
+        let b = async {
+            // `first` has checked its claim and started its work: its lease now lapses.
+            tokio::task::yield_now().await;
+            engine.forget_even_pending(&k).await.unwrap();
+            let (steps, _t2) = claimed(engine, k, b"a").await;
+            let r: Vec<u8> = steps
+                .run("charge", Raw, |_| ready(Ok::<_, String>(second)))
+                .await
+                .unwrap();
+            go.send(()).unwrap();
+            r
+        };
+        tokio::join!(a, b)
+    }
+
     #[tokio::test]
     async fn overlapping_runs_keep_the_first_record() {
         let engine = Engine::new(MemoryStore::new());
-        let a = claimed(&engine, key(3), b"a").await;
-        let b = claimed(&engine, key(3), b"a").await;
-        // Both read before either records, as after a lapsed lease.
-        a.recorded::<()>(a.inner.bound.get().unwrap())
+        let (late, early) = overlap(&engine, key(3), b"second-run".to_vec()).await;
+        assert_eq!(early, b"second-run");
+        assert_eq!(
+            late.unwrap(),
+            "second-run",
+            "the later run gets the first record back"
+        );
+    }
+
+    #[tokio::test]
+    async fn overlapping_runs_whose_first_record_cannot_be_read_return_the_own_value() {
+        let engine = Engine::new(MemoryStore::new());
+        // The first record is not text: the later run's codec cannot read it back.
+        let (late, _) = overlap(&engine, key(7), vec![0xff, 0xfe]).await;
+        assert_eq!(
+            late.expect("its work ran: never reported as not run"),
+            "first-run"
+        );
+    }
+
+    #[tokio::test]
+    async fn steps_run_nothing_once_the_request_settled() {
+        let engine = Engine::new(MemoryStore::new());
+        let (steps, ticket) = claimed(&engine, key(8), b"a").await;
+        steps.run("reserve", Raw, |_| ok("r")).await.unwrap();
+        engine.release(ticket).await.unwrap();
+        let e = steps.run("charge", Raw, |_| never()).await.unwrap_err();
+        assert_eq!(e.kind(), StepErrorKind::ClaimLost, "{e}");
+        // Nor after another claimant took the key: the released handle stays stopped.
+        let (_retry, _ticket) = claimed(&engine, key(8), b"a").await;
+        let e = steps.run("receipt", Raw, |_| never()).await.unwrap_err();
+        assert_eq!(e.kind(), StepErrorKind::ClaimLost, "{e}");
+    }
+
+    #[tokio::test]
+    async fn steps_of_a_lost_lease_run_nothing() {
+        let engine = Engine::new(MemoryStore::new());
+        let (steps, _ticket) = claimed(&engine, key(9), b"a").await;
+        // The lease lapsed and another claimant holds the key.
+        engine.forget_even_pending(&key(9)).await.unwrap();
+        let (other, _t2) = claimed(&engine, key(9), b"a").await;
+        let e = steps.run("charge", Raw, |_| never()).await.unwrap_err();
+        assert_eq!(e.kind(), StepErrorKind::ClaimLost, "{e}");
+        // The holder runs it.
+        assert_eq!(other.run("charge", Raw, |_| ok("c")).await.unwrap(), "c");
+    }
+
+    #[tokio::test]
+    async fn two_handles_of_one_claim_are_one_sequence() {
+        let engine = Engine::new(MemoryStore::new());
+        let (a, ticket) = claimed(&engine, key(10), b"a").await;
+        let b = engine.steps(&ticket);
+        a.run("reserve", Raw, |_| ok("r")).await.unwrap();
+        let e = b.run("reserve", Raw, |_| never()).await.unwrap_err();
+        assert_eq!(e.kind(), StepErrorKind::NameReused);
+        b.run("charge", Raw, |_| ok("c")).await.unwrap();
+        engine.release(ticket).await.unwrap();
+        // The retry finds `reserve` then `charge`, one after the other.
+        let (retry, _t) = claimed(&engine, key(10), b"a").await;
+        assert_eq!(retry.run("reserve", Raw, |_| never()).await.unwrap(), "r");
+        assert_eq!(retry.run("charge", Raw, |_| never()).await.unwrap(), "c");
+    }
+
+    #[tokio::test]
+    async fn another_request_under_the_key_runs_no_step() {
+        let engine = Engine::new(MemoryStore::new());
+        let (first, ticket) = claimed(&engine, key(11), b"a").await;
+        first.run("charge", Raw, |_| ok("c")).await.unwrap();
+        engine.release(ticket).await.unwrap();
+        let (other, ticket) = claimed(&engine, key(11), b"another body").await;
+        let e = other.run("charge", Raw, |_| never()).await.unwrap_err();
+        assert_eq!(e.kind(), StepErrorKind::KeyReused, "{e}");
+        let e = other.run("receipt", Raw, |_| never()).await.unwrap_err();
+        assert_eq!(e.kind(), StepErrorKind::KeyReused, "{e}");
+        assert_eq!(ticket.claim().found(), Some(Found::KeyReused));
+        engine.release(ticket).await.unwrap();
+        // The first request's retry still finds its step.
+        let (retry, _t) = claimed(&engine, key(11), b"a").await;
+        assert_eq!(retry.run("charge", Raw, |_| never()).await.unwrap(), "c");
+    }
+
+    #[tokio::test]
+    async fn a_step_derived_key_is_the_same_for_another_body() {
+        let engine = Engine::new(MemoryStore::new());
+        let seen = Mutex::new(Vec::new());
+        for fp in [b"a", b"b"] {
+            let (steps, ticket) = claimed(&engine, key(12), fp).await;
+            steps
+                .run("charge", Raw, |k| {
+                    seen.lock().unwrap().push(k);
+                    ready(Err::<String, _>("declined".to_owned()))
+                })
+                .await
+                .unwrap_err();
+            engine.release(ticket).await.unwrap();
+        }
+        let seen = seen.into_inner().unwrap();
+        assert_eq!(seen[0], seen[1]);
+    }
+
+    #[tokio::test]
+    async fn a_recorded_step_moved_to_a_failed_steps_place_is_refused() {
+        let engine = Engine::new(MemoryStore::new());
+        let (first, ticket) = claimed(&engine, key(13), b"a").await;
+        first.run("a", Raw, |_| ok("a")).await.unwrap();
+        first
+            .run("b", Raw, |_| ready(Err::<String, _>("down".to_owned())))
             .await
-            .unwrap();
-        b.recorded::<()>(b.inner.bound.get().unwrap())
-            .await
-            .unwrap();
-        let first: String = a.run("charge", Raw, |_| ok("first")).await.unwrap();
-        let second: String = b.run("charge", Raw, |_| ok("second")).await.unwrap();
-        assert_eq!(first, "first");
-        assert_eq!(second, "first", "the second run gets the first record back");
+            .unwrap_err();
+        first.run("c", Raw, |_| ok("c")).await.unwrap();
+        engine.release(ticket).await.unwrap();
+        // The retry calls `c` where `b` failed: `c` was recorded, it must not run again.
+        let (retry, _t) = claimed(&engine, key(13), b"a").await;
+        retry.run("a", Raw, |_| never()).await.unwrap();
+        let e = retry.run("c", Raw, |_| never()).await.unwrap_err();
+        assert_eq!(e.kind(), StepErrorKind::SequenceChanged, "{e}");
+    }
+
+    #[tokio::test]
+    async fn steps_outlive_a_retention_shorter_than_the_lease() {
+        let clock = crate::store::clock::ManualClock::new();
+        let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
+        let engine = Engine::builder(store).ttl(Duration::from_secs(1)).build();
+        // A crash: nothing settles the key; its retry comes once the lease lapsed.
+        let (first, _crashed) = claimed(&engine, key(14), b"a").await;
+        first.run("charge", Raw, |_| ok("c")).await.unwrap();
+        clock.advance(engine.lease() + Duration::from_millis(500));
+        let (retry, _t) = claimed(&engine, key(14), b"a").await;
+        assert_eq!(retry.run("charge", Raw, |_| never()).await.unwrap(), "c");
     }
 
     /// A memory store whose step records fail, as a store that is down; its reads too unless
@@ -930,9 +1503,10 @@ mod tests {
     #[tokio::test]
     async fn a_store_that_cannot_read_the_steps_runs_none() {
         let engine = Engine::new(Down(MemoryStore::new(), false));
-        let steps = claimed(&engine, key(5), b"a").await;
+        let (steps, _t) = claimed(&engine, key(5), b"a").await;
         let e = steps.run("charge", Raw, |_| never()).await.unwrap_err();
         assert_eq!(e.kind(), StepErrorKind::Store);
+        assert_eq!(e.step(), "charge", "the error names its step");
         assert!(e.is_retryable(), "a store outage is worth a retry");
         assert!(e.store_error().is_some());
     }
@@ -945,14 +1519,15 @@ mod tests {
             charges.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             ok("ch_1")
         };
-        let steps = claimed(&engine, key(6), b"a").await;
+        let (steps, ticket) = claimed(&engine, key(6), b"a").await;
         let charged: String = steps.run("charge", Raw, |_| charge()).await.unwrap();
         assert_eq!(
             charged, "ch_1",
             "the side effect happened: its result comes back"
         );
+        engine.release(ticket).await.unwrap();
         // Nothing was recorded: a retry runs the step again, under the same derived key.
-        let retry = claimed(&engine, key(6), b"a").await;
+        let (retry, _t) = claimed(&engine, key(6), b"a").await;
         retry.run("charge", Raw, |_| charge()).await.unwrap();
         assert_eq!(charges.load(std::sync::atomic::Ordering::SeqCst), 2);
     }
@@ -962,18 +1537,138 @@ mod tests {
         let secret = Secret::new(vec![7u8; 32]).unwrap();
         let store = Arc::new(MemoryStore::new());
         let engine = Engine::builder(Arc::clone(&store)).secret(secret).build();
-        let steps = claimed(&engine, key(4), b"a").await;
+        let (steps, ticket) = claimed(&engine, key(4), b"a").await;
         steps.run("charge", Raw, |_| ok("ch_1")).await.unwrap();
         // Another run's record under the same step id, written without the secret's tag.
-        let bound = steps.inner.bound.get().unwrap();
-        let id = bound.step_id(0);
+        let id = steps.claim::<()>(0, "").unwrap().1.bound.step_id(0);
+        engine.release(ticket).await.unwrap();
         Store::forget(&*store, &key(4), true).await.unwrap();
-        let forged = Bytes::from_static(b"\x01\x00\x06chargech_2");
-        Store::record_step(&*store, &key(4), &id, forged, Duration::from_secs(60))
-            .await
-            .unwrap();
-        let retry = claimed(&engine, key(4), b"a").await;
-        let e = retry.run("charge", Raw, |_| ok("x")).await.unwrap_err();
+        let mut forged = vec![VERSION];
+        forged.extend_from_slice(
+            engine
+                .keyed(Fingerprint::builder().field(b"a").finish())
+                .as_bytes(),
+        );
+        forged.extend_from_slice(b"\x00\x06chargech_2");
+        forged.extend_from_slice(&[0; TAG_LEN]);
+        Store::record_step(
+            &*store,
+            &key(4),
+            &id,
+            forged.into(),
+            Duration::from_secs(60),
+        )
+        .await
+        .unwrap();
+        let (retry, ticket) = claimed(&engine, key(4), b"a").await;
+        let e = retry.run("charge", Raw, |_| never()).await.unwrap_err();
         assert_eq!(e.kind(), StepErrorKind::RecordInvalid, "{e}");
+        assert_eq!(ticket.claim().found(), Some(Found::RecordInvalid));
+    }
+
+    #[tokio::test]
+    async fn a_rotated_secret_fails_closed_on_the_recorded_steps() {
+        let store = Arc::new(MemoryStore::new());
+        let old = Engine::builder(Arc::clone(&store))
+            .secret(Secret::new(vec![1u8; 32]).unwrap())
+            .build();
+        let (steps, ticket) = claimed(&old, key(15), b"a").await;
+        steps.run("charge", Raw, |_| ok("c")).await.unwrap();
+        old.release(ticket).await.unwrap();
+        let new = Engine::builder(Arc::clone(&store))
+            .secret(Secret::new(vec![2u8; 32]).unwrap())
+            .build();
+        let (retry, _t) = claimed(&new, key(15), b"a").await;
+        let e = retry.run("charge", Raw, |_| never()).await.unwrap_err();
+        assert_eq!(e.kind(), StepErrorKind::RecordInvalid, "{e}");
+    }
+
+    /// A memory store whose step records first yield, as a networked store waits for its
+    /// answer.
+    struct Slow(MemoryStore);
+
+    impl Store for Slow {
+        fn claim(
+            &self,
+            key: &StoreKey,
+            fp: &Fingerprint,
+            lease: Duration,
+        ) -> impl Future<Output = Result<crate::store::Claim, StoreError>> + Send {
+            self.0.claim(key, fp, lease)
+        }
+        fn complete(
+            &self,
+            key: &StoreKey,
+            token: &crate::store::Token,
+            fp: &Fingerprint,
+            record: crate::store::Record,
+            ttl: Duration,
+        ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+            self.0.complete(key, token, fp, record, ttl)
+        }
+        fn release(
+            &self,
+            key: &StoreKey,
+            token: &crate::store::Token,
+        ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+            self.0.release(key, token)
+        }
+        fn renew(
+            &self,
+            key: &StoreKey,
+            token: &crate::store::Token,
+            lease: Duration,
+        ) -> impl Future<Output = Result<bool, StoreError>> + Send {
+            self.0.renew(key, token, lease)
+        }
+        fn forget(
+            &self,
+            key: &StoreKey,
+            pending: bool,
+        ) -> impl Future<Output = Result<crate::store::Forgotten, StoreError>> + Send {
+            self.0.forget(key, pending)
+        }
+        async fn record_step(
+            &self,
+            key: &StoreKey,
+            step: &StepId,
+            value: Bytes,
+            ttl: Duration,
+        ) -> Result<StepRecorded, StoreError> {
+            tokio::task::yield_now().await;
+            Store::record_step(&self.0, key, step, value, ttl).await
+        }
+        fn steps(
+            &self,
+            key: &StoreKey,
+        ) -> impl Future<Output = Result<Vec<(StepId, Bytes)>, StoreError>> + Send {
+            Store::steps(&self.0, key)
+        }
+    }
+
+    #[tokio::test]
+    async fn a_step_dropped_after_its_work_still_records_it() {
+        let engine = Engine::new(Slow(MemoryStore::new()));
+        let (steps, ticket) = claimed(&engine, key(16), b"a").await;
+        let charged = std::sync::atomic::AtomicBool::new(false);
+        {
+            let mut step = std::pin::pin!(steps.run("charge", Raw, |_| {
+                charged.store(true, std::sync::atomic::Ordering::SeqCst);
+                ok("ch_1")
+            }));
+            // Polled once: the work returned, its record is on its way; then the caller leaves.
+            tokio::select! {
+                biased;
+                _ = &mut step => panic!("the record waits for the store"),
+                () = ready(()) => {}
+            }
+        }
+        assert!(charged.load(std::sync::atomic::Ordering::SeqCst));
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+        engine.release(ticket).await.unwrap();
+        let (retry, _t) = claimed(&engine, key(16), b"a").await;
+        assert_eq!(retry.run("charge", Raw, |_| never()).await.unwrap(), "ch_1");
     }
 }

@@ -1,9 +1,8 @@
 //! What the layer puts into a request's extensions for the handler and the axum extractors.
 
-use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::IdempotencyKey;
 use crate::engine::scope::{DerivedKey, Scope, StoreKey};
-use crate::engine::steps::{StepSource, Steps};
+use crate::engine::steps::{ClaimCell, StepSource, Steps};
 use std::fmt;
 use std::sync::Arc;
 
@@ -24,9 +23,9 @@ pub struct ClaimedKey {
     namespace: Arc<str>,
     scope: Scope,
     store_key: StoreKey,
-    /// The engine and the keyed fingerprint of the claim, once claimed: [`Steps`] are made from
-    /// them only when a handler asks. An `Arc` clone per request, no allocation.
-    claim: Option<(Arc<dyn StepSource>, Fingerprint)>,
+    /// The engine and the claim, once claimed: [`Steps`] are made from them only when a
+    /// handler asks, one sequence per claim. `Arc` clones per request, no allocation.
+    claim: Option<(Arc<dyn StepSource>, Arc<ClaimCell>)>,
 }
 
 impl fmt::Debug for ClaimedKey {
@@ -61,26 +60,26 @@ impl ClaimedKey {
         }
     }
 
-    /// The same, once claimed by `engine` with the keyed `fingerprint`.
-    pub(crate) fn claimed(mut self, engine: Arc<dyn StepSource>, fingerprint: Fingerprint) -> Self {
-        self.claim = Some((engine, fingerprint));
+    /// The same, once claimed by `engine`.
+    pub(crate) fn claimed(mut self, engine: Arc<dyn StepSource>, claim: Arc<ClaimCell>) -> Self {
+        self.claim = Some((engine, claim));
         self
     }
 
-    /// The steps of the claimed request, or `None` before the claim. Each call makes a new
-    /// handle: take them once per request.
+    /// The steps of the claimed request, or `None` before the claim. Every call gives a handle
+    /// of the same sequence: a step's place and name are shared by all of them.
     #[must_use]
     pub fn steps(&self) -> Option<Steps> {
         self.claim
             .as_ref()
-            .map(|(engine, fp)| Steps::new(engine.step_settings(), self.store_key, *fp))
+            .map(|(engine, claim)| Steps::of(claim, || engine.step_settings()))
     }
 
     /// Ties steps taken before the claim to it (the `#[idempotent]` attribute).
     #[cfg(feature = "macros")]
     pub(crate) fn bind(&self, steps: &Steps) {
-        if let Some((engine, fp)) = &self.claim {
-            steps.bind(engine.step_settings(), self.store_key, *fp);
+        if let Some((engine, claim)) = &self.claim {
+            steps.bind(claim, || engine.step_settings());
         }
     }
 

@@ -39,6 +39,10 @@
 //!    [classification hook](#after-the-handler) can release more. A streaming response and a
 //!    body over the record limit go out as they come. They are recorded as status and
 //!    headers only, once they have ended: see [response bodies](#response-bodies).
+//!    Before the status, what the handler's [`Steps`](crate::Steps) found: the key's recorded
+//!    steps belong to another fingerprint: 422 `idempotency.key_reused`; a step record that
+//!    fails validation: 503 `idempotency.record_invalid`. Either answers whatever the handler
+//!    returned, and releases the key, so the first request's steps stay for its retry.
 //!
 //! The caller always gets the response its handler produced, also when recording it failed.
 //! The key then stays pending until its lease lapses: 409 until then, a re-run after. A

@@ -308,6 +308,14 @@ impl Store for DynStore {
     async fn steps(&self, key: &StoreKey) -> Result<Vec<(StepId, Bytes)>, StoreError> {
         StepStore::steps(&*self.0, key).await
     }
+    async fn prepare_step(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        StepStore::prepare_step(&*self.0, key, token, lease).await
+    }
     fn notifies_settled(&self) -> bool {
         self.0.notifies_settled()
     }

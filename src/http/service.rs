@@ -12,7 +12,7 @@ use super::replay::replay;
 use crate::engine::key::IdempotencyKey;
 use crate::engine::record::Draft;
 use crate::engine::scope::{Scope, StoreKey};
-use crate::engine::steps::StepSource;
+use crate::engine::steps::{Found, StepSource};
 use crate::engine::{Begin, Engine, Ticket};
 use crate::metrics::{self, Settled};
 use crate::store::{Store, StoreError, StoreErrorKind};
@@ -421,7 +421,7 @@ where
         let engine_ref: Arc<dyn StepSource> = Arc::clone(&state) as Arc<LayerState<St>>;
         parts.extensions.insert(
             ClaimedKey::new(key, Arc::clone(&config.namespace), scope, store_key)
-                .claimed(engine_ref, *ticket.fingerprint()),
+                .claimed(engine_ref, Arc::clone(ticket.claim())),
         );
         let req = Request::from_parts(parts, RequestBody::buffered(body));
 
@@ -474,6 +474,28 @@ where
                 Ok(classify(config, max, tail, &store_key, res, grpc).await)
             })
             .await;
+
+        // The steps found the key bound to another request, or a step record that fails
+        // validation: that is the answer, whatever the handler returned. The claim is released,
+        // never completed, so the first request's steps stay for its retry.
+        if let Some(found) = ticket.claim().found() {
+            drop(outcome);
+            observe_end(config, grpc, release(engine, ticket, store_key).await);
+            let rejection = match found {
+                Found::KeyReused => {
+                    tracing::warn!(outcome = "key_reused", key = ?store_key, "idempotency key's steps belong to a different request; answered as a reused key");
+                    Rejection::new(
+                        RejectionKind::KeyReused,
+                        "this key was already used for a different request",
+                    )
+                }
+                Found::RecordInvalid => {
+                    tracing::warn!(outcome = "record_invalid", key = ?store_key, "idempotency step record failed validation; answered as an invalid record");
+                    record_invalid()
+                }
+            };
+            return Ok(render(&state, rejection, grpc));
+        }
 
         match outcome {
             Err(e) => {

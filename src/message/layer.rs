@@ -4,6 +4,7 @@ use super::error::{Fate, MessageError};
 use super::key::{HeaderOrHash, KeyStrategy, Message, MessageKey};
 use crate::engine::detach::Drain;
 use crate::engine::scope::{Scope, StoreKey};
+use crate::engine::steps::Found;
 use crate::engine::{
     Begin, BoxFuture, Classify, Codec, Discard, Engine, Fingerprint, RecordedResponse, Ticket,
     Verdict,
@@ -703,6 +704,24 @@ where
     // The handler's future runs with the delivery's steps as `Steps::current()`.
     let steps = engine.steps(&ticket);
     let result = engine.run(&ticket, steps.scope(inner.call(message))).await;
+    // The steps found the key bound to another message, or a step record that fails
+    // validation: refused as at the claim, whatever the handler returned. The claim is
+    // released, never recorded, so the first message's steps stay for its redelivery.
+    if let Some(found) = ticket.claim().found() {
+        drop(result);
+        let key = *ticket.key();
+        release(engine, ticket).await;
+        return Err(match found {
+            Found::KeyReused => {
+                tracing::warn!(target: "tower_idempotency::message", key = ?key, "idempotency key's steps belong to a different message; refused");
+                MessageError::key_reused()
+            }
+            Found::RecordInvalid => {
+                tracing::error!(target: "tower_idempotency::message", key = ?key, "message step record failed validation; refused");
+                MessageError::record_invalid(None)
+            }
+        });
+    }
     match shared.classify.classify(&result) {
         Verdict::Record => {
             let body = encode(engine, &*shared.codec, ticket.key(), result.as_ref().ok());

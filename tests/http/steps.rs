@@ -15,9 +15,10 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use support::http::{RequestExt, TestServer, send, with_auth};
-use tower_idempotency::engine::{Raw, StepErrorKind};
+use tokio::sync::oneshot;
+use tower_idempotency::engine::{Engine, Raw, StepErrorKind};
 use tower_idempotency::http::PrincipalMode;
-use tower_idempotency::{IdempotencyLayer, MemoryStore, Steps};
+use tower_idempotency::{IdempotencyLayer, MemoryStore, Secret, Steps};
 
 const ORDER: &str = r#"{"sku":"book","qty":1}"#;
 
@@ -153,14 +154,14 @@ async fn each_step_forwards_a_key_stable_across_retries_and_distinct_per_request
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn another_request_under_a_released_key_does_not_read_its_steps() {
+async fn another_body_under_a_released_key_is_refused_as_a_reused_key_and_runs_no_step() {
     let p = Shared::default();
     p.mail_failures_left.store(1, Ordering::SeqCst);
     let server = serve(Arc::clone(&p)).await;
 
     let first = send(server.post("/checkout", ORDER).principal("alice").key("k")).await;
     assert_eq!(first.status, 503);
-    // Same key, another body: the released key runs anew, with steps of its own.
+    // Same key, another body: the key's steps are the first request's.
     let other = send(
         server
             .post("/checkout", r#"{"sku":"pen","qty":2}"#)
@@ -168,12 +169,110 @@ async fn another_request_under_a_released_key_does_not_read_its_steps() {
             .key("k"),
     )
     .await;
-    assert_eq!(other.status, 201, "{}", other.describe());
+    assert_eq!(other.status, 422, "{}", other.describe());
+    assert_eq!(other.json()["code"], "idempotency.key_reused");
+    assert_eq!(p.reserved.load(Ordering::SeqCst), 1, "no step ran again");
+    assert_eq!(p.charged.load(Ordering::SeqCst), 1, "no step ran again");
+    // The claim was released, not completed: the first request's retry finishes its work.
+    let retry = send(server.post("/checkout", ORDER).principal("alice").key("k")).await;
+    assert_eq!(retry.status, 201, "{}", retry.describe());
     assert_eq!(
-        other.json(),
-        json!({ "hold": "hold-2", "charge": "charge-2" }),
-        "the other request ran its own steps"
+        retry.json(),
+        json!({ "hold": "hold-1", "charge": "charge-1" })
     );
+    assert_eq!(p.charged.load(Ordering::SeqCst), 1, "charged once");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_record_of_another_secret_is_answered_503_and_runs_no_step() {
+    let p = Shared::default();
+    p.mail_failures_left.store(1, Ordering::SeqCst);
+    let store = Arc::new(MemoryStore::new());
+    let app = |secret: u8| {
+        let engine = Engine::builder(Arc::clone(&store))
+            .secret(Secret::new(vec![secret; 32]).unwrap())
+            .build();
+        Router::new()
+            .route("/checkout", post(checkout))
+            .with_state(Arc::clone(&p))
+            .layer(IdempotencyLayer::new(engine).principal(PrincipalMode::Required))
+    };
+    let old = TestServer::start(with_auth(app(1))).await;
+    let first = send(old.post("/checkout", ORDER).principal("alice").key("k")).await;
+    assert_eq!(first.status, 503);
+    old.stop().await;
+
+    // The secret was rotated: the recorded steps cannot be verified, and nothing runs again.
+    let new = TestServer::start(with_auth(app(2))).await;
+    let retry = send(new.post("/checkout", ORDER).principal("alice").key("k")).await;
+    assert_eq!(retry.status, 503, "{}", retry.describe());
+    assert_eq!(retry.json()["code"], "idempotency.record_invalid");
+    assert_eq!(p.reserved.load(Ordering::SeqCst), 1, "no step ran again");
+    assert_eq!(p.charged.load(Ordering::SeqCst), 1, "no step ran again");
+    new.stop().await;
+}
+
+/// Takes the steps twice: one sequence.
+async fn twice(a: Steps, b: Steps) -> String {
+    a.run("reserve", Raw, |_| async {
+        Ok::<_, String>("r".to_owned())
+    })
+    .await
+    .unwrap();
+    match b
+        .run("reserve", Raw, |_| async {
+            Ok::<_, String>("again".to_owned())
+        })
+        .await
+    {
+        Err(e) => format!("{:?}", e.kind()),
+        Ok(v) => v,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_steps_extractors_of_one_request_are_one_sequence() {
+    let app = Router::new()
+        .route("/twice", post(twice))
+        .layer(IdempotencyLayer::new(MemoryStore::new()).principal(PrincipalMode::Required));
+    let server = TestServer::start(with_auth(app)).await;
+    let a = send(server.post("/twice", ORDER).principal("alice").key("t")).await;
+    assert_eq!(a.text(), "NameReused", "{}", a.describe());
+    server.stop().await;
+}
+
+/// Moves its steps into a task that outlives the request, and reports what a step did there.
+async fn leaks(
+    State(tx): State<Arc<Mutex<Option<oneshot::Sender<Steps>>>>>,
+    steps: Steps,
+) -> &'static str {
+    let tx = tx.lock().unwrap().take().unwrap();
+    tx.send(steps).unwrap();
+    "answered"
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn steps_kept_past_their_request_run_nothing() {
+    let (tx, rx) = oneshot::channel();
+    let app = Router::new()
+        .route("/leak", post(leaks))
+        .with_state(Arc::new(Mutex::new(Some(tx))))
+        .layer(IdempotencyLayer::new(MemoryStore::new()).principal(PrincipalMode::Required));
+    let server = TestServer::start(with_auth(app)).await;
+    let a = send(server.post("/leak", ORDER).principal("alice").key("l")).await;
+    assert_eq!(a.status, 200, "{}", a.describe());
+    let steps = rx.await.unwrap();
+    let ran = AtomicUsize::new(0);
+    let e = steps
+        .run("charge", Raw, |_| async {
+            ran.fetch_add(1, Ordering::SeqCst);
+            Ok::<_, String>(String::new())
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), StepErrorKind::ClaimLost, "{e}");
+    assert_eq!(ran.load(Ordering::SeqCst), 0);
     server.stop().await;
 }
 

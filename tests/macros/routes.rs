@@ -680,3 +680,45 @@ async fn attributed_handlers_count_under_the_route_door() {
     assert_eq!(post_key(&bare, "/", "k").await.status, 500);
     assert_eq!(counted(), ["door=route,outcome=config_missing"]);
 }
+
+/// The steps an attributed handler keeps past its request.
+static KEPT: std::sync::Mutex<Option<Steps>> = std::sync::Mutex::new(None);
+
+/// Takes the steps twice, and keeps them past the request.
+#[idempotent]
+async fn steps_twice_and_kept(a: Steps, b: Steps) -> String {
+    a.run("reserve", Raw, |_| async { Ok::<_, String>(String::new()) })
+        .await
+        .expect("the first step runs");
+    let again = b
+        .run("reserve", Raw, |_| async { Ok::<_, String>(String::new()) })
+        .await;
+    *KEPT.lock().expect("not poisoned") = Some(b);
+    format!("{:?}", again.map_err(|e| e.kind()))
+}
+
+#[tokio::test]
+async fn steps_of_an_attributed_handler_are_one_sequence_and_run_nothing_past_the_request() {
+    let (server, _runs) = start(
+        Router::new().route("/twice", post(steps_twice_and_kept)),
+        anonymous(),
+    )
+    .await;
+    let answer = post_key(&server, "/twice", "t-1").await;
+    assert_eq!(answer.text(), "Err(NameReused)", "{}", answer.describe());
+    let kept = KEPT.lock().unwrap().take().unwrap();
+    let e = kept
+        .run("charge", Raw, |_| async {
+            panic!("a step past its request must not run");
+            #[allow(unreachable_code)]
+            Ok::<String, String>(String::new())
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.kind(),
+        tower_idempotency::engine::StepErrorKind::ClaimLost,
+        "{e}"
+    );
+    server.stop().await;
+}

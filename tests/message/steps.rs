@@ -76,3 +76,38 @@ async fn steps_outside_a_claimed_message_are_absent() {
     let ran = handler.oneshot(Envelope::new("t", "b")).await.unwrap();
     assert!(matches!(ran, Handled::Ran(true)), "{ran:?}");
 }
+
+#[tokio::test]
+async fn another_message_under_a_key_whose_steps_acted_is_refused_as_a_reused_key() {
+    let charged = Arc::new(AtomicUsize::new(0));
+    let c = Arc::clone(&charged);
+    let handler = ServiceBuilder::new()
+        .layer(MessageIdempotencyLayer::new(MemoryStore::new(), "billing"))
+        .service(service_fn(move |m: Envelope| {
+            let c = Arc::clone(&c);
+            async move {
+                let steps = Steps::current().expect("the message door sets the steps");
+                steps
+                    .run("charge", Raw, |_| async {
+                        c.fetch_add(1, Ordering::SeqCst);
+                        Ok::<_, String>(String::new())
+                    })
+                    .await
+                    .map_err(|e| e.to_string())?;
+                // The first message fails after its charge, and is released for redelivery.
+                if m.body.as_ref() == b"order 17" {
+                    return Err(String::from("mail server down"));
+                }
+                Ok::<_, String>(String::from("done"))
+            }
+        }));
+    let first = Envelope::new("orders.paid", "order 17").with_header("Idempotency-Key", "k-1");
+    let e = handler.clone().oneshot(first.clone()).await.unwrap_err();
+    assert_eq!(e.kind(), MessageErrorKind::Handler);
+
+    // Another body under the same key: refused as at the claim, whatever the handler returned.
+    let other = Envelope::new("orders.paid", "order 18").with_header("Idempotency-Key", "k-1");
+    let e = handler.clone().oneshot(other).await.unwrap_err();
+    assert_eq!(e.kind(), MessageErrorKind::KeyReused, "{e}");
+    assert_eq!(charged.load(Ordering::SeqCst), 1, "charged once");
+}

@@ -59,6 +59,21 @@ async fn claimed(engine: &Engine<PostgresStore>, key: StoreKey) -> (Steps, Ticke
     (engine.steps(&ticket), ticket)
 }
 
+/// An engine whose lease lapses in seconds, for two runs of one request that overlap.
+async fn short_lease_engine(server: &PostgresServer) -> Engine<PostgresStore> {
+    let store = store_on(server, "tower_idempotency", "steps-tx").await;
+    Engine::builder(store).lease(SHORT_LEASE).ttl(LONG).build()
+}
+
+const SHORT_LEASE: Duration = Duration::from_secs(2);
+
+/// The steps of a second claim of `key`, once the first claim's lease lapsed (a crashed or
+/// stalled first run): the two runs overlap.
+async fn claimed_after_the_lease(engine: &Engine<PostgresStore>, key: StoreKey) -> (Steps, Ticket) {
+    tokio::time::sleep(SHORT_LEASE + Duration::from_secs(1)).await;
+    claimed(engine, key).await
+}
+
 /// How many steps the store keeps for `key`.
 async fn recorded(engine: &Engine<PostgresStore>, key: &StoreKey) -> usize {
     engine.store().steps(key).await.unwrap().len()
@@ -189,13 +204,12 @@ async fn of_two_overlapping_runs_of_a_step_the_first_record_wins() {
     let Some(server) = shared_server() else {
         return;
     };
-    let engine = engine(server).await;
+    let engine = short_lease_engine(server).await;
     let pool = server.pool(4).await;
     let table = orders_table(&pool).await;
     let key = random_key();
     // Two runs of the same request, as after a lapsed lease: the steps of each.
-    let (late, ticket) = claimed(&engine, key).await;
-    let early = engine.steps(&ticket);
+    let (late, _ticket) = claimed(&engine, key).await;
     let mut late_conn = pool.acquire().await.unwrap();
     let mut early_conn = pool.acquire().await.unwrap();
 
@@ -220,6 +234,7 @@ async fn of_two_overlapping_runs_of_a_step_the_first_record_wins() {
     };
     let early_run = async {
         placed_rx.await.unwrap();
+        let (early, _ticket) = claimed_after_the_lease(&engine, key).await;
         let id: String = step(&engine, &early, &mut early_conn, "reserve", Raw, |tx| {
             order(&table, tx)
         })
@@ -247,12 +262,11 @@ async fn a_run_that_meets_an_uncommitted_record_of_its_step_waits_and_takes_it()
     let Some(server) = shared_server() else {
         return;
     };
-    let engine = engine(server).await;
+    let engine = short_lease_engine(server).await;
     let pool = server.pool(4).await;
     let table = orders_table(&pool).await;
     let key = random_key();
-    let (first, ticket) = claimed(&engine, key).await;
-    let second = engine.steps(&ticket);
+    let (first, _ticket) = claimed(&engine, key).await;
 
     // The first run's step is recorded in the caller's transaction, not yet committed.
     let mut caller = pool.begin().await.unwrap();
@@ -262,6 +276,7 @@ async fn a_run_that_meets_an_uncommitted_record_of_its_step_waits_and_takes_it()
     .await
     .unwrap();
     assert!(recorded(&engine, &key).await == 0, "not committed yet");
+    let (second, _ticket) = claimed_after_the_lease(&engine, key).await;
 
     // The second run's record waits for the first's transaction.
     let mut conn = pool.acquire().await.unwrap();
@@ -334,7 +349,7 @@ async fn under_repeatable_read_a_run_that_loses_its_step_is_a_conflict_and_rolls
     let Some(server) = shared_server() else {
         return;
     };
-    let engine = engine(server).await;
+    let engine = short_lease_engine(server).await;
     let pool = server.pool(4).await;
     let table = orders_table(&pool).await;
     let options = PgConnectOptions::from_str(&server.url())
@@ -346,8 +361,7 @@ async fn under_repeatable_read_a_run_that_loses_its_step_is_a_conflict_and_rolls
         .await
         .unwrap();
     let key = random_key();
-    let (first, ticket) = claimed(&engine, key).await;
-    let second = engine.steps(&ticket);
+    let (first, _ticket) = claimed(&engine, key).await;
 
     let mut caller = pool.begin().await.unwrap();
     let first_id: String = step(&engine, &first, &mut caller, "reserve", Raw, |tx| {
@@ -355,6 +369,7 @@ async fn under_repeatable_read_a_run_that_loses_its_step_is_a_conflict_and_rolls
     })
     .await
     .unwrap();
+    let (second, ticket) = claimed_after_the_lease(&engine, key).await;
     let mut conn = repeatable.acquire().await.unwrap();
     let second_run = step(&engine, &second, &mut conn, "reserve", Raw, |tx| {
         order(&table, tx)
@@ -374,11 +389,45 @@ async fn under_repeatable_read_a_run_that_loses_its_step_is_a_conflict_and_rolls
         "the second run's order was rolled back"
     );
     // Run again, the request answers the step from the first's record.
-    let again = engine.steps(&ticket);
+    engine.release(ticket).await.unwrap();
+    let (again, _ticket) = claimed(&engine, key).await;
     let id: String = step(&engine, &again, &mut conn, "reserve", Raw, |tx| {
         order(&table, tx)
     })
     .await
     .unwrap();
     assert_eq!(id, first_id);
+}
+
+#[tokio::test]
+async fn a_step_with_steps_of_another_store_is_refused_and_does_not_run() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let engine = engine(server).await;
+    let pool = server.pool(2).await;
+    let table = orders_table(&pool).await;
+    // The steps of a claim made by an engine over the memory store.
+    let memory = Engine::new(tower_idempotency::MemoryStore::new());
+    let Begin::Run(ticket) = memory
+        .begin(random_key(), fingerprint("order"))
+        .await
+        .unwrap()
+    else {
+        panic!("the key must be free");
+    };
+    let steps = memory.steps(&ticket);
+    let mut conn = pool.acquire().await.unwrap();
+
+    let e = step(&engine, &steps, &mut conn, "reserve", Raw, |tx| {
+        order(&table, tx)
+    })
+    .await
+    .unwrap_err();
+    assert_eq!(e.kind(), StepErrorKind::NotClaimed, "{e}");
+    assert!(e.to_string().contains("another store"), "{e}");
+    assert!(
+        order_ids(&pool, &table).await.is_empty(),
+        "the step did not run"
+    );
 }
