@@ -538,13 +538,13 @@ impl Store for PostgresStore {
                     .bind(&fingerprint.as_bytes()[..])
                     .bind(&record[..])
                     .bind(sql::millis(ttl))
-                    .execute(conn.conn())
+                    .fetch_optional(conn.conn())
                     .await;
                 conn.give_back_sql(done.as_ref().err());
                 Ok(done?)
             })
             .await?;
-        Ok(done.rows_affected() == 1)
+        Ok(done.is_some())
     }
 
     async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
@@ -604,13 +604,13 @@ impl Store for PostgresStore {
                     .bind(&key[..])
                     .bind(&token.as_bytes()[..])
                     .bind(sql::millis(lease))
-                    .execute(conn.conn())
+                    .fetch_optional(conn.conn())
                     .await;
                 conn.give_back_sql(renewed.as_ref().err());
                 Ok(renewed?)
             })
             .await?;
-        Ok(renewed.rows_affected() == 1)
+        Ok(renewed.is_some())
     }
 
     async fn record_step(

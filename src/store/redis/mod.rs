@@ -662,7 +662,8 @@ where
             Arg::Bytes(ttl.as_bytes()),
         ];
         let key = self.key_bytes(key);
-        let keys = [key.as_bytes()];
+        let steps = StepsKeyBytes::new(&key);
+        let keys = [key.as_bytes(), steps.as_bytes()];
         let Some(replicas) = self.replicas else {
             let reply = self
                 .eval(&scripts::COMPLETE, &keys, &args, deadline)
@@ -710,10 +711,12 @@ where
         let deadline = self.deadline();
         let lease = Digits::new(codec::millis(lease));
         let args = [Arg::Bytes(token.as_bytes()), Arg::Bytes(lease.as_bytes())];
+        let key = self.key_bytes(key);
+        let steps = StepsKeyBytes::new(&key);
         let reply = self
             .eval(
                 &scripts::RENEW,
-                &[self.key_bytes(key).as_bytes()],
+                &[key.as_bytes(), steps.as_bytes()],
                 &args,
                 deadline,
             )
@@ -792,8 +795,9 @@ where
             Arg::Bytes(&value),
             Arg::Bytes(ttl.as_bytes()),
         ];
-        let steps = StepsKeyBytes::new(&self.key_bytes(key));
-        let keys = [steps.as_bytes()];
+        let key = self.key_bytes(key);
+        let steps = StepsKeyBytes::new(&key);
+        let keys = [steps.as_bytes(), key.as_bytes()];
         let Some(replicas) = self.replicas else {
             let reply = self
                 .eval(&scripts::RECORD_STEP, &keys, &args, deadline)
