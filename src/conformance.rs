@@ -1317,7 +1317,11 @@ pub async fn engine_completion_frees_the_steps<H: Harness>(h: H) {
     };
     let steps = engine.steps(&ticket);
     let charge: String = steps
-        .run("charge", Raw, |k| async move { Ok::<_, ()>(format!("ch-{k}")) })
+        .run(
+            "charge",
+            Raw,
+            |k| async move { Ok::<_, ()>(format!("ch-{k}")) },
+        )
         .await
         .unwrap();
     assert_eq!(
