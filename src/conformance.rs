@@ -27,7 +27,8 @@
 //!
 //! Every test uses fresh random keys, each in its own random scope. So tests may share one
 //! server and run in parallel, and keys spread over cluster slots. Expiry tests use a 300 ms
-//! lease or retention and move time 600 ms, so a store on real time stays fast. Everything
+//! lease or retention and move time 600 ms, so a store on real time stays fast; the few that
+//! must keep a claim live across several calls use a 2 s lease and move time 3 s. Everything
 //! else uses a 60 s lease and retention that never lapses during a test. Each test panics
 //! with a message saying what the store did wrong.
 //!
@@ -99,7 +100,13 @@ macro_rules! store_conformance {
             steps_outlive_a_released_claim_and_belong_to_their_key,
             steps_expire_after_their_retention,
             forget_deletes_a_keys_steps,
+            completing_a_key_frees_its_steps,
+            a_refused_complete_keeps_the_steps,
+            steps_last_while_a_claim_holds_their_key,
+            renewing_a_claim_keeps_its_steps,
+            steps_outlive_a_release_and_a_lapsed_lease,
             engine_steps_resume_after_a_release,
+            engine_completion_frees_the_steps,
         );
 
         #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1006,6 +1013,234 @@ pub async fn forget_deletes_a_keys_steps<H: Harness>(h: H) {
 }
 
 #[doc(hidden)]
+/// A written complete deletes the key's steps: its record answers every repeat, so they serve
+/// nothing. The same when the complete is written after the lease lapsed with nothing holding
+/// the key.
+pub async fn completing_a_key_frees_its_steps<H: Harness>(h: H) {
+    if !keeps_steps(&h).await {
+        return;
+    }
+    let s = h.store();
+    let fp = fingerprint("a");
+    let key = random_key();
+    let token = claim_free(s, &key, &fp, LONG).await;
+    for value in [&b"reserved"[..], b"charged"] {
+        ok(
+            s.record_step(&key, &random_step(), Bytes::copy_from_slice(value), LONG)
+                .await,
+            "record_step",
+        );
+    }
+    assert!(ok(
+        s.complete(&key, &token, &fp, record("a"), LONG).await,
+        "complete"
+    ));
+    assert!(
+        steps_of(s, &key).await.is_empty(),
+        "a completed key keeps no steps"
+    );
+    assert_eq!(
+        expect_done(s, &key, "after the complete").await,
+        (fp, record("a")),
+        "its record answers"
+    );
+
+    let key = random_key();
+    let token = claim_free(s, &key, &fp, SHORT).await;
+    ok(
+        s.record_step(&key, &random_step(), Bytes::from_static(b"x"), LONG)
+            .await,
+        "record_step",
+    );
+    h.advance(PAST_SHORT).await;
+    assert!(
+        ok(
+            s.complete(&key, &token, &fp, record("a"), LONG).await,
+            "late complete"
+        ),
+        "a late complete on a free key is written"
+    );
+    assert!(
+        steps_of(s, &key).await.is_empty(),
+        "a late complete that is written frees the steps too"
+    );
+}
+
+#[doc(hidden)]
+/// A complete that is refused, because another claim took the key after the lease lapsed,
+/// leaves the steps: the new holder's run answers from them. Its own complete frees them.
+pub async fn a_refused_complete_keeps_the_steps<H: Harness>(h: H) {
+    if !keeps_steps(&h).await {
+        return;
+    }
+    let s = h.store();
+    let (fa, fb) = (fingerprint("a"), fingerprint("b"));
+    let key = random_key();
+    let stale = claim_free(s, &key, &fa, SHORT).await;
+    let step = random_step();
+    let value = Bytes::from_static(b"charged");
+    ok(
+        s.record_step(&key, &step, value.clone(), LONG).await,
+        "record_step",
+    );
+    h.advance(PAST_SHORT).await;
+    let holder = claim_free(s, &key, &fb, LONG).await;
+    assert!(
+        !ok(
+            s.complete(&key, &stale, &fa, record("a"), LONG).await,
+            "stale complete"
+        ),
+        "a stale token's complete is refused"
+    );
+    assert_eq!(
+        steps_of(s, &key).await,
+        vec![(step, value)],
+        "a refused complete leaves the steps"
+    );
+    assert!(ok(
+        s.complete(&key, &holder, &fb, record("b"), LONG).await,
+        "complete"
+    ));
+    assert!(
+        steps_of(s, &key).await.is_empty(),
+        "the holder's complete frees them"
+    );
+    assert!(
+        !ok(
+            s.complete(&key, &stale, &fa, record("a"), LONG).await,
+            "stale complete"
+        ),
+        "a stale token's complete on a done key is refused"
+    );
+}
+
+#[doc(hidden)]
+/// While a live claim holds the key, its steps do not expire, even with a retention shorter
+/// than the lease: a crash's retry, after the lease, still needs them.
+pub async fn steps_last_while_a_claim_holds_their_key<H: Harness>(h: H) {
+    if !keeps_steps(&h).await {
+        return;
+    }
+    let s = h.store();
+    let fp = fingerprint("a");
+    let key = random_key();
+    let _token = claim_free(s, &key, &fp, LONG).await;
+    let step = random_step();
+    let value = Bytes::from_static(b"charged");
+    ok(
+        s.record_step(&key, &step, value.clone(), SHORT).await,
+        "record_step",
+    );
+    h.advance(PAST_SHORT).await;
+    expect_pending(s, &key, "inside the lease").await;
+    assert_eq!(
+        steps_of(s, &key).await,
+        vec![(step, value)],
+        "steps past their retention are kept while the claim holds the key"
+    );
+}
+
+/// A lease long enough to outlast a few store calls on a loaded machine, and short enough to
+/// lapse in a test.
+const SECONDS_LEASE: Duration = Duration::from_secs(2);
+/// Past [`SECONDS_LEASE`], by a margin of seconds.
+const PAST_SECONDS_LEASE: Duration = Duration::from_secs(3);
+
+#[doc(hidden)]
+/// Renewing the claim, by `renew` or by `prepare_step` (the default of which is `renew`),
+/// keeps the key's steps at least their retention past the new lease: a run that keeps
+/// renewing may record its next step long after the last, and a crash's retry still needs
+/// every one.
+pub async fn renewing_a_claim_keeps_its_steps<H: Harness>(h: H) {
+    if !keeps_steps(&h).await {
+        return;
+    }
+    let s = h.store();
+    let fp = fingerprint("a");
+    let (renewed, prepared) = (random_key(), random_key());
+    let mut first = Vec::new();
+    for key in [&renewed, &prepared] {
+        let token = claim_free(s, key, &fp, SECONDS_LEASE).await;
+        let step = random_step();
+        ok(
+            s.record_step(key, &step, Bytes::from_static(b"reserved"), SHORT)
+                .await,
+            "record_step",
+        );
+        first.push((token, step));
+    }
+    assert!(ok(s.renew(&renewed, &first[0].0, LONG).await, "renew"));
+    assert!(ok(
+        s.prepare_step(&prepared, &first[1].0, LONG).await,
+        "prepare_step"
+    ));
+    h.advance(PAST_SECONDS_LEASE).await;
+    for (key, (_, step)) in [&renewed, &prepared].into_iter().zip(&first) {
+        expect_pending(s, key, "inside the renewed lease").await;
+        let next = random_step();
+        ok(
+            s.record_step(key, &next, Bytes::from_static(b"charged"), SHORT)
+                .await,
+            "record_step",
+        );
+        let mut want = vec![
+            (*step, Bytes::from_static(b"reserved")),
+            (next, Bytes::from_static(b"charged")),
+        ];
+        want.sort_by(|x, y| x.0.as_bytes().cmp(y.0.as_bytes()));
+        assert_eq!(
+            steps_of(s, key).await,
+            want,
+            "a renewed claim keeps its first step past the first lease and its retention"
+        );
+    }
+}
+
+#[doc(hidden)]
+/// A released key keeps its steps for at least their retention after the last record. A
+/// lapsed lease keeps them for at least their retention after the lease's end. The next
+/// claimant reads them.
+pub async fn steps_outlive_a_release_and_a_lapsed_lease<H: Harness>(h: H) {
+    if !keeps_steps(&h).await {
+        return;
+    }
+    let s = h.store();
+    let fp = fingerprint("a");
+    let (released, lapsed) = (random_key(), random_key());
+    let (a, b) = (random_step(), random_step());
+    let value = Bytes::from_static(b"charged");
+
+    let token = claim_free(s, &released, &fp, LONG).await;
+    ok(
+        s.record_step(&released, &a, value.clone(), Duration::from_secs(5))
+            .await,
+        "record_step",
+    );
+    assert!(ok(s.release(&released, &token).await, "release"));
+
+    let _lapsing = claim_free(s, &lapsed, &fp, SECONDS_LEASE).await;
+    ok(
+        s.record_step(&lapsed, &b, value.clone(), PAST_SECONDS_LEASE)
+            .await,
+        "record_step",
+    );
+    h.advance(PAST_SECONDS_LEASE).await;
+
+    let _retry = claim_free(s, &released, &fp, LONG).await;
+    assert_eq!(
+        steps_of(s, &released).await,
+        vec![(a, value.clone())],
+        "a released key keeps its steps for their retention"
+    );
+    let _retry = claim_free(s, &lapsed, &fp, LONG).await;
+    assert_eq!(
+        steps_of(s, &lapsed).await,
+        vec![(b, value)],
+        "a lapsed lease keeps its steps for their retention after the lease"
+    );
+}
+
+#[doc(hidden)]
 /// Through the engine: a retry after a release answers the steps that completed from their
 /// records and runs the first that did not.
 pub async fn engine_steps_resume_after_a_release<H: Harness>(h: H) {
@@ -1064,6 +1299,46 @@ pub async fn engine_steps_resume_after_a_release<H: Harness>(h: H) {
         1,
         "the charge ran once over both runs"
     );
+}
+
+#[doc(hidden)]
+/// Through the engine, with its default lease and retention: a completed request keeps its
+/// record and no steps.
+pub async fn engine_completion_frees_the_steps<H: Harness>(h: H) {
+    if !keeps_steps(&h).await {
+        return;
+    }
+    let h = Arc::new(h);
+    let engine = Engine::new(HarnessStore(Arc::clone(&h)));
+    let key = random_key();
+    let fp = fingerprint("order");
+    let Begin::Run(ticket) = ok(engine.begin(key, fp).await, "begin") else {
+        panic!("a free key must be run");
+    };
+    let steps = engine.steps(&ticket);
+    let charge: String = steps
+        .run(
+            "charge",
+            Raw,
+            |k| async move { Ok::<_, ()>(format!("ch-{k}")) },
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        ok(h.store().steps(&key).await, "steps").len(),
+        1,
+        "the step is recorded under the request's key"
+    );
+    let response = RecordedResponse::new(201, Vec::new(), Some(Bytes::from(charge)));
+    assert!(ok(engine.complete(ticket, &response).await, "complete"));
+    assert!(
+        ok(h.store().steps(&key).await, "steps").is_empty(),
+        "a completed request keeps no steps"
+    );
+    match ok(engine.begin(key, fp).await, "begin") {
+        Begin::Replayed(replayed) => assert_eq!(replayed, response),
+        other => panic!("a completed request is replayed, got {other:?}"),
+    }
 }
 
 /// A harness's store as an owned [`Store`], for the engine (which owns its store).

@@ -202,6 +202,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Stores `record` as the key's result for `ttl`, if `token` still holds the key or nothing
     /// does. Returns whether the record was written. `false` means another holder has the key.
+    ///
+    /// A written record answers every repeat, so a store that keeps steps deletes the key's
+    /// steps in the same atomic operation. A complete that is refused leaves them.
     fn complete(
         &self,
         key: &StoreKey,
@@ -220,6 +223,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Extends the pending lease of `key` to `lease` from now, if `token` holds it. Returns
     /// whether the lease was extended.
+    ///
+    /// A store that keeps steps also keeps the key's steps, in the same operation, until at
+    /// least their retention after the new lease's end: a crash's retry comes after it.
     fn renew(
         &self,
         key: &StoreKey,
@@ -239,7 +245,9 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Forgotten, StoreError>> + Send;
 
     /// Records one step of the work under `key`, unless a step is already recorded there
-    /// under `step`. The key's steps are then kept for `ttl` from now. It is not fenced by a
+    /// under `step`. The key's steps are then kept at least `ttl` from now, and at least `ttl`
+    /// past the lease of a pending claim on the key; renewing the claim keeps them so, and
+    /// completing the key deletes them. It is not fenced by a
     /// token: a step's side effect happened, so its record is worth keeping whoever holds the
     /// key. The first record of a step wins. A later one gets [`StepRecorded::Found`] with the
     /// first's bytes and changes nothing.
@@ -275,8 +283,8 @@ pub trait Store: Send + Sync + 'static {
         self.renew(key, token, lease)
     }
 
-    /// Every step recorded under `key` and not expired, in any order. The key's own record,
-    /// pending or completed, does not matter: steps outlive a released claim.
+    /// Every step recorded under `key` and not expired, in any order. Steps outlive a released
+    /// claim and a lapsed lease; a completed key has none.
     ///
     /// The default answers [`StoreErrorKind::Unsupported`].
     fn steps(

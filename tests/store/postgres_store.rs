@@ -267,6 +267,7 @@ async fn migrate_creates_the_steps_table_beside_an_existing_table() {
             ("key", "bytea", "NO"),
             ("step", "bytea", "NO"),
             ("value", "bytea", "NO"),
+            ("retention_ms", "bigint", "NO"),
         ],
         "the columns of the documented DDL"
     );
@@ -314,6 +315,96 @@ async fn migrate_creates_the_steps_table_beside_an_existing_table() {
             .unwrap(),
         StepRecorded::Recorded
     );
+}
+
+/// A steps' table of the previous layout, without `retention_ms`, gets the column from
+/// `migrate`, its rows kept and still renewed with their claim. A table that has it is not
+/// altered: `migrate` then waits for no transaction that reads it.
+#[tokio::test]
+async fn migrate_adds_the_steps_retention_to_a_steps_table_of_the_previous_layout() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let table = fresh_table("relayout");
+    let steps = format!("{table}_steps");
+    let store = store_on(server, &table, "relayout").await;
+    let pool = store.pool();
+    for ddl in [
+        format!("DROP TABLE {steps}"),
+        format!(
+            "CREATE TABLE {steps} (expires_at timestamptz NOT NULL, key bytea NOT NULL, \
+             step bytea NOT NULL, value bytea NOT NULL, PRIMARY KEY (key, step))"
+        ),
+        format!("CREATE INDEX ON {steps} (expires_at)"),
+    ] {
+        sqlx::query(&ddl).execute(pool).await.unwrap();
+    }
+    // A step an older version recorded, with a 300 ms retention, under a key a claim holds.
+    let key = random_key();
+    let fp = fingerprint("a");
+    let Claim::Claimed(token) = store.claim(&key, &fp, LONG).await.unwrap() else {
+        panic!("a free key is claimed");
+    };
+    let old = StepId::from_bytes([7; 32]);
+    sqlx::query(&format!(
+        "INSERT INTO {steps} (expires_at, key, step, value) \
+         VALUES (statement_timestamp() + interval '300 milliseconds', $1, $2, 'old')"
+    ))
+    .bind(&store.row_key(&key)[..])
+    .bind(&old.as_bytes()[..])
+    .execute(pool)
+    .await
+    .unwrap();
+
+    store.migrate().await.unwrap();
+    let column: (String, String, Option<String>) = sqlx::query_as(
+        "SELECT data_type::text, is_nullable::text, column_default::text \
+         FROM information_schema.columns WHERE table_name = $1 AND column_name = 'retention_ms'",
+    )
+    .bind(&steps)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        column,
+        ("bigint".into(), "NO".into(), Some("0".into())),
+        "the column of the documented DDL"
+    );
+    assert!(store.renew(&key, &token, LONG).await.unwrap());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        store.steps(&key).await.unwrap(),
+        vec![(old, Bytes::from_static(b"old"))],
+        "the older version's step is kept, and renewed with its claim past its own expiry"
+    );
+    let new = StepId::from_bytes([8; 32]);
+    assert_eq!(
+        store
+            .record_step(&key, &new, Bytes::from_static(b"new"), SHORT)
+            .await
+            .unwrap(),
+        StepRecorded::Recorded
+    );
+    assert_eq!(store.steps(&key).await.unwrap().len(), 2);
+    assert!(
+        store
+            .complete(&key, &token, &fp, record("a"), LONG)
+            .await
+            .unwrap()
+    );
+    assert!(store.steps(&key).await.unwrap().is_empty());
+
+    // Up to date: a second `migrate` does not wait for a reader of the steps' table.
+    let mut reader = pool.begin().await.unwrap();
+    sqlx::query(&format!("SELECT count(*) FROM {steps}"))
+        .execute(&mut *reader)
+        .await
+        .unwrap();
+    tokio::time::timeout(Duration::from_secs(10), store.migrate())
+        .await
+        .expect("migrate took a lock on an up-to-date steps' table")
+        .unwrap();
+    reader.rollback().await.unwrap();
 }
 
 #[tokio::test]

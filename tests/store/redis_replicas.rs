@@ -127,9 +127,10 @@ async fn a_recorded_step_waits_for_the_replica_and_fails_without_it() {
         StepRecorded::Recorded
     );
     let name = format!("{}:s", redis_key(store.key_prefix(), &key));
+    // The hash holds the steps and their retention.
     assert_eq!(
         replica.command(&["HLEN", &name]),
-        "1",
+        "2",
         "an acknowledged step is on the replica when record_step returns"
     );
 
@@ -141,7 +142,7 @@ async fn a_recorded_step_waits_for_the_replica_and_fails_without_it() {
     assert_eq!(err.kind(), StoreErrorKind::NotReplicated, "{err:?}");
     assert_eq!(
         primary.command(&["HLEN", &name]),
-        "2",
+        "3",
         "the step is on the primary all the same"
     );
     assert_eq!(

@@ -199,8 +199,9 @@ async fn each_answer_costs_one_command_and_a_first_run_two() {
     let [first, replay, in_flight, mismatch] = command_counts(true).await;
     assert_eq!(
         first,
-        counts(&[("evalsha", 1), ("get", 1), ("set", 2)]),
-        "a first execution is the native claim and one script call (complete)"
+        counts(&[("evalsha", 1), ("get", 1), ("set", 2), ("del", 1)]),
+        "a first execution is the native claim and one script call (complete, which frees \
+         the key's steps)"
     );
     for (answer, what) in [
         (replay, "replay"),
@@ -224,7 +225,7 @@ async fn script_claims_cost_one_script_call_per_step() {
     let [first, replay, in_flight, mismatch] = command_counts(false).await;
     assert_eq!(
         first,
-        counts(&[("evalsha", 2), ("get", 2), ("set", 2)]),
+        counts(&[("evalsha", 2), ("get", 2), ("set", 2), ("del", 1)]),
         "a first execution is two script calls (claim, complete) and nothing else"
     );
     for (answer, what) in [
@@ -940,7 +941,7 @@ async fn an_unexpected_script_answer_is_a_protocol_error() {
 // ---- steps ------------------------------------------------------------------------------
 
 /// A key's steps are one hash beside its record (`<record key>:s`), each call one script call,
-/// values kept byte for byte; each recorded step sets the hash's expiry.
+/// values kept byte for byte; each recorded step keeps the hash at least its retention.
 #[tokio::test]
 async fn steps_are_one_hash_beside_the_record_and_each_call_one_script() {
     if !redis_server::available() {
@@ -971,7 +972,15 @@ async fn steps_are_one_hash_beside_the_record_and_each_call_one_script() {
     );
     assert_eq!(
         delta(&before, &commandstats(&server)),
-        counts(&[("evalsha", 1), ("hsetnx", 1), ("pexpire", 1)]),
+        counts(&[
+            ("evalsha", 1),
+            ("hsetnx", 1),
+            ("hget", 1),
+            ("hset", 1),
+            ("get", 1),
+            ("pttl", 1),
+            ("pexpire", 1)
+        ]),
         "a step recorded: one script call"
     );
     let before = commandstats(&server);
@@ -1009,7 +1018,79 @@ async fn steps_are_one_hash_beside_the_record_and_each_call_one_script() {
     let left: u64 = server.command(&["PTTL", &name]).parse().unwrap();
     assert!(
         left > 60_000 && left <= 120_000,
-        "the last recorded step sets the expiry: {left} ms"
+        "a step with a longer retention extends the expiry: {left} ms"
+    );
+    store
+        .record_step(&key, &StepId::from_bytes([9; 32]), Bytes::new(), minute)
+        .await
+        .unwrap();
+    let left: u64 = server.command(&["PTTL", &name]).parse().unwrap();
+    assert!(
+        left > 60_000,
+        "a step with a shorter retention never shortens it: {left} ms"
+    );
+}
+
+/// Renew stays one script call, and keeps the key's steps at least their retention past the
+/// new lease end; complete deletes them in its one script call.
+#[tokio::test]
+async fn renew_keeps_the_steps_past_the_lease_and_complete_deletes_them() {
+    if !redis_server::available() {
+        return;
+    }
+    let server = RedisServer::start();
+    let store = RedisStore::connect(&server.url(), "steps-renew")
+        .await
+        .expect("connect");
+    let minute = Duration::from_secs(60);
+    let retention = Duration::from_secs(10);
+    let key = random_key();
+    let fp = fingerprint("a");
+    let Claim::Claimed(token) = store.claim(&key, &fp, minute).await.unwrap() else {
+        panic!("a fresh key is claimed")
+    };
+    store
+        .record_step(&key, &StepId::from_bytes([1; 32]), Bytes::new(), retention)
+        .await
+        .unwrap();
+    let name = format!("{}:s", redis_key(store.key_prefix(), &key));
+    let left: u64 = server.command(&["PTTL", &name]).parse().unwrap();
+    assert!(
+        left > 60_000 && left <= 70_000,
+        "recorded under a claim: the lease and the retention: {left} ms"
+    );
+
+    // Warm up renew's script, then count one renew.
+    assert!(store.renew(&key, &token, minute).await.unwrap());
+    let before = commandstats(&server);
+    assert!(store.renew(&key, &token, 2 * minute).await.unwrap());
+    assert_eq!(
+        delta(&before, &commandstats(&server)),
+        counts(&[
+            ("evalsha", 1),
+            ("get", 1),
+            ("pexpire", 2),
+            ("hget", 1),
+            ("pttl", 1)
+        ]),
+        "a renew is one script call"
+    );
+    let left: u64 = server.command(&["PTTL", &name]).parse().unwrap();
+    assert!(
+        left > 120_000 && left <= 130_000,
+        "renewed: the new lease and the retention: {left} ms"
+    );
+
+    assert!(
+        store
+            .complete(&key, &token, &fp, record("a"), minute)
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        server.command(&["EXISTS", &name]),
+        "0",
+        "a completed key's steps are deleted"
     );
 }
 

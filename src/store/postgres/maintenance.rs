@@ -3,6 +3,7 @@
 use super::error::OpError;
 use super::{PURGE_BATCH, PostgresStore, Repeat};
 use crate::store::StoreError;
+use sqlx::postgres::PgConnection;
 
 /// The advisory lock `migrate` takes, so that replicas starting together create the table
 /// once. It is an arbitrary constant: "tower-id" in ASCII.
@@ -13,12 +14,16 @@ impl PostgresStore {
     /// table of steps beside it. The DDL is in the
     /// [module docs](crate::store::postgres#the-table). An existing table is left as it is,
     /// whatever it holds. So a store whose table predates steps gets its steps' table on the
-    /// next `migrate`.
+    /// next `migrate`. One change is made to an existing steps' table: one made before the
+    /// steps' retention was kept gets its `retention_ms` column
+    /// (`ALTER TABLE … ADD COLUMN IF NOT EXISTS retention_ms int8 NOT NULL DEFAULT 0`), once.
     ///
     /// Safe to call from every replica at start-up. It runs in one transaction under an
-    /// advisory lock. When the table exists it takes no lock on it. So it never queues behind,
-    /// or in front of, the requests of running replicas. It is not bounded by the store's
-    /// operation timeout.
+    /// advisory lock. When the tables exist as they should it takes no lock on them. So it
+    /// never queues behind, or in front of, the requests of running replicas. Adding the
+    /// column is the exception: it changes no row, but it waits for the steps' table's
+    /// running statements and holds up the next ones until it commits. It is not bounded by
+    /// the store's operation timeout.
     ///
     /// # Errors
     /// The database's error. A missing privilege is `Unavailable`.
@@ -51,11 +56,28 @@ impl PostgresStore {
                     sqlx::query(statement).execute(&mut *tx).await?;
                 }
                 tracing::info!(table = %self.sql.table, "created the idempotency steps table");
+            } else if !self.steps_keep_retention(&mut tx).await? {
+                // Checked first: `ALTER TABLE` locks the table even when the column exists.
+                sqlx::query(&self.sql.steps_retention_column)
+                    .execute(&mut *tx)
+                    .await?;
+                tracing::info!(table = %self.sql.table, "added the steps' retention to the idempotency steps table");
             }
             tx.commit().await?;
             Ok::<_, OpError>(())
         };
         run.await.map_err(|e| e.into_store(op))
+    }
+
+    /// Whether the steps' table has the column of the steps' retention.
+    async fn steps_keep_retention(&self, conn: &mut PgConnection) -> Result<bool, OpError> {
+        Ok(sqlx::query_scalar(
+            "SELECT EXISTS (SELECT FROM pg_attribute WHERE attrelid = to_regclass($1) \
+             AND attname = 'retention_ms' AND NOT attisdropped)",
+        )
+        .bind(&self.sql.steps_quoted)
+        .fetch_one(conn)
+        .await?)
     }
 
     /// Deletes the rows whose lease or retention has ended, in statements of at most

@@ -58,7 +58,8 @@
 //! The [steps](crate::engine::Steps) of a request's work live in a second table. It is named
 //! after the first, with `_steps` at the end: `tower_idempotency_steps` by default,
 //! `app.idempotency_steps` for `app.idempotency`. `migrate` creates it too, also beside a
-//! table made before steps existed. Its DDL:
+//! table made before steps existed, and adds the `retention_ms` column to a steps' table made
+//! before it was kept. Its DDL:
 //!
 //! ```sql
 #![doc = include_str!("steps.sql")]
@@ -99,11 +100,11 @@
 //! | step | statement |
 //! | --- | --- |
 //! | claim | a live row is returned as it is (a replay or an in-flight answer reads and writes nothing); otherwise `INSERT … ON CONFLICT (key) DO UPDATE … WHERE` the row found has expired |
-//! | complete | `INSERT … ON CONFLICT (key) DO UPDATE` to done, only where the row has expired or is pending under the caller's token |
+//! | complete | `INSERT … ON CONFLICT (key) DO UPDATE` to done, only where the row has expired or is pending under the caller's token; when written, `DELETE` the key's steps |
 //! | release | `DELETE` where the row is pending under the caller's token and live |
-//! | renew | `UPDATE expires_at` where the row is pending under the caller's token and live |
+//! | renew | `UPDATE expires_at` where the row is pending under the caller's token and live; then the key's live steps keep their retention past the new lease |
 //! | forget | `DELETE` the live row, done or (when asked) pending, and the key's steps, unless a pending row is kept |
-//! | record a step | a live step is returned as it is; otherwise `INSERT … ON CONFLICT (key, step) DO UPDATE … WHERE` the step found has expired, and the key's other live steps move to the new expiry |
+//! | record a step | a live step is returned as it is; otherwise `INSERT … ON CONFLICT (key, step) DO UPDATE … WHERE` the step found has expired, expiring its retention after the lease of a pending claim, or after now; the key's other live steps are kept at least as long |
 //! | read the steps | `SELECT` the key's live steps |
 //!
 //! A claim may meet a row its snapshot could not see, when another claim of the same key
@@ -120,9 +121,24 @@
 //! rows, each batch one short statement. Run it now and then, every minute say, from one
 //! replica or all.
 //!
-//! A key's steps expire together: each step recorded moves the key's live steps to its own
-//! retention. A step that has expired stays expired, and a new record of it takes its place.
-//! The purge deletes expired steps the same way, after the expired rows.
+//! What is kept of a key's steps, and for how long:
+//!
+//! - **While a claim holds the key**, its steps expire no sooner than their retention after
+//!   the end of the lease. Recording a step sets it so, and keeps the key's other live steps
+//!   at least as long; each renewal (the engine's, every third of the lease, and the one
+//!   before each step) moves them on with the lease, never back. A retention shorter than the
+//!   lease, or a long gap between two steps, cannot lose a step that the retry after a crash
+//!   needs. The retention is kept in the row, `retention_ms`, for that.
+//! - **A released key, or a lapsed lease**, keeps its steps as they were: at least their
+//!   retention after the last step recorded and after the lease's end. The next claimant
+//!   reads them.
+//! - **A completed key** keeps no steps: the complete that writes the record deletes them in
+//!   the same statement, and a transactional complete in the same transaction, since the
+//!   record answers every repeat. A complete that is refused (another claim holds the key)
+//!   leaves them to that claim.
+//!
+//! A step that has expired stays expired, and a new record of it takes its place. The purge
+//! deletes expired steps the same way, after the expired rows.
 //!
 //! The purge is safe against a concurrent re-claim. It locks the rows it is about to delete
 //! with `FOR UPDATE SKIP LOCKED`. So it leaves alone a row that a transaction holds, such as a
@@ -614,13 +630,13 @@ impl Store for PostgresStore {
                     .bind(&fingerprint.as_bytes()[..])
                     .bind(&record[..])
                     .bind(sql::millis(ttl))
-                    .execute(conn.conn())
+                    .fetch_optional(conn.conn())
                     .await;
                 conn.give_back_sql(done.as_ref().err());
                 Ok(done?)
             })
             .await?;
-        Ok(done.rows_affected() == 1)
+        Ok(done.is_some())
     }
 
     async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
@@ -680,13 +696,13 @@ impl Store for PostgresStore {
                     .bind(&key[..])
                     .bind(&token.as_bytes()[..])
                     .bind(sql::millis(lease))
-                    .execute(conn.conn())
+                    .fetch_optional(conn.conn())
                     .await;
                 conn.give_back_sql(renewed.as_ref().err());
                 Ok(renewed?)
             })
             .await?;
-        Ok(renewed.rows_affected() == 1)
+        Ok(renewed.is_some())
     }
 
     async fn record_step(

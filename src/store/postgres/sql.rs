@@ -109,15 +109,16 @@ pub(super) struct Statements {
     /// `$1` key, `$2` fingerprint, `$3` token, `$4` lease (ms) → no row (raced a concurrent
     /// claim: ask again), or one row `(state, fingerprint, record)`, state `C` when claimed.
     pub(super) claim: String,
-    /// `$1` key, `$2` token, `$3` fingerprint, `$4` record, `$5` ttl (ms) → one row written, or
-    /// none.
+    /// `$1` key, `$2` token, `$3` fingerprint, `$4` record, `$5` ttl (ms) → one row when written
+    /// (the key's steps then deleted), or none.
     pub(super) complete: String,
     /// `$1` key, `$2` token → one row deleted, or none.
     pub(super) release: String,
-    /// `$1` key, `$2` token, `$3` lease (ms) → one row extended, or none.
+    /// `$1` key, `$2` token, `$3` lease (ms) → one row when extended (the key's steps then kept
+    /// their retention past the new lease), or none.
     pub(super) renew: String,
     /// Inside the claimant's transaction, which holds the row: `$1` key, `$2` token,
-    /// `$3` fingerprint, `$4` record, `$5` ttl (ms) → one row.
+    /// `$3` fingerprint, `$4` record, `$5` ttl (ms) → one row, the key's steps deleted.
     pub(super) complete_held: String,
     /// `$1` key, `$2` whether a pending claim goes too → one row `(state, deleted)` for a live
     /// row, none when nothing live holds the key.
@@ -135,6 +136,8 @@ pub(super) struct Statements {
     pub(super) schema: String,
     /// The DDL of [`STEPS_SCHEMA`] for this table's steps.
     pub(super) steps_schema: String,
+    /// Adds the steps' retention to a steps' table made before it was kept.
+    pub(super) steps_retention_column: String,
     /// The table as the statements name it: each part quoted.
     pub(super) quoted: String,
     /// The steps' table as the statements name it.
@@ -164,25 +167,56 @@ impl Statements {
             SELECT state, NULL::bytea AS fingerprint, NULL::bytea AS record FROM claimed \
             UNION ALL SELECT state, fingerprint, record FROM live"
         );
+        // A written record answers every repeat: the key's steps go with the same statement.
+        // The record's row is locked before the steps', as renew and a claim lock them, so
+        // waiting for a step row another transaction holds cannot deadlock.
         let complete = format!(
-            "INSERT INTO {t} AS r (expires_at, key, state, fingerprint, record) \
-            VALUES (statement_timestamp() + $5::int8 * interval '1 millisecond', $1, 'D', $3, $4) \
-            ON CONFLICT (key) DO UPDATE SET expires_at = excluded.expires_at, state = 'D', \
-                fingerprint = excluded.fingerprint, token = NULL, record = excluded.record \
-            WHERE r.expires_at <= statement_timestamp() OR (r.state = 'P' AND r.token = $2)"
+            "WITH done AS (\
+                INSERT INTO {t} AS r (expires_at, key, state, fingerprint, record) \
+                VALUES (statement_timestamp() + $5::int8 * interval '1 millisecond', $1, 'D', $3, $4) \
+                ON CONFLICT (key) DO UPDATE SET expires_at = excluded.expires_at, state = 'D', \
+                    fingerprint = excluded.fingerprint, token = NULL, record = excluded.record \
+                WHERE r.expires_at <= statement_timestamp() OR (r.state = 'P' AND r.token = $2) \
+                RETURNING 1\
+            ), freed AS (\
+                DELETE FROM {st} WHERE key = $1 AND EXISTS (SELECT FROM done)\
+            ) \
+            SELECT 1 FROM done"
         );
         let release = format!(
             "DELETE FROM {t} WHERE key = $1 AND state = 'P' AND token = $2 \
             AND expires_at > statement_timestamp()"
         );
+        // The key's live steps are kept at least their retention past the new lease end: a
+        // crash's retry comes after it. Steps another transaction holds are skipped, not waited
+        // for: that transaction is recording a step of the key, which sets the expiry from the
+        // lease, and the next renew reaches them.
         let renew = format!(
-            "UPDATE {t} SET expires_at = statement_timestamp() + $3::int8 * interval '1 millisecond' \
-            WHERE key = $1 AND state = 'P' AND token = $2 AND expires_at > statement_timestamp()"
+            "WITH renewed AS (\
+                UPDATE {t} SET expires_at = statement_timestamp() + $3::int8 * interval '1 millisecond' \
+                WHERE key = $1 AND state = 'P' AND token = $2 AND expires_at > statement_timestamp() \
+                RETURNING expires_at\
+            ), kept AS (\
+                UPDATE {st} AS s SET expires_at = greatest(s.expires_at, \
+                    renewed.expires_at + s.retention_ms * interval '1 millisecond') \
+                FROM renewed WHERE (s.key, s.step) IN (\
+                    SELECT key, step FROM {st} WHERE key = $1 \
+                    AND expires_at > statement_timestamp() AND EXISTS (SELECT FROM renewed) \
+                    FOR UPDATE SKIP LOCKED\
+                )\
+            ) \
+            SELECT 1 FROM renewed"
         );
         let complete_held = format!(
-            "UPDATE {t} SET expires_at = statement_timestamp() + $5::int8 * interval '1 millisecond', \
-                state = 'D', fingerprint = $3, token = NULL, record = $4 \
-            WHERE key = $1 AND state = 'P' AND token = $2"
+            "WITH done AS (\
+                UPDATE {t} SET expires_at = statement_timestamp() + $5::int8 * interval '1 millisecond', \
+                    state = 'D', fingerprint = $3, token = NULL, record = $4 \
+                WHERE key = $1 AND state = 'P' AND token = $2 \
+                RETURNING 1\
+            ), freed AS (\
+                DELETE FROM {st} WHERE key = $1 AND EXISTS (SELECT FROM done)\
+            ) \
+            SELECT 1 FROM done"
         );
         // The main query sees the table before the delete: a deleted row is answered by
         // `del`, a kept one (pending, not asked for) by the second branch. The steps go unless
@@ -201,9 +235,11 @@ impl Statements {
             WHERE key = $1 AND expires_at > statement_timestamp() AND NOT EXISTS (SELECT FROM del)"
         );
         // A live step is answered as it is. Otherwise the step is inserted, or an expired one
-        // taken over, and the key's other live steps move to the new expiry. A step another
-        // statement recorded after this one's snapshot makes the insert do nothing: no row,
-        // and the caller asks again. The move skips steps another transaction holds, which is
+        // taken over, with its retention. It expires its retention after the end of the lease
+        // of a pending claim on the key, else after now: a crash's retry comes after the lease.
+        // The key's other live steps are kept at least as long. A step another statement
+        // recorded after this one's snapshot makes the insert do nothing: no row, and the
+        // caller asks again. The move skips steps another transaction holds, which is
         // recording a step of the key and sets its own expiry: waiting for it could wait on the
         // caller's own open transaction.
         let record_step = format!(
@@ -211,15 +247,18 @@ impl Statements {
                 SELECT value FROM {st} \
                 WHERE key = $1 AND step = $2 AND expires_at > statement_timestamp()\
             ), recorded AS (\
-                INSERT INTO {st} AS s (expires_at, key, step, value) \
-                SELECT statement_timestamp() + $4::int8 * interval '1 millisecond', $1, $2, $3 \
+                INSERT INTO {st} AS s (expires_at, key, step, value, retention_ms) \
+                SELECT greatest(statement_timestamp(), (\
+                    SELECT expires_at FROM {t} WHERE key = $1 AND state = 'P' \
+                    AND expires_at > statement_timestamp()\
+                )) + $4::int8 * interval '1 millisecond', $1, $2, $3, $4 \
                 WHERE NOT EXISTS (SELECT FROM live) \
                 ON CONFLICT (key, step) DO UPDATE SET expires_at = excluded.expires_at, \
-                    value = excluded.value \
+                    value = excluded.value, retention_ms = excluded.retention_ms \
                 WHERE s.expires_at <= statement_timestamp() \
                 RETURNING s.expires_at\
             ), refreshed AS (\
-                UPDATE {st} SET expires_at = (SELECT expires_at FROM recorded) \
+                UPDATE {st} SET expires_at = greatest(expires_at, (SELECT expires_at FROM recorded)) \
                 WHERE (key, step) IN (\
                     SELECT key, step FROM {st} WHERE key = $1 AND step <> $2 \
                     AND expires_at > statement_timestamp() AND EXISTS (SELECT FROM recorded) \
@@ -259,6 +298,9 @@ impl Statements {
             purge_steps,
             schema: SCHEMA.replace(DEFAULT_TABLE_NAME, t),
             steps_schema: STEPS_SCHEMA.replace(DEFAULT_STEPS_NAME, st),
+            steps_retention_column: format!(
+                "ALTER TABLE {st} ADD COLUMN IF NOT EXISTS retention_ms int8 NOT NULL DEFAULT 0"
+            ),
             quoted,
             steps_quoted,
         }

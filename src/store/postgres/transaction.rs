@@ -139,8 +139,9 @@ impl PostgresStore {
         Ok(())
     }
 
-    /// Writes the record over the row this transaction's claim holds. Returns `false` when the row
-    /// was not found, which cannot be, under the transaction's own lock.
+    /// Writes the record over the row this transaction's claim holds, and deletes the key's
+    /// steps. Returns `false` when the row was not found, which cannot be, under the
+    /// transaction's own lock.
     pub(crate) async fn complete_held(
         &self,
         conn: &mut PgConnection,
@@ -158,8 +159,8 @@ impl PostgresStore {
             .bind(&fingerprint.as_bytes()[..])
             .bind(&record[..])
             .bind(sql::millis(ttl))
-            .execute(&mut *conn)
+            .fetch_optional(&mut *conn)
             .await?;
-        Ok(written.rows_affected() == 1)
+        Ok(written.is_some())
     }
 }

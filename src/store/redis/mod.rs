@@ -42,9 +42,9 @@
 //! | step | command |
 //! | --- | --- |
 //! | claim | `SET key pending NX PX lease GET`: nil → claimed; a value → that record, unchanged |
-//! | complete | script: write the done value with `PX ttl` only if the key is absent or pending under the caller's token |
+//! | complete | script: write the done value with `PX ttl` only if the key is absent or pending under the caller's token, and then `DEL` the key's [steps](#steps) |
 //! | release | script: `DEL` only if the key is pending under the caller's token |
-//! | renew | script: `PEXPIRE lease` only if the key is pending under the caller's token |
+//! | renew | script: `PEXPIRE lease` only if the key is pending under the caller's token, and keep the key's [steps](#steps) their retention past it |
 //!
 //! A first execution therefore costs two commands (claim, complete); a replay, an in-flight
 //! answer and a key-reuse answer cost one, a single native command. A native command costs the
@@ -102,18 +102,33 @@
 //!
 //! The steps of a request's work ([`Steps`](crate::engine::Steps)) live beside its record,
 //! in one Redis hash keyed `ti:<ns>:{<id>}:s`: the record's key and `:s`. The hash tag is the
-//! record's, so both keys share a cluster slot and forget's script deletes both. A field is a
-//! step's 32-byte [`StepId`], its value the engine's bytes for the step. Each call is one
-//! script:
+//! record's, so the scripts of complete, renew and forget reach both in one call. A field is
+//! a step's 32-byte [`StepId`], its value the engine's bytes for the step. One more field,
+//! `r`, holds the longest retention (`ttl`) the key's steps were recorded with. Each call is
+//! one script:
 //!
 //! | call | commands |
 //! | --- | --- |
-//! | record_step | `HSETNX`; then `PEXPIRE ttl` when recorded, `HGET` when found (the first record wins) |
-//! | steps | `HGETALL` |
+//! | record_step | `HSETNX`; when found, `HGET` (the first record wins); when recorded, `HGET` and `HSET` of `r`, `GET` and `PTTL` of the record, `PTTL` and `PEXPIRE` of the hash |
+//! | steps | `HGETALL`, without `r` |
+//! | complete | `DEL` of the hash, in the record's script, when the record is written |
+//! | renew | `HGET` of `r`, `PTTL` and `PEXPIRE` of the hash, in the record's script, when the lease is extended |
 //! | forget | `DEL` of the hash with the record, unless a pending claim is kept |
 //!
-//! The hash expires `ttl` after the last step recorded, whatever becomes of the claim, so a
-//! released key's next claimant reads them. `steps` is a script, not the bare `HGETALL`, so
+//! What is kept, and for how long:
+//!
+//! - **While a claim holds the key**, the hash expires no sooner than its retention after
+//!   the end of the lease: each step recorded, and each renewal (the engine's, every third of
+//!   the lease, and the one before each step), moves its expiry on, never back. A retention
+//!   shorter than the lease, or a long gap between two steps, cannot lose a step that the
+//!   retry after a crash needs.
+//! - **A released key, or a lapsed lease**, keeps the hash as it was: at least the retention
+//!   after the last step recorded and after the lease's end. The next claimant reads it.
+//! - **A completed key** keeps no steps: the complete that writes the record deletes the
+//!   hash in the same script, since the record answers every repeat. A complete that is
+//!   refused (another claim holds the key) leaves the hash to that claim.
+//!
+//! `steps` is a script, not the bare `HGETALL`, so
 //! that it runs on the primary: a connection set to read from replicas, or with a client-side
 //! cache, may answer a read-only command from there, and a step missed that way would run its
 //! side effect again. A request that uses steps reads them once, when its first step runs, and
@@ -121,7 +136,7 @@
 //! [`RedisStoreBuilder::wait_for_replicas`], each recorded step waits for the replicas as a
 //! complete does.
 //!
-//! Measured on Redis 7.0, key and expiry included: a key's steps cost about 200 bytes, and
+//! Measured on Redis 7.0, key, expiry and `r` included: a key's steps cost about 200 bytes, and
 //! each step its value and about 45 bytes, while every value is at most 64 bytes (a
 //! listpack). Once one is longer the hash becomes a hash table: about 300 bytes, and about 90
 //! a step. An engine with a [`Secret`](crate::Secret) adds a 32-byte tag to each value.
@@ -130,7 +145,7 @@
 //!
 //! Redis **5.0** or newer; [`RedisStore::verify`] checks it, and 7.0 or newer for the native
 //! claim (older servers get the claim script, above). The scripts use only `GET`,
-//! `SET … NX PX`, `DEL`, `PEXPIRE`, `PTTL`, `HSETNX`, `HGET` and `HGETALL` (all older than
+//! `SET … NX PX`, `DEL`, `PEXPIRE`, `PTTL`, `HSETNX`, `HSET`, `HGET` and `HGETALL` (all older than
 //! 3.0), but 5.0 is the first version that replicates a script by its effects by default:
 //! replicas and the AOF receive the writes the script made, rather than re-running the script
 //! against their own copy of the data and clock. Redis Cluster (hash tags) and Valkey work alike.
@@ -662,7 +677,8 @@ where
             Arg::Bytes(ttl.as_bytes()),
         ];
         let key = self.key_bytes(key);
-        let keys = [key.as_bytes()];
+        let steps = StepsKeyBytes::new(&key);
+        let keys = [key.as_bytes(), steps.as_bytes()];
         let Some(replicas) = self.replicas else {
             let reply = self
                 .eval(&scripts::COMPLETE, &keys, &args, deadline)
@@ -710,10 +726,12 @@ where
         let deadline = self.deadline();
         let lease = Digits::new(codec::millis(lease));
         let args = [Arg::Bytes(token.as_bytes()), Arg::Bytes(lease.as_bytes())];
+        let key = self.key_bytes(key);
+        let steps = StepsKeyBytes::new(&key);
         let reply = self
             .eval(
                 &scripts::RENEW,
-                &[self.key_bytes(key).as_bytes()],
+                &[key.as_bytes(), steps.as_bytes()],
                 &args,
                 deadline,
             )
@@ -775,8 +793,9 @@ where
         }
     }
 
-    /// One script on the key's steps hash: `HSETNX`, then `PEXPIRE` when recorded or `HGET`
-    /// when found. With [`RedisStoreBuilder::wait_for_replicas`], followed by `WAIT` in the same
+    /// One script on the key's steps hash and its record: `HSETNX`, then `HGET` when found, or
+    /// when recorded the hash's expiry set no sooner than the retention after now and after
+    /// the lease of a pending claim. With [`RedisStoreBuilder::wait_for_replicas`], followed by `WAIT` in the same
     /// round trip, as a complete is: a recorded step lost in a failover runs again.
     async fn record_step(
         &self,
@@ -792,8 +811,9 @@ where
             Arg::Bytes(&value),
             Arg::Bytes(ttl.as_bytes()),
         ];
-        let steps = StepsKeyBytes::new(&self.key_bytes(key));
-        let keys = [steps.as_bytes()];
+        let key = self.key_bytes(key);
+        let steps = StepsKeyBytes::new(&key);
+        let keys = [steps.as_bytes(), key.as_bytes()];
         let Some(replicas) = self.replicas else {
             let reply = self
                 .eval(&scripts::RECORD_STEP, &keys, &args, deadline)
