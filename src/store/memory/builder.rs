@@ -160,13 +160,11 @@ impl MemoryStoreBuilder {
             self.max_bytes.max(ENTRY_OVERHEAD),
             self.max_entries_per_scope,
         );
-        let limits_steps = (self.max_entries.max(1), self.max_bytes.max(ENTRY_OVERHEAD));
         let budget = Arc::new(Budget::new(limits, shards));
         MemoryStore {
             shards: (0..shards)
                 .map(|i| ShardCell(Mutex::new(Shard::new(Arc::clone(&budget), i))))
                 .collect(),
-            steps: super::steps::StepTable::new(limits_steps.0, limits_steps.1),
             budget,
             clock: self.clock.unwrap_or_else(|| Arc::new(TokioClock::new())),
             waiters: super::waiters::Waiters::default(),

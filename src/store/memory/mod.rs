@@ -155,7 +155,7 @@ use crate::store::clock::TokioClock;
 use budget::{Budget, Usage, Visited};
 use bytes::Bytes;
 use shard::Short;
-use shard::{Shard, Step};
+use shard::{Op, Shard};
 use std::fmt;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -176,12 +176,14 @@ pub(crate) const MAX_SHARDS: usize = 1024;
 /// The bytes each record is counted for on top of its encoded length. They cover the entry,
 /// its index slot and allocator overhead. A pending claim is counted this much alone.
 pub(crate) const ENTRY_OVERHEAD: usize = 160;
+/// The bytes each step is counted for on top of its value: its id, its value's handle and its
+/// place in the key's list, with allocator overhead.
+pub(crate) const STEP_OVERHEAD: usize = 96;
 
 /// The in-process store. It is cheap to share behind an `Arc`, as the engine does. See the
 /// [module docs](self) for its bounds and eviction order.
 pub struct MemoryStore {
     shards: Box<[ShardCell]>,
-    steps: steps::StepTable,
     budget: Arc<Budget>,
     clock: Arc<dyn Clock>,
     waiters: waiters::Waiters,
@@ -230,7 +232,6 @@ impl MemoryStore {
         }
         stats.scope_full_refusals = self.budget.scope_full.load(Relaxed);
         stats.store_full_refusals = self.budget.store_full.load(Relaxed);
-        (stats.steps, stats.step_bytes) = self.steps.usage();
         stats
     }
 
@@ -277,10 +278,10 @@ impl MemoryStore {
     fn with_room<T>(
         &self,
         key: &StoreKey,
-        mut f: impl FnMut(&mut Shard, &Step) -> Result<T, Short>,
+        mut f: impl FnMut(&mut Shard, &Op) -> Result<T, Short>,
     ) -> Result<T, StoreError> {
         let home = self.home(key);
-        let mut step = Step {
+        let mut op = Op {
             now: self.now(),
             visited: Visited::default(),
         };
@@ -288,26 +289,26 @@ impl MemoryStore {
         let out = loop {
             let mut shard = lock(&self.shards[home]);
             shard.credit = credit;
-            let out = f(&mut shard, &step);
+            let out = f(&mut shard, &op);
             credit = shard.finish();
             drop(shard);
             match out {
                 Ok(v) => break Ok(v),
                 Err(Short::Refused(e)) => break Err(e),
-                Err(Short::Elsewhere(_)) if step.visited.is_full() => {
+                Err(Short::Elsewhere(_)) if op.visited.is_full() => {
                     self.budget.store_full.fetch_add(1, Relaxed);
                     break Err(StoreError::new(
                         StoreErrorKind::StoreFull,
-                        "the store is full and no shard could make room for this step",
+                        "the store is full and no shard could make room for this operation",
                     ));
                 }
                 Err(Short::Elsewhere(visit)) => {
                     let mut other = lock(&self.shards[visit.shard]);
                     other.credit = credit;
-                    other.give_room(&visit, step.now);
+                    other.give_room(&visit, op.now);
                     credit = other.finish();
                     drop(other);
-                    step.visited.add(visit.shard);
+                    op.visited.add(visit.shard);
                 }
             }
         };
@@ -401,9 +402,9 @@ impl Store for MemoryStore {
         // Drawn before the lock: the OS call must not lengthen the critical section.
         let token = Token::generate()?;
         let lease = nanos(lease);
-        let claim = self.with_room(key, |shard, step| {
-            let deadline = step.now.saturating_add(lease);
-            shard.claim(key, fingerprint, &token, deadline, step)
+        let claim = self.with_room(key, |shard, op| {
+            let deadline = op.now.saturating_add(lease);
+            shard.claim(key, fingerprint, &token, deadline, op)
         });
         #[cfg(feature = "metrics")]
         self.report_now_and_then();
@@ -420,9 +421,9 @@ impl Store for MemoryStore {
     ) -> Result<bool, StoreError> {
         let ttl = nanos(ttl);
         let mut record = Some(record);
-        let written = self.with_room(key, |shard, step| {
-            let deadline = step.now.saturating_add(ttl);
-            shard.complete(key, token, fingerprint, &mut record, deadline, step)
+        let written = self.with_room(key, |shard, op| {
+            let deadline = op.now.saturating_add(ttl);
+            shard.complete(key, token, fingerprint, &mut record, deadline, op)
         })?;
         if written {
             self.waiters.wake(key.id());
@@ -443,11 +444,8 @@ impl Store for MemoryStore {
 
     async fn forget(&self, key: &StoreKey, pending: bool) -> Result<Forgotten, StoreError> {
         let now = self.now();
+        // The key is used anew, so its steps go with it; a kept claim's work may still need them.
         let found = self.at_home(key, |shard| shard.forget(key, pending, now));
-        // The key is used anew, so its steps go too; a kept claim's work may still need them.
-        if found != Forgotten::KeptPending {
-            self.steps.forget(key);
-        }
         if found == Forgotten::Pending {
             // A duplicate waiting on the forgotten claim may now run.
             self.waiters.wake(key.id());
@@ -492,6 +490,8 @@ impl Store for MemoryStore {
         Ok(self.at_home(key, |shard| shard.renew(key, token, deadline, now)))
     }
 
+    /// A completed key keeps no steps: its record answers every repeat, so a step recorded
+    /// after it is not kept.
     async fn record_step(
         &self,
         key: &StoreKey,
@@ -499,13 +499,31 @@ impl Store for MemoryStore {
         value: Bytes,
         ttl: Duration,
     ) -> Result<StepRecorded, StoreError> {
-        let now = self.now();
-        let until = now.saturating_add(nanos(ttl));
-        self.steps.record(key, step, value, until, now)
+        let ttl = nanos(ttl);
+        self.with_room(key, |shard, op| {
+            shard.record_step(key, step, &value, ttl, op)
+        })
+    }
+
+    /// Renews the claim, then makes sure a step's record of its fixed overhead has room by the
+    /// store's rule, dropping what the rule allows. Refuses with `StoreFull` or `ScopeFull`, as a
+    /// claim would be, before the step acts.
+    async fn prepare_step(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let lease = nanos(lease);
+        self.with_room(key, |shard, op| {
+            let deadline = op.now.saturating_add(lease);
+            shard.prepare_step(key, token, deadline, op)
+        })
     }
 
     async fn steps(&self, key: &StoreKey) -> Result<Vec<(StepId, Bytes)>, StoreError> {
-        Ok(self.steps.read(key, self.now()))
+        let now = self.now();
+        Ok(self.at_home(key, |shard| shard.read_steps(key, now)))
     }
 
     fn name(&self) -> &'static str {

@@ -52,7 +52,9 @@ impl Shard {
     pub(super) fn add_to(&self, stats: &mut MemoryStats) {
         stats.entries += self.len;
         stats.pending += self.pending;
-        stats.bytes += self.bytes;
+        stats.bytes += self.bytes - self.step_bytes;
+        stats.steps += self.steps;
+        stats.step_bytes += self.step_bytes;
         stats.scopes += self.scope_index.len();
         stats.early_drops += self.early_drops;
         stats.expired_drops += self.expired_drops;
