@@ -176,7 +176,7 @@ async fn a_day_of_traffic_with_the_defaults_records_every_step_and_frees_them() 
                 let got: String = steps
                     .run(&format!("step-{s}"), Raw, |derived| async move {
                         ran.fetch_add(1, SeqCst);
-                        Ok::<_, ()>(format!("{derived}:{s}:{:0>160}", n))
+                        Ok::<_, ()>(format!("{derived}:{s}:{n:0>160}"))
                     })
                     .await
                     .unwrap();
@@ -248,16 +248,19 @@ async fn a_day_of_traffic_with_the_defaults_records_every_step_and_frees_them() 
         steps_total,
         "each step ran once over the day"
     );
-    assert!(
-        steps_total > 125_000,
+    assert_eq!(
+        steps_total, 129_600,
         "more steps than max_entries within one retention"
     );
-    assert!(retried > 5_000 && retried_late > 200);
+    assert_eq!((retried, retried_late), (5_184, 216));
     assert_eq!(
         stats.early_drops, 0,
         "no record was dropped early at this rate"
     );
-    assert!(stats.entries <= usize::try_from(minutes * PER_MINUTE).unwrap());
+    assert_eq!(
+        stats.entries, 51_840,
+        "one completed record per request, nothing else"
+    );
 }
 
 /// A completed key's steps are freed when its record is written: the record answers every

@@ -44,9 +44,9 @@
 //!
 //! | bound | default | counts |
 //! | --- | --- | --- |
-//! | [`max_entries`](MemoryStoreBuilder::max_entries) | 100 000 | records, pending and completed, in the whole store |
-//! | [`max_bytes`](MemoryStoreBuilder::max_bytes) | 64 MiB | counted bytes in the whole store |
-//! | [`max_entries_per_scope`](MemoryStoreBuilder::max_entries_per_scope) | none | an optional fixed cap on one scope's records |
+//! | [`max_entries`](MemoryStoreBuilder::max_entries) | 100 000 | records, pending and completed, and steps, in the whole store |
+//! | [`max_bytes`](MemoryStoreBuilder::max_bytes) | 64 MiB | counted bytes of records and steps in the whole store |
+//! | [`max_entries_per_scope`](MemoryStoreBuilder::max_entries_per_scope) | none | an optional fixed cap on one scope's records and steps |
 //!
 //! The bounds are store-wide and hold at every instant. While there is room, any scope may use
 //! it. So a single caller can fill the whole store before anything is dropped. One record may be
@@ -55,26 +55,29 @@
 //!
 //! A record is counted as its encoded bytes plus 160 bytes. The 160 bytes cover the entry
 //! itself, its index slot and allocator overhead. A pending claim counts the 160 bytes alone.
-//! The per-scope bookkeeping is not counted: about 80 bytes per scope that has records. It is
-//! bounded by the number of records and removed when a scope has none left.
+//! A [step](#steps) counts as one entry more, of its value plus 96 bytes. The per-scope
+//! bookkeeping is not counted: about 80 bytes per scope that has records. It is bounded by the
+//! number of records and removed when a scope has none left.
 //!
-//! A scope's *weight* is how much of the store it holds. It is the larger of its two shares:
-//! `max(bytes, records × max_bytes / max_entries)`. That is its counted bytes, or its records
-//! priced at the average room a record has. Under pressure, room comes from the heaviest scope.
+//! A scope's *weight* is how much of the store it holds, its steps included. It is the larger
+//! of its two shares: `max(bytes, entries × max_bytes / max_entries)`. That is its counted
+//! bytes, or its records and steps priced at the average room an entry has. Under pressure,
+//! room comes from the heaviest scope.
 //!
 //! # Making room
 //!
 //! An operation needs room when it adds to the store. A claim needs one record of 160 bytes. A
-//! `complete` needs the record's bytes, and a record when nothing holds the key any more. When
-//! the store does not have that room free:
+//! `complete` needs the record's bytes, less the steps it frees, and a record when nothing
+//! holds the key any more. A step needs one entry of its bytes, and the key's record when no
+//! claim holds the key. When the store does not have that room free:
 //!
-//! 1. expired records go first. These are completed records past their retention and pending
-//!    claims past their lease. The requester's shard goes first, oldest completed first. Then
+//! 1. expired records go first. These are completed records past their retention, pending
+//!    claims past their lease, and released keys' steps past their retention. The requester's shard goes first, oldest completed first. Then
 //!    that shard is swept if anything in it may have expired. Then another shard's expired
 //!    records go. A shard keeps and publishes its earliest deadline. It only sweeps when
 //!    something can have expired;
-//! 2. then completed records inside their retention go, one at a time. Each is the oldest of
-//!    its scope. `R` is the requesting scope and `w(R)` its weight when the operation began. The
+//! 2. then *droppable* records inside their retention go, one at a time: completed records,
+//!    and released keys with their steps. Each is the oldest of its scope. `R` is the requesting scope and `w(R)` its weight when the operation began. The
 //!    rule picks:
 //!    - `R`'s own, when `R` weighs at least as much as every scope that has a completed
 //!      record;
@@ -85,9 +88,9 @@
 //!    So a scope never loses a record to make room for a scope that holds more than it.
 //!    Between scopes of equal weight, the requester gives. Each of these *early drops* is
 //!    logged with `tracing::warn!` and counted in [`MemoryStats::early_drops`]. A retry of
-//!    that request would run its work again;
-//! 3. a pending claim inside its lease is never dropped. When the rule allows nothing more, the
-//!    operation is refused. It gets [`StoreErrorKind::ScopeFull`] when `R` holds records: all
+//!    that request would run its work again, or those steps;
+//! 3. a pending claim inside its lease is never dropped, nor are its steps. When the rule
+//!    allows nothing more, the operation is refused. It gets [`StoreErrorKind::ScopeFull`] when `R` holds records: all
 //!    pending, or too few for a large record. The HTTP layer answers that with 429. Else it
 //!    gets [`StoreErrorKind::StoreFull`], answered with 503: a newcomer to a store full of
 //!    pending claims.
@@ -100,11 +103,11 @@
 //! dropped for an operation that is refused anyway. Expired records may still go, as they are absent
 //! already.
 //!
-//! With a fixed cap, [`max_entries_per_scope`](MemoryStoreBuilder::max_entries_per_scope), a
-//! operation may add a record to a scope at its cap. It first drops the scope's own expired records,
-//! then its own oldest completed record. It is refused with `ScopeFull` when all its records
-//! are pending, while other scopes still claim. The record goes only if the operation then gets all
-//! the room it needs.
+//! With a fixed cap, [`max_entries_per_scope`](MemoryStoreBuilder::max_entries_per_scope), an
+//! operation may add a record or a step to a scope at its cap. It first drops the scope's own
+//! expired records, then its own oldest droppable records. It is refused with `ScopeFull` when
+//! all its records are pending, while other scopes still claim. The records go only if the
+//! operation then gets all the room it needs.
 //!
 //! Every operation treats expired records as absent, using the store's [`Clock`]. That clock is
 //! [`TokioClock`] unless [`MemoryStoreBuilder::clock`] sets another. Expired records are
@@ -113,11 +116,30 @@
 //!
 //! # Steps
 //!
-//! The [`Steps`](crate::Steps) of requests' work live in a table of their own, beside the
-//! records. It is bounded by the same `max_entries` and `max_bytes`, counted apart: each step
-//! is its value plus 96 bytes. A step is never dropped early, as that would run its side effect
-//! again. When the table is full and nothing in it has expired, a new step is refused with
-//! [`StoreErrorKind::StoreFull`]; the step's work has run, and a retry runs it again.
+//! The [`Steps`](crate::Steps) of a request's work live in its key's record, in its shard. So
+//! they share the store's one budget and its one fairness rule: each step counts as an entry
+//! of its value plus 96 bytes against `max_entries`, `max_bytes` and the scope's weight and
+//! cap.
+//!
+//! | the key | its steps |
+//! | --- | --- |
+//! | pending | kept while the claim holds the key, whatever their retention; never dropped |
+//! | released, or its lease lapsed | kept for their retention from then, or from the last step if later; the next claim takes them |
+//! | completed | freed: its record answers every repeat, so steps serve nothing. A step recorded after it is not kept |
+//! | forgotten | deleted with it |
+//!
+//! A released key's steps are droppable under pressure, as a completed record is: the oldest
+//! of the heaviest scope goes first, and each drop is counted and logged. Keeping them out of
+//! reach would let one caller whose requests fail fill the store with steps nobody may take
+//! back for the whole retention, and refuse every other caller. The harm of a drop is the
+//! same as a completed record's: a retry runs that work again.
+//!
+//! [`prepare_step`](Store::prepare_step) renews the claim and checks the room for a step's
+//! record, at least its 96 bytes, by the rule above before the step's work runs. A store with
+//! no room refuses it with [`StoreErrorKind::ScopeFull`] or [`StoreErrorKind::StoreFull`], and
+//! the work does not run. The room is checked, not held: a step whose value is larger than
+//! the room left may still be refused when it is recorded, after its work ran; a retry then
+//! runs it again.
 //!
 //! # Cost
 //!
@@ -177,7 +199,7 @@ pub(crate) const MAX_SHARDS: usize = 1024;
 /// its index slot and allocator overhead. A pending claim is counted this much alone.
 pub(crate) const ENTRY_OVERHEAD: usize = 160;
 /// The bytes each step is counted for on top of its value: its id, its value's handle and its
-/// place in the key's list, with allocator overhead.
+/// place in the key's list, with allocator overhead. A step is also one entry.
 pub(crate) const STEP_OVERHEAD: usize = 96;
 
 /// The in-process store. It is cheap to share behind an `Arc`, as the engine does. See the
@@ -222,8 +244,7 @@ impl MemoryStore {
     /// Counts of what the store holds and what it dropped or refused, summed over the shards.
     /// Each shard is locked in turn, so the sum is not one instant's snapshot.
     ///
-    /// Records that expired but were not yet dropped are still counted in `entries` and
-    /// `bytes`.
+    /// Records and steps that expired but were not yet dropped are still counted.
     #[must_use]
     pub fn stats(&self) -> MemoryStats {
         let mut stats = MemoryStats::default();
