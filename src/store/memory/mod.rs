@@ -342,8 +342,9 @@ impl MemoryStore {
     }
 
     /// Updates the metrics from [`stats`](Self::stats) now. The gauges are
-    /// `idempotency_memory_entries`, `…_pending` and `…_bytes`. The counter is
-    /// `idempotency_memory_early_drops_total`.
+    /// `idempotency_memory_entries` (records and steps, as `max_entries` counts them),
+    /// `…_pending` and `…_bytes` (records' and steps', as `max_bytes` counts them). The counter
+    /// is `idempotency_memory_early_drops_total`.
     ///
     /// The store updates them by itself at most once a second, after a claim or a completion.
     /// Call this where the metrics are rendered, such as a `/metrics` route, for figures of the
@@ -361,8 +362,12 @@ impl MemoryStore {
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn report_metrics(&self) {
         let s = self.stats();
-        self.share
-            .report(s.entries, s.pending, s.bytes, s.early_drops);
+        self.share.report(
+            s.entries + s.steps,
+            s.pending,
+            s.bytes + s.step_bytes,
+            s.early_drops,
+        );
     }
 
     /// Reports the gauges when a second has passed since the last report.
