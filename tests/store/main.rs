@@ -13,6 +13,7 @@ mod memory_bound;
 #[cfg(feature = "test-util")]
 mod memory_metrics;
 // The conformance suite needs the `test-util` feature (scripts/test.sh enables every feature).
+mod memory_steps;
 #[cfg(feature = "test-util")]
 mod memory_store;
 mod model_stores;

@@ -1,14 +1,14 @@
 //! The store-wide budgets: what all shards hold together, and where room can be made.
 //!
 //! Each shard counts its own records under its lock. The budget counts the sum with two atomic
-//! counters. A step takes room from the budget into its *credit* before it adds anything. The
-//! room its drops free goes into that credit too, so no other step can take it first. What the
-//! step does not use goes back when it ends. The bounds therefore hold at every instant
-//! without a store-wide lock: `used = sum of the shards' counts + the credits of running steps`.
+//! counters. An operation takes room from the budget into its *credit* before it adds anything. The
+//! room its drops free goes into that credit too, so no other operation can take it first. What the
+//! operation does not use goes back when it ends. The bounds therefore hold at every instant
+//! without a store-wide lock: `used = sum of the shards' counts + the credits of running operations`.
 
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 
-/// How many shards one step may visit to make room before it is refused.
+/// How many shards one operation may visit to make room before it is refused.
 pub(super) const MAX_VISITS: usize = 8;
 
 /// The store's bounds, fixed when it is built.
@@ -80,9 +80,9 @@ impl Usage {
 /// The counters every shard shares.
 pub(super) struct Budget {
     pub(super) limits: Limits,
-    /// What the store holds, on a cache line of its own. Every step that adds writes it.
+    /// What the store holds, on a cache line of its own. Every operation that adds writes it.
     used: Padded<(AtomicUsize, AtomicUsize)>,
-    /// What each shard offers to other shards' steps, each on its own cache line. Its shard writes
+    /// What each shard offers to other shards' operations, each on its own cache line. Its shard writes
     /// it. Others read it only when they need room.
     offers: Box<[Padded<Offer>]>,
     pub(super) scope_full: AtomicU64,
@@ -99,7 +99,7 @@ struct Offer {
     earliest: AtomicU64,
 }
 
-/// The shards a step already visited, which it may not visit again.
+/// The shards an operation already visited, which it may not visit again.
 #[derive(Debug, Default)]
 pub(super) struct Visited {
     shards: [usize; MAX_VISITS],
@@ -174,7 +174,7 @@ impl Budget {
         }
     }
 
-    /// What the shards hold plus the credits of running steps.
+    /// What the shards hold plus the credits of running operations.
     #[cfg(test)]
     pub(super) fn used(&self) -> Usage {
         let (entries, bytes) = &self.used.0;
@@ -192,7 +192,7 @@ impl Budget {
     }
 
     /// Looks at the other shards: not `home`, and none already visited. It costs one load per
-    /// shard. It runs only when a step could not get room from the free budget and its own
+    /// shard. It runs only when an operation could not get room from the free budget and its own
     /// shard's expired records.
     pub(super) fn elsewhere(&self, home: usize, now: u64, visited: &Visited) -> Elsewhere {
         let mut found = Elsewhere::default();

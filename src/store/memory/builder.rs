@@ -64,24 +64,26 @@ impl MemoryStoreBuilder {
         }
     }
 
-    /// The most records the store holds, over all shards. At least 1. Default: 100 000.
+    /// The most records and steps the store holds together, over all shards. At least 1.
+    /// Default: 100 000.
     pub fn max_entries(mut self, n: usize) -> Self {
         self.max_entries = n;
         self
     }
 
     /// The most bytes the store holds, over all shards. Each record counts its bytes plus
-    /// 160 bytes for its entry. It must hold one record of
+    /// 160 bytes for its entry, and each step its value plus 96 bytes. It must hold one record of
     /// [`max_record_bytes`](Self::max_record_bytes). Default: 64 MiB.
     pub fn max_bytes(mut self, n: usize) -> Self {
         self.max_bytes = n;
         self
     }
 
-    /// A fixed cap on the records of one scope (namespace, tenant and principal), from 1 to
-    /// `max_entries`. Off by default: any scope may use the room there is, and a full store
+    /// A fixed cap on the records and steps of one scope (namespace, tenant and principal), from
+    /// 1 to `max_entries`. Off by default: any scope may use the room there is, and a full store
     /// makes room from the scope that holds the most (see the [module docs](super)). With a
-    /// cap, a scope at it makes room from its own records first.
+    /// cap, a scope at it makes room from its own records first. A key's first step needs two
+    /// (the key's record and the step), so a cap of 1 keeps no steps.
     pub fn max_entries_per_scope(mut self, n: usize) -> Self {
         self.max_entries_per_scope = Some(n);
         self
@@ -160,13 +162,11 @@ impl MemoryStoreBuilder {
             self.max_bytes.max(ENTRY_OVERHEAD),
             self.max_entries_per_scope,
         );
-        let limits_steps = (self.max_entries.max(1), self.max_bytes.max(ENTRY_OVERHEAD));
         let budget = Arc::new(Budget::new(limits, shards));
         MemoryStore {
             shards: (0..shards)
                 .map(|i| ShardCell(Mutex::new(Shard::new(Arc::clone(&budget), i))))
                 .collect(),
-            steps: super::steps::StepTable::new(limits_steps.0, limits_steps.1),
             budget,
             clock: self.clock.unwrap_or_else(|| Arc::new(TokioClock::new())),
             waiters: super::waiters::Waiters::default(),

@@ -2,69 +2,82 @@
 //! holds the most, never a smaller scope's. The module docs state the rule.
 
 use super::budget::Usage;
-use super::shard::{Shard, Short, Step, Visit};
+use super::shard::{Op, Shard, Short, Visit};
 use super::slab::{NIL, State, at};
 use crate::engine::scope::StoreKey;
 use crate::store::{StoreError, StoreErrorKind};
 use std::sync::atomic::Ordering::Relaxed;
 
 impl Shard {
-    /// Makes sure the step's credit covers `need` for a step of `scope`, dropping only what the
-    /// rule allows and only once it is known to be enough.
+    /// Makes sure the operation's credit covers `need` for an operation of `scope`, dropping only
+    /// what the rule allows and only once it is known to be enough.
     pub(super) fn make_room(
         &mut self,
         scope: &[u8; 32],
         need: Usage,
-        step: &Step,
+        op: &Op,
     ) -> Result<(), Short> {
         let cap = self.budget.limits.per_scope;
-        // A fixed cap binds a step that adds a record to a scope that holds `cap` already. (A
-        // slot emptied by a drop is vacant: `records == 0`, never at a cap.)
+        if need.entries > cap {
+            // A key's first step needs the key's entry and the step's.
+            return Err(self.refuse(true, "the scope's cap is below what the operation adds"));
+        }
+        // A fixed cap binds an operation that adds records or steps to a scope that would hold
+        // more than `cap` with them. (A slot emptied by a drop is vacant: `records == 0`.)
         let slot = (need.entries > 0 && cap != usize::MAX)
             .then(|| self.find_scope(scope))
             .flatten();
-        let capped = |s: &Self| slot.is_some_and(|r| at(s.scopes[at(r)].records) >= cap);
+        let capped =
+            |s: &Self| slot.is_some_and(|r| at(s.scopes[at(r)].records) + need.entries > cap);
         if !capped(self) && self.take(need) {
             return Ok(());
         }
-        // Expired records go first: every step treats them as absent already. The scope's own
+        // Expired records go first: every operation treats them as absent already. The scope's own
         // oldest completed records are the likeliest of its own to have expired.
         while let Some(r) = slot.filter(|_| capped(self)) {
             let head = self.scopes[at(r)].head;
-            if head == NIL || self.entries[at(head)].deadline > step.now {
+            if head == NIL || self.entries[at(head)].deadline > op.now {
                 break;
             }
-            self.drop_entry(head, step.now);
+            self.drop_entry(head, op.now);
         }
-        self.drop_expired(step.now, |s| !capped(s) && s.take(need));
+        self.drop_expired(op.now, |s| !capped(s) && s.take(need));
         if !capped(self) && self.take(need) {
             return Ok(());
         }
 
         let r = self.find_scope(scope);
-        // At its cap, the scope's own oldest completed record is the first to go.
+        // At its cap, the scope's own oldest droppable records are the first to go: as many
+        // as bring it under the cap. `forced` is the last of them and the room they free.
         let forced = match r {
-            Some(r) if capped(self) => match self.scopes[at(r)].head {
-                NIL => {
+            Some(r) if capped(self) => {
+                let excess = at(self.scopes[at(r)].records) + need.entries - cap;
+                let (mut freed, mut last) = (Usage::default(), NIL);
+                let mut i = self.scopes[at(r)].head;
+                while i != NIL && freed.entries < excess {
+                    freed = freed.plus(self.usage(i));
+                    last = i;
+                    i = self.entries[at(i)].scope_next;
+                }
+                if freed.entries < excess {
                     return Err(self.refuse(
                         true,
                         "the scope is at its cap and all its records are pending",
                     ));
                 }
-                head => Some(head),
-            },
+                Some((r, last, freed))
+            }
             _ => None,
         };
-        let rest = need.minus(forced.map_or(Usage::default(), |i| Usage::new(1, self.cost(i))));
+        let rest = need.minus(forced.map_or(Usage::default(), |(_, _, freed)| freed));
         if self.take(rest) {
-            if let Some(i) = forced {
-                self.drop_entry(i, step.now);
-            }
+            self.drop_forced(forced, op.now);
             return Ok(());
         }
+        let forced_last = forced.map(|(_, last, _)| last);
 
         let weight = r.map_or(0, |r| self.weight(r));
-        let elsewhere = self.budget.elsewhere(self.number, step.now, &step.visited);
+        let elsewhere = self.budget.elsewhere(self.number, op.now, &op.visited);
         let heaviest = elsewhere.heaviest.filter(|&(_, w)| w >= weight);
         if let Some(shard) = elsewhere.expired {
             return Err(Short::Elsewhere(Visit {
@@ -75,7 +88,7 @@ impl Shard {
             }));
         }
         // Whether the scope has a completed record besides the one that goes anyway.
-        let own = r.is_some_and(|r| match forced {
+        let own = r.is_some_and(|r| match forced_last {
             Some(f) => self.entries[at(f)].scope_next != NIL,
             None => self.scopes[at(r)].head != NIL,
         });
@@ -86,11 +99,9 @@ impl Shard {
                 (own && weight >= other) || top.is_some_and(|w| w >= other && w >= weight)
             }
         };
-        if here && self.can_free(rest.minus(self.credit), r, weight, forced) {
-            if let Some(i) = forced {
-                self.drop_entry(i, step.now);
-            }
-            if self.drop_by_weight(need, r, weight, step.now) {
+        if here && self.can_free(rest.minus(self.credit), r, weight, forced_last) {
+            self.drop_forced(forced, op.now);
+            if self.drop_by_weight(need, r, weight, op.now) {
                 return Ok(());
             }
         } else if let Some((shard, _)) = heaviest {
@@ -108,7 +119,22 @@ impl Shard {
         ))
     }
 
-    /// Gives a visiting step room. Expired records go first. Then, if `live`, the oldest completed
+    /// Drops the scope's oldest droppable records up to `last`, which bring it under its cap.
+    fn drop_forced(&mut self, forced: Option<(u32, u32, Usage)>, now: u64) {
+        let Some((r, last, _)) = forced else {
+            return;
+        };
+        loop {
+            // The scope keeps `last` until the end, so its slot stays its own.
+            let head = self.scopes[at(r)].head;
+            self.drop_entry(head, now);
+            if head == last {
+                break;
+            }
+        }
+    }
+
+    /// Gives a visiting operation room. Expired records go first. Then, if `live`, the oldest completed
     /// records of its heaviest scopes go, of those that weigh at least as much as the visitor's.
     /// It is all or nothing: live records go only when they make all the room the visitor misses.
     pub(super) fn give_room(&mut self, visit: &Visit, now: u64) -> bool {
@@ -121,7 +147,7 @@ impl Shard {
             && self.drop_by_weight(visit.need, None, visit.weight, now)
     }
 
-    /// Moves free room of the store into the step's credit. Returns whether the credit covers
+    /// Moves free room of the store into the operation's credit. Returns whether the credit covers
     /// `need`.
     pub(super) fn take(&mut self, need: Usage) -> bool {
         self.budget.take(need, &mut self.credit)
@@ -140,7 +166,7 @@ impl Shard {
         if let Some(r) = own {
             let mut i = forced.map_or(self.scopes[at(r)].head, |f| self.entries[at(f)].scope_next);
             while i != NIL {
-                left = left.minus(Usage::new(1, self.cost(i)));
+                left = left.minus(self.usage(i));
                 if left.is_zero() {
                     return true;
                 }
@@ -155,13 +181,13 @@ impl Shard {
             let (mut records, mut bytes) = (slot.records, slot.bytes);
             let mut i = slot.head;
             while i != NIL && self.budget.limits.weight(records, bytes) >= weight {
-                let cost = self.cost(i);
-                left = left.minus(Usage::new(1, cost));
+                let freed = self.usage(i);
+                left = left.minus(freed);
                 if left.is_zero() {
                     return true;
                 }
-                records -= 1;
-                bytes -= cost;
+                records = records.saturating_sub(u32::try_from(freed.entries).unwrap_or(u32::MAX));
+                bytes -= freed.bytes;
                 i = self.entries[at(i)].scope_next;
             }
             false
@@ -228,8 +254,11 @@ impl Shard {
             }
             if e.deadline <= now {
                 // `i` < entries.len() <= u32::MAX by construction.
-                if let Ok(idx) = u32::try_from(i) {
-                    self.drop_entry(idx, now);
+                if let Ok(idx) = u32::try_from(i)
+                    && self.expire(idx, now)
+                {
+                    // A lapsed claim kept, released, for its steps.
+                    earliest = earliest.min(self.entries[i].deadline);
                 }
             } else {
                 earliest = earliest.min(e.deadline);
@@ -239,11 +268,24 @@ impl Shard {
     }
 
     /// Removes an entry to make room or because it expired, and counts the drop. A live completed
-    /// record's drop is also logged.
+    /// record's or released key's drop is also logged.
     pub(super) fn drop_entry(&mut self, idx: u32, now: u64) {
         let e = &self.entries[at(idx)];
         if e.deadline <= now {
             self.expired_drops += 1;
+        } else if e.state.is_released() {
+            self.early_drops += 1;
+            let slot = &self.scopes[at(e.scope)];
+            tracing::warn!(
+                key = ?StoreKey::from_parts(slot.hash, e.id),
+                retention_left_ms = (e.deadline - now) / 1_000_000,
+                steps = self.step_list(idx).map_or(0, |l| l.steps.len()),
+                scope_records = slot.records,
+                scope_bytes = slot.bytes,
+                "idempotency steps of a released key dropped before their retention ended to make \
+                 room (its scope holds the most); a retry of its request would run them again \
+                 (raise the memory store's bounds)"
+            );
         } else if matches!(e.state, State::Done(_)) {
             self.early_drops += 1;
             let slot = &self.scopes[at(e.scope)];

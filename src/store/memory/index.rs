@@ -1,8 +1,8 @@
-//! A shard's slab, id index, scope slots, lists of completed records and order of scopes by
+//! A shard's slab, id index, scope slots, lists of droppable records and order of scopes by
 //! weight.
 //!
-//! Every change to a shard's counts goes through [`Shard::insert`], [`Shard::fill`] and
-//! [`Shard::remove`], which keep the step's credit in balance. What the shard adds comes out
+//! Every change to a shard's counts goes through [`Shard::insert`], [`Shard::fill`],
+//! [`Shard::remove`] and, for steps, `add_step` and `clear_steps`, which keep the operation's credit in balance. What the shard adds comes out
 //! of the credit. What it removes goes into it.
 
 use super::ENTRY_OVERHEAD;
@@ -64,7 +64,7 @@ impl Shard {
         Ok(s)
     }
 
-    /// Adds a live entry. The step's credit must cover it, as the caller made room.
+    /// Adds a live entry. The operation's credit must cover it, as the caller made room.
     pub(super) fn insert(
         &mut self,
         key: &StoreKey,
@@ -73,7 +73,7 @@ impl Shard {
         state: State,
         deadline: u64,
     ) -> Result<u32, StoreError> {
-        // Both fallible steps come before any change.
+        // Both fallible parts come before any change.
         let new_slot = if self.free == NIL {
             Some(index_of(self.entries.len())?)
         } else {
@@ -90,6 +90,7 @@ impl Shard {
             next: NIL,
             scope_prev: NIL,
             scope_next: NIL,
+            steps: NIL,
         };
         let bytes = ENTRY_OVERHEAD
             + if let State::Done(r) = &entry.state {
@@ -97,7 +98,7 @@ impl Shard {
             } else {
                 0
             };
-        let pending = matches!(entry.state, State::Pending(_));
+        let pending = entry.state.is_pending();
         let idx = if let Some(idx) = new_slot {
             self.entries.push(entry);
             idx
@@ -130,7 +131,8 @@ impl Shard {
         Ok(idx)
     }
 
-    /// Turns a pending entry into a completed one. The step's credit must cover the record.
+    /// Turns a pending or released entry into a completed one, and frees its steps: the record
+    /// answers every repeat. The operation's credit plus the steps' room must cover the record.
     pub(super) fn fill(
         &mut self,
         idx: u32,
@@ -138,13 +140,18 @@ impl Shard {
         record: Record,
         deadline: u64,
     ) {
+        self.clear_steps(idx);
         let s = self.entries[at(idx)].scope;
         let extra = record.len();
+        if self.entries[at(idx)].state.is_pending() {
+            self.pending -= 1;
+        } else {
+            self.unlink_done(idx);
+        }
         let e = &mut self.entries[at(idx)];
         e.state = State::Done(record);
         e.fingerprint = fingerprint;
         e.deadline = deadline;
-        self.pending -= 1;
         self.bytes += extra;
         self.scopes[at(s)].bytes += extra;
         self.earliest = self.earliest.min(deadline);
@@ -153,16 +160,26 @@ impl Shard {
         self.spend(Usage::new(0, extra));
     }
 
-    /// What the entry is counted for.
+    /// The bytes the entry is counted for, its steps' included.
     pub(super) fn cost(&self, idx: u32) -> usize {
+        let e = &self.entries[at(idx)];
         ENTRY_OVERHEAD
-            + match &self.entries[at(idx)].state {
-                State::Pending(_) => 0,
+            + match &e.state {
+                State::Open(_) => 0,
                 State::Done(r) => r.len(),
             }
+            + self.step_list(idx).map_or(0, |l| l.bytes)
     }
 
-    fn spend(&mut self, room: Usage) {
+    /// What removing the entry frees: one entry for it and one per step, and its bytes.
+    pub(super) fn usage(&self, idx: u32) -> Usage {
+        Usage::new(
+            1 + self.step_list(idx).map_or(0, |l| l.steps.len()),
+            self.cost(idx),
+        )
+    }
+
+    pub(super) fn spend(&mut self, room: Usage) {
         debug_assert!(self.credit.covers(room), "room was made before it is used");
         self.credit = self.credit.minus(room);
     }
@@ -172,12 +189,14 @@ impl Shard {
         if self.entries[at(idx)].is_vacant() {
             return;
         }
+        self.clear_steps(idx);
         let s = self.entries[at(idx)].scope;
         let cost = self.cost(idx);
         let state = std::mem::replace(&mut self.entries[at(idx)].state, VACANT);
-        match &state {
-            State::Pending(_) => self.pending -= 1,
-            State::Done(_) => self.unlink_done(idx),
+        if state.is_pending() {
+            self.pending -= 1;
+        } else {
+            self.unlink_done(idx);
         }
         self.bytes -= cost;
         let hash = self.hasher.hash_one(self.entries[at(idx)].id);
@@ -206,9 +225,9 @@ impl Shard {
     }
 
     /// Moves the scope to its place in `by_weight` after a change. It is ranked by its weight
-    /// while it has a completed record to give, and out of it otherwise. A vacant slot has no
+    /// while it has a droppable record to give, and out of it otherwise. A vacant slot has no
     /// records.
-    fn rerank(&mut self, s: u32) {
+    pub(super) fn rerank(&mut self, s: u32) {
         let slot = &self.scopes[at(s)];
         let weight = (slot.records > 0 && slot.head != NIL).then(|| self.weight(s));
         if weight != self.by_weight.weight_of(&self.scopes, s) {
@@ -222,8 +241,8 @@ impl Shard {
         self.budget.limits.weight(slot.records, slot.bytes)
     }
 
-    /// Appends a completed entry to the shard's and its scope's lists, newest last.
-    fn link_done(&mut self, idx: u32) {
+    /// Appends a droppable entry to the shard's and its scope's lists, newest last.
+    pub(super) fn link_done(&mut self, idx: u32) {
         let tail = self.done_tail;
         let s = self.entries[at(idx)].scope;
         let scope_tail = self.scopes[at(s)].tail;
@@ -246,7 +265,7 @@ impl Shard {
         self.scopes[at(s)].tail = idx;
     }
 
-    fn unlink_done(&mut self, idx: u32) {
+    pub(super) fn unlink_done(&mut self, idx: u32) {
         let Entry {
             prev,
             next,
@@ -284,7 +303,7 @@ impl Shard {
 }
 
 /// A slab index for a new slot. Bounds keep slabs below `u32::MAX` slots, so this never fails
-/// in practice. If it did, the step is refused rather than corrupting the lists.
+/// in practice. If it did, the operation is refused rather than corrupting the lists.
 fn index_of(len: usize) -> Result<u32, StoreError> {
     u32::try_from(len)
         .ok()

@@ -44,9 +44,9 @@
 //!
 //! | bound | default | counts |
 //! | --- | --- | --- |
-//! | [`max_entries`](MemoryStoreBuilder::max_entries) | 100 000 | records, pending and completed, in the whole store |
-//! | [`max_bytes`](MemoryStoreBuilder::max_bytes) | 64 MiB | counted bytes in the whole store |
-//! | [`max_entries_per_scope`](MemoryStoreBuilder::max_entries_per_scope) | none | an optional fixed cap on one scope's records |
+//! | [`max_entries`](MemoryStoreBuilder::max_entries) | 100 000 | records, pending and completed, and steps, in the whole store |
+//! | [`max_bytes`](MemoryStoreBuilder::max_bytes) | 64 MiB | counted bytes of records and steps in the whole store |
+//! | [`max_entries_per_scope`](MemoryStoreBuilder::max_entries_per_scope) | none | an optional fixed cap on one scope's records and steps |
 //!
 //! The bounds are store-wide and hold at every instant. While there is room, any scope may use
 //! it. So a single caller can fill the whole store before anything is dropped. One record may be
@@ -55,26 +55,29 @@
 //!
 //! A record is counted as its encoded bytes plus 160 bytes. The 160 bytes cover the entry
 //! itself, its index slot and allocator overhead. A pending claim counts the 160 bytes alone.
-//! The per-scope bookkeeping is not counted: about 80 bytes per scope that has records. It is
-//! bounded by the number of records and removed when a scope has none left.
+//! A [step](#steps) counts as one entry more, of its value plus 96 bytes. The per-scope
+//! bookkeeping is not counted: about 80 bytes per scope that has records. It is bounded by the
+//! number of records and removed when a scope has none left.
 //!
-//! A scope's *weight* is how much of the store it holds. It is the larger of its two shares:
-//! `max(bytes, records × max_bytes / max_entries)`. That is its counted bytes, or its records
-//! priced at the average room a record has. Under pressure, room comes from the heaviest scope.
+//! A scope's *weight* is how much of the store it holds, its steps included. It is the larger
+//! of its two shares: `max(bytes, entries × max_bytes / max_entries)`. That is its counted
+//! bytes, or its records and steps priced at the average room an entry has. Under pressure,
+//! room comes from the heaviest scope.
 //!
 //! # Making room
 //!
 //! An operation needs room when it adds to the store. A claim needs one record of 160 bytes. A
-//! `complete` needs the record's bytes, and a record when nothing holds the key any more. When
-//! the store does not have that room free:
+//! `complete` needs the record's bytes, less the steps it frees, and a record when nothing
+//! holds the key any more. A step needs one entry of its bytes, and the key's record when no
+//! claim holds the key. When the store does not have that room free:
 //!
-//! 1. expired records go first. These are completed records past their retention and pending
-//!    claims past their lease. The requester's shard goes first, oldest completed first. Then
+//! 1. expired records go first. These are completed records past their retention, pending
+//!    claims past their lease, and released keys' steps past their retention. The requester's shard goes first, oldest completed first. Then
 //!    that shard is swept if anything in it may have expired. Then another shard's expired
 //!    records go. A shard keeps and publishes its earliest deadline. It only sweeps when
 //!    something can have expired;
-//! 2. then completed records inside their retention go, one at a time. Each is the oldest of
-//!    its scope. `R` is the requesting scope and `w(R)` its weight when the operation began. The
+//! 2. then *droppable* records inside their retention go, one at a time: completed records,
+//!    and released keys with their steps. Each is the oldest of its scope. `R` is the requesting scope and `w(R)` its weight when the operation began. The
 //!    rule picks:
 //!    - `R`'s own, when `R` weighs at least as much as every scope that has a completed
 //!      record;
@@ -85,9 +88,9 @@
 //!    So a scope never loses a record to make room for a scope that holds more than it.
 //!    Between scopes of equal weight, the requester gives. Each of these *early drops* is
 //!    logged with `tracing::warn!` and counted in [`MemoryStats::early_drops`]. A retry of
-//!    that request would run its work again;
-//! 3. a pending claim inside its lease is never dropped. When the rule allows nothing more, the
-//!    operation is refused. It gets [`StoreErrorKind::ScopeFull`] when `R` holds records: all
+//!    that request would run its work again, or those steps;
+//! 3. a pending claim inside its lease is never dropped, nor are its steps. When the rule
+//!    allows nothing more, the operation is refused. It gets [`StoreErrorKind::ScopeFull`] when `R` holds records: all
 //!    pending, or too few for a large record. The HTTP layer answers that with 429. Else it
 //!    gets [`StoreErrorKind::StoreFull`], answered with 503: a newcomer to a store full of
 //!    pending claims.
@@ -100,11 +103,11 @@
 //! dropped for an operation that is refused anyway. Expired records may still go, as they are absent
 //! already.
 //!
-//! With a fixed cap, [`max_entries_per_scope`](MemoryStoreBuilder::max_entries_per_scope), a
-//! operation may add a record to a scope at its cap. It first drops the scope's own expired records,
-//! then its own oldest completed record. It is refused with `ScopeFull` when all its records
-//! are pending, while other scopes still claim. The record goes only if the operation then gets all
-//! the room it needs.
+//! With a fixed cap, [`max_entries_per_scope`](MemoryStoreBuilder::max_entries_per_scope), an
+//! operation may add a record or a step to a scope at its cap. It first drops the scope's own
+//! expired records, then its own oldest droppable records. It is refused with `ScopeFull` when
+//! all its records are pending, while other scopes still claim. The records go only if the
+//! operation then gets all the room it needs.
 //!
 //! Every operation treats expired records as absent, using the store's [`Clock`]. That clock is
 //! [`TokioClock`] unless [`MemoryStoreBuilder::clock`] sets another. Expired records are
@@ -113,11 +116,30 @@
 //!
 //! # Steps
 //!
-//! The [`Steps`](crate::Steps) of requests' work live in a table of their own, beside the
-//! records. It is bounded by the same `max_entries` and `max_bytes`, counted apart: each step
-//! is its value plus 96 bytes. A step is never dropped early, as that would run its side effect
-//! again. When the table is full and nothing in it has expired, a new step is refused with
-//! [`StoreErrorKind::StoreFull`]; the step's work has run, and a retry runs it again.
+//! The [`Steps`](crate::Steps) of a request's work live in its key's record, in its shard. So
+//! they share the store's one budget and its one fairness rule: each step counts as an entry
+//! of its value plus 96 bytes against `max_entries`, `max_bytes` and the scope's weight and
+//! cap.
+//!
+//! | the key | its steps |
+//! | --- | --- |
+//! | pending | kept while the claim holds the key, whatever their retention; never dropped |
+//! | released, or its lease lapsed | kept for their retention from then, or from the last step if later; the next claim takes them |
+//! | completed | freed: its record answers every repeat, so steps serve nothing. A step recorded after it is not kept |
+//! | forgotten | deleted with it |
+//!
+//! A released key's steps are droppable under pressure, as a completed record is: the oldest
+//! of the heaviest scope goes first, and each drop is counted and logged. Keeping them out of
+//! reach would let one caller whose requests fail fill the store with steps nobody may take
+//! back for the whole retention, and refuse every other caller. The harm of a drop is the
+//! same as a completed record's: a retry runs that work again.
+//!
+//! [`prepare_step`](Store::prepare_step) renews the claim and checks the room for a step's
+//! record, at least its 96 bytes, by the rule above before the step's work runs. A store with
+//! no room refuses it with [`StoreErrorKind::ScopeFull`] or [`StoreErrorKind::StoreFull`], and
+//! the work does not run. The room is checked, not held: a step whose value is larger than
+//! the room left may still be refused when it is recorded, after its work ran; a retry then
+//! runs it again.
 //!
 //! # Cost
 //!
@@ -155,7 +177,7 @@ use crate::store::clock::TokioClock;
 use budget::{Budget, Usage, Visited};
 use bytes::Bytes;
 use shard::Short;
-use shard::{Shard, Step};
+use shard::{Op, Shard};
 use std::fmt;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -176,12 +198,14 @@ pub(crate) const MAX_SHARDS: usize = 1024;
 /// The bytes each record is counted for on top of its encoded length. They cover the entry,
 /// its index slot and allocator overhead. A pending claim is counted this much alone.
 pub(crate) const ENTRY_OVERHEAD: usize = 160;
+/// The bytes each step is counted for on top of its value: its id, its value's handle and its
+/// place in the key's list, with allocator overhead. A step is also one entry.
+pub(crate) const STEP_OVERHEAD: usize = 96;
 
 /// The in-process store. It is cheap to share behind an `Arc`, as the engine does. See the
 /// [module docs](self) for its bounds and eviction order.
 pub struct MemoryStore {
     shards: Box<[ShardCell]>,
-    steps: steps::StepTable,
     budget: Arc<Budget>,
     clock: Arc<dyn Clock>,
     waiters: waiters::Waiters,
@@ -220,8 +244,7 @@ impl MemoryStore {
     /// Counts of what the store holds and what it dropped or refused, summed over the shards.
     /// Each shard is locked in turn, so the sum is not one instant's snapshot.
     ///
-    /// Records that expired but were not yet dropped are still counted in `entries` and
-    /// `bytes`.
+    /// Records and steps that expired but were not yet dropped are still counted.
     #[must_use]
     pub fn stats(&self) -> MemoryStats {
         let mut stats = MemoryStats::default();
@@ -230,7 +253,6 @@ impl MemoryStore {
         }
         stats.scope_full_refusals = self.budget.scope_full.load(Relaxed);
         stats.store_full_refusals = self.budget.store_full.load(Relaxed);
-        (stats.steps, stats.step_bytes) = self.steps.usage();
         stats
     }
 
@@ -277,10 +299,10 @@ impl MemoryStore {
     fn with_room<T>(
         &self,
         key: &StoreKey,
-        mut f: impl FnMut(&mut Shard, &Step) -> Result<T, Short>,
+        mut f: impl FnMut(&mut Shard, &Op) -> Result<T, Short>,
     ) -> Result<T, StoreError> {
         let home = self.home(key);
-        let mut step = Step {
+        let mut op = Op {
             now: self.now(),
             visited: Visited::default(),
         };
@@ -288,26 +310,26 @@ impl MemoryStore {
         let out = loop {
             let mut shard = lock(&self.shards[home]);
             shard.credit = credit;
-            let out = f(&mut shard, &step);
+            let out = f(&mut shard, &op);
             credit = shard.finish();
             drop(shard);
             match out {
                 Ok(v) => break Ok(v),
                 Err(Short::Refused(e)) => break Err(e),
-                Err(Short::Elsewhere(_)) if step.visited.is_full() => {
+                Err(Short::Elsewhere(_)) if op.visited.is_full() => {
                     self.budget.store_full.fetch_add(1, Relaxed);
                     break Err(StoreError::new(
                         StoreErrorKind::StoreFull,
-                        "the store is full and no shard could make room for this step",
+                        "the store is full and no shard could make room for this operation",
                     ));
                 }
                 Err(Short::Elsewhere(visit)) => {
                     let mut other = lock(&self.shards[visit.shard]);
                     other.credit = credit;
-                    other.give_room(&visit, step.now);
+                    other.give_room(&visit, op.now);
                     credit = other.finish();
                     drop(other);
-                    step.visited.add(visit.shard);
+                    op.visited.add(visit.shard);
                 }
             }
         };
@@ -320,8 +342,9 @@ impl MemoryStore {
     }
 
     /// Updates the metrics from [`stats`](Self::stats) now. The gauges are
-    /// `idempotency_memory_entries`, `…_pending` and `…_bytes`. The counter is
-    /// `idempotency_memory_early_drops_total`.
+    /// `idempotency_memory_entries` (records and steps, as `max_entries` counts them),
+    /// `…_pending` and `…_bytes` (records' and steps', as `max_bytes` counts them). The counter
+    /// is `idempotency_memory_early_drops_total`.
     ///
     /// The store updates them by itself at most once a second, after a claim or a completion.
     /// Call this where the metrics are rendered, such as a `/metrics` route, for figures of the
@@ -339,8 +362,12 @@ impl MemoryStore {
     #[cfg_attr(docsrs, doc(cfg(feature = "metrics")))]
     pub fn report_metrics(&self) {
         let s = self.stats();
-        self.share
-            .report(s.entries, s.pending, s.bytes, s.early_drops);
+        self.share.report(
+            s.entries + s.steps,
+            s.pending,
+            s.bytes + s.step_bytes,
+            s.early_drops,
+        );
     }
 
     /// Reports the gauges when a second has passed since the last report.
@@ -401,9 +428,9 @@ impl Store for MemoryStore {
         // Drawn before the lock: the OS call must not lengthen the critical section.
         let token = Token::generate()?;
         let lease = nanos(lease);
-        let claim = self.with_room(key, |shard, step| {
-            let deadline = step.now.saturating_add(lease);
-            shard.claim(key, fingerprint, &token, deadline, step)
+        let claim = self.with_room(key, |shard, op| {
+            let deadline = op.now.saturating_add(lease);
+            shard.claim(key, fingerprint, &token, deadline, op)
         });
         #[cfg(feature = "metrics")]
         self.report_now_and_then();
@@ -420,9 +447,9 @@ impl Store for MemoryStore {
     ) -> Result<bool, StoreError> {
         let ttl = nanos(ttl);
         let mut record = Some(record);
-        let written = self.with_room(key, |shard, step| {
-            let deadline = step.now.saturating_add(ttl);
-            shard.complete(key, token, fingerprint, &mut record, deadline, step)
+        let written = self.with_room(key, |shard, op| {
+            let deadline = op.now.saturating_add(ttl);
+            shard.complete(key, token, fingerprint, &mut record, deadline, op)
         })?;
         if written {
             self.waiters.wake(key.id());
@@ -443,11 +470,8 @@ impl Store for MemoryStore {
 
     async fn forget(&self, key: &StoreKey, pending: bool) -> Result<Forgotten, StoreError> {
         let now = self.now();
+        // The key is used anew, so its steps go with it; a kept claim's work may still need them.
         let found = self.at_home(key, |shard| shard.forget(key, pending, now));
-        // The key is used anew, so its steps go too; a kept claim's work may still need them.
-        if found != Forgotten::KeptPending {
-            self.steps.forget(key);
-        }
         if found == Forgotten::Pending {
             // A duplicate waiting on the forgotten claim may now run.
             self.waiters.wake(key.id());
@@ -492,6 +516,8 @@ impl Store for MemoryStore {
         Ok(self.at_home(key, |shard| shard.renew(key, token, deadline, now)))
     }
 
+    /// A completed key keeps no steps: its record answers every repeat, so a step recorded
+    /// after it is not kept.
     async fn record_step(
         &self,
         key: &StoreKey,
@@ -499,13 +525,31 @@ impl Store for MemoryStore {
         value: Bytes,
         ttl: Duration,
     ) -> Result<StepRecorded, StoreError> {
-        let now = self.now();
-        let until = now.saturating_add(nanos(ttl));
-        self.steps.record(key, step, value, until, now)
+        let ttl = nanos(ttl);
+        self.with_room(key, |shard, op| {
+            shard.record_step(key, step, &value, ttl, op)
+        })
+    }
+
+    /// Renews the claim, then makes sure a step's record of its fixed overhead has room by the
+    /// store's rule, dropping what the rule allows. Refuses with `StoreFull` or `ScopeFull`, as a
+    /// claim would be, before the step acts.
+    async fn prepare_step(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
+        let lease = nanos(lease);
+        self.with_room(key, |shard, op| {
+            let deadline = op.now.saturating_add(lease);
+            shard.prepare_step(key, token, deadline, op)
+        })
     }
 
     async fn steps(&self, key: &StoreKey) -> Result<Vec<(StepId, Bytes)>, StoreError> {
-        Ok(self.steps.read(key, self.now()))
+        let now = self.now();
+        Ok(self.at_home(key, |shard| shard.read_steps(key, now)))
     }
 
     fn name(&self) -> &'static str {

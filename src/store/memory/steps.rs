@@ -1,220 +1,223 @@
-//! The memory store's recorded steps: a table of its own, bounded like the records.
+//! The memory store's recorded steps. A key's steps belong to its entry: they are counted in
+//! its shard, its scope's weight and the store's one budget, and expire or are dropped with it.
+//! The module docs state the rules.
 
+use super::STEP_OVERHEAD;
+use super::budget::Usage;
+use super::shard::{Op, Shard, Short};
+use super::slab::{NIL, State, StepList, at};
+use crate::engine::fingerprint::Fingerprint;
 use crate::engine::scope::StoreKey;
-use crate::store::{StepId, StepRecorded, StoreError, StoreErrorKind};
+use crate::store::{StepId, StepRecorded, Token};
 use bytes::Bytes;
-use std::collections::HashMap;
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::hash::BuildHasher;
 
-/// The bytes each step is counted for on top of its value, as a record's overhead.
-const STEP_OVERHEAD: usize = 96;
+impl Shard {
+    /// The live entry of `id`. An expired one is dropped, but a lapsed claim with steps is kept
+    /// as released, for its steps: then it is returned.
+    pub(super) fn live(&mut self, hash: u64, id: &[u8; 32], now: u64) -> Option<u32> {
+        let idx = self.find(hash, id)?;
+        (self.entries[at(idx)].deadline > now || self.expire(idx, now)).then_some(idx)
+    }
 
-/// One key's steps and when they expire, in the store clock's nanoseconds.
-struct KeySteps {
-    until: u64,
-    steps: Vec<(StepId, Bytes)>,
-}
+    /// Meets an entry past its deadline. A pending claim with steps lapsed: its steps are kept
+    /// their retention past the lease. Anything else goes. Returns whether the entry is still
+    /// there.
+    pub(super) fn expire(&mut self, idx: u32, now: u64) -> bool {
+        let e = &self.entries[at(idx)];
+        if e.state.is_pending() && e.steps != NIL {
+            let lapsed = e.deadline;
+            self.end_claim(idx, lapsed);
+            if self.entries[at(idx)].deadline > now {
+                return true;
+            }
+        }
+        self.drop_entry(idx, now);
+        false
+    }
 
-struct Table {
-    keys: HashMap<StoreKey, KeySteps>,
-    /// Steps held, over every key.
-    count: usize,
-    bytes: usize,
-    /// No key expires before this: a sweep before then finds nothing.
-    earliest: u64,
-}
+    /// Ends the pending claim on the entry at `end`, keeping its steps for their retention from
+    /// then. Returns `false`, changing nothing, when it has no steps: the entry should go.
+    pub(super) fn end_claim(&mut self, idx: u32, end: u64) -> bool {
+        let Some(list) = self.step_list(idx) else {
+            return false;
+        };
+        let deadline = list.until.max(end.saturating_add(list.ttl));
+        let e = &mut self.entries[at(idx)];
+        e.state = State::Open(None);
+        e.deadline = deadline;
+        let s = e.scope;
+        self.pending -= 1;
+        self.earliest = self.earliest.min(deadline);
+        self.link_done(idx);
+        self.rerank(s);
+        true
+    }
 
-/// Steps are few beside records, and a step's record is never dropped while it is kept: a
-/// dropped step would run its side effect again. So a full table refuses a new step with
-/// `StoreFull` rather than dropping a live one. Expired keys go first.
-pub(super) struct StepTable {
-    table: Mutex<Table>,
-    max_steps: usize,
-    max_bytes: usize,
-}
+    /// Claims a released entry: it holds the key pending again, with its steps.
+    pub(super) fn reopen(
+        &mut self,
+        idx: u32,
+        token: &Token,
+        fingerprint: Fingerprint,
+        deadline: u64,
+    ) {
+        self.unlink_done(idx);
+        let e = &mut self.entries[at(idx)];
+        e.state = State::Open(Some(token.clone()));
+        e.fingerprint = fingerprint;
+        e.deadline = deadline;
+        let s = e.scope;
+        self.pending += 1;
+        self.earliest = self.earliest.min(deadline);
+        self.rerank(s);
+    }
 
-impl StepTable {
-    pub(super) fn new(max_steps: usize, max_bytes: usize) -> Self {
-        Self {
-            table: Mutex::new(Table {
-                keys: HashMap::new(),
-                count: 0,
-                bytes: 0,
-                earliest: u64::MAX,
-            }),
-            max_steps,
-            max_bytes,
+    pub(super) fn step_list(&self, idx: u32) -> Option<&StepList> {
+        match self.entries[at(idx)].steps {
+            NIL => None,
+            l => Some(&self.step_lists[at(l)]),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Table> {
-        self.table.lock().unwrap_or_else(PoisonError::into_inner)
+    /// What the entry's steps are counted for.
+    fn step_usage(&self, idx: u32) -> Usage {
+        self.step_list(idx)
+            .map_or(Usage::default(), |l| Usage::new(l.steps.len(), l.bytes))
     }
 
-    pub(super) fn record(
-        &self,
-        key: &StoreKey,
-        step: &StepId,
-        value: Bytes,
-        until: u64,
-        now: u64,
-    ) -> Result<StepRecorded, StoreError> {
-        let mut t = self.lock();
-        if let Some(entry) = t.keys.get_mut(key).filter(|e| e.until > now)
-            && let Some((_, first)) = entry.steps.iter().find(|(id, _)| id == step)
-        {
-            return Ok(StepRecorded::Found(first.clone()));
+    /// Frees the entry's steps. Their room goes into the credit.
+    pub(super) fn clear_steps(&mut self, idx: u32) {
+        let l = std::mem::replace(&mut self.entries[at(idx)].steps, NIL);
+        if l == NIL {
+            return;
         }
+        let list = std::mem::take(&mut self.step_lists[at(l)]);
+        self.free_step_lists.push(l);
+        let freed = Usage::new(list.steps.len(), list.bytes);
+        let s = self.entries[at(idx)].scope;
+        let slot = &mut self.scopes[at(s)];
+        // At most `u32::MAX` entries of a scope are counted, so its steps fit too.
+        slot.records -= u32::try_from(freed.entries).unwrap_or(u32::MAX);
+        slot.bytes -= freed.bytes;
+        self.steps -= freed.entries;
+        self.step_bytes -= freed.bytes;
+        self.bytes -= freed.bytes;
+        self.rerank(s);
+        self.credit = self.credit.plus(freed);
+    }
+
+    /// Adds a step to the entry. The operation's credit must cover it.
+    fn add_step(&mut self, idx: u32, id: StepId, value: Bytes, until: u64, ttl: u64) {
         let cost = value.len() + STEP_OVERHEAD;
-        if t.count + 1 > self.max_steps || t.bytes + cost > self.max_bytes {
-            t.sweep(now);
+        if self.entries[at(idx)].steps == NIL {
+            let l = match self.free_step_lists.pop() {
+                Some(l) => l,
+                None => {
+                    self.step_lists.push(StepList::default());
+                    // Lists are at most one per entry, and entries are `u32`-indexed.
+                    u32::try_from(self.step_lists.len() - 1).unwrap_or(NIL)
+                }
+            };
+            self.entries[at(idx)].steps = l;
         }
-        if t.count + 1 > self.max_steps || t.bytes + cost > self.max_bytes {
-            return Err(StoreError::new(
-                StoreErrorKind::StoreFull,
-                "the memory store's steps are at their bound; none has expired",
-            ));
+        let e = &mut self.entries[at(idx)];
+        let list = &mut self.step_lists[at(e.steps)];
+        list.steps.push((id, value));
+        list.bytes += cost;
+        list.ttl = ttl;
+        list.until = list.until.max(until);
+        if e.state.is_released() {
+            e.deadline = e.deadline.max(until);
         }
-        t.count += 1;
-        t.bytes += cost;
-        t.earliest = t.earliest.min(until);
-        let mut gone = (0, 0);
-        let entry = t.keys.entry(*key).or_insert_with(|| KeySteps {
-            until,
-            steps: Vec::new(),
-        });
-        if entry.until <= now {
-            // Expired steps under the key are gone; the new one starts afresh.
-            gone = drained(&mut entry.steps);
+        let s = e.scope;
+        let slot = &mut self.scopes[at(s)];
+        slot.records += 1;
+        slot.bytes += cost;
+        self.steps += 1;
+        self.step_bytes += cost;
+        self.bytes += cost;
+        self.rerank(s);
+        self.spend(Usage::new(1, cost));
+    }
+
+    /// Records a step under the key unless it is recorded. A completed key keeps none.
+    pub(super) fn record_step(
+        &mut self,
+        key: &StoreKey,
+        id: &StepId,
+        value: &Bytes,
+        ttl: u64,
+        op: &Op,
+    ) -> Result<StepRecorded, Short> {
+        let until = op.now.saturating_add(ttl);
+        let cost = value.len() + STEP_OVERHEAD;
+        let hash = self.hasher.hash_one(key.id());
+        if let Some(idx) = self.live(hash, key.id(), op.now) {
+            if matches!(self.entries[at(idx)].state, State::Done(_)) {
+                // Its record answers every repeat: the step serves nothing.
+                return Ok(StepRecorded::Recorded);
+            }
+            if let Some((_, first)) = self
+                .step_list(idx)
+                .and_then(|l| l.steps.iter().find(|(s, _)| s == id))
+            {
+                return Ok(StepRecorded::Found(first.clone()));
+            }
+            self.make_room(key.scope_hash(), Usage::new(1, cost), op)?;
+            // A released key is droppable: making room may have dropped it.
+            if !self.entries[at(idx)].is_vacant() {
+                self.add_step(idx, *id, value.clone(), until, ttl);
+                return Ok(StepRecorded::Recorded);
+            }
         }
-        entry.until = until;
-        entry.steps.push((*step, value));
-        t.count -= gone.0;
-        t.bytes -= gone.1;
+        // No claim holds the key: it is kept for the step, released.
+        let need = Usage::new(2, super::ENTRY_OVERHEAD + cost);
+        self.make_room(key.scope_hash(), need, op)?;
+        let unknown = Fingerprint::from_bytes([0; 32]);
+        let idx = self
+            .insert(key, hash, unknown, State::Open(None), until)
+            .map_err(Short::Refused)?;
+        self.add_step(idx, *id, value.clone(), until, ttl);
         Ok(StepRecorded::Recorded)
     }
 
-    pub(super) fn read(&self, key: &StoreKey, now: u64) -> Vec<(StepId, Bytes)> {
-        self.lock()
-            .keys
-            .get(key)
-            .filter(|e| e.until > now)
-            .map(|e| e.steps.clone())
+    /// The key's steps. A completed key has none.
+    pub(super) fn read_steps(&mut self, key: &StoreKey, now: u64) -> Vec<(StepId, Bytes)> {
+        let hash = self.hasher.hash_one(key.id());
+        self.live(hash, key.id(), now)
+            .filter(|&idx| !matches!(self.entries[at(idx)].state, State::Done(_)))
+            .and_then(|idx| self.step_list(idx))
+            .map(|l| l.steps.clone())
             .unwrap_or_default()
     }
 
-    pub(super) fn forget(&self, key: &StoreKey) {
-        let mut t = self.lock();
-        if let Some(mut entry) = t.keys.remove(key) {
-            let (count, bytes) = drained(&mut entry.steps);
-            t.count -= count;
-            t.bytes -= bytes;
+    /// Renews the claim when `token` holds the key, after making sure a step's record of its
+    /// fixed overhead has room. The room is checked, not held: it goes back to the store when
+    /// the operation ends.
+    pub(super) fn prepare_step(
+        &mut self,
+        key: &StoreKey,
+        token: &Token,
+        deadline: u64,
+        op: &Op,
+    ) -> Result<bool, Short> {
+        let hash = self.hasher.hash_one(key.id());
+        let Some(idx) = self.live(hash, key.id(), op.now) else {
+            return Ok(false);
+        };
+        if self.entries[at(idx)].state.holder() != Some(token) {
+            return Ok(false);
         }
+        // Our own pending entry: making room never drops it.
+        self.make_room(key.scope_hash(), Usage::new(1, STEP_OVERHEAD), op)?;
+        self.entries[at(idx)].deadline = deadline;
+        self.earliest = self.earliest.min(deadline);
+        Ok(true)
     }
 
-    /// Steps held and their counted bytes.
-    pub(super) fn usage(&self) -> (usize, usize) {
-        let t = self.lock();
-        (t.count, t.bytes)
-    }
-}
-
-impl Table {
-    fn sweep(&mut self, now: u64) {
-        if self.earliest > now {
-            return;
-        }
-        let mut earliest = u64::MAX;
-        let (mut count, mut bytes) = (0, 0);
-        self.keys.retain(|_, e| {
-            if e.until > now {
-                earliest = earliest.min(e.until);
-                true
-            } else {
-                let (c, b) = drained(&mut e.steps);
-                count += c;
-                bytes += b;
-                false
-            }
-        });
-        self.count -= count;
-        self.bytes -= bytes;
-        self.earliest = earliest;
-    }
-}
-
-/// Empties `steps`, returning how many there were and their counted bytes.
-fn drained(steps: &mut Vec<(StepId, Bytes)>) -> (usize, usize) {
-    let bytes = steps.iter().map(|(_, v)| v.len() + STEP_OVERHEAD).sum();
-    let count = steps.len();
-    steps.clear();
-    (count, bytes)
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use super::*;
-
-    fn key(n: u8) -> StoreKey {
-        StoreKey::from_parts([n; 32], [n; 32])
-    }
-
-    fn id(n: u8) -> StepId {
-        StepId::from_bytes([n; 32])
-    }
-
-    #[test]
-    fn a_full_table_refuses_rather_than_drops_and_takes_again_once_steps_expire() {
-        let t = StepTable::new(2, 1 << 20);
-        let v = Bytes::from_static(b"v");
-        assert_eq!(
-            t.record(&key(1), &id(1), v.clone(), 100, 0).unwrap(),
-            StepRecorded::Recorded
-        );
-        assert_eq!(
-            t.record(&key(2), &id(1), v.clone(), 200, 0).unwrap(),
-            StepRecorded::Recorded
-        );
-        let full = t.record(&key(3), &id(1), v.clone(), 300, 50).unwrap_err();
-        assert_eq!(full.kind(), StoreErrorKind::StoreFull);
-        assert_eq!(t.read(&key(1), 50).len(), 1, "no live step was dropped");
-        // Past key 1's expiry its room is taken back.
-        assert_eq!(
-            t.record(&key(3), &id(1), v, 300, 150).unwrap(),
-            StepRecorded::Recorded
-        );
-        assert!(t.read(&key(1), 150).is_empty());
-        assert_eq!(t.usage(), (2, 2 * (1 + STEP_OVERHEAD)));
-    }
-
-    #[test]
-    fn the_byte_bound_holds_and_forget_gives_the_room_back() {
-        let t = StepTable::new(100, 2 * (10 + STEP_OVERHEAD));
-        let v = Bytes::from(vec![0u8; 10]);
-        t.record(&key(1), &id(1), v.clone(), 100, 0).unwrap();
-        t.record(&key(1), &id(2), v.clone(), 100, 0).unwrap();
-        assert!(t.record(&key(2), &id(1), v.clone(), 100, 0).is_err());
-        t.forget(&key(1));
-        assert_eq!(t.usage(), (0, 0));
-        t.record(&key(2), &id(1), v, 100, 0).unwrap();
-    }
-
-    #[test]
-    fn an_expired_keys_steps_start_afresh() {
-        let t = StepTable::new(10, 1 << 20);
-        t.record(&key(1), &id(1), Bytes::from_static(b"old"), 100, 0)
-            .unwrap();
-        assert_eq!(
-            t.record(&key(1), &id(1), Bytes::from_static(b"new"), 300, 200)
-                .unwrap(),
-            StepRecorded::Recorded
-        );
-        assert_eq!(
-            t.read(&key(1), 200),
-            vec![(id(1), Bytes::from_static(b"new"))]
-        );
-        assert_eq!(t.usage().0, 1, "the expired step is no longer counted");
+    /// What completing the entry needs beyond the room its steps free.
+    pub(super) fn record_need(&self, idx: u32, len: usize) -> Usage {
+        Usage::new(0, len).minus(self.step_usage(idx))
     }
 }

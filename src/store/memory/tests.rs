@@ -78,7 +78,8 @@ fn peek(s: &MemoryStore, k: StoreKey) -> &'static str {
     let e = &shard.entries[at(i)];
     match &e.state {
         _ if e.deadline <= now => "expired",
-        State::Pending(_) => "pending",
+        State::Open(Some(_)) => "pending",
+        State::Open(None) => "released",
         State::Done(_) => "done",
     }
 }
@@ -91,7 +92,7 @@ impl MemoryStore {
         for cell in &*self.shards {
             let shard = lock(cell);
             shard.check();
-            total = total.plus(Usage::new(shard.len, shard.bytes));
+            total = total.plus(Usage::new(shard.len + shard.steps, shard.bytes));
         }
         let limits = self.budget.limits;
         assert_eq!(
@@ -116,6 +117,7 @@ impl Shard {
         assert_eq!(self.index.len(), live.len(), "index len");
         let mut bytes = 0;
         let mut pending = 0;
+        let (mut steps, mut step_bytes) = (0, 0);
         let mut per_scope = std::collections::HashMap::<u32, (u32, usize)>::new();
         for &i in &live {
             let e = &self.entries[at(i)];
@@ -125,19 +127,37 @@ impl Shard {
                 Some(i),
                 "indexed"
             );
+            let list = self.step_list(i);
+            let (n, b) = list.map_or((0, 0), |l| {
+                let b: usize = l.steps.iter().map(|(_, v)| v.len() + STEP_OVERHEAD).sum();
+                assert_eq!(l.bytes, b, "a list counts its steps' bytes");
+                assert!(!l.steps.is_empty(), "an empty list is freed");
+                (l.steps.len(), b)
+            });
             let cost = match &e.state {
-                State::Pending(_) => {
+                State::Open(Some(_)) => {
                     pending += 1;
                     ENTRY_OVERHEAD
                 }
-                State::Done(r) => ENTRY_OVERHEAD + r.len(),
-            };
+                State::Open(None) => {
+                    assert!(n > 0, "a released key is kept for its steps only");
+                    ENTRY_OVERHEAD
+                }
+                State::Done(r) => {
+                    assert_eq!(n, 0, "a completed key keeps no steps");
+                    ENTRY_OVERHEAD + r.len()
+                }
+            } + b;
+            assert_eq!(self.cost(i), cost, "cost");
+            steps += n;
+            step_bytes += b;
             bytes += cost;
             let counts = per_scope.entry(e.scope).or_default();
-            counts.0 += 1;
+            counts.0 += 1 + u32::try_from(n).expect("steps");
             counts.1 += cost;
         }
         assert_eq!(self.bytes, bytes, "bytes");
+        assert_eq!((self.steps, self.step_bytes), (steps, step_bytes), "steps");
         assert_eq!(self.pending, pending, "pending");
         assert_eq!(
             self.scope_index.len(),
@@ -159,10 +179,7 @@ impl Shard {
             let mut listed = 0;
             while i != NIL {
                 let e = &self.entries[at(i)];
-                assert!(
-                    matches!(e.state, State::Done(_)) && e.scope == s,
-                    "scope list"
-                );
+                assert!(!e.state.is_pending() && e.scope == s, "scope list");
                 assert_eq!(e.scope_prev, prev, "scope back link");
                 prev = i;
                 i = e.scope_next;
@@ -172,11 +189,10 @@ impl Shard {
             let done = live
                 .iter()
                 .filter(|&&i| {
-                    self.entries[at(i)].scope == s
-                        && matches!(self.entries[at(i)].state, State::Done(_))
+                    self.entries[at(i)].scope == s && !self.entries[at(i)].state.is_pending()
                 })
                 .count();
-            assert_eq!(listed, done, "every completed entry of the scope is listed");
+            assert_eq!(listed, done, "every droppable entry of the scope is listed");
         }
         assert_eq!(
             self.by_weight.check(&self.scopes),
@@ -188,7 +204,7 @@ impl Shard {
         let mut listed = 0;
         while i != NIL {
             let e = &self.entries[at(i)];
-            assert!(matches!(e.state, State::Done(_)), "done list");
+            assert!(!e.state.is_pending(), "done list");
             assert_eq!(e.prev, prev, "back link");
             prev = i;
             i = e.next;
@@ -636,7 +652,17 @@ fn concurrent_steps_keep_the_budget_exact() {
                         let id = u32::try_from(x % 32).expect("small");
                         let k = key(u8::try_from(id % 7).expect("small"), id);
                         let ttl = Duration::from_millis((x >> 16) % 2000);
-                        match (x >> 32) % 5 {
+                        match (x >> 32) % 6 {
+                            5 => {
+                                let step =
+                                    StepId::from_bytes([u8::try_from(x % 3).expect("small"); 32]);
+                                let value = Bytes::from(vec![
+                                    1u8;
+                                    usize::try_from((x >> 8) % 60)
+                                        .expect("small")
+                                ]);
+                                let _ = s.record_step(&k, &step, value, ttl).await;
+                            }
                             0 | 1 => {
                                 if let Ok(Claim::Claimed(tok)) = s.claim(&k, &fp(1), ttl).await {
                                     tokens.insert(id, tok);
@@ -688,6 +714,7 @@ fn random_steps(shards: usize, cap: Option<usize>) -> MemoryStats {
         }
         let s = b.build().expect("valid");
         let mut tokens: std::collections::HashMap<u32, Token> = std::collections::HashMap::new();
+        let mut recorded = 0;
         let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
         let mut next = move || {
             x ^= x << 13;
@@ -701,11 +728,32 @@ fn random_steps(shards: usize, cap: Option<usize>) -> MemoryStats {
             let k = key(u8::try_from(id % 5).expect("small"), id);
             let len = usize::try_from((r >> 8) % 80).expect("small");
             let ttl = Duration::from_millis((r >> 16) % 3000);
-            match (r >> 32) % 6 {
+            match (r >> 32) % 10 {
                 0 | 1 => {
                     if let Ok(Claim::Claimed(t)) = s.claim(&k, &fp(1), ttl).await {
                         tokens.insert(id, t);
                     }
+                }
+                6 | 7 => {
+                    let step =
+                        StepId::from_bytes([u8::try_from((r >> 48) % 3).expect("small"); 32]);
+                    let value = Bytes::from(vec![1u8; len / 2]);
+                    if let Ok(crate::store::StepRecorded::Recorded) =
+                        s.record_step(&k, &step, value, ttl).await
+                    {
+                        recorded += 1;
+                    }
+                }
+                8 => {
+                    if let Some(t) = tokens.get(&id) {
+                        let _ = s.prepare_step(&k, t, ttl).await;
+                    }
+                }
+                9 if r & 1 == 0 => {
+                    let _ = s.forget(&k, r & 2 == 0).await;
+                }
+                9 => {
+                    let _ = s.steps(&k).await.expect("steps");
                 }
                 2 => {
                     if let Some(t) = tokens.get(&id) {
@@ -726,6 +774,7 @@ fn random_steps(shards: usize, cap: Option<usize>) -> MemoryStats {
             }
             s.check();
         }
+        assert!(recorded > 1_000, "steps were recorded: {recorded}");
         s.stats()
     })
 }
