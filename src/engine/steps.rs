@@ -81,11 +81,14 @@ const STEP_TAG_DOMAIN: &[u8] = b"tower-idempotency step record v2\0";
 ///   request under the key (another body) runs no step: it gets
 ///   [`StepErrorKind::KeyReused`], and a door answers it as a reused key (HTTP 422
 ///   `key_reused`), releasing its claim. The first request's steps are kept for its retry.
+/// - While the run's claim holds the key, its steps do not expire: each renewal keeps them
+///   their retention past the new end of the lease.
 /// - A released key keeps its steps for the engine's retention and lease, counted from the
-///   last step recorded; so does a key whose lease lapsed. The next claimant of the key reads
-///   them. A retention shorter than the lease still keeps them for a lease: a crash's retry
-///   comes after the lease lapsed.
-/// - A completed key's record answers every repeat: its steps are not read again.
+///   release or the last step recorded; so does a key whose lease lapsed. The next claimant of
+///   the key reads them. A retention shorter than the lease still keeps them for a lease: a
+///   crash's retry comes after the lease lapsed.
+/// - Completing the key deletes its steps, with the record's write: the record answers every
+///   repeat, and the steps would serve nothing.
 /// - [`Engine::forget`](crate::engine::Engine::forget) deletes them with the record.
 ///
 /// # The rules a run must keep
