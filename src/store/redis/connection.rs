@@ -8,8 +8,9 @@ use ::redis::{RedisError, Value};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use tokio::sync::oneshot;
+use super::replicated::Jobs;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
+use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
 /// The future of a replacement connection.
@@ -41,6 +42,10 @@ pub(super) struct Inner<C> {
     pub(super) native_claim_unsupported: AtomicBool,
     /// Commands waiting for the next pipelined write.
     pub(super) outbox: Mutex<Outbox>,
+    /// Where writes that wait for replicas go (see `replicated`), once one was sent.
+    pub(super) writer: OnceLock<Jobs>,
+    /// Woken each time the connection is replaced, for steps waiting to be sent again.
+    replaced: Notify,
 }
 
 impl<C: Clone> Inner<C> {
@@ -53,6 +58,8 @@ impl<C: Clone> Inner<C> {
             condemned: AtomicU64::new(0),
             native_claim_unsupported: AtomicBool::new(false),
             outbox: Mutex::new(Outbox::default()),
+            writer: OnceLock::new(),
+            replaced: Notify::new(),
         }
     }
 
@@ -79,7 +86,24 @@ impl<C: Clone> Inner<C> {
         let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
         self.generation.fetch_add(1, Ordering::Relaxed);
         self.timeouts.store(0, Ordering::Relaxed);
-        std::mem::replace(&mut *current, conn)
+        let old = std::mem::replace(&mut *current, conn);
+        self.replaced.notify_waiters();
+        old
+    }
+
+    /// Waits until the connection of `generation` has been replaced, or `deadline`: whether it
+    /// was.
+    pub(super) async fn replaced_since(&self, generation: u64, deadline: Instant) -> bool {
+        loop {
+            let replaced = self.replaced.notified();
+            let now = self.generation();
+            if now != generation && !self.condemned(now) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, replaced).await.is_err() {
+                return false;
+            }
+        }
     }
 }
 
@@ -216,12 +240,58 @@ where
     }
 }
 
-/// The error of a round trip refused on a condemned connection: a lost primary.
+/// The error of a round trip refused on a condemned connection: a lost primary. Nothing was
+/// sent.
 pub(super) fn condemned() -> RedisError {
-    RedisError::from((
+    super::error::unsent(RedisError::from((
         ::redis::ErrorKind::Io,
         "the connection lost its Redis primary; waiting for Sentinel to name one",
-    ))
+    )))
+}
+
+/// A store without its hold on the shared state: what a task of the store's own keeps, so
+/// that dropping the last store ends it.
+pub(super) struct WeakStore<C> {
+    inner: Weak<Inner<C>>,
+    settings: RedisStore<()>,
+    reconnect: Option<Reconnect<C>>,
+}
+
+impl<C> RedisStore<C> {
+    /// The store, without keeping its shared state alive.
+    pub(super) fn downgrade(&self) -> WeakStore<C> {
+        WeakStore {
+            inner: Arc::downgrade(&self.inner),
+            settings: RedisStore {
+                inner: Arc::new(Inner::new(())),
+                prefix: Arc::clone(&self.prefix),
+                timeout: self.timeout,
+                native_claim: self.native_claim,
+                pipelining: self.pipelining,
+                reconnect: None,
+                follow_primary: self.follow_primary,
+                replicas: self.replicas,
+            },
+            reconnect: self.reconnect.clone(),
+        }
+    }
+}
+
+impl<C> WeakStore<C> {
+    /// The store, while another still holds it.
+    pub(super) fn upgrade(&self) -> Option<RedisStore<C>> {
+        let s = &self.settings;
+        Some(RedisStore {
+            inner: self.inner.upgrade()?,
+            prefix: Arc::clone(&s.prefix),
+            timeout: s.timeout,
+            native_claim: s.native_claim,
+            pipelining: s.pipelining,
+            reconnect: self.reconnect.clone(),
+            follow_primary: s.follow_primary,
+            replicas: s.replicas,
+        })
+    }
 }
 
 /// Runs `fut` until `deadline`.

@@ -289,6 +289,7 @@ mod codec;
 mod connection;
 mod error;
 mod pipeline;
+mod replicated;
 mod scripts;
 mod verify;
 
@@ -530,9 +531,54 @@ where
     }
 
     /// A writing script and `WAIT`, in one round trip: the script's reply and the number of
-    /// replicas that acknowledged. A `NOSCRIPT` costs two more round trips (the script loaded
-    /// and run, then `WAIT`), all by the step's `deadline`.
+    /// replicas that acknowledged. Sent on the connection of replicated writes when the store
+    /// can make one (see `replicated`), else on the shared connection. A `NOSCRIPT` loads the
+    /// script and sends both again; a write that was not sent (a lost primary, a demoted one)
+    /// is sent again once on the next connection. All by the step's `deadline`.
     async fn eval_replicated(
+        &self,
+        script: &::redis::Script,
+        keys: &[&[u8]],
+        args: &[Arg<'_>],
+        replicas: WaitReplicas,
+        deadline: Instant,
+    ) -> Result<(::redis::Value, ::redis::Value), OpError> {
+        let (mut loaded, mut resent) = (false, false);
+        loop {
+            let generation = self.inner.generation();
+            let cmd = scripts::evalsha(script, keys, args);
+            let Some(answer) = self.send_replicated(cmd, replicas, deadline).await else {
+                return self
+                    .eval_replicated_shared(script, keys, args, replicas, deadline)
+                    .await;
+            };
+            let e = match answer {
+                Ok((written, acknowledged)) => match written.extract_error() {
+                    Ok(written) => return Ok((written, acknowledged)),
+                    Err(e) => OpError::Redis(e),
+                },
+                Err(e) => e,
+            };
+            if e.is_no_script() && !loaded {
+                // The server lost its scripts (a restart, a failover to a replica that never
+                // ran this one): load it, then send the write and its `WAIT` again.
+                loaded = true;
+                let (generation, mut conn) = self.inner.checkout();
+                self.bounded(generation, deadline, script.load_async(&mut conn))
+                    .await?;
+                continue;
+            }
+            if e.is_unsent() && !resent && self.inner.replaced_since(generation, deadline).await {
+                resent = true;
+                continue;
+            }
+            return Err(e);
+        }
+    }
+
+    /// [`eval_replicated`](Self::eval_replicated) on the shared connection, for a store that
+    /// cannot make a connection of its own: the `WAIT` holds it while it waits.
+    async fn eval_replicated_shared(
         &self,
         script: &::redis::Script,
         keys: &[&[u8]],
@@ -561,12 +607,30 @@ where
                 if !e.is_no_script() {
                     return Err(e);
                 }
-                // The server lost its scripts (a restart, a failover to a replica that never
-                // ran this one): load and run it, then wait for it.
                 let written = self.eval(script, keys, args, deadline).await?;
                 let acknowledged = self.query(pipeline::wait_cmd(wait()), deadline).await?;
                 Ok((written, acknowledged))
             }
+        }
+    }
+
+    /// [`eval`](Self::eval) of a script that is safe to send twice (it checks the claim's
+    /// token, or writes only what is absent): a script that was not sent (its connection lost
+    /// its primary, or a demoted primary refused it) is sent again once, on the connection
+    /// that replaces it, by the same `deadline`.
+    async fn eval_resent(
+        &self,
+        script: &::redis::Script,
+        keys: &[&[u8]],
+        args: &[Arg<'_>],
+        deadline: Instant,
+    ) -> Result<::redis::Value, OpError> {
+        let generation = self.inner.generation();
+        match self.eval(script, keys, args, deadline).await {
+            Err(e) if e.is_unsent() && self.inner.replaced_since(generation, deadline).await => {
+                self.eval(script, keys, args, deadline).await
+            }
+            other => other,
         }
     }
 
@@ -665,7 +729,7 @@ where
         let keys = [key.as_bytes()];
         let Some(replicas) = self.replicas else {
             let reply = self
-                .eval(&scripts::COMPLETE, &keys, &args, deadline)
+                .eval_resent(&scripts::COMPLETE, &keys, &args, deadline)
                 .await
                 .map_err(|e| e.into_store("Redis complete"))?;
             return codec::flag(reply, "unexpected answer to complete");
@@ -796,7 +860,7 @@ where
         let keys = [steps.as_bytes()];
         let Some(replicas) = self.replicas else {
             let reply = self
-                .eval(&scripts::RECORD_STEP, &keys, &args, deadline)
+                .eval_resent(&scripts::RECORD_STEP, &keys, &args, deadline)
                 .await
                 .map_err(|e| e.into_store("Redis record_step"))?;
             return codec::parse_step_recorded(reply);
