@@ -171,9 +171,10 @@ where
         }
         let asked = jobs.iter().map(|j| j.replicas.count).max().unwrap_or(1);
         let wait = c.in_sync.is_some_and(|n| n >= asked).then(|| {
-            // Within three quarters of the time the most pressed caller has left, so that too
-            // few replicas fail it as `NotReplicated`, not `Timeout`; never 0 (`WAIT … 0`
-            // blocks for ever).
+            // At most a third of the operation timeout: a write queued while a batch waits
+            // waits for that one and for its own, and still fails as `NotReplicated`, not
+            // `Timeout`. Within three quarters of the time the most pressed caller has left;
+            // never 0 (`WAIT … 0` blocks for ever).
             let left = jobs
                 .iter()
                 .map(|j| j.deadline.saturating_duration_since(Instant::now()))
@@ -183,7 +184,8 @@ where
                 .iter()
                 .map(|j| j.replicas.timeout)
                 .min()
-                .unwrap_or_default();
+                .unwrap_or_default()
+                .min(store.timeout / 3);
             super::codec::millis(bound.min(left * 3 / 4)).max(1)
         });
         let mut pipe = ::redis::Pipeline::with_capacity(jobs.len() + 2);
