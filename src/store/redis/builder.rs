@@ -129,8 +129,8 @@ impl<C> RedisStoreBuilder<C> {
     /// most `timeout` for them (Redis `WAIT`, sent with the write in one round trip). Fewer
     /// in time: the complete fails with [`StoreErrorKind::NotReplicated`]. Each recorded
     /// step of a request's work waits alike (see [Steps](super#steps)). Default: off
-    /// (nothing waits). `replicas` 0 turns it off. `timeout` at least 1 ms; at most
-    /// three quarters of the operation time left when `WAIT` is sent.
+    /// (nothing waits). `replicas` 0 turns it off. `timeout` at least 1 ms; at most a third
+    /// of the operation timeout, and three quarters of the time left when `WAIT` is sent.
     ///
     /// What it buys: a record the store acknowledged survives a failover. Redis replicates
     /// asynchronously, so a replica promoted after the primary dies may lack the last
@@ -139,17 +139,25 @@ impl<C> RedisStoreBuilder<C> {
     /// no more than the replicas you run, or every complete fails.
     ///
     /// What it costs: one replica round trip added to every fresh request, and one to each
-    /// recorded step. Writes that meet in one pipeline share one `WAIT` at its end. `WAIT`
-    /// holds the connection while it waits, so the commands of other requests queued behind it
-    /// wait too. With no replica to answer, each complete holds it for the whole `timeout`, and
-    /// claims behind it may time out: keep `timeout` short, a few replica round trips (tens of
-    /// milliseconds on one network), well below the operation timeout. Measured on loopback
-    /// with no replica answering a 200 ms `WAIT`: claims on the same store took 288 ms at the
-    /// median, against 0.94 ms while no complete waited. A failed complete still answers the
-    /// caller with the handler's response; the key stays pending until its lease lapses, and
-    /// the record may still reach the replicas. If the primary dies first, that record is lost
-    /// and a duplicate runs again: only acknowledged records are kept. `NotReplicated` in the
-    /// logs and the `not_replicated` metric count them.
+    /// recorded step. The writes that wait go on a connection of their own, made the way the
+    /// store makes its connection, so a `WAIT` never holds the claims and other steps. One
+    /// batch waits at a time on it: the writes queued meanwhile share the next `WAIT`, so a
+    /// complete waits at most about two `WAIT` bounds. Each batch asks the primary which
+    /// replicas are in sync (`ROLE`); while fewer than `replicas` are, the writes are sent
+    /// without a `WAIT` and fail `NotReplicated` at once, rather than each waiting its whole
+    /// `timeout` (after a failover, the new primary has no replica until the old one rejoins
+    /// and syncs, seconds later). A store built over a connection without
+    /// [`reconnect`](Self::reconnect) cannot make another, and sends the `WAIT` on its one
+    /// connection, where the steps behind it wait too.
+    ///
+    /// A failed complete still answers the caller with the handler's response. With
+    /// `NotReplicated` the record is on the primary: repeats replay it, and it reaches the
+    /// replicas as they catch up. If the primary dies before a replica has it, the record is
+    /// lost and a repeat runs again: only acknowledged records are kept. `NotReplicated` in the
+    /// logs and the `not_replicated` metric count them. So that a failover keeps acknowledged
+    /// records and the store keeps acknowledging, run at least `replicas + 1` replicas: with
+    /// exactly `replicas`, the promotion of one leaves too few, and every complete fails
+    /// `NotReplicated` until the old primary has rejoined as a replica and synced.
     ///
     /// A recorded step that is not acknowledged in time is still returned to the handler,
     /// with a warning. It is on the primary; if the primary dies before a replica has it, a
