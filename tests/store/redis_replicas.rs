@@ -436,7 +436,10 @@ async fn claims_answer_while_completes_wait_for_a_silent_replica() {
         not_replicated += c.await.unwrap();
     }
     signal(replica.pid(), "CONT");
-    assert!(not_replicated > 0, "the completes waited for the silent replica");
+    assert!(
+        not_replicated > 0,
+        "the completes waited for the silent replica"
+    );
     assert_eq!(failed, [], "every claim answered while completes waited");
 }
 
@@ -462,7 +465,10 @@ async fn without_a_replica_in_sync_a_complete_says_not_replicated_without_waitin
         let Begin::Run(t) = engine.begin(key, fp).await.unwrap() else {
             panic!("a fresh key runs")
         };
-        let err = engine.complete(t, &response()).await.expect_err("no replica");
+        let err = engine
+            .complete(t, &response())
+            .await
+            .expect_err("no replica");
         assert_eq!(err.kind(), StoreErrorKind::NotReplicated, "{err:?}");
         assert!(
             matches!(engine.begin(key, fp).await.unwrap(), Begin::Replayed(r) if r == response()),

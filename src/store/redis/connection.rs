@@ -2,13 +2,13 @@
 //! (see the [module docs](super#failures)).
 
 use super::error::OpError;
+use super::replicated::Jobs;
 use super::{RECONNECT_AFTER_TIMEOUTS, RECONNECT_TIMEOUT, RedisStore};
 use ::redis::aio::ConnectionLike;
 use ::redis::{RedisError, Value};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use super::replicated::Jobs;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;

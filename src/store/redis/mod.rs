@@ -189,7 +189,10 @@
 //! a row that time out. It then asks the sentinels again, in the background, and connects to
 //! the primary they name. A connection that lost its primary is never used again: it would
 //! reconnect to the old address, where the old primary, restarted, answers as a primary until
-//! the sentinels demote it. Until they name one that answers as primary, steps fail at once
+//! the sentinels demote it. A complete or a recorded step that was refused on the lost
+//! connection, never sent, or answered `READONLY` (nothing applied) is sent again once on the
+//! connection that replaces it, within its operation timeout: a complete is fenced by its
+//! token, and a step's first record wins, so sending either again is safe. Until they name one that answers as primary, steps fail at once
 //! (`Unavailable` or `Timeout`: claims answer 503, nothing runs), and each failure asks again.
 //! The operation timeout and the replacement of a silent connection hold as above.
 //!
@@ -256,16 +259,24 @@
 //! An acknowledged record then survives the promotion of any of those replicas. It costs one
 //! replica round trip per fresh request; a complete the replicas do not acknowledge in time
 //! fails with [`NotReplicated`](crate::store::StoreErrorKind::NotReplicated), and the caller
-//! still gets the handler's response. Claims are not waited for: a claim lost in a failover
-//! lets a duplicate that arrives during the first run run too.
+//! still gets the handler's response; the record is on the primary, and repeats replay it
+//! unless a failover loses it first. Claims are not waited for: a claim lost in a failover
+//! lets a duplicate that arrives during the first run run too. The writes that wait go on a
+//! connection of their own, so a `WAIT` never holds the claims behind it, and a primary with
+//! fewer replicas in sync than asked is answered `NotReplicated` at once.
 //!
-//! Measured in `tests/faults/failover.rs`: 300 keys sent three times each by 8 clients on two
-//! stores, the replica 300 ms behind (a partition) when the primary is killed. Without the
-//! option, 174 and 194 acknowledged records were lost in two runs, and their keys ran
-//! twice. With `wait_for_replicas(1, 50 ms)`, none. Completes that were not acknowledged
-//! then failed with `NotReplicated` until a replica was back. With 32 callers at once the
-//! option cost 14–38 µs per first run (about 180 µs without it), and a lone caller one
-//! replica round trip (`wait_for_replicas_cost` in `tests/store/redis_replicas.rs`).
+//! Measured in `tests/faults/failover.rs` (`failover_storm_figures`): 300 keys sent three
+//! times each by 8 clients on two stores, the primary killed, the old primary restarted, every
+//! key sent once more at the end. With the replica 300 ms behind (a partition) when the
+//! primary is killed and the option off, 193 acknowledged records were lost and their keys ran
+//! again. With `wait_for_replicas(1, 50 ms)`, none (asserted, also in CI): 11 keys ran again
+//! after a 2xx, each after a complete that failed and was never acknowledged. With the
+//! replica in step, no key ran again, option off or on. The option needs `n + 1` replicas to
+//! keep acknowledging through a failover: with one replica, every complete after the
+//! promotion failed `NotReplicated` (at once, without waiting) until the old primary had
+//! rejoined and synced. With 32 callers at once the option cost 14–38 µs per first run (about
+//! 180 µs without it), and a lone caller one replica round trip (`wait_for_replicas_cost` in
+//! `tests/store/redis_replicas.rs`).
 //!
 //! Keep the retention (the engine's ttl) at least as long as clients retry.
 //!

@@ -161,7 +161,12 @@ where
         let Some(c) = slot.as_mut() else { return };
         if c.in_sync.is_none() {
             // A new connection: ask first, so that a primary without replicas says so at once.
-            match timed(limit, ::redis::cmd("ROLE").query_async::<Value>(&mut c.conn)).await {
+            match timed(
+                limit,
+                ::redis::cmd("ROLE").query_async::<Value>(&mut c.conn),
+            )
+            .await
+            {
                 Ok(role) => match in_sync(&role) {
                     Some(n) => c.in_sync = Some(n),
                     None => return self.demoted(store, slot, generation, jobs),
