@@ -1,7 +1,7 @@
 //! [`RedisStoreBuilder`]: the settings of a [`RedisStore`], fixed when it is built.
 
 use super::codec::prefix_of;
-use super::connection::{Connecting, Inner, Reconnect};
+use super::connection::{Connecting, Inner, Made, Reconnect};
 use super::error::OpError;
 use super::{DEFAULT_TIMEOUT, RECONNECT_TIMEOUT, RedisStore, WaitReplicas};
 use crate::error::ConfigError;
@@ -215,7 +215,11 @@ impl<C> RedisStoreBuilder<C> {
         F: Fn() -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<C, RedisError>> + Send + 'static,
     {
-        self.reconnect = Some(Arc::new(move || -> Connecting<C> { Box::pin(connect()) }));
+        self.reconnect = Some(Arc::new(move || -> Connecting<C> {
+            let conn = connect();
+            // Made by the caller: no primary the sentinels named.
+            Box::pin(async move { Ok((conn.await?, None)) })
+        }));
         self
     }
 }
@@ -231,9 +235,14 @@ where
     /// # Errors
     /// A [`ConfigError`] when the prefix is empty.
     pub fn build(self, conn: C) -> Result<RedisStore<C>, ConfigError> {
+        self.build_made((conn, None))
+    }
+
+    /// The store over a connection made for the primary the sentinels named.
+    fn build_made(self, made: Made<C>) -> Result<RedisStore<C>, ConfigError> {
         let prefix = self.prefix?;
         Ok(RedisStore {
-            inner: Arc::new(Inner::new(conn)),
+            inner: Arc::new(Inner::made(made)),
             prefix: prefix.into(),
             timeout: self.timeout,
             native_claim: self.native_claim,
@@ -307,7 +316,10 @@ impl RedisStoreBuilder<ConnectionManager> {
     /// demoted primary), the store asks the sentinels again and connects to the primary they
     /// name, in the background, bounded by 5 s (see the [module docs](super#sentinel)).
     /// Until then steps fail with `Unavailable` or `Timeout`; the store needs no restart.
-    /// [`reconnect`](Self::reconnect) takes the place of that lookup.
+    /// The store also asks the sentinels every second which primary they name, and moves to
+    /// it when it is not the one it is connected to: an old primary that still answers as a
+    /// primary fails nothing, so the steps alone would never leave it.
+    /// [`reconnect`](Self::reconnect) takes the place of that lookup, and of the asking.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -343,34 +355,49 @@ impl RedisStoreBuilder<ConnectionManager> {
         if let Err(e) = &self.prefix {
             return Err(invalid_prefix(e.clone()));
         }
+        let invalid = |e| OpError::from(e).into_store("invalid Redis Sentinel addresses");
+        let sentinels = sentinels
+            .into_iter()
+            .map(::redis::IntoConnectionInfo::into_connection_info)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(invalid)?;
         let sentinel = ::redis::sentinel::SentinelClient::build(
-            sentinels.into_iter().collect(),
+            sentinels.clone(),
             service_name.to_owned(),
             primary,
             ::redis::sentinel::SentinelServerType::Master,
         )
-        .map_err(|e| OpError::from(e).into_store("invalid Redis Sentinel addresses"))?;
+        .map_err(invalid)?;
         let sentinel = Arc::new(tokio::sync::Mutex::new(sentinel));
-        let connect = move || {
+        let connect = move || -> Connecting<ConnectionManager> {
             let sentinel = Arc::clone(&sentinel);
-            async move {
+            Box::pin(async move {
                 // One lookup at a time; the sentinels verify the primary's role.
                 let client = sentinel.lock().await.async_get_client().await?;
-                ConnectionManager::new_with_config(client, manager_config()).await
-            }
+                let primary = super::follow::address(client.get_connection_info());
+                let conn = ConnectionManager::new_with_config(client, manager_config()).await?;
+                Ok((conn, primary))
+            })
         };
-        let conn = tokio::time::timeout(RECONNECT_TIMEOUT, connect())
+        let made = tokio::time::timeout(RECONNECT_TIMEOUT, connect())
             .await
             .map_err(|e| {
                 OpError::from(e).into_store("connecting through Redis Sentinel timed out")
             })?
             .map_err(|e| OpError::from(e).into_store("connecting through Redis Sentinel failed"))?;
-        if self.reconnect.is_none() {
-            self = self.reconnect(connect);
+        // A connection of the caller's making does not say which primary it is for: nothing
+        // to compare the sentinels' answer with.
+        let follow = self.reconnect.is_none();
+        if follow {
+            self.reconnect = Some(Arc::new(connect));
         }
         self.follow_primary = true;
         self.pipelining = Some(self.pipelining.unwrap_or(true));
-        self.build(conn).map_err(invalid_prefix)
+        let store = self.build_made(made).map_err(invalid_prefix)?;
+        if follow {
+            super::follow::spawn(&store, sentinels, service_name.to_owned());
+        }
+        Ok(store)
     }
 }
 

@@ -13,8 +13,12 @@ use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
 use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
+/// The host and port of the primary a connection was made for, as the sentinels name it.
+pub(super) type Address = (String, u16);
+/// A new connection, and the primary it was made for when the sentinels named one.
+pub(super) type Made<C> = (C, Option<Address>);
 /// The future of a replacement connection.
-pub(super) type Connecting<C> = Pin<Box<dyn Future<Output = Result<C, RedisError>> + Send>>;
+pub(super) type Connecting<C> = Pin<Box<dyn Future<Output = Result<Made<C>, RedisError>> + Send>>;
 /// Makes a replacement connection.
 pub(super) type Reconnect<C> = Arc<dyn Fn() -> Connecting<C> + Send + Sync>;
 
@@ -23,9 +27,9 @@ pub(super) type Reconnect<C> = Arc<dyn Fn() -> Connecting<C> + Send + Sync>;
 ///
 /// No setting lives here: those are plain fields of [`RedisStore`], fixed when it is built.
 pub(super) struct Inner<C> {
-    /// The connection in use. Each operation clones it out; the lock is never held across an
-    /// `.await`.
-    current: RwLock<C>,
+    /// The connection in use, and the primary it was made for when the sentinels named one.
+    /// Each operation clones the connection out; the lock is never held across an `.await`.
+    current: RwLock<(C, Option<Address>)>,
     /// Bumped, under the write lock, each time the connection is replaced: a timeout met on a
     /// connection already replaced does not count against its successor.
     generation: AtomicU64,
@@ -50,8 +54,13 @@ pub(super) struct Inner<C> {
 
 impl<C: Clone> Inner<C> {
     pub(super) fn new(conn: C) -> Self {
+        Self::made((conn, None))
+    }
+
+    /// Over a connection made for the primary the sentinels named.
+    pub(super) fn made((conn, primary): Made<C>) -> Self {
         Self {
-            current: RwLock::new(conn),
+            current: RwLock::new((conn, primary)),
             generation: AtomicU64::new(0),
             timeouts: AtomicU32::new(0),
             reconnecting: AtomicBool::new(false),
@@ -67,7 +76,14 @@ impl<C: Clone> Inner<C> {
     pub(super) fn checkout(&self) -> (u64, C) {
         let current = self.current.read().unwrap_or_else(PoisonError::into_inner);
         // Written under the write lock only: consistent with `current` while it is read.
-        (self.generation.load(Ordering::Relaxed), current.clone())
+        (self.generation.load(Ordering::Relaxed), current.0.clone())
+    }
+
+    /// The generation of the connection in use and the primary it was made for.
+    #[cfg(feature = "redis-sentinel")]
+    pub(super) fn primary(&self) -> (u64, Option<Address>) {
+        let current = self.current.read().unwrap_or_else(PoisonError::into_inner);
+        (self.generation.load(Ordering::Relaxed), current.1.clone())
     }
 
     /// The generation of the connection in use.
@@ -82,11 +98,11 @@ impl<C: Clone> Inner<C> {
 
     /// Puts `conn` in place of the current connection; returns the old one (dropped by the
     /// caller, outside the lock).
-    fn replace(&self, conn: C) -> C {
+    fn replace(&self, made: Made<C>) -> Made<C> {
         let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
         self.generation.fetch_add(1, Ordering::Relaxed);
         self.timeouts.store(0, Ordering::Relaxed);
-        let old = std::mem::replace(&mut *current, conn);
+        let old = std::mem::replace(&mut *current, made);
         self.replaced.notify_waiters();
         old
     }
@@ -174,7 +190,7 @@ where
                 if (lost || timeouts >= RECONNECT_AFTER_TIMEOUTS)
                     && !inner.reconnecting.swap(true, Ordering::AcqRel)
                 {
-                    self.spawn_reconnect(reconnect, timeouts);
+                    self.spawn_reconnect(reconnect, Why::Failing(timeouts));
                 }
             }
             Some(_) => {}
@@ -192,9 +208,24 @@ where
         Err(e)
     }
 
+    /// Replaces the connection of `generation`, made for `primary`, when the sentinels name
+    /// another primary (see `follow`). The connection is not refused meanwhile: the old
+    /// primary still answers, and the replacement takes one lookup. Unless one is under way.
+    #[cfg(feature = "redis-sentinel")]
+    pub(super) fn follow(&self, generation: u64, primary: Address) {
+        let Some(reconnect) = &self.reconnect else {
+            return;
+        };
+        if self.inner.generation() == generation
+            && !self.inner.reconnecting.swap(true, Ordering::AcqRel)
+        {
+            self.spawn_reconnect(reconnect, Why::Moved(primary));
+        }
+    }
+
     /// Makes a replacement connection in a task of its own and puts it in place; on failure,
     /// keeps the current one and starts the count again. The caller set `reconnecting`.
-    fn spawn_reconnect(&self, reconnect: &Reconnect<C>, timeouts: u32) {
+    fn spawn_reconnect(&self, reconnect: &Reconnect<C>, why: Why) {
         let guard = ReconnectGuard(Arc::clone(&self.inner));
         // The `redis` feature's `tokio-comp` brings tokio's runtime; a store is only used in one.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -204,15 +235,38 @@ where
         let prefix = Arc::clone(&self.prefix);
         runtime.spawn(async move {
             let inner = &guard.0;
+            let timeouts = match &why {
+                Why::Failing(timeouts) => *timeouts,
+                Why::Moved(_) => 0,
+            };
             match tokio::time::timeout(RECONNECT_TIMEOUT, reconnect()).await {
-                Ok(Ok(conn)) => {
-                    let old = inner.replace(conn);
-                    tracing::warn!(
+                Ok(Ok((_, Some(primary)))) if matches!(&why, Why::Moved(old) if *old == primary) => {
+                    // The sentinels disagree while the news of a failover spreads, and the
+                    // lookup asked one that still names this primary: keep the connection.
+                    tracing::debug!(
                         key_prefix = %prefix,
-                        timeouts,
-                        "Redis connection replaced after consecutive operation timeouts \
-                         (silent or half-open connection) or, through Sentinel, a lost primary",
+                        primary = %format_args!("{}:{}", primary.0, primary.1),
+                        "Redis Sentinel lookup named the primary in use; keeping the connection",
                     );
+                }
+                Ok(Ok(made)) => {
+                    let primary = made.1.clone();
+                    let old = inner.replace(made);
+                    match (&why, primary) {
+                        (Why::Moved(old), Some(new)) => tracing::warn!(
+                            key_prefix = %prefix,
+                            from = %format_args!("{}:{}", old.0, old.1),
+                            to = %format_args!("{}:{}", new.0, new.1),
+                            "Redis connection replaced: the sentinels name another primary",
+                        ),
+                        _ => tracing::warn!(
+                            key_prefix = %prefix,
+                            timeouts,
+                            "Redis connection replaced after consecutive operation timeouts \
+                             (silent or half-open connection) or, through Sentinel, a lost \
+                             primary",
+                        ),
+                    }
                     drop(old);
                 }
                 Ok(Err(e)) => {
@@ -238,6 +292,16 @@ where
             }
         });
     }
+}
+
+/// Why a connection is replaced.
+enum Why {
+    /// Operation timeouts in a row (their number), or a lost primary.
+    Failing(u32),
+    /// The sentinels name another primary than this one, the connection's, which may still
+    /// answer as a primary.
+    #[cfg_attr(not(feature = "redis-sentinel"), allow(dead_code))]
+    Moved(Address),
 }
 
 /// The error of a round trip refused on a condemned connection: a lost primary. Nothing was

@@ -192,9 +192,23 @@
 //! the sentinels demote it. A complete or a recorded step that was refused on the lost
 //! connection, never sent, or answered `READONLY` (nothing applied) is sent again once on the
 //! connection that replaces it, within its operation timeout: a complete is fenced by its
-//! token, and a step's first record wins, so sending either again is safe. Until they name one that answers as primary, steps fail at once
-//! (`Unavailable` or `Timeout`: claims answer 503, nothing runs), and each failure asks again.
-//! The operation timeout and the replacement of a silent connection hold as above.
+//! token, and a step's first record wins, so sending either again is safe. Until they name one
+//! that answers as primary, steps fail at once (`Unavailable` or `Timeout`: claims answer 503,
+//! nothing runs), and each failure asks again. The operation timeout and the replacement of a
+//! silent connection hold as above.
+//!
+//! An old primary may also go on answering as a primary after the sentinels promoted another:
+//! cut off from them, or not reconfigured yet. Nothing sent there fails, so the steps never
+//! tell the store to look again: it would keep writing where the stores that moved no longer
+//! read, and a key would run on both sides. So the
+//! store also asks the sentinels every second (a fixed interval) which primary they name
+//! (`SENTINEL GET-MASTER-ADDR-BY-NAME`, the first sentinel that answers, in the order given).
+//! When it is not the one the connection was made for, the store connects to the primary they
+//! name, as above, and puts that connection in place; the writes that wait for replicas move
+//! to a new connection with it. Steps sent before then still go to the old primary: about a
+//! second of them, after the sentinels agree. The asking runs in a task of the store's own,
+//! which ends within a second of the last clone of the store being dropped. A store given
+//! [`RedisStoreBuilder::reconnect`] makes its own connections and is not followed this way.
 //!
 //! Measured on loopback with `down-after-milliseconds 500` and `failover-timeout 2000`: a
 //! store whose primary was killed (`kill -9`) serves again about 1.7 s later
@@ -299,6 +313,8 @@ mod builder;
 mod codec;
 mod connection;
 mod error;
+#[cfg(feature = "redis-sentinel")]
+mod follow;
 mod pipeline;
 mod replicated;
 mod scripts;

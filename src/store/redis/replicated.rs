@@ -139,7 +139,7 @@ where
             match tokio::time::timeout(RECONNECT_TIMEOUT.min(store.timeout), (self.reconnect)())
                 .await
             {
-                Ok(Ok(conn)) => {
+                Ok(Ok((conn, _))) => {
                     *slot = Some(Conn {
                         generation,
                         conn,
