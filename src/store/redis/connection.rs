@@ -210,7 +210,8 @@ where
 
     /// Replaces the connection of `generation`, made for `primary`, when the sentinels name
     /// another primary (see `follow`). The connection is not refused meanwhile: the old
-    /// primary still answers, and the replacement takes one lookup. Unless one is under way.
+    /// primary still answers, and the replacement takes one lookup. Does nothing while a
+    /// replacement is under way.
     #[cfg(feature = "redis-sentinel")]
     pub(super) fn follow(&self, generation: u64, primary: Address) {
         let Some(reconnect) = &self.reconnect else {
@@ -275,8 +276,9 @@ where
                         key_prefix = %prefix,
                         timeouts,
                         error = %e,
-                        "Redis connection timing out, but a replacement could not be made; \
-                         keeping it and trying again after the next timeouts",
+                        "Redis connection timing out or, through Sentinel, on a primary no \
+                         longer named, but a replacement could not be made; keeping it and \
+                         trying again after the next timeouts or the next asking",
                     );
                 }
                 Err(_) => {
@@ -285,8 +287,9 @@ where
                         key_prefix = %prefix,
                         timeouts,
                         timeout = ?RECONNECT_TIMEOUT,
-                        "Redis connection timing out, and making a replacement timed out; \
-                         keeping it and trying again after the next timeouts",
+                        "Redis connection timing out or, through Sentinel, on a primary no \
+                         longer named, and making a replacement timed out; keeping it and \
+                         trying again after the next timeouts or the next asking",
                     );
                 }
             }
