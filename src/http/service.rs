@@ -635,6 +635,9 @@ async fn complete<St: Store>(
         Ok(false) => {
             tracing::warn!(outcome = "lease_lost", key = ?key, "idempotency lease was lost before completion; record not stored")
         }
+        Err(e) if e.kind() == StoreErrorKind::NotReplicated => {
+            tracing::warn!(outcome = "complete_not_replicated", key = ?key, error = %e, "idempotency record stored on the primary, but fewer replicas than asked acknowledged it; repeats replay it, unless a failover loses it first")
+        }
         Err(e) => {
             tracing::warn!(outcome = "complete_failed", key = ?key, error = %e, "idempotency record could not be stored; the key stays pending until its lease lapses")
         }

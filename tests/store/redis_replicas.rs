@@ -372,3 +372,144 @@ async fn wait_for_replicas_cost() {
         }
     }
 }
+
+/// Sends `signal` (`STOP`, `CONT`) to the process `pid`.
+fn signal(pid: u32, signal: &str) {
+    let status = std::process::Command::new("kill")
+        .args([&format!("-{signal}"), &pid.to_string()])
+        .status()
+        .expect("run kill");
+    assert!(status.success(), "kill -{signal} {pid}");
+}
+
+/// A replica that stops answering (paused) keeps every `WAIT` waiting its whole bound. While
+/// completes wait, claims on the same store still answer: a wait for replicas holds only the
+/// writes that wait, never the connection every step uses. The store's defaults but the
+/// option: a 1 s operation timeout, so `WAIT` holds up to 750 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_answer_while_completes_wait_for_a_silent_replica() {
+    if !redis_server::available() {
+        return;
+    }
+    let (primary, replica) = primary_and_replica();
+    let store = RedisStore::builder("replicas-silent")
+        .wait_for_replicas(1, Duration::from_secs(10))
+        .connect(&primary.url())
+        .await
+        .expect("connect");
+    let engine = Engine::new(store);
+    let fp = fingerprint("a");
+    signal(replica.pid(), "STOP");
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let completing: Vec<_> = (0..4)
+        .map(|_| {
+            let (engine, stop) = (engine.clone(), Arc::clone(&stop));
+            tokio::spawn(async move {
+                let mut not_replicated = 0;
+                while !stop.load(Ordering::SeqCst) {
+                    let Ok(Begin::Run(t)) = engine.begin(random_key(), fp).await else {
+                        continue;
+                    };
+                    if let Err(e) = engine.complete(t, &response()).await {
+                        assert_eq!(e.kind(), StoreErrorKind::NotReplicated, "{e:?}");
+                        not_replicated += 1;
+                    }
+                }
+                not_replicated
+            })
+        })
+        .collect();
+    // Let the completes start waiting.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut failed = Vec::new();
+    for _ in 0..20 {
+        match engine.begin(random_key(), fp).await {
+            Ok(Begin::Run(t)) => {
+                engine.release(t).await.expect("release");
+            }
+            Ok(other) => panic!("a fresh key runs: {other:?}"),
+            Err(e) => failed.push(e.kind()),
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut not_replicated = 0;
+    for c in completing {
+        not_replicated += c.await.unwrap();
+    }
+    signal(replica.pid(), "CONT");
+    assert!(
+        not_replicated > 0,
+        "the completes waited for the silent replica"
+    );
+    assert_eq!(failed, [], "every claim answered while completes waited");
+}
+
+/// With fewer replicas in sync than asked, a complete sends no `WAIT` that could only run out:
+/// it writes the record and fails `NotReplicated` at once. Once a replica is in sync again,
+/// completes wait for it and are acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_replica_in_sync_a_complete_says_not_replicated_without_waiting() {
+    if !redis_server::available() {
+        return;
+    }
+    let primary = RedisServer::start();
+    let store = RedisStore::builder("replicas-none")
+        .wait_for_replicas(1, Duration::from_secs(10))
+        .connect(&primary.url())
+        .await
+        .expect("connect");
+    let engine = Engine::new(store.clone());
+    let fp = fingerprint("a");
+    let waits = calls(&primary, "wait");
+    for _ in 0..5 {
+        let key = random_key();
+        let Begin::Run(t) = engine.begin(key, fp).await.unwrap() else {
+            panic!("a fresh key runs")
+        };
+        let err = engine
+            .complete(t, &response())
+            .await
+            .expect_err("no replica");
+        assert_eq!(err.kind(), StoreErrorKind::NotReplicated, "{err:?}");
+        assert!(
+            matches!(engine.begin(key, fp).await.unwrap(), Begin::Replayed(r) if r == response()),
+            "the record is on the primary and replays"
+        );
+    }
+    assert_eq!(
+        calls(&primary, "wait"),
+        waits,
+        "no WAIT sent while no replica is in sync"
+    );
+
+    let replica =
+        RedisServer::start_with(&["--replicaof", "127.0.0.1", &primary.port().to_string()]);
+    wait_until("the replica in sync", || {
+        replica
+            .command(&["INFO", "replication"])
+            .contains("master_link_status:up")
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let key = random_key();
+        let Begin::Run(t) = engine.begin(key, fp).await.unwrap() else {
+            panic!("a fresh key runs")
+        };
+        match engine.complete(t, &response()).await {
+            Ok(written) => {
+                assert!(written);
+                assert_eq!(
+                    replica.command(&["EXISTS", &redis_key(store.key_prefix(), &key)]),
+                    "1",
+                    "an acknowledged record is on the replica"
+                );
+                break;
+            }
+            // The batch that first sees the replica in sync sends no `WAIT` yet.
+            Err(e) if e.kind() == StoreErrorKind::NotReplicated => {
+                assert!(Instant::now() < deadline, "never acknowledged again");
+            }
+            Err(e) => panic!("{e:?}"),
+        }
+    }
+}

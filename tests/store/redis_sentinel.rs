@@ -2,6 +2,8 @@
 //! `redis-sentinel` processes on loopback. The store finds the primary through the sentinels,
 //! and after the primary is killed (`kill -9`) and the replica promoted, it follows and
 //! serves again; a record completed with `wait_for_replicas` before the kill survives it.
+//! After a failover that leaves the old primary up and answering as a primary, the store
+//! leaves it for the primary the sentinels name.
 //!
 //! Without `redis-sentinel` on `PATH` these tests print a notice and pass, unless
 //! `TOWER_IDEMPOTENCY_REQUIRE_SERVERS` is set (as `scripts/test.sh` does), where they fail.
@@ -9,7 +11,7 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::support::redis_sentinel::{self, SERVICE, SentinelSet};
-use crate::support::redis_server::redis_key;
+use crate::support::redis_server::{RedisServer, redis_key};
 use bytes::Bytes;
 use std::time::{Duration, Instant};
 use tower_idempotency::conformance::{fingerprint, random_key};
@@ -121,6 +123,134 @@ async fn the_sentinel_store_follows_a_failover() {
     };
     let err = durable.complete(ticket, &response()).await.unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::NotReplicated, "{err:?}");
+}
+
+/// A name no one can guess, for a command the old primary must not run.
+fn hidden_name(command: &str) -> String {
+    use std::hash::{BuildHasher, RandomState};
+    format!("{command}-{:016x}", RandomState::new().hash_one(command))
+}
+
+/// `SENTINEL FAILOVER` with an old primary that cannot be demoted (its `REPLICAOF` and
+/// `SLAVEOF` renamed, as a primary cut off from the sentinels, or not yet reconfigured, goes
+/// on answering): it stays up and answers as a primary, and the store, with every default,
+/// must still leave it for the primary the sentinels name, within seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sentinel_store_leaves_an_old_primary_that_still_answers() {
+    if !redis_sentinel::available() {
+        return;
+    }
+    let (replicaof, slaveof) = (hidden_name("REPLICAOF"), hidden_name("SLAVEOF"));
+    let primary = RedisServer::start_with(&[
+        "--rename-command",
+        "REPLICAOF",
+        &replicaof,
+        "--rename-command",
+        "SLAVEOF",
+        &slaveof,
+    ]);
+    let port = primary.port();
+    let mut set = SentinelSet::start_with(primary, port, 2000);
+    let store = RedisStore::connect_sentinel(set.urls(), SERVICE, "sentinel-follow")
+        .await
+        .expect("connect through the sentinels");
+    let prefix = store.key_prefix().to_owned();
+    let engine = Engine::new(store);
+    let fp = fingerprint("a");
+    let on = |server: &RedisServer, key| server.command(&["EXISTS", &redis_key(&prefix, &key)]);
+
+    let before = random_key();
+    let Begin::Run(t) = engine.begin(before, fp).await.unwrap() else {
+        panic!("a fresh key runs")
+    };
+    assert!(engine.complete(t, &response()).await.unwrap());
+    assert_eq!(on(set.primary(), before), "1", "the first primary has it");
+
+    set.failover();
+    set.wait_for_promotion();
+    let promoted = Instant::now();
+    assert!(
+        set.primary()
+            .command(&["INFO", "replication"])
+            .contains("role:master"),
+        "the old primary could not be demoted: it still answers as a primary"
+    );
+
+    // The store asks the sentinels every second; 15 s is for a loaded machine.
+    let deadline = promoted + Duration::from_secs(15);
+    let mut old = 0u32;
+    loop {
+        let key = random_key();
+        match engine.begin(key, fp).await {
+            Ok(Begin::Run(t)) => match engine.complete(t, &response()).await {
+                Ok(done) => assert!(done),
+                Err(e) => assert!(
+                    matches!(
+                        e.kind(),
+                        StoreErrorKind::Unavailable | StoreErrorKind::Timeout
+                    ),
+                    "{e:?}"
+                ),
+            },
+            Ok(other) => panic!("a fresh key runs or fails, got {other:?}"),
+            Err(e) => assert!(
+                matches!(
+                    e.kind(),
+                    StoreErrorKind::Unavailable | StoreErrorKind::Timeout
+                ),
+                "while the store changes primary a claim is Unavailable or Timeout: {e:?}"
+            ),
+        }
+        if on(set.replica(), key) == "1" {
+            break;
+        }
+        old += u32::from(on(set.primary(), key) == "1");
+        assert!(
+            Instant::now() < deadline,
+            "15 s after the promotion the store still writes to the old primary ({old} keys)"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "sentinel follow: on the new primary {:?} after the promotion, {old} keys written to the \
+         old one meanwhile",
+        promoted.elapsed()
+    );
+
+    // From then on, every step goes to the new primary: a claim is not answered by the old
+    // one, and the record it completes is on the new one only.
+    for _ in 0..3 {
+        let key = random_key();
+        let Begin::Run(t) = engine.begin(key, fp).await.unwrap() else {
+            panic!("a fresh key runs")
+        };
+        assert_eq!(
+            on(set.replica(), key),
+            "1",
+            "the claim is on the new primary"
+        );
+        assert_eq!(
+            on(set.primary(), key),
+            "0",
+            "the old primary took the claim"
+        );
+        assert!(engine.complete(t, &response()).await.unwrap());
+        assert!(matches!(
+            engine.begin(key, fp).await.unwrap(),
+            Begin::Replayed(r) if r == response()
+        ));
+        assert_eq!(
+            on(set.primary(), key),
+            "0",
+            "the old primary has the record"
+        );
+    }
+    // The record completed before the failover was replicated long before the promotion,
+    // and is replayed from the new primary.
+    assert!(matches!(
+        engine.begin(before, fp).await.unwrap(),
+        Begin::Replayed(r) if r == response()
+    ));
 }
 
 #[tokio::test]

@@ -226,6 +226,23 @@ impl SentinelSet {
         });
     }
 
+    /// Asks a sentinel for a failover of a primary that is still up (`SENTINEL FAILOVER`),
+    /// again until it takes the request (it refuses while it has no replica in good standing).
+    /// Returns once it has started; [`Self::wait_for_promotion`] waits for its end.
+    pub(crate) fn failover(&self) {
+        let sentinel = &self.sentinels[0];
+        self.wait_for("a sentinel to start a failover", SETTLE, |_| {
+            let mut cli = Command::new("redis-cli");
+            cli.args(["-h", "127.0.0.1", "-p", &sentinel.port.to_string()])
+                .args(["SENTINEL", "FAILOVER", SERVICE])
+                .stdin(Stdio::null());
+            let (_, out) = run_bounded(cli, Duration::from_secs(5));
+            let out = out.trim();
+            // INPROG: one is under way already, from an earlier try that answered late.
+            out == "OK" || out.contains("INPROG")
+        });
+    }
+
     fn wait_for(&self, what: &str, limit: Duration, done: impl Fn(&Self) -> bool) {
         let deadline = Instant::now() + limit;
         while !done(self) {

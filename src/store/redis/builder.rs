@@ -1,7 +1,7 @@
 //! [`RedisStoreBuilder`]: the settings of a [`RedisStore`], fixed when it is built.
 
 use super::codec::prefix_of;
-use super::connection::{Connecting, Inner, Reconnect};
+use super::connection::{Connecting, Inner, Made, Reconnect};
 use super::error::OpError;
 use super::{DEFAULT_TIMEOUT, RECONNECT_TIMEOUT, RedisStore, WaitReplicas};
 use crate::error::ConfigError;
@@ -129,8 +129,8 @@ impl<C> RedisStoreBuilder<C> {
     /// most `timeout` for them (Redis `WAIT`, sent with the write in one round trip). Fewer
     /// in time: the complete fails with [`StoreErrorKind::NotReplicated`]. Each recorded
     /// step of a request's work waits alike (see [Steps](super#steps)). Default: off
-    /// (nothing waits). `replicas` 0 turns it off. `timeout` at least 1 ms; at most
-    /// three quarters of the operation time left when `WAIT` is sent.
+    /// (nothing waits). `replicas` 0 turns it off. `timeout` at least 1 ms; at most a third
+    /// of the operation timeout, and three quarters of the time left when `WAIT` is sent.
     ///
     /// What it buys: a record the store acknowledged survives a failover. Redis replicates
     /// asynchronously, so a replica promoted after the primary dies may lack the last
@@ -139,17 +139,25 @@ impl<C> RedisStoreBuilder<C> {
     /// no more than the replicas you run, or every complete fails.
     ///
     /// What it costs: one replica round trip added to every fresh request, and one to each
-    /// recorded step. Writes that meet in one pipeline share one `WAIT` at its end. `WAIT`
-    /// holds the connection while it waits, so the commands of other requests queued behind it
-    /// wait too. With no replica to answer, each complete holds it for the whole `timeout`, and
-    /// claims behind it may time out: keep `timeout` short, a few replica round trips (tens of
-    /// milliseconds on one network), well below the operation timeout. Measured on loopback
-    /// with no replica answering a 200 ms `WAIT`: claims on the same store took 288 ms at the
-    /// median, against 0.94 ms while no complete waited. A failed complete still answers the
-    /// caller with the handler's response; the key stays pending until its lease lapses, and
-    /// the record may still reach the replicas. If the primary dies first, that record is lost
-    /// and a duplicate runs again: only acknowledged records are kept. `NotReplicated` in the
-    /// logs and the `not_replicated` metric count them.
+    /// recorded step. The writes that wait go on a connection of their own, made the way the
+    /// store makes its connection, so a `WAIT` never holds the claims and other steps. One
+    /// batch waits at a time on it: the writes queued meanwhile share the next `WAIT`, so a
+    /// complete waits at most about two `WAIT` bounds. Each batch asks the primary which
+    /// replicas are in sync (`ROLE`); while fewer than `replicas` are, the writes are sent
+    /// without a `WAIT` and fail `NotReplicated` at once, rather than each waiting its whole
+    /// `timeout` (after a failover, the new primary has no replica until the old one rejoins
+    /// and syncs, seconds later). A store built over a connection without
+    /// [`reconnect`](Self::reconnect) cannot make another, and sends the `WAIT` on its one
+    /// connection, where the steps behind it wait too.
+    ///
+    /// A failed complete still answers the caller with the handler's response. With
+    /// `NotReplicated` the record is on the primary: repeats replay it, and it reaches the
+    /// replicas as they catch up. If the primary dies before a replica has it, the record is
+    /// lost and a repeat runs again: only acknowledged records are kept. `NotReplicated` in the
+    /// logs and the `not_replicated` metric count them. So that a failover keeps acknowledged
+    /// records and the store keeps acknowledging, run at least `replicas + 1` replicas: with
+    /// exactly `replicas`, the promotion of one leaves too few, and every complete fails
+    /// `NotReplicated` until the old primary has rejoined as a replica and synced.
     ///
     /// A recorded step that is not acknowledged in time is still returned to the handler,
     /// with a warning. It is on the primary; if the primary dies before a replica has it, a
@@ -207,7 +215,11 @@ impl<C> RedisStoreBuilder<C> {
         F: Fn() -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<C, RedisError>> + Send + 'static,
     {
-        self.reconnect = Some(Arc::new(move || -> Connecting<C> { Box::pin(connect()) }));
+        self.reconnect = Some(Arc::new(move || -> Connecting<C> {
+            let conn = connect();
+            // Made by the caller: no primary the sentinels named.
+            Box::pin(async move { Ok((conn.await?, None)) })
+        }));
         self
     }
 }
@@ -223,9 +235,14 @@ where
     /// # Errors
     /// A [`ConfigError`] when the prefix is empty.
     pub fn build(self, conn: C) -> Result<RedisStore<C>, ConfigError> {
+        self.build_made((conn, None))
+    }
+
+    /// The store over a connection made for the primary the sentinels named.
+    fn build_made(self, made: Made<C>) -> Result<RedisStore<C>, ConfigError> {
         let prefix = self.prefix?;
         Ok(RedisStore {
-            inner: Arc::new(Inner::new(conn)),
+            inner: Arc::new(Inner::made(made)),
             prefix: prefix.into(),
             timeout: self.timeout,
             native_claim: self.native_claim,
@@ -299,7 +316,10 @@ impl RedisStoreBuilder<ConnectionManager> {
     /// demoted primary), the store asks the sentinels again and connects to the primary they
     /// name, in the background, bounded by 5 s (see the [module docs](super#sentinel)).
     /// Until then steps fail with `Unavailable` or `Timeout`; the store needs no restart.
-    /// [`reconnect`](Self::reconnect) takes the place of that lookup.
+    /// The store also asks the sentinels every second which primary they name, and moves to
+    /// it when it is not the one it is connected to: an old primary that still answers as a
+    /// primary fails nothing, so the steps alone would never leave it.
+    /// [`reconnect`](Self::reconnect) takes the place of that lookup, and of the asking.
     ///
     /// ```no_run
     /// use std::time::Duration;
@@ -335,34 +355,49 @@ impl RedisStoreBuilder<ConnectionManager> {
         if let Err(e) = &self.prefix {
             return Err(invalid_prefix(e.clone()));
         }
+        let invalid = |e| OpError::from(e).into_store("invalid Redis Sentinel addresses");
+        let sentinels = sentinels
+            .into_iter()
+            .map(::redis::IntoConnectionInfo::into_connection_info)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(invalid)?;
         let sentinel = ::redis::sentinel::SentinelClient::build(
-            sentinels.into_iter().collect(),
+            sentinels.clone(),
             service_name.to_owned(),
             primary,
             ::redis::sentinel::SentinelServerType::Master,
         )
-        .map_err(|e| OpError::from(e).into_store("invalid Redis Sentinel addresses"))?;
+        .map_err(invalid)?;
         let sentinel = Arc::new(tokio::sync::Mutex::new(sentinel));
-        let connect = move || {
+        let connect = move || -> Connecting<ConnectionManager> {
             let sentinel = Arc::clone(&sentinel);
-            async move {
+            Box::pin(async move {
                 // One lookup at a time; the sentinels verify the primary's role.
                 let client = sentinel.lock().await.async_get_client().await?;
-                ConnectionManager::new_with_config(client, manager_config()).await
-            }
+                let primary = super::follow::address(client.get_connection_info());
+                let conn = ConnectionManager::new_with_config(client, manager_config()).await?;
+                Ok((conn, primary))
+            })
         };
-        let conn = tokio::time::timeout(RECONNECT_TIMEOUT, connect())
+        let made = tokio::time::timeout(RECONNECT_TIMEOUT, connect())
             .await
             .map_err(|e| {
                 OpError::from(e).into_store("connecting through Redis Sentinel timed out")
             })?
             .map_err(|e| OpError::from(e).into_store("connecting through Redis Sentinel failed"))?;
-        if self.reconnect.is_none() {
-            self = self.reconnect(connect);
+        // A connection of the caller's making does not say which primary it is for: nothing
+        // to compare the sentinels' answer with.
+        let follow = self.reconnect.is_none();
+        if follow {
+            self.reconnect = Some(Arc::new(connect));
         }
         self.follow_primary = true;
         self.pipelining = Some(self.pipelining.unwrap_or(true));
-        self.build(conn).map_err(invalid_prefix)
+        let store = self.build_made(made).map_err(invalid_prefix)?;
+        if follow {
+            super::follow::spawn(&store, sentinels, service_name.to_owned());
+        }
+        Ok(store)
     }
 }
 

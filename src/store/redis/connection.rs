@@ -2,18 +2,23 @@
 //! (see the [module docs](super#failures)).
 
 use super::error::OpError;
+use super::replicated::Jobs;
 use super::{RECONNECT_AFTER_TIMEOUTS, RECONNECT_TIMEOUT, RedisStore};
 use ::redis::aio::ConnectionLike;
 use ::redis::{RedisError, Value};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock};
-use tokio::sync::oneshot;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, Weak};
+use tokio::sync::{Notify, oneshot};
 use tokio::time::Instant;
 
+/// The host and port of the primary a connection was made for, as the sentinels name it.
+pub(super) type Address = (String, u16);
+/// A new connection, and the primary it was made for when the sentinels named one.
+pub(super) type Made<C> = (C, Option<Address>);
 /// The future of a replacement connection.
-pub(super) type Connecting<C> = Pin<Box<dyn Future<Output = Result<C, RedisError>> + Send>>;
+pub(super) type Connecting<C> = Pin<Box<dyn Future<Output = Result<Made<C>, RedisError>> + Send>>;
 /// Makes a replacement connection.
 pub(super) type Reconnect<C> = Arc<dyn Fn() -> Connecting<C> + Send + Sync>;
 
@@ -22,9 +27,9 @@ pub(super) type Reconnect<C> = Arc<dyn Fn() -> Connecting<C> + Send + Sync>;
 ///
 /// No setting lives here: those are plain fields of [`RedisStore`], fixed when it is built.
 pub(super) struct Inner<C> {
-    /// The connection in use. Each operation clones it out; the lock is never held across an
-    /// `.await`.
-    current: RwLock<C>,
+    /// The connection in use, and the primary it was made for when the sentinels named one.
+    /// Each operation clones the connection out; the lock is never held across an `.await`.
+    current: RwLock<(C, Option<Address>)>,
     /// Bumped, under the write lock, each time the connection is replaced: a timeout met on a
     /// connection already replaced does not count against its successor.
     generation: AtomicU64,
@@ -41,18 +46,29 @@ pub(super) struct Inner<C> {
     pub(super) native_claim_unsupported: AtomicBool,
     /// Commands waiting for the next pipelined write.
     pub(super) outbox: Mutex<Outbox>,
+    /// Where writes that wait for replicas go (see `replicated`), once one was sent.
+    pub(super) writer: OnceLock<Jobs>,
+    /// Woken each time the connection is replaced, for steps waiting to be sent again.
+    replaced: Notify,
 }
 
 impl<C: Clone> Inner<C> {
     pub(super) fn new(conn: C) -> Self {
+        Self::made((conn, None))
+    }
+
+    /// Over a connection made for the primary the sentinels named.
+    pub(super) fn made((conn, primary): Made<C>) -> Self {
         Self {
-            current: RwLock::new(conn),
+            current: RwLock::new((conn, primary)),
             generation: AtomicU64::new(0),
             timeouts: AtomicU32::new(0),
             reconnecting: AtomicBool::new(false),
             condemned: AtomicU64::new(0),
             native_claim_unsupported: AtomicBool::new(false),
             outbox: Mutex::new(Outbox::default()),
+            writer: OnceLock::new(),
+            replaced: Notify::new(),
         }
     }
 
@@ -60,7 +76,14 @@ impl<C: Clone> Inner<C> {
     pub(super) fn checkout(&self) -> (u64, C) {
         let current = self.current.read().unwrap_or_else(PoisonError::into_inner);
         // Written under the write lock only: consistent with `current` while it is read.
-        (self.generation.load(Ordering::Relaxed), current.clone())
+        (self.generation.load(Ordering::Relaxed), current.0.clone())
+    }
+
+    /// The generation of the connection in use and the primary it was made for.
+    #[cfg(feature = "redis-sentinel")]
+    pub(super) fn primary(&self) -> (u64, Option<Address>) {
+        let current = self.current.read().unwrap_or_else(PoisonError::into_inner);
+        (self.generation.load(Ordering::Relaxed), current.1.clone())
     }
 
     /// The generation of the connection in use.
@@ -75,11 +98,28 @@ impl<C: Clone> Inner<C> {
 
     /// Puts `conn` in place of the current connection; returns the old one (dropped by the
     /// caller, outside the lock).
-    fn replace(&self, conn: C) -> C {
+    fn replace(&self, made: Made<C>) -> Made<C> {
         let mut current = self.current.write().unwrap_or_else(PoisonError::into_inner);
         self.generation.fetch_add(1, Ordering::Relaxed);
         self.timeouts.store(0, Ordering::Relaxed);
-        std::mem::replace(&mut *current, conn)
+        let old = std::mem::replace(&mut *current, made);
+        self.replaced.notify_waiters();
+        old
+    }
+
+    /// Waits until the connection of `generation` has been replaced, or `deadline`: whether it
+    /// was.
+    pub(super) async fn replaced_since(&self, generation: u64, deadline: Instant) -> bool {
+        loop {
+            let replaced = self.replaced.notified();
+            let now = self.generation();
+            if now != generation && !self.condemned(now) {
+                return true;
+            }
+            if tokio::time::timeout_at(deadline, replaced).await.is_err() {
+                return false;
+            }
+        }
     }
 }
 
@@ -150,7 +190,7 @@ where
                 if (lost || timeouts >= RECONNECT_AFTER_TIMEOUTS)
                     && !inner.reconnecting.swap(true, Ordering::AcqRel)
                 {
-                    self.spawn_reconnect(reconnect, timeouts);
+                    self.spawn_reconnect(reconnect, Why::Failing(timeouts));
                 }
             }
             Some(_) => {}
@@ -168,9 +208,25 @@ where
         Err(e)
     }
 
+    /// Replaces the connection of `generation`, made for `primary`, when the sentinels name
+    /// another primary (see `follow`). The connection is not refused meanwhile: the old
+    /// primary still answers, and the replacement takes one lookup. Does nothing while a
+    /// replacement is under way.
+    #[cfg(feature = "redis-sentinel")]
+    pub(super) fn follow(&self, generation: u64, primary: Address) {
+        let Some(reconnect) = &self.reconnect else {
+            return;
+        };
+        if self.inner.generation() == generation
+            && !self.inner.reconnecting.swap(true, Ordering::AcqRel)
+        {
+            self.spawn_reconnect(reconnect, Why::Moved(primary));
+        }
+    }
+
     /// Makes a replacement connection in a task of its own and puts it in place; on failure,
     /// keeps the current one and starts the count again. The caller set `reconnecting`.
-    fn spawn_reconnect(&self, reconnect: &Reconnect<C>, timeouts: u32) {
+    fn spawn_reconnect(&self, reconnect: &Reconnect<C>, why: Why) {
         let guard = ReconnectGuard(Arc::clone(&self.inner));
         // The `redis` feature's `tokio-comp` brings tokio's runtime; a store is only used in one.
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
@@ -180,15 +236,38 @@ where
         let prefix = Arc::clone(&self.prefix);
         runtime.spawn(async move {
             let inner = &guard.0;
+            let timeouts = match &why {
+                Why::Failing(timeouts) => *timeouts,
+                Why::Moved(_) => 0,
+            };
             match tokio::time::timeout(RECONNECT_TIMEOUT, reconnect()).await {
-                Ok(Ok(conn)) => {
-                    let old = inner.replace(conn);
-                    tracing::warn!(
+                Ok(Ok((_, Some(primary)))) if matches!(&why, Why::Moved(old) if *old == primary) => {
+                    // The sentinels disagree while the news of a failover spreads, and the
+                    // lookup asked one that still names this primary: keep the connection.
+                    tracing::debug!(
                         key_prefix = %prefix,
-                        timeouts,
-                        "Redis connection replaced after consecutive operation timeouts \
-                         (silent or half-open connection) or, through Sentinel, a lost primary",
+                        primary = %format_args!("{}:{}", primary.0, primary.1),
+                        "Redis Sentinel lookup named the primary in use; keeping the connection",
                     );
+                }
+                Ok(Ok(made)) => {
+                    let primary = made.1.clone();
+                    let old = inner.replace(made);
+                    match (&why, primary) {
+                        (Why::Moved(old), Some(new)) => tracing::warn!(
+                            key_prefix = %prefix,
+                            from = %format_args!("{}:{}", old.0, old.1),
+                            to = %format_args!("{}:{}", new.0, new.1),
+                            "Redis connection replaced: the sentinels name another primary",
+                        ),
+                        _ => tracing::warn!(
+                            key_prefix = %prefix,
+                            timeouts,
+                            "Redis connection replaced after consecutive operation timeouts \
+                             (silent or half-open connection) or, through Sentinel, a lost \
+                             primary",
+                        ),
+                    }
                     drop(old);
                 }
                 Ok(Err(e)) => {
@@ -197,8 +276,9 @@ where
                         key_prefix = %prefix,
                         timeouts,
                         error = %e,
-                        "Redis connection timing out, but a replacement could not be made; \
-                         keeping it and trying again after the next timeouts",
+                        "Redis connection timing out or, through Sentinel, on a primary no \
+                         longer named, but a replacement could not be made; keeping it and \
+                         trying again after the next timeouts or the next asking",
                     );
                 }
                 Err(_) => {
@@ -207,8 +287,9 @@ where
                         key_prefix = %prefix,
                         timeouts,
                         timeout = ?RECONNECT_TIMEOUT,
-                        "Redis connection timing out, and making a replacement timed out; \
-                         keeping it and trying again after the next timeouts",
+                        "Redis connection timing out or, through Sentinel, on a primary no \
+                         longer named, and making a replacement timed out; keeping it and \
+                         trying again after the next timeouts or the next asking",
                     );
                 }
             }
@@ -216,12 +297,68 @@ where
     }
 }
 
-/// The error of a round trip refused on a condemned connection: a lost primary.
+/// Why a connection is replaced.
+enum Why {
+    /// Operation timeouts in a row (their number), or a lost primary.
+    Failing(u32),
+    /// The sentinels name another primary than this one, the connection's, which may still
+    /// answer as a primary.
+    #[cfg_attr(not(feature = "redis-sentinel"), allow(dead_code))]
+    Moved(Address),
+}
+
+/// The error of a round trip refused on a condemned connection: a lost primary. Nothing was
+/// sent.
 pub(super) fn condemned() -> RedisError {
-    RedisError::from((
+    super::error::unsent(RedisError::from((
         ::redis::ErrorKind::Io,
         "the connection lost its Redis primary; waiting for Sentinel to name one",
-    ))
+    )))
+}
+
+/// A store without its hold on the shared state: what a task of the store's own keeps, so
+/// that dropping the last store ends it.
+pub(super) struct WeakStore<C> {
+    inner: Weak<Inner<C>>,
+    settings: RedisStore<()>,
+    reconnect: Option<Reconnect<C>>,
+}
+
+impl<C> RedisStore<C> {
+    /// The store, without keeping its shared state alive.
+    pub(super) fn downgrade(&self) -> WeakStore<C> {
+        WeakStore {
+            inner: Arc::downgrade(&self.inner),
+            settings: RedisStore {
+                inner: Arc::new(Inner::new(())),
+                prefix: Arc::clone(&self.prefix),
+                timeout: self.timeout,
+                native_claim: self.native_claim,
+                pipelining: self.pipelining,
+                reconnect: None,
+                follow_primary: self.follow_primary,
+                replicas: self.replicas,
+            },
+            reconnect: self.reconnect.clone(),
+        }
+    }
+}
+
+impl<C> WeakStore<C> {
+    /// The store, while another still holds it.
+    pub(super) fn upgrade(&self) -> Option<RedisStore<C>> {
+        let s = &self.settings;
+        Some(RedisStore {
+            inner: self.inner.upgrade()?,
+            prefix: Arc::clone(&s.prefix),
+            timeout: s.timeout,
+            native_claim: s.native_claim,
+            pipelining: s.pipelining,
+            reconnect: self.reconnect.clone(),
+            follow_primary: s.follow_primary,
+            replicas: s.replicas,
+        })
+    }
 }
 
 /// Runs `fut` until `deadline`.

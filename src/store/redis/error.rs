@@ -47,6 +47,14 @@ impl OpError {
             || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly))
     }
 
+    /// The command was never sent (its connection had lost its primary, or could not be
+    /// made), or the server refused it as a replica (`READONLY`) before running it: nothing
+    /// was applied, and sending it again on the next connection is safe.
+    pub(super) fn is_unsent(&self) -> bool {
+        matches!(self, Self::Redis(e) if is_unsent(e)
+            || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly))
+    }
+
     /// The server does not hold the script (`NOSCRIPT`).
     pub(super) fn is_no_script(&self) -> bool {
         matches!(self, Self::Redis(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript))
@@ -106,6 +114,18 @@ fn kind_of(e: &RedisError) -> StoreErrorKind {
     }
 }
 
+/// What the description of an error says when its command was never sent.
+const UNSENT: &str = "command not sent";
+
+/// `e`, marked as the error of a command that was never sent (see [`OpError::is_unsent`]).
+pub(super) fn unsent(e: RedisError) -> RedisError {
+    RedisError::from((ErrorKind::Io, UNSENT, e.to_string()))
+}
+
+fn is_unsent(e: &RedisError) -> bool {
+    e.kind() == ErrorKind::Io && e.to_string().contains(UNSENT)
+}
+
 /// An answer the store does not understand.
 pub(super) fn protocol(message: &'static str) -> StoreError {
     StoreError::new(StoreErrorKind::Protocol, message)
@@ -139,6 +159,7 @@ mod tests {
         assert!(demoted.is_primary_lost() && !demoted.is_timeout());
         assert_eq!(demoted.kind(), StoreErrorKind::Unavailable);
         assert!(!denied.is_primary_lost() && !no_script.is_primary_lost());
+        assert!(demoted.is_unsent() && !denied.is_unsent() && !no_script.is_unsent());
 
         let oom = server_error(b"-OOM command not allowed when used memory > 'maxmemory'.\r\n");
         assert!(!oom.is_timeout() && !oom.is_no_script());
@@ -156,6 +177,13 @@ mod tests {
         )));
         assert!(refused.is_primary_lost() && !refused.is_timeout());
         assert_eq!(io.kind(), StoreErrorKind::Timeout);
+        assert!(!io.is_unsent() && !refused.is_unsent());
+        let never_sent = OpError::Redis(unsent(RedisError::from((
+            ErrorKind::Io,
+            "the connection lost its primary",
+        ))));
+        assert!(never_sent.is_unsent() && never_sent.is_primary_lost());
+        assert_eq!(never_sent.kind(), StoreErrorKind::Unavailable);
         let e = io.into_store("Redis claim");
         assert!(std::error::Error::source(&e).is_some_and(|s| s.is::<RedisError>()));
     }

@@ -204,9 +204,26 @@
 //! a row that time out. It then asks the sentinels again, in the background, and connects to
 //! the primary they name. A connection that lost its primary is never used again: it would
 //! reconnect to the old address, where the old primary, restarted, answers as a primary until
-//! the sentinels demote it. Until they name one that answers as primary, steps fail at once
-//! (`Unavailable` or `Timeout`: claims answer 503, nothing runs), and each failure asks again.
-//! The operation timeout and the replacement of a silent connection hold as above.
+//! the sentinels demote it. A complete or a recorded step that was refused on the lost
+//! connection, never sent, or answered `READONLY` (nothing applied) is sent again once on the
+//! connection that replaces it, within its operation timeout: a complete is fenced by its
+//! token, and a step's first record wins, so sending either again is safe. Until they name one
+//! that answers as primary, steps fail at once (`Unavailable` or `Timeout`: claims answer 503,
+//! nothing runs), and each failure asks again. The operation timeout and the replacement of a
+//! silent connection hold as above.
+//!
+//! An old primary may also go on answering as a primary after the sentinels promoted another:
+//! cut off from them, or not reconfigured yet. Nothing sent there fails, so the steps never
+//! tell the store to look again: it would keep writing where the stores that moved no longer
+//! read, and a key would run on both sides. So the
+//! store also asks the sentinels every second (a fixed interval) which primary they name
+//! (`SENTINEL GET-MASTER-ADDR-BY-NAME`, the first sentinel that answers, in the order given).
+//! When it is not the one the connection was made for, the store connects to the primary they
+//! name, as above, and puts that connection in place; the writes that wait for replicas move
+//! to a new connection with it. Steps sent before then still go to the old primary: about a
+//! second of them, after the sentinels agree. The asking runs in a task of the store's own,
+//! which ends within a second of the last clone of the store being dropped. A store given
+//! [`RedisStoreBuilder::reconnect`] makes its own connections and is not followed this way.
 //!
 //! Measured on loopback with `down-after-milliseconds 500` and `failover-timeout 2000`: a
 //! store whose primary was killed (`kill -9`) serves again about 1.7 s later
@@ -271,16 +288,24 @@
 //! An acknowledged record then survives the promotion of any of those replicas. It costs one
 //! replica round trip per fresh request; a complete the replicas do not acknowledge in time
 //! fails with [`NotReplicated`](crate::store::StoreErrorKind::NotReplicated), and the caller
-//! still gets the handler's response. Claims are not waited for: a claim lost in a failover
-//! lets a duplicate that arrives during the first run run too.
+//! still gets the handler's response; the record is on the primary, and repeats replay it
+//! unless a failover loses it first. Claims are not waited for: a claim lost in a failover
+//! lets a duplicate that arrives during the first run run too. The writes that wait go on a
+//! connection of their own, so a `WAIT` never holds the claims behind it, and a primary with
+//! fewer replicas in sync than asked is answered `NotReplicated` at once.
 //!
-//! Measured in `tests/faults/failover.rs`: 300 keys sent three times each by 8 clients on two
-//! stores, the replica 300 ms behind (a partition) when the primary is killed. Without the
-//! option, 174 and 194 acknowledged records were lost in two runs, and their keys ran
-//! twice. With `wait_for_replicas(1, 50 ms)`, none. Completes that were not acknowledged
-//! then failed with `NotReplicated` until a replica was back. With 32 callers at once the
-//! option cost 14–38 µs per first run (about 180 µs without it), and a lone caller one
-//! replica round trip (`wait_for_replicas_cost` in `tests/store/redis_replicas.rs`).
+//! Measured in `tests/faults/failover.rs` (`failover_storm_figures`): 300 keys sent three
+//! times each by 8 clients on two stores, the primary killed, the old primary restarted, every
+//! key sent once more at the end. With the replica 300 ms behind (a partition) when the
+//! primary is killed and the option off, 193 acknowledged records were lost and their keys ran
+//! again. With `wait_for_replicas(1, 50 ms)`, none (asserted, also in CI): 11 keys ran again
+//! after a 2xx, each after a complete that failed and was never acknowledged. With the
+//! replica in step, no key ran again, option off or on. The option needs `n + 1` replicas to
+//! keep acknowledging through a failover: with one replica, every complete after the
+//! promotion failed `NotReplicated` (at once, without waiting) until the old primary had
+//! rejoined and synced. With 32 callers at once the option cost 14–38 µs per first run (about
+//! 180 µs without it), and a lone caller one replica round trip (`wait_for_replicas_cost` in
+//! `tests/store/redis_replicas.rs`).
 //!
 //! Keep the retention (the engine's ttl) at least as long as clients retry.
 //!
@@ -303,7 +328,10 @@ mod builder;
 mod codec;
 mod connection;
 mod error;
+#[cfg(feature = "redis-sentinel")]
+mod follow;
 mod pipeline;
+mod replicated;
 mod scripts;
 mod verify;
 
@@ -545,9 +573,54 @@ where
     }
 
     /// A writing script and `WAIT`, in one round trip: the script's reply and the number of
-    /// replicas that acknowledged. A `NOSCRIPT` costs two more round trips (the script loaded
-    /// and run, then `WAIT`), all by the step's `deadline`.
+    /// replicas that acknowledged. Sent on the connection of replicated writes when the store
+    /// can make one (see `replicated`), else on the shared connection. A `NOSCRIPT` loads the
+    /// script and sends both again; a write that was not sent (a lost primary, a demoted one)
+    /// is sent again once on the next connection. All by the step's `deadline`.
     async fn eval_replicated(
+        &self,
+        script: &::redis::Script,
+        keys: &[&[u8]],
+        args: &[Arg<'_>],
+        replicas: WaitReplicas,
+        deadline: Instant,
+    ) -> Result<(::redis::Value, ::redis::Value), OpError> {
+        let (mut loaded, mut resent) = (false, false);
+        loop {
+            let generation = self.inner.generation();
+            let cmd = scripts::evalsha(script, keys, args);
+            let Some(answer) = self.send_replicated(cmd, replicas, deadline).await else {
+                return self
+                    .eval_replicated_shared(script, keys, args, replicas, deadline)
+                    .await;
+            };
+            let e = match answer {
+                Ok((written, acknowledged)) => match written.extract_error() {
+                    Ok(written) => return Ok((written, acknowledged)),
+                    Err(e) => OpError::Redis(e),
+                },
+                Err(e) => e,
+            };
+            if e.is_no_script() && !loaded {
+                // The server lost its scripts (a restart, a failover to a replica that never
+                // ran this one): load it, then send the write and its `WAIT` again.
+                loaded = true;
+                let (generation, mut conn) = self.inner.checkout();
+                self.bounded(generation, deadline, script.load_async(&mut conn))
+                    .await?;
+                continue;
+            }
+            if e.is_unsent() && !resent && self.inner.replaced_since(generation, deadline).await {
+                resent = true;
+                continue;
+            }
+            return Err(e);
+        }
+    }
+
+    /// [`eval_replicated`](Self::eval_replicated) on the shared connection, for a store that
+    /// cannot make a connection of its own: the `WAIT` holds it while it waits.
+    async fn eval_replicated_shared(
         &self,
         script: &::redis::Script,
         keys: &[&[u8]],
@@ -576,12 +649,30 @@ where
                 if !e.is_no_script() {
                     return Err(e);
                 }
-                // The server lost its scripts (a restart, a failover to a replica that never
-                // ran this one): load and run it, then wait for it.
                 let written = self.eval(script, keys, args, deadline).await?;
                 let acknowledged = self.query(pipeline::wait_cmd(wait()), deadline).await?;
                 Ok((written, acknowledged))
             }
+        }
+    }
+
+    /// [`eval`](Self::eval) of a script that is safe to send twice (it checks the claim's
+    /// token, or writes only what is absent): a script that was not sent (its connection lost
+    /// its primary, or a demoted primary refused it) is sent again once, on the connection
+    /// that replaces it, by the same `deadline`.
+    async fn eval_resent(
+        &self,
+        script: &::redis::Script,
+        keys: &[&[u8]],
+        args: &[Arg<'_>],
+        deadline: Instant,
+    ) -> Result<::redis::Value, OpError> {
+        let generation = self.inner.generation();
+        match self.eval(script, keys, args, deadline).await {
+            Err(e) if e.is_unsent() && self.inner.replaced_since(generation, deadline).await => {
+                self.eval(script, keys, args, deadline).await
+            }
+            other => other,
         }
     }
 
@@ -681,7 +772,7 @@ where
         let keys = [key.as_bytes(), steps.as_bytes()];
         let Some(replicas) = self.replicas else {
             let reply = self
-                .eval(&scripts::COMPLETE, &keys, &args, deadline)
+                .eval_resent(&scripts::COMPLETE, &keys, &args, deadline)
                 .await
                 .map_err(|e| e.into_store("Redis complete"))?;
             return codec::flag(reply, "unexpected answer to complete");
@@ -816,7 +907,7 @@ where
         let keys = [steps.as_bytes(), key.as_bytes()];
         let Some(replicas) = self.replicas else {
             let reply = self
-                .eval(&scripts::RECORD_STEP, &keys, &args, deadline)
+                .eval_resent(&scripts::RECORD_STEP, &keys, &args, deadline)
                 .await
                 .map_err(|e| e.into_store("Redis record_step"))?;
             return codec::parse_step_recorded(reply);
