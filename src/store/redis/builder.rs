@@ -140,7 +140,7 @@ impl<C> RedisStoreBuilder<C> {
     ///
     /// What it costs: one replica round trip added to every fresh request, and one to each
     /// recorded step. The writes that wait go on a connection of their own, made the way the
-    /// store makes its connection, so a `WAIT` never holds the claims and other steps. One
+    /// store makes its connection, so a `WAIT` never holds the claims and other operations. One
     /// batch waits at a time on it: the writes queued meanwhile share the next `WAIT`, so a
     /// complete waits at most about two `WAIT` bounds. Each batch asks the primary which
     /// replicas are in sync (`ROLE`); while fewer than `replicas` are, the writes are sent
@@ -148,7 +148,7 @@ impl<C> RedisStoreBuilder<C> {
     /// `timeout` (after a failover, the new primary has no replica until the old one rejoins
     /// and syncs, seconds later). A store built over a connection without
     /// [`reconnect`](Self::reconnect) cannot make another, and sends the `WAIT` on its one
-    /// connection, where the steps behind it wait too.
+    /// connection, where the operations behind it wait too.
     ///
     /// A failed complete still answers the caller with the handler's response. With
     /// `NotReplicated` the record is on the primary: repeats replay it, and it reaches the
@@ -318,7 +318,7 @@ impl RedisStoreBuilder<ConnectionManager> {
     /// Until then steps fail with `Unavailable` or `Timeout`; the store needs no restart.
     /// The store also asks the sentinels every second which primary they name, and moves to
     /// it when it is not the one it is connected to: an old primary that still answers as a
-    /// primary fails nothing, so the steps alone would never leave it.
+    /// primary fails nothing, so the operations alone would never leave it.
     /// [`reconnect`](Self::reconnect) takes the place of that lookup, and of the asking.
     ///
     /// ```no_run

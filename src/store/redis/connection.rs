@@ -48,7 +48,7 @@ pub(super) struct Inner<C> {
     pub(super) outbox: Mutex<Outbox>,
     /// Where writes that wait for replicas go (see `replicated`), once one was sent.
     pub(super) writer: OnceLock<Jobs>,
-    /// Woken each time the connection is replaced, for steps waiting to be sent again.
+    /// Woken each time the connection is replaced, for operations waiting to be sent again.
     replaced: Notify,
 }
 

@@ -2,7 +2,7 @@
 //! [module docs](super#sentinel)).
 //!
 //! After a promotion the old primary may go on answering as a primary: cut off from the
-//! sentinels, or not reconfigured yet. Nothing the store sends there fails, so its steps never
+//! sentinels, or not reconfigured yet. Nothing the store sends there fails, so its operations never
 //! tell it to look again; every store connected there keeps writing where the others no longer
 //! read. A task of the store's own therefore asks the sentinels, every [`FOLLOW_INTERVAL`],
 //! which primary they name, and replaces the connection when it was made for another one.

@@ -208,12 +208,12 @@
 //! connection, never sent, or answered `READONLY` (nothing applied) is sent again once on the
 //! connection that replaces it, within its operation timeout: a complete is fenced by its
 //! token, and a step's first record wins, so sending either again is safe. Until they name one
-//! that answers as primary, steps fail at once (`Unavailable` or `Timeout`: claims answer 503,
+//! that answers as primary, operations fail at once (`Unavailable` or `Timeout`: claims answer 503,
 //! nothing runs), and each failure asks again. The operation timeout and the replacement of a
 //! silent connection hold as above.
 //!
 //! An old primary may also go on answering as a primary after the sentinels promoted another:
-//! cut off from them, or not reconfigured yet. Nothing sent there fails, so the steps never
+//! cut off from them, or not reconfigured yet. Nothing sent there fails, so the operations never
 //! tell the store to look again: it would keep writing where the stores that moved no longer
 //! read, and a key would run on both sides. So the
 //! store also asks the sentinels every second (a fixed interval) which primary they name
@@ -576,7 +576,7 @@ where
     /// replicas that acknowledged. Sent on the connection of replicated writes when the store
     /// can make one (see `replicated`), else on the shared connection. A `NOSCRIPT` loads the
     /// script and sends both again; a write that was not sent (a lost primary, a demoted one)
-    /// is sent again once on the next connection. All by the step's `deadline`.
+    /// is sent again once on the next connection. All by the operation's `deadline`.
     async fn eval_replicated(
         &self,
         script: &::redis::Script,
