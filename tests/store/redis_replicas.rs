@@ -384,7 +384,7 @@ fn signal(pid: u32, signal: &str) {
 
 /// A replica that stops answering (paused) keeps every `WAIT` waiting its whole bound. While
 /// completes wait, claims on the same store still answer: a wait for replicas holds only the
-/// writes that wait, never the connection every step uses. The store's defaults but the
+/// writes that wait, never the connection every operation uses. The store's defaults but the
 /// option: a 1 s operation timeout, so `WAIT` holds up to 750 ms.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_answer_while_completes_wait_for_a_silent_replica() {
@@ -411,7 +411,16 @@ async fn claims_answer_while_completes_wait_for_a_silent_replica() {
                         continue;
                     };
                     if let Err(e) = engine.complete(t, &response()).await {
-                        assert_eq!(e.kind(), StoreErrorKind::NotReplicated, "{e:?}");
+                        // `NotReplicated` once the `WAIT` ran out; on a loaded machine a
+                        // complete queued behind another batch's wait may run out of its own
+                        // time first. Either way it was not acknowledged, and never `Unavailable`.
+                        assert!(
+                            matches!(
+                                e.kind(),
+                                StoreErrorKind::NotReplicated | StoreErrorKind::Timeout
+                            ),
+                            "{e:?}"
+                        );
                         not_replicated += 1;
                     }
                 }
@@ -439,7 +448,7 @@ async fn claims_answer_while_completes_wait_for_a_silent_replica() {
     signal(replica.pid(), "CONT");
     assert!(
         not_replicated > 0,
-        "the completes waited for the silent replica"
+        "the completes waited for the silent replica and failed"
     );
     assert_eq!(failed, [], "every claim answered while completes waited");
 }
