@@ -79,7 +79,13 @@ fn request(key: &str, body: &Bytes) -> Request<Body> {
 }
 
 fn main() {
-    // Counts only (dhat's testing mode writes no profile file).
+    // `--list`, as a libtest harness answers it: the rows, nothing run.
+    if std::env::args().any(|a| a == "--list") {
+        for row in ["floor", "bare", "fresh", "replay"] {
+            println!("allocs/{row}: benchmark");
+        }
+        return;
+    }
     // With ALLOCS_SITES, one row and a profile of its allocation sites; else counts only
     // (dhat's testing mode writes no profile file).
     let sites = std::env::var("ALLOCS_SITES").ok();

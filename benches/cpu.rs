@@ -73,6 +73,7 @@ const ROUNDS: usize = 7;
 const PER_ROUND: Duration = Duration::from_millis(400);
 
 fn main() {
+    let list = std::env::args().any(|a| a == "--list");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -122,6 +123,13 @@ fn main() {
             fresh: false,
             recorded: true,
         });
+    }
+    // `--list`, as a libtest harness answers it: the rows, nothing run.
+    if list {
+        for row in &rows {
+            println!("cpu/{}: benchmark", row.name);
+        }
+        return;
     }
     #[cfg(feature = "metrics")]
     let recorder = metrics_exporter_prometheus::PrometheusBuilder::new().build_recorder();

@@ -398,18 +398,20 @@ pub async fn stale_token_is_fenced<H: Harness>(h: H) {
 /// Renewing with the holding token extends the lease past its original end, and the renewed
 /// lease ends in turn.
 pub async fn renew_extends_lease<H: Harness>(h: H) {
-    const LEASE: Duration = Duration::from_millis(1000);
+    // A store on a server sleeps for real: each deadline is at least 2 s from the step that
+    // must land before it, so a loaded machine cannot turn the answer around.
+    const LEASE: Duration = Duration::from_secs(5);
     let s = h.store();
     let key = random_key();
     let token = claim_free(s, &key, &fingerprint("a"), LEASE).await;
-    h.advance(Duration::from_millis(500)).await;
+    h.advance(Duration::from_millis(2500)).await;
     assert!(
         ok(s.renew(&key, &token, LEASE).await, "renew"),
         "the holder's renew inside the lease must succeed"
     );
-    h.advance(Duration::from_millis(700)).await; // 1.2 s: past the original lease, not the renewed one
+    h.advance(Duration::from_secs(3)).await; // 5.5 s: past the original lease, not the renewed one
     expect_pending(s, &key, "after the original lease, inside the renewed one").await;
-    h.advance(Duration::from_millis(800)).await; // 2.0 s: past the renewed lease
+    h.advance(Duration::from_millis(2500)).await; // 8 s: past the renewed lease (7.5 s)
     match ok(s.claim(&key, &fingerprint("b"), LONG).await, "claim") {
         Claim::Claimed(_) => {}
         other => panic!("a renewed lease must lapse in turn, got {other:?}"),

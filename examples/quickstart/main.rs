@@ -1,8 +1,10 @@
 //! The quickstart: an order API behind `IdempotencyLayer`.
 //!
 //! ```text
-//! cargo run --example quickstart            # memory store, 127.0.0.1:3000 (PORT overrides)
-//! REDIS_URL=redis://127.0.0.1:6379 cargo run --example quickstart --features redis
+//! # memory store, 127.0.0.1:3000 (PORT overrides)
+//! cargo run -p tower-idempotency-quickstart --example quickstart
+//! # records in Redis
+//! REDIS_URL=redis://127.0.0.1:6379 cargo run -p tower-idempotency-quickstart --example quickstart --features redis
 //! ```
 //!
 //! With `REDIS_URL` set (and the `redis` feature), records live in Redis under the namespace

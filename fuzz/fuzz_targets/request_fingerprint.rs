@@ -26,7 +26,7 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     req.extensions_mut().insert(Principal::new("fuzz"));
-    let svc = IdempotencyLayer::new().max_request_body(512).layer(tower::service_fn(|_req| async {
+    let svc = IdempotencyLayer::default().max_request_body(512).layer(tower::service_fn(|_req| async {
         Ok::<_, Infallible>(http::Response::new(http_body_util::Full::new(bytes::Bytes::from_static(b"ok"))))
     }));
     let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().expect("runtime");

@@ -7,10 +7,10 @@
 //! claim): the replay after both finish is B's response, and A's caller still gets A's own.
 //!
 //! The memory store runs on a manual clock (the lease lapses when the test says); Redis expires
-//! the pending key by itself (`PX`), on real time, with a short lease.
+//! the pending key by itself (`PX`), on real time, with a lease of 3 s.
 //!
 //! ```text
-//! cargo test --features redis --test faults -- lease:: --nocapture
+//! TOWER_IDEMPOTENCY_REQUIRE_SERVERS=1 cargo test -p tower-idempotency --all-features --test faults -- lease:: --nocapture
 //! ```
 #![allow(clippy::unwrap_used)]
 
@@ -228,7 +228,9 @@ mod redis {
     use super::*;
     use tower_idempotency::RedisStore;
 
-    const LEASE: Duration = Duration::from_millis(400);
+    // Real time: B renews every second and loses its claim only after 3 s without one, so a
+    // stalled machine cannot hand A's late complete a free key.
+    const LEASE: Duration = Duration::from_secs(3);
 
     async fn run(fault: RenewFault, late: Late) {
         if !redis_server::available() {

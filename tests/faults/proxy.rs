@@ -13,7 +13,7 @@
 //!   (plus a small slack for a debug build).
 //!
 //! ```text
-//! cargo test --features redis --test faults -- proxy:: --nocapture
+//! TOWER_IDEMPOTENCY_REQUIRE_SERVERS=1 cargo test -p tower-idempotency --all-features --test faults -- proxy:: --nocapture
 //! ```
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
@@ -34,8 +34,9 @@ use tower_idempotency::{IdempotencyLayer, RedisStore};
 const RECONNECT_AFTER_TIMEOUTS: u32 = 2;
 const TIMEOUT: Duration = Duration::from_millis(300);
 const LEASE: Duration = Duration::from_millis(1500);
-/// Scheduling slack for a debug build on a busy machine.
-const SLACK: Duration = Duration::from_millis(400);
+/// Scheduling slack for a debug build on a busy machine: seconds wide, so the bound catches a
+/// request that hangs, never one that was merely scheduled late.
+const SLACK: Duration = Duration::from_secs(2);
 
 struct Rig {
     _redis: RedisServer,
@@ -280,19 +281,16 @@ async fn claims_that_fail_answer_503_without_running_the_handler_and_recover() {
     );
 }
 
-/// The handler sleeps 400 ms; the fault starts 150 ms into it, so the claim went through and
-/// the complete meets the fault.
-const HANDLER: Duration = Duration::from_millis(400);
-
+/// The handler waits on a gate that opens once the black hole is in place: the claim went
+/// through, and the complete meets the fault whatever the machine's load.
 async fn run_into_a_fault(rig: &Rig, key: &str) -> Answer {
-    let req = rig
-        .server
-        .work(key)
-        .header("x-delay-ms", HANDLER.as_millis().to_string());
-    let a = tokio::spawn(send(req));
+    let gate = format!("{key}-gate");
+    let started = Instant::now();
+    let a = tokio::spawn(send(rig.server.work(key).header("x-gate", gate.as_str())));
     rig.work.wait_runs(key, 1).await;
-    tokio::time::sleep(Duration::from_millis(150)).await;
     rig.proxy.black_hole();
+    let handler = started.elapsed();
+    rig.work.open(&gate);
     let a = a.await.unwrap();
     assert_eq!(
         a.kind(),
@@ -302,7 +300,7 @@ async fn run_into_a_fault(rig: &Rig, key: &str) -> Answer {
     );
     assert_eq!(a.execution(), 1);
     // claim + complete (the complete times out), plus the handler.
-    assert_bounded(&a, 2, HANDLER);
+    assert_bounded(&a, 2, handler);
     a
 }
 
@@ -324,7 +322,7 @@ async fn a_lost_complete_returns_the_response_and_leaves_the_key_pending_for_one
         async {
             loop {
                 let a = send(rig.server.work(key)).await;
-                assert_bounded(&a, 2, HANDLER);
+                assert_bounded(&a, 2, Duration::ZERO);
                 match a.kind() {
                     Kind::InFlight | Kind::StoreFailed => {
                         during.push(a);
@@ -362,7 +360,7 @@ async fn a_lost_complete_returns_the_response_and_leaves_the_key_pending_for_one
     );
     let max = max_elapsed(during.iter().chain([&first, &rerun]));
     println!(
-        "lost complete: first answer 201 in {:.0?} (handler {HANDLER:?}, timeout {TIMEOUT:?}); \
+        "lost complete: first answer 201 in {:.0?} (timeout {TIMEOUT:?}); \
          then {during_mix} for {rerun_after:.0?} (lease {LEASE:?}); then exactly one re-run \
          (201), 10 duplicates replayed; max request {max:.0?}",
         first.elapsed

@@ -4,7 +4,7 @@
 
 #![cfg(feature = "macros")]
 
-use crate::support::http::{Answer, SpyStore, TestServer, send, with_auth_header};
+use crate::support::http::{Answer, SpyStore, TestServer, bounded, send, with_auth_header};
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::post;
@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tower_idempotency::engine::{Engine, Raw, Scope};
 use tower_idempotency::http::PrincipalMode;
+use tower_idempotency::store::clock::ManualClock;
 use tower_idempotency::{
     DerivedKey, IdempotencyKey, IdempotencyLayer, IdempotentRoutes, MemoryStore, Steps, Store,
     idempotent,
@@ -260,13 +261,21 @@ async fn required_refuses_a_request_without_a_key_where_the_shared_config_does_n
 
 #[tokio::test]
 async fn per_route_ttl_expires_the_record() {
-    let (server, runs) = start(Router::new().route("/", post(short_lived)), anonymous()).await;
+    // The store's clock moves only when the test moves it: the replay is within the ttl
+    // however slowly the machine answers.
+    let clock = ManualClock::new();
+    let store = MemoryStore::builder()
+        .clock(clock.clone())
+        .build()
+        .expect("valid bounds");
+    let layer = IdempotencyLayer::new(store).principal(PrincipalMode::Optional);
+    let (server, runs) = start(Router::new().route("/", post(short_lived)), layer).await;
 
     assert_eq!(post_key(&server, "/", "k").await.text(), "run 1");
     let replay = post_key(&server, "/", "k").await;
     assert!(replay.is_replay(), "replayed within the ttl");
 
-    tokio::time::sleep(Duration::from_millis(1200)).await;
+    clock.advance(Duration::from_millis(1200));
     let after = post_key(&server, "/", "k").await;
     assert_eq!(
         (after.text(), after.is_replay()),
@@ -613,8 +622,10 @@ async fn a_router_layer_and_the_attribute_over_one_store_run_the_handler_once() 
 
 #[idempotent(wait_in_flight = "10s")]
 async fn slow_waited(Extension(runs): Extension<Runs>) -> (StatusCode, String) {
-    tokio::time::sleep(Duration::from_millis(400)).await;
-    (StatusCode::CREATED, format!("run {}", runs.next()))
+    // Counted first: the test sends the duplicate once the run has begun.
+    let run = runs.next();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    (StatusCode::CREATED, format!("run {run}"))
 }
 
 /// `wait_in_flight` per route: a duplicate sent while the first run sleeps waits for it and
@@ -624,7 +635,12 @@ async fn per_route_wait_in_flight_replays_to_the_waiting_duplicate() {
     let routes = Router::new().route("/waited", post(slow_waited));
     let (server, runs) = start(routes, anonymous()).await;
     let first = tokio::spawn(post_key_owned(server.url("/waited"), "w-1"));
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    bounded(Duration::from_secs(10), "the first run to begin", async {
+        while runs.count() == 0 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
     let duplicate = post_key(&server, "/waited", "w-1").await;
     let first = first.await.expect("the first request");
     assert_eq!(first.status.as_u16(), 201);

@@ -148,15 +148,16 @@ pub(crate) async fn a_reset_mid_exchange_is_unknown_and_the_retry_does_not_send<
 }
 
 pub(crate) async fn an_unknown_delivery_is_held_for_the_hold_time<S: Store>(store: SpyStore<S>) {
-    let lease = Duration::from_millis(300);
-    let (door, provider) = door(store, lease, Some(Duration::from_millis(1500)));
+    // Real time on Redis: each sleep ends at least 2 s from the deadline it must miss or meet.
+    let lease = Duration::from_secs(1);
+    let (door, provider) = door(store, lease, Some(Duration::from_secs(5)));
     let first = door
         .clone()
         .oneshot(Msg::new("k", "hello", Act::Reset))
         .await
         .unwrap();
     assert!(first.is_unknown());
-    tokio::time::sleep(Duration::from_millis(700)).await; // past the lease, within the hold
+    tokio::time::sleep(Duration::from_secs(3)).await; // past the lease, within the hold
     let within = door
         .clone()
         .oneshot(Msg::new("k", "hello", Act::Take))
@@ -166,7 +167,7 @@ pub(crate) async fn an_unknown_delivery_is_held_for_the_hold_time<S: Store>(stor
         matches!(within, Delivery::Held),
         "held past the lease: {within:?}"
     );
-    tokio::time::sleep(Duration::from_millis(1000)).await; // past the hold
+    tokio::time::sleep(Duration::from_secs(4)).await; // past the hold (7 s in all)
     let after = door
         .oneshot(Msg::new("k", "hello", Act::Take))
         .await
@@ -176,8 +177,9 @@ pub(crate) async fn an_unknown_delivery_is_held_for_the_hold_time<S: Store>(stor
 }
 
 pub(crate) async fn a_send_dropped_after_it_began_keeps_its_key<S: Store>(store: SpyStore<S>) {
-    let lease = Duration::from_millis(300);
-    let (door, provider) = door(store.clone(), lease, Some(Duration::from_millis(1500)));
+    // Real time on Redis: the retry comes 2 s past the lease and 2 s before the hold ends.
+    let lease = Duration::from_secs(1);
+    let (door, provider) = door(store.clone(), lease, Some(Duration::from_secs(5)));
     let sending = tokio::spawn(door.clone().oneshot(Msg::new("k", "hello", Act::Stall)));
     wait_until(|| provider.received() == 1).await;
     sending.abort(); // the caller gives up after the message reached the provider
@@ -187,7 +189,7 @@ pub(crate) async fn a_send_dropped_after_it_began_keeps_its_key<S: Store>(store:
         0,
         "a send that may have gone is not released"
     );
-    tokio::time::sleep(Duration::from_millis(700)).await; // past the lease, within the hold
+    tokio::time::sleep(Duration::from_secs(3)).await; // past the lease, within the hold
     let retry = door
         .clone()
         .oneshot(Msg::new("k", "hello", Act::Take))

@@ -3,7 +3,7 @@
 //! `main.rs`.
 
 use crate::support::http::SpyStore;
-use crate::support::redis_server::free_port;
+use crate::support::ports::free_port;
 use crate::support::smtp_server::{self, SmtpServer};
 use std::time::Duration;
 use tower_idempotency::Store;

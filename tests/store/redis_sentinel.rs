@@ -258,7 +258,7 @@ async fn no_sentinel_to_ask_is_unavailable() {
     if !redis_sentinel::available() {
         return;
     }
-    let port = crate::support::redis_server::free_port(false);
+    let port = crate::support::ports::free_port(false);
     let err = RedisStore::connect_sentinel([format!("redis://127.0.0.1:{port}/")], SERVICE, "x")
         .await
         .unwrap_err();

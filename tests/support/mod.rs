@@ -27,6 +27,7 @@ pub(crate) mod http;
 pub(crate) mod metrics;
 pub(crate) mod nats_server;
 pub(crate) mod observed;
+pub(crate) mod ports;
 pub(crate) mod postgres_server;
 pub(crate) mod proxy;
 pub(crate) mod quickstart;

@@ -7,8 +7,9 @@
 //! [`available`] prints a notice and the test returns early; with
 //! `TOWER_IDEMPOTENCY_REQUIRE_SERVERS` set (as `scripts/test.sh` does) it panics.
 
-use super::redis_server::{REQUIRE_SERVERS, free_port};
-use std::io::{Read, Write};
+use super::ports::free_port;
+use super::redis_server::REQUIRE_SERVERS;
+use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -84,6 +85,14 @@ impl NatsServer {
         panic!("could not start nats-server: {last}");
     }
 
+    /// The server's name: its directory's, unique to this start.
+    fn name(&self) -> String {
+        self.dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    }
+
     /// The address to connect to.
     pub(crate) fn addr(&self) -> String {
         format!("127.0.0.1:{}", self.port)
@@ -119,6 +128,9 @@ impl NatsServer {
         std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?;
         let mut child = Command::new(bin)
             .args(["-js", "-a", "127.0.0.1", "-p", &self.port.to_string()])
+            // Named after its directory: the greeting tells this server from another test's
+            // that holds the port this one failed to bind.
+            .args(["--name", &self.name()])
             .arg("-sd")
             .arg(&self.dir)
             // No monitoring port, no cluster: only the client port is opened.
@@ -135,7 +147,7 @@ impl NatsServer {
                     self.port
                 ));
             }
-            if greets(self.port) {
+            if greets(self.port, &self.name()) {
                 break;
             }
             if Instant::now() > deadline {
@@ -168,14 +180,15 @@ impl NatsServer {
 }
 
 /// Whether the server on `port` sends its `INFO` greeting.
-fn greets(port: u16) -> bool {
+fn greets(port: u16, name: &str) -> bool {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-    let Ok(mut s) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
+    let Ok(s) = TcpStream::connect_timeout(&addr, Duration::from_millis(500)) else {
         return false;
     };
     let _ = s.set_read_timeout(Some(Duration::from_millis(500)));
-    let mut buf = [0u8; 4];
-    s.read_exact(&mut buf).is_ok() && &buf == b"INFO"
+    let mut line = String::new();
+    let _ = BufReader::new(s.take(64 * 1024)).read_line(&mut line);
+    line.starts_with("INFO") && line.contains(&format!("\"server_name\":\"{name}\""))
 }
 
 impl Drop for NatsServer {

@@ -15,7 +15,7 @@
 #![allow(dead_code, unreachable_pub)]
 
 use std::io::Write;
-use std::net::{Ipv4Addr, TcpListener};
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::Once;
@@ -128,7 +128,7 @@ impl PostgresServer {
         let as_user = running_as_root();
         let mut last = String::new();
         for _ in 0..5 {
-            let port = free_port();
+            let port = super::ports::free_port(false);
             let mut server = Self {
                 port,
                 dir: temp_dir(port),
@@ -359,11 +359,6 @@ fn children(parent: u32) -> Vec<u32> {
             (ppid == parent).then_some(pid)
         })
         .collect()
-}
-
-fn free_port() -> u16 {
-    let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind a loopback port");
-    l.local_addr().expect("local addr").port()
 }
 
 fn temp_dir(port: u16) -> PathBuf {

@@ -1,5 +1,6 @@
 //! The quickstart example (`examples/quickstart`, the package `tower-idempotency-quickstart`)
-//! as a child process on a free port, with the memory store or with Redis (`REDIS_URL`).
+//! as a child process, with the memory store or with Redis (`REDIS_URL`). It binds port 0 and
+//! its first line names the port it got.
 //!
 //! The binary is `<target>/<profile>/examples/quickstart`, found next to the test binary
 //! (`<target>/<profile>/deps/…`). `cargo test` builds examples before it runs tests; when the
@@ -10,7 +11,6 @@
 //! first Redis test that meets one builds it again with the feature.
 
 use super::http::{client, lock, send};
-use super::redis_server::free_port;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -188,9 +188,10 @@ impl Quickstart {
     }
 
     async fn try_start(redis_url: Option<&str>, binary: PathBuf) -> Result<Self, String> {
-        let port = free_port(false);
+        // Port 0: the child binds a port of its own and prints it, so no other server started
+        // meanwhile can take the port between a pick and the child's bind.
         let mut cmd = Command::new(&binary);
-        cmd.env("PORT", port.to_string())
+        cmd.env("PORT", "0")
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -230,8 +231,8 @@ impl Quickstart {
         });
         let mut qs = Self {
             child,
-            port,
-            base: format!("http://127.0.0.1:{port}"),
+            port: 0,
+            base: String::new(),
             client: client(),
             stdout,
             output,
@@ -243,12 +244,12 @@ impl Quickstart {
                 tokio::time::sleep(Duration::from_millis(100)).await;
                 return Err(format!("exited early ({status}): {}", qs.output()));
             }
-            // Accepting, and with Redis, it said it uses Redis (its first line names the store).
-            if tokio::net::TcpStream::connect(("127.0.0.1", port))
-                .await
-                .is_ok()
+            // Its first line names its address and its store; with Redis it must say Redis.
+            if let Some(port) = listening_port(&qs.stdout())
                 && (redis_url.is_none() || qs.output().contains("(redis store)"))
             {
+                qs.port = port;
+                qs.base = format!("http://127.0.0.1:{port}");
                 return Ok(qs);
             }
             if Instant::now() >= deadline {
@@ -326,4 +327,12 @@ impl Quickstart {
         assert!(self.alive(), "the quickstart exited: {out}");
         assert!(!out.contains("panicked"), "the quickstart panicked: {out}");
     }
+}
+
+/// The port of the quickstart's first line, `tower-idempotency quickstart on
+/// http://127.0.0.1:<port> (<store>)`.
+fn listening_port(stdout: &str) -> Option<u16> {
+    let rest = stdout.split_once("quickstart on http://127.0.0.1:")?.1;
+    let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
 }

@@ -5,9 +5,8 @@
 //! When `redis-sentinel` is not on `PATH`, [`available`] prints a notice and the test returns
 //! early; with `TOWER_IDEMPOTENCY_REQUIRE_SERVERS` set (as `scripts/test.sh` does) it panics.
 
-use super::redis_server::{
-    self, REQUIRE_SERVERS, RedisServer, free_port, run_bounded, temp_dir, watchdog,
-};
+use super::ports::free_port;
+use super::redis_server::{self, REQUIRE_SERVERS, RedisServer, run_bounded, temp_dir, watchdog};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -58,36 +57,60 @@ struct Sentinel {
 
 impl Sentinel {
     fn start(primary: u16, failover_timeout_ms: u64) -> Self {
-        let port = free_port(false);
-        let dir = temp_dir(port);
-        std::fs::create_dir_all(&dir).expect("create the sentinel's directory");
-        let conf = dir.join("sentinel.conf");
-        std::fs::write(
-            &conf,
-            format!(
-                "port {port}\nbind 127.0.0.1\ndir {dir}\n\
-                 sentinel monitor {SERVICE} 127.0.0.1 {primary} 2\n\
-                 sentinel down-after-milliseconds {SERVICE} 500\n\
-                 sentinel failover-timeout {SERVICE} {failover_timeout_ms}\n\
-                 sentinel parallel-syncs {SERVICE} 1\n",
-                dir = dir.display(),
-            ),
-        )
-        .expect("write the sentinel's configuration");
-        let child = Command::new("redis-sentinel")
-            .arg(&conf)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn redis-sentinel");
-        let watchdog = watchdog(child.id(), &dir);
-        Self {
-            port,
-            dir,
-            child,
-            watchdog,
+        // A port picked here may be taken before the sentinel binds it: started again on
+        // another port until the sentinel answering is this one.
+        for _ in 0..5 {
+            let port = free_port(false);
+            let dir = temp_dir(port);
+            std::fs::create_dir_all(&dir).expect("create the sentinel's directory");
+            let conf = dir.join("sentinel.conf");
+            std::fs::write(
+                &conf,
+                format!(
+                    "port {port}\nbind 127.0.0.1\ndir {dir}\n\
+                     sentinel monitor {SERVICE} 127.0.0.1 {primary} 2\n\
+                     sentinel down-after-milliseconds {SERVICE} 500\n\
+                     sentinel failover-timeout {SERVICE} {failover_timeout_ms}\n\
+                     sentinel parallel-syncs {SERVICE} 1\n",
+                    dir = dir.display(),
+                ),
+            )
+            .expect("write the sentinel's configuration");
+            let mut child = Command::new("redis-sentinel")
+                .arg(&conf)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn redis-sentinel");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            let started = loop {
+                if child.try_wait().is_ok_and(|s| s.is_some()) {
+                    break false;
+                }
+                if redis_server::serves(port, child.id()) {
+                    break true;
+                }
+                if Instant::now() > deadline {
+                    break false;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            };
+            if !started {
+                let _ = child.kill();
+                let _ = child.wait();
+                let _ = std::fs::remove_dir_all(&dir);
+                continue;
+            }
+            let watchdog = watchdog(child.id(), &dir);
+            return Self {
+                port,
+                dir,
+                child,
+                watchdog,
+            };
         }
+        panic!("could not start redis-sentinel on a free port");
     }
 
     /// `SENTINEL master <service>` as field → value pairs (empty while it does not answer).

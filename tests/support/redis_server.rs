@@ -5,8 +5,9 @@
 //! early; with `TOWER_IDEMPOTENCY_REQUIRE_SERVERS` set (as `scripts/test.sh` does) it panics,
 //! so a missing server is a failure there, never a skip.
 
+use super::ports::free_port;
 use std::io::{Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Once;
@@ -212,7 +213,13 @@ impl RedisServer {
                 ));
             }
             if command(self.port, &["PING"]).is_ok_and(|r| r == "PONG") {
-                break;
+                // Another test's server may hold the port this one failed to bind.
+                if serves(self.port, child.id()) {
+                    break;
+                }
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("port {} is another server's", self.port));
             }
             if Instant::now() > deadline {
                 let _ = child.kill();
@@ -313,24 +320,6 @@ impl RedisCluster {
     }
 }
 
-/// A port nothing listens on (for a cluster node, its bus port, +10000, is free too).
-pub(crate) fn free_port(cluster: bool) -> u16 {
-    for _ in 0..100 {
-        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind a loopback port");
-        let port = l.local_addr().expect("local addr").port();
-        if !cluster {
-            return port;
-        }
-        let bus_free = port
-            .checked_add(10_000)
-            .is_some_and(|bus| TcpListener::bind((Ipv4Addr::LOCALHOST, bus)).is_ok());
-        if bus_free {
-            return port;
-        }
-    }
-    panic!("no free loopback port found");
-}
-
 pub(crate) fn temp_dir(port: u16) -> PathBuf {
     static SEQ: AtomicU32 = AtomicU32::new(0);
     let n = SEQ.fetch_add(1, Ordering::Relaxed);
@@ -386,6 +375,14 @@ pub(crate) fn run_bounded(mut cmd: Command, limit: Duration) -> (bool, String) {
 
 /// Sends one RESP command to 127.0.0.1:`port` and reads one reply that is not an array:
 /// `+OK` → `OK`, `:1` → `1`, `$n` → the bulk text, `-ERR x` → `Err`.
+/// Whether the Redis server (or Sentinel) on `port` is the process `pid`.
+pub(crate) fn serves(port: u16, pid: u32) -> bool {
+    command(port, &["INFO", "server"]).is_ok_and(|info| {
+        info.lines()
+            .any(|l| l.trim() == format!("process_id:{pid}"))
+    })
+}
+
 pub(crate) fn command(port: u16, args: &[&str]) -> std::io::Result<String> {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let mut s = TcpStream::connect_timeout(&addr, Duration::from_secs(1))?;

@@ -9,7 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Once, OnceLock};
 use std::time::{Duration, Instant};
 
-use super::redis_server::{REQUIRE_SERVERS, free_port};
+use super::ports::free_port;
+use super::redis_server::REQUIRE_SERVERS;
 
 /// The Python that can import `aiosmtpd` (Debian's `/usr/bin/python3` first: a `python3`
 /// earlier on `PATH`, pyenv's say, does not see Debian's packages).
@@ -57,13 +58,25 @@ pub(crate) struct SmtpServer {
 }
 
 impl SmtpServer {
-    /// A server on a free port.
+    /// A server on a free port; on another one when that port was taken before the server
+    /// bound it.
     pub(crate) fn start() -> Self {
-        Self::start_on(free_port(false))
+        let mut last = String::new();
+        for _ in 0..5 {
+            match Self::try_start_on(free_port(false)) {
+                Ok(server) => return server,
+                Err(e) => last = e,
+            }
+        }
+        panic!("could not start the SMTP server: {last}");
     }
 
     /// A server on `port`.
     pub(crate) fn start_on(port: u16) -> Self {
+        Self::try_start_on(port).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn try_start_on(port: u16) -> Result<Self, String> {
         let python = python().expect("check available() first");
         let dir = std::env::temp_dir().join(format!("ti-smtp-{}-{port}", std::process::id()));
         let _ = fs::remove_dir_all(&dir);
@@ -77,19 +90,22 @@ impl SmtpServer {
             .stderr(Stdio::inherit())
             .spawn()
             .expect("start the SMTP server");
+        // Dropped on failure: the child is killed and its directory removed.
         let mut server = Self { child, dir, port };
         let deadline = Instant::now() + Duration::from_secs(10);
+        // The script writes `ready` in its own directory once it listens: never another's.
         while !server.dir.join("ready").exists() {
             if let Ok(Some(status)) = server.child.try_wait() {
-                panic!("the SMTP server exited: {status}");
+                return Err(format!("the SMTP server on port {port} exited: {status}"));
             }
-            assert!(
-                Instant::now() < deadline,
-                "the SMTP server did not start within 10 s"
-            );
+            if Instant::now() >= deadline {
+                return Err(format!(
+                    "the SMTP server on port {port} did not start within 10 s"
+                ));
+            }
             std::thread::sleep(Duration::from_millis(20));
         }
-        server
+        Ok(server)
     }
 
     pub(crate) fn port(&self) -> u16 {

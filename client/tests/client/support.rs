@@ -3,6 +3,8 @@
 
 #[path = "../../../tests/support/http.rs"]
 pub(crate) mod http;
+#[path = "../../../tests/support/ports.rs"]
+pub(crate) mod ports;
 #[path = "../../../tests/support/proxy.rs"]
 pub(crate) mod proxy;
 // Its Redis connection helpers are for the store suites (feature `redis` of the server crate).

@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Every reproduce command in the docs runs as written and selects at least one test.
+#
+#   scripts/check-commands.sh [FILE.md ...]    (default: RELIABILITY.md BENCHMARKS.md)
+#
+# Takes each `cargo test ...`, `cargo bench ...` and `scripts/test.sh ...` command from the
+# files (in backticks, or a line of a code block), with its leading VAR=value settings, and
+# runs it from the repository root with `--list` passed to the test harness: the tests are
+# listed, never run, so no server is started. A command fails the check when cargo fails
+# (no such package, target or feature) or when it lists no test or benchmark.
+#
+# `scripts/test.sh ARGS` is checked as the command it runs, `cargo test --workspace
+# --all-features ARGS`. `cargo bench` is listed with `--profile test`: the same targets and
+# filters, without a second, optimized build of every dependency.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+files=("$@")
+if ((${#files[@]} == 0)); then
+    files=(RELIABILITY.md BENCHMARKS.md)
+fi
+
+# One command per line: backticked spans and code-block lines that start (after VAR=value
+# settings) with `cargo test`, `cargo bench` or `scripts/test.sh`; a trailing `# comment` is
+# dropped.
+extract() {
+    local file=$1
+    {
+        grep -o '`[^`]*`' "$file" | sed 's/^`//; s/`$//'
+        awk '/^```/ { inside = !inside; next } inside { print }' "$file" | sed 's/[[:space:]]*#.*$//'
+    } | grep -E '^([A-Z_][A-Z0-9_]*=[^ ]* )*(cargo (test|bench)|scripts/test\.sh)( |$)' || true
+}
+
+commands=()
+for f in "${files[@]}"; do
+    while IFS= read -r line; do
+        commands+=("$line")
+    done < <(extract "$f")
+done
+
+if ((${#commands[@]} == 0)); then
+    echo "check-commands: no command found in ${files[*]}" >&2
+    exit 1
+fi
+
+# Unique, in order of first appearance.
+mapfile -t commands < <(printf '%s\n' "${commands[@]}" | awk '!seen[$0]++')
+
+failed=0
+checked=0
+for cmd in "${commands[@]}"; do
+    run=$cmd
+    run=${run/scripts\/test.sh/cargo test --workspace --all-features}
+    run=${run/cargo bench/cargo bench --profile test}
+    # `--list` goes to the harness: after the command's own `--`, or after a new one.
+    if [[ " $run " == *" -- "* ]]; then
+        run="$run --list"
+    else
+        run="$run -- --list"
+    fi
+    checked=$((checked + 1))
+    if ! out=$(bash -c "$run" 2>&1); then
+        echo "FAIL (cargo failed): $cmd" >&2
+        echo "$out" | tail -n 5 | sed 's/^/    /' >&2
+        failed=$((failed + 1))
+        continue
+    fi
+    n=$(grep -cE ': (test|benchmark)$' <<<"$out" || true)
+    if ((n == 0)); then
+        echo "FAIL (selects no test): $cmd" >&2
+        failed=$((failed + 1))
+    else
+        echo "ok ($n): $cmd"
+    fi
+done
+
+echo "check-commands: $((checked - failed)) of $checked commands select at least one test"
+((failed == 0))
