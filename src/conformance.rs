@@ -107,6 +107,7 @@ macro_rules! store_conformance {
             steps_outlive_a_release_and_a_lapsed_lease,
             engine_steps_resume_after_a_release,
             engine_completion_frees_the_steps,
+            a_step_recorded_after_completion_is_not_kept,
         );
 
         #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1065,6 +1066,38 @@ pub async fn completing_a_key_frees_its_steps<H: Harness>(h: H) {
     assert!(
         steps_of(s, &key).await.is_empty(),
         "a late complete that is written frees the steps too"
+    );
+}
+
+#[doc(hidden)]
+/// A step recorded after its key completed (a run whose step future was dropped after its
+/// work returned, or an overlapping run after a lapsed lease) is not kept: the record answers
+/// every repeat, and a completed key has no steps.
+pub async fn a_step_recorded_after_completion_is_not_kept<H: Harness>(h: H) {
+    if !keeps_steps(&h).await {
+        return;
+    }
+    let s = h.store();
+    let fp = fingerprint("a");
+    let key = random_key();
+    let token = claim_free(s, &key, &fp, LONG).await;
+    assert!(ok(
+        s.complete(&key, &token, &fp, record("a"), LONG).await,
+        "complete"
+    ));
+    ok(
+        s.record_step(&key, &random_step(), Bytes::from_static(b"late"), LONG)
+            .await,
+        "a late record_step",
+    );
+    assert!(
+        steps_of(s, &key).await.is_empty(),
+        "a completed key keeps no steps, also one recorded after the completion"
+    );
+    assert_eq!(
+        expect_done(s, &key, "after the late step").await,
+        (fp, record("a")),
+        "its record still answers"
     );
 }
 

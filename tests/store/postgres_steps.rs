@@ -431,3 +431,30 @@ async fn a_step_with_steps_of_another_store_is_refused_and_does_not_run() {
         "the step did not run"
     );
 }
+
+/// The common wiring: the layer (or one engine) and the handler's engine are each built from a
+/// clone of one `PostgresStore`, the same pool and table. The steps are that store's, so a step
+/// in a transaction runs: a clone is not "another store".
+#[tokio::test]
+#[ignore = "transactional::step compares Arc addresses: a clone of the same PostgresStore, or the DynStore of IdempotentRoutes, is refused as another store (NotClaimed)"]
+async fn steps_of_an_engine_over_a_clone_of_the_same_store_run_in_a_transaction() {
+    let Some(server) = shared_server() else {
+        return;
+    };
+    let store = store_on(server, "tower_idempotency", "steps-tx").await;
+    let layer_engine = Engine::builder(store.clone()).lease(LONG).ttl(LONG).build();
+    let handler_engine = Engine::builder(store).lease(LONG).ttl(LONG).build();
+    let pool = server.pool(2).await;
+    let table = orders_table(&pool).await;
+    let key = random_key();
+    let (steps, _ticket) = claimed(&layer_engine, key).await;
+    let mut conn = pool.acquire().await.unwrap();
+
+    let id: String = step(&handler_engine, &steps, &mut conn, "reserve", Raw, |tx| {
+        order(&table, tx)
+    })
+    .await
+    .unwrap();
+    assert_eq!(order_ids(&pool, &table).await, vec![id]);
+    assert_eq!(recorded(&layer_engine, &key).await, 1, "the step's record");
+}

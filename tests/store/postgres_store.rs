@@ -215,7 +215,17 @@ async fn a_table_named_by_sql_keywords_works_for_every_step() {
             .unwrap(),
         StepRecorded::Recorded
     );
-    assert_eq!(store.steps(&key).await.unwrap(), vec![(step, value)]);
+    // The key is completed: its record answers every repeat, so the step is not kept.
+    assert_eq!(store.steps(&key).await.unwrap(), vec![]);
+    let pending = random_key();
+    let Claim::Claimed(_) = store.claim(&pending, &fp, LONG).await.unwrap() else {
+        panic!("a free key is claimed");
+    };
+    store
+        .record_step(&pending, &step, value.clone(), LONG)
+        .await
+        .unwrap();
+    assert_eq!(store.steps(&pending).await.unwrap(), vec![(step, value)]);
     let Claim::Claimed(other) = store.claim(&random_key(), &fp, LONG).await.unwrap() else {
         panic!("a free key is claimed");
     };
@@ -229,12 +239,12 @@ async fn a_table_named_by_sql_keywords_works_for_every_step() {
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert_eq!(rows, 1, "the other claim's row");
+    assert_eq!(rows, 2, "the other claim's row and the pending key's");
     let steps: i64 = sqlx::query_scalar("SELECT count(*) FROM \"grant\".\"order_steps\"")
         .fetch_one(&pool)
         .await
         .unwrap();
-    assert_eq!(steps, 0, "forget took the key's step");
+    assert_eq!(steps, 1, "only the pending key's step");
 }
 
 // ---- steps ----------------------------------------------------------------------------------

@@ -242,17 +242,24 @@ impl Statements {
         // caller asks again. The move skips steps another transaction holds, which is
         // recording a step of the key and sets its own expiry: waiting for it could wait on the
         // caller's own open transaction.
+        // A completed key keeps no steps: its record answers every repeat, so a step recorded
+        // after the completion (a late write, an overlapping run) is answered as recorded and
+        // not kept.
         let record_step = format!(
-            "WITH live AS (\
+            "WITH done AS (\
+                SELECT FROM {t} WHERE key = $1 AND state = 'D' \
+                AND expires_at > statement_timestamp()\
+            ), live AS (\
                 SELECT value FROM {st} \
-                WHERE key = $1 AND step = $2 AND expires_at > statement_timestamp()\
+                WHERE key = $1 AND step = $2 AND expires_at > statement_timestamp() \
+                AND NOT EXISTS (SELECT FROM done)\
             ), recorded AS (\
                 INSERT INTO {st} AS s (expires_at, key, step, value, retention_ms) \
                 SELECT greatest(statement_timestamp(), (\
                     SELECT expires_at FROM {t} WHERE key = $1 AND state = 'P' \
                     AND expires_at > statement_timestamp()\
                 )) + $4::int8 * interval '1 millisecond', $1, $2, $3, $4 \
-                WHERE NOT EXISTS (SELECT FROM live) \
+                WHERE NOT EXISTS (SELECT FROM live) AND NOT EXISTS (SELECT FROM done) \
                 ON CONFLICT (key, step) DO UPDATE SET expires_at = excluded.expires_at, \
                     value = excluded.value, retention_ms = excluded.retention_ms \
                 WHERE s.expires_at <= statement_timestamp() \
@@ -265,7 +272,8 @@ impl Statements {
                     FOR UPDATE SKIP LOCKED\
                 )\
             ) \
-            SELECT NULL::bytea AS value FROM recorded UNION ALL SELECT value FROM live"
+            SELECT NULL::bytea AS value FROM recorded UNION ALL SELECT value FROM live \
+            UNION ALL SELECT NULL::bytea FROM done"
         );
         let steps = format!(
             "SELECT step, value FROM {st} WHERE key = $1 AND expires_at > statement_timestamp()"
