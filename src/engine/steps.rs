@@ -323,6 +323,8 @@ pub(crate) trait StepStore: Send + Sync + 'static {
         token: &'a Token,
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
+    /// The store itself, to tell which records it writes to.
+    fn as_any(&self) -> &dyn std::any::Any;
 }
 
 impl<S: Store> StepStore for S {
@@ -350,6 +352,10 @@ impl<S: Store> StepStore for S {
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>> {
         Box::pin(Store::prepare_step(self, key, token, lease))
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
     }
 }
 
@@ -808,10 +814,16 @@ impl Bound {
         }
     }
 
-    /// Whether the steps were made by an engine over `store`.
+    /// Whether the steps were made by an engine over `store`: the same store, a clone of it, or
+    /// a store over the same table of the same database.
     #[cfg(feature = "postgres")]
     pub(crate) fn is_of<S: Store>(&self, store: &S) -> bool {
-        std::ptr::addr_eq(Arc::as_ptr(&self.store), std::ptr::from_ref(store))
+        if std::ptr::addr_eq(Arc::as_ptr(&self.store), std::ptr::from_ref(store)) {
+            return true;
+        }
+        let ours = crate::store::postgres::PostgresStore::of(self.store.as_any());
+        let theirs = crate::store::postgres::PostgresStore::of(store);
+        matches!((ours, theirs), (Some(a), Some(b)) if a.same_records(b))
     }
 
     /// Records a step's result, or gives back the first record of an overlapping run.

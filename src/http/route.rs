@@ -157,6 +157,12 @@ impl fmt::Debug for IdempotentRoutes {
 pub struct DynStore(Arc<dyn ErasedStore>);
 
 impl DynStore {
+    /// The store behind the erasure, to tell which records it writes to.
+    #[cfg(feature = "postgres")]
+    pub(crate) fn as_any(&self) -> &dyn std::any::Any {
+        crate::engine::steps::StepStore::as_any(&*self.0)
+    }
+
     /// `store` behind a trait object.
     #[must_use]
     pub fn new<St: Store>(store: St) -> Self {

@@ -436,7 +436,6 @@ async fn a_step_with_steps_of_another_store_is_refused_and_does_not_run() {
 /// clone of one `PostgresStore`, the same pool and table. The steps are that store's, so a step
 /// in a transaction runs: a clone is not "another store".
 #[tokio::test]
-#[ignore = "transactional::step compares Arc addresses: a clone of the same PostgresStore, or the DynStore of IdempotentRoutes, is refused as another store (NotClaimed)"]
 async fn steps_of_an_engine_over_a_clone_of_the_same_store_run_in_a_transaction() {
     let Some(server) = shared_server() else {
         return;

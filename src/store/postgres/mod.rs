@@ -274,6 +274,33 @@ pub struct PostgresStore {
     lock_timeout: Duration,
 }
 
+impl PostgresStore {
+    /// The PostgreSQL store behind `store`: itself, in an `Arc`, or behind the routes' type
+    /// erasure.
+    pub(crate) fn of(store: &dyn std::any::Any) -> Option<&Self> {
+        if let Some(s) = store.downcast_ref::<Self>() {
+            return Some(s);
+        }
+        if let Some(s) = store.downcast_ref::<Arc<Self>>() {
+            return Some(s);
+        }
+        #[cfg(feature = "axum")]
+        if let Some(s) = store.downcast_ref::<crate::http::route::DynStore>() {
+            return Self::of(s.as_any());
+        }
+        None
+    }
+
+    /// Whether `other` writes to the same table of the same database.
+    pub(crate) fn same_records(&self, other: &Self) -> bool {
+        let (a, b) = (self.pool.connect_options(), other.pool.connect_options());
+        self.sql.table == other.sql.table
+            && a.get_host() == b.get_host()
+            && a.get_port() == b.get_port()
+            && a.get_database() == b.get_database()
+    }
+}
+
 impl fmt::Debug for PostgresStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresStore")
