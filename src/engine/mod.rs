@@ -277,6 +277,7 @@ impl Ticket {
     }
 
     /// The request's fingerprint, as the store keeps it.
+    #[cfg(feature = "postgres")]
     pub(crate) fn fingerprint(&self) -> &Fingerprint {
         &self.fingerprint
     }

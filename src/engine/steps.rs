@@ -324,6 +324,7 @@ pub(crate) trait StepStore: Send + Sync + 'static {
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
     /// The store itself, to tell which records it writes to.
+    #[cfg(feature = "postgres")]
     fn as_any(&self) -> &dyn std::any::Any;
 }
 
@@ -354,6 +355,7 @@ impl<S: Store> StepStore for S {
         Box::pin(Store::prepare_step(self, key, token, lease))
     }
 
+    #[cfg(feature = "postgres")]
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
@@ -391,6 +393,7 @@ impl Steps {
     }
 
     /// Steps not yet tied to a claim: a handler's argument taken before its key is claimed.
+    #[cfg(any(feature = "axum", test))]
     pub(crate) fn unbound() -> Self {
         Self {
             slot: Arc::new(OnceLock::new()),
@@ -398,6 +401,7 @@ impl Steps {
     }
 
     /// Ties these steps to `claim`. Only the first call counts.
+    #[cfg(feature = "macros")]
     pub(crate) fn bind(&self, claim: &Arc<ClaimCell>, settings: impl FnOnce() -> StepSettings) {
         claim.run(settings);
         let _ = self.slot.set(Arc::clone(claim));
@@ -591,6 +595,7 @@ impl Run {
     }
 
     /// The steps' settings and key.
+    #[cfg(feature = "postgres")]
     pub(crate) fn bound(&self) -> &Bound {
         &self.bound
     }
