@@ -284,7 +284,7 @@ impl PostgresStore {
         if let Some(s) = store.downcast_ref::<Arc<Self>>() {
             return Some(s);
         }
-        #[cfg(feature = "axum")]
+        #[cfg(feature = "macros")]
         if let Some(s) = store.downcast_ref::<crate::http::route::DynStore>() {
             return Self::of(s.as_any());
         }
