@@ -31,6 +31,13 @@ fn primary_and_replica() -> (RedisServer, RedisServer) {
             .command(&["INFO", "replication"])
             .contains("master_link_status:up")
     });
+    // The primary's side too: `ROLE` lists a replica once its sync is done, and the store counts
+    // the replicas in sync from it.
+    wait_until("the primary to count its replica online", || {
+        primary
+            .command(&["INFO", "replication"])
+            .contains("state=online")
+    });
     (primary, replica)
 }
 
