@@ -1,4 +1,4 @@
-//! The quickstart example's contract (issue 2: "its behaviour is a contract"), tested against
+//! The quickstart example's contract, tested against
 //! the built example binary run as a child process on a free port, with the memory store (how
 //! the binary is found or built: `tests/support/quickstart.rs`).
 
@@ -134,7 +134,7 @@ async fn quickstart_cors_exposes_the_replayed_header() {
     }
 }
 
-/// The headers a page reads from a cross-origin answer (issue 11 item 16): `location` after
+/// The headers a page reads from a cross-origin answer: `location` after
 /// a 201, `retry-after` after a 409, and `idempotent-replayed` on a replay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quickstart_cors_exposes_location_and_retry_after() {

@@ -1,4 +1,4 @@
-//! End to end over Redis (issue 3): two quickstart processes (the built example, with
+//! End to end over Redis: two quickstart processes (the built example, with
 //! `REDIS_URL`) sharing one `redis-server`.
 //!
 //! - concurrent duplicates of 200 keys, sent to both processes at once, run each key once;

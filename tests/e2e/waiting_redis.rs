@@ -1,4 +1,4 @@
-//! A duplicate that waits, across two processes on one Redis (issue 18 §2): the first run is
+//! A duplicate that waits, across two processes on one Redis: the first run is
 //! served by this test process, its duplicate by a second process (this test binary again, run
 //! as a server by the ignored test `child_server`), which waits for the first run through
 //! Redis (polling with backoff) and replays its record.

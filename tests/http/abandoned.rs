@@ -1,4 +1,4 @@
-//! Work that finishes when the client goes away (issue 18 §1): once a key is claimed, the
+//! Work that finishes when the client goes away: once a key is claimed, the
 //! handler runs to its end and its outcome is recorded whether or not the client still
 //! listens; the retry is answered from the record. On the memory store and on Redis.
 

@@ -1,4 +1,4 @@
-//! What the fingerprint covers (issue 18 §4): JSON fields left out or picked, request headers,
+//! What the fingerprint covers: JSON fields left out or picked, request headers,
 //! the query in any order, the route template. Defaults unchanged (the other tests). On the
 //! memory store and on Redis.
 

@@ -1,4 +1,4 @@
-//! Operators forget a key (issue 18 §5): the record of a key sent through the layer is
+//! Operators forget a key: the record of a key sent through the layer is
 //! deleted, so the customer's next request under it runs again; a pending claim only when
 //! asked for explicitly. On the memory store and on Redis.
 

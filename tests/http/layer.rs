@@ -1,4 +1,4 @@
-//! The HTTP layer over a real TCP server: the check order of DESIGN.md §3 (steps 1–8),
+//! The HTTP layer over a real TCP server: the check order (steps 1–8),
 //! principal, tenant and namespace isolation, and the three ways to mount the layer in axum.
 //!
 //! Rejections in detail (bad keys, body limits, store failures, problem+json) are in
@@ -523,7 +523,7 @@ async fn layer_works_per_route_on_a_method_router() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Two layers on one route (issue 11 item 3)
+// Two layers on one route
 // ---------------------------------------------------------------------------------------------
 
 /// The same layer twice around the routes, one store: the inner one sees the outer one's claim

@@ -1,4 +1,4 @@
-//! Rejections over a real TCP server: bad keys (DESIGN.md §6), the request body limit, store
+//! Rejections over a real TCP server: bad keys, the request body limit, store
 //! failures, full scopes and stores, and the problem+json shape (§5), plus a custom renderer.
 
 use crate::support;

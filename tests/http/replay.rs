@@ -1,4 +1,4 @@
-//! After the handler (DESIGN.md §3 step 9: what is recorded, what is released) and what a
+//! After the handler (what is recorded, what is released) and what a
 //! replay carries (§4: allowed and denied headers, repeated lines, response modes, records that
 //! fail re-validation), over a real TCP server.
 
@@ -119,7 +119,7 @@ async fn retryable_client_errors_408_425_429_are_released_so_the_retry_runs_agai
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redirects_are_recorded_and_replayed_with_their_location() {
-    // Post/Redirect/Get: a 303 after a create is the work's final answer (issue 11 item 10).
+    // Post/Redirect/Get: a 303 after a create is the work's final answer.
     assert_recorded(&[300, 301, 302, 303, 307, 308]).await;
     let (server, work) = server_with(IdempotencyLayer::default()).await;
     let (first, second) = twice(&server, "k-prg", 303).await;
@@ -139,7 +139,7 @@ async fn not_modified_is_released_so_the_retry_runs_again() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Step 9 with a classification hook: validation errors released (issue 11 item 4)
+// Step 9 with a classification hook: validation errors released
 // ---------------------------------------------------------------------------------------------
 
 #[derive(serde::Deserialize)]
@@ -367,7 +367,7 @@ async fn response_body_failing_while_streamed_releases_the_key() {
     assert_failing_body_releases_the_key(layer, &store).await;
 }
 
-/// Issue 11 item 5: status mode recorded before the body had streamed.
+/// Status mode recorded before the body had streamed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_mode_response_body_failing_while_streamed_releases_the_key() {
     let store = SpyStore::new();
@@ -375,7 +375,7 @@ async fn status_mode_response_body_failing_while_streamed_releases_the_key() {
     assert_failing_body_releases_the_key(layer, &store).await;
 }
 
-/// Issue 11 item 5: a body over the record limit was recorded before the rest had streamed.
+/// A body over the record limit was recorded before the rest had streamed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn response_body_over_the_record_limit_failing_while_streamed_releases_the_key() {
     let store = SpyStore::new();
@@ -689,7 +689,7 @@ async fn replay_of_a_represented_body(
     answers.remove(0)
 }
 
-/// Issue 11 item 6: a record without a body must not replay headers describing a body.
+/// A record without a body must not replay headers describing a body.
 fn assert_no_representation_headers(headers: &http::HeaderMap, body: &Bytes) {
     assert_eq!(
         headers["idempotent-replayed"], "true",
@@ -772,7 +772,7 @@ async fn record_without_a_body_stored_with_body_headers_replays_without_them() {
     assert_eq!(work.executions(), 0);
 }
 
-/// Issue 11 item 7: an allowed header value over 64 KiB cannot be encoded into a record. The
+/// An allowed header value over 64 KiB cannot be encoded into a record. The
 /// key was released (an immediate retry re-ran the work) while the log said it stays pending.
 #[tokio::test]
 async fn response_with_a_header_too_long_to_record_is_recorded_without_it() {

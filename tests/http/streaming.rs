@@ -1,4 +1,4 @@
-//! Streaming responses (DESIGN.md §3 step 9, issue 11 item 2): a `text/event-stream` response,
+//! Streaming responses: a `text/event-stream` response,
 //! or a body that has not ended within the collection bound, goes to the client as it comes,
 //! never held back until its end; it is recorded as status and headers once it has ended, and
 //! a stream that never ends does not hold its key forever.

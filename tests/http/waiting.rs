@@ -1,4 +1,4 @@
-//! A duplicate that waits for the first run instead of getting 409 (issue 18 §2), and the
+//! A duplicate that waits for the first run instead of getting 409, and the
 //! `Retry-After` of a 409 taken from the lease the first run has left. The memory store wakes
 //! the waiter in process; Redis is polled (across processes: see `tests/e2e/waiting_redis.rs`).
 

@@ -484,7 +484,7 @@ async fn the_principal_comes_from_a_middleware() {
     assert_eq!(runs.count(), 2);
 }
 
-/// The handler's extractors run before the key is claimed (issue 11 item 4): a request they
+/// The handler's extractors run before the key is claimed: a request they
 /// refuse (malformed JSON → 400, no content-type → 415, a body that does not deserialize →
 /// 422) is answered without a store call, so the corrected request runs under the same key.
 #[tokio::test]
@@ -584,8 +584,7 @@ async fn the_key_extractors_see_the_key_the_request_is_claimed_under() {
     assert_eq!(runs.count(), 2);
 }
 
-/// The router's `IdempotencyLayer` and `#[idempotent]` on a route, over one store (issue 11
-/// item 3), with the configuration extension outside or inside the layer: the attribute sees
+/// The router's `IdempotencyLayer` and `#[idempotent]` on a route, over one store, with the configuration extension outside or inside the layer: the attribute sees
 /// the layer's claim of the same store key and passes the request through, so the handler
 /// runs once and the repeat is a replay (not a 409 recorded by the layer).
 #[tokio::test]
