@@ -183,6 +183,15 @@ impl SentinelSet {
                 .command(&["INFO", "replication"])
                 .contains("master_link_status:up")
         });
+        // Its upstream's side too: `ROLE` lists a replica once its sync is done, and a store
+        // that waits for replicas counts them from it.
+        if upstream == set.primary.port() {
+            set.wait_for("the primary to count its replica online", SETTLE, |s| {
+                s.primary
+                    .command(&["INFO", "replication"])
+                    .contains("state=online")
+            });
+        }
         set.wait_for(
             "every sentinel to see the replica and the others",
             SETTLE,
