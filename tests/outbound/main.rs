@@ -5,6 +5,8 @@
 //!   loopback port), each store wrapped in the spy store that can fail claims and completes;
 //! - `http_calls.rs`: the HTTP adapter over hyper-util's client against local stubs (one that
 //!   answers, one that reads the body and closes, one that refuses connections);
+//! - `crash.rs`: a sending process killed with SIGKILL after its request went out, and a
+//!   second process's retry with the same key over the same Redis;
 //! - `mail.rs` (feature `lettre`): lettre's SMTP transport against a real SMTP server
 //!   (Debian's `python3-aiosmtpd`, `tests/support/smtp_server.py`).
 //!
@@ -17,6 +19,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod crash;
 mod door;
 mod http_calls;
 #[cfg(feature = "lettre")]
