@@ -131,7 +131,8 @@ macro_rules! store_conformance {
 /// A lease or retention that never lapses during a test.
 pub const LONG: Duration = Duration::from_secs(60);
 #[doc(hidden)]
-/// The lease or retention of expiry tests.
+/// The lease or retention of expiry tests that only wait past it ([`PAST_SHORT`]): a check
+/// inside a lease or retention on real time takes a seconds-wide one.
 pub const SHORT: Duration = Duration::from_millis(300);
 #[doc(hidden)]
 /// How far expiry tests move time: comfortably past [`SHORT`].
@@ -312,9 +313,10 @@ pub async fn other_fingerprint_gets_stored_fingerprint<H: Harness>(h: H) {
 pub async fn lease_expiry_frees_key<H: Harness>(h: H) {
     let s = h.store();
     let key = random_key();
-    let first = claim_free(s, &key, &fingerprint("a"), SHORT).await;
+    // Seconds wide: the check inside the lease runs on real time on a server.
+    let first = claim_free(s, &key, &fingerprint("a"), SECONDS_LEASE).await;
     expect_pending(s, &key, "inside the lease").await;
-    h.advance(PAST_SHORT).await;
+    h.advance(PAST_SECONDS_LEASE).await;
     let second = match ok(s.claim(&key, &fingerprint("b"), LONG).await, "claim") {
         Claim::Claimed(token) => token,
         other => panic!("a key whose lease lapsed must be claimable, got {other:?}"),
@@ -335,11 +337,12 @@ pub async fn record_expires_after_ttl<H: Harness>(h: H) {
     let fp = fingerprint("a");
     let token = claim_free(s, &key, &fp, LONG).await;
     assert!(ok(
-        s.complete(&key, &token, &fp, record("a"), SHORT).await,
+        s.complete(&key, &token, &fp, record("a"), SECONDS_LEASE).await,
         "complete"
     ));
+    // Seconds wide, as above.
     expect_done(s, &key, "inside the retention").await;
-    h.advance(PAST_SHORT).await;
+    h.advance(PAST_SECONDS_LEASE).await;
     match ok(s.claim(&key, &fp, LONG).await, "claim") {
         Claim::Claimed(_) => {}
         other => panic!("a record past its retention must be gone, got {other:?}"),

@@ -132,9 +132,10 @@ where
     }
 }
 
-/// Worker A's lease on its claims, and B's: a killed worker's claim lapses after it (a default
-/// 60 s lease would make the test wait a minute; the handlers that hold one run in
-/// microseconds, renewed every third of it).
+/// Worker A's lease on its claims, and B's: a killed worker's claim lapses after it. The
+/// store's expiry runs on a real server whose clock cannot be paused, and the default 60 s
+/// lease would make the test wait a minute; the test is named for this lease. The handlers
+/// that hold one run in microseconds, renewed every third of it.
 const LEASE: Duration = Duration::from_secs(5);
 
 const CHILD_REDIS: &str = "QUEUES_APALIS_CHILD_REDIS";
@@ -148,7 +149,7 @@ fn engine_at(store: RedisStore) -> Engine<RedisStore> {
 /// Worker A of the kill test, in a process of its own: every task's handler starts, says so,
 /// and never returns, until the test kills the process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a child process of a_worker_process_killed_mid_handler_loses_no_task_and_each_runs_once"]
+#[ignore = "a child process of a_worker_process_killed_mid_handler_with_a_5_s_lease_loses_no_task_and_each_runs_once"]
 async fn worker_process_that_hangs_mid_handler() {
     let (Ok(url), Ok(queue)) = (std::env::var(CHILD_REDIS), std::env::var(CHILD_QUEUE)) else {
         return;
@@ -169,7 +170,7 @@ async fn worker_process_that_hangs_mid_handler() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_process_killed_mid_handler_loses_no_task_and_each_runs_once() {
+async fn a_worker_process_killed_mid_handler_with_a_5_s_lease_loses_no_task_and_each_runs_once() {
     if !redis_server::available() {
         return;
     }
@@ -219,7 +220,7 @@ async fn a_worker_process_killed_mid_handler_loses_no_task_and_each_runs_once() 
     .expect("worker A to start the three tasks");
     child.kill().await.unwrap();
 
-    // Worker B, the door's and the adapter's default settings: A's tasks come to it once A's
+    // Worker B, the door's and the adapter's default settings and the 5 s lease: A's tasks come to it once A's
     // heartbeats have stopped, while A's claims still hold their keys.
     let engine = engine_at(RedisStore::connect(&url, STORE_PREFIX).await.unwrap());
     let runs = Arc::new(Mutex::new(BTreeMap::<String, usize>::new()));

@@ -426,10 +426,14 @@ async fn a_recorded_step_moves_the_keys_live_steps_to_its_expiry_and_never_reviv
     let (a, b) = (StepId::from_bytes([5; 32]), StepId::from_bytes([6; 32]));
     let v = Bytes::from_static(b"v");
 
+    // Seconds wide: the second step must be recorded while the first is live, on real time.
     let key = random_key();
-    store.record_step(&key, &a, v.clone(), SHORT).await.unwrap();
+    store
+        .record_step(&key, &a, v.clone(), Duration::from_secs(2))
+        .await
+        .unwrap();
     store.record_step(&key, &b, v.clone(), LONG).await.unwrap();
-    tokio::time::sleep(SHORT + Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
         store.steps(&key).await.unwrap().len(),
         2,
