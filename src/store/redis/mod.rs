@@ -184,10 +184,10 @@
 //! time. A replacement that fails keeps the old connection, and is tried again after the next
 //! run of timeouts.
 //! Calls already in flight finish on the connection they started on, which closes once the
-//! last of them is done. Measured in `tests/faults/proxy.rs`: with a 300 ms operation timeout,
-//! a store whose connection went half-open answers again about 0.9 s later (three 503s: the two
-//! timeouts that start the replacement, and a call that began on the old connection while the
-//! new one was being made). A Redis that is merely slow (a long script, a latency spike) also
+//! last of them is done. Measured in `tests/faults/proxy.rs`: with the default 1 s operation
+//! timeout, a store whose connection went half-open answers again 2–3 s later (two or three
+//! 503s: the two timeouts that start the replacement, and at times a call that began on the
+//! old connection while the new one was being made). A Redis that is merely slow (a long script, a latency spike) also
 //! gets its connection replaced; that costs one new connection per run of timeouts, nothing
 //! more. A store made by `connect_cluster` does the same with a new `ClusterConnection` from
 //! the same nodes: the cluster client reconnects a node after a connection error, never after
