@@ -339,9 +339,10 @@ pub(crate) async fn a_timeout_after_the_request_was_written_is_unknown<S: Store>
     store: SpyStore<S>,
 ) {
     let stub = Stub::start(Behave::Stall).await;
+    // Seconds wide: the request must be written before the timeout ends the call.
     let client = ServiceBuilder::new()
         .layer(HttpSendOnceLayer::new(store))
-        .timeout(Duration::from_millis(300))
+        .timeout(Duration::from_secs(2))
         .service(client());
     let first = client
         .clone()

@@ -22,8 +22,12 @@ fn smtp(port: u16) -> Smtp {
         .build()
 }
 
+/// The door's bound on a send: seconds wide, so that a whole SMTP exchange with the Python
+/// server ends inside it on a loaded machine, and only a stalled server meets it.
+const SEND_TIMEOUT: Duration = Duration::from_secs(3);
+
 fn mailer<S: Store>(store: SpyStore<S>, port: u16) -> LettreSendOnce<Smtp, SpyStore<S>> {
-    LettreSendOnce::new(store, smtp(port)).timeout(Duration::from_millis(800))
+    LettreSendOnce::new(store, smtp(port)).timeout(SEND_TIMEOUT)
 }
 
 /// The welcome email of a job, with its key in the `Idempotency-Key` header.

@@ -605,8 +605,9 @@ async fn a_server_that_stops_answering_times_out() {
         return;
     }
     let server = RedisServer::start();
+    // The default operation timeout (1 s): the first claim, on a healthy server, ends far
+    // inside it; the bound below is seconds wide.
     let store = RedisStore::builder("hang")
-        .timeout(Duration::from_millis(200))
         .connect(&server.url())
         .await
         .expect("connect");
@@ -629,7 +630,7 @@ async fn a_server_that_stops_answering_times_out() {
     let err = result.expect_err("a paused server cannot answer");
     assert_eq!(err.kind(), StoreErrorKind::Timeout, "{err:?}");
     assert!(
-        took < Duration::from_secs(1),
+        took < Duration::from_secs(3),
         "the operation timeout bounds the call, took {took:?}"
     );
     // Once the server answers again, so does the store.
