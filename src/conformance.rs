@@ -337,7 +337,8 @@ pub async fn record_expires_after_ttl<H: Harness>(h: H) {
     let fp = fingerprint("a");
     let token = claim_free(s, &key, &fp, LONG).await;
     assert!(ok(
-        s.complete(&key, &token, &fp, record("a"), SECONDS_LEASE).await,
+        s.complete(&key, &token, &fp, record("a"), SECONDS_LEASE)
+            .await,
         "complete"
     ));
     // Seconds wide, as above.

@@ -18,7 +18,7 @@
 #![cfg(all(feature = "nats", feature = "redis"))]
 #![allow(clippy::unwrap_used)]
 
-use crate::crash::{Fault, Figures, assert_nothing_lost, short_plan, default_plan, fault_run};
+use crate::crash::{Fault, Figures, assert_nothing_lost, default_plan, fault_run, short_plan};
 use crate::storm::env_or;
 use std::time::Duration;
 
