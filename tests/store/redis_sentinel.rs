@@ -29,13 +29,13 @@ async fn the_sentinel_store_follows_a_failover() {
         return;
     }
     let mut set = SentinelSet::start();
+    // The store's default operation timeout (1 s): a healthy step, and a `WAIT` of 400 ms,
+    // end inside it on a loaded machine.
     let plain = RedisStore::builder("sentinel")
-        .timeout(Duration::from_millis(500))
         .connect_sentinel(set.urls(), SERVICE, None)
         .await
         .expect("connect through the sentinels");
     let durable = RedisStore::builder("sentinel")
-        .timeout(Duration::from_millis(500))
         .wait_for_replicas(1, Duration::from_millis(400))
         .connect_sentinel(set.urls(), SERVICE, None)
         .await
