@@ -10,8 +10,9 @@
 //! - `kill -9` right after the charge, over Redis and over PostgreSQL: the receipt provider
 //!   holds the first call, the application process (this binary run again as a child,
 //!   [`child_checkout_app`]) is killed while it waits, and a second process takes the retry
-//!   once the first one's lease lapsed. The lease is 2 s, so that the retry waits 2 s, not the
-//!   default 60 s; nothing times the lease.
+//!   once the first one's lease lapsed. The lease is 2 s, and the tests are named so: the
+//!   stores' expiry runs on real servers whose clocks cannot be paused, and the default 60 s
+//!   lease would make each retry wait a minute. Nothing times the lease.
 //! - A receipt that fails with a 5xx, over every store: the handler answers 503, the key is
 //!   released, and the retry runs only the receipt.
 //! - A storm over Redis: 50 orders, each sent by several clients at once to two application
@@ -463,12 +464,12 @@ async fn kill_after_the_charge(kind: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_after_the_charge_over_redis_charges_once() {
+async fn kill_9_after_the_charge_over_redis_with_a_2_s_lease_charges_once() {
     kill_after_the_charge("redis").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn kill_9_after_the_charge_over_postgres_charges_once() {
+async fn kill_9_after_the_charge_over_postgres_with_a_2_s_lease_charges_once() {
     kill_after_the_charge("postgres").await;
 }
 
