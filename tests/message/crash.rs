@@ -890,8 +890,7 @@ async fn a_consumer_killed_mid_handler_loses_nothing_with_every_default() {
 /// The door's and the adapter's defaults; the server's `ack_wait` 2 s and the engine's lease
 /// 6 s, so that the storm ends in seconds.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_consumer_killed_mid_handler_under_a_duplicate_storm_with_a_short_lease_and_ack_wait_loses_nothing()
- {
+async fn a_consumer_killed_mid_storm_with_a_short_lease_and_ack_wait_loses_nothing() {
     let messages = env_or("CRASH_MESSAGES", 300);
     let copies = env_or("CRASH_COPIES", 3);
     let Some(f) = fault_run(short_plan(messages, copies, Fault::KillConsumer)).await else {
