@@ -9,7 +9,6 @@ use bytes::Bytes;
 use proptest::prelude::*;
 use std::convert::Infallible;
 use tower::{Layer, ServiceExt};
-use tower_idempotency::store::Record;
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Principal};
 
 fn config() -> ProptestConfig {

@@ -1097,3 +1097,382 @@ fn postgres_store_matches_the_model_a() {
 fn postgres_store_matches_the_model_b() {
     postgres_model::run(24);
 }
+
+// ---------------------------------------------------------------------------------------------
+// MemoryStore at its bounds
+// ---------------------------------------------------------------------------------------------
+
+/// The memory store at small bounds (12 entries and steps together, 5 per scope, 4 KiB) with
+/// 3 scopes of 8 keys, against a model of what a full store may drop: completed records and
+/// released keys' steps, never a pending claim, never a live claim's steps. A drop is seen in
+/// `MemoryStats::early_drops`; the model then marks every droppable record "maybe dropped" and
+/// accepts either answer for it, and nothing else.
+mod bounds {
+    use super::*;
+    use tower_idempotency::store::StoreErrorKind;
+
+    const SCOPES: usize = 3;
+    const PER_SCOPE_KEYS: usize = 8;
+    const MAX_ENTRIES: usize = 12;
+    const SCOPE_CAP: usize = 5;
+    const MAX_BYTES: usize = 4096;
+    const LONG: Duration = Duration::from_secs(3600);
+
+    #[derive(Debug, Clone)]
+    enum BOp {
+        Claim { key: usize },
+        Complete { key: usize, size: usize },
+        Release { key: usize },
+        Step { key: usize, step: usize },
+        Steps { key: usize },
+    }
+
+    fn bop() -> impl Strategy<Value = BOp> {
+        let key = 0..SCOPES * PER_SCOPE_KEYS;
+        prop_oneof![
+            4 => key.clone().prop_map(|key| BOp::Claim { key }),
+            3 => (key.clone(), 0usize..400).prop_map(|(key, size)| BOp::Complete { key, size }),
+            1 => key.clone().prop_map(|key| BOp::Release { key }),
+            2 => (key.clone(), 0..STEPS).prop_map(|(key, step)| BOp::Step { key, step }),
+            1 => key.prop_map(|key| BOp::Steps { key }),
+        ]
+    }
+
+    #[derive(Debug, Clone, PartialEq, Eq)]
+    enum K {
+        Pending {
+            token: Token,
+            steps: Vec<usize>,
+        },
+        Done {
+            record: Record,
+            maybe_dropped: bool,
+        },
+        /// Released with steps: kept for them, droppable.
+        Kept {
+            steps: Vec<usize>,
+            maybe_dropped: bool,
+        },
+    }
+
+    #[derive(Debug, Default, Clone)]
+    pub(super) struct BTally {
+        ops: u64,
+        kinds: [u64; 5],
+        early_drops: u64,
+        /// Claims answered `Claimed` on a record the store dropped early.
+        dropped_seen: u64,
+        store_full: u64,
+        scope_full: u64,
+        pending_kept: u64,
+        live_steps_kept: u64,
+    }
+
+    fn store_key(key: usize) -> StoreKey {
+        let scope = [u8::try_from(key / PER_SCOPE_KEYS).unwrap() + 1; 32];
+        StoreKey::from_parts(scope, [u8::try_from(key).unwrap(); 32])
+    }
+
+    fn scope_pending(m: &HashMap<usize, K>, scope: usize) -> usize {
+        m.iter()
+            .filter(|(k, v)| *k / PER_SCOPE_KEYS == scope && matches!(v, K::Pending { .. }))
+            .count()
+    }
+
+    #[allow(clippy::too_many_lines)]
+    async fn run(store: &MemoryStore, case: &[BOp]) -> Result<BTally, TestCaseError> {
+        let mut m: HashMap<usize, K> = HashMap::new();
+        let mut t = BTally::default();
+        let fp = fingerprint(0);
+        for (i, op) in case.iter().enumerate() {
+            let ctx = |what: String| fail(&format!("op {i} {op:?}: {what}"));
+            let before = store.stats();
+            let refused = |e: &tower_idempotency::store::StoreError,
+                           m: &HashMap<usize, K>,
+                           key: usize,
+                           t: &mut BTally|
+             -> Result<(), TestCaseError> {
+                // Refused only for room a rule forbids taking: all pending, or the scope's own.
+                match e.kind() {
+                    StoreErrorKind::StoreFull
+                        if before.entries + before.steps >= MAX_ENTRIES
+                            || before.bytes + before.step_bytes + 1024 > MAX_BYTES =>
+                    {
+                        t.store_full += 1;
+                        Ok(())
+                    }
+                    StoreErrorKind::ScopeFull
+                        if scope_pending(m, key / PER_SCOPE_KEYS) >= 1
+                            || before.entries + before.steps >= MAX_ENTRIES =>
+                    {
+                        t.scope_full += 1;
+                        Ok(())
+                    }
+                    _ => Err(fail(&format!("op {i} {op:?}: refused {e} at {before:?}"))),
+                }
+            };
+            let kind;
+            match *op {
+                BOp::Claim { key } => {
+                    kind = 0;
+                    match store.claim(&store_key(key), &fp, LONG).await {
+                        Ok(Claim::Claimed(token)) => {
+                            match m.get(&key) {
+                                None => {}
+                                Some(K::Done {
+                                    maybe_dropped: true,
+                                    ..
+                                }) => t.dropped_seen += 1,
+                                Some(K::Kept { .. }) => {}
+                                other => return Err(ctx(format!("claimed over {other:?}"))),
+                            }
+                            // A released key's steps come back with a new claim, unless dropped.
+                            let steps = match m.get(&key) {
+                                Some(K::Kept {
+                                    steps,
+                                    maybe_dropped: false,
+                                }) => steps.clone(),
+                                _ => Vec::new(),
+                            };
+                            let maybe = matches!(
+                                m.get(&key),
+                                Some(K::Kept {
+                                    maybe_dropped: true,
+                                    ..
+                                })
+                            );
+                            m.insert(key, K::Pending { token, steps });
+                            if maybe {
+                                // Whether its steps survived is read back below.
+                                let got = store.steps(&store_key(key)).await.unwrap();
+                                if let Some(K::Pending { steps, .. }) = m.get_mut(&key) {
+                                    *steps = got
+                                        .iter()
+                                        .filter_map(|(id, _)| {
+                                            (0..STEPS).find(|s| step_id(*s) == *id)
+                                        })
+                                        .collect();
+                                }
+                            }
+                        }
+                        Ok(Claim::Pending { .. }) => {
+                            if !matches!(m.get(&key), Some(K::Pending { .. })) {
+                                return Err(ctx(format!("Pending over {:?}", m.get(&key))));
+                            }
+                            t.pending_kept += 1;
+                        }
+                        Ok(Claim::Done { record: r, .. }) => match m.get(&key) {
+                            Some(K::Done { record, .. }) if *record == r => {}
+                            other => return Err(ctx(format!("Done over {other:?}"))),
+                        },
+                        Ok(other) => return Err(ctx(format!("{other:?}"))),
+                        Err(e) => {
+                            if matches!(
+                                m.get(&key),
+                                Some(
+                                    K::Pending { .. }
+                                        | K::Done {
+                                            maybe_dropped: false,
+                                            ..
+                                        }
+                                )
+                            ) {
+                                return Err(ctx(format!("refused a held key: {e}")));
+                            }
+                            refused(&e, &m, key, &mut t)?;
+                        }
+                    }
+                }
+                BOp::Complete { key, size } => {
+                    kind = 1;
+                    let Some(K::Pending { token, .. }) = m.get(&key).cloned() else {
+                        continue;
+                    };
+                    let r = Record::from_bytes(Bytes::from(vec![b'r'; size + 1]));
+                    match store
+                        .complete(&store_key(key), &token, &fp, r.clone(), LONG)
+                        .await
+                    {
+                        Ok(true) => {
+                            m.insert(
+                                key,
+                                K::Done {
+                                    record: r,
+                                    maybe_dropped: false,
+                                },
+                            );
+                        }
+                        Ok(false) => return Err(ctx("the holder's complete refused".into())),
+                        Err(e) => {
+                            // A record too big for the room left: the claim stays.
+                            refused(&e, &m, key, &mut t)?;
+                        }
+                    }
+                }
+                BOp::Release { key } => {
+                    kind = 2;
+                    let Some(K::Pending { token, steps }) = m.get(&key).cloned() else {
+                        continue;
+                    };
+                    let done = store.release(&store_key(key), &token).await.unwrap();
+                    if !done {
+                        return Err(ctx("the holder's release refused".into()));
+                    }
+                    if steps.is_empty() {
+                        m.remove(&key);
+                    } else {
+                        m.insert(
+                            key,
+                            K::Kept {
+                                steps,
+                                maybe_dropped: false,
+                            },
+                        );
+                    }
+                }
+                BOp::Step { key, step } => {
+                    kind = 3;
+                    let Some(K::Pending { token, .. }) = m.get(&key).cloned() else {
+                        continue;
+                    };
+                    match store.prepare_step(&store_key(key), &token, LONG).await {
+                        Ok(true) => {}
+                        Ok(false) => return Err(ctx("the holder lost its lease".into())),
+                        Err(e) => {
+                            refused(&e, &m, key, &mut t)?;
+                            t.ops += 1;
+                            t.kinds[kind] += 1;
+                            continue;
+                        }
+                    }
+                    let got = store
+                        .record_step(&store_key(key), &step_id(step), step_value(step), LONG)
+                        .await
+                        .map_err(|e| ctx(format!("record_step after prepare_step: {e}")))?;
+                    if let Some(K::Pending { steps, .. }) = m.get_mut(&key) {
+                        let known = steps.contains(&step);
+                        let ok = match got {
+                            StepRecorded::Recorded => !known,
+                            StepRecorded::Found(_) => known,
+                            _ => false,
+                        };
+                        if !ok {
+                            return Err(ctx(format!("{got:?}, model steps {steps:?}")));
+                        }
+                        if !known {
+                            steps.push(step);
+                        }
+                    }
+                }
+                BOp::Steps { key } => {
+                    kind = 4;
+                    let got = store.steps(&store_key(key)).await.unwrap();
+                    let mut got: Vec<usize> = got
+                        .iter()
+                        .map(|(id, _)| (0..STEPS).find(|s| step_id(*s) == *id).unwrap())
+                        .collect();
+                    got.sort_unstable();
+                    match m.get_mut(&key) {
+                        Some(K::Pending { steps, .. }) => {
+                            let mut want = steps.clone();
+                            want.sort_unstable();
+                            if got != want {
+                                return Err(ctx(format!(
+                                    "a live claim's steps {got:?}, model {want:?}"
+                                )));
+                            }
+                            if !want.is_empty() {
+                                t.live_steps_kept += 1;
+                            }
+                        }
+                        Some(K::Kept {
+                            steps,
+                            maybe_dropped,
+                        }) => {
+                            let mut want = steps.clone();
+                            want.sort_unstable();
+                            if got.is_empty() && *maybe_dropped {
+                                m.remove(&key);
+                            } else if got != want {
+                                return Err(ctx(format!("released steps {got:?}, model {want:?}")));
+                            }
+                        }
+                        _ => {
+                            if !got.is_empty() {
+                                return Err(ctx(format!("steps {got:?} of a key without")));
+                            }
+                        }
+                    }
+                }
+            }
+            let after = store.stats();
+            // The bounds hold, and pending claims are all there.
+            let pending = m
+                .values()
+                .filter(|v| matches!(v, K::Pending { .. }))
+                .count();
+            if after.entries + after.steps > MAX_ENTRIES
+                || after.bytes + after.step_bytes > MAX_BYTES
+                || after.pending != pending
+            {
+                return Err(ctx(format!("stats {after:?}, model pending {pending}")));
+            }
+            let drops = after.early_drops - before.early_drops;
+            if drops > 0 {
+                t.early_drops += drops;
+                for v in m.values_mut() {
+                    if let K::Done { maybe_dropped, .. } | K::Kept { maybe_dropped, .. } = v {
+                        *maybe_dropped = true;
+                    }
+                }
+            }
+            t.ops += 1;
+            t.kinds[kind] += 1;
+        }
+        Ok(t)
+    }
+
+    #[test]
+    fn memory_store_at_its_bounds_matches_the_model() {
+        let rt = runtime();
+        let mut runner = TestRunner::new(Config {
+            cases: 256,
+            failure_persistence: None,
+            ..Config::default()
+        });
+        let total = std::cell::RefCell::new(BTally::default());
+        runner
+            .run(&prop::collection::vec(bop(), 40..=80), |case| {
+                let store = MemoryStore::builder()
+                    .shards(2)
+                    .max_entries(MAX_ENTRIES)
+                    .max_bytes(MAX_BYTES)
+                    .max_record_bytes(1024)
+                    .max_entries_per_scope(SCOPE_CAP)
+                    .clock(ManualClock::new())
+                    .build()
+                    .unwrap();
+                let t = rt.block_on(run(&store, &case))?;
+                let mut sum = total.borrow_mut();
+                sum.ops += t.ops;
+                for (a, b) in sum.kinds.iter_mut().zip(t.kinds) {
+                    *a += b;
+                }
+                sum.early_drops += t.early_drops;
+                sum.dropped_seen += t.dropped_seen;
+                sum.store_full += t.store_full;
+                sum.scope_full += t.scope_full;
+                sum.pending_kept += t.pending_kept;
+                sum.live_steps_kept += t.live_steps_kept;
+                Ok(())
+            })
+            .unwrap_or_else(|e| panic!("the store disagrees with the model: {e}"));
+        let t = total.into_inner();
+        eprintln!("model_stores bounds: {t:?}");
+        assert!(t.ops >= 8_000, "{t:?}");
+        assert!(t.kinds.iter().all(|n| *n >= 200), "each operation: {t:?}");
+        assert!(t.early_drops >= 200 && t.dropped_seen >= 30, "drops: {t:?}");
+        assert!(t.scope_full >= 200 && t.pending_kept >= 500, "{t:?}");
+        assert!(t.live_steps_kept >= 15, "{t:?}");
+    }
+}

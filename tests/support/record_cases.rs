@@ -13,19 +13,19 @@ use tower_idempotency::engine::{RecordErrorKind, RecordTimes, RecordedResponse};
 use tower_idempotency::store::Record;
 
 /// The body limit the decoder is given: small, so a rewritten body length can pass it.
-pub const MAX_BODY: usize = 64 * 1024;
+pub(crate) const MAX_BODY: usize = 64 * 1024;
 const FLAG_MAC: u8 = 0b0000_0100;
 const KNOWN_FLAGS: u8 = 0b0001_1111;
 const TAG_LEN: usize = 32;
 
 /// The choices of one case, read from fuzzer or proptest bytes; zeros once they run out.
-pub struct Source<'a> {
+pub(crate) struct Source<'a> {
     data: &'a [u8],
     pos: usize,
 }
 
 impl<'a> Source<'a> {
-    pub fn new(data: &'a [u8]) -> Self {
+    pub(crate) fn new(data: &'a [u8]) -> Self {
         Self { data, pos: 0 }
     }
     fn byte(&mut self) -> u8 {
@@ -44,7 +44,7 @@ impl<'a> Source<'a> {
     fn chance(&mut self, in_256: u8) -> bool {
         self.byte() < in_256
     }
-    fn from_set(&mut self, set: &[u8], max: usize) -> Bytes {
+    fn pick_from(&mut self, set: &[u8], max: usize) -> Bytes {
         let n = self.below(max + 1);
         (0..n).map(|_| set[self.below(set.len())]).collect()
     }
@@ -57,17 +57,17 @@ fn fields(src: &mut Source<'_>) -> Vec<(Bytes, Bytes)> {
     let n = src.below(4);
     (0..n)
         .map(|_| {
-            let mut name = src.from_set(NAME, 10);
+            let mut name = src.pick_from(NAME, 10);
             if name.is_empty() {
                 name = Bytes::from_static(b"x");
             }
-            (name, src.from_set(&value, 12))
+            (name, src.pick_from(&value, 12))
         })
         .collect()
 }
 
 /// A valid response drawn from `src`, every optional part present about half the time.
-pub fn response(src: &mut Source<'_>) -> RecordedResponse {
+pub(crate) fn response(src: &mut Source<'_>) -> RecordedResponse {
     let status = 100 + u16::try_from(src.below(900)).unwrap_or(0);
     let headers = fields(src);
     let body = src
@@ -125,7 +125,7 @@ fn numbers(rec: &[u8]) -> Vec<(usize, usize)> {
 
 /// One input: a valid record (sealed with a tag about a quarter of the time) and up to three
 /// kinds of damage; one case in eight is left undamaged.
-pub fn case(data: &[u8]) -> Vec<u8> {
+pub(crate) fn case(data: &[u8]) -> Vec<u8> {
     let mut src = Source::new(data);
     let r = response(&mut src);
     let mut rec = r
@@ -191,7 +191,7 @@ pub fn case(data: &[u8]) -> Vec<u8> {
 
 /// How far into a record the decoder got, judged from the input alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Reach {
+pub(crate) enum Reach {
     /// The first two bytes are not the magic.
     Magic,
     /// Past the magic; the version, flags or status are wrong, or the record is cut inside them.
@@ -208,7 +208,7 @@ fn content(input: &[u8]) -> &[u8] {
     }
 }
 
-pub fn reach(input: &[u8]) -> Reach {
+pub(crate) fn reach(input: &[u8]) -> Reach {
     let c = content(input);
     if !c.starts_with(b"TI") {
         return Reach::Magic;
@@ -227,7 +227,7 @@ pub fn reach(input: &[u8]) -> Reach {
 /// Decodes `input`, which must not panic. A record that decodes re-encodes to the same bytes
 /// (less the tag and its flag: the decoder does not check a tag) and decodes to the same
 /// response again. Returns the decoder's refusal, if any.
-pub fn check(input: &[u8]) -> Result<(), &'static str> {
+pub(crate) fn check(input: &[u8]) -> Result<(), &'static str> {
     let response = match Record::from_bytes(Bytes::copy_from_slice(input)).decode(MAX_BODY) {
         Ok(r) => r,
         Err(e) => {
