@@ -214,14 +214,23 @@ impl Slot {
     }
 }
 
-/// A recorded step: its value, its retention and the least time it is kept until: `own` from
-/// when steps of the key were recorded, `kept` also past the lease of the claim.
+/// A recorded step: its value and the least time it is kept until. The key's steps share the
+/// retention of its latest `record_step` (`ttl`); they are kept that long from each record
+/// (`own`), and past the end of the lease they were recorded under (`lease`), as renewed or
+/// ended by a release.
 #[derive(Debug, Clone, Copy)]
 struct Step {
     value: usize,
     ttl: u64,
     own: u64,
+    lease: u64,
     kept: u64,
+}
+
+impl Step {
+    fn settle(&mut self) {
+        self.kept = self.own.max(self.lease + self.ttl);
+    }
 }
 
 /// The model's state: the slot and steps of each key, the tokens issued per key (oldest first,
@@ -637,7 +646,8 @@ async fn run_case<B: Backend>(b: &mut B, case: &[Op]) -> Result<Tally, TestCaseE
                     // The lease ends now: the steps are kept their retention from here.
                     let steps = m.steps.entry(key).or_default();
                     for s in steps.values_mut().filter(|s| s.kept > w.end) {
-                        s.kept = s.own.max((w.start + s.ttl).saturating_sub(slack));
+                        s.lease = w.start.saturating_sub(slack);
+                        s.settle();
                     }
                 } else {
                     let sure = if holds { seen } else { Seen::Live };
@@ -680,7 +690,8 @@ async fn run_case<B: Backend>(b: &mut B, case: &[Op]) -> Result<Tally, TestCaseE
                         .values_mut()
                         .filter(|s| s.kept > w.end)
                     {
-                        s.kept = s.kept.max(new.lo + s.ttl);
+                        s.lease = new.lo;
+                        s.settle();
                     }
                 } else {
                     let sure = if holds { seen } else { Seen::Live };
@@ -747,12 +758,12 @@ async fn run_case<B: Backend>(b: &mut B, case: &[Op]) -> Result<Tally, TestCaseE
                         accept(ok, Seen::Live, &mut t, &ctx("step recorded twice"))?;
                         // Kept its retention from now, and past the lease of a live claim.
                         let from_now = (w.start + ttl_m).saturating_sub(slack);
-                        let mut least = from_now;
-                        if let Some(Slot::Pending { until, .. }) = m.slots.get(&key)
-                            && until.seen(w) == Seen::Live
-                        {
-                            least = least.max(until.lo + ttl_m);
-                        }
+                        let lease = match m.slots.get(&key) {
+                            Some(Slot::Pending { until, .. }) if until.seen(w) == Seen::Live => {
+                                Some(until.lo)
+                            }
+                            _ => None,
+                        };
                         let steps = m.steps.entry(key).or_default();
                         steps.insert(
                             s,
@@ -760,14 +771,19 @@ async fn run_case<B: Backend>(b: &mut B, case: &[Op]) -> Result<Tally, TestCaseE
                                 value,
                                 ttl: ttl_m,
                                 own: from_now,
-                                kept: least,
+                                lease: lease.unwrap_or(0),
+                                kept: 0,
                             },
                         );
-                        // The key's steps still kept are kept as long; one past its least
+                        // The key's steps still kept take this retention; one past its least
                         // retention may be gone already.
-                        for other in steps.values_mut().filter(|o| o.kept > w.end) {
+                        for other in steps.values_mut().filter(|o| o.kept > w.end || o.kept == 0) {
                             other.own = other.own.max(from_now);
-                            other.kept = other.kept.max(least);
+                            other.ttl = ttl_m;
+                            if let Some(lease) = lease {
+                                other.lease = lease;
+                            }
+                            other.settle();
                         }
                         t.steps_recorded += 1;
                     }
