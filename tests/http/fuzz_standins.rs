@@ -2,11 +2,13 @@
 //! properties on stable Rust: the key parser, the record decoder and the request-to-fingerprint
 //! path never panic, and what they accept is valid.
 
+#[path = "../support/record_cases.rs"]
+mod record_cases;
+
 use bytes::Bytes;
 use proptest::prelude::*;
 use std::convert::Infallible;
 use tower::{Layer, ServiceExt};
-use tower_idempotency::store::Record;
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Principal};
 
 fn config() -> ProptestConfig {
@@ -48,14 +50,6 @@ proptest! {
         prop_assert_eq!(bare, quoted);
     }
 
-    #[test]
-    fn record_decoder_never_panics_on_arbitrary_bytes(data in prop::collection::vec(any::<u8>(), 0..512)) {
-        if let Ok(response) = Record::from_bytes(Bytes::from(data)).decode(64 * 1024) {
-            let again = response.encode().expect("a decoded record re-encodes");
-            prop_assert_eq!(again.decode(64 * 1024).expect("re-decodes"), response);
-        }
-    }
-
 }
 
 proptest! {
@@ -87,6 +81,75 @@ proptest! {
         prop_assert!(!(rejected && ran.load(std::sync::atomic::Ordering::SeqCst)), "a rejected request reached the handler");
         prop_assert!(rejected || res.status() == 200, "status {}", res.status());
     }
+}
+
+/// The decoder on damaged valid records (the cases of the `record_decoder` fuzz target): no
+/// panic, what decodes re-encodes to the same bytes, and the cases reach past the magic and the
+/// header, and each of the decoder's refusals.
+#[test]
+fn record_decoder_reaches_every_field_of_damaged_records() {
+    use proptest::test_runner::{Config, TestRunner};
+    use record_cases::Reach;
+    use std::cell::RefCell;
+    use std::collections::BTreeMap;
+
+    const CASES: u32 = 4_000;
+    #[derive(Debug, Default)]
+    struct Tally {
+        cases: u32,
+        past_magic: u32,
+        past_header: u32,
+        decoded: u32,
+        refusals: BTreeMap<&'static str, u32>,
+    }
+    let tally = RefCell::new(Tally::default());
+    let mut runner = TestRunner::new(Config {
+        cases: CASES,
+        failure_persistence: None,
+        ..Config::default()
+    });
+    runner
+        .run(&prop::collection::vec(any::<u8>(), 64..512), |data| {
+            let input = record_cases::case(&data);
+            let mut t = tally.borrow_mut();
+            t.cases += 1;
+            let reach = record_cases::reach(&input);
+            t.past_magic += u32::from(reach != Reach::Magic);
+            t.past_header += u32::from(reach == Reach::Fields);
+            match record_cases::check(&input) {
+                Ok(()) => t.decoded += 1,
+                Err(reason) => *t.refusals.entry(reason).or_default() += 1,
+            }
+            Ok(())
+        })
+        .unwrap();
+    let t = tally.into_inner();
+    eprintln!("record decoder: {t:?}");
+    assert_eq!(t.cases, CASES);
+    assert!(t.past_magic * 100 >= CASES * 94, "past the magic: {t:?}");
+    assert!(t.past_header * 100 >= CASES * 90, "past the header: {t:?}");
+    assert!(
+        t.decoded * 100 >= CASES * 15,
+        "decoded and re-encoded: {t:?}"
+    );
+    for reason in [
+        "truncated record",
+        "bad magic",
+        "unknown record version",
+        "unknown record flags",
+        "status out of range",
+        "invalid field",
+        "body over the record limit",
+        "body in a status-only record",
+        "kept until before written",
+        "trailing bytes",
+    ] {
+        assert!(
+            t.refusals.contains_key(reason),
+            "refusal {reason:?} never reached: {t:?}"
+        );
+    }
+    assert_eq!(t.refusals.len(), 10, "a refusal not listed above: {t:?}");
 }
 
 fn header_name() -> impl Strategy<Value = String> {
