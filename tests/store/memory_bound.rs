@@ -11,8 +11,11 @@
 //! - A store full of pending claims refuses a newcomer (`StoreFull`, 503
 //!   `idempotency.store_full`) in every shard; once a claim completes, its record is dropped to
 //!   make room.
-//! - Fairness under pressure: the budgets are store-wide (one principal may fill the store), and
-//!   a full store takes room from the scope that holds the most, never from a smaller one.
+//! - With every default, one principal whose work never finishes holds at most a tenth of the
+//!   store in pending claims, then gets 429 `idempotency.scope_full` while another gets 201.
+//! - Fairness under pressure: the budgets are store-wide (one principal may fill the store with
+//!   completed records, and with pending claims where the pending share is off), and a full
+//!   store takes room from the scope that holds the most, never from a smaller one.
 //!
 //! ```text
 //! cargo test --test store -- memory_bound:: --nocapture
@@ -318,6 +321,47 @@ async fn a_scope_of_pending_claims_answers_429_while_other_scopes_claim() {
     assert_eq!(stats.scope_full_refusals, 1);
 }
 
+/// With every default: one principal whose work never finishes holds at most a tenth of the
+/// store in pending claims, then gets 429 `idempotency.scope_full`; another principal still
+/// gets 201.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_defaults_one_principal_of_pending_claims_gets_429_and_another_201() {
+    let (store, engine, server, _work) = http_rig(MemoryStore::new()).await;
+    // alice's requests whose handlers never finish: each holds its claim.
+    let mut held = Vec::new();
+    let refused = loop {
+        let n = held.len() as u64;
+        match engine.begin(derived("alice", &format!("held-{n}")), fp(n)).await {
+            Ok(Begin::Run(t)) => held.push(t),
+            Ok(other) => panic!("a fresh key: {other:?}"),
+            Err(err) => break err,
+        }
+    };
+    assert_eq!(refused.kind(), StoreErrorKind::ScopeFull, "{refused}");
+    // The default share: a tenth of the default `max_entries` (100 000).
+    assert_eq!(held.len(), 10_000, "alice held a tenth of the store");
+    let stats = store.stats();
+    assert_eq!((stats.pending, stats.early_drops), (10_000, 0));
+
+    let a = send(server.work("one-more").header("x-user", "alice")).await;
+    assert_eq!(a.status, 429, "{}", a.describe());
+    assert_eq!(a.code().as_deref(), Some("idempotency.scope_full"));
+    assert!(a.retry_after().is_some());
+    let b = send(server.work("new").header("x-user", "bob")).await;
+    assert_eq!(b.status, 201, "{}", b.describe());
+    assert_eq!(b.kind(), Kind::Fresh, "{}", b.describe());
+
+    // One of alice's requests finishes: she may claim again.
+    let t = held.pop().unwrap();
+    assert!(engine.complete(t, &response(0)).await.unwrap());
+    let a2 = send(server.work("one-more").header("x-user", "alice")).await;
+    assert_eq!(a2.kind(), Kind::Fresh, "{}", a2.describe());
+    println!(
+        "defaults: one principal held {} pending claims, then 429 scope_full; another got 201",
+        held.len() + 1
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_full_of_pending_claims_answers_503_until_a_record_can_go() {
     // Engine level: eight records over two shards, all pending, all in shard 0: the budget is
@@ -513,6 +557,7 @@ async fn a_single_principal_fills_the_whole_store_before_anything_is_dropped() {
 async fn room_comes_from_the_scope_that_holds_the_most() {
     let engine = Engine::new(
         MemoryStore::builder()
+            .max_pending_per_scope(usize::MAX)
             .shards(1)
             .max_entries(10)
             .clock(ManualClock::new())
@@ -550,6 +595,7 @@ async fn room_comes_from_the_scope_that_holds_the_most() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_scope_of_pending_claims_in_a_full_store_gets_429_and_a_newcomer_503() {
     let store = MemoryStore::builder()
+            .max_pending_per_scope(usize::MAX)
         .shards(1)
         .max_entries(4)
         .clock(ManualClock::new())
@@ -632,6 +678,7 @@ async fn budgets_are_store_wide_so_the_shard_split_makes_no_setting_impossible()
     let engine = Engine::new(
         MemoryStore::builder()
             .max_entries(32)
+            .max_pending_per_scope(usize::MAX)
             .clock(ManualClock::new())
             .build()
             .unwrap(),

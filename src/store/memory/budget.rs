@@ -18,17 +18,26 @@ pub(super) struct Limits {
     pub(super) bytes: usize,
     /// The optional fixed cap on one scope's records. `usize::MAX` means none.
     pub(super) per_scope: usize,
+    /// The most one scope may hold under pending claims, their steps included: nothing may drop
+    /// it. `usize::MAX` entries and bytes mean no share.
+    pub(super) pending_share: Usage,
     /// What one record weighs for its entry: `bytes / entries`, at least 1. So a scope's weight is
     /// the larger of its two shares of the store, in bytes.
     pub(super) entry_weight: u64,
 }
 
 impl Limits {
-    pub(super) fn new(entries: usize, bytes: usize, per_scope: Option<usize>) -> Self {
+    pub(super) fn new(
+        entries: usize,
+        bytes: usize,
+        per_scope: Option<usize>,
+        pending_share: Usage,
+    ) -> Self {
         Self {
             entries,
             bytes,
             per_scope: per_scope.unwrap_or(usize::MAX),
+            pending_share,
             entry_weight: u64::try_from(bytes / entries.max(1))
                 .unwrap_or(u64::MAX)
                 .max(1),

@@ -119,6 +119,40 @@ impl Shard {
         ))
     }
 
+    /// Refuses an operation that would leave `scope` holding more than its share under pending
+    /// claims: `adds` more held by a claim (a new claim, a step of a pending key, or a released
+    /// key claimed again with its steps). Nothing may drop what a claim holds, so without the
+    /// share one caller whose work never finishes could fill the store and refuse every other.
+    /// Claims past their lease are absent: they are swept first when the scope seems over.
+    pub(super) fn within_pending_share(
+        &mut self,
+        scope: &[u8; 32],
+        adds: Usage,
+        now: u64,
+    ) -> Result<(), Short> {
+        let share = self.budget.limits.pending_share;
+        let held = |s: &Self| {
+            s.find_scope(scope).map_or(Usage::default(), |r| {
+                let slot = &s.scopes[at(r)];
+                Usage::new(at(slot.records), slot.bytes).minus(slot.droppable)
+            })
+        };
+        if share.covers(held(self).plus(adds)) {
+            return Ok(());
+        }
+        if self.earliest <= now {
+            self.sweep(now);
+        }
+        if share.covers(held(self).plus(adds)) {
+            Ok(())
+        } else {
+            Err(self.refuse(
+                true,
+                "the scope holds its share of the store under pending claims",
+            ))
+        }
+    }
+
     /// Drops the scope's oldest droppable records up to `last`, which bring it under its cap.
     fn drop_forced(&mut self, forced: Option<(u32, u32, Usage)>, now: u64) {
         let Some((r, last, _)) = forced else {

@@ -191,6 +191,11 @@ pub(crate) const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
 /// body limit plus 64 KiB for the status, headers and trailers.
 pub(crate) const DEFAULT_MAX_RECORD_BYTES: usize =
     crate::engine::DEFAULT_MAX_RECORD_BODY + 64 * 1024;
+/// The default share of the store one scope may hold under pending claims: a tenth of
+/// `max_entries` and of `max_bytes`. So it takes ten callers whose work never finishes to fill
+/// the store with what nothing may drop, while one caller may still have thousands of requests
+/// in flight.
+pub(crate) const PENDING_SHARE: usize = 10;
 /// The default number of shards.
 pub(crate) const DEFAULT_SHARDS: usize = 16;
 /// The largest number of shards; larger requests are clamped to it.
@@ -404,6 +409,8 @@ impl fmt::Debug for MemoryStore {
                 "max_entries_per_scope",
                 &(limits.per_scope != usize::MAX).then_some(limits.per_scope),
             )
+            .field("max_pending_per_scope", &limits.pending_share.entries)
+            .field("max_pending_bytes_per_scope", &limits.pending_share.bytes)
             .finish_non_exhaustive()
     }
 }
