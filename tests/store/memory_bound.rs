@@ -697,3 +697,67 @@ async fn budgets_are_store_wide_so_the_shard_split_makes_no_setting_impossible()
     assert_eq!(err.kind(), StoreErrorKind::StoreFull, "{err}");
     assert_eq!(engine.store().stats().pending, 32);
 }
+
+// ---------------------------------------------------------------------------------------------
+// The early-drop warning
+// ---------------------------------------------------------------------------------------------
+
+/// The `drops` field of every warning logged.
+#[derive(Clone, Default)]
+struct Warnings(Arc<std::sync::Mutex<Vec<u64>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Drops(Option<u64>);
+        impl tracing::field::Visit for Drops {
+            fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+                if field.name() == "drops" {
+                    self.0 = Some(value);
+                }
+            }
+            fn record_debug(&mut self, _: &tracing::field::Field, _: &dyn std::fmt::Debug) {}
+        }
+        if *event.metadata().level() == tracing::Level::WARN {
+            let mut drops = Drops(None);
+            event.record(&mut drops);
+            self.0
+                .lock()
+                .unwrap()
+                .push(drops.0.expect("an early-drop warning tells its count"));
+        }
+    }
+}
+
+/// A store dropping a record for every new request warns once per 10 s of its clock, with the
+/// count of drops since the last line; its stats count every drop.
+#[tokio::test(flavor = "current_thread")]
+async fn early_drops_are_warned_once_per_ten_seconds_with_their_count() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let warnings = Warnings::default();
+    let _subscriber =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
+    let clock = ManualClock::new();
+    let engine = Engine::new(
+        MemoryStore::builder()
+            .max_entries(100)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    for n in 0..100u64 {
+        store_one(&engine, key(3, n), n, &response(n)).await;
+    }
+    // 1 000 drops within one second.
+    for n in 100..1_100u64 {
+        clock.advance(std::time::Duration::from_millis(1));
+        store_one(&engine, key(3, n), n, &response(n)).await;
+    }
+    assert_eq!(engine.store().stats().early_drops, 1_000);
+    assert_eq!(*warnings.0.lock().unwrap(), [1], "one line, for the first drop");
+
+    // Ten seconds later, the next drop tells the 999 untold and itself.
+    clock.advance(std::time::Duration::from_secs(10));
+    store_one(&engine, key(3, 1_100), 1_100, &response(1_100)).await;
+    assert_eq!(engine.store().stats().early_drops, 1_001);
+    assert_eq!(*warnings.0.lock().unwrap(), [1, 1_000]);
+}

@@ -302,37 +302,52 @@ impl Shard {
     }
 
     /// Removes an entry to make room or because it expired, and counts the drop. A live completed
-    /// record's or released key's drop is also logged.
+    /// record's or released key's drop is also logged, at most one line per 10 s of the store's
+    /// clock, which tells the drops since the last line and the latest one.
     pub(super) fn drop_entry(&mut self, idx: u32, now: u64) {
         let e = &self.entries[at(idx)];
+        let early = e.deadline > now && (e.state.is_released() || matches!(e.state, State::Done(_)));
         if e.deadline <= now {
             self.expired_drops += 1;
-        } else if e.state.is_released() {
+        } else if early {
             self.early_drops += 1;
+        }
+        let told = early.then(|| self.budget.early_drop(now)).flatten();
+        if let Some(drops) = told {
+            self.warn_early_drop(idx, now, drops);
+        }
+        self.remove(idx);
+    }
+
+    fn warn_early_drop(&self, idx: u32, now: u64, drops: u64) {
+        let e = &self.entries[at(idx)];
+        if e.state.is_released() {
             let slot = &self.scopes[at(e.scope)];
             tracing::warn!(
+                drops,
                 key = ?StoreKey::from_parts(slot.hash, e.id),
                 retention_left_ms = (e.deadline - now) / 1_000_000,
                 steps = self.step_list(idx).map_or(0, |l| l.steps.len()),
                 scope_records = slot.records,
                 scope_bytes = slot.bytes,
-                "idempotency steps of a released key dropped before their retention ended to make \
-                 room (its scope holds the most); a retry of its request would run them again \
-                 (raise the memory store's bounds)"
+                "idempotency records or steps dropped before their retention ended to make room \
+                 (`drops` since the last such line, at most one every 10 s; the latest: steps \
+                 of a released key, its scope holds the most); a retry of their requests would \
+                 run again (raise the memory store's bounds)"
             );
-        } else if matches!(e.state, State::Done(_)) {
-            self.early_drops += 1;
+        } else {
             let slot = &self.scopes[at(e.scope)];
             tracing::warn!(
+                drops,
                 key = ?StoreKey::from_parts(slot.hash, e.id),
                 retention_left_ms = (e.deadline - now) / 1_000_000,
                 scope_records = slot.records,
                 scope_bytes = slot.bytes,
-                "idempotency record dropped before its retention ended to make room (its scope \
-                 holds the most); a retry of its request would run again (raise the memory \
-                 store's bounds)"
+                "idempotency records or steps dropped before their retention ended to make room \
+                 (`drops` since the last such line, at most one every 10 s; the latest: a \
+                 completed record, its scope holds the most); a retry of their requests would \
+                 run again (raise the memory store's bounds)"
             );
         }
-        self.remove(idx);
     }
 }
