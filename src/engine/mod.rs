@@ -51,6 +51,7 @@ pub use crate::engine::steps::{StepError, StepErrorKind, Steps};
 use crate::engine::record::Record;
 use crate::engine::scope::StoreKey;
 use crate::engine::secret::Secret;
+use crate::engine::key::IdempotencyKey;
 use crate::metrics::{Op, Started, StoreTimer};
 use crate::store::{Claim, Forgotten, Store, StoreError, StoreErrorKind, Token};
 use std::fmt;
@@ -70,6 +71,20 @@ pub(crate) const DEFAULT_MAX_RECORD_BODY: usize = 1024 * 1024;
 /// their defaults (1 s per operation, 5 s to connect, and their retries), so it never fires
 /// before them: it is for a store of one's own that never answers.
 pub(crate) const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// [`Engine::store_key`] with the engine's secret.
+pub(crate) fn store_key(
+    secret: Option<&Secret>,
+    namespace: &str,
+    scope: &Scope,
+    key: &IdempotencyKey,
+) -> StoreKey {
+    let plain = StoreKey::derive(namespace, scope, key);
+    match secret {
+        Some(s) => s.key_store_key(&plain),
+        None => plain,
+    }
+}
 
 /// Runs one store operation within `limit`. Past it, the operation is dropped and answered
 /// [`StoreErrorKind::Timeout`], as a store fault: a store that never answers cannot hang a
@@ -546,6 +561,34 @@ impl<S: Store> Engine<S> {
     /// The store's error.
     pub async fn lease_left(&self, key: &StoreKey) -> Result<Option<Duration>, StoreError> {
         bounded(self.store_timeout, self.store.lease_left(key)).await
+    }
+
+    /// The store key of `key` for a caller of `scope` in `namespace`, as every door derives it:
+    /// [`StoreKey::derive`], keyed under the secret when there is one (see
+    /// [`Secret::rotated`]). Derive keys through this when using the engine directly with a
+    /// secret, so they match the doors'.
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyKey, MemoryStore, Secret};
+    /// use tower_idempotency::engine::{Engine, Scope};
+    /// use tower_idempotency::store::StoreKey;
+    ///
+    /// let key = IdempotencyKey::new("job-1").unwrap();
+    /// let plain = StoreKey::derive("jobs", &Scope::principal("worker"), &key);
+    /// assert_eq!(Engine::new(MemoryStore::new()).store_key("jobs", &Scope::principal("worker"), &key), plain);
+    ///
+    /// let secret = Secret::new([7u8; 32].to_vec()).unwrap();
+    /// let engine = Engine::builder(MemoryStore::new()).secret(secret).build();
+    /// assert_ne!(engine.store_key("jobs", &Scope::principal("worker"), &key), plain);
+    /// ```
+    #[must_use]
+    pub fn store_key(&self, namespace: &str, scope: &Scope, key: &IdempotencyKey) -> StoreKey {
+        store_key(self.secret.as_ref(), namespace, scope, key)
+    }
+
+    /// The secret, for a door that derives store keys where the engine is not at hand.
+    pub(crate) fn secret(&self) -> Option<&Secret> {
+        self.secret.as_ref()
     }
 
     /// The request's fingerprint as the store keeps it: keyed by the secret, when there is one.

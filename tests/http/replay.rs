@@ -12,7 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use support::http::{
     Answer, RequestExt, SpyStore, TestServer, default_fingerprint, plant, send, server_with,
-    store_key,
+    secret_store_key, store_key,
 };
 use tower::{Layer, ServiceExt, service_fn};
 use tower_idempotency::ConfigErrorKind;
@@ -939,7 +939,7 @@ async fn with_a_secret_a_record_planted_without_it_is_503_record_invalid() {
     let store = SpyStore::new();
     let (server, work) = server_with(IdempotencyLayer::new(
         tower_idempotency::engine::Engine::builder(store.clone())
-            .secret(secret)
+            .secret(secret.clone())
             .build(),
     ))
     .await;
@@ -951,7 +951,7 @@ async fn with_a_secret_a_record_planted_without_it_is_503_record_invalid() {
     // Someone with store access but without the secret writes a well-formed record.
     plant(
         store.memory(),
-        &store_key("http", "alice", "k-forged"),
+        &secret_store_key(&secret, "http", "alice", "k-forged"),
         &keyed,
         encoded(201, &[]),
     )
@@ -969,6 +969,21 @@ async fn with_a_secret_a_record_planted_without_it_is_503_record_invalid() {
     // A record the layer wrote itself still replays.
     let replay = send(server.post("/work", BODY).principal("alice").key("k-probe")).await;
     assert!(replay.is_replay(), "{}", replay.describe());
+
+    // It rests under the store key keyed by the secret, not the plain one: who reads the store
+    // cannot tell which key of which principal a record is for.
+    use tower_idempotency::Store;
+    use tower_idempotency::store::Claim;
+    let plain = store_key("http", "alice", "k-probe");
+    let found = store
+        .memory()
+        .claim(&plain, &keyed, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(
+        matches!(found, Claim::Claimed(_)),
+        "nothing under the plain store key: {found:?}"
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
