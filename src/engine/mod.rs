@@ -48,10 +48,10 @@ pub use crate::engine::record::{
 pub use crate::engine::scope::Scope;
 pub use crate::engine::steps::{StepError, StepErrorKind, Steps};
 
+use crate::engine::key::IdempotencyKey;
 use crate::engine::record::Record;
 use crate::engine::scope::StoreKey;
 use crate::engine::secret::Secret;
-use crate::engine::key::IdempotencyKey;
 use crate::metrics::{Op, Started, StoreTimer};
 use crate::store::{Claim, Forgotten, Store, StoreError, StoreErrorKind, Token};
 use std::fmt;

@@ -1,16 +1,4 @@
-//! Optional record authentication and fingerprint keying.
-//!
-//! Off by default. With a [`Secret`] configured on the engine:
-//!
-//! - every record carries an HMAC-SHA256 tag over its content, its store key and its request
-//!   fingerprint. A record written into the store by anyone without the secret is refused with
-//!   503 `record_invalid`, never replayed. So is a record moved to another key;
-//! - the fingerprint the store sees is keyed by the secret. So a low-entropy request body, such
-//!   as a short code or a PIN, cannot be confirmed by brute force from a store dump.
-//!
-//! Every replica sharing a store must use the same secret. Changing it makes existing records
-//! unreadable: they are answered 503 until they expire. Existing pending keys then look like
-//! other requests, answered 422, until their lease ends.
+//! Optional record authentication, fingerprint and store key keying. See [`Secret`].
 
 use crate::engine::fingerprint::Fingerprint;
 use crate::engine::scope::StoreKey;
@@ -40,11 +28,20 @@ pub(crate) const TAG_LEN: usize = 32;
 ///   fingerprint. A record written into the store by anyone without the secret is refused with
 ///   503 `record_invalid`, never replayed. So is a record moved to another key;
 /// - the fingerprint the store sees is keyed by the secret. So a low-entropy request body, such
-///   as a short code or a PIN, cannot be confirmed by brute force from a store dump.
+///   as a short code or a PIN, cannot be confirmed by brute force from a store dump;
+/// - the store key is keyed too: an HMAC of the plain store key under a key derived from the
+///   secret, apart from the record and fingerprint keys. So who reads the store cannot tell
+///   whether a record is for a given key, principal or namespace by deriving its store key.
+///   Derive keys with [`Engine::store_key`](crate::engine::Engine::store_key) when using the
+///   engine directly.
 ///
-/// Every replica sharing a store must use the same secret. Changing it makes existing records
-/// unreadable: they are answered 503 until they expire. Existing pending keys then look like
-/// other requests, answered 422, until their lease ends.
+/// Every replica sharing a store must use the same secret. To change it, make the new one
+/// with [`Secret::rotated`]: it keeps the store keys, so records written under the old secret
+/// are still found. They fail verification and are answered 503 until they expire, never run
+/// again; existing pending keys look like other requests, answered 422, until their lease
+/// ends. A secret made anew with [`Secret::new`] changes the store keys as well: records
+/// written under the old one are no longer found, and a retry of a request made before the
+/// change runs its work again. Make that change only when no such retry can come.
 ///
 /// ```
 /// use tower_idempotency::Secret;
@@ -215,16 +212,27 @@ mod tests {
         assert_ne!(keyed, derive(Some(&two), "alice", "k"));
         assert_eq!(keyed, derive(Some(&one), "alice", "k"), "stable");
         let rotated = one.rotated([3u8; 32].to_vec()).expect("valid");
-        assert_eq!(keyed, derive(Some(&rotated), "alice", "k"), "rotation keeps it");
+        assert_eq!(
+            keyed,
+            derive(Some(&rotated), "alice", "k"),
+            "rotation keeps it"
+        );
         assert_ne!(
             rotated.key_fingerprint(&Fingerprint::from_bytes([0; 32])),
             one.key_fingerprint(&Fingerprint::from_bytes([0; 32])),
             "rotation changes the record and fingerprint keys"
         );
         let other = derive(Some(&one), "alice", "k2");
-        assert_eq!(other.scope_hash(), keyed.scope_hash(), "one scope part per scope");
+        assert_eq!(
+            other.scope_hash(),
+            keyed.scope_hash(),
+            "one scope part per scope"
+        );
         assert_ne!(other.id(), keyed.id());
-        assert_ne!(derive(Some(&one), "bob", "k").scope_hash(), keyed.scope_hash());
+        assert_ne!(
+            derive(Some(&one), "bob", "k").scope_hash(),
+            keyed.scope_hash()
+        );
         // The store keys' key is not the record key: a tag made with one is not the other.
         assert_ne!(&one.store_keys[..], &one.key[..]);
     }

@@ -527,7 +527,9 @@ impl Steps {
         let started = Started::now();
         let prepared = crate::engine::bounded(
             bound.store_timeout,
-            bound.store.prepare_step(&bound.key, &bound.token, bound.lease),
+            bound
+                .store
+                .prepare_step(&bound.key, &bound.token, bound.lease),
         )
         .await;
         bound.timer.record(Op::Renew, started, &prepared);

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use support::http::{
-    Answer, RequestExt, SpyStore, TestServer, default_fingerprint, plant, send, server_with,
-    secret_store_key, store_key,
+    Answer, RequestExt, SpyStore, TestServer, default_fingerprint, plant, secret_store_key, send,
+    server_with, store_key,
 };
 use tower::{Layer, ServiceExt, service_fn};
 use tower_idempotency::ConfigErrorKind;

@@ -20,7 +20,7 @@ use tower_idempotency::http::RequestBody;
 use tower_idempotency::store::{
     Claim, Forgotten, Record, StepId, StepRecorded, StoreError, StoreKey, Token,
 };
-use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore, Principal, Store, Steps};
+use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore, Principal, Steps, Store};
 
 /// The engine's default bound on one store operation.
 const STORE_TIMEOUT: Duration = Duration::from_secs(30);
@@ -43,7 +43,12 @@ async fn unless<T>(hang: &AtomicBool, f: impl Future<Output = T>) -> T {
 }
 
 impl Store for Silent {
-    async fn claim(&self, key: &StoreKey, fp: &Fingerprint, lease: Duration) -> Result<Claim, StoreError> {
+    async fn claim(
+        &self,
+        key: &StoreKey,
+        fp: &Fingerprint,
+        lease: Duration,
+    ) -> Result<Claim, StoreError> {
         unless(&self.claim, self.inner.claim(key, fp, lease)).await
     }
     async fn complete(
@@ -54,12 +59,21 @@ impl Store for Silent {
         record: Record,
         ttl: Duration,
     ) -> Result<bool, StoreError> {
-        unless(&self.complete, self.inner.complete(key, token, fp, record, ttl)).await
+        unless(
+            &self.complete,
+            self.inner.complete(key, token, fp, record, ttl),
+        )
+        .await
     }
     async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
         self.inner.release(key, token).await
     }
-    async fn renew(&self, key: &StoreKey, token: &Token, lease: Duration) -> Result<bool, StoreError> {
+    async fn renew(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
         self.inner.renew(key, token, lease).await
     }
     async fn forget(&self, key: &StoreKey, pending: bool) -> Result<Forgotten, StoreError> {
@@ -74,7 +88,12 @@ impl Store for Silent {
     ) -> Result<StepRecorded, StoreError> {
         unless(&self.steps, self.inner.record_step(key, step, value, ttl)).await
     }
-    async fn prepare_step(&self, key: &StoreKey, token: &Token, lease: Duration) -> Result<bool, StoreError> {
+    async fn prepare_step(
+        &self,
+        key: &StoreKey,
+        token: &Token,
+        lease: Duration,
+    ) -> Result<bool, StoreError> {
         unless(&self.steps, self.inner.prepare_step(key, token, lease)).await
     }
     async fn steps(&self, key: &StoreKey) -> Result<Vec<(StepId, Bytes)>, StoreError> {
@@ -141,7 +160,11 @@ async fn a_store_that_never_answers_gets_503_within_the_bound_and_keeps_the_resp
 async fn a_step_whose_store_never_answers_fails_within_the_bound_and_runs_nothing() {
     let store = Arc::new(Silent::default());
     let engine = Engine::from_arc(Arc::clone(&store));
-    let key = StoreKey::derive("jobs", &Scope::principal("alice"), &IdempotencyKey::new("k").unwrap());
+    let key = StoreKey::derive(
+        "jobs",
+        &Scope::principal("alice"),
+        &IdempotencyKey::new("k").unwrap(),
+    );
     let fp = Fingerprint::builder().field(b"job").finish();
     let Begin::Run(ticket) = engine.begin(key, fp).await.unwrap() else {
         panic!("a free key")
@@ -160,7 +183,11 @@ async fn a_step_whose_store_never_answers_fails_within_the_bound_and_runs_nothin
     .await
     .expect("answered within the bound");
     assert!(out.is_err(), "the step failed");
-    assert!(started.elapsed() <= STORE_TIMEOUT * 2, "{:?}", started.elapsed());
+    assert!(
+        started.elapsed() <= STORE_TIMEOUT * 2,
+        "{:?}",
+        started.elapsed()
+    );
     assert!(!ran.load(SeqCst), "the step's work never ran");
 
     store.steps.store(false, SeqCst);

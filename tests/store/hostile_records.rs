@@ -299,8 +299,7 @@ async fn with_a_secret_every_bit_flip_of_a_record_is_refused() {
         (true, None)
     );
 
-    let (refused, replayed, _) =
-        flip_every_bit(record.as_bytes(), &at, &keyed_fp, layer_for).await;
+    let (refused, replayed, _) = flip_every_bit(record.as_bytes(), &at, &keyed_fp, layer_for).await;
     eprintln!(
         "sealed record of {} bytes: {refused} bit flips refused, {replayed} replayed",
         record.len()
@@ -312,14 +311,13 @@ async fn with_a_secret_every_bit_flip_of_a_record_is_refused() {
 #[tokio::test]
 async fn without_a_secret_bit_flips_are_refused_or_replayed_as_valid_records_never_run() {
     let record = encode(&genuine());
-    let (refused, replayed, bytes) =
-        flip_every_bit(
-            &record,
-            &store_key(LAYER_NS, "alice", "k-flip"),
-            &work_fingerprint(BODY),
-            IdempotencyLayer::new,
-        )
-        .await;
+    let (refused, replayed, bytes) = flip_every_bit(
+        &record,
+        &store_key(LAYER_NS, "alice", "k-flip"),
+        &work_fingerprint(BODY),
+        IdempotencyLayer::new,
+    )
+    .await;
     eprintln!(
         "plain record of {} bytes: {refused} bit flips refused, {replayed} replayed \
          (only flips at bytes {bytes:?} survive validation)",

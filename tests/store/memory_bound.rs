@@ -331,7 +331,10 @@ async fn with_the_defaults_one_principal_of_pending_claims_gets_429_and_another_
     let mut held = Vec::new();
     let refused = loop {
         let n = held.len() as u64;
-        match engine.begin(derived("alice", &format!("held-{n}")), fp(n)).await {
+        match engine
+            .begin(derived("alice", &format!("held-{n}")), fp(n))
+            .await
+        {
             Ok(Begin::Run(t)) => held.push(t),
             Ok(other) => panic!("a fresh key: {other:?}"),
             Err(err) => break err,
@@ -595,7 +598,7 @@ async fn room_comes_from_the_scope_that_holds_the_most() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_scope_of_pending_claims_in_a_full_store_gets_429_and_a_newcomer_503() {
     let store = MemoryStore::builder()
-            .max_pending_per_scope(usize::MAX)
+        .max_pending_per_scope(usize::MAX)
         .shards(1)
         .max_entries(4)
         .clock(ManualClock::new())
@@ -753,7 +756,11 @@ async fn early_drops_are_warned_once_per_ten_seconds_with_their_count() {
         store_one(&engine, key(3, n), n, &response(n)).await;
     }
     assert_eq!(engine.store().stats().early_drops, 1_000);
-    assert_eq!(*warnings.0.lock().unwrap(), [1], "one line, for the first drop");
+    assert_eq!(
+        *warnings.0.lock().unwrap(),
+        [1],
+        "one line, for the first drop"
+    );
 
     // Ten seconds later, the next drop tells the 999 untold and itself.
     clock.advance(std::time::Duration::from_secs(10));

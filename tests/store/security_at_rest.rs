@@ -290,9 +290,7 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
     // A's own record replays; its value tells us A's keyed fingerprint of this request.
     assert_eq!(a.one(&req("k-own")).await.status, 201);
     assert!(a.one(&req("k-own")).await.is_replay());
-    let own = redis
-        .get_value(&st, &ka("k-own"))
-        .await;
+    let own = redis.get_value(&st, &ka("k-own")).await;
     let fp_a = &own[1..33];
 
     // A valid record that is not sealed, under the right key and fingerprint.
@@ -300,17 +298,13 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
         .encode()
         .unwrap();
     let value = [&b"D"[..], fp_a, unsealed.as_bytes()].concat();
-    redis
-        .set_value(&st, &ka("k-unsealed"), &value)
-        .await;
+    redis.set_value(&st, &ka("k-unsealed"), &value).await;
     a.one(&req("k-unsealed"))
         .await
         .assert_problem(503, "idempotency.record_invalid");
 
     // A's own sealed record copied under another key: the tag binds the key.
-    redis
-        .set_value(&st, &ka("k-moved"), &own)
-        .await;
+    redis.set_value(&st, &ka("k-moved"), &own).await;
     a.one(&req("k-moved"))
         .await
         .assert_problem(503, "idempotency.record_invalid");
@@ -333,9 +327,7 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
     foreign.assert_problem(422, "idempotency.key_reused");
     // Even relabelled with A's fingerprint, B's seal does not verify under A's secret.
     let relabelled = [&b"D"[..], fp_a, &theirs[33..]].concat();
-    redis
-        .set_value(&st, &ka("k-b"), &relabelled)
-        .await;
+    redis.set_value(&st, &ka("k-b"), &relabelled).await;
     a.one(&req("k-b"))
         .await
         .assert_problem(503, "idempotency.record_invalid");

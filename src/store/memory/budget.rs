@@ -177,7 +177,12 @@ impl Budget {
         (now >= after
             && self
                 .warn_after
-                .compare_exchange(after, now.saturating_add(DROP_WARNING_EVERY), Relaxed, Relaxed)
+                .compare_exchange(
+                    after,
+                    now.saturating_add(DROP_WARNING_EVERY),
+                    Relaxed,
+                    Relaxed,
+                )
                 .is_ok())
         .then(|| self.unwarned.swap(0, Relaxed))
     }

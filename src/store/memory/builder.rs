@@ -14,8 +14,11 @@ use std::sync::{Arc, Mutex};
 /// Builds a [`MemoryStore`].
 ///
 /// The bounds are store-wide: shards split the locking, not the budgets. So any scope may use
-/// all the room there is. [`build`](Self::build) refuses settings that can never work, with a
-/// [`ConfigError`]. A shard holds at most `u32::MAX - 1` records.
+/// all the room there is for completed records. What its pending claims hold, which nothing
+/// may drop, is limited to its pending share ([`max_pending_per_scope`](Self::max_pending_per_scope)),
+/// a tenth of the store by default, so that one caller cannot refuse every other.
+/// [`build`](Self::build) refuses settings that can never work, with a [`ConfigError`]. A
+/// shard holds at most `u32::MAX - 1` records.
 ///
 /// ```
 /// use tower_idempotency::store::clock::ManualClock;

@@ -306,7 +306,8 @@ impl Shard {
     /// clock, which tells the drops since the last line and the latest one.
     pub(super) fn drop_entry(&mut self, idx: u32, now: u64) {
         let e = &self.entries[at(idx)];
-        let early = e.deadline > now && (e.state.is_released() || matches!(e.state, State::Done(_)));
+        let early =
+            e.deadline > now && (e.state.is_released() || matches!(e.state, State::Done(_)));
         if e.deadline <= now {
             self.expired_drops += 1;
         } else if early {

@@ -209,7 +209,10 @@ impl Shard {
         slot.records -= 1;
         slot.bytes -= cost;
         if slot.records == 0 {
-            debug_assert!(slot.droppable.is_zero(), "a scope's droppable part is its own");
+            debug_assert!(
+                slot.droppable.is_zero(),
+                "a scope's droppable part is its own"
+            );
             let hash = self.hasher.hash_one(slot.hash);
             if let Ok(found) = self.scope_index.find_entry(hash, |&t| t == s) {
                 found.remove();

@@ -181,7 +181,10 @@ impl Shard {
             assert_eq!((slot.records, slot.bytes), (n, b), "scope counts");
             assert!(at(n) <= limits.per_scope, "scope cap");
             let droppable = loose.get(&s).copied().unwrap_or_default();
-            assert_eq!(slot.droppable, droppable, "a scope counts its droppable part");
+            assert_eq!(
+                slot.droppable, droppable,
+                "a scope counts its droppable part"
+            );
             assert!(
                 limits
                     .pending_share
@@ -921,7 +924,10 @@ fn a_scope_holds_at_most_its_pending_share() {
         }
         let t = claimed(&s, key(1, 10)).await;
         assert_eq!(
-            claim(&s, key(1, 11)).await.expect_err("at the share").kind(),
+            claim(&s, key(1, 11))
+                .await
+                .expect_err("at the share")
+                .kind(),
             StoreErrorKind::ScopeFull
         );
         s.check();
@@ -935,21 +941,31 @@ fn a_scope_holds_at_most_its_pending_share() {
             .await
             .expect_err("past the bytes share");
         assert_eq!(err.kind(), StoreErrorKind::ScopeFull, "{err}");
-        let err = s.prepare_step(&key(1, 10), &t, LEASE).await.expect_err("at the share");
+        let err = s
+            .prepare_step(&key(1, 10), &t, LEASE)
+            .await
+            .expect_err("at the share");
         assert_eq!(err.kind(), StoreErrorKind::ScopeFull, "{err}");
 
         // Released with its steps: droppable, not held; claimed again, held again.
         assert!(s.release(&key(1, 1), &held[1]).await.expect("release"));
-        assert!(s.prepare_step(&key(1, 2), &held[2], LEASE).await.expect("room"));
+        assert!(
+            s.prepare_step(&key(1, 2), &held[2], LEASE)
+                .await
+                .expect("room")
+        );
         s.record_step(&key(1, 2), &step, Bytes::from_static(b"v"), TTL)
             .await
             .expect("recorded");
         assert!(s.release(&key(1, 2), &held[2]).await.expect("release"));
-        let again = claimed(&s, key(1, 11)).await;
+        claimed(&s, key(1, 11)).await;
         s.check();
         // The released key with its step would hold two entries: the scope holds ten already.
         assert_eq!(
-            claim(&s, key(1, 2)).await.expect_err("past the share").kind(),
+            claim(&s, key(1, 2))
+                .await
+                .expect_err("past the share")
+                .kind(),
             StoreErrorKind::ScopeFull
         );
 
@@ -960,7 +976,6 @@ fn a_scope_holds_at_most_its_pending_share() {
         }
         s.check();
         assert_eq!(s.stats().scope_full_refusals, 5);
-        drop((t, again));
     });
 }
 
