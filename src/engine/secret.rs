@@ -37,9 +37,9 @@ pub(crate) const TAG_LEN: usize = 32;
 ///
 /// Every replica sharing a store must use the same secret. To change it, make the new one
 /// with [`Secret::rotated`]: it keeps the store keys, so records written under the old secret
-/// are still found. They fail verification and are answered 503 until they expire, never run
-/// again; existing pending keys look like other requests, answered 422, until their lease
-/// ends. A secret made anew with [`Secret::new`] changes the store keys as well: records
+/// are still found, and refused until they expire, never run again: a completed record or a
+/// pending key is answered 422 (its fingerprint was keyed by the old secret), recorded steps
+/// 503 `record_invalid`. A secret made anew with [`Secret::new`] changes the store keys as well: records
 /// written under the old one are no longer found, and a retry of a request made before the
 /// change runs its work again. Make that change only when no such retry can come.
 ///
@@ -89,8 +89,8 @@ impl Secret {
 
     /// A new secret that authenticates records and keys fingerprints with `key`, and keeps the
     /// store keys of this one. This is how to change the secret without changing where records
-    /// are found: a retry of a request made under the old secret still finds its record, which
-    /// fails verification and is answered 503, never run again.
+    /// are found: a retry of a request made under the old secret still finds its record, and
+    /// is refused (422, or 503 for its recorded steps), never run again.
     ///
     /// [`Secret::new`] with new material changes the store keys too: records written under
     /// the old secret are no longer found, and a retry of a request made before the change

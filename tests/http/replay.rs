@@ -986,6 +986,41 @@ async fn with_a_secret_a_record_planted_without_it_is_503_record_invalid() {
     );
 }
 
+/// A secret changed with `Secret::rotated` keeps the store keys: a retry of a request recorded
+/// under the old secret finds its record and is refused (its fingerprint was keyed by the old
+/// secret), never run again. A secret made anew moves the store keys: the retry runs again, the
+/// documented cost of that change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_secret_finds_old_records_and_runs_nothing_again() {
+    let store = SpyStore::new();
+    let old = Secret::new([1u8; 32]).expect("a 32-byte secret");
+    let with = |secret: Secret| {
+        IdempotencyLayer::new(
+            tower_idempotency::engine::Engine::builder(store.clone())
+                .secret(secret)
+                .build(),
+        )
+    };
+    let (before, work_before) = server_with(with(old.clone())).await;
+    let first = send(before.post("/work", BODY).principal("alice").key("k-rot")).await;
+    assert_eq!(first.status, 201, "{}", first.describe());
+
+    let (rotated, work_rotated) = server_with(with(old.rotated([2u8; 32]).unwrap())).await;
+    let retry = send(rotated.post("/work", BODY).principal("alice").key("k-rot")).await;
+    retry.assert_problem(422, "idempotency.key_reused");
+    assert_eq!(work_rotated.executions(), 0, "nothing ran again");
+
+    let (anew, work_anew) = server_with(with(Secret::new([2u8; 32]).unwrap())).await;
+    let retry = send(anew.post("/work", BODY).principal("alice").key("k-rot")).await;
+    assert_eq!(retry.status, 201, "{}", retry.describe());
+    assert_eq!(
+        work_anew.executions(),
+        1,
+        "under new store keys, the work runs again"
+    );
+    assert_eq!(work_before.executions(), 1);
+}
+
 // ---------------------------------------------------------------------------------------------
 // §4: trailers pass the allow and deny lists
 // ---------------------------------------------------------------------------------------------
