@@ -48,6 +48,7 @@ pub use crate::engine::record::{
 pub use crate::engine::scope::Scope;
 pub use crate::engine::steps::{StepError, StepErrorKind, Steps};
 
+use crate::engine::key::IdempotencyKey;
 use crate::engine::record::Record;
 use crate::engine::scope::StoreKey;
 use crate::engine::secret::Secret;
@@ -66,6 +67,39 @@ pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
 /// The default largest recorded body.
 pub(crate) const DEFAULT_MAX_RECORD_BODY: usize = 1024 * 1024;
+/// The default bound on one store operation. Longer than the built-in stores' own bounds at
+/// their defaults (1 s per operation, 5 s to connect, and their retries), so it never fires
+/// before them: it is for a store of one's own that never answers.
+pub(crate) const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// [`Engine::store_key`] with the engine's secret.
+pub(crate) fn store_key(
+    secret: Option<&Secret>,
+    namespace: &str,
+    scope: &Scope,
+    key: &IdempotencyKey,
+) -> StoreKey {
+    let plain = StoreKey::derive(namespace, scope, key);
+    match secret {
+        Some(s) => s.key_store_key(&plain),
+        None => plain,
+    }
+}
+
+/// Runs one store operation within `limit`. Past it, the operation is dropped and answered
+/// [`StoreErrorKind::Timeout`], as a store fault: a store that never answers cannot hang a
+/// request.
+pub(crate) async fn bounded<T>(
+    limit: Duration,
+    op: impl Future<Output = Result<T, StoreError>>,
+) -> Result<T, StoreError> {
+    tokio::time::timeout(limit, op).await.unwrap_or_else(|_| {
+        Err(StoreError::new(
+            StoreErrorKind::Timeout,
+            "the store did not answer within the engine's store timeout",
+        ))
+    })
+}
 
 /// The longest lease, retention or wait the engine counts: about a century, as the stores keep
 /// at most. A longer one, up to `Duration::MAX`, counts as this. So no value can overflow a
@@ -137,10 +171,11 @@ impl<S: Store, F: Future> Future for Run<'_, S, F> {
             let _ = sleep.as_mut().poll(cx);
             let mut fut: RenewFuture<'_> = Box::pin(async move {
                 let started = Started::now();
-                let renewed = engine
-                    .store
-                    .renew(&ticket.key, &ticket.token, engine.lease)
-                    .await;
+                let renewed = bounded(
+                    engine.store_timeout,
+                    engine.store.renew(&ticket.key, &ticket.token, engine.lease),
+                )
+                .await;
                 engine.timer.record(Op::Renew, started, &renewed);
                 renewed
             });
@@ -184,6 +219,8 @@ pub struct Engine<S> {
     ttl: Duration,
     max_record_body: usize,
     secret: Option<Secret>,
+    /// The bound on each store operation.
+    store_timeout: Duration,
     /// Times each store operation, with feature `metrics`. It is zero-sized without it.
     timer: StoreTimer,
 }
@@ -196,6 +233,7 @@ impl<S> Clone for Engine<S> {
             ttl: self.ttl,
             max_record_body: self.max_record_body,
             secret: self.secret.clone(),
+            store_timeout: self.store_timeout,
             timer: self.timer.clone(),
         }
     }
@@ -213,6 +251,7 @@ impl<S> Engine<S> {
             ttl: self.ttl,
             max_record_body: self.max_record_body,
             secret: self.secret.clone(),
+            store_timeout: self.store_timeout,
         }
     }
 }
@@ -300,6 +339,7 @@ impl<S: Store> steps::StepSource for Engine<S> {
             lease: self.lease,
             max_record_body: self.max_record_body,
             secret: self.secret.clone(),
+            store_timeout: self.store_timeout,
         }
     }
 }
@@ -329,6 +369,7 @@ impl<S: Store> Engine<S> {
             ttl: DEFAULT_TTL,
             max_record_body: DEFAULT_MAX_RECORD_BODY,
             secret: None,
+            store_timeout: DEFAULT_STORE_TIMEOUT,
         }
     }
 
@@ -368,6 +409,13 @@ impl<S: Store> Engine<S> {
         self.ttl
     }
 
+    /// The longest the engine waits for one store operation. See
+    /// [`EngineBuilder::store_timeout`].
+    #[must_use]
+    pub fn store_timeout(&self) -> Duration {
+        self.store_timeout
+    }
+
     /// The record body limit.
     #[must_use]
     pub fn max_record_body(&self) -> usize {
@@ -394,7 +442,11 @@ impl<S: Store> Engine<S> {
         let fingerprint = self.keyed(fingerprint);
         async move {
             let started = Started::now();
-            let claim = self.store.claim(&key, &fingerprint, self.lease).await;
+            let claim = bounded(
+                self.store_timeout,
+                self.store.claim(&key, &fingerprint, self.lease),
+            )
+            .await;
             self.timer.record(Op::Claim, started, &claim);
             Ok(self.judge(key, fingerprint, claim?))
         }
@@ -441,7 +493,12 @@ impl<S: Store> Engine<S> {
             } else {
                 poll.min(left)
             };
-            self.store.wait_settled(&key, within).await;
+            // A wait is no answer to bound, but a store's wait must not outlast it either.
+            let _ = tokio::time::timeout(
+                within.saturating_add(self.store_timeout),
+                self.store.wait_settled(&key, within),
+            )
+            .await;
             poll = (poll * 2).min(MAX_POLL);
         }
     }
@@ -471,7 +528,7 @@ impl<S: Store> Engine<S> {
     /// # Errors
     /// The store's error.
     pub async fn forget(&self, key: &StoreKey) -> Result<Forgotten, StoreError> {
-        let found = self.store.forget(key, false).await?;
+        let found = bounded(self.store_timeout, self.store.forget(key, false)).await?;
         tracing::info!(key = ?key, found = ?found, "idempotency key forgotten by an operator");
         Ok(found)
     }
@@ -484,7 +541,7 @@ impl<S: Store> Engine<S> {
     /// # Errors
     /// The store's error.
     pub async fn forget_even_pending(&self, key: &StoreKey) -> Result<Forgotten, StoreError> {
-        let found = self.store.forget(key, true).await?;
+        let found = bounded(self.store_timeout, self.store.forget(key, true)).await?;
         tracing::warn!(key = ?key, found = ?found, "idempotency key forgotten by an operator, pending claims included");
         Ok(found)
     }
@@ -503,7 +560,35 @@ impl<S: Store> Engine<S> {
     /// # Errors
     /// The store's error.
     pub async fn lease_left(&self, key: &StoreKey) -> Result<Option<Duration>, StoreError> {
-        self.store.lease_left(key).await
+        bounded(self.store_timeout, self.store.lease_left(key)).await
+    }
+
+    /// The store key of `key` for a caller of `scope` in `namespace`, as every door derives it:
+    /// [`StoreKey::derive`], keyed under the secret when there is one (see
+    /// [`Secret::rotated`]). Derive keys through this when using the engine directly with a
+    /// secret, so they match the doors'.
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyKey, MemoryStore, Secret};
+    /// use tower_idempotency::engine::{Engine, Scope};
+    /// use tower_idempotency::store::StoreKey;
+    ///
+    /// let key = IdempotencyKey::new("job-1").unwrap();
+    /// let plain = StoreKey::derive("jobs", &Scope::principal("worker"), &key);
+    /// assert_eq!(Engine::new(MemoryStore::new()).store_key("jobs", &Scope::principal("worker"), &key), plain);
+    ///
+    /// let secret = Secret::new([7u8; 32].to_vec()).unwrap();
+    /// let engine = Engine::builder(MemoryStore::new()).secret(secret).build();
+    /// assert_ne!(engine.store_key("jobs", &Scope::principal("worker"), &key), plain);
+    /// ```
+    #[must_use]
+    pub fn store_key(&self, namespace: &str, scope: &Scope, key: &IdempotencyKey) -> StoreKey {
+        store_key(self.secret.as_ref(), namespace, scope, key)
+    }
+
+    /// The secret, for a door that derives store keys where the engine is not at hand.
+    pub(crate) fn secret(&self) -> Option<&Secret> {
+        self.secret.as_ref()
     }
 
     /// The request's fingerprint as the store keeps it: keyed by the secret, when there is one.
@@ -637,16 +722,17 @@ impl<S: Store> Engine<S> {
 
     async fn store_record(&self, ticket: Ticket, record: Record) -> Result<bool, StoreError> {
         let started = Started::now();
-        let done = self
-            .store
-            .complete(
+        let done = bounded(
+            self.store_timeout,
+            self.store.complete(
                 &ticket.key,
                 &ticket.token,
                 &ticket.fingerprint,
                 record,
                 self.ttl,
-            )
-            .await;
+            ),
+        )
+        .await;
         self.timer.record(Op::Complete, started, &done);
         done
     }
@@ -661,7 +747,11 @@ impl<S: Store> Engine<S> {
     pub async fn hold(&self, ticket: Ticket, hold: Duration) -> Result<bool, StoreError> {
         ticket.claim.settle();
         let started = Started::now();
-        let held = self.store.renew(&ticket.key, &ticket.token, hold).await;
+        let held = bounded(
+            self.store_timeout,
+            self.store.renew(&ticket.key, &ticket.token, hold),
+        )
+        .await;
         self.timer.record(Op::Renew, started, &held);
         held
     }
@@ -674,7 +764,11 @@ impl<S: Store> Engine<S> {
     pub async fn release(&self, ticket: Ticket) -> Result<bool, StoreError> {
         ticket.claim.settle();
         let started = Started::now();
-        let released = self.store.release(&ticket.key, &ticket.token).await;
+        let released = bounded(
+            self.store_timeout,
+            self.store.release(&ticket.key, &ticket.token),
+        )
+        .await;
         self.timer.record(Op::Release, started, &released);
         released
     }
@@ -728,6 +822,29 @@ impl<S: Store> EngineBuilder<S> {
     /// Default: off.
     pub fn secret(mut self, secret: Secret) -> Self {
         self.engine.set_secret(secret);
+        self
+    }
+
+    /// The longest the engine waits for one store operation: a claim, a completion, a
+    /// release, a renewal, a step's check, record or lookup, a `forget`. Past it, the operation
+    /// is dropped and fails with [`StoreErrorKind::Timeout`], answered as any store fault: 503
+    /// before the work runs, and after it the handler's response still goes out. So a store of
+    /// one's own that never answers cannot hang a request. At least 1 ms. Default: 30 s,
+    /// longer than the built-in stores' own bounds at their defaults (1 s per operation, 5 s
+    /// to connect), so it never fires before theirs; raise it with theirs.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::MemoryStore;
+    /// use tower_idempotency::engine::Engine;
+    ///
+    /// let engine = Engine::builder(MemoryStore::new())
+    ///     .store_timeout(Duration::from_secs(5))
+    ///     .build();
+    /// assert_eq!(engine.store_timeout(), Duration::from_secs(5));
+    /// ```
+    pub fn store_timeout(mut self, limit: Duration) -> Self {
+        self.engine.store_timeout = limit.clamp(Duration::from_millis(1), LONGEST);
         self
     }
 

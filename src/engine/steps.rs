@@ -234,6 +234,7 @@ impl ClaimCell {
                     lease: s.lease,
                     max_record_body: s.max_record_body,
                     secret: s.secret,
+                    store_timeout: s.store_timeout,
                 },
                 recorded: tokio::sync::OnceCell::new(),
                 names: Mutex::new(Vec::new()),
@@ -287,6 +288,7 @@ pub(crate) struct Bound {
     lease: Duration,
     max_record_body: usize,
     secret: Option<Secret>,
+    store_timeout: Duration,
 }
 
 impl fmt::Debug for Steps {
@@ -377,6 +379,8 @@ pub(crate) struct StepSettings {
     pub(crate) lease: Duration,
     pub(crate) max_record_body: usize,
     pub(crate) secret: Option<Secret>,
+    /// The bound on each store operation.
+    pub(crate) store_timeout: Duration,
 }
 
 tokio::task_local! {
@@ -521,10 +525,13 @@ impl Steps {
         }
         claim.check(place, name)?;
         let started = Started::now();
-        let prepared = bound
-            .store
-            .prepare_step(&bound.key, &bound.token, bound.lease)
-            .await;
+        let prepared = crate::engine::bounded(
+            bound.store_timeout,
+            bound
+                .store
+                .prepare_step(&bound.key, &bound.token, bound.lease),
+        )
+        .await;
         bound.timer.record(Op::Renew, started, &prepared);
         match prepared {
             Ok(true) => claim.check(place, name).map(|()| Ready::Run(id)),
@@ -553,7 +560,9 @@ impl Steps {
             .recorded
             .get_or_try_init(|| async {
                 let started = Started::now();
-                let read = bound.store.steps(&bound.key).await;
+                let read =
+                    crate::engine::bounded(bound.store_timeout, bound.store.steps(&bound.key))
+                        .await;
                 bound.timer.record(Op::Steps, started, &read);
                 match read {
                     Ok(read) => bound.verify_all(read),
@@ -856,16 +865,18 @@ impl Bound {
         let stored = self.encode(id, name, &payload);
         // The work is done: its record is written on a task of its own, so that a caller that
         // stops waiting now does not lose it.
-        let (store, timer, key, step, ttl) = (
+        let (store, timer, key, step, ttl, limit) = (
             Arc::clone(&self.store),
             self.timer.clone(),
             self.key,
             *id,
             self.ttl,
+            self.store_timeout,
         );
         let write = async move {
             let started = Started::now();
-            let res = store.record_step(&key, &step, stored, ttl).await;
+            let res =
+                crate::engine::bounded(limit, store.record_step(&key, &step, stored, ttl)).await;
             timer.record(Op::RecordStep, started, &res);
             res
         };

@@ -183,6 +183,8 @@ pub(crate) struct Config {
     pub(crate) wait_in_flight: Duration,
     /// The door's counters, with the layer's static labels, with feature `metrics`.
     pub(crate) metrics: crate::metrics::DoorCounters,
+    /// The engine's secret, which keys the store keys.
+    pub(crate) secret: Option<crate::Secret>,
 }
 
 impl Default for Config {
@@ -205,6 +207,7 @@ impl Default for Config {
             run_to_completion: true,
             wait_in_flight: Duration::ZERO,
             metrics: crate::metrics::DoorCounters::new(crate::metrics::Door::Http),
+            secret: None,
         }
     }
 }
@@ -229,6 +232,15 @@ impl fmt::Debug for Config {
 }
 
 impl Config {
+    /// The store key of `key` for `scope`, as the engine derives it.
+    pub(crate) fn store_key(
+        &self,
+        scope: &crate::engine::Scope,
+        key: &crate::IdempotencyKey,
+    ) -> crate::engine::scope::StoreKey {
+        crate::engine::store_key(self.secret.as_ref(), &self.namespace, scope, key)
+    }
+
     /// Step 1: does the layer act on this method at all?
     pub(crate) fn applies_to(&self, method: &Method) -> bool {
         match &self.methods {

@@ -81,10 +81,16 @@ impl<St: Store> IdempotencyLayer<St> {
     #[must_use]
     pub fn new(engine: impl Into<Engine<St>>) -> Self {
         Self {
-            state: Arc::new(LayerState {
-                engine: engine.into(),
-                config: Config::default(),
-                drain: Drain::new(),
+            state: Arc::new({
+                let engine = engine.into();
+                LayerState {
+                    config: Config {
+                        secret: engine.secret().cloned(),
+                        ..Config::default()
+                    },
+                    engine,
+                    drain: Drain::new(),
+                }
             }),
         }
     }
@@ -454,8 +460,10 @@ impl<St: Store> IdempotencyLayer<St> {
         key: &crate::IdempotencyKey,
         scope: &Scope,
     ) -> Result<crate::store::Forgotten, crate::store::StoreError> {
-        let store_key =
-            crate::engine::scope::StoreKey::derive(&self.state.config.namespace, scope, key);
+        let store_key = self
+            .state
+            .engine
+            .store_key(&self.state.config.namespace, scope, key);
         self.state.engine.forget(&store_key).await
     }
 
@@ -469,8 +477,10 @@ impl<St: Store> IdempotencyLayer<St> {
         key: &crate::IdempotencyKey,
         scope: &Scope,
     ) -> Result<crate::store::Forgotten, crate::store::StoreError> {
-        let store_key =
-            crate::engine::scope::StoreKey::derive(&self.state.config.namespace, scope, key);
+        let store_key = self
+            .state
+            .engine
+            .store_key(&self.state.config.namespace, scope, key);
         self.state.engine.forget_even_pending(&store_key).await
     }
 

@@ -196,7 +196,7 @@ pub(crate) fn plan(config: &Config, parts: &Parts) -> Plan {
     // layers on one route, or a layer and `#[idempotent]`): claiming again would find the
     // outer claim pending and answer 409. The outer layer records or releases.
     if let Some(claimed) = parts.extensions.get::<ClaimedKey>()
-        && *claimed.store_key() == StoreKey::derive(&config.namespace, &scope, &key)
+        && *claimed.store_key() == config.store_key(&scope, &key)
     {
         nested(claimed.store_key());
         return Plan::Pass;
@@ -361,7 +361,7 @@ where
             }
         };
         let fingerprint = config.fingerprint(&parts, &body);
-        let store_key = StoreKey::derive(&config.namespace, &scope, &key);
+        let store_key = config.store_key(&scope, &key);
 
         let begun = if config.wait_in_flight.is_zero() {
             engine.begin(store_key, fingerprint).await

@@ -120,14 +120,14 @@ impl Config {
     }
 
     /// The store key of `key` for this consumer: digests in a namespace of their own.
-    fn store_key(&self, key: &MessageKey) -> StoreKey {
+    fn store_key(&self, secret: Option<&crate::Secret>, key: &MessageKey) -> StoreKey {
         let (k, digest) = key.parts();
         let namespace = if digest {
             &self.digest_namespace
         } else {
             &self.namespace
         };
-        StoreKey::derive(namespace, &self.consumer, k)
+        crate::engine::store_key(secret, namespace, &self.consumer, k)
     }
 }
 
@@ -367,7 +367,9 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
     where
         St: Store,
     {
-        self.engine.forget(&self.config.store_key(key)).await
+        self.engine
+            .forget(&self.config.store_key(self.engine.secret(), key))
+            .await
     }
 
     /// As [`forget`](Self::forget), and a pending claim is deleted too.
@@ -382,7 +384,7 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
         St: Store,
     {
         self.engine
-            .forget_even_pending(&self.config.store_key(key))
+            .forget_even_pending(&self.config.store_key(self.engine.secret(), key))
             .await
     }
 
@@ -619,7 +621,7 @@ where
                 return Box::pin(std::future::ready(Err(MessageError::key_invalid(e))));
             }
         };
-        let store_key = config.store_key(&key);
+        let store_key = config.store_key(shared.engine.secret(), &key);
         let fingerprint = fingerprint(&message);
 
         Box::pin(async move {

@@ -332,7 +332,7 @@ pub(crate) enum Step {
 
 impl<St: Store, I, C, K> Door<St, I, C, K> {
     pub(crate) fn store_key(&self, identity: &Identity) -> StoreKey {
-        StoreKey::derive(
+        self.engine.store_key(
             &self.settings.namespace,
             &self.settings.scope,
             identity.key(),

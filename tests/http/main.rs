@@ -26,5 +26,6 @@ mod metrics;
 mod rejections;
 mod replay;
 mod steps;
+mod store_hangs;
 mod streaming;
 mod waiting;

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use support::http::{
-    Answer, RequestExt, SpyStore, TestServer, default_fingerprint, plant, send, server_with,
-    store_key,
+    Answer, RequestExt, SpyStore, TestServer, default_fingerprint, plant, secret_store_key, send,
+    server_with, store_key,
 };
 use tower::{Layer, ServiceExt, service_fn};
 use tower_idempotency::ConfigErrorKind;
@@ -939,7 +939,7 @@ async fn with_a_secret_a_record_planted_without_it_is_503_record_invalid() {
     let store = SpyStore::new();
     let (server, work) = server_with(IdempotencyLayer::new(
         tower_idempotency::engine::Engine::builder(store.clone())
-            .secret(secret)
+            .secret(secret.clone())
             .build(),
     ))
     .await;
@@ -951,7 +951,7 @@ async fn with_a_secret_a_record_planted_without_it_is_503_record_invalid() {
     // Someone with store access but without the secret writes a well-formed record.
     plant(
         store.memory(),
-        &store_key("http", "alice", "k-forged"),
+        &secret_store_key(&secret, "http", "alice", "k-forged"),
         &keyed,
         encoded(201, &[]),
     )
@@ -969,6 +969,56 @@ async fn with_a_secret_a_record_planted_without_it_is_503_record_invalid() {
     // A record the layer wrote itself still replays.
     let replay = send(server.post("/work", BODY).principal("alice").key("k-probe")).await;
     assert!(replay.is_replay(), "{}", replay.describe());
+
+    // It rests under the store key keyed by the secret, not the plain one: who reads the store
+    // cannot tell which key of which principal a record is for.
+    use tower_idempotency::Store;
+    use tower_idempotency::store::Claim;
+    let plain = store_key("http", "alice", "k-probe");
+    let found = store
+        .memory()
+        .claim(&plain, &keyed, Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert!(
+        matches!(found, Claim::Claimed(_)),
+        "nothing under the plain store key: {found:?}"
+    );
+}
+
+/// A secret changed with `Secret::rotated` keeps the store keys: a retry of a request recorded
+/// under the old secret finds its record and is refused (its fingerprint was keyed by the old
+/// secret), never run again. A secret made anew moves the store keys: the retry runs again, the
+/// documented cost of that change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rotated_secret_finds_old_records_and_runs_nothing_again() {
+    let store = SpyStore::new();
+    let old = Secret::new([1u8; 32]).expect("a 32-byte secret");
+    let with = |secret: Secret| {
+        IdempotencyLayer::new(
+            tower_idempotency::engine::Engine::builder(store.clone())
+                .secret(secret)
+                .build(),
+        )
+    };
+    let (before, work_before) = server_with(with(old.clone())).await;
+    let first = send(before.post("/work", BODY).principal("alice").key("k-rot")).await;
+    assert_eq!(first.status, 201, "{}", first.describe());
+
+    let (rotated, work_rotated) = server_with(with(old.rotated([2u8; 32]).unwrap())).await;
+    let retry = send(rotated.post("/work", BODY).principal("alice").key("k-rot")).await;
+    retry.assert_problem(422, "idempotency.key_reused");
+    assert_eq!(work_rotated.executions(), 0, "nothing ran again");
+
+    let (anew, work_anew) = server_with(with(Secret::new([2u8; 32]).unwrap())).await;
+    let retry = send(anew.post("/work", BODY).principal("alice").key("k-rot")).await;
+    assert_eq!(retry.status, 201, "{}", retry.describe());
+    assert_eq!(
+        work_anew.executions(),
+        1,
+        "under new store keys, the work runs again"
+    );
+    assert_eq!(work_before.executions(), 1);
 }
 
 // ---------------------------------------------------------------------------------------------

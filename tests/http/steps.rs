@@ -189,22 +189,23 @@ async fn a_step_record_of_another_secret_is_answered_503_and_runs_no_step() {
     let p = Shared::default();
     p.mail_failures_left.store(1, Ordering::SeqCst);
     let store = Arc::new(MemoryStore::new());
-    let app = |secret: u8| {
-        let engine = Engine::builder(Arc::clone(&store))
-            .secret(Secret::new(vec![secret; 32]).unwrap())
-            .build();
+    let old_secret = Secret::new(vec![1; 32]).unwrap();
+    let app = |secret: Secret| {
+        let engine = Engine::builder(Arc::clone(&store)).secret(secret).build();
         Router::new()
             .route("/checkout", post(checkout))
             .with_state(Arc::clone(&p))
             .layer(IdempotencyLayer::new(engine).principal(PrincipalMode::Required))
     };
-    let old = TestServer::start(with_auth(app(1))).await;
+    let old = TestServer::start(with_auth(app(old_secret.clone()))).await;
     let first = send(old.post("/checkout", ORDER).principal("alice").key("k")).await;
     assert_eq!(first.status, 503);
     old.stop().await;
 
-    // The secret was rotated: the recorded steps cannot be verified, and nothing runs again.
-    let new = TestServer::start(with_auth(app(2))).await;
+    // The secret was rotated, keeping its store keys: the recorded steps are found, cannot be
+    // verified, and nothing runs again.
+    let rotated = old_secret.rotated(vec![2; 32]).unwrap();
+    let new = TestServer::start(with_auth(app(rotated))).await;
     let retry = send(new.post("/checkout", ORDER).principal("alice").key("k")).await;
     assert_eq!(retry.status, 503, "{}", retry.describe());
     assert_eq!(retry.json()["code"], "idempotency.record_invalid");

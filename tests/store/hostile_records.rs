@@ -17,11 +17,11 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
-use support_http::{LAYER_NS, Work, memory_app, store_key, work_fingerprint};
+use support_http::{LAYER_NS, Work, memory_app, secret_store_key, store_key, work_fingerprint};
 use tower::{Layer, ServiceExt, service_fn};
 use tower_idempotency::engine::{Fingerprint, RecordedResponse};
 use tower_idempotency::http::{Rejection, RejectionKind, RequestBody};
-use tower_idempotency::store::{Claim, Record};
+use tower_idempotency::store::{Claim, Record, StoreKey};
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal, Secret, Store};
 
 /// A genuine record of the handler's kind of answer.
@@ -118,8 +118,12 @@ fn tampered() -> Vec<(&'static str, Vec<u8>)> {
 
 /// Plants `bytes` as alice's completed record of `key` for the request `BODY`.
 async fn plant<S: Store>(store: &S, key: &str, bytes: Vec<u8>, fp: &Fingerprint) {
-    let k = store_key(LAYER_NS, "alice", key);
-    support_http::plant(store, &k, fp, Record::from_bytes(Bytes::from(bytes))).await;
+    plant_at(store, &store_key(LAYER_NS, "alice", key), bytes, fp).await;
+}
+
+/// Plants `bytes` as the completed record under the store key `k`, for the request `BODY`.
+async fn plant_at<S: Store>(store: &S, k: &StoreKey, bytes: Vec<u8>, fp: &Fingerprint) {
+    support_http::plant(store, k, fp, Record::from_bytes(Bytes::from(bytes))).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -213,6 +217,7 @@ async fn oneshot_replay(
 /// Returns (refused, replayed) counts.
 async fn flip_every_bit(
     record: &[u8],
+    at: &StoreKey,
     fp: &Fingerprint,
     layer_for: impl Fn(Arc<MemoryStore>) -> IdempotencyLayer<Arc<MemoryStore>>,
 ) -> (usize, usize, Vec<usize>) {
@@ -221,7 +226,7 @@ async fn flip_every_bit(
         let mut b = record.to_vec();
         b[bit / 8] ^= 1 << (bit % 8);
         let store = Arc::new(MemoryStore::new());
-        plant(&*store, "k-flip", b, fp).await;
+        plant_at(&*store, at, b, fp).await;
         match oneshot_replay(layer_for(store), "k-flip").await {
             (false, Some(RejectionKind::RecordInvalid)) => refused += 1,
             (true, None) => {
@@ -271,7 +276,7 @@ async fn with_a_secret_every_bit_flip_of_a_record_is_refused() {
         record,
     } = origin
         .claim(
-            &store_key(LAYER_NS, "alice", "k-flip"),
+            &secret_store_key(&secret, LAYER_NS, "alice", "k-flip"),
             &work_fingerprint(BODY),
             Duration::from_secs(1),
         )
@@ -287,13 +292,14 @@ async fn with_a_secret_every_bit_flip_of_a_record_is_refused() {
     );
     // Unchanged, it replays under the same secret.
     let control = Arc::new(MemoryStore::new());
-    plant(&*control, "k-flip", record.as_bytes().to_vec(), &keyed_fp).await;
+    let at = secret_store_key(&secret, LAYER_NS, "alice", "k-flip");
+    plant_at(&*control, &at, record.as_bytes().to_vec(), &keyed_fp).await;
     assert_eq!(
         oneshot_replay(layer_for(control), "k-flip").await,
         (true, None)
     );
 
-    let (refused, replayed, _) = flip_every_bit(record.as_bytes(), &keyed_fp, layer_for).await;
+    let (refused, replayed, _) = flip_every_bit(record.as_bytes(), &at, &keyed_fp, layer_for).await;
     eprintln!(
         "sealed record of {} bytes: {refused} bit flips refused, {replayed} replayed",
         record.len()
@@ -305,8 +311,13 @@ async fn with_a_secret_every_bit_flip_of_a_record_is_refused() {
 #[tokio::test]
 async fn without_a_secret_bit_flips_are_refused_or_replayed_as_valid_records_never_run() {
     let record = encode(&genuine());
-    let (refused, replayed, bytes) =
-        flip_every_bit(&record, &work_fingerprint(BODY), IdempotencyLayer::new).await;
+    let (refused, replayed, bytes) = flip_every_bit(
+        &record,
+        &store_key(LAYER_NS, "alice", "k-flip"),
+        &work_fingerprint(BODY),
+        IdempotencyLayer::new,
+    )
+    .await;
     eprintln!(
         "plain record of {} bytes: {refused} bit flips refused, {replayed} replayed \
          (only flips at bytes {bytes:?} survive validation)",

@@ -11,8 +11,11 @@
 //! - A store full of pending claims refuses a newcomer (`StoreFull`, 503
 //!   `idempotency.store_full`) in every shard; once a claim completes, its record is dropped to
 //!   make room.
-//! - Fairness under pressure: the budgets are store-wide (one principal may fill the store), and
-//!   a full store takes room from the scope that holds the most, never from a smaller one.
+//! - With every default, one principal whose work never finishes holds at most a tenth of the
+//!   store in pending claims, then gets 429 `idempotency.scope_full` while another gets 201.
+//! - Fairness under pressure: the budgets are store-wide (one principal may fill the store with
+//!   completed records, and with pending claims where the pending share is off), and a full
+//!   store takes room from the scope that holds the most, never from a smaller one.
 //!
 //! ```text
 //! cargo test --test store -- memory_bound:: --nocapture
@@ -318,6 +321,50 @@ async fn a_scope_of_pending_claims_answers_429_while_other_scopes_claim() {
     assert_eq!(stats.scope_full_refusals, 1);
 }
 
+/// With every default: one principal whose work never finishes holds at most a tenth of the
+/// store in pending claims, then gets 429 `idempotency.scope_full`; another principal still
+/// gets 201.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_defaults_one_principal_of_pending_claims_gets_429_and_another_201() {
+    let (store, engine, server, _work) = http_rig(MemoryStore::new()).await;
+    // alice's requests whose handlers never finish: each holds its claim.
+    let mut held = Vec::new();
+    let refused = loop {
+        let n = held.len() as u64;
+        match engine
+            .begin(derived("alice", &format!("held-{n}")), fp(n))
+            .await
+        {
+            Ok(Begin::Run(t)) => held.push(t),
+            Ok(other) => panic!("a fresh key: {other:?}"),
+            Err(err) => break err,
+        }
+    };
+    assert_eq!(refused.kind(), StoreErrorKind::ScopeFull, "{refused}");
+    // The default share: a tenth of the default `max_entries` (100 000).
+    assert_eq!(held.len(), 10_000, "alice held a tenth of the store");
+    let stats = store.stats();
+    assert_eq!((stats.pending, stats.early_drops), (10_000, 0));
+
+    let a = send(server.work("one-more").header("x-user", "alice")).await;
+    assert_eq!(a.status, 429, "{}", a.describe());
+    assert_eq!(a.code().as_deref(), Some("idempotency.scope_full"));
+    assert!(a.retry_after().is_some());
+    let b = send(server.work("new").header("x-user", "bob")).await;
+    assert_eq!(b.status, 201, "{}", b.describe());
+    assert_eq!(b.kind(), Kind::Fresh, "{}", b.describe());
+
+    // One of alice's requests finishes: she may claim again.
+    let t = held.pop().unwrap();
+    assert!(engine.complete(t, &response(0)).await.unwrap());
+    let a2 = send(server.work("one-more").header("x-user", "alice")).await;
+    assert_eq!(a2.kind(), Kind::Fresh, "{}", a2.describe());
+    println!(
+        "defaults: one principal held {} pending claims, then 429 scope_full; another got 201",
+        held.len() + 1
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_full_of_pending_claims_answers_503_until_a_record_can_go() {
     // Engine level: eight records over two shards, all pending, all in shard 0: the budget is
@@ -513,6 +560,7 @@ async fn a_single_principal_fills_the_whole_store_before_anything_is_dropped() {
 async fn room_comes_from_the_scope_that_holds_the_most() {
     let engine = Engine::new(
         MemoryStore::builder()
+            .max_pending_per_scope(usize::MAX)
             .shards(1)
             .max_entries(10)
             .clock(ManualClock::new())
@@ -550,6 +598,7 @@ async fn room_comes_from_the_scope_that_holds_the_most() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_scope_of_pending_claims_in_a_full_store_gets_429_and_a_newcomer_503() {
     let store = MemoryStore::builder()
+        .max_pending_per_scope(usize::MAX)
         .shards(1)
         .max_entries(4)
         .clock(ManualClock::new())
@@ -632,6 +681,7 @@ async fn budgets_are_store_wide_so_the_shard_split_makes_no_setting_impossible()
     let engine = Engine::new(
         MemoryStore::builder()
             .max_entries(32)
+            .max_pending_per_scope(usize::MAX)
             .clock(ManualClock::new())
             .build()
             .unwrap(),
@@ -649,4 +699,72 @@ async fn budgets_are_store_wide_so_the_shard_split_makes_no_setting_impossible()
     let err = engine.begin(key(7, 200), fp(200)).await.unwrap_err();
     assert_eq!(err.kind(), StoreErrorKind::StoreFull, "{err}");
     assert_eq!(engine.store().stats().pending, 32);
+}
+
+// ---------------------------------------------------------------------------------------------
+// The early-drop warning
+// ---------------------------------------------------------------------------------------------
+
+/// The `drops` field of every warning logged.
+#[derive(Clone, Default)]
+struct Warnings(Arc<std::sync::Mutex<Vec<u64>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Warnings {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Drops(Option<u64>);
+        impl tracing::field::Visit for Drops {
+            fn record_u64(&mut self, field: &tracing::field::Field, value: u64) {
+                if field.name() == "drops" {
+                    self.0 = Some(value);
+                }
+            }
+            fn record_debug(&mut self, _: &tracing::field::Field, _: &dyn std::fmt::Debug) {}
+        }
+        if *event.metadata().level() == tracing::Level::WARN {
+            let mut drops = Drops(None);
+            event.record(&mut drops);
+            self.0
+                .lock()
+                .unwrap()
+                .push(drops.0.expect("an early-drop warning tells its count"));
+        }
+    }
+}
+
+/// A store dropping a record for every new request warns once per 10 s of its clock, with the
+/// count of drops since the last line; its stats count every drop.
+#[tokio::test(flavor = "current_thread")]
+async fn early_drops_are_warned_once_per_ten_seconds_with_their_count() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let warnings = Warnings::default();
+    let _subscriber =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
+    let clock = ManualClock::new();
+    let engine = Engine::new(
+        MemoryStore::builder()
+            .max_entries(100)
+            .clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    for n in 0..100u64 {
+        store_one(&engine, key(3, n), n, &response(n)).await;
+    }
+    // 1 000 drops within one second.
+    for n in 100..1_100u64 {
+        clock.advance(std::time::Duration::from_millis(1));
+        store_one(&engine, key(3, n), n, &response(n)).await;
+    }
+    assert_eq!(engine.store().stats().early_drops, 1_000);
+    assert_eq!(
+        *warnings.0.lock().unwrap(),
+        [1],
+        "one line, for the first drop"
+    );
+
+    // Ten seconds later, the next drop tells the 999 untold and itself.
+    clock.advance(std::time::Duration::from_secs(10));
+    store_one(&engine, key(3, 1_100), 1_100, &response(1_100)).await;
+    assert_eq!(engine.store().stats().early_drops, 1_001);
+    assert_eq!(*warnings.0.lock().unwrap(), [1, 1_000]);
 }

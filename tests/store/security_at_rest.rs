@@ -264,26 +264,33 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
     let Some(redis) = shared_server() else { return };
     let ns = "auth";
     let st = store(redis, ns).await;
-    let (a, work_a) = app(IdempotencyLayer::new(
-        tower_idempotency::engine::Engine::builder(st.clone())
-            .secret(secret(1))
-            .build(),
-    ))
-    .await;
-    let (b, work_b) = app(IdempotencyLayer::new(
-        tower_idempotency::engine::Engine::builder(st.clone())
-            .secret(secret(2))
-            .build(),
-    ))
-    .await;
+    let engine_a = tower_idempotency::engine::Engine::builder(st.clone())
+        .secret(secret(1))
+        .build();
+    let engine_b = tower_idempotency::engine::Engine::builder(st.clone())
+        .secret(secret(2))
+        .build();
+    // Where each keeps a key: under its secret, apart from the plain derivation and each other.
+    let at = |engine: &tower_idempotency::engine::Engine<_>, key: &str| {
+        engine.store_key(
+            LAYER_NS,
+            &tower_idempotency::engine::Scope::principal("alice"),
+            &tower_idempotency::IdempotencyKey::new(key).unwrap(),
+        )
+    };
+    let plain = store_key(LAYER_NS, "alice", "k-b");
+    assert_ne!(at(&engine_a, "k-b"), plain);
+    assert_ne!(at(&engine_b, "k-b"), plain);
+    assert_ne!(at(&engine_a, "k-b"), at(&engine_b, "k-b"));
+    let ka = |key: &str| at(&engine_a, key);
+    let (a, work_a) = app(IdempotencyLayer::new(engine_a.clone())).await;
+    let (b, work_b) = app(IdempotencyLayer::new(engine_b.clone())).await;
     let req = |key: &str| post("/work", &keyed("alice", key.as_bytes()), BODY);
 
     // A's own record replays; its value tells us A's keyed fingerprint of this request.
     assert_eq!(a.one(&req("k-own")).await.status, 201);
     assert!(a.one(&req("k-own")).await.is_replay());
-    let own = redis
-        .get_value(&st, &store_key(LAYER_NS, "alice", "k-own"))
-        .await;
+    let own = redis.get_value(&st, &ka("k-own")).await;
     let fp_a = &own[1..33];
 
     // A valid record that is not sealed, under the right key and fingerprint.
@@ -291,17 +298,13 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
         .encode()
         .unwrap();
     let value = [&b"D"[..], fp_a, unsealed.as_bytes()].concat();
-    redis
-        .set_value(&st, &store_key(LAYER_NS, "alice", "k-unsealed"), &value)
-        .await;
+    redis.set_value(&st, &ka("k-unsealed"), &value).await;
     a.one(&req("k-unsealed"))
         .await
         .assert_problem(503, "idempotency.record_invalid");
 
     // A's own sealed record copied under another key: the tag binds the key.
-    redis
-        .set_value(&st, &store_key(LAYER_NS, "alice", "k-moved"), &own)
-        .await;
+    redis.set_value(&st, &ka("k-moved"), &own).await;
     a.one(&req("k-moved"))
         .await
         .assert_problem(503, "idempotency.record_invalid");
@@ -312,21 +315,19 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
         b.one(&req("k-b")).await.is_replay(),
         "B replays its own record"
     );
-    let theirs = redis
-        .get_value(&st, &store_key(LAYER_NS, "alice", "k-b"))
-        .await;
+    let theirs = redis.get_value(&st, &at(&engine_b, "k-b")).await;
     assert_ne!(
         &theirs[1..33],
         fp_a,
         "each secret keys the fingerprint its own way"
     );
+    // B's record planted where A keeps that key: another fingerprint, refused.
+    redis.set_value(&st, &ka("k-b"), &theirs).await;
     let foreign = a.one(&req("k-b")).await;
     foreign.assert_problem(422, "idempotency.key_reused");
     // Even relabelled with A's fingerprint, B's seal does not verify under A's secret.
     let relabelled = [&b"D"[..], fp_a, &theirs[33..]].concat();
-    redis
-        .set_value(&st, &store_key(LAYER_NS, "alice", "k-b"), &relabelled)
-        .await;
+    redis.set_value(&st, &ka("k-b"), &relabelled).await;
     a.one(&req("k-b"))
         .await
         .assert_problem(503, "idempotency.record_invalid");
@@ -345,12 +346,10 @@ async fn keyed_fingerprint_keeps_a_low_entropy_body_from_being_confirmed() {
     let body = pin_body(4217);
     let req = |key: &str| post("/work", &keyed("alice", key.as_bytes()), &body);
     let (plain, _) = app(IdempotencyLayer::new(st.clone())).await;
-    let (keyed_app, _) = app(IdempotencyLayer::new(
-        tower_idempotency::engine::Engine::builder(st.clone())
-            .secret(secret(9))
-            .build(),
-    ))
-    .await;
+    let keyed_engine = tower_idempotency::engine::Engine::builder(st.clone())
+        .secret(secret(9))
+        .build();
+    let (keyed_app, _) = app(IdempotencyLayer::new(keyed_engine.clone())).await;
     assert_eq!(plain.one(&req("k-plain")).await.status, 201);
     assert_eq!(keyed_app.one(&req("k-keyed")).await.status, 201);
 
@@ -358,7 +357,14 @@ async fn keyed_fingerprint_keeps_a_low_entropy_body_from_being_confirmed() {
         .get_value(&st, &store_key(LAYER_NS, "alice", "k-plain"))
         .await;
     let stored_keyed = redis
-        .get_value(&st, &store_key(LAYER_NS, "alice", "k-keyed"))
+        .get_value(
+            &st,
+            &keyed_engine.store_key(
+                LAYER_NS,
+                &tower_idempotency::engine::Scope::principal("alice"),
+                &tower_idempotency::IdempotencyKey::new("k-keyed").unwrap(),
+            ),
+        )
         .await;
     let plain_fp = work_fingerprint(&body);
     assert_eq!(

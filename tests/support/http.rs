@@ -1124,6 +1124,23 @@ pub(crate) fn store_key(namespace: &str, principal: &str, key: &str) -> StoreKey
     )
 }
 
+/// The store key a layer whose engine has `secret` derives for `principal` and `key`.
+pub(crate) fn secret_store_key(
+    secret: &tower_idempotency::Secret,
+    namespace: &str,
+    principal: &str,
+    key: &str,
+) -> StoreKey {
+    tower_idempotency::engine::Engine::builder(tower_idempotency::MemoryStore::new())
+        .secret(secret.clone())
+        .build()
+        .store_key(
+            namespace,
+            &Scope::principal(principal),
+            &IdempotencyKey::new(key).expect("a valid test key"),
+        )
+}
+
 /// The default fingerprint of a request: method, path, raw query, content-type, body.
 pub(crate) fn default_fingerprint(
     method: &str,

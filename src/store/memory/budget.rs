@@ -18,17 +18,26 @@ pub(super) struct Limits {
     pub(super) bytes: usize,
     /// The optional fixed cap on one scope's records. `usize::MAX` means none.
     pub(super) per_scope: usize,
+    /// The most one scope may hold under pending claims, their steps included: nothing may drop
+    /// it. `usize::MAX` entries and bytes mean no share.
+    pub(super) pending_share: Usage,
     /// What one record weighs for its entry: `bytes / entries`, at least 1. So a scope's weight is
     /// the larger of its two shares of the store, in bytes.
     pub(super) entry_weight: u64,
 }
 
 impl Limits {
-    pub(super) fn new(entries: usize, bytes: usize, per_scope: Option<usize>) -> Self {
+    pub(super) fn new(
+        entries: usize,
+        bytes: usize,
+        per_scope: Option<usize>,
+        pending_share: Usage,
+    ) -> Self {
         Self {
             entries,
             bytes,
             per_scope: per_scope.unwrap_or(usize::MAX),
+            pending_share,
             entry_weight: u64::try_from(bytes / entries.max(1))
                 .unwrap_or(u64::MAX)
                 .max(1),
@@ -87,7 +96,15 @@ pub(super) struct Budget {
     offers: Box<[Padded<Offer>]>,
     pub(super) scope_full: AtomicU64,
     pub(super) store_full: AtomicU64,
+    /// Early drops not yet told in a warning.
+    unwarned: AtomicU64,
+    /// When the next warning of early drops may be logged, in the store clock's nanoseconds.
+    warn_after: AtomicU64,
 }
+
+/// The least time between two warnings of early drops: 10 s of the store's clock. A full store
+/// may drop a record for every new request; a line for each would flood the log.
+pub(super) const DROP_WARNING_EVERY: u64 = 10_000_000_000;
 
 #[repr(align(128))]
 struct Padded<T>(T);
@@ -147,7 +164,27 @@ impl Budget {
                 .collect(),
             scope_full: AtomicU64::new(0),
             store_full: AtomicU64::new(0),
+            unwarned: AtomicU64::new(0),
+            warn_after: AtomicU64::new(0),
         }
+    }
+
+    /// Counts an early drop at `now`. Returns the drops to tell, this one included, when a
+    /// warning is due: the first drop, then at most one line per [`DROP_WARNING_EVERY`].
+    pub(super) fn early_drop(&self, now: u64) -> Option<u64> {
+        self.unwarned.fetch_add(1, Relaxed);
+        let after = self.warn_after.load(Relaxed);
+        (now >= after
+            && self
+                .warn_after
+                .compare_exchange(
+                    after,
+                    now.saturating_add(DROP_WARNING_EVERY),
+                    Relaxed,
+                    Relaxed,
+                )
+                .is_ok())
+        .then(|| self.unwarned.swap(0, Relaxed))
     }
 
     /// Moves free room of the store into `credit` until it covers `need`, or no room is free.

@@ -1,10 +1,10 @@
 //! Building a [`MemoryStore`]: its bounds, shards and clock, and the settings it refuses.
 
-use super::budget::{Budget, Limits};
+use super::budget::{Budget, Limits, Usage};
 use super::shard::Shard;
 use super::{
     DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_RECORD_BYTES, DEFAULT_SHARDS,
-    ENTRY_OVERHEAD, MAX_SHARDS, MemoryStore, ShardCell,
+    ENTRY_OVERHEAD, MAX_SHARDS, MemoryStore, PENDING_SHARE, ShardCell,
 };
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::store::clock::{Clock, TokioClock};
@@ -14,8 +14,11 @@ use std::sync::{Arc, Mutex};
 /// Builds a [`MemoryStore`].
 ///
 /// The bounds are store-wide: shards split the locking, not the budgets. So any scope may use
-/// all the room there is. [`build`](Self::build) refuses settings that can never work, with a
-/// [`ConfigError`]. A shard holds at most `u32::MAX - 1` records.
+/// all the room there is for completed records. What its pending claims hold, which nothing
+/// may drop, is limited to its pending share ([`max_pending_per_scope`](Self::max_pending_per_scope)),
+/// a tenth of the store by default, so that one caller cannot refuse every other.
+/// [`build`](Self::build) refuses settings that can never work, with a [`ConfigError`]. A
+/// shard holds at most `u32::MAX - 1` records.
 ///
 /// ```
 /// use tower_idempotency::store::clock::ManualClock;
@@ -46,6 +49,8 @@ pub struct MemoryStoreBuilder {
     max_entries: usize,
     max_bytes: usize,
     max_entries_per_scope: Option<usize>,
+    max_pending_per_scope: Option<usize>,
+    max_pending_bytes_per_scope: Option<usize>,
     max_record_bytes: usize,
     shards: usize,
     clock: Option<Arc<dyn Clock>>,
@@ -58,6 +63,8 @@ impl MemoryStoreBuilder {
             max_entries: DEFAULT_MAX_ENTRIES,
             max_bytes: DEFAULT_MAX_BYTES,
             max_entries_per_scope: None,
+            max_pending_per_scope: None,
+            max_pending_bytes_per_scope: None,
             max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
             shards: DEFAULT_SHARDS,
             clock: None,
@@ -86,6 +93,43 @@ impl MemoryStoreBuilder {
     /// (the key's record and the step), so a cap of 1 keeps no steps.
     pub fn max_entries_per_scope(mut self, n: usize) -> Self {
         self.max_entries_per_scope = Some(n);
+        self
+    }
+
+    /// The most records and steps one scope may hold under pending claims: claims whose work has
+    /// not finished, and the steps of their keys. Nothing may drop them, so this share is what
+    /// keeps one caller from filling the store and refusing every other. A claim or step past
+    /// it is refused with [`ScopeFull`](crate::store::StoreErrorKind::ScopeFull), answered
+    /// with 429. At least 1; `usize::MAX` turns the share off. Completed records are not
+    /// counted: any scope may use the room there is for them. Default: a tenth of
+    /// [`max_entries`](Self::max_entries), so 10 000.
+    ///
+    /// ```
+    /// # use tower_idempotency::MemoryStore;
+    /// // One caller may hold up to half the store in work in flight.
+    /// let store = MemoryStore::builder()
+    ///     .max_entries(1_000)
+    ///     .max_pending_per_scope(500)
+    ///     .build()?;
+    /// // No share: one caller may fill the store with claims (the store-wide rule alone).
+    /// let open = MemoryStore::builder()
+    ///     .max_pending_per_scope(usize::MAX)
+    ///     .max_pending_bytes_per_scope(usize::MAX)
+    ///     .build()?;
+    /// # Ok::<(), tower_idempotency::ConfigError>(())
+    /// ```
+    pub fn max_pending_per_scope(mut self, n: usize) -> Self {
+        self.max_pending_per_scope = Some(n);
+        self
+    }
+
+    /// The most counted bytes one scope may hold under pending claims: 160 bytes per claim and
+    /// the steps of their keys, each its value plus 96 bytes. As
+    /// [`max_pending_per_scope`](Self::max_pending_per_scope), for bytes. At least 160 (one
+    /// claim); `usize::MAX` turns it off. Default: a tenth of
+    /// [`max_bytes`](Self::max_bytes), so 6.4 MiB.
+    pub fn max_pending_bytes_per_scope(mut self, n: usize) -> Self {
+        self.max_pending_bytes_per_scope = Some(n);
         self
     }
 
@@ -120,7 +164,7 @@ impl MemoryStoreBuilder {
     /// A [`ConfigError`] of kind [`OutOfRange`](ConfigErrorKind::OutOfRange) for a setting
     /// that can never work: no room for a single record, a byte budget below one record of
     /// [`max_record_bytes`](Self::max_record_bytes), or a per-scope cap of zero or above
-    /// `max_entries`.
+    /// `max_entries`, or a pending share below one claim.
     pub fn build(self) -> Result<MemoryStore, ConfigError> {
         if self.max_entries == 0 {
             return Err(ConfigError::new(
@@ -151,17 +195,37 @@ impl MemoryStoreBuilder {
                 ),
             ));
         }
+        if self.max_pending_per_scope == Some(0)
+            || self
+                .max_pending_bytes_per_scope
+                .is_some_and(|b| b < ENTRY_OVERHEAD)
+        {
+            return Err(ConfigError::new(
+                ConfigErrorKind::OutOfRange,
+                format!(
+                    "max_pending_per_scope ({:?}) must be at least 1 and \
+                     max_pending_bytes_per_scope ({:?}) at least {ENTRY_OVERHEAD}: a scope \
+                     could not hold a single claim",
+                    self.max_pending_per_scope, self.max_pending_bytes_per_scope
+                ),
+            ));
+        }
         Ok(self.assemble())
     }
 
     /// The store these settings describe, unchecked (the defaults pass every check).
     pub(super) fn assemble(self) -> MemoryStore {
         let shards = self.shards.clamp(1, MAX_SHARDS);
-        let limits = Limits::new(
-            self.max_entries.max(1),
-            self.max_bytes.max(ENTRY_OVERHEAD),
-            self.max_entries_per_scope,
+        let (entries, bytes) = (self.max_entries.max(1), self.max_bytes.max(ENTRY_OVERHEAD));
+        let share = Usage::new(
+            self.max_pending_per_scope
+                .unwrap_or(entries / PENDING_SHARE)
+                .max(1),
+            self.max_pending_bytes_per_scope
+                .unwrap_or(bytes / PENDING_SHARE)
+                .max(ENTRY_OVERHEAD),
         );
+        let limits = Limits::new(entries, bytes, self.max_entries_per_scope, share);
         let budget = Arc::new(Budget::new(limits, shards));
         MemoryStore {
             shards: (0..shards)
@@ -190,6 +254,11 @@ impl fmt::Debug for MemoryStoreBuilder {
             .field("max_entries", &self.max_entries)
             .field("max_bytes", &self.max_bytes)
             .field("max_entries_per_scope", &self.max_entries_per_scope)
+            .field("max_pending_per_scope", &self.max_pending_per_scope)
+            .field(
+                "max_pending_bytes_per_scope",
+                &self.max_pending_bytes_per_scope,
+            )
             .field("max_record_bytes", &self.max_record_bytes)
             .field("shards", &self.shards)
             .field(

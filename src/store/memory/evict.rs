@@ -119,6 +119,40 @@ impl Shard {
         ))
     }
 
+    /// Refuses an operation that would leave `scope` holding more than its share under pending
+    /// claims: `adds` more held by a claim (a new claim, a step of a pending key, or a released
+    /// key claimed again with its steps). Nothing may drop what a claim holds, so without the
+    /// share one caller whose work never finishes could fill the store and refuse every other.
+    /// Claims past their lease are absent: they are swept first when the scope seems over.
+    pub(super) fn within_pending_share(
+        &mut self,
+        scope: &[u8; 32],
+        adds: Usage,
+        now: u64,
+    ) -> Result<(), Short> {
+        let share = self.budget.limits.pending_share;
+        let held = |s: &Self| {
+            s.find_scope(scope).map_or(Usage::default(), |r| {
+                let slot = &s.scopes[at(r)];
+                Usage::new(at(slot.records), slot.bytes).minus(slot.droppable)
+            })
+        };
+        if share.covers(held(self).plus(adds)) {
+            return Ok(());
+        }
+        if self.earliest <= now {
+            self.sweep(now);
+        }
+        if share.covers(held(self).plus(adds)) {
+            Ok(())
+        } else {
+            Err(self.refuse(
+                true,
+                "the scope holds its share of the store under pending claims",
+            ))
+        }
+    }
+
     /// Drops the scope's oldest droppable records up to `last`, which bring it under its cap.
     fn drop_forced(&mut self, forced: Option<(u32, u32, Usage)>, now: u64) {
         let Some((r, last, _)) = forced else {
@@ -268,37 +302,53 @@ impl Shard {
     }
 
     /// Removes an entry to make room or because it expired, and counts the drop. A live completed
-    /// record's or released key's drop is also logged.
+    /// record's or released key's drop is also logged, at most one line per 10 s of the store's
+    /// clock, which tells the drops since the last line and the latest one.
     pub(super) fn drop_entry(&mut self, idx: u32, now: u64) {
         let e = &self.entries[at(idx)];
+        let early =
+            e.deadline > now && (e.state.is_released() || matches!(e.state, State::Done(_)));
         if e.deadline <= now {
             self.expired_drops += 1;
-        } else if e.state.is_released() {
+        } else if early {
             self.early_drops += 1;
+        }
+        let told = early.then(|| self.budget.early_drop(now)).flatten();
+        if let Some(drops) = told {
+            self.warn_early_drop(idx, now, drops);
+        }
+        self.remove(idx);
+    }
+
+    fn warn_early_drop(&self, idx: u32, now: u64, drops: u64) {
+        let e = &self.entries[at(idx)];
+        if e.state.is_released() {
             let slot = &self.scopes[at(e.scope)];
             tracing::warn!(
+                drops,
                 key = ?StoreKey::from_parts(slot.hash, e.id),
                 retention_left_ms = (e.deadline - now) / 1_000_000,
                 steps = self.step_list(idx).map_or(0, |l| l.steps.len()),
                 scope_records = slot.records,
                 scope_bytes = slot.bytes,
-                "idempotency steps of a released key dropped before their retention ended to make \
-                 room (its scope holds the most); a retry of its request would run them again \
-                 (raise the memory store's bounds)"
+                "idempotency records or steps dropped before their retention ended to make room \
+                 (`drops` since the last such line, at most one every 10 s; the latest: steps \
+                 of a released key, its scope holds the most); a retry of their requests would \
+                 run again (raise the memory store's bounds)"
             );
-        } else if matches!(e.state, State::Done(_)) {
-            self.early_drops += 1;
+        } else {
             let slot = &self.scopes[at(e.scope)];
             tracing::warn!(
+                drops,
                 key = ?StoreKey::from_parts(slot.hash, e.id),
                 retention_left_ms = (e.deadline - now) / 1_000_000,
                 scope_records = slot.records,
                 scope_bytes = slot.bytes,
-                "idempotency record dropped before its retention ended to make room (its scope \
-                 holds the most); a retry of its request would run again (raise the memory \
-                 store's bounds)"
+                "idempotency records or steps dropped before their retention ended to make room \
+                 (`drops` since the last such line, at most one every 10 s; the latest: a \
+                 completed record, its scope holds the most); a retry of their requests would \
+                 run again (raise the memory store's bounds)"
             );
         }
-        self.remove(idx);
     }
 }

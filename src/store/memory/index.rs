@@ -38,6 +38,7 @@ impl Shard {
             hash: *scope,
             records: 0,
             bytes: 0,
+            droppable: Usage::default(),
             head: NIL,
             tail: NIL,
             rank: NIL,
@@ -192,12 +193,13 @@ impl Shard {
         self.clear_steps(idx);
         let s = self.entries[at(idx)].scope;
         let cost = self.cost(idx);
-        let state = std::mem::replace(&mut self.entries[at(idx)].state, VACANT);
-        if state.is_pending() {
+        // Unlinked while its state still says what it counted for.
+        if self.entries[at(idx)].state.is_pending() {
             self.pending -= 1;
         } else {
             self.unlink_done(idx);
         }
+        self.entries[at(idx)].state = VACANT;
         self.bytes -= cost;
         let hash = self.hasher.hash_one(self.entries[at(idx)].id);
         if let Ok(found) = self.index.find_entry(hash, |&i| i == idx) {
@@ -207,6 +209,10 @@ impl Shard {
         slot.records -= 1;
         slot.bytes -= cost;
         if slot.records == 0 {
+            debug_assert!(
+                slot.droppable.is_zero(),
+                "a scope's droppable part is its own"
+            );
             let hash = self.hasher.hash_one(slot.hash);
             if let Ok(found) = self.scope_index.find_entry(hash, |&t| t == s) {
                 found.remove();
@@ -245,6 +251,9 @@ impl Shard {
     pub(super) fn link_done(&mut self, idx: u32) {
         let tail = self.done_tail;
         let s = self.entries[at(idx)].scope;
+        let usage = self.usage(idx);
+        let slot = &mut self.scopes[at(s)];
+        slot.droppable = slot.droppable.plus(usage);
         let scope_tail = self.scopes[at(s)].tail;
         let e = &mut self.entries[at(idx)];
         e.prev = tail;
@@ -266,6 +275,10 @@ impl Shard {
     }
 
     pub(super) fn unlink_done(&mut self, idx: u32) {
+        let usage = self.usage(idx);
+        let s = self.entries[at(idx)].scope;
+        let slot = &mut self.scopes[at(s)];
+        slot.droppable = slot.droppable.minus(usage);
         let Entry {
             prev,
             next,

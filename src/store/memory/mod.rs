@@ -46,11 +46,25 @@
 //! | --- | --- | --- |
 //! | [`max_entries`](MemoryStoreBuilder::max_entries) | 100 000 | records, pending and completed, and steps, in the whole store |
 //! | [`max_bytes`](MemoryStoreBuilder::max_bytes) | 64 MiB | counted bytes of records and steps in the whole store |
+//! | [`max_pending_per_scope`](MemoryStoreBuilder::max_pending_per_scope) | a tenth of `max_entries`: 10 000 | one scope's pending claims and their keys' steps |
+//! | [`max_pending_bytes_per_scope`](MemoryStoreBuilder::max_pending_bytes_per_scope) | a tenth of `max_bytes`: 6.4 MiB | counted bytes of those |
 //! | [`max_entries_per_scope`](MemoryStoreBuilder::max_entries_per_scope) | none | an optional fixed cap on one scope's records and steps |
 //!
 //! The bounds are store-wide and hold at every instant. While there is room, any scope may use
-//! it. So a single caller can fill the whole store before anything is dropped. One record may be
-//! as large as the store allows. [`build`](MemoryStoreBuilder::build) refuses a `max_bytes`
+//! it for completed records. So a single caller can fill the whole store with them before
+//! anything is dropped, and under pressure they are dropped by the rule below. One record may be
+//! as large as the store allows.
+//!
+//! What a pending claim holds is never dropped: the claim, and the steps of its key. So each
+//! scope may hold only its *pending share* of the store that way, a tenth by default. A claim
+//! or a step past it is refused with [`StoreErrorKind::ScopeFull`], answered 429, while the
+//! other scopes still claim. Without the share, one caller whose work never finishes (or who
+//! sends fresh keys faster than its work ends) could fill the store with claims and every other
+//! caller would get 503. With it, that takes ten such callers at once; a caller may still have
+//! 10 000 requests in flight. Claims past their lease are not counted. Set the share with
+//! [`max_pending_per_scope`](MemoryStoreBuilder::max_pending_per_scope) and
+//! [`max_pending_bytes_per_scope`](MemoryStoreBuilder::max_pending_bytes_per_scope), or turn it
+//! off with `usize::MAX` (for one trusted caller that is the only one, say). [`build`](MemoryStoreBuilder::build) refuses a `max_bytes`
 //! below one record of [`max_record_bytes`](MemoryStoreBuilder::max_record_bytes).
 //!
 //! A record is counted as its encoded bytes plus 160 bytes. The 160 bytes cover the entry
@@ -87,9 +101,12 @@
 //!
 //!    So a scope never loses a record to make room for a scope that holds more than it.
 //!    Between scopes of equal weight, the requester gives. Each of these *early drops* is
-//!    logged with `tracing::warn!` and counted in [`MemoryStats::early_drops`]. A retry of
-//!    that request would run its work again, or those steps;
-//! 3. a pending claim inside its lease is never dropped, nor are its steps. When the rule
+//!    counted in [`MemoryStats::early_drops`] and logged with `tracing::warn!`: at most one
+//!    line per 10 s of the store's [`Clock`], whose `drops` field counts the drops since the
+//!    last line, so a full store does not write a line per request. A retry of that request
+//!    would run its work again, or those steps;
+//! 3. a pending claim inside its lease is never dropped, nor are its steps (each scope holds
+//!    at most its pending share of them). When the rule
 //!    allows nothing more, the operation is refused. It gets [`StoreErrorKind::ScopeFull`] when `R` holds records: all
 //!    pending, or too few for a large record. The HTTP layer answers that with 429. Else it
 //!    gets [`StoreErrorKind::StoreFull`], answered with 503: a newcomer to a store full of
@@ -191,6 +208,11 @@ pub(crate) const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
 /// body limit plus 64 KiB for the status, headers and trailers.
 pub(crate) const DEFAULT_MAX_RECORD_BYTES: usize =
     crate::engine::DEFAULT_MAX_RECORD_BODY + 64 * 1024;
+/// The default share of the store one scope may hold under pending claims: a tenth of
+/// `max_entries` and of `max_bytes`. So it takes ten callers whose work never finishes to fill
+/// the store with what nothing may drop, while one caller may still have thousands of requests
+/// in flight.
+pub(crate) const PENDING_SHARE: usize = 10;
 /// The default number of shards.
 pub(crate) const DEFAULT_SHARDS: usize = 16;
 /// The largest number of shards; larger requests are clamped to it.
@@ -404,6 +426,8 @@ impl fmt::Debug for MemoryStore {
                 "max_entries_per_scope",
                 &(limits.per_scope != usize::MAX).then_some(limits.per_scope),
             )
+            .field("max_pending_per_scope", &limits.pending_share.entries)
+            .field("max_pending_bytes_per_scope", &limits.pending_share.bytes)
             .finish_non_exhaustive()
     }
 }

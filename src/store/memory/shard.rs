@@ -154,12 +154,15 @@ impl Shard {
                 },
                 // Released, kept for its steps: the new claim takes it with them.
                 State::Open(None) => {
+                    self.within_pending_share(key.scope_hash(), self.usage(idx), op.now)?;
                     self.reopen(idx, token, *fingerprint, deadline);
                     Claim::Claimed(token.clone())
                 }
             });
         }
-        self.make_room(key.scope_hash(), Usage::new(1, ENTRY_OVERHEAD), op)?;
+        let need = Usage::new(1, ENTRY_OVERHEAD);
+        self.within_pending_share(key.scope_hash(), need, op.now)?;
+        self.make_room(key.scope_hash(), need, op)?;
         self.insert(
             key,
             hash,

@@ -90,6 +90,9 @@ pub(super) struct ScopeSlot {
     pub(super) records: u32,
     /// Counted bytes of its records and steps.
     pub(super) bytes: usize,
+    /// What its droppable records hold, their steps included. The rest is held by its
+    /// pending claims, which nothing may drop.
+    pub(super) droppable: super::budget::Usage,
     /// Its droppable records, oldest first.
     pub(super) head: u32,
     pub(super) tail: u32,

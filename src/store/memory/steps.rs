@@ -96,7 +96,11 @@ impl Shard {
         self.free_step_lists.push(l);
         let freed = Usage::new(list.steps.len(), list.bytes);
         let s = self.entries[at(idx)].scope;
+        let linked = !self.entries[at(idx)].state.is_pending();
         let slot = &mut self.scopes[at(s)];
+        if linked {
+            slot.droppable = slot.droppable.minus(freed);
+        }
         // At most `u32::MAX` entries of a scope are counted, so its steps fit too.
         slot.records -= u32::try_from(freed.entries).unwrap_or(u32::MAX);
         slot.bytes -= freed.bytes;
@@ -130,8 +134,12 @@ impl Shard {
         if e.state.is_released() {
             e.deadline = e.deadline.max(until);
         }
+        let linked = !e.state.is_pending();
         let s = e.scope;
         let slot = &mut self.scopes[at(s)];
+        if linked {
+            slot.droppable = slot.droppable.plus(Usage::new(1, cost));
+        }
         slot.records += 1;
         slot.bytes += cost;
         self.steps += 1;
@@ -163,6 +171,9 @@ impl Shard {
                 .and_then(|l| l.steps.iter().find(|(s, _)| s == id))
             {
                 return Ok(StepRecorded::Found(first.clone()));
+            }
+            if self.entries[at(idx)].state.is_pending() {
+                self.within_pending_share(key.scope_hash(), Usage::new(1, cost), op.now)?;
             }
             self.make_room(key.scope_hash(), Usage::new(1, cost), op)?;
             // A released key is droppable: making room may have dropped it.
@@ -210,7 +221,9 @@ impl Shard {
             return Ok(false);
         }
         // Our own pending entry: making room never drops it.
-        self.make_room(key.scope_hash(), Usage::new(1, STEP_OVERHEAD), op)?;
+        let need = Usage::new(1, STEP_OVERHEAD);
+        self.within_pending_share(key.scope_hash(), need, op.now)?;
+        self.make_room(key.scope_hash(), need, op)?;
         self.entries[at(idx)].deadline = deadline;
         self.earliest = self.earliest.min(deadline);
         Ok(true)

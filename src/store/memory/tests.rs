@@ -27,11 +27,17 @@ fn record(len: usize) -> Record {
     Record::from_bytes(Bytes::from(vec![7u8; len]))
 }
 
+/// The store-wide rule alone: no pending share, which the tests of the share set themselves.
+fn no_share(b: MemoryStoreBuilder) -> MemoryStoreBuilder {
+    b.max_pending_per_scope(usize::MAX)
+        .max_pending_bytes_per_scope(usize::MAX)
+}
+
 /// A store of one shard on a manual clock; no record size is promised, so tiny byte budgets
-/// are accepted.
+/// are accepted. No pending share: the tests of the share build their own store.
 fn store(b: MemoryStoreBuilder) -> (MemoryStore, ManualClock) {
     let clock = ManualClock::new();
-    let s = b
+    let s = no_share(b)
         .shards(1)
         .max_record_bytes(0)
         .clock(clock.clone())
@@ -119,6 +125,7 @@ impl Shard {
         let mut pending = 0;
         let (mut steps, mut step_bytes) = (0, 0);
         let mut per_scope = std::collections::HashMap::<u32, (u32, usize)>::new();
+        let mut loose = std::collections::HashMap::<u32, Usage>::new();
         for &i in &live {
             let e = &self.entries[at(i)];
             assert!(e.deadline >= self.earliest, "earliest is a lower bound");
@@ -155,6 +162,10 @@ impl Shard {
             let counts = per_scope.entry(e.scope).or_default();
             counts.0 += 1 + u32::try_from(n).expect("steps");
             counts.1 += cost;
+            if !e.state.is_pending() {
+                let d = loose.entry(e.scope).or_default();
+                *d = d.plus(Usage::new(1 + n, cost));
+            }
         }
         assert_eq!(self.bytes, bytes, "bytes");
         assert_eq!((self.steps, self.step_bytes), (steps, step_bytes), "steps");
@@ -169,6 +180,17 @@ impl Shard {
             let slot = &self.scopes[at(s)];
             assert_eq!((slot.records, slot.bytes), (n, b), "scope counts");
             assert!(at(n) <= limits.per_scope, "scope cap");
+            let droppable = loose.get(&s).copied().unwrap_or_default();
+            assert_eq!(
+                slot.droppable, droppable,
+                "a scope counts its droppable part"
+            );
+            assert!(
+                limits
+                    .pending_share
+                    .covers(Usage::new(at(n), b).minus(droppable)),
+                "pending share"
+            );
             if slot.head != NIL {
                 ranked.insert((limits.weight(n, b), s));
             }
@@ -783,7 +805,7 @@ fn random_steps(shards: usize, cap: Option<usize>) -> MemoryStats {
 fn budgets_are_store_wide() {
     block(async {
         let clock = ManualClock::new();
-        let s = MemoryStore::builder()
+        let s = no_share(MemoryStore::builder())
             .max_entries(64)
             .shards(4)
             .clock(clock)
@@ -798,7 +820,7 @@ fn budgets_are_store_wide() {
         s.check();
 
         // One scope may use all of it.
-        let s = MemoryStore::builder()
+        let s = no_share(MemoryStore::builder())
             .max_entries(64)
             .shards(4)
             .clock(ManualClock::new())
@@ -835,7 +857,7 @@ fn a_scope_as_large_as_the_largest_makes_room_from_its_own() {
 fn expired_records_in_another_shard_go_before_live_ones() {
     block(async {
         let clock = ManualClock::new();
-        let s = MemoryStore::builder()
+        let s = no_share(MemoryStore::builder())
             .max_entries(4)
             .shards(2)
             .clock(clock.clone())
@@ -863,4 +885,113 @@ fn expired_records_in_another_shard_go_before_live_ones() {
         assert_eq!(s.stats().early_drops, 1);
         s.check();
     });
+}
+
+#[test]
+fn a_scope_holds_at_most_its_pending_share() {
+    block(async {
+        let clock = ManualClock::new();
+        // Defaults for the share: a tenth of 100 entries and of 100 000 bytes.
+        let s = MemoryStore::builder()
+            .max_entries(100)
+            .max_bytes(100_000)
+            .max_record_bytes(0)
+            .shards(1)
+            .clock(clock.clone())
+            .build()
+            .expect("valid");
+        let held: Vec<Token> = {
+            let mut v = Vec::new();
+            for id in 0..10 {
+                v.push(claimed(&s, key(1, id)).await);
+            }
+            v
+        };
+        let err = claim(&s, key(1, 10)).await.expect_err("past the share");
+        assert_eq!(err.kind(), StoreErrorKind::ScopeFull, "{err}");
+        claimed(&s, key(2, 0)).await;
+        s.check();
+
+        // A claim that completes holds nothing any more: the scope claims again, and its
+        // completed records are not counted.
+        assert!(
+            s.complete(&key(1, 0), &held[0], &fp(1), record(10), TTL)
+                .await
+                .expect("complete")
+        );
+        for id in 20..60 {
+            done(&s, key(1, id), 10, TTL).await;
+        }
+        let t = claimed(&s, key(1, 10)).await;
+        assert_eq!(
+            claim(&s, key(1, 11))
+                .await
+                .expect_err("at the share")
+                .kind(),
+            StoreErrorKind::ScopeFull
+        );
+        s.check();
+
+        // A step of a pending key is held too: the bytes share (10 000) refuses a large one,
+        // and the entries share any step once the scope holds ten entries.
+        let step = StepId::from_bytes([1; 32]);
+        let big = Bytes::from(vec![0u8; 10_000]);
+        let err = s
+            .record_step(&key(1, 10), &step, big, TTL)
+            .await
+            .expect_err("past the bytes share");
+        assert_eq!(err.kind(), StoreErrorKind::ScopeFull, "{err}");
+        let err = s
+            .prepare_step(&key(1, 10), &t, LEASE)
+            .await
+            .expect_err("at the share");
+        assert_eq!(err.kind(), StoreErrorKind::ScopeFull, "{err}");
+
+        // Released with its steps: droppable, not held; claimed again, held again.
+        assert!(s.release(&key(1, 1), &held[1]).await.expect("release"));
+        assert!(
+            s.prepare_step(&key(1, 2), &held[2], LEASE)
+                .await
+                .expect("room")
+        );
+        s.record_step(&key(1, 2), &step, Bytes::from_static(b"v"), TTL)
+            .await
+            .expect("recorded");
+        assert!(s.release(&key(1, 2), &held[2]).await.expect("release"));
+        claimed(&s, key(1, 11)).await;
+        s.check();
+        // The released key with its step would hold two entries: the scope holds ten already.
+        assert_eq!(
+            claim(&s, key(1, 2))
+                .await
+                .expect_err("past the share")
+                .kind(),
+            StoreErrorKind::ScopeFull
+        );
+
+        // Claims past their lease hold nothing.
+        clock.advance(LEASE + Duration::from_secs(1));
+        for id in 100..110 {
+            claimed(&s, key(1, id)).await;
+        }
+        s.check();
+        assert_eq!(s.stats().scope_full_refusals, 5);
+    });
+}
+
+#[test]
+fn the_pending_share_refuses_settings_that_hold_no_claim() {
+    for b in [
+        MemoryStore::builder().max_pending_per_scope(0),
+        MemoryStore::builder().max_pending_bytes_per_scope(ENTRY_OVERHEAD - 1),
+    ] {
+        let err = b.build().expect_err("refused");
+        assert_eq!(err.kind(), crate::ConfigErrorKind::OutOfRange);
+        assert!(err.to_string().contains("max_pending"), "{err}");
+    }
+    MemoryStore::builder()
+        .max_pending_per_scope(1)
+        .max_pending_bytes_per_scope(ENTRY_OVERHEAD)
+        .build()
+        .expect("one claim per scope");
 }
