@@ -538,8 +538,7 @@ fn memory_store_matches_the_model() {
 #[cfg(feature = "redis")]
 mod redis_model {
     use super::*;
-    use redis_server::{RedisServer, available};
-    use std::sync::OnceLock;
+    use redis_server::RedisServer;
     use tokio::time::Instant;
     use tower_idempotency::store::redis::RedisStore;
 
@@ -547,11 +546,6 @@ mod redis_model {
     pub(super) const STEP: Duration = Duration::from_millis(120);
     /// How close to the middle of a step (where deadlines fall) an operation may end.
     pub(super) const GUARD: Duration = Duration::from_millis(20);
-
-    fn server() -> Option<&'static RedisServer> {
-        static SERVER: OnceLock<RedisServer> = OnceLock::new();
-        available().then(|| SERVER.get_or_init(RedisServer::start))
-    }
 
     struct RedisBackend {
         store: RedisStore,
@@ -591,7 +585,9 @@ mod redis_model {
 
     /// Runs `cases` cases on a fresh namespace; each case uses fresh random keys.
     pub(super) fn run(cases: u32, steps: usize) {
-        let Some(server) = server() else { return };
+        let Some(server) = RedisServer::shared() else {
+            return;
+        };
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
