@@ -4,7 +4,8 @@
 #   scripts/repeat.sh BINARY N [EXTRA TEST HARNESS ARGS...]
 #   scripts/repeat.sh store 5
 #
-# Builds `--test BINARY` once (all features), then runs it N times with
+# Builds `--test BINARY` once (all features), then runs that executable N times (so a build
+# in the same tree meanwhile does not change what is counted) with
 # TOWER_IDEMPOTENCY_REQUIRE_SERVERS=1, so a server that cannot start is a failure, never a
 # skip. Prints one line per run (passed, failed, ignored, seconds) and at the end
 # `BINARY: K/N runs passed, P passed each`; exits non-zero when a run failed, and keeps that
@@ -27,7 +28,14 @@ runs=$2
 shift 2
 
 export TOWER_IDEMPOTENCY_REQUIRE_SERVERS=1
-cargo test -p tower-idempotency --all-features --test "$binary" --no-run
+exe=$(cargo test -p tower-idempotency --all-features --test "$binary" --no-run \
+    --message-format=json | sed -nE 's/.*"executable":"([^"]+)".*/\1/p' | tail -1)
+if [[ -z $exe ]]; then
+    echo "repeat: no test executable for --test $binary" >&2
+    exit 1
+fi
+# As `cargo test` runs it: from the package root, with the manifest directory set.
+export CARGO_MANIFEST_DIR=$PWD
 
 logs="${CARGO_TARGET_DIR:-target}/repeat"
 mkdir -p "$logs"
@@ -37,7 +45,7 @@ for ((i = 1; i <= runs; i++)); do
     log="$logs/$binary-$i.log"
     start=$(date +%s)
     status=0
-    cargo test -p tower-idempotency --all-features --test "$binary" -- "$@" >"$log" 2>&1 ||
+    "$exe" "$@" >"$log" 2>&1 ||
         status=$?
     took=$(($(date +%s) - start))
     result=$(grep -E '^test result:' "$log" | tail -1 || true)

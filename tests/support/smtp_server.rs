@@ -61,11 +61,6 @@ impl SmtpServer {
         panic!("could not start the SMTP server: {last}");
     }
 
-    /// A server on `port`.
-    pub(crate) fn start_on(port: u16) -> Self {
-        Self::try_start_on(port).unwrap_or_else(|e| panic!("{e}"))
-    }
-
     fn try_start_on(port: u16) -> Result<Self, String> {
         let python = python().expect("check available() first");
         let dir = temp_dir("smtp", port);
