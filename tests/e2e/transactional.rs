@@ -3,19 +3,13 @@
 #![cfg(feature = "postgres")]
 #![allow(clippy::unwrap_used)]
 
-use crate::support::postgres_server::{self, PostgresServer};
-use std::sync::OnceLock;
+use crate::support::postgres_server::PostgresServer;
 use std::time::Duration;
 use tower_idempotency::store::postgres::sqlx;
 
 #[path = "../../examples/transactional.rs"]
 #[allow(dead_code)] // its `main` is the example's
 mod example;
-
-fn shared_server() -> Option<&'static PostgresServer> {
-    static SERVER: OnceLock<PostgresServer> = OnceLock::new();
-    postgres_server::available().then(|| SERVER.get_or_init(PostgresServer::start))
-}
 
 async fn code(res: reqwest::Response) -> (u16, Option<String>, serde_json::Value) {
     let status = res.status().as_u16();
@@ -28,7 +22,7 @@ async fn code(res: reqwest::Response) -> (u16, Option<String>, serde_json::Value
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_places_one_order_per_key_with_the_layers_answers() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let pool = server.pool(8).await;

@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use tower_idempotency::engine::{Engine, Raw, Scope, StepError, StepErrorKind, Steps};
 use tower_idempotency::store::postgres::PostgresStore;
 use tower_idempotency::store::redis::RedisStore;
-use tower_idempotency::{DerivedKey, IdempotencyLayer, MemoryStore, Store};
+use tower_idempotency::{DerivedKey, IdempotencyLayer, Store};
 
 /// The child's setting: `redis` or `postgres`.
 const STORE: &str = "TI_STEPS_STORE";
@@ -349,20 +349,6 @@ impl Backend {
         }
         env
     }
-
-    /// The checkout over this server's store, in the test process.
-    async fn app(&self, providers: &TestServer) -> Router {
-        match self {
-            Self::Redis(s) => {
-                let store = RedisStore::connect(&s.url(), PREFIX).await.unwrap();
-                checkout_app(engine(store, None), providers.url(""))
-            }
-            Self::Postgres(s) => {
-                let store = PostgresStore::connect(&s.url(), PREFIX).await.unwrap();
-                checkout_app(engine(store, None), providers.url(""))
-            }
-        }
-    }
 }
 
 fn order_body(id: u64) -> String {
@@ -513,33 +499,22 @@ async fn receipt_fails_then_retry(app: Router, providers: &Providers, store: &st
     providers.assert_once(7);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_5xx_receipt_then_the_retry_runs_only_the_receipt_over_memory() {
-    let providers = Providers::default();
-    let provider_server = providers.start().await;
-    let app = checkout_app(engine(MemoryStore::new(), None), provider_server.url(""));
-    receipt_fails_then_retry(app, &providers, "memory").await;
-}
+// Once per store: `over_memory::…`, `over_redis::…`, `over_postgres::…`.
+crate::support::stores::per_store!(
+    [over_memory: memory, over_redis: redis, over_postgres: postgres] {
+    use super::*;
 
-async fn receipt_fails_over(kind: &str) {
-    let Some(backend) = Backend::start(kind).await else {
-        return;
-    };
-    let providers = Providers::default();
-    let provider_server = providers.start().await;
-    let app = backend.app(&provider_server).await;
-    receipt_fails_then_retry(app, &providers, kind).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_5xx_receipt_then_the_retry_runs_only_the_receipt_over_redis() {
-    receipt_fails_over("redis").await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_5xx_receipt_then_the_retry_runs_only_the_receipt_over_postgres() {
-    receipt_fails_over("postgres").await;
-}
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_5xx_receipt_then_the_retry_runs_only_the_receipt() {
+        let Some(store) = store().await else {
+            return;
+        };
+        let providers = Providers::default();
+        let provider_server = providers.start().await;
+        let app = checkout_app(engine(store, None), provider_server.url(""));
+        receipt_fails_then_retry(app, &providers, STORE).await;
+    }
+});
 
 // ---------------------------------------------------------------------------------------------
 // A storm of retries over two processes

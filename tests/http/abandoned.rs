@@ -60,25 +60,18 @@ async fn finishes_and_replays<St: Store>(layer: IdempotencyLayer<St>) {
     assert_eq!(work.executions(), 1, "the handler ran once");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_going_away_mid_handler_still_records_on_memory() {
-    finishes_and_replays(IdempotencyLayer::default()).await;
-}
+// Once per store: `on_memory::…`, `on_redis::…`.
+crate::support::stores::per_store!([on_memory: memory, on_redis: redis] {
+    use super::*;
 
-#[cfg(feature = "redis")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn client_going_away_mid_handler_still_records_on_redis() {
-    use support::redis_server::{self, RedisServer};
-    use tower_idempotency::store::redis::RedisStore;
-    if !redis_server::available() {
-        return;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn client_going_away_mid_handler_still_records() {
+        let Some(store) = store().await else {
+            return;
+        };
+        finishes_and_replays(IdempotencyLayer::new(store)).await;
     }
-    let redis = RedisServer::start();
-    let store = RedisStore::connect(&redis.url(), "abandoned")
-        .await
-        .expect("connect to redis");
-    finishes_and_replays(IdempotencyLayer::new(store)).await;
-}
+});
 
 /// A released outcome is released after the client left too: the retry runs again at once
 /// (no 409 until the lease lapses).

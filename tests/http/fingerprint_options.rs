@@ -87,25 +87,18 @@ async fn options<St: Store>(store: St) {
     assert_eq!(work.executions(), 2);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fingerprint_options_on_memory() {
-    options(tower_idempotency::MemoryStore::new()).await;
-}
+// Once per store: `on_memory::…`, `on_redis::…`.
+crate::support::stores::per_store!([on_memory: memory, on_redis: redis] {
+    use super::*;
 
-#[cfg(feature = "redis")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn fingerprint_options_on_redis() {
-    use support::redis_server::{self, RedisServer};
-    use tower_idempotency::store::redis::RedisStore;
-    if !redis_server::available() {
-        return;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn fingerprint_options() {
+        let Some(store) = store().await else {
+            return;
+        };
+        options(store).await;
     }
-    let redis = RedisServer::start();
-    let store = RedisStore::connect(&redis.url(), "fp-options")
-        .await
-        .expect("connect to redis");
-    options(store).await;
-}
+});
 
 /// Only the included fields count: a note may change, the amount may not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -66,22 +66,15 @@ async fn forgetting<St: Store>(store: St) {
     let _ = tokio::time::timeout(Duration::from_secs(10), slow).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn operators_forget_keys_on_memory() {
-    forgetting(tower_idempotency::MemoryStore::new()).await;
-}
+// Once per store: `on_memory::…`, `on_redis::…`.
+crate::support::stores::per_store!([on_memory: memory, on_redis: redis] {
+    use super::*;
 
-#[cfg(feature = "redis")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn operators_forget_keys_on_redis() {
-    use support::redis_server::{self, RedisServer};
-    use tower_idempotency::store::redis::RedisStore;
-    if !redis_server::available() {
-        return;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn operators_forget_keys() {
+        let Some(store) = store().await else {
+            return;
+        };
+        forgetting(store).await;
     }
-    let redis = RedisServer::start();
-    let store = RedisStore::connect(&redis.url(), "forget")
-        .await
-        .expect("connect to redis");
-    forgetting(store).await;
-}
+});

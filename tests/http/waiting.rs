@@ -48,25 +48,18 @@ async fn duplicate_waits_and_replays<St: Store>(store: St) {
     assert_eq!(work.executions(), 1, "no extra handler run");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiting_duplicate_gets_the_replay_on_memory() {
-    duplicate_waits_and_replays(tower_idempotency::MemoryStore::new()).await;
-}
+// Once per store: `on_memory::…`, `on_redis::…`.
+crate::support::stores::per_store!([on_memory: memory, on_redis: redis] {
+    use super::*;
 
-#[cfg(feature = "redis")]
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_waiting_duplicate_gets_the_replay_on_redis() {
-    use support::redis_server::{self, RedisServer};
-    use tower_idempotency::store::redis::RedisStore;
-    if !redis_server::available() {
-        return;
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_waiting_duplicate_gets_the_replay() {
+        let Some(store) = store().await else {
+            return;
+        };
+        duplicate_waits_and_replays(store).await;
     }
-    let redis = RedisServer::start();
-    let store = RedisStore::connect(&redis.url(), "waiting")
-        .await
-        .expect("connect to redis");
-    duplicate_waits_and_replays(store).await;
-}
+});
 
 /// On memory the waiter is woken by the completion: one claim to find the key in flight,
 /// one after the wake-up, none in between (no polling), however long the first run takes.

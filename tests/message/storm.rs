@@ -11,6 +11,7 @@
 #![cfg(feature = "redis")]
 #![allow(clippy::unwrap_used)]
 
+pub(crate) use crate::support::apps::env_or;
 use crate::support::redis_server::{self, RedisServer};
 use std::collections::{BTreeMap, VecDeque};
 use std::process::Stdio;
@@ -28,13 +29,6 @@ const CHILD_REDIS: &str = "QUEUES_STORM_CHILD_REDIS";
 const CHILD_TEST: &str = "storm::consumer_process";
 /// Deliveries in flight per child at once.
 const WINDOW: usize = 32;
-
-pub(crate) fn env_or(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
 
 /// A message by number: half keyed by an `Idempotency-Key`, half by the digest of the body;
 /// every tenth is flaky (fails its first attempt).

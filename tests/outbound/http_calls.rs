@@ -3,6 +3,7 @@
 
 use crate::door::wait_until;
 use crate::support::http::SpyStore;
+use crate::support::ports::Refusing;
 use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::Full;
@@ -255,11 +256,10 @@ pub(crate) async fn a_stub_that_reads_the_body_and_closes_is_unknown<S: Store>(s
 pub(crate) async fn a_refused_connection_is_released_and_the_retry_sends<S: Store>(
     store: SpyStore<S>,
 ) {
-    // A port nobody listens on: connections are refused.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
-    let url = format!("http://{addr}/charges");
+    // A port held without listening: connections are refused, and no other test takes it
+    // before the stub listens on it.
+    let port = Refusing::new();
+    let url = format!("http://127.0.0.1:{}/charges", port.port());
     let layer = HttpSendOnceLayer::new(store.clone());
     let err = send(&layer, charge(&url, Some("k"), "{}"))
         .await
@@ -268,7 +268,7 @@ pub(crate) async fn a_refused_connection_is_released_and_the_retry_sends<S: Stor
     assert!(err.is_retryable());
     assert_eq!(store.releases(), 1, "the key was released");
 
-    let stub = Stub::on(TcpListener::bind(addr).await.unwrap(), Behave::Answer(200));
+    let stub = Stub::on(port.listen(), Behave::Answer(200));
     let retry = send(&layer, charge(&url, Some("k"), "{}")).await.unwrap();
     assert!(retry.is_sent(), "{retry:?}");
     assert_eq!(stub.received(), 1);

@@ -3,7 +3,8 @@
 //! `main.rs`.
 
 use crate::support::http::SpyStore;
-use crate::support::ports::free_port;
+use crate::support::ports::Refusing;
+use crate::support::proxy::Proxy;
 use crate::support::smtp_server::{self, SmtpServer};
 use std::time::Duration;
 use tower_idempotency::Store;
@@ -113,8 +114,10 @@ pub(crate) async fn a_refused_connection_is_released_and_the_retry_sends<S: Stor
     if !smtp_server::available() {
         return;
     }
-    let port = free_port(false);
-    let mailer = mailer(store.clone(), port);
+    // A port held without listening: connections are refused, and no other test takes it
+    // before the server answers on it (through a proxy: the server binds a port of its own).
+    let port = Refusing::new();
+    let mailer = mailer(store.clone(), port.port());
     let err = mailer.send(welcome("k", "Hello")).await.unwrap_err();
     assert_eq!(err.kind(), OutboundErrorKind::Failed, "{err:?}");
     assert!(err.is_retryable(), "{err:?}");
@@ -124,7 +127,8 @@ pub(crate) async fn a_refused_connection_is_released_and_the_retry_sends<S: Stor
         "{err:?}"
     );
     assert_eq!(store.releases(), 1);
-    let server = SmtpServer::start_on(port);
+    let server = SmtpServer::start();
+    let _proxy = Proxy::on(port.listen(), server.port());
     let retry = mailer.send(welcome("k", "Hello")).await.unwrap();
     assert!(retry.is_sent(), "{retry:?}");
     assert_eq!(server.messages(), vec!["Hello"]);

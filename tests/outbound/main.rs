@@ -1,8 +1,9 @@
 //! The outbound door: a job that runs twice sends once.
 //!
 //! - `door.rs`: every outcome of the generic `SendOnce` over a scripted provider, once per
-//!   store (`memory::…` over `MemoryStore`, `redis::…` over a `redis-server` on a free
-//!   loopback port), each store wrapped in the spy store that can fail claims and completes;
+//!   store (`memory::…` over `MemoryStore`, `redis::…` under a prefix of its own on the
+//!   binary's one `redis-server`), each store wrapped in the spy store that can fail claims
+//!   and completes (`support::stores::per_store!`);
 //! - `http_calls.rs`: the HTTP adapter over hyper-util's client against local stubs (one that
 //!   answers, one that reads the body and closes, one that refuses connections);
 //! - `crash.rs`: a sending process killed with SIGKILL after its request went out, and a
@@ -27,40 +28,10 @@ mod mail;
 mod rig;
 mod slow;
 
-/// Expands scenarios (async fns taking a spy store) once per store, as modules of tests.
-macro_rules! per_store {
-    ($memory:ident, $redis:ident, $scenarios:ident; $($name:ident),* $(,)?) => {
-        mod $memory {
-            use crate::support::http::SpyStore;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    crate::$scenarios::$name(SpyStore::new()).await;
-                }
-            )*
-        }
-        #[cfg(feature = "redis")]
-        mod $redis {
-            use crate::support::http::SpyStore;
-            use crate::support::redis_server::{self, RedisServer};
-            use tower_idempotency::RedisStore;
-            $(
-                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-                async fn $name() {
-                    if !redis_server::available() {
-                        return;
-                    }
-                    let server = RedisServer::start();
-                    let store = RedisStore::connect(&server.url(), "outbound-tests").await.unwrap();
-                    crate::$scenarios::$name(SpyStore::wrap(store)).await;
-                    drop(server);
-                }
-            )*
-        }
-    };
-}
+use support::http::SpyStore;
+use support::stores::per_store;
 
-per_store!(memory, redis, door;
+per_store!([memory: memory, redis: redis] door, SpyStore::wrap;
     sends_once_and_replays_the_receipt,
     a_send_in_flight_is_answered_in_flight,
     the_key_with_another_request_is_key_reused,
@@ -80,7 +51,7 @@ per_store!(memory, redis, door;
     a_record_of_another_door_is_not_replayed,
 );
 
-per_store!(memory_http, redis_http, http_calls;
+per_store!([memory_http: memory, redis_http: redis] http_calls, SpyStore::wrap;
     a_webhook_sent_twice_is_delivered_once,
     a_stub_that_reads_the_body_and_closes_is_unknown,
     a_refused_connection_is_released_and_the_retry_sends,
@@ -96,7 +67,7 @@ per_store!(memory_http, redis_http, http_calls;
 );
 
 #[cfg(feature = "lettre")]
-per_store!(memory_mail, redis_mail, mail;
+per_store!([memory_mail: memory, redis_mail: redis] mail, SpyStore::wrap;
     a_job_that_runs_twice_delivers_one_message,
     a_server_that_stalls_after_data_is_unknown_and_the_retry_does_not_send,
     a_refused_connection_is_released_and_the_retry_sends,

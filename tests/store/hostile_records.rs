@@ -336,7 +336,7 @@ async fn without_a_secret_bit_flips_are_refused_or_replayed_as_valid_records_nev
 mod on_redis {
     use super::*;
     use crate::support::http::TestServer;
-    use crate::support::redis_server::{RedisServer, available};
+    use crate::support::redis_server::RedisServer;
     use tower_idempotency::store::redis::RedisStore;
 
     /// `'D' + fingerprint(32) + record`: the store's layout of a completed key.
@@ -346,11 +346,10 @@ mod on_redis {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn tampered_records_in_redis_are_503_and_never_replayed() {
-        if !available() {
+        let Some(server) = RedisServer::shared() else {
             return;
-        }
-        let server = RedisServer::start();
-        let ns = "hostile-redis";
+        };
+        let ns = &crate::support::stores::unique("hostile-redis");
         let store = RedisStore::connect(&server.url(), ns).await.unwrap();
         let work = Work::plain();
         let layer = IdempotencyLayer::new(store.clone());

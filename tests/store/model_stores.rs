@@ -1047,13 +1047,11 @@ fn hex(b: &[u8]) -> String {
 #[cfg(feature = "redis")]
 mod redis_model {
     use super::*;
-    use redis_server::{RedisServer, available};
-    use std::sync::OnceLock;
+    use redis_server::RedisServer;
     use tower_idempotency::store::redis::RedisStore;
 
     fn server() -> Option<&'static RedisServer> {
-        static SERVER: OnceLock<RedisServer> = OnceLock::new();
-        available().then(|| SERVER.get_or_init(RedisServer::start))
+        RedisServer::shared()
     }
 
     /// Runs `cases` cases on a fresh namespace; each case uses fresh random keys.

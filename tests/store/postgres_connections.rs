@@ -10,7 +10,7 @@
 #![cfg(feature = "postgres")]
 #![allow(clippy::unwrap_used)]
 
-use super::postgres_store::{fresh_table, shared_server};
+use super::postgres_store::fresh_table;
 use crate::support::postgres_server::PostgresServer;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,7 +55,7 @@ async fn sessions(admin: &PgPool, app: &str) -> BTreeSet<i32> {
 
 #[tokio::test]
 async fn a_connection_the_server_ended_while_idle_is_not_used_again() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let app = fresh_table("idle");
@@ -98,7 +98,7 @@ async fn a_connection_the_server_ended_while_idle_is_not_used_again() {
 
 #[tokio::test]
 async fn the_server_statement_timeout_is_below_the_operation_timeout() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     // The default settings.
@@ -122,7 +122,7 @@ async fn the_server_statement_timeout_is_below_the_operation_timeout() {
 
 #[tokio::test]
 async fn a_slow_statement_is_cancelled_by_the_server_and_keeps_its_connection() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let table = fresh_table("slow");
@@ -226,7 +226,7 @@ async fn send(engine: &Engine<PostgresStore>, k: usize, tally: &Mutex<Tally>) {
 /// the store a few times while clients send each key twice at once and again later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_ended_mid_storm_lose_no_record_and_run_nothing_twice() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     const CLIENTS: usize = 8;

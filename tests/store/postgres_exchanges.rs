@@ -5,7 +5,7 @@
 #![cfg(feature = "postgres")]
 #![allow(clippy::unwrap_used)]
 
-use super::postgres_store::{fresh_table, shared_server};
+use super::postgres_store::fresh_table;
 use crate::support::postgres_server::PostgresServer;
 use bytes::Bytes;
 use std::sync::Arc;
@@ -145,7 +145,7 @@ async fn exchanges<T>(proxy: &CountingProxy, step: impl Future<Output = T>) -> (
 
 #[tokio::test]
 async fn every_step_of_a_store_made_by_connect_is_one_exchange() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let proxy = CountingProxy::start(server).await;
@@ -231,7 +231,7 @@ async fn every_step_of_a_store_made_by_connect_is_one_exchange() {
 
 #[tokio::test]
 async fn a_connection_the_server_closed_while_idle_is_replaced_before_a_step() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let table = fresh_table("idle_closed");

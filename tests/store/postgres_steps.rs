@@ -7,7 +7,7 @@
 #![cfg(feature = "postgres")]
 #![allow(clippy::unwrap_used)]
 
-use super::postgres_store::{fresh_table, shared_server, store_on};
+use super::postgres_store::{fresh_table, store_on};
 use super::postgres_within::until_waiting;
 use crate::support::postgres_server::PostgresServer;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -81,7 +81,7 @@ async fn recorded(engine: &Engine<PostgresStore>, key: &StoreKey) -> usize {
 
 #[tokio::test]
 async fn a_steps_business_row_and_its_record_commit_together() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = engine(server).await;
@@ -103,7 +103,7 @@ async fn a_steps_business_row_and_its_record_commit_together() {
 
 #[tokio::test]
 async fn a_step_whose_work_fails_leaves_neither_row_nor_record() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = engine(server).await;
@@ -146,7 +146,7 @@ async fn a_step_whose_work_fails_leaves_neither_row_nor_record() {
 
 #[tokio::test]
 async fn a_retry_answers_the_committed_step_without_running_it() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = engine(server).await;
@@ -201,7 +201,7 @@ async fn a_retry_answers_the_committed_step_without_running_it() {
 
 #[tokio::test]
 async fn of_two_overlapping_runs_of_a_step_the_first_record_wins() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = short_lease_engine(server).await;
@@ -259,7 +259,7 @@ async fn of_two_overlapping_runs_of_a_step_the_first_record_wins() {
 
 #[tokio::test]
 async fn a_run_that_meets_an_uncommitted_record_of_its_step_waits_and_takes_it() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = short_lease_engine(server).await;
@@ -299,7 +299,7 @@ async fn a_run_that_meets_an_uncommitted_record_of_its_step_waits_and_takes_it()
 
 #[tokio::test]
 async fn a_step_recorded_while_the_callers_transaction_holds_a_step_does_not_wait_for_it() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = engine(server).await;
@@ -346,7 +346,7 @@ async fn a_step_recorded_while_the_callers_transaction_holds_a_step_does_not_wai
 async fn under_repeatable_read_a_run_that_loses_its_step_is_a_conflict_and_rolls_back() {
     use std::str::FromStr;
     use tower_idempotency::store::postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = short_lease_engine(server).await;
@@ -401,7 +401,7 @@ async fn under_repeatable_read_a_run_that_loses_its_step_is_a_conflict_and_rolls
 
 #[tokio::test]
 async fn a_step_with_steps_of_another_store_is_refused_and_does_not_run() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = engine(server).await;
@@ -437,7 +437,7 @@ async fn a_step_with_steps_of_another_store_is_refused_and_does_not_run() {
 /// in a transaction runs: a clone is not "another store".
 #[tokio::test]
 async fn steps_of_an_engine_over_a_clone_of_the_same_store_run_in_a_transaction() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let store = store_on(server, "tower_idempotency", "steps-tx").await;

@@ -7,11 +7,10 @@
 #![allow(clippy::unwrap_used)]
 
 use crate::support::http::{TestServer, Work};
-use crate::support::postgres_server::{self, PostgresServer};
+use crate::support::postgres_server::PostgresServer;
 use crate::support::raw_http::{keyed, post};
 use bytes::Bytes;
 use std::future::Future;
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 use tower_idempotency::ConfigErrorKind;
 use tower_idempotency::conformance::{Harness, LONG, SHORT, fingerprint, random_key, record};
@@ -20,12 +19,6 @@ use tower_idempotency::store::postgres::PostgresStore;
 use tower_idempotency::store::postgres::sqlx::{self, PgPool, Row};
 use tower_idempotency::store::{Claim, StepId, StepRecorded, StoreErrorKind};
 use tower_idempotency::{IdempotencyLayer, Store};
-
-/// One server for the whole binary; the tests use random keys or tables of their own.
-pub(crate) fn shared_server() -> Option<&'static PostgresServer> {
-    static SERVER: OnceLock<PostgresServer> = OnceLock::new();
-    postgres_server::available().then(|| SERVER.get_or_init(PostgresServer::start))
-}
 
 /// A store on `table` (created when missing) of the shared server.
 pub(crate) async fn store_on(server: &PostgresServer, table: &str, ns: &str) -> PostgresStore {
@@ -65,7 +58,7 @@ impl Harness for PostgresHarness {
 
 /// A fresh harness on the shared server (the default table), or `None` (skip).
 fn harness() -> Option<impl Future<Output = PostgresHarness>> {
-    let server = shared_server()?;
+    let server = PostgresServer::shared()?;
     Some(async move {
         PostgresHarness {
             store: store_on(server, "tower_idempotency", "conformance").await,
@@ -83,7 +76,7 @@ tower_idempotency::store_conformance!(match harness() {
 
 #[tokio::test]
 async fn migrate_creates_the_documented_table_once_even_when_replicas_race() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let table = fresh_table("migrated");
@@ -153,7 +146,7 @@ async fn migrate_creates_the_documented_table_once_even_when_replicas_race() {
 
 #[tokio::test]
 async fn settings_that_would_break_the_sql_are_refused() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let pool = server.pool(1).await;
@@ -178,7 +171,7 @@ async fn settings_that_would_break_the_sql_are_refused() {
 
 #[tokio::test]
 async fn a_table_named_by_sql_keywords_works_for_every_step() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let pool = server.pool(2).await;
@@ -251,7 +244,7 @@ async fn a_table_named_by_sql_keywords_works_for_every_step() {
 
 #[tokio::test]
 async fn migrate_creates_the_steps_table_beside_an_existing_table() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let table = fresh_table("stepped");
@@ -332,7 +325,7 @@ async fn migrate_creates_the_steps_table_beside_an_existing_table() {
 /// altered: `migrate` then waits for no transaction that reads it.
 #[tokio::test]
 async fn migrate_adds_the_steps_retention_to_a_steps_table_of_the_previous_layout() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let table = fresh_table("relayout");
@@ -419,7 +412,7 @@ async fn migrate_adds_the_steps_retention_to_a_steps_table_of_the_previous_layou
 
 #[tokio::test]
 async fn a_recorded_step_moves_the_keys_live_steps_to_its_expiry_and_never_revives_expired_ones() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let store = store_on(server, "tower_idempotency", "step-expiry").await;
@@ -453,7 +446,7 @@ async fn a_recorded_step_moves_the_keys_live_steps_to_its_expiry_and_never_reviv
 
 #[tokio::test]
 async fn concurrent_records_of_one_step_keep_the_first() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let store = store_on(server, "tower_idempotency", "step-race").await;
@@ -492,7 +485,7 @@ async fn concurrent_records_of_one_step_keep_the_first() {
 
 #[tokio::test]
 async fn forget_keeps_the_steps_of_a_pending_claim_it_keeps() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let store = store_on(server, "tower_idempotency", "step-forget").await;
@@ -519,7 +512,7 @@ async fn forget_keeps_the_steps_of_a_pending_claim_it_keeps() {
 
 #[tokio::test]
 async fn purge_deletes_expired_steps_and_keeps_live_ones() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let table = fresh_table("purged_steps");
@@ -553,7 +546,7 @@ async fn purge_deletes_expired_steps_and_keeps_live_ones() {
 
 #[tokio::test]
 async fn prefixes_share_a_table_without_sharing_keys() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let a = store_on(server, "tower_idempotency", "app-a").await;
@@ -590,7 +583,7 @@ async fn rows_of(pool: &PgPool, table: &str, keys: &[[u8; 40]]) -> i64 {
 
 #[tokio::test]
 async fn purge_deletes_expired_rows_in_batches_and_keeps_live_ones() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let table = fresh_table("purged");
@@ -639,7 +632,7 @@ async fn purge_deletes_expired_rows_in_batches_and_keeps_live_ones() {
 
 #[tokio::test]
 async fn purge_leaves_a_row_claimed_again_in_an_open_transaction_alone() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let table = fresh_table("reclaimed");
@@ -685,7 +678,7 @@ async fn purge_leaves_a_row_claimed_again_in_an_open_transaction_alone() {
 
 #[tokio::test]
 async fn a_claim_stuck_behind_a_lock_times_out_and_the_store_recovers() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let table = fresh_table("stuck");
@@ -739,7 +732,7 @@ async fn a_claim_stuck_behind_a_lock_times_out_and_the_store_recovers() {
 
 #[tokio::test]
 async fn an_unreachable_server_is_unavailable() {
-    if shared_server().is_none() {
+    if PostgresServer::shared().is_none() {
         return;
     }
     // A port nothing listens on.
@@ -762,7 +755,7 @@ async fn an_unreachable_server_is_unavailable() {
 
 #[tokio::test]
 async fn nothing_secret_rests_in_the_table() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let table = fresh_table("at_rest");
@@ -817,7 +810,7 @@ fn contains(hay: &[u8], needle: &[u8]) -> bool {
 /// under a generous bound. The figure is quoted in BENCHMARKS.md.
 #[tokio::test]
 async fn storage_per_record() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     const N: usize = 5000;

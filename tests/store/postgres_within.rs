@@ -7,7 +7,7 @@
 #![cfg(feature = "postgres")]
 #![allow(clippy::unwrap_used)]
 
-use super::postgres_store::{fresh_table, shared_server, store_on};
+use super::postgres_store::{fresh_table, store_on};
 use crate::support::postgres_server::PostgresServer;
 use bytes::Bytes;
 use std::sync::Arc;
@@ -142,7 +142,7 @@ fn ran(outcome: &Within) -> &RecordedResponse {
 
 #[tokio::test]
 async fn the_order_and_its_record_commit_together_and_a_repeat_replays() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = engine(server, Duration::from_secs(1)).await;
@@ -171,7 +171,7 @@ async fn the_order_and_its_record_commit_together_and_a_repeat_replays() {
 
 #[tokio::test]
 async fn a_crash_during_the_work_leaves_neither_order_nor_record() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = Arc::new(engine(server, Duration::from_secs(1)).await);
@@ -209,7 +209,7 @@ async fn a_crash_during_the_work_leaves_neither_order_nor_record() {
 
 #[tokio::test]
 async fn a_crash_before_the_callers_commit_leaves_neither_order_nor_record() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = engine(server, Duration::from_secs(1)).await;
@@ -241,7 +241,7 @@ async fn a_crash_before_the_callers_commit_leaves_neither_order_nor_record() {
 #[tokio::test]
 async fn a_hundred_concurrent_duplicates_place_one_order() {
     const TASKS: u32 = 100;
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = Arc::new(engine(server, Duration::from_secs(10)).await);
@@ -298,7 +298,7 @@ async fn a_hundred_concurrent_duplicates_place_one_order() {
 
 #[tokio::test]
 async fn a_failed_work_rolls_back_and_frees_the_key() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = engine(server, Duration::from_secs(1)).await;
@@ -337,7 +337,7 @@ async fn a_failed_work_rolls_back_and_frees_the_key() {
 
 #[tokio::test]
 async fn rolling_back_the_callers_transaction_frees_the_key() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = engine(server, Duration::from_secs(1)).await;
@@ -387,7 +387,7 @@ async fn hold(
 
 #[tokio::test]
 async fn a_duplicate_waits_for_the_first_and_replays_it() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = Arc::new(engine(server, Duration::from_secs(10)).await);
@@ -419,7 +419,7 @@ async fn a_duplicate_waits_for_the_first_and_replays_it() {
 
 #[tokio::test]
 async fn a_duplicate_past_the_lock_wait_is_in_flight_and_its_transaction_goes_on() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = Arc::new(engine(server, Duration::from_millis(200)).await);
@@ -461,7 +461,7 @@ async fn a_duplicate_past_the_lock_wait_is_in_flight_and_its_transaction_goes_on
 
 #[tokio::test]
 async fn another_request_under_the_key_is_key_reused() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = engine(server, Duration::from_secs(1)).await;
@@ -495,7 +495,7 @@ async fn another_request_under_the_key_is_key_reused() {
 
 #[tokio::test]
 async fn a_repeatable_read_duplicate_that_began_before_the_commit_is_in_flight() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = engine(server, Duration::from_secs(1)).await;
@@ -539,7 +539,7 @@ async fn a_repeatable_read_duplicate_that_began_before_the_commit_is_in_flight()
 
 #[tokio::test]
 async fn the_callers_lock_timeout_is_kept_for_the_work_and_after() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = engine(server, Duration::from_millis(200)).await;
@@ -580,7 +580,7 @@ async fn the_callers_lock_timeout_is_kept_for_the_work_and_after() {
 
 #[tokio::test]
 async fn the_purge_leaves_a_row_that_a_running_transaction_claimed_again_alone() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let table = fresh_table("reclaim");
@@ -627,7 +627,7 @@ async fn the_purge_leaves_a_row_that_a_running_transaction_claimed_again_alone()
 #[tokio::test]
 async fn within_counts_each_outcome_once() {
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let recorder = DebuggingRecorder::new();
@@ -750,7 +750,7 @@ async fn engine_on_own_pool(
 
 #[tokio::test]
 async fn on_the_stores_own_pool_a_duplicate_waits_past_its_statement_timeout_and_replays() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     // The store's pool bounds its statements at 1 s; the lock wait is longer.
@@ -787,7 +787,7 @@ async fn on_the_stores_own_pool_a_duplicate_waits_past_its_statement_timeout_and
 
 #[tokio::test]
 async fn on_the_stores_own_pool_with_the_defaults_a_duplicate_past_the_lock_wait_is_in_flight() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     // Lock wait 1 s, above the pool's statement_timeout: the lock wait must answer first.
@@ -818,7 +818,7 @@ async fn on_the_stores_own_pool_with_the_defaults_a_duplicate_past_the_lock_wait
 
 #[tokio::test]
 async fn on_the_stores_own_pool_the_work_is_not_cut_by_the_stores_statement_timeout() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = engine_on_own_pool(server, Duration::from_secs(1)).await;
@@ -874,7 +874,7 @@ async fn on_the_stores_own_pool_the_work_is_not_cut_by_the_stores_statement_time
 
 #[tokio::test]
 async fn the_callers_statement_timeout_is_kept_for_the_work_and_after() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = engine(server, Duration::from_millis(200)).await;
@@ -912,7 +912,7 @@ async fn the_callers_statement_timeout_is_kept_for_the_work_and_after() {
 /// row gets its replay (its claim lost to the first's commit and is tried once more, in a new
 /// transaction).
 async fn a_waiting_duplicate_replays_under(isolation: &str) {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = Arc::new(engine(server, Duration::from_secs(20)).await);
@@ -950,7 +950,7 @@ async fn a_waiting_duplicate_replays_under_serializable() {
 /// Under `isolation` as the connections' default, the layer's claim that meets a claim being
 /// committed is told the key is taken, never that the store is down.
 async fn the_losing_claim_is_answered_not_failed_under(isolation: &str) {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let pool = pool_at(server, isolation, 6).await;
@@ -991,7 +991,7 @@ async fn the_losing_claim_is_answered_not_failed_under_serializable() {
 
 #[tokio::test]
 async fn a_serialization_failure_of_the_transaction_is_a_conflict_and_frees_the_key() {
-    let Some(server) = shared_server() else {
+    let Some(server) = PostgresServer::shared() else {
         return;
     };
     let engine = Arc::new(engine(server, Duration::from_secs(20)).await);

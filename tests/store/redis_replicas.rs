@@ -21,6 +21,12 @@ use tower_idempotency::store::redis::{RedisStore, redis};
 use tower_idempotency::store::{Claim, StepId, StepRecorded, StoreErrorKind};
 use tower_idempotency::{IdempotencyLayer, Principal, Store};
 
+/// How long a complete waits for the replica's acknowledgement where the replica is attached:
+/// seconds wide, as a busy machine may take longer than a fraction of one. Where the replica is
+/// stopped, each complete takes this long to fail. A `WAIT` is bounded by a third of the
+/// store's operation timeout, so these stores' is three times this.
+const REPLICA_ACK: Duration = Duration::from_secs(3);
+
 /// A primary and a replica in sync with it.
 fn primary_and_replica() -> (RedisServer, RedisServer) {
     let primary = RedisServer::start();
@@ -60,7 +66,8 @@ async fn a_complete_waits_for_the_replica_and_fails_without_it() {
     }
     let (primary, mut replica) = primary_and_replica();
     let store = RedisStore::builder("replicas")
-        .wait_for_replicas(1, Duration::from_millis(300))
+        .timeout(REPLICA_ACK * 3)
+        .wait_for_replicas(1, REPLICA_ACK)
         .connect(&primary.url())
         .await
         .expect("connect");
@@ -68,10 +75,7 @@ async fn a_complete_waits_for_the_replica_and_fails_without_it() {
         store.pipelining(),
         "connect pipelines: the pair goes through the outbox"
     );
-    assert_eq!(
-        store.wait_for_replicas(),
-        Some((1, Duration::from_millis(300)))
-    );
+    assert_eq!(store.wait_for_replicas(), Some((1, REPLICA_ACK)));
     let engine = Engine::new(store.clone());
     let fp = fingerprint("a");
 
@@ -119,7 +123,8 @@ async fn a_recorded_step_waits_for_the_replica_and_fails_without_it() {
     }
     let (primary, mut replica) = primary_and_replica();
     let store = RedisStore::builder("replicas-steps")
-        .wait_for_replicas(1, Duration::from_millis(300))
+        .timeout(REPLICA_ACK * 3)
+        .wait_for_replicas(1, REPLICA_ACK)
         .connect(&primary.url())
         .await
         .expect("connect");
@@ -243,7 +248,8 @@ async fn concurrent_completes_share_one_wait() {
     }
     let (primary, replica) = primary_and_replica();
     let store = RedisStore::builder("replicas-shared")
-        .wait_for_replicas(1, Duration::from_millis(500))
+        .timeout(REPLICA_ACK * 3)
+        .wait_for_replicas(1, REPLICA_ACK)
         .connect(&primary.url())
         .await
         .expect("connect");

@@ -14,7 +14,7 @@ use crate::support;
 use bytes::Bytes;
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::redis_server::{self, RedisServer, redis_key};
 use tower_idempotency::conformance::{Harness, fingerprint, random_key, record};
@@ -26,12 +26,6 @@ use tower_idempotency::{ConfigError, ConfigErrorKind};
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
 use tower_idempotency::store::{Claim, Forgotten, StepId, StepRecorded, StoreErrorKind, StoreKey};
 use tower_idempotency::{IdempotencyKey, Store};
-
-/// One server for the whole suite; the tests use random keys, so they may share it.
-fn shared_server() -> Option<&'static RedisServer> {
-    static SERVER: OnceLock<RedisServer> = OnceLock::new();
-    redis_server::available().then(|| SERVER.get_or_init(RedisServer::start))
-}
 
 struct RedisHarness {
     store: RedisStore,
@@ -52,7 +46,7 @@ impl Harness for RedisHarness {
 
 /// A fresh harness on the shared server, or `None` (skip) when no server can be run.
 fn harness() -> Option<impl Future<Output = RedisHarness>> {
-    let server = shared_server()?;
+    let server = RedisServer::shared()?;
     Some(async move {
         let store = RedisStore::connect(&server.url(), "conformance")
             .await
@@ -72,7 +66,7 @@ mod script_claims {
     use super::*;
 
     fn harness() -> Option<impl Future<Output = RedisHarness>> {
-        let server = shared_server()?;
+        let server = RedisServer::shared()?;
         Some(async move {
             let store = RedisStore::builder("conformance-script")
                 .native_claim(false)
@@ -301,7 +295,7 @@ impl redis::aio::ConnectionLike for OldRedis {
 /// claim is not refused first.
 #[tokio::test]
 async fn verify_on_a_server_before_7_0_chooses_the_claim_script() {
-    let Some(server) = shared_server() else {
+    let Some(server) = RedisServer::shared() else {
         return;
     };
     let conn = redis::Client::open(server.url())
@@ -466,7 +460,7 @@ async fn futures_join_all<F: Future>(futures: impl IntoIterator<Item = F>) -> Ve
 /// (nothing was written by the refused command) and later claims go straight to it.
 #[tokio::test]
 async fn a_server_without_set_nx_get_gets_the_claim_script() {
-    let Some(server) = shared_server() else {
+    let Some(server) = RedisServer::shared() else {
         return;
     };
     let conn = redis::Client::open(server.url())
@@ -777,7 +771,7 @@ fn signal(pid: u32, sig: &str) {
 
 #[tokio::test]
 async fn a_foreign_value_under_a_key_is_a_protocol_error_and_never_a_claim() {
-    let Some(server) = shared_server() else {
+    let Some(server) = RedisServer::shared() else {
         return;
     };
     let store = RedisStore::connect(&server.url(), "foreign")
@@ -819,7 +813,7 @@ async fn connecting_to_nothing_is_unavailable() {
 
 #[tokio::test]
 async fn verify_passes_on_a_real_server() {
-    let Some(server) = shared_server() else {
+    let Some(server) = RedisServer::shared() else {
         return;
     };
     let store = RedisStore::connect(&server.url(), "verify")
@@ -1100,7 +1094,7 @@ async fn renew_keeps_the_steps_past_the_lease_and_complete_deletes_them() {
 /// when it keeps a pending claim.
 #[tokio::test]
 async fn forget_keeps_the_steps_of_a_kept_claim() {
-    let Some(server) = shared_server() else {
+    let Some(server) = RedisServer::shared() else {
         return;
     };
     let store = RedisStore::connect(&server.url(), "steps-forget")

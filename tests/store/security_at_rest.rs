@@ -14,17 +14,11 @@ use crate::support::{http as support_http, raw_http, redis_server};
 use bytes::Bytes;
 use raw_http::{BODY, Raw, keyed, post};
 use redis_server::{RedisServer, available};
-use std::sync::OnceLock;
 use support_http::{LAYER_NS, TestServer, Work, store_key, work_fingerprint};
 use tower_idempotency::engine::RecordedResponse;
 use tower_idempotency::http::PrincipalMode;
 use tower_idempotency::store::redis::{RedisStore, redis};
 use tower_idempotency::{IdempotencyLayer, Secret};
-
-fn shared_server() -> Option<&'static RedisServer> {
-    static SERVER: OnceLock<RedisServer> = OnceLock::new();
-    available().then(|| SERVER.get_or_init(RedisServer::start))
-}
 
 async fn store(server: &RedisServer, ns: &str) -> RedisStore {
     RedisStore::connect(&server.url(), ns).await.unwrap()
@@ -100,7 +94,9 @@ async fn send(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn another_principal_or_tenant_under_the_same_key_runs_its_own_work_on_redis() {
-    let Some(redis) = shared_server() else { return };
+    let Some(redis) = RedisServer::shared() else {
+        return;
+    };
     let (server, work) = app(IdempotencyLayer::new(store(redis, "iso").await)).await;
     let callers = [
         (Some("alice"), None),
@@ -135,7 +131,9 @@ async fn another_principal_or_tenant_under_the_same_key_runs_its_own_work_on_red
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn optional_principal_mode_shares_one_anonymous_scope_on_redis() {
-    let Some(redis) = shared_server() else { return };
+    let Some(redis) = RedisServer::shared() else {
+        return;
+    };
     let layer =
         IdempotencyLayer::new(store(redis, "anon").await).principal(PrincipalMode::Optional);
     let (server, work) = app(layer).await;
@@ -261,7 +259,9 @@ fn secret(tag: u8) -> Secret {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_a_secret_records_written_by_others_are_refused_and_own_records_replay() {
-    let Some(redis) = shared_server() else { return };
+    let Some(redis) = RedisServer::shared() else {
+        return;
+    };
     let ns = "auth";
     let st = store(redis, ns).await;
     let engine_a = tower_idempotency::engine::Engine::builder(st.clone())
@@ -338,7 +338,9 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keyed_fingerprint_keeps_a_low_entropy_body_from_being_confirmed() {
-    let Some(redis) = shared_server() else { return };
+    let Some(redis) = RedisServer::shared() else {
+        return;
+    };
     let ns = "keyed-fp";
     let st = store(redis, ns).await;
     let pin_body = |pin: u32| format!(r#"{{"pin":"{pin:04}"}}"#).into_bytes();
@@ -393,7 +395,9 @@ async fn keyed_fingerprint_keeps_a_low_entropy_body_from_being_confirmed() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_secret_a_record_copied_under_another_key_replays() {
     // The default's limit, stated in RELIABILITY.md: records are not bound to their key.
-    let Some(redis) = shared_server() else { return };
+    let Some(redis) = RedisServer::shared() else {
+        return;
+    };
     let st = store(redis, "copy").await;
     let (server, work) = app(IdempotencyLayer::new(st.clone())).await;
     let req = |key: &str| post("/work", &keyed("alice", key.as_bytes()), BODY);

@@ -9,6 +9,9 @@
 //! - [`quickstart`]: the built quickstart example as a child process (memory store or Redis);
 //! - [`metrics`]: the crate's counters read back from the debugging recorder (feature `metrics`);
 //! - [`nats_server`]: `nats-server -js` on a free loopback port with a temporary store;
+//! - [`ports`], [`servers`]: one free loopback port picker; the switch that makes a missing
+//!   server a failure (`TOWER_IDEMPOTENCY_REQUIRE_SERVERS`), server directories, watchdogs;
+//! - [`stores`]: the per-store matrix ([`per_store!`](stores::per_store)): one test per store;
 //! - [`redis_server`]: `redis-server` (and clusters) spawned on free loopback ports;
 //! - [`redis_sentinel`]: a primary, a replica and three `redis-sentinel` processes on loopback;
 //! - [`postgres_server`]: a PostgreSQL server (`initdb`, `pg_ctl`) on a free loopback port;
@@ -34,7 +37,9 @@ pub(crate) mod quickstart;
 pub(crate) mod raw_http;
 pub(crate) mod redis_sentinel;
 pub(crate) mod redis_server;
+pub(crate) mod servers;
 pub(crate) mod smtp_server;
+pub(crate) mod stores;
 
 #[cfg(feature = "tonic")]
 #[path = "grpc/orders.v1.rs"]

@@ -8,48 +8,31 @@
 //! `TOWER_IDEMPOTENCY_REQUIRE_SERVERS` set (as `scripts/test.sh` does) it panics.
 
 use super::ports::free_port;
-use super::redis_server::REQUIRE_SERVERS;
-use std::io::{BufRead, BufReader, Read, Write};
+use super::servers::{self, end, temp_dir, watchdog};
+use std::io::{BufRead, BufReader, Read};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Once;
-use std::sync::atomic::{AtomicU32, Ordering};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
 /// The `nats-server` binary: on `PATH`, or where Debian installs it.
 fn binary() -> Option<PathBuf> {
-    let on_path = std::env::var_os("PATH").and_then(|paths| {
-        std::env::split_paths(&paths)
-            .map(|d| d.join("nats-server"))
-            .find(|p| p.is_file())
-    });
-    on_path.or_else(|| {
+    servers::on_path("nats-server").or_else(|| {
         let p = PathBuf::from("/usr/sbin/nats-server");
         p.is_file().then_some(p)
     })
 }
 
-/// Whether `nats-server` can be run. When it cannot: panics if [`REQUIRE_SERVERS`] is set,
-/// else prints a notice once and returns `false` (skip the test).
+/// Whether `nats-server` can be run (see [`servers::available`]).
 pub(crate) fn available() -> bool {
-    if binary().is_some() {
-        return true;
-    }
-    assert!(
-        std::env::var_os(REQUIRE_SERVERS).is_none(),
-        "{REQUIRE_SERVERS} is set but nats-server is not installed; install it (scripts/test.sh \
-         does: Debian package nats-server) or unset {REQUIRE_SERVERS}",
-    );
-    static NOTICE: Once = Once::new();
-    NOTICE.call_once(|| {
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipping: nats-server not found; run scripts/test.sh to run the NATS tests"
-        );
-    });
-    false
+    servers::available(
+        "NATS",
+        binary()
+            .is_none()
+            .then(|| "nats-server is not installed".to_owned()),
+        "install it (Debian package nats-server)",
+    )
 }
 
 /// One `nats-server -js` on a loopback port, killed on drop.
@@ -67,10 +50,7 @@ impl NatsServer {
         let mut last = String::new();
         for _ in 0..5 {
             let port = free_port(false);
-            static SEQ: AtomicU32 = AtomicU32::new(0);
-            let n = SEQ.fetch_add(1, Ordering::Relaxed);
-            let dir =
-                std::env::temp_dir().join(format!("ti-nats-{}-{n}-{port}", std::process::id()));
+            let dir = temp_dir("nats", port);
             let mut server = Self {
                 port,
                 dir,
@@ -113,14 +93,8 @@ impl NatsServer {
     }
 
     fn stop_children(&mut self) {
-        for c in [self.child.take(), self.watchdog.take()]
-            .into_iter()
-            .flatten()
-        {
-            let mut c = c;
-            let _ = c.kill(); // SIGKILL
-            let _ = c.wait();
-        }
+        end(self.child.take()); // SIGKILL
+        end(self.watchdog.take());
     }
 
     fn spawn(&mut self) -> Result<(), String> {
@@ -160,20 +134,7 @@ impl NatsServer {
             }
             sleep(Duration::from_millis(20));
         }
-        let script = format!(
-            "while kill -0 {parent} 2>/dev/null && kill -0 {server} 2>/dev/null; do sleep 1; done; \
-             kill -9 {server} 2>/dev/null; if ! kill -0 {parent} 2>/dev/null; then rm -rf '{dir}'; fi",
-            parent = std::process::id(),
-            server = child.id(),
-            dir = self.dir.display(),
-        );
-        self.watchdog = Command::new("sh")
-            .args(["-c", &script])
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .ok();
+        self.watchdog = Some(watchdog(child.id(), &self.dir, None));
         self.child = Some(child);
         Ok(())
     }

@@ -5,7 +5,8 @@
 //! bind port 0 and report its address does that instead (the quickstart, the test binary's own
 //! app processes). The servers that cannot (redis-server, redis-sentinel, nats-server,
 //! PostgreSQL, the SMTP server) are started on a port from here, and started again on another
-//! one when the bind failed.
+//! one when the bind failed. A test that needs a port to refuse connections first and to
+//! answer later holds it all along: [`Refusing`].
 
 use std::net::{Ipv4Addr, TcpListener};
 
@@ -25,4 +26,31 @@ pub(crate) fn free_port(cluster: bool) -> u16 {
         }
     }
     panic!("no free loopback port found");
+}
+
+/// A loopback port this process holds without listening on it: a connection is refused (the
+/// kernel answers it with a reset) until [`listen`](Self::listen), and no other test or server
+/// can take the port meanwhile, as it could one picked, closed and bound again later.
+#[derive(Debug)]
+pub(crate) struct Refusing(tokio::net::TcpSocket);
+
+impl Refusing {
+    /// A fresh port, held.
+    pub(crate) fn new() -> Self {
+        let socket = tokio::net::TcpSocket::new_v4().expect("a TCP socket");
+        socket
+            .bind((Ipv4Addr::LOCALHOST, 0).into())
+            .expect("bind a loopback port");
+        Self(socket)
+    }
+
+    /// The port.
+    pub(crate) fn port(&self) -> u16 {
+        self.0.local_addr().expect("local addr").port()
+    }
+
+    /// Starts listening on the port: connections are accepted from now on.
+    pub(crate) fn listen(self) -> tokio::net::TcpListener {
+        self.0.listen(1024).expect("listen on the held port")
+    }
 }

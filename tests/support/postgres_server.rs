@@ -14,16 +14,11 @@
 // Each test crate uses part of this.
 #![allow(dead_code, unreachable_pub)]
 
-use std::io::Write;
-
+use super::servers::{self, temp_dir, watchdog};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::Once;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
 use std::time::Duration;
-
-/// The environment variable that turns a missing server into a failure.
-pub const REQUIRE_SERVERS: &str = "TOWER_IDEMPOTENCY_REQUIRE_SERVERS";
 
 /// The system user the server runs as when the tests run as root.
 const SERVER_USER: &str = "postgres";
@@ -32,8 +27,9 @@ const SERVER_USER: &str = "postgres";
 /// exists).
 fn bindir() -> Option<PathBuf> {
     let has_both = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
-    let on_path = std::env::var_os("PATH")
-        .and_then(|paths| std::env::split_paths(&paths).find(|dir| has_both(dir)));
+    let on_path = servers::on_path("initdb")
+        .and_then(|initdb| Some(initdb.parent()?.to_path_buf()))
+        .filter(|dir| has_both(dir));
     let from_pg_config = || {
         let out = Command::new("pg_config").arg("--bindir").output().ok()?;
         let dir = PathBuf::from(String::from_utf8(out.stdout).ok()?.trim());
@@ -72,8 +68,7 @@ fn server_user_exists() -> bool {
         .is_ok_and(|s| s.success())
 }
 
-/// Whether a PostgreSQL server can be started. When it cannot: panics if [`REQUIRE_SERVERS`]
-/// is set, else prints a notice and returns `false` (skip the test).
+/// Whether a PostgreSQL server can be started (see [`servers::available`]).
 pub fn available() -> bool {
     let missing = match bindir() {
         None => Some("initdb and pg_ctl not found (PATH, pg_config --bindir, /usr/lib/postgresql)"),
@@ -82,22 +77,11 @@ pub fn available() -> bool {
         }
         Some(_) => None,
     };
-    let Some(missing) = missing else {
-        return true;
-    };
-    assert!(
-        std::env::var_os(REQUIRE_SERVERS).is_none(),
-        "{REQUIRE_SERVERS} is set but PostgreSQL cannot be started: {missing}; install it \
-         (scripts/test.sh does: apt-get install postgresql) or unset {REQUIRE_SERVERS}",
-    );
-    static NOTICE: Once = Once::new();
-    NOTICE.call_once(|| {
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipping: {missing}; run scripts/test.sh to run the PostgreSQL tests"
-        );
-    });
-    false
+    servers::available(
+        "PostgreSQL",
+        missing.map(str::to_owned),
+        "install it (apt-get install postgresql)",
+    )
 }
 
 /// One PostgreSQL server on a loopback port, stopped on drop.
@@ -113,6 +97,15 @@ pub struct PostgresServer {
 }
 
 impl PostgresServer {
+    /// The test binary's one shared server, started by the first test that asks (`None`: no
+    /// server can run here, skip). Its tests keep to tables of their own (a store prefix); a
+    /// test that stops, kills or reconfigures its server starts one of its own. Only the
+    /// process is shared: each `#[tokio::test]` has its own runtime, so each connects on its own.
+    pub fn shared() -> Option<&'static Self> {
+        static SERVER: OnceLock<PostgresServer> = OnceLock::new();
+        available().then(|| SERVER.get_or_init(Self::start))
+    }
+
     /// A fresh cluster on a free port, with `fsync` off and room for 250 connections.
     pub fn start() -> Self {
         Self::start_with(&[])
@@ -131,7 +124,7 @@ impl PostgresServer {
             let port = super::ports::free_port(false);
             let mut server = Self {
                 port,
-                dir: temp_dir(port),
+                dir: temp_dir("pg", port),
                 bindir: bindir.clone(),
                 as_user,
                 extra: extra.clone(),
@@ -228,7 +221,7 @@ impl PostgresServer {
             .ok()
             .and_then(|s| s.lines().next()?.trim().parse::<u32>().ok())
             .ok_or("no postmaster.pid after pg_ctl start")?;
-        self.watchdog = Some(watchdog(pid, &self.dir));
+        self.watchdog = Some(watchdog(pid, &self.dir, Some("QUIT")));
         Ok(())
     }
 
@@ -359,30 +352,4 @@ fn children(parent: u32) -> Vec<u32> {
             (ppid == parent).then_some(pid)
         })
         .collect()
-}
-
-fn temp_dir(port: u16) -> PathBuf {
-    static SEQ: AtomicU32 = AtomicU32::new(0);
-    let n = SEQ.fetch_add(1, Ordering::Relaxed);
-    std::env::temp_dir().join(format!("ti-pg-{}-{n}-{port}", std::process::id()))
-}
-
-/// A shell loop that stops the server (`SIGQUIT` to the postmaster: PostgreSQL's immediate
-/// shutdown, which ends its children too) and removes its directory once this test process is
-/// gone, so a server held in a `static` (never dropped) does not outlive the test binary.
-fn watchdog(postmaster: u32, dir: &Path) -> Child {
-    let script = format!(
-        "while kill -0 {parent} 2>/dev/null && kill -0 {postmaster} 2>/dev/null; do sleep 1; done; \
-         kill -QUIT {postmaster} 2>/dev/null; sleep 2; kill -9 {postmaster} 2>/dev/null; \
-         if ! kill -0 {parent} 2>/dev/null; then rm -rf '{dir}'; fi",
-        parent = std::process::id(),
-        dir = dir.display(),
-    );
-    Command::new("sh")
-        .args(["-c", &script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn the watchdog shell")
 }

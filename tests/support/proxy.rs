@@ -106,6 +106,11 @@ impl Proxy {
         let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
             .await
             .expect("bind the proxy");
+        Self::on(listener, target)
+    }
+
+    /// Starts a proxy accepting on `listener` in front of `127.0.0.1:target`.
+    pub(crate) fn on(listener: TcpListener, target: u16) -> Self {
         let addr = listener.local_addr().expect("proxy address");
         let (mode, _) = watch::channel(Mode::NORMAL);
         let (generation, _) = watch::channel(0u64);

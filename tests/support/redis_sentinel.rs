@@ -6,11 +6,10 @@
 //! early; with `TOWER_IDEMPOTENCY_REQUIRE_SERVERS` set (as `scripts/test.sh` does) it panics.
 
 use super::ports::free_port;
-use super::redis_server::{self, REQUIRE_SERVERS, RedisServer, run_bounded, temp_dir, watchdog};
-use std::io::Write;
+use super::redis_server::{self, RedisServer, run_bounded};
+use super::servers::{self, temp_dir, watchdog};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Once;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -25,25 +24,13 @@ pub(crate) fn available() -> bool {
     if !redis_server::available() {
         return false;
     }
-    let on_path = std::env::var_os("PATH").is_some_and(|paths| {
-        std::env::split_paths(&paths).any(|dir| dir.join("redis-sentinel").is_file())
-    });
-    if on_path {
-        return true;
-    }
-    assert!(
-        std::env::var_os(REQUIRE_SERVERS).is_none(),
-        "{REQUIRE_SERVERS} is set but redis-sentinel is not on PATH; install it (scripts/test.sh \
-         does) or unset {REQUIRE_SERVERS}",
-    );
-    static NOTICE: Once = Once::new();
-    NOTICE.call_once(|| {
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipping: redis-sentinel not found; run scripts/test.sh to run the Sentinel tests"
-        );
-    });
-    false
+    servers::available(
+        "Sentinel",
+        servers::on_path("redis-sentinel")
+            .is_none()
+            .then(|| "redis-sentinel is not on PATH".to_owned()),
+        "install it",
+    )
 }
 
 /// One `redis-sentinel` process, killed on drop.
@@ -61,7 +48,7 @@ impl Sentinel {
         // another port until the sentinel answering is this one.
         for _ in 0..5 {
             let port = free_port(false);
-            let dir = temp_dir(port);
+            let dir = temp_dir("sentinel", port);
             std::fs::create_dir_all(&dir).expect("create the sentinel's directory");
             let conf = dir.join("sentinel.conf");
             std::fs::write(
@@ -102,7 +89,7 @@ impl Sentinel {
                 let _ = std::fs::remove_dir_all(&dir);
                 continue;
             }
-            let watchdog = watchdog(child.id(), &dir);
+            let watchdog = watchdog(child.id(), &dir, None);
             return Self {
                 port,
                 dir,

@@ -6,17 +6,14 @@
 //! so a missing server is a failure there, never a skip.
 
 use super::ports::free_port;
+use super::servers::{self, end, temp_dir, watchdog};
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::Once;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::OnceLock;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
-
-/// The environment variable that turns a missing server into a failure.
-pub(crate) const REQUIRE_SERVERS: &str = "TOWER_IDEMPOTENCY_REQUIRE_SERVERS";
 
 /// The Redis key of `key` in a store whose `key_prefix()` is `prefix`: `<prefix>:{<id hex>}`,
 /// the layout the Redis store's module docs describe.
@@ -24,37 +21,17 @@ pub(crate) fn redis_key(prefix: &str, key: &tower_idempotency::store::StoreKey) 
     format!("{prefix}:{{{}}}", key.id_hex())
 }
 
-/// Whether `redis-server` and `redis-cli` can be run. When they cannot: panics if
-/// [`REQUIRE_SERVERS`] is set, else prints a notice and returns `false` (skip the test).
+/// Whether `redis-server` and `redis-cli` can be run (see [`servers::available`]).
 pub(crate) fn available() -> bool {
     let missing: Vec<&str> = ["redis-server", "redis-cli"]
         .into_iter()
-        .filter(|b| !on_path(b))
+        .filter(|b| servers::on_path(b).is_none())
         .collect();
-    if missing.is_empty() {
-        return true;
-    }
-    assert!(
-        std::env::var_os(REQUIRE_SERVERS).is_none(),
-        "{REQUIRE_SERVERS} is set but these are not on PATH: {}; install Redis (scripts/test.sh \
-         does) or unset {REQUIRE_SERVERS}",
-        missing.join(", "),
-    );
-    // Once per test binary, and past libtest's output capture (which hides what passing tests
-    // print), so a plain `cargo test` shows that the server tests did not run.
-    static NOTICE: Once = Once::new();
-    NOTICE.call_once(|| {
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipping: redis-server not found; run scripts/test.sh to run the server tests"
-        );
-    });
-    false
-}
-
-fn on_path(bin: &str) -> bool {
-    std::env::var_os("PATH")
-        .is_some_and(|paths| std::env::split_paths(&paths).any(|dir| dir.join(bin).is_file()))
+    servers::available(
+        "Redis",
+        (!missing.is_empty()).then(|| format!("not on PATH: {}", missing.join(", "))),
+        "install Redis",
+    )
 }
 
 /// One `redis-server` process on a loopback port, killed on drop.
@@ -68,6 +45,16 @@ pub(crate) struct RedisServer {
 }
 
 impl RedisServer {
+    /// The test binary's one shared standalone server, started by the first test that asks
+    /// (`None`: no server can run here, skip). Its tests keep to keys of their own (a store
+    /// prefix or random keys); a test that stops, reconfigures or counts the commands of its
+    /// server starts one of its own. Only the process is shared: each `#[tokio::test]` has its
+    /// own runtime, so each connects on its own.
+    pub(crate) fn shared() -> Option<&'static Self> {
+        static SERVER: OnceLock<RedisServer> = OnceLock::new();
+        available().then(|| SERVER.get_or_init(Self::start))
+    }
+
     /// A standalone server on a free port.
     pub(crate) fn start() -> Self {
         Self::start_with(&[])
@@ -81,7 +68,7 @@ impl RedisServer {
             let port = free_port(false);
             let mut server = Self {
                 port,
-                dir: temp_dir(port),
+                dir: temp_dir("redis", port),
                 extra: extra.clone(),
                 child: None,
                 watchdog: None,
@@ -154,14 +141,8 @@ impl RedisServer {
 
     /// Kills the server (as a crash would: no shutdown, no save).
     pub(crate) fn stop(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        if let Some(mut w) = self.watchdog.take() {
-            let _ = w.kill();
-            let _ = w.wait();
-        }
+        end(self.child.take());
+        end(self.watchdog.take());
     }
 
     /// Starts the server again on the same port (empty: persistence is off).
@@ -231,7 +212,7 @@ impl RedisServer {
             }
             sleep(Duration::from_millis(20));
         }
-        self.watchdog = Some(watchdog(child.id(), &self.dir));
+        self.watchdog = Some(watchdog(child.id(), &self.dir, None));
         self.child = Some(child);
         Ok(())
     }
@@ -259,7 +240,7 @@ impl RedisCluster {
                 let mut last = String::new();
                 for _ in 0..5 {
                     let port = free_port(true);
-                    let dir = temp_dir(port);
+                    let dir = temp_dir("redis", port);
                     let conf = dir.join(format!("nodes-{i}.conf"));
                     let extra = vec![
                         "--cluster-enabled".to_owned(),
@@ -318,30 +299,6 @@ impl RedisCluster {
     pub(crate) fn nodes(&self) -> &[RedisServer] {
         &self.nodes
     }
-}
-
-pub(crate) fn temp_dir(port: u16) -> PathBuf {
-    static SEQ: AtomicU32 = AtomicU32::new(0);
-    let n = SEQ.fetch_add(1, Ordering::Relaxed);
-    std::env::temp_dir().join(format!("ti-redis-{}-{n}-{port}", std::process::id()))
-}
-
-/// A shell loop that kills the server and removes its directory once this test process is
-/// gone, so a server held in a `static` (never dropped) does not outlive the test binary.
-pub(crate) fn watchdog(server: u32, dir: &Path) -> Child {
-    let script = format!(
-        "while kill -0 {parent} 2>/dev/null && kill -0 {server} 2>/dev/null; do sleep 1; done; \
-         kill -9 {server} 2>/dev/null; if ! kill -0 {parent} 2>/dev/null; then rm -rf '{dir}'; fi",
-        parent = std::process::id(),
-        dir = dir.display(),
-    );
-    Command::new("sh")
-        .args(["-c", &script])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn the watchdog shell")
 }
 
 /// Runs a command with a deadline; returns (success, combined output).

@@ -3,14 +3,13 @@
 //! took and tells it to stall or to answer with another reply.
 
 use std::fs;
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::sync::{Once, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 use super::ports::free_port;
-use super::redis_server::REQUIRE_SERVERS;
+use super::servers::{self, temp_dir, watchdog};
 
 /// The Python that can import `aiosmtpd` (Debian's `/usr/bin/python3` first: a `python3`
 /// earlier on `PATH`, pyenv's say, does not see Debian's packages).
@@ -28,31 +27,22 @@ fn python() -> Option<&'static str> {
     })
 }
 
-/// Whether the SMTP server can run. When it cannot: panics if [`REQUIRE_SERVERS`] is set,
-/// else prints a notice once and returns `false` (skip the test).
+/// Whether the SMTP server can run (see [`servers::available`]).
 pub(crate) fn available() -> bool {
-    if python().is_some() {
-        return true;
-    }
-    assert!(
-        std::env::var_os(REQUIRE_SERVERS).is_none(),
-        "{REQUIRE_SERVERS} is set but no python3 can import aiosmtpd; install python3-aiosmtpd \
-         (scripts/test.sh does) or unset {REQUIRE_SERVERS}"
-    );
-    static NOTICE: Once = Once::new();
-    NOTICE.call_once(|| {
-        let _ = writeln!(
-            std::io::stderr(),
-            "skipping: python3-aiosmtpd not found; run scripts/test.sh to run the SMTP tests"
-        );
-    });
-    false
+    servers::available(
+        "SMTP",
+        python()
+            .is_none()
+            .then(|| "no python3 can import aiosmtpd".to_owned()),
+        "install python3-aiosmtpd",
+    )
 }
 
 /// One SMTP server process.
 #[derive(Debug)]
 pub(crate) struct SmtpServer {
     child: Child,
+    watchdog: Child,
     dir: PathBuf,
     port: u16,
 }
@@ -71,15 +61,9 @@ impl SmtpServer {
         panic!("could not start the SMTP server: {last}");
     }
 
-    /// A server on `port`.
-    pub(crate) fn start_on(port: u16) -> Self {
-        Self::try_start_on(port).unwrap_or_else(|e| panic!("{e}"))
-    }
-
     fn try_start_on(port: u16) -> Result<Self, String> {
         let python = python().expect("check available() first");
-        let dir = std::env::temp_dir().join(format!("ti-smtp-{}-{port}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
+        let dir = temp_dir("smtp", port);
         fs::create_dir_all(&dir).expect("a temporary directory");
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/smtp_server.py");
         let child = Command::new(python)
@@ -91,7 +75,13 @@ impl SmtpServer {
             .spawn()
             .expect("start the SMTP server");
         // Dropped on failure: the child is killed and its directory removed.
-        let mut server = Self { child, dir, port };
+        let watchdog = watchdog(child.id(), &dir, None);
+        let mut server = Self {
+            child,
+            watchdog,
+            dir,
+            port,
+        };
         let deadline = Instant::now() + Duration::from_secs(10);
         // The script writes `ready` in its own directory once it listens: never another's.
         while !server.dir.join("ready").exists() {
@@ -146,6 +136,8 @@ impl Drop for SmtpServer {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        let _ = self.watchdog.kill();
+        let _ = self.watchdog.wait();
         let _ = fs::remove_dir_all(&self.dir);
     }
 }

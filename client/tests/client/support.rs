@@ -11,6 +11,8 @@ pub(crate) mod proxy;
 #[allow(unexpected_cfgs)]
 #[path = "../../../tests/support/redis_server.rs"]
 pub(crate) mod redis_server;
+#[path = "../../../tests/support/servers.rs"]
+pub(crate) mod servers;
 
 #[cfg(feature = "tonic")]
 #[path = "../../../tests/support/grpc/orders.v1.rs"]
