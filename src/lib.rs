@@ -4,6 +4,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod error;
+mod hex;
 mod metrics;
 
 pub mod engine;

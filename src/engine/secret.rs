@@ -12,8 +12,8 @@
 //! unreadable: they are answered 503 until they expire. Existing pending keys then look like
 //! other requests, answered 422, until their lease ends.
 
-use crate::engine::fingerprint::Fingerprint;
 use crate::error::{ConfigError, ConfigErrorKind};
+use crate::store::Fingerprint;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::fmt;

@@ -21,7 +21,7 @@ use super::headers::GRPC_STATUS;
 use super::rejection::Rejection;
 use crate::engine::Verdict;
 use crate::engine::record::{Draft, FieldRef};
-use crate::engine::scope::StoreKey;
+use crate::store::StoreKey;
 use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
 use http_body::Body;

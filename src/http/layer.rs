@@ -454,8 +454,7 @@ impl<St: Store> IdempotencyLayer<St> {
         key: &crate::IdempotencyKey,
         scope: &Scope,
     ) -> Result<crate::store::Forgotten, crate::store::StoreError> {
-        let store_key =
-            crate::engine::scope::StoreKey::derive(&self.state.config.namespace, scope, key);
+        let store_key = crate::store::StoreKey::derive(&self.state.config.namespace, scope, key);
         self.state.engine.forget(&store_key).await
     }
 
@@ -469,8 +468,7 @@ impl<St: Store> IdempotencyLayer<St> {
         key: &crate::IdempotencyKey,
         scope: &Scope,
     ) -> Result<crate::store::Forgotten, crate::store::StoreError> {
-        let store_key =
-            crate::engine::scope::StoreKey::derive(&self.state.config.namespace, scope, key);
+        let store_key = crate::store::StoreKey::derive(&self.state.config.namespace, scope, key);
         self.state.engine.forget_even_pending(&store_key).await
     }
 

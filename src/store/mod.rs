@@ -182,9 +182,19 @@ pub mod postgres;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
-pub use crate::engine::fingerprint::Fingerprint;
-pub use crate::engine::record::Record;
-pub use crate::engine::scope::StoreKey;
+#[cfg(feature = "macros")]
+pub(crate) mod erased;
+pub(crate) mod fingerprint;
+mod key;
+mod record;
+
+pub use fingerprint::Fingerprint;
+pub use key::StoreKey;
+pub use record::Record;
+
+/// The default largest recorded body: the engine's limit unless set, and what the memory store
+/// sizes its largest entry by.
+pub(crate) const DEFAULT_MAX_RECORD_BODY: usize = 1024 * 1024;
 pub use memory::{MemoryStats, MemoryStore, MemoryStoreBuilder};
 
 /// A backend that keeps idempotency records.
@@ -473,7 +483,7 @@ impl StepId {
 
 impl fmt::Debug for StepId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "StepId({}…)", &crate::engine::scope::hex(&self.0)[..12])
+        write!(f, "StepId({}…)", &crate::hex::encode(&self.0)[..12])
     }
 }
 
