@@ -1,5 +1,5 @@
 //! Rejections over a real TCP server: bad keys, the request body limit, store
-//! failures, full scopes and stores, and the problem+json shape (§5), plus a custom renderer.
+//! failures, full scopes and stores, and the problem+json shape, plus a custom renderer.
 
 use crate::support;
 
