@@ -498,7 +498,10 @@ mod tests {
             .with_problem_type("https://api.example.com/problems/key-reused");
         let (members, types) = members(&r.to_problem_response());
         assert_eq!(types, 1, "{members:?}");
-        assert_eq!(members["type"], "https://api.example.com/problems/key-reused");
+        assert_eq!(
+            members["type"],
+            "https://api.example.com/problems/key-reused"
+        );
         assert_eq!(members["code"], "idempotency.key_reused");
     }
 
