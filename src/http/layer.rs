@@ -407,8 +407,8 @@ impl<St: Store> IdempotencyLayer<St> {
     /// On the memory store the waiter is woken in process when the key settles. On Redis,
     /// across processes, and other stores it asks again with backoff: 10 ms doubling to 250 ms,
     /// one claim round trip each. A waiting duplicate holds its connection and a task for up to
-    /// the bound. Keep it short: a few seconds, below the clients' timeouts. A request with another fingerprint is answered 422
-    /// at once, never made to wait.
+    /// the bound. Keep it short: a few seconds, below the clients' timeouts. A request with
+    /// another fingerprint is answered 422 at once, never made to wait.
     ///
     /// ```
     /// use std::time::Duration;
