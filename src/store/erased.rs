@@ -240,3 +240,23 @@ impl Store for DynStore {
         self.0.name()
     }
 }
+
+#[cfg(all(test, feature = "postgres"))]
+mod tests {
+    use super::DynStore;
+    use crate::store::postgres::PostgresStore;
+    use sqlx::postgres::PgPoolOptions;
+
+    // `transactional::step` tells a route's store from another by looking through the erasure.
+    #[tokio::test]
+    async fn the_postgres_store_behind_the_erasure_is_found() {
+        let pool = PgPoolOptions::new()
+            .connect_lazy("postgres://nobody@127.0.0.1:1/none")
+            .expect("a lazy pool connects nowhere yet");
+        let store = PostgresStore::new(pool, "orders").expect("a valid prefix");
+        let erased = DynStore::new(store.clone());
+        let found = PostgresStore::of(&erased).expect("the store behind the erasure");
+        assert!(found.same_records(&store));
+        assert!(PostgresStore::of(&DynStore::new(crate::MemoryStore::new())).is_none());
+    }
+}
