@@ -1,9 +1,16 @@
+// The crate page. Blocks shared with the README are files of their own; scripts/readme.sh
+// checks that the README carries them byte for byte.
+#![doc = include_str!("docs/intro.md")]
 #![doc = include_str!("docs/crate.md")]
+#![doc = include_str!("docs/guarantee.md")]
+#![doc = include_str!("docs/steps.md")]
+#![doc = include_str!("docs/features.md")]
 #![doc = include_str!("docs/namespaces.md")]
 #![doc = include_str!("docs/metrics.md")]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod error;
+mod hex;
 mod metrics;
 
 pub mod engine;

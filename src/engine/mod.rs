@@ -26,7 +26,6 @@
 
 pub(crate) mod codec;
 pub(crate) mod detach;
-pub(crate) mod fingerprint;
 pub(crate) mod key;
 pub(crate) mod record;
 pub(crate) mod scope;
@@ -40,20 +39,22 @@ pub use crate::engine::codec::{BoxFuture, Codec, CodecError, CodecErrorKind, Dis
 pub use crate::engine::detach::Drain;
 pub use crate::engine::verdict::{Classify, Verdict};
 
-pub use crate::engine::fingerprint::{Fingerprint, FingerprintBuilder};
 pub use crate::engine::key::{KeyError, KeyErrorKind};
 pub use crate::engine::record::{
     Field, RecordError, RecordErrorKind, RecordTimes, RecordedResponse,
 };
 pub use crate::engine::scope::Scope;
 pub use crate::engine::steps::{StepError, StepErrorKind, Steps};
+pub use crate::store::fingerprint::{Fingerprint, FingerprintBuilder};
 
 use crate::engine::key::IdempotencyKey;
-use crate::engine::record::Record;
-use crate::engine::scope::StoreKey;
 use crate::engine::secret::Secret;
 use crate::metrics::{Op, Started, StoreTimer};
-use crate::store::{Claim, Forgotten, Store, StoreError, StoreErrorKind, Token};
+use crate::store::Record;
+use crate::store::StoreKey;
+use crate::store::{
+    Claim, DEFAULT_MAX_RECORD_BODY, Forgotten, Store, StoreError, StoreErrorKind, Token,
+};
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
@@ -65,8 +66,6 @@ use std::time::Duration;
 pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 /// The default retention of a completed record.
 pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
-/// The default largest recorded body.
-pub(crate) const DEFAULT_MAX_RECORD_BODY: usize = 1024 * 1024;
 /// The default bound on one store operation. Longer than the built-in stores' own bounds at
 /// their defaults (1 s per operation, 5 s to connect, and their retries), so it never fires
 /// before them: it is for a store of one's own that never answers.

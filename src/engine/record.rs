@@ -16,6 +16,7 @@
 //! tag:[u8; 32]                                               (present when flags & MAC)
 //! ```
 
+use crate::store::Record;
 use bytes::{BufMut, Bytes, BytesMut};
 use std::fmt;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -34,53 +35,23 @@ const KNOWN_FLAGS: u8 = FLAG_BODY | FLAG_TRAILERS | FLAG_MAC | FLAG_DEFINITIVE |
 /// The field that tags a record with the door that wrote it, for doors other than HTTP.
 const DOOR_FIELD: &[u8] = b"tower-idempotency-door";
 
-/// An encoded record: opaque bytes to a store.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Record(Bytes);
-
+// The engine's half of `Record`: the store keeps the bytes, only this module reads them.
 impl Record {
-    /// Wraps bytes read back from a store. They are validated when decoded, not here.
-    #[must_use]
-    pub fn from_bytes(bytes: Bytes) -> Self {
-        Self(bytes)
-    }
-
-    /// The encoded bytes.
-    #[must_use]
-    pub fn as_bytes(&self) -> &Bytes {
-        &self.0
-    }
-
-    /// The encoded bytes, owned.
-    #[must_use]
-    pub fn into_bytes(self) -> Bytes {
-        self.0
-    }
-
-    /// The encoded length in bytes.
-    #[must_use]
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    /// Whether the record holds no bytes at all. That is never true of an encoded response.
-    #[must_use]
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
-    }
-
     /// Decodes and validates the record, refusing bodies over `max_body` bytes.
     ///
     /// # Errors
     /// A [`RecordError`] naming the first thing that is wrong.
     pub fn decode(&self, max_body: usize) -> Result<RecordedResponse, RecordError> {
-        let content = match self.0.get(3) {
+        let content = match self.as_bytes().get(3) {
             Some(flags) if flags & FLAG_MAC != 0 => {
-                let end = self.0.len().checked_sub(crate::engine::secret::TAG_LEN);
-                self.0
+                let end = self
+                    .as_bytes()
+                    .len()
+                    .checked_sub(crate::engine::secret::TAG_LEN);
+                self.as_bytes()
                     .slice(..end.ok_or(RecordError::new("truncated record"))?)
             }
-            _ => self.0.clone(),
+            _ => self.as_bytes().clone(),
         };
         Self::decode_content(&content, max_body)
     }
@@ -91,21 +62,29 @@ impl Record {
         max_body: usize,
         secret: &crate::Secret,
         key_id: &[u8; 32],
-        fingerprint: &crate::engine::fingerprint::Fingerprint,
+        fingerprint: &crate::store::Fingerprint,
     ) -> Result<RecordedResponse, RecordError> {
-        let flags = *self.0.get(3).ok_or(RecordError::new("truncated record"))?;
+        let flags = *self
+            .as_bytes()
+            .get(3)
+            .ok_or(RecordError::new("truncated record"))?;
         if flags & FLAG_MAC == 0 {
             return Err(RecordError::unauthenticated("record is not authenticated"));
         }
         let end = self
-            .0
+            .as_bytes()
             .len()
             .checked_sub(crate::engine::secret::TAG_LEN)
             .ok_or(RecordError::new("truncated record"))?;
-        if !secret.verify(key_id, fingerprint, &self.0[..end], &self.0[end..]) {
+        if !secret.verify(
+            key_id,
+            fingerprint,
+            &self.as_bytes()[..end],
+            &self.as_bytes()[end..],
+        ) {
             return Err(RecordError::unauthenticated("record authentication failed"));
         }
-        Self::decode_content(&self.0.slice(..end), max_body)
+        Self::decode_content(&self.as_bytes().slice(..end), max_body)
     }
 
     /// Appends the tag of `secret` for this key and fingerprint.
@@ -113,15 +92,15 @@ impl Record {
         self,
         secret: &crate::Secret,
         key_id: &[u8; 32],
-        fingerprint: &crate::engine::fingerprint::Fingerprint,
+        fingerprint: &crate::store::Fingerprint,
     ) -> Self {
-        let mut bytes = BytesMut::from(self.0);
+        let mut bytes = BytesMut::from(self.into_bytes());
         if let Some(flags) = bytes.get_mut(3) {
             *flags |= FLAG_MAC;
         }
         let tag = secret.tag(key_id, fingerprint, &bytes);
         bytes.extend_from_slice(&tag);
-        Self(bytes.freeze())
+        Self::from_bytes(bytes.freeze())
     }
 
     fn decode_content(buf: &Bytes, max_body: usize) -> Result<RecordedResponse, RecordError> {
@@ -179,12 +158,6 @@ impl Record {
             definitive: flags & FLAG_DEFINITIVE != 0,
             times,
         })
-    }
-}
-
-impl fmt::Debug for Record {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Record(<{} bytes>)", self.0.len())
     }
 }
 
@@ -333,7 +306,7 @@ impl RecordedResponse {
             out.put_u64(unix_ms(t.written_at));
             out.put_u64(unix_ms(t.kept_until));
         }
-        Ok(Record(out.freeze()))
+        Ok(Record::from_bytes(out.freeze()))
     }
 }
 
@@ -509,14 +482,14 @@ impl Draft {
         mut self,
         secret: Option<&crate::Secret>,
         key_id: &[u8; 32],
-        fingerprint: &crate::engine::fingerprint::Fingerprint,
+        fingerprint: &crate::store::Fingerprint,
     ) -> Record {
         if let Some(secret) = secret {
             self.out[3] |= FLAG_MAC;
             let tag = secret.tag(key_id, fingerprint, &self.out);
             self.out.extend_from_slice(&tag);
         }
-        Record(self.out.freeze())
+        Record::from_bytes(self.out.freeze())
     }
 }
 
@@ -850,8 +823,8 @@ mod tests {
 #[cfg(test)]
 mod mac_tests {
     use super::*;
-    use crate::engine::fingerprint::Fingerprint;
     use crate::engine::secret::Secret;
+    use crate::store::Fingerprint;
 
     fn secret(b: u8) -> Secret {
         Secret::new(vec![b; 32]).unwrap()
@@ -908,8 +881,8 @@ mod mac_tests {
 #[cfg(test)]
 mod draft_tests {
     use super::*;
-    use crate::engine::fingerprint::Fingerprint;
     use crate::engine::secret::Secret;
+    use crate::store::Fingerprint;
 
     fn refs(fields: &[Field]) -> impl Iterator<Item = FieldRef<'_>> {
         fields.iter().map(|(n, v)| (&n[..], &v[..]))

@@ -6,6 +6,7 @@
 //! holds no raw key, principal or namespace.
 
 use crate::engine::key::IdempotencyKey;
+use crate::store::StoreKey;
 use sha2::{Digest, Sha256};
 use std::fmt;
 
@@ -92,15 +93,7 @@ fn opt(h: &mut Sha256, v: Option<&str>) {
     }
 }
 
-/// What a store is keyed by: the hash of the scope, for per-scope caps, and the hash of the
-/// whole key. The whole key is namespace, scope and client key. Neither hash can be turned back
-/// into its parts.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
-pub struct StoreKey {
-    scope: [u8; 32],
-    id: [u8; 32],
-}
-
+// The engine's half of `StoreKey`: deriving one from a client key.
 impl StoreKey {
     /// Derives the store key of `key` for `scope` under `namespace`.
     ///
@@ -125,40 +118,7 @@ impl StoreKey {
         h.update(STORE_KEY_DOMAIN);
         h.update(scope_hash);
         lp(&mut h, key.as_str().as_bytes());
-        Self {
-            scope: scope_hash,
-            id: h.finalize().into(),
-        }
-    }
-
-    /// A store key from its two hashes, for tests and stores that rebuild keys.
-    #[must_use]
-    pub const fn from_parts(scope: [u8; 32], id: [u8; 32]) -> Self {
-        Self { scope, id }
-    }
-
-    /// The hash of the namespace and scope, shared by every key of one caller.
-    #[must_use]
-    pub const fn scope_hash(&self) -> &[u8; 32] {
-        &self.scope
-    }
-
-    /// The hash that identifies this key. It is unique per namespace, scope and client key.
-    #[must_use]
-    pub const fn id(&self) -> &[u8; 32] {
-        &self.id
-    }
-
-    /// The id as 64 lowercase hex characters, for stores keyed by text.
-    #[must_use]
-    pub fn id_hex(&self) -> String {
-        hex(&self.id)
-    }
-}
-
-impl fmt::Debug for StoreKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "StoreKey({}…)", &hex(&self.id)[..12])
+        Self::from_parts(scope_hash, h.finalize().into())
     }
 }
 
@@ -179,12 +139,12 @@ impl DerivedKey {
         h.update(DERIVED_DOMAIN);
         scope.hash_into(&mut h, namespace);
         lp(&mut h, key.as_str().as_bytes());
-        Self(hex(&h.finalize()))
+        Self(crate::hex::encode(&h.finalize()))
     }
 
     /// The key of a SHA-256 digest made under a domain tag of its own, as a step's key.
     pub(crate) fn from_digest(digest: &[u8]) -> Self {
-        Self(hex(digest))
+        Self(crate::hex::encode(digest))
     }
 
     /// The key as 64 lowercase hex characters.
@@ -203,24 +163,6 @@ impl fmt::Debug for DerivedKey {
 impl fmt::Display for DerivedKey {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
-    }
-}
-
-pub(crate) fn hex(bytes: &[u8]) -> String {
-    let mut buf = vec![0u8; bytes.len() * 2];
-    hex_into(bytes, &mut buf);
-    // Hex digits are ASCII.
-    buf.into_iter().map(char::from).collect()
-}
-
-/// Writes `bytes` as lowercase hex into `out`, which holds exactly twice as many bytes. This
-/// is for callers that keep the digits on the stack.
-pub(crate) fn hex_into(bytes: &[u8], out: &mut [u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789abcdef";
-    debug_assert_eq!(out.len(), bytes.len() * 2);
-    for (b, pair) in bytes.iter().zip(out.chunks_exact_mut(2)) {
-        pair[0] = DIGITS[usize::from(b >> 4)];
-        pair[1] = DIGITS[usize::from(b & 0xf)];
     }
 }
 

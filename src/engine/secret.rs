@@ -1,8 +1,8 @@
 //! Optional record authentication, fingerprint and store key keying. See [`Secret`].
 
-use crate::engine::fingerprint::Fingerprint;
-use crate::engine::scope::StoreKey;
+use crate::store::StoreKey;
 use crate::error::{ConfigError, ConfigErrorKind};
+use crate::store::Fingerprint;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::fmt;

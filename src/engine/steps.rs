@@ -1,10 +1,11 @@
 //! Steps: a retry finishes partly done work instead of redoing it.
 
 use crate::engine::codec::{BoxFuture, Codec};
-use crate::engine::fingerprint::Fingerprint;
-use crate::engine::scope::{DerivedKey, StoreKey};
+use crate::engine::scope::DerivedKey;
 use crate::engine::secret::{Secret, TAG_LEN};
 use crate::metrics::{self, Op, Started, StepResult, StoreTimer};
+use crate::store::Fingerprint;
+use crate::store::StoreKey;
 use crate::store::{StepId, StepRecorded, Store, StoreError, StoreErrorKind, Token};
 use bytes::{BufMut, Bytes, BytesMut};
 use sha2::{Digest, Sha256};

@@ -21,7 +21,7 @@ use super::headers::GRPC_STATUS;
 use super::rejection::Rejection;
 use crate::engine::Verdict;
 use crate::engine::record::{Draft, FieldRef};
-use crate::engine::scope::StoreKey;
+use crate::store::StoreKey;
 use bytes::Bytes;
 use http::{HeaderMap, Response, StatusCode};
 use http_body::Body;
@@ -67,7 +67,7 @@ pub(crate) enum Outcome<B: Body> {
     /// Recorded now, then sent. The body was read whole.
     Record(Response<ResponseBody<B>>, Draft),
     /// Sent on before its body has ended. It is recorded once the body has ended, and released
-    /// if it fails. See DESIGN §3 step 9.
+    /// if it fails.
     RecordAtEnd(Response<ResponseBody<B>>, Draft),
 }
 

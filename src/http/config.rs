@@ -237,7 +237,7 @@ impl Config {
         &self,
         scope: &crate::engine::Scope,
         key: &crate::IdempotencyKey,
-    ) -> crate::engine::scope::StoreKey {
+    ) -> crate::store::StoreKey {
         crate::engine::store_key(self.secret.as_ref(), &self.namespace, scope, key)
     }
 

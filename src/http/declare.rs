@@ -19,10 +19,10 @@ use http::Response;
 /// | `Record` | recorded, whatever the status (200–599 but 304) and whatever its body does | is replayed this response |
 /// | `Hold` | neither: pending until its lease lapses | gets 409 until then, runs again after |
 ///
-/// **Why a 5xx may be recorded.** By default a 5xx is released. Most 5xx mean the work did
-/// not happen: a database down, a dependency timing out. A retry is the cure. The IETF
-/// `Idempotency-Key` draft leaves it to the resource whether an error response is stored.
-/// Only the resource knows whether the error came before or after the side effect. A handler
+/// **Why a 5xx may be recorded.** The IETF `Idempotency-Key` draft says a server should
+/// answer a repeat with the first request's result, success or error. By default this layer
+/// releases a 5xx instead: most 5xx mean the work did not happen, a database down or a
+/// dependency timing out, and a retry is the cure. Only the resource knows whether the error came before or after the side effect. A handler
 /// that failed *after* an effect it cannot undo must not run again on retry: the charge went
 /// through, writing the order failed. Declare the 500 `Record`, and the retry gets the same
 /// 500 instead of a second charge. A handler that cannot tell whether the effect happened

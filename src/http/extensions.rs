@@ -1,8 +1,9 @@
 //! What the layer puts into a request's extensions for the handler and the axum extractors.
 
 use crate::engine::key::IdempotencyKey;
-use crate::engine::scope::{DerivedKey, Scope, StoreKey};
+use crate::engine::scope::{DerivedKey, Scope};
 use crate::engine::steps::{ClaimCell, StepSource, Steps};
+use crate::store::StoreKey;
 use std::fmt;
 use std::sync::Arc;
 

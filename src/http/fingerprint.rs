@@ -3,7 +3,7 @@
 
 #[cfg(feature = "json")]
 use super::json::{JsonField, is_json};
-use crate::engine::fingerprint::Fingerprint;
+use crate::store::Fingerprint;
 use bytes::Bytes;
 use http::HeaderName;
 use http::request::Parts;

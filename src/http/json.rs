@@ -579,7 +579,7 @@ impl<'a> Parser<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::engine::fingerprint::Fingerprint;
+    use crate::store::Fingerprint;
     use proptest::prelude::*;
 
     fn fp(body: &str) -> Option<Fingerprint> {

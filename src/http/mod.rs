@@ -28,7 +28,8 @@
 //!    content-type and body. [`Fingerprinting`] widens or narrows what counts.
 //! 7. The store key is a domain-separated hash of namespace, tenant, principal and key.
 //! 8. Claim. Nothing found: run. Pending with the same fingerprint: 409, with a `Retry-After`
-//!    from the lease left. Or, with [`wait_in_flight`](IdempotencyLayer::wait_in_flight), a
+//!    of the lease left, at most a third of the lease (one renewal period: 20 s for the default
+//!    60 s lease), 1 s when the store cannot tell. Or, with [`wait_in_flight`](IdempotencyLayer::wait_in_flight), a
 //!    wait for the first run and its replay. Done with the same fingerprint: replay. Another
 //!    fingerprint: 422. A store failure: 503, the handler not run. A full scope: 429. A full
 //!    store: 503.
@@ -48,6 +49,12 @@
 //! The key then stays pending until its lease lapses: 409 until then, a re-run after. A
 //! recorded header or trailer too long for a record, a value over 64 KiB, is left out of the
 //! record, and a warning names it.
+//!
+//! A run whose lease lapsed may find its key taken: the store was out of reach for longer than
+//! the lease, say, and a retry claimed the key and ran the handler again. Each of the two
+//! callers gets the response of its own run. Only the run that holds the key when it ends is
+//! recorded, so every later retry is replayed that one, the winner's. The run that lost its
+//! lease records nothing (`lease_lost` in the [metrics](crate#metrics)).
 //!
 //! # When the caller goes away
 //!

@@ -73,6 +73,44 @@ impl RejectionKind {
         }
     }
 
+    /// The problem type: a URI naming this case, sent as the problem document's `type`. It is
+    /// this variant's page on docs.rs, so a caller who follows it reads what the case means.
+    /// [`Rejection::with_problem_type`] sends another.
+    ///
+    /// ```
+    /// use tower_idempotency::http::RejectionKind;
+    ///
+    /// assert_eq!(
+    ///     RejectionKind::InFlight.problem_type(),
+    ///     "https://docs.rs/tower-idempotency/latest/tower_idempotency/http/enum.RejectionKind.html#variant.InFlight",
+    /// );
+    /// ```
+    #[must_use]
+    pub fn problem_type(self) -> &'static str {
+        macro_rules! doc_page {
+            ($variant:literal) => {
+                concat!(
+                    "https://docs.rs/tower-idempotency/latest/tower_idempotency/http/",
+                    "enum.RejectionKind.html#variant.",
+                    $variant
+                )
+            };
+        }
+        match self {
+            Self::KeyMissing => doc_page!("KeyMissing"),
+            Self::KeyInvalid => doc_page!("KeyInvalid"),
+            Self::PrincipalMissing => doc_page!("PrincipalMissing"),
+            Self::InFlight => doc_page!("InFlight"),
+            Self::KeyReused => doc_page!("KeyReused"),
+            Self::BodyTooLarge => doc_page!("BodyTooLarge"),
+            Self::BodyUnreadable => doc_page!("BodyUnreadable"),
+            Self::Store => doc_page!("Store"),
+            Self::ScopeFull => doc_page!("ScopeFull"),
+            Self::StoreFull => doc_page!("StoreFull"),
+            Self::RecordInvalid => doc_page!("RecordInvalid"),
+        }
+    }
+
     /// Whether a retry of the same request may succeed: in flight, store failure, full
     /// scope or store.
     #[must_use]
@@ -153,6 +191,7 @@ pub struct Rejection {
     kind: RejectionKind,
     detail: Cow<'static, str>,
     retry_after: Option<Duration>,
+    problem_type: Option<Cow<'static, str>>,
 }
 
 impl Rejection {
@@ -171,6 +210,7 @@ impl Rejection {
             kind,
             detail: detail.into(),
             retry_after: None,
+            problem_type: None,
         }
     }
 
@@ -187,6 +227,35 @@ impl Rejection {
     pub fn with_retry_after(mut self, after: Duration) -> Self {
         self.retry_after = Some(after);
         self
+    }
+
+    /// The same rejection with another problem type: a URI of your own documentation, sent as
+    /// the problem document's `type` instead of [`RejectionKind::problem_type`]. Set it where
+    /// the layer renders rejections, with [`render_rejection`](crate::IdempotencyLayer::render_rejection):
+    ///
+    /// ```
+    /// use tower_idempotency::IdempotencyLayer;
+    ///
+    /// let layer = IdempotencyLayer::default().render_rejection(|r| {
+    ///     let kind = r.code().trim_start_matches("idempotency.");
+    ///     r.clone()
+    ///         .with_problem_type(format!("https://api.example.com/problems/{kind}"))
+    ///         .to_problem_response()
+    /// });
+    /// ```
+    #[must_use]
+    pub fn with_problem_type(mut self, uri: impl Into<Cow<'static, str>>) -> Self {
+        self.problem_type = Some(uri.into());
+        self
+    }
+
+    /// The problem type sent as `type`: the one set by [`with_problem_type`](Self::with_problem_type),
+    /// else [`RejectionKind::problem_type`].
+    #[must_use]
+    pub fn problem_type(&self) -> &str {
+        self.problem_type
+            .as_deref()
+            .unwrap_or_else(|| self.kind.problem_type())
     }
 
     /// Which case this is.
@@ -225,18 +294,33 @@ impl Rejection {
         self.retry_after
     }
 
-    /// The default rendering: `application/problem+json` with `type`, `title`, `status`,
-    /// `detail` and `code`, plus `Cache-Control: no-store` and `Retry-After` when set.
+    /// The default rendering: `application/problem+json` with `type` (the
+    /// [`problem_type`](Self::problem_type)), `title`, `status`, `detail` and `code`, plus
+    /// `Cache-Control: no-store` and `Retry-After` when set.
+    ///
+    /// ```
+    /// use tower_idempotency::http::{Rejection, RejectionKind};
+    ///
+    /// let res = Rejection::new(RejectionKind::KeyMissing, "send an Idempotency-Key").to_problem_response();
+    /// let body = std::str::from_utf8(res.body()).unwrap();
+    /// assert!(body.contains(r#""type":"https://docs.rs/tower-idempotency/"#));
+    /// assert!(body.contains(r#""code":"idempotency.key_missing""#));
+    /// ```
     #[must_use]
     pub fn to_problem_response(&self) -> Response<Bytes> {
+        // `type` is written as an extension: any URI reference, fragment included, goes out
+        // as given, where the problem crate's own field would parse it as an HTTP URI.
         #[derive(Serialize)]
-        struct Code {
+        struct Members<'a> {
+            #[serde(rename = "type")]
+            problem_type: &'a str,
             code: &'static str,
         }
         let problem = problem_details::ProblemDetails::from_status_code(self.status())
             .with_title(self.kind.title())
             .with_detail(self.detail.as_ref())
-            .with_extensions(Code {
+            .with_extensions(Members {
+                problem_type: self.problem_type(),
                 code: self.kind.code(),
             });
         let body = problem_details::JsonProblemDetails::from(problem)
@@ -369,6 +453,56 @@ mod tests {
         assert_eq!(h["grpc-status"], "10");
         assert_eq!(h["grpc-message"], "idempotency.in_flight: busy 100%25");
         assert_eq!(h["grpc-retry-pushback-ms"], "1000");
+    }
+
+    /// The problem document's members, and how many times `type` appears in it.
+    fn members(res: &Response<Bytes>) -> (serde_json::Map<String, serde_json::Value>, usize) {
+        let body = std::str::from_utf8(res.body()).expect("utf-8");
+        let members = serde_json::from_str(body).expect("a JSON object");
+        (members, body.matches(r#""type":"#).count())
+    }
+
+    #[test]
+    fn every_problem_document_has_one_type_per_code() {
+        use RejectionKind::*;
+        let kinds = [
+            KeyMissing,
+            KeyInvalid,
+            PrincipalMissing,
+            InFlight,
+            KeyReused,
+            BodyTooLarge,
+            BodyUnreadable,
+            Store,
+            ScopeFull,
+            StoreFull,
+            RecordInvalid,
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for kind in kinds {
+            let res = Rejection::new(kind, "d").to_problem_response();
+            let (members, types) = members(&res);
+            assert_eq!(types, 1, "{kind}: one `type` member in {members:?}");
+            let ty = members["type"].as_str().expect("a string").to_owned();
+            assert_eq!(ty, kind.problem_type(), "{kind}");
+            assert_eq!(members["code"], kind.code(), "{kind}");
+            assert!(ty.starts_with("https://"), "{kind}: an absolute URI");
+            assert!(!ty.contains(' ') && !ty.contains('"'), "{kind}");
+            assert!(seen.insert(ty.clone()), "{kind}: its own type");
+        }
+    }
+
+    #[test]
+    fn a_problem_type_of_your_own_replaces_the_default() {
+        let r = Rejection::new(RejectionKind::KeyReused, "d")
+            .with_problem_type("https://api.example.com/problems/key-reused");
+        let (members, types) = members(&r.to_problem_response());
+        assert_eq!(types, 1, "{members:?}");
+        assert_eq!(
+            members["type"],
+            "https://api.example.com/problems/key-reused"
+        );
+        assert_eq!(members["code"], "idempotency.key_reused");
     }
 
     #[test]

@@ -162,7 +162,7 @@ impl MessageKey {
             }
         }
         lp(&mut h, body);
-        let hex = crate::engine::scope::hex(&h.finalize());
+        let hex = crate::hex::encode(&h.finalize());
         // 64 hex digits are always a valid key.
         let key = IdempotencyKey::with_max_len(&hex, DEFAULT_MAX_KEY_LEN)
             .unwrap_or_else(|_| unreachable!("hex digits form a key"));
@@ -187,7 +187,7 @@ impl MessageKey {
         let mut h = Sha256::new();
         h.update(HASHED_DOMAIN);
         lp(&mut h, value);
-        let hex = crate::engine::scope::hex(&h.finalize());
+        let hex = crate::hex::encode(&h.finalize());
         let key = IdempotencyKey::with_max_len(&hex, DEFAULT_MAX_KEY_LEN)
             .unwrap_or_else(|_| unreachable!("hex digits form a key"));
         Self(Kind::Digest(key))

@@ -3,13 +3,14 @@
 use super::error::{Fate, MessageError};
 use super::key::{HeaderOrHash, KeyStrategy, Message, MessageKey};
 use crate::engine::detach::Drain;
-use crate::engine::scope::{Scope, StoreKey};
+use crate::engine::scope::Scope;
 use crate::engine::steps::Found;
 use crate::engine::{
     Begin, BoxFuture, Classify, Codec, Discard, Engine, Fingerprint, RecordedResponse, Ticket,
     Verdict,
 };
 use crate::metrics::{Door, Outcome, Settled, request, settled};
+use crate::store::StoreKey;
 use crate::store::{Forgotten, Store, StoreError};
 use bytes::Bytes;
 use std::collections::HashSet;

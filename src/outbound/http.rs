@@ -66,12 +66,12 @@ use super::classify::never_sent;
 use super::identify::{Identify, Identity};
 use super::service::{SendOnce, SendOnceLayer};
 use crate::engine::key::IdempotencyKey;
-use crate::engine::record::Record;
 use crate::engine::scope::DerivedKey;
 use crate::engine::{
     BoxFuture, Classify, Codec, CodecError, CodecErrorKind, Engine, Fingerprint, KeyError, Raw,
     RecordedResponse, Scope, Verdict,
 };
+use crate::store::Record;
 use crate::store::Store;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, RETRY_AFTER};

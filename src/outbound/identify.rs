@@ -1,7 +1,7 @@
 //! What an outgoing request is sent under: its key and its fingerprint.
 
-use crate::engine::fingerprint::Fingerprint;
 use crate::engine::key::{IdempotencyKey, KeyError};
+use crate::store::Fingerprint;
 
 /// The key a request is sent under and the fingerprint that tells it from another request.
 #[derive(Clone, Debug)]

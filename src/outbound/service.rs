@@ -3,13 +3,13 @@
 use super::classify::DefaultClassifier;
 use super::delivery::{Delivery, OutboundError, Unknown};
 use super::identify::{Identify, Identity};
-use crate::engine::scope::StoreKey;
 use crate::engine::{
     Begin, BoxFuture, Classify, Codec, Engine, Raw, RecordError, RecordedResponse, Scope, Ticket,
     Verdict,
 };
 use crate::metrics::{self, Outcome, Settled};
 use crate::store::Store;
+use crate::store::StoreKey;
 use bytes::Bytes;
 use std::future::Future;
 use std::sync::Arc;

@@ -18,7 +18,8 @@
 //!
 //! # The contract
 //!
-//! Three atomic operations and a lease renewal, each one round trip on a networked store:
+//! Five operations every store implements, each atomic and one round trip on a networked store:
+//! three for a request, a lease renewal, and one for an operator:
 //!
 //! | operation | does |
 //! | --- | --- |
@@ -26,13 +27,20 @@
 //! | [`complete`](Store::complete) | store the key *done* with the record for `ttl`, only if the token still holds it (or nothing does) |
 //! | [`release`](Store::release) | delete the key, only if the token holds it pending |
 //! | [`renew`](Store::renew) | extend a pending lease, only if the token holds it |
+//! | [`forget`](Store::forget) | delete the key's record and steps so the key can be used again; a live pending claim only when asked |
 //!
-//! Two more keep the [`Steps`](crate::Steps) of a request's work, each one round trip too:
+//! Three more keep the [`Steps`](crate::Steps) of a request's work, each one round trip too.
+//! They have defaults: a store without steps answers [`StoreErrorKind::Unsupported`].
 //!
 //! | operation | does |
 //! | --- | --- |
 //! | [`record_step`](Store::record_step) | record one step under the key, unless it is recorded: the first record wins |
+//! | [`prepare_step`](Store::prepare_step) | before a step acts: whether the token still holds the key (by default, [`renew`](Store::renew)) |
 //! | [`steps`](Store::steps) | every step recorded under the key, read when a handler first runs a step |
+//!
+//! The rest have defaults too: [`lease_left`](Store::lease_left) for a 409's `Retry-After`,
+//! [`notifies_settled`](Store::notifies_settled) and [`wait_settled`](Store::wait_settled) for
+//! a repeat that waits on a run in flight, and [`name`](Store::name) for the metrics.
 //!
 //! The token fences a claim. Once a lease has lapsed and another claimant holds the key, the
 //! first holder's late `complete` or `release` leaves the new holder alone. The store never
@@ -42,10 +50,10 @@
 //!
 //! # Your own store
 //!
-//! A store for another backend implements the four operations. Everything the [`Store`] trait
-//! names is in this module. The two for steps are optional: without them, a handler's steps
-//! fail with a clear error, and nothing else changes. This one keeps records in a `HashMap` behind a mutex, with expiry
-//! on the process clock. A database would use its own clock, so that every replica agrees:
+//! A store for another backend implements the five operations. Everything the [`Store`] trait
+//! names is in this module. The three for steps are optional: without them, a handler's steps
+//! fail with a clear error, and nothing else changes. This one keeps records in a `HashMap`
+//! behind a mutex, with expiry on the process clock. A database would use its own clock, so that every replica agrees:
 //!
 //! ```
 //! use std::collections::HashMap;
@@ -182,9 +190,19 @@ pub mod postgres;
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
 
-pub use crate::engine::fingerprint::Fingerprint;
-pub use crate::engine::record::Record;
-pub use crate::engine::scope::StoreKey;
+#[cfg(feature = "macros")]
+pub(crate) mod erased;
+pub(crate) mod fingerprint;
+mod key;
+mod record;
+
+pub use fingerprint::Fingerprint;
+pub use key::StoreKey;
+pub use record::Record;
+
+/// The default largest recorded body: the engine's limit unless set, and what the memory store
+/// sizes its largest entry by.
+pub(crate) const DEFAULT_MAX_RECORD_BODY: usize = 1024 * 1024;
 pub use memory::{MemoryStats, MemoryStore, MemoryStoreBuilder};
 
 /// A backend that keeps idempotency records.
@@ -473,7 +491,7 @@ impl StepId {
 
 impl fmt::Debug for StepId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "StepId({}…)", &crate::engine::scope::hex(&self.0)[..12])
+        write!(f, "StepId({}…)", &crate::hex::encode(&self.0)[..12])
     }
 }
 

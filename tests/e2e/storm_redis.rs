@@ -4,7 +4,7 @@
 //! every answer must be the original 201, a replay of it, or a 409.
 //!
 //! Size: `STORM_KEYS` (default 500) × `STORM_DUPLICATES` (default 20), a few seconds in a
-//! debug build. The issue's full size, 1 000 × 50 (50 000 requests), takes 25–40 s in a debug
+//! debug build. The full size, 1 000 × 50 (50 000 requests), takes 25–40 s in a debug
 //! build on two cores, too long for every test run; run it with
 //!
 //! ```text

@@ -1,5 +1,5 @@
 //! Rejections over a real TCP server: bad keys, the request body limit, store
-//! failures, full scopes and stores, and the problem+json shape (§5), plus a custom renderer.
+//! failures, full scopes and stores, and the problem+json shape, plus a custom renderer.
 
 use crate::support;
 
@@ -438,6 +438,11 @@ async fn rejection_is_problem_json_with_no_store_and_a_stable_code() {
     assert_eq!(json["status"], 400, "{json}");
     assert_eq!(json["code"], "idempotency.key_missing", "{json}");
     assert_eq!(
+        json["type"],
+        "https://docs.rs/tower-idempotency/latest/tower_idempotency/http/enum.RejectionKind.html#variant.KeyMissing",
+        "the problem type names the case: {json}"
+    );
+    assert_eq!(
         json["title"],
         RejectionKind::KeyMissing.title(),
         "the title is the kind's title: {json}"
@@ -513,6 +518,27 @@ async fn custom_renderer_is_used_for_rejections() {
     let ok = send(server.post("/work", BODY).principal("alice").key("k1")).await;
     assert_eq!(ok.status, 201);
     assert!(ok.header("x-custom").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_problem_type_of_your_own_is_sent_through_render_rejection() {
+    let layer = IdempotencyLayer::new(SpyStore::new()).render_rejection(|r| {
+        let case = r.code().trim_start_matches("idempotency.");
+        r.clone()
+            .with_problem_type(format!("https://api.example.com/problems/{case}"))
+            .to_problem_response()
+    });
+    let (server, work) = server_with(layer).await;
+    let a = send(server.post("/work", BODY).principal("alice")).await;
+    assert_eq!(a.status, 400, "{}", a.describe());
+    assert_eq!(a.header("content-type"), Some("application/problem+json"));
+    let json = a.json();
+    assert_eq!(
+        json["type"], "https://api.example.com/problems/key_missing",
+        "{json}"
+    );
+    assert_eq!(json["code"], "idempotency.key_missing", "{json}");
+    assert_eq!(work.executions(), 0);
 }
 
 async fn rejection_via_oneshot<St: tower_idempotency::Store>(

@@ -1,5 +1,5 @@
 //! After the handler (what is recorded, what is released) and what a
-//! replay carries (§4: allowed and denied headers, repeated lines, response modes, records that
+//! replay carries (allowed and denied headers, repeated lines, response modes, records that
 //! fail re-validation), over a real TCP server.
 
 use crate::support;
@@ -491,7 +491,7 @@ async fn failed_complete_still_answers_the_handlers_response_and_the_key_stays_p
 }
 
 // ---------------------------------------------------------------------------------------------
-// §4: what a replay carries
+// what a replay carries
 // ---------------------------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -845,7 +845,7 @@ async fn response_with_a_header_too_long_to_record_is_recorded_without_it() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// §4: re-validation at replay
+// re-validation at replay
 // ---------------------------------------------------------------------------------------------
 
 /// Plants `record` for alice's `key` with the fingerprint of `POST /work` + [`BODY`], then
@@ -1022,7 +1022,7 @@ async fn a_rotated_secret_finds_old_records_and_runs_nothing_again() {
 }
 
 // ---------------------------------------------------------------------------------------------
-// §4: trailers pass the allow and deny lists
+// trailers pass the allow and deny lists
 // ---------------------------------------------------------------------------------------------
 
 /// A response body of one data frame, then trailers.

@@ -1086,11 +1086,12 @@ fn redis_store_matches_the_model_b() {
 #[cfg(feature = "postgres")]
 mod postgres_model {
     use super::*;
-    use crate::postgres_store::{fresh_table, shared_server, store_on};
+    use crate::support::postgres_server::PostgresServer;
+    use crate::postgres_store::{fresh_table, store_on};
 
     /// Runs `cases` cases on a table of their own; each case uses fresh random keys.
     pub(super) fn run(cases: u32) {
-        let Some(server) = shared_server() else {
+        let Some(server) = PostgresServer::shared() else {
             return;
         };
         let rt = runtime();

@@ -237,7 +237,7 @@ impl MemoryStoreBuilder {
             #[cfg(feature = "metrics")]
             reported: std::sync::atomic::AtomicU64::new(0),
             #[cfg(feature = "metrics")]
-            share: crate::metrics::MemoryShare::default(),
+            share: super::share::MemoryShare::default(),
         }
     }
 }

@@ -4,7 +4,7 @@
 use super::budget::Usage;
 use super::shard::{Op, Shard, Short, Visit};
 use super::slab::{NIL, State, at};
-use crate::engine::scope::StoreKey;
+use crate::store::StoreKey;
 use crate::store::{StoreError, StoreErrorKind};
 use std::sync::atomic::Ordering::Relaxed;
 

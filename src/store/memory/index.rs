@@ -8,9 +8,9 @@
 use super::ENTRY_OVERHEAD;
 use super::budget::Usage;
 use super::shard::Shard;
-use crate::engine::fingerprint::Fingerprint;
-use crate::engine::record::Record;
-use crate::engine::scope::StoreKey;
+use crate::store::Fingerprint;
+use crate::store::Record;
+use crate::store::StoreKey;
 use crate::store::{StoreError, StoreErrorKind};
 use std::hash::BuildHasher;
 

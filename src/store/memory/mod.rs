@@ -173,6 +173,8 @@ mod builder;
 mod evict;
 mod index;
 mod shard;
+#[cfg(feature = "metrics")]
+mod share;
 mod slab;
 mod stats;
 mod steps;
@@ -185,9 +187,9 @@ pub use builder::MemoryStoreBuilder;
 pub use stats::MemoryStats;
 
 use super::{Claim, Forgotten, StepId, StepRecorded, Store, StoreError, StoreErrorKind, Token};
-use crate::engine::fingerprint::Fingerprint;
-use crate::engine::record::Record;
-use crate::engine::scope::StoreKey;
+use crate::store::Fingerprint;
+use crate::store::Record;
+use crate::store::StoreKey;
 use crate::store::clock::Clock;
 #[cfg(doc)]
 use crate::store::clock::TokioClock;
@@ -207,7 +209,7 @@ pub(crate) const DEFAULT_MAX_BYTES: usize = 64 * 1024 * 1024;
 /// The default size of the largest record the store must be able to hold: the engine's default
 /// body limit plus 64 KiB for the status, headers and trailers.
 pub(crate) const DEFAULT_MAX_RECORD_BYTES: usize =
-    crate::engine::DEFAULT_MAX_RECORD_BODY + 64 * 1024;
+    crate::store::DEFAULT_MAX_RECORD_BODY + 64 * 1024;
 /// The default share of the store one scope may hold under pending claims: a tenth of
 /// `max_entries` and of `max_bytes`. So it takes ten callers whose work never finishes to fill
 /// the store with what nothing may drop, while one caller may still have thousands of requests
@@ -236,7 +238,7 @@ pub struct MemoryStore {
     reported: std::sync::atomic::AtomicU64,
     /// What this store last added to the gauges.
     #[cfg(feature = "metrics")]
-    share: crate::metrics::MemoryShare,
+    share: share::MemoryShare,
 }
 
 /// A store that goes takes its figures out of the gauges.

@@ -1,8 +1,8 @@
 //! The slab's entries and scope slots: the data a shard keeps, with no behaviour of a shard
 //! (that is in `index.rs`, `shard.rs` and `evict.rs`).
 
-use crate::engine::fingerprint::Fingerprint;
-use crate::engine::record::Record;
+use crate::store::Fingerprint;
+use crate::store::Record;
 use crate::store::{StepId, Token};
 use bytes::Bytes;
 

@@ -2,8 +2,7 @@
 
 use super::connections::{CHECK_AFTER_IDLE, Connections};
 use super::error::OpError;
-use super::sql::{self, Statements};
-use super::transaction::STORE_TIMEOUT_SETTING;
+use super::sql::{self, DURABLE_COMMITS, STORE_TIMEOUT_SETTING, Statements};
 use super::{CONNECT_TIMEOUT, DEFAULT_LOCK_TIMEOUT, DEFAULT_TABLE, DEFAULT_TIMEOUT, PostgresStore};
 use crate::error::ConfigError;
 use crate::store::{StoreError, StoreErrorKind};
@@ -15,12 +14,6 @@ use std::time::Duration;
 
 /// Connections of a pool made by [`PostgresStoreBuilder::connect`].
 const POOL_SIZE: u32 = 10;
-
-/// Run on each new connection of a pool made by [`PostgresStoreBuilder::connect`]: a commit
-/// waits for its write-ahead log record where the server's default would not. Stronger
-/// settings (`remote_write`, `remote_apply`) are kept.
-pub(super) const DURABLE_COMMITS: &str = "SELECT set_config('synchronous_commit', 'on', false) \
-     WHERE current_setting('synchronous_commit') = 'off'";
 
 /// The `statement_timeout` of the store's connections: four fifths of the operation timeout. The
 /// server then cancels a slow statement and answers before the store gives up on it, and the

@@ -8,8 +8,8 @@
 //! back, and the idle ones are checked before their next operation: a shutdown or a switchover ends
 //! them all. A new connection keeps `synchronous_commit` on, as the pool's do.
 
-use super::builder::DURABLE_COMMITS;
 use super::error::keeps_connection;
+use super::sql::DURABLE_COMMITS;
 use sqlx::Connection;
 use sqlx::postgres::{PgConnectOptions, PgConnection};
 use std::sync::{Mutex, PoisonError};

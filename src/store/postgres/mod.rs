@@ -205,9 +205,9 @@
 //! [`StoreErrorKind`]: crate::store::StoreErrorKind
 
 use super::{Claim, Forgotten, StepId, StepRecorded, Store, StoreError, Token};
-use crate::engine::fingerprint::Fingerprint;
-use crate::engine::record::Record;
-use crate::engine::scope::StoreKey;
+use crate::store::Fingerprint;
+use crate::store::Record;
+use crate::store::StoreKey;
 use bytes::Bytes;
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::{PgConnection, PgPool, PgRow, Postgres};
@@ -220,16 +220,14 @@ mod builder;
 mod connections;
 mod error;
 mod maintenance;
-mod sql;
-mod transaction;
+pub(crate) mod sql;
 
 use self::connections::{Connections, Taken};
 pub(crate) use self::error::OpError;
-use self::error::protocol;
+pub(crate) use self::error::protocol;
 use self::sql::{KeyBytes, Statements};
 
 pub use self::builder::PostgresStoreBuilder;
-pub(crate) use self::transaction::{Held, Lifted};
 /// The `sqlx` crate this store is built on, for pools, connections and transactions of your
 /// own.
 pub use ::sqlx;
@@ -251,7 +249,7 @@ pub(crate) const PURGE_BATCH: i64 = 1000;
 
 /// Claims sent for one step at most. A claim is sent again only when it raced another claim of
 /// the same key. The same bound holds for recording a step of the work.
-const CLAIM_ATTEMPTS: usize = 4;
+pub(crate) const CLAIM_ATTEMPTS: usize = 4;
 
 /// Times a step is sent at most when PostgreSQL keeps rolling it back for concurrent
 /// transactions. Each try is its own transaction, with a fresh snapshot.
@@ -269,9 +267,9 @@ pub struct PostgresStore {
     /// connections from `pool`.
     steps: Option<Arc<Connections>>,
     prefix: [u8; 8],
-    sql: Arc<Statements>,
-    timeout: Duration,
-    lock_timeout: Duration,
+    pub(crate) sql: Arc<Statements>,
+    pub(crate) timeout: Duration,
+    pub(crate) lock_timeout: Duration,
 }
 
 impl PostgresStore {
@@ -285,7 +283,7 @@ impl PostgresStore {
             return Some(s);
         }
         #[cfg(feature = "macros")]
-        if let Some(s) = store.downcast_ref::<crate::http::route::DynStore>() {
+        if let Some(s) = store.downcast_ref::<crate::store::erased::DynStore>() {
             return Self::of(s.as_any());
         }
         None
@@ -452,7 +450,7 @@ impl PostgresStore {
     }
 
     /// One claim statement: `None` when it raced a claim its snapshot could not see.
-    async fn claim_once<'e, E>(
+    pub(crate) async fn claim_once<'e, E>(
         &self,
         executor: E,
         key: &KeyBytes,
@@ -568,7 +566,7 @@ impl ClaimRow {
     }
 
     /// What the claim found; `token` is the one it sent.
-    fn into_claim(self, token: Token) -> Result<Claim, StoreError> {
+    pub(crate) fn into_claim(self, token: Token) -> Result<Claim, StoreError> {
         let fingerprint = |fp: Option<Vec<u8>>| {
             fp.and_then(|fp| <[u8; 32]>::try_from(fp).ok())
                 .map(Fingerprint::from_bytes)

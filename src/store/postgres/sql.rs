@@ -5,8 +5,8 @@
 //! once per statement. `now()` would be the start of the transaction. That is stale for a claim
 //! inside a transaction that began earlier.
 
-use crate::engine::scope::StoreKey;
 use crate::error::{ConfigError, ConfigErrorKind};
+use crate::store::StoreKey;
 use sha2::{Digest, Sha256};
 use std::time::Duration;
 
@@ -34,6 +34,15 @@ pub(super) const DONE: i8 = b'D' as i8;
 pub(super) const CLAIMED: i8 = b'C' as i8;
 
 /// A row's key: 8 bytes of the store prefix's hash, then the 32-byte [`StoreKey::id`].
+/// Run on each new connection of a pool made by `PostgresStoreBuilder::connect`: a commit
+/// waits for its write-ahead log record where the server's default would not. Stronger
+/// settings (`remote_write`, `remote_apply`) are kept.
+pub(super) const DURABLE_COMMITS: &str = "SELECT set_config('synchronous_commit', 'on', false) \
+     WHERE current_setting('synchronous_commit') = 'off'";
+
+/// The marker a pool made by `connect` sets beside `statement_timeout`. It holds that value, in ms.
+pub(crate) const STORE_TIMEOUT_SETTING: &str = "tower_idempotency.statement_timeout";
+
 pub(crate) type KeyBytes = [u8; 40];
 
 /// The first 8 bytes of the store prefix's domain-separated SHA-256.
@@ -60,7 +69,7 @@ pub(super) fn key_bytes(prefix: &[u8; 8], key: &StoreKey) -> KeyBytes {
 }
 
 /// A lease or retention as whole milliseconds: rounded up, at least 1, at most about a century.
-pub(super) fn millis(d: Duration) -> i64 {
+pub(crate) fn millis(d: Duration) -> i64 {
     let ms = u64::try_from(d.as_nanos().div_ceil(1_000_000)).unwrap_or(u64::MAX);
     // At most MAX_MILLIS, far below i64::MAX.
     i64::try_from(ms.clamp(1, MAX_MILLIS)).unwrap_or(i64::MAX)
@@ -104,7 +113,7 @@ fn quote(table: &str) -> String {
 
 /// The store's statements for one table (checked by [`check_table`]).
 #[derive(Debug)]
-pub(super) struct Statements {
+pub(crate) struct Statements {
     pub(super) table: String,
     /// `$1` key, `$2` fingerprint, `$3` token, `$4` lease (ms) → no row (raced a concurrent
     /// claim: ask again), or one row `(state, fingerprint, record)`, state `C` when claimed.
@@ -119,7 +128,7 @@ pub(super) struct Statements {
     pub(super) renew: String,
     /// Inside the claimant's transaction, which holds the row: `$1` key, `$2` token,
     /// `$3` fingerprint, `$4` record, `$5` ttl (ms) → one row, the key's steps deleted.
-    pub(super) complete_held: String,
+    pub(crate) complete_held: String,
     /// `$1` key, `$2` whether a pending claim goes too → one row `(state, deleted)` for a live
     /// row, none when nothing live holds the key.
     pub(super) forget: String,

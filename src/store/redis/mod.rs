@@ -314,9 +314,9 @@
 //! [`StoreErrorKind`]: crate::store::StoreErrorKind
 
 use super::{Claim, Forgotten, StepId, StepRecorded, Store, StoreError, Token};
-use crate::engine::fingerprint::Fingerprint;
-use crate::engine::record::Record;
-use crate::engine::scope::StoreKey;
+use crate::store::Fingerprint;
+use crate::store::Record;
+use crate::store::StoreKey;
 use ::redis::aio::ConnectionLike;
 use bytes::Bytes;
 use std::fmt;

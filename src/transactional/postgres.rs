@@ -1,13 +1,10 @@
-//! The store's statements inside a caller's transaction, for the
-//! [transactional door](crate::transactional). A claim's row stays locked by the transaction
-//! until it ends. The record is written under that lock.
+//! The door's half in PostgreSQL: the store's statements inside the caller's transaction. A
+//! claim's row stays locked by the transaction until it ends. The record is written under that
+//! lock. The store's own statements, outside any caller's transaction, stay in the store.
 
-use super::error::OpError;
-use super::{CLAIM_ATTEMPTS, PostgresStore, sql};
-use crate::engine::fingerprint::Fingerprint;
-use crate::engine::record::Record;
-use crate::engine::scope::StoreKey;
-use crate::store::{Claim, StoreError, Token};
+use crate::store::postgres::sql::{self, STORE_TIMEOUT_SETTING};
+use crate::store::postgres::{CLAIM_ATTEMPTS, OpError, PostgresStore, protocol};
+use crate::store::{Claim, Fingerprint, Record, StoreError, StoreKey, Token};
 use sqlx::postgres::PgConnection;
 use std::time::Duration;
 
@@ -31,9 +28,6 @@ pub(crate) enum Held {
 /// transaction does.
 #[derive(Debug)]
 pub(crate) struct Lifted(Option<String>);
-
-/// The marker a pool made by `connect` sets beside `statement_timeout`. It holds that value, in ms.
-pub(super) const STORE_TIMEOUT_SETTING: &str = "tower_idempotency.statement_timeout";
 
 impl PostgresStore {
     /// Claims `key` on `conn`, inside its open transaction. It waits at most the store's
@@ -97,9 +91,7 @@ impl PostgresStore {
         };
         match claimed.await {
             Ok((Some(row), lifted)) => Ok(Held::Found(row.into_claim(token)?, lifted)),
-            Ok((None, _)) => Err(super::error::protocol(
-                "claim kept racing concurrent claims",
-            )),
+            Ok((None, _)) => Err(protocol("claim kept racing concurrent claims")),
             Err(e) if e.is_lock_wait() => Ok(Held::Contended),
             Err(e) if e.is_conflict() => Ok(Held::Conflict),
             Err(e) => Err(e.into_store("PostgreSQL claim in a transaction")),

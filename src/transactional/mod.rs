@@ -180,14 +180,17 @@
 //! [`PostgresStoreBuilder::lock_timeout`]: crate::store::postgres::PostgresStoreBuilder::lock_timeout
 //! [`PostgresStore::connect`]: crate::store::postgres::PostgresStore::connect
 
-use crate::engine::scope::StoreKey;
+mod postgres;
+
+use self::postgres::{Held, Lifted};
 use crate::engine::steps::Ready;
 use crate::engine::{
     Begin, BoxFuture, Codec, Engine, Fingerprint, RecordError, RecordedResponse, StepError, Steps,
     Ticket,
 };
 use crate::metrics::{self, Door, Op, Outcome, Settled, Started, StepResult, request, settled};
-use crate::store::postgres::{Held, Lifted, OpError, PostgresStore};
+use crate::store::StoreKey;
+use crate::store::postgres::{OpError, PostgresStore};
 use crate::store::{StepRecorded, StoreError, StoreErrorKind};
 use sqlx::postgres::{PgConnection, Postgres};
 use sqlx::{Connection, Transaction};
