@@ -24,14 +24,14 @@ if ((${#files[@]} == 0)); then
 fi
 
 # One command per line: backticked spans and code-block lines that start (after VAR=value
-# settings) with `cargo test`, `cargo bench`, `scripts/test.sh` or `scripts/figures.sh`; a
-# trailing `# comment` is dropped.
+# settings) with `cargo test`, `cargo bench` or `scripts/test.sh`, or that are
+# `scripts/figures.sh ROW`; a trailing `# comment` is dropped.
 extract() {
     local file=$1
     {
         grep -o '`[^`]*`' "$file" | sed 's/^`//; s/`$//'
         awk '/^```/ { inside = !inside; next } inside { print }' "$file" | sed 's/[[:space:]]*#.*$//'
-    } | grep -E '^([A-Z_][A-Z0-9_]*=[^ ]* )*(cargo (test|bench)|scripts/(test|figures)\.sh)( |$)' || true
+    } | grep -E '^([A-Z_][A-Z0-9_]*=[^ ]* )*((cargo (test|bench)|scripts/test\.sh)( |$)|scripts/figures\.sh [a-z][a-z0-9-]*$)' || true
 }
 
 commands=()

@@ -36,6 +36,7 @@ command_of() {
     partition-storm) echo "$req $t --test faults -- --ignored partition_storm_figures --nocapture" ;;
     postgres-kill) echo "$req $t --test faults -- --ignored postgres_kill_figures --nocapture" ;;
     steps-crash) echo "$req $t --test faults -- steps --nocapture" ;;
+    cluster-silent) echo "$req $t --test store -- redis_cluster::a_silent_cluster_connection_is_replaced --nocapture" ;;
     sentinel) echo "$req $t --test store -- redis_sentinel --nocapture" ;;
     nothing-secret) echo "$req $t --test store -- security_at_rest::nothing_secret --nocapture" ;;
     *) return 1 ;;
@@ -44,7 +45,8 @@ command_of() {
 
 rows="storm-memory storm-redis storm-redis-full message-storm message-storm-full two-processes
 redis-outage lease proxy-claims proxy-lost-complete proxy-delayed-complete proxy-half-open
-redis-restart failover-storm partition-storm postgres-kill steps-crash sentinel nothing-secret"
+redis-restart failover-storm partition-storm postgres-kill steps-crash cluster-silent sentinel
+nothing-secret"
 
 usage() { sed -n '2,13p' "$0" >&2; exit 2; }
 
