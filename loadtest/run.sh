@@ -4,6 +4,9 @@
 #   loadtest/run.sh                       # every row × workload, 3 runs, medians (about 10 minutes)
 #   loadtest/run.sh --runs 1 --duration 2 --warmup 1     # a quick smoke run
 #   loadtest/run.sh --mode long           # 60 s of fresh keys: req/s of the first and last 10 s
+#   loadtest/run.sh --mode wrk            # BENCHMARKS.md's table: every row of it under wrk, 2 runs,
+#                                         # 2 s of warm-up then 5 s measured per case; prints the
+#                                         # table, the ratios against the peer and pgbench's
 #   loadtest/run.sh --rows bare,memory --workloads fresh --out /tmp/x.md
 #   loadtest/run.sh --mode wrk --rows bare,postgres-pool,postgres,postgres-durable
 #                                         # PostgreSQL rows, each beside pgbench (below)
@@ -28,7 +31,7 @@ root="$(dirname "$here")"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target-bench}"
 
 tools="taskset redis-server"
-case " $* " in *" wrk "*|*"--mode=wrk"*) tools="$tools wrk" ;; esac
+case " $* " in *" wrk "*|*"--mode=wrk"*) tools="$tools wrk pgbench" ;; esac
 for tool in $tools; do
     command -v "$tool" >/dev/null || { echo "loadtest/run.sh: $tool is not installed" >&2; exit 1; }
 done

@@ -10,8 +10,10 @@
 # (no such package, target or feature) or when it lists no test or benchmark.
 #
 # `scripts/test.sh ARGS` is checked as the command it runs, `cargo test --workspace
-# --all-features ARGS`. `cargo bench` is listed with `--profile test`: the same targets and
-# filters, without a second, optimized build of every dependency.
+# --all-features ARGS`; `scripts/figures.sh ROW` as the command of its row
+# (`scripts/figures.sh --command ROW`), and every row of that script is checked too.
+# `cargo bench` is listed with `--profile test`: the same targets and filters, without a
+# second, optimized build of every dependency.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -22,14 +24,14 @@ if ((${#files[@]} == 0)); then
 fi
 
 # One command per line: backticked spans and code-block lines that start (after VAR=value
-# settings) with `cargo test`, `cargo bench` or `scripts/test.sh`; a trailing `# comment` is
-# dropped.
+# settings) with `cargo test`, `cargo bench` or `scripts/test.sh`, or that are
+# `scripts/figures.sh ROW`; a trailing `# comment` is dropped.
 extract() {
     local file=$1
     {
         grep -o '`[^`]*`' "$file" | sed 's/^`//; s/`$//'
         awk '/^```/ { inside = !inside; next } inside { print }' "$file" | sed 's/[[:space:]]*#.*$//'
-    } | grep -E '^([A-Z_][A-Z0-9_]*=[^ ]* )*(cargo (test|bench)|scripts/test\.sh)( |$)' || true
+    } | grep -E '^([A-Z_][A-Z0-9_]*=[^ ]* )*((cargo (test|bench)|scripts/test\.sh)( |$)|scripts/figures\.sh [a-z][a-z0-9-]*$)' || true
 }
 
 commands=()
@@ -44,6 +46,11 @@ if ((${#commands[@]} == 0)); then
     exit 1
 fi
 
+# Every row of scripts/figures.sh, cited or not: a row whose test was renamed fails here.
+while IFS= read -r row; do
+    commands+=("scripts/figures.sh $row")
+done < <(scripts/figures.sh --list)
+
 # Unique, in order of first appearance.
 mapfile -t commands < <(printf '%s\n' "${commands[@]}" | awk '!seen[$0]++')
 
@@ -51,6 +58,14 @@ failed=0
 checked=0
 for cmd in "${commands[@]}"; do
     run=$cmd
+    if [[ $run == scripts/figures.sh\ * ]]; then
+        if ! run=$(scripts/figures.sh --command "${run#scripts/figures.sh }"); then
+            echo "FAIL (no such row): $cmd" >&2
+            failed=$((failed + 1))
+            checked=$((checked + 1))
+            continue
+        fi
+    fi
     run=${run/scripts\/test.sh/cargo test --workspace --all-features}
     run=${run/cargo bench/cargo bench --profile test}
     # `--list` goes to the harness: after the command's own `--`, or after a new one.

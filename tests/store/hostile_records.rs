@@ -306,6 +306,8 @@ async fn with_a_secret_every_bit_flip_of_a_record_is_refused() {
     );
     assert_eq!(replayed, 0, "with a secret, no flipped record is replayed");
     assert_eq!(refused, record.len() * 8);
+    // RELIABILITY.md's figure: the 91-byte sealed record, 728 flips.
+    assert_eq!(record.len(), 91);
 }
 
 #[tokio::test]
@@ -324,6 +326,13 @@ async fn without_a_secret_bit_flips_are_refused_or_replayed_as_valid_records_nev
         record.len()
     );
     assert_eq!(refused + replayed, record.len() * 8);
+    // RELIABILITY.md's figures: the record and its flips are fixed, so are the counts. A change
+    // of the record format moves them; the doc's row moves with it.
+    assert_eq!(
+        (record.len(), refused, replayed),
+        (94, 320, 432),
+        "bytes, flips refused, flips replayed"
+    );
     // The envelope (magic, version, flags) is always checked; what survives is a flip inside
     // the status, a header value or the body, which only a secret can detect.
     assert!(

@@ -6,8 +6,9 @@
 //!             [--rows bare,memory,redis,postgres,postgres-durable,postgres-pool,idempotent-memory,idempotent-redis,axum-idempotent]
 //!             [--workloads fresh,replay] [--out FILE]
 //! load-driver --mode long [--rows memory,memory-bounded,redis] [--duration 60] [--out FILE]
-//! load-driver --mode wrk [--rows floor,bare,memory,…] [--replay-keys 100] [--out FILE]
-//!             (Redis Cluster and Sentinel rows: redis-cluster, redis-sentinel, redis-sentinel-wait)
+//! load-driver --mode wrk [--runs 2] [--warmup 2] [--duration 5] [--rows floor,bare,memory,…]
+//!             [--replay-keys 100] [--out FILE]
+//!             (every row of BENCHMARKS.md's table by default, PostgreSQL and the peers included)
 //! load-driver --write-body FILE [--body 1024]
 //! ```
 //!
@@ -40,10 +41,9 @@ use std::time::{Duration, Instant};
 
 const ALL_ROWS: &str =
     "floor,bare,memory,redis,postgres,idempotent-memory,idempotent-redis,axum-idempotent";
-/// The wrk mode's rows: axum-idempotent needs a session per connection (a login), which wrk's
-/// script does not do; PostgreSQL can be asked for with `--rows`.
-const WRK_ROWS: &str =
-    "floor,bare,memory,memory-bounded,redis,redis-cluster,redis-sentinel,idempotent-memory,idempotent-redis";
+/// The wrk mode's rows, those of BENCHMARKS.md's table: axum-idempotent needs a session per
+/// connection (a login), which wrk's script does not do.
+const WRK_ROWS: &str = "floor,bare,memory-bounded,memory,redis,redis-sentinel,redis-sentinel-wait,redis-cluster,postgres,postgres-durable,postgres-pool,idempotent-memory,idempotent-redis";
 
 fn arg(args: &[String], name: &str) -> Option<String> {
     args.iter()
@@ -1748,6 +1748,137 @@ fn targets(runs: &[BTreeMap<(String, String), Case>]) -> String {
     s
 }
 
+/// A row's memory per stored record: the store's own (Redis `used_memory`, PostgreSQL table
+/// size) where it has one, else the server's RSS growth.
+fn per_record(c: &Case) -> (f64, &'static str) {
+    if let Some(d) = c.redis_mem_delta {
+        (d / c.executions, "in Redis")
+    } else if let Some(b) = c.pg_bytes {
+        (b / c.executions, "of table")
+    } else {
+        (
+            (c.rss_after_kib - c.rss_before_kib) * 1024.0 / c.executions,
+            "of RSS",
+        )
+    }
+}
+
+/// The figures BENCHMARKS.md quotes, computed from this invocation's own cases: one line per
+/// row, then the comparisons with the peer. Rates and p99 are medians over the runs; every
+/// ratio is taken within one run, then the median over the runs.
+fn summary(rows: &[String], runs: &[BTreeMap<(String, String), Case>]) -> String {
+    type Run = BTreeMap<(String, String), Case>;
+    let get = |r: &Run, row: &str, w: &str| r.get(&(row.to_owned(), w.to_owned())).cloned();
+    let med = |f: &dyn Fn(&Run) -> Option<f64>| median(runs.iter().filter_map(f).collect());
+    let ratio = |a: (&str, &str), b: (&str, &str), f: fn(&Case) -> f64| {
+        med(&|r| Some(f(&get(r, a.0, a.1)?) / f(&get(r, b.0, b.1)?)))
+    };
+    let rps = |c: &Case| c.rps;
+    let p99 = |c: &Case| c.p99_us;
+    let mem = |c: &Case| per_record(c).0;
+    let x = |v: f64| {
+        if v.is_finite() {
+            format!("{v:.2}×")
+        } else {
+            "—".into()
+        }
+    };
+    let mut s = String::from(
+        "| row | fresh req/s | ÷ bare | fresh p99 | replay req/s | ÷ floor | replay p99 | per stored record | core-0 µs over bare: fresh / replay |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n",
+    );
+    // 10⁶ ÷ the row's rate, less 10⁶ ÷ the reference's, within each run.
+    let over = |row: &str, w: &str, base: &str| {
+        med(&|r| Some(1e6 / get(r, row, w)?.rps - 1e6 / get(r, base, w)?.rps))
+    };
+    let us = |v: f64| {
+        if v.is_finite() {
+            format!("{v:.0}")
+        } else {
+            "—".into()
+        }
+    };
+    for row in rows {
+        let of = |w: &str, f: fn(&Case) -> f64| med(&|r| Some(f(&get(r, row, w)?)));
+        let fresh_rps = of("fresh", rps);
+        let replay_rps = of("replay", rps);
+        if !fresh_rps.is_finite() && !replay_rps.is_finite() {
+            continue;
+        }
+        let record = runs
+            .iter()
+            .find_map(|r| get(r, row, "fresh"))
+            .filter(|_| !matches!(row.as_str(), "floor" | "bare"))
+            .map_or("—".to_owned(), |c| {
+                format!("{} {}", fmt_bytes(of("fresh", mem)), per_record(&c).1)
+            });
+        let _ = writeln!(
+            s,
+            "| {row} | {:.0} | {} | {} | {:.0} | {} | {} | {record} | {} / {} |",
+            fresh_rps,
+            x(ratio((row, "fresh"), ("bare", "fresh"), rps)),
+            fmt_us(of("fresh", p99)),
+            replay_rps,
+            x(ratio((row, "replay"), ("floor", "replay"), rps)),
+            fmt_us(of("replay", p99)),
+            us(over(row, "fresh", "bare")),
+            us(over(row, "replay", "floor")),
+        );
+    }
+    let peers = [
+        (
+            "Redis, one server, fresh req/s ÷ `idempotent`'s Redis fresh",
+            ratio(("redis", "fresh"), ("idempotent-redis", "fresh"), rps),
+        ),
+        (
+            "Redis, one server, replay req/s ÷ `idempotent`'s Redis replay",
+            ratio(("redis", "replay"), ("idempotent-redis", "replay"), rps),
+        ),
+        (
+            "Redis memory per record ÷ `idempotent`'s",
+            ratio(("redis", "fresh"), ("idempotent-redis", "fresh"), mem),
+        ),
+        (
+            "bounded memory store fresh req/s ÷ `idempotent`'s memory fresh",
+            ratio(
+                ("memory-bounded", "fresh"),
+                ("idempotent-memory", "fresh"),
+                rps,
+            ),
+        ),
+        (
+            "bounded memory store RSS per record ÷ `idempotent`'s",
+            ratio(
+                ("memory-bounded", "fresh"),
+                ("idempotent-memory", "fresh"),
+                mem,
+            ),
+        ),
+        (
+            "bounded memory store fresh p99 ÷ `idempotent`'s",
+            ratio(
+                ("memory-bounded", "fresh"),
+                ("idempotent-memory", "fresh"),
+                p99,
+            ),
+        ),
+        (
+            "unbounded memory store fresh req/s ÷ `idempotent`'s memory fresh",
+            ratio(("memory", "fresh"), ("idempotent-memory", "fresh"), rps),
+        ),
+    ];
+    let mut first = true;
+    for (name, v) in peers {
+        if v.is_finite() {
+            if first {
+                s.push_str("\nAgainst the peer (median of per-run ratios):\n\n");
+                first = false;
+            }
+            let _ = writeln!(s, "- {name}: {v:.2}×");
+        }
+    }
+    s
+}
+
 /// The wrk mode's targets, each the median over the runs of a ratio taken within
 /// one run.
 fn targets_wrk(runs: &[BTreeMap<(String, String), Case>]) -> String {
@@ -1953,10 +2084,21 @@ fn main() {
     std::fs::create_dir_all(&log_dir).expect("log dir");
     let cfg = Cfg {
         bin_dir,
-        runs: arg(&args, "--runs").map_or(3, |v| v.parse().expect("number")),
-        warmup: arg(&args, "--warmup").map_or(3.0, |v| v.parse().expect("secs")),
-        duration: arg(&args, "--duration")
-            .map_or(if long { 60.0 } else { 10.0 }, |v| v.parse().expect("secs")),
+        // wrk mode runs every row of BENCHMARKS.md's table: 2 runs of 5 s keep it near 10
+        // minutes.
+        runs: arg(&args, "--runs").map_or(if wrk { 2 } else { 3 }, |v| v.parse().expect("number")),
+        warmup: arg(&args, "--warmup")
+            .map_or(if wrk { 2.0 } else { 3.0 }, |v| v.parse().expect("secs")),
+        duration: arg(&args, "--duration").map_or(
+            if long {
+                60.0
+            } else if wrk {
+                5.0
+            } else {
+                10.0
+            },
+            |v| v.parse().expect("secs"),
+        ),
         connections: arg(&args, "--connections").map_or(64, |v| v.parse().expect("number")),
         body: arg(&args, "--body").map_or(1024, |v| v.parse().expect("bytes")),
         server_core: arg(&args, "--server-core").unwrap_or_else(|| "0".into()),
@@ -2097,6 +2239,10 @@ fn main() {
                 cfg.runs,
                 table(&rows, &workloads, &runs)
             ),
+        );
+        emit(
+            out.as_deref(),
+            &format!("### Summary\n\n{}\n", summary(&rows, &runs)),
         );
         if rows.iter().any(|r| r.starts_with("postgres")) {
             emit(
