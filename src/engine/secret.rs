@@ -1,8 +1,8 @@
 //! Optional record authentication, fingerprint and store key keying. See [`Secret`].
 
-use crate::store::StoreKey;
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::store::Fingerprint;
+use crate::store::StoreKey;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use std::fmt;

@@ -1086,8 +1086,8 @@ fn redis_store_matches_the_model_b() {
 #[cfg(feature = "postgres")]
 mod postgres_model {
     use super::*;
-    use crate::support::postgres_server::PostgresServer;
     use crate::postgres_store::{fresh_table, store_on};
+    use crate::support::postgres_server::PostgresServer;
 
     /// Runs `cases` cases on a table of their own; each case uses fresh random keys.
     pub(super) fn run(cases: u32) {
