@@ -1464,6 +1464,10 @@ mod bounds {
                     .max_bytes(MAX_BYTES)
                     .max_record_bytes(1024)
                     .max_entries_per_scope(SCOPE_CAP)
+                    // The pending share (a tenth of these tiny bounds: one claim) has tests of
+                    // its own; this model checks the store-wide rule and the fixed cap.
+                    .max_pending_per_scope(usize::MAX)
+                    .max_pending_bytes_per_scope(usize::MAX)
                     .clock(ManualClock::new())
                     .build()
                     .unwrap();
