@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The layers of src/ and what may import what, checked: every `crate::<module>` path in the
-# code (not in comments) is an edge from the top module of its file to that module. An edge the
-# table below does not allow fails the check. ARCHITECTURE.md describes the same layers.
+# code (not in comments) is an edge from the top module of its file to that module, each part of
+# a `crate::{..}` group too, nested or over several lines. An edge the table below does not allow
+# fails the check. ARCHITECTURE.md describes the same layers. The check first runs on a small
+# tree of its own, so a way of writing an import it would miss fails it too.
 #
 #   scripts/imports.sh          check, and print nothing but what is wrong
 #   scripts/imports.sh --list   print every edge with its count, then check
@@ -34,13 +36,6 @@ ALLOWED = {
 src = Path("src")
 
 
-def top_of(path: Path) -> str | None:
-    parts = path.relative_to(src).parts
-    if parts == ("lib.rs",):
-        return None  # the crate root re-exports every layer
-    return parts[0].removesuffix(".rs")
-
-
 # `crate::Name` paths go through the root's re-exports: read them from lib.rs.
 root_names = {}
 lib = (src / "lib.rs").read_text()
@@ -49,29 +44,101 @@ for m in re.finditer(r"pub use crate::(\w+)::([^;]+);", lib):
     for name in re.findall(r"\b([A-Z]\w*)\b", rest):
         root_names[name] = module
 
-edges = Counter()
-wrong = []
-for path in sorted(src.rglob("*.rs")):
-    top = top_of(path)
-    if top is None:
-        continue
-    if top not in ALLOWED:
-        wrong.append(f"{path}: module `{top}` is not in scripts/imports.sh's table")
-        continue
-    for no, line in enumerate(path.read_text().splitlines(), 1):
-        code = line.split("//", 1)[0]
-        # `$crate::` in a macro names the user's path to the crate, not a module edge.
-        names = re.findall(r"(?<!\$)\bcrate::(\w+)", code)
-        # `use crate::{a::X, b::Y}`: each part is a path of its own.
-        for group in re.findall(r"(?<!\$)\bcrate::\{([^}]*)\}", code):
-            names += re.findall(r"(?:^|,)\s*(\w+)", group)
-        for name in names:
+def crate_paths(code: str):
+    """Each `crate::<module>` a file names, with the offset where it is named. A group
+    `crate::{a::X, b::{Y, Z}}` names each of its parts, over as many lines as it spans."""
+    # `$crate::` in a macro names the user's path to the crate, not a module edge.
+    for m in re.finditer(r"(?<!\$)\bcrate::(\w+|\{)", code):
+        if m.group(1) != "{":
+            yield m.group(1), m.start()
+            continue
+        depth, part, i = 1, True, m.end()
+        while i < len(code) and depth:
+            c = code[i]
+            if c == "{":
+                depth += 1
+            elif c == "}":
+                depth -= 1
+            elif c == "," and depth == 1:
+                part = True
+            elif part and not c.isspace():
+                part = False
+                name = re.match(r"\w+", code[i:])
+                if name and depth == 1:
+                    yield name.group(0), i
+            i += 1
+
+
+def lines_of(text: str) -> list[str]:
+    """The file's lines with their `//` comments blanked out, so offsets stay put."""
+    out = []
+    for line in text.split("\n"):
+        cut = line.find("//")
+        out.append(line if cut < 0 else line[:cut] + " " * (len(line) - cut))
+    return out
+
+
+def check(root: Path, allowed: dict, root_names: dict):
+    edges = Counter()
+    wrong = []
+    for path in sorted(root.rglob("*.rs")):
+        parts = path.relative_to(root).parts
+        if parts == ("lib.rs",):
+            continue  # the crate root re-exports every layer
+        top = parts[0].removesuffix(".rs")
+        if top not in allowed:
+            wrong.append(f"{path}: module `{top}` is not in scripts/imports.sh's table")
+            continue
+        raw = path.read_text().split("\n")
+        code = "\n".join(lines_of("\n".join(raw)))
+        for name, at in crate_paths(code):
             target = root_names.get(name, name)
             if target == top or not target[0].islower():
                 continue
             edges[(top, target)] += 1
-            if target not in ALLOWED[top]:
-                wrong.append(f"{path}:{no}: {top} -> {target}: {line.strip()}")
+            if target not in allowed[top]:
+                no = code.count("\n", 0, at) + 1
+                wrong.append(f"{path}:{no}: {top} -> {target}: {raw[no - 1].strip()}")
+    return edges, wrong
+
+
+def self_test():
+    """The checker on a small tree of its own: each import the table refuses must be found,
+    however it is written."""
+    import tempfile
+
+    allowed = {"store": set(), "engine": {"store"}}
+    cases = {
+        "one line": "use crate::engine::Engine;\n",
+        "a group": "use crate::{store::Key, engine::Engine};\n",
+        "a group over lines": "use crate::{\n    store::Key,\n    engine::Engine,\n};\n",
+        "a nested group": "use crate::{store::{A, B}, engine::Engine};\n",
+        "a path in code": "fn f() { crate::engine::go(); }\n",
+    }
+    failed = []
+    for what, text in cases.items():
+        with tempfile.TemporaryDirectory() as d:
+            root = Path(d)
+            (root / "store").mkdir()
+            (root / "store" / "x.rs").write_text("// crate::engine in a comment\n" + text)
+            _, wrong = check(root, allowed, {})
+            if len(wrong) != 1 or "store -> engine" not in wrong[0]:
+                failed.append(f"{what}: {wrong}")
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        (root / "engine.rs").write_text("use crate::{\n    store::{A, B},\n};\n// crate::http\n")
+        _, wrong = check(root, allowed, {})
+        if wrong:
+            failed.append(f"allowed imports refused: {wrong}")
+    if failed:
+        print("scripts/imports.sh checks itself and misses:", file=sys.stderr)
+        for f in failed:
+            print("  " + f, file=sys.stderr)
+        sys.exit(1)
+
+
+self_test()
+edges, wrong = check(src, ALLOWED, root_names)
 
 if "--list" in sys.argv[1:]:
     for (a, b), n in sorted(edges.items()):
