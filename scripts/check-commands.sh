@@ -7,7 +7,8 @@
 # files (in backticks, or a line of a code block), with its leading VAR=value settings, and
 # runs it from the repository root with `--list` passed to the test harness: the tests are
 # listed, never run, so no server is started. A command fails the check when cargo fails
-# (no such package, target or feature) or when it lists no test or benchmark.
+# (no such package, target or feature), when it lists no test or benchmark, or when one of its
+# filters selects none (a command of several filters lists the tests of any).
 #
 # `scripts/test.sh ARGS` is checked as the command it runs, `cargo test --workspace
 # --all-features ARGS`; `scripts/figures.sh ROW` as the command of its row
@@ -54,6 +55,51 @@ done < <(scripts/figures.sh --list)
 # Unique, in order of first appearance.
 mapfile -t commands < <(printf '%s\n' "${commands[@]}" | awk '!seen[$0]++')
 
+# The command's test filters that select no test of the listing on stdin: a command of several
+# filters lists the tests of any, so one renamed filter would pass unseen. Filters are the
+# words cargo passes to the harness: a TESTNAME before `--` and the free words after it. A
+# libtest filter is a substring of a test's name (its whole name with `--exact`); a criterion
+# filter (`cargo bench`) is a regular expression. Prints them and fails when there are any.
+unmatched() {
+    python3 -c "$unmatched_py" "$1"
+}
+# (The program is an argument, not stdin: stdin carries the listing.)
+unmatched_py=$(
+    cat <<'PY'
+import re
+import shlex
+import sys
+
+words = [w for w in shlex.split(sys.argv[1]) if not re.fullmatch(r"[A-Z_][A-Z0-9_]*=.*", w)]
+bench = words[:2] == ["cargo", "bench"]
+# cargo's and the harness's options that take a value.
+valued = {"-p", "--package", "--test", "--bench", "--bin", "--example", "--features", "-F",
+          "--profile", "--target", "--target-dir", "-j", "--jobs", "--manifest-path",
+          "--color", "--message-format", "--config", "-Z", "--skip", "--test-threads",
+          "--format", "--logfile", "--report-time", "--shuffle-seed"}
+filters, exact, after, i = [], False, False, 2
+while i < len(words):
+    w = words[i]
+    if w == "--" and not after:
+        after = True
+    elif w in valued:
+        i += 1
+    elif w == "--exact":
+        exact = True
+    elif not w.startswith("-"):
+        filters.append(w)
+    i += 1
+names = [m.group(1) for m in re.finditer(r"^(.*): (?:test|benchmark)$", sys.stdin.read(), re.M)]
+def selects(f):
+    if bench:
+        return any(re.search(f, n) for n in names)
+    return any((n == f) if exact else (f in n) for n in names)
+missed = [f for f in filters if not selects(f)]
+print(" ".join(missed))
+sys.exit(1 if missed else 0)
+PY
+)
+
 failed=0
 checked=0
 for cmd in "${commands[@]}"; do
@@ -84,6 +130,9 @@ for cmd in "${commands[@]}"; do
     n=$(grep -cE ': (test|benchmark)$' <<<"$out" || true)
     if ((n == 0)); then
         echo "FAIL (selects no test): $cmd" >&2
+        failed=$((failed + 1))
+    elif ! missed=$(unmatched "$run" <<<"$out"); then
+        echo "FAIL (a filter selects no test: $missed): $cmd" >&2
         failed=$((failed + 1))
     else
         echo "ok ($n): $cmd"
