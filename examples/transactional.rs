@@ -28,7 +28,6 @@ use std::time::Duration;
 use tower_idempotency::IdempotencyKey;
 use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse, Scope};
 use tower_idempotency::http::{REPLAYED_HEADER, Rejection, RejectionKind};
-use tower_idempotency::store::StoreKey;
 use tower_idempotency::store::postgres::PostgresStore;
 use tower_idempotency::store::postgres::sqlx::postgres::PgPoolOptions;
 use tower_idempotency::store::postgres::sqlx::{self, PgPool};
@@ -139,7 +138,8 @@ async fn create_order(
         .field(content_type)
         .field(&body)
         .finish();
-    let store_key = StoreKey::derive(NAMESPACE, &Scope::principal(principal), &key);
+    // As every door derives it: keyed under the engine's secret when it has one.
+    let store_key = app.engine.store_key(NAMESPACE, &Scope::principal(principal), &key);
 
     let Ok(mut conn) = app.pool.acquire().await else {
         return problem(RejectionKind::Store, "the database is unavailable");

@@ -87,11 +87,15 @@ pub(crate) fn store_key(
 
 /// Runs one store operation within `limit`. Past it, the operation is dropped and answered
 /// [`StoreErrorKind::Timeout`], as a store fault: a store that never answers cannot hang a
-/// request.
+/// request. The bound is tokio's timer: outside a tokio runtime (another executor) the
+/// operation runs unbounded, as the store's own bounds allow, rather than panicking.
 pub(crate) async fn bounded<T>(
     limit: Duration,
     op: impl Future<Output = Result<T, StoreError>>,
 ) -> Result<T, StoreError> {
+    if tokio::runtime::Handle::try_current().is_err() {
+        return op.await;
+    }
     tokio::time::timeout(limit, op).await.unwrap_or_else(|_| {
         Err(StoreError::new(
             StoreErrorKind::Timeout,
@@ -830,7 +834,8 @@ impl<S: Store> EngineBuilder<S> {
     /// before the work runs, and after it the handler's response still goes out. So a store of
     /// one's own that never answers cannot hang a request. At least 1 ms. Default: 30 s,
     /// longer than the built-in stores' own bounds at their defaults (1 s per operation, 5 s
-    /// to connect), so it never fires before theirs; raise it with theirs.
+    /// to connect), so it never fires before theirs; raise it with theirs. The bound is tokio's
+    /// timer: outside a tokio runtime the operations run unbounded.
     ///
     /// ```
     /// use std::time::Duration;

@@ -257,6 +257,10 @@ where
 fn config_missing(req: &Request) -> Response {
     #[derive(Serialize)]
     struct Code {
+        // As every problem document the crate sends: a URI naming the case, here the page of
+        // what is missing.
+        #[serde(rename = "type")]
+        problem_type: &'static str,
         code: &'static str,
     }
     tracing::error!(
@@ -272,6 +276,7 @@ fn config_missing(req: &Request) -> Response {
             .with_title("Idempotency not configured")
             .with_detail(CONFIG_MISSING)
             .with_extensions(Code {
+                problem_type: "https://docs.rs/tower-idempotency/latest/tower_idempotency/struct.IdempotentRoutes.html",
                 code: "idempotency.config_missing",
             });
     let body = problem_details::JsonProblemDetails::from(problem)

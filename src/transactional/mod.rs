@@ -3,7 +3,6 @@
 //! ```no_run
 //! use tower_idempotency::IdempotencyKey;
 //! use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse, Scope};
-//! use tower_idempotency::store::StoreKey;
 //! use tower_idempotency::store::postgres::PostgresStore;
 //! use tower_idempotency::store::postgres::sqlx::{self, PgPool};
 //! use tower_idempotency::transactional::{Within, within};
@@ -13,7 +12,7 @@
 //! let engine = Engine::new(PostgresStore::new(pool.clone(), "orders")?);
 //! engine.store().migrate().await?;
 //!
-//! let key = StoreKey::derive("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1")?);
+//! let key = engine.store_key("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1")?);
 //! let fingerprint = Fingerprint::builder().field(b"POST /orders").field(b"{\"sku\":\"X\"}").finish();
 //!
 //! let mut conn = pool.acquire().await?;
@@ -110,7 +109,8 @@
 //! way. Forward a [`DerivedKey`](crate::DerivedKey) to a provider that de-duplicates.
 //!
 //! The key, scope and fingerprint are the caller's, as in every door. Derive the [`StoreKey`]
-//! from the client's key and the *authenticated* principal ([`StoreKey::derive`]). Derive the
+//! from the client's key and the *authenticated* principal with [`Engine::store_key`], which
+//! keys it under the engine's secret when there is one, as every other door does. Derive the
 //! fingerprint from the request. The `transactional` example in the repository does it for an
 //! axum handler with the layer's `Idempotency-Key` semantics: replay, 409, 422.
 //!
@@ -125,7 +125,6 @@
 //! ```no_run
 //! use tower_idempotency::IdempotencyKey;
 //! use tower_idempotency::engine::{Begin, Engine, Fingerprint, Raw, Scope};
-//! use tower_idempotency::store::StoreKey;
 //! use tower_idempotency::store::postgres::PostgresStore;
 //! use tower_idempotency::store::postgres::sqlx::{self, PgPool};
 //! use tower_idempotency::transactional::step;
@@ -135,7 +134,7 @@
 //! let engine = Engine::new(PostgresStore::new(pool.clone(), "orders")?);
 //! engine.store().migrate().await?;
 //!
-//! let key = StoreKey::derive("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1")?);
+//! let key = engine.store_key("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1")?);
 //! let fingerprint = Fingerprint::builder().field(b"POST /orders").field(b"{\"sku\":\"X\"}").finish();
 //! let Begin::Run(ticket) = engine.begin(key, fingerprint).await? else { return Ok(()) };
 //! let steps = engine.steps(&ticket);
@@ -226,7 +225,6 @@ pub enum Within {
 ///
 /// ```no_run
 /// use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse, Scope};
-/// use tower_idempotency::store::StoreKey;
 /// use tower_idempotency::store::postgres::{PostgresStore, sqlx};
 /// use tower_idempotency::transactional::{WithinErrorKind, within};
 /// use tower_idempotency::IdempotencyKey;
@@ -234,7 +232,7 @@ pub enum Within {
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// # let pool = sqlx::PgPool::connect("postgres://app@127.0.0.1/app").await?;
 /// # let engine = Engine::new(PostgresStore::new(pool.clone(), "orders")?);
-/// # let key = StoreKey::derive("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1")?);
+/// # let key = engine.store_key("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1")?);
 /// # let fingerprint = Fingerprint::builder().field(b"POST /orders").finish();
 /// let mut conn = pool.acquire().await?;
 /// let failed = within(&engine, &mut conn, key, fingerprint, |_tx| {

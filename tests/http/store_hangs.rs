@@ -193,3 +193,51 @@ async fn a_step_whose_store_never_answers_fails_within_the_bound_and_runs_nothin
     store.steps.store(false, SeqCst);
     assert!(engine.release(ticket).await.unwrap());
 }
+
+/// Polls `fut` to its end on this thread, with no tokio runtime about.
+fn block_on_without_runtime<F: Future>(fut: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl std::task::Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = std::task::Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let mut fut = std::pin::pin!(fut);
+    loop {
+        if let std::task::Poll::Ready(out) = fut.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park();
+    }
+}
+
+/// The bound needs tokio's timer, which only a runtime has. Outside one, an operation runs
+/// unbounded rather than panicking: the memory store answers at once, so a caller on another
+/// executor still claims, completes, replays and forgets.
+#[test]
+fn outside_a_tokio_runtime_store_operations_run_unbounded_instead_of_panicking() {
+    let engine = Engine::new(MemoryStore::new());
+    let key = StoreKey::derive(
+        "jobs",
+        &Scope::principal("alice"),
+        &IdempotencyKey::new("k").unwrap(),
+    );
+    let fp = Fingerprint::builder().field(b"job").finish();
+    block_on_without_runtime(async {
+        let Begin::Run(ticket) = engine.begin(key, fp).await.expect("claim") else {
+            panic!("a free key")
+        };
+        let response = tower_idempotency::engine::RecordedResponse::new(201, vec![], None);
+        assert!(engine.complete(ticket, &response).await.expect("complete"));
+        assert!(matches!(
+            engine.begin(key, fp).await.expect("claim"),
+            Begin::Replayed(r) if r.status == 201
+        ));
+        assert_eq!(
+            engine.forget(&key).await.expect("forget"),
+            Forgotten::Record
+        );
+    });
+}

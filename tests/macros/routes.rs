@@ -450,6 +450,14 @@ async fn a_missing_config_is_a_500_that_says_what_to_add() {
         "the detail says what to add: {}",
         answer.text()
     );
+    // A problem document as every other the crate sends: its `type` names the case.
+    let problem: serde_json::Value = serde_json::from_str(&answer.text()).expect("json");
+    assert_eq!(problem["code"], "idempotency.config_missing");
+    assert_eq!(
+        problem["type"],
+        "https://docs.rs/tower-idempotency/latest/tower_idempotency/struct.IdempotentRoutes.html",
+        "{problem}"
+    );
     assert_eq!(runs.count(), 0, "the handler did not run");
 }
 
