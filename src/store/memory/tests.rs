@@ -995,3 +995,30 @@ fn the_pending_share_refuses_settings_that_hold_no_claim() {
         .build()
         .expect("one claim per scope");
 }
+
+/// A small store keeps the default share: a tenth of ten entries is one, which a claim fills
+/// by itself, so no pending claim could ever record a step although the store has room.
+#[test]
+#[ignore = "the default pending share of a store under 20 entries holds a claim but not one step of it; which floor is right is undecided"]
+fn a_small_store_with_the_default_share_still_records_a_step_of_a_pending_claim() {
+    block(async {
+        let s = MemoryStore::builder()
+            .max_entries(10)
+            .max_record_bytes(0)
+            .shards(1)
+            .clock(ManualClock::new())
+            .build()
+            .expect("valid");
+        let t = claimed(&s, key(1, 0)).await;
+        assert!(
+            s.prepare_step(&key(1, 0), &t, LEASE)
+                .await
+                .expect("a store of ten entries has room for a claim and its step")
+        );
+        let step = StepId::from_bytes([1; 32]);
+        s.record_step(&key(1, 0), &step, Bytes::from_static(b"v"), TTL)
+            .await
+            .expect("recorded");
+        s.check();
+    });
+}
