@@ -74,7 +74,8 @@
 //! A repeat within it is told [`Delivery::Held`]; one after it sends again. Choose a hold
 //! time longer than your retry schedule. Check with the provider before you send again by
 //! hand. Once it says the message never arrived, [`Engine::forget`](crate::engine::Engine::forget)
-//! frees the key. Its store key is `StoreKey::derive` of the door's namespace, scope and key.
+//! frees the key. Its store key is [`Engine::store_key`](crate::engine::Engine::store_key) of
+//! the door's namespace, scope and key, keyed under the engine's secret when there is one.
 //! Like a receipt, a held key is a completed record to the store. The memory store may drop
 //! it early when it is full; that is counted and logged.
 //!
