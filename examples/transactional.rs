@@ -139,7 +139,9 @@ async fn create_order(
         .field(&body)
         .finish();
     // As every door derives it: keyed under the engine's secret when it has one.
-    let store_key = app.engine.store_key(NAMESPACE, &Scope::principal(principal), &key);
+    let store_key = app
+        .engine
+        .store_key(NAMESPACE, &Scope::principal(principal), &key);
 
     let Ok(mut conn) = app.pool.acquire().await else {
         return problem(RejectionKind::Store, "the database is unavailable");

@@ -451,7 +451,7 @@ async fn a_missing_config_is_a_500_that_says_what_to_add() {
         answer.text()
     );
     // A problem document as every other the crate sends: its `type` names the case.
-    let problem: serde_json::Value = serde_json::from_str(&answer.text()).expect("json");
+    let problem: serde_json::Value = serde_json::from_str(answer.text()).expect("json");
     assert_eq!(problem["code"], "idempotency.config_missing");
     assert_eq!(
         problem["type"],
