@@ -2,6 +2,7 @@
 //! store operation (30 s by default). A claim that hangs is answered 503 within the bound and
 //! the handler never runs; a completion that hangs still returns the handler's response; a
 //! step whose store hangs fails within the bound before it acts. Time is tokio's paused clock.
+//! Outside a tokio runtime, which has no timer, the operations run unbounded and never panic.
 //!
 //! ```text
 //! cargo test -p tower-idempotency --all-features --test http -- store_hangs
