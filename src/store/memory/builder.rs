@@ -4,7 +4,7 @@ use super::budget::{Budget, Limits, Usage};
 use super::shard::Shard;
 use super::{
     DEFAULT_MAX_BYTES, DEFAULT_MAX_ENTRIES, DEFAULT_MAX_RECORD_BYTES, DEFAULT_SHARDS,
-    ENTRY_OVERHEAD, MAX_SHARDS, MemoryStore, PENDING_SHARE, ShardCell,
+    ENTRY_OVERHEAD, MAX_SHARDS, MemoryStore, PENDING_FLOOR, PENDING_SHARE, ShardCell,
 };
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::store::clock::{Clock, TokioClock};
@@ -102,7 +102,8 @@ impl MemoryStoreBuilder {
     /// it is refused with [`ScopeFull`](crate::store::StoreErrorKind::ScopeFull), answered
     /// with 429. At least 1; `usize::MAX` turns the share off. Completed records are not
     /// counted: any scope may use the room there is for them. Default: a tenth of
-    /// [`max_entries`](Self::max_entries), so 10 000.
+    /// [`max_entries`](Self::max_entries), so 10 000, and at least 16 (or `max_entries` when
+    /// that is smaller), so a small store still lets a claim record its steps.
     ///
     /// ```
     /// # use tower_idempotency::MemoryStore;
@@ -127,7 +128,8 @@ impl MemoryStoreBuilder {
     /// the steps of their keys, each its value plus 96 bytes. As
     /// [`max_pending_per_scope`](Self::max_pending_per_scope), for bytes. At least 160 (one
     /// claim); `usize::MAX` turns it off. Default: a tenth of
-    /// [`max_bytes`](Self::max_bytes), so 6.4 MiB.
+    /// [`max_bytes`](Self::max_bytes), so 6.4 MiB, and at least 64 KiB (or `max_bytes` when
+    /// that is smaller).
     pub fn max_pending_bytes_per_scope(mut self, n: usize) -> Self {
         self.max_pending_bytes_per_scope = Some(n);
         self
@@ -219,10 +221,10 @@ impl MemoryStoreBuilder {
         let (entries, bytes) = (self.max_entries.max(1), self.max_bytes.max(ENTRY_OVERHEAD));
         let share = Usage::new(
             self.max_pending_per_scope
-                .unwrap_or(entries / PENDING_SHARE)
+                .unwrap_or((entries / PENDING_SHARE).max(PENDING_FLOOR.0.min(entries)))
                 .max(1),
             self.max_pending_bytes_per_scope
-                .unwrap_or(bytes / PENDING_SHARE)
+                .unwrap_or((bytes / PENDING_SHARE).max(PENDING_FLOOR.1.min(bytes)))
                 .max(ENTRY_OVERHEAD),
         );
         let limits = Limits::new(entries, bytes, self.max_entries_per_scope, share);

@@ -46,8 +46,8 @@
 //! | --- | --- | --- |
 //! | [`max_entries`](MemoryStoreBuilder::max_entries) | 100 000 | records, pending and completed, and steps, in the whole store |
 //! | [`max_bytes`](MemoryStoreBuilder::max_bytes) | 64 MiB | counted bytes of records and steps in the whole store |
-//! | [`max_pending_per_scope`](MemoryStoreBuilder::max_pending_per_scope) | a tenth of `max_entries`: 10 000 | one scope's pending claims and their keys' steps |
-//! | [`max_pending_bytes_per_scope`](MemoryStoreBuilder::max_pending_bytes_per_scope) | a tenth of `max_bytes`: 6.4 MiB | counted bytes of those |
+//! | [`max_pending_per_scope`](MemoryStoreBuilder::max_pending_per_scope) | a tenth of `max_entries`: 10 000 (at least 16) | one scope's pending claims and their keys' steps |
+//! | [`max_pending_bytes_per_scope`](MemoryStoreBuilder::max_pending_bytes_per_scope) | a tenth of `max_bytes`: 6.4 MiB (at least 64 KiB) | counted bytes of those |
 //! | [`max_entries_per_scope`](MemoryStoreBuilder::max_entries_per_scope) | none | an optional fixed cap on one scope's records and steps |
 //!
 //! The bounds are store-wide and hold at every instant. While there is room, any scope may use
@@ -215,6 +215,9 @@ pub(crate) const DEFAULT_MAX_RECORD_BYTES: usize =
 /// the store with what nothing may drop, while one caller may still have thousands of requests
 /// in flight.
 pub(crate) const PENDING_SHARE: usize = 10;
+/// The least default share, in entries and bytes, unless the store is smaller: a small store
+/// still lets a pending claim record its steps.
+pub(crate) const PENDING_FLOOR: (usize, usize) = (16, 64 * 1024);
 /// The default number of shards.
 pub(crate) const DEFAULT_SHARDS: usize = 16;
 /// The largest number of shards; larger requests are clamped to it.
