@@ -21,6 +21,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
+use tokio::task::JoinHandle;
 use tower::{Service, service_fn};
 use tower_idempotency::engine::Engine;
 use tower_idempotency::message::apalis::ApalisLayer;
@@ -68,6 +69,25 @@ async fn storage(url: &str, queue: &str) -> RedisStorage<Invoice> {
 async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     let start = Instant::now();
     while !done() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// As [`wait_for`], while `worker` runs: a worker that stopped fails the wait at once, with
+/// what it stopped on (apalis-redis stops a worker on a backend error).
+async fn wait_on<T: std::fmt::Debug>(
+    what: &str,
+    limit: Duration,
+    worker: &mut JoinHandle<T>,
+    mut done: impl FnMut() -> bool,
+) {
+    let start = Instant::now();
+    while !done() {
+        if worker.is_finished() {
+            let stopped = worker.await;
+            panic!("the worker stopped before {what}: {stopped:?}");
+        }
         assert!(start.elapsed() < limit, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -243,13 +263,17 @@ async fn a_worker_process_killed_mid_handler_with_a_5_s_lease_loses_no_task_and_
         }))
         .layer(door(&engine))
         .build(handler);
-    let b = tokio::spawn(worker_b.run());
+    let mut b = tokio::spawn(worker_b.run());
     let mut conn = apalis_redis::connect(url.as_str()).await.unwrap();
     let start = Instant::now();
     for id in &started {
         loop {
             if filed(&mut conn, queue, id).await.0 {
                 break;
+            }
+            if b.is_finished() {
+                let stopped = (&mut b).await;
+                panic!("worker B stopped before task {id} was done: {stopped:?}");
             }
             assert!(
                 start.elapsed() < Duration::from_secs(90),
@@ -337,20 +361,22 @@ async fn die_before_ack_then_redeliver(keyed: bool) {
         }
     };
     let (seen_a, seen_b) = (Seen::default(), Seen::default());
-    let a = tokio::spawn(worker("worker-a", true, &seen_a).await.run());
-    wait_for(
+    let mut a = tokio::spawn(worker("worker-a", true, &seen_a).await.run());
+    wait_on(
         "worker A to handle the task",
         Duration::from_secs(20),
+        &mut a,
         || !seen_a.lock().unwrap().is_empty(),
     )
     .await;
     a.abort();
     let _ = a.await;
 
-    let b = tokio::spawn(worker("worker-b", false, &seen_b).await.run());
-    wait_for(
+    let mut b = tokio::spawn(worker("worker-b", false, &seen_b).await.run());
+    wait_on(
         "worker B to get the redelivery",
         Duration::from_secs(30),
+        &mut b,
         || !seen_b.lock().unwrap().is_empty(),
     )
     .await;
