@@ -191,6 +191,58 @@ async fn whereabouts(conn: &mut ConnectionManager, queue: &str, id: &str) -> Str
     )
 }
 
+/// The last lines apalis logged for one worker (its backend's states and calls), for a
+/// failure's message: attach with [`Trail::attach`].
+#[derive(Clone, Default)]
+struct Trail(Arc<Mutex<std::collections::VecDeque<String>>>);
+
+impl Trail {
+    const LINES: usize = 60;
+
+    fn attach<F: Future>(&self, future: F) -> tracing::instrument::WithDispatch<F> {
+        use tracing::instrument::WithSubscriber;
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter("apalis_core=debug,apalis_redis=debug")
+            .with_writer(self.clone())
+            .with_ansi(false)
+            .without_time()
+            .finish();
+        future.with_subscriber(subscriber)
+    }
+
+    fn lines(&self) -> String {
+        let lines = self.0.lock().unwrap();
+        lines
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join("")
+    }
+}
+
+impl std::io::Write for Trail {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut lines = self.0.lock().unwrap();
+        lines.push_back(String::from_utf8_lossy(buf).into_owned());
+        while lines.len() > Self::LINES {
+            lines.pop_front();
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Trail {
+    type Writer = Self;
+
+    fn make_writer(&'a self) -> Self {
+        self.clone()
+    }
+}
+
 /// What reached the door: the task's id, its arguments' JSON as this delivery serializes them,
 /// and the door's answer (`Ok` outcome or the error's text).
 type Seen = Arc<Mutex<Vec<(String, String, Result<Handled<()>, String>)>>>;
@@ -347,7 +399,8 @@ async fn a_worker_process_killed_mid_handler_with_a_15_s_lease_loses_no_task_and
         }))
         .layer(door(&engine))
         .build(handler);
-    let mut b = tokio::spawn(worker_b.run());
+    let trail = Trail::default();
+    let mut b = tokio::spawn(trail.attach(worker_b.run()));
     let mut conn = connect(&url).await;
     let start = Instant::now();
     for id in &started {
@@ -362,8 +415,9 @@ async fn a_worker_process_killed_mid_handler_with_a_15_s_lease_loses_no_task_and
             if start.elapsed() > Duration::from_secs(90) {
                 let at = whereabouts(&mut conn, queue, id).await;
                 panic!(
-                    "task {id} not done ({at}); worker B saw {:?}",
-                    seen.lock().unwrap()
+                    "task {id} not done ({at}); worker B saw {:?}; its last lines:\n{}",
+                    seen.lock().unwrap(),
+                    trail.lines()
                 );
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
