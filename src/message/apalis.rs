@@ -63,6 +63,15 @@
 //! after it runs the task. A worker that dies after recording, before acknowledging, costs
 //! nothing: the redelivery is a completed duplicate.
 //!
+//! apalis-redis stops a worker on any error from Redis, and two of its settings make one
+//! out of a slow reply. It counts the product above in whole seconds, and a worker's own
+//! heartbeat may find the worker orphaned: keep it at 3 s or more, in whole seconds (its
+//! default is 30 s × 10). Under 2 s, as with 500 ms × 2, a heartbeat that falls either side
+//! of a second re-enqueues its own worker's tasks, and the worker stops with "worker not
+//! registered". And `apalis_redis::connect` keeps redis' default response timeout, 500 ms: a
+//! reply later than that stops the worker. Connect with a `ConnectionManagerConfig` of a few
+//! seconds instead.
+//!
 //! # apalis' retry layer
 //!
 //! Add this layer *inside* apalis' retry layer: after `.retry(..)` in the builder chain,

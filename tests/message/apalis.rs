@@ -21,10 +21,12 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
+use tokio::task::JoinHandle;
 use tower::{Service, service_fn};
 use tower_idempotency::engine::Engine;
 use tower_idempotency::message::apalis::ApalisLayer;
 use tower_idempotency::message::{Handled, MessageIdempotencyLayer};
+use tower_idempotency::store::redis::redis::aio::ConnectionManagerConfig;
 use tower_idempotency::store::redis::{RedisStore, redis};
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -53,21 +55,60 @@ fn door(
     ApalisLayer::new(MessageIdempotencyLayer::new(engine.clone(), POOL))
 }
 
+/// apalis-redis stamps heartbeats in whole seconds, and each heartbeat re-enqueues the tasks
+/// of every worker whose stamp is `heartbeat_interval × missed_heartbeats` (whole seconds) old,
+/// its own worker included. At 0.5 s × 2 a heartbeat whose two calls fall either side of a
+/// second finds its own worker orphaned, and the worker stops ("worker not registered"). At
+/// 1 s × 3 that takes a 2 s stall between them; a dead worker's tasks move 3–4 s after its
+/// last heartbeat.
 fn config(queue: &str) -> Config {
     Config::default()
         .queue(queue)
-        .heartbeat_interval(Duration::from_millis(500))
-        .missed_heartbeats(2)
+        .heartbeat_interval(Duration::from_secs(1))
+        .missed_heartbeats(3)
+}
+
+/// A connection for apalis-redis. A worker stops on any error of its backend, a reply later
+/// than the connection's response timeout included: `apalis_redis::connect` keeps redis'
+/// default of 500 ms, which a loaded machine exceeds. Seconds here.
+async fn connect(url: &str) -> ConnectionManager {
+    let seconds = Some(Duration::from_secs(10));
+    let config = ConnectionManagerConfig::new()
+        .set_response_timeout(seconds)
+        .set_connection_timeout(seconds);
+    apalis_redis::Client::open(url)
+        .unwrap()
+        .get_connection_manager_with_config(config)
+        .await
+        .unwrap()
 }
 
 async fn storage(url: &str, queue: &str) -> RedisStorage<Invoice> {
-    RedisStorage::<Invoice>::new(apalis_redis::connect(url).await.unwrap())
-        .with_config(config(queue))
+    RedisStorage::<Invoice>::new(connect(url).await).with_config(config(queue))
 }
 
 async fn wait_for(what: &str, limit: Duration, mut done: impl FnMut() -> bool) {
     let start = Instant::now();
     while !done() {
+        assert!(start.elapsed() < limit, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// As [`wait_for`], while `worker` runs: a worker that stopped fails the wait at once, with
+/// what it stopped on (apalis-redis stops a worker on a backend error).
+async fn wait_on<T: std::fmt::Debug>(
+    what: &str,
+    limit: Duration,
+    worker: &mut JoinHandle<T>,
+    mut done: impl FnMut() -> bool,
+) {
+    let start = Instant::now();
+    while !done() {
+        if worker.is_finished() {
+            let stopped = worker.await;
+            panic!("the worker stopped before {what}: {stopped:?}");
+        }
         assert!(start.elapsed() < limit, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -87,6 +128,119 @@ async fn filed(conn: &mut ConnectionManager, queue: &str, id: &str) -> (bool, bo
     let done = member(config.done_jobs_set()).await;
     let dead = member(config.dead_jobs_set()).await;
     (done, dead)
+}
+
+/// Where apalis-redis keeps task `id`, for a failure's message: its metadata, the sets and
+/// lists that hold it, and the registered workers.
+async fn whereabouts(conn: &mut ConnectionManager, queue: &str, id: &str) -> String {
+    let config = config(queue);
+    let meta: Vec<String> = redis::cmd("HGETALL")
+        .arg(format!("{}:{id}", config.job_meta_hash()))
+        .query_async(conn)
+        .await
+        .unwrap_or_default();
+    let workers: Vec<String> = redis::cmd("ZRANGE")
+        .arg(config.workers_set())
+        .arg(0)
+        .arg(-1)
+        .arg("WITHSCORES")
+        .query_async(conn)
+        .await
+        .unwrap_or_default();
+    let active: Vec<String> = redis::cmd("LRANGE")
+        .arg(config.active_jobs_list())
+        .arg(0)
+        .arg(-1)
+        .query_async(conn)
+        .await
+        .unwrap_or_default();
+    let scheduled: Option<f64> = redis::cmd("ZSCORE")
+        .arg(config.scheduled_jobs_set())
+        .arg(id)
+        .query_async(conn)
+        .await
+        .unwrap_or_default();
+    // The registered workers, and the tests' own, registered or not.
+    let names: std::collections::BTreeSet<String> = workers
+        .iter()
+        .step_by(2)
+        .cloned()
+        .chain(["worker-a".to_owned(), "worker-b".to_owned()])
+        .collect();
+    let mut inflight = Vec::new();
+    for worker in names {
+        let held: bool = redis::cmd("SISMEMBER")
+            .arg(format!("{}:{worker}", config.inflight_jobs_set()))
+            .arg(id)
+            .query_async(conn)
+            .await
+            .unwrap_or_default();
+        if held {
+            inflight.push(worker);
+        }
+    }
+    // The workers' scores are their latest heartbeats: the server's time says how old.
+    let (now, _): (u64, u64) = redis::cmd("TIME")
+        .query_async(conn)
+        .await
+        .unwrap_or_default();
+    format!(
+        "meta {meta:?}; workers {workers:?} at {now}; in the active list {}; scheduled at \
+         {scheduled:?}; in flight at {inflight:?}",
+        active.iter().any(|a| a == id)
+    )
+}
+
+/// The last lines apalis logged for one worker (its backend's states and calls), for a
+/// failure's message: attach with [`Trail::attach`].
+#[derive(Clone, Default)]
+struct Trail(Arc<Mutex<std::collections::VecDeque<String>>>);
+
+impl Trail {
+    const LINES: usize = 60;
+
+    fn attach<F: Future>(&self, future: F) -> tracing::instrument::WithDispatch<F> {
+        use tracing::instrument::WithSubscriber;
+        let subscriber = tracing_subscriber::fmt()
+            .with_env_filter("apalis_core=debug,apalis_redis=debug")
+            .with_writer(self.clone())
+            .with_ansi(false)
+            .without_time()
+            .finish();
+        future.with_subscriber(subscriber)
+    }
+
+    fn lines(&self) -> String {
+        let lines = self.0.lock().unwrap();
+        lines
+            .iter()
+            .map(String::as_str)
+            .collect::<Vec<_>>()
+            .join("")
+    }
+}
+
+impl std::io::Write for Trail {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let mut lines = self.0.lock().unwrap();
+        lines.push_back(String::from_utf8_lossy(buf).into_owned());
+        while lines.len() > Self::LINES {
+            lines.pop_front();
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Trail {
+    type Writer = Self;
+
+    fn make_writer(&'a self) -> Self {
+        self.clone()
+    }
 }
 
 /// What reached the door: the task's id, its arguments' JSON as this delivery serializes them,
@@ -135,8 +289,10 @@ where
 /// Worker A's lease on its claims, and B's: a killed worker's claim lapses after it. The
 /// store's expiry runs on a real server whose clock cannot be paused, and the default 60 s
 /// lease would make the test wait a minute; the test is named for this lease. The handlers
-/// that hold one run in microseconds, renewed every third of it.
-const LEASE: Duration = Duration::from_secs(5);
+/// that hold one run in microseconds, renewed every third of it. A's claims outlive it by
+/// 10–15 s, A's tasks come to B 1–5 s after the kill ([`config`]): seconds to spare for the
+/// redeliveries the claims refuse.
+const LEASE: Duration = Duration::from_secs(15);
 
 const CHILD_REDIS: &str = "QUEUES_APALIS_CHILD_REDIS";
 const CHILD_QUEUE: &str = "QUEUES_APALIS_CHILD_QUEUE";
@@ -149,7 +305,7 @@ fn engine_at(store: RedisStore) -> Engine<RedisStore> {
 /// Worker A of the kill test, in a process of its own: every task's handler starts, says so,
 /// and never returns, until the test kills the process.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a child process of a_worker_process_killed_mid_handler_with_a_5_s_lease_loses_no_task_and_each_runs_once"]
+#[ignore = "a child process of a_worker_process_killed_mid_handler_with_a_15_s_lease_loses_no_task_and_each_runs_once"]
 async fn worker_process_that_hangs_mid_handler() {
     let (Ok(url), Ok(queue)) = (std::env::var(CHILD_REDIS), std::env::var(CHILD_QUEUE)) else {
         return;
@@ -170,7 +326,7 @@ async fn worker_process_that_hangs_mid_handler() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_process_killed_mid_handler_with_a_5_s_lease_loses_no_task_and_each_runs_once() {
+async fn a_worker_process_killed_mid_handler_with_a_15_s_lease_loses_no_task_and_each_runs_once() {
     if !redis_server::available() {
         return;
     }
@@ -220,8 +376,8 @@ async fn a_worker_process_killed_mid_handler_with_a_5_s_lease_loses_no_task_and_
     .expect("worker A to start the three tasks");
     child.kill().await.unwrap();
 
-    // Worker B, the door's and the adapter's default settings and the 5 s lease: A's tasks come to it once A's
-    // heartbeats have stopped, while A's claims still hold their keys.
+    // Worker B, the door's and the adapter's default settings and the 15 s lease: A's tasks
+    // come to it once A's heartbeats have stopped, while A's claims still hold their keys.
     let engine = engine_at(RedisStore::connect(&url, STORE_PREFIX).await.unwrap());
     let runs = Arc::new(Mutex::new(BTreeMap::<String, usize>::new()));
     let handler = {
@@ -243,24 +399,32 @@ async fn a_worker_process_killed_mid_handler_with_a_5_s_lease_loses_no_task_and_
         }))
         .layer(door(&engine))
         .build(handler);
-    let b = tokio::spawn(worker_b.run());
-    let mut conn = apalis_redis::connect(url.as_str()).await.unwrap();
+    let trail = Trail::default();
+    let mut b = tokio::spawn(trail.attach(worker_b.run()));
+    let mut conn = connect(&url).await;
     let start = Instant::now();
     for id in &started {
         loop {
             if filed(&mut conn, queue, id).await.0 {
                 break;
             }
-            assert!(
-                start.elapsed() < Duration::from_secs(90),
-                "task {id} not done; worker B saw {:?}",
-                seen.lock().unwrap()
-            );
+            if b.is_finished() {
+                let stopped = (&mut b).await;
+                panic!("worker B stopped before task {id} was done: {stopped:?}");
+            }
+            if start.elapsed() > Duration::from_secs(90) {
+                let at = whereabouts(&mut conn, queue, id).await;
+                panic!(
+                    "task {id} not done ({at}); worker B saw {:?}; its last lines:\n{}",
+                    seen.lock().unwrap(),
+                    trail.lines()
+                );
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
     // Another heartbeat or two: nothing else runs.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     b.abort();
 
     let runs = runs.lock().unwrap().clone();
@@ -337,35 +501,41 @@ async fn die_before_ack_then_redeliver(keyed: bool) {
         }
     };
     let (seen_a, seen_b) = (Seen::default(), Seen::default());
-    let a = tokio::spawn(worker("worker-a", true, &seen_a).await.run());
-    wait_for(
+    let mut a = tokio::spawn(worker("worker-a", true, &seen_a).await.run());
+    wait_on(
         "worker A to handle the task",
         Duration::from_secs(20),
+        &mut a,
         || !seen_a.lock().unwrap().is_empty(),
     )
     .await;
     a.abort();
     let _ = a.await;
 
-    let b = tokio::spawn(worker("worker-b", false, &seen_b).await.run());
-    wait_for(
+    let mut b = tokio::spawn(worker("worker-b", false, &seen_b).await.run());
+    wait_on(
         "worker B to get the redelivery",
         Duration::from_secs(30),
+        &mut b,
         || !seen_b.lock().unwrap().is_empty(),
     )
     .await;
-    let mut conn = apalis_redis::connect(url.as_str()).await.unwrap();
+    let mut conn = connect(&url).await;
     let id = seen_b.lock().unwrap()[0].0.clone();
     let start = Instant::now();
     while !filed(&mut conn, queue, &id).await.0 {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "the task is filed done"
-        );
+        if b.is_finished() {
+            let stopped = (&mut b).await;
+            panic!("worker B stopped before the task was filed done: {stopped:?}");
+        }
+        if start.elapsed() > Duration::from_secs(20) {
+            let at = whereabouts(&mut conn, queue, &id).await;
+            panic!("the task is filed done: {at}");
+        }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Another heartbeat or two: nothing else arrives.
-    tokio::time::sleep(Duration::from_millis(1500)).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     b.abort();
 
     let (a, b) = (
@@ -405,6 +575,62 @@ async fn a_keyed_redelivery_whose_map_iterates_anew_is_a_duplicate_not_a_reused_
     if redis_server::available() {
         die_before_ack_then_redeliver(true).await;
     }
+}
+
+/// The settings these tests give apalis-redis ([`config`], [`connect`]) keep a worker running
+/// through a stall of Redis: here three of 1 s, as a loaded machine makes. At 0.5 s × 2
+/// heartbeats a stall makes the worker's heartbeat find itself orphaned, and with redis'
+/// 500 ms response timeout the stalled reply is an error; either stops the worker.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_apalis_redis_worker_on_these_settings_outlives_redis_stalls_of_1_s() {
+    if !redis_server::available() {
+        return;
+    }
+    let redis = RedisServer::start_with(&["--enable-debug-command", "yes"]);
+    let (url, queue) = (redis.url(), "stalled");
+    let handler = service_fn(|_: Task<Invoice>| async { Ok::<(), BoxDynError>(()) });
+    let worker = WorkerBuilder::new("worker")
+        .backend(storage(&url, queue).await)
+        .build(handler);
+    let mut w = tokio::spawn(worker.run());
+    let mut conn = connect(&url).await;
+    let mut sink = storage(&url, queue).await;
+    for stall in 0..3 {
+        // Between stalls, a heartbeat or two and a task that runs.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        sink.push(invoice(stall)).await.unwrap();
+        let () = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg(1)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert!(
+            !w.is_finished(),
+            "stopped at stall {stall}: {:?}",
+            (&mut w).await
+        );
+    }
+    let done = || async {
+        let mut conn = connect(&url).await;
+        redis::cmd("SCARD")
+            .arg(config(queue).done_jobs_set())
+            .query_async::<usize>(&mut conn)
+            .await
+            .unwrap()
+    };
+    let start = Instant::now();
+    while done().await < 3 {
+        if w.is_finished() {
+            panic!("the worker stopped: {:?}", (&mut w).await);
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "the three tasks ran"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    w.abort();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -676,21 +676,42 @@ async fn purge_leaves_a_row_claimed_again_in_an_open_transaction_alone() {
 
 // ---- failures -------------------------------------------------------------------------------
 
+/// How many sessions wait for a lock in a statement on `table`, other than the caller's.
+async fn waiting_on(pool: &PgPool, table: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' \
+         AND query LIKE '%' || $1 || '%' AND pid <> pg_backend_pid()",
+    )
+    .bind(table)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn a_claim_stuck_behind_a_lock_times_out_and_the_store_recovers() {
     let Some(server) = PostgresServer::shared() else {
         return;
     };
+    // Seconds: the claim reaches the lock, and is seen waiting there, well inside the server's
+    // `statement_timeout` (four fifths of it) on a loaded machine.
+    const TIMEOUT: Duration = Duration::from_secs(2);
     let table = fresh_table("stuck");
     store_on(server, &table, "stuck").await;
     let store = PostgresStore::builder("stuck")
         .table(&table)
-        .timeout(Duration::from_millis(300))
+        .timeout(TIMEOUT)
         .connect(&server.url())
         .await
         .unwrap();
     let key = random_key();
     let fp = fingerprint("a");
+    // The store's connection is open before the clock starts: the stuck claim's statement
+    // goes straight out.
+    assert!(matches!(
+        store.claim(&random_key(), &fp, LONG).await.unwrap(),
+        Claim::Claimed(_)
+    ));
     // A transaction inserts the key's row and holds it: a claim's insert must wait for it.
     let pool = server.pool(1).await;
     let mut holder = pool.begin().await.unwrap();
@@ -705,21 +726,47 @@ async fn a_claim_stuck_behind_a_lock_times_out_and_the_store_recovers() {
     .await
     .unwrap();
 
-    let started = Instant::now();
-    let e = store.claim(&key, &fp, LONG).await.unwrap_err();
+    let watcher = server.pool(1).await;
+    let ((answer, took), seen) = tokio::join!(
+        async {
+            let started = Instant::now();
+            let answer = store.claim(&key, &fp, LONG).await;
+            (answer, started.elapsed())
+        },
+        async {
+            let started = Instant::now();
+            while started.elapsed() < TIMEOUT + Duration::from_secs(3) {
+                if waiting_on(&watcher, &table).await > 0 {
+                    return true;
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            false
+        }
+    );
+    assert!(seen, "the claim waited for the holder's lock");
+    let e = answer.unwrap_err();
     assert_eq!(e.kind(), StoreErrorKind::Timeout, "{e:?}");
     assert!(
-        started.elapsed() < Duration::from_secs(2),
-        "bounded by the timeout"
+        took < TIMEOUT + Duration::from_secs(3),
+        "bounded by the timeout: {took:?}"
     );
-    // The server's `statement_timeout` (four fifths of the 300 ms, counted from the statement's
-    // arrival) cancels the claim; were it still waiting, the rollback below would let it insert
-    // a pending row that nobody holds.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The server's `statement_timeout` cancels the claim; were it still waiting, the rollback
+    // below would let it insert a pending row that nobody holds. Wait for the server to say
+    // so, not for a time.
+    let started = Instant::now();
+    while waiting_on(&watcher, &table).await > 0 {
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the server ended the timed-out claim's statement"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     holder.rollback().await.unwrap();
     // The connection the timed-out claim used is usable again, and the key is free.
     let mut answers = Vec::new();
-    for _ in 0..20 {
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(10) {
         let answer = store.claim(&key, &fp, LONG).await;
         if let Ok(Claim::Claimed(_)) = answer {
             return;
