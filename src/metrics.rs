@@ -183,16 +183,20 @@ pub(crate) enum Settled {
     CompleteFailed,
     /// Freeing the key failed: it stays pending until its lease lapses.
     ReleaseFailed,
-    /// The lease had lapsed and another claimant held the key: the record was not stored.
+    /// The lease had lapsed and another claimant held the key: the record was not stored, or
+    /// the key not held.
     LeaseLost,
     /// The response was dropped before its body ended, as the client went away. Nothing settled.
     Abandoned,
-    /// The send-once door's delivery is unknown: the key is held, nothing is sent again.
+    /// The verdict was `Hold`: the claim is renewed for the hold time, and repeats meanwhile
+    /// are answered in flight. Every door may end so.
     Held,
+    /// Renewing the claim for the hold failed: it stays pending until its current lease lapses.
+    HoldFailed,
 }
 
 impl Settled {
-    const ALL: [Self; 7] = [
+    const ALL: [Self; 8] = [
         Self::Completed,
         Self::Released,
         Self::CompleteFailed,
@@ -200,6 +204,7 @@ impl Settled {
         Self::LeaseLost,
         Self::Abandoned,
         Self::Held,
+        Self::HoldFailed,
     ];
 
     pub(crate) const fn as_str(self) -> &'static str {
@@ -211,6 +216,7 @@ impl Settled {
             Self::LeaseLost => "lease_lost",
             Self::Abandoned => "abandoned",
             Self::Held => "held",
+            Self::HoldFailed => "hold_failed",
         }
     }
 

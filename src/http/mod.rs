@@ -136,8 +136,9 @@
 //! [`Verdict`](crate::engine::Verdict) into its response's extensions, with [`declare`] or as
 //! an axum response part. The layer follows it over the table and the hook. `Release` frees
 //! the key: nothing happened. `Record` records the response whatever its status: a 500 after
-//! a charge that went through is replayed, never charged again. `Hold` keeps the key pending
-//! until its lease lapses: a retry neither replays nor runs at once. See [`declare`] for the
+//! a charge that went through is replayed, never charged again. `Hold` keeps the key's claim
+//! for one lease from the response, as every door holds a key: a retry neither replays nor
+//! runs at once. See [`declare`] for the
 //! reasoning.
 //!
 //! # Two idempotency layers on one request
