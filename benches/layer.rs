@@ -171,9 +171,7 @@ fn memory_store(c: &mut Criterion) {
     // What the engine adds over the store's own two operations: the store alone, the store
     // with each operation bounded as the engine bounds it (`store_timeout`), and the engine
     // with a `Secret` (the store key, fingerprint and record keyed under it).
-    let store = MemoryStore::builder()
-        .build()
-        .expect("a valid store");
+    let store = MemoryStore::builder().build().expect("a valid store");
     let encoded = record.encode().expect("record");
     g.bench_function("claim_complete/store_only", |b| {
         b.to_async(&rt).iter(|| async {

@@ -61,8 +61,8 @@ async fn main() -> Result<(), Error> {
         let what = match delivery {
             Delivery::Recorded(()) => "sent",
             Delivery::Replayed(()) => "already sent: answered from its receipt",
-            Delivery::InFlight => "another send of it is running: not sent again",
-            Delivery::InFlight => "an earlier send of it may have gone: not sent again",
+            Delivery::InFlight => "another send of it is running, or may have gone: not sent again",
+            Delivery::Held(_) => "this send may have gone: its key is held",
             _ => "not sent",
         };
         println!("job run {run}: invoice:2024-017 {what}");

@@ -184,7 +184,9 @@ mod tests {
     use crate::engine::{Begin, Engine, Fingerprint, RecordedResponse, Scope, Ticket};
     use crate::metrics::{Door, Settled};
     use crate::store::clock::ManualClock;
-    use crate::store::{Claim, Forgotten, Record, Store, StoreError, StoreErrorKind, StoreKey, Token};
+    use crate::store::{
+        Claim, Forgotten, Record, Store, StoreError, StoreErrorKind, StoreKey, Token,
+    };
     use crate::{IdempotencyKey, MemoryStore};
     use std::future::Future;
     use std::time::Duration;
@@ -266,7 +268,10 @@ mod tests {
         let ticket = run(&engine, key("record")).await;
         let response = RecordedResponse::new(201, vec![], None);
         let settle = Settle::Record(Recording::Response(&response));
-        assert_eq!(engine.settle(ticket, settle, TALLY).await, Settled::Completed);
+        assert_eq!(
+            engine.settle(ticket, settle, TALLY).await,
+            Settled::Completed
+        );
         assert!(
             matches!(engine.begin(key("record"), fp()).await.unwrap(), Begin::Replayed(r) if r.status == 201)
         );
@@ -277,7 +282,10 @@ mod tests {
         let engine = memory(&ManualClock::new());
         for (name, settle) in [("release", Settle::Release), ("fail", Settle::Fail)] {
             let ticket = run(&engine, key(name)).await;
-            assert_eq!(engine.settle(ticket, settle, TALLY).await, Settled::Released);
+            assert_eq!(
+                engine.settle(ticket, settle, TALLY).await,
+                Settled::Released
+            );
             assert!(
                 matches!(engine.begin(key(name), fp()).await.unwrap(), Begin::Run(_)),
                 "{name}: a retry runs"
@@ -324,9 +332,17 @@ mod tests {
         let engine = memory(&clock);
         let response = RecordedResponse::new(200, vec![], None);
         let verdicts = [
-            ("record", Settle::Record(Recording::Response(&response)), Settled::LeaseLost),
+            (
+                "record",
+                Settle::Record(Recording::Response(&response)),
+                Settled::LeaseLost,
+            ),
             ("release", Settle::Release, Settled::Released),
-            ("hold", Settle::Hold(Duration::from_secs(600)), Settled::LeaseLost),
+            (
+                "hold",
+                Settle::Hold(Duration::from_secs(600)),
+                Settled::LeaseLost,
+            ),
         ];
         for (name, settle, settled) in verdicts {
             let first = run(&engine, key(name)).await;
@@ -334,12 +350,19 @@ mod tests {
             let second = run(&engine, key(name)).await;
             assert_eq!(engine.settle(first, settle, TALLY).await, settled, "{name}");
             assert!(
-                matches!(engine.begin(key(name), fp()).await.unwrap(), Begin::InFlight),
+                matches!(
+                    engine.begin(key(name), fp()).await.unwrap(),
+                    Begin::InFlight
+                ),
                 "{name}: the second run still holds the key"
             );
             assert_eq!(
                 engine
-                    .settle(second, Settle::Record(Recording::Response(&response)), TALLY)
+                    .settle(
+                        second,
+                        Settle::Record(Recording::Response(&response)),
+                        TALLY
+                    )
                     .await,
                 Settled::Completed,
                 "{name}"
@@ -359,16 +382,31 @@ mod tests {
         let engine = Engine::builder(Down(store)).lease(LEASE).build();
         let response = RecordedResponse::new(200, vec![], None);
         let verdicts = [
-            ("record", Settle::Record(Recording::Response(&response)), Settled::CompleteFailed),
+            (
+                "record",
+                Settle::Record(Recording::Response(&response)),
+                Settled::CompleteFailed,
+            ),
             ("release", Settle::Release, Settled::ReleaseFailed),
             ("fail", Settle::Fail, Settled::ReleaseFailed),
-            ("hold", Settle::Hold(Duration::from_secs(600)), Settled::HoldFailed),
+            (
+                "hold",
+                Settle::Hold(Duration::from_secs(600)),
+                Settled::HoldFailed,
+            ),
         ];
         for (name, settle, settled) in verdicts {
             let ticket = run(&engine, key(name)).await;
-            assert_eq!(engine.settle(ticket, settle, TALLY).await, settled, "{name}");
+            assert_eq!(
+                engine.settle(ticket, settle, TALLY).await,
+                settled,
+                "{name}"
+            );
             assert!(
-                matches!(engine.begin(key(name), fp()).await.unwrap(), Begin::InFlight),
+                matches!(
+                    engine.begin(key(name), fp()).await.unwrap(),
+                    Begin::InFlight
+                ),
                 "{name}: pending"
             );
         }

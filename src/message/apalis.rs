@@ -485,7 +485,10 @@ mod tests {
         let svc = ApalisLayer::new(door()).layer(counting(&runs));
         let monday = svc.clone().oneshot(task(5_u32, 1)).await.unwrap();
         let tuesday = svc.clone().oneshot(task(5_u32, 2)).await.unwrap();
-        assert_eq!((monday, tuesday), (Handled::Recorded(()), Handled::Recorded(())));
+        assert_eq!(
+            (monday, tuesday),
+            (Handled::Recorded(()), Handled::Recorded(()))
+        );
         // A redelivery of one of them (same id) is its duplicate.
         let again = svc.oneshot(task(5_u32, 2)).await.unwrap();
         assert_eq!(again, Handled::Replayed(None));
@@ -500,7 +503,10 @@ mod tests {
             .layer(counting(&runs));
         let first = svc.clone().oneshot(task(5_u32, 1)).await.unwrap();
         let second = svc.oneshot(task(5_u32, 2)).await.unwrap();
-        assert_eq!((first, second), (Handled::Recorded(()), Handled::Replayed(None)));
+        assert_eq!(
+            (first, second),
+            (Handled::Recorded(()), Handled::Replayed(None))
+        );
         assert_eq!(runs.load(Ordering::SeqCst), 1);
     }
 

@@ -381,7 +381,11 @@ impl<St: Store, I, C, K> Door<St, I, C, K> {
     /// The verdict on a send's result, with the receipt to record under `Record`. An error is
     /// never a receipt: a classifier that records one is read as a hold, as is a receipt that
     /// cannot be recorded (the message went, a repeat must not send it again).
-    pub(crate) fn judge<R, E>(&self, key: &StoreKey, result: &Result<R, E>) -> (Verdict, Option<Bytes>)
+    pub(crate) fn judge<R, E>(
+        &self,
+        key: &StoreKey,
+        result: &Result<R, E>,
+    ) -> (Verdict, Option<Bytes>)
     where
         C: Classify<Result<R, E>>,
         K: Codec<R>,
@@ -473,7 +477,8 @@ fn answer<R, E>(
         (Verdict::Record, Ok(r)) => Ok(recorded(r)),
         (Verdict::Fail, Ok(r)) => Ok(Delivery::Failed(r)),
         (Verdict::Fail, Err(error)) => Err(OutboundError::failed(error, false)),
-        (Verdict::Hold | Verdict::Record, Ok(r)) => Ok(Delivery::Held(Unknown::Response(r))),
+        (Verdict::Hold, Ok(r)) => Ok(Delivery::Held(Unknown::Response(r))),
+        // An error is never a receipt: a `Record` of one holds.
         (Verdict::Hold | Verdict::Record, Err(e)) => Ok(Delivery::Held(Unknown::Error(e))),
         (_, Ok(r)) => Ok(Delivery::Released(r)),
         (_, Err(error)) => Err(OutboundError::failed(error, true)),
@@ -513,9 +518,9 @@ impl<St: Store> Keys<St> {
         receipt: Option<Bytes>,
     ) -> impl Future<Output = ()> {
         let run = match tokio::runtime::Handle::try_current() {
-            Ok(rt) => Finish::Task(
-                rt.spawn(async move { self.finish(ticket, verdict, receipt).await }),
-            ),
+            Ok(rt) => {
+                Finish::Task(rt.spawn(async move { self.finish(ticket, verdict, receipt).await }))
+            }
             Err(_) => Finish::Inline(Box::new((self, ticket, verdict, receipt))),
         };
         async move {

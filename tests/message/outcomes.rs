@@ -1023,10 +1023,7 @@ async fn the_message_door_counts_each_outcome_once() {
     );
     assert_eq!(
         counted(),
-        [
-            "door=message,outcome=ran",
-            "door=message,result=completed"
-        ]
+        ["door=message,outcome=ran", "door=message,result=completed"]
     );
     assert_eq!(
         call(&svc, keyed("k1", "a")).await.unwrap(),

@@ -366,10 +366,7 @@ async fn the_outbound_door_counts_each_outcome_once() {
     assert!(send("r", "hello", Act::Refuse).await.is_err());
     assert_eq!(
         counted(),
-        [
-            "door=outbound,outcome=ran",
-            "door=outbound,result=released"
-        ]
+        ["door=outbound,outcome=ran", "door=outbound,result=released"]
     );
     assert!(matches!(
         send("u", "hello", Act::Reset).await,
