@@ -28,7 +28,8 @@ use std::fmt;
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Delivery<R, E> {
-    /// The message went now; its receipt was recorded under the key.
+    /// The message went now; its receipt was recorded under the key. A receipt over the
+    /// engine's record limit with no fitted form is not: the key is held for the hold time.
     Recorded(R),
     /// The provider answered that it took nothing, and the classifier gave `Release`: a
     /// 429, a 503 with `Retry-After`, an SMTP 4xx. The key was released: the same request

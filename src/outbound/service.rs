@@ -379,8 +379,9 @@ impl<St: Store, I, C, K> Door<St, I, C, K> {
     }
 
     /// The verdict on a send's result, with the receipt to record under `Record`. An error is
-    /// never a receipt: a classifier that records one is read as a hold, as is a receipt that
-    /// cannot be recorded (the message went, a repeat must not send it again).
+    /// never a receipt: a classifier that records one is read as a hold. A `Record` without a
+    /// receipt (one that cannot be recorded) is answered as sent, and its key held: the
+    /// message went, a repeat must not send it again.
     pub(crate) fn judge<R, E>(
         &self,
         key: &StoreKey,
@@ -391,10 +392,7 @@ impl<St: Store, I, C, K> Door<St, I, C, K> {
         K: Codec<R>,
     {
         match (self.classify.classify(result), result) {
-            (Verdict::Record, Ok(response)) => match self.receipt(key, response) {
-                Some(bytes) => (Verdict::Record, Some(bytes)),
-                None => (Verdict::Hold, None),
-            },
+            (Verdict::Record, Ok(response)) => (Verdict::Record, self.receipt(key, response)),
             (Verdict::Record | Verdict::Hold, _) => (Verdict::Hold, None),
             (Verdict::Fail, _) => (Verdict::Fail, None),
             // `Release`, and any verdict added later: nothing went.
@@ -541,13 +539,13 @@ impl<St: Store> Keys<St> {
     /// that fails is logged; the caller's answer stands.
     pub(crate) async fn finish(&self, ticket: Ticket, verdict: Verdict, receipt: Option<Bytes>) {
         let recorded;
-        let settle = match verdict {
-            Verdict::Record => {
-                recorded = RecordedResponse::of_door(DOOR_NAME, receipt);
+        let settle = match (verdict, receipt) {
+            (Verdict::Record, Some(receipt)) => {
+                recorded = RecordedResponse::of_door(DOOR_NAME, Some(receipt));
                 Settle::Record(Recording::Response(&recorded))
             }
-            Verdict::Hold => Settle::Hold(self.hold),
-            Verdict::Fail => Settle::Fail,
+            (Verdict::Record | Verdict::Hold, _) => Settle::Hold(self.hold),
+            (Verdict::Fail, _) => Settle::Fail,
             _ => Settle::Release,
         };
         self.engine.settle(ticket, settle, TALLY).await;

@@ -507,9 +507,10 @@ mod paused {
 
     #[tokio::test(start_paused = true)]
     async fn a_send_dropped_while_its_hold_is_written_stays_held() {
-        // The hold's write takes 5 s; the caller's own timeout fires after 1 s of it.
+        // The hold's write takes 5 s; the caller's own timeout fires after 1 s of it. The hold
+        // renews the send's claim, so, as any renewal, it lands within the lease (10 s).
         let store = SlowWrites::new(MemoryStore::new(), Duration::from_secs(5));
-        let engine = Engine::builder(store).lease(Duration::from_secs(2)).build();
+        let engine = Engine::builder(store).lease(Duration::from_secs(10)).build();
         let (door, provider) = door_with(engine, |l| l.hold(Duration::from_secs(600)));
         let cut = tokio::time::timeout(
             Duration::from_secs(1),
@@ -520,7 +521,7 @@ mod paused {
             cut.is_err(),
             "the caller gave up while the hold was written"
         );
-        tokio::time::sleep(Duration::from_secs(60)).await; // far past the 2 s lease
+        tokio::time::sleep(Duration::from_secs(60)).await; // far past the 10 s lease
         let retry = door
             .oneshot(Msg::new("k", "hello", Act::Take))
             .await
