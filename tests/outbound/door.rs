@@ -510,7 +510,9 @@ mod paused {
         // The hold's write takes 5 s; the caller's own timeout fires after 1 s of it. The hold
         // renews the send's claim, so, as any renewal, it lands within the lease (10 s).
         let store = SlowWrites::new(MemoryStore::new(), Duration::from_secs(5));
-        let engine = Engine::builder(store).lease(Duration::from_secs(10)).build();
+        let engine = Engine::builder(store)
+            .lease(Duration::from_secs(10))
+            .build();
         let (door, provider) = door_with(engine, |l| l.hold(Duration::from_secs(600)));
         let cut = tokio::time::timeout(
             Duration::from_secs(1),
