@@ -26,9 +26,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tower::ServiceExt;
 use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse, Scope};
-use tower_idempotency::store::StoreKey;
+use tower_idempotency::store::{Claim, Store, StoreKey};
 use tower_idempotency::{
-    IdempotencyKey, IdempotencyLayer, MemoryStore, Principal, http::PrincipalMode,
+    IdempotencyKey, IdempotencyLayer, MemoryStore, Principal, Secret, http::PrincipalMode,
 };
 
 fn json_body(len: usize) -> Bytes {
@@ -128,6 +128,12 @@ fn fingerprint(c: &mut Criterion) {
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
+/// The memory store rows' retention: short, so the store stays near steady state.
+const TTL: Duration = Duration::from_millis(50);
+/// The engine's defaults, for the rows that call the store directly.
+const LEASE: Duration = Duration::from_secs(60);
+const STORE_TIMEOUT: Duration = Duration::from_secs(30);
+
 fn fresh_key(scope: &Scope) -> StoreKey {
     let n = COUNTER.fetch_add(1, Ordering::Relaxed);
     StoreKey::derive(
@@ -142,11 +148,7 @@ fn memory_store(c: &mut Criterion) {
     let record = RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{\"id\":\"1\"}")));
     let fp = Fingerprint::builder().field(b"x").finish();
     // Retention short enough that the store stays near steady state instead of filling up.
-    let make = || {
-        Engine::builder(MemoryStore::new())
-            .ttl(Duration::from_millis(50))
-            .build()
-    };
+    let make = || Engine::builder(MemoryStore::new()).ttl(TTL).build();
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -163,6 +165,56 @@ fn memory_store(c: &mut Criterion) {
                 panic!("fresh key must be claimed")
             };
             engine.complete(t, &record).await.expect("complete");
+        });
+    });
+
+    // What the engine adds over the store's own two operations: the store alone, the store
+    // with each operation bounded as the engine bounds it (`store_timeout`), and the engine
+    // with a `Secret` (the store key, fingerprint and record keyed under it).
+    let store = MemoryStore::builder().build().expect("a valid store");
+    let encoded = record.encode().expect("record");
+    g.bench_function("claim_complete/store_only", |b| {
+        b.to_async(&rt).iter(|| async {
+            let key = fresh_key(&Scope::principal("p"));
+            let Claim::Claimed(token) = store.claim(&key, &fp, LEASE).await.expect("claim") else {
+                panic!("fresh key must be claimed")
+            };
+            let done = store.complete(&key, &token, &fp, encoded.clone(), TTL);
+            assert!(done.await.expect("complete"));
+        });
+    });
+    g.bench_function("claim_complete/store_timeout", |b| {
+        b.to_async(&rt).iter(|| async {
+            let key = fresh_key(&Scope::principal("p"));
+            let claim = tokio::time::timeout(STORE_TIMEOUT, store.claim(&key, &fp, LEASE));
+            let Claim::Claimed(token) = claim.await.expect("in time").expect("claim") else {
+                panic!("fresh key must be claimed")
+            };
+            let done = store.complete(&key, &token, &fp, encoded.clone(), TTL);
+            let done = tokio::time::timeout(STORE_TIMEOUT, done).await;
+            assert!(done.expect("in time").expect("complete"));
+        });
+    });
+    let secret = Secret::new([7u8; 32].to_vec()).expect("secret");
+    let keyed = Engine::builder(MemoryStore::new())
+        .ttl(TTL)
+        .secret(secret)
+        .build();
+    g.bench_function("claim_complete/secret", |b| {
+        b.to_async(&rt).iter(|| async {
+            let scope = Scope::principal("p");
+            let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+            let key = keyed.store_key(
+                "bench",
+                &scope,
+                &IdempotencyKey::new(&n.to_string()).expect("key"),
+            );
+            let tower_idempotency::engine::Begin::Run(t) =
+                keyed.begin(key, fp).await.expect("claim")
+            else {
+                panic!("fresh key must be claimed")
+            };
+            keyed.complete(t, &record).await.expect("complete");
         });
     });
 
@@ -251,9 +303,24 @@ fn layer_overhead(c: &mut Criterion) {
             .principal(PrincipalMode::Required),
         )
         .with_state(());
-    // Warm one key for the replay row.
+    // The same layer with a `Secret`: the store key, fingerprint and record keyed under it.
+    let secret = Secret::new([7u8; 32].to_vec()).expect("secret");
+    let keyed: Router = Router::new()
+        .route("/orders", post(handler))
+        .layer(
+            IdempotencyLayer::new(
+                tower_idempotency::engine::Engine::builder(MemoryStore::new())
+                    .ttl(Duration::from_secs(5))
+                    .secret(secret)
+                    .build(),
+            )
+            .principal(PrincipalMode::Required),
+        )
+        .with_state(());
+    // Warm one key for each replay row.
     rt.block_on(async {
         call(&layered, Some("replay-key".into()), &body).await;
+        call(&keyed, Some("replay-key".into()), &body).await;
     });
     let n = Arc::new(AtomicU64::new(0));
 
@@ -277,6 +344,17 @@ fn layer_overhead(c: &mut Criterion) {
     g.bench_function("replay", |b| {
         b.to_async(&rt).iter(|| async {
             call(&layered, Some("replay-key".into()), &body).await;
+        });
+    });
+    g.bench_function("first_run/secret", |b| {
+        b.to_async(&rt).iter(|| async {
+            let k = n.fetch_add(1, Ordering::Relaxed);
+            call(&keyed, Some(format!("k-{k}")), &body).await;
+        });
+    });
+    g.bench_function("replay/secret", |b| {
+        b.to_async(&rt).iter(|| async {
+            call(&keyed, Some("replay-key".into()), &body).await;
         });
     });
     #[cfg(feature = "metrics")]

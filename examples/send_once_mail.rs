@@ -59,10 +59,10 @@ async fn main() -> Result<(), Error> {
             .send(invoice("invoice:2024-017", "ada@example.com", "€42.00")?)
             .await?;
         let what = match delivery {
-            Delivery::Sent(()) => "sent",
+            Delivery::Recorded(()) => "sent",
             Delivery::Replayed(()) => "already sent: answered from its receipt",
-            Delivery::InFlight => "another send of it is running: not sent again",
-            Delivery::Held => "an earlier send of it may have gone: not sent again",
+            Delivery::InFlight => "another send of it is running, or may have gone: not sent again",
+            Delivery::Held(_) => "this send may have gone: its key is held",
             _ => "not sent",
         };
         println!("job run {run}: invoice:2024-017 {what}");

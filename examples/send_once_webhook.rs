@@ -78,7 +78,7 @@ async fn main() -> Result<(), Error> {
             ))?;
         event.extensions_mut().insert(inbound.clone());
         match webhooks.clone().oneshot(event).await? {
-            Delivery::Sent(res) => println!("  sent: {} {}", res.status(), body(res.body())),
+            Delivery::Recorded(res) => println!("  sent: {} {}", res.status(), body(res.body())),
             Delivery::Replayed(res) => {
                 println!(
                     "  not sent again: the receipt {} {}",
@@ -86,18 +86,12 @@ async fn main() -> Result<(), Error> {
                     body(res.body())
                 );
             }
-            Delivery::InFlight => println!("  another send is running: nothing sent"),
-            Delivery::Held | Delivery::Unknown(_) => {
-                println!("  delivery unknown: the key is held, nothing sent");
+            Delivery::InFlight => {
+                println!("  another send is running, or its delivery is unknown: nothing sent")
             }
-            Delivery::Rejected {
-                response,
-                retryable,
-            } => {
-                println!(
-                    "  rejected with {} (retryable: {retryable})",
-                    response.status()
-                );
+            Delivery::Held(_) => println!("  delivery unknown: the key is held"),
+            Delivery::Released(response) | Delivery::Failed(response) => {
+                println!("  rejected with {}", response.status());
             }
             _ => println!("  another outcome"),
         }

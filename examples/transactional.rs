@@ -174,7 +174,7 @@ async fn create_order(
     .await;
 
     match outcome {
-        Ok(Within::Ran(recorded)) => respond(recorded, false),
+        Ok(Within::Recorded(recorded)) => respond(recorded, false),
         Ok(Within::Replayed(recorded)) => respond(recorded, true),
         Ok(Within::InFlight) => Rejection::new(
             RejectionKind::InFlight,

@@ -98,8 +98,8 @@ impl Door {
 /// What a door did with a request: the `outcome` label. Counted once per request.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Outcome {
-    /// Claimed: the work runs.
-    Fresh,
+    /// Claimed: the work runs ([`Begin::Run`](crate::engine::Begin::Run)).
+    Ran,
     /// Answered from the record.
     Replayed,
     /// The same request holds the key and runs. HTTP answers 409.
@@ -118,14 +118,14 @@ pub(crate) enum Outcome {
     /// A record failed validation and was not replayed.
     RecordInvalid,
     /// Passed on, not claimed: no key and none required, or claimed by an outer layer.
-    Passthrough,
+    Untracked,
     /// A wiring error, answered 500: no `IdempotentRoutes`, or an extractor without the layer.
     ConfigMissing,
 }
 
 impl Outcome {
     const ALL: [Self; 15] = [
-        Self::Fresh,
+        Self::Ran,
         Self::Replayed,
         Self::InFlight,
         Self::KeyReused,
@@ -138,13 +138,13 @@ impl Outcome {
         Self::ScopeFull,
         Self::StoreFull,
         Self::RecordInvalid,
-        Self::Passthrough,
+        Self::Untracked,
         Self::ConfigMissing,
     ];
 
     pub(crate) const fn as_str(self) -> &'static str {
         match self {
-            Self::Fresh => "fresh",
+            Self::Ran => "ran",
             Self::Replayed => "replayed",
             Self::InFlight => "in_flight",
             Self::KeyReused => "key_reused",
@@ -157,7 +157,7 @@ impl Outcome {
             Self::ScopeFull => "scope_full",
             Self::StoreFull => "store_full",
             Self::RecordInvalid => "record_invalid",
-            Self::Passthrough => "passthrough",
+            Self::Untracked => "untracked",
             Self::ConfigMissing => "config_missing",
         }
     }
@@ -172,7 +172,8 @@ impl Outcome {
     }
 }
 
-/// How a claimed key ended: the `result` label. Counted once per `Fresh` request.
+/// How a claimed key ended: the `result` label. Counted once per `Ran` request, by
+/// [`Engine::settle`](crate::engine::Engine::settle).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Settled {
     /// The record was stored.
@@ -183,16 +184,20 @@ pub(crate) enum Settled {
     CompleteFailed,
     /// Freeing the key failed: it stays pending until its lease lapses.
     ReleaseFailed,
-    /// The lease had lapsed and another claimant held the key: the record was not stored.
+    /// The lease had lapsed and another claimant held the key: the record was not stored, or
+    /// the key not held.
     LeaseLost,
     /// The response was dropped before its body ended, as the client went away. Nothing settled.
     Abandoned,
-    /// The send-once door's delivery is unknown: the key is held, nothing is sent again.
+    /// The verdict was `Hold`: the claim is renewed for the hold time, and repeats meanwhile
+    /// are answered in flight. Every door may end so.
     Held,
+    /// Renewing the claim for the hold failed: it stays pending until its current lease lapses.
+    HoldFailed,
 }
 
 impl Settled {
-    const ALL: [Self; 7] = [
+    const ALL: [Self; 8] = [
         Self::Completed,
         Self::Released,
         Self::CompleteFailed,
@@ -200,6 +205,7 @@ impl Settled {
         Self::LeaseLost,
         Self::Abandoned,
         Self::Held,
+        Self::HoldFailed,
     ];
 
     pub(crate) const fn as_str(self) -> &'static str {
@@ -211,6 +217,7 @@ impl Settled {
             Self::LeaseLost => "lease_lost",
             Self::Abandoned => "abandoned",
             Self::Held => "held",
+            Self::HoldFailed => "hold_failed",
         }
     }
 

@@ -30,6 +30,7 @@ pub(crate) mod key;
 pub(crate) mod record;
 pub(crate) mod scope;
 pub(crate) mod secret;
+pub(crate) mod settle;
 pub(crate) mod steps;
 pub(crate) mod verdict;
 
@@ -741,9 +742,11 @@ impl<S: Store> Engine<S> {
     }
 
     /// Keeps the key pending for `hold` from now, under the ticket, instead of completing or
-    /// releasing it. This is for work whose outcome is unknown, such as a message that may have
-    /// been sent. A retry is then answered "in flight" until the hold ends, rather than doing it
-    /// again. Returns `Ok(false)` when the ticket no longer held the key.
+    /// releasing it: the claim is renewed for the hold time. This is how every door holds a
+    /// key, for work whose outcome is unknown, such as a message that may have been sent. A
+    /// retry is then answered "in flight" until the hold ends, rather than doing it again, and
+    /// the key's steps are kept for the retry after it. Returns `Ok(false)` when the ticket no
+    /// longer held the key.
     ///
     /// # Errors
     /// The store's error. The key then stays pending until its current lease lapses.

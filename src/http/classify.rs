@@ -58,35 +58,68 @@ pub(crate) fn is_recordable_definitive(status: u16) -> bool {
     matches!(status, 200..=599) && status != 304
 }
 
-/// What to do with the key, and the response that goes out either way.
-pub(crate) enum Outcome<B: Body> {
-    Release(Response<ResponseBody<B>>),
-    /// Neither recorded nor released: declared or classified [`Verdict::Hold`]. The key stays
-    /// pending until its lease lapses.
-    Keep(Response<ResponseBody<B>>),
+/// The handler's response judged: the verdict its key is settled with, and the response that
+/// goes out either way.
+pub(crate) struct Judged<B: Body> {
+    pub(crate) response: Response<ResponseBody<B>>,
+    pub(crate) verdict: Verdict,
+    /// The record, with [`Verdict::Record`] only.
+    pub(crate) record: Option<Draft>,
+    /// Sent on before its body has ended: recorded once the body has ended, released if it
+    /// fails.
+    pub(crate) at_end: bool,
+}
+
+impl<B: Body> Judged<B> {
+    fn release(response: Response<ResponseBody<B>>) -> Self {
+        Self::of(response, Verdict::Release, None, false)
+    }
+
+    /// Declared or classified [`Verdict::Hold`], or a record that cannot be written.
+    fn hold(response: Response<ResponseBody<B>>) -> Self {
+        Self::of(response, Verdict::Hold, None, false)
+    }
+
     /// Recorded now, then sent. The body was read whole.
-    Record(Response<ResponseBody<B>>, Draft),
-    /// Sent on before its body has ended. It is recorded once the body has ended, and released
-    /// if it fails.
-    RecordAtEnd(Response<ResponseBody<B>>, Draft),
+    fn record(response: Response<ResponseBody<B>>, draft: Draft) -> Self {
+        Self::of(response, Verdict::Record, Some(draft), false)
+    }
+
+    fn record_at_end(response: Response<ResponseBody<B>>, draft: Draft) -> Self {
+        Self::of(response, Verdict::Record, Some(draft), true)
+    }
+
+    fn of(
+        response: Response<ResponseBody<B>>,
+        verdict: Verdict,
+        record: Option<Draft>,
+        at_end: bool,
+    ) -> Self {
+        Self {
+            response,
+            verdict,
+            record,
+            at_end,
+        }
+    }
 }
 
 /// No trailers, for [`Draft::write`].
 const NO_TRAILERS: Option<fn() -> std::iter::Empty<FieldRef<'static>>> = None;
 
-/// Writes a record, or keeps the key pending when it cannot be written. Only a status outside
+/// Writes a record, or holds the key when it cannot be written. Only a status outside
 /// 100–999 stops it, and an `http::StatusCode` never is one.
 fn keep_unless_written<B: Body>(
     res: Response<ResponseBody<B>>,
     key: &StoreKey,
     written: Result<Draft, crate::engine::record::RecordError>,
-    outcome: fn(Response<ResponseBody<B>>, Draft) -> Outcome<B>,
-) -> Outcome<B> {
+    judged: fn(Response<ResponseBody<B>>, Draft) -> Judged<B>,
+) -> Judged<B> {
     match written {
-        Ok(draft) => outcome(res, draft),
+        Ok(draft) => judged(res, draft),
         Err(e) => {
-            tracing::warn!(key = ?key, reason = e.reason(), "response cannot be recorded; the key stays pending until its lease lapses");
-            Outcome::Keep(res)
+            tracing::warn!(key = ?key, reason = e.reason(), "response cannot be recorded; the key is held for one lease");
+            Judged::hold(res)
         }
     }
 }
@@ -113,7 +146,7 @@ pub(crate) async fn classify<B>(
     key: &StoreKey,
     res: Response<B>,
     grpc: bool,
-) -> Outcome<B>
+) -> Judged<B>
 where
     B: Body<Data = Bytes> + Send + 'static,
 {
@@ -121,20 +154,20 @@ where
     // store down, …) is that layer's answer about its own key, not the work's: never recorded.
     if res.extensions().get::<Rejection>().is_some() {
         tracing::debug!(key = ?key, status = res.status().as_u16(), "a rejection of an inner idempotency layer; released, not recorded");
-        return Outcome::Release(res.map(ResponseBody::passthrough));
+        return Judged::release(res.map(ResponseBody::passthrough));
     }
     // The handler's own word wins over the status (one extension lookup when there is none).
     let definitive = match declared(&res) {
         None => false,
         Some(Verdict::Record) => true,
         Some(Verdict::Hold) => {
-            tracing::info!(outcome = "ambiguous", key = ?key, status = res.status().as_u16(), "declared hold; the key stays pending until its lease lapses");
-            return Outcome::Keep(res.map(ResponseBody::passthrough));
+            tracing::debug!(key = ?key, status = res.status().as_u16(), "declared hold");
+            return Judged::hold(res.map(ResponseBody::passthrough));
         }
         // `Release` and `Fail` (and any verdict added later) free the key.
         Some(_) => {
             tracing::debug!(key = ?key, status = res.status().as_u16(), "declared release; released");
-            return Outcome::Release(res.map(ResponseBody::passthrough));
+            return Judged::release(res.map(ResponseBody::passthrough));
         }
     };
     // gRPC mode: the outcome is in the gRPC status (a non-200 follows the HTTP table).
@@ -160,7 +193,7 @@ async fn classify_http<B>(
     key: &StoreKey,
     res: Response<B>,
     declared: bool,
-) -> Outcome<B>
+) -> Judged<B>
 where
     B: Body<Data = Bytes> + Send + 'static,
 {
@@ -171,19 +204,19 @@ where
         is_recordable(status)
     };
     if !recordable {
-        return Outcome::Release(res.map(ResponseBody::passthrough));
+        return Judged::release(res.map(ResponseBody::passthrough));
     }
     let (parts, body) = res.into_parts();
     if !declared && let Some(hook) = &config.classify_fn {
         match hook.classify(&parts) {
             Verdict::Record => {}
             Verdict::Hold => {
-                tracing::info!(outcome = "ambiguous", key = ?key, status, "held by the classification hook; the key stays pending until its lease lapses");
-                return Outcome::Keep(Response::from_parts(parts, ResponseBody::passthrough(body)));
+                tracing::debug!(key = ?key, status, "held by the classification hook");
+                return Judged::hold(Response::from_parts(parts, ResponseBody::passthrough(body)));
             }
             _ => {
                 tracing::debug!(key = ?key, status, "released by the classification hook");
-                return Outcome::Release(Response::from_parts(
+                return Judged::release(Response::from_parts(
                     parts,
                     ResponseBody::passthrough(body),
                 ));
@@ -197,9 +230,9 @@ where
     // A body that goes out as it comes: recorded once it has ended, or at once when declared
     // definitive (its end, a failure or the client leaving must not free or lapse the key).
     let at_end = if declared {
-        Outcome::Record
+        Judged::record
     } else {
-        Outcome::RecordAtEnd
+        Judged::record_at_end
     };
     let over_limit = || {
         if full {
@@ -234,7 +267,7 @@ where
                 status_only(config, status, &parts.headers, definitive, tail)
             };
             let res = Response::from_parts(parts, ResponseBody::buffered(data, trailers));
-            keep_unless_written(res, key, written, Outcome::Record)
+            keep_unless_written(res, key, written, Judged::record)
         }
         Collected::TooLarge { prefix, rest } => {
             over_limit();
@@ -252,9 +285,9 @@ where
             tracing::warn!(key = ?key, status, "response declared definitive failed while its body was read; recording status and headers only");
             let written = status_only(config, status, &parts.headers, definitive, tail);
             let res = Response::from_parts(parts, ResponseBody::failed(prefix, error));
-            keep_unless_written(res, key, written, Outcome::Record)
+            keep_unless_written(res, key, written, Judged::record)
         }
-        Collected::Failed { prefix, error } => Outcome::Release(Response::from_parts(
+        Collected::Failed { prefix, error } => Judged::release(Response::from_parts(
             parts,
             ResponseBody::failed(prefix, error),
         )),
@@ -270,13 +303,13 @@ fn unread_grpc<B: Body>(
     res: Response<ResponseBody<B>>,
     definitive: bool,
     why: &'static str,
-) -> Outcome<B> {
+) -> Judged<B> {
     if definitive {
-        tracing::warn!(outcome = "held", key = ?key, why, "gRPC response declared definitive but its status cannot be recorded; the key stays pending until its lease lapses");
-        Outcome::Keep(res)
+        tracing::warn!(key = ?key, why, "gRPC response declared definitive but its status cannot be recorded; the key is held for one lease");
+        Judged::hold(res)
     } else {
         tracing::info!(key = ?key, why, "gRPC response released, not recorded");
-        Outcome::Release(res)
+        Judged::release(res)
     }
 }
 
@@ -290,7 +323,7 @@ async fn classify_grpc<B>(
     key: &StoreKey,
     res: Response<B>,
     definitive: bool,
-) -> Outcome<B>
+) -> Judged<B>
 where
     B: Body<Data = Bytes> + Send + 'static,
 {
@@ -331,7 +364,7 @@ where
     };
     if !(code.is_some_and(is_recorded_status) || definitive && code.is_some()) {
         tracing::debug!(key = ?key, grpc_status = ?code, "gRPC status not recorded");
-        return Outcome::Release(Response::from_parts(
+        return Judged::release(Response::from_parts(
             parts,
             ResponseBody::buffered(data, trailers),
         ));
@@ -370,7 +403,7 @@ where
         Draft::write(status, headers, None, Some(kept_trailers), definitive, tail)
     };
     let res = Response::from_parts(parts, ResponseBody::buffered(data, trailers));
-    keep_unless_written(res, key, written, Outcome::Record)
+    keep_unless_written(res, key, written, Judged::record)
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use http::Response;
 /// | --- | --- | --- |
 /// | `Release` (or `Fail`) | released, whatever the status | runs the handler again |
 /// | `Record` | recorded, whatever the status (200–599 but 304) and whatever its body does | is replayed this response |
-/// | `Hold` | neither: pending until its lease lapses | gets 409 until then, runs again after |
+/// | `Hold` | held: its claim is kept for one lease from the response | gets 409 until then, runs again after |
 ///
 /// **Why a 5xx may be recorded.** The IETF `Idempotency-Key` draft says a server should
 /// answer a repeat with the first request's result, success or error. By default this layer

@@ -308,7 +308,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// | --- | --- |
     /// | `Record` | recorded, as the table says |
     /// | `Release`, `Fail` | released: a retry runs the handler again |
-    /// | `Hold` | kept pending until its lease lapses: 409 until then, a re-run after |
+    /// | `Hold` | held: its claim is kept for one lease from the response, 409 until then, a re-run after |
     ///
     /// [`release_validation_errors`](super::release_validation_errors) is the preset for axum
     /// routes whose extractors refuse invalid requests. The corrected request can then be

@@ -29,7 +29,7 @@
 //! 7. The store key is a domain-separated hash of namespace, tenant, principal and key.
 //! 8. Claim. Nothing found: run. Pending with the same fingerprint: 409, with a `Retry-After`
 //!    of the lease left, at most a third of the lease (one renewal period: 20 s for the default
-//!    60 s lease), 1 s when the store cannot tell. Or, with [`wait_in_flight`](IdempotencyLayer::wait_in_flight), a
+//!    60 s lease), that third when the store cannot tell; every door computes it alike. Or, with [`wait_in_flight`](IdempotencyLayer::wait_in_flight), a
 //!    wait for the first run and its replay. Done with the same fingerprint: replay. Another
 //!    fingerprint: 422. A store failure: 503, the handler not run. A full scope: 429. A full
 //!    store: 503.
@@ -136,8 +136,9 @@
 //! [`Verdict`](crate::engine::Verdict) into its response's extensions, with [`declare`] or as
 //! an axum response part. The layer follows it over the table and the hook. `Release` frees
 //! the key: nothing happened. `Record` records the response whatever its status: a 500 after
-//! a charge that went through is replayed, never charged again. `Hold` keeps the key pending
-//! until its lease lapses: a retry neither replays nor runs at once. See [`declare`] for the
+//! a charge that went through is replayed, never charged again. `Hold` keeps the key's claim
+//! for one lease from the response, as every door holds a key: a retry neither replays nor
+//! runs at once. See [`declare`] for the
 //! reasoning.
 //!
 //! # Two idempotency layers on one request

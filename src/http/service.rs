@@ -2,7 +2,7 @@
 //! The sequence is buffer, fingerprint, claim, run, classify and record.
 
 use super::body::{BodyEnd, EndHook, ReadError, RequestBody, ResponseBody, read_limited};
-use super::classify::{Outcome, classify};
+use super::classify::{Judged, classify};
 use super::config::{Config, LayerState};
 use super::extensions::{ClaimedKey, KeyMissing};
 use super::future::ResponseFuture;
@@ -12,8 +12,9 @@ use super::replay::replay;
 use crate::engine::key::IdempotencyKey;
 use crate::engine::record::Draft;
 use crate::engine::scope::Scope;
+use crate::engine::settle::{Recording, Settle, Tally};
 use crate::engine::steps::{Found, StepSource};
-use crate::engine::{Begin, Engine, Ticket};
+use crate::engine::{Begin, Ticket, Verdict};
 use crate::metrics::{self, Settled};
 use crate::store::StoreKey;
 use crate::store::{Store, StoreError, StoreErrorKind};
@@ -102,7 +103,7 @@ where
                 return ResponseFuture::passthrough(self.inner.call(req));
             }
             Plan::Unkeyed => {
-                observe(config, grpc, metrics::Outcome::Passthrough);
+                observe(config, grpc, metrics::Outcome::Untracked);
                 // Lets the extractors tell "no key sent" from "layer not installed".
                 parts.extensions.insert(KeyMissing);
                 let req = Request::from_parts(parts, RequestBody::passthrough(body));
@@ -276,10 +277,9 @@ fn observe(config: &Config, grpc: bool, outcome: metrics::Outcome) {
     tracing::Span::current().record("outcome", outcome.as_str());
 }
 
-/// Counts how a claimed key ended, and names it on the request's span.
-fn observe_end(config: &Config, grpc: bool, result: Settled) {
-    config.metrics.settled(grpc, result);
-    tracing::Span::current().record("result", result.as_str());
+/// Where the layer counts how its keys ended.
+fn tally(config: &Config, grpc: bool) -> Tally<'_> {
+    Tally::Layer(&config.metrics, grpc)
 }
 
 /// The outcome a rejection counts as.
@@ -305,10 +305,10 @@ fn rejected(kind: RejectionKind) -> metrics::Outcome {
 fn nested(key: &StoreKey) {
     static WARNED: AtomicBool = AtomicBool::new(false);
     if WARNED.swap(true, Ordering::Relaxed) {
-        tracing::debug!(outcome = "nested", key = ?key, "idempotency key already claimed by an outer idempotency layer; passed through");
+        tracing::debug!(outcome = "untracked", key = ?key, "idempotency key already claimed by an outer idempotency layer; passed through");
     } else {
         tracing::warn!(
-            outcome = "nested",
+            outcome = "untracked",
             key = ?key,
             "two idempotency layers act on one route (e.g. a router-wide IdempotencyLayer and \
              #[idempotent], or the layer added twice): the inner one passes requests the outer \
@@ -394,7 +394,9 @@ where
                         RejectionKind::InFlight,
                         "a request with this key is still being processed; retry later",
                     )
-                    .with_retry_after(Box::pin(in_flight_retry_after(engine, &store_key)).await),
+                    .with_retry_after(whole_seconds(
+                        Box::pin(engine.in_flight_retry_after(&store_key)).await,
+                    )),
                     grpc,
                 ));
             }
@@ -415,8 +417,8 @@ where
             }
             Err(e) => return Ok(render(&state, store_rejection(&e), grpc)),
         };
-        observe(config, grpc, metrics::Outcome::Fresh);
-        tracing::debug!(outcome = "claimed", key = ?store_key, "idempotency key claimed");
+        observe(config, grpc, metrics::Outcome::Ran);
+        tracing::debug!(outcome = "ran", key = ?store_key, "idempotency key claimed");
 
         // One extension; the derived key is only hashed if a handler asks for it.
         let engine_ref: Arc<dyn StepSource> = Arc::clone(&state) as Arc<LayerState<St>>;
@@ -481,7 +483,9 @@ where
         // never completed, so the first request's steps stay for its retry.
         if let Some(found) = ticket.claim().found() {
             drop(outcome);
-            observe_end(config, grpc, release(engine, ticket, store_key).await);
+            engine
+                .settle(ticket, Settle::Release, tally(config, grpc))
+                .await;
             let rejection = match found {
                 Found::KeyReused => {
                     tracing::warn!(outcome = "key_reused", key = ?store_key, "idempotency key's steps belong to a different request; answered as a reused key");
@@ -498,30 +502,22 @@ where
             return Ok(render(&state, rejection, grpc));
         }
 
-        match outcome {
+        let Judged {
+            response,
+            verdict,
+            record,
+            at_end,
+        } = match outcome {
+            Ok(judged) => judged,
             Err(e) => {
-                observe_end(config, grpc, release(engine, ticket, store_key).await);
-                Err(e)
+                engine
+                    .settle(ticket, Settle::Release, tally(config, grpc))
+                    .await;
+                return Err(e);
             }
-            Ok(Outcome::Release(res)) => {
-                observe_end(config, grpc, release(engine, ticket, store_key).await);
-                Ok(res)
-            }
-            // Declared ambiguous: neither recorded nor released; the ticket is let go, the lease
-            // lapses.
-            Ok(Outcome::Keep(res)) => {
-                observe_end(config, grpc, Settled::Held);
-                Ok(res)
-            }
-            Ok(Outcome::Record(res, record)) => {
-                observe_end(
-                    config,
-                    grpc,
-                    complete(engine, ticket, store_key, record).await,
-                );
-                Ok(res)
-            }
-            Ok(Outcome::RecordAtEnd(res, record)) => {
+        };
+        let settle = match (verdict, record) {
+            (Verdict::Record, Some(record)) if at_end => {
                 // The body streams on; a task holds the key until it has ended.
                 let (report, ended) = oneshot::channel();
                 // The task runs in the request's span: its end names the span's `result`.
@@ -538,9 +534,16 @@ where
                         ))
                         .in_current_span(),
                 );
-                Ok(res.map(|body| body.settled_by(EndHook::new(report, settled))))
+                return Ok(response.map(|body| body.settled_by(EndHook::new(report, settled))));
             }
-        }
+            (Verdict::Record, Some(record)) => Settle::Record(Recording::Draft(record)),
+            // Kept for one lease from now, as a run that stopped renewing.
+            (Verdict::Hold, _) => Settle::Hold(engine.lease()),
+            (Verdict::Fail, _) => Settle::Fail,
+            _ => Settle::Release,
+        };
+        engine.settle(ticket, settle, tally(config, grpc)).await;
+        Ok(response)
     }
 }
 
@@ -568,82 +571,31 @@ async fn settle_at_end<St: Store>(
         Err(_) => {
             // A stream that never ends must not hold its key forever: the lease now lapses,
             // and a retry after it runs again while this stream goes on.
-            tracing::warn!(outcome = "stream_lease_limit", key = ?key, limit = ?limit, "response body still streaming at the stream lease limit; its lease is no longer renewed");
+            tracing::warn!(key = ?key, limit = ?limit, "response body still streaming at the stream lease limit; its lease is no longer renewed");
             (&mut ended).await
         }
     };
-    let result = match end {
-        Ok(BodyEnd::Ended) => complete(engine, ticket, key, record).await,
+    let tally = tally(&state.config, grpc);
+    match end {
+        Ok(BodyEnd::Ended) => {
+            let settle = Settle::Record(Recording::Draft(record));
+            engine.settle(ticket, settle, tally).await;
+        }
         Ok(BodyEnd::Failed) => {
             tracing::debug!(key = ?key, "response body failed while streamed");
-            release(engine, ticket, key).await
+            engine.settle(ticket, Settle::Release, tally).await;
         }
         Err(_) => {
-            tracing::debug!(outcome = "abandoned", key = ?key, "response body dropped before its end (the client went away); the key stays pending until its lease lapses");
-            Settled::Abandoned
-        }
-    };
-    observe_end(&state.config, grpc, result);
-}
-
-/// `Retry-After` for a request found in flight. It is the lease the first run has left, at
-/// most a third of the lease, in whole seconds rounded up, at least 1. It is the constant when
-/// the store cannot tell. It costs one store call, on this path only.
-///
-/// The lease left is when the key is decided at the latest, if the first run has stopped: its
-/// holder is gone, or the outcome was declared ambiguous. A running first run renews its lease
-/// every third of the lease. So its lease left is always two thirds of the lease or more, which
-/// says nothing about when it ends. The cap keeps the hint to one renewal period, within what
-/// clients honour. That is 20 s for the default 60 s lease.
-async fn in_flight_retry_after<St: Store>(engine: &Engine<St>, key: &StoreKey) -> Duration {
-    match engine.lease_left(key).await {
-        Ok(Some(left)) => {
-            let left = left.min(engine.lease() / 3);
-            Duration::from_secs(left.as_secs() + u64::from(left.subsec_nanos() > 0))
-                .max(RETRY_AFTER)
-        }
-        Ok(None) => RETRY_AFTER,
-        Err(e) => {
-            tracing::debug!(key = ?key, error = %e, "lease left unknown; constant Retry-After");
-            RETRY_AFTER
+            tracing::debug!(result = "abandoned", key = ?key, "response body dropped before its end (the client went away); the key stays pending until its lease lapses");
+            tally.count(Settled::Abandoned);
         }
     }
 }
 
-async fn release<St: Store>(engine: &Engine<St>, ticket: Ticket, key: StoreKey) -> Settled {
-    let res = engine.release(ticket).await;
-    match &res {
-        Ok(_) => tracing::debug!(outcome = "released", key = ?key, "idempotency key released"),
-        Err(e) => {
-            tracing::warn!(outcome = "release_failed", key = ?key, error = %e, "idempotency release failed; the key stays pending until its lease lapses")
-        }
-    }
-    Settled::of_release(&res)
-}
-
-async fn complete<St: Store>(
-    engine: &Engine<St>,
-    ticket: Ticket,
-    key: StoreKey,
-    record: Draft,
-) -> Settled {
-    if !record.dropped().is_empty() {
-        tracing::warn!(key = ?key, left_out = ?record.dropped(), "idempotency record could not be written whole; recorded without the parts that do not fit");
-    }
-    let res = engine.complete_draft(ticket, record).await;
-    match &res {
-        Ok(true) => tracing::debug!(outcome = "completed", key = ?key, "idempotency record stored"),
-        Ok(false) => {
-            tracing::warn!(outcome = "lease_lost", key = ?key, "idempotency lease was lost before completion; record not stored")
-        }
-        Err(e) if e.kind() == StoreErrorKind::NotReplicated => {
-            tracing::warn!(outcome = "complete_not_replicated", key = ?key, error = %e, "idempotency record stored on the primary, but fewer replicas than asked acknowledged it; repeats replay it, unless a failover loses it first")
-        }
-        Err(e) => {
-            tracing::warn!(outcome = "complete_failed", key = ?key, error = %e, "idempotency record could not be stored; the key stays pending until its lease lapses")
-        }
-    }
-    Settled::of_complete(&res)
+/// `Retry-After` for a request found in flight: the engine's wait (the lease the first run
+/// has left, at most a third of the lease) in whole seconds rounded up, at least 1.
+fn whole_seconds(wait: Duration) -> Duration {
+    Duration::from_secs(wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(RETRY_AFTER)
 }
 
 fn store_rejection(e: &StoreError) -> Rejection {

@@ -45,14 +45,14 @@
 //!
 //! | outcome | answer to apalis | status | apalis-redis then |
 //! | --- | --- | --- | --- |
-//! | ran, untracked | `Ok(Handled::Ran / Untracked)` | `Done` | done |
+//! | ran, untracked | `Ok(Handled::Recorded / Untracked)` | `Done` | done |
 //! | completed duplicate | `Ok(Handled::Replayed)` | `Done` | done |
 //! | duplicate in flight, with the opt-in [`skip_in_flight`](MessageIdempotencyLayer::skip_in_flight) | `Ok(Handled::Skipped)` | `Done` | done: if the first holder crashed mid-handler, its work is lost |
 //! | duplicate in flight, past [`wait_in_flight`](MessageIdempotencyLayer::wait_in_flight) | `RetryAfterError` with the door's [`retry_after`](super::MessageError::retry_after) | `Pending` | rescheduled after *attempt* seconds, not reading the delay; not an attempt, so never dead for it |
 //! | handler `Err(e)`, key released | `Err(e)` unchanged | as apalis sets it: `Failed`, or `Killed` for an `AbortError`, `Pending` for a `RetryAfterError` | retried after *attempt* seconds, dead after 25 attempts |
 //! | a handler error the door does not retry | `AbortError` | `Killed` | dead, not retried |
-//! | `Handled::Failed` or `Handled::Held`, the key released or held | `Err` ([`Unsuccessful`]) | `Failed` | retried, as above |
-//! | `Handled::Rejected`, the key released | `AbortError` of [`Unsuccessful`] | `Killed` | dead, not retried |
+//! | `Handled::Released` or `Handled::Held`, the key released or held | `Err` ([`Unsuccessful`]) | `Failed` | retried, as above |
+//! | `Handled::Failed`, the key released | `AbortError` of [`Unsuccessful`] | `Killed` | dead, not retried |
 //! | store failure on claim | `Err`, the store error as source | `Failed` | retried |
 //! | key reused, key missing or invalid, invalid record | `AbortError` | `Killed` | dead, not retried |
 //!
@@ -347,7 +347,7 @@ impl<T> ApalisService<T> {
 
 /// The handler ran, and the classifier released or held the key, or failed the task.
 ///
-/// The task fails with it, so the backend retries it. For [`Handled::Rejected`] it comes
+/// The task fails with it, so the backend retries it. For [`Handled::Failed`] it comes
 /// inside an `AbortError`, and the task is killed.
 #[derive(Debug)]
 #[non_exhaustive]
@@ -409,11 +409,11 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let (status, out) = match ready!(this.inner.poll(cx)) {
-            Ok(Handled::Failed(_) | Handled::Held(_)) => (
+            Ok(Handled::Released(_) | Handled::Held(_)) => (
                 Some(Status::Failed),
                 Err(Box::new(Unsuccessful) as BoxDynError),
             ),
-            Ok(Handled::Rejected(_)) => (
+            Ok(Handled::Failed(_)) => (
                 Some(Status::Killed),
                 Err(Box::new(AbortError::new(Unsuccessful)) as BoxDynError),
             ),
@@ -494,7 +494,10 @@ mod tests {
         let svc = ApalisLayer::new(door()).layer(counting(&runs));
         let monday = svc.clone().oneshot(task(5_u32, 1)).await.unwrap();
         let tuesday = svc.clone().oneshot(task(5_u32, 2)).await.unwrap();
-        assert_eq!((monday, tuesday), (Handled::Ran(()), Handled::Ran(())));
+        assert_eq!(
+            (monday, tuesday),
+            (Handled::Recorded(()), Handled::Recorded(()))
+        );
         // A redelivery of one of them (same id) is its duplicate.
         let again = svc.oneshot(task(5_u32, 2)).await.unwrap();
         assert_eq!(again, Handled::Replayed(None));
@@ -509,7 +512,10 @@ mod tests {
             .layer(counting(&runs));
         let first = svc.clone().oneshot(task(5_u32, 1)).await.unwrap();
         let second = svc.oneshot(task(5_u32, 2)).await.unwrap();
-        assert_eq!((first, second), (Handled::Ran(()), Handled::Replayed(None)));
+        assert_eq!(
+            (first, second),
+            (Handled::Recorded(()), Handled::Replayed(None))
+        );
         assert_eq!(runs.load(Ordering::SeqCst), 1);
     }
 
@@ -525,7 +531,7 @@ mod tests {
         };
         assert_eq!(
             svc.clone().oneshot(keyed(1)).await.unwrap(),
-            Handled::Ran(())
+            Handled::Recorded(())
         );
         // Another task (a producer's retry) under the same key does not run.
         assert_eq!(
@@ -569,7 +575,7 @@ mod tests {
             }));
         assert_eq!(
             svc.clone().oneshot(keyed(a)).await.unwrap(),
-            Handled::Ran(())
+            Handled::Recorded(())
         );
         let again = svc.oneshot(keyed(b)).await;
         assert_eq!(again.unwrap(), Handled::Replayed(None), "not KeyReused");
@@ -595,7 +601,7 @@ mod tests {
         }));
         assert_eq!(
             svc.clone().oneshot(task(a, 1)).await.unwrap(),
-            Handled::Ran(())
+            Handled::Recorded(())
         );
         let again = svc.oneshot(task(b, 1)).await;
         assert_eq!(again.unwrap(), Handled::Replayed(None), "not KeyReused");
@@ -642,7 +648,7 @@ mod tests {
         let status = duplicate.ctx().raw_status().clone();
         let out = svc.oneshot(duplicate).await;
         release.notify_one();
-        assert_eq!(first.await.unwrap().unwrap(), Handled::Ran(()));
+        assert_eq!(first.await.unwrap().unwrap(), Handled::Recorded(()));
         (out, status.load())
     }
 

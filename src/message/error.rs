@@ -1,5 +1,6 @@
 //! Why the door did not let a message through, and whether the broker should try again.
 
+use crate::engine::Verdict;
 use crate::engine::key::KeyError;
 use crate::engine::record::RecordError;
 use crate::store::StoreError;
@@ -44,7 +45,9 @@ pub struct MessageError<E> {
 }
 
 enum Inner<E> {
-    Handler(E, Fate),
+    /// The handler's error, the verdict its key was settled with, and for a hold how long
+    /// the key stays claimed.
+    Handler(E, Verdict, Option<Duration>),
     InFlight(Duration),
     Store(StoreError),
     KeyMissing,
@@ -53,23 +56,11 @@ enum Inner<E> {
     RecordInvalid(Option<RecordError>),
 }
 
-/// What the classifier made of a handler's error.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Fate {
-    /// The key was released: a redelivery runs again.
-    Retry,
-    /// The key was released, and a redelivery would fail the same way.
-    Permanent,
-    /// The key stays pending for this long: a redelivery before then is in flight.
-    Held(Duration),
-    /// The work counts as done: recorded without a result.
-    Recorded,
-}
-
 impl<E> MessageError<E> {
-    pub(crate) fn handler(e: E, fate: Fate) -> Self {
+    /// A handler's error, settled with `verdict`; `held` is how long a hold keeps the key.
+    pub(crate) fn handler(e: E, verdict: Verdict, held: Option<Duration>) -> Self {
         Self {
-            inner: Inner::Handler(e, fate),
+            inner: Inner::Handler(e, verdict, held),
         }
     }
 
@@ -131,7 +122,9 @@ impl<E> MessageError<E> {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self.inner,
-            Inner::Handler(_, Fate::Retry | Fate::Held(_)) | Inner::InFlight(_) | Inner::Store(_)
+            Inner::Handler(_, Verdict::Release | Verdict::Hold, _)
+                | Inner::InFlight(_)
+                | Inner::Store(_)
         )
     }
 
@@ -148,7 +141,7 @@ impl<E> MessageError<E> {
     #[must_use]
     pub fn retry_after(&self) -> Option<Duration> {
         match self.inner {
-            Inner::InFlight(d) | Inner::Handler(_, Fate::Held(d)) => Some(d),
+            Inner::InFlight(d) | Inner::Handler(_, Verdict::Hold, Some(d)) => Some(d),
             _ => None,
         }
     }
@@ -157,7 +150,7 @@ impl<E> MessageError<E> {
     #[must_use]
     pub fn get_ref(&self) -> Option<&E> {
         match &self.inner {
-            Inner::Handler(e, _) => Some(e),
+            Inner::Handler(e, ..) => Some(e),
             _ => None,
         }
     }
@@ -166,7 +159,7 @@ impl<E> MessageError<E> {
     #[must_use]
     pub fn into_inner(self) -> Option<E> {
         match self.inner {
-            Inner::Handler(e, _) => Some(e),
+            Inner::Handler(e, ..) => Some(e),
             _ => None,
         }
     }
@@ -177,7 +170,7 @@ impl<E> MessageError<E> {
     #[cfg(feature = "apalis")]
     pub(crate) fn split_handler(self) -> Result<MessageError<std::convert::Infallible>, E> {
         let inner = match self.inner {
-            Inner::Handler(e, _) => return Err(e),
+            Inner::Handler(e, ..) => return Err(e),
             Inner::InFlight(d) => Inner::InFlight(d),
             Inner::Store(e) => Inner::Store(e),
             Inner::KeyMissing => Inner::KeyMissing,
@@ -194,7 +187,7 @@ impl<E: fmt::Debug> fmt::Debug for MessageError<E> {
         let mut d = f.debug_struct("MessageError");
         d.field("kind", &self.kind());
         match &self.inner {
-            Inner::Handler(e, fate) => d.field("handler", e).field("fate", fate),
+            Inner::Handler(e, verdict, _) => d.field("handler", e).field("verdict", verdict),
             Inner::InFlight(after) => d.field("retry_after", after),
             Inner::Store(e) => d.field("store", e),
             Inner::KeyInvalid(e) => d.field("key", e),
@@ -208,17 +201,18 @@ impl<E: fmt::Debug> fmt::Debug for MessageError<E> {
 impl<E: fmt::Display> fmt::Display for MessageError<E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.inner {
-            Inner::Handler(e, Fate::Retry) => write!(f, "the message handler failed: {e}"),
-            Inner::Handler(e, Fate::Permanent) => {
+            Inner::Handler(e, Verdict::Record, _) => {
+                write!(f, "the message handler failed; recorded as done: {e}")
+            }
+            Inner::Handler(e, Verdict::Fail, _) => {
                 write!(f, "the message handler failed for good: {e}")
             }
-            Inner::Handler(e, Fate::Held(_)) => write!(
+            Inner::Handler(e, Verdict::Hold, _) => write!(
                 f,
                 "the message handler failed and may have had its effect; its key is held: {e}"
             ),
-            Inner::Handler(e, Fate::Recorded) => {
-                write!(f, "the message handler failed; recorded as done: {e}")
-            }
+            // `Release`, and any verdict added later.
+            Inner::Handler(e, ..) => write!(f, "the message handler failed: {e}"),
             Inner::InFlight(after) => write!(
                 f,
                 "a delivery of this message is still being handled; retry after {after:?}"
@@ -239,7 +233,7 @@ impl<E: fmt::Display> fmt::Display for MessageError<E> {
 impl<E: StdError + 'static> StdError for MessageError<E> {
     fn source(&self) -> Option<&(dyn StdError + 'static)> {
         match &self.inner {
-            Inner::Handler(e, _) => Some(e),
+            Inner::Handler(e, ..) => Some(e),
             Inner::Store(e) => Some(e),
             Inner::KeyInvalid(e) => Some(e),
             Inner::RecordInvalid(Some(e)) => Some(e),

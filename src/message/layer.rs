@@ -1,15 +1,16 @@
 //! The layer and its service: claim the message's key, run the handler once, then the verdict.
 
-use super::error::{Fate, MessageError};
+use super::error::MessageError;
 use super::key::{HeaderOrHash, KeyStrategy, Message, MessageKey};
 use crate::engine::detach::Drain;
 use crate::engine::scope::Scope;
+use crate::engine::settle::{Recording, Settle, Tally};
 use crate::engine::steps::Found;
 use crate::engine::{
     Begin, BoxFuture, Classify, Codec, Discard, Engine, Fingerprint, RecordedResponse, Ticket,
     Verdict,
 };
-use crate::metrics::{Door, Outcome, Settled, request, settled};
+use crate::metrics::{Door, Outcome, request};
 use crate::store::StoreKey;
 use crate::store::{Forgotten, Store, StoreError};
 use bytes::Bytes;
@@ -27,25 +28,27 @@ const DOOR_VALUE: &[u8] = b"message/v1";
 
 /// What the door did with a message that it let through.
 ///
-/// `Ran`, `Replayed`, `Skipped` and `Untracked` mean "acknowledge": see [`is_ack`](Self::is_ack).
-/// It serializes (serde) as `{"ran": r}`, `{"failed": r}`, `{"rejected": r}`, `{"held": r}`,
-/// `{"replayed": r | null}`, `"skipped"` or `{"untracked": r}`, for job backends that keep
-/// a task's result.
+/// A message the handler ran for is answered for the verdict its key was settled with:
+/// `Recorded`, `Released`, `Failed` or `Held`, one per [`Verdict`].
+/// `Recorded`, `Replayed`, `Skipped` and `Untracked` mean "acknowledge": see
+/// [`is_ack`](Self::is_ack). It serializes (serde) as `{"recorded": r}`, `{"released": r}`,
+/// `{"failed": r}`, `{"held": r}`, `{"replayed": r | null}`, `"skipped"` or
+/// `{"untracked": r}`, for job backends that keep a task's result.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Handled<R> {
-    /// The handler ran, and its result is recorded under the key.
-    Ran(R),
+    /// The handler ran, and its result is recorded under the key ([`Verdict::Record`]).
+    Recorded(R),
     /// The handler ran, and the classifier gave [`Verdict::Release`]. The key was released,
     /// so a redelivery runs again. Do not acknowledge.
-    Failed(R),
+    Released(R),
     /// The handler ran, and the classifier gave [`Verdict::Fail`]. The key was released, and
     /// a redelivery would fail the same way. Dead-letter it.
-    Rejected(R),
+    Failed(R),
     /// The handler ran, and the classifier gave [`Verdict::Hold`]: it may have had its
-    /// effect. The key stays pending for the engine's lease. Do not acknowledge: a
-    /// redelivery is in flight until the lease lapses, then runs again.
+    /// effect. The claim is kept for the engine's lease. Do not acknowledge: a redelivery is
+    /// in flight until the lease lapses, then runs again.
     Held(R),
     /// A completed duplicate: the handler did not run. It holds the recorded result when the
     /// codec keeps results.
@@ -63,7 +66,7 @@ impl<R> Handled<R> {
     pub fn is_ack(&self) -> bool {
         matches!(
             self,
-            Self::Ran(_) | Self::Replayed(_) | Self::Skipped | Self::Untracked(_)
+            Self::Recorded(_) | Self::Replayed(_) | Self::Skipped | Self::Untracked(_)
         )
     }
 
@@ -77,9 +80,9 @@ impl<R> Handled<R> {
     #[must_use]
     pub fn into_result(self) -> Option<R> {
         match self {
-            Self::Ran(r)
+            Self::Recorded(r)
+            | Self::Released(r)
             | Self::Failed(r)
-            | Self::Rejected(r)
             | Self::Held(r)
             | Self::Untracked(r) => Some(r),
             Self::Replayed(r) => r,
@@ -150,7 +153,7 @@ impl Config {
 ///
 /// let msg = Envelope::new("orders", "{\"sku\":\"X\"}").with_header("Idempotency-Key", "order-17");
 /// let first = handler.clone().oneshot(msg.clone()).await.unwrap();
-/// assert_eq!(first, Handled::Ran(11));
+/// assert_eq!(first, Handled::Recorded(11));
 /// let again = handler.oneshot(msg).await.unwrap();
 /// assert_eq!(again, Handled::Replayed(None), "acknowledge; the handler did not run");
 /// # }
@@ -354,11 +357,11 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
     /// let layer = MessageIdempotencyLayer::new(MemoryStore::new(), "billing");
     /// let handler = layer.layer(service_fn(|_: Envelope| async { Ok::<_, Infallible>(()) }));
     /// let msg = Envelope::new("orders", "order 17").with_header("Idempotency-Key", "order-17");
-    /// assert_eq!(handler.clone().oneshot(msg.clone()).await.unwrap(), Handled::Ran(()));
+    /// assert_eq!(handler.clone().oneshot(msg.clone()).await.unwrap(), Handled::Recorded(()));
     ///
     /// let key = MessageKey::given(b"order-17").unwrap();
     /// assert_eq!(layer.forget(&key).await.unwrap(), Forgotten::Record);
-    /// assert_eq!(handler.oneshot(msg).await.unwrap(), Handled::Ran(()), "runs again");
+    /// assert_eq!(handler.oneshot(msg).await.unwrap(), Handled::Recorded(()), "runs again");
     /// # }
     /// ```
     ///
@@ -438,9 +441,9 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
     ///
     /// | verdict | on `Ok(r)` | on `Err(e)` |
     /// | --- | --- | --- |
-    /// | `Record` | recorded; [`Handled::Ran`] | recorded without a result; `Err`, kind `Handler`, not retryable |
-    /// | `Release` | key released; [`Handled::Failed`] | key released; `Err`, kind `Handler`, retryable |
-    /// | `Fail` | key released; [`Handled::Rejected`] | key released; `Err`, kind `Handler`, not retryable |
+    /// | `Record` | recorded; [`Handled::Recorded`] | recorded without a result; `Err`, kind `Handler`, not retryable |
+    /// | `Release` | key released; [`Handled::Released`] | key released; `Err`, kind `Handler`, retryable |
+    /// | `Fail` | key released; [`Handled::Failed`] | key released; `Err`, kind `Handler`, not retryable |
     /// | `Hold` | key held for the lease; [`Handled::Held`] | key held for the lease; `Err`, kind `Handler`, retryable after [`retry_after`](MessageError::retry_after) |
     ///
     /// `Fail` is for a message that fails the same way on every redelivery: a body that
@@ -588,7 +591,7 @@ where
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner
             .poll_ready(cx)
-            .map_err(|e| MessageError::handler(e, Fate::Retry))
+            .map_err(|e| MessageError::handler(e, Verdict::Release, None))
     }
 
     fn call(&mut self, message: M) -> Self::Future {
@@ -613,7 +616,7 @@ where
                 return Box::pin(std::future::ready(Err(MessageError::key_missing())));
             }
             Ok(None) => {
-                request(Door::Message, Outcome::Passthrough);
+                request(Door::Message, Outcome::Untracked);
                 return untracked(inner.call(message));
             }
             Err(e) => {
@@ -643,7 +646,7 @@ where
                     return Err(MessageError::store(e));
                 }
                 Ok(Begin::Run(ticket)) => {
-                    request(Door::Message, Outcome::Fresh);
+                    request(Door::Message, Outcome::Ran);
                     ticket
                 }
                 Ok(Begin::Replayed(record)) => {
@@ -662,7 +665,7 @@ where
                     }
                     // Past the wait, or with no wait: refused for a later redelivery.
                     return Err(MessageError::in_flight(
-                        in_flight_retry_after(engine, &store_key).await,
+                        engine.in_flight_retry_after(&store_key).await,
                     ));
                 }
                 Ok(Begin::KeyReused) => {
@@ -713,7 +716,7 @@ where
     if let Some(found) = ticket.claim().found() {
         drop(result);
         let key = *ticket.key();
-        release(engine, ticket).await;
+        engine.settle(ticket, Settle::Release, TALLY).await;
         return Err(match found {
             Found::KeyReused => {
                 tracing::warn!(target: "tower_idempotency::message", key = ?key, "idempotency key's steps belong to a different message; refused");
@@ -725,38 +728,35 @@ where
             }
         });
     }
-    match shared.classify.classify(&result) {
+    // The result's verdict, then the settled verdict's answer.
+    let hold = engine.lease();
+    let verdict = shared.classify.classify(&result);
+    let recorded;
+    let settle = match verdict {
         Verdict::Record => {
             let body = encode(engine, &*shared.codec, ticket.key(), result.as_ref().ok());
-            record(engine, ticket, body).await;
-            match result {
-                Ok(r) => Ok(Handled::Ran(r)),
-                Err(e) => Err(MessageError::handler(e, Fate::Recorded)),
-            }
+            recorded = RecordedResponse::of_door(DOOR_VALUE, body);
+            Settle::Record(Recording::Response(&recorded))
         }
-        Verdict::Release => {
-            release(engine, ticket).await;
-            match result {
-                Ok(r) => Ok(Handled::Failed(r)),
-                Err(e) => Err(MessageError::handler(e, Fate::Retry)),
-            }
-        }
-        Verdict::Fail => {
-            release(engine, ticket).await;
-            match result {
-                Ok(r) => Ok(Handled::Rejected(r)),
-                Err(e) => Err(MessageError::handler(e, Fate::Permanent)),
-            }
-        }
-        Verdict::Hold => {
-            hold(engine, ticket).await;
-            match result {
-                Ok(r) => Ok(Handled::Held(r)),
-                Err(e) => Err(MessageError::handler(e, Fate::Held(engine.lease()))),
-            }
-        }
+        Verdict::Fail => Settle::Fail,
+        Verdict::Hold => Settle::Hold(hold),
+        // `Release`, and any verdict added later: a redelivery runs again.
+        _ => Settle::Release,
+    };
+    let verdict = settle.verdict();
+    engine.settle(ticket, settle, TALLY).await;
+    match (verdict, result) {
+        (Verdict::Record, Ok(r)) => Ok(Handled::Recorded(r)),
+        (Verdict::Fail, Ok(r)) => Ok(Handled::Failed(r)),
+        (Verdict::Hold, Ok(r)) => Ok(Handled::Held(r)),
+        (_, Ok(r)) => Ok(Handled::Released(r)),
+        (Verdict::Hold, Err(e)) => Err(MessageError::handler(e, verdict, Some(hold))),
+        (_, Err(e)) => Err(MessageError::handler(e, verdict, None)),
     }
 }
+
+/// Where this door counts how its keys ended.
+const TALLY: Tally<'static> = Tally::Door(Door::Message);
 
 /// The bytes of `result` to record, when the codec keeps it and it fits.
 fn encode<St: Store, R, C: Codec<R>>(
@@ -784,56 +784,6 @@ fn encode<St: Store, R, C: Codec<R>>(
     }
 }
 
-/// Records the message as handled, with `body` as its result.
-async fn record<St: Store>(engine: &Engine<St>, ticket: Ticket, body: Option<Bytes>) {
-    let store_key = *ticket.key();
-    let record = RecordedResponse::of_door(DOOR_VALUE, body);
-    let done = engine.complete(ticket, &record).await;
-    settled(Door::Message, Settled::of_complete(&done));
-    match done {
-        Ok(true) => {}
-        Ok(false) => {
-            tracing::warn!(target: "tower_idempotency::message", key = ?store_key, "the lease lapsed while the handler ran; another delivery may have run it too");
-        }
-        Err(e) => {
-            tracing::warn!(target: "tower_idempotency::message", key = ?store_key, error = %e, "message handled but not recorded; the key stays pending until its lease lapses");
-        }
-    }
-}
-
-/// Keeps the key pending for the engine's lease: the handler may have had its effect.
-async fn hold<St: Store>(engine: &Engine<St>, ticket: Ticket) {
-    let key = *ticket.key();
-    settled(Door::Message, Settled::Held);
-    match engine.hold(ticket, engine.lease()).await {
-        Ok(true) => {}
-        Ok(false) => {
-            tracing::warn!(target: "tower_idempotency::message", key = ?key, "the lease lapsed while the handler ran; the key was not held");
-        }
-        Err(e) => {
-            tracing::warn!(target: "tower_idempotency::message", key = ?key, error = %e, "key not held; it stays pending until its current lease lapses");
-        }
-    }
-}
-
-/// How long a duplicate in flight should wait before its redelivery: the lease the first
-/// delivery's claim has left, at most a third of the lease (one store call, on this path
-/// only); the cap when the store cannot tell. As HTTP's `Retry-After`: a running claim is
-/// renewed every third of the lease, so its lease left (two thirds of the lease or more) says
-/// nothing about when it ends, and a quick handler's duplicate must not wait a lease. A
-/// stalled claim (its consumer gone) with less than the cap left is retried as it lapses.
-async fn in_flight_retry_after<St: Store>(engine: &Engine<St>, key: &StoreKey) -> Duration {
-    let cap = engine.lease() / 3;
-    match engine.lease_left(key).await {
-        Ok(Some(left)) => left.min(cap),
-        Ok(None) => cap,
-        Err(e) => {
-            tracing::debug!(target: "tower_idempotency::message", key = ?key, error = %e, "lease left unknown; retry after a third of the lease");
-            cap
-        }
-    }
-}
-
 fn untracked<Fut, R, E>(fut: Fut) -> BoxFuture<'static, Result<Handled<R>, MessageError<E>>>
 where
     Fut: Future<Output = Result<R, E>> + Send + 'static,
@@ -841,7 +791,7 @@ where
     Box::pin(async move {
         fut.await
             .map(Handled::Untracked)
-            .map_err(|e| MessageError::handler(e, Fate::Retry))
+            .map_err(|e| MessageError::handler(e, Verdict::Release, None))
     })
 }
 
@@ -856,15 +806,6 @@ fn fingerprint<M: Message>(message: &M) -> Fingerprint {
         None => b.field(b"\x00"),
     };
     b.field(&message.body()).finish()
-}
-
-async fn release<St: Store>(engine: &Engine<St>, ticket: Ticket) {
-    let key = *ticket.key();
-    let released = engine.release(ticket).await;
-    settled(Door::Message, Settled::of_release(&released));
-    if let Err(e) = released {
-        tracing::warn!(target: "tower_idempotency::message", key = ?key, error = %e, "key not released; a redelivery waits until its lease lapses");
-    }
 }
 
 fn replay<R, E, C: Codec<R>>(

@@ -22,7 +22,7 @@
 //!     }));
 //!
 //! let msg = Envelope::new("orders.created", "order 17");
-//! assert_eq!(handler.clone().oneshot(msg.clone()).await.unwrap(), Handled::Ran("mailed 8 bytes".into()));
+//! assert_eq!(handler.clone().oneshot(msg.clone()).await.unwrap(), Handled::Recorded("mailed 8 bytes".into()));
 //! let again = handler.oneshot(msg).await.unwrap();
 //! assert_eq!(again, Handled::Replayed(Some("mailed 8 bytes".into())));
 //! # }
@@ -62,9 +62,9 @@
 //! | no key | runs untracked | `Ok(Handled::Untracked(r))` | ack |
 //! | no key, [`require_key(true)`](MessageIdempotencyLayer::require_key) | not run | `Err`, kind `KeyMissing` | dead-letter (term) |
 //! | a key that is not valid: empty, over 255 bytes, not ASCII | not run | `Err`, kind `KeyInvalid` | dead-letter |
-//! | first delivery, handler `Ok(r)` | runs once | `Ok(Handled::Ran(r))`, recorded | ack |
+//! | first delivery, handler `Ok(r)` | runs once | `Ok(Handled::Recorded(r))`, recorded | ack |
 //! | first delivery, handler `Err(e)` | runs, key released | `Err`, kind `Handler`, `e` inside | redeliver with backoff |
-//! | first delivery, another [verdict](MessageIdempotencyLayer::classify) | runs | `Handled::Failed`, `Rejected` or `Held`; or `Err`, kind `Handler` | see [`classify`](MessageIdempotencyLayer::classify) |
+//! | first delivery, another [verdict](MessageIdempotencyLayer::classify) | runs | `Handled::Released`, `Failed` or `Held`; or `Err`, kind `Handler` | see [`classify`](MessageIdempotencyLayer::classify) |
 //! | a completed duplicate | not run | `Ok(Handled::Replayed(stored))`, the stored result when the codec keeps one | ack |
 //! | a duplicate while the first runs, or while a crashed first delivery's claim is pending | not run; waits for the first up to [`wait_in_flight`](MessageIdempotencyLayer::wait_in_flight), 1 s | the first's outcome: `Ok(Handled::Replayed(stored))`, or it runs if the first was released or its lease lapsed | ack |
 //! | the same, past the wait | not run | `Err`, kind `InFlight`, with [`retry_after`](MessageError::retry_after) | redeliver after a short delay, growing per delivery, at most `retry_after` |
@@ -72,8 +72,8 @@
 //! | the caller drops the future after the claim: consumer shutdown, an outer timeout | finishes on a task of its own, at most [`detached_timeout`](MessageIdempotencyLayer::detached_timeout) | none; recorded or released as if the caller were there | the redelivery is a completed duplicate: ack |
 //! | the key used before by a different message | not run | `Err`, kind `KeyReused` | dead-letter, and look at the producer |
 //! | the store fails on claim | not run | `Err`, kind `Store` | redeliver with backoff |
-//! | the store fails on record, after `Ok(r)` | ran | `Ok(Handled::Ran(r))`, warning; the key stays pending until its lease lapses | ack |
-//! | `Ok(r)` whose encoded result is over the engine's record limit, 1 MiB by default | ran | `Ok(Handled::Ran(r))`, warning; recorded without the result, so a duplicate is `Replayed(None)` | ack |
+//! | the store fails on record, after `Ok(r)` | ran | `Ok(Handled::Recorded(r))`, warning; the key stays pending until its lease lapses | ack |
+//! | `Ok(r)` whose encoded result is over the engine's record limit, 1 MiB by default | ran | `Ok(Handled::Recorded(r))`, warning; recorded without the result, so a duplicate is `Replayed(None)` | ack |
 //! | the record under the key fails validation | not run | `Err`, kind `RecordInvalid` | dead-letter |
 //!
 //! [`MessageError::is_retryable`] says which errors are worth a redelivery. The [`nats`]

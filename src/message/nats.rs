@@ -49,8 +49,8 @@
 //! | outcome (see the [outcomes table](super#outcomes)) | reply |
 //! | --- | --- |
 //! | ran, untracked, replayed, skipped (opt-in) | `Ack` |
-//! | handler `Err` whose key was released, or `Handled::Failed` | `Nak` with backoff: 1 s, doubling per delivery, at most 60 s ([`failure_backoff`](JetStreamConsumer::failure_backoff)) |
-//! | a handler `Err` that is not retryable, or `Handled::Rejected` | `Term`, and a warning |
+//! | handler `Err` whose key was released, or `Handled::Released` | `Nak` with backoff: 1 s, doubling per delivery, at most 60 s ([`failure_backoff`](JetStreamConsumer::failure_backoff)) |
+//! | a handler `Err` that is not retryable, or `Handled::Failed` | `Term`, and a warning |
 //! | a key held: `Handled::Held`, or a handler `Err` with a `retry_after` | `Nak` as for a duplicate in flight |
 //! | a duplicate in flight, past [`wait_in_flight`](super::MessageIdempotencyLayer::wait_in_flight) | `Nak` with backoff: 500 ms, doubling per delivery, at most 20 s and never past [`retry_after`](super::MessageError::retry_after) ([`in_flight_backoff`](JetStreamConsumer::in_flight_backoff)) |
 //! | the store failed on claim | `Nak` with backoff: 1 s, doubling per delivery, at most 60 s ([`store_backoff`](JetStreamConsumer::store_backoff)) |
@@ -241,7 +241,7 @@ impl<S> JetStreamConsumer<S> {
         self
     }
 
-    /// The delay of a redelivery after a handler's error or [`Handled::Failed`]. Default: 1 s,
+    /// The delay of a redelivery after a handler's error or [`Handled::Released`]. Default: 1 s,
     /// at most 60 s.
     ///
     /// It is `first` on the first delivery and doubles with each delivery, up to `max`. A
@@ -363,7 +363,7 @@ where
         let reply = match &outcome {
             Ok(h) if h.is_ack() => Reply::Ack,
             Ok(Handled::Held(_)) => Reply::Nak(Some(self.in_flight.at(delivered))),
-            Ok(Handled::Failed(_)) => Reply::Nak(Some(self.failure.at(delivered))),
+            Ok(Handled::Released(_)) => Reply::Nak(Some(self.failure.at(delivered))),
             Ok(_) => {
                 tracing::warn!(target: "tower_idempotency::message", "message terminated: the handler's result fails the same way every time");
                 Reply::Term

@@ -8,49 +8,48 @@ use std::fmt;
 
 /// What became of a send through the door: the `Ok` of [`SendOnce`](super::SendOnce).
 ///
+/// A send that went through the door is answered for the verdict its key was settled with:
+/// `Recorded`, `Released`, `Failed` or `Held`, one per [`Verdict`](crate::engine::Verdict).
+///
 /// | variant | sent now | key |
 /// | --- | --- | --- |
-/// | `Sent` | yes | completed with the receipt |
-/// | `SentWithoutKey` | yes, without de-duplication: the request had no key | none |
+/// | `Recorded` | yes | completed with the receipt |
+/// | `Released` | no: the provider answered and took nothing; a retry may succeed | released |
+/// | `Failed` | no: the provider answered and took nothing; a retry fails the same way | released |
+/// | `Held` | maybe | its claim held for the hold time |
+/// | `Untracked` | yes, without de-duplication: the request had no key | none |
 /// | `Replayed` | no: an earlier send under the key went | unchanged |
-/// | `Rejected` | no: the provider answered and took nothing | released |
-/// | `InFlight` | no: another send under the key is running now | unchanged |
-/// | `Held` | no: an earlier send under the key may have gone, and no receipt is kept | unchanged |
-/// | `Unknown` | maybe | held for the hold time |
+/// | `InFlight` | no: another send under the key is running now, or may have gone and is held | unchanged |
 ///
-/// `InFlight`, `Held` and `Unknown` are not errors to retry at once: the message may be on
-/// its way. After `InFlight`, try again shortly, or let the door
-/// [wait](super::SendOnceLayer::wait_in_flight). After `Held` or `Unknown`, check with the
-/// provider, or try again after the hold time.
+/// `InFlight` and `Held` are not errors to retry at once: the message may be on its way.
+/// After `InFlight`, try again shortly, or let the door
+/// [wait](super::SendOnceLayer::wait_in_flight); a held key stays in flight for the hold
+/// time. After `Held`, check with the provider, or try again after the hold time.
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Delivery<R, E> {
-    /// The message went now; its receipt was recorded under the key.
-    Sent(R),
+    /// The message went now; its receipt was recorded under the key. A receipt over the
+    /// engine's record limit with no fitted form is not: the key is held for the hold time.
+    Recorded(R),
+    /// The provider answered that it took nothing, and the classifier gave `Release`: a
+    /// 429, a 503 with `Retry-After`, an SMTP 4xx. The key was released: the same request
+    /// may succeed later.
+    Released(R),
+    /// The provider answered that it took nothing, and the classifier gave `Fail`: a 4xx, an
+    /// SMTP 5xx reply. The key was released; the same request fails the same way.
+    Failed(R),
+    /// This send may have gone. Its claim is held for the hold time: a repeat meanwhile is
+    /// answered [`InFlight`](Delivery::InFlight) and sends nothing.
+    Held(Unknown<R, E>),
     /// The message went now, without de-duplication. The request had no key: nothing was
     /// claimed or recorded, and a repeat sends again. Refuse such requests with
     /// [`require_key`](super::SendOnceLayer::require_key).
-    SentWithoutKey(R),
+    Untracked(R),
     /// An earlier send under this key went: its receipt. Nothing was sent now.
     Replayed(R),
-    /// The provider answered that it took nothing: a 4xx, a 429, an SMTP 5xx reply, ...
-    /// The key was released: another send under it goes. The classifier's `Release` is
-    /// retryable, its `Fail` is not.
-    Rejected {
-        /// The provider's answer.
-        response: R,
-        /// Whether the same request may succeed later: a 429, a 503 with `Retry-After`, an
-        /// SMTP 4xx.
-        retryable: bool,
-    },
-    /// Another send under this key is running now. Nothing was sent now.
+    /// Another send under this key is running now, or may have gone and its key is held.
+    /// Nothing was sent now.
     InFlight,
-    /// An earlier send under this key may have gone. Its delivery was unknown, or its receipt
-    /// could not be kept, and the key is held for the hold time. Nothing was sent now.
-    Held,
-    /// This send may have gone. The key is held for the hold time: a retry meanwhile is
-    /// answered [`Held`](Delivery::Held) and sends nothing.
-    Unknown(Unknown<R, E>),
 }
 
 impl<R, E> Delivery<R, E> {
@@ -58,7 +57,7 @@ impl<R, E> Delivery<R, E> {
     #[must_use]
     pub fn receipt(&self) -> Option<&R> {
         match self {
-            Self::Sent(r) | Self::SentWithoutKey(r) | Self::Replayed(r) => Some(r),
+            Self::Recorded(r) | Self::Untracked(r) | Self::Replayed(r) => Some(r),
             _ => None,
         }
     }
@@ -67,22 +66,21 @@ impl<R, E> Delivery<R, E> {
     #[must_use]
     pub fn into_receipt(self) -> Option<R> {
         match self {
-            Self::Sent(r) | Self::SentWithoutKey(r) | Self::Replayed(r) => Some(r),
+            Self::Recorded(r) | Self::Untracked(r) | Self::Replayed(r) => Some(r),
             _ => None,
         }
     }
 
-    /// Whether this call sent the message: `Sent` or `SentWithoutKey`.
+    /// Whether this call sent the message: `Recorded` or `Untracked`.
     #[must_use]
     pub fn is_sent(&self) -> bool {
-        matches!(self, Self::Sent(_) | Self::SentWithoutKey(_))
+        matches!(self, Self::Recorded(_) | Self::Untracked(_))
     }
 
-    /// Whether the message may be on its way without a receipt: `InFlight`, `Held` or
-    /// `Unknown`.
+    /// Whether the message may be on its way without a receipt: `InFlight` or `Held`.
     #[must_use]
     pub fn is_unknown(&self) -> bool {
-        matches!(self, Self::InFlight | Self::Held | Self::Unknown(_))
+        matches!(self, Self::InFlight | Self::Held(_))
     }
 }
 

@@ -14,7 +14,7 @@
 //!     .layer(HttpSendOnceLayer::new(MemoryStore::new()).namespace("payments"))
 //!     .service(client);
 //! // payments.oneshot(Request<Bytes> with `Idempotency-Key: charge:order-17`)
-//! //   → Delivery::Sent(Response<Bytes>), and a repeat → Delivery::Replayed(the same response)
+//! //   → Delivery::Recorded(Response<Bytes>), and a repeat → Delivery::Replayed(the same response)
 //! # let _ = payments;
 //! ```
 //!

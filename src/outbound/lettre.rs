@@ -23,7 +23,7 @@
 //!         .body(String::from("Welcome aboard."))
 //!         .unwrap()
 //! };
-//! assert!(matches!(mailer.send(welcome()).await, Ok(Delivery::Sent(()))));
+//! assert!(matches!(mailer.send(welcome()).await, Ok(Delivery::Recorded(()))));
 //! assert!(matches!(mailer.send(welcome()).await, Ok(Delivery::Replayed(()))));
 //! assert_eq!(stub.messages().await.len(), 1, "the job ran twice, one message went");
 //! # }
@@ -39,7 +39,7 @@
 //! The key is the message's `Idempotency-Key` header by default; [`key_header`] names
 //! another. With [`key_from_message_id`] it is the `Message-ID`. The caller may also give it
 //! with [`LettreSendOnce::send_with_key`]. A message without a key is sent as it is and
-//! answered [`Delivery::SentWithoutKey`]; [`require_key`] refuses it instead.
+//! answered [`Delivery::Untracked`]; [`require_key`] refuses it instead.
 //!
 //! lettre's message builder adds no `Message-ID`. Only `message_id(None)` does, a random one
 //! per build, which de-duplicates nothing. Set a stable one, such as
@@ -661,7 +661,7 @@ impl<T, St: Store, C> LettreSendOnce<T, St, C> {
     /// Whether a message without a key is refused.
     ///
     /// On, it fails [`KeyMissing`](super::OutboundErrorKind::KeyMissing) and nothing is
-    /// sent. Off, it is sent as it is and answered [`Delivery::SentWithoutKey`]. Default:
+    /// sent. Off, it is sent as it is and answered [`Delivery::Untracked`]. Default:
     /// on when the key is the `Message-ID`
     /// ([`key_from_message_id`](Self::key_from_message_id)), off otherwise.
     pub fn require_key(mut self, on: bool) -> Self {

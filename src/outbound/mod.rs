@@ -19,7 +19,7 @@
 //! let email = || Email { key: "welcome:42".into(), to: "ada@example.com".into(), body: "Hi".into() };
 //! let first = mailer.clone().oneshot(email()).await.unwrap();
 //! let again = mailer.clone().oneshot(email()).await.unwrap();
-//! assert!(matches!(first, Delivery::Sent(r) if r == "queued for ada@example.com"));
+//! assert!(matches!(first, Delivery::Recorded(r) if r == "queued for ada@example.com"));
 //! assert!(matches!(again, Delivery::Replayed(r) if r == "queued for ada@example.com"));
 //! # }
 //! ```
@@ -40,18 +40,18 @@
 //! | --- | --- | --- |
 //! | a completed send of the same request | [`Delivery::Replayed`] with its receipt, nothing sent | unchanged |
 //! | a send of the same request running now | [`Delivery::InFlight`], nothing sent; with [`wait_in_flight`](SendOnceLayer::wait_in_flight), what it leaves | unchanged |
-//! | a held send of the same request: its delivery unknown | [`Delivery::Held`], nothing sent | unchanged |
+//! | a held send of the same request: its delivery unknown | [`Delivery::InFlight`], nothing sent, until the hold time ends | unchanged |
 //! | any send of a different request | [`KeyReused`](OutboundErrorKind::KeyReused), nothing sent | unchanged |
 //! | the store failed to claim | [`Store`](OutboundErrorKind::Store), retryable, nothing sent | — |
 //! | a record that is not this door's receipt | [`RecordInvalid`](OutboundErrorKind::RecordInvalid), nothing sent | unchanged |
-//! | nothing: the request is sent, and it went | [`Delivery::Sent`] | completed with the receipt |
-//! | … it failed before anything could go: a connect stage failed, a definite rejection | [`Failed`](OutboundErrorKind::Failed), or [`Delivery::Rejected`] for a provider's answer | released |
-//! | … its outcome is unknown: a timeout after the request was written, a reset mid-exchange, an answer that may follow an action | [`Delivery::Unknown`] | held for the [hold time](SendOnceLayer::hold) |
+//! | nothing: the request is sent, and it went | [`Delivery::Recorded`] | completed with the receipt |
+//! | … it failed before anything could go: a connect stage failed, a definite rejection | [`Failed`](OutboundErrorKind::Failed), or [`Delivery::Released`] or [`Delivery::Failed`] for a provider's answer | released |
+//! | … its outcome is unknown: a timeout after the request was written, a reset mid-exchange, an answer that may follow an action | [`Delivery::Held`] | held for the [hold time](SendOnceLayer::hold) |
 //! | … the caller dropped the future after the send began | — | held for the hold time |
-//! | … its receipt is over the engine's record limit | [`Delivery::Sent`] | completed with the receipt's fitted form ([`Codec::encode_fitted`]), or held for the hold time |
-//! | the store failed to record the receipt | [`Delivery::Sent`], a warning logged | pending until the lease ends |
+//! | … its receipt is over the engine's record limit | [`Delivery::Recorded`] | completed with the receipt's fitted form ([`Codec::encode_fitted`]), or held for the hold time |
+//! | the store failed to record the receipt | [`Delivery::Recorded`], a warning logged | pending until the lease ends |
 //!
-//! A request without a key is sent as it is and answered [`Delivery::SentWithoutKey`]:
+//! A request without a key is sent as it is and answered [`Delivery::Untracked`]:
 //! nothing de-duplicates it. [`Identify`] answers `None` for it.
 //! [`require_key`](SendOnceLayer::require_key) refuses it instead
 //! ([`KeyMissing`](OutboundErrorKind::KeyMissing)).
@@ -69,15 +69,17 @@
 //! request is a bug in the caller: [`KeyReused`](OutboundErrorKind::KeyReused).
 //!
 //! **Held keys.** A send of unknown delivery keeps its key for the
-//! [hold time](SendOnceLayer::hold), ten minutes by default. The hold is a record that says
-//! so, written on a task of its own: a caller that gives up meanwhile does not cut it short.
-//! A repeat within it is told [`Delivery::Held`]; one after it sends again. Choose a hold
+//! [hold time](SendOnceLayer::hold), ten minutes by default. The hold is the send's claim,
+//! renewed for the hold time on a task of its own: a caller that gives up meanwhile does not
+//! cut it short. A repeat within it is told [`Delivery::InFlight`]; one after it sends again.
+//! A crash of the holder ends the hold at its lease, as any crash does. Choose a hold
 //! time longer than your retry schedule. Check with the provider before you send again by
-//! hand. Once it says the message never arrived, [`Engine::forget`](crate::engine::Engine::forget)
-//! frees the key. Its store key is [`Engine::store_key`](crate::engine::Engine::store_key) of
-//! the door's namespace, scope and key, keyed under the engine's secret when there is one.
-//! Like a receipt, a held key is a completed record to the store. The memory store may drop
-//! it early when it is full; that is counted and logged.
+//! hand. Once it says the message never arrived,
+//! [`Engine::forget_even_pending`](crate::engine::Engine::forget_even_pending) frees the key.
+//! Its store key is [`Engine::store_key`](crate::engine::Engine::store_key) of the door's
+//! namespace, scope and key, keyed under the engine's secret when there is one. A held key is
+//! a pending claim to the store: the memory store never drops it early, as it may a receipt
+//! when it is full.
 //!
 //! **Namespaces.** Each door has its own: `outbound` for the generic door, `outbound/http`
 //! and `outbound/lettre` for the adapters. So one job key used for a mail and for a charge

@@ -3,6 +3,7 @@
 use super::classify::DefaultClassifier;
 use super::delivery::{Delivery, OutboundError, Unknown};
 use super::identify::{Identify, Identity};
+use crate::engine::settle::{Recording, Settle, Tally};
 use crate::engine::{
     Begin, BoxFuture, Classify, Codec, Engine, Raw, RecordError, RecordedResponse, Scope, Ticket,
     Verdict,
@@ -30,9 +31,6 @@ const MAX_HOLD: Duration = Duration::from_secs(30 * 24 * 60 * 60);
 
 /// The tag of this door's receipts (a record of another door is never replayed).
 const DOOR_NAME: &[u8] = b"outbound";
-
-/// The tag of this door's held keys: a send of unknown delivery, kept for the hold time.
-const HELD_NAME: &[u8] = b"outbound/held";
 
 /// The settings every clone of a door shares.
 #[derive(Clone, Debug)]
@@ -148,10 +146,10 @@ impl<St: Store, I, C, K> SendOnceLayer<St, I, C, K> {
     ///
     /// | verdict | on a response | on an error | the key |
     /// | --- | --- | --- | --- |
-    /// | `Record` | [`Delivery::Sent`] | [`Delivery::Unknown`] | completed; held on an error |
-    /// | `Release` | [`Delivery::Rejected`], retryable | [`OutboundError`], retryable | released |
-    /// | `Fail` | [`Delivery::Rejected`], not retryable | [`OutboundError`], not retryable | released |
-    /// | `Hold` | [`Delivery::Unknown`] | [`Delivery::Unknown`] | held for the hold time |
+    /// | `Record` | [`Delivery::Recorded`] | [`Delivery::Held`] | completed; held on an error |
+    /// | `Release` | [`Delivery::Released`] | [`OutboundError`], retryable | released |
+    /// | `Fail` | [`Delivery::Failed`] | [`OutboundError`], not retryable | released |
+    /// | `Hold` | [`Delivery::Held`] | [`Delivery::Held`] | held for the hold time |
     ///
     /// An error is never a receipt: a `Record` on an error holds the key. Default:
     /// [`DefaultClassifier`].
@@ -216,9 +214,11 @@ impl<St: Store, I, C, K> SendOnceLayer<St, I, C, K> {
 
     /// How long a key of unknown delivery stays held, from when that was known.
     ///
-    /// A repeat within it is answered [`Delivery::Held`] and sends nothing. One after it
-    /// sends again. A send whose future was dropped after it began is held too. A task
-    /// writes that hold; without a Tokio runtime the lease alone holds the key.
+    /// The hold is the send's claim, renewed for the hold time: a repeat within it is
+    /// answered [`Delivery::InFlight`] and sends nothing, one after it sends again. A crash
+    /// meanwhile ends the hold at the lease instead. A send whose future was dropped after
+    /// it began is held too. A task renews that claim; without a Tokio runtime the lease
+    /// alone holds the key.
     ///
     /// Default: 10 minutes. At least 1 ms, at most 30 days.
     pub fn hold(mut self, hold: Duration) -> Self {
@@ -229,8 +229,8 @@ impl<St: Store, I, C, K> SendOnceLayer<St, I, C, K> {
     /// How long a repeat waits for a running send of the same request to end.
     ///
     /// Within the bound the repeat gets what the first send left. That is its receipt
-    /// ([`Delivery::Replayed`]), [`Delivery::Held`] when its delivery is unknown, or a send
-    /// of its own when the first released the key. Past the bound: [`Delivery::InFlight`].
+    /// ([`Delivery::Replayed`]), or a send of its own when the first released the key. Past
+    /// the bound, or while the first send's key is held: [`Delivery::InFlight`].
     /// The memory store wakes the waiter when the key settles. Other stores are asked again
     /// with backoff, 10 ms doubling to 250 ms. Keep it short: a few seconds.
     ///
@@ -243,7 +243,7 @@ impl<St: Store, I, C, K> SendOnceLayer<St, I, C, K> {
     /// Whether a request without a key is refused.
     ///
     /// On, it fails [`KeyMissing`](super::OutboundErrorKind::KeyMissing) and nothing is
-    /// sent. Off, it is sent as it is and answered [`Delivery::SentWithoutKey`].
+    /// sent. Off, it is sent as it is and answered [`Delivery::Untracked`].
     /// Default: off.
     pub fn require_key(mut self, on: bool) -> Self {
         self.settings_mut().require_key = on;
@@ -320,16 +320,6 @@ pub(crate) enum Start<R, E> {
     Answered(Result<Delivery<R, E>, OutboundError<E>>),
 }
 
-/// What becomes of a claimed key once its send's verdict is known.
-pub(crate) enum Step {
-    /// Completed with this receipt.
-    Complete(Bytes),
-    /// Held for the hold time: the send may have gone.
-    Hold,
-    /// Released: nothing went.
-    Release,
-}
-
 impl<St: Store, I, C, K> Door<St, I, C, K> {
     pub(crate) fn store_key(&self, identity: &Identity) -> StoreKey {
         self.engine.store_key(
@@ -361,14 +351,13 @@ impl<St: Store, I, C, K> Door<St, I, C, K> {
         };
         let (outcome, answer) = match begun {
             Ok(Begin::Run(ticket)) => {
-                metrics::request(metrics::Door::Outbound, Outcome::Fresh);
+                metrics::request(metrics::Door::Outbound, Outcome::Ran);
                 return Start::Send(ticket);
             }
             Ok(Begin::InFlight) => (Outcome::InFlight, Ok(Delivery::InFlight)),
             Ok(Begin::KeyReused) => (Outcome::KeyReused, Err(OutboundError::key_reused())),
             Ok(Begin::Replayed(record)) => match read_record(&self.codec, record) {
-                Ok(Found::Receipt(receipt)) => (Outcome::Replayed, Ok(Delivery::Replayed(receipt))),
-                Ok(Found::Held) => (Outcome::InFlight, Ok(Delivery::Held)),
+                Ok(receipt) => (Outcome::Replayed, Ok(Delivery::Replayed(receipt))),
                 Err(e) => (Outcome::RecordInvalid, Err(invalid(&key, e))),
             },
             Ok(Begin::RecordInvalid(e)) => (Outcome::RecordInvalid, Err(invalid(&key, e))),
@@ -389,69 +378,57 @@ impl<St: Store, I, C, K> Door<St, I, C, K> {
         }
     }
 
-    /// The key's step and the caller's answer, by the classifier's verdict.
-    pub(crate) fn verdict<R, E>(
+    /// The verdict on a send's result, with the receipt to record under `Record`. An error is
+    /// never a receipt: a classifier that records one is read as a hold. A `Record` without a
+    /// receipt (one that cannot be recorded) is answered as sent, and its key held: the
+    /// message went, a repeat must not send it again.
+    pub(crate) fn judge<R, E>(
         &self,
         key: &StoreKey,
-        result: Result<R, E>,
-    ) -> (Step, Result<Delivery<R, E>, OutboundError<E>>)
+        result: &Result<R, E>,
+    ) -> (Verdict, Option<Bytes>)
     where
         C: Classify<Result<R, E>>,
         K: Codec<R>,
     {
-        match (self.classify.classify(&result), result) {
-            (Verdict::Record, Ok(response)) => {
-                let step = self.receipt_step(key, &response);
-                (step, Ok(Delivery::Sent(response)))
-            }
-            (v @ (Verdict::Release | Verdict::Fail), Ok(response)) => (
-                Step::Release,
-                Ok(Delivery::Rejected {
-                    response,
-                    retryable: v == Verdict::Release,
-                }),
-            ),
-            (v @ (Verdict::Release | Verdict::Fail), Err(error)) => (
-                Step::Release,
-                Err(OutboundError::failed(error, v == Verdict::Release)),
-            ),
-            (Verdict::Hold, Ok(r)) => (Step::Hold, Ok(Delivery::Unknown(Unknown::Response(r)))),
-            // An error is never a receipt: a classifier that records one is read as a hold.
-            (Verdict::Record | Verdict::Hold, Err(e)) => {
-                (Step::Hold, Ok(Delivery::Unknown(Unknown::Error(e))))
-            }
+        match (self.classify.classify(result), result) {
+            (Verdict::Record, Ok(response)) => (Verdict::Record, self.receipt(key, response)),
+            (Verdict::Record | Verdict::Hold, _) => (Verdict::Hold, None),
+            (Verdict::Fail, _) => (Verdict::Fail, None),
+            // `Release`, and any verdict added later: nothing went.
+            _ => (Verdict::Release, None),
         }
     }
 
     /// The receipt to record: whole when the engine's record limit takes it, else its fitted
-    /// form, else none (the key is held: the message went, a repeat must not send it again).
-    fn receipt_step<R>(&self, key: &StoreKey, response: &R) -> Step
+    /// form, else none.
+    fn receipt<R>(&self, key: &StoreKey, response: &R) -> Option<Bytes>
     where
         K: Codec<R>,
     {
         let max = self.engine.max_record_body();
         match self.codec.encode(response) {
-            Ok(bytes) if bytes.len() <= max => Step::Complete(bytes),
+            Ok(bytes) if bytes.len() <= max => Some(bytes),
             Ok(bytes) => match self.codec.encode_fitted(response) {
                 Some(fitted) if fitted.len() <= max => {
                     tracing::warn!(key = ?key, len = bytes.len(), max, "outbound receipt over the record limit; recorded without its body");
-                    Step::Complete(fitted)
+                    Some(fitted)
                 }
                 _ => {
                     tracing::warn!(key = ?key, len = bytes.len(), max, "outbound receipt over the record limit; the key is held instead");
-                    Step::Hold
+                    None
                 }
             },
             Err(e) => {
                 tracing::warn!(key = ?key, error = %e, "outbound receipt cannot be encoded; the key is held instead");
-                Step::Hold
+                None
             }
         }
     }
 
-    /// Records, releases or holds the key after the send, by the classifier's verdict. The
-    /// store operation runs on a task of its own (when there is a Tokio runtime), so a caller that
-    /// gives up meanwhile (an outer timeout) does not cut it short.
+    /// Settles the key after the send by its verdict, and answers. The store operation runs
+    /// on a task of its own (when there is a Tokio runtime), so a caller that gives up
+    /// meanwhile (an outer timeout) does not cut it short.
     pub(crate) fn settle<R, E>(
         &self,
         ticket: Ticket,
@@ -461,8 +438,9 @@ impl<St: Store, I, C, K> Door<St, I, C, K> {
         C: Classify<Result<R, E>>,
         K: Codec<R>,
     {
-        let (step, answer) = self.verdict(ticket.key(), result);
-        let finished = self.keys().finish_detached(ticket, step);
+        let (verdict, receipt) = self.judge(ticket.key(), &result);
+        let finished = self.keys().finish_detached(ticket, verdict, receipt);
+        let answer = answer(verdict, result, Delivery::Recorded);
         async move {
             finished.await;
             answer
@@ -477,19 +455,31 @@ impl<St: Store, I, C, K> Door<St, I, C, K> {
     where
         C: Classify<Result<R, E>>,
     {
-        metrics::request(metrics::Door::Outbound, Outcome::Passthrough);
-        match (self.classify.classify(&result), result) {
-            (Verdict::Record, Ok(r)) => Ok(Delivery::SentWithoutKey(r)),
-            (v @ (Verdict::Release | Verdict::Fail), Ok(response)) => Ok(Delivery::Rejected {
-                response,
-                retryable: v == Verdict::Release,
-            }),
-            (v @ (Verdict::Release | Verdict::Fail), Err(error)) => {
-                Err(OutboundError::failed(error, v == Verdict::Release))
-            }
-            (_, Ok(r)) => Ok(Delivery::Unknown(Unknown::Response(r))),
-            (_, Err(e)) => Ok(Delivery::Unknown(Unknown::Error(e))),
-        }
+        metrics::request(metrics::Door::Outbound, Outcome::Untracked);
+        let verdict = match (self.classify.classify(&result), &result) {
+            (Verdict::Record, Err(_)) => Verdict::Hold,
+            (v, _) => v,
+        };
+        answer(verdict, result, Delivery::Untracked)
+    }
+}
+
+/// The caller's answer for the verdict a send was settled with. `recorded` names the
+/// answer of a `Record`: the receipt kept, or nothing claimed for a request without a key.
+fn answer<R, E>(
+    verdict: Verdict,
+    result: Result<R, E>,
+    recorded: fn(R) -> Delivery<R, E>,
+) -> Result<Delivery<R, E>, OutboundError<E>> {
+    match (verdict, result) {
+        (Verdict::Record, Ok(r)) => Ok(recorded(r)),
+        (Verdict::Fail, Ok(r)) => Ok(Delivery::Failed(r)),
+        (Verdict::Fail, Err(error)) => Err(OutboundError::failed(error, false)),
+        (Verdict::Hold, Ok(r)) => Ok(Delivery::Held(Unknown::Response(r))),
+        // An error is never a receipt: a `Record` of one holds.
+        (Verdict::Hold | Verdict::Record, Err(e)) => Ok(Delivery::Held(Unknown::Error(e))),
+        (_, Ok(r)) => Ok(Delivery::Released(r)),
+        (_, Err(error)) => Err(OutboundError::failed(error, true)),
     }
 }
 
@@ -503,8 +493,11 @@ fn invalid<E>(key: &StoreKey, e: RecordError) -> OutboundError<E> {
 enum Finish<St> {
     Task(tokio::task::JoinHandle<()>),
     // Boxed: the rare path (no runtime) should not size the common one.
-    Inline(Box<(Keys<St>, Ticket, Step)>),
+    Inline(Box<(Keys<St>, Ticket, Verdict, Option<Bytes>)>),
 }
+
+/// Where this door counts how its keys ended.
+const TALLY: Tally<'static> = Tally::Door(metrics::Door::Outbound);
 
 /// The door's store operations after a send: what a task needs, without the door's other parts.
 pub(crate) struct Keys<St> {
@@ -513,13 +506,20 @@ pub(crate) struct Keys<St> {
 }
 
 impl<St: Store> Keys<St> {
-    /// Runs `step` on a task of its own when there is a Tokio runtime (so it ends even if the
-    /// returned future is dropped), else in the returned future. Spawned at once: the caller
-    /// may be dropped at its first wait.
-    pub(crate) fn finish_detached(self, ticket: Ticket, step: Step) -> impl Future<Output = ()> {
+    /// Settles the key on a task of its own when there is a Tokio runtime (so it ends even if
+    /// the returned future is dropped), else in the returned future. Spawned at once: the
+    /// caller may be dropped at its first wait.
+    pub(crate) fn finish_detached(
+        self,
+        ticket: Ticket,
+        verdict: Verdict,
+        receipt: Option<Bytes>,
+    ) -> impl Future<Output = ()> {
         let run = match tokio::runtime::Handle::try_current() {
-            Ok(rt) => Finish::Task(rt.spawn(async move { self.finish(ticket, step).await })),
-            Err(_) => Finish::Inline(Box::new((self, ticket, step))),
+            Ok(rt) => {
+                Finish::Task(rt.spawn(async move { self.finish(ticket, verdict, receipt).await }))
+            }
+            Err(_) => Finish::Inline(Box::new((self, ticket, verdict, receipt))),
         };
         async move {
             match run {
@@ -527,92 +527,40 @@ impl<St: Store> Keys<St> {
                     let _ = handle.await;
                 }
                 Finish::Inline(inline) => {
-                    let (keys, ticket, step) = *inline;
-                    keys.finish(ticket, step).await;
+                    let (keys, ticket, verdict, receipt) = *inline;
+                    keys.finish(ticket, verdict, receipt).await;
                 }
             }
         }
     }
 
-    /// Records, holds or releases the key.
-    pub(crate) async fn finish(&self, ticket: Ticket, step: Step) {
-        match step {
-            Step::Complete(bytes) => self.complete(ticket, bytes).await,
-            Step::Hold => self.hold(ticket).await,
-            Step::Release => self.release(ticket).await,
-        }
-    }
-
-    /// Keeps the key of an unknown delivery for the hold time: a record that says so, under
-    /// the hold time as its retention, so a repeat is told [`Delivery::Held`].
-    pub(crate) async fn hold(&self, ticket: Ticket) {
-        let key = *ticket.key();
-        metrics::settled(metrics::Door::Outbound, Settled::Held);
-        let mut engine = self.engine.clone();
-        engine.set_ttl(self.hold);
-        match engine
-            .complete(ticket, &RecordedResponse::of_door(HELD_NAME, None))
-            .await
-        {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::warn!(key = ?key, "outbound key lost before it could be held; a repeat may send again")
+    /// Records the receipt, holds the key for the hold time, or releases it. A hold keeps the
+    /// claim: a repeat meanwhile is answered [`Delivery::InFlight`] and sends nothing. A store
+    /// that fails is logged; the caller's answer stands.
+    pub(crate) async fn finish(&self, ticket: Ticket, verdict: Verdict, receipt: Option<Bytes>) {
+        let recorded;
+        let settle = match (verdict, receipt) {
+            (Verdict::Record, Some(receipt)) => {
+                recorded = RecordedResponse::of_door(DOOR_NAME, Some(receipt));
+                Settle::Record(Recording::Response(&recorded))
             }
-            Err(e) => {
-                tracing::warn!(key = ?key, error = %e, "outbound key could not be held; it stays pending until its lease ends")
-            }
-        }
-    }
-
-    /// Records the receipt; a store that fails is logged, the receipt still returned.
-    async fn complete(&self, ticket: Ticket, bytes: Bytes) {
-        let key = *ticket.key();
-        let record = RecordedResponse::of_door(DOOR_NAME, Some(bytes));
-        let done = self.engine.complete(ticket, &record).await;
-        metrics::settled(metrics::Door::Outbound, Settled::of_complete(&done));
-        match done {
-            Ok(true) => {}
-            Ok(false) => {
-                tracing::warn!(key = ?key, "outbound lease lapsed before the receipt was recorded; another send holds the key")
-            }
-            Err(e) => {
-                tracing::warn!(key = ?key, error = %e, "outbound receipt not recorded (the message went); a repeat sends again once the lease ends")
-            }
-        }
-    }
-
-    /// Frees the key: nothing went.
-    async fn release(&self, ticket: Ticket) {
-        let key = *ticket.key();
-        let released = self.engine.release(ticket).await;
-        metrics::settled(metrics::Door::Outbound, Settled::of_release(&released));
-        if let Err(e) = released {
-            tracing::warn!(key = ?key, error = %e, "outbound key not released; a retry waits for its lease");
-        }
+            (Verdict::Record | Verdict::Hold, _) => Settle::Hold(self.hold),
+            (Verdict::Fail, _) => Settle::Fail,
+            _ => Settle::Release,
+        };
+        self.engine.settle(ticket, settle, TALLY).await;
     }
 }
 
-/// What a record of this door holds.
-pub(crate) enum Found<R> {
-    /// The receipt of a send that went.
-    Receipt(R),
-    /// A held key: a send of unknown delivery.
-    Held,
-}
-
-/// The receipt (or hold) in a record this door wrote; any other record is invalid.
+/// The receipt in a record this door wrote; any other record is invalid.
 pub(crate) fn read_record<R, K: Codec<R>>(
     codec: &K,
     record: RecordedResponse,
-) -> Result<Found<R>, RecordError> {
-    if record.is_of_door(HELD_NAME) {
-        return Ok(Found::Held);
-    }
+) -> Result<R, RecordError> {
     let ours = record.is_of_door(DOOR_NAME);
     match record.body {
         Some(body) if ours => codec
             .decode(body)
-            .map(Found::Receipt)
             .map_err(|_| RecordError::new("the stored receipt does not decode")),
         _ => Err(RecordError::new("a record of another door")),
     }
@@ -649,9 +597,9 @@ impl<St: Store> Drop for HoldOnDrop<St> {
         tracing::info!(key = ?ticket.key(), "outbound send dropped after it began; its delivery is unknown, the key is held");
         // Without a runtime the lease alone holds the key.
         if let Ok(rt) = tokio::runtime::Handle::try_current() {
-            rt.spawn(async move { keys.hold(ticket).await });
+            rt.spawn(async move { keys.finish(ticket, Verdict::Hold, None).await });
         } else {
-            metrics::settled(metrics::Door::Outbound, Settled::Held);
+            TALLY.count(Settled::Held);
         }
     }
 }

@@ -27,7 +27,7 @@
 //! })
 //! .await?;
 //! match outcome {
-//!     Within::Ran(response) | Within::Replayed(response) => println!("{}", response.status),
+//!     Within::Recorded(response) | Within::Replayed(response) => println!("{}", response.status),
 //!     Within::InFlight => println!("409: the first request is still running"),
 //!     Within::KeyReused => println!("422: this key was used for another request"),
 //!     other => println!("503: {other:?}"),
@@ -201,9 +201,10 @@ use std::future::Future;
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum Within {
-    /// The work ran, and its response was recorded in the same transaction. It is committed. On
-    /// your transaction, it is written into it, and you commit it.
-    Ran(RecordedResponse),
+    /// The work ran, and its response was recorded in the same transaction
+    /// ([`Verdict::Record`](crate::engine::Verdict::Record)). It is committed. On your
+    /// transaction, it is written into it, and you commit it.
+    Recorded(RecordedResponse),
     /// The same request completed before: its recorded response. The work did not run.
     Replayed(RecordedResponse),
     /// The same request holds the key and did not commit within the lock wait. HTTP answers 409,
@@ -386,7 +387,7 @@ impl<E: StdError + 'static> StdError for WithinError<E> {
 ///
 /// The work is written `|tx| Box::pin(async move { … })`. It is boxed so that it can borrow
 /// the connection it is given, as sqlx's own `Connection::transaction` does. Its `Ok` value is
-/// recorded and returned as [`Within::Ran`]. Its `Err` rolls back the work and the claim, and
+/// recorded and returned as [`Within::Recorded`]. Its `Err` rolls back the work and the claim, and
 /// is returned as a [`WithinError`] of kind [`Work`](WithinErrorKind::Work). The key is then
 /// free, and a retry runs the work again. Dropping the future rolls back as well. See the
 /// module docs for the [timeouts](self#timeouts) the work runs under and the
@@ -440,10 +441,10 @@ where
     };
     let (outcome, answer) = match engine.judge(key, fingerprint, claim) {
         Begin::Run(ticket) => {
-            request(Door::Within, Outcome::Fresh);
+            request(Door::Within, Outcome::Ran);
             let (end, answer) = match ran(engine, &mut tx, &ticket, work).await {
                 Ok(response) => match finish(store, tx, own, lifted).await {
-                    Ok(()) => (Settled::Completed, Ok(Within::Ran(response))),
+                    Ok(()) => (Settled::Completed, Ok(Within::Recorded(response))),
                     // Nothing was committed: the key is free.
                     Err(Ended::Conflict(e)) => (Settled::Released, Err(WithinError::conflict(e))),
                     Err(Ended::Failed(e)) => (Settled::CompleteFailed, Err(WithinError::store(e))),

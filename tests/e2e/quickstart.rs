@@ -238,11 +238,11 @@ async fn quickstart_metrics_count_each_outcome() {
     let m = qs.metrics().await;
     let value = |series: &str| m.get(series).copied();
     for (outcome, n) in [
-        ("fresh", 2.0),
+        ("ran", 2.0),
         ("replayed", 1.0),
         ("key_reused", 1.0),
         ("principal_missing", 1.0),
-        ("passthrough", 1.0),
+        ("untracked", 1.0),
     ] {
         let series = format!(r#"idempotency_requests_total{{door="http",outcome="{outcome}"}}"#);
         assert_eq!(value(&series), Some(n), "{series} in {m:#?}");

@@ -288,7 +288,7 @@ async fn tx_order(State(app): State<TxApp>, headers: HeaderMap, body: Bytes) -> 
     })
     .await;
     match outcome {
-        Ok(Within::Ran(recorded)) => {
+        Ok(Within::Recorded(recorded)) => {
             app.events.push("committed", key, started);
             respond(recorded, false)
         }

@@ -35,7 +35,7 @@ fn seen(snap: &Snapshotter) -> BTreeMap<String, f64> {
 }
 
 /// The counters of requests and results that moved since the last look, as `name{labels}`
-/// without the metric name's prefix (`requests{door=http,outcome=fresh}`).
+/// without the metric name's prefix (`requests{door=http,outcome=ran}`).
 fn counted(snap: &Snapshotter) -> BTreeMap<String, f64> {
     seen(snap)
         .into_iter()
@@ -69,7 +69,7 @@ async fn counts_each_http_outcome_once() {
     assert_eq!(a.status, 201);
     assert_eq!(
         counted(&snap),
-        expect(&[&fresh("fresh"), &result("completed")]),
+        expect(&[&fresh("ran"), &result("completed")]),
         "a first request: one fresh, one completed"
     );
 
@@ -118,7 +118,7 @@ async fn counts_each_http_outcome_once() {
     assert_eq!(failed.status, 503);
     assert_eq!(
         counted(&snap),
-        expect(&[&fresh("fresh"), &result("released")]),
+        expect(&[&fresh("ran"), &result("released")]),
         "a 5xx from the handler: fresh, then released"
     );
 
@@ -136,7 +136,7 @@ async fn counts_each_http_outcome_once() {
     );
     assert_eq!(
         counted(&snap),
-        expect(&[&fresh("fresh"), &result("complete_failed")])
+        expect(&[&fresh("ran"), &result("complete_failed")])
     );
     store.fail_completes(false);
 
@@ -161,7 +161,7 @@ async fn counts_in_flight_and_passthrough() {
     assert_eq!(
         counted(&snap),
         expect(&[
-            "requests{door=http,outcome=fresh}",
+            "requests{door=http,outcome=ran}",
             "requests{door=http,outcome=in_flight}"
         ])
     );
@@ -176,7 +176,7 @@ async fn counts_in_flight_and_passthrough() {
     assert_eq!(unkeyed.status, 201);
     assert_eq!(
         counted(&snap),
-        expect(&["requests{door=http,outcome=passthrough}"])
+        expect(&["requests{door=http,outcome=untracked}"])
     );
     server.stop().await;
 }
@@ -335,7 +335,7 @@ async fn counts_an_extractor_refusal_under_the_extract_door() {
     assert_eq!(
         counted(&snap),
         expect(&[
-            "requests{door=http,outcome=passthrough}",
+            "requests{door=http,outcome=untracked}",
             "requests{door=extract,outcome=key_missing}"
         ]),
         "the layer passes the unkeyed request on; the extractor refuses it"
@@ -416,7 +416,7 @@ async fn counts_a_lost_lease_and_a_failed_release() {
     assert_eq!(
         counted(&snap),
         expect(&[
-            "requests{door=http,outcome=fresh}",
+            "requests{door=http,outcome=ran}",
             "results{door=http,result=lease_lost}"
         ])
     );

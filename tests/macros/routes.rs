@@ -683,7 +683,7 @@ async fn attributed_handlers_count_under_the_route_door() {
     assert_eq!(post_key(&server, "/", "k-1").await.status, 201);
     assert_eq!(
         counted(),
-        ["door=route,outcome=fresh", "door=route,result=completed"]
+        ["door=route,outcome=ran", "door=route,result=completed"]
     );
     assert!(post_key(&server, "/", "k-1").await.is_replay());
     assert_eq!(counted(), ["door=route,outcome=replayed"]);

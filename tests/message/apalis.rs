@@ -543,7 +543,7 @@ async fn die_before_ack_then_redeliver(keyed: bool) {
         seen_b.lock().unwrap().clone(),
     );
     assert_eq!(a.len(), 1);
-    assert_eq!(a[0].2, Ok(Handled::Ran(())));
+    assert_eq!(a[0].2, Ok(Handled::Recorded(())));
     assert_eq!(b.len(), 1, "one redelivery: {b:?}");
     assert_eq!(a[0].0, b[0].0, "the redelivery keeps the task's id");
     assert_ne!(
@@ -685,7 +685,7 @@ async fn an_apalis_redis_retry_keeps_the_task_id_and_runs_again() {
     assert!(seen[0].2.is_err());
     assert_eq!(
         seen[1].2,
-        Ok(Handled::Ran(())),
+        Ok(Handled::Recorded(())),
         "the failed attempt released the key"
     );
 }

@@ -168,7 +168,7 @@ async fn a_consumer_that_dies_before_acking_hands_over_and_the_effect_happens_on
         let svc = ServiceBuilder::new()
             .layer(layer(&engine, "billing"))
             .service(effects.handler(Duration::ZERO));
-        assert_eq!(svc.oneshot(msg).await.unwrap(), Handled::Ran(()));
+        assert_eq!(svc.oneshot(msg).await.unwrap(), Handled::Recorded(()));
     }
     assert_eq!(effects.count("order-1"), 1);
 
@@ -247,7 +247,7 @@ async fn a_consumer_that_dies_mid_handler_blocks_the_key_for_the_lease_then_it_r
             other => panic!("neither in flight nor run: {other:?}"),
         }
     };
-    assert_eq!(ran, Handled::Ran(()));
+    assert_eq!(ran, Handled::Recorded(()));
     assert!(claimed.elapsed() >= lease, "not before the lease lapsed");
     assert!(!delays.is_empty(), "a redelivery came within the lease");
     assert!(
@@ -309,7 +309,7 @@ async fn a_failing_handler_is_naked_with_a_growing_delay_and_a_permanent_error_t
     let third = consumer
         .handle(next(&c, Duration::from_secs(5)).await.unwrap())
         .await;
-    assert_eq!(third.outcome.unwrap(), Handled::Ran(()));
+    assert_eq!(third.outcome.unwrap(), Handled::Recorded(()));
     assert_eq!(third.reply, Reply::Ack);
 
     // A permanent error: terminated, never redelivered.
@@ -354,7 +354,7 @@ async fn the_consumers_ack_wait_is_read_from_the_server() {
         stolen.map(|m| m.info().unwrap().delivered)
     );
     let processed = running.await.unwrap();
-    assert_eq!(processed.outcome.unwrap(), Handled::Ran(()));
+    assert_eq!(processed.outcome.unwrap(), Handled::Recorded(()));
     assert_eq!(effects.count("slow-order"), 1);
 }
 
@@ -392,7 +392,7 @@ async fn two_durable_consumers_each_handle_a_message_once() {
         }
         assert_eq!(
             outcomes,
-            [Handled::Ran(()), Handled::Replayed(None)],
+            [Handled::Recorded(()), Handled::Replayed(None)],
             "{name}"
         );
     }
@@ -432,7 +432,7 @@ async fn a_handler_slower_than_ack_wait_is_not_redelivered_while_it_runs() {
         stolen.map(|m| m.info().unwrap().delivered)
     );
     let processed = running.await.unwrap();
-    assert_eq!(processed.outcome.unwrap(), Handled::Ran(()));
+    assert_eq!(processed.outcome.unwrap(), Handled::Recorded(()));
     assert_eq!(processed.reply, Reply::Ack);
     assert_eq!(effects.count("slow-order"), 1);
     assert!(
@@ -520,7 +520,7 @@ async fn a_store_outage_naks_with_backoff_and_the_redelivery_runs() {
     let msg = next(&c, Duration::from_secs(5)).await.unwrap();
     assert_eq!(msg.info().unwrap().delivered, 3);
     let processed = consumer.handle(msg).await;
-    assert_eq!(processed.outcome.unwrap(), Handled::Ran(()));
+    assert_eq!(processed.outcome.unwrap(), Handled::Recorded(()));
     assert_eq!(effects.count("order-3"), 1);
 }
 
@@ -550,7 +550,7 @@ async fn a_result_classified_fail_is_terminated_and_one_classified_hold_is_naked
     let gone = consumer
         .handle(next(&c, Duration::from_secs(5)).await.unwrap())
         .await;
-    assert_eq!(gone.outcome.unwrap(), Handled::Rejected("gone".into()));
+    assert_eq!(gone.outcome.unwrap(), Handled::Failed("gone".into()));
     assert_eq!(gone.reply, Reply::Term);
 
     rig.publish("orders.created", Some("k-maybe"), "maybe")

@@ -120,7 +120,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
             .service(work.service());
         assert_eq!(
             call(&svc, keyed("k1", "a")).await.unwrap(),
-            Handled::Ran("a".into())
+            Handled::Recorded("a".into())
         );
         let again = call(&svc, keyed("k1", "a")).await.unwrap();
         assert_eq!(again, Handled::Replayed(None));
@@ -139,7 +139,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
             .service(work.service());
         assert_eq!(
             call(&svc, keyed("k1", "result")).await.unwrap(),
-            Handled::Ran("result".into())
+            Handled::Recorded("result".into())
         );
         assert_eq!(
             call(&svc, keyed("k1", "result")).await.unwrap(),
@@ -187,11 +187,11 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
             ))
             .service(work.service());
         let first = call(&svc, keyed("k1", "bad")).await.unwrap();
-        assert_eq!(first, Handled::Failed("bad".into()));
+        assert_eq!(first, Handled::Released("bad".into()));
         assert!(!first.is_ack(), "the broker must redeliver");
         assert_eq!(
             call(&svc, keyed("k1", "bad")).await.unwrap(),
-            Handled::Failed("bad".into())
+            Handled::Released("bad".into())
         );
         assert_eq!(
             work.runs(),
@@ -219,11 +219,11 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
             )
             .service(work.service());
         let rejected = call(&svc, keyed("k1", "rejected")).await.unwrap();
-        assert_eq!(rejected, Handled::Rejected("rejected".into()));
+        assert_eq!(rejected, Handled::Failed("rejected".into()));
         assert!(!rejected.is_ack() && rejected.ran());
         assert_eq!(
             call(&svc, keyed("k1", "rejected")).await.unwrap(),
-            Handled::Rejected("rejected".into()),
+            Handled::Failed("rejected".into()),
             "released: a redelivery runs again"
         );
         assert_eq!(work.runs(), 2);
@@ -315,7 +315,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
             "redeliver within a third of the lease: {after:?}"
         );
         work.gate.notify_one();
-        assert_eq!(first.await.unwrap().unwrap(), Handled::Ran("slow".into()));
+        assert_eq!(first.await.unwrap().unwrap(), Handled::Recorded("slow".into()));
         assert_eq!(
             call(&svc, keyed("k1", "slow")).await.unwrap(),
             Handled::Replayed(None)
@@ -337,7 +337,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
         let dup = tokio::spawn(svc.clone().oneshot(keyed("k1", "slow")));
         tokio::time::sleep(Duration::from_millis(50)).await;
         work.gate.notify_one();
-        assert_eq!(first.await.unwrap().unwrap(), Handled::Ran("slow".into()));
+        assert_eq!(first.await.unwrap().unwrap(), Handled::Recorded("slow".into()));
         assert_eq!(
             dup.await.unwrap().unwrap(),
             Handled::Replayed(Some("slow".into())),
@@ -361,7 +361,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
         assert_eq!(dup, Handled::Skipped);
         assert!(dup.is_ack());
         work.gate.notify_one();
-        assert_eq!(first.await.unwrap().unwrap(), Handled::Ran("slow".into()));
+        assert_eq!(first.await.unwrap().unwrap(), Handled::Recorded("slow".into()));
         assert_eq!(work.runs(), 1, "never two handlers at once");
     }
 
@@ -449,7 +449,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
             "the duplicate waits for the first delivery"
         );
         work.gate.notify_one();
-        assert_eq!(first.await.unwrap().unwrap(), Handled::Ran("slow".into()));
+        assert_eq!(first.await.unwrap().unwrap(), Handled::Recorded("slow".into()));
         let dup = dup.await.unwrap().unwrap();
         assert_eq!(dup, Handled::Replayed(Some("slow".into())));
         assert!(dup.is_ack());
@@ -490,7 +490,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
             first.await.unwrap().unwrap_err().kind(),
             MessageErrorKind::Handler
         );
-        assert_eq!(dup.await.unwrap().unwrap(), Handled::Ran("second".into()));
+        assert_eq!(dup.await.unwrap().unwrap(), Handled::Recorded("second".into()));
         assert_eq!(runs.load(Ordering::SeqCst), 2);
     }
 
@@ -544,7 +544,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
         assert_eq!(door.forget(&key).await.unwrap(), Forgotten::Record);
         assert_eq!(
             call(&svc, keyed("k1", "a")).await.unwrap(),
-            Handled::Ran("a".into())
+            Handled::Recorded("a".into())
         );
         assert_eq!(work.runs(), 2, "the redelivery after forget ran");
 
@@ -555,7 +555,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
         assert_eq!(door.forget(&key).await.unwrap(), Forgotten::Record);
         assert_eq!(
             call(&svc, digest).await.unwrap(),
-            Handled::Ran("order 9".into())
+            Handled::Recorded("order 9".into())
         );
     }
 
@@ -594,8 +594,8 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
         );
         work.gate.notify_one();
         work.gate.notify_one();
-        assert_eq!(first.await.unwrap().unwrap(), Handled::Ran("slow".into()));
-        assert_eq!(again.await.unwrap().unwrap(), Handled::Ran("slow".into()));
+        assert_eq!(first.await.unwrap().unwrap(), Handled::Recorded("slow".into()));
+        assert_eq!(again.await.unwrap().unwrap(), Handled::Recorded("slow".into()));
         assert_eq!(
             call(&svc, keyed("k1", "slow")).await.unwrap(),
             Handled::Replayed(Some("slow".into()))
@@ -762,7 +762,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
         let long = "a result of more than eight bytes";
         assert_eq!(
             call(&svc, keyed("k1", long)).await.unwrap(),
-            Handled::Ran(long.into())
+            Handled::Recorded(long.into())
         );
         // Work that succeeded: its redelivery is a completed duplicate, acknowledged.
         assert_eq!(
@@ -771,7 +771,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
         );
         assert_eq!(
             call(&svc, keyed("k2", "short")).await.unwrap(),
-            Handled::Ran("short".into())
+            Handled::Recorded("short".into())
         );
         assert_eq!(
             call(&svc, keyed("k2", "short")).await.unwrap(),
@@ -802,7 +802,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
         spy.fail_claims(false);
         assert_eq!(
             call(&svc, keyed("k1", "a")).await.unwrap(),
-            Handled::Ran("a".into())
+            Handled::Recorded("a".into())
         );
     }
 
@@ -818,7 +818,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
         spy.fail_completes(true);
         assert_eq!(
             call(&svc, keyed("k1", "a")).await.unwrap(),
-            Handled::Ran("a".into())
+            Handled::Recorded("a".into())
         );
         spy.fail_completes(false);
         assert_eq!(
@@ -875,7 +875,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
         let listed = Envelope::new("payments", "a").with_header("Idempotency-Key", "k1");
         assert_eq!(
             call(&svc, listed.clone()).await.unwrap(),
-            Handled::Ran("a".into())
+            Handled::Recorded("a".into())
         );
         assert_eq!(call(&svc, listed).await.unwrap(), Handled::Replayed(None));
     }
@@ -948,18 +948,18 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
         let m = Envelope::new("orders", "order 17");
         assert_eq!(
             call(&svc, m.clone()).await.unwrap(),
-            Handled::Ran("order 17".into())
+            Handled::Recorded("order 17".into())
         );
         assert_eq!(call(&svc, m).await.unwrap(), Handled::Replayed(None));
         let other = Envelope::new("orders", "order 18");
         assert_eq!(
             call(&svc, other).await.unwrap(),
-            Handled::Ran("order 18".into())
+            Handled::Recorded("order 18".into())
         );
         let new_schema = Envelope::new("orders", "order 17").with_schema_version("2");
         assert_eq!(
             call(&svc, new_schema).await.unwrap(),
-            Handled::Ran("order 17".into())
+            Handled::Recorded("order 17".into())
         );
         assert_eq!(work.runs(), 3);
     }
@@ -1019,14 +1019,11 @@ async fn the_message_door_counts_each_outcome_once() {
 
     assert_eq!(
         call(&svc, keyed("k1", "a")).await.unwrap(),
-        Handled::Ran("a".into())
+        Handled::Recorded("a".into())
     );
     assert_eq!(
         counted(),
-        [
-            "door=message,outcome=fresh",
-            "door=message,result=completed"
-        ]
+        ["door=message,outcome=ran", "door=message,result=completed"]
     );
     assert_eq!(
         call(&svc, keyed("k1", "a")).await.unwrap(),
@@ -1038,6 +1035,6 @@ async fn the_message_door_counts_each_outcome_once() {
     assert!(call(&svc, keyed("k2", "fail")).await.is_err());
     assert_eq!(
         counted(),
-        ["door=message,outcome=fresh", "door=message,result=released"]
+        ["door=message,outcome=ran", "door=message,result=released"]
     );
 }

@@ -53,7 +53,7 @@ async fn a_redelivery_after_a_failure_runs_only_the_unfinished_steps() {
 
     let again = handler.clone().oneshot(msg.clone()).await.unwrap();
     assert!(
-        matches!(again, Handled::Ran(ref c) if c == "ch-0"),
+        matches!(again, Handled::Recorded(ref c) if c == "ch-0"),
         "{again:?}"
     );
     assert_eq!(counts.charged.load(Ordering::SeqCst), 1, "charged once");
@@ -74,7 +74,7 @@ async fn steps_outside_a_claimed_message_are_absent() {
             Ok::<_, String>(inside && spawned)
         }));
     let ran = handler.oneshot(Envelope::new("t", "b")).await.unwrap();
-    assert!(matches!(ran, Handled::Ran(true)), "{ran:?}");
+    assert!(matches!(ran, Handled::Recorded(true)), "{ran:?}");
 }
 
 #[tokio::test]

@@ -99,7 +99,7 @@ async fn consumer_process() {
         let (svc, tx) = (svc.clone(), tx.clone());
         tasks.push(tokio::spawn(async move {
             let outcome = match svc.oneshot(message(n)).await {
-                Ok(Handled::Ran(())) => "ran",
+                Ok(Handled::Recorded(())) => "ran",
                 Ok(Handled::Replayed(_)) => "duplicate",
                 Ok(Handled::Skipped) => "skipped",
                 Ok(_) => "other",

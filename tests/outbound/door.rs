@@ -25,7 +25,7 @@ pub(crate) async fn sends_once_and_replays_the_receipt<S: Store>(store: SpyStore
         .await
         .unwrap();
     assert!(
-        matches!(&first, Delivery::Sent(r) if r == "receipt 1: hello"),
+        matches!(&first, Delivery::Recorded(r) if r == "receipt 1: hello"),
         "{first:?}"
     );
     assert!(
@@ -92,7 +92,7 @@ pub(crate) async fn a_refused_connection_releases_the_key_and_the_retry_sends<S:
         .await
         .unwrap();
     assert!(
-        matches!(&retry, Delivery::Sent(r) if r == "receipt 1: hello"),
+        matches!(&retry, Delivery::Recorded(r) if r == "receipt 1: hello"),
         "{retry:?}"
     );
     assert_eq!(provider.received(), 1);
@@ -106,7 +106,7 @@ pub(crate) async fn a_rejection_releases_the_key<S: Store>(store: SpyStore<S>) {
         .await
         .unwrap();
     assert!(
-        matches!(&rejected, Delivery::Rejected { response, retryable: false } if response == "rejected: hello"),
+        matches!(&rejected, Delivery::Failed(response) if response == "rejected: hello"),
         "{rejected:?}"
     );
     let retry = door
@@ -127,7 +127,7 @@ pub(crate) async fn a_reset_mid_exchange_is_unknown_and_the_retry_does_not_send<
         .await
         .unwrap();
     assert!(
-        matches!(&first, Delivery::Unknown(Unknown::Error(e)) if e.kind() == std::io::ErrorKind::ConnectionReset),
+        matches!(&first, Delivery::Held(Unknown::Error(e)) if e.kind() == std::io::ErrorKind::ConnectionReset),
         "{first:?}"
     );
     assert!(first.is_unknown());
@@ -136,7 +136,7 @@ pub(crate) async fn a_reset_mid_exchange_is_unknown_and_the_retry_does_not_send<
         .await
         .unwrap();
     assert!(
-        matches!(retry, Delivery::Held),
+        matches!(retry, Delivery::InFlight),
         "held, not in flight: nothing runs now {retry:?}"
     );
     assert_eq!(
@@ -164,7 +164,7 @@ pub(crate) async fn an_unknown_delivery_is_held_for_the_hold_time<S: Store>(stor
         .await
         .unwrap();
     assert!(
-        matches!(within, Delivery::Held),
+        matches!(within, Delivery::InFlight),
         "held past the lease: {within:?}"
     );
     tokio::time::sleep(Duration::from_secs(4)).await; // past the hold (7 s in all)
@@ -195,7 +195,7 @@ pub(crate) async fn a_send_dropped_after_it_began_keeps_its_key<S: Store>(store:
         .oneshot(Msg::new("k", "hello", Act::Take))
         .await
         .unwrap();
-    assert!(matches!(retry, Delivery::Held), "{retry:?}");
+    assert!(matches!(retry, Delivery::InFlight), "{retry:?}");
     assert_eq!(provider.received(), 1);
 }
 
@@ -228,7 +228,7 @@ pub(crate) async fn a_failed_complete_still_returns_the_receipt<S: Store>(store:
         .await
         .unwrap();
     assert!(
-        matches!(&sent, Delivery::Sent(r) if r == "receipt 1: hello"),
+        matches!(&sent, Delivery::Recorded(r) if r == "receipt 1: hello"),
         "{sent:?}"
     );
     assert_eq!(store.completes(), 1);
@@ -252,7 +252,7 @@ pub(crate) async fn a_request_without_a_key_is_sent_every_time<S: Store>(store: 
     let again = door.oneshot(unkeyed()).await.unwrap();
     for d in [&first, &again] {
         assert!(
-            matches!(d, Delivery::SentWithoutKey(r) if r.ends_with("hello")),
+            matches!(d, Delivery::Untracked(r) if r.ends_with("hello")),
             "told apart from a recorded send: {d:?}"
         );
         assert!(d.is_sent());
@@ -282,7 +282,7 @@ pub(crate) async fn require_key_refuses_a_request_without_a_key<S: Store>(store:
         .oneshot(Msg::new("k", "hello", Act::Take))
         .await
         .unwrap();
-    assert!(matches!(keyed, Delivery::Sent(_)), "{keyed:?}");
+    assert!(matches!(keyed, Delivery::Recorded(_)), "{keyed:?}");
     assert_eq!(provider.received(), 1, "only the keyed request went");
 }
 
@@ -352,7 +352,7 @@ async fn the_outbound_door_counts_each_outcome_once() {
     assert_eq!(
         counted(),
         [
-            "door=outbound,outcome=fresh",
+            "door=outbound,outcome=ran",
             "door=outbound,result=completed"
         ]
     );
@@ -366,18 +366,15 @@ async fn the_outbound_door_counts_each_outcome_once() {
     assert!(send("r", "hello", Act::Refuse).await.is_err());
     assert_eq!(
         counted(),
-        [
-            "door=outbound,outcome=fresh",
-            "door=outbound,result=released"
-        ]
+        ["door=outbound,outcome=ran", "door=outbound,result=released"]
     );
     assert!(matches!(
         send("u", "hello", Act::Reset).await,
-        Ok(Delivery::Unknown(_))
+        Ok(Delivery::Held(_))
     ));
     assert_eq!(
         counted(),
-        ["door=outbound,outcome=fresh", "door=outbound,result=held"]
+        ["door=outbound,outcome=ran", "door=outbound,result=held"]
     );
 }
 
@@ -390,14 +387,14 @@ pub(crate) async fn an_unreachable_host_after_sending_holds_the_key<S: Store>(st
         .await
         .unwrap();
     assert!(
-        matches!(&first, Delivery::Unknown(Unknown::Error(e)) if e.kind() == std::io::ErrorKind::HostUnreachable),
+        matches!(&first, Delivery::Held(Unknown::Error(e)) if e.kind() == std::io::ErrorKind::HostUnreachable),
         "{first:?}"
     );
     let retry = door
         .oneshot(Msg::new("k", "charge", Act::Take))
         .await
         .unwrap();
-    assert!(matches!(retry, Delivery::Held), "{retry:?}");
+    assert!(matches!(retry, Delivery::InFlight), "{retry:?}");
     assert_eq!(provider.received(), 1, "the retry did not send again");
     assert_eq!(store.releases(), 0);
 }
@@ -417,14 +414,14 @@ pub(crate) async fn a_receipt_over_the_record_limit_is_held_not_refused<S: Store
         .oneshot(Msg::new("k", "hello", Act::Take))
         .await
         .unwrap();
-    assert!(matches!(first, Delivery::Sent(_)), "{first:?}");
+    assert!(matches!(first, Delivery::Recorded(_)), "{first:?}");
     for _ in 0..2 {
         let again = door
             .clone()
             .oneshot(Msg::new("k", "hello", Act::Take))
             .await
             .expect("not refused as an invalid record at every repeat");
-        assert!(matches!(again, Delivery::Held), "{again:?}");
+        assert!(matches!(again, Delivery::InFlight), "{again:?}");
     }
     assert_eq!(provider.received(), 1);
 }
@@ -451,13 +448,13 @@ mod paused {
             .oneshot(Msg::new("k", "hello", Act::Take))
             .await
             .unwrap();
-        assert!(matches!(within, Delivery::Held), "{within:?}");
+        assert!(matches!(within, Delivery::InFlight), "{within:?}");
         tokio::time::sleep(Duration::from_secs(2 * 60)).await; // past the hold
         let after = door
             .oneshot(Msg::new("k", "hello", Act::Take))
             .await
             .unwrap();
-        assert!(matches!(after, Delivery::Sent(_)), "{after:?}");
+        assert!(matches!(after, Delivery::Recorded(_)), "{after:?}");
         assert_eq!(provider.received(), 2);
     }
 
@@ -482,7 +479,7 @@ mod paused {
         provider.open();
         let first = first.await.unwrap().unwrap();
         let repeat = repeat.await.unwrap().unwrap();
-        assert!(matches!(first, Delivery::Sent(_)), "{first:?}");
+        assert!(matches!(first, Delivery::Recorded(_)), "{first:?}");
         assert!(
             matches!(&repeat, Delivery::Replayed(r) if r == "receipt 1: hello"),
             "the waiting repeat got the first's receipt: {repeat:?}"
@@ -510,9 +507,12 @@ mod paused {
 
     #[tokio::test(start_paused = true)]
     async fn a_send_dropped_while_its_hold_is_written_stays_held() {
-        // The hold's write takes 5 s; the caller's own timeout fires after 1 s of it.
+        // The hold's write takes 5 s; the caller's own timeout fires after 1 s of it. The hold
+        // renews the send's claim, so, as any renewal, it lands within the lease (10 s).
         let store = SlowWrites::new(MemoryStore::new(), Duration::from_secs(5));
-        let engine = Engine::builder(store).lease(Duration::from_secs(2)).build();
+        let engine = Engine::builder(store)
+            .lease(Duration::from_secs(10))
+            .build();
         let (door, provider) = door_with(engine, |l| l.hold(Duration::from_secs(600)));
         let cut = tokio::time::timeout(
             Duration::from_secs(1),
@@ -523,13 +523,13 @@ mod paused {
             cut.is_err(),
             "the caller gave up while the hold was written"
         );
-        tokio::time::sleep(Duration::from_secs(60)).await; // far past the 2 s lease
+        tokio::time::sleep(Duration::from_secs(60)).await; // far past the 10 s lease
         let retry = door
             .oneshot(Msg::new("k", "hello", Act::Take))
             .await
             .unwrap();
         assert!(
-            matches!(retry, Delivery::Held),
+            matches!(retry, Delivery::InFlight),
             "the hold was written after the caller left: {retry:?}"
         );
         assert_eq!(provider.received(), 1);
@@ -550,13 +550,17 @@ pub(crate) async fn an_operator_frees_a_held_key_with_forget<S: Store>(store: Sp
         &Scope::anonymous(),
         &IdempotencyKey::new("k").unwrap(),
     );
-    let forgotten = Engine::new(store).forget(&key).await.unwrap();
-    assert_eq!(forgotten, tower_idempotency::store::Forgotten::Record);
+    // A held key is its send's claim, kept for the hold time: deleted only when asked.
+    let engine = Engine::new(store);
+    let kept = engine.forget(&key).await.unwrap();
+    assert_eq!(kept, tower_idempotency::store::Forgotten::KeptPending);
+    let forgotten = engine.forget_even_pending(&key).await.unwrap();
+    assert_eq!(forgotten, tower_idempotency::store::Forgotten::Pending);
     let retry = door
         .oneshot(Msg::new("k", "hello", Act::Take))
         .await
         .unwrap();
-    assert!(matches!(retry, Delivery::Sent(_)), "{retry:?}");
+    assert!(matches!(retry, Delivery::Recorded(_)), "{retry:?}");
     assert_eq!(provider.received(), 2);
 }
 
@@ -601,7 +605,7 @@ async fn a_json_receipt_is_replayed_through_the_codec() {
         amount: 500,
     };
     assert!(
-        matches!(&first, Delivery::Sent(c) if *c == want),
+        matches!(&first, Delivery::Recorded(c) if *c == want),
         "{first:?}"
     );
     assert!(

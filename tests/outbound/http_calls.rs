@@ -239,7 +239,7 @@ pub(crate) async fn a_stub_that_reads_the_body_and_closes_is_unknown<S: Store>(s
         .await
         .unwrap();
     assert!(
-        matches!(first, Delivery::Unknown(Unknown::Error(_))),
+        matches!(first, Delivery::Held(Unknown::Error(_))),
         "{first:?}"
     );
     stub.behave(Behave::Answer(201));
@@ -247,7 +247,7 @@ pub(crate) async fn a_stub_that_reads_the_body_and_closes_is_unknown<S: Store>(s
         .await
         .unwrap();
     assert!(
-        matches!(retry, Delivery::Held),
+        matches!(retry, Delivery::InFlight),
         "the key is held: {retry:?}"
     );
     assert_eq!(stub.received(), 1, "the retry did not send again");
@@ -301,7 +301,7 @@ pub(crate) async fn a_429_releases_and_a_500_holds<S: Store>(store: SpyStore<S>)
         .await
         .unwrap();
     assert!(
-        matches!(&busy, Delivery::Rejected { response, retryable: true } if response.status() == 429),
+        matches!(&busy, Delivery::Released(response) if response.status() == 429),
         "{busy:?}"
     );
     stub.behave(Behave::Answer(201));
@@ -317,7 +317,7 @@ pub(crate) async fn a_429_releases_and_a_500_holds<S: Store>(store: SpyStore<S>)
         .await
         .unwrap();
     assert!(
-        matches!(&broken, Delivery::Unknown(Unknown::Response(r)) if r.status() == 500),
+        matches!(&broken, Delivery::Held(Unknown::Response(r)) if r.status() == 500),
         "{broken:?}"
     );
     stub.behave(Behave::Answer(201));
@@ -325,7 +325,7 @@ pub(crate) async fn a_429_releases_and_a_500_holds<S: Store>(store: SpyStore<S>)
         .await
         .unwrap();
     assert!(
-        matches!(retry, Delivery::Held),
+        matches!(retry, Delivery::InFlight),
         "a 500 may have charged: {retry:?}"
     );
     assert_eq!(
@@ -350,7 +350,7 @@ pub(crate) async fn a_timeout_after_the_request_was_written_is_unknown<S: Store>
         .await
         .unwrap();
     assert!(
-        matches!(first, Delivery::Unknown(Unknown::Error(_))),
+        matches!(first, Delivery::Held(Unknown::Error(_))),
         "{first:?}"
     );
     wait_until(|| stub.received() == 1).await;
@@ -359,7 +359,7 @@ pub(crate) async fn a_timeout_after_the_request_was_written_is_unknown<S: Store>
         .oneshot(charge(&stub.url(), Some("k"), "{}"))
         .await
         .unwrap();
-    assert!(matches!(retry, Delivery::Held), "{retry:?}");
+    assert!(matches!(retry, Delivery::InFlight), "{retry:?}");
     assert_eq!(stub.received(), 1);
 }
 
@@ -408,18 +408,18 @@ pub(crate) async fn a_call_dropped_after_it_was_written_keeps_its_key<S: Store>(
     calling.abort(); // the caller gives up once the provider has the request
     let _ = calling.await;
     stub.behave(Behave::Answer(201));
-    // In flight while the hold is written on a task of its own, then held.
-    let mut retry = Delivery::InFlight;
+    // The hold renews the claim on a task of its own; a repeat is in flight before and after.
     for _ in 0..500 {
-        retry = send(&layer, charge(&stub.url(), Some("k"), "{}"))
-            .await
-            .unwrap();
-        if !matches!(retry, Delivery::InFlight) {
+        if store.renews() > 0 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert!(matches!(retry, Delivery::Held), "{retry:?}");
+    assert_eq!(store.renews(), 1, "the claim was renewed for the hold time");
+    let retry = send(&layer, charge(&stub.url(), Some("k"), "{}"))
+        .await
+        .unwrap();
+    assert!(matches!(retry, Delivery::InFlight), "{retry:?}");
     assert_eq!((stub.received(), store.releases()), (1, 0));
 }
 
@@ -429,7 +429,7 @@ pub(crate) async fn a_303_after_a_create_is_kept_as_the_receipt<S: Store>(store:
     let first = send(&layer, charge(&stub.url(), Some("k"), "{}"))
         .await
         .unwrap();
-    assert!(matches!(first, Delivery::Sent(_)), "{first:?}");
+    assert!(matches!(first, Delivery::Recorded(_)), "{first:?}");
     let again = send(&layer, charge(&stub.url(), Some("k"), "{}"))
         .await
         .unwrap();
@@ -450,14 +450,14 @@ pub(crate) async fn a_503_holds_unless_it_says_when_to_come_back<S: Store>(store
         .await
         .unwrap();
     assert!(
-        matches!(&reset, Delivery::Unknown(Unknown::Response(r)) if r.status() == 503),
+        matches!(&reset, Delivery::Held(Unknown::Response(r)) if r.status() == 503),
         "{reset:?}"
     );
     stub.behave(Behave::Answer(201));
     let retry = send(&layer, charge(&stub.url(), Some("a"), "{}"))
         .await
         .unwrap();
-    assert!(matches!(retry, Delivery::Held), "{retry:?}");
+    assert!(matches!(retry, Delivery::InFlight), "{retry:?}");
 
     // With it: the provider's own "unavailable, come back then".
     stub.behave(Behave::AnswerWith(503, "retry-after: 1"));
@@ -465,14 +465,14 @@ pub(crate) async fn a_503_holds_unless_it_says_when_to_come_back<S: Store>(store
         .await
         .unwrap();
     assert!(
-        matches!(&busy, Delivery::Rejected { response, retryable: true } if response.status() == 503),
+        matches!(&busy, Delivery::Released(response) if response.status() == 503),
         "{busy:?}"
     );
     stub.behave(Behave::Answer(201));
     let retry = send(&layer, charge(&stub.url(), Some("b"), "{}"))
         .await
         .unwrap();
-    assert!(matches!(retry, Delivery::Sent(_)), "{retry:?}");
+    assert!(matches!(retry, Delivery::Recorded(_)), "{retry:?}");
     assert_eq!(stub.received(), 3, "a once; b twice");
 }
 
@@ -499,14 +499,14 @@ pub(crate) async fn an_unreachable_host_after_the_request_went_is_unknown<S: Sto
         .await
         .unwrap();
     assert!(
-        matches!(first, Delivery::Unknown(Unknown::Error(_))),
+        matches!(first, Delivery::Held(Unknown::Error(_))),
         "{first:?}"
     );
     let retry = door
         .oneshot(charge("http://127.0.0.1:9/charges", Some("k"), "{}"))
         .await
         .unwrap();
-    assert!(matches!(retry, Delivery::Held), "{retry:?}");
+    assert!(matches!(retry, Delivery::InFlight), "{retry:?}");
     assert_eq!(
         sent.load(Ordering::SeqCst),
         1,
@@ -524,7 +524,7 @@ pub(crate) async fn a_response_over_the_record_limit_is_kept_without_its_body<S:
     let first = send(&layer, charge(&stub.url(), Some("k"), "{}"))
         .await
         .unwrap();
-    let Delivery::Sent(r) = &first else {
+    let Delivery::Recorded(r) = &first else {
         panic!("{first:?}")
     };
     assert!(r.body().len() > 4096, "the caller gets the whole answer");

@@ -60,7 +60,7 @@ pub(crate) async fn a_job_that_runs_twice_delivers_one_message<S: Store>(store: 
         .send(welcome("welcome:ada", "Welcome"))
         .await
         .unwrap();
-    let Delivery::Sent(reply) = &first else {
+    let Delivery::Recorded(reply) = &first else {
         panic!("{first:?}")
     };
     assert_eq!(u16::from(reply.code()), 250);
@@ -93,7 +93,7 @@ pub(crate) async fn a_server_that_stalls_after_data_is_unknown_and_the_retry_doe
     assert!(
         matches!(
             &first,
-            Delivery::Unknown(Unknown::Error(e)) if e.kind() == MailErrorKind::Timeout
+            Delivery::Held(Unknown::Error(e)) if e.kind() == MailErrorKind::Timeout
         ),
         "{first:?}"
     );
@@ -104,7 +104,7 @@ pub(crate) async fn a_server_that_stalls_after_data_is_unknown_and_the_retry_doe
     );
     server.stall(false);
     let retry = mailer.send(welcome("k", "Receipt")).await.unwrap();
-    assert!(matches!(retry, Delivery::Held), "{retry:?}");
+    assert!(matches!(retry, Delivery::InFlight), "{retry:?}");
     assert_eq!(server.messages().len(), 1, "the retry did not send again");
 }
 
@@ -260,7 +260,7 @@ pub(crate) async fn key_from_message_id_refuses_a_message_without_one<S: Store>(
         .key_from_message_id()
         .require_key(false);
     let sent = unguarded.send(plain()).await.unwrap();
-    assert!(matches!(sent, Delivery::SentWithoutKey(_)), "{sent:?}");
+    assert!(matches!(sent, Delivery::Untracked(_)), "{sent:?}");
     assert_eq!(server.messages(), vec!["Reminder"]);
 }
 
@@ -276,10 +276,10 @@ pub(crate) async fn one_job_key_for_a_mail_and_a_charge_is_two_keys<S: Store>(st
     let mailer = LettreSendOnce::new(store.clone(), smtp(server.port()));
     let payments = HttpSendOnceLayer::new(store);
     let mail = mailer.send(welcome("job-7", "Welcome")).await.unwrap();
-    assert!(matches!(mail, Delivery::Sent(_)), "{mail:?}");
+    assert!(matches!(mail, Delivery::Recorded(_)), "{mail:?}");
     let charged = send(&payments, charge(&stub.url(), Some("job-7"), "{}"))
         .await
         .expect("the mail's key is not the charge's");
-    assert!(matches!(charged, Delivery::Sent(_)), "{charged:?}");
+    assert!(matches!(charged, Delivery::Recorded(_)), "{charged:?}");
     assert_eq!((server.messages().len(), stub.received()), (1, 1));
 }

@@ -135,7 +135,7 @@ async fn backend_gone(pool: &PgPool, pid: i32) {
 
 fn ran(outcome: &Within) -> &RecordedResponse {
     match outcome {
-        Within::Ran(r) => r,
+        Within::Recorded(r) => r,
         other => panic!("the work must run, got {other:?}"),
     }
 }
@@ -278,7 +278,7 @@ async fn a_hundred_concurrent_duplicates_place_one_order() {
     let (mut ran, mut replayed, mut in_flight) = (0, 0, 0);
     for t in tasks {
         match t.await.unwrap() {
-            Within::Ran(_) => ran += 1,
+            Within::Recorded(_) => ran += 1,
             Within::Replayed(r) => {
                 assert_eq!(r.status, 201);
                 replayed += 1;
@@ -665,7 +665,7 @@ async fn within_counts_each_outcome_once() {
     ran(&run(&engine, &mut conn, key, fp, place_order(&table, None, None)).await);
     let first = seen();
     assert_eq!(
-        first.get("idempotency_requests_total{door=within,outcome=fresh}"),
+        first.get("idempotency_requests_total{door=within,outcome=ran}"),
         Some(&1)
     );
     assert_eq!(
@@ -692,7 +692,7 @@ async fn within_counts_each_outcome_once() {
     assert!(matches!(failed, Err(e) if e.kind() == WithinErrorKind::Work));
     let third = seen();
     assert_eq!(
-        third.get("idempotency_requests_total{door=within,outcome=fresh}"),
+        third.get("idempotency_requests_total{door=within,outcome=ran}"),
         Some(&1)
     );
     assert_eq!(
@@ -841,7 +841,7 @@ async fn on_the_stores_own_pool_the_work_is_not_cut_by_the_stores_statement_time
     }
     let outcome = within(&engine, &mut conn, random_key(), fingerprint("slow"), slow).await;
     match outcome {
-        Ok(Within::Ran(r)) => assert_eq!(r.body.as_deref(), Some(&b"0"[..])),
+        Ok(Within::Recorded(r)) => assert_eq!(r.body.as_deref(), Some(&b"0"[..])),
         other => panic!("the slow work must run to its end, got {other:?}"),
     }
     async fn show(conn: &mut PgConnection) -> String {
