@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tower::ServiceExt;
-use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse, Scope};
+use tower_idempotency::engine::{Engine, Fingerprint, Recorded, Scope};
 use tower_idempotency::store::StoreKey;
 use tower_idempotency::{
     IdempotencyKey, IdempotencyLayer, MemoryStore, Principal, http::PrincipalMode,
@@ -139,12 +139,12 @@ fn fresh_key(scope: &Scope) -> StoreKey {
 
 fn memory_store(c: &mut Criterion) {
     let mut g = c.benchmark_group("memory_store");
-    let record = RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{\"id\":\"1\"}")));
+    let record = Recorded::new(201, vec![], Some(Bytes::from_static(b"{\"id\":\"1\"}")));
     let fp = Fingerprint::builder().field(b"x").finish();
     // Retention short enough that the store stays near steady state instead of filling up.
     let make = || {
         Engine::builder(MemoryStore::new())
-            .ttl(Duration::from_millis(50))
+            .retention(Duration::from_millis(50))
             .build()
     };
 
@@ -178,7 +178,7 @@ fn memory_store(c: &mut Criterion) {
             let e2 = engine.clone();
             let record = record.clone();
             async move {
-                let one = |e: Engine<MemoryStore>, p: &'static str, record: RecordedResponse| {
+                let one = |e: Engine<MemoryStore>, p: &'static str, record: Recorded| {
                     tokio::spawn(async move {
                         let key = fresh_key(&Scope::principal(p));
                         let tower_idempotency::engine::Begin::Run(t) =
@@ -245,7 +245,7 @@ fn layer_overhead(c: &mut Criterion) {
         .layer(
             IdempotencyLayer::new(
                 tower_idempotency::engine::Engine::builder(MemoryStore::new())
-                    .ttl(Duration::from_secs(5))
+                    .retention(Duration::from_secs(5))
                     .build(),
             )
             .principal(PrincipalMode::Required),

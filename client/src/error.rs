@@ -1,6 +1,6 @@
 //! The error of a logical request whose attempts ended in a failure.
 
-use super::outcome::RetryErrorKind;
+use super::reply::RetryErrorKind;
 use super::policy::Attempts;
 use http::HeaderValue;
 use std::error::Error as StdError;

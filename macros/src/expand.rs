@@ -226,8 +226,8 @@ fn route_options(o: &Options, private: &TokenStream) -> TokenStream {
     if let Some(ms) = o.lease_ms {
         chain = quote!(#chain.lease(#private::Duration::from_millis(#ms)));
     }
-    if let Some(ms) = o.ttl_ms {
-        chain = quote!(#chain.ttl(#private::Duration::from_millis(#ms)));
+    if let Some(ms) = o.retention_ms {
+        chain = quote!(#chain.retention(#private::Duration::from_millis(#ms)));
     }
     if let Some(ms) = o.wait_ms {
         chain = quote!(#chain.wait_in_flight(#private::Duration::from_millis(#ms)));

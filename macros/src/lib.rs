@@ -79,7 +79,7 @@ use proc_macro::TokenStream;
 /// # Options
 ///
 /// All are optional. An option not given keeps the shared configuration's setting. The
-/// defaults below are those of `IdempotencyLayer` and its engine. `lease`, `ttl` and
+/// defaults below are those of `IdempotencyLayer` and its engine. `lease`, `retention` and
 /// `max_record_body` override the shared engine's settings for this route.
 ///
 /// | option | default | meaning |
@@ -88,7 +88,7 @@ use proc_macro::TokenStream;
 /// | `header = "x-key"` | `Idempotency-Key` | the header the key is read from |
 /// | `lease = "30s"` | 60 s | how long a claim holds the key; renewed while the handler runs |
 /// | `wait_in_flight = "5s"` | 0 (409 at once) | how long a duplicate waits for the first run to finish and replays it, before 409 |
-/// | `ttl = "1h"` | 24 h | how long a completed record is kept |
+/// | `retention = "1h"` | 24 h | how long a completed record is kept |
 /// | `response = "full"` or `"status_and_headers"` | `"full"` | `"status_and_headers"` keeps status and allowed headers only (no body at rest; a replay has an empty body) |
 /// | `namespace = "payments"` | the shared namespace | the namespace this route's keys live in, replacing the shared one |
 /// | `max_record_body = 65536` | 1 MiB | a larger response is recorded as status and headers only |
@@ -132,7 +132,7 @@ use proc_macro::TokenStream;
 /// }
 ///
 /// /// Charges once per key.
-/// #[idempotent(require_key, lease = "30s", ttl = "1h", response = "status_and_headers")]
+/// #[idempotent(require_key, lease = "30s", retention = "1h", response_mode = "status_and_headers")]
 /// async fn create_payment(State(_app): State<App>, Json(p): Json<NewPayment>) -> (StatusCode, String) {
 ///     (StatusCode::CREATED, format!("charged {}", p.amount))
 /// }

@@ -10,7 +10,7 @@ mod kw {
     syn::custom_keyword!(header);
     syn::custom_keyword!(lease);
     syn::custom_keyword!(wait_in_flight);
-    syn::custom_keyword!(ttl);
+    syn::custom_keyword!(retention);
     syn::custom_keyword!(response);
     syn::custom_keyword!(namespace);
     syn::custom_keyword!(max_record_body);
@@ -20,7 +20,7 @@ mod kw {
 }
 
 /// Every option, for the "unknown option" message.
-const KNOWN: &str = "`require_key`, `header`, `lease`, `ttl`, `response`, `namespace`, \
+const KNOWN: &str = "`require_key`, `header`, `lease`, `retention`, `response`, `namespace`, \
                      `max_record_body`, `max_request_body`, `principal`, `wait_in_flight`, `state`";
 
 const DURATION_FORM: &str = "a whole number followed by a unit (`ms`, `s`, `m`, `h` or `d`), \
@@ -48,7 +48,7 @@ pub(crate) struct Options {
     pub(crate) header: Option<LitStr>,
     pub(crate) lease_ms: Option<u64>,
     pub(crate) wait_ms: Option<u64>,
-    pub(crate) ttl_ms: Option<u64>,
+    pub(crate) retention_ms: Option<u64>,
     pub(crate) response: Option<Response>,
     pub(crate) namespace: Option<LitStr>,
     pub(crate) max_record_body: Option<u64>,
@@ -99,10 +99,10 @@ impl Parse for Options {
                 let k: kw::wait_in_flight = input.parse()?;
                 let v = duration_ms(&value(input)?)?;
                 once(&mut o.wait_ms, v, "wait_in_flight", k.span)?;
-            } else if input.peek(kw::ttl) {
-                let k: kw::ttl = input.parse()?;
+            } else if input.peek(kw::retention) {
+                let k: kw::retention = input.parse()?;
                 let v = duration_ms(&value(input)?)?;
-                once(&mut o.ttl_ms, v, "ttl", k.span)?;
+                once(&mut o.retention_ms, v, "retention", k.span)?;
             } else if input.peek(kw::response) {
                 let k: kw::response = input.parse()?;
                 let lit: LitStr = value(input)?;
@@ -286,7 +286,7 @@ mod tests {
     #[test]
     fn parses_every_option() {
         let o: Options = syn::parse_str(
-            r#"require_key = false, header = "X-Key", lease = "30s", ttl = "1h", response = "status_and_headers",
+            r#"require_key = false, header = "X-Key", lease = "30s", retention = "1h", response = "status_and_headers",
                namespace = "payments", max_record_body = 65_536, max_request_body = 1024,
                principal = "optional", state = crate::App"#,
         )
@@ -294,7 +294,7 @@ mod tests {
         assert_eq!(o.require_key, Some(false));
         assert_eq!(o.header.map(|h| h.value()).as_deref(), Some("x-key"));
         assert_eq!(o.lease_ms, Some(30_000));
-        assert_eq!(o.ttl_ms, Some(3_600_000));
+        assert_eq!(o.retention_ms, Some(3_600_000));
         assert_eq!(o.response, Some(Response::StatusAndHeaders));
         assert_eq!(o.max_record_body, Some(65_536));
         assert_eq!(o.max_request_body, Some(1024));
@@ -304,7 +304,7 @@ mod tests {
 
     #[test]
     fn refuses_repeated_and_unknown_options() {
-        let repeated = syn::parse_str::<Options>(r#"ttl = "1h", ttl = "2h""#);
+        let repeated = syn::parse_str::<Options>(r#"retention = "1h", retention = "2h""#);
         assert!(repeated.is_err_and(|e| e.to_string().contains("more than once")));
         let unknown = syn::parse_str::<Options>("retries = 3");
         assert!(unknown.is_err_and(|e| e.to_string().contains("unknown option `retries`")));

@@ -107,32 +107,32 @@ pub enum ResponseMode {
 /// ```
 /// use axum::http::StatusCode;
 /// use tower_idempotency::engine::Verdict;
-/// use tower_idempotency::http::{IdempotencyLayer, release_validation_errors};
+/// use tower_idempotency::http::{IdempotencyLayer, ValidationClassifier};
 ///
-/// let layer = IdempotencyLayer::default().classify(release_validation_errors);
+/// let layer = IdempotencyLayer::default().classify(ValidationClassifier);
 ///
 /// // Or a hook of your own, on top of the preset:
 /// let layer = IdempotencyLayer::default().classify(|res: &http::response::Parts| match res.status {
 ///     StatusCode::NOT_FOUND => Verdict::Release,
-///     _ => release_validation_errors(res),
+///     _ => ValidationClassifier.classify(res),
 /// });
 /// ```
 #[must_use]
-pub fn release_validation_errors(res: &http::response::Parts) -> Verdict {
+pub fn ValidationClassifier(res: &http::response::Parts) -> Verdict {
     match res.status.as_u16() {
         400 | 413 | 415 | 422 => Verdict::Release,
         _ => Verdict::Record,
     }
 }
 
-pub(crate) type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+pub(crate) type IdentifyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 pub(crate) type PrincipalFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
 pub(crate) type ClassifyFn = Arc<dyn Classify<http::response::Parts>>;
 
 #[derive(Clone)]
 pub(crate) enum KeySource {
     Header(HeaderName),
-    Fn(KeyFn),
+    Fn(IdentifyFn),
 }
 
 /// What a layer and every service it makes share, behind one `Arc`. That is the engine, with

@@ -75,7 +75,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
     ///
     /// let layer = IdempotencyLayer::new(MemoryStore::new());
-    /// let engine = Engine::builder(MemoryStore::new()).ttl(Duration::from_secs(3600)).build();
+    /// let engine = Engine::builder(MemoryStore::new()).retention(Duration::from_secs(3600)).build();
     /// let layer = IdempotencyLayer::new(engine);
     /// ```
     #[must_use]
@@ -115,7 +115,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// Reads the key with a closure instead of a header: from a path segment, say. The value
     /// is validated as a key: `1..=max_key_len` bytes of visible ASCII or spaces.
     #[must_use]
-    pub fn key_fn(self, f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
+    pub fn identify(self, f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
         self.config(|c| c.key_source = KeySource::Fn(Arc::new(f)))
     }
 
@@ -162,10 +162,10 @@ impl<St: Store> IdempotencyLayer<St> {
         self.map_engine(|e| e.set_lease(lease))
     }
 
-    /// A route's retention over the engine's. It is the `ttl` option of `#[idempotent]`.
+    /// A route's retention over the engine's. It is the `retention` option of `#[idempotent]`.
     #[cfg(feature = "macros")]
-    pub(crate) fn ttl(self, ttl: Duration) -> Self {
-        self.map_engine(|e| e.set_ttl(ttl))
+    pub(crate) fn retention(self, retention: Duration) -> Self {
+        self.map_engine(|e| e.set_retention(retention))
     }
 
     /// The largest request body buffered for the fingerprint, in bytes. Default: 1 MiB.
@@ -310,7 +310,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// | `Release`, `Fail` | released: a retry runs the handler again |
     /// | `Hold` | kept pending until its lease lapses: 409 until then, a re-run after |
     ///
-    /// [`release_validation_errors`](super::release_validation_errors) is the preset for axum
+    /// [`ValidationClassifier`](super::ValidationClassifier) is the preset for axum
     /// routes whose extractors refuse invalid requests. The corrected request can then be
     /// sent with the same key.
     ///
@@ -319,9 +319,9 @@ impl<St: Store> IdempotencyLayer<St> {
     /// ```
     /// use http::StatusCode;
     /// use tower_idempotency::engine::Verdict;
-    /// use tower_idempotency::http::{IdempotencyLayer, release_validation_errors};
+    /// use tower_idempotency::http::{IdempotencyLayer, ValidationClassifier};
     ///
-    /// let layer = IdempotencyLayer::default().classify(release_validation_errors);
+    /// let layer = IdempotencyLayer::default().classify(ValidationClassifier);
     /// let layer = IdempotencyLayer::default().classify(|res: &http::response::Parts| {
     ///     if res.status == StatusCode::ACCEPTED { Verdict::Hold } else { Verdict::Record }
     /// });

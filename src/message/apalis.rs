@@ -85,7 +85,7 @@
 //! docs](super#the-lease-and-the-brokers-redelivery) applies.
 
 use super::error::{MessageError, MessageErrorKind};
-use super::key::{HeaderOrHash, KeyStrategy, Message, MessageKey};
+use super::key::{HeaderOrHash, Identify, Message, MessageKey};
 use super::layer::{Handled, MessageIdempotency, MessageIdempotencyLayer};
 use crate::engine::key::KeyError;
 pub use apalis_core;
@@ -209,7 +209,7 @@ fn write_json<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
 /// ```
 /// use apalis_core::task::builder::TaskBuilder;
 /// use apalis_core::task::task_id::TaskId;
-/// use tower_idempotency::message::KeyStrategy;
+/// use tower_idempotency::message::Identify;
 /// use tower_idempotency::message::apalis::TaskKey;
 ///
 /// let reminder = |id: u64| TaskBuilder::new(5_u32).task_id(TaskId::from_int(id)).build();
@@ -255,7 +255,7 @@ impl TaskKey {
     }
 }
 
-impl<Args: serde::Serialize> KeyStrategy<Task<Args>> for TaskKey {
+impl<Args: serde::Serialize> Identify<Task<Args>> for TaskKey {
     fn key(&self, task: &Task<Args>) -> Result<Option<MessageKey>, KeyError> {
         if let Some(given) = task.header("Idempotency-Key") {
             return MessageKey::given(given).map(Some);
@@ -284,10 +284,10 @@ impl<St, C, F> ApalisLayer<MessageIdempotencyLayer<St, TaskKey, C, F>> {
     ///
     /// Name the layer's consumer after the worker pool. Its key strategy is replaced: the
     /// default would key a task by its arguments. Choose another with
-    /// [`key_strategy`](ApalisLayer::key_strategy).
+    /// [`identify`](ApalisLayer::identify).
     pub fn new(layer: MessageIdempotencyLayer<St, HeaderOrHash, C, F>) -> Self {
         Self {
-            inner: layer.key_strategy(TaskKey::default()),
+            inner: layer.identify(TaskKey::default()),
         }
     }
 }
@@ -298,12 +298,12 @@ impl<St, K, C, F> ApalisLayer<MessageIdempotencyLayer<St, K, C, F>> {
     ///
     /// [`HeaderOrHash`] keys a task without a key by its arguments, as
     /// [`TaskKey::Arguments`] does.
-    pub fn key_strategy<K2>(
+    pub fn identify<K2>(
         self,
         strategy: K2,
     ) -> ApalisLayer<MessageIdempotencyLayer<St, K2, C, F>> {
         ApalisLayer {
-            inner: self.inner.key_strategy(strategy),
+            inner: self.inner.identify(strategy),
         }
     }
 }
@@ -496,7 +496,7 @@ mod tests {
     async fn keying_by_arguments_is_an_opt_in_that_merges_equal_arguments() {
         let runs = Arc::new(AtomicUsize::new(0));
         let svc = ApalisLayer::new(door())
-            .key_strategy(TaskKey::Arguments)
+            .identify(TaskKey::Arguments)
             .layer(counting(&runs));
         let first = svc.clone().oneshot(task(5_u32, 1)).await.unwrap();
         let second = svc.oneshot(task(5_u32, 2)).await.unwrap();

@@ -16,7 +16,7 @@ pub enum MessageErrorKind {
     /// [`Verdict::Fail`](crate::engine::Verdict::Fail) it is not retryable: dead-letter it.
     /// With [`Verdict::Hold`](crate::engine::Verdict::Hold) the key stays pending, and
     /// [`MessageError::retry_after`] says for how long.
-    Handler,
+    Work,
     /// A duplicate of a message still being handled, refused after
     /// [`wait_in_flight`](super::MessageIdempotencyLayer::wait_in_flight). Retryable, after
     /// [`MessageError::retry_after`].
@@ -113,7 +113,7 @@ impl<E> MessageError<E> {
     #[must_use]
     pub fn kind(&self) -> MessageErrorKind {
         match &self.inner {
-            Inner::Handler(..) => MessageErrorKind::Handler,
+            Inner::Handler(..) => MessageErrorKind::Work,
             Inner::InFlight(_) => MessageErrorKind::InFlight,
             Inner::Store(_) => MessageErrorKind::Store,
             Inner::KeyMissing => MessageErrorKind::KeyMissing,

@@ -239,7 +239,7 @@ fn trim(v: &[u8]) -> &[u8] {
 /// of the body:
 ///
 /// ```
-/// use tower_idempotency::message::{Envelope, KeyStrategy, MessageKey};
+/// use tower_idempotency::message::{Envelope, Identify, MessageKey};
 ///
 /// let by_order_id = |m: &Envelope| {
 ///     let order = m.body.strip_prefix(b"order:").unwrap_or_default();
@@ -248,7 +248,7 @@ fn trim(v: &[u8]) -> &[u8] {
 /// let key = by_order_id.key(&Envelope::new("orders", "order:17")).unwrap();
 /// assert!(key.is_some_and(|k| k.is_given()));
 /// ```
-pub trait KeyStrategy<M>: Send + Sync + 'static {
+pub trait Identify<M>: Send + Sync + 'static {
     /// The message's key, `Ok(None)` for none.
     ///
     /// # Errors
@@ -257,7 +257,7 @@ pub trait KeyStrategy<M>: Send + Sync + 'static {
     fn key(&self, message: &M) -> Result<Option<MessageKey>, KeyError>;
 }
 
-impl<M, F> KeyStrategy<M> for F
+impl<M, F> Identify<M> for F
 where
     F: Fn(&M) -> Result<Option<MessageKey>, KeyError> + Send + Sync + 'static,
 {
@@ -277,7 +277,7 @@ where
 /// to the digest: a producer that meant to give a key is told it is wrong.
 ///
 /// ```
-/// use tower_idempotency::message::{Envelope, HeaderOrHash, KeyStrategy, MessageKey};
+/// use tower_idempotency::message::{Envelope, HeaderOrHash, Identify, MessageKey};
 ///
 /// let keys = HeaderOrHash::new();
 /// let given = keys.key(&Envelope::new("orders", "{}").with_header("idempotency-key", " k-1 ")).unwrap();
@@ -329,7 +329,7 @@ impl HeaderOrHash {
     /// rules of its own, such as `Nats-Msg-Id`: the producer did not mean them as our key.
     ///
     /// ```
-    /// use tower_idempotency::message::{Envelope, HeaderOrHash, KeyStrategy, MessageKey};
+    /// use tower_idempotency::message::{Envelope, HeaderOrHash, Identify, MessageKey};
     ///
     /// let keys = HeaderOrHash::new().or_id_header("Msg-Id");
     /// let id = "é".repeat(200);
@@ -349,7 +349,7 @@ impl HeaderOrHash {
     }
 }
 
-impl<M: Message> KeyStrategy<M> for HeaderOrHash {
+impl<M: Message> Identify<M> for HeaderOrHash {
     fn key(&self, message: &M) -> Result<Option<MessageKey>, KeyError> {
         for (name, hash_invalid) in &self.headers {
             if let Some(v) = message.header(name) {

@@ -1,12 +1,12 @@
 //! The layer and its service: claim the message's key, run the handler once, then the verdict.
 
 use super::error::{Fate, MessageError};
-use super::key::{HeaderOrHash, KeyStrategy, Message, MessageKey};
+use super::key::{HeaderOrHash, Identify, Message, MessageKey};
 use crate::engine::detach::Drain;
 use crate::engine::scope::Scope;
 use crate::engine::steps::Found;
 use crate::engine::{
-    Begin, BoxFuture, Classify, Codec, Discard, Engine, Fingerprint, RecordedResponse, Ticket,
+    Begin, BoxFuture, Classify, Codec, Discard, Engine, Fingerprint, Recorded, Ticket,
     Verdict,
 };
 use crate::metrics::{Door, Outcome, Settled, request, settled};
@@ -90,9 +90,9 @@ impl<R> Handled<R> {
 
 /// The default classifier: records an `Ok` result and releases the key on an `Err`.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct RecordOk;
+pub struct DefaultClassifier;
 
-impl<R, E> Classify<Result<R, E>> for RecordOk {
+impl<R, E> Classify<Result<R, E>> for DefaultClassifier {
     fn classify(&self, outcome: &Result<R, E>) -> Verdict {
         match outcome {
             Ok(_) => Verdict::Record,
@@ -156,7 +156,7 @@ impl Config {
 /// # }
 /// ```
 #[must_use]
-pub struct MessageIdempotencyLayer<St, K = HeaderOrHash, C = Discard, F = RecordOk> {
+pub struct MessageIdempotencyLayer<St, K = HeaderOrHash, C = Discard, F = DefaultClassifier> {
     engine: Engine<St>,
     config: Arc<Config>,
     drain: Drain,
@@ -212,7 +212,7 @@ impl<St: Store> MessageIdempotencyLayer<St> {
             drain: Drain::new(),
             keys: Arc::new(HeaderOrHash::new()),
             codec: Arc::new(Discard),
-            classify: Arc::new(RecordOk),
+            classify: Arc::new(DefaultClassifier),
         }
     }
 }
@@ -405,7 +405,7 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
     }
 
     /// Finds keys with `strategy`. Default: [`HeaderOrHash`].
-    pub fn key_strategy<K2>(self, strategy: K2) -> MessageIdempotencyLayer<St, K2, C, F> {
+    pub fn identify<K2>(self, strategy: K2) -> MessageIdempotencyLayer<St, K2, C, F> {
         MessageIdempotencyLayer {
             engine: self.engine,
             config: self.config,
@@ -433,7 +433,7 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
         }
     }
 
-    /// Gives the [`Verdict`] on the handler's `Result`. Default: [`RecordOk`], which records
+    /// Gives the [`Verdict`] on the handler's `Result`. Default: [`DefaultClassifier`], which records
     /// `Ok` and releases the key on `Err`.
     ///
     /// | verdict | on `Ok(r)` | on `Err(e)` |
@@ -466,7 +466,7 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
     ///     })
     ///     .layer(service_fn(|_: Envelope| async { Err::<(), _>(MailError::Unparsable) }));
     /// let err = handler.oneshot(Envelope::new("mail", "???")).await.unwrap_err();
-    /// assert_eq!(err.kind(), MessageErrorKind::Handler);
+    /// assert_eq!(err.kind(), MessageErrorKind::Work);
     /// assert!(!err.is_retryable(), "dead-letter it");
     /// # }
     /// ```
@@ -516,7 +516,7 @@ struct Shared<St, K, C, F> {
 }
 
 /// The service made by [`MessageIdempotencyLayer`].
-pub struct MessageIdempotency<S, St, K = HeaderOrHash, C = Discard, F = RecordOk> {
+pub struct MessageIdempotency<S, St, K = HeaderOrHash, C = Discard, F = DefaultClassifier> {
     inner: S,
     shared: Arc<Shared<St, K, C, F>>,
 }
@@ -577,7 +577,7 @@ where
     S::Response: Send + 'static,
     S::Error: Send + 'static,
     St: Store,
-    K: KeyStrategy<M>,
+    K: Identify<M>,
     C: Codec<S::Response>,
     F: Classify<Result<S::Response, S::Error>>,
 {
@@ -787,7 +787,7 @@ fn encode<St: Store, R, C: Codec<R>>(
 /// Records the message as handled, with `body` as its result.
 async fn record<St: Store>(engine: &Engine<St>, ticket: Ticket, body: Option<Bytes>) {
     let store_key = *ticket.key();
-    let record = RecordedResponse::of_door(DOOR_VALUE, body);
+    let record = Recorded::of_door(DOOR_VALUE, body);
     let done = engine.complete(ticket, &record).await;
     settled(Door::Message, Settled::of_complete(&done));
     match done {
@@ -868,7 +868,7 @@ async fn release<St: Store>(engine: &Engine<St>, ticket: Ticket) {
 }
 
 fn replay<R, E, C: Codec<R>>(
-    record: RecordedResponse,
+    record: Recorded,
     codec: &C,
 ) -> Result<Handled<R>, MessageError<E>> {
     if !record.is_of_door(DOOR_VALUE) {

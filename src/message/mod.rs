@@ -38,7 +38,7 @@
 //!
 //! # The key and the scope
 //!
-//! The [`KeyStrategy`] finds a message's key. The default, [`HeaderOrHash`], takes the
+//! The [`Identify`] finds a message's key. The default, [`HeaderOrHash`], takes the
 //! `Idempotency-Key` header or attribute, in any case, trimmed. Else it takes the SHA-256 of
 //! the length-prefixed topic, schema version and body: see [`MessageKey::digest`].
 //! Byte-identical redeliveries match, and different messages never collide. A strategy may
@@ -158,5 +158,5 @@ pub mod apalis;
 
 pub use crate::engine::detach::Drain;
 pub use error::{MessageError, MessageErrorKind};
-pub use key::{Envelope, HeaderOrHash, KeyStrategy, Message, MessageKey};
-pub use layer::{Handled, MessageIdempotency, MessageIdempotencyLayer, RecordOk};
+pub use key::{Envelope, HeaderOrHash, Identify, Message, MessageKey};
+pub use layer::{Handled, MessageIdempotency, MessageIdempotencyLayer, DefaultClassifier};

@@ -19,7 +19,7 @@
 //!     .await?;
 //!
 //! let handler = ServiceBuilder::new()
-//!     .layer(MessageIdempotencyLayer::new(MemoryStore::new(), "invoices").key_strategy(keys()))
+//!     .layer(MessageIdempotencyLayer::new(MemoryStore::new(), "invoices").identify(keys()))
 //!     .service(service_fn(|m: async_nats::Message| async move {
 //!         // send the invoice for m.payload ...
 //!         Ok::<_, Infallible>(())
@@ -369,7 +369,7 @@ where
                 Reply::Term
             }
             Err(e) => match e.kind() {
-                MessageErrorKind::InFlight | MessageErrorKind::Handler
+                MessageErrorKind::InFlight | MessageErrorKind::Work
                     if e.retry_after().is_some() =>
                 {
                     let grown = self.in_flight.at(delivered);
@@ -377,7 +377,7 @@ where
                         e.retry_after().map_or(grown, |after| grown.min(after)),
                     ))
                 }
-                MessageErrorKind::Handler if e.is_retryable() => {
+                MessageErrorKind::Work if e.is_retryable() => {
                     Reply::Nak(Some(self.failure.at(delivered)))
                 }
                 MessageErrorKind::Store => Reply::Nak(Some(self.store.at(delivered))),
@@ -407,7 +407,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::{KeyStrategy, MessageKey};
+    use crate::message::{Identify, MessageKey};
 
     fn message(headers: &[(&str, &str)]) -> async_nats::Message {
         let mut map = async_nats::HeaderMap::new();

@@ -124,7 +124,7 @@ enum Inner<E> {
 pub enum OutboundErrorKind {
     /// The inner service failed before anything could go: its client's connect stage failed.
     /// The key was released. [`OutboundError::is_retryable`] says if a retry may succeed.
-    Failed,
+    Work,
     /// The request's key is not a valid idempotency key.
     KeyInvalid,
     /// The request has no key, and the door
@@ -179,7 +179,7 @@ impl<E> OutboundError<E> {
     #[must_use]
     pub fn kind(&self) -> OutboundErrorKind {
         match &self.inner {
-            Inner::Failed { .. } => OutboundErrorKind::Failed,
+            Inner::Failed { .. } => OutboundErrorKind::Work,
             Inner::KeyInvalid(_) => OutboundErrorKind::KeyInvalid,
             Inner::KeyMissing => OutboundErrorKind::KeyMissing,
             Inner::KeyReused => OutboundErrorKind::KeyReused,

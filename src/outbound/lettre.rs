@@ -179,7 +179,7 @@ enum MailInner<E> {
 #[non_exhaustive]
 pub enum MailErrorKind {
     /// The transport returned an error.
-    Transport,
+    Work,
     /// The send took longer than the [timeout](LettreSendOnce::timeout). Its delivery is
     /// unknown.
     Timeout,
@@ -190,7 +190,7 @@ impl<E> MailError<E> {
     #[must_use]
     pub fn kind(&self) -> MailErrorKind {
         match self.inner {
-            MailInner::Transport(_) => MailErrorKind::Transport,
+            MailInner::Transport(_) => MailErrorKind::Work,
             MailInner::Timeout(_) => MailErrorKind::Timeout,
         }
     }

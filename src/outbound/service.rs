@@ -4,7 +4,7 @@ use super::classify::DefaultClassifier;
 use super::delivery::{Delivery, OutboundError, Unknown};
 use super::identify::{Identify, Identity};
 use crate::engine::{
-    Begin, BoxFuture, Classify, Codec, Engine, Raw, RecordError, RecordedResponse, Scope, Ticket,
+    Begin, BoxFuture, Classify, Codec, Engine, Raw, RecordError, Recorded, Scope, Ticket,
     Verdict,
 };
 use crate::metrics::{self, Outcome, Settled};
@@ -549,9 +549,9 @@ impl<St: Store> Keys<St> {
         let key = *ticket.key();
         metrics::settled(metrics::Door::Outbound, Settled::Held);
         let mut engine = self.engine.clone();
-        engine.set_ttl(self.hold);
+        engine.set_retention(self.hold);
         match engine
-            .complete(ticket, &RecordedResponse::of_door(HELD_NAME, None))
+            .complete(ticket, &Recorded::of_door(HELD_NAME, None))
             .await
         {
             Ok(true) => {}
@@ -567,7 +567,7 @@ impl<St: Store> Keys<St> {
     /// Records the receipt; a store that fails is logged, the receipt still returned.
     async fn complete(&self, ticket: Ticket, bytes: Bytes) {
         let key = *ticket.key();
-        let record = RecordedResponse::of_door(DOOR_NAME, Some(bytes));
+        let record = Recorded::of_door(DOOR_NAME, Some(bytes));
         let done = self.engine.complete(ticket, &record).await;
         metrics::settled(metrics::Door::Outbound, Settled::of_complete(&done));
         match done {
@@ -603,7 +603,7 @@ pub(crate) enum Found<R> {
 /// The receipt (or hold) in a record this door wrote; any other record is invalid.
 pub(crate) fn read_record<R, K: Codec<R>>(
     codec: &K,
-    record: RecordedResponse,
+    record: Recorded,
 ) -> Result<Found<R>, RecordError> {
     if record.is_of_door(HELD_NAME) {
         return Ok(Found::Held);

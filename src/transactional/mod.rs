@@ -2,7 +2,7 @@
 //!
 //! ```no_run
 //! use tower_idempotency::IdempotencyKey;
-//! use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse, Scope};
+//! use tower_idempotency::engine::{Engine, Fingerprint, Recorded, Scope};
 //! use tower_idempotency::store::StoreKey;
 //! use tower_idempotency::store::postgres::PostgresStore;
 //! use tower_idempotency::store::postgres::sqlx::{self, PgPool};
@@ -23,7 +23,7 @@
 //!             .fetch_one(&mut *tx)
 //!             .await?;
 //!         let body = format!(r#"{{"id":{id}}}"#);
-//!         Ok::<_, sqlx::Error>(RecordedResponse::new(201, vec![], Some(body.into())))
+//!         Ok::<_, sqlx::Error>(Recorded::new(201, vec![], Some(body.into())))
 //!     })
 //! })
 //! .await?;
@@ -185,7 +185,7 @@ mod postgres;
 use self::postgres::{Held, Lifted};
 use crate::engine::steps::Ready;
 use crate::engine::{
-    Begin, BoxFuture, Codec, Engine, Fingerprint, RecordError, RecordedResponse, StepError, Steps,
+    Begin, BoxFuture, Codec, Engine, Fingerprint, RecordError, Recorded, StepError, Steps,
     Ticket,
 };
 use crate::metrics::{self, Door, Op, Outcome, Settled, Started, StepResult, request, settled};
@@ -204,9 +204,9 @@ use std::future::Future;
 pub enum Within {
     /// The work ran, and its response was recorded in the same transaction. It is committed. On
     /// your transaction, it is written into it, and you commit it.
-    Ran(RecordedResponse),
+    Ran(Recorded),
     /// The same request completed before: its recorded response. The work did not run.
-    Replayed(RecordedResponse),
+    Replayed(Recorded),
     /// The same request holds the key and did not commit within the lock wait. HTTP answers 409,
     /// retryable. The work did not run.
     InFlight,
@@ -225,7 +225,7 @@ pub enum Within {
 /// [`into_inner`](Self::into_inner).
 ///
 /// ```no_run
-/// use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse, Scope};
+/// use tower_idempotency::engine::{Engine, Fingerprint, Recorded, Scope};
 /// use tower_idempotency::store::StoreKey;
 /// use tower_idempotency::store::postgres::{PostgresStore, sqlx};
 /// use tower_idempotency::transactional::{WithinErrorKind, within};
@@ -238,7 +238,7 @@ pub enum Within {
 /// # let fingerprint = Fingerprint::builder().field(b"POST /orders").finish();
 /// let mut conn = pool.acquire().await?;
 /// let failed = within(&engine, &mut conn, key, fingerprint, |_tx| {
-///     Box::pin(async { Err::<RecordedResponse, _>("out of stock") })
+///     Box::pin(async { Err::<Recorded, _>("out of stock") })
 /// })
 /// .await
 /// .unwrap_err();
@@ -405,7 +405,7 @@ pub async fn within<F, E>(
     work: F,
 ) -> Result<Within, WithinError<E>>
 where
-    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<RecordedResponse, E>>,
+    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Recorded, E>>,
 {
     let store = engine.store();
     let fingerprint = engine.keyed(fingerprint);
@@ -551,7 +551,7 @@ where
         let op = "PostgreSQL record step in a transaction";
         let started = Started::now();
         let recorded = store
-            .record_step_on(&mut tx, &bound.key, &id, &sealed, bound.ttl)
+            .record_step_on(&mut tx, &bound.key, &id, &sealed, bound.retention)
             .await;
         let timed = recorded
             .as_ref()
@@ -620,9 +620,9 @@ async fn ran<F, E>(
     tx: &mut Transaction<'_, Postgres>,
     ticket: &Ticket,
     work: F,
-) -> Result<RecordedResponse, (Settled, WithinError<E>)>
+) -> Result<Recorded, (Settled, WithinError<E>)>
 where
-    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<RecordedResponse, E>>,
+    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Recorded, E>>,
 {
     let response = match work(tx).await {
         Ok(response) => response,
@@ -646,7 +646,7 @@ where
             ticket.token(),
             ticket.fingerprint(),
             record,
-            engine.ttl(),
+            engine.retention(),
         )
         .await;
     let op = "PostgreSQL complete in a transaction";

@@ -41,7 +41,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tower_idempotency::IdempotencyLayer;
 use tower_idempotency::conformance::{fingerprint, random_key};
-use tower_idempotency::engine::{Begin, Engine, RecordedResponse, Scope};
+use tower_idempotency::engine::{Begin, Engine, Recorded, Scope};
 use tower_idempotency::store::redis::RedisStore;
 use tower_idempotency::store::{Claim, Record};
 
@@ -850,7 +850,7 @@ async fn a_store_idle_through_a_failover_skips_the_restarted_old_primary() {
         .expect("connect through the sentinels");
     let engine = Engine::new(store);
     let (key, fp) = (random_key(), fingerprint("a"));
-    let response = RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{}")));
+    let response = Recorded::new(201, vec![], Some(Bytes::from_static(b"{}")));
     let Ok(Begin::Run(t)) = engine.begin(key, fp).await else {
         panic!("a fresh key runs")
     };
@@ -1027,7 +1027,7 @@ async fn wait_holds_claims_figures() {
         .expect("connect");
     let engine = Engine::new(store);
     let fp = fingerprint("a");
-    let response = RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{}")));
+    let response = Recorded::new(201, vec![], Some(Bytes::from_static(b"{}")));
     let claims = |engine: Engine<RedisStore>| async move {
         let mut took = Vec::new();
         for _ in 0..40 {

@@ -57,11 +57,11 @@ impl Store for Silent {
         token: &Token,
         fp: &Fingerprint,
         record: Record,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<bool, StoreError> {
         unless(
             &self.complete,
-            self.inner.complete(key, token, fp, record, ttl),
+            self.inner.complete(key, token, fp, record, retention),
         )
         .await
     }
@@ -84,9 +84,9 @@ impl Store for Silent {
         key: &StoreKey,
         step: &StepId,
         value: Bytes,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<StepRecorded, StoreError> {
-        unless(&self.steps, self.inner.record_step(key, step, value, ttl)).await
+        unless(&self.steps, self.inner.record_step(key, step, value, retention)).await
     }
     async fn prepare_step(
         &self,

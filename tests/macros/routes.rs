@@ -54,17 +54,17 @@ async fn strict(Extension(runs): Extension<Runs>) -> (StatusCode, String) {
     (StatusCode::CREATED, format!("run {}", runs.next()))
 }
 
-#[idempotent(ttl = "1s")]
+#[idempotent(retention = "1s")]
 async fn short_lived(Extension(runs): Extension<Runs>) -> (StatusCode, String) {
     (StatusCode::CREATED, format!("run {}", runs.next()))
 }
 
-#[idempotent(lease = "1500ms", ttl = "10m")]
+#[idempotent(lease = "1500ms", retention = "10m")]
 async fn timed(Extension(runs): Extension<Runs>) -> (StatusCode, String) {
     (StatusCode::CREATED, format!("run {}", runs.next()))
 }
 
-#[idempotent(response = "status_and_headers")]
+#[idempotent(response_mode = "status_and_headers")]
 async fn status_only(Extension(runs): Extension<Runs>) -> (StatusCode, String) {
     (StatusCode::CREATED, format!("secret {}", runs.next()))
 }
@@ -79,7 +79,7 @@ async fn in_b(Extension(runs): Extension<Runs>) -> (StatusCode, String) {
     (StatusCode::CREATED, format!("b run {}", runs.next()))
 }
 
-#[idempotent(header = "X-Request-Key", max_request_body = 16)]
+#[idempotent(header_name = "X-Request-Key", max_request_body = 16)]
 async fn custom_header(Extension(runs): Extension<Runs>) -> (StatusCode, String) {
     (StatusCode::CREATED, format!("run {}", runs.next()))
 }
@@ -95,7 +95,7 @@ struct NewPayment {
 }
 
 /// A handler with router state and a JSON body, the usual shape.
-#[idempotent(require_key, lease = "30s", ttl = "1h")]
+#[idempotent(require_key, lease = "30s", retention = "1h")]
 async fn create_payment(
     State(app): State<App>,
     Json(payment): Json<NewPayment>,
@@ -260,8 +260,8 @@ async fn required_refuses_a_request_without_a_key_where_the_shared_config_does_n
 }
 
 #[tokio::test]
-async fn per_route_ttl_expires_the_record() {
-    // The store's clock moves only when the test moves it: the replay is within the ttl
+async fn per_route_retention_expires_the_record() {
+    // The store's clock moves only when the test moves it: the replay is within the retention
     // however slowly the machine answers.
     let clock = ManualClock::new();
     let store = MemoryStore::builder()
@@ -273,27 +273,27 @@ async fn per_route_ttl_expires_the_record() {
 
     assert_eq!(post_key(&server, "/", "k").await.text(), "run 1");
     let replay = post_key(&server, "/", "k").await;
-    assert!(replay.is_replay(), "replayed within the ttl");
+    assert!(replay.is_replay(), "replayed within the retention");
 
     clock.advance(Duration::from_millis(1200));
     let after = post_key(&server, "/", "k").await;
     assert_eq!(
         (after.text(), after.is_replay()),
         ("run 2", false),
-        "ttl = \"1s\": the record is gone after 1.2 s and the handler runs again"
+        "retention = \"1s\": the record is gone after 1.2 s and the handler runs again"
     );
     assert_eq!(runs.count(), 2);
 }
 
 #[tokio::test]
-async fn per_route_lease_and_ttl_reach_the_store() {
+async fn per_route_lease_and_retention_reach_the_store() {
     let store = SpyStore::new();
     let routes = Router::new()
         .route("/timed", post(timed))
         .route("/plain", post(create));
     let engine = Engine::builder(store.clone())
         .lease(Duration::from_secs(7))
-        .ttl(Duration::from_secs(70))
+        .retention(Duration::from_secs(70))
         .build();
     let shared = IdempotencyLayer::new(engine).principal(PrincipalMode::Optional);
     let (server, _runs) = start(routes, shared).await;
@@ -302,14 +302,14 @@ async fn per_route_lease_and_ttl_reach_the_store() {
     assert_eq!(post_key(&server, "/plain", "k-p").await.status, 201);
 
     assert_eq!(
-        store.leases_and_ttls(),
+        store.leases_and_retentions(),
         vec![
             ("claim", Duration::from_millis(1500)),
             ("complete", Duration::from_secs(600)),
             ("claim", Duration::from_secs(7)),
             ("complete", Duration::from_secs(70)),
         ],
-        "the attributed route claims with its own lease and completes with its own ttl; \
+        "the attributed route claims with its own lease and completes with its own retention; \
          the plain route uses the shared ones"
     );
 }

@@ -166,7 +166,7 @@ async fn consumer_process() {
     // adapter's (ack_wait read from the server, naks with growing delays).
     let door = JetStreamConsumer::new(
         ServiceBuilder::new()
-            .layer(MessageIdempotencyLayer::new(engine, DURABLE).key_strategy(keys()))
+            .layer(MessageIdempotencyLayer::new(engine, DURABLE).identify(keys()))
             .service(handler),
     );
     let js = jetstream::new(async_nats::connect(nats).await.unwrap());

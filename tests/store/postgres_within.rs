@@ -16,7 +16,7 @@ use tokio::sync::{Barrier, oneshot};
 use tower_idempotency::Store;
 use tower_idempotency::conformance::{LONG, SHORT, fingerprint, random_key};
 use tower_idempotency::engine::BoxFuture;
-use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse};
+use tower_idempotency::engine::{Engine, Fingerprint, Recorded};
 use tower_idempotency::store::postgres::PostgresStore;
 use tower_idempotency::store::postgres::sqlx::{self, Connection, PgConnection, PgPool};
 use tower_idempotency::store::{Claim, StoreKey};
@@ -30,7 +30,7 @@ async fn engine(server: &PostgresServer, lock_timeout: Duration) -> Engine<Postg
         .connect(&server.url())
         .await
         .unwrap();
-    Engine::builder(store).lease(LONG).ttl(LONG).build()
+    Engine::builder(store).lease(LONG).retention(LONG).build()
 }
 
 /// A fresh `orders` table.
@@ -65,7 +65,7 @@ async fn has_record(pool: &PgPool, store: &PostgresStore, key: &StoreKey) -> boo
 }
 
 type Work = Box<
-    dyn for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<RecordedResponse, sqlx::Error>>
+    dyn for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Recorded, sqlx::Error>>
         + Send,
 >;
 
@@ -93,7 +93,7 @@ fn place_order(
             if let Some(go) = go {
                 let _ = go.await;
             }
-            Ok(RecordedResponse::new(
+            Ok(Recorded::new(
                 201,
                 vec![],
                 Some(Bytes::from(format!(r#"{{"id":{id}}}"#))),
@@ -133,7 +133,7 @@ async fn backend_gone(pool: &PgPool, pid: i32) {
     }
 }
 
-fn ran(outcome: &Within) -> &RecordedResponse {
+fn ran(outcome: &Within) -> &Recorded {
     match outcome {
         Within::Ran(r) => r,
         other => panic!("the work must run, got {other:?}"),
@@ -556,7 +556,7 @@ async fn the_callers_lock_timeout_is_kept_for_the_work_and_after() {
             let setting: String = sqlx::query_scalar("SHOW lock_timeout")
                 .fetch_one(&mut *tx)
                 .await?;
-            Ok::<_, sqlx::Error>(RecordedResponse::new(
+            Ok::<_, sqlx::Error>(Recorded::new(
                 200,
                 vec![],
                 Some(Bytes::from(setting)),
@@ -585,7 +585,7 @@ async fn the_purge_leaves_a_row_that_a_running_transaction_claimed_again_alone()
     };
     let table = fresh_table("reclaim");
     let store = store_on(server, &table, "transactional").await;
-    let engine = Arc::new(Engine::builder(store.clone()).lease(LONG).ttl(LONG).build());
+    let engine = Arc::new(Engine::builder(store.clone()).lease(LONG).retention(LONG).build());
     let pool = server.pool(4).await;
     let orders_t = orders_table(&pool).await;
     let (key, fp) = (random_key(), fingerprint("order"));
@@ -824,7 +824,7 @@ async fn on_the_stores_own_pool_the_work_is_not_cut_by_the_stores_statement_time
     let engine = engine_on_own_pool(server, Duration::from_secs(1)).await;
     let mut conn = engine.store().pool().acquire().await.unwrap();
     // Longer than the store's 1 s.
-    fn slow(tx: &mut PgConnection) -> BoxFuture<'_, Result<RecordedResponse, sqlx::Error>> {
+    fn slow(tx: &mut PgConnection) -> BoxFuture<'_, Result<Recorded, sqlx::Error>> {
         Box::pin(async move {
             sqlx::query("SELECT pg_sleep(1.3)")
                 .execute(&mut *tx)
@@ -832,7 +832,7 @@ async fn on_the_stores_own_pool_the_work_is_not_cut_by_the_stores_statement_time
             let setting: String = sqlx::query_scalar("SHOW statement_timeout")
                 .fetch_one(&mut *tx)
                 .await?;
-            Ok(RecordedResponse::new(
+            Ok(Recorded::new(
                 200,
                 vec![],
                 Some(Bytes::from(setting)),
@@ -890,7 +890,7 @@ async fn the_callers_statement_timeout_is_kept_for_the_work_and_after() {
             let setting: String = sqlx::query_scalar("SHOW statement_timeout")
                 .fetch_one(&mut *tx)
                 .await?;
-            Ok::<_, sqlx::Error>(RecordedResponse::new(
+            Ok::<_, sqlx::Error>(Recorded::new(
                 200,
                 vec![],
                 Some(Bytes::from(setting)),
@@ -961,7 +961,7 @@ async fn the_losing_claim_is_answered_not_failed_under(isolation: &str) {
         .build(pool.clone())
         .unwrap();
     store.migrate().await.unwrap();
-    let engine = Arc::new(Engine::builder(store.clone()).lease(LONG).ttl(LONG).build());
+    let engine = Arc::new(Engine::builder(store.clone()).lease(LONG).retention(LONG).build());
     let orders_t = orders_table(&pool).await;
     let (key, fp) = (random_key(), fingerprint("order"));
     // The first holds the row in its transaction until `go`.
@@ -1030,7 +1030,7 @@ async fn a_serialization_failure_of_the_transaction_is_a_conflict_and_frees_the_
                 .await?;
                 let _ = ready.send(());
                 let _ = go.await;
-                Ok(RecordedResponse::new(
+                Ok(Recorded::new(
                     200,
                     vec![],
                     Some(Bytes::from(on.to_string())),
@@ -1076,7 +1076,7 @@ async fn a_serialization_failure_of_the_transaction_is_a_conflict_and_frees_the_
     let retry = within(&engine, &mut conn, key_b, fingerprint("b"), |tx| {
         Box::pin(async move {
             sqlx::query("SELECT 1").execute(&mut *tx).await?;
-            Ok::<_, sqlx::Error>(RecordedResponse::new(200, vec![], None))
+            Ok::<_, sqlx::Error>(Recorded::new(200, vec![], None))
         })
     })
     .await

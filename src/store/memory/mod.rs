@@ -128,7 +128,7 @@
 //!
 //! Every operation treats expired records as absent, using the store's [`Clock`]. That clock is
 //! [`TokioClock`] unless [`MemoryStoreBuilder::clock`] sets another. Expired records are
-//! dropped when an operation meets them or needs their room. [`MemoryStore::remove_expired`] drops
+//! dropped when an operation meets them or needs their room. [`MemoryStore::purge`] drops
 //! them all at once.
 //!
 //! # Steps
@@ -283,7 +283,7 @@ impl MemoryStore {
     /// Drops every expired record now and returns how many were dropped. Correctness never needs
     /// it: expired records are absent to every operation and dropped when room is needed. It is useful
     /// to give memory back after a burst.
-    pub fn remove_expired(&self) -> usize {
+    pub fn purge(&self) -> usize {
         let now = self.now();
         self.shards
             .iter()
@@ -469,12 +469,12 @@ impl Store for MemoryStore {
         token: &Token,
         fingerprint: &Fingerprint,
         record: Record,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<bool, StoreError> {
-        let ttl = nanos(ttl);
+        let retention = nanos(retention);
         let mut record = Some(record);
         let written = self.with_room(key, |shard, op| {
-            let deadline = op.now.saturating_add(ttl);
+            let deadline = op.now.saturating_add(retention);
             shard.complete(key, token, fingerprint, &mut record, deadline, op)
         })?;
         if written {
@@ -549,11 +549,11 @@ impl Store for MemoryStore {
         key: &StoreKey,
         step: &StepId,
         value: Bytes,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<StepRecorded, StoreError> {
-        let ttl = nanos(ttl);
+        let retention = nanos(retention);
         self.with_room(key, |shard, op| {
-            shard.record_step(key, step, &value, ttl, op)
+            shard.record_step(key, step, &value, retention, op)
         })
     }
 

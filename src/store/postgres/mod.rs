@@ -480,16 +480,16 @@ impl PostgresStore {
         key: &StoreKey,
         step: &StepId,
         value: &[u8],
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<Option<StepRecorded>, OpError> {
         let key = self.row_key(key);
-        let ttl = sql::millis(ttl);
+        let retention = sql::millis(retention);
         for _ in 0..CLAIM_ATTEMPTS {
             let row = sqlx::query(&self.sql.record_step)
                 .bind(&key[..])
                 .bind(&step.as_bytes()[..])
                 .bind(value)
-                .bind(ttl)
+                .bind(retention)
                 .fetch_optional(&mut *conn)
                 .await?;
             if let Some(row) = row {
@@ -642,7 +642,7 @@ impl Store for PostgresStore {
         token: &Token,
         fingerprint: &Fingerprint,
         record: Record,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<bool, StoreError> {
         let key = self.row_key(key);
         let record = &record.into_bytes();
@@ -654,7 +654,7 @@ impl Store for PostgresStore {
                     .bind(&token.as_bytes()[..])
                     .bind(&fingerprint.as_bytes()[..])
                     .bind(&record[..])
-                    .bind(sql::millis(ttl))
+                    .bind(sql::millis(retention))
                     .fetch_optional(conn.conn())
                     .await;
                 conn.give_back_sql(done.as_ref().err());
@@ -735,7 +735,7 @@ impl Store for PostgresStore {
         key: &StoreKey,
         step: &StepId,
         value: Bytes,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<StepRecorded, StoreError> {
         let value = &value;
         let recorded = self
@@ -745,7 +745,7 @@ impl Store for PostgresStore {
                 |fresh| async move {
                     let mut conn = self.take(fresh).await?;
                     let recorded = self
-                        .record_step_on(conn.conn(), key, step, value, ttl)
+                        .record_step_on(conn.conn(), key, step, value, retention)
                         .await;
                     conn.give_back(recorded.as_ref().err());
                     recorded
