@@ -613,6 +613,19 @@ pub enum RecordErrorKind {
     Unencodable,
 }
 
+impl RecordErrorKind {
+    /// The stable machine code, in the spelling of the HTTP layer's problem codes, e.g.
+    /// `idempotency.record_invalid`.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Invalid => "idempotency.record_invalid",
+            Self::Unauthenticated => "idempotency.record_unauthenticated",
+            Self::Unencodable => "idempotency.record_unencodable",
+        }
+    }
+}
+
 impl RecordError {
     /// A record that failed validation.
     pub(crate) const fn new(reason: &'static str) -> Self {
@@ -642,6 +655,12 @@ impl RecordError {
     #[must_use]
     pub fn kind(&self) -> RecordErrorKind {
         self.kind
+    }
+
+    /// The stable machine code of its [kind](Self::kind), e.g. `idempotency.record_invalid`.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 
     /// What was wrong, in a few words.

@@ -1022,6 +1022,27 @@ pub enum StepErrorKind {
     KeyReused,
 }
 
+impl StepErrorKind {
+    /// The stable machine code, in the spelling of the HTTP layer's problem codes, e.g.
+    /// `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Work => "idempotency.work_failed",
+            Self::Store => "idempotency.store_failed",
+            Self::Unsupported => "idempotency.steps_unsupported",
+            Self::RecordInvalid => "idempotency.record_invalid",
+            Self::NameInvalid => "idempotency.step_name_invalid",
+            Self::NameReused => "idempotency.step_name_reused",
+            Self::SequenceChanged => "idempotency.step_sequence_changed",
+            Self::NotClaimed => "idempotency.not_claimed",
+            Self::Conflict => "idempotency.conflict",
+            Self::ClaimLost => "idempotency.claim_lost",
+            Self::KeyReused => "idempotency.key_reused",
+        }
+    }
+}
+
 impl<E> StepError<E> {
     fn new(repr: Repr<E>, place: u32, name: &str) -> Self {
         Self {
@@ -1076,6 +1097,12 @@ impl<E> StepError<E> {
             Repr::ClaimLost(_) => StepErrorKind::ClaimLost,
             Repr::KeyReused => StepErrorKind::KeyReused,
         }
+    }
+
+    /// The stable machine code of its [kind](Self::kind), e.g. `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 
     /// Whether running the request again may succeed: a conflict, or a store failure that [is

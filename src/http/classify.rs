@@ -195,7 +195,7 @@ where
     // so a flipped flag on any other record is refused at replay.
     let declared = declared && !is_recordable(status);
     // A body that goes out as it comes: recorded once it has ended, or at once when declared
-    // declared (its end, a failure or the client leaving must not free or lapse the key).
+    // (its end, a failure or the client leaving must not free or lapse the key).
     let at_end = if declared {
         Outcome::Record
     } else {
@@ -392,6 +392,7 @@ mod tests {
     #[test]
     fn the_validation_preset_releases_400_413_415_422_only() {
         use super::super::config::ValidationClassifier;
+        use crate::engine::Classify;
         for s in 200..=499u16 {
             let (parts, ()) = Response::builder()
                 .status(s)

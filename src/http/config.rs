@@ -106,7 +106,7 @@ pub enum ResponseMode {
 ///
 /// ```
 /// use axum::http::StatusCode;
-/// use tower_idempotency::engine::Verdict;
+/// use tower_idempotency::engine::{Classify, Verdict};
 /// use tower_idempotency::http::{IdempotencyLayer, ValidationClassifier};
 ///
 /// let layer = IdempotencyLayer::default().classify(ValidationClassifier);
@@ -117,11 +117,15 @@ pub enum ResponseMode {
 ///     _ => ValidationClassifier.classify(res),
 /// });
 /// ```
-#[must_use]
-pub fn ValidationClassifier(res: &http::response::Parts) -> Verdict {
-    match res.status.as_u16() {
-        400 | 413 | 415 | 422 => Verdict::Release,
-        _ => Verdict::Record,
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ValidationClassifier;
+
+impl Classify<http::response::Parts> for ValidationClassifier {
+    fn classify(&self, res: &http::response::Parts) -> Verdict {
+        match res.status.as_u16() {
+            400 | 413 | 415 | 422 => Verdict::Release,
+            _ => Verdict::Record,
+        }
     }
 }
 

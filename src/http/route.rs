@@ -178,9 +178,9 @@ impl RouteOptions {
         self
     }
 
-    /// `header = "…"` (checked and lower-cased by the macro).
+    /// `header_name = "…"` (checked and lower-cased by the macro).
     #[must_use]
-    pub const fn header(mut self, name: &'static str) -> Self {
+    pub const fn header_name(mut self, name: &'static str) -> Self {
         self.header = Some(name);
         self
     }
@@ -199,9 +199,9 @@ impl RouteOptions {
         self
     }
 
-    /// `response = "full" | "status_and_headers"`.
+    /// `response_mode = "full" | "status_and_headers"`.
     #[must_use]
-    pub const fn response(mut self, mode: ResponseMode) -> Self {
+    pub const fn response_mode(mut self, mode: ResponseMode) -> Self {
         self.response = Some(mode);
         self
     }
@@ -328,7 +328,7 @@ mod tests {
         .lease(Duration::from_millis(1500))
         .retention(Duration::from_secs(60))
         .namespace("refunds")
-        .response(ResponseMode::StatusAndHeaders);
+        .response_mode(ResponseMode::StatusAndHeaders);
     static PLAIN: RouteOptions = RouteOptions::new();
 
     fn shared() -> IdempotencyLayer<MemoryStore> {

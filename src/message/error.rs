@@ -35,6 +35,23 @@ pub enum MessageErrorKind {
     RecordInvalid,
 }
 
+impl MessageErrorKind {
+    /// The stable machine code, in the spelling of the HTTP layer's problem codes, e.g.
+    /// `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Work => "idempotency.work_failed",
+            Self::InFlight => "idempotency.in_flight",
+            Self::Store => "idempotency.store_failed",
+            Self::KeyMissing => "idempotency.key_missing",
+            Self::KeyInvalid => "idempotency.key_invalid",
+            Self::KeyReused => "idempotency.key_reused",
+            Self::RecordInvalid => "idempotency.record_invalid",
+        }
+    }
+}
+
 /// The door refused or failed a message.
 ///
 /// The handler's own error comes back with [`into_inner`](Self::into_inner). The store's and
@@ -121,6 +138,12 @@ impl<E> MessageError<E> {
             Inner::KeyReused => MessageErrorKind::KeyReused,
             Inner::RecordInvalid(_) => MessageErrorKind::RecordInvalid,
         }
+    }
+
+    /// The stable machine code of its [kind](Self::kind), e.g. `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 
     /// Whether a redelivery may succeed.

@@ -138,6 +138,22 @@ pub enum OutboundErrorKind {
     RecordInvalid,
 }
 
+impl OutboundErrorKind {
+    /// The stable machine code, in the spelling of the HTTP layer's problem codes, e.g.
+    /// `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Work => "idempotency.work_failed",
+            Self::KeyInvalid => "idempotency.key_invalid",
+            Self::KeyMissing => "idempotency.key_missing",
+            Self::KeyReused => "idempotency.key_reused",
+            Self::Store => "idempotency.store_failed",
+            Self::RecordInvalid => "idempotency.record_invalid",
+        }
+    }
+}
+
 impl<E> OutboundError<E> {
     pub(crate) fn failed(error: E, retryable: bool) -> Self {
         Self {
@@ -188,6 +204,12 @@ impl<E> OutboundError<E> {
         }
     }
 
+    /// The stable machine code of its [kind](Self::kind), e.g. `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
+    }
+
     /// Whether sending the same request again may succeed. True for a retryable failure of
     /// the inner service, and for a store that failed to claim the key.
     #[must_use]
@@ -199,19 +221,6 @@ impl<E> OutboundError<E> {
         }
     }
 
-    /// The machine code, as the HTTP layer's problem details name it
-    /// (`idempotency.key_reused`, ...). `None` for the inner service's failure.
-    #[must_use]
-    pub fn code(&self) -> Option<&'static str> {
-        match &self.inner {
-            Inner::Failed { .. } => None,
-            Inner::KeyInvalid(_) => Some("idempotency.key_invalid"),
-            Inner::KeyMissing => Some("idempotency.key_missing"),
-            Inner::KeyReused => Some("idempotency.key_reused"),
-            Inner::Store(_) => Some("idempotency.store_failed"),
-            Inner::RecordInvalid(_) => Some("idempotency.record_invalid"),
-        }
-    }
 
     /// The inner service's error, when that is what failed.
     #[must_use]

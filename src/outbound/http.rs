@@ -300,6 +300,18 @@ pub enum CallErrorKind {
     ResponseBody,
 }
 
+impl CallErrorKind {
+    /// The stable machine code, in the spelling of the HTTP layer's problem codes, e.g.
+    /// `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Work => "idempotency.work_failed",
+            Self::ResponseBody => "idempotency.response_body_failed",
+        }
+    }
+}
+
 /// Why an HTTP call failed: the client's error, or a response body that failed or was too
 /// long. Its [`source`](StdError::source) is the client's error.
 #[derive(Debug)]
@@ -313,6 +325,12 @@ impl CallError {
     #[must_use]
     pub fn kind(&self) -> CallErrorKind {
         self.kind
+    }
+
+    /// The stable machine code of its [kind](Self::kind), e.g. `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 
     /// The client's error, or the body's.

@@ -185,6 +185,18 @@ pub enum MailErrorKind {
     Timeout,
 }
 
+impl MailErrorKind {
+    /// The stable machine code, in the spelling of the HTTP layer's problem codes, e.g.
+    /// `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Work => "idempotency.work_failed",
+            Self::Timeout => "idempotency.timeout",
+        }
+    }
+}
+
 impl<E> MailError<E> {
     /// What kind of error this is.
     #[must_use]
@@ -193,6 +205,12 @@ impl<E> MailError<E> {
             MailInner::Transport(_) => MailErrorKind::Work,
             MailInner::Timeout(_) => MailErrorKind::Timeout,
         }
+    }
+
+    /// The stable machine code of its [kind](Self::kind), e.g. `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 
     /// The transport's error, when that is what failed.

@@ -611,6 +611,12 @@ impl StoreError {
         self.kind
     }
 
+    /// The stable machine code of its [kind](Self::kind), e.g. `idempotency.store_unavailable`.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
+    }
+
     /// Whether the same operation may succeed when tried again later. Every kind but
     /// [`Protocol`](StoreErrorKind::Protocol) and [`Unsupported`](StoreErrorKind::Unsupported)
     /// is: the backend was away, slow, full or busy. An answer the store does not understand is
@@ -662,6 +668,24 @@ pub enum StoreErrorKind {
     NotReplicated,
     /// The store does not do what was asked: a store of your own that keeps no steps.
     Unsupported,
+}
+
+impl StoreErrorKind {
+    /// The stable machine code, in the spelling of the HTTP layer's problem codes, e.g.
+    /// `idempotency.store_unavailable`.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Unavailable => "idempotency.store_unavailable",
+            Self::Timeout => "idempotency.store_timeout",
+            Self::Protocol => "idempotency.store_protocol",
+            Self::StoreFull => "idempotency.store_full",
+            Self::ScopeFull => "idempotency.scope_full",
+            Self::Conflict => "idempotency.store_conflict",
+            Self::NotReplicated => "idempotency.store_not_replicated",
+            Self::Unsupported => "idempotency.store_unsupported",
+        }
+    }
 }
 
 impl fmt::Display for StoreErrorKind {

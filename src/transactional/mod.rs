@@ -277,6 +277,19 @@ pub enum WithinErrorKind {
     Conflict,
 }
 
+impl WithinErrorKind {
+    /// The stable machine code, in the spelling of the HTTP layer's problem codes, e.g.
+    /// `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Work => "idempotency.work_failed",
+            Self::Store => "idempotency.store_failed",
+            Self::Conflict => "idempotency.conflict",
+        }
+    }
+}
+
 impl<E> WithinError<E> {
     fn work(e: E) -> Self {
         Self {
@@ -304,6 +317,12 @@ impl<E> WithinError<E> {
             Repr::Store(_) => WithinErrorKind::Store,
             Repr::Conflict(_) => WithinErrorKind::Conflict,
         }
+    }
+
+    /// The stable machine code of its [kind](Self::kind), e.g. `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 
     /// Whether running the request again, in a new transaction, may succeed. It is `true` for a

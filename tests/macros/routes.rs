@@ -328,7 +328,7 @@ async fn status_mode_replays_an_empty_body() {
     assert_eq!(
         (replay.status.as_u16(), replay.text(), replay.is_replay()),
         (201, "", true),
-        "response = \"status\": the replay has the status and an empty body"
+        "response_mode = \"status_and_headers\": the replay has the status and an empty body"
     );
     assert_eq!(runs.count(), 1);
 }
