@@ -87,7 +87,7 @@ use proc_macro::TokenStream;
 /// | `require_key` / `require_key = false` | `true` | refuse a request without a key (400), or pass it through to the handler |
 /// | `header_name = "x-key"` | `Idempotency-Key` | the header the key is read from |
 /// | `lease = "30s"` | 60 s | how long a claim holds the key; renewed while the handler runs |
-/// | `wait_in_flight = "5s"` | 0 (409 at once) | how long a duplicate waits for the first run to finish and replays it, before 409 |
+/// | `wait_in_flight = "5s"` | 0 (409 at once) | how long a repeat waits for the first run to finish and replays it, before 409 |
 /// | `retention = "1h"` | 24 h | how long a completed record is kept |
 /// | `response_mode = "full"` or `"status_and_headers"` | `"full"` | `"status_and_headers"` keeps status and allowed headers only (no body at rest; a replay has an empty body) |
 /// | `namespace = "payments"` | the shared namespace | the namespace this route's keys live in, replacing the shared one |

@@ -110,7 +110,7 @@ fn renewal_lost(res: Result<bool, StoreError>, key: &StoreKey) -> bool {
     match res {
         Ok(true) => false,
         Ok(false) => {
-            tracing::warn!(key = ?key, "idempotency lease lost while the work ran; a duplicate may run");
+            tracing::warn!(key = ?key, "idempotency lease lost while the work ran; a repeat may run");
             true
         }
         Err(e) => {

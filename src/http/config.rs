@@ -182,7 +182,7 @@ pub(crate) struct Config {
     pub(crate) classify_fn: Option<ClassifyFn>,
     /// Claimed work finishes and is recorded when the response future is dropped.
     pub(crate) run_to_completion: bool,
-    /// How long a duplicate that finds its key in flight waits for the first run. Zero
+    /// How long a repeat that finds its key in flight waits for the first run. Zero
     /// answers 409 at once.
     pub(crate) wait_in_flight: Duration,
     /// The door's counters, with the layer's static labels, with feature `metrics`.

@@ -404,15 +404,15 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
-    /// How long a duplicate that finds the same request in flight waits for the first run to
+    /// How long a repeat that finds the same request in flight waits for the first run to
     /// finish before it is answered. Default: zero, 409 `idempotency.in_flight` at once.
     ///
-    /// Within the bound the duplicate gets what the first run left: its replay. When the first
+    /// Within the bound the repeat gets what the first run left: its replay. When the first
     /// run was released, after a 5xx say, it gets a run of its own. Past the bound it gets 409,
     /// with a `Retry-After` of the lease the first run has left, at most a third of the lease.
     /// On the memory store the waiter is woken in process when the key settles. On Redis,
     /// across processes, and other stores it asks again with backoff: 10 ms doubling to 250 ms,
-    /// one claim round trip each. A waiting duplicate holds its connection and a task for up to
+    /// one claim round trip each. A waiting repeat holds its connection and a task for up to
     /// the bound. Keep it short: a few seconds, below the clients' timeouts. A request with
     /// another fingerprint is answered 422 at once, never made to wait.
     ///

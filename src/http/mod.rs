@@ -101,7 +101,7 @@
 //! recorded at once, before its body goes on. Neither a failing body, nor a client that
 //! leaves, nor the stream lease limit can then free its key or let it lapse.
 //!
-//! Until its end, or the limit, the key stays pending with its lease renewed: a duplicate gets
+//! Until its end, or the limit, the key stays pending with its lease renewed: a repeat gets
 //! 409. See [`Streaming::lease_limit`] for the trade-off.
 //!
 //! # After the handler

@@ -18,7 +18,7 @@
 //!   key, set by `TaskBuilder::idempotency_key`. Else it is a task metadata entry
 //!   `Idempotency-Key` in any case. Else it is the task's id. The backend gives a task its id
 //!   when it is pushed, and keeps it across retries and redeliveries. So a redelivery is a
-//!   duplicate, and two tasks pushed with equal arguments are two jobs: a daily
+//!   repeat, and two tasks pushed with equal arguments are two jobs: a daily
 //!   `Reminder { user: 5 }` runs every day. Keying by the arguments instead is an opt-in,
 //!   [`TaskKey::Arguments`], whose risks its docs state. apalis-redis and `MemoryStorage`
 //!   themselves drop a second push under one `idempotency_key`. The door catches the
@@ -28,10 +28,10 @@
 //!   JSON, with every object's keys and every array's items sorted. So the order of a
 //!   `HashMap` or a `HashSet`, new at every deserialization, does not make a redelivery
 //!   `KeyReused`. The cost: under one given key, two tasks whose arguments differ only in
-//!   the order of a list are taken for one message, a duplicate and not `KeyReused`.
+//!   the order of a list are taken for one message, a repeat and not `KeyReused`.
 //! - **consumer name**, the scope: the name of the worker *pool*. It is the same in every
 //!   process that works the queue. It is not `WorkerBuilder::new`'s per-worker name, or a
-//!   task redelivered to another worker would not be seen as a duplicate.
+//!   task redelivered to another worker would not be seen as a repeat.
 //!
 //! # Outcomes
 //!
@@ -46,9 +46,9 @@
 //! | outcome | answer to apalis | status | apalis-redis then |
 //! | --- | --- | --- | --- |
 //! | ran, untracked | `Ok(Handled::Ran / Untracked)` | `Done` | done |
-//! | completed duplicate | `Ok(Handled::Replayed)` | `Done` | done |
-//! | duplicate in flight, with the opt-in [`skip_in_flight`](MessageIdempotencyLayer::skip_in_flight) | `Ok(Handled::Skipped)` | `Done` | done: if the first holder crashed mid-handler, its work is lost |
-//! | duplicate in flight, past [`wait_in_flight`](MessageIdempotencyLayer::wait_in_flight) | `RetryAfterError` with the door's [`retry_after`](super::MessageError::retry_after) | `Pending` | rescheduled after *attempt* seconds, not reading the delay; not an attempt, so never dead for it |
+//! | completed repeat | `Ok(Handled::Replayed)` | `Done` | done |
+//! | repeat in flight, with the opt-in [`skip_in_flight`](MessageIdempotencyLayer::skip_in_flight) | `Ok(Handled::Skipped)` | `Done` | done: if the first holder crashed mid-handler, its work is lost |
+//! | repeat in flight, past [`wait_in_flight`](MessageIdempotencyLayer::wait_in_flight) | `RetryAfterError` with the door's [`retry_after`](super::MessageError::retry_after) | `Pending` | rescheduled after *attempt* seconds, not reading the delay; not an attempt, so never dead for it |
 //! | handler `Err(e)`, key released | `Err(e)` unchanged | as apalis sets it: `Failed`, or `Killed` for an `AbortError`, `Pending` for a `RetryAfterError` | retried after *attempt* seconds, dead after 25 attempts |
 //! | a handler error the door does not retry | `AbortError` | `Killed` | dead, not retried |
 //! | `Handled::Failed` or `Handled::Held`, the key released or held | `Err` ([`Unsuccessful`]) | `Failed` | retried, as above |
@@ -59,9 +59,9 @@
 //! A worker that dies mid-handler holds its task's claim until the engine's lease lapses,
 //! since it renews it no longer. apalis-redis re-enqueues the dead worker's tasks once its
 //! heartbeats stop: `Config::heartbeat_interval` × `Config::missed_heartbeats`. Each
-//! redelivery before the lease lapses is a duplicate in flight, rescheduled, and the first
+//! redelivery before the lease lapses is a repeat in flight, rescheduled, and the first
 //! after it runs the task. A worker that dies after recording, before acknowledging, costs
-//! nothing: the redelivery is a completed duplicate.
+//! nothing: the redelivery is a completed repeat.
 //!
 //! # apalis' retry layer
 //!
@@ -74,7 +74,7 @@
 //! `AbortError` compares the error's type, so it never matches the boxed errors of a
 //! worker's stack. The `Killed` status is what stops it. apalis sets it when the handler
 //! returns an `AbortError`, and the adapter with every `AbortError` it returns. apalis counts
-//! an attempt when the handler runs. So a refusal that does not run it, a duplicate in flight
+//! an attempt when the handler runs. So a refusal that does not run it, a repeat in flight
 //! or a store failure, is retried at once without counting, until the key is decided or the
 //! store answers. Give the policy a backoff: `RetryPolicy::retries(n).with_backoff(..)`.
 //!
@@ -232,7 +232,7 @@ pub enum TaskKey {
     /// The [digest](MessageKey::digest) of the queue and the arguments as JSON. Every
     /// object's keys are sorted; arrays keep their order.
     ///
-    /// **Tasks pushed with equal arguments are one job.** The second is a duplicate and does
+    /// **Tasks pushed with equal arguments are one job.** The second is a repeat and does
     /// not run, at any later time within the engine's retention: a daily reminder with the
     /// same arguments runs once. Use it where a repeat push is a producer's retry and equal
     /// arguments mean the same work. A `HashSet` in the arguments, or any value whose JSON
@@ -408,7 +408,7 @@ where
                 Some(Status::Killed),
                 Err(Box::new(AbortError::new(Unsuccessful)) as BoxDynError),
             ),
-            // Also when the handler did not run (a duplicate): the task is done.
+            // Also when the handler did not run (a repeat): the task is done.
             Ok(handled) => (Some(Status::Done), Ok(handled)),
             Err(e) => {
                 let (status, e) = to_apalis(e);
@@ -424,7 +424,7 @@ where
 
 /// The door's error as apalis reads it, and the task status that goes with it. `None` keeps
 /// the one apalis set from the handler's own result. The handler's error goes unchanged, or
-/// as an `AbortError` when the door does not retry it. A duplicate in flight goes as
+/// as an `AbortError` when the door does not retry it. A repeat in flight goes as
 /// `RetryAfterError`, a store failure as a plain error that is retried, the rest as
 /// `AbortError`, not retried.
 fn to_apalis<E: Into<BoxDynError>>(e: MessageError<E>) -> (Option<Status>, BoxDynError) {
@@ -486,7 +486,7 @@ mod tests {
         let monday = svc.clone().oneshot(task(5_u32, 1)).await.unwrap();
         let tuesday = svc.clone().oneshot(task(5_u32, 2)).await.unwrap();
         assert_eq!((monday, tuesday), (Handled::Ran(()), Handled::Ran(())));
-        // A redelivery of one of them (same id) is its duplicate.
+        // A redelivery of one of them (same id) is its repeat.
         let again = svc.oneshot(task(5_u32, 2)).await.unwrap();
         assert_eq!(again, Handled::Replayed(None));
         assert_eq!(runs.load(Ordering::SeqCst), 2, "each task ran once");
@@ -629,9 +629,9 @@ mod tests {
         }));
         let first = tokio::spawn(svc.clone().oneshot(task(5_u32, 1)));
         started.notified().await;
-        let duplicate = task(5_u32, 1);
-        let status = duplicate.ctx().raw_status().clone();
-        let out = svc.oneshot(duplicate).await;
+        let repeat = task(5_u32, 1);
+        let status = repeat.ctx().raw_status().clone();
+        let out = svc.oneshot(repeat).await;
         release.notify_one();
         assert_eq!(first.await.unwrap().unwrap(), Handled::Ran(()));
         (out, status.load())

@@ -17,7 +17,7 @@ pub enum MessageErrorKind {
     /// With [`Verdict::Hold`](crate::engine::Verdict::Hold) the key stays pending, and
     /// [`MessageError::retry_after`] says for how long.
     Work,
-    /// A duplicate of a message still being handled, refused after
+    /// A repeat of a message still being handled, refused after
     /// [`wait_in_flight`](super::MessageIdempotencyLayer::wait_in_flight). Retryable, after
     /// [`MessageError::retry_after`].
     InFlight,

@@ -47,10 +47,10 @@ pub enum Handled<R> {
     /// effect. The key stays pending for the engine's lease. Do not acknowledge: a
     /// redelivery is in flight until the lease lapses, then runs again.
     Held(R),
-    /// A completed duplicate: the handler did not run. It holds the recorded result when the
+    /// A completed repeat: the handler did not run. It holds the recorded result when the
     /// codec keeps results.
     Replayed(Option<R>),
-    /// A duplicate of a message still being handled, acknowledged unrun. Only with the
+    /// A repeat of a message still being handled, acknowledged unrun. Only with the
     /// opt-in [`skip_in_flight`](MessageIdempotencyLayer::skip_in_flight).
     Skipped,
     /// The handler ran untracked: the topic is not listed, or the message has no key.
@@ -193,7 +193,7 @@ impl<St: Store> MessageIdempotencyLayer<St> {
     /// `engine` is an [`Engine`] or a store, which gets an engine with the defaults. Name
     /// one consumer group, durable subscription or worker pool, the same in every replica.
     /// The name is part of every key's scope. So two consumers of one topic each handle a
-    /// message once, and neither is skipped as the other's duplicate.
+    /// message once, and neither is skipped as the other's repeat.
     pub fn new(engine: impl Into<Engine<St>>, consumer: impl Into<String>) -> Self {
         let mut config = Config {
             consumer: Scope::principal(consumer),
@@ -238,18 +238,18 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
         self.config(|c| c.require_key = require)
     }
 
-    /// How long a duplicate of a message still being handled waits for the first delivery.
+    /// How long a repeat of a message still being handled waits for the first delivery.
     /// Default: 1 s.
     ///
-    /// If the first delivery records its result within the wait, the duplicate is answered
-    /// [`Handled::Replayed`]. If it is released, the duplicate runs. Otherwise the duplicate
+    /// If the first delivery records its result within the wait, the repeat is answered
+    /// [`Handled::Replayed`]. If it is released, the repeat runs. Otherwise the repeat
     /// is refused with a retryable error of kind `InFlight`, and
     /// [`MessageError::retry_after`] says when to redeliver. `Duration::ZERO` refuses at
     /// once and holds no consumer slot while waiting. The wait holds the consumer's slot,
     /// and the broker's ack deadline runs unless the adapter sends progress, as the NATS
     /// one does. Keep it well under the broker's ack wait.
     ///
-    /// A duplicate in flight is never acknowledged: it may be the redelivery of a message
+    /// A repeat in flight is never acknowledged: it may be the redelivery of a message
     /// whose consumer crashed mid-handler, and then it is the only copy left.
     ///
     /// ```
@@ -265,11 +265,11 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
         self.config(|c| c.wait_in_flight = wait)
     }
 
-    /// **Opt-in, and it can lose a message.** Acknowledges a duplicate in flight unrun, as
+    /// **Opt-in, and it can lose a message.** Acknowledges a repeat in flight unrun, as
     /// [`Handled::Skipped`], without waiting. Default: `false`.
     ///
     /// Two handlers never run at once, and a first delivery that fails is redelivered on
-    /// its own. But if the first delivery's consumer crashed, the skipped duplicate was the
+    /// its own. But if the first delivery's consumer crashed, the skipped repeat was the
     /// message's only copy left, and its work never happens. Use it only where the broker
     /// redelivers an unacknowledged message after the lease has lapsed, never before. Its
     /// ack wait or visibility timeout must then be longer than the engine's lease, and not
@@ -284,7 +284,7 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
     ///
     /// A future is dropped when the consumer shuts down or an outer timeout fires. The rest
     /// of the work (handler, record or release) then moves onto a task of its own. Its
-    /// outcome is recorded, so the redelivery is a completed duplicate. Wait for such work
+    /// outcome is recorded, so the redelivery is a completed repeat. Wait for such work
     /// at shutdown with [`drain`](Self::drain). With `false` the handler is cancelled with
     /// the future, and its key stays pending until its lease lapses, as after a crash.
     pub fn run_to_completion(self, on: bool) -> Self {
@@ -416,7 +416,7 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
         }
     }
 
-    /// Records the handler's result with `codec`, so a completed duplicate is answered with
+    /// Records the handler's result with `codec`, so a completed repeat is answered with
     /// it. Default: [`Discard`], which records only that the message was handled.
     ///
     /// [`Raw`](crate::engine::Raw) keeps bytes and text, [`Json`](crate::engine::Json) any
@@ -771,7 +771,7 @@ fn encode<St: Store, R, C: Codec<R>>(
             // that succeeded is refused: keep the fact that it completed, as the HTTP layer
             // keeps status and headers of a body over the limit.
             Ok(b) if b.len() > engine.max_record_body() => {
-                tracing::warn!(target: "tower_idempotency::message", key = ?store_key, limit = engine.max_record_body(), "result over the record limit; recorded without it, so a duplicate is acknowledged without a result");
+                tracing::warn!(target: "tower_idempotency::message", key = ?store_key, limit = engine.max_record_body(), "result over the record limit; recorded without it, so a repeat is acknowledged without a result");
                 None
             }
             Ok(b) => Some(b),
@@ -816,11 +816,11 @@ async fn hold<St: Store>(engine: &Engine<St>, ticket: Ticket) {
     }
 }
 
-/// How long a duplicate in flight should wait before its redelivery: the lease the first
+/// How long a repeat in flight should wait before its redelivery: the lease the first
 /// delivery's claim has left, at most a third of the lease (one store call, on this path
 /// only); the cap when the store cannot tell. As HTTP's `Retry-After`: a running claim is
 /// renewed every third of the lease, so its lease left (two thirds of the lease or more) says
-/// nothing about when it ends, and a quick handler's duplicate must not wait a lease. A
+/// nothing about when it ends, and a quick handler's repeat must not wait a lease. A
 /// stalled claim (its consumer gone) with less than the cap left is retried as it lapses.
 async fn in_flight_retry_after<St: Store>(engine: &Engine<St>, key: &StoreKey) -> Duration {
     let cap = engine.lease() / 3;
@@ -882,7 +882,7 @@ fn replay<R, E, C: Codec<R>>(
         codec
             .decode(b)
             .inspect_err(|e| {
-                tracing::warn!(target: "tower_idempotency::message", error = %e, "the recorded result does not decode with this codec; the duplicate is acknowledged without it");
+                tracing::warn!(target: "tower_idempotency::message", error = %e, "the recorded result does not decode with this codec; the repeat is acknowledged without it");
             })
             .ok()
     })))

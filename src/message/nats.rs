@@ -51,8 +51,8 @@
 //! | ran, untracked, replayed, skipped (opt-in) | `Ack` |
 //! | handler `Err` whose key was released, or `Handled::Failed` | `Nak` with backoff: 1 s, doubling per delivery, at most 60 s ([`failure_backoff`](JetStreamConsumer::failure_backoff)) |
 //! | a handler `Err` that is not retryable, or `Handled::Rejected` | `Term`, and a warning |
-//! | a key held: `Handled::Held`, or a handler `Err` with a `retry_after` | `Nak` as for a duplicate in flight |
-//! | a duplicate in flight, past [`wait_in_flight`](super::MessageIdempotencyLayer::wait_in_flight) | `Nak` with backoff: 500 ms, doubling per delivery, at most 20 s and never past [`retry_after`](super::MessageError::retry_after) ([`in_flight_backoff`](JetStreamConsumer::in_flight_backoff)) |
+//! | a key held: `Handled::Held`, or a handler `Err` with a `retry_after` | `Nak` as for a repeat in flight |
+//! | a repeat in flight, past [`wait_in_flight`](super::MessageIdempotencyLayer::wait_in_flight) | `Nak` with backoff: 500 ms, doubling per delivery, at most 20 s and never past [`retry_after`](super::MessageError::retry_after) ([`in_flight_backoff`](JetStreamConsumer::in_flight_backoff)) |
 //! | the store failed on claim | `Nak` with backoff: 1 s, doubling per delivery, at most 60 s ([`store_backoff`](JetStreamConsumer::store_backoff)) |
 //! | the key reused by a different message | `Term`, and a warning |
 //! | no key where one is required, an invalid key, an invalid record | `Term`, and a warning |
@@ -251,12 +251,12 @@ impl<S> JetStreamConsumer<S> {
         self
     }
 
-    /// The delay of a redelivery of a duplicate in flight, or of a held key. Default: 500 ms,
+    /// The delay of a redelivery of a repeat in flight, or of a held key. Default: 500 ms,
     /// at most 20 s.
     ///
     /// It is `first` on the first delivery and doubles with each delivery, up to `max`. It
     /// is never past the error's [`retry_after`](super::MessageError::retry_after). A quick
-    /// handler's duplicate is decided within a second or two, and a crashed holder's message
+    /// handler's repeat is decided within a second or two, and a crashed holder's message
     /// runs soon after its lease lapses.
     pub fn in_flight_backoff(mut self, first: Duration, max: Duration) -> Self {
         self.in_flight = Backoff::new(first, max);

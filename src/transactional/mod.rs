@@ -54,9 +54,9 @@
 //! 3. The work runs on the same transaction. Its `Ok` value is the response to record.
 //! 4. The record is written over the claim, and the transaction commits.
 //!
-//! A duplicate that arrives meanwhile meets the row lock:
+//! A repeat that arrives meanwhile meets the row lock:
 //!
-//! | the first request | the duplicate |
+//! | the first request | the repeat |
 //! | --- | --- |
 //! | commits within the lock wait ([`PostgresStoreBuilder::lock_timeout`], 1 s by default) | gets [`Within::Replayed`] of the first's record |
 //! | runs longer | gets [`Within::InFlight`] once the wait ends (HTTP: 409, retry later) |
@@ -83,9 +83,9 @@
 //! held the key.
 //!
 //! - In a transaction of its own, `within` tries the claim once more, in a new transaction.
-//!   Its snapshot sees the first's record, so the duplicate gets the replay, as under
+//!   Its snapshot sees the first's record, so the repeat gets the replay, as under
 //!   `READ COMMITTED`.
-//! - In your transaction, the snapshot is yours. The duplicate gets [`Within::InFlight`]; a
+//! - In your transaction, the snapshot is yours. The repeat gets [`Within::InFlight`]; a
 //!   retry in a new transaction gets the replay.
 //!
 //! A deadlock on the claim (`40P01`) is answered the same way.
@@ -100,7 +100,7 @@
 //!
 //! Use `within` when the work is writes to the PostgreSQL database the records live in:
 //! create the order, debit the balance. Then no crash can leave the work without its record,
-//! or a record without its work. It costs the handler an explicit call. A duplicate holds a
+//! or a record without its work. It costs the handler an explicit call. A repeat holds a
 //! database connection while it waits for the first.
 //!
 //! The [`IdempotencyLayer`](crate::IdempotencyLayer), over any store, is enough in two cases:

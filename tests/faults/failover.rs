@@ -256,7 +256,7 @@ struct Report {
     lost_window: Option<(Duration, Duration)>,
     lost_by_app: Vec<usize>,
     /// Runs after the first of a key, by why.
-    duplicates: BTreeMap<String, usize>,
+    repeats: BTreeMap<String, usize>,
     /// Completes by result.
     completes: BTreeMap<String, usize>,
     /// Per process: when its failed requests ended, from the fault (first, last).
@@ -283,7 +283,7 @@ impl fmt::Display for Report {
             "storm, {}: {} requests in {:.1?} ({} keys x {} passes by {} clients on each of 2 \
              apps), fault at {:.1?}; acknowledged {}, LOST {} {:?} (runs that showed it: {:.2?} after \
              the fault, per app {:?}); executions {} (keys run \
-             twice {}, run again after a 2xx {} of which acknowledged {}), duplicates {:?}; completes {:?}; answers per app {}; failed requests \
+             twice {}, run again after a 2xx {} of which acknowledged {}), repeats {:?}; completes {:?}; answers per app {}; failed requests \
              ended (per app, from the fault) {:.2?}; recovered after (per app: the first answer \
              after the last failure) {:.2?}",
             self.label,
@@ -302,7 +302,7 @@ impl fmt::Display for Report {
             self.keys_run_twice,
             self.ran_again_after_2xx,
             self.ran_again_after_acknowledged,
-            self.duplicates,
+            self.repeats,
             self.completes,
             answers.join(" "),
             self.failed_between,
@@ -576,7 +576,7 @@ async fn count(
             } else {
                 format!("after a failed complete ({prev_result})")
             };
-            *report.duplicates.entry(why).or_insert(0) += 1;
+            *report.repeats.entry(why).or_insert(0) += 1;
         }
     }
     // When a client first had a 2xx of each key (the answer's end, on the shared clock).

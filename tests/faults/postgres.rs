@@ -474,7 +474,7 @@ async fn storm(door: Door, size: Size) -> Report {
             let restarted_at = Arc::clone(&restarted_at);
             tokio::spawn(async move {
                 // Clients go in pairs, one per app, over the same keys at once: each key's
-                // duplicates meet across the two processes.
+                // repeats meet across the two processes.
                 let pairs = size.clients.div_ceil(2);
                 let offset = (c / 2) * size.keys / pairs;
                 let mut passes = 0;

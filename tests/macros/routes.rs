@@ -621,13 +621,13 @@ async fn a_router_layer_and_the_attribute_over_one_store_run_the_handler_once() 
 
 #[idempotent(wait_in_flight = "10s")]
 async fn slow_waited(Extension(runs): Extension<Runs>) -> (StatusCode, String) {
-    // Counted first: the test sends the duplicate once the run has begun.
+    // Counted first: the test sends the repeat once the run has begun.
     let run = runs.next();
     tokio::time::sleep(Duration::from_secs(2)).await;
     (StatusCode::CREATED, format!("run {run}"))
 }
 
-/// `wait_in_flight` per route: a duplicate sent while the first run sleeps waits for it and
+/// `wait_in_flight` per route: a repeat sent while the first run sleeps waits for it and
 /// gets the replay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_route_wait_in_flight_replays_to_the_waiting_duplicate() {
@@ -640,11 +640,11 @@ async fn per_route_wait_in_flight_replays_to_the_waiting_duplicate() {
         }
     })
     .await;
-    let duplicate = post_key(&server, "/waited", "w-1").await;
+    let repeat = post_key(&server, "/waited", "w-1").await;
     let first = first.await.expect("the first request");
     assert_eq!(first.status.as_u16(), 201);
-    assert!(duplicate.is_replay(), "{}", duplicate.describe());
-    assert_eq!(duplicate.text(), first.text());
+    assert!(repeat.is_replay(), "{}", repeat.describe());
+    assert_eq!(repeat.text(), first.text());
     assert_eq!(runs.count(), 1, "the handler ran once");
 }
 

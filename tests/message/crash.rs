@@ -162,7 +162,7 @@ async fn consumer_process() {
             }
         }
     });
-    // Every default: the door's (a duplicate in flight waits 1 s, then is refused) and the
+    // Every default: the door's (a repeat in flight waits 1 s, then is refused) and the
     // adapter's (ack_wait read from the server, naks with growing delays).
     let door = JetStreamConsumer::new(
         ServiceBuilder::new()
@@ -400,7 +400,7 @@ pub(crate) struct Figures {
     pub(crate) messages: usize,
     pub(crate) copies: usize,
     /// Publish attempts, failed attempts (retried), publishes the server acknowledged as
-    /// duplicates of a `Nats-Msg-Id`, and messages given up by the publisher.
+    /// repeats of a `Nats-Msg-Id`, and messages given up by the publisher.
     pub(crate) publishes: usize,
     pub(crate) publish_errors: usize,
     pub(crate) server_deduplicated: usize,
@@ -519,7 +519,7 @@ fn publish(
                             p.attempts += 1;
                             if let Ok(Ok(ack)) = sent {
                                 p.acked[n] += 1;
-                                p.deduplicated += usize::from(ack.duplicate);
+                                p.deduplicated += usize::from(ack.repeat);
                                 let now = Instant::now();
                                 if let Some(last) = p.last_ack.replace(now) {
                                     p.longest_gap = p.longest_gap.max(now - last);

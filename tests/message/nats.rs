@@ -400,7 +400,7 @@ async fn two_durable_consumers_each_handle_a_message_once() {
     assert_eq!(
         shipping_effects.count("order-9"),
         1,
-        "not skipped as billing's duplicate"
+        "not skipped as billing's repeat"
     );
 }
 
@@ -562,6 +562,6 @@ async fn a_result_classified_fail_is_terminated_and_one_classified_hold_is_naked
     assert_eq!(
         maybe.reply,
         Reply::Nak(Some(Duration::from_millis(500))),
-        "naked as a duplicate in flight"
+        "naked as a repeat in flight"
     );
 }

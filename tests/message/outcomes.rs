@@ -166,7 +166,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
         assert_eq!(
             err.kind(),
             MessageErrorKind::Work,
-            "ran again, not a duplicate"
+            "ran again, not a repeat"
         );
         assert_eq!(work.runs(), 2);
     }
@@ -300,7 +300,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
         work.started.notified().await;
         let started = std::time::Instant::now();
         // The first delivery's consumer may have crashed: its claim is pending, and this
-        // duplicate is the only copy left. It must not be acknowledged.
+        // repeat is the only copy left. It must not be acknowledged.
         let err = call(&svc, keyed("k1", "slow")).await.unwrap_err();
         let waited = started.elapsed();
         assert_eq!(err.kind(), MessageErrorKind::InFlight);
@@ -446,7 +446,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(
             !dup.is_finished(),
-            "the duplicate waits for the first delivery"
+            "the repeat waits for the first delivery"
         );
         work.gate.notify_one();
         assert_eq!(first.await.unwrap().unwrap(), Handled::Ran("slow".into()));
@@ -764,7 +764,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
             call(&svc, keyed("k1", long)).await.unwrap(),
             Handled::Ran(long.into())
         );
-        // Work that succeeded: its redelivery is a completed duplicate, acknowledged.
+        // Work that succeeded: its redelivery is a completed repeat, acknowledged.
         assert_eq!(
             call(&svc, keyed("k1", long)).await.unwrap(),
             Handled::Replayed(None)
@@ -849,7 +849,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
         assert_eq!(
             work.runs(),
             2,
-            "once per consumer, neither skipped as the other's duplicate"
+            "once per consumer, neither skipped as the other's repeat"
         );
     }
 

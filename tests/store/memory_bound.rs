@@ -149,7 +149,7 @@ async fn distinct_keys_stay_within_max_bytes_and_never_drop_a_live_claim() {
     peak = peak.max(rss().unwrap_or(0));
     let stats = engine.store().stats();
 
-    // Every held claim is still pending (a duplicate is in flight), and its complete succeeds.
+    // Every held claim is still pending (a repeat is in flight), and its complete succeeds.
     for (i, (k, _)) in held.iter().enumerate() {
         let again = engine.begin(*k, fp(u64::MAX - i as u64)).await.unwrap();
         assert!(

@@ -210,7 +210,7 @@ async fn send(engine: &Engine<PostgresStore>, k: usize, tally: &Mutex<Tally>) {
         Err(e) => return tally.lock().unwrap().claims_failed.push(format!("{e:?}")),
     };
     *tally.lock().unwrap().runs.entry(k).or_default() += 1;
-    // The work takes a moment, so that duplicates meet it in flight.
+    // The work takes a moment, so that repeats meet it in flight.
     tokio::time::sleep(Duration::from_millis(2)).await;
     let response = Recorded::new(201, Vec::new(), Some(format!("k{k}").into()));
     let done: Result<bool, StoreError> = engine.complete(ticket, &response).await;

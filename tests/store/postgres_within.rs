@@ -1,5 +1,5 @@
 //! The transactional door on a real PostgreSQL server: `transactional::within` commits an
-//! order and its record together or not at all; duplicates wait, replay, or are told the first is in flight; a crash
+//! order and its record together or not at all; repeats wait, replay, or are told the first is in flight; a crash
 //! or a rollback leaves neither and frees the key.
 //!
 //! Without PostgreSQL installed these tests print a notice and pass, unless
@@ -284,14 +284,14 @@ async fn a_hundred_concurrent_duplicates_place_one_order() {
                 replayed += 1;
             }
             Within::InFlight => in_flight += 1,
-            other => panic!("a duplicate must replay or be in flight, got {other:?}"),
+            other => panic!("a repeat must replay or be in flight, got {other:?}"),
         }
     }
-    eprintln!("{TASKS} duplicates: {ran} ran, {replayed} replayed, {in_flight} in flight");
-    assert_eq!(ran, 1, "exactly one of {TASKS} duplicates runs");
+    eprintln!("{TASKS} repeats: {ran} ran, {replayed} replayed, {in_flight} in flight");
+    assert_eq!(ran, 1, "exactly one of {TASKS} repeats runs");
     assert!(
         replayed > 0,
-        "duplicates that waited get the first's response"
+        "repeats that waited get the first's response"
     );
     assert_eq!(orders(&pool, &table).await, 1, "one order row");
 }
@@ -396,7 +396,7 @@ async fn a_duplicate_waits_for_the_first_and_replays_it() {
     let (key, fp) = (random_key(), fingerprint("order"));
     let (go, first) = hold(&engine, &pool, &table, key, fp).await;
 
-    let duplicate = {
+    let repeat = {
         let (engine, pool, table) = (Arc::clone(&engine), pool.clone(), table.clone());
         tokio::spawn(async move {
             let mut conn = pool.acquire().await.unwrap();
@@ -405,14 +405,14 @@ async fn a_duplicate_waits_for_the_first_and_replays_it() {
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
-        !duplicate.is_finished(),
-        "the duplicate waits on the first's row"
+        !repeat.is_finished(),
+        "the repeat waits on the first's row"
     );
     go.send(()).unwrap();
     let first = first.await.unwrap();
-    match duplicate.await.unwrap() {
+    match repeat.await.unwrap() {
         Within::Replayed(r) => assert_eq!(&r, ran(&first), "the first's response"),
-        other => panic!("the duplicate must replay once the first commits, got {other:?}"),
+        other => panic!("the repeat must replay once the first commits, got {other:?}"),
     }
     assert_eq!(orders(&pool, &table).await, 1);
 }
@@ -434,7 +434,7 @@ async fn a_duplicate_past_the_lock_wait_is_in_flight_and_its_transaction_goes_on
     let outcome = run(&engine, &mut tx, key, fp, place_order(&table, None, None)).await;
     assert!(
         matches!(outcome, Within::InFlight),
-        "past the lock wait the duplicate is in flight, got {outcome:?}"
+        "past the lock wait the repeat is in flight, got {outcome:?}"
     );
     let waited = started.elapsed();
     assert!(
@@ -702,7 +702,7 @@ async fn within_counts_each_outcome_once() {
     );
 }
 
-/// Backends waiting for a lock (a duplicate queued behind the first's row).
+/// Backends waiting for a lock (a repeat queued behind the first's row).
 async fn lock_waiters(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
         .fetch_one(pool)
@@ -761,7 +761,7 @@ async fn on_the_stores_own_pool_a_duplicate_waits_past_its_statement_timeout_and
     let (key, fp) = (random_key(), fingerprint("order"));
     let (go, first) = hold(&engine, &pool, &table, key, fp).await;
 
-    let duplicate = {
+    let repeat = {
         let (engine, pool, table) = (Arc::clone(&engine), pool.clone(), table.clone());
         tokio::spawn(async move {
             let mut conn = pool.acquire().await.unwrap();
@@ -772,15 +772,15 @@ async fn on_the_stores_own_pool_a_duplicate_waits_past_its_statement_timeout_and
     // Longer than the pool's statement_timeout.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
-        !duplicate.is_finished(),
-        "the duplicate still waits: {:?}",
-        duplicate.await
+        !repeat.is_finished(),
+        "the repeat still waits: {:?}",
+        repeat.await
     );
     go.send(()).unwrap();
     let first = first.await.unwrap();
-    match duplicate.await.unwrap() {
+    match repeat.await.unwrap() {
         Ok(Within::Replayed(r)) => assert_eq!(&r, ran(&first)),
-        other => panic!("the duplicate must replay once the first commits, got {other:?}"),
+        other => panic!("the repeat must replay once the first commits, got {other:?}"),
     }
     assert_eq!(orders(&watch, &table).await, 1);
 }
@@ -809,7 +809,7 @@ async fn on_the_stores_own_pool_with_the_defaults_a_duplicate_past_the_lock_wait
     let outcome = within(&engine, &mut conn, key, fp, place_order(&table, None, None)).await;
     assert!(
         matches!(outcome, Ok(Within::InFlight)),
-        "past the lock wait the duplicate is in flight, got {outcome:?}"
+        "past the lock wait the repeat is in flight, got {outcome:?}"
     );
     go.send(()).unwrap();
     ran(&first.await.unwrap());
@@ -908,7 +908,7 @@ async fn the_callers_statement_timeout_is_kept_for_the_work_and_after() {
     tx.commit().await.unwrap();
 }
 
-/// Under `isolation` as the connections' default, a duplicate that waited for the first's
+/// Under `isolation` as the connections' default, a repeat that waited for the first's
 /// row gets its replay (its claim lost to the first's commit and is tried once more, in a new
 /// transaction).
 async fn a_waiting_duplicate_replays_under(isolation: &str) {
@@ -920,7 +920,7 @@ async fn a_waiting_duplicate_replays_under(isolation: &str) {
     let table = orders_table(&pool).await;
     let (key, fp) = (random_key(), fingerprint("order"));
     let (go, first) = hold(&engine, &pool, &table, key, fp).await;
-    let duplicate = {
+    let repeat = {
         let (engine, pool, table) = (Arc::clone(&engine), pool.clone(), table.clone());
         tokio::spawn(async move {
             let mut conn = pool.acquire().await.unwrap();
@@ -930,9 +930,9 @@ async fn a_waiting_duplicate_replays_under(isolation: &str) {
     until_waiting(&pool, 1).await;
     go.send(()).unwrap();
     let first = first.await.unwrap();
-    match duplicate.await.unwrap() {
+    match repeat.await.unwrap() {
         Ok(Within::Replayed(r)) => assert_eq!(&r, ran(&first)),
-        other => panic!("{isolation}: the duplicate must replay, got {other:?}"),
+        other => panic!("{isolation}: the repeat must replay, got {other:?}"),
     }
     assert_eq!(orders(&pool, &table).await, 1);
 }

@@ -3,7 +3,7 @@
 //! that captures whole answers.
 //!
 //! The test handler (`work`) reads these request headers (none of them is part of the default
-//! fingerprint, so a duplicate may change them freely):
+//! fingerprint, so a repeat may change them freely):
 //!
 //! | header | effect |
 //! | --- | --- |
@@ -137,7 +137,7 @@ impl TestServer {
     }
 
     /// `POST /work` with the idempotency key `key` and a JSON body that is the same for every
-    /// duplicate of the key (and differs between keys).
+    /// repeat of the key (and differs between keys).
     pub(crate) fn work(&self, key: &str) -> reqwest::RequestBuilder {
         self.post("/work", &format!(r#"{{"item":"book","key":"{key}"}}"#))
             .header("idempotency-key", key)

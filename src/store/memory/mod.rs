@@ -499,7 +499,7 @@ impl Store for MemoryStore {
         // The key is used anew, so its steps go with it; a kept claim's work may still need them.
         let found = self.at_home(key, |shard| shard.forget(key, pending, now));
         if found == Forgotten::Pending {
-            // A duplicate waiting on the forgotten claim may now run.
+            // A repeat waiting on the forgotten claim may now run.
             self.waiters.wake(key.id());
         }
         Ok(found)

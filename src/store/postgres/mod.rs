@@ -79,7 +79,7 @@
 //! **A logged table.** The table must be an ordinary, logged table, never `UNLOGGED`. An
 //! unlogged table skips the write-ahead log. So PostgreSQL truncates it after a crash and
 //! never replicates it to a standby. Every record would vanish with a crash or a failover.
-//! Every duplicate after it would run its work again. Durability is the reason to keep
+//! Every repeat after it would run its work again. Durability is the reason to keep
 //! records in PostgreSQL at all.
 //!
 //! **Not partitioned by expiry.** Partitioning by `expires_at` would make dropping old

@@ -251,7 +251,7 @@
 //!   handler's response; the key stays pending until its lease ends), and this lasts until
 //!   enough of the flood's records expire;
 //! - under an eviction policy, makes Redis evict other callers' records, and their next
-//!   duplicates **run again**.
+//!   repeats **run again**.
 //!
 //! Bound it in front of the layer: rate-limit per principal (at the gateway, or a limiter
 //! keyed on the same principal before the idempotency layer), so one caller cannot write more
@@ -273,7 +273,7 @@
 //! # Durability: what "no duplicate processing" rests on
 //!
 //! The promise holds only while Redis keeps the records. Two ordinary events make Redis lose
-//! a record it already acknowledged, and then the next duplicate **runs the work again**:
+//! a record it already acknowledged, and then the next repeat **runs the work again**:
 //!
 //! - **Eviction.** With a `maxmemory-policy` other than `noeviction`, a full Redis deletes keys
 //!   to make room, idempotency records included. Use `noeviction` (writes then fail, claims
@@ -290,7 +290,7 @@
 //! fails with [`NotReplicated`](crate::store::StoreErrorKind::NotReplicated), and the caller
 //! still gets the handler's response; the record is on the primary, and repeats replay it
 //! unless a failover loses it first. Claims are not waited for: a claim lost in a failover
-//! lets a duplicate that arrives during the first run run too. The writes that wait go on a
+//! lets a repeat that arrives during the first run run too. The writes that wait go on a
 //! connection of their own, so a `WAIT` never holds the claims behind it, and a primary with
 //! fewer replicas in sync than asked is answered `NotReplicated` at once.
 //!
@@ -858,7 +858,7 @@ where
     }
 
     /// One script (`GET`, then `PTTL` when pending), asked only for a request found in flight.
-    /// The default `wait_settled` applies: a duplicate waiting on Redis polls with backoff
+    /// The default `wait_settled` applies: a repeat waiting on Redis polls with backoff
     /// (a `SUBSCRIBE` would need a connection of its own per process, outside the one round
     /// trip per step this store keeps).
     async fn lease_left(&self, key: &StoreKey) -> Result<Option<Duration>, StoreError> {
