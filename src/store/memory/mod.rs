@@ -280,22 +280,23 @@ impl MemoryStore {
         stats
     }
 
-    /// Drops every expired record now and returns how many were dropped. Correctness never needs
-    /// it: expired records are absent to every operation and dropped when room is needed. It is useful
-    /// to give memory back after a burst.
-    pub fn purge(&self) -> usize {
+    /// Drops every expired record and step now, and returns how many it dropped, steps
+    /// included, as `PostgresStore::purge` counts its rows. Correctness never needs it: expired
+    /// records are absent to every operation and dropped when room is needed. It is useful to
+    /// give memory back after a burst.
+    pub fn purge(&self) -> u64 {
         let now = self.now();
         self.shards
             .iter()
             .map(|cell| {
                 let mut shard = lock(cell);
-                let before = shard.len;
                 if shard.earliest <= now {
                     shard.sweep(now);
                 }
-                let dropped = before - shard.len;
+                // The room the sweep freed counts a record and each of its steps as an entry.
                 let room = shard.finish();
                 drop(shard);
+                let dropped = room.entries as u64;
                 self.budget.give_back(room);
                 dropped
             })

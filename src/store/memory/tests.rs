@@ -500,6 +500,31 @@ fn bytes_bound_is_respected() {
 }
 
 #[test]
+fn purge_counts_the_steps_it_drops() {
+    block(async {
+        let (s, clock) = store(MemoryStore::builder());
+        let k = key(1, 1);
+        let t = claimed(&s, k).await;
+        assert!(s.prepare_step(&k, &t, LEASE).await.expect("room"));
+        for n in 1..=2u8 {
+            let step = StepId::from_bytes([n; 32]);
+            s.record_step(&k, &step, Bytes::from_static(b"v"), Duration::from_secs(1))
+                .await
+                .expect("recorded");
+        }
+        assert!(s.release(&k, &t).await.expect("release"));
+        done(&s, key(1, 2), 5, Duration::from_secs(1)).await;
+        clock.advance(LEASE + Duration::from_secs(2));
+        // A released key with its two steps, and a record: four, as the PostgreSQL purge
+        // counts a row per record and per step.
+        assert_eq!(s.purge(), 4);
+        assert_eq!(s.purge(), 0, "nothing left to drop");
+        assert_eq!(s.stats().entries, 0);
+        s.check();
+    });
+}
+
+#[test]
 fn empty_scopes_leave_no_bookkeeping() {
     block(async {
         let (s, clock) = store(MemoryStore::builder());
