@@ -215,8 +215,8 @@ fn write_json<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
 /// let reminder = |id: u64| TaskBuilder::new(5_u32).task_id(TaskId::from_int(id)).build();
 /// let (monday, tuesday) = (reminder(1), reminder(2));
 /// // Equal arguments, two tasks: two keys by default, one by the arguments.
-/// assert_ne!(TaskKey::TaskId.key(&monday).unwrap(), TaskKey::TaskId.key(&tuesday).unwrap());
-/// assert_eq!(TaskKey::Arguments.key(&monday).unwrap(), TaskKey::Arguments.key(&tuesday).unwrap());
+/// assert_ne!(TaskKey::TaskId.identify(&monday).unwrap(), TaskKey::TaskId.identify(&tuesday).unwrap());
+/// assert_eq!(TaskKey::Arguments.identify(&monday).unwrap(), TaskKey::Arguments.identify(&tuesday).unwrap());
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -256,7 +256,7 @@ impl TaskKey {
 }
 
 impl<Args: serde::Serialize> Identify<Task<Args>> for TaskKey {
-    fn key(&self, task: &Task<Args>) -> Result<Option<MessageKey>, KeyError> {
+    fn identify(&self, task: &Task<Args>) -> Result<Option<MessageKey>, KeyError> {
         if let Some(given) = task.header("Idempotency-Key") {
             return MessageKey::given(given).map(Some);
         }
@@ -545,8 +545,8 @@ mod tests {
         let (a, b) = (task(a, 1), task(b, 1));
         assert_eq!(a.body(), b.body());
         assert_eq!(
-            TaskKey::Arguments.key(&a).unwrap(),
-            TaskKey::Arguments.key(&b).unwrap()
+            TaskKey::Arguments.identify(&a).unwrap(),
+            TaskKey::Arguments.identify(&b).unwrap()
         );
     }
 
@@ -596,20 +596,20 @@ mod tests {
     fn keying_by_arguments_keeps_the_order_of_a_list() {
         let (first, second) = (task(vec![1_u32, 2], 1), task(vec![2_u32, 1], 2));
         assert_ne!(
-            TaskKey::Arguments.key(&first).unwrap(),
-            TaskKey::Arguments.key(&second).unwrap()
+            TaskKey::Arguments.identify(&first).unwrap(),
+            TaskKey::Arguments.identify(&second).unwrap()
         );
     }
 
     #[test]
     fn a_task_id_key_is_never_a_given_key_nor_an_arguments_digest() {
         let t = task(5_u32, 7);
-        let by_id = TaskKey::TaskId.key(&t).unwrap().unwrap();
+        let by_id = TaskKey::TaskId.identify(&t).unwrap().unwrap();
         assert_eq!(by_id, TaskKey::task_id_key(&TaskId::from_int(7)));
         assert!(!by_id.is_given());
         assert_ne!(by_id, MessageKey::given(b"7").unwrap());
-        assert_ne!(Some(by_id), TaskKey::Arguments.key(&t).unwrap());
-        assert_eq!(TaskKey::GivenOnly.key(&t).unwrap(), None);
+        assert_ne!(Some(by_id), TaskKey::Arguments.identify(&t).unwrap());
+        assert_eq!(TaskKey::GivenOnly.identify(&t).unwrap(), None);
     }
 
     /// The first delivery of task 1 runs until released. Meanwhile a second delivery of it goes

@@ -245,7 +245,7 @@ fn trim(v: &[u8]) -> &[u8] {
 ///     let order = m.body.strip_prefix(b"order:").unwrap_or_default();
 ///     if order.is_empty() { Ok(None) } else { MessageKey::given(order).map(Some) }
 /// };
-/// let key = by_order_id.key(&Envelope::new("orders", "order:17")).unwrap();
+/// let key = by_order_id.identify(&Envelope::new("orders", "order:17")).unwrap();
 /// assert!(key.is_some_and(|k| k.is_given()));
 /// ```
 pub trait Identify<M>: Send + Sync + 'static {
@@ -254,14 +254,14 @@ pub trait Identify<M>: Send + Sync + 'static {
     /// # Errors
     /// The message carries a key that is not valid. The layer refuses the message, so it
     /// never runs unprotected.
-    fn key(&self, message: &M) -> Result<Option<MessageKey>, KeyError>;
+    fn identify(&self, message: &M) -> Result<Option<MessageKey>, KeyError>;
 }
 
 impl<M, F> Identify<M> for F
 where
     F: Fn(&M) -> Result<Option<MessageKey>, KeyError> + Send + Sync + 'static,
 {
-    fn key(&self, message: &M) -> Result<Option<MessageKey>, KeyError> {
+    fn identify(&self, message: &M) -> Result<Option<MessageKey>, KeyError> {
         self(message)
     }
 }
@@ -280,11 +280,11 @@ where
 /// use tower_idempotency::message::{Envelope, HeaderOrHash, Identify, MessageKey};
 ///
 /// let keys = HeaderOrHash::new();
-/// let given = keys.key(&Envelope::new("orders", "{}").with_header("idempotency-key", " k-1 ")).unwrap();
+/// let given = keys.identify(&Envelope::new("orders", "{}").with_header("idempotency-key", " k-1 ")).unwrap();
 /// assert_eq!(given, Some(MessageKey::given(b"k-1").unwrap()));
-/// let hashed = keys.key(&Envelope::new("orders", "{}")).unwrap();
+/// let hashed = keys.identify(&Envelope::new("orders", "{}")).unwrap();
 /// assert_eq!(hashed, Some(MessageKey::digest("orders", None, b"{}")));
-/// assert_eq!(HeaderOrHash::new().hash_body(false).key(&Envelope::new("orders", "{}")).unwrap(), None);
+/// assert_eq!(HeaderOrHash::new().hash_body(false).identify(&Envelope::new("orders", "{}")).unwrap(), None);
 /// ```
 #[derive(Clone, Debug)]
 #[must_use]
@@ -334,7 +334,7 @@ impl HeaderOrHash {
     /// let keys = HeaderOrHash::new().or_id_header("Msg-Id");
     /// let id = "é".repeat(200);
     /// let m = Envelope::new("orders", "{}").with_header("Msg-Id", id.clone());
-    /// assert_eq!(keys.key(&m).unwrap(), Some(MessageKey::hashed(id.as_bytes())));
+    /// assert_eq!(keys.identify(&m).unwrap(), Some(MessageKey::hashed(id.as_bytes())));
     /// ```
     pub fn or_id_header(mut self, name: impl Into<String>) -> Self {
         self.headers.push((name.into(), true));
@@ -350,7 +350,7 @@ impl HeaderOrHash {
 }
 
 impl<M: Message> Identify<M> for HeaderOrHash {
-    fn key(&self, message: &M) -> Result<Option<MessageKey>, KeyError> {
+    fn identify(&self, message: &M) -> Result<Option<MessageKey>, KeyError> {
         for (name, hash_invalid) in &self.headers {
             if let Some(v) = message.header(name) {
                 // An empty id says nothing: the next header, or the digest, decides.

@@ -605,7 +605,7 @@ where
         if !listed {
             return untracked(inner.call(message));
         }
-        let key = match shared.keys.key(&message) {
+        let key = match shared.keys.identify(&message) {
             Ok(Some(key)) => key,
             Ok(None) if config.require_key => {
                 request(Door::Message, Outcome::KeyMissing);

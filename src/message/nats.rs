@@ -427,7 +427,7 @@ mod tests {
 
     #[test]
     fn the_key_is_the_idempotency_key_then_the_nats_msg_id_then_the_digest() {
-        let k = |h: &[(&str, &str)]| keys().key(&message(h)).unwrap();
+        let k = |h: &[(&str, &str)]| keys().identify(&message(h)).unwrap();
         let given = |v: &str| Some(MessageKey::given(v.as_bytes()).unwrap());
         assert_eq!(
             k(&[("idempotency-KEY", " a "), ("Nats-Msg-Id", "b")]),
@@ -442,7 +442,7 @@ mod tests {
 
     #[test]
     fn a_nats_msg_id_that_is_not_a_key_is_hashed_not_refused() {
-        let k = |h: &[(&str, &str)]| keys().key(&message(h));
+        let k = |h: &[(&str, &str)]| keys().identify(&message(h));
         let long = "m".repeat(300);
         assert_eq!(
             k(&[("Nats-Msg-Id", &long)]).unwrap(),
