@@ -202,7 +202,7 @@ fn write_json<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
 
 /// How the door finds an apalis task's key.
 ///
-/// Every strategy takes the task's own idempotency key first, set by
+/// Each way takes the task's own idempotency key first, set by
 /// `TaskBuilder::idempotency_key`. Then a task metadata entry `Idempotency-Key`, in any case.
 /// They differ in what keys a task that has neither.
 ///
@@ -282,7 +282,7 @@ pub struct ApalisLayer<L> {
 impl<St, C, F> ApalisLayer<MessageIdempotencyLayer<St, TaskKey, C, F>> {
     /// The door configured as `layer`, tasks keyed by [`TaskKey::TaskId`].
     ///
-    /// Name the layer's consumer after the worker pool. Its key strategy is replaced: the
+    /// Name the layer's consumer after the worker pool. Its [`Identify`] is replaced: the
     /// default would key a task by its arguments. Choose another with
     /// [`identify`](ApalisLayer::identify).
     pub fn new(layer: MessageIdempotencyLayer<St, HeaderOrHash, C, F>) -> Self {
@@ -293,17 +293,17 @@ impl<St, C, F> ApalisLayer<MessageIdempotencyLayer<St, TaskKey, C, F>> {
 }
 
 impl<St, K, C, F> ApalisLayer<MessageIdempotencyLayer<St, K, C, F>> {
-    /// Finds tasks' keys with `strategy`: a [`TaskKey`] or a strategy of your own.
+    /// Finds tasks' keys with `identify`: a [`TaskKey`] or an [`Identify`] of your own.
     /// Default: [`TaskKey::TaskId`].
     ///
     /// [`HeaderOrHash`] keys a task without a key by its arguments, as
     /// [`TaskKey::Arguments`] does.
     pub fn identify<K2>(
         self,
-        strategy: K2,
+        identify: K2,
     ) -> ApalisLayer<MessageIdempotencyLayer<St, K2, C, F>> {
         ApalisLayer {
-            inner: self.inner.identify(strategy),
+            inner: self.inner.identify(identify),
         }
     }
 }

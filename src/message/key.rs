@@ -232,10 +232,10 @@ fn trim(v: &[u8]) -> &[u8] {
     }
 }
 
-/// Finds a message's key. A strategy may find none: the message then runs untracked, or is
+/// Finds a message's key. It may find none: the message then runs untracked, or is
 /// refused when the layer requires keys.
 ///
-/// Any `Fn(&M) -> Result<Option<MessageKey>, KeyError>` is a strategy, e.g. a key from a field
+/// Any `Fn(&M) -> Result<Option<MessageKey>, KeyError>` is an `Identify`, e.g. a key from a field
 /// of the body:
 ///
 /// ```
@@ -266,7 +266,7 @@ where
     }
 }
 
-/// The default strategy: the first key header the message carries, else the digest.
+/// The default [`Identify`]: the first key header the message carries, else the digest.
 ///
 /// The header is `Idempotency-Key` by default. Names are compared without regard to case,
 /// and the value is trimmed. With no such header, the key is the

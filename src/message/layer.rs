@@ -232,7 +232,7 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
 
     /// Refuses a message of a listed topic that has no key. The error's kind is
     /// `KeyMissing`, not retryable: the message dead-letters instead of running unprotected.
-    /// Default: `false`, and such a message runs untracked. With the default strategy every
+    /// Default: `false`, and such a message runs untracked. With the default [`Identify`] every
     /// message has a key unless [`HeaderOrHash::hash_body`] is off.
     pub fn require_key(self, require: bool) -> Self {
         self.config(|c| c.require_key = require)
@@ -404,13 +404,13 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
         self.config(|c| c.consumer = c.consumer.clone().with_tenant(tenant))
     }
 
-    /// Finds keys with `strategy`. Default: [`HeaderOrHash`].
-    pub fn identify<K2>(self, strategy: K2) -> MessageIdempotencyLayer<St, K2, C, F> {
+    /// Finds each message's key with `identify`. Default: [`HeaderOrHash`].
+    pub fn identify<K2>(self, identify: K2) -> MessageIdempotencyLayer<St, K2, C, F> {
         MessageIdempotencyLayer {
             engine: self.engine,
             config: self.config,
             drain: self.drain,
-            keys: Arc::new(strategy),
+            keys: Arc::new(identify),
             codec: self.codec,
             classify: self.classify,
         }

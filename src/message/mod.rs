@@ -41,7 +41,7 @@
 //! The [`Identify`] finds a message's key. The default, [`HeaderOrHash`], takes the
 //! `Idempotency-Key` header or attribute, in any case, trimmed. Else it takes the SHA-256 of
 //! the length-prefixed topic, schema version and body: see [`MessageKey::digest`].
-//! Byte-identical redeliveries match, and different messages never collide. A strategy may
+//! Byte-identical redeliveries match, and different messages never collide. An `Identify` may
 //! find no key. The message then runs untracked, or is refused with
 //! [`require_key`](MessageIdempotencyLayer::require_key).
 //!

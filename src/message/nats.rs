@@ -131,7 +131,7 @@ impl Message for async_nats::Message {
     }
 }
 
-/// The key strategy for JetStream: `Idempotency-Key`, else `Nats-Msg-Id`, else the digest of
+/// The [`Identify`](super::Identify) for JetStream: `Idempotency-Key`, else `Nats-Msg-Id`, else the digest of
 /// subject and payload. An id that is not a valid key is hashed: see
 /// [`HeaderOrHash::or_id_header`].
 pub fn keys() -> HeaderOrHash {
