@@ -694,7 +694,7 @@ impl Bound {
     /// The steps read from the store, each verified, and all of this request. Every record
     /// is checked before any step runs: one that fails validation, or one of another request,
     /// binds the key.
-    fn verify_all<E>(&self, read: Vec<(StepId, Bytes)>) -> Result<Recorded, Repr<E>> {
+    fn verify_all<E>(&self, read: Vec<(StepId, Bytes)>) -> Result<RecordedSteps, Repr<E>> {
         let mut names = HashSet::with_capacity(read.len());
         let mut other = false;
         for (id, value) in &read {
@@ -708,7 +708,7 @@ impl Bound {
         if other {
             return Err(Repr::KeyReused);
         }
-        Ok(Recorded {
+        Ok(RecordedSteps {
             by_id: read.into_iter().collect(),
             names,
         })
