@@ -519,7 +519,7 @@ fn publish(
                             p.attempts += 1;
                             if let Ok(Ok(ack)) = sent {
                                 p.acked[n] += 1;
-                                p.deduplicated += usize::from(ack.repeat);
+                                p.deduplicated += usize::from(ack.duplicate);
                                 let now = Instant::now();
                                 if let Some(last) = p.last_ack.replace(now) {
                                     p.longest_gap = p.longest_gap.max(now - last);
