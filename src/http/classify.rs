@@ -193,7 +193,7 @@ where
     let full = config.response_mode == ResponseMode::Full;
     // The record carries the declaration only where the table would not record the status,
     // so a flipped flag on any other record is refused at replay.
-    let declared = declared && !is_recordable(status);
+    let flagged = declared && !is_recordable(status);
     // A body that goes out as it comes: recorded once it has ended, or at once when declared
     // (its end, a failure or the client leaving must not free or lapse the key).
     let at_end = if declared {
@@ -210,13 +210,13 @@ where
     let empty = body.is_end_stream() || body.size_hint().exact() == Some(0);
     if !empty && config.is_streaming(&parts.headers) {
         tracing::debug!(key = ?key, "streaming response; sent as it comes, recorded as status and headers");
-        let written = status_only(config, status, &parts.headers, declared, tail);
+        let written = status_only(config, status, &parts.headers, flagged, tail);
         let res = Response::from_parts(parts, ResponseBody::passthrough(body));
         return keep_unless_written(res, key, written, at_end);
     }
     if body.size_hint().lower() > max as u64 {
         over_limit();
-        let written = status_only(config, status, &parts.headers, declared, tail);
+        let written = status_only(config, status, &parts.headers, flagged, tail);
         let res = Response::from_parts(parts, ResponseBody::passthrough(body));
         return keep_unless_written(res, key, written, at_end);
     }
@@ -229,28 +229,28 @@ where
                 let kept = trailers
                     .as_ref()
                     .map(|t| || config.headers.recorded_trailers(t));
-                Draft::write(status, headers, Some(&data), kept, declared, tail)
+                Draft::write(status, headers, Some(&data), kept, flagged, tail)
             } else {
-                status_only(config, status, &parts.headers, declared, tail)
+                status_only(config, status, &parts.headers, flagged, tail)
             };
             let res = Response::from_parts(parts, ResponseBody::buffered(data, trailers));
             keep_unless_written(res, key, written, Outcome::Record)
         }
         Collected::TooLarge { prefix, rest } => {
             over_limit();
-            let written = status_only(config, status, &parts.headers, declared, tail);
+            let written = status_only(config, status, &parts.headers, flagged, tail);
             let res = Response::from_parts(parts, ResponseBody::prefixed(prefix, rest));
             keep_unless_written(res, key, written, at_end)
         }
         Collected::Slow { prefix, rest } => {
             tracing::info!(key = ?key, timeout = ?config.streaming.collect_timeout, "response body not ended within the collection bound; sent as it comes, recorded as status and headers");
-            let written = status_only(config, status, &parts.headers, declared, tail);
+            let written = status_only(config, status, &parts.headers, flagged, tail);
             let res = Response::from_parts(parts, ResponseBody::prefixed(prefix, rest));
             keep_unless_written(res, key, written, at_end)
         }
         Collected::Failed { prefix, error } if declared => {
             tracing::warn!(key = ?key, status, "declared response failed while its body was read; recording status and headers only");
-            let written = status_only(config, status, &parts.headers, declared, tail);
+            let written = status_only(config, status, &parts.headers, flagged, tail);
             let res = Response::from_parts(parts, ResponseBody::failed(prefix, error));
             keep_unless_written(res, key, written, Outcome::Record)
         }
