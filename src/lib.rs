@@ -79,8 +79,8 @@ struct ReadmeDoctests;
 mod codes {
     //! Every error's codes, read across the layers: only the root may import them all.
 
-    use crate::error::{ConfigError, ConfigErrorKind};
     use crate::engine::{CodecErrorKind, KeyErrorKind, RecordErrorKind, StepErrorKind};
+    use crate::error::{ConfigError, ConfigErrorKind};
     use crate::http::RejectionKind;
     use crate::message::{MessageError, MessageErrorKind};
     use crate::outbound::OutboundErrorKind;
@@ -92,16 +92,25 @@ mod codes {
     fn well_formed(code: &str) -> bool {
         code.strip_prefix("idempotency.").is_some_and(|rest| {
             !rest.is_empty()
-                && rest.split('_').all(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_lowercase()))
+                && rest
+                    .split('_')
+                    .all(|w| !w.is_empty() && w.bytes().all(|b| b.is_ascii_lowercase()))
         })
     }
 
     fn check(name: &str, codes: &[&'static str]) {
         for c in codes {
-            assert!(well_formed(c), "{name}: {c:?} is not a stable snake_case code");
+            assert!(
+                well_formed(c),
+                "{name}: {c:?} is not a stable snake_case code"
+            );
         }
         let distinct: HashSet<_> = codes.iter().collect();
-        assert_eq!(distinct.len(), codes.len(), "{name}: two kinds share a code: {codes:?}");
+        assert_eq!(
+            distinct.len(),
+            codes.len(),
+            "{name}: two kinds share a code: {codes:?}"
+        );
     }
 
     #[test]
@@ -109,10 +118,19 @@ mod codes {
         use ConfigErrorKind as C;
         check(
             "ConfigErrorKind",
-            &[C::OutOfRange, C::InvalidName, C::DeniedHeader, C::ReservedLabel, C::SecretTooShort]
-                .map(C::code),
+            &[
+                C::OutOfRange,
+                C::InvalidName,
+                C::DeniedHeader,
+                C::ReservedLabel,
+                C::SecretTooShort,
+            ]
+            .map(C::code),
         );
-        check("CodecErrorKind", &[CodecErrorKind::Encode, CodecErrorKind::Decode].map(|k| k.code()));
+        check(
+            "CodecErrorKind",
+            &[CodecErrorKind::Encode, CodecErrorKind::Decode].map(|k| k.code()),
+        );
         use KeyErrorKind as K;
         check(
             "KeyErrorKind",
@@ -129,7 +147,10 @@ mod codes {
             .map(|k| k.code()),
         );
         use RecordErrorKind as R;
-        check("RecordErrorKind", &[R::Invalid, R::Unauthenticated, R::Unencodable].map(R::code));
+        check(
+            "RecordErrorKind",
+            &[R::Invalid, R::Unauthenticated, R::Unencodable].map(R::code),
+        );
         use StepErrorKind as S;
         check(
             "StepErrorKind",
@@ -165,10 +186,20 @@ mod codes {
         use OutboundErrorKind as O;
         check(
             "OutboundErrorKind",
-            &[O::Work, O::KeyInvalid, O::KeyMissing, O::KeyReused, O::Store, O::RecordInvalid]
-                .map(O::code),
+            &[
+                O::Work,
+                O::KeyInvalid,
+                O::KeyMissing,
+                O::KeyReused,
+                O::Store,
+                O::RecordInvalid,
+            ]
+            .map(O::code),
         );
-        check("CallErrorKind", &[CallErrorKind::Work, CallErrorKind::ResponseBody].map(|k| k.code()));
+        check(
+            "CallErrorKind",
+            &[CallErrorKind::Work, CallErrorKind::ResponseBody].map(|k| k.code()),
+        );
         use StoreErrorKind as T;
         check(
             "StoreErrorKind",
@@ -187,7 +218,10 @@ mod codes {
         #[cfg(feature = "postgres")]
         {
             use crate::transactional::WithinErrorKind as W;
-            check("WithinErrorKind", &[W::Work, W::Store, W::Conflict].map(W::code));
+            check(
+                "WithinErrorKind",
+                &[W::Work, W::Store, W::Conflict].map(W::code),
+            );
         }
         #[cfg(feature = "lettre")]
         {
@@ -210,10 +244,26 @@ mod codes {
         assert_eq!(crate::outbound::lettre::MailErrorKind::Work.code(), work);
 
         for (message, outbound, http) in [
-            (MessageErrorKind::KeyMissing, OutboundErrorKind::KeyMissing, RejectionKind::KeyMissing),
-            (MessageErrorKind::KeyInvalid, OutboundErrorKind::KeyInvalid, RejectionKind::KeyInvalid),
-            (MessageErrorKind::KeyReused, OutboundErrorKind::KeyReused, RejectionKind::KeyReused),
-            (MessageErrorKind::Store, OutboundErrorKind::Store, RejectionKind::Store),
+            (
+                MessageErrorKind::KeyMissing,
+                OutboundErrorKind::KeyMissing,
+                RejectionKind::KeyMissing,
+            ),
+            (
+                MessageErrorKind::KeyInvalid,
+                OutboundErrorKind::KeyInvalid,
+                RejectionKind::KeyInvalid,
+            ),
+            (
+                MessageErrorKind::KeyReused,
+                OutboundErrorKind::KeyReused,
+                RejectionKind::KeyReused,
+            ),
+            (
+                MessageErrorKind::Store,
+                OutboundErrorKind::Store,
+                RejectionKind::Store,
+            ),
             (
                 MessageErrorKind::RecordInvalid,
                 OutboundErrorKind::RecordInvalid,
@@ -223,11 +273,26 @@ mod codes {
             assert_eq!(message.code(), http.code());
             assert_eq!(outbound.code(), http.code());
         }
-        assert_eq!(MessageErrorKind::InFlight.code(), RejectionKind::InFlight.code());
-        assert_eq!(StepErrorKind::KeyReused.code(), RejectionKind::KeyReused.code());
-        assert_eq!(StepErrorKind::RecordInvalid.code(), RejectionKind::RecordInvalid.code());
-        assert_eq!(StoreErrorKind::StoreFull.code(), RejectionKind::StoreFull.code());
-        assert_eq!(StoreErrorKind::ScopeFull.code(), RejectionKind::ScopeFull.code());
+        assert_eq!(
+            MessageErrorKind::InFlight.code(),
+            RejectionKind::InFlight.code()
+        );
+        assert_eq!(
+            StepErrorKind::KeyReused.code(),
+            RejectionKind::KeyReused.code()
+        );
+        assert_eq!(
+            StepErrorKind::RecordInvalid.code(),
+            RejectionKind::RecordInvalid.code()
+        );
+        assert_eq!(
+            StoreErrorKind::StoreFull.code(),
+            RejectionKind::StoreFull.code()
+        );
+        assert_eq!(
+            StoreErrorKind::ScopeFull.code(),
+            RejectionKind::ScopeFull.code()
+        );
     }
 
     /// An error's `code()` is its kind's.

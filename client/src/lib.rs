@@ -204,9 +204,9 @@ mod error;
 mod metrics;
 #[cfg(feature = "reqwest")]
 mod middleware;
-mod reply;
 mod policy;
 mod protocol;
+mod reply;
 mod retry;
 mod stamp;
 
@@ -215,9 +215,9 @@ pub use error::RetryError;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use middleware::RetryMiddleware;
-pub use reply::{Reply, RetryErrorKind};
 pub use policy::{Attempt, Attempts, Decision, RetryPolicy, StopReason};
 pub use protocol::KEY_HEADER;
+pub use reply::{Reply, RetryErrorKind};
 pub use stamp::{StampKey, StampKeyLayer, new_key};
 
 /// The reqwest crate (0.13) the middleware works with.

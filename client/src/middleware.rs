@@ -2,10 +2,10 @@
 
 use super::classify::failure_of;
 use super::error::RetryError;
-use super::reply::{Reply, RetryErrorKind};
 use super::policy::{
     Attempt, Attempts, Decision, RetryPolicy, StopReason, key_prefix, log_attempt,
 };
+use super::reply::{Reply, RetryErrorKind};
 use super::stamp::Stamp;
 use http::{Extensions, HeaderMap, Method};
 use reqwest_middleware::{Middleware, Next};

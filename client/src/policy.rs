@@ -479,12 +479,7 @@ const LOG_TARGET: &str = "tower_idempotency_client";
 /// came back and what follows. A retry is `INFO`. A stop on a retryable reply is `WARN`. A
 /// final answer is `DEBUG` on the first attempt and `INFO` after retries. Each attempt is also
 /// counted (feature `metrics`).
-pub(crate) fn log_attempt(
-    attempt: &Attempt<'_>,
-    key: &str,
-    reply: &Reply<'_>,
-    decision: Decision,
-) {
+pub(crate) fn log_attempt(attempt: &Attempt<'_>, key: &str, reply: &Reply<'_>, decision: Decision) {
     let (status, grpc_status, failure) = match *reply {
         Reply::Response { status, headers } => (
             Some(status.as_u16()),

@@ -4,9 +4,9 @@
 use super::buffer::Streamed;
 use super::classify::attempt_failure_of_any;
 use super::error::RetryError;
+use super::policy::{Attempt, Attempts, Decision, RetryPolicy, key_prefix, log_attempt};
 use super::reply::Reply;
 use super::reply::RetryErrorKind;
-use super::policy::{Attempt, Attempts, Decision, RetryPolicy, key_prefix, log_attempt};
 use http::{HeaderMap, Request, Response};
 use std::any::Any;
 use std::time::Instant;

@@ -40,9 +40,7 @@ pub use crate::engine::detach::Drain;
 pub use crate::engine::verdict::{Classify, Verdict};
 
 pub use crate::engine::key::{KeyError, KeyErrorKind};
-pub use crate::engine::record::{
-    Field, RecordError, RecordErrorKind, RecordTimes, Recorded,
-};
+pub use crate::engine::record::{Field, RecordError, RecordErrorKind, RecordTimes, Recorded};
 pub use crate::engine::scope::Scope;
 pub use crate::engine::steps::{StepError, StepErrorKind, Steps};
 pub use crate::store::fingerprint::{Fingerprint, FingerprintBuilder};
@@ -630,11 +628,7 @@ impl<S: Store> Engine<S> {
     /// The record of `response` under `ticket`: encoded, and sealed when there is a secret. A
     /// response the layout cannot hold whole is encoded without the parts that do not fit, and
     /// logged. It is an error only when even that fails, for a status outside 100–999.
-    pub(crate) fn seal(
-        &self,
-        ticket: &Ticket,
-        response: &Recorded,
-    ) -> Result<Record, RecordError> {
+    pub(crate) fn seal(&self, ticket: &Ticket, response: &Recorded) -> Result<Record, RecordError> {
         let record = match response.encode() {
             Ok(record) => record,
             Err(e) => {
@@ -685,11 +679,7 @@ impl<S: Store> Engine<S> {
     /// The store's error, or a `Protocol` error when the response cannot be encoded even
     /// without those parts. Only a status outside 100–999 does that. Either way the key stays
     /// pending until its lease lapses. Nothing is released, since the work may have happened.
-    pub async fn complete(
-        &self,
-        ticket: Ticket,
-        response: &Recorded,
-    ) -> Result<bool, StoreError> {
+    pub async fn complete(&self, ticket: Ticket, response: &Recorded) -> Result<bool, StoreError> {
         ticket.claim.settle();
         let record = self.seal(&ticket, response).map_err(|e| {
             StoreError::with_source(StoreErrorKind::Protocol, "response cannot be recorded", e)

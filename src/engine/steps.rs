@@ -877,7 +877,8 @@ impl Bound {
         let write = async move {
             let started = Started::now();
             let res =
-                crate::engine::bounded(limit, store.record_step(&key, &step, stored, retention)).await;
+                crate::engine::bounded(limit, store.record_step(&key, &step, stored, retention))
+                    .await;
             timer.record(Op::RecordStep, started, &res);
             res
         };
@@ -1488,7 +1489,9 @@ mod tests {
     async fn steps_outlive_a_retention_shorter_than_the_lease() {
         let clock = crate::store::clock::ManualClock::new();
         let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
-        let engine = Engine::builder(store).retention(Duration::from_secs(1)).build();
+        let engine = Engine::builder(store)
+            .retention(Duration::from_secs(1))
+            .build();
         // A crash: nothing settles the key; its retry comes once the lease lapsed.
         let (first, _crashed) = claimed(&engine, key(14), b"a").await;
         first.run("charge", Raw, |_| ok("c")).await.unwrap();

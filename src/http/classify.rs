@@ -310,12 +310,7 @@ where
         Collected::Slow { prefix, rest } => {
             // As over the limit: the status comes at the end, and an empty stream is no answer.
             let res = Response::from_parts(parts, ResponseBody::prefixed(prefix, rest));
-            return unread_grpc(
-                key,
-                res,
-                declared,
-                "not ended within the collection bound",
-            );
+            return unread_grpc(key, res, declared, "not ended within the collection bound");
         }
         Collected::Failed { prefix, error } => {
             let res = Response::from_parts(parts, ResponseBody::failed(prefix, error));

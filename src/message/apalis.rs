@@ -298,10 +298,7 @@ impl<St, K, C, F> ApalisLayer<MessageIdempotencyLayer<St, K, C, F>> {
     ///
     /// [`HeaderOrHash`] keys a task without a key by its arguments, as
     /// [`TaskKey::Arguments`] does.
-    pub fn identify<K2>(
-        self,
-        identify: K2,
-    ) -> ApalisLayer<MessageIdempotencyLayer<St, K2, C, F>> {
+    pub fn identify<K2>(self, identify: K2) -> ApalisLayer<MessageIdempotencyLayer<St, K2, C, F>> {
         ApalisLayer {
             inner: self.inner.identify(identify),
         }

@@ -6,8 +6,7 @@ use crate::engine::detach::Drain;
 use crate::engine::scope::Scope;
 use crate::engine::steps::Found;
 use crate::engine::{
-    Begin, BoxFuture, Classify, Codec, Discard, Engine, Fingerprint, Recorded, Ticket,
-    Verdict,
+    Begin, BoxFuture, Classify, Codec, Discard, Engine, Fingerprint, Recorded, Ticket, Verdict,
 };
 use crate::metrics::{Door, Outcome, Settled, request, settled};
 use crate::store::StoreKey;
@@ -867,10 +866,7 @@ async fn release<St: Store>(engine: &Engine<St>, ticket: Ticket) {
     }
 }
 
-fn replay<R, E, C: Codec<R>>(
-    record: Recorded,
-    codec: &C,
-) -> Result<Handled<R>, MessageError<E>> {
+fn replay<R, E, C: Codec<R>>(record: Recorded, codec: &C) -> Result<Handled<R>, MessageError<E>> {
     if !record.is_of_door(DOOR_VALUE) {
         tracing::error!(target: "tower_idempotency::message", "the record under this key was not written by the message door; not used");
         return Err(MessageError::record_invalid(None));

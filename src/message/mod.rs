@@ -159,4 +159,4 @@ pub mod apalis;
 pub use crate::engine::detach::Drain;
 pub use error::{MessageError, MessageErrorKind};
 pub use key::{Envelope, HeaderOrHash, Identify, Message, MessageKey};
-pub use layer::{Handled, MessageIdempotency, MessageIdempotencyLayer, DefaultClassifier};
+pub use layer::{DefaultClassifier, Handled, MessageIdempotency, MessageIdempotencyLayer};

@@ -221,7 +221,6 @@ impl<E> OutboundError<E> {
         }
     }
 
-
     /// The inner service's error, when that is what failed.
     #[must_use]
     pub fn get_ref(&self) -> Option<&E> {

@@ -461,8 +461,7 @@ impl Codec<Response<Bytes>> for Raw {
                 )
             })
             .collect();
-        let record =
-            Recorded::new(res.status().as_u16(), headers, Some(res.body().clone()));
+        let record = Recorded::new(res.status().as_u16(), headers, Some(res.body().clone()));
         record.encode().map(Record::into_bytes).map_err(|e| {
             CodecError::with_source(CodecErrorKind::Encode, "the response cannot be kept", e)
         })

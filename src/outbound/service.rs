@@ -4,8 +4,7 @@ use super::classify::DefaultClassifier;
 use super::delivery::{Delivery, OutboundError, Unknown};
 use super::identify::{Identify, Identity};
 use crate::engine::{
-    Begin, BoxFuture, Classify, Codec, Engine, Raw, RecordError, Recorded, Scope, Ticket,
-    Verdict,
+    Begin, BoxFuture, Classify, Codec, Engine, Raw, RecordError, Recorded, Scope, Ticket, Verdict,
 };
 use crate::metrics::{self, Outcome, Settled};
 use crate::store::Store;

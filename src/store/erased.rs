@@ -114,7 +114,14 @@ impl<St: Store> ErasedStore for St {
         record: Record,
         retention: Duration,
     ) -> BoxFuture<'a, bool> {
-        Box::pin(Store::complete(self, key, token, fingerprint, record, retention))
+        Box::pin(Store::complete(
+            self,
+            key,
+            token,
+            fingerprint,
+            record,
+            retention,
+        ))
     }
     fn release<'a>(&'a self, key: &'a StoreKey, token: &'a Token) -> BoxFuture<'a, bool> {
         Box::pin(Store::release(self, key, token))
@@ -191,7 +198,9 @@ impl Store for DynStore {
         record: Record,
         retention: Duration,
     ) -> Result<bool, StoreError> {
-        self.0.complete(key, token, fingerprint, record, retention).await
+        self.0
+            .complete(key, token, fingerprint, record, retention)
+            .await
     }
     async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
         self.0.release(key, token).await

@@ -185,8 +185,7 @@ mod postgres;
 use self::postgres::{Held, Lifted};
 use crate::engine::steps::Ready;
 use crate::engine::{
-    Begin, BoxFuture, Codec, Engine, Fingerprint, RecordError, Recorded, StepError, Steps,
-    Ticket,
+    Begin, BoxFuture, Codec, Engine, Fingerprint, RecordError, Recorded, StepError, Steps, Ticket,
 };
 use crate::metrics::{self, Door, Op, Outcome, Settled, Started, StepResult, request, settled};
 use crate::store::StoreKey;

@@ -50,7 +50,10 @@ fn request(key: &str) -> Request<Full<Bytes>> {
 
 /// Every duration setter of the layer and its engine at `d`.
 fn every_duration(d: Duration) -> IdempotencyLayer {
-    let engine = Engine::builder(MemoryStore::new()).lease(d).retention(d).build();
+    let engine = Engine::builder(MemoryStore::new())
+        .lease(d)
+        .retention(d)
+        .build();
     IdempotencyLayer::new(engine)
         .streaming(Streaming::default().collect_timeout(d).lease_limit(d))
         .wait_in_flight(d)

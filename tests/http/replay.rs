@@ -754,9 +754,7 @@ async fn record_without_a_body_stored_with_body_headers_replays_without_them() {
         )
     })
     .collect();
-    let record = Recorded::new(201, fields, None)
-        .encode()
-        .expect("encode");
+    let record = Recorded::new(201, fields, None).encode().expect("encode");
     plant(&*store, &store_key("http", "alice", "k-old"), &fp, record).await;
     let (server, work) = server_with(IdempotencyLayer::new(Arc::clone(&store))).await;
     let replay = send(server.post("/work", BODY).principal("alice").key("k-old")).await;

@@ -86,7 +86,11 @@ impl Store for Silent {
         value: Bytes,
         retention: Duration,
     ) -> Result<StepRecorded, StoreError> {
-        unless(&self.steps, self.inner.record_step(key, step, value, retention)).await
+        unless(
+            &self.steps,
+            self.inner.record_step(key, step, value, retention),
+        )
+        .await
     }
     async fn prepare_step(
         &self,

@@ -502,7 +502,9 @@ async fn a_released_keys_steps_are_kept_for_their_retention_after_the_release() 
     let t = claimed(&s, &k).await;
     let v = Bytes::from_static(b"reserved");
     let retention = Duration::from_secs(100);
-    s.record_step(&k, &step(0), v.clone(), retention).await.unwrap();
+    s.record_step(&k, &step(0), v.clone(), retention)
+        .await
+        .unwrap();
     clock.advance(Duration::from_secs(50));
     assert!(s.renew(&k, &t, LEASE).await.unwrap());
     clock.advance(Duration::from_secs(40));

@@ -65,8 +65,7 @@ async fn has_record(pool: &PgPool, store: &PostgresStore, key: &StoreKey) -> boo
 }
 
 type Work = Box<
-    dyn for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Recorded, sqlx::Error>>
-        + Send,
+    dyn for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Recorded, sqlx::Error>> + Send,
 >;
 
 /// Inserts an order and answers 201 with its id; first tells `started` the backend's pid, then
@@ -289,10 +288,7 @@ async fn a_hundred_concurrent_duplicates_place_one_order() {
     }
     eprintln!("{TASKS} repeats: {ran} ran, {replayed} replayed, {in_flight} in flight");
     assert_eq!(ran, 1, "exactly one of {TASKS} repeats runs");
-    assert!(
-        replayed > 0,
-        "repeats that waited get the first's response"
-    );
+    assert!(replayed > 0, "repeats that waited get the first's response");
     assert_eq!(orders(&pool, &table).await, 1, "one order row");
 }
 
@@ -404,10 +400,7 @@ async fn a_duplicate_waits_for_the_first_and_replays_it() {
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !repeat.is_finished(),
-        "the repeat waits on the first's row"
-    );
+    assert!(!repeat.is_finished(), "the repeat waits on the first's row");
     go.send(()).unwrap();
     let first = first.await.unwrap();
     match repeat.await.unwrap() {
@@ -556,11 +549,7 @@ async fn the_callers_lock_timeout_is_kept_for_the_work_and_after() {
             let setting: String = sqlx::query_scalar("SHOW lock_timeout")
                 .fetch_one(&mut *tx)
                 .await?;
-            Ok::<_, sqlx::Error>(Recorded::new(
-                200,
-                vec![],
-                Some(Bytes::from(setting)),
-            ))
+            Ok::<_, sqlx::Error>(Recorded::new(200, vec![], Some(Bytes::from(setting))))
         })
     })
     .await
@@ -585,7 +574,12 @@ async fn the_purge_leaves_a_row_that_a_running_transaction_claimed_again_alone()
     };
     let table = fresh_table("reclaim");
     let store = store_on(server, &table, "transactional").await;
-    let engine = Arc::new(Engine::builder(store.clone()).lease(LONG).retention(LONG).build());
+    let engine = Arc::new(
+        Engine::builder(store.clone())
+            .lease(LONG)
+            .retention(LONG)
+            .build(),
+    );
     let pool = server.pool(4).await;
     let orders_t = orders_table(&pool).await;
     let (key, fp) = (random_key(), fingerprint("order"));
@@ -832,11 +826,7 @@ async fn on_the_stores_own_pool_the_work_is_not_cut_by_the_stores_statement_time
             let setting: String = sqlx::query_scalar("SHOW statement_timeout")
                 .fetch_one(&mut *tx)
                 .await?;
-            Ok(Recorded::new(
-                200,
-                vec![],
-                Some(Bytes::from(setting)),
-            ))
+            Ok(Recorded::new(200, vec![], Some(Bytes::from(setting))))
         })
     }
     let outcome = within(&engine, &mut conn, random_key(), fingerprint("slow"), slow).await;
@@ -890,11 +880,7 @@ async fn the_callers_statement_timeout_is_kept_for_the_work_and_after() {
             let setting: String = sqlx::query_scalar("SHOW statement_timeout")
                 .fetch_one(&mut *tx)
                 .await?;
-            Ok::<_, sqlx::Error>(Recorded::new(
-                200,
-                vec![],
-                Some(Bytes::from(setting)),
-            ))
+            Ok::<_, sqlx::Error>(Recorded::new(200, vec![], Some(Bytes::from(setting))))
         })
     })
     .await
@@ -961,7 +947,12 @@ async fn the_losing_claim_is_answered_not_failed_under(isolation: &str) {
         .build(pool.clone())
         .unwrap();
     store.migrate().await.unwrap();
-    let engine = Arc::new(Engine::builder(store.clone()).lease(LONG).retention(LONG).build());
+    let engine = Arc::new(
+        Engine::builder(store.clone())
+            .lease(LONG)
+            .retention(LONG)
+            .build(),
+    );
     let orders_t = orders_table(&pool).await;
     let (key, fp) = (random_key(), fingerprint("order"));
     // The first holds the row in its transaction until `go`.

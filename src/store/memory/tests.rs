@@ -711,14 +711,17 @@ fn concurrent_steps_keep_the_budget_exact() {
                                 let _ = s.record_step(&k, &step, value, retention).await;
                             }
                             0 | 1 => {
-                                if let Ok(Claim::Claimed(tok)) = s.claim(&k, &fp(1), retention).await {
+                                if let Ok(Claim::Claimed(tok)) =
+                                    s.claim(&k, &fp(1), retention).await
+                                {
                                     tokens.insert(id, tok);
                                 }
                             }
                             2 => {
                                 if let Some(tok) = tokens.get(&id) {
                                     let len = usize::try_from((x >> 8) % 120).expect("small");
-                                    let _ = s.complete(&k, tok, &fp(1), record(len), retention).await;
+                                    let _ =
+                                        s.complete(&k, tok, &fp(1), record(len), retention).await;
                                 }
                             }
                             3 => {
