@@ -117,7 +117,7 @@ fn main() {
         .layer(
             IdempotencyLayer::new(
                 tower_idempotency::engine::Engine::builder(MemoryStore::new())
-                    .ttl(Duration::from_secs(3600))
+                    .retention(Duration::from_secs(3600))
                     .build(),
             )
             .principal_fn(|p| {

@@ -84,7 +84,7 @@ fn main() {
             // Records outlive a round only briefly: the store stays near steady state.
             IdempotencyLayer::new(
                 tower_idempotency::engine::Engine::builder(MemoryStore::new())
-                    .ttl(Duration::from_secs(2))
+                    .retention(Duration::from_secs(2))
                     .build(),
             )
             .principal(PrincipalMode::Required),

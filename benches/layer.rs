@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tower::ServiceExt;
-use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse, Scope};
+use tower_idempotency::engine::{Engine, Fingerprint, Recorded, Scope};
 use tower_idempotency::store::{Claim, Store, StoreKey};
 use tower_idempotency::{
     IdempotencyKey, IdempotencyLayer, MemoryStore, Principal, Secret, http::PrincipalMode,
@@ -145,10 +145,10 @@ fn fresh_key(scope: &Scope) -> StoreKey {
 
 fn memory_store(c: &mut Criterion) {
     let mut g = c.benchmark_group("memory_store");
-    let record = RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{\"id\":\"1\"}")));
+    let record = Recorded::new(201, vec![], Some(Bytes::from_static(b"{\"id\":\"1\"}")));
     let fp = Fingerprint::builder().field(b"x").finish();
     // Retention short enough that the store stays near steady state instead of filling up.
-    let make = || Engine::builder(MemoryStore::new()).ttl(TTL).build();
+    let make = || Engine::builder(MemoryStore::new()).retention(TTL).build();
 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -197,7 +197,7 @@ fn memory_store(c: &mut Criterion) {
     });
     let secret = Secret::new([7u8; 32].to_vec()).expect("secret");
     let keyed = Engine::builder(MemoryStore::new())
-        .ttl(TTL)
+        .retention(TTL)
         .secret(secret)
         .build();
     g.bench_function("claim_complete/secret", |b| {
@@ -230,7 +230,7 @@ fn memory_store(c: &mut Criterion) {
             let e2 = engine.clone();
             let record = record.clone();
             async move {
-                let one = |e: Engine<MemoryStore>, p: &'static str, record: RecordedResponse| {
+                let one = |e: Engine<MemoryStore>, p: &'static str, record: Recorded| {
                     tokio::spawn(async move {
                         let key = fresh_key(&Scope::principal(p));
                         let tower_idempotency::engine::Begin::Run(t) =
@@ -297,7 +297,7 @@ fn layer_overhead(c: &mut Criterion) {
         .layer(
             IdempotencyLayer::new(
                 tower_idempotency::engine::Engine::builder(MemoryStore::new())
-                    .ttl(Duration::from_secs(5))
+                    .retention(Duration::from_secs(5))
                     .build(),
             )
             .principal(PrincipalMode::Required),
@@ -310,7 +310,7 @@ fn layer_overhead(c: &mut Criterion) {
         .layer(
             IdempotencyLayer::new(
                 tower_idempotency::engine::Engine::builder(MemoryStore::new())
-                    .ttl(Duration::from_secs(5))
+                    .retention(Duration::from_secs(5))
                     .secret(secret)
                     .build(),
             )

@@ -26,7 +26,7 @@ use axum::{Json, Router};
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 use tower_idempotency::IdempotencyKey;
-use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse, Scope};
+use tower_idempotency::engine::{Engine, Fingerprint, Recorded, Scope};
 use tower_idempotency::http::{REPLAYED_HEADER, Rejection, RejectionKind};
 use tower_idempotency::store::postgres::PostgresStore;
 use tower_idempotency::store::postgres::sqlx::postgres::PgPoolOptions;
@@ -82,7 +82,7 @@ pub(crate) async fn app(pool: PgPool) -> Result<Router, Box<dyn std::error::Erro
         }
     });
     let engine = Engine::builder(store)
-        .ttl(Duration::from_secs(24 * 60 * 60))
+        .retention(Duration::from_secs(24 * 60 * 60))
         .build();
     Ok(Router::new()
         .route("/orders", post(create_order))
@@ -161,7 +161,7 @@ async fn create_order(
                 quantity: order.quantity,
             })
             .map_err(|e| sqlx::Error::Encode(e.into()))?;
-            Ok::<_, sqlx::Error>(RecordedResponse::new(
+            Ok::<_, sqlx::Error>(Recorded::new(
                 201,
                 vec![
                     ("content-type".into(), "application/json".into()),
@@ -225,7 +225,7 @@ fn problem(kind: RejectionKind, detail: impl Into<std::borrow::Cow<'static, str>
 }
 
 /// A recorded response as an HTTP response; a replay says so.
-fn respond(recorded: RecordedResponse, replayed: bool) -> Response {
+fn respond(recorded: Recorded, replayed: bool) -> Response {
     let mut res = Response::new(recorded.body.unwrap_or_default().into());
     *res.status_mut() = StatusCode::from_u16(recorded.status).unwrap_or(StatusCode::OK);
     for (name, value) in recorded.headers {

@@ -39,7 +39,7 @@
 
 use crate::Store;
 use crate::engine::Raw;
-use crate::engine::{Begin, Engine, Fingerprint, RecordedResponse};
+use crate::engine::{Begin, Engine, Fingerprint, Recorded};
 use crate::store::{
     Claim, Forgotten, Record, StepId, StepRecorded, StoreError, StoreErrorKind, StoreKey, Token,
 };
@@ -83,7 +83,7 @@ macro_rules! store_conformance {
             claim_then_replay,
             other_fingerprint_gets_stored_fingerprint,
             lease_expiry_frees_key,
-            record_expires_after_ttl,
+            record_expires_after_retention,
             stale_token_is_fenced,
             renew_extends_lease,
             renew_needs_the_holding_token,
@@ -331,7 +331,7 @@ pub async fn lease_expiry_frees_key<H: Harness>(h: H) {
 
 #[doc(hidden)]
 /// Once a record's retention ends, the key is free again.
-pub async fn record_expires_after_ttl<H: Harness>(h: H) {
+pub async fn record_expires_after_retention<H: Harness>(h: H) {
     let s = h.store();
     let key = random_key();
     let fp = fingerprint("a");
@@ -773,7 +773,7 @@ pub async fn concurrent_claims_have_one_winner<H: Harness>(h: H) {
 pub async fn engine_run_in_flight_reused_replay<H: Harness>(h: H) {
     let engine = Engine::builder(HarnessStore(Arc::new(h)))
         .lease(LONG)
-        .ttl(LONG)
+        .retention(LONG)
         .build();
     let key = random_key();
     let (fa, fb) = (fingerprint("a"), fingerprint("b"));
@@ -789,7 +789,7 @@ pub async fn engine_run_in_flight_reused_replay<H: Harness>(h: H) {
         matches!(ok(engine.begin(key, fb).await, "begin"), Begin::KeyReused),
         "another request under a held key is a reused key"
     );
-    let response = RecordedResponse::new(
+    let response = Recorded::new(
         201,
         vec![
             (
@@ -825,7 +825,7 @@ pub async fn engine_run_in_flight_reused_replay<H: Harness>(h: H) {
 pub async fn engine_release_lets_work_run_again<H: Harness>(h: H) {
     let engine = Engine::builder(HarnessStore(Arc::new(h)))
         .lease(LONG)
-        .ttl(LONG)
+        .retention(LONG)
         .build();
     let key = random_key();
     let fp = fingerprint("a");
@@ -1288,7 +1288,7 @@ pub async fn engine_steps_resume_after_a_release<H: Harness>(h: H) {
     }
     let engine = Engine::builder(HarnessStore(Arc::new(h)))
         .lease(LONG)
-        .ttl(LONG)
+        .retention(LONG)
         .build();
     let key = random_key();
     let fp = fingerprint("order");
@@ -1368,7 +1368,7 @@ pub async fn engine_completion_frees_the_steps<H: Harness>(h: H) {
         1,
         "the step is recorded under the request's key"
     );
-    let response = RecordedResponse::new(201, Vec::new(), Some(Bytes::from(charge)));
+    let response = Recorded::new(201, Vec::new(), Some(Bytes::from(charge)));
     assert!(ok(engine.complete(ticket, &response).await, "complete"));
     assert!(
         ok(h.store().steps(&key).await, "steps").is_empty(),
@@ -1405,11 +1405,11 @@ impl<H: Harness> Store for HarnessStore<H> {
         token: &Token,
         fingerprint: &Fingerprint,
         record: Record,
-        ttl: Duration,
+        retention: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
         self.0
             .store()
-            .complete(key, token, fingerprint, record, ttl)
+            .complete(key, token, fingerprint, record, retention)
     }
 
     fn release(
@@ -1449,9 +1449,9 @@ impl<H: Harness> Store for HarnessStore<H> {
         key: &StoreKey,
         step: &StepId,
         value: Bytes,
-        ttl: Duration,
+        retention: Duration,
     ) -> impl Future<Output = Result<StepRecorded, StoreError>> + Send {
-        self.0.store().record_step(key, step, value, ttl)
+        self.0.store().record_step(key, step, value, retention)
     }
 
     fn steps(

@@ -36,6 +36,21 @@ pub enum ConfigErrorKind {
     SecretTooShort,
 }
 
+impl ConfigErrorKind {
+    /// The stable machine code, in the spelling of the HTTP layer's problem codes, e.g.
+    /// `idempotency.setting_out_of_range`.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::OutOfRange => "idempotency.setting_out_of_range",
+            Self::InvalidName => "idempotency.name_invalid",
+            Self::DeniedHeader => "idempotency.header_denied",
+            Self::ReservedLabel => "idempotency.label_reserved",
+            Self::SecretTooShort => "idempotency.secret_too_short",
+        }
+    }
+}
+
 impl ConfigError {
     pub(crate) fn new(kind: ConfigErrorKind, detail: impl Into<String>) -> Self {
         Self {
@@ -48,6 +63,12 @@ impl ConfigError {
     #[must_use]
     pub fn kind(&self) -> ConfigErrorKind {
         self.kind
+    }
+
+    /// The stable machine code of its [kind](Self::kind), e.g. `idempotency.setting_out_of_range`.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 }
 

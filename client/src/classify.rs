@@ -1,7 +1,7 @@
-//! Reading an outcome: which statuses, gRPC codes and failures may be retried, and the delay
+//! Reading a reply: which statuses, gRPC codes and failures may be retried, and the delay
 //! a server asked for in `Retry-After` or `grpc-retry-pushback-ms`.
 
-use super::outcome::{Outcome, RetryErrorKind};
+use super::reply::{Reply, RetryErrorKind};
 use crate::protocol::{
     self, GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, IN_FLIGHT_CODE, LAYER_CODE_PREFIX, grpc_code,
 };
@@ -12,7 +12,7 @@ use std::error::Error;
 use std::io;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-/// Whether an outcome may be retried, after the delay the server asked for if it did. `unrun`
+/// Whether a reply may be retried, after the delay the server asked for if it did. `unrun`
 /// says the attempt ran nothing: a repeat cannot run the work twice, even on a server that
 /// ignores keys.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -30,12 +30,12 @@ impl Verdict {
     }
 }
 
-pub(crate) fn classify(outcome: &Outcome<'_>) -> Verdict {
-    match *outcome {
-        Outcome::Failed(RetryErrorKind::Other) => Verdict::Final,
+pub(crate) fn classify(reply: &Reply<'_>) -> Verdict {
+    match *reply {
+        Reply::Failed(RetryErrorKind::Other) => Verdict::Final,
         // Only a failed connect is sure to have sent nothing.
-        Outcome::Failed(f) => Verdict::retry(None, f == RetryErrorKind::Connect),
-        Outcome::Response { status, headers } => {
+        Reply::Failed(f) => Verdict::retry(None, f == RetryErrorKind::Connect),
+        Reply::Response { status, headers } => {
             if status == StatusCode::OK && protocol::is_grpc(headers) {
                 classify_grpc(headers)
             } else {
@@ -283,7 +283,7 @@ mod tests {
     }
 
     fn verdict(h: &HeaderMap) -> Verdict {
-        classify(&Outcome::response(StatusCode::OK, h))
+        classify(&Reply::response(StatusCode::OK, h))
     }
 
     #[test]
@@ -426,7 +426,7 @@ mod tests {
     fn only_the_idempotency_layers_own_answers_and_refusals_show_nothing_ran() {
         let none = HeaderMap::new();
         let http = |status: u16, h: &HeaderMap| {
-            classify(&Outcome::response(StatusCode::from_u16(status).unwrap(), h))
+            classify(&Reply::response(StatusCode::from_u16(status).unwrap(), h))
         };
         for s in [408, 425, 429] {
             assert_eq!(http(s, &none), Verdict::retry(None, true), "{s}");
@@ -447,7 +447,7 @@ mod tests {
         for s in [501, 505, 506, 508, 510, 511] {
             assert_eq!(http(s, &none), Verdict::Final, "{s} is permanent");
         }
-        let connect = classify(&Outcome::Failed(RetryErrorKind::Connect));
+        let connect = classify(&Reply::Failed(RetryErrorKind::Connect));
         assert_eq!(connect, Verdict::retry(None, true));
         for f in [
             RetryErrorKind::Timeout,
@@ -455,7 +455,7 @@ mod tests {
             RetryErrorKind::Transport,
         ] {
             assert_eq!(
-                classify(&Outcome::Failed(f)),
+                classify(&Reply::Failed(f)),
                 Verdict::retry(None, false),
                 "{f:?}"
             );

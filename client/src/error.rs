@@ -1,7 +1,7 @@
 //! The error of a logical request whose attempts ended in a failure.
 
-use super::outcome::RetryErrorKind;
 use super::policy::Attempts;
+use super::reply::RetryErrorKind;
 use http::HeaderValue;
 use std::error::Error as StdError;
 use std::fmt;

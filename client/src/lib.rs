@@ -54,7 +54,7 @@
 //!
 //! **What is retried**, always with the same key:
 //!
-//! | outcome | nothing ran | GET, HEAD, OPTIONS, TRACE, PUT, DELETE | keyed POST, PATCH, … to a server declared to honour keys | keyed POST, PATCH, … to any other server | delay |
+//! | reply | nothing ran | GET, HEAD, OPTIONS, TRACE, PUT, DELETE | keyed POST, PATCH, … to a server declared to honour keys | keyed POST, PATCH, … to any other server | delay |
 //! | --- | --- | --- | --- | --- | --- |
 //! | connect failed, as the client's connect stage says | yes | retried | retried | retried | backoff |
 //! | timeout, connection reset or closed before the answer | no | retried | retried | **stop** | backoff |
@@ -71,7 +71,7 @@
 //! | any other gRPC status, `FAILED_PRECONDITION` for `idempotency.key_reused` included | | stop | stop | stop | |
 //!
 //! **The default, and why.** With no server declared, a keyed POST is repeated only after an
-//! outcome that shows the attempt ran nothing:
+//! reply that shows the attempt ran nothing:
 //!
 //! - a failed connect: nothing was sent;
 //! - a 4xx that refuses the request: 408, 425, 429, the in-flight 409;
@@ -81,7 +81,7 @@
 //! forwarded the request, for one. So the attempts stop there, with
 //! [`StopReason::NotHonoured`]. The caller gets the answer or a [`RetryError`], with the key to
 //! resume under once it knows what happened. This default never makes a POST run twice on a
-//! server that ignores keys. Declare the servers that honour keys to have those outcomes
+//! server that ignores keys. Declare the servers that honour keys to have those replies
 //! retried too.
 //!
 //! A failed connect counts only when the client says it failed in its connect stage:
@@ -196,7 +196,7 @@
 
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-// `policy` holds the rules and their types, `classify` reads outcomes for them; `stamp`,
+// `policy` holds the rules and their types, `classify` reads replies for them; `stamp`,
 // `retry` (tower) and `middleware` (reqwest) are the stacks; `buffer` stands alone.
 mod buffer;
 mod classify;
@@ -204,9 +204,9 @@ mod error;
 mod metrics;
 #[cfg(feature = "reqwest")]
 mod middleware;
-mod outcome;
 mod policy;
 mod protocol;
+mod reply;
 mod retry;
 mod stamp;
 
@@ -215,9 +215,9 @@ pub use error::RetryError;
 #[cfg(feature = "reqwest")]
 #[cfg_attr(docsrs, doc(cfg(feature = "reqwest")))]
 pub use middleware::RetryMiddleware;
-pub use outcome::{Outcome, RetryErrorKind};
 pub use policy::{Attempt, Attempts, Decision, RetryPolicy, StopReason};
 pub use protocol::KEY_HEADER;
+pub use reply::{Reply, RetryErrorKind};
 pub use stamp::{StampKey, StampKeyLayer, new_key};
 
 /// The reqwest crate (0.13) the middleware works with.

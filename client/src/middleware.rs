@@ -2,10 +2,10 @@
 
 use super::classify::failure_of;
 use super::error::RetryError;
-use super::outcome::{Outcome, RetryErrorKind};
 use super::policy::{
     Attempt, Attempts, Decision, RetryPolicy, StopReason, key_prefix, log_attempt,
 };
+use super::reply::{Reply, RetryErrorKind};
 use super::stamp::Stamp;
 use http::{Extensions, HeaderMap, Method};
 use reqwest_middleware::{Middleware, Next};
@@ -129,20 +129,20 @@ impl Middleware for RetryMiddleware {
                 Attempt::new(&method, keyed, number, started.elapsed()).key_honoured(honoured);
             let mut failure = RetryErrorKind::Transport;
             let decision = {
-                let outcome = match &result {
-                    Ok(res) => Outcome::response(res.status(), res.headers()),
+                let reply = match &result {
+                    Ok(res) => Reply::response(res.status(), res.headers()),
                     Err(e) => {
                         failure = failure_of_middleware(e);
-                        Outcome::Failed(failure)
+                        Reply::Failed(failure)
                     }
                 };
-                let decision = match self.policy.decide(&attempt, &outcome) {
+                let decision = match self.policy.decide(&attempt, &reply) {
                     Decision::Retry(_) if spare.is_none() => {
                         Decision::Stop(StopReason::NotReplayable)
                     }
                     d => d,
                 };
-                log_attempt(&attempt, &key, &outcome, decision);
+                log_attempt(&attempt, &key, &reply, decision);
                 decision
             };
             match (decision, spare) {

@@ -2,7 +2,7 @@
 //! and what came back. It answers: retry after a delay, or stop.
 
 use super::classify::{Verdict, classify};
-use super::outcome::Outcome;
+use super::reply::Reply;
 use http::uri::Authority;
 use http::{HeaderMap, HeaderName, HeaderValue, Method};
 use std::fmt;
@@ -70,9 +70,9 @@ impl RetryPolicy {
     }
 
     /// Declares servers that honour idempotency keys. A keyed POST, PATCH or other
-    /// non-idempotent request to one of them is retried on every retryable outcome: a 5xx, a
+    /// non-idempotent request to one of them is retried on every retryable reply: a 5xx, a
     /// timeout, a lost connection. A repeat under the same key is answered from the record.
-    /// To any other server such a request is retried only on an outcome that shows nothing
+    /// To any other server such a request is retried only on a reply that shows nothing
     /// ran: see the [rules](crate#the-rules).
     ///
     /// A server is its host, with a port or without. `api.example.com` matches every port of
@@ -210,13 +210,13 @@ impl RetryPolicy {
     /// ```
     /// use http::{HeaderMap, Method, StatusCode};
     /// use std::time::Duration;
-    /// use tower_idempotency_client::{Attempt, Decision, Outcome, StopReason, RetryPolicy};
+    /// use tower_idempotency_client::{Attempt, Decision, Reply, StopReason, RetryPolicy};
     ///
     /// let policy = RetryPolicy::new();
     /// let post = Method::POST;
     /// let mut headers = HeaderMap::new();
     /// headers.insert(http::header::RETRY_AFTER, "1".parse().unwrap());
-    /// let in_flight = Outcome::response(StatusCode::CONFLICT, &headers);
+    /// let in_flight = Reply::response(StatusCode::CONFLICT, &headers);
     ///
     /// // A keyed POST that met a 409 with `Retry-After: 1` is retried after one second.
     /// let first = Attempt::new(&post, true, 1, Duration::ZERO);
@@ -224,7 +224,7 @@ impl RetryPolicy {
     ///
     /// // A 503 may follow a run: the keyed POST is retried only where keys are honoured.
     /// let none = HeaderMap::new();
-    /// let unavailable = Outcome::response(StatusCode::SERVICE_UNAVAILABLE, &none);
+    /// let unavailable = Reply::response(StatusCode::SERVICE_UNAVAILABLE, &none);
     /// assert_eq!(policy.decide(&first, &unavailable), Decision::Stop(StopReason::NotHonoured));
     /// let honoured = first.key_honoured(true);
     /// assert!(matches!(policy.decide(&honoured, &unavailable), Decision::Retry(_)));
@@ -234,12 +234,12 @@ impl RetryPolicy {
     /// assert_eq!(policy.decide(&unkeyed, &in_flight), Decision::Stop(StopReason::NotKeyed));
     ///
     /// // A 422 (the key was used for another request) is final.
-    /// let reused = Outcome::response(StatusCode::UNPROCESSABLE_ENTITY, &none);
+    /// let reused = Reply::response(StatusCode::UNPROCESSABLE_ENTITY, &none);
     /// assert_eq!(policy.decide(&first, &reused), Decision::Stop(StopReason::Final));
     /// ```
     #[must_use]
-    pub fn decide(&self, attempt: &Attempt<'_>, outcome: &Outcome<'_>) -> Decision {
-        let (after, unrun) = match classify(outcome) {
+    pub fn decide(&self, attempt: &Attempt<'_>, reply: &Reply<'_>) -> Decision {
+        let (after, unrun) = match classify(reply) {
             Verdict::Final => return Decision::Stop(StopReason::Final),
             Verdict::Retry { after, unrun } => (after, unrun),
         };
@@ -247,7 +247,7 @@ impl RetryPolicy {
             if !attempt.keyed {
                 return Decision::Stop(StopReason::NotKeyed);
             }
-            // A server that ignores keys would run the work again: only an outcome that
+            // A server that ignores keys would run the work again: only a reply that
             // shows nothing ran is repeated there.
             if !attempt.honoured && !unrun {
                 return Decision::Stop(StopReason::NotHonoured);
@@ -298,8 +298,8 @@ pub(crate) fn is_idempotent(method: &Method) -> bool {
     )
 }
 
-/// What had been sent when an outcome arrived: the input of [`RetryPolicy::decide`] with the
-/// outcome.
+/// What had been sent when a reply arrived: the input of [`RetryPolicy::decide`] with the
+/// reply.
 #[derive(Clone, Copy, Debug)]
 pub struct Attempt<'a> {
     method: &'a Method,
@@ -341,7 +341,7 @@ impl<'a> Attempt<'a> {
 pub enum Decision {
     /// Send the same request, with the same key, after this delay.
     Retry(Duration),
-    /// Return this outcome to the caller.
+    /// Return this reply to the caller.
     Stop(StopReason),
 }
 
@@ -349,17 +349,17 @@ pub enum Decision {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum StopReason {
-    /// The outcome is final: a success, or an answer a retry would not change. That is 400,
+    /// The reply is final: a success, or an answer a retry would not change. That is 400,
     /// 401, 403, 404, 413, 422 `idempotency.key_reused`, a 409 without `Retry-After`, …
     Final,
-    /// The outcome was retryable, but the request may not be repeated: a POST, PATCH or other
+    /// The reply was retryable, but the request may not be repeated: a POST, PATCH or other
     /// non-idempotent method without an idempotency key.
     NotKeyed,
-    /// The outcome was retryable but may follow a run of the work: a 5xx, a timeout, a lost
+    /// The reply was retryable but may follow a run of the work: a 5xx, a timeout, a lost
     /// connection. The server is not known to honour keys, see
     /// [`RetryPolicy::keys_honoured_by`]. A repeat could run the work twice.
     NotHonoured,
-    /// The outcome was retryable, but the request's body cannot be sent again. It is a
+    /// The reply was retryable, but the request's body cannot be sent again. It is a
     /// streaming body, sent once.
     NotReplayable,
     /// The last allowed attempt was made.
@@ -476,22 +476,17 @@ pub(crate) fn key_prefix(headers: &HeaderMap, name: &HeaderName) -> String {
 const LOG_TARGET: &str = "tower_idempotency_client";
 
 /// The one event per attempt: its number, the method, at most 8 characters of the key, what
-/// came back and what follows. A retry is `INFO`. A stop on a retryable outcome is `WARN`. A
+/// came back and what follows. A retry is `INFO`. A stop on a retryable reply is `WARN`. A
 /// final answer is `DEBUG` on the first attempt and `INFO` after retries. Each attempt is also
 /// counted (feature `metrics`).
-pub(crate) fn log_attempt(
-    attempt: &Attempt<'_>,
-    key: &str,
-    outcome: &Outcome<'_>,
-    decision: Decision,
-) {
-    let (status, grpc_status, failure) = match *outcome {
-        Outcome::Response { status, headers } => (
+pub(crate) fn log_attempt(attempt: &Attempt<'_>, key: &str, reply: &Reply<'_>, decision: Decision) {
+    let (status, grpc_status, failure) = match *reply {
+        Reply::Response { status, headers } => (
             Some(status.as_u16()),
             crate::protocol::status_of(headers),
             None,
         ),
-        Outcome::Failed(f) => (None, None, Some(f)),
+        Reply::Failed(f) => (None, None, Some(f)),
     };
     let n = attempt.number;
     let method = attempt.method.as_str();
@@ -524,7 +519,7 @@ pub(crate) fn log_attempt(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use crate::outcome::RetryErrorKind;
+    use crate::reply::RetryErrorKind;
     use http::HeaderValue;
     use http::StatusCode;
 
@@ -541,7 +536,7 @@ mod tests {
         let h = HeaderMap::new();
         policy.decide(
             &Attempt::new(method, keyed, 1, Duration::ZERO).key_honoured(true),
-            &Outcome::response(StatusCode::from_u16(status).unwrap(), &h),
+            &Reply::response(StatusCode::from_u16(status).unwrap(), &h),
         )
     }
 
@@ -558,8 +553,8 @@ mod tests {
             for (n, status, keyed) in [(1, 503, true), (2, 201, true), (1, 503, false)] {
                 let attempt =
                     Attempt::new(&Method::POST, keyed, n, Duration::ZERO).key_honoured(true);
-                let outcome = Outcome::response(StatusCode::from_u16(status).unwrap(), &h);
-                log_attempt(&attempt, "k", &outcome, p.decide(&attempt, &outcome));
+                let reply = Reply::response(StatusCode::from_u16(status).unwrap(), &h);
+                log_attempt(&attempt, "k", &reply, p.decide(&attempt, &reply));
             }
         });
         let mut seen: Vec<(String, u64)> = snap
@@ -622,7 +617,7 @@ mod tests {
                 decide_status(&p, &m, false, 503),
                 Decision::Stop(StopReason::NotKeyed)
             );
-            let failed = Outcome::Failed(RetryErrorKind::ConnectionLost);
+            let failed = Reply::Failed(RetryErrorKind::ConnectionLost);
             assert_eq!(
                 p.decide(&Attempt::new(&m, false, 1, Duration::ZERO), &failed),
                 Decision::Stop(StopReason::NotKeyed)
@@ -636,7 +631,7 @@ mod tests {
         let first = Attempt::new(&Method::POST, true, 1, Duration::ZERO);
         let none = HeaderMap::new();
         for s in [500, 502, 503, 504] {
-            let o = Outcome::response(StatusCode::from_u16(s).unwrap(), &none);
+            let o = Reply::response(StatusCode::from_u16(s).unwrap(), &none);
             assert_eq!(
                 p.decide(&first, &o),
                 Decision::Stop(StopReason::NotHonoured),
@@ -648,7 +643,7 @@ mod tests {
             RetryErrorKind::ConnectionLost,
             RetryErrorKind::Transport,
         ] {
-            let o = Outcome::Failed(f);
+            let o = Reply::Failed(f);
             assert_eq!(
                 p.decide(&first, &o),
                 Decision::Stop(StopReason::NotHonoured),
@@ -656,14 +651,14 @@ mod tests {
             );
         }
         for s in [408, 425, 429] {
-            let o = Outcome::response(StatusCode::from_u16(s).unwrap(), &none);
+            let o = Reply::response(StatusCode::from_u16(s).unwrap(), &none);
             assert!(matches!(p.decide(&first, &o), Decision::Retry(_)), "{s}");
         }
-        let connect = Outcome::Failed(RetryErrorKind::Connect);
+        let connect = Reply::Failed(RetryErrorKind::Connect);
         assert!(matches!(p.decide(&first, &connect), Decision::Retry(_)));
         // Idempotent methods need no declaration.
         let put = Attempt::new(&Method::PUT, true, 1, Duration::ZERO);
-        let o = Outcome::response(StatusCode::BAD_GATEWAY, &none);
+        let o = Reply::response(StatusCode::BAD_GATEWAY, &none);
         assert!(matches!(p.decide(&put, &o), Decision::Retry(_)));
     }
 
@@ -711,7 +706,7 @@ mod tests {
         let h = headers(&[("retry-after", "2")]);
         let d = p.decide(
             &Attempt::new(&Method::POST, true, 1, Duration::ZERO),
-            &Outcome::response(StatusCode::CONFLICT, &h),
+            &Reply::response(StatusCode::CONFLICT, &h),
         );
         assert_eq!(d, Decision::Retry(Duration::from_secs(2)));
         assert_eq!(
@@ -726,7 +721,7 @@ mod tests {
         let h = headers(&[("retry-after", "6")]);
         let d = p.decide(
             &Attempt::new(&Method::POST, true, 1, Duration::ZERO).key_honoured(true),
-            &Outcome::response(StatusCode::SERVICE_UNAVAILABLE, &h),
+            &Reply::response(StatusCode::SERVICE_UNAVAILABLE, &h),
         );
         assert_eq!(d, Decision::Stop(StopReason::RetryAfterTooLong));
     }
@@ -742,12 +737,12 @@ mod tests {
             RetryErrorKind::Transport,
         ] {
             assert!(matches!(
-                p.decide(&a, &Outcome::Failed(f)),
+                p.decide(&a, &Reply::Failed(f)),
                 Decision::Retry(_)
             ));
         }
         assert_eq!(
-            p.decide(&a, &Outcome::Failed(RetryErrorKind::Other)),
+            p.decide(&a, &Reply::Failed(RetryErrorKind::Other)),
             Decision::Stop(StopReason::Final)
         );
     }
@@ -755,7 +750,7 @@ mod tests {
     #[test]
     fn stops_after_max_attempts() {
         let p = RetryPolicy::new().max_attempts(3);
-        let f = Outcome::Failed(RetryErrorKind::Connect);
+        let f = Reply::Failed(RetryErrorKind::Connect);
         let at = |n| Attempt::new(&Method::GET, false, n, Duration::ZERO);
         assert!(matches!(p.decide(&at(2), &f), Decision::Retry(_)));
         assert_eq!(
@@ -773,7 +768,7 @@ mod tests {
     fn stops_when_the_delay_would_pass_the_deadline() {
         let p = RetryPolicy::new().deadline(Duration::from_secs(3));
         let h = headers(&[("retry-after", "2")]);
-        let o = Outcome::response(StatusCode::TOO_MANY_REQUESTS, &h);
+        let o = Reply::response(StatusCode::TOO_MANY_REQUESTS, &h);
         let at = |ms| Attempt::new(&Method::GET, false, 1, Duration::from_millis(ms));
         assert_eq!(
             p.decide(&at(900), &o),

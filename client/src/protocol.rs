@@ -19,7 +19,7 @@ pub(crate) const GRPC_RETRY_PUSHBACK_MS: HeaderName =
 
 /// The start of every code the idempotency layer sends in place of running a call.
 pub(crate) const LAYER_CODE_PREFIX: &str = "idempotency.";
-/// The layer's code for a duplicate whose first run has not finished.
+/// The layer's code for a repeat whose first run has not finished.
 pub(crate) const IN_FLIGHT_CODE: &str = "idempotency.in_flight";
 
 /// The gRPC status codes the retry rules tell apart.

@@ -4,9 +4,9 @@
 use super::buffer::Streamed;
 use super::classify::attempt_failure_of_any;
 use super::error::RetryError;
-use super::outcome::Outcome;
-use super::outcome::RetryErrorKind;
 use super::policy::{Attempt, Attempts, Decision, RetryPolicy, key_prefix, log_attempt};
+use super::reply::Reply;
+use super::reply::RetryErrorKind;
 use http::{HeaderMap, Request, Response};
 use std::any::Any;
 use std::time::Instant;
@@ -62,17 +62,17 @@ where
             progress.started.elapsed(),
         )
         .key_honoured(self.honours_uri(req.uri()));
-        let outcome = match result {
-            Ok(res) => Outcome::response(res.status(), res.headers()),
-            Err(e) => Outcome::Failed(attempt_failure_of_any(e)),
+        let reply = match result {
+            Ok(res) => Reply::response(res.status(), res.headers()),
+            Err(e) => Reply::Failed(attempt_failure_of_any(e)),
         };
-        let failure = match outcome {
-            Outcome::Failed(f) => Some(f),
-            Outcome::Response { .. } => None,
+        let failure = match reply {
+            Reply::Failed(f) => Some(f),
+            Reply::Response { .. } => None,
         };
-        let decision = self.decide(&attempt, &outcome);
+        let decision = self.decide(&attempt, &reply);
         let key = key_prefix(req.headers(), self.key_header_name());
-        log_attempt(&attempt, &key, &outcome, decision);
+        log_attempt(&attempt, &key, &reply, decision);
         match decision {
             Decision::Retry(delay) => {
                 req.extensions_mut().insert(Progress {

@@ -88,7 +88,7 @@ impl Stamp {
 /// Put it **outside** the retry layer, so that the key is chosen once per logical request and
 /// every attempt repeats it. Inside, each attempt would get a key of its own, and the server
 /// would take it for a new request. The policy refuses to retry a keyless POST, so the mistake
-/// costs the retries, never a duplicate.
+/// costs the retries, never a repeat.
 ///
 /// By default every method but GET, HEAD, OPTIONS and TRACE is stamped, in `Idempotency-Key`.
 /// The server layer checks the same set of methods.

@@ -221,13 +221,13 @@ fn route_options(o: &Options, private: &TokenStream) -> TokenStream {
         chain = quote!(#chain.require_key(#require));
     }
     if let Some(header) = &o.header {
-        chain = quote!(#chain.header(#header));
+        chain = quote!(#chain.header_name(#header));
     }
     if let Some(ms) = o.lease_ms {
         chain = quote!(#chain.lease(#private::Duration::from_millis(#ms)));
     }
-    if let Some(ms) = o.ttl_ms {
-        chain = quote!(#chain.ttl(#private::Duration::from_millis(#ms)));
+    if let Some(ms) = o.retention_ms {
+        chain = quote!(#chain.retention(#private::Duration::from_millis(#ms)));
     }
     if let Some(ms) = o.wait_ms {
         chain = quote!(#chain.wait_in_flight(#private::Duration::from_millis(#ms)));
@@ -237,7 +237,7 @@ fn route_options(o: &Options, private: &TokenStream) -> TokenStream {
             Response::Full => quote!(Full),
             Response::StatusAndHeaders => quote!(StatusAndHeaders),
         };
-        chain = quote!(#chain.response(#private::ResponseMode::#variant));
+        chain = quote!(#chain.response_mode(#private::ResponseMode::#variant));
     }
     if let Some(ns) = &o.namespace {
         chain = quote!(#chain.namespace(#ns));

@@ -79,21 +79,21 @@ use proc_macro::TokenStream;
 /// # Options
 ///
 /// All are optional. An option not given keeps the shared configuration's setting. The
-/// defaults below are those of `IdempotencyLayer` and its engine. `lease`, `ttl` and
+/// defaults below are those of `IdempotencyLayer` and its engine. `lease`, `retention` and
 /// `max_record_body` override the shared engine's settings for this route.
 ///
 /// | option | default | meaning |
 /// | --- | --- | --- |
 /// | `require_key` / `require_key = false` | `true` | refuse a request without a key (400), or pass it through to the handler |
-/// | `header = "x-key"` | `Idempotency-Key` | the header the key is read from |
+/// | `header_name = "x-key"` | `Idempotency-Key` | the header the key is read from |
 /// | `lease = "30s"` | 60 s | how long a claim holds the key; renewed while the handler runs |
-/// | `wait_in_flight = "5s"` | 0 (409 at once) | how long a duplicate waits for the first run to finish and replays it, before 409 |
-/// | `ttl = "1h"` | 24 h | how long a completed record is kept |
-/// | `response = "full"` or `"status_and_headers"` | `"full"` | `"status_and_headers"` keeps status and allowed headers only (no body at rest; a replay has an empty body) |
+/// | `wait_in_flight = "5s"` | 0 (409 at once) | how long a repeat waits for the first run to finish and replays it, before 409 |
+/// | `retention = "1h"` | 24 h | how long a completed record is kept |
+/// | `response_mode = "full"` or `"status_and_headers"` | `"full"` | `"status_and_headers"` keeps status and allowed headers only (no body at rest; a replay has an empty body) |
 /// | `namespace = "payments"` | the shared namespace | the namespace this route's keys live in, replacing the shared one |
 /// | `max_record_body = 65536` | 1 MiB | a larger response is recorded as status and headers only |
 /// | `max_request_body = 65536` | 1 MiB | a larger request body is refused with 413 |
-/// | `principal = "required"` or `"optional"` | `"required"` | 401 without a `Principal`, or all anonymous callers share one scope (pair with `response = "status_and_headers"`) |
+/// | `principal = "required"` or `"optional"` | `"required"` | 401 without a `Principal`, or all anonymous callers share one scope (pair with `response_mode = "status_and_headers"`) |
 /// | `state = Type` | the handler's `State<T>`, else `()` | the router state the handler runs with |
 ///
 /// Durations are string literals: a whole number and a unit, `ms`, `s`, `m`, `h` or `d`
@@ -132,7 +132,7 @@ use proc_macro::TokenStream;
 /// }
 ///
 /// /// Charges once per key.
-/// #[idempotent(require_key, lease = "30s", ttl = "1h", response = "status_and_headers")]
+/// #[idempotent(require_key, lease = "30s", retention = "1h", response_mode = "status_and_headers")]
 /// async fn create_payment(State(_app): State<App>, Json(p): Json<NewPayment>) -> (StatusCode, String) {
 ///     (StatusCode::CREATED, format!("charged {}", p.amount))
 /// }

@@ -7,11 +7,11 @@ use syn::{Ident, LitBool, LitInt, LitStr, Token, Type};
 
 mod kw {
     syn::custom_keyword!(require_key);
-    syn::custom_keyword!(header);
+    syn::custom_keyword!(header_name);
     syn::custom_keyword!(lease);
     syn::custom_keyword!(wait_in_flight);
-    syn::custom_keyword!(ttl);
-    syn::custom_keyword!(response);
+    syn::custom_keyword!(retention);
+    syn::custom_keyword!(response_mode);
     syn::custom_keyword!(namespace);
     syn::custom_keyword!(max_record_body);
     syn::custom_keyword!(max_request_body);
@@ -20,13 +20,13 @@ mod kw {
 }
 
 /// Every option, for the "unknown option" message.
-const KNOWN: &str = "`require_key`, `header`, `lease`, `ttl`, `response`, `namespace`, \
+const KNOWN: &str = "`require_key`, `header_name`, `lease`, `retention`, `response_mode`, `namespace`, \
                      `max_record_body`, `max_request_body`, `principal`, `wait_in_flight`, `state`";
 
 const DURATION_FORM: &str = "a whole number followed by a unit (`ms`, `s`, `m`, `h` or `d`), \
                              e.g. \"1500ms\", \"30s\", \"10m\", \"24h\"";
 
-/// What a record keeps (`response = "full" | "status_and_headers"`).
+/// What a record keeps (`response_mode = "full" | "status_and_headers"`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Response {
     Full,
@@ -48,7 +48,7 @@ pub(crate) struct Options {
     pub(crate) header: Option<LitStr>,
     pub(crate) lease_ms: Option<u64>,
     pub(crate) wait_ms: Option<u64>,
-    pub(crate) ttl_ms: Option<u64>,
+    pub(crate) retention_ms: Option<u64>,
     pub(crate) response: Option<Response>,
     pub(crate) namespace: Option<LitStr>,
     pub(crate) max_record_body: Option<u64>,
@@ -87,10 +87,10 @@ impl Parse for Options {
                     true
                 };
                 once(&mut o.require_key, v, "require_key", k.span)?;
-            } else if input.peek(kw::header) {
-                let k: kw::header = input.parse()?;
+            } else if input.peek(kw::header_name) {
+                let k: kw::header_name = input.parse()?;
                 let v = header_name(&value(input)?)?;
-                once(&mut o.header, v, "header", k.span)?;
+                once(&mut o.header, v, "header_name", k.span)?;
             } else if input.peek(kw::lease) {
                 let k: kw::lease = input.parse()?;
                 let v = duration_ms(&value(input)?)?;
@@ -99,12 +99,12 @@ impl Parse for Options {
                 let k: kw::wait_in_flight = input.parse()?;
                 let v = duration_ms(&value(input)?)?;
                 once(&mut o.wait_ms, v, "wait_in_flight", k.span)?;
-            } else if input.peek(kw::ttl) {
-                let k: kw::ttl = input.parse()?;
+            } else if input.peek(kw::retention) {
+                let k: kw::retention = input.parse()?;
                 let v = duration_ms(&value(input)?)?;
-                once(&mut o.ttl_ms, v, "ttl", k.span)?;
-            } else if input.peek(kw::response) {
-                let k: kw::response = input.parse()?;
+                once(&mut o.retention_ms, v, "retention", k.span)?;
+            } else if input.peek(kw::response_mode) {
+                let k: kw::response_mode = input.parse()?;
                 let lit: LitStr = value(input)?;
                 let v = match lit.value().as_str() {
                     "full" => Response::Full,
@@ -118,7 +118,7 @@ impl Parse for Options {
                         ));
                     }
                 };
-                once(&mut o.response, v, "response", k.span)?;
+                once(&mut o.response, v, "response_mode", k.span)?;
             } else if input.peek(kw::namespace) {
                 let k: kw::namespace = input.parse()?;
                 let lit: LitStr = value(input)?;
@@ -286,7 +286,7 @@ mod tests {
     #[test]
     fn parses_every_option() {
         let o: Options = syn::parse_str(
-            r#"require_key = false, header = "X-Key", lease = "30s", ttl = "1h", response = "status_and_headers",
+            r#"require_key = false, header_name = "X-Key", lease = "30s", retention = "1h", response_mode = "status_and_headers",
                namespace = "payments", max_record_body = 65_536, max_request_body = 1024,
                principal = "optional", state = crate::App"#,
         )
@@ -294,7 +294,7 @@ mod tests {
         assert_eq!(o.require_key, Some(false));
         assert_eq!(o.header.map(|h| h.value()).as_deref(), Some("x-key"));
         assert_eq!(o.lease_ms, Some(30_000));
-        assert_eq!(o.ttl_ms, Some(3_600_000));
+        assert_eq!(o.retention_ms, Some(3_600_000));
         assert_eq!(o.response, Some(Response::StatusAndHeaders));
         assert_eq!(o.max_record_body, Some(65_536));
         assert_eq!(o.max_request_body, Some(1024));
@@ -304,7 +304,7 @@ mod tests {
 
     #[test]
     fn refuses_repeated_and_unknown_options() {
-        let repeated = syn::parse_str::<Options>(r#"ttl = "1h", ttl = "2h""#);
+        let repeated = syn::parse_str::<Options>(r#"retention = "1h", retention = "2h""#);
         assert!(repeated.is_err_and(|e| e.to_string().contains("more than once")));
         let unknown = syn::parse_str::<Options>("retries = 3");
         assert!(unknown.is_err_and(|e| e.to_string().contains("unknown option `retries`")));

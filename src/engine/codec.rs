@@ -176,6 +176,18 @@ pub enum CodecErrorKind {
     Decode,
 }
 
+impl CodecErrorKind {
+    /// The stable machine code, in the spelling of the HTTP layer's problem codes, e.g.
+    /// `idempotency.encode_failed`.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Encode => "idempotency.encode_failed",
+            Self::Decode => "idempotency.decode_failed",
+        }
+    }
+}
+
 impl CodecError {
     /// An error with a short message.
     #[must_use]
@@ -205,6 +217,12 @@ impl CodecError {
     #[must_use]
     pub fn kind(&self) -> CodecErrorKind {
         self.kind
+    }
+
+    /// The stable machine code of its [kind](Self::kind), e.g. `idempotency.encode_failed`.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 }
 

@@ -224,6 +224,12 @@ impl KeyError {
     pub fn kind(&self) -> KeyErrorKind {
         self.kind
     }
+
+    /// The stable machine code of its [kind](Self::kind), e.g. `idempotency.key_empty`.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
+    }
 }
 
 /// The reasons a key is refused.
@@ -249,6 +255,24 @@ pub enum KeyErrorKind {
     List,
     /// More than one header line carried a key.
     MultipleValues,
+}
+
+impl KeyErrorKind {
+    /// The stable machine code, in the spelling of the HTTP layer's problem codes, e.g.
+    /// `idempotency.key_empty`.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Empty => "idempotency.key_empty",
+            Self::TooLong { .. } => "idempotency.key_too_long",
+            Self::InvalidCharacter => "idempotency.key_invalid_character",
+            Self::NonAscii => "idempotency.key_not_ascii",
+            Self::BrokenString => "idempotency.key_broken_string",
+            Self::NotAString => "idempotency.key_not_a_string",
+            Self::List => "idempotency.key_list",
+            Self::MultipleValues => "idempotency.key_multiple_values",
+        }
+    }
 }
 
 impl fmt::Display for KeyError {

@@ -3,7 +3,7 @@
 //! ```
 //! use std::time::Duration;
 //! use tower_idempotency::{IdempotencyKey, MemoryStore};
-//! use tower_idempotency::engine::{Begin, Engine, Fingerprint, RecordedResponse, Scope};
+//! use tower_idempotency::engine::{Begin, Engine, Fingerprint, Recorded, Scope};
 //! use tower_idempotency::store::StoreKey;
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -13,7 +13,7 @@
 //!
 //! let Begin::Run(ticket) = engine.begin(key, fp).await.unwrap() else { panic!("first run") };
 //! let status = engine.run(&ticket, async { 200 }).await;
-//! engine.complete(ticket, &RecordedResponse::new(status, vec![], None)).await.unwrap();
+//! engine.complete(ticket, &Recorded::new(status, vec![], None)).await.unwrap();
 //!
 //! assert!(matches!(engine.begin(key, fp).await.unwrap(), Begin::Replayed(r) if r.status == 200));
 //! # }
@@ -41,9 +41,7 @@ pub use crate::engine::detach::Drain;
 pub use crate::engine::verdict::{Classify, Verdict};
 
 pub use crate::engine::key::{KeyError, KeyErrorKind};
-pub use crate::engine::record::{
-    Field, RecordError, RecordErrorKind, RecordTimes, RecordedResponse,
-};
+pub use crate::engine::record::{Field, RecordError, RecordErrorKind, RecordTimes, Recorded};
 pub use crate::engine::scope::Scope;
 pub use crate::engine::steps::{StepError, StepErrorKind, Steps};
 pub use crate::store::fingerprint::{Fingerprint, FingerprintBuilder};
@@ -66,7 +64,7 @@ use std::time::Duration;
 /// The default lease: how long a claim holds a key before another claimant may take it.
 pub(crate) const DEFAULT_LEASE: Duration = Duration::from_secs(60);
 /// The default retention of a completed record.
-pub(crate) const DEFAULT_TTL: Duration = Duration::from_secs(24 * 60 * 60);
+pub(crate) const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60);
 /// The default bound on one store operation. Longer than the built-in stores' own bounds at
 /// their defaults (1 s per operation, 5 s to connect, and their retries), so it never fires
 /// before them: it is for a store of one's own that never answers.
@@ -115,7 +113,7 @@ fn renewal_lost(res: Result<bool, StoreError>, key: &StoreKey) -> bool {
     match res {
         Ok(true) => false,
         Ok(false) => {
-            tracing::warn!(key = ?key, "idempotency lease lost while the work ran; a duplicate may run");
+            tracing::warn!(key = ?key, "idempotency lease lost while the work ran; a repeat may run");
             true
         }
         Err(e) => {
@@ -220,7 +218,7 @@ impl<S: Store, F: Future> Future for Run<'_, S, F> {
 pub struct Engine<S> {
     store: Arc<S>,
     lease: Duration,
-    ttl: Duration,
+    retention: Duration,
     max_record_body: usize,
     secret: Option<Secret>,
     /// The bound on each store operation.
@@ -234,7 +232,7 @@ impl<S> Clone for Engine<S> {
         Self {
             store: Arc::clone(&self.store),
             lease: self.lease,
-            ttl: self.ttl,
+            retention: self.retention,
             max_record_body: self.max_record_body,
             secret: self.secret.clone(),
             store_timeout: self.store_timeout,
@@ -252,7 +250,7 @@ impl<S> Engine<S> {
             store: Arc::new(f(&self.store)),
             timer: self.timer.clone(),
             lease: self.lease,
-            ttl: self.ttl,
+            retention: self.retention,
             max_record_body: self.max_record_body,
             secret: self.secret.clone(),
             store_timeout: self.store_timeout,
@@ -264,7 +262,7 @@ impl<S> fmt::Debug for Engine<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Engine")
             .field("lease", &self.lease)
-            .field("ttl", &self.ttl)
+            .field("retention", &self.retention)
             .field("max_record_body", &self.max_record_body)
             .field("authenticated", &self.secret.is_some())
             .finish_non_exhaustive()
@@ -282,7 +280,7 @@ pub enum Begin {
     /// The key is held or done by a different request. HTTP answers 422.
     KeyReused,
     /// The same request finished: answer with its record.
-    Replayed(RecordedResponse),
+    Replayed(Recorded),
     /// A record was found but failed validation. Never replay it. HTTP answers 503.
     RecordInvalid(RecordError),
 }
@@ -339,7 +337,7 @@ impl<S: Store> steps::StepSource for Engine<S> {
             timer: self.timer.clone(),
             // A retention shorter than the lease must not expire steps before a crash's retry,
             // which comes after the lease lapsed.
-            ttl: self.ttl.saturating_add(self.lease).min(LONGEST),
+            retention: self.retention.saturating_add(self.lease).min(LONGEST),
             lease: self.lease,
             max_record_body: self.max_record_body,
             secret: self.secret.clone(),
@@ -370,14 +368,14 @@ impl<S: Store> Engine<S> {
             timer: StoreTimer::new(store.name()),
             store,
             lease: DEFAULT_LEASE,
-            ttl: DEFAULT_TTL,
+            retention: DEFAULT_RETENTION,
             max_record_body: DEFAULT_MAX_RECORD_BODY,
             secret: None,
             store_timeout: DEFAULT_STORE_TIMEOUT,
         }
     }
 
-    /// An engine with settings of its own: `Engine::builder(store).lease(..).ttl(..).build()`.
+    /// An engine with settings of its own: `Engine::builder(store).lease(..).retention(..).build()`.
     /// The defaults are written on each setter of [`EngineBuilder`].
     pub fn builder(store: S) -> EngineBuilder<S> {
         EngineBuilder {
@@ -389,8 +387,8 @@ impl<S: Store> Engine<S> {
         self.lease = lease.clamp(Duration::from_millis(3), LONGEST);
     }
 
-    pub(crate) fn set_ttl(&mut self, ttl: Duration) {
-        self.ttl = ttl.clamp(Duration::from_millis(1), LONGEST);
+    pub(crate) fn set_retention(&mut self, retention: Duration) {
+        self.retention = retention.clamp(Duration::from_millis(1), LONGEST);
     }
 
     pub(crate) fn set_max_record_body(&mut self, bytes: usize) {
@@ -409,8 +407,8 @@ impl<S: Store> Engine<S> {
 
     /// The retention of completed records.
     #[must_use]
-    pub fn ttl(&self) -> Duration {
-        self.ttl
+    pub fn retention(&self) -> Duration {
+        self.retention
     }
 
     /// The longest the engine waits for one store operation. See
@@ -514,7 +512,7 @@ impl<S: Store> Engine<S> {
     ///
     /// ```
     /// use tower_idempotency::{IdempotencyKey, MemoryStore};
-    /// use tower_idempotency::engine::{Begin, Engine, Fingerprint, RecordedResponse, Scope};
+    /// use tower_idempotency::engine::{Begin, Engine, Fingerprint, Recorded, Scope};
     /// use tower_idempotency::store::{Forgotten, StoreKey};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() {
@@ -522,7 +520,7 @@ impl<S: Store> Engine<S> {
     /// let key = StoreKey::derive("jobs", &Scope::principal("worker"), &IdempotencyKey::new("job-1").unwrap());
     /// let fp = Fingerprint::builder().field(b"payload").finish();
     /// let Begin::Run(ticket) = engine.begin(key, fp).await.unwrap() else { panic!("first run") };
-    /// engine.complete(ticket, &RecordedResponse::new(200, vec![], None)).await.unwrap();
+    /// engine.complete(ticket, &Recorded::new(200, vec![], None)).await.unwrap();
     ///
     /// assert_eq!(engine.forget(&key).await.unwrap(), Forgotten::Record);
     /// assert!(matches!(engine.begin(key, fp).await.unwrap(), Begin::Run(_)), "the key runs again");
@@ -635,11 +633,7 @@ impl<S: Store> Engine<S> {
     /// The record of `response` under `ticket`: encoded, and sealed when there is a secret. A
     /// response the layout cannot hold whole is encoded without the parts that do not fit, and
     /// logged. It is an error only when even that fails, for a status outside 100–999.
-    pub(crate) fn seal(
-        &self,
-        ticket: &Ticket,
-        response: &RecordedResponse,
-    ) -> Result<Record, RecordError> {
+    pub(crate) fn seal(&self, ticket: &Ticket, response: &Recorded) -> Result<Record, RecordError> {
         let record = match response.encode() {
             Ok(record) => record,
             Err(e) => {
@@ -690,11 +684,7 @@ impl<S: Store> Engine<S> {
     /// The store's error, or a `Protocol` error when the response cannot be encoded even
     /// without those parts. Only a status outside 100–999 does that. Either way the key stays
     /// pending until its lease lapses. Nothing is released, since the work may have happened.
-    pub async fn complete(
-        &self,
-        ticket: Ticket,
-        response: &RecordedResponse,
-    ) -> Result<bool, StoreError> {
+    pub async fn complete(&self, ticket: Ticket, response: &Recorded) -> Result<bool, StoreError> {
         ticket.claim.settle();
         let record = self.seal(&ticket, response).map_err(|e| {
             StoreError::with_source(StoreErrorKind::Protocol, "response cannot be recorded", e)
@@ -733,7 +723,7 @@ impl<S: Store> Engine<S> {
                 &ticket.token,
                 &ticket.fingerprint,
                 record,
-                self.ttl,
+                self.retention,
             ),
         )
         .await;
@@ -792,7 +782,7 @@ impl<S: Store> Engine<S> {
 ///
 /// let engine = Engine::builder(MemoryStore::new())
 ///     .lease(Duration::from_secs(30))
-///     .ttl(Duration::from_secs(3600))
+///     .retention(Duration::from_secs(3600))
 ///     .build();
 /// assert_eq!(engine.lease(), Duration::from_secs(30));
 /// ```
@@ -812,8 +802,8 @@ impl<S: Store> EngineBuilder<S> {
 
     /// How long a completed record is kept. At least 1 ms. A longer one than about a century
     /// counts as that. Default: 24 h.
-    pub fn ttl(mut self, ttl: Duration) -> Self {
-        self.engine.set_ttl(ttl);
+    pub fn retention(mut self, retention: Duration) -> Self {
+        self.engine.set_retention(retention);
         self
     }
 

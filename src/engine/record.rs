@@ -28,10 +28,10 @@ const FLAG_TRAILERS: u8 = 0b0000_0010;
 /// The last 32 bytes are an HMAC tag. See [`Secret`](crate::Secret).
 const FLAG_MAC: u8 = 0b0000_0100;
 /// The work declared this response its final answer, whatever its status.
-const FLAG_DEFINITIVE: u8 = 0b0000_1000;
+const FLAG_DECLARED: u8 = 0b0000_1000;
 /// When the record was written and until when it is kept follow the trailers.
 const FLAG_TIMES: u8 = 0b0001_0000;
-const KNOWN_FLAGS: u8 = FLAG_BODY | FLAG_TRAILERS | FLAG_MAC | FLAG_DEFINITIVE | FLAG_TIMES;
+const KNOWN_FLAGS: u8 = FLAG_BODY | FLAG_TRAILERS | FLAG_MAC | FLAG_DECLARED | FLAG_TIMES;
 /// The field that tags a record with the door that wrote it, for doors other than HTTP.
 const DOOR_FIELD: &[u8] = b"tower-idempotency-door";
 
@@ -41,7 +41,7 @@ impl Record {
     ///
     /// # Errors
     /// A [`RecordError`] naming the first thing that is wrong.
-    pub fn decode(&self, max_body: usize) -> Result<RecordedResponse, RecordError> {
+    pub fn decode(&self, max_body: usize) -> Result<Recorded, RecordError> {
         let content = match self.as_bytes().get(3) {
             Some(flags) if flags & FLAG_MAC != 0 => {
                 let end = self
@@ -63,7 +63,7 @@ impl Record {
         secret: &crate::Secret,
         key_id: &[u8; 32],
         fingerprint: &crate::store::Fingerprint,
-    ) -> Result<RecordedResponse, RecordError> {
+    ) -> Result<Recorded, RecordError> {
         let flags = *self
             .as_bytes()
             .get(3)
@@ -103,7 +103,7 @@ impl Record {
         Self::from_bytes(bytes.freeze())
     }
 
-    fn decode_content(buf: &Bytes, max_body: usize) -> Result<RecordedResponse, RecordError> {
+    fn decode_content(buf: &Bytes, max_body: usize) -> Result<Recorded, RecordError> {
         let mut r = Reader { buf, pos: 0 };
         if r.take(2)? != MAGIC {
             return Err(RecordError::new("bad magic"));
@@ -150,12 +150,12 @@ impl Record {
         if r.pos != buf.len() {
             return Err(RecordError::new("trailing bytes"));
         }
-        Ok(RecordedResponse {
+        Ok(Recorded {
             status,
             headers,
             body: (flags & FLAG_BODY != 0).then_some(body),
             trailers: (flags & FLAG_TRAILERS != 0).then_some(trailers),
-            definitive: flags & FLAG_DEFINITIVE != 0,
+            declared: flags & FLAG_DECLARED != 0,
             times,
         })
     }
@@ -167,7 +167,7 @@ pub type Field = (Bytes, Bytes);
 /// A response as recorded, free of any HTTP crate's types.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
-pub struct RecordedResponse {
+pub struct Recorded {
     /// The status code.
     pub status: u16,
     /// Header fields in order, repeated names kept.
@@ -181,7 +181,7 @@ pub struct RecordedResponse {
     /// status the classification would not record, such as a 500. The HTTP layer sets it only on
     /// such a status. It refuses at replay a record that has it on any other: a damaged flag must
     /// not pass unnoticed.
-    pub definitive: bool,
+    pub declared: bool,
     /// When the record was written and until when it is kept, when the door wrote them.
     pub times: Option<RecordTimes>,
 }
@@ -197,22 +197,22 @@ pub struct RecordTimes {
 }
 
 impl RecordTimes {
-    /// Written `now`, kept for `ttl`. A `ttl` past what the system clock can count keeps it
+    /// Written `now`, kept for `retention`. A `retention` past what the system clock can count keeps it
     /// until about a century from `now`.
     #[must_use]
-    pub fn new(now: SystemTime, ttl: Duration) -> Self {
+    pub fn new(now: SystemTime, retention: Duration) -> Self {
         const CENTURY: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
         Self {
             written_at: now,
             kept_until: now
-                .checked_add(ttl.min(CENTURY))
+                .checked_add(retention.min(CENTURY))
                 .or_else(|| now.checked_add(CENTURY))
                 .unwrap_or(now),
         }
     }
 }
 
-impl RecordedResponse {
+impl Recorded {
     /// A record of a door that is not HTTP, such as messages and outbound receipts. It has status
     /// 200, one field naming `door`, and `body`. The tag keeps one door from replaying another's
     /// record found under the same store key.
@@ -224,7 +224,7 @@ impl RecordedResponse {
         )
     }
 
-    /// Whether this record was written by [`RecordedResponse::of_door`] for `door`.
+    /// Whether this record was written by [`Recorded::of_door`] for `door`.
     pub(crate) fn is_of_door(&self, door: &[u8]) -> bool {
         self.status == 200
             && matches!(self.headers.as_slice(), [(n, v)] if n == DOOR_FIELD && v == door)
@@ -238,7 +238,7 @@ impl RecordedResponse {
             headers,
             body,
             trailers: None,
-            definitive: false,
+            declared: false,
             times: None,
         }
     }
@@ -252,8 +252,8 @@ impl RecordedResponse {
 
     /// The same record, declared the work's final answer whatever its status.
     #[must_use]
-    pub fn definitive(mut self) -> Self {
-        self.definitive = true;
+    pub fn declared(mut self) -> Self {
+        self.declared = true;
         self
     }
 
@@ -283,8 +283,8 @@ impl RecordedResponse {
         if self.trailers.is_some() {
             flags |= FLAG_TRAILERS;
         }
-        if self.definitive {
-            flags |= FLAG_DEFINITIVE;
+        if self.declared {
+            flags |= FLAG_DECLARED;
         }
         if self.times.is_some() {
             flags |= FLAG_TIMES;
@@ -310,13 +310,13 @@ impl RecordedResponse {
     }
 }
 
-impl RecordedResponse {
+impl Recorded {
     /// The same response without the parts the layout cannot hold. These are a header or trailer
     /// field whose name or value is over 64 KiB or holds bytes a field may not. They are fields
     /// past the 65 535th, and a body over 4 GiB. Also returns what was left out, for the log:
     /// `header <name>`, `trailer <name>`, `body`. Values are never named.
     #[must_use]
-    pub(crate) fn fitted(&self) -> (RecordedResponse, Vec<String>) {
+    pub(crate) fn fitted(&self) -> (Recorded, Vec<String>) {
         let mut dropped = Vec::new();
         let mut fit = |fields: &[Field], kind: &str| -> Vec<Field> {
             let mut kept = Vec::with_capacity(fields.len().min(usize::from(u16::MAX)));
@@ -343,12 +343,12 @@ impl RecordedResponse {
             }
             b => b.clone(),
         };
-        let fitted = RecordedResponse {
+        let fitted = Recorded {
             status: self.status,
             headers,
             body,
             trailers,
-            definitive: self.definitive,
+            declared: self.declared,
             times: self.times,
         };
         (fitted, dropped)
@@ -356,9 +356,9 @@ impl RecordedResponse {
 }
 
 /// A record written straight from a response's parts, with no list of copied fields in
-/// between. This is the HTTP layer's hot path. [`RecordedResponse::encode`] builds the same
+/// between. This is the HTTP layer's hot path. [`Recorded::encode`] builds the same
 /// bytes from owned fields. Fields the layout cannot hold are left out and named, as
-/// [`RecordedResponse::fitted`] does. The times and the tag are added before it is stored.
+/// [`Recorded::fitted`] does. The times and the tag are added before it is stored.
 pub(crate) struct Draft {
     out: BytesMut,
     /// What was left out, for the log: `header <name>`, `trailer <name>`, `body`.
@@ -385,7 +385,7 @@ impl Draft {
         headers: impl Fn() -> H,
         body: Option<&[u8]>,
         trailers: Option<impl Fn() -> T>,
-        definitive: bool,
+        declared: bool,
         tail: usize,
     ) -> Result<Self, RecordError>
     where
@@ -416,8 +416,8 @@ impl Draft {
         if trailers.is_some() {
             flags |= FLAG_TRAILERS;
         }
-        if definitive {
-            flags |= FLAG_DEFINITIVE;
+        if declared {
+            flags |= FLAG_DECLARED;
         }
         draft.out.put_slice(MAGIC);
         draft.out.put_u8(VERSION);
@@ -587,9 +587,9 @@ impl Reader<'_> {
 /// A record that cannot be encoded, or that failed validation when read back.
 ///
 /// ```
-/// use tower_idempotency::engine::{RecordErrorKind, RecordedResponse};
+/// use tower_idempotency::engine::{RecordErrorKind, Recorded};
 ///
-/// let err = RecordedResponse::new(42, vec![], None).encode().unwrap_err();
+/// let err = Recorded::new(42, vec![], None).encode().unwrap_err();
 /// assert_eq!(err.kind(), RecordErrorKind::Unencodable);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -611,6 +611,19 @@ pub enum RecordErrorKind {
     /// A response the record layout cannot hold: a status outside 100–999, a field over
     /// 64 KiB, more than 65 535 fields, or bytes a header may not hold.
     Unencodable,
+}
+
+impl RecordErrorKind {
+    /// The stable machine code, in the spelling of the HTTP layer's problem codes, e.g.
+    /// `idempotency.record_invalid`.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Invalid => "idempotency.record_invalid",
+            Self::Unauthenticated => "idempotency.record_unauthenticated",
+            Self::Unencodable => "idempotency.record_unencodable",
+        }
+    }
 }
 
 impl RecordError {
@@ -644,6 +657,12 @@ impl RecordError {
         self.kind
     }
 
+    /// The stable machine code of its [kind](Self::kind), e.g. `idempotency.record_invalid`.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
+    }
+
     /// What was wrong, in a few words.
     #[must_use]
     pub fn reason(&self) -> &'static str {
@@ -664,7 +683,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn record_times_take_any_ttl() {
+    fn record_times_take_any_retention() {
         let now = SystemTime::now();
         let day = Duration::from_secs(24 * 60 * 60);
         assert_eq!(RecordTimes::new(now, day).kept_until, now + day);
@@ -674,8 +693,8 @@ mod tests {
         assert!(RecordTimes::new(late, Duration::MAX).kept_until >= late);
     }
 
-    fn sample() -> RecordedResponse {
-        RecordedResponse::new(
+    fn sample() -> Recorded {
+        Recorded::new(
             201,
             vec![
                 (
@@ -700,17 +719,17 @@ mod tests {
     }
 
     #[test]
-    fn the_definitive_flag_round_trips() {
-        let r = sample().definitive();
+    fn the_declared_flag_round_trips() {
+        let r = sample().declared();
         let back = r.encode().expect("encode").decode(1024).expect("decode");
-        assert!(back.definitive);
+        assert!(back.declared);
         assert!(
             !sample()
                 .encode()
                 .expect("encode")
                 .decode(1024)
                 .expect("decode")
-                .definitive
+                .declared
         );
     }
 
@@ -718,7 +737,7 @@ mod tests {
     fn round_trips() {
         let r = sample();
         assert_eq!(r.encode().unwrap().decode(1024).unwrap(), r);
-        let s = RecordedResponse::new(204, vec![], None);
+        let s = Recorded::new(204, vec![], None);
         assert_eq!(s.encode().unwrap().decode(0).unwrap(), s);
         let t = sample().with_trailers(vec![(
             Bytes::from_static(b"grpc-status"),
@@ -765,7 +784,7 @@ mod tests {
     #[test]
     fn fitted_leaves_out_only_what_the_layout_cannot_hold() {
         let long = Bytes::from(vec![b'x'; 70 * 1024]);
-        let r = RecordedResponse::new(
+        let r = Recorded::new(
             201,
             vec![
                 (Bytes::from_static(b"link"), Bytes::from_static(b"<a>")),
@@ -805,13 +824,13 @@ mod tests {
 
     #[test]
     fn refuses_header_injection() {
-        let bad = RecordedResponse::new(
+        let bad = Recorded::new(
             200,
             vec![(Bytes::from_static(b"x"), Bytes::from_static(b"a\r\nb"))],
             None,
         );
         assert!(bad.encode().is_err());
-        let bad = RecordedResponse::new(
+        let bad = Recorded::new(
             200,
             vec![(Bytes::from_static(b"X-Up"), Bytes::from_static(b"a"))],
             None,
@@ -834,7 +853,7 @@ mod mac_tests {
     fn sealed_records_verify_only_under_their_key_fingerprint_and_secret() {
         let fp = Fingerprint::builder().field(b"a").finish();
         let other_fp = Fingerprint::builder().field(b"b").finish();
-        let r = RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"hi")));
+        let r = Recorded::new(201, vec![], Some(Bytes::from_static(b"hi")));
         let sealed = r.encode().unwrap().seal(&secret(1), &[7; 32], &fp);
         assert_eq!(
             sealed
@@ -888,22 +907,22 @@ mod draft_tests {
         fields.iter().map(|(n, v)| (&n[..], &v[..]))
     }
 
-    fn draft(r: &RecordedResponse, tail: usize) -> Draft {
+    fn draft(r: &Recorded, tail: usize) -> Draft {
         let trailers = r.trailers.as_deref().map(|t| move || refs(t));
         Draft::write(
             r.status,
             || refs(&r.headers),
             r.body.as_deref(),
             trailers,
-            r.definitive,
+            r.declared,
             tail,
         )
         .expect("write")
     }
 
-    fn sample(trailers: bool) -> RecordedResponse {
+    fn sample(trailers: bool) -> Recorded {
         let b = Bytes::from_static;
-        let r = RecordedResponse::new(
+        let r = Recorded::new(
             201,
             vec![
                 (b(b"content-type"), b(b"application/json")),
@@ -928,8 +947,8 @@ mod draft_tests {
         for mut r in [
             sample(false),
             sample(true),
-            sample(false).definitive(),
-            RecordedResponse::new(204, vec![], None),
+            sample(false).declared(),
+            Recorded::new(204, vec![], None),
         ] {
             let record = draft(&r, 0).finish(None, &[7; 32], &fp);
             assert_eq!(record, r.encode().expect("encode"));
@@ -970,7 +989,7 @@ mod draft_tests {
     fn leaves_out_what_does_not_fit_and_names_it() {
         let b = Bytes::from_static;
         let long = Bytes::from(vec![b'v'; 70_000]);
-        let r = RecordedResponse::new(
+        let r = Recorded::new(
             200,
             vec![
                 (b(b"x-big"), long.clone()),

@@ -9,7 +9,7 @@
 //! lapsing; the key's steps are kept for the retry after the hold.
 
 use super::record::Draft;
-use super::{Engine, RecordedResponse, Ticket, Verdict};
+use super::{Engine, Recorded, Ticket, Verdict};
 use crate::metrics::{Door, DoorCounters, Settled};
 use crate::store::{Store, StoreError, StoreErrorKind, StoreKey};
 use std::time::Duration;
@@ -41,7 +41,7 @@ impl Settle<'_> {
 /// The record a key is completed with.
 pub(crate) enum Recording<'a> {
     /// A response, encoded and sealed by the engine.
-    Response(&'a RecordedResponse),
+    Response(&'a Recorded),
     /// A record written straight from a response, as the HTTP layer does.
     Draft(Draft),
 }
@@ -181,7 +181,7 @@ fn log(
 #[cfg(test)]
 mod tests {
     use super::{Recording, Settle, Tally};
-    use crate::engine::{Begin, Engine, Fingerprint, RecordedResponse, Scope, Ticket};
+    use crate::engine::{Begin, Engine, Fingerprint, Recorded, Scope, Ticket};
     use crate::metrics::{Door, Settled};
     use crate::store::clock::ManualClock;
     use crate::store::{
@@ -266,7 +266,7 @@ mod tests {
     async fn record_completes_and_a_repeat_replays_it() {
         let engine = memory(&ManualClock::new());
         let ticket = run(&engine, key("record")).await;
-        let response = RecordedResponse::new(201, vec![], None);
+        let response = Recorded::new(201, vec![], None);
         let settle = Settle::Record(Recording::Response(&response));
         assert_eq!(
             engine.settle(ticket, settle, TALLY).await,
@@ -330,7 +330,7 @@ mod tests {
     async fn a_lost_lease_settles_nothing_and_leaves_the_new_holder_alone() {
         let clock = ManualClock::new();
         let engine = memory(&clock);
-        let response = RecordedResponse::new(200, vec![], None);
+        let response = Recorded::new(200, vec![], None);
         let verdicts = [
             (
                 "record",
@@ -380,7 +380,7 @@ mod tests {
             .build()
             .expect("a valid store");
         let engine = Engine::builder(Down(store)).lease(LEASE).build();
-        let response = RecordedResponse::new(200, vec![], None);
+        let response = Recorded::new(200, vec![], None);
         let verdicts = [
             (
                 "record",

@@ -231,7 +231,7 @@ impl ClaimCell {
                     key: self.key,
                     fingerprint: self.fingerprint,
                     token: self.token.clone(),
-                    ttl: s.ttl,
+                    retention: s.retention,
                     lease: s.lease,
                     max_record_body: s.max_record_body,
                     secret: s.secret,
@@ -268,12 +268,12 @@ impl ClaimCell {
 /// names in the order `run` was called.
 pub(crate) struct Run {
     bound: Bound,
-    recorded: tokio::sync::OnceCell<Recorded>,
+    recorded: tokio::sync::OnceCell<RecordedSteps>,
     names: Mutex<Vec<Box<str>>>,
 }
 
 /// The recorded steps of a key, verified and of this request.
-struct Recorded {
+struct RecordedSteps {
     by_id: HashMap<StepId, Bytes>,
     /// The names recorded, at whatever place.
     names: HashSet<Box<str>>,
@@ -285,7 +285,7 @@ pub(crate) struct Bound {
     pub(crate) key: StoreKey,
     fingerprint: Fingerprint,
     token: Token,
-    pub(crate) ttl: Duration,
+    pub(crate) retention: Duration,
     lease: Duration,
     max_record_body: usize,
     secret: Option<Secret>,
@@ -318,7 +318,7 @@ pub(crate) trait StepStore: Send + Sync + 'static {
         key: &'a StoreKey,
         step: &'a StepId,
         value: Bytes,
-        ttl: Duration,
+        retention: Duration,
     ) -> BoxFuture<'a, Result<StepRecorded, StoreError>>;
     fn prepare_step<'a>(
         &'a self,
@@ -344,9 +344,9 @@ impl<S: Store> StepStore for S {
         key: &'a StoreKey,
         step: &'a StepId,
         value: Bytes,
-        ttl: Duration,
+        retention: Duration,
     ) -> BoxFuture<'a, Result<StepRecorded, StoreError>> {
-        Box::pin(Store::record_step(self, key, step, value, ttl))
+        Box::pin(Store::record_step(self, key, step, value, retention))
     }
 
     fn prepare_step<'a>(
@@ -376,7 +376,7 @@ pub(crate) struct StepSettings {
     pub(crate) store: Arc<dyn StepStore>,
     pub(crate) timer: StoreTimer,
     /// How long a step's record is kept: the retention and a lease.
-    pub(crate) ttl: Duration,
+    pub(crate) retention: Duration,
     pub(crate) lease: Duration,
     pub(crate) max_record_body: usize,
     pub(crate) secret: Option<Secret>,
@@ -555,7 +555,7 @@ impl Steps {
         run: &'a Run,
         place: u32,
         name: &str,
-    ) -> Result<&'a Recorded, StepError<E>> {
+    ) -> Result<&'a RecordedSteps, StepError<E>> {
         let bound = &run.bound;
         let read = run
             .recorded
@@ -694,7 +694,7 @@ impl Bound {
     /// The steps read from the store, each verified, and all of this request. Every record
     /// is checked before any step runs: one that fails validation, or one of another request,
     /// binds the key.
-    fn verify_all<E>(&self, read: Vec<(StepId, Bytes)>) -> Result<Recorded, Repr<E>> {
+    fn verify_all<E>(&self, read: Vec<(StepId, Bytes)>) -> Result<RecordedSteps, Repr<E>> {
         let mut names = HashSet::with_capacity(read.len());
         let mut other = false;
         for (id, value) in &read {
@@ -708,7 +708,7 @@ impl Bound {
         if other {
             return Err(Repr::KeyReused);
         }
-        Ok(Recorded {
+        Ok(RecordedSteps {
             by_id: read.into_iter().collect(),
             names,
         })
@@ -866,18 +866,19 @@ impl Bound {
         let stored = self.encode(id, name, &payload);
         // The work is done: its record is written on a task of its own, so that a caller that
         // stops waiting now does not lose it.
-        let (store, timer, key, step, ttl, limit) = (
+        let (store, timer, key, step, retention, limit) = (
             Arc::clone(&self.store),
             self.timer.clone(),
             self.key,
             *id,
-            self.ttl,
+            self.retention,
             self.store_timeout,
         );
         let write = async move {
             let started = Started::now();
             let res =
-                crate::engine::bounded(limit, store.record_step(&key, &step, stored, ttl)).await;
+                crate::engine::bounded(limit, store.record_step(&key, &step, stored, retention))
+                    .await;
             timer.record(Op::RecordStep, started, &res);
             res
         };
@@ -1022,6 +1023,27 @@ pub enum StepErrorKind {
     KeyReused,
 }
 
+impl StepErrorKind {
+    /// The stable machine code, in the spelling of the HTTP layer's problem codes, e.g.
+    /// `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Work => "idempotency.work_failed",
+            Self::Store => "idempotency.store_failed",
+            Self::Unsupported => "idempotency.steps_unsupported",
+            Self::RecordInvalid => "idempotency.record_invalid",
+            Self::NameInvalid => "idempotency.step_name_invalid",
+            Self::NameReused => "idempotency.step_name_reused",
+            Self::SequenceChanged => "idempotency.step_sequence_changed",
+            Self::NotClaimed => "idempotency.not_claimed",
+            Self::Conflict => "idempotency.conflict",
+            Self::ClaimLost => "idempotency.claim_lost",
+            Self::KeyReused => "idempotency.key_reused",
+        }
+    }
+}
+
 impl<E> StepError<E> {
     fn new(repr: Repr<E>, place: u32, name: &str) -> Self {
         Self {
@@ -1076,6 +1098,12 @@ impl<E> StepError<E> {
             Repr::ClaimLost(_) => StepErrorKind::ClaimLost,
             Repr::KeyReused => StepErrorKind::KeyReused,
         }
+    }
+
+    /// The stable machine code of its [kind](Self::kind), e.g. `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 
     /// Whether running the request again may succeed: a conflict, or a store failure that [is
@@ -1461,7 +1489,9 @@ mod tests {
     async fn steps_outlive_a_retention_shorter_than_the_lease() {
         let clock = crate::store::clock::ManualClock::new();
         let store = MemoryStore::builder().clock(clock.clone()).build().unwrap();
-        let engine = Engine::builder(store).ttl(Duration::from_secs(1)).build();
+        let engine = Engine::builder(store)
+            .retention(Duration::from_secs(1))
+            .build();
         // A crash: nothing settles the key; its retry comes once the lease lapsed.
         let (first, _crashed) = claimed(&engine, key(14), b"a").await;
         first.run("charge", Raw, |_| ok("c")).await.unwrap();
@@ -1489,9 +1519,9 @@ mod tests {
             token: &crate::store::Token,
             fp: &Fingerprint,
             record: crate::store::Record,
-            ttl: Duration,
+            retention: Duration,
         ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-            self.0.complete(key, token, fp, record, ttl)
+            self.0.complete(key, token, fp, record, retention)
         }
         fn release(
             &self,
@@ -1634,9 +1664,9 @@ mod tests {
             token: &crate::store::Token,
             fp: &Fingerprint,
             record: crate::store::Record,
-            ttl: Duration,
+            retention: Duration,
         ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-            self.0.complete(key, token, fp, record, ttl)
+            self.0.complete(key, token, fp, record, retention)
         }
         fn release(
             &self,
@@ -1665,10 +1695,10 @@ mod tests {
             key: &StoreKey,
             step: &StepId,
             value: Bytes,
-            ttl: Duration,
+            retention: Duration,
         ) -> Result<StepRecorded, StoreError> {
             tokio::task::yield_now().await;
-            Store::record_step(&self.0, key, step, value, ttl).await
+            Store::record_step(&self.0, key, step, value, retention).await
         }
         fn steps(
             &self,

@@ -5,7 +5,7 @@
 //! may release them. Some responses are sent on as they come: a streaming one, and a body over
 //! the record limit. A response is streaming when it has a streaming media type, or its body
 //! does not end within the collection bound. These are recorded as status and headers only
-//! once they have ended. They are released if they fail. A response declared definitive whose
+//! once they have ended. They are released if they fail. A declared response whose
 //! body cannot be recorded whole is recorded as status and headers at once. Its work is done,
 //! whatever its body does after.
 //!
@@ -52,9 +52,9 @@ pub(crate) fn is_recorded_status(status: i32) -> bool {
     GrpcCode::from_i32(status).is_some_and(is_recorded_code)
 }
 
-/// Whether a response declared definitive is recorded. Any final status a replay can give is,
+/// Whether a declared response is recorded. Any final status a replay can give is,
 /// 200–599, but `304 Not Modified`. A 304 means nothing without the request's validators.
-pub(crate) fn is_recordable_definitive(status: u16) -> bool {
+pub(crate) fn is_recordable_declared(status: u16) -> bool {
     matches!(status, 200..=599) && status != 304
 }
 
@@ -130,11 +130,11 @@ fn status_only(
     config: &Config,
     status: u16,
     headers: &HeaderMap,
-    definitive: bool,
+    declared: bool,
     tail: usize,
 ) -> Result<Draft, crate::engine::record::RecordError> {
     let fields = || config.headers.recorded_without_body(headers);
-    Draft::write(status, fields, None, NO_TRAILERS, definitive, tail)
+    Draft::write(status, fields, None, NO_TRAILERS, declared, tail)
 }
 
 /// Classifies the handler's response. It reads the body up to `max` bytes when the response is
@@ -157,7 +157,7 @@ where
         return Judged::release(res.map(ResponseBody::passthrough));
     }
     // The handler's own word wins over the status (one extension lookup when there is none).
-    let definitive = match declared(&res) {
+    let declared = match declared(&res) {
         None => false,
         Some(Verdict::Record) => true,
         Some(Verdict::Hold) => {
@@ -172,16 +172,16 @@ where
     };
     // gRPC mode: the outcome is in the gRPC status (a non-200 follows the HTTP table).
     if grpc && res.status() == StatusCode::OK {
-        classify_grpc(config, max, tail, key, res, definitive).await
+        classify_grpc(config, max, tail, key, res, declared).await
     } else {
-        classify_http(config, max, tail, key, res, definitive).await
+        classify_http(config, max, tail, key, res, declared).await
     }
 }
 
 /// HTTP mode: a recordable response's body is read up to the record limit and the collection
 /// bound. A body read whole is recorded, then sent. Its bytes are recorded only in full mode.
 /// A streaming media type, a longer body or a slower one is sent on as it comes. It is
-/// recorded as status and headers once it has ended. A response declared `definitive` is
+/// recorded as status and headers once it has ended. A declared response is
 /// recorded whatever its status, but 304, without asking the hook. Its body may not be
 /// recordable whole: a streaming type, over the limit, slower than the bound, or failing while
 /// read. Then its status and headers are recorded at once, whatever the body does after. The
@@ -199,7 +199,7 @@ where
 {
     let status = res.status().as_u16();
     let recordable = if declared {
-        is_recordable_definitive(status)
+        is_recordable_declared(status)
     } else {
         is_recordable(status)
     };
@@ -226,9 +226,9 @@ where
     let full = config.response_mode == ResponseMode::Full;
     // The record carries the declaration only where the table would not record the status,
     // so a flipped flag on any other record is refused at replay.
-    let definitive = declared && !is_recordable(status);
+    let flagged = declared && !is_recordable(status);
     // A body that goes out as it comes: recorded once it has ended, or at once when declared
-    // definitive (its end, a failure or the client leaving must not free or lapse the key).
+    // (its end, a failure or the client leaving must not free or lapse the key).
     let at_end = if declared {
         Judged::record
     } else {
@@ -243,13 +243,13 @@ where
     let empty = body.is_end_stream() || body.size_hint().exact() == Some(0);
     if !empty && config.is_streaming(&parts.headers) {
         tracing::debug!(key = ?key, "streaming response; sent as it comes, recorded as status and headers");
-        let written = status_only(config, status, &parts.headers, definitive, tail);
+        let written = status_only(config, status, &parts.headers, flagged, tail);
         let res = Response::from_parts(parts, ResponseBody::passthrough(body));
         return keep_unless_written(res, key, written, at_end);
     }
     if body.size_hint().lower() > max as u64 {
         over_limit();
-        let written = status_only(config, status, &parts.headers, definitive, tail);
+        let written = status_only(config, status, &parts.headers, flagged, tail);
         let res = Response::from_parts(parts, ResponseBody::passthrough(body));
         return keep_unless_written(res, key, written, at_end);
     }
@@ -262,28 +262,28 @@ where
                 let kept = trailers
                     .as_ref()
                     .map(|t| || config.headers.recorded_trailers(t));
-                Draft::write(status, headers, Some(&data), kept, definitive, tail)
+                Draft::write(status, headers, Some(&data), kept, flagged, tail)
             } else {
-                status_only(config, status, &parts.headers, definitive, tail)
+                status_only(config, status, &parts.headers, flagged, tail)
             };
             let res = Response::from_parts(parts, ResponseBody::buffered(data, trailers));
             keep_unless_written(res, key, written, Judged::record)
         }
         Collected::TooLarge { prefix, rest } => {
             over_limit();
-            let written = status_only(config, status, &parts.headers, definitive, tail);
+            let written = status_only(config, status, &parts.headers, flagged, tail);
             let res = Response::from_parts(parts, ResponseBody::prefixed(prefix, rest));
             keep_unless_written(res, key, written, at_end)
         }
         Collected::Slow { prefix, rest } => {
             tracing::info!(key = ?key, timeout = ?config.streaming.collect_timeout, "response body not ended within the collection bound; sent as it comes, recorded as status and headers");
-            let written = status_only(config, status, &parts.headers, definitive, tail);
+            let written = status_only(config, status, &parts.headers, flagged, tail);
             let res = Response::from_parts(parts, ResponseBody::prefixed(prefix, rest));
             keep_unless_written(res, key, written, at_end)
         }
         Collected::Failed { prefix, error } if declared => {
-            tracing::warn!(key = ?key, status, "response declared definitive failed while its body was read; recording status and headers only");
-            let written = status_only(config, status, &parts.headers, definitive, tail);
+            tracing::warn!(key = ?key, status, "declared response failed while its body was read; recording status and headers only");
+            let written = status_only(config, status, &parts.headers, flagged, tail);
             let res = Response::from_parts(parts, ResponseBody::failed(prefix, error));
             keep_unless_written(res, key, written, Judged::record)
         }
@@ -294,18 +294,18 @@ where
     }
 }
 
-/// A gRPC response declared definitive whose status cannot be read. Its body is over the
+/// A declared gRPC response whose status cannot be read. Its body is over the
 /// record limit, slower than the bound, or failed. Nothing a replay could answer with can be
 /// recorded, and the work must not run again at once. So the key is held until its lease
 /// lapses. Otherwise it is released.
 fn unread_grpc<B: Body>(
     key: &StoreKey,
     res: Response<ResponseBody<B>>,
-    definitive: bool,
+    declared: bool,
     why: &'static str,
 ) -> Judged<B> {
-    if definitive {
-        tracing::warn!(key = ?key, why, "gRPC response declared definitive but its status cannot be recorded; the key is held for one lease");
+    if declared {
+        tracing::warn!(key = ?key, why, "declared gRPC response whose status cannot be recorded; the key is held for one lease");
         Judged::hold(res)
     } else {
         tracing::info!(key = ?key, why, "gRPC response released, not recorded");
@@ -314,7 +314,7 @@ fn unread_grpc<B: Body>(
 }
 
 /// gRPC mode, for an HTTP 200 response. Reads the body up to the record limit and finds the
-/// gRPC status. Then it records or releases. When declared `definitive`, it records whatever
+/// gRPC status. Then it records or releases. When declared, it records whatever
 /// the status.
 async fn classify_grpc<B>(
     config: &Config,
@@ -322,7 +322,7 @@ async fn classify_grpc<B>(
     tail: usize,
     key: &StoreKey,
     res: Response<B>,
-    definitive: bool,
+    declared: bool,
 ) -> Judged<B>
 where
     B: Body<Data = Bytes> + Send + 'static,
@@ -331,28 +331,23 @@ where
     const OVER: &str = "over the record limit";
     if body.size_hint().lower() > max as u64 {
         let res = Response::from_parts(parts, ResponseBody::passthrough(body));
-        return unread_grpc(key, res, definitive, OVER);
+        return unread_grpc(key, res, declared, OVER);
     }
     let (data, trailers) = match collect_limited(body, max, config.streaming.collect_timeout).await
     {
         Collected::Whole { data, trailers } => (data, trailers),
         Collected::TooLarge { prefix, rest } => {
             let res = Response::from_parts(parts, ResponseBody::prefixed(prefix, rest));
-            return unread_grpc(key, res, definitive, OVER);
+            return unread_grpc(key, res, declared, OVER);
         }
         Collected::Slow { prefix, rest } => {
             // As over the limit: the status comes at the end, and an empty stream is no answer.
             let res = Response::from_parts(parts, ResponseBody::prefixed(prefix, rest));
-            return unread_grpc(
-                key,
-                res,
-                definitive,
-                "not ended within the collection bound",
-            );
+            return unread_grpc(key, res, declared, "not ended within the collection bound");
         }
         Collected::Failed { prefix, error } => {
             let res = Response::from_parts(parts, ResponseBody::failed(prefix, error));
-            return unread_grpc(key, res, definitive, "failed while read");
+            return unread_grpc(key, res, declared, "failed while read");
         }
     };
     // A Trailers-Only response has its status in the headers (tonic's clients look there first).
@@ -362,7 +357,7 @@ where
     } else {
         trailers.as_ref().and_then(status_of)
     };
-    if !(code.is_some_and(is_recorded_status) || definitive && code.is_some()) {
+    if !(code.is_some_and(is_recorded_status) || declared && code.is_some()) {
         tracing::debug!(key = ?key, grpc_status = ?code, "gRPC status not recorded");
         return Judged::release(Response::from_parts(
             parts,
@@ -386,7 +381,7 @@ where
             )
     };
     // Marked only where the table would not record the code (see `classify_http`).
-    let definitive = definitive && !code.is_some_and(is_recorded_status);
+    let declared = declared && !code.is_some_and(is_recorded_status);
     let status = StatusCode::OK.as_u16();
     let written = if config.response_mode == ResponseMode::Full {
         let headers = || policy.recorded(&parts.headers);
@@ -395,12 +390,12 @@ where
             headers,
             Some(&data),
             Some(kept_trailers),
-            definitive,
+            declared,
             tail,
         )
     } else {
         let headers = || policy.recorded_without_body(&parts.headers);
-        Draft::write(status, headers, None, Some(kept_trailers), definitive, tail)
+        Draft::write(status, headers, None, Some(kept_trailers), declared, tail)
     };
     let res = Response::from_parts(parts, ResponseBody::buffered(data, trailers));
     keep_unless_written(res, key, written, Judged::record)
@@ -424,7 +419,8 @@ mod tests {
 
     #[test]
     fn the_validation_preset_releases_400_413_415_422_only() {
-        use super::super::config::release_validation_errors;
+        use super::super::config::ValidationClassifier;
+        use crate::engine::Classify;
         for s in 200..=499u16 {
             let (parts, ()) = Response::builder()
                 .status(s)
@@ -436,7 +432,7 @@ mod tests {
             } else {
                 Verdict::Record
             };
-            assert_eq!(release_validation_errors(&parts), expected, "{s}");
+            assert_eq!(ValidationClassifier.classify(&parts), expected, "{s}");
         }
     }
 

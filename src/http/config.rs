@@ -106,33 +106,37 @@ pub enum ResponseMode {
 ///
 /// ```
 /// use axum::http::StatusCode;
-/// use tower_idempotency::engine::Verdict;
-/// use tower_idempotency::http::{IdempotencyLayer, release_validation_errors};
+/// use tower_idempotency::engine::{Classify, Verdict};
+/// use tower_idempotency::http::{IdempotencyLayer, ValidationClassifier};
 ///
-/// let layer = IdempotencyLayer::default().classify(release_validation_errors);
+/// let layer = IdempotencyLayer::default().classify(ValidationClassifier);
 ///
 /// // Or a hook of your own, on top of the preset:
 /// let layer = IdempotencyLayer::default().classify(|res: &http::response::Parts| match res.status {
 ///     StatusCode::NOT_FOUND => Verdict::Release,
-///     _ => release_validation_errors(res),
+///     _ => ValidationClassifier.classify(res),
 /// });
 /// ```
-#[must_use]
-pub fn release_validation_errors(res: &http::response::Parts) -> Verdict {
-    match res.status.as_u16() {
-        400 | 413 | 415 | 422 => Verdict::Release,
-        _ => Verdict::Record,
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ValidationClassifier;
+
+impl Classify<http::response::Parts> for ValidationClassifier {
+    fn classify(&self, res: &http::response::Parts) -> Verdict {
+        match res.status.as_u16() {
+            400 | 413 | 415 | 422 => Verdict::Release,
+            _ => Verdict::Record,
+        }
     }
 }
 
-pub(crate) type KeyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
+pub(crate) type IdentifyFn = Arc<dyn Fn(&Parts) -> Option<String> + Send + Sync>;
 pub(crate) type PrincipalFn = Arc<dyn Fn(&Parts) -> Option<Scope> + Send + Sync>;
 pub(crate) type ClassifyFn = Arc<dyn Classify<http::response::Parts>>;
 
 #[derive(Clone)]
 pub(crate) enum KeySource {
     Header(HeaderName),
-    Fn(KeyFn),
+    Fn(IdentifyFn),
 }
 
 /// What a layer and every service it makes share, behind one `Arc`. That is the engine, with
@@ -178,7 +182,7 @@ pub(crate) struct Config {
     pub(crate) classify_fn: Option<ClassifyFn>,
     /// Claimed work finishes and is recorded when the response future is dropped.
     pub(crate) run_to_completion: bool,
-    /// How long a duplicate that finds its key in flight waits for the first run. Zero
+    /// How long a repeat that finds its key in flight waits for the first run. Zero
     /// answers 409 at once.
     pub(crate) wait_in_flight: Duration,
     /// The door's counters, with the layer's static labels, with feature `metrics`.

@@ -75,7 +75,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// use tower_idempotency::{IdempotencyLayer, MemoryStore};
     ///
     /// let layer = IdempotencyLayer::new(MemoryStore::new());
-    /// let engine = Engine::builder(MemoryStore::new()).ttl(Duration::from_secs(3600)).build();
+    /// let engine = Engine::builder(MemoryStore::new()).retention(Duration::from_secs(3600)).build();
     /// let layer = IdempotencyLayer::new(engine);
     /// ```
     #[must_use]
@@ -115,7 +115,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// Reads the key with a closure instead of a header: from a path segment, say. The value
     /// is validated as a key: `1..=max_key_len` bytes of visible ASCII or spaces.
     #[must_use]
-    pub fn key_fn(self, f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
+    pub fn identify(self, f: impl Fn(&Parts) -> Option<String> + Send + Sync + 'static) -> Self {
         self.config(|c| c.key_source = KeySource::Fn(Arc::new(f)))
     }
 
@@ -162,10 +162,10 @@ impl<St: Store> IdempotencyLayer<St> {
         self.map_engine(|e| e.set_lease(lease))
     }
 
-    /// A route's retention over the engine's. It is the `ttl` option of `#[idempotent]`.
+    /// A route's retention over the engine's. It is the `retention` option of `#[idempotent]`.
     #[cfg(feature = "macros")]
-    pub(crate) fn ttl(self, ttl: Duration) -> Self {
-        self.map_engine(|e| e.set_ttl(ttl))
+    pub(crate) fn retention(self, retention: Duration) -> Self {
+        self.map_engine(|e| e.set_retention(retention))
     }
 
     /// The largest request body buffered for the fingerprint, in bytes. Default: 1 MiB.
@@ -310,7 +310,7 @@ impl<St: Store> IdempotencyLayer<St> {
     /// | `Release`, `Fail` | released: a retry runs the handler again |
     /// | `Hold` | held: its claim is kept for one lease from the response, 409 until then, a re-run after |
     ///
-    /// [`release_validation_errors`](super::release_validation_errors) is the preset for axum
+    /// [`ValidationClassifier`](super::ValidationClassifier) is the preset for axum
     /// routes whose extractors refuse invalid requests. The corrected request can then be
     /// sent with the same key.
     ///
@@ -319,9 +319,9 @@ impl<St: Store> IdempotencyLayer<St> {
     /// ```
     /// use http::StatusCode;
     /// use tower_idempotency::engine::Verdict;
-    /// use tower_idempotency::http::{IdempotencyLayer, release_validation_errors};
+    /// use tower_idempotency::http::{IdempotencyLayer, ValidationClassifier};
     ///
-    /// let layer = IdempotencyLayer::default().classify(release_validation_errors);
+    /// let layer = IdempotencyLayer::default().classify(ValidationClassifier);
     /// let layer = IdempotencyLayer::default().classify(|res: &http::response::Parts| {
     ///     if res.status == StatusCode::ACCEPTED { Verdict::Hold } else { Verdict::Record }
     /// });
@@ -404,15 +404,15 @@ impl<St: Store> IdempotencyLayer<St> {
         self
     }
 
-    /// How long a duplicate that finds the same request in flight waits for the first run to
+    /// How long a repeat that finds the same request in flight waits for the first run to
     /// finish before it is answered. Default: zero, 409 `idempotency.in_flight` at once.
     ///
-    /// Within the bound the duplicate gets what the first run left: its replay. When the first
+    /// Within the bound the repeat gets what the first run left: its replay. When the first
     /// run was released, after a 5xx say, it gets a run of its own. Past the bound it gets 409,
     /// with a `Retry-After` of the lease the first run has left, at most a third of the lease.
     /// On the memory store the waiter is woken in process when the key settles. On Redis,
     /// across processes, and other stores it asks again with backoff: 10 ms doubling to 250 ms,
-    /// one claim round trip each. A waiting duplicate holds its connection and a task for up to
+    /// one claim round trip each. A waiting repeat holds its connection and a task for up to
     /// the bound. Keep it short: a few seconds, below the clients' timeouts. A request with
     /// another fingerprint is answered 422 at once, never made to wait.
     ///

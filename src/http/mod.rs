@@ -101,7 +101,7 @@
 //! recorded at once, before its body goes on. Neither a failing body, nor a client that
 //! leaves, nor the stream lease limit can then free its key or let it lapse.
 //!
-//! Until its end, or the limit, the key stays pending with its lease renewed: a duplicate gets
+//! Until its end, or the limit, the key stays pending with its lease renewed: a repeat gets
 //! 409. See [`Streaming::lease_limit`] for the trade-off.
 //!
 //! # After the handler
@@ -120,7 +120,7 @@
 //! - `#[idempotent]` on the handler, with feature `macros`. It runs the handler's extractors
 //!   before it claims the key, so an extractor rejection never touches the store. The right
 //!   default for axum handlers.
-//! - [`classify(release_validation_errors)`](IdempotencyLayer::classify): 400, 413, 415 and
+//! - [`classify(ValidationClassifier)`](IdempotencyLayer::classify): 400, 413, 415 and
 //!   422 are released. A handler's own answer with one of these statuses is released too. Use
 //!   it when those statuses mean "nothing was done" in your handlers.
 //! - Your own hook, any [`Classify`](crate::engine::Classify) over the response's
@@ -189,7 +189,7 @@ mod service;
 
 pub use crate::engine::detach::Drain;
 pub use body::{RequestBody, ResponseBody};
-pub use config::{Principal, PrincipalMode, ResponseMode, release_validation_errors};
+pub use config::{Principal, PrincipalMode, ResponseMode, ValidationClassifier};
 pub use declare::declare;
 pub use extensions::ClaimedKey;
 // Read by the axum extractors only.

@@ -4,10 +4,10 @@
 //! the headers that describe a body ([`REPRESENTATION_HEADERS`](super::REPRESENTATION_HEADERS)).
 
 use super::body::ResponseBody;
-use super::classify::{is_recordable, is_recordable_definitive, is_recorded_status};
+use super::classify::{is_recordable, is_recordable_declared, is_recorded_status};
 use super::grpc::parse_status;
 use super::headers::{GRPC_STATUS, HeaderPolicy, REPLAYED_HEADER, describes_body, is_denied_bytes};
-use crate::engine::record::RecordedResponse;
+use crate::engine::record::Recorded;
 use bytes::Bytes;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use http_body::Body;
@@ -16,7 +16,7 @@ use http_body::Body;
 /// request); the reason a record was refused otherwise.
 pub(crate) fn replay<B: Body>(
     policy: &HeaderPolicy,
-    record: RecordedResponse,
+    record: Recorded,
     grpc: bool,
 ) -> Result<Response<ResponseBody<B>>, &'static str> {
     if grpc {
@@ -30,12 +30,12 @@ pub(crate) fn replay<B: Body>(
 /// and trailers.
 fn replay_http<B: Body>(
     policy: &HeaderPolicy,
-    record: RecordedResponse,
+    record: Recorded,
 ) -> Result<Response<ResponseBody<B>>, &'static str> {
     // A declared record carries the flag only for a status the table would not record: the
     // flag on any other status is a damaged record.
-    let recordable = if record.definitive {
-        is_recordable_definitive(record.status) && !is_recordable(record.status)
+    let recordable = if record.declared {
+        is_recordable_declared(record.status) && !is_recordable(record.status)
     } else {
         is_recordable(record.status)
     };
@@ -88,11 +88,11 @@ fn replay_http<B: Body>(
 /// `grpc-status`. A record without messages is sent Trailers-Only.
 fn replay_grpc<B: Body>(
     policy: &HeaderPolicy,
-    mut record: RecordedResponse,
+    mut record: Recorded,
 ) -> Result<Response<ResponseBody<B>>, &'static str> {
     if record.status == StatusCode::OK.as_u16() {
         // The flag of a declared 200 is about its gRPC code, checked here, not its status.
-        let declared = std::mem::take(&mut record.definitive);
+        let declared = std::mem::take(&mut record.declared);
         let code = record
             .trailers
             .iter()
@@ -102,7 +102,7 @@ fn replay_grpc<B: Body>(
             .and_then(|(_, v)| parse_status(v));
         match code {
             Some(c) if declared != is_recorded_status(c) => {}
-            Some(_) if declared => return Err("needless definitive flag"),
+            Some(_) if declared => return Err("needless declared flag"),
             Some(_) => return Err("gRPC status is not recordable"),
             None => return Err("gRPC status missing"),
         }
@@ -141,8 +141,8 @@ mod tests {
         )
     }
 
-    fn grpc_record(body: Option<&'static [u8]>, trailers: Vec<Field>) -> RecordedResponse {
-        RecordedResponse::new(
+    fn grpc_record(body: Option<&'static [u8]>, trailers: Vec<Field>) -> Recorded {
+        Recorded::new(
             200,
             vec![f("content-type", "application/grpc")],
             body.map(Bytes::from_static),
@@ -152,34 +152,34 @@ mod tests {
 
     type Res = Response<ResponseBody<http_body_util::Empty<Bytes>>>;
 
-    fn replayed(record: RecordedResponse) -> Result<Res, &'static str> {
+    fn replayed(record: Recorded) -> Result<Res, &'static str> {
         replay(&HeaderPolicy::default(), record, true)
     }
 
     #[test]
-    fn a_5xx_record_is_replayed_only_when_declared_definitive() {
-        let record = || RecordedResponse::new(500, vec![], Some(Bytes::from_static(b"charged")));
+    fn a_5xx_record_is_replayed_only_when_declared() {
+        let record = || Recorded::new(500, vec![], Some(Bytes::from_static(b"charged")));
         let http = |r| replay::<http_body_util::Empty<Bytes>>(&HeaderPolicy::default(), r, false);
         assert!(
             http(record()).is_err(),
             "an undeclared 500 is never replayed"
         );
-        let res = http(record().definitive()).expect("a declared 500 is replayed");
+        let res = http(record().declared()).expect("a declared 500 is replayed");
         assert_eq!(res.status(), 500);
         assert!(
-            http(RecordedResponse::new(304, vec![], None).definitive()).is_err(),
+            http(Recorded::new(304, vec![], None).declared()).is_err(),
             "a 304 never"
         );
         assert!(
-            http(RecordedResponse::new(201, vec![], None).definitive()).is_err(),
+            http(Recorded::new(201, vec![], None).declared()).is_err(),
             "a flag the status does not need is a damaged record"
         );
-        // gRPC: a declared definitive `INTERNAL` is replayed, an undeclared one is not.
+        // gRPC: a declared `INTERNAL` is replayed, an undeclared one is not.
         let internal = || grpc_record(None, vec![f("grpc-status", "13")]);
         assert!(replayed(internal()).is_err());
-        assert!(replayed(internal().definitive()).is_ok());
+        assert!(replayed(internal().declared()).is_ok());
         let ok = || grpc_record(None, vec![f("grpc-status", "0")]);
-        assert!(replayed(ok().definitive()).is_err(), "a needless flag");
+        assert!(replayed(ok().declared()).is_err(), "a needless flag");
     }
 
     #[test]
@@ -202,13 +202,13 @@ mod tests {
             let err = replayed(grpc_record(Some(frame), trailers)).expect_err(reason);
             assert_eq!(err, reason);
         }
-        let no_trailers = RecordedResponse::new(200, vec![], Some(Bytes::from_static(frame)));
+        let no_trailers = Recorded::new(200, vec![], Some(Bytes::from_static(frame)));
         assert_eq!(
             replayed(no_trailers).expect_err("missing"),
             "gRPC status missing"
         );
         // A non-200 recorded under the HTTP table replays as in HTTP mode.
-        let http_404 = RecordedResponse::new(404, vec![], Some(Bytes::from_static(b"gone")));
+        let http_404 = Recorded::new(404, vec![], Some(Bytes::from_static(b"gone")));
         assert_eq!(
             replayed(http_404).expect("404").status(),
             StatusCode::NOT_FOUND

@@ -8,12 +8,12 @@
 //! use axum::Router;
 //! use tower_idempotency::{idempotent, IdempotencyLayer, IdempotentRoutes, MemoryStore};
 //!
-//! #[idempotent(ttl = "1h", namespace = "payments")]
+//! #[idempotent(retention = "1h", namespace = "payments")]
 //! async fn create_payment(body: String) -> (StatusCode, String) {
 //!     (StatusCode::CREATED, format!("charged for {body}"))
 //! }
 //!
-//! #[idempotent(response = "status_and_headers", namespace = "refunds")]
+//! #[idempotent(response_mode = "status_and_headers", namespace = "refunds")]
 //! async fn create_refund() -> StatusCode {
 //!     StatusCode::ACCEPTED
 //! }
@@ -144,7 +144,7 @@ pub struct RouteOptions {
     require_key: Option<bool>,
     header: Option<&'static str>,
     lease: Option<Duration>,
-    ttl: Option<Duration>,
+    retention: Option<Duration>,
     response: Option<ResponseMode>,
     namespace: Option<&'static str>,
     max_record_body: Option<usize>,
@@ -161,7 +161,7 @@ impl RouteOptions {
             require_key: None,
             header: None,
             lease: None,
-            ttl: None,
+            retention: None,
             response: None,
             namespace: None,
             max_record_body: None,
@@ -178,9 +178,9 @@ impl RouteOptions {
         self
     }
 
-    /// `header = "…"` (checked and lower-cased by the macro).
+    /// `header_name = "…"` (checked and lower-cased by the macro).
     #[must_use]
-    pub const fn header(mut self, name: &'static str) -> Self {
+    pub const fn header_name(mut self, name: &'static str) -> Self {
         self.header = Some(name);
         self
     }
@@ -192,16 +192,16 @@ impl RouteOptions {
         self
     }
 
-    /// `ttl = "…"`.
+    /// `retention = "…"`.
     #[must_use]
-    pub const fn ttl(mut self, ttl: Duration) -> Self {
-        self.ttl = Some(ttl);
+    pub const fn retention(mut self, retention: Duration) -> Self {
+        self.retention = Some(retention);
         self
     }
 
-    /// `response = "full" | "status_and_headers"`.
+    /// `response_mode = "full" | "status_and_headers"`.
     #[must_use]
-    pub const fn response(mut self, mode: ResponseMode) -> Self {
+    pub const fn response_mode(mut self, mode: ResponseMode) -> Self {
         self.response = Some(mode);
         self
     }
@@ -246,7 +246,7 @@ impl RouteOptions {
             require_key,
             header,
             lease,
-            ttl,
+            retention,
             response,
             namespace,
             max_record_body,
@@ -257,7 +257,7 @@ impl RouteOptions {
         require_key.is_none()
             && header.is_none()
             && lease.is_none()
-            && ttl.is_none()
+            && retention.is_none()
             && response.is_none()
             && namespace.is_none()
             && max_record_body.is_none()
@@ -287,8 +287,8 @@ impl RouteOptions {
         if let Some(lease) = self.lease {
             layer = layer.lease(lease);
         }
-        if let Some(ttl) = self.ttl {
-            layer = layer.ttl(ttl);
+        if let Some(retention) = self.retention {
+            layer = layer.retention(retention);
         }
         if let Some(mode) = self.response {
             layer = layer.response_mode(mode);
@@ -326,15 +326,15 @@ mod tests {
 
     static ROUTE: RouteOptions = RouteOptions::new()
         .lease(Duration::from_millis(1500))
-        .ttl(Duration::from_secs(60))
+        .retention(Duration::from_secs(60))
         .namespace("refunds")
-        .response(ResponseMode::StatusAndHeaders);
+        .response_mode(ResponseMode::StatusAndHeaders);
     static PLAIN: RouteOptions = RouteOptions::new();
 
     fn shared() -> IdempotencyLayer<MemoryStore> {
         let engine = crate::engine::Engine::builder(MemoryStore::new())
             .lease(Duration::from_secs(7))
-            .ttl(Duration::from_secs(70))
+            .retention(Duration::from_secs(70))
             .max_record_body(512)
             .secret(Secret::new([7u8; 32]).expect("a 32-byte secret"))
             .build();
@@ -346,7 +346,7 @@ mod tests {
         let config = IdempotentRoutes::new(shared());
         let engine = config.layer().engine();
         assert_eq!(
-            (engine.lease(), engine.ttl(), engine.max_record_body()),
+            (engine.lease(), engine.retention(), engine.max_record_body()),
             (Duration::from_secs(7), Duration::from_secs(70), 512)
         );
         assert!(
@@ -361,9 +361,9 @@ mod tests {
         let layer = config.layer_for(&ROUTE);
         let engine = layer.engine();
         assert_eq!(
-            (engine.lease(), engine.ttl(), engine.max_record_body()),
+            (engine.lease(), engine.retention(), engine.max_record_body()),
             (Duration::from_millis(1500), Duration::from_secs(60), 512),
-            "lease and ttl from the route, the record limit shared"
+            "lease and retention from the route, the record limit shared"
         );
         assert!(format!("{engine:?}").contains("authenticated: true"));
         let c = &layer.state.config;
@@ -381,11 +381,11 @@ mod tests {
 
     static LONGEST: RouteOptions = RouteOptions::new()
         .lease(Duration::MAX)
-        .ttl(Duration::MAX)
+        .retention(Duration::MAX)
         .wait_in_flight(Duration::MAX);
     static SHORTEST: RouteOptions = RouteOptions::new()
         .lease(Duration::ZERO)
-        .ttl(Duration::ZERO)
+        .retention(Duration::ZERO)
         .wait_in_flight(Duration::ZERO);
 
     /// No duration a route may name overflows a clock: the longest count as about a century,
@@ -396,7 +396,7 @@ mod tests {
         let century = Duration::from_secs(100 * 365 * 24 * 60 * 60);
         let longest = config.layer_for(&LONGEST);
         let engine = longest.engine();
-        assert_eq!((engine.lease(), engine.ttl()), (century, century));
+        assert_eq!((engine.lease(), engine.retention()), (century, century));
         assert_eq!(
             longest.state.config.wait_in_flight,
             Duration::MAX,
@@ -405,7 +405,7 @@ mod tests {
         let shortest = config.layer_for(&SHORTEST);
         let engine = shortest.engine();
         assert_eq!(
-            (engine.lease(), engine.ttl()),
+            (engine.lease(), engine.retention()),
             (Duration::from_millis(3), Duration::from_millis(1))
         );
     }

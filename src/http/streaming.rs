@@ -80,7 +80,7 @@ impl Streaming {
     /// How long the key of a streaming response stays held while its body has not ended.
     /// Default: 5 min.
     ///
-    /// Until then its lease is renewed, and a duplicate gets 409. After it the lease is no
+    /// Until then its lease is renewed, and a repeat gets 409. After it the lease is no
     /// longer renewed and lapses: a retry runs again, while the first stream goes on.
     ///
     /// The limit is the trade-off for a stream that never ends. Renewing its lease forever

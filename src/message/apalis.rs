@@ -18,7 +18,7 @@
 //!   key, set by `TaskBuilder::idempotency_key`. Else it is a task metadata entry
 //!   `Idempotency-Key` in any case. Else it is the task's id. The backend gives a task its id
 //!   when it is pushed, and keeps it across retries and redeliveries. So a redelivery is a
-//!   duplicate, and two tasks pushed with equal arguments are two jobs: a daily
+//!   repeat, and two tasks pushed with equal arguments are two jobs: a daily
 //!   `Reminder { user: 5 }` runs every day. Keying by the arguments instead is an opt-in,
 //!   [`TaskKey::Arguments`], whose risks its docs state. apalis-redis and `MemoryStorage`
 //!   themselves drop a second push under one `idempotency_key`. The door catches the
@@ -28,10 +28,10 @@
 //!   JSON, with every object's keys and every array's items sorted. So the order of a
 //!   `HashMap` or a `HashSet`, new at every deserialization, does not make a redelivery
 //!   `KeyReused`. The cost: under one given key, two tasks whose arguments differ only in
-//!   the order of a list are taken for one message, a duplicate and not `KeyReused`.
+//!   the order of a list are taken for one message, a repeat and not `KeyReused`.
 //! - **consumer name**, the scope: the name of the worker *pool*. It is the same in every
 //!   process that works the queue. It is not `WorkerBuilder::new`'s per-worker name, or a
-//!   task redelivered to another worker would not be seen as a duplicate.
+//!   task redelivered to another worker would not be seen as a repeat.
 //!
 //! # Outcomes
 //!
@@ -46,9 +46,9 @@
 //! | outcome | answer to apalis | status | apalis-redis then |
 //! | --- | --- | --- | --- |
 //! | ran, untracked | `Ok(Handled::Recorded / Untracked)` | `Done` | done |
-//! | completed duplicate | `Ok(Handled::Replayed)` | `Done` | done |
-//! | duplicate in flight, with the opt-in [`skip_in_flight`](MessageIdempotencyLayer::skip_in_flight) | `Ok(Handled::Skipped)` | `Done` | done: if the first holder crashed mid-handler, its work is lost |
-//! | duplicate in flight, past [`wait_in_flight`](MessageIdempotencyLayer::wait_in_flight) | `RetryAfterError` with the door's [`retry_after`](super::MessageError::retry_after) | `Pending` | rescheduled after *attempt* seconds, not reading the delay; not an attempt, so never dead for it |
+//! | completed repeat | `Ok(Handled::Replayed)` | `Done` | done |
+//! | repeat in flight, with the opt-in [`skip_in_flight`](MessageIdempotencyLayer::skip_in_flight) | `Ok(Handled::Skipped)` | `Done` | done: if the first holder crashed mid-handler, its work is lost |
+//! | repeat in flight, past [`wait_in_flight`](MessageIdempotencyLayer::wait_in_flight) | `RetryAfterError` with the door's [`retry_after`](super::MessageError::retry_after) | `Pending` | rescheduled after *attempt* seconds, not reading the delay; not an attempt, so never dead for it |
 //! | handler `Err(e)`, key released | `Err(e)` unchanged | as apalis sets it: `Failed`, or `Killed` for an `AbortError`, `Pending` for a `RetryAfterError` | retried after *attempt* seconds, dead after 25 attempts |
 //! | a handler error the door does not retry | `AbortError` | `Killed` | dead, not retried |
 //! | `Handled::Released` or `Handled::Held`, the key released or held | `Err` ([`Unsuccessful`]) | `Failed` | retried, as above |
@@ -59,9 +59,9 @@
 //! A worker that dies mid-handler holds its task's claim until the engine's lease lapses,
 //! since it renews it no longer. apalis-redis re-enqueues the dead worker's tasks once its
 //! heartbeats stop: `Config::heartbeat_interval` × `Config::missed_heartbeats`. Each
-//! redelivery before the lease lapses is a duplicate in flight, rescheduled, and the first
+//! redelivery before the lease lapses is a repeat in flight, rescheduled, and the first
 //! after it runs the task. A worker that dies after recording, before acknowledging, costs
-//! nothing: the redelivery is a completed duplicate.
+//! nothing: the redelivery is a completed repeat.
 //!
 //! apalis-redis stops a worker on any error from Redis, and two of its settings make one
 //! out of a slow reply. It counts the product above in whole seconds, and a worker's own
@@ -83,7 +83,7 @@
 //! `AbortError` compares the error's type, so it never matches the boxed errors of a
 //! worker's stack. The `Killed` status is what stops it. apalis sets it when the handler
 //! returns an `AbortError`, and the adapter with every `AbortError` it returns. apalis counts
-//! an attempt when the handler runs. So a refusal that does not run it, a duplicate in flight
+//! an attempt when the handler runs. So a refusal that does not run it, a repeat in flight
 //! or a store failure, is retried at once without counting, until the key is decided or the
 //! store answers. Give the policy a backoff: `RetryPolicy::retries(n).with_backoff(..)`.
 //!
@@ -94,7 +94,7 @@
 //! docs](super#the-lease-and-the-brokers-redelivery) applies.
 
 use super::error::{MessageError, MessageErrorKind};
-use super::key::{HeaderOrHash, KeyStrategy, Message, MessageKey};
+use super::key::{HeaderOrHash, Identify, Message, MessageKey};
 use super::layer::{Handled, MessageIdempotency, MessageIdempotencyLayer};
 use crate::engine::key::KeyError;
 pub use apalis_core;
@@ -211,21 +211,21 @@ fn write_json<T: serde::Serialize + ?Sized>(value: &T, out: &mut Vec<u8>) {
 
 /// How the door finds an apalis task's key.
 ///
-/// Every strategy takes the task's own idempotency key first, set by
+/// Each way takes the task's own idempotency key first, set by
 /// `TaskBuilder::idempotency_key`. Then a task metadata entry `Idempotency-Key`, in any case.
 /// They differ in what keys a task that has neither.
 ///
 /// ```
 /// use apalis_core::task::builder::TaskBuilder;
 /// use apalis_core::task::task_id::TaskId;
-/// use tower_idempotency::message::KeyStrategy;
+/// use tower_idempotency::message::Identify;
 /// use tower_idempotency::message::apalis::TaskKey;
 ///
 /// let reminder = |id: u64| TaskBuilder::new(5_u32).task_id(TaskId::from_int(id)).build();
 /// let (monday, tuesday) = (reminder(1), reminder(2));
 /// // Equal arguments, two tasks: two keys by default, one by the arguments.
-/// assert_ne!(TaskKey::TaskId.key(&monday).unwrap(), TaskKey::TaskId.key(&tuesday).unwrap());
-/// assert_eq!(TaskKey::Arguments.key(&monday).unwrap(), TaskKey::Arguments.key(&tuesday).unwrap());
+/// assert_ne!(TaskKey::TaskId.identify(&monday).unwrap(), TaskKey::TaskId.identify(&tuesday).unwrap());
+/// assert_eq!(TaskKey::Arguments.identify(&monday).unwrap(), TaskKey::Arguments.identify(&tuesday).unwrap());
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -241,7 +241,7 @@ pub enum TaskKey {
     /// The [digest](MessageKey::digest) of the queue and the arguments as JSON. Every
     /// object's keys are sorted; arrays keep their order.
     ///
-    /// **Tasks pushed with equal arguments are one job.** The second is a duplicate and does
+    /// **Tasks pushed with equal arguments are one job.** The second is a repeat and does
     /// not run, at any later time within the engine's retention: a daily reminder with the
     /// same arguments runs once. Use it where a repeat push is a producer's retry and equal
     /// arguments mean the same work. A `HashSet` in the arguments, or any value whose JSON
@@ -264,8 +264,8 @@ impl TaskKey {
     }
 }
 
-impl<Args: serde::Serialize> KeyStrategy<Task<Args>> for TaskKey {
-    fn key(&self, task: &Task<Args>) -> Result<Option<MessageKey>, KeyError> {
+impl<Args: serde::Serialize> Identify<Task<Args>> for TaskKey {
+    fn identify(&self, task: &Task<Args>) -> Result<Option<MessageKey>, KeyError> {
         if let Some(given) = task.header("Idempotency-Key") {
             return MessageKey::given(given).map(Some);
         }
@@ -291,28 +291,25 @@ pub struct ApalisLayer<L> {
 impl<St, C, F> ApalisLayer<MessageIdempotencyLayer<St, TaskKey, C, F>> {
     /// The door configured as `layer`, tasks keyed by [`TaskKey::TaskId`].
     ///
-    /// Name the layer's consumer after the worker pool. Its key strategy is replaced: the
+    /// Name the layer's consumer after the worker pool. Its [`Identify`] is replaced: the
     /// default would key a task by its arguments. Choose another with
-    /// [`key_strategy`](ApalisLayer::key_strategy).
+    /// [`identify`](ApalisLayer::identify).
     pub fn new(layer: MessageIdempotencyLayer<St, HeaderOrHash, C, F>) -> Self {
         Self {
-            inner: layer.key_strategy(TaskKey::default()),
+            inner: layer.identify(TaskKey::default()),
         }
     }
 }
 
 impl<St, K, C, F> ApalisLayer<MessageIdempotencyLayer<St, K, C, F>> {
-    /// Finds tasks' keys with `strategy`: a [`TaskKey`] or a strategy of your own.
+    /// Finds tasks' keys with `identify`: a [`TaskKey`] or an [`Identify`] of your own.
     /// Default: [`TaskKey::TaskId`].
     ///
     /// [`HeaderOrHash`] keys a task without a key by its arguments, as
     /// [`TaskKey::Arguments`] does.
-    pub fn key_strategy<K2>(
-        self,
-        strategy: K2,
-    ) -> ApalisLayer<MessageIdempotencyLayer<St, K2, C, F>> {
+    pub fn identify<K2>(self, identify: K2) -> ApalisLayer<MessageIdempotencyLayer<St, K2, C, F>> {
         ApalisLayer {
-            inner: self.inner.key_strategy(strategy),
+            inner: self.inner.identify(identify),
         }
     }
 }
@@ -417,7 +414,7 @@ where
                 Some(Status::Killed),
                 Err(Box::new(AbortError::new(Unsuccessful)) as BoxDynError),
             ),
-            // Also when the handler did not run (a duplicate): the task is done.
+            // Also when the handler did not run (a repeat): the task is done.
             Ok(handled) => (Some(Status::Done), Ok(handled)),
             Err(e) => {
                 let (status, e) = to_apalis(e);
@@ -433,7 +430,7 @@ where
 
 /// The door's error as apalis reads it, and the task status that goes with it. `None` keeps
 /// the one apalis set from the handler's own result. The handler's error goes unchanged, or
-/// as an `AbortError` when the door does not retry it. A duplicate in flight goes as
+/// as an `AbortError` when the door does not retry it. A repeat in flight goes as
 /// `RetryAfterError`, a store failure as a plain error that is retried, the rest as
 /// `AbortError`, not retried.
 fn to_apalis<E: Into<BoxDynError>>(e: MessageError<E>) -> (Option<Status>, BoxDynError) {
@@ -498,7 +495,7 @@ mod tests {
             (monday, tuesday),
             (Handled::Recorded(()), Handled::Recorded(()))
         );
-        // A redelivery of one of them (same id) is its duplicate.
+        // A redelivery of one of them (same id) is its repeat.
         let again = svc.oneshot(task(5_u32, 2)).await.unwrap();
         assert_eq!(again, Handled::Replayed(None));
         assert_eq!(runs.load(Ordering::SeqCst), 2, "each task ran once");
@@ -508,7 +505,7 @@ mod tests {
     async fn keying_by_arguments_is_an_opt_in_that_merges_equal_arguments() {
         let runs = Arc::new(AtomicUsize::new(0));
         let svc = ApalisLayer::new(door())
-            .key_strategy(TaskKey::Arguments)
+            .identify(TaskKey::Arguments)
             .layer(counting(&runs));
         let first = svc.clone().oneshot(task(5_u32, 1)).await.unwrap();
         let second = svc.oneshot(task(5_u32, 2)).await.unwrap();
@@ -560,8 +557,8 @@ mod tests {
         let (a, b) = (task(a, 1), task(b, 1));
         assert_eq!(a.body(), b.body());
         assert_eq!(
-            TaskKey::Arguments.key(&a).unwrap(),
-            TaskKey::Arguments.key(&b).unwrap()
+            TaskKey::Arguments.identify(&a).unwrap(),
+            TaskKey::Arguments.identify(&b).unwrap()
         );
     }
 
@@ -611,20 +608,20 @@ mod tests {
     fn keying_by_arguments_keeps_the_order_of_a_list() {
         let (first, second) = (task(vec![1_u32, 2], 1), task(vec![2_u32, 1], 2));
         assert_ne!(
-            TaskKey::Arguments.key(&first).unwrap(),
-            TaskKey::Arguments.key(&second).unwrap()
+            TaskKey::Arguments.identify(&first).unwrap(),
+            TaskKey::Arguments.identify(&second).unwrap()
         );
     }
 
     #[test]
     fn a_task_id_key_is_never_a_given_key_nor_an_arguments_digest() {
         let t = task(5_u32, 7);
-        let by_id = TaskKey::TaskId.key(&t).unwrap().unwrap();
+        let by_id = TaskKey::TaskId.identify(&t).unwrap().unwrap();
         assert_eq!(by_id, TaskKey::task_id_key(&TaskId::from_int(7)));
         assert!(!by_id.is_given());
         assert_ne!(by_id, MessageKey::given(b"7").unwrap());
-        assert_ne!(Some(by_id), TaskKey::Arguments.key(&t).unwrap());
-        assert_eq!(TaskKey::GivenOnly.key(&t).unwrap(), None);
+        assert_ne!(Some(by_id), TaskKey::Arguments.identify(&t).unwrap());
+        assert_eq!(TaskKey::GivenOnly.identify(&t).unwrap(), None);
     }
 
     /// The first delivery of task 1 runs until released. Meanwhile a second delivery of it goes
@@ -644,9 +641,9 @@ mod tests {
         }));
         let first = tokio::spawn(svc.clone().oneshot(task(5_u32, 1)));
         started.notified().await;
-        let duplicate = task(5_u32, 1);
-        let status = duplicate.ctx().raw_status().clone();
-        let out = svc.oneshot(duplicate).await;
+        let repeat = task(5_u32, 1);
+        let status = repeat.ctx().raw_status().clone();
+        let out = svc.oneshot(repeat).await;
         release.notify_one();
         assert_eq!(first.await.unwrap().unwrap(), Handled::Recorded(()));
         (out, status.load())

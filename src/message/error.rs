@@ -17,8 +17,8 @@ pub enum MessageErrorKind {
     /// [`Verdict::Fail`](crate::engine::Verdict::Fail) it is not retryable: dead-letter it.
     /// With [`Verdict::Hold`](crate::engine::Verdict::Hold) the key stays pending, and
     /// [`MessageError::retry_after`] says for how long.
-    Handler,
-    /// A duplicate of a message still being handled, refused after
+    Work,
+    /// A repeat of a message still being handled, refused after
     /// [`wait_in_flight`](super::MessageIdempotencyLayer::wait_in_flight). Retryable, after
     /// [`MessageError::retry_after`].
     InFlight,
@@ -34,6 +34,23 @@ pub enum MessageErrorKind {
     KeyReused,
     /// The record under the key failed validation, so it is not used. Not retryable.
     RecordInvalid,
+}
+
+impl MessageErrorKind {
+    /// The stable machine code, in the spelling of the HTTP layer's problem codes, e.g.
+    /// `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Work => "idempotency.work_failed",
+            Self::InFlight => "idempotency.in_flight",
+            Self::Store => "idempotency.store_failed",
+            Self::KeyMissing => "idempotency.key_missing",
+            Self::KeyInvalid => "idempotency.key_invalid",
+            Self::KeyReused => "idempotency.key_reused",
+            Self::RecordInvalid => "idempotency.record_invalid",
+        }
+    }
 }
 
 /// The door refused or failed a message.
@@ -104,7 +121,7 @@ impl<E> MessageError<E> {
     #[must_use]
     pub fn kind(&self) -> MessageErrorKind {
         match &self.inner {
-            Inner::Handler(..) => MessageErrorKind::Handler,
+            Inner::Handler(..) => MessageErrorKind::Work,
             Inner::InFlight(_) => MessageErrorKind::InFlight,
             Inner::Store(_) => MessageErrorKind::Store,
             Inner::KeyMissing => MessageErrorKind::KeyMissing,
@@ -112,6 +129,12 @@ impl<E> MessageError<E> {
             Inner::KeyReused => MessageErrorKind::KeyReused,
             Inner::RecordInvalid(_) => MessageErrorKind::RecordInvalid,
         }
+    }
+
+    /// The stable machine code of its [kind](Self::kind), e.g. `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 
     /// Whether a redelivery may succeed.

@@ -232,41 +232,41 @@ fn trim(v: &[u8]) -> &[u8] {
     }
 }
 
-/// Finds a message's key. A strategy may find none: the message then runs untracked, or is
+/// Finds a message's key. It may find none: the message then runs untracked, or is
 /// refused when the layer requires keys.
 ///
-/// Any `Fn(&M) -> Result<Option<MessageKey>, KeyError>` is a strategy, e.g. a key from a field
+/// Any `Fn(&M) -> Result<Option<MessageKey>, KeyError>` is an `Identify`, e.g. a key from a field
 /// of the body:
 ///
 /// ```
-/// use tower_idempotency::message::{Envelope, KeyStrategy, MessageKey};
+/// use tower_idempotency::message::{Envelope, Identify, MessageKey};
 ///
 /// let by_order_id = |m: &Envelope| {
 ///     let order = m.body.strip_prefix(b"order:").unwrap_or_default();
 ///     if order.is_empty() { Ok(None) } else { MessageKey::given(order).map(Some) }
 /// };
-/// let key = by_order_id.key(&Envelope::new("orders", "order:17")).unwrap();
+/// let key = by_order_id.identify(&Envelope::new("orders", "order:17")).unwrap();
 /// assert!(key.is_some_and(|k| k.is_given()));
 /// ```
-pub trait KeyStrategy<M>: Send + Sync + 'static {
+pub trait Identify<M>: Send + Sync + 'static {
     /// The message's key, `Ok(None)` for none.
     ///
     /// # Errors
     /// The message carries a key that is not valid. The layer refuses the message, so it
     /// never runs unprotected.
-    fn key(&self, message: &M) -> Result<Option<MessageKey>, KeyError>;
+    fn identify(&self, message: &M) -> Result<Option<MessageKey>, KeyError>;
 }
 
-impl<M, F> KeyStrategy<M> for F
+impl<M, F> Identify<M> for F
 where
     F: Fn(&M) -> Result<Option<MessageKey>, KeyError> + Send + Sync + 'static,
 {
-    fn key(&self, message: &M) -> Result<Option<MessageKey>, KeyError> {
+    fn identify(&self, message: &M) -> Result<Option<MessageKey>, KeyError> {
         self(message)
     }
 }
 
-/// The default strategy: the first key header the message carries, else the digest.
+/// The default [`Identify`]: the first key header the message carries, else the digest.
 ///
 /// The header is `Idempotency-Key` by default. Names are compared without regard to case,
 /// and the value is trimmed. With no such header, the key is the
@@ -277,14 +277,14 @@ where
 /// to the digest: a producer that meant to give a key is told it is wrong.
 ///
 /// ```
-/// use tower_idempotency::message::{Envelope, HeaderOrHash, KeyStrategy, MessageKey};
+/// use tower_idempotency::message::{Envelope, HeaderOrHash, Identify, MessageKey};
 ///
 /// let keys = HeaderOrHash::new();
-/// let given = keys.key(&Envelope::new("orders", "{}").with_header("idempotency-key", " k-1 ")).unwrap();
+/// let given = keys.identify(&Envelope::new("orders", "{}").with_header("idempotency-key", " k-1 ")).unwrap();
 /// assert_eq!(given, Some(MessageKey::given(b"k-1").unwrap()));
-/// let hashed = keys.key(&Envelope::new("orders", "{}")).unwrap();
+/// let hashed = keys.identify(&Envelope::new("orders", "{}")).unwrap();
 /// assert_eq!(hashed, Some(MessageKey::digest("orders", None, b"{}")));
-/// assert_eq!(HeaderOrHash::new().hash_body(false).key(&Envelope::new("orders", "{}")).unwrap(), None);
+/// assert_eq!(HeaderOrHash::new().hash_body(false).identify(&Envelope::new("orders", "{}")).unwrap(), None);
 /// ```
 #[derive(Clone, Debug)]
 #[must_use]
@@ -329,12 +329,12 @@ impl HeaderOrHash {
     /// rules of its own, such as `Nats-Msg-Id`: the producer did not mean them as our key.
     ///
     /// ```
-    /// use tower_idempotency::message::{Envelope, HeaderOrHash, KeyStrategy, MessageKey};
+    /// use tower_idempotency::message::{Envelope, HeaderOrHash, Identify, MessageKey};
     ///
     /// let keys = HeaderOrHash::new().or_id_header("Msg-Id");
     /// let id = "é".repeat(200);
     /// let m = Envelope::new("orders", "{}").with_header("Msg-Id", id.clone());
-    /// assert_eq!(keys.key(&m).unwrap(), Some(MessageKey::hashed(id.as_bytes())));
+    /// assert_eq!(keys.identify(&m).unwrap(), Some(MessageKey::hashed(id.as_bytes())));
     /// ```
     pub fn or_id_header(mut self, name: impl Into<String>) -> Self {
         self.headers.push((name.into(), true));
@@ -349,8 +349,8 @@ impl HeaderOrHash {
     }
 }
 
-impl<M: Message> KeyStrategy<M> for HeaderOrHash {
-    fn key(&self, message: &M) -> Result<Option<MessageKey>, KeyError> {
+impl<M: Message> Identify<M> for HeaderOrHash {
+    fn identify(&self, message: &M) -> Result<Option<MessageKey>, KeyError> {
         for (name, hash_invalid) in &self.headers {
             if let Some(v) = message.header(name) {
                 // An empty id says nothing: the next header, or the digest, decides.

@@ -1,14 +1,13 @@
 //! The layer and its service: claim the message's key, run the handler once, then the verdict.
 
 use super::error::MessageError;
-use super::key::{HeaderOrHash, KeyStrategy, Message, MessageKey};
+use super::key::{HeaderOrHash, Identify, Message, MessageKey};
 use crate::engine::detach::Drain;
 use crate::engine::scope::Scope;
 use crate::engine::settle::{Recording, Settle, Tally};
 use crate::engine::steps::Found;
 use crate::engine::{
-    Begin, BoxFuture, Classify, Codec, Discard, Engine, Fingerprint, RecordedResponse, Ticket,
-    Verdict,
+    Begin, BoxFuture, Classify, Codec, Discard, Engine, Fingerprint, Recorded, Ticket, Verdict,
 };
 use crate::metrics::{Door, Outcome, request};
 use crate::store::StoreKey;
@@ -50,10 +49,10 @@ pub enum Handled<R> {
     /// effect. The claim is kept for the engine's lease. Do not acknowledge: a redelivery is
     /// in flight until the lease lapses, then runs again.
     Held(R),
-    /// A completed duplicate: the handler did not run. It holds the recorded result when the
+    /// A completed repeat: the handler did not run. It holds the recorded result when the
     /// codec keeps results.
     Replayed(Option<R>),
-    /// A duplicate of a message still being handled, acknowledged unrun. Only with the
+    /// A repeat of a message still being handled, acknowledged unrun. Only with the
     /// opt-in [`skip_in_flight`](MessageIdempotencyLayer::skip_in_flight).
     Skipped,
     /// The handler ran untracked: the topic is not listed, or the message has no key.
@@ -93,9 +92,9 @@ impl<R> Handled<R> {
 
 /// The default classifier: records an `Ok` result and releases the key on an `Err`.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct RecordOk;
+pub struct DefaultClassifier;
 
-impl<R, E> Classify<Result<R, E>> for RecordOk {
+impl<R, E> Classify<Result<R, E>> for DefaultClassifier {
     fn classify(&self, outcome: &Result<R, E>) -> Verdict {
         match outcome {
             Ok(_) => Verdict::Record,
@@ -159,7 +158,7 @@ impl Config {
 /// # }
 /// ```
 #[must_use]
-pub struct MessageIdempotencyLayer<St, K = HeaderOrHash, C = Discard, F = RecordOk> {
+pub struct MessageIdempotencyLayer<St, K = HeaderOrHash, C = Discard, F = DefaultClassifier> {
     engine: Engine<St>,
     config: Arc<Config>,
     drain: Drain,
@@ -196,7 +195,7 @@ impl<St: Store> MessageIdempotencyLayer<St> {
     /// `engine` is an [`Engine`] or a store, which gets an engine with the defaults. Name
     /// one consumer group, durable subscription or worker pool, the same in every replica.
     /// The name is part of every key's scope. So two consumers of one topic each handle a
-    /// message once, and neither is skipped as the other's duplicate.
+    /// message once, and neither is skipped as the other's repeat.
     pub fn new(engine: impl Into<Engine<St>>, consumer: impl Into<String>) -> Self {
         let mut config = Config {
             consumer: Scope::principal(consumer),
@@ -215,7 +214,7 @@ impl<St: Store> MessageIdempotencyLayer<St> {
             drain: Drain::new(),
             keys: Arc::new(HeaderOrHash::new()),
             codec: Arc::new(Discard),
-            classify: Arc::new(RecordOk),
+            classify: Arc::new(DefaultClassifier),
         }
     }
 }
@@ -235,24 +234,24 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
 
     /// Refuses a message of a listed topic that has no key. The error's kind is
     /// `KeyMissing`, not retryable: the message dead-letters instead of running unprotected.
-    /// Default: `false`, and such a message runs untracked. With the default strategy every
+    /// Default: `false`, and such a message runs untracked. With the default [`Identify`] every
     /// message has a key unless [`HeaderOrHash::hash_body`] is off.
     pub fn require_key(self, require: bool) -> Self {
         self.config(|c| c.require_key = require)
     }
 
-    /// How long a duplicate of a message still being handled waits for the first delivery.
+    /// How long a repeat of a message still being handled waits for the first delivery.
     /// Default: 1 s.
     ///
-    /// If the first delivery records its result within the wait, the duplicate is answered
-    /// [`Handled::Replayed`]. If it is released, the duplicate runs. Otherwise the duplicate
+    /// If the first delivery records its result within the wait, the repeat is answered
+    /// [`Handled::Replayed`]. If it is released, the repeat runs. Otherwise the repeat
     /// is refused with a retryable error of kind `InFlight`, and
     /// [`MessageError::retry_after`] says when to redeliver. `Duration::ZERO` refuses at
     /// once and holds no consumer slot while waiting. The wait holds the consumer's slot,
     /// and the broker's ack deadline runs unless the adapter sends progress, as the NATS
     /// one does. Keep it well under the broker's ack wait.
     ///
-    /// A duplicate in flight is never acknowledged: it may be the redelivery of a message
+    /// A repeat in flight is never acknowledged: it may be the redelivery of a message
     /// whose consumer crashed mid-handler, and then it is the only copy left.
     ///
     /// ```
@@ -268,11 +267,11 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
         self.config(|c| c.wait_in_flight = wait)
     }
 
-    /// **Opt-in, and it can lose a message.** Acknowledges a duplicate in flight unrun, as
+    /// **Opt-in, and it can lose a message.** Acknowledges a repeat in flight unrun, as
     /// [`Handled::Skipped`], without waiting. Default: `false`.
     ///
     /// Two handlers never run at once, and a first delivery that fails is redelivered on
-    /// its own. But if the first delivery's consumer crashed, the skipped duplicate was the
+    /// its own. But if the first delivery's consumer crashed, the skipped repeat was the
     /// message's only copy left, and its work never happens. Use it only where the broker
     /// redelivers an unacknowledged message after the lease has lapsed, never before. Its
     /// ack wait or visibility timeout must then be longer than the engine's lease, and not
@@ -287,7 +286,7 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
     ///
     /// A future is dropped when the consumer shuts down or an outer timeout fires. The rest
     /// of the work (handler, record or release) then moves onto a task of its own. Its
-    /// outcome is recorded, so the redelivery is a completed duplicate. Wait for such work
+    /// outcome is recorded, so the redelivery is a completed repeat. Wait for such work
     /// at shutdown with [`drain`](Self::drain). With `false` the handler is cancelled with
     /// the future, and its key stays pending until its lease lapses, as after a crash.
     pub fn run_to_completion(self, on: bool) -> Self {
@@ -407,19 +406,19 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
         self.config(|c| c.consumer = c.consumer.clone().with_tenant(tenant))
     }
 
-    /// Finds keys with `strategy`. Default: [`HeaderOrHash`].
-    pub fn key_strategy<K2>(self, strategy: K2) -> MessageIdempotencyLayer<St, K2, C, F> {
+    /// Finds each message's key with `identify`. Default: [`HeaderOrHash`].
+    pub fn identify<K2>(self, identify: K2) -> MessageIdempotencyLayer<St, K2, C, F> {
         MessageIdempotencyLayer {
             engine: self.engine,
             config: self.config,
             drain: self.drain,
-            keys: Arc::new(strategy),
+            keys: Arc::new(identify),
             codec: self.codec,
             classify: self.classify,
         }
     }
 
-    /// Records the handler's result with `codec`, so a completed duplicate is answered with
+    /// Records the handler's result with `codec`, so a completed repeat is answered with
     /// it. Default: [`Discard`], which records only that the message was handled.
     ///
     /// [`Raw`](crate::engine::Raw) keeps bytes and text, [`Json`](crate::engine::Json) any
@@ -436,15 +435,15 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
         }
     }
 
-    /// Gives the [`Verdict`] on the handler's `Result`. Default: [`RecordOk`], which records
+    /// Gives the [`Verdict`] on the handler's `Result`. Default: [`DefaultClassifier`], which records
     /// `Ok` and releases the key on `Err`.
     ///
     /// | verdict | on `Ok(r)` | on `Err(e)` |
     /// | --- | --- | --- |
-    /// | `Record` | recorded; [`Handled::Recorded`] | recorded without a result; `Err`, kind `Handler`, not retryable |
-    /// | `Release` | key released; [`Handled::Released`] | key released; `Err`, kind `Handler`, retryable |
-    /// | `Fail` | key released; [`Handled::Failed`] | key released; `Err`, kind `Handler`, not retryable |
-    /// | `Hold` | key held for the lease; [`Handled::Held`] | key held for the lease; `Err`, kind `Handler`, retryable after [`retry_after`](MessageError::retry_after) |
+    /// | `Record` | recorded; [`Handled::Recorded`] | recorded without a result; `Err`, kind `Work`, not retryable |
+    /// | `Release` | key released; [`Handled::Released`] | key released; `Err`, kind `Work`, retryable |
+    /// | `Fail` | key released; [`Handled::Failed`] | key released; `Err`, kind `Work`, not retryable |
+    /// | `Hold` | key held for the lease; [`Handled::Held`] | key held for the lease; `Err`, kind `Work`, retryable after [`retry_after`](MessageError::retry_after) |
     ///
     /// `Fail` is for a message that fails the same way on every redelivery: a body that
     /// never parses, an order that no longer exists. The adapters dead-letter it. `Hold` is
@@ -469,7 +468,7 @@ impl<St, K, C, F> MessageIdempotencyLayer<St, K, C, F> {
     ///     })
     ///     .layer(service_fn(|_: Envelope| async { Err::<(), _>(MailError::Unparsable) }));
     /// let err = handler.oneshot(Envelope::new("mail", "???")).await.unwrap_err();
-    /// assert_eq!(err.kind(), MessageErrorKind::Handler);
+    /// assert_eq!(err.kind(), MessageErrorKind::Work);
     /// assert!(!err.is_retryable(), "dead-letter it");
     /// # }
     /// ```
@@ -519,7 +518,7 @@ struct Shared<St, K, C, F> {
 }
 
 /// The service made by [`MessageIdempotencyLayer`].
-pub struct MessageIdempotency<S, St, K = HeaderOrHash, C = Discard, F = RecordOk> {
+pub struct MessageIdempotency<S, St, K = HeaderOrHash, C = Discard, F = DefaultClassifier> {
     inner: S,
     shared: Arc<Shared<St, K, C, F>>,
 }
@@ -580,7 +579,7 @@ where
     S::Response: Send + 'static,
     S::Error: Send + 'static,
     St: Store,
-    K: KeyStrategy<M>,
+    K: Identify<M>,
     C: Codec<S::Response>,
     F: Classify<Result<S::Response, S::Error>>,
 {
@@ -608,7 +607,7 @@ where
         if !listed {
             return untracked(inner.call(message));
         }
-        let key = match shared.keys.key(&message) {
+        let key = match shared.keys.identify(&message) {
             Ok(Some(key)) => key,
             Ok(None) if config.require_key => {
                 request(Door::Message, Outcome::KeyMissing);
@@ -735,7 +734,7 @@ where
     let settle = match verdict {
         Verdict::Record => {
             let body = encode(engine, &*shared.codec, ticket.key(), result.as_ref().ok());
-            recorded = RecordedResponse::of_door(DOOR_VALUE, body);
+            recorded = Recorded::of_door(DOOR_VALUE, body);
             Settle::Record(Recording::Response(&recorded))
         }
         Verdict::Fail => Settle::Fail,
@@ -771,7 +770,7 @@ fn encode<St: Store, R, C: Codec<R>>(
             // that succeeded is refused: keep the fact that it completed, as the HTTP layer
             // keeps status and headers of a body over the limit.
             Ok(b) if b.len() > engine.max_record_body() => {
-                tracing::warn!(target: "tower_idempotency::message", key = ?store_key, limit = engine.max_record_body(), "result over the record limit; recorded without it, so a duplicate is acknowledged without a result");
+                tracing::warn!(target: "tower_idempotency::message", key = ?store_key, limit = engine.max_record_body(), "result over the record limit; recorded without it, so a repeat is acknowledged without a result");
                 None
             }
             Ok(b) => Some(b),
@@ -808,10 +807,7 @@ fn fingerprint<M: Message>(message: &M) -> Fingerprint {
     b.field(&message.body()).finish()
 }
 
-fn replay<R, E, C: Codec<R>>(
-    record: RecordedResponse,
-    codec: &C,
-) -> Result<Handled<R>, MessageError<E>> {
+fn replay<R, E, C: Codec<R>>(record: Recorded, codec: &C) -> Result<Handled<R>, MessageError<E>> {
     if !record.is_of_door(DOOR_VALUE) {
         tracing::error!(target: "tower_idempotency::message", "the record under this key was not written by the message door; not used");
         return Err(MessageError::record_invalid(None));
@@ -823,7 +819,7 @@ fn replay<R, E, C: Codec<R>>(
         codec
             .decode(b)
             .inspect_err(|e| {
-                tracing::warn!(target: "tower_idempotency::message", error = %e, "the recorded result does not decode with this codec; the duplicate is acknowledged without it");
+                tracing::warn!(target: "tower_idempotency::message", error = %e, "the recorded result does not decode with this codec; the repeat is acknowledged without it");
             })
             .ok()
     })))

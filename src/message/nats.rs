@@ -19,7 +19,7 @@
 //!     .await?;
 //!
 //! let handler = ServiceBuilder::new()
-//!     .layer(MessageIdempotencyLayer::new(MemoryStore::new(), "invoices").key_strategy(keys()))
+//!     .layer(MessageIdempotencyLayer::new(MemoryStore::new(), "invoices").identify(keys()))
 //!     .service(service_fn(|m: async_nats::Message| async move {
 //!         // send the invoice for m.payload ...
 //!         Ok::<_, Infallible>(())
@@ -51,8 +51,8 @@
 //! | ran, untracked, replayed, skipped (opt-in) | `Ack` |
 //! | handler `Err` whose key was released, or `Handled::Released` | `Nak` with backoff: 1 s, doubling per delivery, at most 60 s ([`failure_backoff`](JetStreamConsumer::failure_backoff)) |
 //! | a handler `Err` that is not retryable, or `Handled::Failed` | `Term`, and a warning |
-//! | a key held: `Handled::Held`, or a handler `Err` with a `retry_after` | `Nak` as for a duplicate in flight |
-//! | a duplicate in flight, past [`wait_in_flight`](super::MessageIdempotencyLayer::wait_in_flight) | `Nak` with backoff: 500 ms, doubling per delivery, at most 20 s and never past [`retry_after`](super::MessageError::retry_after) ([`in_flight_backoff`](JetStreamConsumer::in_flight_backoff)) |
+//! | a key held: `Handled::Held`, or a handler `Err` with a `retry_after` | `Nak` as for a repeat in flight |
+//! | a repeat in flight, past [`wait_in_flight`](super::MessageIdempotencyLayer::wait_in_flight) | `Nak` with backoff: 500 ms, doubling per delivery, at most 20 s and never past [`retry_after`](super::MessageError::retry_after) ([`in_flight_backoff`](JetStreamConsumer::in_flight_backoff)) |
 //! | the store failed on claim | `Nak` with backoff: 1 s, doubling per delivery, at most 60 s ([`store_backoff`](JetStreamConsumer::store_backoff)) |
 //! | the key reused by a different message | `Term`, and a warning |
 //! | no key where one is required, an invalid key, an invalid record | `Term`, and a warning |
@@ -131,7 +131,7 @@ impl Message for async_nats::Message {
     }
 }
 
-/// The key strategy for JetStream: `Idempotency-Key`, else `Nats-Msg-Id`, else the digest of
+/// The [`Identify`](super::Identify) for JetStream: `Idempotency-Key`, else `Nats-Msg-Id`, else the digest of
 /// subject and payload. An id that is not a valid key is hashed: see
 /// [`HeaderOrHash::or_id_header`].
 pub fn keys() -> HeaderOrHash {
@@ -251,12 +251,12 @@ impl<S> JetStreamConsumer<S> {
         self
     }
 
-    /// The delay of a redelivery of a duplicate in flight, or of a held key. Default: 500 ms,
+    /// The delay of a redelivery of a repeat in flight, or of a held key. Default: 500 ms,
     /// at most 20 s.
     ///
     /// It is `first` on the first delivery and doubles with each delivery, up to `max`. It
     /// is never past the error's [`retry_after`](super::MessageError::retry_after). A quick
-    /// handler's duplicate is decided within a second or two, and a crashed holder's message
+    /// handler's repeat is decided within a second or two, and a crashed holder's message
     /// runs soon after its lease lapses.
     pub fn in_flight_backoff(mut self, first: Duration, max: Duration) -> Self {
         self.in_flight = Backoff::new(first, max);
@@ -369,7 +369,7 @@ where
                 Reply::Term
             }
             Err(e) => match e.kind() {
-                MessageErrorKind::InFlight | MessageErrorKind::Handler
+                MessageErrorKind::InFlight | MessageErrorKind::Work
                     if e.retry_after().is_some() =>
                 {
                     let grown = self.in_flight.at(delivered);
@@ -377,7 +377,7 @@ where
                         e.retry_after().map_or(grown, |after| grown.min(after)),
                     ))
                 }
-                MessageErrorKind::Handler if e.is_retryable() => {
+                MessageErrorKind::Work if e.is_retryable() => {
                     Reply::Nak(Some(self.failure.at(delivered)))
                 }
                 MessageErrorKind::Store => Reply::Nak(Some(self.store.at(delivered))),
@@ -407,7 +407,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::message::{KeyStrategy, MessageKey};
+    use crate::message::{Identify, MessageKey};
 
     fn message(headers: &[(&str, &str)]) -> async_nats::Message {
         let mut map = async_nats::HeaderMap::new();
@@ -427,7 +427,7 @@ mod tests {
 
     #[test]
     fn the_key_is_the_idempotency_key_then_the_nats_msg_id_then_the_digest() {
-        let k = |h: &[(&str, &str)]| keys().key(&message(h)).unwrap();
+        let k = |h: &[(&str, &str)]| keys().identify(&message(h)).unwrap();
         let given = |v: &str| Some(MessageKey::given(v.as_bytes()).unwrap());
         assert_eq!(
             k(&[("idempotency-KEY", " a "), ("Nats-Msg-Id", "b")]),
@@ -442,7 +442,7 @@ mod tests {
 
     #[test]
     fn a_nats_msg_id_that_is_not_a_key_is_hashed_not_refused() {
-        let k = |h: &[(&str, &str)]| keys().key(&message(h));
+        let k = |h: &[(&str, &str)]| keys().identify(&message(h));
         let long = "m".repeat(300);
         assert_eq!(
             k(&[("Nats-Msg-Id", &long)]).unwrap(),

@@ -122,7 +122,7 @@ enum Inner<E> {
 pub enum OutboundErrorKind {
     /// The inner service failed before anything could go: its client's connect stage failed.
     /// The key was released. [`OutboundError::is_retryable`] says if a retry may succeed.
-    Failed,
+    Work,
     /// The request's key is not a valid idempotency key.
     KeyInvalid,
     /// The request has no key, and the door
@@ -134,6 +134,22 @@ pub enum OutboundErrorKind {
     Store,
     /// The record under the key is not a receipt this door can read. It is not replayed.
     RecordInvalid,
+}
+
+impl OutboundErrorKind {
+    /// The stable machine code, in the spelling of the HTTP layer's problem codes, e.g.
+    /// `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Work => "idempotency.work_failed",
+            Self::KeyInvalid => "idempotency.key_invalid",
+            Self::KeyMissing => "idempotency.key_missing",
+            Self::KeyReused => "idempotency.key_reused",
+            Self::Store => "idempotency.store_failed",
+            Self::RecordInvalid => "idempotency.record_invalid",
+        }
+    }
 }
 
 impl<E> OutboundError<E> {
@@ -177,13 +193,19 @@ impl<E> OutboundError<E> {
     #[must_use]
     pub fn kind(&self) -> OutboundErrorKind {
         match &self.inner {
-            Inner::Failed { .. } => OutboundErrorKind::Failed,
+            Inner::Failed { .. } => OutboundErrorKind::Work,
             Inner::KeyInvalid(_) => OutboundErrorKind::KeyInvalid,
             Inner::KeyMissing => OutboundErrorKind::KeyMissing,
             Inner::KeyReused => OutboundErrorKind::KeyReused,
             Inner::Store(_) => OutboundErrorKind::Store,
             Inner::RecordInvalid(_) => OutboundErrorKind::RecordInvalid,
         }
+    }
+
+    /// The stable machine code of its [kind](Self::kind), e.g. `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 
     /// Whether sending the same request again may succeed. True for a retryable failure of
@@ -194,20 +216,6 @@ impl<E> OutboundError<E> {
             Inner::Failed { retryable, .. } => *retryable,
             Inner::Store(_) => true,
             _ => false,
-        }
-    }
-
-    /// The machine code, as the HTTP layer's problem details name it
-    /// (`idempotency.key_reused`, ...). `None` for the inner service's failure.
-    #[must_use]
-    pub fn code(&self) -> Option<&'static str> {
-        match &self.inner {
-            Inner::Failed { .. } => None,
-            Inner::KeyInvalid(_) => Some("idempotency.key_invalid"),
-            Inner::KeyMissing => Some("idempotency.key_missing"),
-            Inner::KeyReused => Some("idempotency.key_reused"),
-            Inner::Store(_) => Some("idempotency.store_failed"),
-            Inner::RecordInvalid(_) => Some("idempotency.record_invalid"),
         }
     }
 

@@ -69,7 +69,7 @@ use crate::engine::key::IdempotencyKey;
 use crate::engine::scope::DerivedKey;
 use crate::engine::{
     BoxFuture, Classify, Codec, CodecError, CodecErrorKind, Engine, Fingerprint, KeyError, Raw,
-    RecordedResponse, Scope, Verdict,
+    Recorded, Scope, Verdict,
 };
 use crate::store::Record;
 use crate::store::Store;
@@ -295,9 +295,21 @@ fn verdict_of_status(status: StatusCode, retry_after: bool) -> Verdict {
 #[non_exhaustive]
 pub enum CallErrorKind {
     /// The client's call failed before a response head came.
-    Request,
+    Work,
     /// The response body failed or was over the limit, after the provider answered.
     ResponseBody,
+}
+
+impl CallErrorKind {
+    /// The stable machine code, in the spelling of the HTTP layer's problem codes, e.g.
+    /// `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Work => "idempotency.work_failed",
+            Self::ResponseBody => "idempotency.response_body_failed",
+        }
+    }
 }
 
 /// Why an HTTP call failed: the client's error, or a response body that failed or was too
@@ -313,6 +325,12 @@ impl CallError {
     #[must_use]
     pub fn kind(&self) -> CallErrorKind {
         self.kind
+    }
+
+    /// The stable machine code of its [kind](Self::kind), e.g. `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 
     /// The client's error, or the body's.
@@ -331,7 +349,7 @@ impl CallError {
 impl fmt::Display for CallError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.kind {
-            CallErrorKind::Request => write!(f, "the HTTP call failed: {}", self.source),
+            CallErrorKind::Work => write!(f, "the HTTP call failed: {}", self.source),
             CallErrorKind::ResponseBody => {
                 write!(f, "the HTTP response body failed: {}", self.source)
             }
@@ -395,7 +413,7 @@ where
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), CallError>> {
         self.inner.poll_ready(cx).map_err(|e| CallError {
             source: e.into(),
-            kind: CallErrorKind::Request,
+            kind: CallErrorKind::Work,
         })
     }
 
@@ -412,7 +430,7 @@ where
         Box::pin(async move {
             let res = fut.await.map_err(|e| CallError {
                 source: e.into(),
-                kind: CallErrorKind::Request,
+                kind: CallErrorKind::Work,
             })?;
             let (parts, body) = res.into_parts();
             let body = Limited::new(body, limit)
@@ -443,8 +461,7 @@ impl Codec<Response<Bytes>> for Raw {
                 )
             })
             .collect();
-        let record =
-            RecordedResponse::new(res.status().as_u16(), headers, Some(res.body().clone()));
+        let record = Recorded::new(res.status().as_u16(), headers, Some(res.body().clone()));
         record.encode().map(Record::into_bytes).map_err(|e| {
             CodecError::with_source(CodecErrorKind::Encode, "the response cannot be kept", e)
         })
@@ -467,7 +484,7 @@ impl Codec<Response<Bytes>> for Raw {
                 )
             })
             .collect();
-        RecordedResponse::new(res.status().as_u16(), headers, None)
+        Recorded::new(res.status().as_u16(), headers, None)
             .encode()
             .ok()
             .map(Record::into_bytes)

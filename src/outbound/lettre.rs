@@ -179,10 +179,22 @@ enum MailInner<E> {
 #[non_exhaustive]
 pub enum MailErrorKind {
     /// The transport returned an error.
-    Transport,
+    Work,
     /// The send took longer than the [timeout](LettreSendOnce::timeout). Its delivery is
     /// unknown.
     Timeout,
+}
+
+impl MailErrorKind {
+    /// The stable machine code, in the spelling of the HTTP layer's problem codes, e.g.
+    /// `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Work => "idempotency.work_failed",
+            Self::Timeout => "idempotency.timeout",
+        }
+    }
 }
 
 impl<E> MailError<E> {
@@ -190,9 +202,15 @@ impl<E> MailError<E> {
     #[must_use]
     pub fn kind(&self) -> MailErrorKind {
         match self.inner {
-            MailInner::Transport(_) => MailErrorKind::Transport,
+            MailInner::Transport(_) => MailErrorKind::Work,
             MailInner::Timeout(_) => MailErrorKind::Timeout,
         }
+    }
+
+    /// The stable machine code of its [kind](Self::kind), e.g. `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 
     /// The transport's error, when that is what failed.

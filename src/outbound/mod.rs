@@ -45,7 +45,7 @@
 //! | the store failed to claim | [`Store`](OutboundErrorKind::Store), retryable, nothing sent | — |
 //! | a record that is not this door's receipt | [`RecordInvalid`](OutboundErrorKind::RecordInvalid), nothing sent | unchanged |
 //! | nothing: the request is sent, and it went | [`Delivery::Recorded`] | completed with the receipt |
-//! | … it failed before anything could go: a connect stage failed, a definite rejection | [`Failed`](OutboundErrorKind::Failed), or [`Delivery::Released`] or [`Delivery::Failed`] for a provider's answer | released |
+//! | … it failed before anything could go: a connect stage failed, a definite rejection | [`Work`](OutboundErrorKind::Work), or [`Delivery::Released`] or [`Delivery::Failed`] for a provider's answer | released |
 //! | … its outcome is unknown: a timeout after the request was written, a reset mid-exchange, an answer that may follow an action | [`Delivery::Held`] | held for the [hold time](SendOnceLayer::hold) |
 //! | … the caller dropped the future after the send began | — | held for the hold time |
 //! | … its receipt is over the engine's record limit | [`Delivery::Recorded`] | completed with the receipt's fitted form ([`Codec::encode_fitted`]), or held for the hold time |

@@ -5,8 +5,7 @@ use super::delivery::{Delivery, OutboundError, Unknown};
 use super::identify::{Identify, Identity};
 use crate::engine::settle::{Recording, Settle, Tally};
 use crate::engine::{
-    Begin, BoxFuture, Classify, Codec, Engine, Raw, RecordError, RecordedResponse, Scope, Ticket,
-    Verdict,
+    Begin, BoxFuture, Classify, Codec, Engine, Raw, RecordError, Recorded, Scope, Ticket, Verdict,
 };
 use crate::metrics::{self, Outcome, Settled};
 use crate::store::Store;
@@ -541,7 +540,7 @@ impl<St: Store> Keys<St> {
         let recorded;
         let settle = match (verdict, receipt) {
             (Verdict::Record, Some(receipt)) => {
-                recorded = RecordedResponse::of_door(DOOR_NAME, Some(receipt));
+                recorded = Recorded::of_door(DOOR_NAME, Some(receipt));
                 Settle::Record(Recording::Response(&recorded))
             }
             (Verdict::Record | Verdict::Hold, _) => Settle::Hold(self.hold),
@@ -553,10 +552,7 @@ impl<St: Store> Keys<St> {
 }
 
 /// The receipt in a record this door wrote; any other record is invalid.
-pub(crate) fn read_record<R, K: Codec<R>>(
-    codec: &K,
-    record: RecordedResponse,
-) -> Result<R, RecordError> {
+pub(crate) fn read_record<R, K: Codec<R>>(codec: &K, record: Recorded) -> Result<R, RecordError> {
     let ours = record.is_of_door(DOOR_NAME);
     match record.body {
         Some(body) if ours => codec

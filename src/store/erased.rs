@@ -61,7 +61,7 @@ trait ErasedStore: Send + Sync + 'static {
         token: &'a Token,
         fingerprint: &'a Fingerprint,
         record: Record,
-        ttl: Duration,
+        retention: Duration,
     ) -> BoxFuture<'a, bool>;
     fn release<'a>(&'a self, key: &'a StoreKey, token: &'a Token) -> BoxFuture<'a, bool>;
     fn renew<'a>(
@@ -83,7 +83,7 @@ trait ErasedStore: Send + Sync + 'static {
         key: &'a StoreKey,
         step: &'a StepId,
         value: Bytes,
-        ttl: Duration,
+        retention: Duration,
     ) -> BoxFuture<'a, StepRecorded>;
     fn steps<'a>(&'a self, key: &'a StoreKey) -> BoxFuture<'a, Vec<(StepId, Bytes)>>;
     fn prepare_step<'a>(
@@ -112,9 +112,16 @@ impl<St: Store> ErasedStore for St {
         token: &'a Token,
         fingerprint: &'a Fingerprint,
         record: Record,
-        ttl: Duration,
+        retention: Duration,
     ) -> BoxFuture<'a, bool> {
-        Box::pin(Store::complete(self, key, token, fingerprint, record, ttl))
+        Box::pin(Store::complete(
+            self,
+            key,
+            token,
+            fingerprint,
+            record,
+            retention,
+        ))
     }
     fn release<'a>(&'a self, key: &'a StoreKey, token: &'a Token) -> BoxFuture<'a, bool> {
         Box::pin(Store::release(self, key, token))
@@ -148,9 +155,9 @@ impl<St: Store> ErasedStore for St {
         key: &'a StoreKey,
         step: &'a StepId,
         value: Bytes,
-        ttl: Duration,
+        retention: Duration,
     ) -> BoxFuture<'a, StepRecorded> {
-        Box::pin(Store::record_step(self, key, step, value, ttl))
+        Box::pin(Store::record_step(self, key, step, value, retention))
     }
     fn steps<'a>(&'a self, key: &'a StoreKey) -> BoxFuture<'a, Vec<(StepId, Bytes)>> {
         Box::pin(Store::steps(self, key))
@@ -189,9 +196,11 @@ impl Store for DynStore {
         token: &Token,
         fingerprint: &Fingerprint,
         record: Record,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<bool, StoreError> {
-        self.0.complete(key, token, fingerprint, record, ttl).await
+        self.0
+            .complete(key, token, fingerprint, record, retention)
+            .await
     }
     async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
         self.0.release(key, token).await
@@ -215,9 +224,9 @@ impl Store for DynStore {
         key: &StoreKey,
         step: &StepId,
         value: Bytes,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<StepRecorded, StoreError> {
-        self.0.record_step(key, step, value, ttl).await
+        self.0.record_step(key, step, value, retention).await
     }
     async fn steps(&self, key: &StoreKey) -> Result<Vec<(StepId, Bytes)>, StoreError> {
         self.0.steps(key).await

@@ -24,7 +24,7 @@
 //! | operation | does |
 //! | --- | --- |
 //! | [`claim`](Store::claim) | no live record: hold the key *pending* for `lease` under a fresh token → [`Claim::Claimed`]; else the record found |
-//! | [`complete`](Store::complete) | store the key *done* with the record for `ttl`, only if the token still holds it (or nothing does) |
+//! | [`complete`](Store::complete) | store the key *done* with the record for `retention`, only if the token still holds it (or nothing does) |
 //! | [`release`](Store::release) | delete the key, only if the token holds it pending |
 //! | [`renew`](Store::renew) | extend a pending lease, only if the token holds it |
 //! | [`forget`](Store::forget) | delete the key's record and steps so the key can be used again; a live pending claim only when asked |
@@ -101,14 +101,14 @@
 //!     }
 //!
 //!     async fn complete(
-//!         &self, key: &StoreKey, token: &Token, fp: &Fingerprint, record: Record, ttl: Duration,
+//!         &self, key: &StoreKey, token: &Token, fp: &Fingerprint, record: Record, retention: Duration,
 //!     ) -> Result<bool, StoreError> {
 //!         let now = Instant::now();
 //!         let mut map = self.0.lock().expect("not poisoned");
 //!         // Written if this token still holds the key, or if nothing live holds it.
 //!         let free = map.get(key).is_none_or(|e| e.held_by(token, now) || !e.live(now));
 //!         if free {
-//!             map.insert(*key, Entry::Done { fingerprint: *fp, record, until: now + ttl });
+//!             map.insert(*key, Entry::Done { fingerprint: *fp, record, until: now + retention });
 //!         }
 //!         Ok(free)
 //!     }
@@ -218,7 +218,7 @@ pub trait Store: Send + Sync + 'static {
         lease: Duration,
     ) -> impl Future<Output = Result<Claim, StoreError>> + Send;
 
-    /// Stores `record` as the key's result for `ttl`, if `token` still holds the key or nothing
+    /// Stores `record` as the key's result for `retention`, if `token` still holds the key or nothing
     /// does. Returns whether the record was written. `false` means another holder has the key.
     ///
     /// A written record answers every repeat, so a store that keeps steps deletes the key's
@@ -229,7 +229,7 @@ pub trait Store: Send + Sync + 'static {
         token: &Token,
         fingerprint: &Fingerprint,
         record: Record,
-        ttl: Duration,
+        retention: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Deletes the key if `token` holds it pending. Returns whether it was deleted.
@@ -263,7 +263,7 @@ pub trait Store: Send + Sync + 'static {
     ) -> impl Future<Output = Result<Forgotten, StoreError>> + Send;
 
     /// Records one step of the work under `key`, unless a step is already recorded there
-    /// under `step`. The key's steps are then kept at least `ttl` from now, and at least `ttl`
+    /// under `step`. The key's steps are then kept at least `retention` from now, and at least `retention`
     /// past the lease of a pending claim on the key; renewing the claim keeps them so, and
     /// completing the key deletes them. It is not fenced by a
     /// token: a step's side effect happened, so its record is worth keeping whoever holds the
@@ -277,9 +277,9 @@ pub trait Store: Send + Sync + 'static {
         key: &StoreKey,
         step: &StepId,
         value: Bytes,
-        ttl: Duration,
+        retention: Duration,
     ) -> impl Future<Output = Result<StepRecorded, StoreError>> + Send {
-        let _ = (key, step, value, ttl);
+        let _ = (key, step, value, retention);
         std::future::ready(Err(steps_unsupported()))
     }
 
@@ -365,9 +365,9 @@ impl<S: Store> Store for Arc<S> {
         token: &Token,
         fingerprint: &Fingerprint,
         record: Record,
-        ttl: Duration,
+        retention: Duration,
     ) -> impl Future<Output = Result<bool, StoreError>> + Send {
-        (**self).complete(key, token, fingerprint, record, ttl)
+        (**self).complete(key, token, fingerprint, record, retention)
     }
     fn release(
         &self,
@@ -402,9 +402,9 @@ impl<S: Store> Store for Arc<S> {
         key: &StoreKey,
         step: &StepId,
         value: Bytes,
-        ttl: Duration,
+        retention: Duration,
     ) -> impl Future<Output = Result<StepRecorded, StoreError>> + Send {
-        (**self).record_step(key, step, value, ttl)
+        (**self).record_step(key, step, value, retention)
     }
     fn steps(
         &self,
@@ -611,6 +611,12 @@ impl StoreError {
         self.kind
     }
 
+    /// The stable machine code of its [kind](Self::kind), e.g. `idempotency.store_unavailable`.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
+    }
+
     /// Whether the same operation may succeed when tried again later. Every kind but
     /// [`Protocol`](StoreErrorKind::Protocol) and [`Unsupported`](StoreErrorKind::Unsupported)
     /// is: the backend was away, slow, full or busy. An answer the store does not understand is
@@ -662,6 +668,24 @@ pub enum StoreErrorKind {
     NotReplicated,
     /// The store does not do what was asked: a store of your own that keeps no steps.
     Unsupported,
+}
+
+impl StoreErrorKind {
+    /// The stable machine code, in the spelling of the HTTP layer's problem codes, e.g.
+    /// `idempotency.store_unavailable`.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Unavailable => "idempotency.store_unavailable",
+            Self::Timeout => "idempotency.store_timeout",
+            Self::Protocol => "idempotency.store_protocol",
+            Self::StoreFull => "idempotency.store_full",
+            Self::ScopeFull => "idempotency.scope_full",
+            Self::Conflict => "idempotency.store_conflict",
+            Self::NotReplicated => "idempotency.store_not_replicated",
+            Self::Unsupported => "idempotency.store_unsupported",
+        }
+    }
 }
 
 impl fmt::Display for StoreErrorKind {

@@ -2,7 +2,7 @@
 //!
 //! ```no_run
 //! use tower_idempotency::IdempotencyKey;
-//! use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse, Scope};
+//! use tower_idempotency::engine::{Engine, Fingerprint, Recorded, Scope};
 //! use tower_idempotency::store::postgres::PostgresStore;
 //! use tower_idempotency::store::postgres::sqlx::{self, PgPool};
 //! use tower_idempotency::transactional::{Within, within};
@@ -22,7 +22,7 @@
 //!             .fetch_one(&mut *tx)
 //!             .await?;
 //!         let body = format!(r#"{{"id":{id}}}"#);
-//!         Ok::<_, sqlx::Error>(RecordedResponse::new(201, vec![], Some(body.into())))
+//!         Ok::<_, sqlx::Error>(Recorded::new(201, vec![], Some(body.into())))
 //!     })
 //! })
 //! .await?;
@@ -53,9 +53,9 @@
 //! 3. The work runs on the same transaction. Its `Ok` value is the response to record.
 //! 4. The record is written over the claim, and the transaction commits.
 //!
-//! A duplicate that arrives meanwhile meets the row lock:
+//! A repeat that arrives meanwhile meets the row lock:
 //!
-//! | the first request | the duplicate |
+//! | the first request | the repeat |
 //! | --- | --- |
 //! | commits within the lock wait ([`PostgresStoreBuilder::lock_timeout`], 1 s by default) | gets [`Within::Replayed`] of the first's record |
 //! | runs longer | gets [`Within::InFlight`] once the wait ends (HTTP: 409, retry later) |
@@ -82,9 +82,9 @@
 //! held the key.
 //!
 //! - In a transaction of its own, `within` tries the claim once more, in a new transaction.
-//!   Its snapshot sees the first's record, so the duplicate gets the replay, as under
+//!   Its snapshot sees the first's record, so the repeat gets the replay, as under
 //!   `READ COMMITTED`.
-//! - In your transaction, the snapshot is yours. The duplicate gets [`Within::InFlight`]; a
+//! - In your transaction, the snapshot is yours. The repeat gets [`Within::InFlight`]; a
 //!   retry in a new transaction gets the replay.
 //!
 //! A deadlock on the claim (`40P01`) is answered the same way.
@@ -99,7 +99,7 @@
 //!
 //! Use `within` when the work is writes to the PostgreSQL database the records live in:
 //! create the order, debit the balance. Then no crash can leave the work without its record,
-//! or a record without its work. It costs the handler an explicit call. A duplicate holds a
+//! or a record without its work. It costs the handler an explicit call. A repeat holds a
 //! database connection while it waits for the first.
 //!
 //! The [`IdempotencyLayer`](crate::IdempotencyLayer), over any store, is enough in two cases:
@@ -184,8 +184,7 @@ mod postgres;
 use self::postgres::{Held, Lifted};
 use crate::engine::steps::Ready;
 use crate::engine::{
-    Begin, BoxFuture, Codec, Engine, Fingerprint, RecordError, RecordedResponse, StepError, Steps,
-    Ticket,
+    Begin, BoxFuture, Codec, Engine, Fingerprint, RecordError, Recorded, StepError, Steps, Ticket,
 };
 use crate::metrics::{self, Door, Op, Outcome, Settled, Started, StepResult, request, settled};
 use crate::store::StoreKey;
@@ -204,9 +203,9 @@ pub enum Within {
     /// The work ran, and its response was recorded in the same transaction
     /// ([`Verdict::Record`](crate::engine::Verdict::Record)). It is committed. On your
     /// transaction, it is written into it, and you commit it.
-    Recorded(RecordedResponse),
+    Recorded(Recorded),
     /// The same request completed before: its recorded response. The work did not run.
-    Replayed(RecordedResponse),
+    Replayed(Recorded),
     /// The same request holds the key and did not commit within the lock wait. HTTP answers 409,
     /// retryable. The work did not run.
     InFlight,
@@ -225,7 +224,7 @@ pub enum Within {
 /// [`into_inner`](Self::into_inner).
 ///
 /// ```no_run
-/// use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse, Scope};
+/// use tower_idempotency::engine::{Engine, Fingerprint, Recorded, Scope};
 /// use tower_idempotency::store::postgres::{PostgresStore, sqlx};
 /// use tower_idempotency::transactional::{WithinErrorKind, within};
 /// use tower_idempotency::IdempotencyKey;
@@ -237,7 +236,7 @@ pub enum Within {
 /// # let fingerprint = Fingerprint::builder().field(b"POST /orders").finish();
 /// let mut conn = pool.acquire().await?;
 /// let failed = within(&engine, &mut conn, key, fingerprint, |_tx| {
-///     Box::pin(async { Err::<RecordedResponse, _>("out of stock") })
+///     Box::pin(async { Err::<Recorded, _>("out of stock") })
 /// })
 /// .await
 /// .unwrap_err();
@@ -276,6 +275,19 @@ pub enum WithinErrorKind {
     Conflict,
 }
 
+impl WithinErrorKind {
+    /// The stable machine code, in the spelling of the HTTP layer's problem codes, e.g.
+    /// `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(self) -> &'static str {
+        match self {
+            Self::Work => "idempotency.work_failed",
+            Self::Store => "idempotency.store_failed",
+            Self::Conflict => "idempotency.conflict",
+        }
+    }
+}
+
 impl<E> WithinError<E> {
     fn work(e: E) -> Self {
         Self {
@@ -303,6 +315,12 @@ impl<E> WithinError<E> {
             Repr::Store(_) => WithinErrorKind::Store,
             Repr::Conflict(_) => WithinErrorKind::Conflict,
         }
+    }
+
+    /// The stable machine code of its [kind](Self::kind), e.g. `idempotency.work_failed`.
+    #[must_use]
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 
     /// Whether running the request again, in a new transaction, may succeed. It is `true` for a
@@ -404,7 +422,7 @@ pub async fn within<F, E>(
     work: F,
 ) -> Result<Within, WithinError<E>>
 where
-    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<RecordedResponse, E>>,
+    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Recorded, E>>,
 {
     let store = engine.store();
     let fingerprint = engine.keyed(fingerprint);
@@ -550,7 +568,7 @@ where
         let op = "PostgreSQL record step in a transaction";
         let started = Started::now();
         let recorded = store
-            .record_step_on(&mut tx, &bound.key, &id, &sealed, bound.ttl)
+            .record_step_on(&mut tx, &bound.key, &id, &sealed, bound.retention)
             .await;
         let timed = recorded
             .as_ref()
@@ -619,9 +637,9 @@ async fn ran<F, E>(
     tx: &mut Transaction<'_, Postgres>,
     ticket: &Ticket,
     work: F,
-) -> Result<RecordedResponse, (Settled, WithinError<E>)>
+) -> Result<Recorded, (Settled, WithinError<E>)>
 where
-    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<RecordedResponse, E>>,
+    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Recorded, E>>,
 {
     let response = match work(tx).await {
         Ok(response) => response,
@@ -645,7 +663,7 @@ where
             ticket.token(),
             ticket.fingerprint(),
             record,
-            engine.ttl(),
+            engine.retention(),
         )
         .await;
     let op = "PostgreSQL complete in a transaction";

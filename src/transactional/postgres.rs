@@ -141,7 +141,7 @@ impl PostgresStore {
         token: &Token,
         fingerprint: &Fingerprint,
         record: Record,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<bool, OpError> {
         let key = self.row_key(key);
         let record = record.into_bytes();
@@ -150,7 +150,7 @@ impl PostgresStore {
             .bind(&token.as_bytes()[..])
             .bind(&fingerprint.as_bytes()[..])
             .bind(&record[..])
-            .bind(sql::millis(ttl))
+            .bind(sql::millis(retention))
             .fetch_optional(&mut *conn)
             .await?;
         Ok(written.is_some())

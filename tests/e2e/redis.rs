@@ -1,7 +1,7 @@
 //! End to end over Redis: two quickstart processes (the built example, with
 //! `REDIS_URL`) sharing one `redis-server`.
 //!
-//! - concurrent duplicates of 200 keys, sent to both processes at once, run each key once;
+//! - concurrent repeats of 200 keys, sent to both processes at once, run each key once;
 //! - Redis killed while requests are in flight: 503 `idempotency.store_failed` with
 //!   `Retry-After`, no panic, no run without a claim; Redis started again on the same port:
 //!   keyed requests succeed again within a few seconds in the same processes.
@@ -53,7 +53,7 @@ async fn two_processes_run_each_of_200_keys_once() {
         report.executions.iter().all(|&e| e > 0),
         "both processes ran keys"
     );
-    // Whether a storm duplicate lands after its key completed depends on timing; a retry sent
+    // Whether a storm repeat lands after its key completed depends on timing; a retry sent
     // to the other process after the first answer must be a replay, every time.
     let http = client();
     for k in 0..10 {

@@ -21,13 +21,13 @@ use tower_idempotency::IdempotencyLayer;
 async fn memory_storm_runs_every_key_exactly_once() {
     let keys = env_or("STORM_KEYS", 1000);
     let dups = env_or("STORM_DUPLICATES", 50);
-    // Enough workers that the duplicates of a few keys are all in flight together.
+    // Enough workers that the repeats of a few keys are all in flight together.
     let workers = (dups * 4).clamp(1, 256);
 
     let work = Work::per_key();
     let server = TestServer::start(work.user_app(IdempotencyLayer::default())).await;
     let http = client();
-    // A random delay in 0..=20 ms, drawn once per key (every duplicate of a key sleeps alike).
+    // A random delay in 0..=20 ms, drawn once per key (every repeat of a key sleeps alike).
     let delays: Vec<u64> = (0..keys).map(|_| random_delay_ms()).collect();
 
     let started = Instant::now();
@@ -61,7 +61,7 @@ async fn memory_storm_runs_every_key_exactly_once() {
     let mix = Mix::of(&answers);
     let max_ms = answers.iter().map(|a| a.elapsed).max().unwrap_or_default();
     println!(
-        "memory storm: {keys} keys x {dups} duplicates = {} requests, {workers} in flight, \
+        "memory storm: {keys} keys x {dups} repeats = {} requests, {workers} in flight, \
          {took:.2?} ({:.0} req/s), max request {max_ms:.2?}",
         answers.len(),
         answers.len() as f64 / took.as_secs_f64()

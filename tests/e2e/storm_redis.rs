@@ -1,5 +1,5 @@
 //! Duplicate storm on the Redis store: two quickstart processes (the built example, with
-//! `REDIS_URL`) sharing one `redis-server`, the duplicates of each key split over both, the
+//! `REDIS_URL`) sharing one `redis-server`, the repeats of each key split over both, the
 //! handler sleeping a random 0–20 ms. Every key must run exactly once over both processes, and
 //! every answer must be the original 201, a replay of it, or a 409.
 //!
@@ -37,7 +37,7 @@ async fn redis_storm_over_two_processes_runs_every_key_exactly_once() {
     let workers = (dups * 4).clamp(2, 256);
     let report = storm(&[&a, &b], keys, dups, workers, |_| random_delay_ms()).await;
     println!(
-        "redis storm, two processes, {keys} keys x {dups} duplicates, {workers} in flight: {report}"
+        "redis storm, two processes, {keys} keys x {dups} repeats, {workers} in flight: {report}"
     );
 
     assert_eq!(

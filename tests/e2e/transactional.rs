@@ -96,7 +96,7 @@ async fn the_example_places_one_order_per_key_with_the_layers_answers() {
     let anonymous = code(post(Some("k-2"), None, order).await.unwrap()).await;
     assert_eq!(anonymous.0, 401);
 
-    // The first request of k-3 waits on a lock held elsewhere, holding its claim: a duplicate
+    // The first request of k-3 waits on a lock held elsewhere, holding its claim: a repeat
     // waits out the lock wait (1 s) and is told the first is in flight.
     let mut blocker = pool.begin().await.unwrap();
     sqlx::query("LOCK TABLE example_orders IN EXCLUSIVE MODE")

@@ -1,5 +1,5 @@
-//! A duplicate that waits, across two processes on one Redis: the first run is
-//! served by this test process, its duplicate by a second process (this test binary again, run
+//! A repeat that waits, across two processes on one Redis: the first run is
+//! served by this test process, its repeat by a second process (this test binary again, run
 //! as a server by the ignored test `child_server`), which waits for the first run through
 //! Redis (polling with backoff) and replays its record.
 //!
@@ -105,7 +105,7 @@ async fn a_duplicate_on_another_process_waits_and_replays() {
     ));
     work.wait_runs("two-processes", 1).await;
     let sent = Instant::now();
-    let duplicate = send(
+    let repeat = send(
         client()
             .post(format!("http://127.0.0.1:{port}/work"))
             .header("content-type", "application/json")
@@ -118,14 +118,14 @@ async fn a_duplicate_on_another_process_waits_and_replays() {
     let first = first.await.expect("the first request");
 
     assert_eq!(first.status, 201, "{}", first.describe());
-    assert_eq!(duplicate.status, 201, "{}", duplicate.describe());
+    assert_eq!(repeat.status, 201, "{}", repeat.describe());
     assert!(
-        duplicate.is_replay(),
+        repeat.is_replay(),
         "the other process waited and replayed: {}",
-        duplicate.describe()
+        repeat.describe()
     );
     assert_eq!(
-        duplicate.execution(),
+        repeat.execution(),
         first.execution(),
         "the first run's answer"
     );
@@ -136,6 +136,6 @@ async fn a_duplicate_on_another_process_waits_and_replays() {
     );
     assert!(
         waited >= Duration::from_millis(200),
-        "the duplicate waited for the first run ({waited:?})"
+        "the repeat waited for the first run ({waited:?})"
     );
 }

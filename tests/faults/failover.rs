@@ -41,7 +41,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tower_idempotency::IdempotencyLayer;
 use tower_idempotency::conformance::{fingerprint, random_key};
-use tower_idempotency::engine::{Begin, Engine, RecordedResponse, Scope};
+use tower_idempotency::engine::{Begin, Engine, Recorded, Scope};
 use tower_idempotency::store::redis::RedisStore;
 use tower_idempotency::store::{Claim, Record};
 
@@ -256,7 +256,7 @@ struct Report {
     lost_window: Option<(Duration, Duration)>,
     lost_by_app: Vec<usize>,
     /// Runs after the first of a key, by why.
-    duplicates: BTreeMap<String, usize>,
+    repeats: BTreeMap<String, usize>,
     /// Completes by result.
     completes: BTreeMap<String, usize>,
     /// Per process: when its failed requests ended, from the fault (first, last).
@@ -283,7 +283,7 @@ impl fmt::Display for Report {
             "storm, {}: {} requests in {:.1?} ({} keys x {} passes by {} clients on each of 2 \
              apps), fault at {:.1?}; acknowledged {}, LOST {} {:?} (runs that showed it: {:.2?} after \
              the fault, per app {:?}); executions {} (keys run \
-             twice {}, run again after a 2xx {} of which acknowledged {}), duplicates {:?}; completes {:?}; answers per app {}; failed requests \
+             twice {}, run again after a 2xx {} of which acknowledged {}), repeats {:?}; completes {:?}; answers per app {}; failed requests \
              ended (per app, from the fault) {:.2?}; recovered after (per app: the first answer \
              after the last failure) {:.2?}",
             self.label,
@@ -302,7 +302,7 @@ impl fmt::Display for Report {
             self.keys_run_twice,
             self.ran_again_after_2xx,
             self.ran_again_after_acknowledged,
-            self.duplicates,
+            self.repeats,
             self.completes,
             answers.join(" "),
             self.failed_between,
@@ -576,7 +576,7 @@ async fn count(
             } else {
                 format!("after a failed complete ({prev_result})")
             };
-            *report.duplicates.entry(why).or_insert(0) += 1;
+            *report.repeats.entry(why).or_insert(0) += 1;
         }
     }
     // When a client first had a 2xx of each key (the answer's end, on the shared clock).
@@ -850,7 +850,7 @@ async fn a_store_idle_through_a_failover_skips_the_restarted_old_primary() {
         .expect("connect through the sentinels");
     let engine = Engine::new(store);
     let (key, fp) = (random_key(), fingerprint("a"));
-    let response = RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{}")));
+    let response = Recorded::new(201, vec![], Some(Bytes::from_static(b"{}")));
     let Ok(Begin::Run(t)) = engine.begin(key, fp).await else {
         panic!("a fresh key runs")
     };
@@ -1027,7 +1027,7 @@ async fn wait_holds_claims_figures() {
         .expect("connect");
     let engine = Engine::new(store);
     let fp = fingerprint("a");
-    let response = RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{}")));
+    let response = Recorded::new(201, vec![], Some(Bytes::from_static(b"{}")));
     let claims = |engine: Engine<RedisStore>| async move {
         let mut took = Vec::new();
         for _ in 0..40 {

@@ -131,7 +131,7 @@ async fn scenario<S: Store + Sync>(
     }
 
     if late == Late::CompleteWhileSecondPending {
-        // B still holds the key: a duplicate is in flight, not a replay of A.
+        // B still holds the key: a repeat is in flight, not a replay of A.
         let d = send(server.work(&key)).await;
         assert_eq!(
             d.kind(),

@@ -52,7 +52,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
-use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse, Scope};
+use tower_idempotency::engine::{Engine, Fingerprint, Recorded, Scope};
 use tower_idempotency::http::{PrincipalMode, REPLAYED_HEADER, Rejection, RejectionKind};
 use tower_idempotency::store::postgres::PostgresStore;
 use tower_idempotency::store::postgres::sqlx::{self, PgPool};
@@ -229,7 +229,7 @@ fn problem(kind: RejectionKind, detail: &'static str) -> Response {
     rejection.to_problem_response().map(Into::into)
 }
 
-fn respond(recorded: RecordedResponse, replayed: bool) -> Response {
+fn respond(recorded: Recorded, replayed: bool) -> Response {
     let mut res = Response::new(recorded.body.unwrap_or_default().into());
     *res.status_mut() = StatusCode::from_u16(recorded.status).unwrap();
     for (name, value) in recorded.headers {
@@ -279,7 +279,7 @@ async fn tx_order(State(app): State<TxApp>, headers: HeaderMap, body: Bytes) -> 
             // The transaction stays open a while: a kill meets some of them mid-way.
             tokio::time::sleep(delay).await;
             let body = json!({ "id": id, "key": work_key }).to_string();
-            Ok::<_, sqlx::Error>(RecordedResponse::new(
+            Ok::<_, sqlx::Error>(Recorded::new(
                 201,
                 vec![("content-type".into(), "application/json".into())],
                 Some(body.into()),
@@ -474,7 +474,7 @@ async fn storm(door: Door, size: Size) -> Report {
             let restarted_at = Arc::clone(&restarted_at);
             tokio::spawn(async move {
                 // Clients go in pairs, one per app, over the same keys at once: each key's
-                // duplicates meet across the two processes.
+                // repeats meet across the two processes.
                 let pairs = size.clients.div_ceil(2);
                 let offset = (c / 2) * size.keys / pairs;
                 let mut passes = 0;

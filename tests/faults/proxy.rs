@@ -348,7 +348,7 @@ async fn a_lost_complete_returns_the_response_and_leaves_the_key_pending_for_one
     assert_eq!(rerun.execution(), 2, "one re-run");
     assert_ne!(rerun.body, first.body);
 
-    // Ten more duplicates at once: all replays of the re-run; no third run.
+    // Ten more repeats at once: all replays of the re-run; no third run.
     let tasks: Vec<_> = (0..10)
         .map(|_| tokio::spawn(send(rig.server.work(key))))
         .collect();
@@ -366,7 +366,7 @@ async fn a_lost_complete_returns_the_response_and_leaves_the_key_pending_for_one
     println!(
         "lost complete: first answer 201 in {:.2?} (timeout {TIMEOUT:?}); \
          then {during_mix} for {rerun_after:.2?} (lease {LEASE:?}); then exactly one re-run \
-         (201), 10 duplicates replayed; max request {max:.2?}",
+         (201), 10 repeats replayed; max request {max:.2?}",
         first.elapsed
     );
 }
@@ -399,7 +399,7 @@ async fn a_complete_delayed_by_a_healed_partition_is_stored_late() {
     assert_eq!(rig.work.runs_of(key), 1, "no re-run");
     println!(
         "healed partition: the complete that timed out (201 after {:.2?}) was applied late; \
-         duplicates replay the first run, runs 1",
+         repeats replay the first run, runs 1",
         first.elapsed
     );
 }

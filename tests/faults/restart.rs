@@ -1,10 +1,10 @@
 //! Redis restarted with data loss (`--save "" --appendonly no`, as every test server runs):
 //! the documented behaviour is observed and nothing panics.
 //!
-//! - a completed key's record is gone: the next duplicates run the work once more (one run for
-//!   ten concurrent duplicates), then replay that run;
+//! - a completed key's record is gone: the next repeats run the work once more (one run for
+//!   ten concurrent repeats), then replay that run;
 //! - a request in flight across the restart completes into the empty Redis (the contract writes
-//!   a record when nothing holds the key), so its duplicates replay it;
+//!   a record when nothing holds the key), so its repeats replay it;
 //! - the same store (same `ConnectionManager`) reconnects by itself.
 //!
 //! ```text
@@ -69,7 +69,7 @@ async fn redis_restart_with_data_loss_runs_the_next_duplicate_once() {
     })
     .await;
 
-    // The in-flight request completes into the empty Redis; its duplicates replay it.
+    // The in-flight request completes into the empty Redis; its repeats replay it.
     work.open("across");
     let across = across.await.unwrap();
     assert_eq!(across.kind(), Kind::Fresh, "{}", across.describe());
@@ -78,7 +78,7 @@ async fn redis_restart_with_data_loss_runs_the_next_duplicate_once() {
     assert_eq!(replay.body, across.body);
     assert_eq!(work.runs_of("in-flight"), 1);
 
-    // The lost record: ten concurrent duplicates run the work exactly once more.
+    // The lost record: ten concurrent repeats run the work exactly once more.
     let tasks: Vec<_> = (0..10)
         .map(|_| tokio::spawn(send(server.work("done-before").header("x-delay-ms", "100"))))
         .collect();
@@ -107,7 +107,7 @@ async fn redis_restart_with_data_loss_runs_the_next_duplicate_once() {
     println!(
         "redis restart with data loss: records {records_before} -> {records_after}; reconnected \
          (first 201) {reconnected:.0?} after the restart began, probes {}; in-flight request \
-         completed into the empty Redis and replays; lost key: 10 concurrent duplicates -> \
+         completed into the empty Redis and replays; lost key: 10 concurrent repeats -> \
          {mix}; runs of the lost key 2 (1 before, 1 after)",
         Mix::of(&probes)
     );

@@ -1,4 +1,4 @@
-//! Concurrency over a real TCP server: many duplicates at once, a handler slower than its lease
+//! Concurrency over a real TCP server: many repeats at once, a handler slower than its lease
 //! (renewal), and a client that goes away while its handler runs.
 
 use crate::support;
@@ -31,7 +31,7 @@ async fn hundred_concurrent_duplicates_run_the_handler_exactly_once() {
     let mut answers: Vec<Answer> = Vec::with_capacity(tasks.len());
     for t in tasks {
         answers.push(
-            bounded(Duration::from_secs(30), "a concurrent duplicate", t)
+            bounded(Duration::from_secs(30), "a concurrent repeat", t)
                 .await
                 .expect("the request task"),
         );
@@ -107,7 +107,7 @@ async fn handler_slower_than_the_lease_keeps_its_claim_by_renewal() {
         assert_eq!(
             work.executions(),
             1,
-            "the duplicate after {step} steps ({:?} on the store's clock, lease {lease:?}) did not start a second execution",
+            "the repeat after {step} steps ({:?} on the store's clock, lease {lease:?}) did not start a second execution",
             lease * 2 / 3 * step
         );
     }

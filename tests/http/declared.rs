@@ -31,7 +31,7 @@ fn request(server: &TestServer, key: &str, status: u16, declare: &str) -> reqwes
 
 /// Every declaration, through the layer over `store`.
 async fn declarations_are_followed<St: Store>(store: St, lapse: Lapse) {
-    // A hook that would release everything: a definitive answer is recorded all the same.
+    // A hook that would release everything: a declared answer is recorded all the same.
     let engine = match &lapse {
         Lapse::Real(lease) => Engine::builder(store).lease(*lease).build(),
         Lapse::Manual(_) => Engine::new(store),
@@ -42,11 +42,11 @@ async fn declarations_are_followed<St: Store>(store: St, lapse: Lapse) {
     let work = Work::new();
     let server = TestServer::start(work.app(layer)).await;
 
-    // Definitive: a 500 after an effect that cannot be undone is recorded and replayed.
-    let first = send(request(&server, "charged", 500, "definitive")).await;
+    // Declared: a 500 after an effect that cannot be undone is recorded and replayed.
+    let first = send(request(&server, "charged", 500, "record")).await;
     assert_eq!(first.status, 500, "{}", first.describe());
     assert!(!first.is_replay());
-    let retry = send(request(&server, "charged", 500, "definitive")).await;
+    let retry = send(request(&server, "charged", 500, "record")).await;
     assert_eq!(retry.status, 500, "{}", retry.describe());
     assert!(
         retry.is_replay(),
@@ -135,11 +135,11 @@ async fn an_undeclared_500_is_still_released() {
 
 /// A declared 304 is not a final answer a replay can give: released.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_declared_definitive_304_is_released() {
+async fn a_declared_304_is_released() {
     let work = Work::new();
     let server = TestServer::start(work.app(IdempotencyLayer::default())).await;
-    send(request(&server, "nm", 304, "definitive")).await;
-    send(request(&server, "nm", 304, "definitive")).await;
+    send(request(&server, "nm", 304, "record")).await;
+    send(request(&server, "nm", 304, "record")).await;
     assert_eq!(work.runs_of("nm"), 2);
 }
 

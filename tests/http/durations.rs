@@ -1,5 +1,5 @@
 //! No `Duration` a user passes to a setter panics: every duration setter of the layer at
-//! `ZERO` and `Duration::MAX`, and a duplicate waiting without bound.
+//! `ZERO` and `Duration::MAX`, and a repeat waiting without bound.
 //! Paused clock: the longest waits pass at once.
 
 use bytes::Bytes;
@@ -50,7 +50,10 @@ fn request(key: &str) -> Request<Full<Bytes>> {
 
 /// Every duration setter of the layer and its engine at `d`.
 fn every_duration(d: Duration) -> IdempotencyLayer {
-    let engine = Engine::builder(MemoryStore::new()).lease(d).ttl(d).build();
+    let engine = Engine::builder(MemoryStore::new())
+        .lease(d)
+        .retention(d)
+        .build();
     IdempotencyLayer::new(engine)
         .streaming(Streaming::default().collect_timeout(d).lease_limit(d))
         .wait_in_flight(d)
@@ -95,8 +98,8 @@ async fn every_duration_setter_takes_zero_and_the_maximum() {
     }
 }
 
-/// `wait_in_flight(Duration::MAX)`: the duplicate waits for the first run and gets its replay
-/// (it panicked at the first duplicate).
+/// `wait_in_flight(Duration::MAX)`: the repeat waits for the first run and gets its replay
+/// (it panicked at the first repeat).
 #[tokio::test(flavor = "current_thread", start_paused = true)]
 async fn a_duplicate_waits_without_bound_for_the_first_run() {
     let layer = IdempotencyLayer::default().wait_in_flight(Duration::MAX);
@@ -105,15 +108,15 @@ async fn a_duplicate_waits_without_bound_for_the_first_run() {
     while runs.load(Ordering::SeqCst) == 0 {
         tokio::task::yield_now().await;
     }
-    let duplicate = svc
+    let repeat = svc
         .clone()
         .oneshot(request("k-wait"))
         .await
         .expect("infallible");
-    assert_eq!(duplicate.status(), StatusCode::CREATED);
+    assert_eq!(repeat.status(), StatusCode::CREATED);
     assert!(
-        duplicate.headers().contains_key("idempotent-replayed"),
-        "the duplicate waited and got the replay"
+        repeat.headers().contains_key("idempotent-replayed"),
+        "the repeat waited and got the replay"
     );
     first.await.expect("the first run").expect("infallible");
     assert_eq!(runs.load(Ordering::SeqCst), 1);

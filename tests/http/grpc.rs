@@ -1,5 +1,5 @@
 //! gRPC mode with a real tonic client and server over loopback: first call, replay (message,
-//! initial metadata, status and trailing metadata), concurrent duplicates, released statuses,
+//! initial metadata, status and trailing metadata), concurrent repeats, released statuses,
 //! every gRPC rejection, the layer on the whole server and around one service, and each kind
 //! of streaming RPC (recorded when it fits the record limit, passed through and released when
 //! it does not).

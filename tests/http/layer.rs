@@ -3,7 +3,7 @@
 //!
 //! Rejections in detail (bad keys, body limits, store failures, problem+json) are in
 //! `http/rejections.rs`; what happens after the handler and what a replay carries are in
-//! `http/replay.rs`; concurrent duplicates, lease renewal and dropped clients are in
+//! `http/replay.rs`; concurrent repeats, lease renewal and dropped clients are in
 //! `http/concurrency.rs`; the extractors in `http/extractors.rs`; the quickstart example's
 //! contract in `e2e/quickstart.rs`.
 

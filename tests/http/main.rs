@@ -9,7 +9,7 @@ mod support;
 mod abandoned;
 mod concurrency;
 mod declared;
-mod definitive_bodies;
+mod declared_bodies;
 mod detached;
 mod durations;
 mod extractors;

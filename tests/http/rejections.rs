@@ -133,10 +133,10 @@ async fn key_with_a_control_byte_is_400_key_invalid_and_nothing_is_stored() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn key_from_a_key_fn_with_a_control_byte_is_400_key_invalid() {
+async fn key_from_identify_with_a_control_byte_is_400_key_invalid() {
     let store = SpyStore::new();
     // The closure turns `x-key: k` into `k\u{1}`: a control byte no header could carry.
-    let layer = IdempotencyLayer::new(store.clone()).key_fn(|parts| {
+    let layer = IdempotencyLayer::new(store.clone()).identify(|parts| {
         parts
             .headers
             .get("x-key")

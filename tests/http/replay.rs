@@ -16,7 +16,7 @@ use support::http::{
 };
 use tower::{Layer, ServiceExt, service_fn};
 use tower_idempotency::ConfigErrorKind;
-use tower_idempotency::engine::RecordedResponse;
+use tower_idempotency::engine::Recorded;
 use tower_idempotency::http::{RequestBody, ResponseBody, ResponseMode};
 use tower_idempotency::store::Record;
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal, Secret};
@@ -177,7 +177,7 @@ async fn json_server(layer: IdempotencyLayer<SpyStore>) -> (TestServer, Arc<Atom
 async fn with_the_validation_preset_a_corrected_request_runs_under_the_same_key() {
     let store = SpyStore::new();
     let layer = IdempotencyLayer::new(store.clone())
-        .classify(tower_idempotency::http::release_validation_errors);
+        .classify(tower_idempotency::http::ValidationClassifier);
     let (server, runs) = json_server(layer).await;
     let orders = || server.client().post(server.url("/orders"));
     let valid = r#"{"item":"book"}"#;
@@ -754,9 +754,7 @@ async fn record_without_a_body_stored_with_body_headers_replays_without_them() {
         )
     })
     .collect();
-    let record = RecordedResponse::new(201, fields, None)
-        .encode()
-        .expect("encode");
+    let record = Recorded::new(201, fields, None).encode().expect("encode");
     plant(&*store, &store_key("http", "alice", "k-old"), &fp, record).await;
     let (server, work) = server_with(IdempotencyLayer::new(Arc::clone(&store))).await;
     let replay = send(server.post("/work", BODY).principal("alice").key("k-old")).await;
@@ -874,7 +872,7 @@ fn encoded(status: u16, headers: &[(&'static str, &'static str)]) -> Record {
             )
         })
         .collect();
-    RecordedResponse::new(status, fields, Some(Bytes::from_static(b"{}")))
+    Recorded::new(status, fields, Some(Bytes::from_static(b"{}")))
         .encode()
         .expect("encode the planted record")
 }
@@ -1118,7 +1116,7 @@ async fn http_trailers_pass_the_allow_list() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn record_with_a_trailer_off_the_allow_list_is_503_record_invalid() {
-    let record = RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{}")))
+    let record = Recorded::new(201, vec![], Some(Bytes::from_static(b"{}")))
         .with_trailers(vec![(
             Bytes::from_static(b"x-checksum"),
             Bytes::from_static(b"sha256=abc"),

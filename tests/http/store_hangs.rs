@@ -58,11 +58,11 @@ impl Store for Silent {
         token: &Token,
         fp: &Fingerprint,
         record: Record,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<bool, StoreError> {
         unless(
             &self.complete,
-            self.inner.complete(key, token, fp, record, ttl),
+            self.inner.complete(key, token, fp, record, retention),
         )
         .await
     }
@@ -85,9 +85,13 @@ impl Store for Silent {
         key: &StoreKey,
         step: &StepId,
         value: Bytes,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<StepRecorded, StoreError> {
-        unless(&self.steps, self.inner.record_step(key, step, value, ttl)).await
+        unless(
+            &self.steps,
+            self.inner.record_step(key, step, value, retention),
+        )
+        .await
     }
     async fn prepare_step(
         &self,
@@ -230,7 +234,7 @@ fn outside_a_tokio_runtime_store_operations_run_unbounded_instead_of_panicking()
         let Begin::Run(ticket) = engine.begin(key, fp).await.expect("claim") else {
             panic!("a free key")
         };
-        let response = tower_idempotency::engine::RecordedResponse::new(201, vec![], None);
+        let response = tower_idempotency::engine::Recorded::new(201, vec![], None);
         assert!(engine.complete(ticket, &response).await.expect("complete"));
         assert!(matches!(
             engine.begin(key, fp).await.expect("claim"),

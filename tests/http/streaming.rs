@@ -178,7 +178,7 @@ async fn event_stream_goes_out_as_it_comes_and_is_recorded_as_status_and_headers
     streams.send(0, "second;");
     read_exactly(&mut res, "second;").await;
 
-    // While it streams, the key is held: a duplicate is told the work is in progress.
+    // While it streams, the key is held: a repeat is told the work is in progress.
     send(request(&server, "k-sse"))
         .await
         .assert_problem(409, "idempotency.in_flight");

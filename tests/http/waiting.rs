@@ -1,4 +1,4 @@
-//! A duplicate that waits for the first run instead of getting 409, and the
+//! A repeat that waits for the first run instead of getting 409, and the
 //! `Retry-After` of a 409 taken from the lease the first run has left. The memory store wakes
 //! the waiter in process; Redis is polled (across processes: see `tests/e2e/waiting_redis.rs`).
 
@@ -11,7 +11,7 @@ use tower_idempotency::store::Store;
 
 const BODY: &str = r#"{"item":"book"}"#;
 
-/// The first run (the handler sleeps `delay_ms`) and a duplicate sent once it has started.
+/// The first run (the handler sleeps `delay_ms`) and a repeat sent once it has started.
 async fn first_and_duplicate(
     server: &TestServer,
     work: &Work,
@@ -27,24 +27,24 @@ async fn first_and_duplicate(
     ));
     work.wait_runs(key, 1).await;
     let sent = Instant::now();
-    let duplicate = send(server.post("/work", BODY).principal("alice").key(key)).await;
+    let repeat = send(server.post("/work", BODY).principal("alice").key(key)).await;
     let waited = sent.elapsed();
-    (first.await.expect("the first request"), duplicate, waited)
+    (first.await.expect("the first request"), repeat, waited)
 }
 
 async fn duplicate_waits_and_replays<St: Store>(store: St) {
     let layer = IdempotencyLayer::new(store).wait_in_flight(Duration::from_secs(10));
     let work = Work::new();
     let server = TestServer::start(work.app(layer)).await;
-    let (first, duplicate, _) = first_and_duplicate(&server, &work, "waits", 400).await;
+    let (first, repeat, _) = first_and_duplicate(&server, &work, "waits", 400).await;
     assert_eq!(first.status, 201);
-    assert_eq!(duplicate.status, 201, "{}", duplicate.describe());
+    assert_eq!(repeat.status, 201, "{}", repeat.describe());
     assert!(
-        duplicate.is_replay(),
-        "the duplicate got the replay: {}",
-        duplicate.describe()
+        repeat.is_replay(),
+        "the repeat got the replay: {}",
+        repeat.describe()
     );
-    assert_eq!(duplicate.execution(), first.execution());
+    assert_eq!(repeat.execution(), first.execution());
     assert_eq!(work.executions(), 1, "no extra handler run");
 }
 
@@ -69,8 +69,8 @@ async fn the_memory_store_wakes_the_waiter_without_polling() {
     let layer = IdempotencyLayer::new(store.clone()).wait_in_flight(Duration::from_secs(10));
     let work = Work::new();
     let server = TestServer::start(work.app(layer)).await;
-    let (_, duplicate, waited) = first_and_duplicate(&server, &work, "woken", 800).await;
-    assert!(duplicate.is_replay(), "{}", duplicate.describe());
+    let (_, repeat, waited) = first_and_duplicate(&server, &work, "woken", 800).await;
+    assert!(repeat.is_replay(), "{}", repeat.describe());
     assert!(
         waited >= Duration::from_millis(300),
         "it waited for the first run ({waited:?})"
@@ -78,11 +78,11 @@ async fn the_memory_store_wakes_the_waiter_without_polling() {
     assert_eq!(
         store.claims(),
         3,
-        "the first run's claim, the duplicate's, and one more after the wake-up"
+        "the first run's claim, the repeat's, and one more after the wake-up"
     );
 }
 
-/// A first run released (a 503) leaves the key free: the waiting duplicate runs it itself.
+/// A first run released (a 503) leaves the key free: the waiting repeat runs it itself.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiting_duplicate_runs_when_the_first_run_is_released() {
     let layer = IdempotencyLayer::default().wait_in_flight(Duration::from_secs(10));
@@ -97,10 +97,10 @@ async fn a_waiting_duplicate_runs_when_the_first_run_is_released() {
             .respond(503),
     ));
     work.wait_runs("freed", 1).await;
-    let duplicate = send(server.post("/work", BODY).principal("alice").key("freed")).await;
+    let repeat = send(server.post("/work", BODY).principal("alice").key("freed")).await;
     assert_eq!(first.await.expect("first").status, 503);
-    assert_eq!(duplicate.status, 201, "{}", duplicate.describe());
-    assert!(!duplicate.is_replay());
+    assert_eq!(repeat.status, 201, "{}", repeat.describe());
+    assert!(!repeat.is_replay());
     assert_eq!(work.executions(), 2);
 }
 
@@ -118,13 +118,13 @@ async fn past_the_bound_it_is_409_with_the_lease_left_as_retry_after() {
     let server = TestServer::start(work.app(layer)).await;
     // The first run outlasts the bound by seconds, so a loaded machine still sees the bound end
     // the wait first.
-    let (first, duplicate, waited) = first_and_duplicate(&server, &work, "bounded", 5_000).await;
-    duplicate.assert_problem(409, "idempotency.in_flight");
+    let (first, repeat, waited) = first_and_duplicate(&server, &work, "bounded", 5_000).await;
+    repeat.assert_problem(409, "idempotency.in_flight");
     assert!(
         waited >= Duration::from_millis(300) && waited < Duration::from_millis(4_500),
         "the bound was honoured ({waited:?})"
     );
-    let retry_after: u64 = duplicate
+    let retry_after: u64 = repeat
         .retry_after()
         .expect("Retry-After on 409")
         .parse()
@@ -142,9 +142,9 @@ async fn past_the_bound_it_is_409_with_the_lease_left_as_retry_after() {
 async fn without_a_wait_the_duplicate_gets_409_at_once() {
     let work = Work::new();
     let server = TestServer::start(work.app(IdempotencyLayer::default())).await;
-    // A duplicate that waited would be answered after the first run's 5 s, with its replay.
-    let (_, duplicate, waited) = first_and_duplicate(&server, &work, "now", 5_000).await;
-    duplicate.assert_problem(409, "idempotency.in_flight");
+    // A repeat that waited would be answered after the first run's 5 s, with its replay.
+    let (_, repeat, waited) = first_and_duplicate(&server, &work, "now", 5_000).await;
+    repeat.assert_problem(409, "idempotency.in_flight");
     assert!(
         waited < Duration::from_millis(4_000),
         "answered at once ({waited:?})"

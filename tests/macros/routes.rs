@@ -54,17 +54,17 @@ async fn strict(Extension(runs): Extension<Runs>) -> (StatusCode, String) {
     (StatusCode::CREATED, format!("run {}", runs.next()))
 }
 
-#[idempotent(ttl = "1s")]
+#[idempotent(retention = "1s")]
 async fn short_lived(Extension(runs): Extension<Runs>) -> (StatusCode, String) {
     (StatusCode::CREATED, format!("run {}", runs.next()))
 }
 
-#[idempotent(lease = "1500ms", ttl = "10m")]
+#[idempotent(lease = "1500ms", retention = "10m")]
 async fn timed(Extension(runs): Extension<Runs>) -> (StatusCode, String) {
     (StatusCode::CREATED, format!("run {}", runs.next()))
 }
 
-#[idempotent(response = "status_and_headers")]
+#[idempotent(response_mode = "status_and_headers")]
 async fn status_only(Extension(runs): Extension<Runs>) -> (StatusCode, String) {
     (StatusCode::CREATED, format!("secret {}", runs.next()))
 }
@@ -79,7 +79,7 @@ async fn in_b(Extension(runs): Extension<Runs>) -> (StatusCode, String) {
     (StatusCode::CREATED, format!("b run {}", runs.next()))
 }
 
-#[idempotent(header = "X-Request-Key", max_request_body = 16)]
+#[idempotent(header_name = "X-Request-Key", max_request_body = 16)]
 async fn custom_header(Extension(runs): Extension<Runs>) -> (StatusCode, String) {
     (StatusCode::CREATED, format!("run {}", runs.next()))
 }
@@ -95,7 +95,7 @@ struct NewPayment {
 }
 
 /// A handler with router state and a JSON body, the usual shape.
-#[idempotent(require_key, lease = "30s", ttl = "1h")]
+#[idempotent(require_key, lease = "30s", retention = "1h")]
 async fn create_payment(
     State(app): State<App>,
     Json(payment): Json<NewPayment>,
@@ -260,8 +260,8 @@ async fn required_refuses_a_request_without_a_key_where_the_shared_config_does_n
 }
 
 #[tokio::test]
-async fn per_route_ttl_expires_the_record() {
-    // The store's clock moves only when the test moves it: the replay is within the ttl
+async fn per_route_retention_expires_the_record() {
+    // The store's clock moves only when the test moves it: the replay is within the retention
     // however slowly the machine answers.
     let clock = ManualClock::new();
     let store = MemoryStore::builder()
@@ -273,27 +273,27 @@ async fn per_route_ttl_expires_the_record() {
 
     assert_eq!(post_key(&server, "/", "k").await.text(), "run 1");
     let replay = post_key(&server, "/", "k").await;
-    assert!(replay.is_replay(), "replayed within the ttl");
+    assert!(replay.is_replay(), "replayed within the retention");
 
     clock.advance(Duration::from_millis(1200));
     let after = post_key(&server, "/", "k").await;
     assert_eq!(
         (after.text(), after.is_replay()),
         ("run 2", false),
-        "ttl = \"1s\": the record is gone after 1.2 s and the handler runs again"
+        "retention = \"1s\": the record is gone after 1.2 s and the handler runs again"
     );
     assert_eq!(runs.count(), 2);
 }
 
 #[tokio::test]
-async fn per_route_lease_and_ttl_reach_the_store() {
+async fn per_route_lease_and_retention_reach_the_store() {
     let store = SpyStore::new();
     let routes = Router::new()
         .route("/timed", post(timed))
         .route("/plain", post(create));
     let engine = Engine::builder(store.clone())
         .lease(Duration::from_secs(7))
-        .ttl(Duration::from_secs(70))
+        .retention(Duration::from_secs(70))
         .build();
     let shared = IdempotencyLayer::new(engine).principal(PrincipalMode::Optional);
     let (server, _runs) = start(routes, shared).await;
@@ -302,14 +302,14 @@ async fn per_route_lease_and_ttl_reach_the_store() {
     assert_eq!(post_key(&server, "/plain", "k-p").await.status, 201);
 
     assert_eq!(
-        store.leases_and_ttls(),
+        store.leases_and_retentions(),
         vec![
             ("claim", Duration::from_millis(1500)),
             ("complete", Duration::from_secs(600)),
             ("claim", Duration::from_secs(7)),
             ("complete", Duration::from_secs(70)),
         ],
-        "the attributed route claims with its own lease and completes with its own ttl; \
+        "the attributed route claims with its own lease and completes with its own retention; \
          the plain route uses the shared ones"
     );
 }
@@ -328,7 +328,7 @@ async fn status_mode_replays_an_empty_body() {
     assert_eq!(
         (replay.status.as_u16(), replay.text(), replay.is_replay()),
         (201, "", true),
-        "response = \"status\": the replay has the status and an empty body"
+        "response_mode = \"status_and_headers\": the replay has the status and an empty body"
     );
     assert_eq!(runs.count(), 1);
 }
@@ -629,13 +629,13 @@ async fn a_router_layer_and_the_attribute_over_one_store_run_the_handler_once() 
 
 #[idempotent(wait_in_flight = "10s")]
 async fn slow_waited(Extension(runs): Extension<Runs>) -> (StatusCode, String) {
-    // Counted first: the test sends the duplicate once the run has begun.
+    // Counted first: the test sends the repeat once the run has begun.
     let run = runs.next();
     tokio::time::sleep(Duration::from_secs(2)).await;
     (StatusCode::CREATED, format!("run {run}"))
 }
 
-/// `wait_in_flight` per route: a duplicate sent while the first run sleeps waits for it and
+/// `wait_in_flight` per route: a repeat sent while the first run sleeps waits for it and
 /// gets the replay.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn per_route_wait_in_flight_replays_to_the_waiting_duplicate() {
@@ -648,11 +648,11 @@ async fn per_route_wait_in_flight_replays_to_the_waiting_duplicate() {
         }
     })
     .await;
-    let duplicate = post_key(&server, "/waited", "w-1").await;
+    let repeat = post_key(&server, "/waited", "w-1").await;
     let first = first.await.expect("the first request");
     assert_eq!(first.status.as_u16(), 201);
-    assert!(duplicate.is_replay(), "{}", duplicate.describe());
-    assert_eq!(duplicate.text(), first.text());
+    assert!(repeat.is_replay(), "{}", repeat.describe());
+    assert_eq!(repeat.text(), first.text());
     assert_eq!(runs.count(), 1, "the handler ran once");
 }
 

@@ -550,7 +550,7 @@ async fn die_before_ack_then_redeliver(keyed: bool) {
         a[0].1, b[0].1,
         "the map serialized in another order (the case under test)"
     );
-    assert_eq!(b[0].2, Ok(Handled::Replayed(None)), "a completed duplicate");
+    assert_eq!(b[0].2, Ok(Handled::Replayed(None)), "a completed repeat");
     assert_eq!(
         effects.load(Ordering::SeqCst),
         1,

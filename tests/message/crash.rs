@@ -162,11 +162,11 @@ async fn consumer_process() {
             }
         }
     });
-    // Every default: the door's (a duplicate in flight waits 1 s, then is refused) and the
+    // Every default: the door's (a repeat in flight waits 1 s, then is refused) and the
     // adapter's (ack_wait read from the server, naks with growing delays).
     let door = JetStreamConsumer::new(
         ServiceBuilder::new()
-            .layer(MessageIdempotencyLayer::new(engine, DURABLE).key_strategy(keys()))
+            .layer(MessageIdempotencyLayer::new(engine, DURABLE).identify(keys()))
             .service(handler),
     );
     let js = jetstream::new(async_nats::connect(nats).await.unwrap());
@@ -400,7 +400,7 @@ pub(crate) struct Figures {
     pub(crate) messages: usize,
     pub(crate) copies: usize,
     /// Publish attempts, failed attempts (retried), publishes the server acknowledged as
-    /// duplicates of a `Nats-Msg-Id`, and messages given up by the publisher.
+    /// repeats of a `Nats-Msg-Id`, and messages given up by the publisher.
     pub(crate) publishes: usize,
     pub(crate) publish_errors: usize,
     pub(crate) server_deduplicated: usize,

@@ -145,7 +145,7 @@ fn layer<St: Store>(
     engine: &Engine<St>,
     consumer: &str,
 ) -> MessageIdempotencyLayer<St, tower_idempotency::message::HeaderOrHash> {
-    MessageIdempotencyLayer::new(engine.clone(), consumer).key_strategy(keys())
+    MessageIdempotencyLayer::new(engine.clone(), consumer).identify(keys())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -319,7 +319,7 @@ async fn a_failing_handler_is_naked_with_a_growing_delay_and_a_permanent_error_t
         .handle(next(&c, Duration::from_secs(5)).await.unwrap())
         .await;
     let bad_error = bad.outcome.unwrap_err();
-    assert_eq!(bad_error.kind(), MessageErrorKind::Handler);
+    assert_eq!(bad_error.kind(), MessageErrorKind::Work);
     assert!(!bad_error.is_retryable());
     assert_eq!(bad.reply, Reply::Term);
     assert!(
@@ -400,7 +400,7 @@ async fn two_durable_consumers_each_handle_a_message_once() {
     assert_eq!(
         shipping_effects.count("order-9"),
         1,
-        "not skipped as billing's duplicate"
+        "not skipped as billing's repeat"
     );
 }
 
@@ -562,6 +562,6 @@ async fn a_result_classified_fail_is_terminated_and_one_classified_hold_is_naked
     assert_eq!(
         maybe.reply,
         Reply::Nak(Some(Duration::from_millis(500))),
-        "naked as a duplicate in flight"
+        "naked as a repeat in flight"
     );
 }

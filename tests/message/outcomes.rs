@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
-use tower_idempotency::engine::{Engine, Raw, RecordedResponse, Scope, Verdict};
+use tower_idempotency::engine::{Engine, Raw, Recorded, Scope, Verdict};
 use tower_idempotency::message::{
     Envelope, Handled, HeaderOrHash, MessageError, MessageErrorKind, MessageIdempotencyLayer,
     MessageKey,
@@ -158,15 +158,15 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
             .layer(layer(&engine, &namespace()))
             .service(work.service());
         let err = call(&svc, keyed("k1", "fail")).await.unwrap_err();
-        assert_eq!(err.kind(), MessageErrorKind::Handler);
+        assert_eq!(err.kind(), MessageErrorKind::Work);
         assert!(err.is_retryable());
         assert_eq!(err.into_inner().unwrap(), Failed);
         assert_eq!(spy.releases(), 1);
         let err = call(&svc, keyed("k1", "fail")).await.unwrap_err();
         assert_eq!(
             err.kind(),
-            MessageErrorKind::Handler,
-            "ran again, not a duplicate"
+            MessageErrorKind::Work,
+            "ran again, not a repeat"
         );
         assert_eq!(work.runs(), 2);
     }
@@ -261,7 +261,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
             )
             .service(work.service());
         let err = call(&held, keyed("k1", "fail")).await.unwrap_err();
-        assert_eq!(err.kind(), MessageErrorKind::Handler);
+        assert_eq!(err.kind(), MessageErrorKind::Work);
         assert!(err.is_retryable());
         assert_eq!(err.retry_after(), Some(LEASE));
         assert_eq!(err.into_inner(), Some(Failed));
@@ -277,7 +277,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
             )
             .service(work.service());
         let err = call(&recorded, keyed("k2", "fail")).await.unwrap_err();
-        assert_eq!(err.kind(), MessageErrorKind::Handler);
+        assert_eq!(err.kind(), MessageErrorKind::Work);
         assert!(!err.is_retryable() && err.retry_after().is_none());
         assert_eq!(
             call(&recorded, keyed("k2", "fail")).await.unwrap(),
@@ -300,7 +300,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
         work.started.notified().await;
         let started = std::time::Instant::now();
         // The first delivery's consumer may have crashed: its claim is pending, and this
-        // duplicate is the only copy left. It must not be acknowledged.
+        // repeat is the only copy left. It must not be acknowledged.
         let err = call(&svc, keyed("k1", "slow")).await.unwrap_err();
         let waited = started.elapsed();
         assert_eq!(err.kind(), MessageErrorKind::InFlight);
@@ -446,7 +446,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
         tokio::time::sleep(Duration::from_millis(100)).await;
         assert!(
             !dup.is_finished(),
-            "the duplicate waits for the first delivery"
+            "the repeat waits for the first delivery"
         );
         work.gate.notify_one();
         assert_eq!(first.await.unwrap().unwrap(), Handled::Recorded("slow".into()));
@@ -488,7 +488,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
         gate.notify_one();
         assert_eq!(
             first.await.unwrap().unwrap_err().kind(),
-            MessageErrorKind::Handler
+            MessageErrorKind::Work
         );
         assert_eq!(dup.await.unwrap().unwrap(), Handled::Recorded("second".into()));
         assert_eq!(runs.load(Ordering::SeqCst), 2);
@@ -729,7 +729,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
             ))
             .service(work.service());
         let err = call(&svc, keyed("k1", "fail")).await.unwrap_err();
-        assert_eq!(err.kind(), MessageErrorKind::Handler);
+        assert_eq!(err.kind(), MessageErrorKind::Work);
         assert!(!err.is_retryable(), "{err:?}");
         assert_eq!(err.get_ref(), Some(&Failed));
         // Released, as any handler error: a replay of the message runs it again.
@@ -764,7 +764,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
             call(&svc, keyed("k1", long)).await.unwrap(),
             Handled::Recorded(long.into())
         );
-        // Work that succeeded: its redelivery is a completed duplicate, acknowledged.
+        // Work that succeeded: its redelivery is a completed repeat, acknowledged.
         assert_eq!(
             call(&svc, keyed("k1", long)).await.unwrap(),
             Handled::Replayed(None)
@@ -849,7 +849,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
         assert_eq!(
             work.runs(),
             2,
-            "once per consumer, neither skipped as the other's duplicate"
+            "once per consumer, neither skipped as the other's repeat"
         );
     }
 
@@ -889,7 +889,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
         let svc = ServiceBuilder::new()
             .layer(
                 layer(&engine, &namespace())
-                    .key_strategy(HeaderOrHash::new().hash_body(false))
+                    .identify(HeaderOrHash::new().hash_body(false))
                     .require_key(true),
             )
             .service(work.service());
@@ -907,7 +907,7 @@ crate::support::stores::per_store!([memory: memory, redis: redis] {
         let work = Work::default();
         let svc = ServiceBuilder::new()
             .layer(
-                layer(&engine, &namespace()).key_strategy(HeaderOrHash::new().hash_body(false)),
+                layer(&engine, &namespace()).identify(HeaderOrHash::new().hash_body(false)),
             )
             .service(work.service());
         for _ in 0..2 {
@@ -991,7 +991,7 @@ async fn a_record_not_written_by_the_message_door_is_refused() {
     engine
         .complete(
             ticket,
-            &RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{}"))),
+            &Recorded::new(201, vec![], Some(Bytes::from_static(b"{}"))),
         )
         .await
         .unwrap();

@@ -48,7 +48,7 @@ async fn a_redelivery_after_a_failure_runs_only_the_unfinished_steps() {
     let msg = Envelope::new("orders.paid", "order 17");
 
     let first = handler.clone().oneshot(msg.clone()).await.unwrap_err();
-    assert_eq!(first.kind(), MessageErrorKind::Handler, "the mail failed");
+    assert_eq!(first.kind(), MessageErrorKind::Work, "the mail failed");
     assert_eq!(counts.charged.load(Ordering::SeqCst), 1);
 
     let again = handler.clone().oneshot(msg.clone()).await.unwrap();
@@ -103,7 +103,7 @@ async fn another_message_under_a_key_whose_steps_acted_is_refused_as_a_reused_ke
         }));
     let first = Envelope::new("orders.paid", "order 17").with_header("Idempotency-Key", "k-1");
     let e = handler.clone().oneshot(first.clone()).await.unwrap_err();
-    assert_eq!(e.kind(), MessageErrorKind::Handler);
+    assert_eq!(e.kind(), MessageErrorKind::Work);
 
     // Another body under the same key: refused as at the claim, whatever the handler returned.
     let other = Envelope::new("orders.paid", "order 18").with_header("Idempotency-Key", "k-1");

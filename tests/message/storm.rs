@@ -100,10 +100,10 @@ async fn consumer_process() {
         tasks.push(tokio::spawn(async move {
             let outcome = match svc.oneshot(message(n)).await {
                 Ok(Handled::Recorded(())) => "ran",
-                Ok(Handled::Replayed(_)) => "duplicate",
+                Ok(Handled::Replayed(_)) => "repeat",
                 Ok(Handled::Skipped) => "skipped",
                 Ok(_) => "other",
-                // The default: a duplicate in flight waits a second, then is refused for a
+                // The default: a repeat in flight waits a second, then is refused for a
                 // later redelivery (never acknowledged while the first holds the key).
                 Err(e) if e.kind() == MessageErrorKind::InFlight => "in_flight",
                 Err(e) if e.is_retryable() => "nak",
@@ -262,7 +262,7 @@ async fn redelivery_storm_over_two_consumer_processes_runs_every_message_once() 
         *tally.entry(what.to_owned()).or_default() += 1;
         match what {
             "ran" => per_consumer_ran[c] += 1,
-            "duplicate" | "skipped" => {}
+            "repeat" | "skipped" => {}
             // Not acknowledged: the broker redelivers it.
             "nak" | "in_flight" => {
                 redelivered += 1;

@@ -5,7 +5,7 @@ use crate::support::http::SpyStore;
 use bytes::Bytes;
 use std::time::Duration;
 use tower::ServiceExt;
-use tower_idempotency::engine::{Begin, Engine, RecordedResponse, Scope};
+use tower_idempotency::engine::{Begin, Engine, Recorded, Scope};
 use tower_idempotency::outbound::{Delivery, OutboundErrorKind, Unknown};
 use tower_idempotency::store::StoreKey;
 use tower_idempotency::{IdempotencyKey, Store};
@@ -84,7 +84,7 @@ pub(crate) async fn a_refused_connection_releases_the_key_and_the_retry_sends<S:
         .oneshot(Msg::new("k", "hello", Act::Refuse))
         .await
         .unwrap_err();
-    assert_eq!(err.kind(), OutboundErrorKind::Failed);
+    assert_eq!(err.kind(), OutboundErrorKind::Work);
     assert!(err.is_retryable(), "a refused connection may succeed later");
     assert_eq!(store.releases(), 1, "the key was released");
     let retry = door
@@ -208,7 +208,7 @@ pub(crate) async fn a_failed_claim_fails_retryable_and_sends_nothing<S: Store>(s
         .await
         .unwrap_err();
     assert_eq!(err.kind(), OutboundErrorKind::Store);
-    assert_eq!(err.code(), Some("idempotency.store_failed"));
+    assert_eq!(err.code(), "idempotency.store_failed");
     assert!(err.is_retryable());
     assert_eq!(provider.received(), 0, "nothing is sent without a claim");
     store.fail_claims(false);
@@ -271,7 +271,7 @@ pub(crate) async fn require_key_refuses_a_request_without_a_key<S: Store>(store:
     };
     let err = door.clone().oneshot(unkeyed).await.unwrap_err();
     assert_eq!(err.kind(), OutboundErrorKind::KeyMissing);
-    assert_eq!(err.code(), Some("idempotency.key_missing"));
+    assert_eq!(err.code(), "idempotency.key_missing");
     assert_eq!(
         (provider.received(), store.claims()),
         (0, 0),
@@ -311,7 +311,7 @@ pub(crate) async fn a_record_of_another_door_is_not_replayed<S: Store>(store: Sp
     let Begin::Run(ticket) = engine.begin(key, fp).await.unwrap() else {
         panic!("a fresh key")
     };
-    let http = RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{}")));
+    let http = Recorded::new(201, vec![], Some(Bytes::from_static(b"{}")));
     assert!(engine.complete(ticket, &http).await.unwrap());
 
     let (door, provider) = door(store, LEASE, None);

@@ -264,7 +264,7 @@ pub(crate) async fn a_refused_connection_is_released_and_the_retry_sends<S: Stor
     let err = send(&layer, charge(&url, Some("k"), "{}"))
         .await
         .unwrap_err();
-    assert_eq!(err.kind(), OutboundErrorKind::Failed, "{err:?}");
+    assert_eq!(err.kind(), OutboundErrorKind::Work, "{err:?}");
     assert!(err.is_retryable());
     assert_eq!(store.releases(), 1, "the key was released");
 

@@ -119,11 +119,11 @@ pub(crate) async fn a_refused_connection_is_released_and_the_retry_sends<S: Stor
     let port = Refusing::new();
     let mailer = mailer(store.clone(), port.port());
     let err = mailer.send(welcome("k", "Hello")).await.unwrap_err();
-    assert_eq!(err.kind(), OutboundErrorKind::Failed, "{err:?}");
+    assert_eq!(err.kind(), OutboundErrorKind::Work, "{err:?}");
     assert!(err.is_retryable(), "{err:?}");
     assert_eq!(
         err.get_ref().map(|e| e.kind()),
-        Some(MailErrorKind::Transport),
+        Some(MailErrorKind::Work),
         "{err:?}"
     );
     assert_eq!(store.releases(), 1);
@@ -145,7 +145,7 @@ pub(crate) async fn a_transient_reply_releases_the_key_and_a_permanent_one_is_fi
     server.reply(Some("451 4.3.0 try again later"));
     let err = mailer.send(welcome("a", "A")).await.unwrap_err();
     assert!(err.is_retryable(), "{err:?}");
-    assert_eq!(err.kind(), OutboundErrorKind::Failed);
+    assert_eq!(err.kind(), OutboundErrorKind::Work);
 
     server.reply(Some("554 5.7.1 rejected"));
     let err = mailer.send(welcome("b", "B")).await.unwrap_err();

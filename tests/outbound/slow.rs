@@ -35,11 +35,11 @@ impl<S: Store> Store for SlowWrites<S> {
         token: &Token,
         fingerprint: &Fingerprint,
         record: Record,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<bool, StoreError> {
         tokio::time::sleep(self.delay).await;
         self.inner
-            .complete(key, token, fingerprint, record, ttl)
+            .complete(key, token, fingerprint, record, retention)
             .await
     }
 

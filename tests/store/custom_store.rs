@@ -78,7 +78,7 @@ impl Store for HashMapStore {
         token: &Token,
         fp: &Fingerprint,
         record: Record,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<bool, StoreError> {
         let now = Instant::now();
         let mut map = self.0.lock().expect("not poisoned");
@@ -91,7 +91,7 @@ impl Store for HashMapStore {
                 Entry::Done {
                     fingerprint: *fp,
                     record,
-                    until: now + ttl,
+                    until: now + retention,
                 },
             );
         }

@@ -19,14 +19,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 use support_http::{LAYER_NS, Work, memory_app, secret_store_key, store_key, work_fingerprint};
 use tower::{Layer, ServiceExt, service_fn};
-use tower_idempotency::engine::{Fingerprint, RecordedResponse};
+use tower_idempotency::engine::{Fingerprint, Recorded};
 use tower_idempotency::http::{Rejection, RejectionKind, RequestBody};
 use tower_idempotency::store::{Claim, Record, StoreKey};
 use tower_idempotency::{IdempotencyLayer, MemoryStore, Principal, Secret, Store};
 
 /// A genuine record of the handler's kind of answer.
-fn genuine() -> RecordedResponse {
-    RecordedResponse::new(
+fn genuine() -> Recorded {
+    Recorded::new(
         201,
         vec![
             (
@@ -42,7 +42,7 @@ fn genuine() -> RecordedResponse {
     )
 }
 
-fn encode(r: &RecordedResponse) -> Vec<u8> {
+fn encode(r: &Recorded) -> Vec<u8> {
     r.encode().unwrap().into_bytes().to_vec()
 }
 
@@ -68,7 +68,7 @@ fn with_headers(status: u16, extra: &[(&'static str, &'static str)]) -> Vec<u8> 
 fn tampered() -> Vec<(&'static str, Vec<u8>)> {
     let len = encode(&genuine()).len();
     let body_len_at = len - genuine().body.unwrap().len() - 4;
-    let big = RecordedResponse::new(201, vec![], Some(Bytes::from(vec![b'x'; (1 << 20) + 1])));
+    let big = Recorded::new(201, vec![], Some(Bytes::from(vec![b'x'; (1 << 20) + 1])));
     vec![
         ("wrong version byte (2)", edit(|b| b[2] = 2)),
         ("wrong version byte (0)", edit(|b| b[2] = 0)),

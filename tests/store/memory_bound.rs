@@ -28,7 +28,7 @@ use bytes::Bytes;
 use std::sync::Arc;
 use std::time::Instant;
 use support::http::{Kind, TestServer, Work, send};
-use tower_idempotency::engine::{Begin, Engine, Fingerprint, RecordedResponse, Scope, Ticket};
+use tower_idempotency::engine::{Begin, Engine, Fingerprint, Recorded, Scope, Ticket};
 use tower_idempotency::store::clock::ManualClock;
 use tower_idempotency::store::{StoreErrorKind, StoreKey};
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore};
@@ -70,13 +70,13 @@ fn fp(n: u64) -> Fingerprint {
 }
 
 /// A 201 with a JSON content type and a 200-byte body (about 250 encoded bytes).
-fn response(n: u64) -> RecordedResponse {
+fn response(n: u64) -> Recorded {
     let mut body = format!("{{\"order\":{n},\"pad\":\"");
     while body.len() < 198 {
         body.push('x');
     }
     body.push_str("\"}");
-    RecordedResponse::new(
+    Recorded::new(
         201,
         vec![(
             Bytes::from_static(b"content-type"),
@@ -149,7 +149,7 @@ async fn distinct_keys_stay_within_max_bytes_and_never_drop_a_live_claim() {
     peak = peak.max(rss().unwrap_or(0));
     let stats = engine.store().stats();
 
-    // Every held claim is still pending (a duplicate is in flight), and its complete succeeds.
+    // Every held claim is still pending (a repeat is in flight), and its complete succeeds.
     for (i, (k, _)) in held.iter().enumerate() {
         let again = engine.begin(*k, fp(u64::MAX - i as u64)).await.unwrap();
         assert!(
@@ -441,12 +441,12 @@ async fn a_store_full_of_pending_claims_answers_503_until_a_record_can_go() {
 // ---------------------------------------------------------------------------------------------
 
 /// A 201 whose body is `len` bytes.
-fn large_response(len: usize) -> RecordedResponse {
-    RecordedResponse::new(201, Vec::new(), Some(Bytes::from(vec![b'x'; len])))
+fn large_response(len: usize) -> Recorded {
+    Recorded::new(201, Vec::new(), Some(Bytes::from(vec![b'x'; len])))
 }
 
 /// Claims and completes `k` with `response`.
-async fn store_one(engine: &Engine<MemoryStore>, k: StoreKey, n: u64, response: &RecordedResponse) {
+async fn store_one(engine: &Engine<MemoryStore>, k: StoreKey, n: u64, response: &Recorded) {
     let t = run(engine, k, n).await;
     assert!(engine.complete(t, response).await.unwrap(), "complete {n}");
 }

@@ -12,7 +12,7 @@ use bytes::Bytes;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::SeqCst};
 use std::time::Duration;
-use tower_idempotency::engine::{Begin, Engine, Fingerprint, Raw, RecordedResponse};
+use tower_idempotency::engine::{Begin, Engine, Fingerprint, Raw, Recorded};
 use tower_idempotency::store::clock::ManualClock;
 use tower_idempotency::store::memory::MemoryStats;
 use tower_idempotency::store::{
@@ -105,9 +105,9 @@ impl Store for Counted {
         token: &Token,
         fp: &Fingerprint,
         record: Record,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<bool, StoreError> {
-        self.inner.complete(key, token, fp, record, ttl).await
+        self.inner.complete(key, token, fp, record, retention).await
     }
     async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
         self.inner.release(key, token).await
@@ -128,9 +128,9 @@ impl Store for Counted {
         key: &StoreKey,
         step: &StepId,
         value: Bytes,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<StepRecorded, StoreError> {
-        self.count(self.inner.record_step(key, step, value, ttl).await)
+        self.count(self.inner.record_step(key, step, value, retention).await)
     }
     async fn prepare_step(
         &self,
@@ -191,7 +191,7 @@ async fn a_day_of_traffic_with_the_defaults_records_every_step_and_frees_them() 
                 let body = Some(Bytes::from(format!("{{\"order\":{n}}}")));
                 assert!(
                     engine
-                        .complete(ticket, &RecordedResponse::new(201, vec![], body))
+                        .complete(ticket, &Recorded::new(201, vec![], body))
                         .await
                         .unwrap()
                 );
@@ -219,7 +219,7 @@ async fn a_day_of_traffic_with_the_defaults_records_every_step_and_frees_them() 
             );
             assert!(
                 engine
-                    .complete(ticket, &RecordedResponse::new(201, vec![], None))
+                    .complete(ticket, &Recorded::new(201, vec![], None))
                     .await
                     .unwrap()
             );
@@ -501,8 +501,10 @@ async fn a_released_keys_steps_are_kept_for_their_retention_after_the_release() 
     let k = key(1, 1);
     let t = claimed(&s, &k).await;
     let v = Bytes::from_static(b"reserved");
-    let ttl = Duration::from_secs(100);
-    s.record_step(&k, &step(0), v.clone(), ttl).await.unwrap();
+    let retention = Duration::from_secs(100);
+    s.record_step(&k, &step(0), v.clone(), retention)
+        .await
+        .unwrap();
     clock.advance(Duration::from_secs(50));
     assert!(s.renew(&k, &t, LEASE).await.unwrap());
     clock.advance(Duration::from_secs(40));

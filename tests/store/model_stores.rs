@@ -76,7 +76,7 @@ enum Op {
         tok: Tok,
         fp: usize,
         record: usize,
-        ttl: u8,
+        retention: u8,
     },
     Release {
         key: usize,
@@ -97,7 +97,7 @@ enum Op {
         key: usize,
         step: usize,
         value: usize,
-        ttl: u8,
+        retention: u8,
     },
     Steps {
         key: usize,
@@ -138,13 +138,13 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (key.clone(), fp.clone(), units.clone())
             .prop_map(|(key, fp, lease)| Op::Claim { key, fp, lease }),
         3 => (key.clone(), tok(), fp, 0..RECORDS, units.clone())
-            .prop_map(|(key, tok, fp, record, ttl)| Op::Complete { key, tok, fp, record, ttl }),
+            .prop_map(|(key, tok, fp, record, retention)| Op::Complete { key, tok, fp, record, retention }),
         2 => (key.clone(), tok()).prop_map(|(key, tok)| Op::Release { key, tok }),
         3 => (key.clone(), tok(), units.clone(), any::<bool>())
             .prop_map(|(key, tok, lease, prepare)| Op::Renew { key, tok, lease, prepare }),
         1 => (key.clone(), any::<bool>()).prop_map(|(key, pending)| Op::Forget { key, pending }),
         3 => (key.clone(), 0..STEPS, 0..VALUES, units)
-            .prop_map(|(key, step, value, ttl)| Op::RecordStep { key, step, value, ttl }),
+            .prop_map(|(key, step, value, retention)| Op::RecordStep { key, step, value, retention }),
         2 => key.prop_map(|key| Op::Steps { key }),
         4 => (0u8..=3, -1i8..=1).prop_map(|(steps, nudge)| Op::Advance { steps, nudge }),
     ]
@@ -215,13 +215,13 @@ impl Slot {
 }
 
 /// A recorded step: its value and the least time it is kept until. The key's steps share the
-/// retention of its latest `record_step` (`ttl`); they are kept that long from each record
+/// retention of its latest `record_step` (`retention`); they are kept that long from each record
 /// (`own`), and past the end of the lease they were recorded under (`lease`), as renewed or
 /// ended by a release.
 #[derive(Debug, Clone, Copy)]
 struct Step {
     value: usize,
-    ttl: u64,
+    retention: u64,
     own: u64,
     lease: u64,
     kept: u64,
@@ -229,7 +229,7 @@ struct Step {
 
 impl Step {
     fn settle(&mut self) {
-        self.kept = self.own.max(self.lease + self.ttl);
+        self.kept = self.own.max(self.lease + self.retention);
     }
 }
 
@@ -471,9 +471,9 @@ async fn run_case<B: Backend>(b: &mut B, case: &[Op]) -> Result<Tally, TestCaseE
                 tok,
                 fp,
                 record: r,
-                ttl,
+                retention,
             } => {
-                let (d, _) = b.span(ttl);
+                let (d, _) = b.span(retention);
                 let idx = m.pick(key, tok);
                 let got = b
                     .store()
@@ -517,9 +517,9 @@ async fn run_case<B: Backend>(b: &mut B, case: &[Op]) -> Result<Tally, TestCaseE
                 key,
                 step,
                 value,
-                ttl,
+                retention,
             } => {
-                let (d, _) = b.span(ttl);
+                let (d, _) = b.span(retention);
                 let got = b
                     .store()
                     .record_step(&keys[key], &step_id(step), step_value(value), d)
@@ -596,7 +596,7 @@ async fn run_case<B: Backend>(b: &mut B, case: &[Op]) -> Result<Tally, TestCaseE
                     tok,
                     fp,
                     record: r,
-                    ttl,
+                    retention,
                 },
                 Answer::Bool(written),
             ) => {
@@ -616,7 +616,7 @@ async fn run_case<B: Backend>(b: &mut B, case: &[Op]) -> Result<Tally, TestCaseE
                         Slot::Done {
                             fp,
                             record: r,
-                            until: until(ttl),
+                            until: until(retention),
                         },
                     );
                     if let Some(freed) = m.steps.remove(&key) {
@@ -742,11 +742,11 @@ async fn run_case<B: Backend>(b: &mut B, case: &[Op]) -> Result<Tally, TestCaseE
                     key,
                     step: s,
                     value,
-                    ttl,
+                    retention,
                 },
                 Answer::Step(got),
             ) => {
-                let (_, ttl_m) = b.span(ttl);
+                let (_, retention_m) = b.span(retention);
                 let known = m.steps.get(&key).and_then(|st| st.get(&s)).copied();
                 let kept = known.map(|k| k.kept > w.end);
                 if kept == Some(false) {
@@ -757,7 +757,7 @@ async fn run_case<B: Backend>(b: &mut B, case: &[Op]) -> Result<Tally, TestCaseE
                         let ok = kept != Some(true);
                         accept(ok, Seen::Live, &mut t, &ctx("step recorded twice"))?;
                         // Kept its retention from now, and past the lease of a live claim.
-                        let from_now = (w.start + ttl_m).saturating_sub(slack);
+                        let from_now = (w.start + retention_m).saturating_sub(slack);
                         let lease = match m.slots.get(&key) {
                             Some(Slot::Pending { until, .. }) if until.seen(w) == Seen::Live => {
                                 Some(until.lo)
@@ -769,7 +769,7 @@ async fn run_case<B: Backend>(b: &mut B, case: &[Op]) -> Result<Tally, TestCaseE
                             s,
                             Step {
                                 value,
-                                ttl: ttl_m,
+                                retention: retention_m,
                                 own: from_now,
                                 lease: lease.unwrap_or(0),
                                 kept: 0,
@@ -779,7 +779,7 @@ async fn run_case<B: Backend>(b: &mut B, case: &[Op]) -> Result<Tally, TestCaseE
                         // retention may be gone already.
                         for other in steps.values_mut().filter(|o| o.kept > w.end || o.kept == 0) {
                             other.own = other.own.max(from_now);
-                            other.ttl = ttl_m;
+                            other.retention = retention_m;
                             if let Some(lease) = lease {
                                 other.lease = lease;
                             }

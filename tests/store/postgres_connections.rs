@@ -19,7 +19,7 @@ use std::time::Duration;
 use tower_idempotency::IdempotencyKey;
 use tower_idempotency::Store;
 use tower_idempotency::conformance::{LONG, fingerprint, random_key, record};
-use tower_idempotency::engine::{Begin, Engine, Fingerprint, RecordedResponse, Scope};
+use tower_idempotency::engine::{Begin, Engine, Fingerprint, Recorded, Scope};
 use tower_idempotency::store::postgres::PostgresStore;
 use tower_idempotency::store::postgres::sqlx::{self, PgPool};
 use tower_idempotency::store::{Claim, StoreError, StoreErrorKind, StoreKey};
@@ -210,9 +210,9 @@ async fn send(engine: &Engine<PostgresStore>, k: usize, tally: &Mutex<Tally>) {
         Err(e) => return tally.lock().unwrap().claims_failed.push(format!("{e:?}")),
     };
     *tally.lock().unwrap().runs.entry(k).or_default() += 1;
-    // The work takes a moment, so that duplicates meet it in flight.
+    // The work takes a moment, so that repeats meet it in flight.
     tokio::time::sleep(Duration::from_millis(2)).await;
-    let response = RecordedResponse::new(201, Vec::new(), Some(format!("k{k}").into()));
+    let response = Recorded::new(201, Vec::new(), Some(format!("k{k}").into()));
     let done: Result<bool, StoreError> = engine.complete(ticket, &response).await;
     let mut tally = tally.lock().unwrap();
     match done {

@@ -23,7 +23,7 @@ use tower_idempotency::transactional::step;
 
 async fn engine(server: &PostgresServer) -> Engine<PostgresStore> {
     let store = store_on(server, "tower_idempotency", "steps-tx").await;
-    Engine::builder(store).lease(LONG).ttl(LONG).build()
+    Engine::builder(store).lease(LONG).retention(LONG).build()
 }
 
 /// A fresh `orders` table.
@@ -62,7 +62,10 @@ async fn claimed(engine: &Engine<PostgresStore>, key: StoreKey) -> (Steps, Ticke
 /// An engine whose lease lapses in seconds, for two runs of one request that overlap.
 async fn short_lease_engine(server: &PostgresServer) -> Engine<PostgresStore> {
     let store = store_on(server, "tower_idempotency", "steps-tx").await;
-    Engine::builder(store).lease(SHORT_LEASE).ttl(LONG).build()
+    Engine::builder(store)
+        .lease(SHORT_LEASE)
+        .retention(LONG)
+        .build()
 }
 
 const SHORT_LEASE: Duration = Duration::from_secs(2);
@@ -441,8 +444,11 @@ async fn steps_of_an_engine_over_a_clone_of_the_same_store_run_in_a_transaction(
         return;
     };
     let store = store_on(server, "tower_idempotency", "steps-tx").await;
-    let layer_engine = Engine::builder(store.clone()).lease(LONG).ttl(LONG).build();
-    let handler_engine = Engine::builder(store).lease(LONG).ttl(LONG).build();
+    let layer_engine = Engine::builder(store.clone())
+        .lease(LONG)
+        .retention(LONG)
+        .build();
+    let handler_engine = Engine::builder(store).lease(LONG).retention(LONG).build();
     let pool = server.pool(2).await;
     let table = orders_table(&pool).await;
     let key = random_key();

@@ -14,7 +14,7 @@ use std::future::Future;
 use std::time::{Duration, Instant};
 use tower_idempotency::ConfigErrorKind;
 use tower_idempotency::conformance::{Harness, LONG, SHORT, fingerprint, random_key, record};
-use tower_idempotency::engine::{Begin, Engine, RecordedResponse};
+use tower_idempotency::engine::{Begin, Engine, Recorded};
 use tower_idempotency::store::postgres::PostgresStore;
 use tower_idempotency::store::postgres::sqlx::{self, PgPool, Row};
 use tower_idempotency::store::{Claim, StepId, StepRecorded, StoreErrorKind};
@@ -863,8 +863,8 @@ async fn storage_per_record() {
     const N: usize = 5000;
     let table = fresh_table("storage");
     let store = store_on(server, &table, "storage").await;
-    let engine = Engine::builder(store.clone()).ttl(LONG).build();
-    let response = RecordedResponse::new(
+    let engine = Engine::builder(store.clone()).retention(LONG).build();
+    let response = Recorded::new(
         201,
         vec![(
             Bytes::from_static(b"content-type"),

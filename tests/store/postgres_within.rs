@@ -1,5 +1,5 @@
 //! The transactional door on a real PostgreSQL server: `transactional::within` commits an
-//! order and its record together or not at all; duplicates wait, replay, or are told the first is in flight; a crash
+//! order and its record together or not at all; repeats wait, replay, or are told the first is in flight; a crash
 //! or a rollback leaves neither and frees the key.
 //!
 //! Without PostgreSQL installed these tests print a notice and pass, unless
@@ -16,7 +16,7 @@ use tokio::sync::{Barrier, oneshot};
 use tower_idempotency::Store;
 use tower_idempotency::conformance::{LONG, SHORT, fingerprint, random_key};
 use tower_idempotency::engine::BoxFuture;
-use tower_idempotency::engine::{Engine, Fingerprint, RecordedResponse};
+use tower_idempotency::engine::{Engine, Fingerprint, Recorded};
 use tower_idempotency::store::postgres::PostgresStore;
 use tower_idempotency::store::postgres::sqlx::{self, Connection, PgConnection, PgPool};
 use tower_idempotency::store::{Claim, StoreKey};
@@ -30,7 +30,7 @@ async fn engine(server: &PostgresServer, lock_timeout: Duration) -> Engine<Postg
         .connect(&server.url())
         .await
         .unwrap();
-    Engine::builder(store).lease(LONG).ttl(LONG).build()
+    Engine::builder(store).lease(LONG).retention(LONG).build()
 }
 
 /// A fresh `orders` table.
@@ -65,8 +65,7 @@ async fn has_record(pool: &PgPool, store: &PostgresStore, key: &StoreKey) -> boo
 }
 
 type Work = Box<
-    dyn for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<RecordedResponse, sqlx::Error>>
-        + Send,
+    dyn for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Recorded, sqlx::Error>> + Send,
 >;
 
 /// Inserts an order and answers 201 with its id; first tells `started` the backend's pid, then
@@ -93,7 +92,7 @@ fn place_order(
             if let Some(go) = go {
                 let _ = go.await;
             }
-            Ok(RecordedResponse::new(
+            Ok(Recorded::new(
                 201,
                 vec![],
                 Some(Bytes::from(format!(r#"{{"id":{id}}}"#))),
@@ -133,7 +132,7 @@ async fn backend_gone(pool: &PgPool, pid: i32) {
     }
 }
 
-fn ran(outcome: &Within) -> &RecordedResponse {
+fn ran(outcome: &Within) -> &Recorded {
     match outcome {
         Within::Recorded(r) => r,
         other => panic!("the work must run, got {other:?}"),
@@ -284,15 +283,12 @@ async fn a_hundred_concurrent_duplicates_place_one_order() {
                 replayed += 1;
             }
             Within::InFlight => in_flight += 1,
-            other => panic!("a duplicate must replay or be in flight, got {other:?}"),
+            other => panic!("a repeat must replay or be in flight, got {other:?}"),
         }
     }
-    eprintln!("{TASKS} duplicates: {ran} ran, {replayed} replayed, {in_flight} in flight");
-    assert_eq!(ran, 1, "exactly one of {TASKS} duplicates runs");
-    assert!(
-        replayed > 0,
-        "duplicates that waited get the first's response"
-    );
+    eprintln!("{TASKS} repeats: {ran} ran, {replayed} replayed, {in_flight} in flight");
+    assert_eq!(ran, 1, "exactly one of {TASKS} repeats runs");
+    assert!(replayed > 0, "repeats that waited get the first's response");
     assert_eq!(orders(&pool, &table).await, 1, "one order row");
 }
 
@@ -396,7 +392,7 @@ async fn a_duplicate_waits_for_the_first_and_replays_it() {
     let (key, fp) = (random_key(), fingerprint("order"));
     let (go, first) = hold(&engine, &pool, &table, key, fp).await;
 
-    let duplicate = {
+    let repeat = {
         let (engine, pool, table) = (Arc::clone(&engine), pool.clone(), table.clone());
         tokio::spawn(async move {
             let mut conn = pool.acquire().await.unwrap();
@@ -404,15 +400,12 @@ async fn a_duplicate_waits_for_the_first_and_replays_it() {
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(
-        !duplicate.is_finished(),
-        "the duplicate waits on the first's row"
-    );
+    assert!(!repeat.is_finished(), "the repeat waits on the first's row");
     go.send(()).unwrap();
     let first = first.await.unwrap();
-    match duplicate.await.unwrap() {
+    match repeat.await.unwrap() {
         Within::Replayed(r) => assert_eq!(&r, ran(&first), "the first's response"),
-        other => panic!("the duplicate must replay once the first commits, got {other:?}"),
+        other => panic!("the repeat must replay once the first commits, got {other:?}"),
     }
     assert_eq!(orders(&pool, &table).await, 1);
 }
@@ -434,7 +427,7 @@ async fn a_duplicate_past_the_lock_wait_is_in_flight_and_its_transaction_goes_on
     let outcome = run(&engine, &mut tx, key, fp, place_order(&table, None, None)).await;
     assert!(
         matches!(outcome, Within::InFlight),
-        "past the lock wait the duplicate is in flight, got {outcome:?}"
+        "past the lock wait the repeat is in flight, got {outcome:?}"
     );
     let waited = started.elapsed();
     assert!(
@@ -556,11 +549,7 @@ async fn the_callers_lock_timeout_is_kept_for_the_work_and_after() {
             let setting: String = sqlx::query_scalar("SHOW lock_timeout")
                 .fetch_one(&mut *tx)
                 .await?;
-            Ok::<_, sqlx::Error>(RecordedResponse::new(
-                200,
-                vec![],
-                Some(Bytes::from(setting)),
-            ))
+            Ok::<_, sqlx::Error>(Recorded::new(200, vec![], Some(Bytes::from(setting))))
         })
     })
     .await
@@ -585,7 +574,12 @@ async fn the_purge_leaves_a_row_that_a_running_transaction_claimed_again_alone()
     };
     let table = fresh_table("reclaim");
     let store = store_on(server, &table, "transactional").await;
-    let engine = Arc::new(Engine::builder(store.clone()).lease(LONG).ttl(LONG).build());
+    let engine = Arc::new(
+        Engine::builder(store.clone())
+            .lease(LONG)
+            .retention(LONG)
+            .build(),
+    );
     let pool = server.pool(4).await;
     let orders_t = orders_table(&pool).await;
     let (key, fp) = (random_key(), fingerprint("order"));
@@ -702,7 +696,7 @@ async fn within_counts_each_outcome_once() {
     );
 }
 
-/// Backends waiting for a lock (a duplicate queued behind the first's row).
+/// Backends waiting for a lock (a repeat queued behind the first's row).
 async fn lock_waiters(pool: &PgPool) -> i64 {
     sqlx::query_scalar("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'")
         .fetch_one(pool)
@@ -761,7 +755,7 @@ async fn on_the_stores_own_pool_a_duplicate_waits_past_its_statement_timeout_and
     let (key, fp) = (random_key(), fingerprint("order"));
     let (go, first) = hold(&engine, &pool, &table, key, fp).await;
 
-    let duplicate = {
+    let repeat = {
         let (engine, pool, table) = (Arc::clone(&engine), pool.clone(), table.clone());
         tokio::spawn(async move {
             let mut conn = pool.acquire().await.unwrap();
@@ -772,15 +766,15 @@ async fn on_the_stores_own_pool_a_duplicate_waits_past_its_statement_timeout_and
     // Longer than the pool's statement_timeout.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(
-        !duplicate.is_finished(),
-        "the duplicate still waits: {:?}",
-        duplicate.await
+        !repeat.is_finished(),
+        "the repeat still waits: {:?}",
+        repeat.await
     );
     go.send(()).unwrap();
     let first = first.await.unwrap();
-    match duplicate.await.unwrap() {
+    match repeat.await.unwrap() {
         Ok(Within::Replayed(r)) => assert_eq!(&r, ran(&first)),
-        other => panic!("the duplicate must replay once the first commits, got {other:?}"),
+        other => panic!("the repeat must replay once the first commits, got {other:?}"),
     }
     assert_eq!(orders(&watch, &table).await, 1);
 }
@@ -809,7 +803,7 @@ async fn on_the_stores_own_pool_with_the_defaults_a_duplicate_past_the_lock_wait
     let outcome = within(&engine, &mut conn, key, fp, place_order(&table, None, None)).await;
     assert!(
         matches!(outcome, Ok(Within::InFlight)),
-        "past the lock wait the duplicate is in flight, got {outcome:?}"
+        "past the lock wait the repeat is in flight, got {outcome:?}"
     );
     go.send(()).unwrap();
     ran(&first.await.unwrap());
@@ -824,7 +818,7 @@ async fn on_the_stores_own_pool_the_work_is_not_cut_by_the_stores_statement_time
     let engine = engine_on_own_pool(server, Duration::from_secs(1)).await;
     let mut conn = engine.store().pool().acquire().await.unwrap();
     // Longer than the store's 1 s.
-    fn slow(tx: &mut PgConnection) -> BoxFuture<'_, Result<RecordedResponse, sqlx::Error>> {
+    fn slow(tx: &mut PgConnection) -> BoxFuture<'_, Result<Recorded, sqlx::Error>> {
         Box::pin(async move {
             sqlx::query("SELECT pg_sleep(1.3)")
                 .execute(&mut *tx)
@@ -832,11 +826,7 @@ async fn on_the_stores_own_pool_the_work_is_not_cut_by_the_stores_statement_time
             let setting: String = sqlx::query_scalar("SHOW statement_timeout")
                 .fetch_one(&mut *tx)
                 .await?;
-            Ok(RecordedResponse::new(
-                200,
-                vec![],
-                Some(Bytes::from(setting)),
-            ))
+            Ok(Recorded::new(200, vec![], Some(Bytes::from(setting))))
         })
     }
     let outcome = within(&engine, &mut conn, random_key(), fingerprint("slow"), slow).await;
@@ -890,11 +880,7 @@ async fn the_callers_statement_timeout_is_kept_for_the_work_and_after() {
             let setting: String = sqlx::query_scalar("SHOW statement_timeout")
                 .fetch_one(&mut *tx)
                 .await?;
-            Ok::<_, sqlx::Error>(RecordedResponse::new(
-                200,
-                vec![],
-                Some(Bytes::from(setting)),
-            ))
+            Ok::<_, sqlx::Error>(Recorded::new(200, vec![], Some(Bytes::from(setting))))
         })
     })
     .await
@@ -908,7 +894,7 @@ async fn the_callers_statement_timeout_is_kept_for_the_work_and_after() {
     tx.commit().await.unwrap();
 }
 
-/// Under `isolation` as the connections' default, a duplicate that waited for the first's
+/// Under `isolation` as the connections' default, a repeat that waited for the first's
 /// row gets its replay (its claim lost to the first's commit and is tried once more, in a new
 /// transaction).
 async fn a_waiting_duplicate_replays_under(isolation: &str) {
@@ -920,7 +906,7 @@ async fn a_waiting_duplicate_replays_under(isolation: &str) {
     let table = orders_table(&pool).await;
     let (key, fp) = (random_key(), fingerprint("order"));
     let (go, first) = hold(&engine, &pool, &table, key, fp).await;
-    let duplicate = {
+    let repeat = {
         let (engine, pool, table) = (Arc::clone(&engine), pool.clone(), table.clone());
         tokio::spawn(async move {
             let mut conn = pool.acquire().await.unwrap();
@@ -930,9 +916,9 @@ async fn a_waiting_duplicate_replays_under(isolation: &str) {
     until_waiting(&pool, 1).await;
     go.send(()).unwrap();
     let first = first.await.unwrap();
-    match duplicate.await.unwrap() {
+    match repeat.await.unwrap() {
         Ok(Within::Replayed(r)) => assert_eq!(&r, ran(&first)),
-        other => panic!("{isolation}: the duplicate must replay, got {other:?}"),
+        other => panic!("{isolation}: the repeat must replay, got {other:?}"),
     }
     assert_eq!(orders(&pool, &table).await, 1);
 }
@@ -961,7 +947,12 @@ async fn the_losing_claim_is_answered_not_failed_under(isolation: &str) {
         .build(pool.clone())
         .unwrap();
     store.migrate().await.unwrap();
-    let engine = Arc::new(Engine::builder(store.clone()).lease(LONG).ttl(LONG).build());
+    let engine = Arc::new(
+        Engine::builder(store.clone())
+            .lease(LONG)
+            .retention(LONG)
+            .build(),
+    );
     let orders_t = orders_table(&pool).await;
     let (key, fp) = (random_key(), fingerprint("order"));
     // The first holds the row in its transaction until `go`.
@@ -1030,7 +1021,7 @@ async fn a_serialization_failure_of_the_transaction_is_a_conflict_and_frees_the_
                 .await?;
                 let _ = ready.send(());
                 let _ = go.await;
-                Ok(RecordedResponse::new(
+                Ok(Recorded::new(
                     200,
                     vec![],
                     Some(Bytes::from(on.to_string())),
@@ -1076,7 +1067,7 @@ async fn a_serialization_failure_of_the_transaction_is_a_conflict_and_frees_the_
     let retry = within(&engine, &mut conn, key_b, fingerprint("b"), |tx| {
         Box::pin(async move {
             sqlx::query("SELECT 1").execute(&mut *tx).await?;
-            Ok::<_, sqlx::Error>(RecordedResponse::new(200, vec![], None))
+            Ok::<_, sqlx::Error>(Recorded::new(200, vec![], None))
         })
     })
     .await

@@ -15,7 +15,7 @@ use std::thread::sleep;
 use std::time::{Duration, Instant};
 use tower::{Layer, ServiceExt, service_fn};
 use tower_idempotency::conformance::{fingerprint, random_key, record};
-use tower_idempotency::engine::{Begin, Engine, RecordedResponse};
+use tower_idempotency::engine::{Begin, Engine, Recorded};
 use tower_idempotency::http::RequestBody;
 use tower_idempotency::store::redis::{RedisStore, redis};
 use tower_idempotency::store::{Claim, StepId, StepRecorded, StoreErrorKind};
@@ -55,8 +55,8 @@ fn wait_until(what: &str, done: impl Fn() -> bool) {
     }
 }
 
-fn response() -> RecordedResponse {
-    RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{\"id\":1}")))
+fn response() -> Recorded {
+    Recorded::new(201, vec![], Some(Bytes::from_static(b"{\"id\":1}")))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,12 +15,12 @@ use crate::support::redis_server::{RedisServer, redis_key};
 use bytes::Bytes;
 use std::time::{Duration, Instant};
 use tower_idempotency::conformance::{fingerprint, random_key};
-use tower_idempotency::engine::{Begin, Engine, RecordedResponse};
+use tower_idempotency::engine::{Begin, Engine, Recorded};
 use tower_idempotency::store::StoreErrorKind;
 use tower_idempotency::store::redis::RedisStore;
 
-fn response() -> RecordedResponse {
-    RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{\"id\":1}")))
+fn response() -> Recorded {
+    Recorded::new(201, vec![], Some(Bytes::from_static(b"{\"id\":1}")))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::redis_server::{self, RedisServer, redis_key};
 use tower_idempotency::conformance::{Harness, fingerprint, random_key, record};
-use tower_idempotency::engine::{Begin, Engine, RecordedResponse, Scope};
+use tower_idempotency::engine::{Begin, Engine, Recorded, Scope};
 use tower_idempotency::store::redis::{EvictionCheck, RedisStore, redis};
 use tower_idempotency::{ConfigError, ConfigErrorKind};
 
@@ -112,8 +112,8 @@ fn counts(pairs: &[(&str, u64)]) -> BTreeMap<String, u64> {
     pairs.iter().map(|(k, v)| ((*k).to_owned(), *v)).collect()
 }
 
-fn response() -> RecordedResponse {
-    RecordedResponse::new(
+fn response() -> Recorded {
+    Recorded::new(
         201,
         vec![(
             Bytes::from_static(b"content-type"),

@@ -15,7 +15,7 @@ use bytes::Bytes;
 use raw_http::{BODY, Raw, keyed, post};
 use redis_server::{RedisServer, available};
 use support_http::{LAYER_NS, TestServer, Work, store_key, work_fingerprint};
-use tower_idempotency::engine::RecordedResponse;
+use tower_idempotency::engine::Recorded;
 use tower_idempotency::http::PrincipalMode;
 use tower_idempotency::store::redis::{RedisStore, redis};
 use tower_idempotency::{IdempotencyLayer, Secret};
@@ -50,12 +50,12 @@ async fn dump_all(server: &RedisServer) -> Vec<(Vec<u8>, Vec<u8>, i64)> {
                 .query_async(&mut conn)
                 .await
                 .unwrap();
-            let ttl: i64 = redis::cmd("PTTL")
+            let retention: i64 = redis::cmd("PTTL")
                 .arg(&k)
                 .query_async(&mut conn)
                 .await
                 .unwrap();
-            out.push((k, v, ttl));
+            out.push((k, v, retention));
         }
         if next == 0 {
             return out;
@@ -217,7 +217,7 @@ async fn nothing_secret_rests_in_redis() {
         b"set-cookie",
     ];
     let mut bytes_searched = 0;
-    for (k, v, ttl) in &all {
+    for (k, v, retention) in &all {
         for m in markers {
             let hex: Vec<u8> = m
                 .iter()
@@ -234,7 +234,7 @@ async fn nothing_secret_rests_in_redis() {
                 String::from_utf8_lossy(m)
             );
         }
-        assert!(*ttl > 0, "every key expires (PTTL {ttl})");
+        assert!(*retention > 0, "every key expires (PTTL {retention})");
         bytes_searched += k.len() + v.len();
     }
     // Control: the scan does see what a record keeps (the allowed `Location` header).
@@ -294,7 +294,7 @@ async fn with_a_secret_records_written_by_others_are_refused_and_own_records_rep
     let fp_a = &own[1..33];
 
     // A valid record that is not sealed, under the right key and fingerprint.
-    let unsealed = RecordedResponse::new(201, vec![], Some(Bytes::from_static(b"{}")))
+    let unsealed = Recorded::new(201, vec![], Some(Bytes::from_static(b"{}")))
         .encode()
         .unwrap();
     let value = [&b"D"[..], fp_a, unsealed.as_bytes()].concat();

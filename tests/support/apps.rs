@@ -3,7 +3,7 @@
 //!
 //! - [`Mix`]: counts of each [`Kind`] of answer;
 //! - [`run_jobs`]: many requests with a bounded number in flight;
-//! - [`storm`]: duplicates of many keys over several quickstart processes;
+//! - [`storm`]: repeats of many keys over several quickstart processes;
 //! - [`env_or`], [`random_delay_ms`]: the sizes and handler delays of a storm.
 //!
 //! [`Work::per_key`]: super::http::Work::per_key
@@ -150,8 +150,8 @@ impl fmt::Display for StormReport {
     }
 }
 
-/// Sends `dups` duplicates of each of `keys` keys to `processes` (duplicate `d` of a key to
-/// process `d % processes.len()`), at most `workers` in flight, the duplicates of a key
+/// Sends `dups` repeats of each of `keys` keys to `processes` (repeat `d` of a key to
+/// process `d % processes.len()`), at most `workers` in flight, the repeats of a key
 /// together; key `k`'s handler sleeps `delay(k)` ms. Checks that every answer is the original
 /// 201, a replay with the original's body, or 409, and returns the figures for the caller's
 /// assertions on executions.

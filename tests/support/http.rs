@@ -3,7 +3,7 @@
 //! that captures whole answers.
 //!
 //! The test handler (`work`) reads these request headers (none of them is part of the default
-//! fingerprint, so a duplicate may change them freely):
+//! fingerprint, so a repeat may change them freely):
 //!
 //! | header | effect |
 //! | --- | --- |
@@ -15,7 +15,7 @@
 //! | `x-body-bytes` | answers this many `x` bytes (known length) instead of JSON |
 //! | `x-stream-chunks` | answers this many 10-byte chunks with no known length |
 //! | `x-fail-body-first` | the first execution's body fails after one chunk |
-//! | `x-declare` | `not-started`, `definitive` or `ambiguous`: the answer carries the `Verdict` `Release`, `Record` or `Hold` |
+//! | `x-declare` | `not-started`, `record` or `ambiguous`: the answer carries the `Verdict` `Release`, `Record` or `Hold` |
 //! | `x-mode: panic` | the handler panics while [`Work::panic_next`] has panics left |
 //! | `x-mode: cookies` | the answer carries 100 more `Set-Cookie` lines `sid<i>=<x-marker>-<i>` |
 //! | `x-mode: obs-text` | the answer carries [`OBS_TEXT`] as `Content-Disposition` and `X-Raw` |
@@ -137,7 +137,7 @@ impl TestServer {
     }
 
     /// `POST /work` with the idempotency key `key` and a JSON body that is the same for every
-    /// duplicate of the key (and differs between keys).
+    /// repeat of the key (and differs between keys).
     pub(crate) fn work(&self, key: &str) -> reqwest::RequestBuilder {
         self.post("/work", &format!(r#"{{"item":"book","key":"{key}"}}"#))
             .header("idempotency-key", key)
@@ -700,7 +700,7 @@ pub(crate) async fn work(
     );
     match headers.get("x-declare").map(HeaderValue::as_bytes) {
         Some(b"not-started") => declare(&mut res, Verdict::Release),
-        Some(b"definitive") => declare(&mut res, Verdict::Record),
+        Some(b"record") => declare(&mut res, Verdict::Record),
         Some(b"ambiguous") => declare(&mut res, Verdict::Hold),
         _ => {}
     }
@@ -877,7 +877,7 @@ struct SpyState {
     fail_claim: AtomicBool,
     fail_complete: AtomicBool,
     last_fingerprint: Mutex<Option<Fingerprint>>,
-    leases_and_ttls: Mutex<Vec<(&'static str, Duration)>>,
+    leases_and_retentions: Mutex<Vec<(&'static str, Duration)>>,
     arm: Mutex<Option<RenewFault>>,
     blocked: Mutex<HashMap<Token, RenewFault>>,
     events: Mutex<Vec<Event>>,
@@ -978,10 +978,10 @@ impl<S> SpyStore<S> {
     pub(crate) fn last_fingerprint(&self) -> Option<Fingerprint> {
         *lock(&self.state.last_fingerprint)
     }
-    /// The lease of every `claim` and the ttl of every `complete`, in call order:
-    /// `("claim", lease)` and `("complete", ttl)`.
-    pub(crate) fn leases_and_ttls(&self) -> Vec<(&'static str, Duration)> {
-        lock(&self.state.leases_and_ttls).clone()
+    /// The lease of every `claim` and the retention of every `complete`, in call order:
+    /// `("claim", lease)` and `("complete", retention)`.
+    pub(crate) fn leases_and_retentions(&self) -> Vec<(&'static str, Duration)> {
+        lock(&self.state.leases_and_retentions).clone()
     }
     /// The renewals of the next claim that claims a key will hang or fail ([`Event`]s of its
     /// token are `blocked`).
@@ -1019,7 +1019,7 @@ impl<S: Store> Store for SpyStore<S> {
     ) -> Result<Claim, StoreError> {
         self.state.claims.fetch_add(1, Ordering::SeqCst);
         *lock(&self.state.last_fingerprint) = Some(*fingerprint);
-        lock(&self.state.leases_and_ttls).push(("claim", lease));
+        lock(&self.state.leases_and_retentions).push(("claim", lease));
         if self.state.fail_claim.load(Ordering::SeqCst) {
             return Err(StoreError::new(
                 StoreErrorKind::Unavailable,
@@ -1046,10 +1046,10 @@ impl<S: Store> Store for SpyStore<S> {
         token: &Token,
         fingerprint: &Fingerprint,
         record: Record,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<bool, StoreError> {
         self.state.completes.fetch_add(1, Ordering::SeqCst);
-        lock(&self.state.leases_and_ttls).push(("complete", ttl));
+        lock(&self.state.leases_and_retentions).push(("complete", retention));
         let res = if self.state.fail_complete.load(Ordering::SeqCst) {
             Err(StoreError::new(
                 StoreErrorKind::Unavailable,
@@ -1057,7 +1057,7 @@ impl<S: Store> Store for SpyStore<S> {
             ))
         } else {
             self.inner
-                .complete(key, token, fingerprint, record, ttl)
+                .complete(key, token, fingerprint, record, retention)
                 .await
         };
         self.log(Event::Complete {

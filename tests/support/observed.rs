@@ -57,13 +57,13 @@ impl<S: Store, F: Fn(Step<'_>) + Send + Sync + 'static> Store for Observed<S, F>
         token: &Token,
         fingerprint: &Fingerprint,
         record: Record,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<bool, StoreError> {
         let began = SystemTime::now();
         let kept = record.clone();
         let result = self
             .inner
-            .complete(key, token, fingerprint, record, ttl)
+            .complete(key, token, fingerprint, record, retention)
             .await;
         (self.observe)(Step::Complete {
             key,

@@ -9,7 +9,7 @@
 
 use bytes::Bytes;
 use std::time::{Duration, UNIX_EPOCH};
-use tower_idempotency::engine::{RecordErrorKind, RecordTimes, RecordedResponse};
+use tower_idempotency::engine::{RecordErrorKind, RecordTimes, Recorded};
 use tower_idempotency::store::Record;
 
 /// The body limit the decoder is given: small, so a rewritten body length can pass it.
@@ -67,19 +67,19 @@ fn fields(src: &mut Source<'_>) -> Vec<(Bytes, Bytes)> {
 }
 
 /// A valid response drawn from `src`, every optional part present about half the time.
-pub(crate) fn response(src: &mut Source<'_>) -> RecordedResponse {
+pub(crate) fn response(src: &mut Source<'_>) -> Recorded {
     let status = 100 + u16::try_from(src.below(900)).unwrap_or(0);
     let headers = fields(src);
     let body = src
         .chance(192)
         .then(|| (0..src.below(48)).map(|_| src.byte()).collect::<Bytes>());
-    let mut r = RecordedResponse::new(status, headers, body);
+    let mut r = Recorded::new(status, headers, body);
     if src.chance(128) {
         let trailers = fields(src);
         r = r.with_trailers(trailers);
     }
     if src.chance(64) {
-        r = r.definitive();
+        r = r.declared();
     }
     if src.chance(128) {
         let written = UNIX_EPOCH + Duration::from_millis(src.u64() >> 20);

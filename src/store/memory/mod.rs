@@ -128,7 +128,7 @@
 //!
 //! Every operation treats expired records as absent, using the store's [`Clock`]. That clock is
 //! [`TokioClock`] unless [`MemoryStoreBuilder::clock`] sets another. Expired records are
-//! dropped when an operation meets them or needs their room. [`MemoryStore::remove_expired`] drops
+//! dropped when an operation meets them or needs their room. [`MemoryStore::purge`] drops
 //! them all at once.
 //!
 //! # Steps
@@ -283,22 +283,23 @@ impl MemoryStore {
         stats
     }
 
-    /// Drops every expired record now and returns how many were dropped. Correctness never needs
-    /// it: expired records are absent to every operation and dropped when room is needed. It is useful
-    /// to give memory back after a burst.
-    pub fn remove_expired(&self) -> usize {
+    /// Drops every expired record and step now, and returns how many it dropped, steps
+    /// included, as `PostgresStore::purge` counts its rows. Correctness never needs it: expired
+    /// records are absent to every operation and dropped when room is needed. It is useful to
+    /// give memory back after a burst.
+    pub fn purge(&self) -> u64 {
         let now = self.now();
         self.shards
             .iter()
             .map(|cell| {
                 let mut shard = lock(cell);
-                let before = shard.len;
                 if shard.earliest <= now {
                     shard.sweep(now);
                 }
-                let dropped = before - shard.len;
+                // The room the sweep freed counts a record and each of its steps as an entry.
                 let room = shard.finish();
                 drop(shard);
+                let dropped = room.entries as u64;
                 self.budget.give_back(room);
                 dropped
             })
@@ -472,12 +473,12 @@ impl Store for MemoryStore {
         token: &Token,
         fingerprint: &Fingerprint,
         record: Record,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<bool, StoreError> {
-        let ttl = nanos(ttl);
+        let retention = nanos(retention);
         let mut record = Some(record);
         let written = self.with_room(key, |shard, op| {
-            let deadline = op.now.saturating_add(ttl);
+            let deadline = op.now.saturating_add(retention);
             shard.complete(key, token, fingerprint, &mut record, deadline, op)
         })?;
         if written {
@@ -502,7 +503,7 @@ impl Store for MemoryStore {
         // The key is used anew, so its steps go with it; a kept claim's work may still need them.
         let found = self.at_home(key, |shard| shard.forget(key, pending, now));
         if found == Forgotten::Pending {
-            // A duplicate waiting on the forgotten claim may now run.
+            // A repeat waiting on the forgotten claim may now run.
             self.waiters.wake(key.id());
         }
         Ok(found)
@@ -552,11 +553,11 @@ impl Store for MemoryStore {
         key: &StoreKey,
         step: &StepId,
         value: Bytes,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<StepRecorded, StoreError> {
-        let ttl = nanos(ttl);
+        let retention = nanos(retention);
         self.with_room(key, |shard, op| {
-            shard.record_step(key, step, &value, ttl, op)
+            shard.record_step(key, step, &value, retention, op)
         })
     }
 

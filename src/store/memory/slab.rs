@@ -72,7 +72,7 @@ pub(super) struct StepList {
     pub(super) bytes: usize,
     /// The retention the last step was recorded with. Once no claim holds the key, its steps
     /// are kept at least this long.
-    pub(super) ttl: u64,
+    pub(super) retention: u64,
     /// The latest end of retention a step was recorded with.
     pub(super) until: u64,
 }

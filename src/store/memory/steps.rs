@@ -42,7 +42,7 @@ impl Shard {
         let Some(list) = self.step_list(idx) else {
             return false;
         };
-        let deadline = list.until.max(end.saturating_add(list.ttl));
+        let deadline = list.until.max(end.saturating_add(list.retention));
         let e = &mut self.entries[at(idx)];
         e.state = State::Open(None);
         e.deadline = deadline;
@@ -112,7 +112,7 @@ impl Shard {
     }
 
     /// Adds a step to the entry. The operation's credit must cover it.
-    fn add_step(&mut self, idx: u32, id: StepId, value: Bytes, until: u64, ttl: u64) {
+    fn add_step(&mut self, idx: u32, id: StepId, value: Bytes, until: u64, retention: u64) {
         let cost = value.len() + STEP_OVERHEAD;
         if self.entries[at(idx)].steps == NIL {
             let l = match self.free_step_lists.pop() {
@@ -129,7 +129,7 @@ impl Shard {
         let list = &mut self.step_lists[at(e.steps)];
         list.steps.push((id, value));
         list.bytes += cost;
-        list.ttl = ttl;
+        list.retention = retention;
         list.until = list.until.max(until);
         if e.state.is_released() {
             e.deadline = e.deadline.max(until);
@@ -155,10 +155,10 @@ impl Shard {
         key: &StoreKey,
         id: &StepId,
         value: &Bytes,
-        ttl: u64,
+        retention: u64,
         op: &Op,
     ) -> Result<StepRecorded, Short> {
-        let until = op.now.saturating_add(ttl);
+        let until = op.now.saturating_add(retention);
         let cost = value.len() + STEP_OVERHEAD;
         let hash = self.hasher.hash_one(key.id());
         if let Some(idx) = self.live(hash, key.id(), op.now) {
@@ -178,7 +178,7 @@ impl Shard {
             self.make_room(key.scope_hash(), Usage::new(1, cost), op)?;
             // A released key is droppable: making room may have dropped it.
             if !self.entries[at(idx)].is_vacant() {
-                self.add_step(idx, *id, value.clone(), until, ttl);
+                self.add_step(idx, *id, value.clone(), until, retention);
                 return Ok(StepRecorded::Recorded);
             }
         }
@@ -189,7 +189,7 @@ impl Shard {
         let idx = self
             .insert(key, hash, unknown, State::Open(None), until)
             .map_err(Short::Refused)?;
-        self.add_step(idx, *id, value.clone(), until, ttl);
+        self.add_step(idx, *id, value.clone(), until, retention);
         Ok(StepRecorded::Recorded)
     }
 

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use std::hash::BuildHasher;
 
 const LEASE: Duration = Duration::from_secs(10);
-const TTL: Duration = Duration::from_secs(100);
+const RETENTION: Duration = Duration::from_secs(100);
 
 fn key(scope: u8, id: u32) -> StoreKey {
     let mut k = [0u8; 32];
@@ -64,10 +64,10 @@ async fn claimed(s: &MemoryStore, k: StoreKey) -> Token {
     }
 }
 
-async fn done(s: &MemoryStore, k: StoreKey, len: usize, ttl: Duration) {
+async fn done(s: &MemoryStore, k: StoreKey, len: usize, retention: Duration) {
     let t = claimed(s, k).await;
     assert!(
-        s.complete(&k, &t, &fp(1), record(len), ttl)
+        s.complete(&k, &t, &fp(1), record(len), retention)
             .await
             .expect("complete"),
         "complete {k:?}"
@@ -259,11 +259,11 @@ fn entry_fits_its_stated_overhead() {
 fn expired_records_go_before_the_oldest_completed() {
     block(async {
         let (s, clock) = store(MemoryStore::builder().max_entries(4));
-        done(&s, key(1, 1), 10, TTL).await; // oldest completed, long retention
+        done(&s, key(1, 1), 10, RETENTION).await; // oldest completed, long retention
         done(&s, key(2, 2), 10, Duration::from_secs(1)).await; // expires first
         claimed(&s, key(3, 3)).await; // pending, lease 10 s
         let t4 = claimed(&s, key(4, 4)).await;
-        s.complete(&key(4, 4), &t4, &fp(1), record(1), TTL)
+        s.complete(&key(4, 4), &t4, &fp(1), record(1), RETENTION)
             .await
             .expect("complete");
         clock.advance(Duration::from_secs(2));
@@ -296,8 +296,8 @@ fn expired_records_go_before_the_oldest_completed() {
 fn oldest_completed_goes_when_nothing_expired() {
     block(async {
         let (s, _clock) = store(MemoryStore::builder().max_entries(3));
-        done(&s, key(1, 1), 10, TTL).await;
-        done(&s, key(1, 2), 10, TTL).await;
+        done(&s, key(1, 1), 10, RETENTION).await;
+        done(&s, key(1, 2), 10, RETENTION).await;
         claimed(&s, key(3, 3)).await;
 
         claimed(&s, key(4, 4)).await;
@@ -341,7 +341,7 @@ fn pending_in_lease_is_never_dropped() {
 fn full_store_drops_nothing_when_dropping_cannot_help() {
     block(async {
         let (s, _clock) = store(MemoryStore::builder().max_entries(3));
-        done(&s, key(1, 1), 10, TTL).await;
+        done(&s, key(1, 1), 10, RETENTION).await;
         claimed(&s, key(2, 2)).await;
         claimed(&s, key(3, 3)).await;
         // One completed record: dropping it makes room.
@@ -364,9 +364,9 @@ fn scope_at_its_cap_drops_its_own_oldest() {
                 .max_entries(100)
                 .max_entries_per_scope(2),
         );
-        done(&s, key(9, 1), 10, TTL).await; // another scope's, oldest of all
-        done(&s, key(1, 2), 10, TTL).await;
-        done(&s, key(1, 3), 10, TTL).await;
+        done(&s, key(9, 1), 10, RETENTION).await; // another scope's, oldest of all
+        done(&s, key(1, 2), 10, RETENTION).await;
+        done(&s, key(1, 3), 10, RETENTION).await;
 
         claimed(&s, key(1, 4)).await;
         assert_eq!(peek(&s, key(9, 1)), "done", "other scopes are left alone");
@@ -386,7 +386,7 @@ fn a_scope_at_its_cap_drops_nothing_when_the_step_is_refused_anyway() {
                 .max_bytes(4 * ENTRY_OVERHEAD + 300)
                 .max_entries_per_scope(2),
         );
-        done(&s, key(1, 1), 10, TTL).await;
+        done(&s, key(1, 1), 10, RETENTION).await;
         // Key 2's claim is released: its late complete writes a new entry.
         let t2 = claimed(&s, key(1, 2)).await;
         assert!(s.release(&key(1, 2), &t2).await.expect("release"));
@@ -396,7 +396,7 @@ fn a_scope_at_its_cap_drops_nothing_when_the_step_is_refused_anyway() {
 
         // Dropping scope 1's record would not make room for 400 more bytes: nothing is dropped.
         let err = s
-            .complete(&key(1, 2), &t2, &fp(1), record(400), TTL)
+            .complete(&key(1, 2), &t2, &fp(1), record(400), RETENTION)
             .await
             .expect_err("no room");
         assert!(
@@ -420,7 +420,7 @@ fn scope_at_its_cap_drops_its_expired_first() {
                 .max_entries(100)
                 .max_entries_per_scope(3),
         );
-        done(&s, key(1, 1), 10, TTL).await;
+        done(&s, key(1, 1), 10, RETENTION).await;
         done(&s, key(1, 2), 10, Duration::from_secs(1)).await;
         claimed(&s, key(1, 3)).await;
         clock.advance(Duration::from_secs(2));
@@ -462,13 +462,13 @@ fn bytes_bound_is_respected() {
     block(async {
         let limit = 2 * ENTRY_OVERHEAD + 100;
         let (s, _clock) = store(MemoryStore::builder().max_bytes(limit));
-        done(&s, key(1, 1), 60, TTL).await;
+        done(&s, key(1, 1), 60, RETENTION).await;
         let t2 = claimed(&s, key(2, 2)).await;
         assert_eq!(s.stats().bytes, 2 * ENTRY_OVERHEAD + 60);
 
         // Completing key 2 needs 60 more bytes: key 1 (not key 2) is dropped to fit.
         assert!(
-            s.complete(&key(2, 2), &t2, &fp(1), record(60), TTL)
+            s.complete(&key(2, 2), &t2, &fp(1), record(60), RETENTION)
                 .await
                 .expect("complete")
         );
@@ -484,7 +484,7 @@ fn bytes_bound_is_respected() {
         // A record that can never fit is refused without dropping anything.
         let t3 = claimed(&s, key(3, 3)).await;
         let err = s
-            .complete(&key(3, 3), &t3, &fp(1), record(limit), TTL)
+            .complete(&key(3, 3), &t3, &fp(1), record(limit), RETENTION)
             .await
             .expect_err("too big");
         assert_eq!(
@@ -500,6 +500,31 @@ fn bytes_bound_is_respected() {
 }
 
 #[test]
+fn purge_counts_the_steps_it_drops() {
+    block(async {
+        let (s, clock) = store(MemoryStore::builder());
+        let k = key(1, 1);
+        let t = claimed(&s, k).await;
+        assert!(s.prepare_step(&k, &t, LEASE).await.expect("room"));
+        for n in 1..=2u8 {
+            let step = StepId::from_bytes([n; 32]);
+            s.record_step(&k, &step, Bytes::from_static(b"v"), Duration::from_secs(1))
+                .await
+                .expect("recorded");
+        }
+        assert!(s.release(&k, &t).await.expect("release"));
+        done(&s, key(1, 2), 5, Duration::from_secs(1)).await;
+        clock.advance(LEASE + Duration::from_secs(2));
+        // A released key with its two steps, and a record: four, as the PostgreSQL purge
+        // counts a row per record and per step.
+        assert_eq!(s.purge(), 4);
+        assert_eq!(s.purge(), 0, "nothing left to drop");
+        assert_eq!(s.stats().entries, 0);
+        s.check();
+    });
+}
+
+#[test]
 fn empty_scopes_leave_no_bookkeeping() {
     block(async {
         let (s, clock) = store(MemoryStore::builder());
@@ -510,7 +535,7 @@ fn empty_scopes_leave_no_bookkeeping() {
         }
         assert_eq!(s.stats().scopes, 50);
         clock.advance(Duration::from_secs(2));
-        assert_eq!(s.remove_expired(), 50);
+        assert_eq!(s.purge(), 50);
         let st = s.stats();
         assert_eq!(
             (st.entries, st.bytes, st.pending, st.scopes),
@@ -673,7 +698,7 @@ fn concurrent_steps_keep_the_budget_exact() {
                         x ^= x << 17;
                         let id = u32::try_from(x % 32).expect("small");
                         let k = key(u8::try_from(id % 7).expect("small"), id);
-                        let ttl = Duration::from_millis((x >> 16) % 2000);
+                        let retention = Duration::from_millis((x >> 16) % 2000);
                         match (x >> 32) % 6 {
                             5 => {
                                 let step =
@@ -683,17 +708,20 @@ fn concurrent_steps_keep_the_budget_exact() {
                                     usize::try_from((x >> 8) % 60)
                                         .expect("small")
                                 ]);
-                                let _ = s.record_step(&k, &step, value, ttl).await;
+                                let _ = s.record_step(&k, &step, value, retention).await;
                             }
                             0 | 1 => {
-                                if let Ok(Claim::Claimed(tok)) = s.claim(&k, &fp(1), ttl).await {
+                                if let Ok(Claim::Claimed(tok)) =
+                                    s.claim(&k, &fp(1), retention).await
+                                {
                                     tokens.insert(id, tok);
                                 }
                             }
                             2 => {
                                 if let Some(tok) = tokens.get(&id) {
                                     let len = usize::try_from((x >> 8) % 120).expect("small");
-                                    let _ = s.complete(&k, tok, &fp(1), record(len), ttl).await;
+                                    let _ =
+                                        s.complete(&k, tok, &fp(1), record(len), retention).await;
                                 }
                             }
                             3 => {
@@ -749,10 +777,10 @@ fn random_steps(shards: usize, cap: Option<usize>) -> MemoryStats {
             let id = u32::try_from(r % 24).expect("small");
             let k = key(u8::try_from(id % 5).expect("small"), id);
             let len = usize::try_from((r >> 8) % 80).expect("small");
-            let ttl = Duration::from_millis((r >> 16) % 3000);
+            let retention = Duration::from_millis((r >> 16) % 3000);
             match (r >> 32) % 10 {
                 0 | 1 => {
-                    if let Ok(Claim::Claimed(t)) = s.claim(&k, &fp(1), ttl).await {
+                    if let Ok(Claim::Claimed(t)) = s.claim(&k, &fp(1), retention).await {
                         tokens.insert(id, t);
                     }
                 }
@@ -761,14 +789,14 @@ fn random_steps(shards: usize, cap: Option<usize>) -> MemoryStats {
                         StepId::from_bytes([u8::try_from((r >> 48) % 3).expect("small"); 32]);
                     let value = Bytes::from(vec![1u8; len / 2]);
                     if let Ok(crate::store::StepRecorded::Recorded) =
-                        s.record_step(&k, &step, value, ttl).await
+                        s.record_step(&k, &step, value, retention).await
                     {
                         recorded += 1;
                     }
                 }
                 8 => {
                     if let Some(t) = tokens.get(&id) {
-                        let _ = s.prepare_step(&k, t, ttl).await;
+                        let _ = s.prepare_step(&k, t, retention).await;
                     }
                 }
                 9 if r & 1 == 0 => {
@@ -779,7 +807,7 @@ fn random_steps(shards: usize, cap: Option<usize>) -> MemoryStats {
                 }
                 2 => {
                     if let Some(t) = tokens.get(&id) {
-                        let _ = s.complete(&k, t, &fp(1), record(len), ttl).await;
+                        let _ = s.complete(&k, t, &fp(1), record(len), retention).await;
                     }
                 }
                 3 => {
@@ -789,7 +817,7 @@ fn random_steps(shards: usize, cap: Option<usize>) -> MemoryStats {
                 }
                 4 => {
                     if let Some(t) = tokens.get(&id) {
-                        let _ = s.renew(&k, t, ttl).await;
+                        let _ = s.renew(&k, t, retention).await;
                     }
                 }
                 _ => clock.advance(Duration::from_millis((r >> 40) % 500)),
@@ -838,8 +866,8 @@ fn a_scope_as_large_as_the_largest_makes_room_from_its_own() {
     block(async {
         let (s, _clock) = store(MemoryStore::builder().max_entries(6));
         for id in 0..3 {
-            done(&s, key(1, id), 10, TTL).await;
-            done(&s, key(2, id), 10, TTL).await;
+            done(&s, key(1, id), 10, RETENTION).await;
+            done(&s, key(2, id), 10, RETENTION).await;
         }
         claimed(&s, key(1, 3)).await;
         claimed(&s, key(2, 3)).await;
@@ -865,10 +893,10 @@ fn expired_records_in_another_shard_go_before_live_ones() {
             .expect("valid");
         // Scope 2 lives in shard 0, scopes 1 and 3 in shard 1.
         assert_eq!((s.home(&key(2, 0)), s.home(&key(1, 0))), (0, 1));
-        done(&s, key(3, 0), 10, TTL).await;
+        done(&s, key(3, 0), 10, RETENTION).await;
         done(&s, key(2, 0), 10, Duration::from_secs(1)).await;
-        done(&s, key(2, 1), 10, TTL).await;
-        done(&s, key(2, 2), 10, TTL).await;
+        done(&s, key(2, 1), 10, RETENTION).await;
+        done(&s, key(2, 2), 10, RETENTION).await;
         clock.advance(Duration::from_secs(2));
 
         claimed(&s, key(1, 0)).await;
@@ -917,12 +945,12 @@ fn a_scope_holds_at_most_its_pending_share() {
         // A claim that completes holds nothing any more: the scope claims again, and its
         // completed records are not counted.
         assert!(
-            s.complete(&key(1, 0), &held[0], &fp(1), record(10), TTL)
+            s.complete(&key(1, 0), &held[0], &fp(1), record(10), RETENTION)
                 .await
                 .expect("complete")
         );
         for id in 20..60 {
-            done(&s, key(1, id), 10, TTL).await;
+            done(&s, key(1, id), 10, RETENTION).await;
         }
         let t = claimed(&s, key(1, 10)).await;
         assert_eq!(
@@ -939,7 +967,7 @@ fn a_scope_holds_at_most_its_pending_share() {
         let step = StepId::from_bytes([1; 32]);
         let big = Bytes::from(vec![0u8; 10_000]);
         let err = s
-            .record_step(&key(1, 10), &step, big, TTL)
+            .record_step(&key(1, 10), &step, big, RETENTION)
             .await
             .expect_err("past the bytes share");
         assert_eq!(err.kind(), StoreErrorKind::ScopeFull, "{err}");
@@ -956,7 +984,7 @@ fn a_scope_holds_at_most_its_pending_share() {
                 .await
                 .expect("room")
         );
-        s.record_step(&key(1, 2), &step, Bytes::from_static(b"v"), TTL)
+        s.record_step(&key(1, 2), &step, Bytes::from_static(b"v"), RETENTION)
             .await
             .expect("recorded");
         assert!(s.release(&key(1, 2), &held[2]).await.expect("release"));
@@ -1017,7 +1045,7 @@ fn a_small_store_with_the_default_share_still_records_a_step_of_a_pending_claim(
                 .expect("a store of ten entries has room for a claim and its step")
         );
         let step = StepId::from_bytes([1; 32]);
-        s.record_step(&key(1, 0), &step, Bytes::from_static(b"v"), TTL)
+        s.record_step(&key(1, 0), &step, Bytes::from_static(b"v"), RETENTION)
             .await
             .expect("recorded");
         s.check();

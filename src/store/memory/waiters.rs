@@ -1,4 +1,4 @@
-//! Requests waiting for a pending key to settle (a duplicate that waits instead of getting
+//! Requests waiting for a pending key to settle (a repeat that waits instead of getting
 //! 409): woken in process by the operation that completes or releases the key, so the memory store
 //! never needs polling.
 
@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::Notify;
 
 /// The waiters of every key, by key id. Empty (one atomic load per completion) unless a
-/// duplicate waits.
+/// repeat waits.
 #[derive(Default)]
 pub(super) struct Waiters {
     count: AtomicUsize,

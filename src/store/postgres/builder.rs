@@ -98,7 +98,7 @@ impl PostgresStoreBuilder {
     /// transaction is the same key's first request, still running. This is PostgreSQL's
     /// `lock_timeout`, set for that one statement. Default: 1 s. At least 1 ms.
     ///
-    /// A duplicate that arrives while the first request's transaction runs waits, holding its
+    /// A repeat that arrives while the first request's transaction runs waits, holding its
     /// connection. It gets the stored result if the first commits within this time. The claim's
     /// `statement_timeout` is this wait plus the [timeout](Self::timeout), so the wait ends first.
     ///

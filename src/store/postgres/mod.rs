@@ -79,7 +79,7 @@
 //! **A logged table.** The table must be an ordinary, logged table, never `UNLOGGED`. An
 //! unlogged table skips the write-ahead log. So PostgreSQL truncates it after a crash and
 //! never replicates it to a standby. Every record would vanish with a crash or a failover.
-//! Every duplicate after it would run its work again. Durability is the reason to keep
+//! Every repeat after it would run its work again. Durability is the reason to keep
 //! records in PostgreSQL at all.
 //!
 //! **Not partitioned by expiry.** Partitioning by `expires_at` would make dropping old
@@ -480,16 +480,16 @@ impl PostgresStore {
         key: &StoreKey,
         step: &StepId,
         value: &[u8],
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<Option<StepRecorded>, OpError> {
         let key = self.row_key(key);
-        let ttl = sql::millis(ttl);
+        let retention = sql::millis(retention);
         for _ in 0..CLAIM_ATTEMPTS {
             let row = sqlx::query(&self.sql.record_step)
                 .bind(&key[..])
                 .bind(&step.as_bytes()[..])
                 .bind(value)
-                .bind(ttl)
+                .bind(retention)
                 .fetch_optional(&mut *conn)
                 .await?;
             if let Some(row) = row {
@@ -642,7 +642,7 @@ impl Store for PostgresStore {
         token: &Token,
         fingerprint: &Fingerprint,
         record: Record,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<bool, StoreError> {
         let key = self.row_key(key);
         let record = &record.into_bytes();
@@ -654,7 +654,7 @@ impl Store for PostgresStore {
                     .bind(&token.as_bytes()[..])
                     .bind(&fingerprint.as_bytes()[..])
                     .bind(&record[..])
-                    .bind(sql::millis(ttl))
+                    .bind(sql::millis(retention))
                     .fetch_optional(conn.conn())
                     .await;
                 conn.give_back_sql(done.as_ref().err());
@@ -735,7 +735,7 @@ impl Store for PostgresStore {
         key: &StoreKey,
         step: &StepId,
         value: Bytes,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<StepRecorded, StoreError> {
         let value = &value;
         let recorded = self
@@ -745,7 +745,7 @@ impl Store for PostgresStore {
                 |fresh| async move {
                     let mut conn = self.take(fresh).await?;
                     let recorded = self
-                        .record_step_on(conn.conn(), key, step, value, ttl)
+                        .record_step_on(conn.conn(), key, step, value, retention)
                         .await;
                     conn.give_back(recorded.as_ref().err());
                     recorded

@@ -118,7 +118,7 @@ pub(crate) struct Statements {
     /// `$1` key, `$2` fingerprint, `$3` token, `$4` lease (ms) → no row (raced a concurrent
     /// claim: ask again), or one row `(state, fingerprint, record)`, state `C` when claimed.
     pub(super) claim: String,
-    /// `$1` key, `$2` token, `$3` fingerprint, `$4` record, `$5` ttl (ms) → one row when written
+    /// `$1` key, `$2` token, `$3` fingerprint, `$4` record, `$5` retention (ms) → one row when written
     /// (the key's steps then deleted), or none.
     pub(super) complete: String,
     /// `$1` key, `$2` token → one row deleted, or none.
@@ -127,14 +127,14 @@ pub(crate) struct Statements {
     /// their retention past the new lease), or none.
     pub(super) renew: String,
     /// Inside the claimant's transaction, which holds the row: `$1` key, `$2` token,
-    /// `$3` fingerprint, `$4` record, `$5` ttl (ms) → one row, the key's steps deleted.
+    /// `$3` fingerprint, `$4` record, `$5` retention (ms) → one row, the key's steps deleted.
     pub(crate) complete_held: String,
     /// `$1` key, `$2` whether a pending claim goes too → one row `(state, deleted)` for a live
     /// row, none when nothing live holds the key.
     pub(super) forget: String,
     /// `$1` batch size → the expired rows deleted.
     pub(super) purge: String,
-    /// `$1` key, `$2` step, `$3` value, `$4` ttl (ms) → no row (raced a concurrent record of
+    /// `$1` key, `$2` step, `$3` value, `$4` retention (ms) → no row (raced a concurrent record of
     /// the step: ask again), or one row `(value)`: NULL when recorded, else the first value.
     pub(super) record_step: String,
     /// `$1` key → rows `(step, value)` of the key's live steps.

@@ -134,7 +134,7 @@ impl<C> RedisStoreBuilder<C> {
     ///
     /// What it buys: a record the store acknowledged survives a failover. Redis replicates
     /// asynchronously, so a replica promoted after the primary dies may lack the last
-    /// records; their next duplicates would run again. With this on, an acknowledged record
+    /// records; their next repeats would run again. With this on, an acknowledged record
     /// is on `replicas` replicas, and Sentinel promotes one of them. Choose at least 1, and
     /// no more than the replicas you run, or every complete fails.
     ///
@@ -163,7 +163,7 @@ impl<C> RedisStoreBuilder<C> {
     /// with a warning. It is on the primary; if the primary dies before a replica has it, a
     /// retry runs the step again.
     ///
-    /// Claims do not wait. A claim lost in a failover lets a duplicate that arrives while
+    /// Claims do not wait. A claim lost in a failover lets a repeat that arrives while
     /// the first run is still working run too; a record is never lost once acknowledged.
     ///
     /// ```no_run

@@ -1,6 +1,6 @@
 -- complete: store KEYS[1] done, if the caller's token holds it pending or nothing holds it, and
 -- delete KEYS[2], its steps: the record answers every repeat from now on.
--- ARGV[1] = token(16), ARGV[2] = the done value ('D' .. fingerprint(32) .. record), ARGV[3] = ttl in ms.
+-- ARGV[1] = token(16), ARGV[2] = the done value ('D' .. fingerprint(32) .. record), ARGV[3] = retention in ms.
 -- Returns 1 when written, 0 when another claimant (or a finished record) holds the key; its
 -- steps are then left to it.
 local held = redis.call('GET', KEYS[1])

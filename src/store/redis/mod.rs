@@ -42,7 +42,7 @@
 //! | step | command |
 //! | --- | --- |
 //! | claim | `SET key pending NX PX lease GET`: nil → claimed; a value → that record, unchanged |
-//! | complete | script: write the done value with `PX ttl` only if the key is absent or pending under the caller's token, and then `DEL` the key's [steps](#steps) |
+//! | complete | script: write the done value with `PX retention` only if the key is absent or pending under the caller's token, and then `DEL` the key's [steps](#steps) |
 //! | release | script: `DEL` only if the key is pending under the caller's token |
 //! | renew | script: `PEXPIRE lease` only if the key is pending under the caller's token, and keep the key's [steps](#steps) their retention past it |
 //!
@@ -104,7 +104,7 @@
 //! in one Redis hash keyed `ti:<ns>:{<id>}:s`: the record's key and `:s`. The hash tag is the
 //! record's, so the scripts of complete, renew and forget reach both in one call. A field is
 //! a step's 32-byte [`StepId`], its value the engine's bytes for the step. One more field,
-//! `r`, holds the longest retention (`ttl`) the key's steps were recorded with. Each call is
+//! `r`, holds the longest retention (`retention`) the key's steps were recorded with. Each call is
 //! one script:
 //!
 //! | call | commands |
@@ -241,7 +241,7 @@
 //! Nothing bounds what one caller keeps in Redis. The [`MemoryStore`](super::MemoryStore)
 //! caps each scope and drops the records of the scope that holds the most; a `RedisStore`
 //! has no per-scope count, only Redis's `maxmemory` for everyone together, and each record
-//! lives until its retention ends (the engine's ttl, 24 h by default) whoever wrote it. A
+//! lives until its retention ends (the engine's retention, 24 h by default) whoever wrote it. A
 //! flood of fresh keys from one principal therefore:
 //!
 //! - under `noeviction` (the recommended policy), fills Redis until writes fail with `OOM`:
@@ -251,7 +251,7 @@
 //!   handler's response; the key stays pending until its lease ends), and this lasts until
 //!   enough of the flood's records expire;
 //! - under an eviction policy, makes Redis evict other callers' records, and their next
-//!   duplicates **run again**.
+//!   repeats **run again**.
 //!
 //! Bound it in front of the layer: rate-limit per principal (at the gateway, or a limiter
 //! keyed on the same principal before the idempotency layer), so one caller cannot write more
@@ -273,7 +273,7 @@
 //! # Durability: what "no duplicate processing" rests on
 //!
 //! The promise holds only while Redis keeps the records. Two ordinary events make Redis lose
-//! a record it already acknowledged, and then the next duplicate **runs the work again**:
+//! a record it already acknowledged, and then the next repeat **runs the work again**:
 //!
 //! - **Eviction.** With a `maxmemory-policy` other than `noeviction`, a full Redis deletes keys
 //!   to make room, idempotency records included. Use `noeviction` (writes then fail, claims
@@ -290,7 +290,7 @@
 //! fails with [`NotReplicated`](crate::store::StoreErrorKind::NotReplicated), and the caller
 //! still gets the handler's response; the record is on the primary, and repeats replay it
 //! unless a failover loses it first. Claims are not waited for: a claim lost in a failover
-//! lets a duplicate that arrives during the first run run too. The writes that wait go on a
+//! lets a repeat that arrives during the first run run too. The writes that wait go on a
 //! connection of their own, so a `WAIT` never holds the claims behind it, and a primary with
 //! fewer replicas in sync than asked is answered `NotReplicated` at once.
 //!
@@ -308,7 +308,7 @@
 //! 180 µs without it), and a lone caller one replica round trip (`wait_for_replicas_cost` in
 //! `tests/store/redis_replicas.rs`).
 //!
-//! Keep the retention (the engine's ttl) at least as long as clients retry.
+//! Keep the retention at least as long as clients retry.
 //!
 //! [`ConnectionManager`]: ::redis::aio::ConnectionManager
 //! [`StoreErrorKind`]: crate::store::StoreErrorKind
@@ -758,15 +758,15 @@ where
         token: &Token,
         fingerprint: &Fingerprint,
         record: Record,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<bool, StoreError> {
         let deadline = self.deadline();
         let record = record.into_bytes();
-        let ttl = Digits::new(codec::millis(ttl));
+        let retention = Digits::new(codec::millis(retention));
         let args = [
             Arg::Bytes(token.as_bytes()),
             Arg::Done(fingerprint, &record),
-            Arg::Bytes(ttl.as_bytes()),
+            Arg::Bytes(retention.as_bytes()),
         ];
         let key = self.key_bytes(key);
         let steps = StepsKeyBytes::new(&key);
@@ -858,7 +858,7 @@ where
     }
 
     /// One script (`GET`, then `PTTL` when pending), asked only for a request found in flight.
-    /// The default `wait_settled` applies: a duplicate waiting on Redis polls with backoff
+    /// The default `wait_settled` applies: a repeat waiting on Redis polls with backoff
     /// (a `SUBSCRIBE` would need a connection of its own per process, outside the one round
     /// trip per step this store keeps).
     async fn lease_left(&self, key: &StoreKey) -> Result<Option<Duration>, StoreError> {
@@ -894,14 +894,14 @@ where
         key: &StoreKey,
         step: &StepId,
         value: Bytes,
-        ttl: Duration,
+        retention: Duration,
     ) -> Result<StepRecorded, StoreError> {
         let deadline = self.deadline();
-        let ttl = Digits::new(codec::millis(ttl));
+        let retention = Digits::new(codec::millis(retention));
         let args = [
             Arg::Bytes(step.as_bytes()),
             Arg::Bytes(&value),
-            Arg::Bytes(ttl.as_bytes()),
+            Arg::Bytes(retention.as_bytes()),
         ];
         let key = self.key_bytes(key);
         let steps = StepsKeyBytes::new(&key);

@@ -13,7 +13,7 @@ where
     /// Checks the server at start-up: its version is at least 5.0 (below 7.0, claims use the
     /// script from then on), and its
     /// `maxmemory-policy` is `noeviction` (warned through `tracing` otherwise, since an evicted
-    /// record lets the next duplicate run). On Redis Cluster every primary is checked.
+    /// record lets the next repeat run). On Redis Cluster every primary is checked.
     ///
     /// The policy is read from `INFO`, or from `CONFIG GET maxmemory-policy` when `INFO` does
     /// not show it; where both are refused (managed Redis), the report says the policy could
@@ -90,12 +90,12 @@ impl VerifyReport {
             EvictionCheck::Evicts { policy } => tracing::warn!(
                 maxmemory_policy = %policy,
                 "Redis maxmemory-policy is not noeviction: when Redis is full it may evict \
-                 idempotency records, and the next duplicate of an evicted request runs again",
+                 idempotency records, and the next repeat of an evicted request runs again",
             ),
             EvictionCheck::Unknown { reason } => tracing::warn!(
                 reason,
                 "could not check the Redis maxmemory-policy; make sure it is noeviction, or an \
-                 evicted idempotency record lets the next duplicate run again",
+                 evicted idempotency record lets the next repeat run again",
             ),
         }
     }
@@ -108,7 +108,7 @@ pub enum EvictionCheck {
     /// `maxmemory-policy` is `noeviction`: a full Redis refuses writes instead of dropping
     /// records.
     NoEviction,
-    /// Another policy: a full Redis may drop records, and a duplicate then runs again.
+    /// Another policy: a full Redis may drop records, and a repeat then runs again.
     Evicts {
         /// The policy in force (on a cluster, the first primary not at `noeviction`).
         policy: String,

@@ -1,6 +1,6 @@
 use tower_idempotency::idempotent;
 
-#[idempotent(header = "idempotency key")]
+#[idempotent(header_name = "idempotency key")]
 async fn create() {}
 
 fn main() {}

@@ -1,6 +1,6 @@
 use tower_idempotency::idempotent;
 
-#[idempotent(response = "body")]
+#[idempotent(response_mode = "body")]
 async fn create() {}
 
 fn main() {}

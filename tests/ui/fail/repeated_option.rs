@@ -1,6 +1,6 @@
 use tower_idempotency::idempotent;
 
-#[idempotent(ttl = "1h", lease = "30s", ttl = "2h")]
+#[idempotent(retention = "1h", lease = "30s", retention = "2h")]
 async fn create() {}
 
 fn main() {}

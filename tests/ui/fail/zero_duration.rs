@@ -1,6 +1,6 @@
 use tower_idempotency::idempotent;
 
-#[idempotent(ttl = "0s")]
+#[idempotent(retention = "0s")]
 async fn create() {}
 
 fn main() {}

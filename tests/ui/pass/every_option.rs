@@ -20,10 +20,10 @@ impl FromRef<App> for Db {
 /// Takes a `FromRef` sub-state; runs with the whole `App` state (`state = App`).
 #[idempotent(
     require_key = false,
-    header = "X-Request-Key",
+    header_name = "X-Request-Key",
     lease = "1500ms",
-    ttl = "1h30m",
-    response = "full",
+    retention = "1h30m",
+    response_mode = "full",
     namespace = "orders",
     max_record_body = 65_536,
     max_request_body = 1024,
@@ -37,9 +37,9 @@ async fn update_order(State(_db): State<Db>, body: String) -> String {
 #[idempotent(
     require_key = true,
     principal = "required",
-    response = "status_and_headers",
+    response_mode = "status_and_headers",
     lease = "2d",
-    ttl = "10m"
+    retention = "10m"
 )]
 async fn replace_order() {}
 

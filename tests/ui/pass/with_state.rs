@@ -15,7 +15,7 @@ struct NewPayment {
     amount: u64,
 }
 
-#[idempotent(require_key, lease = "30s", ttl = "1h", response = "status_and_headers")]
+#[idempotent(require_key, lease = "30s", retention = "1h", response_mode = "status_and_headers")]
 async fn create_payment(
     State(app): State<App>,
     Path(account): Path<String>,

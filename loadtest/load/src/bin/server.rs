@@ -153,7 +153,7 @@ async fn build(
             let store = Arc::new(store);
             let layer = IdempotencyLayer::new(
                 tower_idempotency::engine::Engine::builder(Arc::clone(&store))
-                    .ttl(TTL)
+                    .retention(TTL)
                     .build(),
             )
             .principal_fn(|p| client_of(&p.headers).map(Scope::principal));
@@ -176,7 +176,7 @@ async fn build(
                 .expect("connect to Redis");
             let layer = IdempotencyLayer::new(
                 tower_idempotency::engine::Engine::builder(store)
-                    .ttl(TTL)
+                    .retention(TTL)
                     .build(),
             )
             .principal_fn(|p| client_of(&p.headers).map(Scope::principal));
@@ -193,7 +193,7 @@ async fn build(
                 .expect("connect to Redis Cluster");
             let layer = IdempotencyLayer::new(
                 tower_idempotency::engine::Engine::builder(store)
-                    .ttl(TTL)
+                    .retention(TTL)
                     .build(),
             )
             .principal_fn(|p| client_of(&p.headers).map(Scope::principal));
@@ -219,7 +219,7 @@ async fn build(
                 .expect("connect through Redis Sentinel");
             let layer = IdempotencyLayer::new(
                 tower_idempotency::engine::Engine::builder(store)
-                    .ttl(TTL)
+                    .retention(TTL)
                     .build(),
             )
             .principal_fn(|p| client_of(&p.headers).map(Scope::principal));
@@ -251,7 +251,7 @@ async fn build(
             let counter = store.clone();
             let layer = IdempotencyLayer::new(
                 tower_idempotency::engine::Engine::builder(store)
-                    .ttl(TTL)
+                    .retention(TTL)
                     .build(),
             )
             .principal_fn(|p| client_of(&p.headers).map(Scope::principal));

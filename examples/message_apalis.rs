@@ -3,7 +3,7 @@
 //!
 //! ```text
 //! redis-server --save "" --appendonly no &      # the broker and the store
-//! cargo run --example queue_apalis --features apalis,redis
+//! cargo run --example message_apalis --features apalis,redis
 //! ```
 //!
 //! `REDIS_URL` (default `redis://127.0.0.1:6379/`) names another server. The example pushes

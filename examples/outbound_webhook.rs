@@ -1,7 +1,7 @@
 //! Send once: an outbound webhook that a retried request delivers once.
 //!
 //! ```text
-//! cargo run --example send_once_webhook
+//! cargo run --example outbound_webhook
 //! ```
 //!
 //! Everything runs in this process on loopback ports it picks: a webhook receiver (a partner's

@@ -5,7 +5,7 @@ use http::{HeaderMap, StatusCode};
 /// What an attempt came back with.
 #[derive(Clone, Copy, Debug)]
 #[non_exhaustive]
-pub enum Outcome<'a> {
+pub enum Reply<'a> {
     /// A response arrived. The rules read its status and headers, not its body.
     Response {
         /// The HTTP status.
@@ -17,7 +17,7 @@ pub enum Outcome<'a> {
     Failed(RetryErrorKind),
 }
 
-impl<'a> Outcome<'a> {
+impl<'a> Reply<'a> {
     /// A response with this status and these headers.
     #[must_use]
     pub fn response(status: StatusCode, headers: &'a HeaderMap) -> Self {
@@ -25,7 +25,7 @@ impl<'a> Outcome<'a> {
     }
 }
 
-/// Why no response arrived, as far as the client can tell: what [`Outcome::Failed`] carries
+/// Why no response arrived, as far as the client can tell: what [`Reply::Failed`] carries
 /// and what [`RetryError::kind`](crate::RetryError::kind) returns.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]

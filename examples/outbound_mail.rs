@@ -1,7 +1,7 @@
 //! Send once: a job that runs twice sends its email once.
 //!
 //! ```text
-//! cargo run --example send_once_mail --features lettre
+//! cargo run --example outbound_mail --features lettre
 //! ```
 //!
 //! Runs with no mail server: lettre's stub transport stands in for SMTP and keeps what it was
@@ -50,7 +50,7 @@ fn invoice(key: &str, to: &str, amount: &str) -> Result<Message, Error> {
 async fn main() -> Result<(), Error> {
     let stub = AsyncStubTransport::new_ok();
     let engine = Engine::builder(MemoryStore::new())
-        .ttl(Duration::from_secs(7 * 24 * 3600)) // receipts answer repeats for a week
+        .retention(Duration::from_secs(7 * 24 * 3600)) // receipts answer repeats for a week
         .build();
     let mailer = LettreSendOnce::new(engine, stub.clone()).hold(Duration::from_secs(15 * 60)); // an unknown delivery holds its key 15 minutes
 

@@ -1,4 +1,4 @@
-//! A response declared definitive whose body cannot be recorded whole (over the record limit,
+//! A declared response whose body cannot be recorded whole (over the record limit,
 //! slower than the collection bound, failing) never frees its key: its status and headers are
 //! recorded at once, and the retry is replayed them. A gRPC one, whose status is in trailers
 //! the layer could not read, holds its key. Paused clock: no real-time bound to overrun.
@@ -110,7 +110,7 @@ fn request(key: &str, grpc: bool) -> Request<Full<Bytes>> {
         .expect("request")
 }
 
-/// A layer over a handler that charges (counted), declares its 500 definitive and answers
+/// A layer over a handler that charges (counted), declares its 500 recorded and answers
 /// with `steps`; the second return counts the runs.
 fn charging(
     layer: IdempotencyLayer,
@@ -157,10 +157,10 @@ async fn send(svc: &impl Svc, key: &str, grpc: bool) -> (StatusCode, bool, bool)
     (status, replayed, failed)
 }
 
-/// The first run's body fails while the layer reads it to record it; declared definitive,
+/// The first run's body fails while the layer reads it to record it; declared,
 /// the retry is replayed the 500 (status and headers), not charged again.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_definitive_answer_whose_body_fails_is_recorded_not_released() {
+async fn a_declared_answer_whose_body_fails_is_recorded_not_released() {
     let (svc, runs) = charging(IdempotencyLayer::default(), 500, false, || {
         vec![Step::Data(b"charged"), Step::Fail]
     });
@@ -177,7 +177,7 @@ async fn a_definitive_answer_whose_body_fails_is_recorded_not_released() {
 
 /// Over the record limit, then failing: recorded as status and headers, replayed.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_definitive_answer_over_the_record_limit_that_fails_is_recorded() {
+async fn a_declared_answer_over_the_record_limit_that_fails_is_recorded() {
     let layer = IdempotencyLayer::new(
         tower_idempotency::engine::Engine::builder(tower_idempotency::MemoryStore::new())
             .max_record_body(4)
@@ -199,7 +199,7 @@ async fn a_definitive_answer_over_the_record_limit_that_fails_is_recorded() {
 /// Slower than the collection bound, and the client leaves before its end: recorded at once,
 /// so the retry is replayed, even after the lease (which a held key would have let lapse).
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_slow_definitive_answer_whose_client_leaves_is_recorded() {
+async fn a_slow_declared_answer_whose_client_leaves_is_recorded() {
     let layer = IdempotencyLayer::default().streaming(
         tower_idempotency::http::Streaming::default().collect_timeout(Duration::from_secs(1)),
     );
@@ -224,10 +224,10 @@ async fn a_slow_definitive_answer_whose_client_leaves_is_recorded() {
     assert_eq!(runs.load(Ordering::SeqCst), 1, "charged once");
 }
 
-/// gRPC: a definitive answer over the record limit has its status in trailers the layer
+/// gRPC: a declared answer over the record limit has its status in trailers the layer
 /// cannot read; the key is held until its lease lapses (409), never released at once.
 #[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn a_definitive_grpc_answer_over_the_record_limit_holds_its_key() {
+async fn a_declared_grpc_answer_over_the_record_limit_holds_its_key() {
     let layer = IdempotencyLayer::new(
         tower_idempotency::engine::Engine::builder(tower_idempotency::MemoryStore::new())
             .max_record_body(4)

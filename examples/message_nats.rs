@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! nats-server -js &          # the broker (Debian: apt-get install nats-server; /usr/sbin)
-//! cargo run --example queue_nats --features nats
+//! cargo run --example message_nats --features nats
 //! ```
 //!
 //! `NATS_URL` (default `127.0.0.1:4222`) names another server. The example creates the stream
@@ -71,7 +71,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let invoices = Arc::new(AtomicUsize::new(0));
     let sent = Arc::clone(&invoices);
     let handler = ServiceBuilder::new()
-        .layer(MessageIdempotencyLayer::new(MemoryStore::new(), "invoices").key_strategy(keys()))
+        .layer(MessageIdempotencyLayer::new(MemoryStore::new(), "invoices").identify(keys()))
         .service(service_fn(move |m: async_nats::Message| {
             let sent = Arc::clone(&sent);
             async move {
