@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The workspace publishes, and its packages build their tests as published.
+#
+#   scripts/package.sh
+#
+# 1. `cargo publish --workspace --dry-run`: packages the macros, the crate and the client in
+#    their order, and builds each from its package against the others' packages (needs
+#    crates.io, for the index).
+# 2. Unpacks each .crate and builds its tests and examples, with its sibling crates patched to
+#    their packages (they are not on crates.io before the first release): a dev-dependency on
+#    the crate must survive publishing, and a test must need nothing outside its package.
+#    The macros' doctest runs.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+cargo publish --workspace --dry-run --locked
+
+# Where `cargo package` left the .crate files, and the version they carry.
+read -r target version < <(cargo metadata --format-version 1 --no-deps --locked | python3 -c '
+import json, sys
+meta = json.load(sys.stdin)
+version = next(p["version"] for p in meta["packages"] if p["name"] == "tower-idempotency")
+print(meta["target_directory"], version)')
+# Each package is built from a copy outside the repository, where no workspace claims it.
+unpacked="$(mktemp -d)"
+trap 'rm -rf "$unpacked"' EXIT
+crates=(tower-idempotency-macros tower-idempotency tower-idempotency-client)
+patch=()
+for name in "${crates[@]}"; do
+    tar -xzf "${target}/package/${name}-${version}.crate" -C "$unpacked"
+    patch+=(--config "patch.crates-io.${name}.path=\"${unpacked}/${name}-${version}\"")
+done
+for name in "${crates[@]}"; do
+    echo "==> ${name} ${version}: the packaged tests build"
+    (cd "${unpacked}/${name}-${version}" && cargo test --all-features --no-run "${patch[@]}")
+done
+# The macros' doctest is its only test: it runs (one small compile).
+(cd "${unpacked}/tower-idempotency-macros-${version}" && cargo test --all-features --doc "${patch[@]}")
