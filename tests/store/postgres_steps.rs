@@ -354,7 +354,7 @@ async fn under_repeatable_read_a_run_that_loses_its_step_is_a_conflict_and_rolls
     let table = orders_table(&pool).await;
     let options = PgConnectOptions::from_str(&server.url())
         .unwrap()
-        .options([("default_transaction_isolation", "repeatable\\ read")]);
+        .options([("default_transaction_isolation", "repeatable read")]);
     let repeatable = PgPoolOptions::new()
         .max_connections(1)
         .connect_with(options)

@@ -726,11 +726,8 @@ async fn pool_at(server: &PostgresServer, isolation: &str, size: u32) -> PgPool 
     use tower_idempotency::store::postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
     let options = PgConnectOptions::from_str(&server.url())
         .unwrap()
-        // sqlx writes `-c name=value` as it is: a space in the value is escaped here.
-        .options([(
-            "default_transaction_isolation",
-            isolation.replace(' ', "\\ "),
-        )]);
+        // sqlx escapes the space in the value.
+        .options([("default_transaction_isolation", isolation)]);
     PgPoolOptions::new()
         .max_connections(size)
         .acquire_timeout(Duration::from_secs(30))
