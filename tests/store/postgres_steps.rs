@@ -39,16 +39,22 @@ async fn orders_table(pool: &PgPool) -> String {
 }
 
 async fn order_ids(pool: &PgPool, table: &str) -> Vec<String> {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT id::text FROM {table} ORDER BY id")))
-        .fetch_all(pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT id::text FROM {table} ORDER BY id"
+    )))
+    .fetch_all(pool)
+    .await
+    .unwrap()
 }
 
 /// Inserts an order and answers its id.
 fn order<'c>(table: &str, tx: &'c mut PgConnection) -> BoxFuture<'c, Result<String, sqlx::Error>> {
     let insert = format!("INSERT INTO {table} (sku) VALUES ('X') RETURNING id::text");
-    Box::pin(async move { sqlx::query_scalar(sqlx::AssertSqlSafe(insert.as_str())).fetch_one(&mut *tx).await })
+    Box::pin(async move {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(insert.as_str()))
+            .fetch_one(&mut *tx)
+            .await
+    })
 }
 
 /// The steps of a fresh claim of `key`.

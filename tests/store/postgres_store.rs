@@ -340,7 +340,10 @@ async fn migrate_adds_the_steps_retention_to_a_steps_table_of_the_previous_layou
         ),
         format!("CREATE INDEX ON {steps} (expires_at)"),
     ] {
-        sqlx::query(sqlx::AssertSqlSafe(ddl.as_str())).execute(pool).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(ddl.as_str()))
+            .execute(pool)
+            .await
+            .unwrap();
     }
     // A step an older version recorded, with a 300 ms retention, under a key a claim holds.
     let key = random_key();
@@ -536,10 +539,12 @@ async fn purge_deletes_expired_steps_and_keeps_live_ones() {
         .unwrap();
     tokio::time::sleep(SHORT + Duration::from_millis(300)).await;
     assert_eq!(store.purge().await.unwrap(), 1200, "every expired step");
-    let left: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}_steps")))
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
+    let left: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {table}_steps"
+    )))
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
     assert_eq!(left, 1, "the live step");
     assert_eq!(store.steps(&live).await.unwrap(), vec![(step, v)]);
 }
@@ -574,11 +579,13 @@ async fn prefixes_share_a_table_without_sharing_keys() {
 /// How many rows of `table` hold `keys`.
 async fn rows_of(pool: &PgPool, table: &str, keys: &[[u8; 40]]) -> i64 {
     let keys: Vec<Vec<u8>> = keys.iter().map(|k| k.to_vec()).collect();
-    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table} WHERE key = ANY($1)")))
-        .bind(keys)
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {table} WHERE key = ANY($1)"
+    )))
+    .bind(keys)
+    .fetch_one(pool)
+    .await
+    .unwrap()
 }
 
 #[tokio::test]
@@ -771,10 +778,12 @@ async fn nothing_secret_rests_in_the_table() {
         assert_eq!(a.status, 201, "{}", a.describe());
     }
     type Row = (Vec<u8>, Vec<u8>, Option<Vec<u8>>);
-    let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT key, fingerprint, record FROM {table}")))
-        .fetch_all(store.pool())
-        .await
-        .unwrap();
+    let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT key, fingerprint, record FROM {table}"
+    )))
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
     assert_eq!(rows.len(), 4, "one row per request");
     let markers: [&[u8]; 6] = [
         b"LAYERNSMARKER",

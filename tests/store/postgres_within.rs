@@ -1015,10 +1015,11 @@ async fn a_serialization_failure_of_the_transaction_is_a_conflict_and_frees_the_
      -> Work {
         Box::new(move |tx: &mut PgConnection| {
             Box::pin(async move {
-                let on: i64 =
-                    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table} WHERE on_call")))
-                        .fetch_one(&mut *tx)
-                        .await?;
+                let on: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT count(*) FROM {table} WHERE on_call"
+                )))
+                .fetch_one(&mut *tx)
+                .await?;
                 sqlx::query(sqlx::AssertSqlSafe(format!(
                     "UPDATE {table} SET on_call = false WHERE name = $1"
                 )))

@@ -47,13 +47,17 @@ impl PostgresStore {
                     .await?;
             if !records {
                 for statement in self.sql.schema.split_terminator(";\n") {
-                    sqlx::query(sql::statement(statement)).execute(&mut *tx).await?;
+                    sqlx::query(sql::statement(statement))
+                        .execute(&mut *tx)
+                        .await?;
                 }
                 tracing::info!(table = %self.sql.table, "created the idempotency table");
             }
             if !steps {
                 for statement in self.sql.steps_schema.split_terminator(";\n") {
-                    sqlx::query(sql::statement(statement)).execute(&mut *tx).await?;
+                    sqlx::query(sql::statement(statement))
+                        .execute(&mut *tx)
+                        .await?;
                 }
                 tracing::info!(table = %self.sql.table, "created the idempotency steps table");
             } else if !self.steps_keep_retention(&mut tx).await? {
