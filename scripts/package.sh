@@ -15,6 +15,8 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 cargo publish --workspace --dry-run --locked
+# The .crate files as `cargo package` writes them (the dry run above verified them).
+cargo package --workspace --exclude tower-idempotency-quickstart --no-verify --locked
 
 # Where `cargo package` left the .crate files, and the version they carry.
 read -r target version < <(cargo metadata --format-version 1 --no-deps --locked | python3 -c '
