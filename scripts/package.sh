@@ -9,7 +9,6 @@
 # 2. Unpacks each .crate and builds its tests and examples, with its sibling crates patched to
 #    their packages (they are not on crates.io before the first release): a dev-dependency on
 #    the crate must survive publishing, and a test must need nothing outside its package.
-#    The macros' doctest runs.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -24,18 +23,26 @@ import json, sys
 meta = json.load(sys.stdin)
 version = next(p["version"] for p in meta["packages"] if p["name"] == "tower-idempotency")
 print(meta["target_directory"], version)')
-# Each package is built from a copy outside the repository, where no workspace claims it.
+# Each package is built from a copy outside the repository, where no workspace claims it, with
+# the sibling packages it depends on patched in.
 unpacked="$(mktemp -d)"
 trap 'rm -rf "$unpacked"' EXIT
-crates=(tower-idempotency-macros tower-idempotency tower-idempotency-client)
-patch=()
-for name in "${crates[@]}"; do
+for name in tower-idempotency-macros tower-idempotency tower-idempotency-client; do
     tar -xzf "${target}/package/${name}-${version}.crate" -C "$unpacked"
-    patch+=(--config "patch.crates-io.${name}.path=\"${unpacked}/${name}-${version}\"")
 done
-for name in "${crates[@]}"; do
+patch() {
+    for sibling in "$@"; do
+        printf -- '--config\npatch.crates-io.%s.path="%s"\n' "$sibling" "${unpacked}/${sibling}-${version}"
+    done
+}
+build() {
+    local name="$1"
+    shift
     echo "==> ${name} ${version}: the packaged tests build"
-    (cd "${unpacked}/${name}-${version}" && cargo test --all-features --no-run "${patch[@]}")
-done
-# The macros' doctest is its only test: it runs (one small compile).
-(cd "${unpacked}/tower-idempotency-macros-${version}" && cargo test --all-features --doc "${patch[@]}")
+    local args=()
+    mapfile -t args < <(patch "$@")
+    (cd "${unpacked}/${name}-${version}" && cargo test --all-features --no-run "${args[@]}")
+}
+build tower-idempotency-macros
+build tower-idempotency tower-idempotency-macros
+build tower-idempotency-client tower-idempotency
