@@ -21,7 +21,7 @@ async fn create_payment(State(_app): State<App>, Json(p): Json<NewPayment>) -> (
 
 fn main() {
     let shared = IdempotencyLayer::new(MemoryStore::new()).namespace("payments");
-    let app: Router = Router::new()
+    let _app: Router = Router::new()
         .route("/payments", post(create_payment))
         .layer(Extension(IdempotentRoutes::new(shared)))
         .with_state(App);
