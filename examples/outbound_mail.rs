@@ -8,8 +8,19 @@
 //! given. The job sends an invoice (with an attachment) under the key `invoice:2024-017`; it
 //! runs twice, as a job queue may run it, and the second run is answered with the receipt of
 //! the first. Then a loop over several invoices with a repeat among them, and the same key
-//! on another message. Swap the stub for `AsyncSmtpTransport::<Tokio1Executor>::relay(..)`
-//! to send for real.
+//! on another message.
+//!
+//! To send for real, swap the stub for an SMTP transport. The re-exported lettre has SMTP but
+//! no TLS, so `AsyncSmtpTransport::relay` is not in it. Depend on lettre yourself with a TLS
+//! feature, `lettre = { version = "0.11", features = ["tokio1-rustls-tls"] }`. Cargo builds
+//! one lettre with the features of both, and the mailer takes its transport:
+//!
+//! ```text
+//! let smtp = lettre::AsyncSmtpTransport::<lettre::Tokio1Executor>::relay("smtp.example.com")?
+//!     .credentials(lettre::transport::smtp::authentication::Credentials::new(user, password))
+//!     .build();
+//! let mailer = LettreSendOnce::new(engine, smtp);
+//! ```
 
 use std::time::Duration;
 use tower_idempotency::MemoryStore;
@@ -25,7 +36,8 @@ use tower_idempotency::outbound::lettre::lettre::{AsyncTransport, Message};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
-/// The job's email, built anew on each run (its Date, Message-ID and MIME boundary differ).
+/// The job's email, built anew on each run: its `Date` and MIME boundary differ. lettre adds
+/// no `Message-ID` (only `message_id(None)` does, a random one per build).
 fn invoice(key: &str, to: &str, amount: &str) -> Result<Message, Error> {
     let pdf = format!("%PDF-1.7 invoice for {amount}").into_bytes();
     Ok(Message::builder()

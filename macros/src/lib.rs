@@ -115,34 +115,9 @@ use proc_macro::TokenStream;
 ///
 /// # Example
 ///
-/// ```
-/// use axum::extract::{Extension, State};
-/// use axum::http::StatusCode;
-/// use axum::routing::post;
-/// use axum::{Json, Router};
-/// use serde::Deserialize;
-/// use tower_idempotency::{idempotent, IdempotencyLayer, IdempotentRoutes, MemoryStore};
-///
-/// #[derive(Clone)]
-/// struct App;
-///
-/// #[derive(Deserialize)]
-/// struct NewPayment {
-///     amount: u64,
-/// }
-///
-/// /// Charges once per key.
-/// #[idempotent(require_key, lease = "30s", retention = "1h", response_mode = "status_and_headers")]
-/// async fn create_payment(State(_app): State<App>, Json(p): Json<NewPayment>) -> (StatusCode, String) {
-///     (StatusCode::CREATED, format!("charged {}", p.amount))
-/// }
-///
-/// let shared = IdempotencyLayer::new(MemoryStore::new()).namespace("payments");
-/// let app: Router = Router::new()
-///     .route("/payments", post(create_payment))
-///     .layer(Extension(IdempotentRoutes::new(shared)))
-///     .with_state(App);
-/// ```
+// Compiled by the main crate's tests (`tests/macros/ui.rs`), not as a doctest here: a doctest
+// would need the main crate, and this crate is published before it.
+#[cfg_attr(not(doctest), doc = concat!("```\n", include_str!("doc_example.rs"), "```"))]
 ///
 /// [`IdempotencyLayer`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/http/struct.IdempotencyLayer.html
 /// [`IdempotentRoutes`]: https://docs.rs/tower-idempotency/latest/tower_idempotency/http/route/struct.IdempotentRoutes.html

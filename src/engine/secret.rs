@@ -3,7 +3,7 @@
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::store::Fingerprint;
 use crate::store::StoreKey;
-use hmac::{Hmac, Mac};
+use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 use std::fmt;
 use std::sync::Arc;
@@ -174,7 +174,7 @@ impl Secret {
 
 fn hmac_of(key: &[u8]) -> HmacSha256 {
     // HMAC accepts keys of any length; `new_from_slice` cannot fail for it.
-    <HmacSha256 as Mac>::new_from_slice(key)
+    <HmacSha256 as KeyInit>::new_from_slice(key)
         .unwrap_or_else(|_| unreachable!("HMAC takes any key length"))
 }
 

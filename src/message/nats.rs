@@ -96,6 +96,63 @@
 //! stream's duplicate window. An id that is not a valid key, over 255 bytes or not ASCII, is
 //! hashed into one. The consumer name given to the layer should be the durable consumer's
 //! name: two durable consumers of one stream each handle a message once.
+//!
+//! # Many messages at once
+//!
+//! [`handle`](JetStreamConsumer::handle) takes `&self`: one consumer, shared, handles many
+//! messages at once. Spawn each on a `JoinSet` and bound how many run. The door keeps a
+//! redelivery that arrives while its first delivery runs from running twice.
+//!
+//! ```no_run
+//! # use std::convert::Infallible;
+//! use std::sync::Arc;
+//! use tokio::task::JoinSet;
+//! use tokio_stream::StreamExt;
+//! # use tower::{ServiceBuilder, service_fn};
+//! # use tower_idempotency::MemoryStore;
+//! # use tower_idempotency::message::MessageIdempotencyLayer;
+//! use tower_idempotency::message::nats::{JetStreamConsumer, async_nats, keys};
+//! use async_nats::jetstream::{self, consumer::pull};
+//!
+//! const AT_ONCE: usize = 32;
+//!
+//! # #[tokio::main] async fn main() -> Result<(), async_nats::Error> {
+//! # let js = jetstream::new(async_nats::connect("127.0.0.1:4222").await?);
+//! # let stream = js.get_stream("ORDERS").await?;
+//! # let handler = ServiceBuilder::new()
+//! #     .layer(MessageIdempotencyLayer::new(MemoryStore::new(), "invoices").identify(keys()))
+//! #     .service(service_fn(|m: async_nats::Message| async move { Ok::<_, Infallible>(()) }));
+//! // `stream` and `handler` as in the first example. Pull no more than can run: a message
+//! // pulled but waiting for its turn gets no progress.
+//! let mut messages: pull::Stream = stream
+//!     .get_consumer::<pull::Config>("invoices")
+//!     .await?
+//!     .stream()
+//!     .max_messages_per_batch(AT_ONCE)
+//!     .messages()
+//!     .await?;
+//! let consumer = Arc::new(JetStreamConsumer::new(handler));
+//! let mut running = JoinSet::new();
+//!
+//! while let Some(message) = messages.next().await {
+//!     let message = match message {
+//!         Ok(message) => message,
+//!         Err(e) => {
+//!             eprintln!("pull: {e}");
+//!             continue;
+//!         }
+//!     };
+//!     // A handler that panicked sent no reply: the server redelivers its message.
+//!     while running.len() >= AT_ONCE {
+//!         if let Some(Err(e)) = running.join_next().await {
+//!             eprintln!("handler task: {e}");
+//!         }
+//!     }
+//!     let consumer = Arc::clone(&consumer);
+//!     running.spawn(async move { consumer.handle(message).await.reply });
+//! }
+//! # Ok(()) }
+//! ```
 
 use super::error::{MessageError, MessageErrorKind};
 use super::key::{HeaderOrHash, Message};

@@ -807,7 +807,7 @@ mod tests {
 
     #[test]
     fn two_builds_of_one_message_have_one_fingerprint() {
-        // Each build has its own Date, Message-ID and MIME boundary.
+        // Each build has its own Date and MIME boundary.
         assert_eq!(
             fp(&mail("Invoice", b"%PDF-1")),
             fp(&mail("Invoice", b"%PDF-1"))

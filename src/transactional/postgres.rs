@@ -55,8 +55,8 @@ impl PostgresStore {
         );
         let claimed = async {
             // Reads the caller's settings, then sets the store's: the lateral references to
-            // `previous` order the two.
-            let (lock_wait, statement, stores): (String, String, bool) = sqlx::query_as(&format!(
+            // `previous` order the two. The statement's only text from outside is a constant.
+            let (lock_wait, statement, stores): (String, String, bool) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
                 "WITH previous AS MATERIALIZED (SELECT current_setting('lock_timeout') AS lock_wait, \
                      current_setting('statement_timeout') AS statement, \
                      coalesce((SELECT setting FROM pg_settings WHERE name = 'statement_timeout') \
@@ -64,7 +64,7 @@ impl PostgresStore {
                  SELECT previous.lock_wait, previous.statement, previous.stores FROM previous \
                  CROSS JOIN LATERAL set_config('lock_timeout', $1 || left(previous.lock_wait, 0), true) \
                  CROSS JOIN LATERAL set_config('statement_timeout', $2 || left(previous.statement, 0), true) AS s"
-            ))
+            )))
             .bind(&wait)
             .bind(&bound)
             .fetch_one(&mut *conn)
@@ -102,14 +102,15 @@ impl PostgresStore {
     /// that it does not cut the work of a step. A connection not of the store's pool keeps its
     /// settings.
     pub(crate) async fn lift(&self, conn: &mut PgConnection) -> Result<Lifted, OpError> {
-        // The lateral reference reads the setting before it is changed.
-        let previous: Option<String> = sqlx::query_scalar(&format!(
+        // The lateral reference reads the setting before it is changed. The statement's only
+        // text from outside is a constant.
+        let previous: Option<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "WITH previous AS MATERIALIZED (SELECT current_setting('statement_timeout') AS statement \
                  WHERE (SELECT setting FROM pg_settings WHERE name = 'statement_timeout') \
                      = current_setting('{STORE_TIMEOUT_SETTING}', true)) \
              SELECT previous.statement FROM previous \
              CROSS JOIN LATERAL set_config('statement_timeout', '0' || left(previous.statement, 0), true) AS s"
-        ))
+        )))
         .fetch_optional(&mut *conn)
         .await?;
         Ok(Lifted(previous))
@@ -145,7 +146,7 @@ impl PostgresStore {
     ) -> Result<bool, OpError> {
         let key = self.row_key(key);
         let record = record.into_bytes();
-        let written = sqlx::query(&self.sql.complete_held)
+        let written = sqlx::query(sql::statement(&self.sql.complete_held))
             .bind(&key[..])
             .bind(&token.as_bytes()[..])
             .bind(&fingerprint.as_bytes()[..])

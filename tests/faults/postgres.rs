@@ -995,9 +995,9 @@ async fn the_store_pool_keeps_synchronous_commit_on() {
         ("on", "on"),
         ("remote_apply", "remote_apply"),
     ] {
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "ALTER DATABASE postgres SET synchronous_commit = {default}"
-        ))
+        )))
         .execute(&admin)
         .await
         .unwrap();

@@ -8,5 +8,7 @@
 fn ui() {
     let t = trybuild::TestCases::new();
     t.pass("tests/ui/pass/*.rs");
+    // The example of the attribute's docs.
+    t.pass("macros/src/doc_example.rs");
     t.compile_fail("tests/ui/fail/*.rs");
 }

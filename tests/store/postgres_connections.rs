@@ -145,10 +145,10 @@ async fn a_slow_statement_is_cancelled_by_the_server_and_keeps_its_connection() 
 
     // Another session holds the key's row: the claim waits for its lock.
     let mut holder = admin.begin().await.unwrap();
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {table} (expires_at, key, state, fingerprint, token) \
          VALUES (now() + interval '1 minute', $1, 'P', $2, $3)"
-    ))
+    )))
     .bind(&store.row_key(&key)[..])
     .bind(&fp.as_bytes()[..])
     .bind(&[7u8; 16][..])

@@ -29,9 +29,9 @@ async fn engine(server: &PostgresServer) -> Engine<PostgresStore> {
 /// A fresh `orders` table.
 async fn orders_table(pool: &PgPool) -> String {
     let table = fresh_table("step_orders");
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "CREATE TABLE {table} (id bigserial PRIMARY KEY, sku text NOT NULL)"
-    ))
+    )))
     .execute(pool)
     .await
     .unwrap();
@@ -39,16 +39,22 @@ async fn orders_table(pool: &PgPool) -> String {
 }
 
 async fn order_ids(pool: &PgPool, table: &str) -> Vec<String> {
-    sqlx::query_scalar(&format!("SELECT id::text FROM {table} ORDER BY id"))
-        .fetch_all(pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT id::text FROM {table} ORDER BY id"
+    )))
+    .fetch_all(pool)
+    .await
+    .unwrap()
 }
 
 /// Inserts an order and answers its id.
 fn order<'c>(table: &str, tx: &'c mut PgConnection) -> BoxFuture<'c, Result<String, sqlx::Error>> {
     let insert = format!("INSERT INTO {table} (sku) VALUES ('X') RETURNING id::text");
-    Box::pin(async move { sqlx::query_scalar(&insert).fetch_one(&mut *tx).await })
+    Box::pin(async move {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(insert.as_str()))
+            .fetch_one(&mut *tx)
+            .await
+    })
 }
 
 /// The steps of a fresh claim of `key`.
@@ -357,7 +363,7 @@ async fn under_repeatable_read_a_run_that_loses_its_step_is_a_conflict_and_rolls
     let table = orders_table(&pool).await;
     let options = PgConnectOptions::from_str(&server.url())
         .unwrap()
-        .options([("default_transaction_isolation", "repeatable\\ read")]);
+        .options([("default_transaction_isolation", "repeatable read")]);
     let repeatable = PgPoolOptions::new()
         .max_connections(1)
         .connect_with(options)

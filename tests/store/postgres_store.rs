@@ -298,7 +298,7 @@ async fn migrate_creates_the_steps_table_beside_an_existing_table() {
     let Claim::Claimed(token) = store.claim(&key, &fp, LONG).await.unwrap() else {
         panic!("a free key is claimed");
     };
-    sqlx::query(&format!("DROP TABLE {steps}"))
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {steps}")))
         .execute(pool)
         .await
         .unwrap();
@@ -340,7 +340,10 @@ async fn migrate_adds_the_steps_retention_to_a_steps_table_of_the_previous_layou
         ),
         format!("CREATE INDEX ON {steps} (expires_at)"),
     ] {
-        sqlx::query(&ddl).execute(pool).await.unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(ddl.as_str()))
+            .execute(pool)
+            .await
+            .unwrap();
     }
     // A step an older version recorded, with a 300 ms retention, under a key a claim holds.
     let key = random_key();
@@ -349,10 +352,10 @@ async fn migrate_adds_the_steps_retention_to_a_steps_table_of_the_previous_layou
         panic!("a free key is claimed");
     };
     let old = StepId::from_bytes([7; 32]);
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {steps} (expires_at, key, step, value) \
          VALUES (statement_timestamp() + interval '300 milliseconds', $1, $2, 'old')"
-    ))
+    )))
     .bind(&store.row_key(&key)[..])
     .bind(&old.as_bytes()[..])
     .execute(pool)
@@ -399,7 +402,7 @@ async fn migrate_adds_the_steps_retention_to_a_steps_table_of_the_previous_layou
 
     // Up to date: a second `migrate` does not wait for a reader of the steps' table.
     let mut reader = pool.begin().await.unwrap();
-    sqlx::query(&format!("SELECT count(*) FROM {steps}"))
+    sqlx::query(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {steps}")))
         .execute(&mut *reader)
         .await
         .unwrap();
@@ -536,10 +539,12 @@ async fn purge_deletes_expired_steps_and_keeps_live_ones() {
         .unwrap();
     tokio::time::sleep(SHORT + Duration::from_millis(300)).await;
     assert_eq!(store.purge().await.unwrap(), 1200, "every expired step");
-    let left: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table}_steps"))
-        .fetch_one(store.pool())
-        .await
-        .unwrap();
+    let left: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {table}_steps"
+    )))
+    .fetch_one(store.pool())
+    .await
+    .unwrap();
     assert_eq!(left, 1, "the live step");
     assert_eq!(store.steps(&live).await.unwrap(), vec![(step, v)]);
 }
@@ -574,11 +579,13 @@ async fn prefixes_share_a_table_without_sharing_keys() {
 /// How many rows of `table` hold `keys`.
 async fn rows_of(pool: &PgPool, table: &str, keys: &[[u8; 40]]) -> i64 {
     let keys: Vec<Vec<u8>> = keys.iter().map(|k| k.to_vec()).collect();
-    sqlx::query_scalar(&format!("SELECT count(*) FROM {table} WHERE key = ANY($1)"))
-        .bind(keys)
-        .fetch_one(pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {table} WHERE key = ANY($1)"
+    )))
+    .bind(keys)
+    .fetch_one(pool)
+    .await
+    .unwrap()
 }
 
 #[tokio::test]
@@ -649,10 +656,10 @@ async fn purge_leaves_a_row_claimed_again_in_an_open_transaction_alone() {
     // Another session takes the expired row over (as a claim does) and holds it uncommitted.
     let pool = server.pool(2).await;
     let mut tx = pool.begin().await.unwrap();
-    let updated = sqlx::query(&format!(
+    let updated = sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE {table} SET expires_at = statement_timestamp() + interval '1 minute' \
          WHERE key = $1 AND expires_at <= statement_timestamp()"
-    ))
+    )))
     .bind(&row[..])
     .execute(&mut *tx)
     .await
@@ -715,10 +722,10 @@ async fn a_claim_stuck_behind_a_lock_times_out_and_the_store_recovers() {
     // A transaction inserts the key's row and holds it: a claim's insert must wait for it.
     let pool = server.pool(1).await;
     let mut holder = pool.begin().await.unwrap();
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {table} (expires_at, key, state, fingerprint, token) \
          VALUES (now() + interval '1 minute', $1, 'P', $2, $3)"
-    ))
+    )))
     .bind(&store.row_key(&key)[..])
     .bind(&fp.as_bytes()[..])
     .bind(&[7u8; 16][..])
@@ -818,10 +825,12 @@ async fn nothing_secret_rests_in_the_table() {
         assert_eq!(a.status, 201, "{}", a.describe());
     }
     type Row = (Vec<u8>, Vec<u8>, Option<Vec<u8>>);
-    let rows: Vec<Row> = sqlx::query_as(&format!("SELECT key, fingerprint, record FROM {table}"))
-        .fetch_all(store.pool())
-        .await
-        .unwrap();
+    let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT key, fingerprint, record FROM {table}"
+    )))
+    .fetch_all(store.pool())
+    .await
+    .unwrap();
     assert_eq!(rows.len(), 4, "one row per request");
     let markers: [&[u8]; 6] = [
         b"LAYERNSMARKER",
@@ -881,14 +890,14 @@ async fn storage_per_record() {
         };
         assert!(engine.complete(ticket, &response).await.unwrap());
     }
-    sqlx::query(&format!("VACUUM ANALYZE {table}"))
+    sqlx::query(sqlx::AssertSqlSafe(format!("VACUUM ANALYZE {table}")))
         .execute(store.pool())
         .await
         .unwrap();
-    let row = sqlx::query(&format!(
+    let row = sqlx::query(sqlx::AssertSqlSafe(format!(
         "SELECT pg_total_relation_size('{table}'), pg_relation_size('{table}'), \
          pg_indexes_size('{table}'), (SELECT avg(pg_column_size(t.*))::float8 FROM {table} t)"
-    ))
+    )))
     .fetch_one(store.pool())
     .await
     .unwrap();

@@ -36,9 +36,9 @@ async fn engine(server: &PostgresServer, lock_timeout: Duration) -> Engine<Postg
 /// A fresh `orders` table.
 async fn orders_table(pool: &PgPool) -> String {
     let table = fresh_table("orders");
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "CREATE TABLE {table} (id bigserial PRIMARY KEY, sku text NOT NULL)"
-    ))
+    )))
     .execute(pool)
     .await
     .unwrap();
@@ -46,7 +46,7 @@ async fn orders_table(pool: &PgPool) -> String {
 }
 
 async fn orders(pool: &PgPool, table: &str) -> i64 {
-    sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {table}")))
         .fetch_one(pool)
         .await
         .unwrap()
@@ -54,10 +54,10 @@ async fn orders(pool: &PgPool, table: &str) -> i64 {
 
 /// Whether the idempotency table has a row for `key`.
 async fn has_record(pool: &PgPool, store: &PostgresStore, key: &StoreKey) -> bool {
-    sqlx::query_scalar(&format!(
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT EXISTS (SELECT FROM {} WHERE key = $1)",
         store.table()
-    ))
+    )))
     .bind(&store.row_key(key)[..])
     .fetch_one(pool)
     .await
@@ -78,9 +78,9 @@ fn place_order(
     let table = table.to_owned();
     Box::new(move |tx: &mut PgConnection| {
         Box::pin(async move {
-            let id: i64 = sqlx::query_scalar(&format!(
+            let id: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
                 "INSERT INTO {table} (sku) VALUES ('X') RETURNING id"
-            ))
+            )))
             .fetch_one(&mut *tx)
             .await?;
             if let Some(started) = started {
@@ -720,11 +720,8 @@ async fn pool_at(server: &PostgresServer, isolation: &str, size: u32) -> PgPool 
     use tower_idempotency::store::postgres::sqlx::postgres::{PgConnectOptions, PgPoolOptions};
     let options = PgConnectOptions::from_str(&server.url())
         .unwrap()
-        // sqlx writes `-c name=value` as it is: a space in the value is escaped here.
-        .options([(
-            "default_transaction_isolation",
-            isolation.replace(' ', "\\ "),
-        )]);
+        // sqlx escapes the space in the value.
+        .options([("default_transaction_isolation", isolation)]);
     PgPoolOptions::new()
         .max_connections(size)
         .acquire_timeout(Duration::from_secs(30))
@@ -988,15 +985,15 @@ async fn a_serialization_failure_of_the_transaction_is_a_conflict_and_frees_the_
     let engine = Arc::new(engine(server, Duration::from_secs(20)).await);
     let pool = pool_at(server, "serializable", 4).await;
     let table = fresh_table("skew");
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "CREATE TABLE {table} (name text PRIMARY KEY, on_call bool NOT NULL)"
-    ))
+    )))
     .execute(&pool)
     .await
     .unwrap();
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {table} VALUES ('a', true), ('b', true)"
-    ))
+    )))
     .execute(&pool)
     .await
     .unwrap();
@@ -1009,13 +1006,14 @@ async fn a_serialization_failure_of_the_transaction_is_a_conflict_and_frees_the_
      -> Work {
         Box::new(move |tx: &mut PgConnection| {
             Box::pin(async move {
-                let on: i64 =
-                    sqlx::query_scalar(&format!("SELECT count(*) FROM {table} WHERE on_call"))
-                        .fetch_one(&mut *tx)
-                        .await?;
-                sqlx::query(&format!(
+                let on: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT count(*) FROM {table} WHERE on_call"
+                )))
+                .fetch_one(&mut *tx)
+                .await?;
+                sqlx::query(sqlx::AssertSqlSafe(format!(
                     "UPDATE {table} SET on_call = false WHERE name = $1"
-                ))
+                )))
                 .bind(who)
                 .execute(&mut *tx)
                 .await?;

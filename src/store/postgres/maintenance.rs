@@ -1,7 +1,7 @@
 //! Creating the tables, and purging expired rows.
 
 use super::error::OpError;
-use super::{PURGE_BATCH, PostgresStore, Repeat};
+use super::{PURGE_BATCH, PostgresStore, Repeat, sql};
 use crate::store::StoreError;
 use sqlx::postgres::PgConnection;
 
@@ -47,18 +47,22 @@ impl PostgresStore {
                     .await?;
             if !records {
                 for statement in self.sql.schema.split_terminator(";\n") {
-                    sqlx::query(statement).execute(&mut *tx).await?;
+                    sqlx::query(sql::statement(statement))
+                        .execute(&mut *tx)
+                        .await?;
                 }
                 tracing::info!(table = %self.sql.table, "created the idempotency table");
             }
             if !steps {
                 for statement in self.sql.steps_schema.split_terminator(";\n") {
-                    sqlx::query(statement).execute(&mut *tx).await?;
+                    sqlx::query(sql::statement(statement))
+                        .execute(&mut *tx)
+                        .await?;
                 }
                 tracing::info!(table = %self.sql.table, "created the idempotency steps table");
             } else if !self.steps_keep_retention(&mut tx).await? {
                 // Checked first: `ALTER TABLE` locks the table even when the column exists.
-                sqlx::query(&self.sql.steps_retention_column)
+                sqlx::query(sql::statement(&self.sql.steps_retention_column))
                     .execute(&mut *tx)
                     .await?;
                 tracing::info!(table = %self.sql.table, "added the steps' retention to the idempotency steps table");
@@ -105,7 +109,7 @@ impl PostgresStore {
         loop {
             let deleted = self
                 .bounded("PostgreSQL purge", Repeat::Safe, |_| async {
-                    Ok(sqlx::query(purge)
+                    Ok(sqlx::query(sql::statement(purge))
                         .bind(PURGE_BATCH)
                         .execute(&self.pool)
                         .await?

@@ -461,7 +461,7 @@ impl PostgresStore {
     where
         E: Executor<'e, Database = Postgres>,
     {
-        let row = sqlx::query(&self.sql.claim)
+        let row = sqlx::query(sql::statement(&self.sql.claim))
             .bind(&key[..])
             .bind(&fingerprint.as_bytes()[..])
             .bind(&token.as_bytes()[..])
@@ -485,7 +485,7 @@ impl PostgresStore {
         let key = self.row_key(key);
         let retention = sql::millis(retention);
         for _ in 0..CLAIM_ATTEMPTS {
-            let row = sqlx::query(&self.sql.record_step)
+            let row = sqlx::query(sql::statement(&self.sql.record_step))
                 .bind(&key[..])
                 .bind(&step.as_bytes()[..])
                 .bind(value)
@@ -649,7 +649,7 @@ impl Store for PostgresStore {
         let done = self
             .bounded("PostgreSQL complete", Repeat::Safe, |fresh| async move {
                 let mut conn = self.take(fresh).await?;
-                let done = sqlx::query(&self.sql.complete)
+                let done = sqlx::query(sql::statement(&self.sql.complete))
                     .bind(&key[..])
                     .bind(&token.as_bytes()[..])
                     .bind(&fingerprint.as_bytes()[..])
@@ -669,7 +669,7 @@ impl Store for PostgresStore {
         let deleted = self
             .bounded("PostgreSQL release", Repeat::Safe, |fresh| async move {
                 let mut conn = self.take(fresh).await?;
-                let deleted = sqlx::query(&self.sql.release)
+                let deleted = sqlx::query(sql::statement(&self.sql.release))
                     .bind(&key[..])
                     .bind(&token.as_bytes()[..])
                     .execute(conn.conn())
@@ -686,7 +686,7 @@ impl Store for PostgresStore {
         let found = self
             .bounded("PostgreSQL forget", Repeat::Unsafe, |fresh| async move {
                 let mut conn = self.take(fresh).await?;
-                let row = sqlx::query(&self.sql.forget)
+                let row = sqlx::query(sql::statement(&self.sql.forget))
                     .bind(&key[..])
                     .bind(pending)
                     .fetch_optional(conn.conn())
@@ -717,7 +717,7 @@ impl Store for PostgresStore {
         let renewed = self
             .bounded("PostgreSQL renew", Repeat::Safe, |fresh| async move {
                 let mut conn = self.take(fresh).await?;
-                let renewed = sqlx::query(&self.sql.renew)
+                let renewed = sqlx::query(sql::statement(&self.sql.renew))
                     .bind(&key[..])
                     .bind(&token.as_bytes()[..])
                     .bind(sql::millis(lease))
@@ -760,7 +760,7 @@ impl Store for PostgresStore {
         let rows = self
             .bounded("PostgreSQL steps", Repeat::Safe, |fresh| async move {
                 let mut conn = self.take(fresh).await?;
-                let rows = sqlx::query_as::<_, (Vec<u8>, Vec<u8>)>(&self.sql.steps)
+                let rows = sqlx::query_as::<_, (Vec<u8>, Vec<u8>)>(sql::statement(&self.sql.steps))
                     .bind(&key[..])
                     .fetch_all(conn.conn())
                     .await;

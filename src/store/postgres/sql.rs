@@ -111,6 +111,12 @@ fn quote(table: &str) -> String {
         .join(".")
 }
 
+/// A statement of [`Statements`], to send. Its only text from outside is the table name, checked
+/// by [`check_table`] and quoted; every value goes as a bind parameter.
+pub(crate) fn statement(sql: &str) -> sqlx::AssertSqlSafe<&str> {
+    sqlx::AssertSqlSafe(sql)
+}
+
 /// The store's statements for one table (checked by [`check_table`]).
 #[derive(Debug)]
 pub(crate) struct Statements {
