@@ -228,7 +228,10 @@ pub(super) fn key(id: &str, name: &str) -> Result<IdempotencyKey, WebhookError> 
 }
 
 /// A delivery id header's one line, as a key.
-pub(super) fn key_header(parts: &Parts, name: &'static str) -> Result<IdempotencyKey, WebhookError> {
+pub(super) fn key_header(
+    parts: &Parts,
+    name: &'static str,
+) -> Result<IdempotencyKey, WebhookError> {
     let id = required(
         parts,
         name,
@@ -278,7 +281,10 @@ pub(super) fn check(
             format!("no signature in `{name}` decodes"),
         ));
     }
-    if secrets.verify(message, signatures.iter().map(<[u8; SIGNATURE_LEN]>::as_slice)) {
+    if secrets.verify(
+        message,
+        signatures.iter().map(<[u8; SIGNATURE_LEN]>::as_slice),
+    ) {
         Ok(())
     } else {
         Err(WebhookError::new(

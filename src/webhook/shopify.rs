@@ -76,8 +76,10 @@ impl Sender for Shopify {
             WebhookErrorKind::SignatureMissing,
             WebhookErrorKind::SignatureMalformed,
         )?;
-        let signatures =
-            secrets::collect(std::iter::once(secrets::decode_base64(header.trim())), SIGNATURE)?;
+        let signatures = secrets::collect(
+            std::iter::once(secrets::decode_base64(header.trim())),
+            SIGNATURE,
+        )?;
         secrets::check(&self.secrets, &[body], &signatures, SIGNATURE)?;
         if secrets::one(request, EVENT, WebhookErrorKind::KeyInvalid)?.is_some() {
             secrets::key_header(request, EVENT)
