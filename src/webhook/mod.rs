@@ -65,8 +65,8 @@
 //! **Rotation.** A header may carry several signatures, and an endpoint several secrets
 //! (each sender's `secret` method adds one): a delivery verifies when any signature is the
 //! body's under any secret. Stripe sends one `v1` per secret while it rolls a secret;
-//! Standard Webhooks senders one `v1,` entry per secret. At most 16 signatures are read from
-//! one header.
+//! Standard Webhooks senders one `v1,` entry per secret. A header with more than 16
+//! signatures of the sender's scheme is refused.
 //!
 //! **No timestamp.** GitHub and Shopify sign only the body: a captured delivery verifies
 //! however old it is, and their delivery ids are not signed. Against a replay of an old

@@ -104,16 +104,27 @@ impl Sender for StandardWebhooks {
             WebhookErrorKind::SignatureMissing,
             WebhookErrorKind::SignatureMalformed,
         )?;
-        let signatures = secrets::collect(
-            header
-                .split(' ')
-                .filter(|entry| !entry.is_empty())
-                .filter_map(|entry| match entry.split_once(',') {
-                    Some(("v1", sig)) => Some(secrets::decode_base64(sig)),
-                    _ => None,
-                }),
-            SIGNATURE,
-        )?;
+        let mut v1 = Vec::new();
+        for entry in header.split(' ').filter(|entry| !entry.is_empty()) {
+            match entry.split_once(',') {
+                Some(("v1", sig)) => v1.push(sig),
+                // Another version, such as `v1a` (asymmetric), is not this sender's to check.
+                Some(_) => {}
+                None => {
+                    return Err(WebhookError::new(
+                        WebhookErrorKind::SignatureMalformed,
+                        "an entry of `webhook-signature` has no `,`",
+                    ));
+                }
+            }
+        }
+        if v1.is_empty() && !header.trim().is_empty() {
+            return Err(WebhookError::new(
+                WebhookErrorKind::SignatureMissing,
+                "no `v1` signature in `webhook-signature`",
+            ));
+        }
+        let signatures = secrets::collect(v1.into_iter().map(secrets::decode_base64), SIGNATURE)?;
         // The id is signed: without it nothing can verify.
         let id = secrets::required(
             request,

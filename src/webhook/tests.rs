@@ -276,6 +276,15 @@ fn standard_webhooks_refuses_missing_and_malformed_headers() {
             SignatureMalformed,
         );
     }
+    // Only entries of other versions: no signature of this scheme.
+    check(
+        &[
+            ("webhook-id", SW_ID.as_bytes()),
+            ("webhook-timestamp", ts.as_bytes()),
+            ("webhook-signature", b"v1a,AAAA v2,BBBB"),
+        ],
+        SignatureMissing,
+    );
     // Sixteen signatures are read.
     let sixteen = vec![SW_SIG; 16].join(" ");
     assert!(
