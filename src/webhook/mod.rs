@@ -52,7 +52,7 @@
 //!
 //! | sender | signs, HMAC-SHA256 | signature | tolerance | key | retention |
 //! | --- | --- | --- | --- | --- | --- |
-//! | [`StandardWebhooks`] (Svix, Resend, Clerk…) | `{webhook-id}.{webhook-timestamp}.{body}` under the `whsec_` secret, base64-decoded | `webhook-signature: v1,<base64> …` | 5 min | `webhook-id` | 3 days |
+//! | [`StandardWebhooks`] (Svix, Resend, Clerk…) | `{webhook-id}.{webhook-timestamp}.{body}` under the `whsec_` secret, base64-decoded | `webhook-signature: v1,<base64> …` | 5 min | `webhook-id` (`svix-id` under Svix's names) | 3 days |
 //! | [`Stripe`] | `{t}.{body}` under the `whsec_…` string as it is | `Stripe-Signature: t=<unix>,v1=<hex>,…` | 300 s | the body's top-level `"id"` | 3 days |
 //! | [`GitHub`] | the body | `X-Hub-Signature-256: sha256=<hex>` | none | `X-GitHub-Delivery` | 3 days |
 //! | [`Shopify`] | the body | `X-Shopify-Hmac-Sha256: <base64>` | none | `X-Shopify-Event-Id`, else `X-Shopify-Webhook-Id` | 48 h |

@@ -16,9 +16,26 @@ use http::request::Parts;
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-const ID: &str = "webhook-id";
-const TIMESTAMP: &str = "webhook-timestamp";
-const SIGNATURE: &str = "webhook-signature";
+/// The specification's headers, and Svix's own names for them, which Svix sends unless an
+/// endpoint asks for the unbranded ones.
+const HEADERS: [Headers; 2] = [
+    Headers {
+        id: "webhook-id",
+        timestamp: "webhook-timestamp",
+        signature: "webhook-signature",
+    },
+    Headers {
+        id: "svix-id",
+        timestamp: "svix-timestamp",
+        signature: "svix-signature",
+    },
+];
+
+struct Headers {
+    id: &'static str,
+    timestamp: &'static str,
+    signature: &'static str,
+}
 
 /// A sender that follows the Standard Webhooks specification: Svix, Resend, Clerk and others.
 ///
@@ -26,6 +43,8 @@ const SIGNATURE: &str = "webhook-signature";
 /// `webhook-signature: v1,<base64>`, several entries separated by spaces. The secret is
 /// written `whsec_<base64>`. A signature verifies within five minutes of its timestamp, either
 /// way; the key is `webhook-id`. Entries of other versions (`v1a`, asymmetric) are ignored.
+/// A request with `svix-signature` and no `webhook-signature` is read under Svix's own names,
+/// `svix-id`, `svix-timestamp` and `svix-signature`, all three.
 ///
 /// ```
 /// use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -98,9 +117,14 @@ impl Sender for StandardWebhooks {
         body: &[u8],
         now: SystemTime,
     ) -> Result<IdempotencyKey, WebhookError> {
+        // The specification's names, else Svix's: one set, never a mix of the two.
+        let names = HEADERS
+            .iter()
+            .find(|names| request.headers.contains_key(names.signature))
+            .unwrap_or(&HEADERS[0]);
         let header = secrets::required(
             request,
-            SIGNATURE,
+            names.signature,
             WebhookErrorKind::SignatureMissing,
             WebhookErrorKind::SignatureMalformed,
         )?;
@@ -113,7 +137,7 @@ impl Sender for StandardWebhooks {
                 None => {
                     return Err(WebhookError::new(
                         WebhookErrorKind::SignatureMalformed,
-                        "an entry of `webhook-signature` has no `,`",
+                        format!("an entry of `{}` has no `,`", names.signature),
                     ));
                 }
             }
@@ -121,33 +145,34 @@ impl Sender for StandardWebhooks {
         if v1.is_empty() && !header.trim().is_empty() {
             return Err(WebhookError::new(
                 WebhookErrorKind::SignatureMissing,
-                "no `v1` signature in `webhook-signature`",
+                format!("no `v1` signature in `{}`", names.signature),
             ));
         }
-        let signatures = secrets::collect(v1.into_iter().map(secrets::decode_base64), SIGNATURE)?;
+        let signatures =
+            secrets::collect(v1.into_iter().map(secrets::decode_base64), names.signature)?;
         // The id is signed: without it nothing can verify.
         let id = secrets::required(
             request,
-            ID,
+            names.id,
             WebhookErrorKind::KeyMissing,
             WebhookErrorKind::KeyInvalid,
         )?;
         let timestamp = secrets::required(
             request,
-            TIMESTAMP,
+            names.timestamp,
             WebhookErrorKind::TimestampMissing,
             WebhookErrorKind::TimestampMalformed,
         )?;
-        let signed_at = secrets::parse_timestamp(timestamp, TIMESTAMP)?;
+        let signed_at = secrets::parse_timestamp(timestamp, names.timestamp)?;
         // The timestamp as sent, not reformatted: those are the bytes the sender signed.
         secrets::check(
             &self.secrets,
             &[id.as_bytes(), b".", timestamp.as_bytes(), b".", body],
             &signatures,
-            SIGNATURE,
+            names.signature,
         )?;
         secrets::within_tolerance(signed_at, now, self.tolerance)?;
-        secrets::key(id, ID)
+        secrets::key(id, names.id)
     }
 
     /// Three days. Svix's schedule of retries ends about a day and ten hours after the first

@@ -105,6 +105,36 @@ fn standard_webhooks_verifies_the_published_vectors() {
 }
 
 #[test]
+fn standard_webhooks_reads_svix_names_as_one_set() {
+    let sender = StandardWebhooks::new(SW_SECRET).unwrap();
+    let ts = SW_TS.to_string();
+    let svix = request(&[
+        ("svix-id", SW_ID.as_bytes()),
+        ("svix-timestamp", ts.as_bytes()),
+        ("svix-signature", SW_SIG.as_bytes()),
+    ]);
+    assert_eq!(
+        sender.verify(&svix, SW_BODY, at(SW_TS)).unwrap().as_str(),
+        SW_ID
+    );
+    // Never a mix: Svix's signature reads Svix's id.
+    let mixed = request(&[
+        ("webhook-id", SW_ID.as_bytes()),
+        ("webhook-timestamp", ts.as_bytes()),
+        ("svix-signature", SW_SIG.as_bytes()),
+    ]);
+    assert_eq!(
+        kind(sender.verify(&mixed, SW_BODY, at(SW_TS))),
+        WebhookErrorKind::KeyMissing
+    );
+    // Both sets: the specification's is read.
+    let mut both = sw_request(SW_ID, &ts, SW_SIG);
+    both.headers
+        .insert("svix-signature", "v1,AAAA".parse().unwrap());
+    assert!(sender.verify(&both, SW_BODY, at(SW_TS)).is_ok());
+}
+
+#[test]
 fn standard_webhooks_refuses_forged_and_altered_deliveries() {
     let sender = StandardWebhooks::new(SW_SECRET).unwrap();
     let ts = SW_TS.to_string();
@@ -860,6 +890,9 @@ const NAMES: &[&str] = &[
     "x-shopify-hmac-sha256",
     "x-shopify-event-id",
     "x-shopify-webhook-id",
+    "svix-id",
+    "svix-timestamp",
+    "svix-signature",
 ];
 
 proptest! {
