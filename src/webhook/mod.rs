@@ -75,8 +75,8 @@
 //!
 //! **Retention.** [`Sender::retention`] is how long the sender may deliver the same event
 //! again: Stripe retries for up to three days, Shopify for 48 hours, a Standard Webhooks
-//! sender such as Svix for about a day and ten hours, and GitHub redelivers by hand only,
-//! within three days.
+//! sender such as Svix for about 28 hours, and GitHub redelivers by hand only, within three
+//! days. A delivery resent by hand after the record's retention runs again.
 //!
 //! # A sender of your own
 //!

@@ -15,11 +15,11 @@ const WEBHOOK: &str = "x-shopify-webhook-id";
 /// Shopify's webhooks.
 ///
 /// Shopify signs the body with HMAC-SHA256 under the app's client secret and sends
-/// `X-Shopify-Hmac-Sha256: <base64>`. The key is `X-Shopify-Event-Id`, one id per event
-/// however many times and to however many subscriptions it is delivered; a request without
-/// it is keyed by `X-Shopify-Webhook-Id`, which a retry of one delivery keeps. Shopify signs
-/// no timestamp and neither id: a captured delivery verifies however old it is, so the
-/// record's retention is what refuses its replay.
+/// `X-Shopify-Hmac-Sha256: <base64>`. The key is `X-Shopify-Event-Id`, which Shopify
+/// documents as the mark of a duplicate: the same on each delivery of one event. A request
+/// without it, as from older API versions, is keyed by `X-Shopify-Webhook-Id` so that it is
+/// still handled. Shopify signs no timestamp and neither id: a captured delivery verifies
+/// however old it is, so the record's retention is what refuses its replay.
 ///
 /// ```
 /// use std::time::SystemTime;
@@ -88,7 +88,7 @@ impl Sender for Shopify {
         }
     }
 
-    /// Two days: Shopify retries a delivery for up to 48 hours.
+    /// Two days: Shopify's retries of a delivery end within 48 hours.
     fn retention(&self) -> Duration {
         Duration::from_secs(48 * 60 * 60)
     }

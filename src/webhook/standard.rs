@@ -175,9 +175,9 @@ impl Sender for StandardWebhooks {
         secrets::key(id, names.id)
     }
 
-    /// Three days. Svix's schedule of retries ends about a day and ten hours after the first
-    /// attempt; three days is twice that with room to spare, and the horizon of the other
-    /// built-in senders.
+    /// Three days. Svix's schedule of retries ends about 28 hours after the first attempt;
+    /// three days is more than twice that, and the horizon of the other built-in senders. A
+    /// delivery resent by hand after the retention runs again.
     fn retention(&self) -> Duration {
         Duration::from_secs(3 * 24 * 60 * 60)
     }
