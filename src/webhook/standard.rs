@@ -1,11 +1,12 @@
 //! Standard Webhooks: Svix, Resend, Clerk and others.
 //!
-//! Not the `standardwebhooks` crate: it holds one secret per verifier (a rotation means one
-//! verifier per secret, each formatting and hashing the body again), refuses a body that is
-//! not UTF-8 though the scheme signs bytes, signs the timestamp reformatted rather than as
-//! sent, and its exhaustive error enum has no stable codes. It would also bring a second
-//! HMAC implementation, `time` and `thiserror`; this is a few dozen lines on the crate's own
-//! HMAC.
+//! Not the `standardwebhooks` crate (1.0.1, its one release): it reads the clock itself, so
+//! neither a test nor the caller can give "now"; it holds one secret per verifier, so a
+//! rotation formats and hashes the body once per secret; it refuses a body that is not UTF-8
+//! though the scheme signs bytes; it signs the timestamp reformatted rather than as sent; its
+//! exhaustive error enum has no stable codes. It would also bring base64 0.21 (a third major
+//! in the tree), a second HMAC implementation, `time` and `thiserror`. This is a few dozen
+//! lines on the crate's own HMAC.
 
 use super::secrets::{self, BASE64, Secrets};
 use super::{Sender, WebhookError, WebhookErrorKind};
