@@ -170,3 +170,34 @@ pub trait Sender: Send + Sync + 'static {
         Duration::from_secs(3 * 24 * 60 * 60)
     }
 }
+
+// A layer may hold a sender behind a pointer, or choose one at run time.
+impl<S: Sender + ?Sized> Sender for std::sync::Arc<S> {
+    fn verify(
+        &self,
+        request: &Parts,
+        body: &[u8],
+        now: SystemTime,
+    ) -> Result<IdempotencyKey, WebhookError> {
+        (**self).verify(request, body, now)
+    }
+
+    fn retention(&self) -> Duration {
+        (**self).retention()
+    }
+}
+
+impl<S: Sender + ?Sized> Sender for Box<S> {
+    fn verify(
+        &self,
+        request: &Parts,
+        body: &[u8],
+        now: SystemTime,
+    ) -> Result<IdempotencyKey, WebhookError> {
+        (**self).verify(request, body, now)
+    }
+
+    fn retention(&self) -> Duration {
+        (**self).retention()
+    }
+}

@@ -847,6 +847,26 @@ fn each_sender_states_its_retry_horizon() {
 }
 
 #[test]
+fn a_sender_behind_a_pointer_is_the_sender() {
+    fn horizon(sender: impl Sender) -> Duration {
+        sender.retention()
+    }
+    let shopify = Shopify::new(SHOP_SECRET).unwrap();
+    let two_days = Duration::from_secs(48 * 60 * 60);
+    assert_eq!(horizon(std::sync::Arc::new(shopify.clone())), two_days);
+    let boxed: Box<dyn Sender> = Box::new(shopify);
+    assert_eq!(horizon(boxed), two_days);
+    let github: std::sync::Arc<dyn Sender> = std::sync::Arc::new(GitHub::new(GH_SECRET).unwrap());
+    let parts = gh_request(GH_SIG.as_bytes(), Some(GH_DELIVERY.as_bytes()));
+    assert_eq!(
+        Sender::verify(&github, &parts, GH_BODY, at(0))
+            .unwrap()
+            .as_str(),
+        GH_DELIVERY
+    );
+}
+
+#[test]
 fn error_kinds_have_distinct_codes() {
     use WebhookErrorKind::*;
     let kinds = [
