@@ -45,6 +45,9 @@
 //!    [`KeyInvalid`](WebhookErrorKind::KeyInvalid), and for a key in the body
 //!    [`BodyNotJson`](WebhookErrorKind::BodyNotJson).
 //!
+//! Standard Webhooks signs its id with the body, so there a request without one is refused
+//! at step 2, with [`KeyMissing`](WebhookErrorKind::KeyMissing).
+//!
 //! Verification needs no store: a request that fails it cannot take a real event's key.
 //! Each header is read from its one line; a header sent twice is refused.
 //!
@@ -69,12 +72,13 @@
 //! signatures of the sender's scheme is refused.
 //!
 //! **No timestamp.** GitHub and Shopify sign only the body: a captured delivery verifies
-//! however old it is, and their delivery ids are not signed. Against a replay of an old
-//! delivery under its own id, the record's retention is the guard; keep it at least the
-//! sender's [`retention`](Sender::retention).
+//! however old it is. Against a replay of an old delivery under its own id, the record's
+//! retention is the guard; keep it at least the sender's [`retention`](Sender::retention).
+//! Their delivery ids are not signed either: a captured delivery sent again under a new id
+//! verifies and runs again, so what guards it is the secret and the transport's encryption.
 //!
 //! **Retention.** [`Sender::retention`] is how long the sender may deliver the same event
-//! again: Stripe retries for up to three days, Shopify for 48 hours, a Standard Webhooks
+//! again: Stripe retries for up to three days, Shopify within 48 hours, a Standard Webhooks
 //! sender such as Svix for about 28 hours, and GitHub redelivers by hand only, within three
 //! days. A delivery resent by hand after the record's retention runs again.
 //!
