@@ -34,6 +34,8 @@ pub enum ConfigErrorKind {
     ReservedLabel,
     /// A secret shorter than 32 bytes.
     SecretTooShort,
+    /// A webhook sender's secret that is empty, or not base64 where the sender writes it so.
+    SecretInvalid,
 }
 
 impl ConfigErrorKind {

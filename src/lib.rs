@@ -27,6 +27,10 @@ pub mod transactional;
 #[cfg_attr(docsrs, doc(cfg(feature = "test-util")))]
 pub mod conformance;
 
+#[cfg(feature = "webhook")]
+#[cfg_attr(docsrs, doc(cfg(feature = "webhook")))]
+pub mod webhook;
+
 #[doc(inline)]
 pub use crate::engine::key::IdempotencyKey;
 #[doc(inline)]

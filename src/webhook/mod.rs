@@ -1,0 +1,207 @@
+//! Webhooks: a sender's signed deliveries, verified and keyed by the sender's own delivery id.
+//!
+//! ```
+//! use std::time::SystemTime;
+//! use tower_idempotency::webhook::{GitHub, Sender, WebhookErrorKind};
+//!
+//! let github = GitHub::new("It's a Secret to Everybody")?;
+//! let (parts, ()) = http::Request::post("/webhooks/github")
+//!     .header("x-github-delivery", "72d3162e-cc78-11e3-81ab-4c9367dc0958")
+//!     .header(
+//!         "x-hub-signature-256",
+//!         "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17",
+//!     )
+//!     .body(())?
+//!     .into_parts();
+//!
+//! // The raw body, as received: the signature is over its bytes.
+//! let key = github.verify(&parts, b"Hello, World!", SystemTime::now())?;
+//! assert_eq!(key.as_str(), "72d3162e-cc78-11e3-81ab-4c9367dc0958");
+//!
+//! // One byte changed, and the delivery is refused before any store is asked.
+//! let err = github.verify(&parts, b"Hello, World?", SystemTime::now()).unwrap_err();
+//! assert_eq!(err.kind(), WebhookErrorKind::SignatureMismatch);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! A webhook sender delivers each event at least once: it retries when the answer is slow or
+//! not 2xx. A [`Sender`] checks that a delivery comes from the sender, and gives the
+//! delivery's [`IdempotencyKey`]: the sender's own id for the event, the same on every retry.
+//!
+//! # The check order
+//!
+//! 1. The signature header: [`SignatureMissing`](WebhookErrorKind::SignatureMissing),
+//!    [`SignatureMalformed`](WebhookErrorKind::SignatureMalformed).
+//! 2. Where the sender signs a timestamp, its header or field:
+//!    [`TimestampMissing`](WebhookErrorKind::TimestampMissing),
+//!    [`TimestampMalformed`](WebhookErrorKind::TimestampMalformed).
+//! 3. The signature over the raw body, in constant time, under each of the endpoint's
+//!    secrets: [`SignatureMismatch`](WebhookErrorKind::SignatureMismatch).
+//! 4. The signed timestamp within the sender's tolerance:
+//!    [`TimestampOutsideTolerance`](WebhookErrorKind::TimestampOutsideTolerance). It is judged
+//!    only once the signature verifies, so this kind says a genuine delivery came late: a
+//!    replay, or a clock off.
+//! 5. The key: [`KeyMissing`](WebhookErrorKind::KeyMissing),
+//!    [`KeyInvalid`](WebhookErrorKind::KeyInvalid), and for a key in the body
+//!    [`BodyNotJson`](WebhookErrorKind::BodyNotJson).
+//!
+//! Standard Webhooks signs its id with the body, so there a request without one is refused
+//! at step 2, with [`KeyMissing`](WebhookErrorKind::KeyMissing).
+//!
+//! Verification needs no store: a request that fails it cannot take a real event's key.
+//! Each header is read from its one line; a header sent twice is refused.
+//!
+//! # The senders
+//!
+//! | sender | signs, HMAC-SHA256 | signature | tolerance | key | retention |
+//! | --- | --- | --- | --- | --- | --- |
+//! | [`StandardWebhooks`] (Svix, Resend, Clerk…) | `{webhook-id}.{webhook-timestamp}.{body}` under the `whsec_` secret, base64-decoded | `webhook-signature: v1,<base64> …` | 5 min | `webhook-id` (`svix-id` under Svix's names) | 3 days |
+//! | [`Stripe`] | `{t}.{body}` under the `whsec_…` string as it is | `Stripe-Signature: t=<unix>,v1=<hex>,…` | 300 s | the body's top-level `"id"` | 3 days |
+//! | [`GitHub`] | the body | `X-Hub-Signature-256: sha256=<hex>` | none | `X-GitHub-Delivery` | 3 days |
+//! | [`Shopify`] | the body | `X-Shopify-Hmac-Sha256: <base64>` | none | `X-Shopify-Event-Id`, else `X-Shopify-Webhook-Id` | 48 h |
+//!
+//! **Tolerance.** Where a sender signs a timestamp, a signature verifies only within the
+//! tolerance of it, in the past or the future, so a captured delivery cannot be sent again
+//! later. "Now" is the `now` argument of [`Sender::verify`]: the time is the caller's, and a
+//! test can set it. Each such sender has a `tolerance` setting.
+//!
+//! **Rotation.** A header may carry several signatures, and an endpoint several secrets
+//! (each sender's `secret` method adds one): a delivery verifies when any signature is the
+//! body's under any secret. Stripe sends one `v1` per secret while it rolls a secret;
+//! Standard Webhooks senders one `v1,` entry per secret. A header with more than 16
+//! signatures of the sender's scheme is refused.
+//!
+//! **No timestamp.** GitHub and Shopify sign only the body: a captured delivery verifies
+//! however old it is. Against a replay of an old delivery under its own id, the record's
+//! retention is the guard; keep it at least the sender's [`retention`](Sender::retention).
+//! Their delivery ids are not signed either: a captured delivery sent again under a new id
+//! verifies and runs again, so what guards it is the secret and the transport's encryption.
+//!
+//! **Retention.** [`Sender::retention`] is how long the sender may deliver the same event
+//! again: Stripe retries for up to three days, Shopify within 48 hours, a Standard Webhooks
+//! sender such as Svix for about 28 hours, and GitHub redelivers by hand only, within three
+//! days. A delivery resent by hand after the record's retention runs again.
+//!
+//! # A sender of your own
+//!
+//! A sender is one method, with [`Secrets`] for HMAC-SHA256 signatures in constant time.
+//! Here, a sender that signs the body and sends the signature in hex and its delivery id in
+//! `x-delivery`:
+//!
+//! ```
+//! use http::request::Parts;
+//! use std::time::SystemTime;
+//! use tower_idempotency::IdempotencyKey;
+//! use tower_idempotency::webhook::{Secrets, Sender, WebhookError, WebhookErrorKind};
+//!
+//! struct Acme(Secrets);
+//!
+//! impl Sender for Acme {
+//!     fn verify(&self, req: &Parts, body: &[u8], _now: SystemTime)
+//!         -> Result<IdempotencyKey, WebhookError> {
+//!         use WebhookErrorKind::*;
+//!         let header = |name, kind| {
+//!             req.headers.get(name).and_then(|v| v.to_str().ok())
+//!                 .ok_or_else(|| WebhookError::new(kind, format!("no valid `{name}`")))
+//!         };
+//!         let hex = header("x-acme-signature", SignatureMissing)?;
+//!         let sig: Vec<u8> = (0..hex.len()).step_by(2)
+//!             .map(|i| hex.get(i..i + 2).and_then(|d| u8::from_str_radix(d, 16).ok()))
+//!             .collect::<Option<_>>()
+//!             .ok_or_else(|| WebhookError::new(SignatureMalformed, "not hex"))?;
+//!         if !self.0.verify(&[body], [sig.as_slice()]) {
+//!             return Err(WebhookError::new(SignatureMismatch, "forged"));
+//!         }
+//!         IdempotencyKey::new(header("x-delivery", KeyMissing)?)
+//!             .map_err(|e| WebhookError::new(KeyInvalid, "bad id").with_source(e))
+//!     }
+//! }
+//!
+//! let acme = Acme(Secrets::new("It's a Secret to Everybody")?);
+//! let (parts, ()) = http::Request::post("/")
+//!     .header("x-delivery", "d-1")
+//!     .header("x-acme-signature",
+//!         "757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17")
+//!     .body(())?
+//!     .into_parts();
+//! assert_eq!(acme.verify(&parts, b"Hello, World!", SystemTime::now())?.as_str(), "d-1");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+mod error;
+mod github;
+mod secrets;
+mod shopify;
+mod standard;
+mod stripe;
+
+#[cfg(test)]
+mod tests;
+
+pub use self::error::{WebhookError, WebhookErrorKind};
+pub use self::github::GitHub;
+pub use self::secrets::Secrets;
+pub use self::shopify::Shopify;
+pub use self::standard::StandardWebhooks;
+pub use self::stripe::Stripe;
+
+use crate::engine::key::IdempotencyKey;
+use http::request::Parts;
+use std::time::{Duration, SystemTime};
+
+/// A webhook sender: how it signs a delivery and where it puts the delivery's id.
+///
+/// [`verify`](Self::verify) checks the request's signature over its raw body and gives the
+/// delivery's key, or says why the delivery is refused. It never needs a store. The
+/// built-in senders are [`StandardWebhooks`], [`Stripe`], [`GitHub`] and [`Shopify`]; the
+/// [module page](self) shows a sender of your own.
+pub trait Sender: Send + Sync + 'static {
+    /// Verifies the request (its head and raw body) as of `now`, and gives the delivery's
+    /// key: the sender's own id for the event, the same on each of its retries.
+    ///
+    /// # Errors
+    /// A [`WebhookError`] saying why the delivery is refused.
+    fn verify(
+        &self,
+        request: &Parts,
+        body: &[u8],
+        now: SystemTime,
+    ) -> Result<IdempotencyKey, WebhookError>;
+
+    /// How long the sender may deliver the same event again: a record of it is kept at least
+    /// this long. Three days unless the sender says otherwise.
+    fn retention(&self) -> Duration {
+        Duration::from_secs(3 * 24 * 60 * 60)
+    }
+}
+
+// A layer may hold a sender behind a pointer, or choose one at run time.
+impl<S: Sender + ?Sized> Sender for std::sync::Arc<S> {
+    fn verify(
+        &self,
+        request: &Parts,
+        body: &[u8],
+        now: SystemTime,
+    ) -> Result<IdempotencyKey, WebhookError> {
+        (**self).verify(request, body, now)
+    }
+
+    fn retention(&self) -> Duration {
+        (**self).retention()
+    }
+}
+
+impl<S: Sender + ?Sized> Sender for Box<S> {
+    fn verify(
+        &self,
+        request: &Parts,
+        body: &[u8],
+        now: SystemTime,
+    ) -> Result<IdempotencyKey, WebhookError> {
+        (**self).verify(request, body, now)
+    }
+
+    fn retention(&self) -> Duration {
+        (**self).retention()
+    }
+}
