@@ -16,7 +16,7 @@ const WEBHOOK: &str = "x-shopify-webhook-id";
 ///
 /// Shopify signs the body with HMAC-SHA256 under the app's client secret and sends
 /// `X-Shopify-Hmac-Sha256: <base64>`. The key is `X-Shopify-Event-Id`, which Shopify
-/// documents as the mark of a duplicate: the same on each delivery of one event. A request
+/// documents as the mark of a repeat: the same on each delivery of one event. A request
 /// without it, as from older API versions, is keyed by `X-Shopify-Webhook-Id` so that it is
 /// still handled. Shopify signs no timestamp and neither id: a captured delivery verifies
 /// however old it is, so the record's retention is what refuses its replay.
