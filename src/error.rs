@@ -49,6 +49,7 @@ impl ConfigErrorKind {
             Self::DeniedHeader => "idempotency.header_denied",
             Self::ReservedLabel => "idempotency.label_reserved",
             Self::SecretTooShort => "idempotency.secret_too_short",
+            Self::SecretInvalid => "idempotency.secret_invalid",
         }
     }
 }

@@ -128,6 +128,7 @@ mod codes {
                 C::DeniedHeader,
                 C::ReservedLabel,
                 C::SecretTooShort,
+                C::SecretInvalid,
             ]
             .map(C::code),
         );

@@ -6,7 +6,7 @@ use crate::engine::key::IdempotencyKey;
 use crate::error::{ConfigError, ConfigErrorKind};
 use base64::Engine as _;
 use base64::engine::{DecodePaddingMode, GeneralPurpose, GeneralPurposeConfig};
-use hmac::{Hmac, Mac};
+use hmac::{Hmac, KeyInit, Mac};
 use http::HeaderValue;
 use http::request::Parts;
 use sha2::Sha256;
@@ -129,7 +129,7 @@ fn keyed(secret: &[u8]) -> Result<HmacSha256, ConfigError> {
         ));
     }
     // HMAC takes a key of any length.
-    Ok(<HmacSha256 as Mac>::new_from_slice(secret)
+    Ok(<HmacSha256 as KeyInit>::new_from_slice(secret)
         .unwrap_or_else(|_| unreachable!("HMAC takes any key length")))
 }
 

@@ -3,7 +3,7 @@
 use super::*;
 use crate::ConfigErrorKind;
 use base64::Engine as _;
-use hmac::{Hmac, Mac};
+use hmac::{Hmac, KeyInit, Mac};
 use proptest::prelude::*;
 use sha2::Sha256;
 use std::time::UNIX_EPOCH;
@@ -24,7 +24,7 @@ fn request(headers: &[(&str, &[u8])]) -> Parts {
 }
 
 fn mac(secret: &[u8], parts: &[&[u8]]) -> [u8; 32] {
-    let mut m = <Hmac<Sha256> as Mac>::new_from_slice(secret).expect("any key length");
+    let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(secret).expect("any key length");
     for p in parts {
         m.update(p);
     }
