@@ -370,6 +370,31 @@ mod tests {
         }
     }
 
+    /// A hold that comes once the lease lapsed, with nothing else holding the key, still
+    /// holds it for the hold time (as a record would still land): a repeat is in flight.
+    #[tokio::test]
+    async fn a_hold_after_the_lease_lapsed_holds_a_key_nothing_claimed() {
+        let clock = ManualClock::new();
+        let engine = memory(&clock);
+        let hold = Duration::from_secs(600);
+        let ticket = run(&engine, key("late")).await;
+        clock.advance(LEASE + Duration::from_secs(1));
+        assert_eq!(
+            engine.settle(ticket, Settle::Hold(hold), TALLY).await,
+            Settled::Held
+        );
+        clock.advance(hold - Duration::from_secs(5));
+        assert!(matches!(
+            engine.begin(key("late"), fp()).await.unwrap(),
+            Begin::InFlight
+        ));
+        clock.advance(Duration::from_secs(6));
+        assert!(matches!(
+            engine.begin(key("late"), fp()).await.unwrap(),
+            Begin::Run(_)
+        ));
+    }
+
     /// A store that fails to settle is counted and logged, never an error: the key stays
     /// pending until its lease lapses, then runs again.
     #[tokio::test]

@@ -534,6 +534,34 @@ mod paused {
         );
         assert_eq!(provider.received(), 1);
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_hold_that_lands_after_the_lease_lapsed_still_holds() {
+        // The hold's write takes 15 s (a store failing over, a stalled process) and the lease
+        // is 10 s: it lands once the lease has lapsed, with nothing else holding the key. A
+        // record would still land then; so must the hold, or a retry sends again.
+        let store = SlowWrites::new(MemoryStore::new(), Duration::from_secs(15));
+        let engine = Engine::builder(store)
+            .lease(Duration::from_secs(10))
+            .build();
+        let (door, provider) = door_with(engine, |l| l.hold(Duration::from_secs(600)));
+        let first = door
+            .clone()
+            .oneshot(Msg::new("k", "hello", Act::Reset))
+            .await
+            .unwrap();
+        assert!(first.is_unknown(), "{first:?}");
+        tokio::time::sleep(Duration::from_secs(60)).await; // far past the 10 s lease
+        let retry = door
+            .oneshot(Msg::new("k", "hello", Act::Take))
+            .await
+            .unwrap();
+        assert!(
+            matches!(retry, Delivery::InFlight),
+            "held for the hold time: {retry:?}"
+        );
+        assert_eq!(provider.received(), 1, "the retry sent nothing");
+    }
 }
 
 pub(crate) async fn an_operator_frees_a_held_key_with_forget<S: Store>(store: SpyStore<S>) {
