@@ -229,7 +229,8 @@ impl<St: Store, I, C, K> SendOnceLayer<St, I, C, K> {
     ///
     /// Within the bound the repeat gets what the first send left. That is its receipt
     /// ([`Delivery::Replayed`]), or a send of its own when the first released the key. Past
-    /// the bound, or while the first send's key is held: [`Delivery::InFlight`].
+    /// the bound: [`Delivery::InFlight`]. A held key is its send's claim, kept for the hold
+    /// time, so a repeat of one waits the whole bound too, then is answered in flight.
     /// The memory store wakes the waiter when the key settles. Other stores are asked again
     /// with backoff, 10 ms doubling to 250 ms. Keep it short: a few seconds.
     ///

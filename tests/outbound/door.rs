@@ -505,6 +505,31 @@ mod paused {
         );
     }
 
+    /// A held key is a claim, as a running send's is: a waiting repeat cannot tell them
+    /// apart, so it waits its whole bound, then is answered in flight, sending nothing.
+    #[tokio::test(start_paused = true)]
+    async fn a_repeat_of_a_held_key_waits_its_whole_bound() {
+        let engine = Engine::builder(SpyStore::new()).lease(LEASE).build();
+        let (door, provider) = door_with(engine, waiting);
+        let first = door
+            .clone()
+            .oneshot(Msg::new("k", "hello", Act::Reset))
+            .await
+            .unwrap();
+        assert!(first.is_unknown(), "{first:?}");
+        let started = tokio::time::Instant::now();
+        let repeat = door
+            .oneshot(Msg::new("k", "hello", Act::Take))
+            .await
+            .unwrap();
+        assert!(matches!(repeat, Delivery::InFlight), "{repeat:?}");
+        assert!(
+            started.elapsed() >= Duration::from_secs(5),
+            "it waited its bound"
+        );
+        assert_eq!(provider.received(), 1);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_send_dropped_while_its_hold_is_written_stays_held() {
         // The hold's write takes 5 s; the caller's own timeout fires after 1 s of it. The hold
