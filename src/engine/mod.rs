@@ -763,7 +763,20 @@ impl<S: Store> Engine<S> {
         )
         .await;
         self.timer.record(Op::Claim, started, &claim);
-        Ok(matches!(claim?, Claim::Claimed(_)))
+        let Claim::Claimed(token) = claim? else {
+            return Ok(false);
+        };
+        // Renewed under the new claim, so the key's steps are kept past the hold, as a hold
+        // in time keeps them. The key is held either way.
+        let renewed = bounded(
+            self.store_timeout,
+            self.store.renew(&ticket.key, &token, hold),
+        )
+        .await;
+        if let Err(e) = renewed {
+            tracing::debug!(key = ?ticket.key, error = %e, "late hold: the key's steps not kept past it");
+        }
+        Ok(true)
     }
 
     /// Frees the key so a retry runs the work again. Returns `Ok(false)` when the ticket no

@@ -395,6 +395,49 @@ mod tests {
         ));
     }
 
+    /// A late hold keeps the key's steps for the retry after it, as a hold in time does,
+    /// however much longer than the retention the hold is.
+    #[tokio::test]
+    async fn a_late_hold_keeps_the_steps_for_the_retry_after_it() {
+        use crate::engine::Raw;
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        let clock = ManualClock::new();
+        let store = MemoryStore::builder()
+            .clock(clock.clone())
+            .build()
+            .expect("a valid store");
+        let engine = Engine::builder(store)
+            .lease(LEASE)
+            .retention(Duration::from_secs(60))
+            .build();
+        let charges = AtomicUsize::new(0);
+        let charge = || async {
+            charges.fetch_add(1, SeqCst);
+            Ok::<_, String>("ch_1".to_owned())
+        };
+        let ticket = run(&engine, key("steps")).await;
+        let steps = engine.steps(&ticket);
+        steps
+            .run("charge", Raw, |_| charge())
+            .await
+            .expect("charged");
+        clock.advance(LEASE + Duration::from_secs(1));
+        let hold = Duration::from_secs(600);
+        assert_eq!(
+            engine.settle(ticket, Settle::Hold(hold), TALLY).await,
+            Settled::Held
+        );
+        clock.advance(hold + Duration::from_secs(1));
+        let retry = run(&engine, key("steps")).await;
+        let steps = engine.steps(&retry);
+        let again: String = steps
+            .run("charge", Raw, |_| charge())
+            .await
+            .expect("answered");
+        assert_eq!(again, "ch_1");
+        assert_eq!(charges.load(SeqCst), 1, "the charge ran once");
+    }
+
     /// A store that fails to settle is counted and logged, never an error: the key stays
     /// pending until its lease lapses, then runs again.
     #[tokio::test]
