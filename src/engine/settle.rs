@@ -438,6 +438,25 @@ mod tests {
         assert_eq!(charges.load(SeqCst), 1, "the charge ran once");
     }
 
+    /// A repeat found the key in flight, and the first run settled before the wait was
+    /// asked: nothing is pending, so the repeat may come back at once (the HTTP layer's
+    /// 409 said 1 s). A built-in store answers `None` for a key nothing pending holds, the
+    /// same answer as a store that cannot tell.
+    #[tokio::test]
+    #[ignore = "lease_left's None means both 'nothing pending' and 'cannot tell'; the wait is a third of the lease for both (20 s by default)"]
+    async fn a_key_settled_before_its_wait_is_asked_is_retried_at_once() {
+        let engine = memory(&ManualClock::new());
+        let ticket = run(&engine, key("quick")).await;
+        let response = Recorded::new(201, vec![], None);
+        let settle = Settle::Record(Recording::Response(&response));
+        assert_eq!(
+            engine.settle(ticket, settle, TALLY).await,
+            Settled::Completed
+        );
+        let wait = engine.in_flight_retry_after(&key("quick")).await;
+        assert!(wait <= Duration::from_secs(1), "{wait:?}");
+    }
+
     /// A store that fails to settle is counted and logged, never an error: the key stays
     /// pending until its lease lapses, then runs again.
     #[tokio::test]
