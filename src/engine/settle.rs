@@ -5,8 +5,9 @@
 //! end is counted once, and one event is logged with its `result`.
 //!
 //! A hold is the claim renewed for the hold time ([`Engine::hold`]). A repeat meanwhile finds
-//! the key claimed and is answered in flight; a crash while held ends as any crash, the lease
-//! lapsing; the key's steps are kept for the retry after the hold.
+//! the key claimed and is answered in flight. A crash before the hold lands ends as any crash,
+//! the lease lapsing; a hold that landed is in the store and outlives its process. The key's
+//! steps are kept for the retry after the hold.
 
 use super::record::Draft;
 use super::{Engine, Recorded, Ticket, Verdict};

@@ -72,7 +72,8 @@
 //! [hold time](SendOnceLayer::hold), ten minutes by default. The hold is the send's claim,
 //! renewed for the hold time on a task of its own: a caller that gives up meanwhile does not
 //! cut it short. A repeat within it is told [`Delivery::InFlight`]; one after it sends again.
-//! A crash of the holder ends the hold at its lease, as any crash does. Choose a hold
+//! A holder that crashes before its hold is written leaves the key to its lease, as any crash
+//! does; a hold written outlives its process. Choose a hold
 //! time longer than your retry schedule. Check with the provider before you send again by
 //! hand. Once it says the message never arrived,
 //! [`Engine::forget_even_pending`](crate::engine::Engine::forget_even_pending) frees the key.

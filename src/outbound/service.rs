@@ -215,7 +215,8 @@ impl<St: Store, I, C, K> SendOnceLayer<St, I, C, K> {
     ///
     /// The hold is the send's claim, renewed for the hold time: a repeat within it is
     /// answered [`Delivery::InFlight`] and sends nothing, one after it sends again. A crash
-    /// meanwhile ends the hold at the lease instead. A send whose future was dropped after
+    /// before the hold is written leaves the key to its lease; a hold written outlives its
+    /// process. A send whose future was dropped after
     /// it began is held too. A task renews that claim; without a Tokio runtime the lease
     /// alone holds the key.
     ///
