@@ -71,7 +71,8 @@ impl Tally<'_> {
         match self {
             Self::Door(door) => door.as_str(),
             Self::Layer(_, true) => Door::Grpc.as_str(),
-            Self::Layer(_, false) => Door::Http.as_str(),
+            // `http`, or `route` for an `#[idempotent]` handler, as its metrics.
+            Self::Layer(counters, false) => counters.door().as_str(),
         }
     }
 }
@@ -456,6 +457,19 @@ mod tests {
         );
         let wait = engine.in_flight_retry_after(&key("quick")).await;
         assert!(wait <= Duration::from_secs(1), "{wait:?}");
+    }
+
+    /// The settle event names the door the metrics count the key under: an `#[idempotent]`
+    /// route's key is logged `route`, as `idempotency_results_total` labels it.
+    #[test]
+    fn the_event_names_the_door_the_metrics_count() {
+        use crate::metrics::DoorCounters;
+        let http = DoorCounters::new(Door::Http);
+        let route = http.with_door(Door::Route);
+        assert_eq!(Tally::Layer(&http, false).door(), "http");
+        assert_eq!(Tally::Layer(&route, false).door(), "route");
+        assert_eq!(Tally::Layer(&route, true).door(), "grpc");
+        assert_eq!(TALLY.door(), "message");
     }
 
     /// A store that fails to settle is counted and logged, never an error: the key stays
