@@ -415,6 +415,11 @@ mod on {
             if grpc { &self.0.1 } else { &self.0.0 }
         }
 
+        /// The door of its HTTP requests.
+        pub(crate) fn door(&self) -> Door {
+            self.0.2
+        }
+
         pub(crate) fn request(&self, grpc: bool, outcome: Outcome) {
             increment(&self.table(grpc).requests[outcome as usize]);
         }
@@ -482,21 +487,26 @@ mod on {
     #[inline(always)]
     pub(crate) fn step(_: super::StepResult) {}
 
+    /// Only the door, which the settle event names.
     #[derive(Debug, Clone)]
-    pub(crate) struct DoorCounters;
+    pub(crate) struct DoorCounters(Door);
 
     impl DoorCounters {
         #[inline(always)]
-        pub(crate) fn new(_: Door) -> Self {
-            Self
+        pub(crate) fn new(door: Door) -> Self {
+            Self(door)
         }
         #[inline(always)]
-        pub(crate) fn with_door(&self, _: Door) -> Self {
-            Self
+        pub(crate) fn with_door(&self, door: Door) -> Self {
+            Self(door)
         }
         #[inline(always)]
         pub(crate) fn with_label(&self, _: &'static str, _: String) -> Self {
-            Self
+            Self(self.0)
+        }
+        #[inline(always)]
+        pub(crate) fn door(&self) -> Door {
+            self.0
         }
         #[inline(always)]
         pub(crate) fn request(&self, _: bool, _: Outcome) {}

@@ -735,8 +735,10 @@ impl<S: Store> Engine<S> {
     /// releasing it: the claim is renewed for the hold time. This is how every door holds a
     /// key, for work whose outcome is unknown, such as a message that may have been sent. A
     /// retry is then answered "in flight" until the hold ends, rather than doing it again, and
-    /// the key's steps are kept for the retry after it. Returns `Ok(false)` when the ticket no
-    /// longer held the key.
+    /// the key's steps are kept for the retry after it. A hold that comes once the lease has
+    /// lapsed still holds the key when nothing else claimed it meanwhile, as a record still
+    /// lands then ([`complete`](Self::complete)). Returns `Ok(false)` when another claimant
+    /// holds the key, or it was completed.
     ///
     /// # Errors
     /// The store's error. The key then stays pending until its current lease lapses.
@@ -749,7 +751,32 @@ impl<S: Store> Engine<S> {
         )
         .await;
         self.timer.record(Op::Renew, started, &held);
-        held
+        if !matches!(held, Ok(false)) {
+            return held;
+        }
+        // The lease lapsed before the hold: the work may still have had its effect, so the
+        // key is claimed again for the hold time. A repeat that claimed it in the gap keeps it.
+        let started = Started::now();
+        let claim = bounded(
+            self.store_timeout,
+            self.store.claim(&ticket.key, &ticket.fingerprint, hold),
+        )
+        .await;
+        self.timer.record(Op::Claim, started, &claim);
+        let Claim::Claimed(token) = claim? else {
+            return Ok(false);
+        };
+        // Renewed under the new claim, so the key's steps are kept past the hold, as a hold
+        // in time keeps them. The key is held either way.
+        let renewed = bounded(
+            self.store_timeout,
+            self.store.renew(&ticket.key, &token, hold),
+        )
+        .await;
+        if let Err(e) = renewed {
+            tracing::debug!(key = ?ticket.key, error = %e, "late hold: the key's steps not kept past it");
+        }
+        Ok(true)
     }
 
     /// Frees the key so a retry runs the work again. Returns `Ok(false)` when the ticket no

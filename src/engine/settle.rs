@@ -5,8 +5,9 @@
 //! end is counted once, and one event is logged with its `result`.
 //!
 //! A hold is the claim renewed for the hold time ([`Engine::hold`]). A repeat meanwhile finds
-//! the key claimed and is answered in flight; a crash while held ends as any crash, the lease
-//! lapsing; the key's steps are kept for the retry after the hold.
+//! the key claimed and is answered in flight. A crash before the hold lands ends as any crash,
+//! the lease lapsing; a hold that landed is in the store and outlives its process. The key's
+//! steps are kept for the retry after the hold.
 
 use super::record::Draft;
 use super::{Engine, Recorded, Ticket, Verdict};
@@ -70,7 +71,8 @@ impl Tally<'_> {
         match self {
             Self::Door(door) => door.as_str(),
             Self::Layer(_, true) => Door::Grpc.as_str(),
-            Self::Layer(_, false) => Door::Http.as_str(),
+            // `http`, or `route` for an `#[idempotent]` handler, as its metrics.
+            Self::Layer(counters, false) => counters.door().as_str(),
         }
     }
 }
@@ -127,8 +129,9 @@ impl<S: Store> Engine<S> {
     }
 
     /// How long a request that found `key` in flight should wait before it tries again: the
-    /// lease the claim has left, at most a third of the lease; the third when the store cannot
-    /// tell. Costs one store call, on this path only.
+    /// lease the claim has left, at most a third of the lease; 1 s when nothing pending holds
+    /// the key any more (its run just settled) or the store cannot tell; the third when the
+    /// store fails. Costs one store call, on this path only.
     ///
     /// The lease left is when the key is decided at the latest if its run has stopped: its
     /// holder is gone, or it is held. A running claim is renewed every third of the lease, so
@@ -138,7 +141,9 @@ impl<S: Store> Engine<S> {
         let cap = self.lease() / 3;
         match self.lease_left(key).await {
             Ok(Some(left)) => left.min(cap),
-            Ok(None) => cap,
+            // The run settled between the repeat's claim and this call (or the store cannot
+            // tell): the repeat may come back at once.
+            Ok(None) => SETTLED_RETRY.min(cap),
             Err(e) => {
                 tracing::debug!(key = ?key, error = %e, "lease left unknown; retry after a third of the lease");
                 cap
@@ -147,6 +152,9 @@ impl<S: Store> Engine<S> {
     }
 }
 
+/// The wait of a repeat whose first run has just settled: at once, as a 409's `Retry-After`
+/// can say in whole seconds.
+const SETTLED_RETRY: Duration = Duration::from_secs(1);
 /// The one event of a settled key.
 fn log(
     door: &'static str,
@@ -368,6 +376,105 @@ mod tests {
                 "{name}"
             );
         }
+    }
+
+    /// A hold that comes once the lease lapsed, with nothing else holding the key, still
+    /// holds it for the hold time (as a record would still land): a repeat is in flight.
+    #[tokio::test]
+    async fn a_hold_after_the_lease_lapsed_holds_a_key_nothing_claimed() {
+        let clock = ManualClock::new();
+        let engine = memory(&clock);
+        let hold = Duration::from_secs(600);
+        let ticket = run(&engine, key("late")).await;
+        clock.advance(LEASE + Duration::from_secs(1));
+        assert_eq!(
+            engine.settle(ticket, Settle::Hold(hold), TALLY).await,
+            Settled::Held
+        );
+        clock.advance(hold - Duration::from_secs(5));
+        assert!(matches!(
+            engine.begin(key("late"), fp()).await.unwrap(),
+            Begin::InFlight
+        ));
+        clock.advance(Duration::from_secs(6));
+        assert!(matches!(
+            engine.begin(key("late"), fp()).await.unwrap(),
+            Begin::Run(_)
+        ));
+    }
+
+    /// A late hold keeps the key's steps for the retry after it, as a hold in time does,
+    /// however much longer than the retention the hold is.
+    #[tokio::test]
+    async fn a_late_hold_keeps_the_steps_for_the_retry_after_it() {
+        use crate::engine::Raw;
+        use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+        let clock = ManualClock::new();
+        let store = MemoryStore::builder()
+            .clock(clock.clone())
+            .build()
+            .expect("a valid store");
+        let engine = Engine::builder(store)
+            .lease(LEASE)
+            .retention(Duration::from_secs(60))
+            .build();
+        let charges = AtomicUsize::new(0);
+        let charge = || async {
+            charges.fetch_add(1, SeqCst);
+            Ok::<_, String>("ch_1".to_owned())
+        };
+        let ticket = run(&engine, key("steps")).await;
+        let steps = engine.steps(&ticket);
+        steps
+            .run("charge", Raw, |_| charge())
+            .await
+            .expect("charged");
+        clock.advance(LEASE + Duration::from_secs(1));
+        let hold = Duration::from_secs(600);
+        assert_eq!(
+            engine.settle(ticket, Settle::Hold(hold), TALLY).await,
+            Settled::Held
+        );
+        clock.advance(hold + Duration::from_secs(1));
+        let retry = run(&engine, key("steps")).await;
+        let steps = engine.steps(&retry);
+        let again: String = steps
+            .run("charge", Raw, |_| charge())
+            .await
+            .expect("answered");
+        assert_eq!(again, "ch_1");
+        assert_eq!(charges.load(SeqCst), 1, "the charge ran once");
+    }
+
+    /// A repeat found the key in flight, and the first run settled before the wait was
+    /// asked: nothing is pending, so the repeat may come back at once (the HTTP layer's
+    /// 409 said 1 s). A built-in store answers `None` for a key nothing pending holds, the
+    /// same answer as a store that cannot tell.
+    #[tokio::test]
+    async fn a_key_settled_before_its_wait_is_asked_is_retried_at_once() {
+        let engine = memory(&ManualClock::new());
+        let ticket = run(&engine, key("quick")).await;
+        let response = Recorded::new(201, vec![], None);
+        let settle = Settle::Record(Recording::Response(&response));
+        assert_eq!(
+            engine.settle(ticket, settle, TALLY).await,
+            Settled::Completed
+        );
+        let wait = engine.in_flight_retry_after(&key("quick")).await;
+        assert!(wait <= Duration::from_secs(1), "{wait:?}");
+    }
+
+    /// The settle event names the door the metrics count the key under: an `#[idempotent]`
+    /// route's key is logged `route`, as `idempotency_results_total` labels it.
+    #[test]
+    fn the_event_names_the_door_the_metrics_count() {
+        use crate::metrics::DoorCounters;
+        let http = DoorCounters::new(Door::Http);
+        let route = http.with_door(Door::Route);
+        assert_eq!(Tally::Layer(&http, false).door(), "http");
+        assert_eq!(Tally::Layer(&route, false).door(), "route");
+        assert_eq!(Tally::Layer(&route, true).door(), "grpc");
+        assert_eq!(TALLY.door(), "message");
     }
 
     /// A store that fails to settle is counted and logged, never an error: the key stays

@@ -29,7 +29,8 @@
 //! 7. The store key is a domain-separated hash of namespace, tenant, principal and key.
 //! 8. Claim. Nothing found: run. Pending with the same fingerprint: 409, with a `Retry-After`
 //!    of the lease left, at most a third of the lease (one renewal period: 20 s for the default
-//!    60 s lease), that third when the store cannot tell; every door computes it alike. Or, with [`wait_in_flight`](IdempotencyLayer::wait_in_flight), a
+//!    60 s lease), 1 s when the first run has just settled or the store cannot tell; every
+//!    door computes it alike. Or, with [`wait_in_flight`](IdempotencyLayer::wait_in_flight), a
 //!    wait for the first run and its replay. Done with the same fingerprint: replay. Another
 //!    fingerprint: 422. A store failure: 503, the handler not run. A full scope: 429. A full
 //!    store: 503.

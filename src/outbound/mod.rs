@@ -72,14 +72,19 @@
 //! [hold time](SendOnceLayer::hold), ten minutes by default. The hold is the send's claim,
 //! renewed for the hold time on a task of its own: a caller that gives up meanwhile does not
 //! cut it short. A repeat within it is told [`Delivery::InFlight`]; one after it sends again.
-//! A crash of the holder ends the hold at its lease, as any crash does. Choose a hold
+//! A holder that crashes before its hold is written leaves the key to its lease, as any crash
+//! does; a hold written outlives its process. Choose a hold
 //! time longer than your retry schedule. Check with the provider before you send again by
 //! hand. Once it says the message never arrived,
 //! [`Engine::forget_even_pending`](crate::engine::Engine::forget_even_pending) frees the key.
 //! Its store key is [`Engine::store_key`](crate::engine::Engine::store_key) of the door's
 //! namespace, scope and key, keyed under the engine's secret when there is one. A held key is
 //! a pending claim to the store: the memory store never drops it early, as it may a receipt
-//! when it is full.
+//! when it is full. So it counts against the scope's
+//! [pending share](crate::store::memory::MemoryStoreBuilder::max_pending_per_scope), and the
+//! door's keys share one scope unless [`scope`](SendOnceLayer::scope) says otherwise: past
+//! the share (10 000 by default) of sends held at once, a send is refused
+//! ([`Store`](OutboundErrorKind::Store), `ScopeFull`, nothing sent) until holds end.
 //!
 //! **Namespaces.** Each door has its own: `outbound` for the generic door, `outbound/http`
 //! and `outbound/lettre` for the adapters. So one job key used for a mail and for a charge

@@ -215,7 +215,8 @@ impl<St: Store, I, C, K> SendOnceLayer<St, I, C, K> {
     ///
     /// The hold is the send's claim, renewed for the hold time: a repeat within it is
     /// answered [`Delivery::InFlight`] and sends nothing, one after it sends again. A crash
-    /// meanwhile ends the hold at the lease instead. A send whose future was dropped after
+    /// before the hold is written leaves the key to its lease; a hold written outlives its
+    /// process. A send whose future was dropped after
     /// it began is held too. A task renews that claim; without a Tokio runtime the lease
     /// alone holds the key.
     ///
@@ -229,7 +230,8 @@ impl<St: Store, I, C, K> SendOnceLayer<St, I, C, K> {
     ///
     /// Within the bound the repeat gets what the first send left. That is its receipt
     /// ([`Delivery::Replayed`]), or a send of its own when the first released the key. Past
-    /// the bound, or while the first send's key is held: [`Delivery::InFlight`].
+    /// the bound: [`Delivery::InFlight`]. A held key is its send's claim, kept for the hold
+    /// time, so a repeat of one waits the whole bound too, then is answered in flight.
     /// The memory store wakes the waiter when the key settles. Other stores are asked again
     /// with backoff, 10 ms doubling to 250 ms. Keep it short: a few seconds.
     ///

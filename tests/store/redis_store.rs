@@ -1277,3 +1277,59 @@ async fn prefixes_never_see_each_others_records_and_keys_hold_nothing_raw() {
         "{name}"
     );
 }
+
+/// A hold that lands once the lease lapsed (a slow write, a stalled process) claims the key
+/// again for the hold time, and keeps its steps past the hold as a hold in time does: the
+/// retry after the hold answers a done step from its record. Real time: each deadline is
+/// missed or met by 2 s.
+#[tokio::test]
+async fn a_late_hold_keeps_the_key_and_its_steps_past_the_hold() {
+    use std::sync::atomic::{AtomicUsize, Ordering::SeqCst};
+    use tower_idempotency::engine::{Fingerprint, Raw};
+    let Some(server) = RedisServer::shared() else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url(), "late-hold")
+        .await
+        .expect("connect");
+    // Steps are kept to 1 s (lease) + 4 s (retention) = 5 s; the hold ends at 3 + 6 = 9 s.
+    let engine = Engine::builder(store)
+        .lease(Duration::from_secs(1))
+        .retention(Duration::from_secs(4))
+        .build();
+    let key = random_key();
+    let fp = Fingerprint::builder().field(b"order 17").finish();
+    let charges = AtomicUsize::new(0);
+    let charge = || async {
+        charges.fetch_add(1, SeqCst);
+        Ok::<_, String>("ch_1".to_owned())
+    };
+    let Begin::Run(ticket) = engine.begin(key, fp).await.unwrap() else {
+        panic!("first run")
+    };
+    engine
+        .steps(&ticket)
+        .run("charge", Raw, |_| charge())
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_secs(3)).await; // the lease lapsed at 1 s
+    assert!(
+        engine.hold(ticket, Duration::from_secs(6)).await.unwrap(),
+        "nothing claimed the key since: held"
+    );
+    assert!(matches!(
+        engine.begin(key, fp).await.unwrap(),
+        Begin::InFlight
+    ));
+    tokio::time::sleep(Duration::from_secs(8)).await; // 11 s: the hold ended at 9 s
+    let Begin::Run(retry) = engine.begin(key, fp).await.unwrap() else {
+        panic!("the hold ended")
+    };
+    let again: String = engine
+        .steps(&retry)
+        .run("charge", Raw, |_| charge())
+        .await
+        .unwrap();
+    assert_eq!(again, "ch_1");
+    assert_eq!(charges.load(SeqCst), 1, "the charge ran once");
+}
