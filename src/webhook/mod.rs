@@ -130,6 +130,7 @@
 
 mod error;
 mod github;
+mod layer;
 mod secrets;
 mod shopify;
 mod standard;
@@ -140,6 +141,7 @@ mod tests;
 
 pub use self::error::{WebhookError, WebhookErrorKind};
 pub use self::github::GitHub;
+pub use self::layer::{Webhook, WebhookLayer};
 pub use self::secrets::Secrets;
 pub use self::shopify::Shopify;
 pub use self::standard::StandardWebhooks;
@@ -173,6 +175,13 @@ pub trait Sender: Send + Sync + 'static {
     fn retention(&self) -> Duration {
         Duration::from_secs(3 * 24 * 60 * 60)
     }
+
+    /// The sender's name: with the endpoint, the scope its delivery ids are kept in, so two
+    /// senders' ids never meet. Keep it fixed: a new name forgets the ids seen under the old
+    /// one. `webhook` unless the sender says otherwise.
+    fn name(&self) -> &str {
+        "webhook"
+    }
 }
 
 // A layer may hold a sender behind a pointer, or choose one at run time.
@@ -189,6 +198,10 @@ impl<S: Sender + ?Sized> Sender for std::sync::Arc<S> {
     fn retention(&self) -> Duration {
         (**self).retention()
     }
+
+    fn name(&self) -> &str {
+        (**self).name()
+    }
 }
 
 impl<S: Sender + ?Sized> Sender for Box<S> {
@@ -203,5 +216,9 @@ impl<S: Sender + ?Sized> Sender for Box<S> {
 
     fn retention(&self) -> Duration {
         (**self).retention()
+    }
+
+    fn name(&self) -> &str {
+        (**self).name()
     }
 }

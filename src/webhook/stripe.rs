@@ -135,6 +135,10 @@ impl Sender for Stripe {
     fn retention(&self) -> Duration {
         Duration::from_secs(3 * 24 * 60 * 60)
     }
+
+    fn name(&self) -> &str {
+        "stripe"
+    }
 }
 
 impl fmt::Debug for Stripe {
