@@ -27,7 +27,7 @@ pub enum WebhookErrorKind {
     /// The signed timestamp is not a number of seconds since the Unix epoch.
     TimestampMalformed,
     /// The signature verifies, but its timestamp is further from now than the sender's
-    /// tolerance, in the past or the future: a replay of a real delivery, or a clock off.
+    /// tolerance (for Stripe, older than it): a replay of a real delivery, or a clock off.
     TimestampOutsideTolerance,
     /// The verified request carries no delivery id where the sender puts it.
     KeyMissing,

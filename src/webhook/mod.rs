@@ -56,13 +56,15 @@
 //! | sender | signs, HMAC-SHA256 | signature | tolerance | key | retention |
 //! | --- | --- | --- | --- | --- | --- |
 //! | [`StandardWebhooks`] (Svix, Resend, Clerk…) | `{webhook-id}.{webhook-timestamp}.{body}` under the `whsec_` secret, base64-decoded | `webhook-signature: v1,<base64> …` | 5 min | `webhook-id` (`svix-id` under Svix's names) | 3 days |
-//! | [`Stripe`] | `{t}.{body}` under the `whsec_…` string as it is | `Stripe-Signature: t=<unix>,v1=<hex>,…` | 300 s | the body's top-level `"id"` | 3 days |
+//! | [`Stripe`] | `{t}.{body}` under the `whsec_…` string as it is | `Stripe-Signature: t=<unix>,v1=<hex>,…` | 300 s old, any time ahead | the body's top-level `"id"` | 3 days |
 //! | [`GitHub`] | the body | `X-Hub-Signature-256: sha256=<hex>` | none | `X-GitHub-Delivery` | 3 days |
 //! | [`Shopify`] | the body | `X-Shopify-Hmac-Sha256: <base64>` | none | `X-Shopify-Event-Id`, else `X-Shopify-Webhook-Id` | 48 h |
 //!
 //! **Tolerance.** Where a sender signs a timestamp, a signature verifies only within the
-//! tolerance of it, in the past or the future, so a captured delivery cannot be sent again
-//! later. "Now" is the `now` argument of [`Sender::verify`]: the time is the caller's, and a
+//! tolerance of it, so a captured delivery cannot be sent again later. Standard Webhooks
+//! holds it either way, as its libraries do. Stripe's libraries bound the age only, and so
+//! does [`Stripe`]: a receiver whose clock runs behind Stripe's still takes its deliveries,
+//! and a timestamp ahead is signed with the secret like any other. "Now" is the `now` argument of [`Sender::verify`]: the time is the caller's, and a
 //! test can set it. Each such sender has a `tolerance` setting.
 //!
 //! **Rotation.** A header may carry several signatures, and an endpoint several secrets
