@@ -11,6 +11,7 @@ mod support;
 
 mod app;
 mod deliveries;
+mod metrics;
 mod redis;
 mod retention;
 mod sign;
