@@ -22,6 +22,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 use tower_layer::Layer;
 use tower_service::Service;
+use tracing::Instrument;
 
 /// The default request body limit of a webhook endpoint: 1 MiB. Stripe's and GitHub's
 /// payloads are capped at 25 MB by GitHub, well under 1 MiB in practice for the events most
@@ -302,7 +303,9 @@ where
         let sender = Arc::clone(&self.sender);
         let endpoint = self.endpoint.clone();
         let limit = self.max_request_body;
-        Box::pin(async move {
+        // The HTTP door's own span and events nest in this one, which names the sender.
+        let span = tracing::debug_span!("webhook", sender = sender.name());
+        let fut = async move {
             let state = Arc::clone(&inner.state);
             let (mut parts, body) = req.into_parts();
             // 1. The raw body, whole and within the limit: the signature is over its bytes.
@@ -322,7 +325,8 @@ where
             inner
                 .call(Request::from_parts(parts, RequestBody::buffered(body)))
                 .await
-        })
+        };
+        Box::pin(fut.instrument(span))
     }
 }
 

@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex};
 use tokio::sync::Semaphore;
 use tower_idempotency::IdempotencyKey;
 use tower_idempotency::Store;
-use tower_idempotency::engine::Engine;
+use tower_idempotency::engine::{Engine, Verdict};
+use tower_idempotency::http::declare;
 use tower_idempotency::webhook::{GitHub, Shopify, StandardWebhooks, Stripe, WebhookLayer};
 
 /// What the handler did and will do.
@@ -24,8 +25,9 @@ pub(crate) struct Handler {
     pub(crate) total: AtomicU64,
     /// Runs per delivery id.
     runs: Mutex<HashMap<String, u64>>,
-    /// Statuses to answer with on the next runs of a delivery id, before the 200.
-    answers: Mutex<HashMap<String, VecDeque<u16>>>,
+    /// Statuses to answer with on the next runs of a delivery id, before the 200, each with
+    /// whether the handler declares it `Record`.
+    answers: Mutex<HashMap<String, VecDeque<(u16, bool)>>>,
     /// When set, each run waits for a permit of `gate` before it answers.
     gated: AtomicBool,
     pub(crate) gate: Semaphore,
@@ -56,7 +58,15 @@ impl Handler {
         lock(&self.answers)
             .entry(id.to_owned())
             .or_default()
-            .extend(statuses);
+            .extend(statuses.iter().map(|s| (*s, false)));
+    }
+
+    /// The next run of `id` answers `status`, declared `Record`: the work was done.
+    pub(crate) fn answer_declared(&self, id: &str, status: u16) {
+        lock(&self.answers)
+            .entry(id.to_owned())
+            .or_default()
+            .push_back((status, true));
     }
 
     /// Each run waits for a permit of [`gate`](Self::gate) from now on.
@@ -83,12 +93,16 @@ pub(crate) async fn receive(
         let permit = handler.gate.acquire().await.expect("the gate stays open");
         permit.forget();
     }
-    let status = lock(&handler.answers)
+    let (status, record) = lock(&handler.answers)
         .get_mut(&id)
         .and_then(VecDeque::pop_front)
-        .unwrap_or(200);
+        .unwrap_or((200, false));
     let status = StatusCode::from_u16(status).expect("a status");
-    (status, Json(json!({ "id": id, "run": run, "event": event }))).into_response()
+    let mut res = (status, Json(json!({ "id": id, "run": run, "event": event }))).into_response();
+    if record {
+        declare(&mut res, Verdict::Record);
+    }
+    res
 }
 
 /// The four senders on their paths, with their default settings, over `engine`.

@@ -196,6 +196,19 @@ async fn a_failed_run_is_released_and_the_senders_retry_runs_it() {
     }
 }
 
+/// A handler that did the event's work and answers a 4xx declares it `Record`: the 4xx is
+/// recorded and replayed, the handler not run again.
+#[tokio::test]
+async fn a_4xx_declared_record_is_replayed() {
+    let (server, handler, _) = app().await;
+    handler.answer_declared("evt_declared", 409);
+    let first = deliver(&server, &sign::stripe("evt_declared")).await;
+    assert_eq!((first.status, first.replayed), (409, false), "{first:?}");
+    let again = deliver(&server, &sign::stripe("evt_declared")).await;
+    assert_eq!((again.status, again.replayed), (409, true), "{again:?}");
+    assert_eq!(handler.runs("evt_declared"), 1);
+}
+
 /// GitHub sends one payload under two delivery ids as two deliveries: both run.
 #[tokio::test]
 async fn github_one_payload_under_two_delivery_ids_runs_twice() {
