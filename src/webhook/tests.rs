@@ -518,8 +518,16 @@ fn stripe_holds_its_tolerance_in_the_past_to_the_second_and_takes_a_timestamp_ah
     let narrow = Stripe::new(STRIPE_SECRET)
         .unwrap()
         .tolerance(Duration::from_secs(10));
-    assert!(narrow.verify(&parts, STRIPE_BODY, at(STRIPE_TS + 10)).is_ok());
-    assert!(narrow.verify(&parts, STRIPE_BODY, at(STRIPE_TS - 3600)).is_ok());
+    assert!(
+        narrow
+            .verify(&parts, STRIPE_BODY, at(STRIPE_TS + 10))
+            .is_ok()
+    );
+    assert!(
+        narrow
+            .verify(&parts, STRIPE_BODY, at(STRIPE_TS - 3600))
+            .is_ok()
+    );
     assert_eq!(
         kind(narrow.verify(&parts, STRIPE_BODY, at(STRIPE_TS + 11))),
         WebhookErrorKind::TimestampOutsideTolerance

@@ -98,7 +98,11 @@ pub(crate) async fn receive(
         .and_then(VecDeque::pop_front)
         .unwrap_or((200, false));
     let status = StatusCode::from_u16(status).expect("a status");
-    let mut res = (status, Json(json!({ "id": id, "run": run, "event": event }))).into_response();
+    let mut res = (
+        status,
+        Json(json!({ "id": id, "run": run, "event": event })),
+    )
+        .into_response();
     if record {
         declare(&mut res, Verdict::Record);
     }

@@ -26,10 +26,22 @@ async fn app() -> (TestServer, Arc<Handler>, Engine<Arc<MemoryStore>>) {
 async fn each_sender_runs_a_delivery_once_and_replays_its_redelivery_with_the_defaults() {
     let (server, handler, _) = app().await;
     let deliveries: [(&str, Delivery); 4] = [
-        ("evt_1NG8Du2eZvKYlo2CUI79vXWy", sign::stripe("evt_1NG8Du2eZvKYlo2CUI79vXWy")),
-        ("72d3162e-cc78-11e3-81ab-4c9367dc0958", sign::github("72d3162e-cc78-11e3-81ab-4c9367dc0958")),
-        ("a8b1c2d3-shopify-event", sign::shopify("a8b1c2d3-shopify-event")),
-        ("msg_p5jXN8AQM9LWM0D4loKWxJek", sign::standard("msg_p5jXN8AQM9LWM0D4loKWxJek")),
+        (
+            "evt_1NG8Du2eZvKYlo2CUI79vXWy",
+            sign::stripe("evt_1NG8Du2eZvKYlo2CUI79vXWy"),
+        ),
+        (
+            "72d3162e-cc78-11e3-81ab-4c9367dc0958",
+            sign::github("72d3162e-cc78-11e3-81ab-4c9367dc0958"),
+        ),
+        (
+            "a8b1c2d3-shopify-event",
+            sign::shopify("a8b1c2d3-shopify-event"),
+        ),
+        (
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            sign::standard("msg_p5jXN8AQM9LWM0D4loKWxJek"),
+        ),
     ];
     for (id, delivery) in &deliveries {
         let first = deliver(&server, delivery).await;
@@ -94,7 +106,12 @@ async fn forged_and_stale_deliveries_are_refused_and_store_nothing() {
         ),
         (
             "standard forged",
-            sign::standard_at("whsec_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", "msg_forged", sign::now(), "{}"),
+            sign::standard_at(
+                "whsec_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+                "msg_forged",
+                sign::now(),
+                "{}",
+            ),
             "idempotency.signature_mismatch",
         ),
     ];
@@ -162,7 +179,10 @@ async fn concurrent_deliveries_of_one_event_run_it_once() {
         assert_eq!(answer.status, 409, "{answer:?}");
         assert_eq!(answer.code.as_deref(), Some("idempotency.in_flight"));
         let wait: u64 = answer.retry_after.as_deref().unwrap().parse().unwrap();
-        assert!((1..=20).contains(&wait), "{wait}: at most a third of the 60 s lease");
+        assert!(
+            (1..=20).contains(&wait),
+            "{wait}: at most a third of the 60 s lease"
+        );
     }
     handler.gate.add_permits(1);
     let first = bounded(Duration::from_secs(10), "the held run", held.pop().unwrap())
@@ -180,7 +200,10 @@ async fn concurrent_deliveries_of_one_event_run_it_once() {
 #[tokio::test]
 async fn a_failed_run_is_released_and_the_senders_retry_runs_it() {
     let (server, handler, _) = app().await;
-    for (id, statuses) in [("evt_500", vec![500, 503]), ("evt_4xx", vec![400, 422, 404, 429])] {
+    for (id, statuses) in [
+        ("evt_500", vec![500, 503]),
+        ("evt_4xx", vec![400, 422, 404, 429]),
+    ] {
         handler.answer(id, &statuses);
         for (n, status) in statuses.iter().enumerate() {
             let answer = deliver(&server, &sign::stripe(id)).await;
@@ -255,9 +278,16 @@ async fn two_endpoints_of_one_sender_keep_their_ids_apart() {
         ..sign::stripe("evt_two_endpoints")
     };
     assert!(!deliver(&server, &at("/webhooks/stripe")).await.replayed);
-    assert!(!deliver(&server, &at("/webhooks/stripe-connect")).await.replayed);
+    assert!(
+        !deliver(&server, &at("/webhooks/stripe-connect"))
+            .await
+            .replayed
+    );
     assert!(!deliver(&server, &at("/a")).await.replayed);
-    assert!(deliver(&server, &at("/b")).await.replayed, "one endpoint by name");
+    assert!(
+        deliver(&server, &at("/b")).await.replayed,
+        "one endpoint by name"
+    );
     assert_eq!(handler.total(), 3);
 }
 

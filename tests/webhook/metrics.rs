@@ -25,7 +25,11 @@ async fn a_webhook_delivery_is_counted_under_its_own_door() {
         moved_once(&snap),
         ["door=webhook,outcome=ran", "door=webhook,result=completed"]
     );
-    assert!(deliver(&server, &sign::stripe("evt_counted")).await.replayed);
+    assert!(
+        deliver(&server, &sign::stripe("evt_counted"))
+            .await
+            .replayed
+    );
     assert_eq!(moved_once(&snap), ["door=webhook,outcome=replayed"]);
 
     handler.answer("evt_failed", &[500]);

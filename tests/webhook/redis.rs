@@ -23,7 +23,9 @@ async fn a_redelivery_after_a_restart_over_redis_is_replayed() {
     ];
 
     let first = Handler::new();
-    let store = RedisStore::connect(&redis.url(), &prefix).await.expect("Redis");
+    let store = RedisStore::connect(&redis.url(), &prefix)
+        .await
+        .expect("Redis");
     let server = TestServer::start(router(Engine::new(store), Arc::clone(&first))).await;
     let mut answers = Vec::new();
     for delivery in &deliveries {
@@ -35,7 +37,9 @@ async fn a_redelivery_after_a_restart_over_redis_is_replayed() {
 
     // The process restarted: a new connection, engine, server and handler.
     let second = Handler::new();
-    let store = RedisStore::connect(&redis.url(), &prefix).await.expect("Redis");
+    let store = RedisStore::connect(&redis.url(), &prefix)
+        .await
+        .expect("Redis");
     let server = TestServer::start(router(Engine::new(store), Arc::clone(&second))).await;
     for (delivery, first_answer) in deliveries.iter().zip(&answers) {
         let again = deliver(&server, delivery).await;

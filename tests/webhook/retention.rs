@@ -35,11 +35,22 @@ async fn each_sender_keeps_its_ids_for_its_retry_horizon_by_default() {
         assert!(!deliver(&server, &delivery).await.replayed, "{sender}");
         clock.advance(horizon - Duration::from_secs(1));
         let before = deliver(&server, &delivery).await;
-        assert!(before.replayed, "{sender}: kept until its horizon: {before:?}");
+        assert!(
+            before.replayed,
+            "{sender}: kept until its horizon: {before:?}"
+        );
         clock.advance(Duration::from_secs(2));
         let after = deliver(&server, &delivery).await;
-        assert_eq!((after.status, after.replayed), (200, false), "{sender}: {after:?}");
-        assert_eq!(handler.runs(&id), 2, "{sender}: runs again after its retention");
+        assert_eq!(
+            (after.status, after.replayed),
+            (200, false),
+            "{sender}: {after:?}"
+        );
+        assert_eq!(
+            handler.runs(&id),
+            2,
+            "{sender}: runs again after its retention"
+        );
     }
 }
 
