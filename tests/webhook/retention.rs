@@ -13,9 +13,12 @@ use tower_idempotency::webhook::{Sender, Stripe, WebhookLayer};
 
 const HOUR: Duration = Duration::from_secs(60 * 60);
 
+/// A sender's delivery of an id, signed now.
+type Signed = fn(&str) -> Delivery;
+
 #[tokio::test]
 async fn each_sender_keeps_its_ids_for_its_retry_horizon_by_default() {
-    let cases: [(&str, Duration, fn(&str) -> Delivery); 4] = [
+    let cases: [(&str, Duration, Signed); 4] = [
         ("stripe", 72 * HOUR, sign::stripe),
         ("github", 72 * HOUR, sign::github),
         ("standard", 72 * HOUR, sign::standard),
