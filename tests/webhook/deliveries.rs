@@ -4,7 +4,7 @@
 
 use crate::app::{Handler, deliver, deliver_with, router};
 use crate::sign::{self, Delivery};
-use crate::support::http::{TestServer, bounded, client, eventually};
+use crate::support::http::{SpyStore, TestServer, bounded, client, eventually};
 use axum::Router;
 use axum::routing::post;
 use std::sync::Arc;
@@ -306,4 +306,45 @@ async fn a_body_over_the_limit_is_refused_before_verification() {
     assert_eq!(answer.code.as_deref(), Some("idempotency.body_too_large"));
     assert_eq!(handler.total(), 0);
     assert_eq!(engine.store().stats().entries, 0);
+}
+
+/// A store fault never runs an event without a claim, and never loses the handler's answer:
+/// a claim that fails is 503 with nothing run; a record that fails still sends the handler's
+/// 200, and the event stays pending (409) rather than running again at once. A forged
+/// delivery never reaches the store at all.
+#[tokio::test]
+async fn a_store_fault_runs_no_event_without_a_claim_and_loses_no_answer() {
+    let store = SpyStore::new();
+    let handler = Handler::new();
+    let server = TestServer::start(router(Engine::new(store.clone()), Arc::clone(&handler))).await;
+
+    let forged = sign::stripe_at(
+        "whsec_not_the_secret",
+        sign::now(),
+        &sign::stripe_body("evt_x"),
+    );
+    assert_eq!(deliver(&server, &forged).await.status, 401);
+    assert_eq!(
+        store.claims(),
+        0,
+        "a forged delivery asked the store nothing"
+    );
+
+    store.fail_claims(true);
+    let refused = deliver(&server, &sign::stripe("evt_store")).await;
+    assert_eq!(refused.status, 503, "{refused:?}");
+    assert_eq!(refused.code.as_deref(), Some("idempotency.store_failed"));
+    assert!(refused.retry_after.is_some());
+    assert_eq!(handler.total(), 0, "nothing ran without a claim");
+
+    store.fail_claims(false);
+    store.fail_completes(true);
+    let answered = deliver(&server, &sign::stripe("evt_store")).await;
+    assert_eq!((answered.status, answered.run()), (200, 1), "{answered:?}");
+    let pending = deliver(&server, &sign::stripe("evt_store")).await;
+    assert_eq!(
+        pending.status, 409,
+        "unrecorded, the event is left to its lease: {pending:?}"
+    );
+    assert_eq!(handler.runs("evt_store"), 1);
 }
