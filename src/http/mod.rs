@@ -222,4 +222,7 @@ pub(crate) use {
 };
 // The webhook door sets up an inner layer of its own.
 #[cfg(feature = "webhook")]
-pub(crate) use config::{Config, KeySource};
+pub(crate) use {
+    body::ReadError,
+    config::{Config, KeySource},
+};

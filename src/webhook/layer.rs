@@ -6,8 +6,8 @@ use crate::engine::key::IdempotencyKey;
 use crate::engine::scope::Scope;
 use crate::engine::{Engine, Fingerprint, Verdict};
 use crate::http::{
-    Drain, Idempotency, IdempotencyLayer, KeySource, RequestBody, ResponseBody, read_limited,
-    read_rejection, render,
+    Drain, Idempotency, IdempotencyLayer, KeySource, ReadError, RequestBody, ResponseBody,
+    read_limited, read_rejection, render,
 };
 use crate::metrics::{Door, Outcome};
 use crate::store::{MemoryStore, Store};
@@ -24,9 +24,9 @@ use tower_layer::Layer;
 use tower_service::Service;
 use tracing::Instrument;
 
-/// The default request body limit of a webhook endpoint: 1 MiB. Stripe's and GitHub's
-/// payloads are capped at 25 MB by GitHub, well under 1 MiB in practice for the events most
-/// endpoints receive; raise it with [`WebhookLayer::max_request_body`].
+/// The default request body limit of a webhook endpoint: 1 MiB, as the HTTP door's. A body is
+/// buffered before its signature is checked, so the limit also bounds what an unsigned
+/// request can make the process hold.
 const MAX_REQUEST_BODY: usize = 1024 * 1024;
 
 /// The namespace of webhook keys by default.
@@ -169,6 +169,17 @@ impl<Se: Sender, St: Store> WebhookLayer<Se, St> {
     /// Two endpoints never share ids: one sender's event delivered to two endpoints runs once
     /// at each. Set it to keep the ids when a route moves, or to give two paths one set of
     /// ids.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_idempotency::MemoryStore;
+    /// use tower_idempotency::webhook::{Stripe, WebhookLayer};
+    ///
+    /// let layer = WebhookLayer::new(Stripe::new("whsec_test")?, MemoryStore::new())
+    ///     .endpoint("billing")
+    ///     .retention(Duration::from_secs(7 * 24 * 60 * 60));
+    /// # Ok::<(), tower_idempotency::ConfigError>(())
+    /// ```
     #[must_use]
     pub fn endpoint(mut self, endpoint: impl Into<String>) -> Self {
         self.endpoint = Some(Arc::from(endpoint.into()));
@@ -177,6 +188,11 @@ impl<Se: Sender, St: Store> WebhookLayer<Se, St> {
 
     /// The largest request body read, in bytes. Default: 1 MiB. A larger body is refused
     /// with 413 `idempotency.body_too_large` before its signature is checked.
+    ///
+    /// The body is read whole before it is verified, so this bounds what any request, signed
+    /// or not, makes the process hold. Most events are a few kilobytes; GitHub sends
+    /// payloads of up to 25 MB (a push of many commits), and does not deliver a refused one
+    /// again by itself: raise it for such an endpoint.
     #[must_use]
     pub fn max_request_body(mut self, bytes: usize) -> Self {
         self.max_request_body = bytes;
@@ -308,7 +324,19 @@ where
         let fut = async move {
             let state = Arc::clone(&inner.state);
             let (mut parts, body) = req.into_parts();
-            // 1. The raw body, whole and within the limit: the signature is over its bytes.
+            // 1. The raw body, whole and within the limit: the signature is over its bytes. A
+            // declared length over it is refused before anything is read.
+            let declared = parts
+                .headers
+                .get(http::header::CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+            if declared.is_some_and(|n| n > limit as u64) {
+                return Ok(render(
+                    &state,
+                    read_rejection(ReadError::TooLarge, limit),
+                    false,
+                ));
+            }
             let body = match read_limited(body, limit).await {
                 Ok(body) => body,
                 Err(e) => return Ok(render(&state, read_rejection(e, limit), false)),
