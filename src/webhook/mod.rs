@@ -211,9 +211,10 @@
 //!
 //! # A sender of your own
 //!
-//! A sender is one method, with [`Secrets`] for HMAC-SHA256 signatures in constant time.
-//! Here, a sender that signs the body and sends the signature in hex and its delivery id in
-//! `x-delivery`:
+//! A sender is one method, with [`Secrets`] for HMAC-SHA256 signatures in constant time;
+//! [`retention`](Sender::retention) and [`name`](Sender::name) have defaults (three days,
+//! `webhook`). Here, a sender that signs the body and sends the signature in hex and its
+//! delivery id in `x-delivery`:
 //!
 //! ```
 //! use http::request::Parts;
