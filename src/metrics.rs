@@ -69,10 +69,13 @@ pub(crate) enum Door {
     Message,
     /// The send-once door, `outbound`.
     Outbound,
+    /// A sender's verified deliveries, `webhook`.
+    #[cfg_attr(not(feature = "webhook"), allow(dead_code))]
+    Webhook,
 }
 
 impl Door {
-    const ALL: [Self; 7] = [
+    const ALL: [Self; 8] = [
         Self::Http,
         Self::Grpc,
         Self::Route,
@@ -80,6 +83,7 @@ impl Door {
         Self::Within,
         Self::Message,
         Self::Outbound,
+        Self::Webhook,
     ];
 
     pub(crate) const fn as_str(self) -> &'static str {
@@ -91,6 +95,7 @@ impl Door {
             Self::Within => "within",
             Self::Message => "message",
             Self::Outbound => "outbound",
+            Self::Webhook => "webhook",
         }
     }
 }
@@ -121,10 +126,13 @@ pub(crate) enum Outcome {
     Untracked,
     /// A wiring error, answered 500: no `IdempotentRoutes`, or an extractor without the layer.
     ConfigMissing,
+    /// A webhook delivery whose signature or signed timestamp failed: refused, nothing claimed.
+    #[cfg_attr(not(feature = "webhook"), allow(dead_code))]
+    Unverified,
 }
 
 impl Outcome {
-    const ALL: [Self; 15] = [
+    const ALL: [Self; 16] = [
         Self::Ran,
         Self::Replayed,
         Self::InFlight,
@@ -140,6 +148,7 @@ impl Outcome {
         Self::RecordInvalid,
         Self::Untracked,
         Self::ConfigMissing,
+        Self::Unverified,
     ];
 
     pub(crate) const fn as_str(self) -> &'static str {
@@ -159,6 +168,7 @@ impl Outcome {
             Self::RecordInvalid => "record_invalid",
             Self::Untracked => "untracked",
             Self::ConfigMissing => "config_missing",
+            Self::Unverified => "unverified",
         }
     }
 
@@ -398,7 +408,7 @@ mod on {
         }
 
         /// The same counters for another door.
-        #[cfg_attr(not(feature = "macros"), allow(dead_code))]
+        #[cfg_attr(not(any(feature = "macros", feature = "webhook")), allow(dead_code))]
         pub(crate) fn with_door(&self, door: Door) -> Self {
             Self::build(door, self.0.3.clone())
         }

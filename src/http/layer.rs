@@ -95,12 +95,12 @@ impl<St: Store> IdempotencyLayer<St> {
         }
     }
 
-    fn config(mut self, f: impl FnOnce(&mut Config)) -> Self {
+    pub(crate) fn config(mut self, f: impl FnOnce(&mut Config)) -> Self {
         f(&mut Arc::make_mut(&mut self.state).config);
         self
     }
 
-    #[cfg(feature = "macros")]
+    #[cfg(any(feature = "macros", feature = "webhook"))]
     fn map_engine(mut self, f: impl FnOnce(&mut Engine<St>)) -> Self {
         f(&mut Arc::make_mut(&mut self.state).engine);
         self
@@ -162,8 +162,9 @@ impl<St: Store> IdempotencyLayer<St> {
         self.map_engine(|e| e.set_lease(lease))
     }
 
-    /// A route's retention over the engine's. It is the `retention` option of `#[idempotent]`.
-    #[cfg(feature = "macros")]
+    /// A route's retention over the engine's. It is the `retention` option of `#[idempotent]`,
+    /// and a webhook sender's retention.
+    #[cfg(any(feature = "macros", feature = "webhook"))]
     pub(crate) fn retention(self, retention: Duration) -> Self {
         self.map_engine(|e| e.set_retention(retention))
     }
@@ -505,8 +506,9 @@ impl<St: Store> IdempotencyLayer<St> {
         }
     }
 
-    /// Counts this layer's HTTP requests under another door, as for `#[idempotent]` handlers.
-    #[cfg(feature = "macros")]
+    /// Counts this layer's HTTP requests under another door, as for `#[idempotent]` handlers
+    /// and webhooks.
+    #[cfg(any(feature = "macros", feature = "webhook"))]
     pub(crate) fn metrics_door(self, door: crate::metrics::Door) -> Self {
         self.config(|c| c.metrics = c.metrics.with_door(door))
     }

@@ -211,7 +211,18 @@ pub use streaming::Streaming;
 // For `#[idempotent]`, which runs the handler's extractors between the checks and the claim.
 #[cfg(feature = "macros")]
 pub(crate) use {
-    body::read_limited,
     grpc::is_grpc,
-    service::{Plan, plan, read_rejection, render},
+    service::{Plan, plan},
+};
+// For `#[idempotent]` and the webhook door, which buffer the body before the claim.
+#[cfg(any(feature = "macros", feature = "webhook"))]
+pub(crate) use {
+    body::read_limited,
+    service::{read_rejection, render},
+};
+// The webhook door sets up an inner layer of its own.
+#[cfg(feature = "webhook")]
+pub(crate) use {
+    body::ReadError,
+    config::{Config, KeySource},
 };

@@ -1,5 +1,8 @@
 //! Why a delivery was refused before it reached the store.
 
+use bytes::Bytes;
+use http::{HeaderValue, Response, StatusCode, header};
+use serde::Serialize;
 use std::borrow::Cow;
 use std::error::Error as StdError;
 use std::fmt;
@@ -24,7 +27,7 @@ pub enum WebhookErrorKind {
     /// The signed timestamp is not a number of seconds since the Unix epoch.
     TimestampMalformed,
     /// The signature verifies, but its timestamp is further from now than the sender's
-    /// tolerance, in the past or the future: a replay of a real delivery, or a clock off.
+    /// tolerance (for Stripe, older than it): a replay of a real delivery, or a clock off.
     TimestampOutsideTolerance,
     /// The verified request carries no delivery id where the sender puts it.
     KeyMissing,
@@ -50,6 +53,79 @@ impl WebhookErrorKind {
             Self::KeyInvalid => "idempotency.key_invalid",
             Self::BodyNotJson => "idempotency.body_not_json",
         }
+    }
+
+    /// The HTTP status the [`WebhookLayer`](super::WebhookLayer) answers with.
+    ///
+    /// `401 Unauthorized` when the delivery is not shown to come from the sender: a signature
+    /// or a signed timestamp missing, malformed, forged or stale. `400 Bad Request` when it
+    /// is, but it names no valid delivery id. Either way the sender is told the delivery was
+    /// not taken, and nothing is stored.
+    ///
+    /// ```
+    /// use tower_idempotency::webhook::WebhookErrorKind;
+    ///
+    /// assert_eq!(WebhookErrorKind::SignatureMismatch.status(), 401);
+    /// assert_eq!(WebhookErrorKind::KeyMissing.status(), 400);
+    /// ```
+    #[must_use]
+    pub fn status(self) -> StatusCode {
+        match self {
+            Self::SignatureMissing
+            | Self::SignatureMalformed
+            | Self::SignatureMismatch
+            | Self::TimestampMissing
+            | Self::TimestampMalformed
+            | Self::TimestampOutsideTolerance => StatusCode::UNAUTHORIZED,
+            Self::KeyMissing | Self::KeyInvalid | Self::BodyNotJson => StatusCode::BAD_REQUEST,
+        }
+    }
+
+    /// A short human title.
+    #[must_use]
+    pub fn title(self) -> &'static str {
+        match self {
+            Self::SignatureMissing => "Webhook signature missing",
+            Self::SignatureMalformed => "Webhook signature malformed",
+            Self::SignatureMismatch => "Webhook signature does not verify",
+            Self::TimestampMissing => "Webhook timestamp missing",
+            Self::TimestampMalformed => "Webhook timestamp malformed",
+            Self::TimestampOutsideTolerance => "Webhook timestamp outside the tolerance",
+            Self::KeyMissing => "Webhook delivery id missing",
+            Self::KeyInvalid => "Webhook delivery id invalid",
+            Self::BodyNotJson => "Webhook body is not JSON",
+        }
+    }
+
+    /// The problem type: this variant's page on docs.rs, sent as the problem document's
+    /// `type`.
+    #[must_use]
+    pub fn problem_type(self) -> &'static str {
+        macro_rules! doc_page {
+            ($variant:literal) => {
+                concat!(
+                    "https://docs.rs/tower-idempotency/latest/tower_idempotency/webhook/",
+                    "enum.WebhookErrorKind.html#variant.",
+                    $variant
+                )
+            };
+        }
+        match self {
+            Self::SignatureMissing => doc_page!("SignatureMissing"),
+            Self::SignatureMalformed => doc_page!("SignatureMalformed"),
+            Self::SignatureMismatch => doc_page!("SignatureMismatch"),
+            Self::TimestampMissing => doc_page!("TimestampMissing"),
+            Self::TimestampMalformed => doc_page!("TimestampMalformed"),
+            Self::TimestampOutsideTolerance => doc_page!("TimestampOutsideTolerance"),
+            Self::KeyMissing => doc_page!("KeyMissing"),
+            Self::KeyInvalid => doc_page!("KeyInvalid"),
+            Self::BodyNotJson => doc_page!("BodyNotJson"),
+        }
+    }
+
+    /// Whether the delivery failed its signature or timestamp, rather than its key.
+    pub(crate) fn is_unverified(self) -> bool {
+        self.status() == StatusCode::UNAUTHORIZED
     }
 }
 
@@ -99,6 +175,56 @@ impl WebhookError {
     #[must_use]
     pub fn code(&self) -> &'static str {
         self.kind.code()
+    }
+
+    /// The message that says which header or field.
+    #[must_use]
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
+
+    /// The answer the [`WebhookLayer`](super::WebhookLayer) sends: `application/problem+json`
+    /// with `type` ([`WebhookErrorKind::problem_type`]), `title`, `status`
+    /// ([`WebhookErrorKind::status`]), `detail` and `code`, and `Cache-Control: no-store`, as
+    /// every rejection of the crate.
+    ///
+    /// ```
+    /// use tower_idempotency::webhook::{WebhookError, WebhookErrorKind};
+    ///
+    /// let res = WebhookError::new(WebhookErrorKind::SignatureMismatch, "forged").to_problem_response();
+    /// assert_eq!(res.status(), 401);
+    /// let body = std::str::from_utf8(res.body()).unwrap();
+    /// assert!(body.contains(r#""code":"idempotency.signature_mismatch""#));
+    /// ```
+    #[must_use]
+    pub fn to_problem_response(&self) -> Response<Bytes> {
+        // `type` is written as an extension, as the HTTP door's rejections write it.
+        #[derive(Serialize)]
+        struct Members {
+            #[serde(rename = "type")]
+            problem_type: &'static str,
+            code: &'static str,
+        }
+        let kind = self.kind;
+        let problem = problem_details::ProblemDetails::from_status_code(kind.status())
+            .with_title(kind.title())
+            .with_detail(self.detail.as_ref())
+            .with_extensions(Members {
+                problem_type: kind.problem_type(),
+                code: kind.code(),
+            });
+        let body = problem_details::JsonProblemDetails::from(problem)
+            .to_body_string()
+            .map_or_else(|_| Bytes::from_static(b"{}"), Bytes::from);
+        let mut res = Response::new(body);
+        *res.status_mut() = kind.status();
+        let h = res.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        res
     }
 }
 

@@ -93,6 +93,10 @@ impl Sender for GitHub {
     fn retention(&self) -> Duration {
         Duration::from_secs(3 * 24 * 60 * 60)
     }
+
+    fn name(&self) -> &str {
+        "github"
+    }
 }
 
 impl fmt::Debug for GitHub {

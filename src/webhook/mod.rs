@@ -1,4 +1,150 @@
-//! Webhooks: a sender's signed deliveries, verified and keyed by the sender's own delivery id.
+//! Webhooks: a sender's signed deliveries, verified, each event run once.
+//!
+//! ```
+//! use axum::{Router, body::Body, routing::post};
+//! use tower::ServiceExt;
+//! use tower_idempotency::MemoryStore;
+//! use tower_idempotency::webhook::{GitHub, WebhookLayer};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let github = GitHub::new("It's a Secret to Everybody")?;
+//! let app: Router = Router::new().route(
+//!     "/webhooks/github",
+//!     post(|body: String| async move { format!("got {} bytes", body.len()) })
+//!         .layer(WebhookLayer::new(github, MemoryStore::new())),
+//! );
+//!
+//! // A delivery as GitHub signs it: an HMAC of the raw body, and its delivery id.
+//! let delivery = |body: &'static str| {
+//!     http::Request::post("/webhooks/github")
+//!         .header("x-github-delivery", "72d3162e-cc78-11e3-81ab-4c9367dc0958")
+//!         .header(
+//!             "x-hub-signature-256",
+//!             "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17",
+//!         )
+//!         .body(Body::from(body))
+//! };
+//! let first = app.clone().oneshot(delivery("Hello, World!")?).await?;
+//! assert_eq!(first.status(), 200);
+//!
+//! // GitHub delivers it again: the recorded answer, and the handler does not run.
+//! let again = app.clone().oneshot(delivery("Hello, World!")?).await?;
+//! assert_eq!(again.headers()["idempotent-replayed"], "true");
+//!
+//! // One byte changed: refused before the store is asked.
+//! let forged = app.oneshot(delivery("Hello, World?")?).await?;
+//! assert_eq!(forged.status(), 401);
+//! # Ok(()) }
+//! ```
+//!
+//! A webhook sender delivers each event at least once: it retries when the answer is slow or
+//! not 2xx. A [`Sender`] checks that a delivery comes from the sender, and gives the
+//! delivery's [`IdempotencyKey`]: the sender's own id for the event, the same on every
+//! retry. A [`WebhookLayer`] on the sender's route verifies each delivery, then runs its
+//! event once under that key, through the [HTTP door](crate::http)'s claim, replay and
+//! record. One layer per sender's endpoint:
+//!
+//! ```
+//! use axum::{Router, routing::post};
+//! use tower_idempotency::engine::Engine;
+//! use tower_idempotency::MemoryStore;
+//! use tower_idempotency::webhook::{Stripe, StandardWebhooks, WebhookLayer};
+//!
+//! # async fn on_stripe() {}
+//! # async fn on_svix() {}
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let engine = Engine::new(MemoryStore::new()); // one store for every endpoint
+//! let stripe = Stripe::new("whsec_…")?;
+//! let svix = StandardWebhooks::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")?;
+//! let app: Router = Router::new()
+//!     .route("/webhooks/stripe", post(on_stripe).layer(WebhookLayer::new(stripe, engine.clone())))
+//!     .route("/webhooks/svix", post(on_svix).layer(WebhookLayer::new(svix, engine)));
+//! # Ok(()) }
+//! ```
+//!
+//! # The layer
+//!
+//! 1. The raw body is read whole, up to
+//!    [`max_request_body`](WebhookLayer::max_request_body), 1 MiB by default: 413
+//!    `idempotency.body_too_large` above it, from `Content-Length` or while read.
+//! 2. The sender verifies the delivery, in the [order](#the-check-order) below. A delivery
+//!    that fails is refused with a problem document carrying the
+//!    [`WebhookError`]'s code, and never reaches the store: 401 when it is not shown to come
+//!    from the sender (a signature or signed timestamp missing, malformed, forged or stale),
+//!    400 when it is but names no valid delivery id. See [`WebhookErrorKind::status`].
+//! 3. The claim, under the sender's delivery id, in the scope of the endpoint: the sender's
+//!    [`name`](Sender::name) and the request's path, or the
+//!    [`endpoint`](WebhookLayer::endpoint) set. It is not scoped by a user: two endpoints
+//!    never share ids, and one endpoint's ids are the same whoever delivers. Every delivery
+//!    of one id is the same request, whatever its bytes: a sender may change a field
+//!    between two attempts of one event.
+//! 4. The handler gets the request rebuilt with the verified bytes: `String`, `Bytes`,
+//!    `Json<T>` and every other axum extractor read it as sent. The
+//!    [`IdempotencyKey`] extractor gives the delivery id, and [`Steps`](crate::Steps) work
+//!    as in the HTTP door.
+//!
+//! | the delivery | the answer |
+//! | --- | --- |
+//! | the first of its id | the handler's; a 2xx is recorded |
+//! | a redelivery of a completed event | the recorded 2xx, with `idempotent-replayed: true`; the handler does not run |
+//! | a redelivery while the event runs | 409 `idempotency.in_flight` with `Retry-After`; the handler does not run |
+//! | after a handler's 5xx, 4xx or error | released: the sender's retry runs the handler again |
+//! | forged, stale, unsigned | 401 with the error's code; nothing stored |
+//! | verified, without a valid id | 400 with the error's code; nothing stored |
+//! | the store down | 503 `idempotency.store_failed`; the handler does not run |
+//!
+//! **In flight: 409.** Every built-in sender retries any answer that is not 2xx, later, on
+//! its own schedule, so the status only has to be not 2xx and not a success a sender might
+//! count. 409 with `Retry-After` is the answer every door of the crate gives a repeat whose
+//! first run has not finished, with its code `idempotency.in_flight`; a 503 would read as the
+//! receiver being down. The first run goes on, and is recorded, even when the sender has
+//! hung up on it. [`wait_in_flight`](WebhookLayer::wait_in_flight) makes the redelivery wait
+//! for it instead.
+//!
+//! **A handler's 4xx is released.** Only a 2xx tells a sender the event was taken; any
+//! other answer it delivers again. Recorded, a 4xx would answer every one of those retries
+//! with the same refusal, and a handler fixed meanwhile would never see the event. Released,
+//! each retry runs the handler again, as after a 5xx. A handler that did the event's work and
+//! still answers a 4xx says so with [`declare`](crate::http::declare)`(Verdict::Record)`:
+//! then the 4xx is recorded and replayed.
+//!
+//! **Retention.** A delivery's record is kept for the sender's
+//! [`retention`](Sender::retention), whatever the engine's: its retries' horizon (three days
+//! for Stripe, GitHub and Standard Webhooks, 48 hours for Shopify). A redelivery after it
+//! runs again. [`WebhookLayer::retention`] sets another. The lease, the record limit and the
+//! secret are the engine's.
+//!
+//! A sender that signs no timestamp (GitHub, Shopify) lets a captured delivery verify however
+//! old it is: within the retention its id is answered from the record, after it the event
+//! runs again. Keep the retention at least the sender's, and see
+//! [no timestamp](#the-senders).
+//!
+//! The door counts and logs as the others, under `door="webhook"`: a refused delivery is
+//! `outcome="unverified"`, or `key_missing`, `key_invalid` for a verified one without a
+//! valid id; the rest are the HTTP door's outcomes and results. See the
+//! [metrics](crate#metrics).
+//!
+//! # The check order
+//!
+//! A sender's [`verify`](Sender::verify) checks, in this order:
+//!
+//! 1. The signature header: [`SignatureMissing`](WebhookErrorKind::SignatureMissing),
+//!    [`SignatureMalformed`](WebhookErrorKind::SignatureMalformed).
+//! 2. Where the sender signs a timestamp, its header or field:
+//!    [`TimestampMissing`](WebhookErrorKind::TimestampMissing),
+//!    [`TimestampMalformed`](WebhookErrorKind::TimestampMalformed).
+//! 3. The signature over the raw body, in constant time, under each of the endpoint's
+//!    secrets: [`SignatureMismatch`](WebhookErrorKind::SignatureMismatch).
+//! 4. The signed timestamp within the sender's tolerance:
+//!    [`TimestampOutsideTolerance`](WebhookErrorKind::TimestampOutsideTolerance). It is judged
+//!    only once the signature verifies, so this kind says a genuine delivery came late: a
+//!    replay, or a clock off.
+//! 5. The key: [`KeyMissing`](WebhookErrorKind::KeyMissing),
+//!    [`KeyInvalid`](WebhookErrorKind::KeyInvalid), and for a key in the body
+//!    [`BodyNotJson`](WebhookErrorKind::BodyNotJson).
+//!
+//! A sender checks without a layer too:
 //!
 //! ```
 //! use std::time::SystemTime;
@@ -18,32 +164,10 @@
 //! let key = github.verify(&parts, b"Hello, World!", SystemTime::now())?;
 //! assert_eq!(key.as_str(), "72d3162e-cc78-11e3-81ab-4c9367dc0958");
 //!
-//! // One byte changed, and the delivery is refused before any store is asked.
 //! let err = github.verify(&parts, b"Hello, World?", SystemTime::now()).unwrap_err();
 //! assert_eq!(err.kind(), WebhookErrorKind::SignatureMismatch);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
-//!
-//! A webhook sender delivers each event at least once: it retries when the answer is slow or
-//! not 2xx. A [`Sender`] checks that a delivery comes from the sender, and gives the
-//! delivery's [`IdempotencyKey`]: the sender's own id for the event, the same on every retry.
-//!
-//! # The check order
-//!
-//! 1. The signature header: [`SignatureMissing`](WebhookErrorKind::SignatureMissing),
-//!    [`SignatureMalformed`](WebhookErrorKind::SignatureMalformed).
-//! 2. Where the sender signs a timestamp, its header or field:
-//!    [`TimestampMissing`](WebhookErrorKind::TimestampMissing),
-//!    [`TimestampMalformed`](WebhookErrorKind::TimestampMalformed).
-//! 3. The signature over the raw body, in constant time, under each of the endpoint's
-//!    secrets: [`SignatureMismatch`](WebhookErrorKind::SignatureMismatch).
-//! 4. The signed timestamp within the sender's tolerance:
-//!    [`TimestampOutsideTolerance`](WebhookErrorKind::TimestampOutsideTolerance). It is judged
-//!    only once the signature verifies, so this kind says a genuine delivery came late: a
-//!    replay, or a clock off.
-//! 5. The key: [`KeyMissing`](WebhookErrorKind::KeyMissing),
-//!    [`KeyInvalid`](WebhookErrorKind::KeyInvalid), and for a key in the body
-//!    [`BodyNotJson`](WebhookErrorKind::BodyNotJson).
 //!
 //! Standard Webhooks signs its id with the body, so there a request without one is refused
 //! at step 2, with [`KeyMissing`](WebhookErrorKind::KeyMissing).
@@ -56,14 +180,17 @@
 //! | sender | signs, HMAC-SHA256 | signature | tolerance | key | retention |
 //! | --- | --- | --- | --- | --- | --- |
 //! | [`StandardWebhooks`] (Svix, Resend, Clerk…) | `{webhook-id}.{webhook-timestamp}.{body}` under the `whsec_` secret, base64-decoded | `webhook-signature: v1,<base64> …` | 5 min | `webhook-id` (`svix-id` under Svix's names) | 3 days |
-//! | [`Stripe`] | `{t}.{body}` under the `whsec_…` string as it is | `Stripe-Signature: t=<unix>,v1=<hex>,…` | 300 s | the body's top-level `"id"` | 3 days |
+//! | [`Stripe`] | `{t}.{body}` under the `whsec_…` string as it is | `Stripe-Signature: t=<unix>,v1=<hex>,…` | 300 s old, any time ahead | the body's top-level `"id"` | 3 days |
 //! | [`GitHub`] | the body | `X-Hub-Signature-256: sha256=<hex>` | none | `X-GitHub-Delivery` | 3 days |
 //! | [`Shopify`] | the body | `X-Shopify-Hmac-Sha256: <base64>` | none | `X-Shopify-Event-Id`, else `X-Shopify-Webhook-Id` | 48 h |
 //!
 //! **Tolerance.** Where a sender signs a timestamp, a signature verifies only within the
-//! tolerance of it, in the past or the future, so a captured delivery cannot be sent again
-//! later. "Now" is the `now` argument of [`Sender::verify`]: the time is the caller's, and a
-//! test can set it. Each such sender has a `tolerance` setting.
+//! tolerance of it, so a captured delivery cannot be sent again later. Standard Webhooks
+//! holds it either way, as its libraries do. Stripe's libraries bound the age only, and so
+//! does [`Stripe`]: a receiver whose clock runs behind Stripe's still takes its deliveries,
+//! and a timestamp ahead is signed with the secret like any other. "Now" is the `now`
+//! argument of [`Sender::verify`]: the time is the caller's (the layer's is the system
+//! clock), and a test can set it. Each such sender has a `tolerance` setting.
 //!
 //! **Rotation.** A header may carry several signatures, and an endpoint several secrets
 //! (each sender's `secret` method adds one): a delivery verifies when any signature is the
@@ -84,9 +211,10 @@
 //!
 //! # A sender of your own
 //!
-//! A sender is one method, with [`Secrets`] for HMAC-SHA256 signatures in constant time.
-//! Here, a sender that signs the body and sends the signature in hex and its delivery id in
-//! `x-delivery`:
+//! A sender is one method, with [`Secrets`] for HMAC-SHA256 signatures in constant time;
+//! [`retention`](Sender::retention) and [`name`](Sender::name) have defaults (three days,
+//! `webhook`). Here, a sender that signs the body and sends the signature in hex and its
+//! delivery id in `x-delivery`:
 //!
 //! ```
 //! use http::request::Parts;
@@ -130,6 +258,7 @@
 
 mod error;
 mod github;
+mod layer;
 mod secrets;
 mod shopify;
 mod standard;
@@ -140,6 +269,7 @@ mod tests;
 
 pub use self::error::{WebhookError, WebhookErrorKind};
 pub use self::github::GitHub;
+pub use self::layer::{Webhook, WebhookLayer};
 pub use self::secrets::Secrets;
 pub use self::shopify::Shopify;
 pub use self::standard::StandardWebhooks;
@@ -173,6 +303,13 @@ pub trait Sender: Send + Sync + 'static {
     fn retention(&self) -> Duration {
         Duration::from_secs(3 * 24 * 60 * 60)
     }
+
+    /// The sender's name: with the endpoint, the scope its delivery ids are kept in, so two
+    /// senders' ids never meet. Keep it fixed: a new name forgets the ids seen under the old
+    /// one. `webhook` unless the sender says otherwise.
+    fn name(&self) -> &str {
+        "webhook"
+    }
 }
 
 // A layer may hold a sender behind a pointer, or choose one at run time.
@@ -189,6 +326,10 @@ impl<S: Sender + ?Sized> Sender for std::sync::Arc<S> {
     fn retention(&self) -> Duration {
         (**self).retention()
     }
+
+    fn name(&self) -> &str {
+        (**self).name()
+    }
 }
 
 impl<S: Sender + ?Sized> Sender for Box<S> {
@@ -203,5 +344,9 @@ impl<S: Sender + ?Sized> Sender for Box<S> {
 
     fn retention(&self) -> Duration {
         (**self).retention()
+    }
+
+    fn name(&self) -> &str {
+        (**self).name()
     }
 }

@@ -192,10 +192,28 @@ pub(super) fn within_tolerance(
     now: SystemTime,
     tolerance: Duration,
 ) -> Result<(), WebhookError> {
+    tolerated(timestamp, now, tolerance, true)
+}
+
+/// Refuses a signed timestamp older than `tolerance`; one ahead of `now` passes.
+pub(super) fn not_older_than(
+    timestamp: i64,
+    now: SystemTime,
+    tolerance: Duration,
+) -> Result<(), WebhookError> {
+    tolerated(timestamp, now, tolerance, false)
+}
+
+fn tolerated(
+    timestamp: i64,
+    now: SystemTime,
+    tolerance: Duration,
+    ahead_too: bool,
+) -> Result<(), WebhookError> {
     let now = unix_seconds(now);
     let tolerance = tolerance.as_secs();
     let off = timestamp.abs_diff(now);
-    if off <= tolerance {
+    if off <= tolerance || (!ahead_too && timestamp > now) {
         return Ok(());
     }
     let detail = if timestamp < now {

@@ -92,6 +92,10 @@ impl Sender for Shopify {
     fn retention(&self) -> Duration {
         Duration::from_secs(48 * 60 * 60)
     }
+
+    fn name(&self) -> &str {
+        "shopify"
+    }
 }
 
 impl fmt::Debug for Shopify {

@@ -182,6 +182,10 @@ impl Sender for StandardWebhooks {
     fn retention(&self) -> Duration {
         Duration::from_secs(3 * 24 * 60 * 60)
     }
+
+    fn name(&self) -> &str {
+        "standard-webhooks"
+    }
 }
 
 impl fmt::Debug for StandardWebhooks {

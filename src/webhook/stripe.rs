@@ -16,7 +16,9 @@ const SIGNATURE: &str = "stripe-signature";
 /// Stripe signs `{t}.{body}` with HMAC-SHA256 under the endpoint's secret, the `whsec_…`
 /// string taken as it is (not decoded), and sends `Stripe-Signature: t=<unix>,v1=<hex>`,
 /// with one `v1` entry per secret while Stripe rolls one. `v0` and other schemes are ignored.
-/// A signature verifies within 300 seconds of `t`, either way. The key is the event's
+/// A signature verifies until it is 300 seconds old, as Stripe's own libraries check it; a
+/// `t` ahead of the receiver's clock verifies too, as in those libraries, so a clock running
+/// behind Stripe's does not refuse its deliveries. The key is the event's
 /// top-level `"id"` (`evt_…`) in the JSON body.
 ///
 /// ```
@@ -65,7 +67,8 @@ impl Stripe {
         Ok(self)
     }
 
-    /// How far from now `t` may be, either way. 300 seconds by default, as Stripe's libraries.
+    /// How old `t` may be. 300 seconds by default, as Stripe's libraries; a `t` ahead of now
+    /// is not refused, as there.
     #[must_use]
     pub fn tolerance(mut self, tolerance: Duration) -> Self {
         self.tolerance = tolerance;
@@ -127,13 +130,19 @@ impl Sender for Stripe {
             &signatures,
             SIGNATURE,
         )?;
-        secrets::within_tolerance(signed_at, now, self.tolerance)?;
+        // Stripe's libraries bound the age only: a receiver whose clock runs behind Stripe's
+        // still takes its deliveries, and a timestamp ahead can only be signed with the secret.
+        secrets::not_older_than(signed_at, now, self.tolerance)?;
         event_id(body)
     }
 
     /// Three days: Stripe retries a delivery for up to three days.
     fn retention(&self) -> Duration {
         Duration::from_secs(3 * 24 * 60 * 60)
+    }
+
+    fn name(&self) -> &str {
+        "stripe"
     }
 }
 

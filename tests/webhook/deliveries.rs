@@ -1,0 +1,350 @@
+//! Deliveries over a memory store with the defaults: each sender end to end, forged and stale
+//! deliveries, concurrent deliveries of one event, a failing handler and the sender's retry,
+//! one payload under two delivery ids, two endpoints of one sender.
+
+use crate::app::{Handler, deliver, deliver_with, router};
+use crate::sign::{self, Delivery};
+use crate::support::http::{SpyStore, TestServer, bounded, client, eventually};
+use axum::Router;
+use axum::routing::post;
+use std::sync::Arc;
+use std::time::Duration;
+use tower_idempotency::MemoryStore;
+use tower_idempotency::engine::Engine;
+use tower_idempotency::webhook::{Stripe, WebhookLayer};
+
+async fn app() -> (TestServer, Arc<Handler>, Engine<Arc<MemoryStore>>) {
+    let engine = Engine::new(Arc::new(MemoryStore::new()));
+    let handler = Handler::new();
+    let server = TestServer::start(router(engine.clone(), Arc::clone(&handler))).await;
+    (server, handler, engine)
+}
+
+/// Each sender's delivery runs the handler with the verified body; its redelivery is answered
+/// from the record, marked replayed, and runs nothing.
+#[tokio::test]
+async fn each_sender_runs_a_delivery_once_and_replays_its_redelivery_with_the_defaults() {
+    let (server, handler, _) = app().await;
+    let deliveries: [(&str, Delivery); 4] = [
+        (
+            "evt_1NG8Du2eZvKYlo2CUI79vXWy",
+            sign::stripe("evt_1NG8Du2eZvKYlo2CUI79vXWy"),
+        ),
+        (
+            "72d3162e-cc78-11e3-81ab-4c9367dc0958",
+            sign::github("72d3162e-cc78-11e3-81ab-4c9367dc0958"),
+        ),
+        (
+            "a8b1c2d3-shopify-event",
+            sign::shopify("a8b1c2d3-shopify-event"),
+        ),
+        (
+            "msg_p5jXN8AQM9LWM0D4loKWxJek",
+            sign::standard("msg_p5jXN8AQM9LWM0D4loKWxJek"),
+        ),
+    ];
+    for (id, delivery) in &deliveries {
+        let first = deliver(&server, delivery).await;
+        assert_eq!(first.status, 200, "{id}: {first:?}");
+        assert!(!first.replayed, "{id}");
+        assert_eq!(first.body["id"], *id, "the key is the sender's delivery id");
+        assert_eq!(
+            first.body["event"],
+            serde_json::from_str::<serde_json::Value>(&delivery.body).unwrap(),
+            "{id}: the handler got the verified body through `Json`"
+        );
+        let again = deliver(&server, delivery).await;
+        assert_eq!(again.status, 200, "{id}: {again:?}");
+        assert!(again.replayed, "{id}: the redelivery is the record");
+        assert_eq!(again.body, first.body, "{id}: the recorded answer");
+        assert_eq!(handler.runs(id), 1, "{id} ran once");
+    }
+    // A redelivery is signed anew: a later timestamp, the same event.
+    let later = sign::stripe_at(
+        sign::STRIPE_SECRET,
+        sign::now() - 60,
+        &sign::stripe_body("evt_1NG8Du2eZvKYlo2CUI79vXWy"),
+    );
+    assert!(deliver(&server, &later).await.replayed);
+    assert_eq!(handler.total(), 4);
+}
+
+/// Forged, stale and unsigned deliveries are refused with 401 and the error's code, and
+/// nothing is stored: the store stays empty, and the genuine delivery of the same id runs.
+#[tokio::test]
+async fn forged_and_stale_deliveries_are_refused_and_store_nothing() {
+    let (server, handler, engine) = app().await;
+    let body = sign::stripe_body("evt_forged");
+    let mut unsigned = sign::stripe("evt_forged");
+    unsigned.headers.clear();
+    let refused: Vec<(&str, Delivery, &str)> = vec![
+        (
+            "stripe forged",
+            sign::stripe_at("whsec_not_the_secret", sign::now(), &body),
+            "idempotency.signature_mismatch",
+        ),
+        (
+            "stripe stale",
+            sign::stripe_at(sign::STRIPE_SECRET, sign::now() - 301 - 5, &body),
+            "idempotency.timestamp_outside_tolerance",
+        ),
+        ("stripe unsigned", unsigned, "idempotency.signature_missing"),
+        (
+            "github forged",
+            sign::github_with("not the secret", "d-forged", r#"{"ref":"x"}"#),
+            "idempotency.signature_mismatch",
+        ),
+        (
+            "shopify forged",
+            sign::shopify_with("not the secret", "e-forged"),
+            "idempotency.signature_mismatch",
+        ),
+        (
+            "standard stale",
+            sign::standard_at(sign::STANDARD_SECRET, "msg_forged", sign::now() - 600, "{}"),
+            "idempotency.timestamp_outside_tolerance",
+        ),
+        (
+            "standard forged",
+            sign::standard_at(
+                "whsec_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA",
+                "msg_forged",
+                sign::now(),
+                "{}",
+            ),
+            "idempotency.signature_mismatch",
+        ),
+    ];
+    for (what, delivery, code) in &refused {
+        let answer = deliver(&server, delivery).await;
+        assert_eq!(answer.status, 401, "{what}: {answer:?}");
+        assert_eq!(answer.code.as_deref(), Some(*code), "{what}");
+    }
+    // A verified delivery without a usable id: 400, nothing stored either.
+    let no_id = sign::stripe_at(sign::STRIPE_SECRET, sign::now(), r#"{"object":"event"}"#);
+    let answer = deliver(&server, &no_id).await;
+    assert_eq!(answer.status, 400, "{answer:?}");
+    assert_eq!(answer.code.as_deref(), Some("idempotency.key_missing"));
+
+    assert_eq!(handler.total(), 0, "nothing ran");
+    assert_eq!(engine.store().stats().entries, 0, "nothing was stored");
+    // The genuine deliveries of the ids the forgeries named run.
+    for delivery in [
+        sign::stripe("evt_forged"),
+        sign::github("d-forged"),
+        sign::shopify("e-forged"),
+        sign::standard("msg_forged"),
+    ] {
+        let answer = deliver(&server, &delivery).await;
+        assert_eq!(answer.status, 200, "{answer:?}");
+        assert!(!answer.replayed, "{answer:?}");
+        assert_eq!(answer.run(), 1);
+    }
+    assert_eq!(handler.total(), 4);
+}
+
+/// One event delivered from eight connections at once while its first run is held: it runs
+/// once, every other delivery is told to come back later (409 with `Retry-After`) or, once
+/// the run ended, gets the recorded 2xx.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_deliveries_of_one_event_run_it_once() {
+    let (server, handler, _) = app().await;
+    handler.hold_at_gate();
+    let delivery = sign::stripe("evt_concurrent");
+    let url = server.url("");
+    let server = Arc::new(server);
+    let tasks: Vec<_> = (0..8)
+        .map(|_| {
+            let server = Arc::clone(&server);
+            let delivery = delivery.clone();
+            // A client each: a connection each.
+            tokio::spawn(async move { deliver_with(&client(), &server, &delivery).await })
+        })
+        .collect();
+    // The first run is held; the seven others are answered meanwhile.
+    assert!(
+        eventually(Duration::from_secs(10), || handler.total() == 1).await,
+        "one run started at {url}"
+    );
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            tasks.iter().filter(|t| t.is_finished()).count() == 7
+        })
+        .await,
+        "seven deliveries answered while the first runs"
+    );
+    let (done, mut held): (Vec<_>, Vec<_>) = tasks.into_iter().partition(|t| t.is_finished());
+    for task in done {
+        let answer = task.await.expect("a delivery");
+        assert_eq!(answer.status, 409, "{answer:?}");
+        assert_eq!(answer.code.as_deref(), Some("idempotency.in_flight"));
+        let wait: u64 = answer.retry_after.as_deref().unwrap().parse().unwrap();
+        assert!(
+            (1..=20).contains(&wait),
+            "{wait}: at most a third of the 60 s lease"
+        );
+    }
+    handler.gate.add_permits(1);
+    let first = bounded(Duration::from_secs(10), "the held run", held.pop().unwrap())
+        .await
+        .expect("a delivery");
+    assert_eq!(first.status, 200, "{first:?}");
+    assert!(!first.replayed);
+    let again = deliver(&server, &delivery).await;
+    assert!(again.replayed, "{again:?}");
+    assert_eq!(handler.runs("evt_concurrent"), 1, "ran once");
+}
+
+/// A handler's 500 releases the event: the sender's retry runs it, and its 2xx is recorded.
+/// A handler's 4xx is released the same way: a non-2xx tells the sender to deliver again.
+#[tokio::test]
+async fn a_failed_run_is_released_and_the_senders_retry_runs_it() {
+    let (server, handler, _) = app().await;
+    for (id, statuses) in [
+        ("evt_500", vec![500, 503]),
+        ("evt_4xx", vec![400, 422, 404, 429]),
+    ] {
+        handler.answer(id, &statuses);
+        for (n, status) in statuses.iter().enumerate() {
+            let answer = deliver(&server, &sign::stripe(id)).await;
+            assert_eq!(answer.status, *status, "{id}: {answer:?}");
+            assert!(!answer.replayed);
+            assert_eq!(answer.run(), n as u64 + 1, "{id}: the retry ran");
+        }
+        let ok = deliver(&server, &sign::stripe(id)).await;
+        assert_eq!((ok.status, ok.replayed), (200, false), "{id}: {ok:?}");
+        let again = deliver(&server, &sign::stripe(id)).await;
+        assert!(again.replayed, "{id}: the 2xx is recorded");
+        assert_eq!(handler.runs(id), statuses.len() as u64 + 1);
+    }
+}
+
+/// A handler that did the event's work and answers a 4xx declares it `Record`: the 4xx is
+/// recorded and replayed, the handler not run again.
+#[tokio::test]
+async fn a_4xx_declared_record_is_replayed() {
+    let (server, handler, _) = app().await;
+    handler.answer_declared("evt_declared", 409);
+    let first = deliver(&server, &sign::stripe("evt_declared")).await;
+    assert_eq!((first.status, first.replayed), (409, false), "{first:?}");
+    let again = deliver(&server, &sign::stripe("evt_declared")).await;
+    assert_eq!((again.status, again.replayed), (409, true), "{again:?}");
+    assert_eq!(handler.runs("evt_declared"), 1);
+}
+
+/// GitHub sends one payload under two delivery ids as two deliveries: both run.
+#[tokio::test]
+async fn github_one_payload_under_two_delivery_ids_runs_twice() {
+    let (server, handler, _) = app().await;
+    let body = r#"{"ref":"refs/heads/main","after":"6113728f27ae82c7b1a177c8d03f9e96e0adf246"}"#;
+    let one = sign::github_with(sign::GITHUB_SECRET, "delivery-1", body);
+    let two = sign::github_with(sign::GITHUB_SECRET, "delivery-2", body);
+    assert!(!deliver(&server, &one).await.replayed);
+    assert!(!deliver(&server, &two).await.replayed);
+    assert!(deliver(&server, &two).await.replayed);
+    assert_eq!(handler.total(), 2);
+}
+
+/// One sender's event delivered to two endpoints runs at each; the same endpoint name on both
+/// shares the ids.
+#[tokio::test]
+async fn two_endpoints_of_one_sender_keep_their_ids_apart() {
+    let engine = Engine::new(Arc::new(MemoryStore::new()));
+    let handler = Handler::new();
+    let stripe = || Stripe::new(sign::STRIPE_SECRET).unwrap();
+    let app = Router::new()
+        .route(
+            "/webhooks/stripe",
+            post(crate::app::receive).layer(WebhookLayer::new(stripe(), engine.clone())),
+        )
+        .route(
+            "/webhooks/stripe-connect",
+            post(crate::app::receive).layer(WebhookLayer::new(stripe(), engine.clone())),
+        )
+        .route(
+            "/a",
+            post(crate::app::receive)
+                .layer(WebhookLayer::new(stripe(), engine.clone()).endpoint("billing")),
+        )
+        .route(
+            "/b",
+            post(crate::app::receive)
+                .layer(WebhookLayer::new(stripe(), engine).endpoint("billing")),
+        )
+        .with_state(Arc::clone(&handler));
+    let server = TestServer::start(app).await;
+    let at = |path: &'static str| Delivery {
+        path,
+        ..sign::stripe("evt_two_endpoints")
+    };
+    assert!(!deliver(&server, &at("/webhooks/stripe")).await.replayed);
+    assert!(
+        !deliver(&server, &at("/webhooks/stripe-connect"))
+            .await
+            .replayed
+    );
+    assert!(!deliver(&server, &at("/a")).await.replayed);
+    assert!(
+        deliver(&server, &at("/b")).await.replayed,
+        "one endpoint by name"
+    );
+    assert_eq!(handler.total(), 3);
+}
+
+/// A body over the limit is refused with 413 before its signature is checked; nothing stored.
+#[tokio::test]
+async fn a_body_over_the_limit_is_refused_before_verification() {
+    let (server, handler, engine) = app().await;
+    let pad = "x".repeat(1024 * 1024);
+    let big = sign::stripe_at(
+        sign::STRIPE_SECRET,
+        sign::now(),
+        &format!(r#"{{"id":"evt_big","pad":"{pad}"}}"#),
+    );
+    let answer = deliver(&server, &big).await;
+    assert_eq!(answer.status, 413, "{answer:?}");
+    assert_eq!(answer.code.as_deref(), Some("idempotency.body_too_large"));
+    assert_eq!(handler.total(), 0);
+    assert_eq!(engine.store().stats().entries, 0);
+}
+
+/// A store fault never runs an event without a claim, and never loses the handler's answer:
+/// a claim that fails is 503 with nothing run; a record that fails still sends the handler's
+/// 200, and the event stays pending (409) rather than running again at once. A forged
+/// delivery never reaches the store at all.
+#[tokio::test]
+async fn a_store_fault_runs_no_event_without_a_claim_and_loses_no_answer() {
+    let store = SpyStore::new();
+    let handler = Handler::new();
+    let server = TestServer::start(router(Engine::new(store.clone()), Arc::clone(&handler))).await;
+
+    let forged = sign::stripe_at(
+        "whsec_not_the_secret",
+        sign::now(),
+        &sign::stripe_body("evt_x"),
+    );
+    assert_eq!(deliver(&server, &forged).await.status, 401);
+    assert_eq!(
+        store.claims(),
+        0,
+        "a forged delivery asked the store nothing"
+    );
+
+    store.fail_claims(true);
+    let refused = deliver(&server, &sign::stripe("evt_store")).await;
+    assert_eq!(refused.status, 503, "{refused:?}");
+    assert_eq!(refused.code.as_deref(), Some("idempotency.store_failed"));
+    assert!(refused.retry_after.is_some());
+    assert_eq!(handler.total(), 0, "nothing ran without a claim");
+
+    store.fail_claims(false);
+    store.fail_completes(true);
+    let answered = deliver(&server, &sign::stripe("evt_store")).await;
+    assert_eq!((answered.status, answered.run()), (200, 1), "{answered:?}");
+    let pending = deliver(&server, &sign::stripe("evt_store")).await;
+    assert_eq!(
+        pending.status, 409,
+        "unrecorded, the event is left to its lease: {pending:?}"
+    );
+    assert_eq!(handler.runs("evt_store"), 1);
+}
