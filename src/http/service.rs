@@ -7,6 +7,7 @@ use super::config::{Config, LayerState};
 use super::extensions::{ClaimedKey, KeyMissing};
 use super::future::ResponseFuture;
 use super::grpc::is_grpc;
+use super::headers::REPLAYED_HEADER;
 use super::rejection::{Rejection, RejectionKind};
 use super::replay::replay;
 use crate::engine::key::IdempotencyKey;
@@ -20,7 +21,7 @@ use crate::store::StoreKey;
 use crate::store::{Store, StoreError, StoreErrorKind};
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderMap, Request, Response, header};
+use http::{HeaderMap, HeaderValue, Request, Response, header};
 use http_body::Body;
 use std::fmt;
 use std::sync::Arc;
@@ -503,7 +504,7 @@ where
         }
 
         let Judged {
-            response,
+            mut response,
             verdict,
             record,
             at_end,
@@ -516,6 +517,12 @@ where
                 return Err(e);
             }
         };
+        // After the record was drafted: the mark is of this answer, never stored.
+        if config.mark_first_runs {
+            response
+                .headers_mut()
+                .insert(REPLAYED_HEADER, HeaderValue::from_static("false"));
+        }
         let settle = match (verdict, record) {
             (Verdict::Record, Some(record)) if at_end => {
                 // The body streams on; a task holds the key until it has ended.

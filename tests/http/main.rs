@@ -8,6 +8,7 @@ mod support;
 
 mod abandoned;
 mod concurrency;
+mod cors;
 mod declared;
 mod declared_bodies;
 mod detached;
