@@ -465,6 +465,34 @@ impl<St: Store> IdempotencyLayer<St> {
         self.config(|c| c.mark_first_runs = on)
     }
 
+    /// Fails open: when the store is down, runs the work without a claim instead of refusing
+    /// the request. Default: off, fail closed. A claim the store cannot answer (unreachable,
+    /// or no answer within its timeout) is then answered 503 with `Retry-After`, and the
+    /// handler does not run.
+    ///
+    /// On, such a request runs the handler and its response is passed on as it comes. **The
+    /// risk**: while the store is down nothing is de-duplicated. A repeat of the request may run
+    /// the work again, and the first run's response is not recorded, so a repeat after the
+    /// outage runs it again too. Turn it on only for a route whose work is safe to repeat, or
+    /// whose duplicates cost less than its refusals during an outage. Each such request is
+    /// counted with the outcome `ran_unclaimed` and logged at warn.
+    ///
+    /// Only an unreachable or silent store fails open. A full store or scope (429, 503), an
+    /// answer the store cannot understand, and every record found are answered as without it.
+    /// The handler's [`Steps`](crate::Steps) are not tied to a claim: a step refuses to run
+    /// ([`StepErrorKind::NotClaimed`](crate::engine::StepErrorKind::NotClaimed)).
+    ///
+    /// ```
+    /// use tower_idempotency::IdempotencyLayer;
+    ///
+    /// // A route whose work is safe to repeat: better run twice than refuse.
+    /// let layer = IdempotencyLayer::default().fail_open(true);
+    /// ```
+    #[must_use]
+    pub fn fail_open(self, on: bool) -> Self {
+        self.config(|c| c.fail_open = on)
+    }
+
     /// The claimed work of this layer that has not finished yet, to wait on at shutdown.
     ///
     /// Every service and `#[idempotent]` route made from this layer, and from its clones,
