@@ -181,6 +181,9 @@ pub mod extract;
 
 mod headers;
 mod layer;
+#[cfg(feature = "utoipa")]
+#[cfg_attr(docsrs, doc(cfg(feature = "utoipa")))]
+pub mod openapi;
 mod rejection;
 mod replay;
 #[cfg(feature = "macros")]

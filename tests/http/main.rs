@@ -24,6 +24,7 @@ mod json;
 mod layer;
 #[cfg(feature = "metrics")]
 mod metrics;
+mod openapi;
 mod rejections;
 mod replay;
 mod steps;
