@@ -54,6 +54,9 @@ use utoipa::openapi::{
     Content, Header, HttpMethod, ObjectBuilder, OpenApi, RefOr, Required, Response, Schema, Type,
 };
 
+/// The utoipa this module builds with, to match its version.
+pub use utoipa;
+
 /// The media type of the layer's rejections.
 const PROBLEM_JSON: &str = "application/problem+json";
 

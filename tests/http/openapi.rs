@@ -1,6 +1,7 @@
 //! Feature `utoipa`: a document derived with utoipa's `OpenApi`, with the routes' idempotency
 //! declared from their layers, and checked against what the layer answers.
 #![cfg(feature = "utoipa")]
+#![allow(clippy::unwrap_used)]
 
 use crate::support::http::{RequestExt, eventually, send, server_with};
 use serde_json::Value;
