@@ -237,7 +237,7 @@ impl IdempotencyDoc {
     /// Each status the layer answers a keyed request with, and the codes under it.
     fn rejections(&self) -> [(&'static str, &'static str, Vec<RejectionKind>); 3] {
         let mut bad = Vec::with_capacity(3);
-        if self.required && self.header.is_some() {
+        if self.required {
             bad.push(RejectionKind::KeyMissing);
         }
         bad.extend([RejectionKind::KeyInvalid, RejectionKind::BodyUnreadable]);
