@@ -118,6 +118,9 @@ pub(crate) enum Outcome {
     BodyUnreadable,
     /// The store failed or timed out; the work did not run.
     StoreFailed,
+    /// The store was down and the route fails open: the work ran without a claim, nothing
+    /// recorded.
+    RanUnclaimed,
     ScopeFull,
     StoreFull,
     /// A record failed validation and was not replayed.
@@ -143,6 +146,7 @@ impl Outcome {
         Self::BodyTooLarge,
         Self::BodyUnreadable,
         Self::StoreFailed,
+        Self::RanUnclaimed,
         Self::ScopeFull,
         Self::StoreFull,
         Self::RecordInvalid,
@@ -163,6 +167,7 @@ impl Outcome {
             Self::BodyTooLarge => "body_too_large",
             Self::BodyUnreadable => "body_unreadable",
             Self::StoreFailed => "store_failed",
+            Self::RanUnclaimed => "ran_unclaimed",
             Self::ScopeFull => "scope_full",
             Self::StoreFull => "store_full",
             Self::RecordInvalid => "record_invalid",

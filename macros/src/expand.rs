@@ -257,6 +257,9 @@ fn route_options(o: &Options, private: &TokenStream) -> TokenStream {
         };
         chain = quote!(#chain.principal(#private::PrincipalMode::#variant));
     }
+    if let Some(on) = o.mark_first_runs {
+        chain = quote!(#chain.mark_first_runs(#on));
+    }
     chain
 }
 

@@ -94,6 +94,7 @@ use proc_macro::TokenStream;
 /// | `max_record_body = 65536` | 1 MiB | a larger response is recorded as status and headers only |
 /// | `max_request_body = 65536` | 1 MiB | a larger request body is refused with 413 |
 /// | `principal = "required"` or `"optional"` | `"required"` | 401 without a `Principal`, or all anonymous callers share one scope (pair with `response_mode = "status_and_headers"`) |
+/// | `mark_first_runs` / `mark_first_runs = false` | `false` | the handler's answer to a first run carries `Idempotent-Replayed: false` |
 /// | `state = Type` | the handler's `State<T>`, else `()` | the router state the handler runs with |
 ///
 /// Durations are string literals: a whole number and a unit, `ms`, `s`, `m`, `h` or `d`

@@ -17,11 +17,12 @@ mod kw {
     syn::custom_keyword!(max_request_body);
     syn::custom_keyword!(principal);
     syn::custom_keyword!(state);
+    syn::custom_keyword!(mark_first_runs);
 }
 
 /// Every option, for the "unknown option" message.
 const KNOWN: &str = "`require_key`, `header_name`, `lease`, `retention`, `response_mode`, `namespace`, \
-                     `max_record_body`, `max_request_body`, `principal`, `wait_in_flight`, `state`";
+                     `max_record_body`, `max_request_body`, `principal`, `wait_in_flight`, `mark_first_runs`, `state`";
 
 const DURATION_FORM: &str = "a whole number followed by a unit (`ms`, `s`, `m`, `h` or `d`), \
                              e.g. \"1500ms\", \"30s\", \"10m\", \"24h\"";
@@ -54,6 +55,7 @@ pub(crate) struct Options {
     pub(crate) max_record_body: Option<u64>,
     pub(crate) max_request_body: Option<u64>,
     pub(crate) principal: Option<Principal>,
+    pub(crate) mark_first_runs: Option<bool>,
     pub(crate) state: Option<Type>,
 }
 
@@ -153,6 +155,14 @@ impl Parse for Options {
                     }
                 };
                 once(&mut o.principal, v, "principal", k.span)?;
+            } else if input.peek(kw::mark_first_runs) {
+                let k: kw::mark_first_runs = input.parse()?;
+                let v = if input.peek(Token![=]) {
+                    value::<LitBool>(input)?.value
+                } else {
+                    true
+                };
+                once(&mut o.mark_first_runs, v, "mark_first_runs", k.span)?;
             } else if input.peek(kw::state) {
                 let k: kw::state = input.parse()?;
                 let v: Type = value(input)?;

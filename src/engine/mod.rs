@@ -441,16 +441,16 @@ impl<S: Store> Engine<S> {
         key: StoreKey,
         fingerprint: Fingerprint,
     ) -> impl Future<Output = Result<Begin, StoreError>> + use<'_, S> {
-        let fingerprint = self.keyed(fingerprint);
+        let keyed = self.keyed(fingerprint);
         async move {
             let started = Started::now();
             let claim = bounded(
                 self.store_timeout,
-                self.store.claim(&key, &fingerprint, self.lease),
+                self.store.claim(&key, &keyed, self.lease),
             )
             .await;
             self.timer.record(Op::Claim, started, &claim);
-            Ok(self.judge(key, fingerprint, claim?))
+            Ok(self.judge(key, fingerprint, keyed, claim?))
         }
     }
 
@@ -601,24 +601,48 @@ impl<S: Store> Engine<S> {
         }
     }
 
-    /// What a claim's answer means for a request with the keyed `fingerprint`.
-    pub(crate) fn judge(&self, key: StoreKey, fingerprint: Fingerprint, claim: Claim) -> Begin {
+    /// Whether `held`, a fingerprint the store keeps, is this request's: its `keyed` form, or
+    /// its form under another key of the secret's ring (written before or during a rotation).
+    pub(crate) fn is_own(
+        &self,
+        plain: &Fingerprint,
+        keyed: &Fingerprint,
+        held: &Fingerprint,
+    ) -> bool {
+        held == keyed
+            || self
+                .secret
+                .as_ref()
+                .is_some_and(|s| s.accepts_fingerprint(plain, held))
+    }
+
+    /// What a claim's answer means for a request with the `plain` fingerprint, `keyed` as the
+    /// store keeps it.
+    pub(crate) fn judge(
+        &self,
+        key: StoreKey,
+        plain: Fingerprint,
+        keyed: Fingerprint,
+        claim: Claim,
+    ) -> Begin {
         match claim {
             Claim::Claimed(token) => Begin::Run(Ticket {
-                claim: steps::ClaimCell::new(key, fingerprint, token.clone()),
+                claim: steps::ClaimCell::new(key, plain, keyed, token.clone()),
                 key,
-                fingerprint,
+                fingerprint: keyed,
                 token,
             }),
-            Claim::Pending { fingerprint: held } if held == fingerprint => Begin::InFlight,
+            Claim::Pending { fingerprint: held } if self.is_own(&plain, &keyed, &held) => {
+                Begin::InFlight
+            }
             Claim::Done {
                 fingerprint: held,
                 record,
-            } if held == fingerprint => {
+            } if self.is_own(&plain, &keyed, &held) => {
+                // Verified under the fingerprint it was written with: the ring's key may be
+                // another than the one this replica signs with.
                 let decoded = match &self.secret {
-                    Some(s) => {
-                        record.decode_verified(self.max_record_body, s, key.id(), &fingerprint)
-                    }
+                    Some(s) => record.decode_verified(self.max_record_body, s, key.id(), &held),
                     None => record.decode(self.max_record_body),
                 };
                 match decoded {

@@ -20,7 +20,8 @@ const KEYED_ID_DOMAIN: &[u8] = b"tower-idempotency/keyed-id/v1";
 /// The length of a record's authentication tag.
 pub(crate) const TAG_LEN: usize = 32;
 
-/// A secret key for record authentication and fingerprint keying, at least 32 bytes long.
+/// A secret key for record authentication and fingerprint keying, at least 32 bytes long, with
+/// the other secrets it accepts while it is rotated (a keyring).
 ///
 /// Off by default. With a [`Secret`] configured on the engine:
 ///
@@ -35,26 +36,60 @@ pub(crate) const TAG_LEN: usize = 32;
 ///   Derive keys with [`Engine::store_key`](crate::engine::Engine::store_key) when using the
 ///   engine directly.
 ///
-/// Every replica sharing a store must use the same secret. To change it, make the new one
-/// with [`Secret::rotated`]: it keeps the store keys, so records written under the old secret
-/// are still found, and refused until they expire, never run again: a completed record or a
-/// pending key is answered 422 (its fingerprint was keyed by the old secret), recorded steps
-/// 503 `record_invalid`. A secret made anew with [`Secret::new`] changes the store keys as well: records
-/// written under the old one are no longer found, and a retry of a request made before the
-/// change runs its work again. Make that change only when no such retry can come.
+/// Every replica sharing a store must use the same store keys, so the same first secret.
+///
+/// # Rotation
+///
+/// A secret signs with one key (its current one: new records' tags and the fingerprints of new
+/// claims) and verifies with every key of its ring: the current one and those it accepts. A
+/// record, a pending key or a step recorded under any key of the ring is recognised as the
+/// request's own and replayed; one under a key outside the ring is refused (503
+/// `record_invalid`, or 422 as a key reused with another request), never run again. The store
+/// keys stay those of the first secret through every rotation, so records are found where they
+/// are.
+///
+/// Replicas that deploy one at a time rotate in three deploys, each finished on every replica
+/// before the next begins:
+///
+/// 1. **Accept the new secret**: `first.accepting(new)`. Every replica still signs with the
+///    old one, and verifies what the new one signs.
+/// 2. **Sign with it**: `first.rotated(new)`. It signs with the new one and still accepts the
+///    old one. While this deploy rolls out, replicas of step 1 and step 2 sign with different
+///    keys and each verifies the other's records.
+/// 3. **Drop the old secret** once the retention (and a lease) has passed since step 2 ended:
+///    `first.rotated(new).without_previous()`. Records signed by the old one have expired by
+///    then; one still found is refused, never run again.
+///
+/// Skipping step 1 works too, but while step 2 rolls out a replica still on the old ring
+/// refuses the records the new one signs (503 `record_invalid` or 422) until it is updated.
 ///
 /// ```
 /// use tower_idempotency::Secret;
 ///
-/// let secret = Secret::new(b"0123456789abcdef0123456789abcdef".to_vec()).unwrap();
+/// # fn main() -> Result<(), tower_idempotency::ConfigError> {
+/// let first = Secret::new(b"0123456789abcdef0123456789abcdef".to_vec())?;
 /// assert!(Secret::new(b"short".to_vec()).is_err());
+///
+/// let new = b"another 32 bytes from the secrets".to_vec();
+/// let step_1 = first.accepting(new.clone())?; // signs with the first, accepts the new
+/// let step_2 = first.rotated(new.clone())?; // signs with the new, accepts the first
+/// let step_3 = first.rotated(new)?.without_previous(); // the new one only
+/// assert_eq!((step_1.ring_len(), step_2.ring_len(), step_3.ring_len()), (2, 2, 1));
+/// # Ok(()) }
 /// ```
+///
+/// A secret made anew with [`Secret::new`] changes the store keys as well: records written
+/// under the old one are no longer found, and a retry of a request made before the change runs
+/// its work again. Make that change only when no such retry can come.
 #[derive(Clone)]
 pub struct Secret {
     /// Keys the records' tags and the fingerprints.
     key: Arc<[u8]>,
     /// Keys the store keys: derived from the first secret, kept by [`Secret::rotated`].
     store_keys: [u8; 32],
+    /// The other keys of the ring: records and fingerprints under them are verified, never
+    /// written.
+    accepted: Arc<[Arc<[u8]>]>,
 }
 
 impl Secret {
@@ -84,13 +119,14 @@ impl Secret {
         Ok(Self {
             key: key.into(),
             store_keys,
+            accepted: Arc::new([]),
         })
     }
 
-    /// A new secret that authenticates records and keys fingerprints with `key`, and keeps the
-    /// store keys of this one. This is how to change the secret without changing where records
-    /// are found: a retry of a request made under the old secret still finds its record, and
-    /// is refused (422, or 503 for its recorded steps), never run again.
+    /// A secret that signs with `key`, keeps the store keys of this one, and still accepts
+    /// every key of this one's ring: step 2 of a [rotation](Secret#rotation). A retry of a
+    /// request made under the old key finds its record and replays it, and a record written by
+    /// a replica that still signs with the old key replays here too.
     ///
     /// [`Secret::new`] with new material changes the store keys too: records written under
     /// the old secret are no longer found, and a retry of a request made before the change
@@ -102,16 +138,83 @@ impl Secret {
     ///
     /// let first = Secret::new([1u8; 32].to_vec())?;
     /// let second = first.rotated([2u8; 32].to_vec())?;
+    /// assert_eq!(second.ring_len(), 2, "signs with the second, accepts the first");
     /// # Ok::<(), tower_idempotency::ConfigError>(())
     /// ```
     ///
     /// # Errors
     /// As [`Secret::new`], for key material shorter than [`Secret::MIN_LEN`] bytes.
     pub fn rotated(&self, key: impl Into<Vec<u8>>) -> Result<Self, ConfigError> {
+        let next = Self::new(key)?;
+        let accepted = std::iter::once(&self.key)
+            .chain(self.accepted.iter())
+            .filter(|k| ***k != *next.key)
+            .cloned()
+            .collect();
         Ok(Self {
             store_keys: self.store_keys,
-            ..Self::new(key)?
+            accepted,
+            ..next
         })
+    }
+
+    /// This secret, also accepting records and fingerprints signed with `key`: step 1 of a
+    /// [rotation](Secret#rotation), so that every replica verifies the new key before any
+    /// signs with it. It still signs with its current key.
+    ///
+    /// ```
+    /// use tower_idempotency::Secret;
+    ///
+    /// let first = Secret::new([1u8; 32].to_vec())?;
+    /// assert_eq!(first.accepting([2u8; 32].to_vec())?.ring_len(), 2);
+    /// # Ok::<(), tower_idempotency::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    /// As [`Secret::new`], for key material shorter than [`Secret::MIN_LEN`] bytes.
+    pub fn accepting(&self, key: impl Into<Vec<u8>>) -> Result<Self, ConfigError> {
+        let key: Arc<[u8]> = Self::new(key)?.key;
+        if *key == *self.key || self.accepted.iter().any(|k| **k == *key) {
+            return Ok(self.clone());
+        }
+        let accepted = self.accepted.iter().cloned().chain([key]).collect();
+        Ok(Self {
+            accepted,
+            ..self.clone()
+        })
+    }
+
+    /// This secret without the keys it accepts: only its current key verifies. Step 3 of a
+    /// [rotation](Secret#rotation), once the retention has passed since every replica signs
+    /// with the current key: a record signed by a dropped key is refused, never run again.
+    ///
+    /// ```
+    /// use tower_idempotency::Secret;
+    ///
+    /// let second = Secret::new([1u8; 32].to_vec())?.rotated([2u8; 32].to_vec())?;
+    /// assert_eq!(second.without_previous().ring_len(), 1);
+    /// # Ok::<(), tower_idempotency::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn without_previous(&self) -> Self {
+        Self {
+            accepted: Arc::new([]),
+            ..self.clone()
+        }
+    }
+
+    /// How many keys verify records: the current one and those accepted.
+    #[must_use]
+    pub fn ring_len(&self) -> usize {
+        1 + self.accepted.len()
+    }
+
+    /// Whether `held`, a fingerprint a store keeps, is the keyed form of the plain `fp` under
+    /// an accepted key of the ring (the current key's is compared by the caller, first).
+    pub(crate) fn accepts_fingerprint(&self, fp: &Fingerprint, held: &Fingerprint) -> bool {
+        self.accepted
+            .iter()
+            .any(|k| keyed_fingerprint(hmac_of(k), fp) == *held)
     }
 
     fn mac(&self) -> HmacSha256 {
@@ -135,30 +238,18 @@ impl Secret {
 
     /// The fingerprint as the store sees it: HMAC of the plain fingerprint.
     pub(crate) fn key_fingerprint(&self, fp: &Fingerprint) -> Fingerprint {
-        let mut m = self.mac();
-        m.update(FINGERPRINT_DOMAIN);
-        m.update(fp.as_bytes());
-        Fingerprint::from_bytes(m.finalize().into_bytes().into())
+        keyed_fingerprint(self.mac(), fp)
     }
 
-    fn record_mac(&self, key_id: &[u8; 32], fp: &Fingerprint, content: &[u8]) -> HmacSha256 {
-        let mut m = self.mac();
-        m.update(RECORD_DOMAIN);
-        m.update(key_id);
-        m.update(fp.as_bytes());
-        m.update(content);
-        m
-    }
-
-    /// The tag of a record's content under its store key and fingerprint.
+    /// The tag of a record's content under its store key and fingerprint, with the current key.
     pub(crate) fn tag(&self, key_id: &[u8; 32], fp: &Fingerprint, content: &[u8]) -> [u8; TAG_LEN] {
-        self.record_mac(key_id, fp, content)
+        record_mac(self.mac(), key_id, fp, content)
             .finalize()
             .into_bytes()
             .into()
     }
 
-    /// Checks a tag in constant time.
+    /// Checks a tag in constant time under each key of the ring, the current one first.
     pub(crate) fn verify(
         &self,
         key_id: &[u8; 32],
@@ -166,10 +257,33 @@ impl Secret {
         content: &[u8],
         tag: &[u8],
     ) -> bool {
-        self.record_mac(key_id, fp, content)
-            .verify_slice(tag)
-            .is_ok()
+        std::iter::once(&self.key)
+            .chain(self.accepted.iter())
+            .any(|k| {
+                record_mac(hmac_of(k), key_id, fp, content)
+                    .verify_slice(tag)
+                    .is_ok()
+            })
     }
+}
+
+fn keyed_fingerprint(mut m: HmacSha256, fp: &Fingerprint) -> Fingerprint {
+    m.update(FINGERPRINT_DOMAIN);
+    m.update(fp.as_bytes());
+    Fingerprint::from_bytes(m.finalize().into_bytes().into())
+}
+
+fn record_mac(
+    mut m: HmacSha256,
+    key_id: &[u8; 32],
+    fp: &Fingerprint,
+    content: &[u8],
+) -> HmacSha256 {
+    m.update(RECORD_DOMAIN);
+    m.update(key_id);
+    m.update(fp.as_bytes());
+    m.update(content);
+    m
 }
 
 fn hmac_of(key: &[u8]) -> HmacSha256 {
@@ -235,5 +349,77 @@ mod tests {
         );
         // The store keys' key is not the record key: a tag made with one is not the other.
         assert_ne!(&one.store_keys[..], &one.key[..]);
+    }
+
+    /// Tags verify under any key of the ring and no other; fingerprints keyed by an accepted
+    /// key are recognised, those of a dropped or foreign key are not.
+    #[test]
+    fn the_ring_verifies_its_keys_only() {
+        let fp = Fingerprint::from_bytes([5; 32]);
+        let old = Secret::new([1u8; 32].to_vec()).expect("valid");
+        let rotated = old.rotated([2u8; 32].to_vec()).expect("valid");
+        let accepting = old.accepting([2u8; 32].to_vec()).expect("valid");
+        let foreign = old.rotated([9u8; 32].to_vec()).expect("valid");
+        let tag_old = old.tag(&[7; 32], &fp, b"content");
+        let tag_new = rotated.tag(&[7; 32], &fp, b"content");
+        assert_eq!(
+            tag_new,
+            accepting
+                .rotated([2u8; 32].to_vec())
+                .expect("valid")
+                .tag(&[7; 32], &fp, b"content")
+        );
+        assert!(rotated.verify(&[7; 32], &fp, b"content", &tag_old));
+        assert!(accepting.verify(&[7; 32], &fp, b"content", &tag_new));
+        assert!(!old.verify(&[7; 32], &fp, b"content", &tag_new));
+        assert!(
+            !rotated
+                .without_previous()
+                .verify(&[7; 32], &fp, b"content", &tag_old)
+        );
+        assert!(!rotated.verify(
+            &[7; 32],
+            &fp,
+            b"content",
+            &foreign.tag(&[7; 32], &fp, b"content")
+        ));
+        assert!(
+            !rotated.verify(&[8; 32], &fp, b"content", &tag_old),
+            "bound to its key"
+        );
+
+        assert!(rotated.accepts_fingerprint(&fp, &old.key_fingerprint(&fp)));
+        assert!(accepting.accepts_fingerprint(&fp, &rotated.key_fingerprint(&fp)));
+        assert!(
+            !rotated
+                .without_previous()
+                .accepts_fingerprint(&fp, &old.key_fingerprint(&fp))
+        );
+        assert!(!rotated.accepts_fingerprint(&fp, &foreign.key_fingerprint(&fp)));
+        assert!(
+            !rotated
+                .accepts_fingerprint(&Fingerprint::from_bytes([6; 32]), &old.key_fingerprint(&fp))
+        );
+
+        // One ring, whatever the order of the steps; a key is listed once.
+        assert_eq!(
+            accepting
+                .accepting([2u8; 32].to_vec())
+                .expect("valid")
+                .ring_len(),
+            2
+        );
+        assert_eq!(
+            old.rotated([1u8; 32].to_vec()).expect("valid").ring_len(),
+            1
+        );
+        assert_eq!(
+            rotated
+                .rotated([3u8; 32].to_vec())
+                .expect("valid")
+                .ring_len(),
+            3
+        );
+        assert!(old.accepting(b"short".to_vec()).is_err());
     }
 }

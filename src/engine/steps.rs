@@ -150,6 +150,9 @@ pub(crate) struct ClaimCell {
     /// step record that fails validation.
     found: AtomicU8,
     key: StoreKey,
+    /// The request's fingerprint before keying: a step recorded under another key of the
+    /// secret's ring is recognised by it.
+    plain: Fingerprint,
     fingerprint: Fingerprint,
     token: Token,
     run: OnceLock<Run>,
@@ -178,11 +181,17 @@ pub(crate) enum Found {
 }
 
 impl ClaimCell {
-    pub(crate) fn new(key: StoreKey, fingerprint: Fingerprint, token: Token) -> Arc<Self> {
+    pub(crate) fn new(
+        key: StoreKey,
+        plain: Fingerprint,
+        fingerprint: Fingerprint,
+        token: Token,
+    ) -> Arc<Self> {
         Arc::new(Self {
             state: AtomicU8::new(LIVE),
             found: AtomicU8::new(0),
             key,
+            plain,
             fingerprint,
             token,
             run: OnceLock::new(),
@@ -229,6 +238,7 @@ impl ClaimCell {
                     store: s.store,
                     timer: s.timer,
                     key: self.key,
+                    plain: self.plain,
                     fingerprint: self.fingerprint,
                     token: self.token.clone(),
                     retention: s.retention,
@@ -283,6 +293,7 @@ pub(crate) struct Bound {
     store: Arc<dyn StepStore>,
     timer: StoreTimer,
     pub(crate) key: StoreKey,
+    plain: Fingerprint,
     fingerprint: Fingerprint,
     token: Token,
     pub(crate) retention: Duration,
@@ -637,6 +648,16 @@ impl Bound {
         DerivedKey::from_digest(&h.finalize())
     }
 
+    /// Whether a step record's fingerprint is this request's, under the secret's current key
+    /// or another of its ring.
+    fn is_own(&self, held: &Fingerprint) -> bool {
+        *held == self.fingerprint
+            || self
+                .secret
+                .as_ref()
+                .is_some_and(|s| s.accepts_fingerprint(&self.plain, held))
+    }
+
     /// The bytes stored for a step: version, this request's fingerprint, name, payload, and
     /// the tag under a secret.
     fn encode(&self, id: &StepId, name: &str, payload: &[u8]) -> Bytes {
@@ -702,7 +723,7 @@ impl Bound {
                 .open(id, value.clone())
                 .map_err(|reason| Repr::RecordInvalid(reason.into()))?;
             // Compared only once the tag is verified: a forged record binds nothing.
-            other |= opened.fingerprint != self.fingerprint;
+            other |= !self.is_own(&opened.fingerprint);
             names.insert(String::from_utf8_lossy(&opened.name).into());
         }
         if other {
@@ -725,7 +746,7 @@ impl Bound {
         let opened = self
             .open(id, value)
             .map_err(|reason| StepError::new(Repr::RecordInvalid(reason.into()), place, name))?;
-        if opened.fingerprint != self.fingerprint {
+        if !self.is_own(&opened.fingerprint) {
             return Err(StepError::new(Repr::KeyReused, place, name));
         }
         if opened.name != name.as_bytes() {

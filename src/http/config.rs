@@ -185,6 +185,10 @@ pub(crate) struct Config {
     /// How long a repeat that finds its key in flight waits for the first run. Zero
     /// answers 409 at once.
     pub(crate) wait_in_flight: Duration,
+    /// The handler's response of a claimed run carries `idempotent-replayed: false`.
+    pub(crate) mark_first_runs: bool,
+    /// A claim the store could not answer runs the work unclaimed instead of 503.
+    pub(crate) fail_open: bool,
     /// The door's counters, with the layer's static labels, with feature `metrics`.
     pub(crate) metrics: crate::metrics::DoorCounters,
     /// The engine's secret, which keys the store keys.
@@ -210,6 +214,8 @@ impl Default for Config {
             classify_fn: None,
             run_to_completion: true,
             wait_in_flight: Duration::ZERO,
+            mark_first_runs: false,
+            fail_open: false,
             metrics: crate::metrics::DoorCounters::new(crate::metrics::Door::Http),
             secret: None,
         }
@@ -231,6 +237,8 @@ impl fmt::Debug for Config {
             .field("fingerprint", &self.fingerprint)
             .field("run_to_completion", &self.run_to_completion)
             .field("wait_in_flight", &self.wait_in_flight)
+            .field("mark_first_runs", &self.mark_first_runs)
+            .field("fail_open", &self.fail_open)
             .finish_non_exhaustive()
     }
 }

@@ -17,7 +17,11 @@ use http::{HeaderMap, HeaderName, HeaderValue, header};
 /// layer reads it. The client crate, `tower-idempotency-client`, sends it.
 pub const KEY_HEADER: HeaderName = HeaderName::from_static("idempotency-key");
 
-/// The header added to every replayed response.
+/// The header added to every replayed response: `Idempotent-Replayed: true`. With
+/// [`IdempotencyLayer::mark_first_runs`](crate::IdempotencyLayer::mark_first_runs), a first
+/// run's answer carries it too, `false`. A page on another origin reads it only when the server
+/// lists it in `Access-Control-Expose-Headers` (tower-http's
+/// `CorsLayer::expose_headers`); the README's *Browsers and CORS* shows the layer.
 pub const REPLAYED_HEADER: HeaderName = HeaderName::from_static("idempotent-replayed");
 
 /// Headers stored and replayed by default, together with `grpc-encoding`. See

@@ -428,6 +428,72 @@ impl<St: Store> IdempotencyLayer<St> {
         self.config(|c| c.wait_in_flight = bound)
     }
 
+    /// Marks first runs too: the handler's response to a request that claimed its key carries
+    /// `Idempotent-Replayed: false`, as a replay carries `true`. Clients that branch on the
+    /// header's presence then see it on every answer of a keyed request the handler produced.
+    /// Default: off, the header is sent on replays only.
+    ///
+    /// Rejections (409, 422, 503, …) carry no such header: neither ran the work nor replayed
+    /// it. Nor does a request the layer passes through: no key, or a method it does not act on.
+    /// A browser reads the header of a cross-origin answer only when the server exposes it;
+    /// see [`REPLAYED_HEADER`](super::REPLAYED_HEADER).
+    ///
+    /// ```
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// use tower::{Layer, ServiceExt, service_fn};
+    /// use tower_idempotency::{IdempotencyLayer, Principal};
+    ///
+    /// let svc = IdempotencyLayer::default()
+    ///     .mark_first_runs(true)
+    ///     .layer(service_fn(|_req| async {
+    ///         Ok::<_, std::convert::Infallible>(http::Response::new(String::from("made")))
+    ///     }));
+    /// let request = || {
+    ///     http::Request::post("/orders")
+    ///         .header("idempotency-key", "k-1")
+    ///         .extension(Principal::new("alice"))
+    ///         .body(String::new())
+    ///         .unwrap()
+    /// };
+    /// let first = svc.clone().oneshot(request()).await.unwrap();
+    /// assert_eq!(first.headers()["idempotent-replayed"], "false");
+    /// let again = svc.oneshot(request()).await.unwrap();
+    /// assert_eq!(again.headers()["idempotent-replayed"], "true");
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn mark_first_runs(self, on: bool) -> Self {
+        self.config(|c| c.mark_first_runs = on)
+    }
+
+    /// Fails open: when the store is down, runs the work without a claim instead of refusing
+    /// the request. Default: off, fail closed. A claim the store cannot answer (unreachable,
+    /// or no answer within its timeout) is then answered 503 with `Retry-After`, and the
+    /// handler does not run.
+    ///
+    /// On, such a request runs the handler and its response is passed on as it comes. **The
+    /// risk**: while the store is down nothing is de-duplicated. A repeat of the request may run
+    /// the work again, and the first run's response is not recorded, so a repeat after the
+    /// outage runs it again too. Turn it on only for a route whose work is safe to repeat, or
+    /// whose duplicates cost less than its refusals during an outage. Each such request is
+    /// counted with the outcome `ran_unclaimed` and logged at warn.
+    ///
+    /// Only an unreachable or silent store fails open. A full store or scope (429, 503), an
+    /// answer the store cannot understand, and every record found are answered as without it.
+    /// The handler's [`Steps`](crate::Steps) are not tied to a claim: a step refuses to run
+    /// ([`StepErrorKind::NotClaimed`](crate::engine::StepErrorKind::NotClaimed)).
+    ///
+    /// ```
+    /// use tower_idempotency::IdempotencyLayer;
+    ///
+    /// // A route whose work is safe to repeat: better run twice than refuse.
+    /// let layer = IdempotencyLayer::default().fail_open(true);
+    /// ```
+    #[must_use]
+    pub fn fail_open(self, on: bool) -> Self {
+        self.config(|c| c.fail_open = on)
+    }
+
     /// The claimed work of this layer that has not finished yet, to wait on at shutdown.
     ///
     /// Every service and `#[idempotent]` route made from this layer, and from its clones,

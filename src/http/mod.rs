@@ -32,8 +32,9 @@
 //!    60 s lease), 1 s when the first run has just settled or the store cannot tell; every
 //!    door computes it alike. Or, with [`wait_in_flight`](IdempotencyLayer::wait_in_flight), a
 //!    wait for the first run and its replay. Done with the same fingerprint: replay. Another
-//!    fingerprint: 422. A store failure: 503, the handler not run. A full scope: 429. A full
-//!    store: 503.
+//!    fingerprint: 422. A store failure: 503, the handler not run (a route that
+//!    [fails open](IdempotencyLayer::fail_open) runs it unclaimed when the store is out of
+//!    reach or silent). A full scope: 429. A full store: 503.
 //! 9. After the handler, by status. 2xx, 3xx but 304, and 4xx but 408, 425 and 429 are
 //!    recorded, then sent. A redirect such as `303 See Other` after a create is the work's
 //!    final answer: it is replayed with its `Location`. 1xx, 304, 5xx, 408, 425, 429, an
@@ -181,6 +182,9 @@ pub mod extract;
 
 mod headers;
 mod layer;
+#[cfg(feature = "utoipa")]
+#[cfg_attr(docsrs, doc(cfg(feature = "utoipa")))]
+pub mod openapi;
 mod rejection;
 mod replay;
 #[cfg(feature = "macros")]

@@ -151,6 +151,7 @@ pub struct RouteOptions {
     max_request_body: Option<usize>,
     principal: Option<PrincipalMode>,
     wait_in_flight: Option<Duration>,
+    mark_first_runs: Option<bool>,
 }
 
 impl RouteOptions {
@@ -168,6 +169,7 @@ impl RouteOptions {
             max_request_body: None,
             principal: None,
             wait_in_flight: None,
+            mark_first_runs: None,
         }
     }
 
@@ -241,6 +243,13 @@ impl RouteOptions {
         self
     }
 
+    /// `mark_first_runs` / `mark_first_runs = false`.
+    #[must_use]
+    pub const fn mark_first_runs(mut self, on: bool) -> Self {
+        self.mark_first_runs = Some(on);
+        self
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
         let Self {
             require_key,
@@ -253,6 +262,7 @@ impl RouteOptions {
             max_request_body,
             principal,
             wait_in_flight,
+            mark_first_runs,
         } = self;
         require_key.is_none()
             && header.is_none()
@@ -264,6 +274,7 @@ impl RouteOptions {
             && max_request_body.is_none()
             && principal.is_none()
             && wait_in_flight.is_none()
+            && mark_first_runs.is_none()
     }
 
     /// The shared layer with these options over it.
@@ -307,6 +318,9 @@ impl RouteOptions {
         }
         if let Some(bound) = self.wait_in_flight {
             layer = layer.wait_in_flight(bound);
+        }
+        if let Some(on) = self.mark_first_runs {
+            layer = layer.mark_first_runs(on);
         }
         layer
     }

@@ -7,6 +7,7 @@ use super::config::{Config, LayerState};
 use super::extensions::{ClaimedKey, KeyMissing};
 use super::future::ResponseFuture;
 use super::grpc::is_grpc;
+use super::headers::REPLAYED_HEADER;
 use super::rejection::{Rejection, RejectionKind};
 use super::replay::replay;
 use crate::engine::key::IdempotencyKey;
@@ -20,7 +21,7 @@ use crate::store::StoreKey;
 use crate::store::{Store, StoreError, StoreErrorKind};
 use bytes::Bytes;
 use http::request::Parts;
-use http::{HeaderMap, Request, Response, header};
+use http::{HeaderMap, HeaderValue, Request, Response, header};
 use http_body::Body;
 use std::fmt;
 use std::sync::Arc;
@@ -415,6 +416,24 @@ where
                 tracing::warn!(outcome = "record_invalid", key = ?store_key, error = %e, "stored record failed validation; not replayed");
                 return Ok(render(&state, record_invalid(), grpc));
             }
+            Err(e) if config.fail_open && store_down(&e) => {
+                observe(config, grpc, metrics::Outcome::RanUnclaimed);
+                tracing::warn!(outcome = "ran_unclaimed", key = ?store_key, error = %e, "idempotency store down; the handler runs without a claim (fail open): a repeat may run it again, and its response is not recorded");
+                // The key for the extractors; no claim, so a step refuses to run.
+                parts.extensions.insert(ClaimedKey::new(
+                    key,
+                    Arc::clone(&config.namespace),
+                    scope,
+                    store_key,
+                ));
+                let req = Request::from_parts(parts, RequestBody::buffered(body));
+                let work = run_unclaimed(inner, req);
+                return if config.run_to_completion {
+                    state.drain.detachable(work).await
+                } else {
+                    Box::pin(state.drain.counted(work)).await
+                };
+            }
             Err(e) => return Ok(render(&state, store_rejection(&e), grpc)),
         };
         observe(config, grpc, metrics::Outcome::Ran);
@@ -440,6 +459,31 @@ where
             Box::pin(state.drain.counted(work)).await
         }
     }
+}
+
+/// Whether a claim's error means the store could not be reached or did not answer: the only
+/// errors [`fail_open`](crate::IdempotencyLayer::fail_open) runs the work on. A full store or
+/// scope is a bound, and an answer not understood may hide a record: those still refuse.
+fn store_down(e: &StoreError) -> bool {
+    matches!(
+        e.kind(),
+        StoreErrorKind::Unavailable | StoreErrorKind::Timeout
+    )
+}
+
+/// A keyed request run without a claim while the store is down: the handler's response is
+/// passed on as it comes, nothing recorded or released.
+async fn run_unclaimed<S, ReqB, ResB>(
+    mut inner: S,
+    req: Request<RequestBody<ReqB>>,
+) -> Result<Response<ResponseBody<ResB>>, S::Error>
+where
+    S: Service<Request<RequestBody<ReqB>>, Response = Response<ResB>>,
+    ResB: Body<Data = Bytes>,
+{
+    std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+    let res = inner.call(req).await?;
+    Ok(res.map(ResponseBody::passthrough))
 }
 
 /// The claimed part of a keyed request: the handler and the reading of its body under lease
@@ -503,7 +547,7 @@ where
         }
 
         let Judged {
-            response,
+            mut response,
             verdict,
             record,
             at_end,
@@ -516,6 +560,12 @@ where
                 return Err(e);
             }
         };
+        // After the record was drafted: the mark is of this answer, never stored.
+        if config.mark_first_runs {
+            response
+                .headers_mut()
+                .insert(REPLAYED_HEADER, HeaderValue::from_static("false"));
+        }
         let settle = match (verdict, record) {
             (Verdict::Record, Some(record)) if at_end => {
                 // The body streams on; a task holds the key until it has ended.

@@ -425,7 +425,8 @@ where
     F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Recorded, E>>,
 {
     let store = engine.store();
-    let fingerprint = engine.keyed(fingerprint);
+    let plain = fingerprint;
+    let fingerprint = engine.keyed(plain);
     // In a transaction of its own, a claim that lost to a concurrent transaction is tried once
     // more in a new one, whose snapshot sees what the other did; in the caller's transaction
     // the snapshot is the caller's.
@@ -457,7 +458,7 @@ where
             }
         }
     };
-    let (outcome, answer) = match engine.judge(key, fingerprint, claim) {
+    let (outcome, answer) = match engine.judge(key, plain, fingerprint, claim) {
         Begin::Run(ticket) => {
             request(Door::Within, Outcome::Ran);
             let (end, answer) = match ran(engine, &mut tx, &ticket, work).await {

@@ -9,6 +9,7 @@
 #[path = "../support/mod.rs"]
 mod support;
 
+mod fail_open;
 mod failover;
 mod lease;
 mod postgres;

@@ -8,6 +8,7 @@ mod support;
 
 mod abandoned;
 mod concurrency;
+mod cors;
 mod declared;
 mod declared_bodies;
 mod detached;
@@ -23,6 +24,7 @@ mod json;
 mod layer;
 #[cfg(feature = "metrics")]
 mod metrics;
+mod openapi;
 mod rejections;
 mod replay;
 mod steps;

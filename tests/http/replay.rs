@@ -984,12 +984,13 @@ async fn with_a_secret_a_record_planted_without_it_is_503_record_invalid() {
     );
 }
 
-/// A secret changed with `Secret::rotated` keeps the store keys: a retry of a request recorded
-/// under the old secret finds its record and is refused (its fingerprint was keyed by the old
-/// secret), never run again. A secret made anew moves the store keys: the retry runs again, the
-/// documented cost of that change.
+/// A secret changed with `Secret::rotated` keeps the store keys and accepts the old key: a
+/// retry of a request recorded under the old secret replays. Once the old key is dropped
+/// (`without_previous`), the record is still found and refused (its fingerprint was keyed by
+/// the dropped key), never run again. A secret made anew moves the store keys: the retry runs
+/// again, the documented cost of that change.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rotated_secret_finds_old_records_and_runs_nothing_again() {
+async fn a_rotated_secret_replays_old_records_and_a_dropped_one_runs_nothing_again() {
     let store = SpyStore::new();
     let old = Secret::new([1u8; 32]).expect("a 32-byte secret");
     let with = |secret: Secret| {
@@ -1003,10 +1004,20 @@ async fn a_rotated_secret_finds_old_records_and_runs_nothing_again() {
     let first = send(before.post("/work", BODY).principal("alice").key("k-rot")).await;
     assert_eq!(first.status, 201, "{}", first.describe());
 
-    let (rotated, work_rotated) = server_with(with(old.rotated([2u8; 32]).unwrap())).await;
-    let retry = send(rotated.post("/work", BODY).principal("alice").key("k-rot")).await;
+    let rotated = old.rotated([2u8; 32]).unwrap();
+    let (after, work_after) = server_with(with(rotated.clone())).await;
+    let retry = send(after.post("/work", BODY).principal("alice").key("k-rot")).await;
+    assert!(retry.is_replay(), "{}", retry.describe());
+    assert_eq!(retry.json(), first.json(), "the first run's answer");
+
+    let (dropped, work_dropped) = server_with(with(rotated.without_previous())).await;
+    let retry = send(dropped.post("/work", BODY).principal("alice").key("k-rot")).await;
     retry.assert_problem(422, "idempotency.key_reused");
-    assert_eq!(work_rotated.executions(), 0, "nothing ran again");
+    assert_eq!(
+        work_after.executions() + work_dropped.executions(),
+        0,
+        "nothing ran again"
+    );
 
     let (anew, work_anew) = server_with(with(Secret::new([2u8; 32]).unwrap())).await;
     let retry = send(anew.post("/work", BODY).principal("alice").key("k-rot")).await;

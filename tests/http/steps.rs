@@ -184,8 +184,11 @@ async fn another_body_under_a_released_key_is_refused_as_a_reused_key_and_runs_n
     server.stop().await;
 }
 
+/// Steps recorded under a secret's old key: after a rotation (`Secret::rotated`, which accepts
+/// the old key) the retry finds them as its own and runs only the unfinished step; once the old
+/// key is dropped they cannot be verified, and nothing runs again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_step_record_of_another_secret_is_answered_503_and_runs_no_step() {
+async fn steps_under_a_rotated_secret_replay_and_a_dropped_key_runs_no_step() {
     let p = Shared::default();
     p.mail_failures_left.store(1, Ordering::SeqCst);
     let store = Arc::new(MemoryStore::new());
@@ -202,15 +205,32 @@ async fn a_step_record_of_another_secret_is_answered_503_and_runs_no_step() {
     assert_eq!(first.status, 503);
     old.stop().await;
 
-    // The secret was rotated, keeping its store keys: the recorded steps are found, cannot be
-    // verified, and nothing runs again.
+    // The old key dropped: the recorded steps are found, cannot be verified, nothing runs.
     let rotated = old_secret.rotated(vec![2; 32]).unwrap();
-    let new = TestServer::start(with_auth(app(rotated))).await;
-    let retry = send(new.post("/checkout", ORDER).principal("alice").key("k")).await;
+    let dropped = TestServer::start(with_auth(app(rotated.without_previous()))).await;
+    let retry = send(dropped.post("/checkout", ORDER).principal("alice").key("k")).await;
     assert_eq!(retry.status, 503, "{}", retry.describe());
     assert_eq!(retry.json()["code"], "idempotency.record_invalid");
     assert_eq!(p.reserved.load(Ordering::SeqCst), 1, "no step ran again");
     assert_eq!(p.charged.load(Ordering::SeqCst), 1, "no step ran again");
+    dropped.stop().await;
+
+    // Rotated, the old key accepted: the steps are this request's, answered from their
+    // records, and the retry finishes the work.
+    let new = TestServer::start(with_auth(app(rotated))).await;
+    let retry = send(new.post("/checkout", ORDER).principal("alice").key("k")).await;
+    assert_eq!(retry.status, 201, "{}", retry.describe());
+    assert_eq!(
+        retry.json(),
+        json!({ "hold": "hold-1", "charge": "charge-1" })
+    );
+    assert_eq!(p.reserved.load(Ordering::SeqCst), 1, "no step ran again");
+    assert_eq!(p.charged.load(Ordering::SeqCst), 1, "no step ran again");
+    assert_eq!(
+        p.mailed.load(Ordering::SeqCst),
+        1,
+        "the unfinished step ran"
+    );
     new.stop().await;
 }
 

@@ -246,3 +246,64 @@ fn outside_a_tokio_runtime_store_operations_run_unbounded_instead_of_panicking()
         );
     });
 }
+
+/// Failing open, a claim that never answers runs the handler at the engine's bound, and its
+/// response is passed on; nothing is recorded, so a repeat runs it again. The default, above,
+/// answers 503 and runs nothing.
+#[tokio::test(start_paused = true)]
+async fn failing_open_a_claim_that_never_answers_runs_the_handler_at_the_bound() {
+    let store = Arc::new(Silent::default());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let r = Arc::clone(&runs);
+    let svc = IdempotencyLayer::new(Engine::from_arc(Arc::clone(&store)))
+        .fail_open(true)
+        .layer(service_fn(
+            move |_req: Request<RequestBody<Full<Bytes>>>| {
+                let run = r.fetch_add(1, SeqCst) + 1;
+                async move {
+                    Ok::<_, Infallible>(
+                        Response::builder()
+                            .status(201)
+                            .body(Full::new(Bytes::from(format!("run {run}"))))
+                            .expect("response"),
+                    )
+                }
+            },
+        ));
+
+    store.claim.store(true, SeqCst);
+    for run in 1..=2 {
+        let started = tokio::time::Instant::now();
+        let res = tokio::time::timeout(STORE_TIMEOUT * 2, svc.clone().oneshot(request("k-1")))
+            .await
+            .expect("answered within the bound")
+            .expect("infallible");
+        assert_eq!(res.status(), 201, "the handler's response");
+        assert_eq!(started.elapsed(), STORE_TIMEOUT, "run at the bound");
+        assert!(res.headers().get("idempotent-replayed").is_none());
+        let body = res.into_body().collect().await.expect("body").to_bytes();
+        assert_eq!(
+            body,
+            format!("run {run}"),
+            "each repeat runs: nothing recorded"
+        );
+    }
+    assert_eq!(runs.load(SeqCst), 2);
+
+    // The store answers again: the key was never claimed, the next request claims it.
+    store.claim.store(false, SeqCst);
+    let res = svc
+        .clone()
+        .oneshot(request("k-1"))
+        .await
+        .expect("infallible");
+    assert_eq!(res.status(), 201);
+    assert!(
+        svc.oneshot(request("k-1"))
+            .await
+            .expect("infallible")
+            .headers()["idempotent-replayed"]
+            == "true"
+    );
+    assert_eq!(runs.load(SeqCst), 3);
+}

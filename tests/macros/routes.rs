@@ -745,3 +745,26 @@ async fn steps_of_an_attributed_handler_are_one_sequence_and_run_nothing_past_th
     );
     server.stop().await;
 }
+
+#[idempotent(mark_first_runs)]
+async fn marked(Extension(runs): Extension<Runs>) -> (StatusCode, String) {
+    (StatusCode::CREATED, format!("run {}", runs.next()))
+}
+
+/// `mark_first_runs` per route: its first run carries `Idempotent-Replayed: false`, the
+/// replay `true`; a route without the option sends the header on replays only.
+#[tokio::test]
+async fn per_route_mark_first_runs_marks_the_first_answer() {
+    let routes = Router::new()
+        .route("/marked", post(marked))
+        .route("/", post(create));
+    let (server, runs) = start(routes, anonymous()).await;
+    let first = post_key(&server, "/marked", "m-1").await;
+    assert_eq!(first.status.as_u16(), 201, "{}", first.describe());
+    assert_eq!(first.header("idempotent-replayed"), Some("false"));
+    let again = post_key(&server, "/marked", "m-1").await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    let plain = post_key(&server, "/", "m-2").await;
+    assert_eq!(plain.header("idempotent-replayed"), None, "off by default");
+    assert_eq!(runs.count(), 2);
+}

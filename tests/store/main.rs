@@ -35,4 +35,5 @@ mod redis_replicas;
 mod redis_sentinel;
 #[cfg(feature = "test-util")]
 mod redis_store;
+mod secret_rotation;
 mod security_at_rest;

@@ -1,0 +1,161 @@
+//! Feature `utoipa`: a document derived with utoipa's `OpenApi`, with the routes' idempotency
+//! declared from their layers, and checked against what the layer answers.
+#![cfg(feature = "utoipa")]
+#![allow(clippy::unwrap_used)]
+
+use crate::support::http::{RequestExt, eventually, send, server_with};
+use serde_json::Value;
+use std::time::Duration;
+use tower_idempotency::IdempotencyLayer;
+use tower_idempotency::http::openapi::IdempotencyDoc;
+use utoipa::openapi::HttpMethod;
+use utoipa::{Modify, OpenApi};
+
+/// Does the work.
+#[utoipa::path(post, path = "/work", responses((status = 201, description = "Done")))]
+#[allow(dead_code)]
+async fn work() {}
+
+/// Does the work when a key is sent.
+#[utoipa::path(
+    post,
+    path = "/maybe",
+    responses((status = 200, description = "Done"), (status = 400, description = "Bad input"))
+)]
+#[allow(dead_code)]
+async fn maybe() {}
+
+#[derive(OpenApi)]
+#[openapi(paths(work, maybe))]
+struct Api;
+
+fn document(required: &IdempotencyLayer, optional: &IdempotencyLayer) -> Value {
+    let mut api = Api::openapi();
+    IdempotencyDoc::of(required)
+        .route("/work", HttpMethod::Post)
+        .modify(&mut api);
+    IdempotencyDoc::of(optional)
+        .route("/maybe", HttpMethod::Post)
+        // Not in the document: skipped.
+        .route("/absent", HttpMethod::Post)
+        .modify(&mut api);
+    serde_json::from_str(&api.to_json().unwrap()).unwrap()
+}
+
+fn codes(op: &Value, status: &str) -> Vec<String> {
+    op["responses"][status]["content"]["application/problem+json"]["schema"]["properties"]
+        ["code"]["enum"]
+        .as_array()
+        .unwrap_or_else(|| panic!("codes of {status}: {op}"))
+        .iter()
+        .map(|c| c.as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn parameter<'a>(op: &'a Value, name: &str) -> &'a Value {
+    op["parameters"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == name))
+        .unwrap_or_else(|| panic!("no parameter {name}: {op}"))
+}
+
+#[test]
+fn a_generated_document_declares_the_key_header_the_problem_answers_and_the_replay_header() {
+    let required = IdempotencyLayer::default();
+    let optional = IdempotencyLayer::default()
+        .require_key(false)
+        .header_name(http::HeaderName::from_static("x-request-key"))
+        .mark_first_runs(true);
+    let doc = document(&required, &optional);
+
+    let work = &doc["paths"]["/work"]["post"];
+    let key = parameter(work, "Idempotency-Key");
+    assert_eq!(key["in"], "header");
+    assert_eq!(key["required"], true);
+    assert_eq!(key["schema"]["maxLength"], 255);
+    assert_eq!(
+        codes(work, "400"),
+        [
+            "idempotency.key_missing",
+            "idempotency.key_invalid",
+            "idempotency.body_unreadable"
+        ]
+    );
+    assert_eq!(codes(work, "409"), ["idempotency.in_flight"]);
+    assert!(work["responses"]["409"]["headers"]["Retry-After"].is_object());
+    assert_eq!(codes(work, "422"), ["idempotency.key_reused"]);
+    let replayed = &work["responses"]["201"]["headers"]["Idempotent-Replayed"];
+    assert_eq!(replayed["schema"]["enum"], serde_json::json!(["true"]));
+
+    let maybe = &doc["paths"]["/maybe"]["post"];
+    assert_eq!(parameter(maybe, "X-Request-Key")["required"], false);
+    assert_eq!(
+        codes(maybe, "400"),
+        ["idempotency.key_invalid", "idempotency.body_unreadable"],
+        "no key_missing where the key is optional"
+    );
+    assert_eq!(
+        maybe["responses"]["400"]["description"], "Bad input",
+        "the operation's own answer is kept, the problem added beside it"
+    );
+    assert_eq!(
+        maybe["responses"]["200"]["headers"]["Idempotent-Replayed"]["schema"]["enum"],
+        serde_json::json!(["true", "false"]),
+        "first runs are marked on this route"
+    );
+    assert!(doc["paths"].get("/absent").is_none());
+}
+
+/// Every code the layer answers a keyed request with is in the document, under its status.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_codes_are_what_the_layer_answers() {
+    let layer = IdempotencyLayer::default();
+    let doc = document(&layer, &IdempotencyLayer::default());
+    let work = &doc["paths"]["/work"]["post"];
+    let (server, runs) = server_with(layer).await;
+    let documented = |a: &crate::support::http::Answer| {
+        let status = a.status.as_u16().to_string();
+        let code = a.code().unwrap_or_else(|| panic!("{}", a.describe()));
+        assert!(
+            codes(work, &status).contains(&code),
+            "{code} under {status} is documented"
+        );
+    };
+
+    documented(&send(server.post("/work", "{}").principal("alice")).await);
+    documented(
+        &send(
+            server
+                .post("/work", "{}")
+                .principal("alice")
+                .header("idempotency-key", "a b"),
+        )
+        .await,
+    );
+    let first = tokio::spawn(send(
+        server
+            .post("/work", "{}")
+            .principal("alice")
+            .key("k")
+            .delay_ms(5_000),
+    ));
+    assert!(eventually(Duration::from_secs(10), || runs.executions() == 1).await);
+    documented(&send(server.post("/work", "{}").principal("alice").key("k")).await);
+    let first = first.await.unwrap();
+    assert_eq!(first.status, 201, "{}", first.describe());
+    assert!(
+        first.header("idempotent-replayed").is_none(),
+        "documented as absent on first runs"
+    );
+    documented(
+        &send(
+            server
+                .post("/work", "{\"x\":1}")
+                .principal("alice")
+                .key("k"),
+        )
+        .await,
+    );
+    let replay = send(server.post("/work", "{}").principal("alice").key("k")).await;
+    assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+}
