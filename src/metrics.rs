@@ -135,7 +135,7 @@ pub(crate) enum Outcome {
 }
 
 impl Outcome {
-    const ALL: [Self; 16] = [
+    const ALL: [Self; 17] = [
         Self::Ran,
         Self::Replayed,
         Self::InFlight,
