@@ -36,3 +36,7 @@ mod redis_sentinel;
 #[cfg(feature = "test-util")]
 mod redis_store;
 mod security_at_rest;
+#[cfg(feature = "test-util")]
+mod sqlite_store;
+#[cfg(feature = "test-util")]
+mod sqlite_within;

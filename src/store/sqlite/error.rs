@@ -44,6 +44,11 @@ impl OpError {
         matches!(self, Self::Sql(e) if busy(e))
     }
 
+    /// [`is_busy`](Self::is_busy) of SQLite's own error.
+    pub(crate) fn is_busy_sql(e: &sqlx::Error) -> bool {
+        busy(e)
+    }
+
     /// The operation timed out in the store, after it may have been applied.
     pub(crate) fn timed_out(&self) -> bool {
         matches!(self, Self::Store(e) if e.kind() == StoreErrorKind::Timeout)
