@@ -2,7 +2,8 @@
 //! keys (replays), through `SqliteStore`, beside the same SQL statements sent through sqlx
 //! directly, on the same kind of file with the same settings, in the same run. Both
 //! `synchronous` settings, and fresh claims from 1 and 4 writers at once (SQLite writes one
-//! at a time). Prints a table of rates and ratios.
+//! at a time). The store and the direct statements alternate in rounds. Prints a table of
+//! rates and ratios.
 //!
 //! ```text
 //! cargo bench -p tower-idempotency --features sqlite --bench sqlite
@@ -15,6 +16,7 @@ use tower_idempotency::store::sqlite::sqlx::sqlite::{
     SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
 };
 use tower_idempotency::store::sqlite::sqlx::{self, Connection, Row};
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tower_idempotency::Store;
@@ -23,6 +25,9 @@ use tower_idempotency::store::{Claim, Fingerprint, Record, StoreKey};
 
 /// Requests per case.
 const N: u32 = 2000;
+/// Each case alternates the store and the direct statements in this many rounds of N ÷ ROUNDS
+/// requests, so that a slow spell of the disk or the machine falls on both.
+const ROUNDS: u32 = 8;
 const LEASE: Duration = Duration::from_secs(60);
 /// The store's default table: the direct statements use the same.
 const T: &str = "tower_idempotency";
@@ -80,19 +85,24 @@ async fn direct_pool(path: &Path, sync: SqliteSynchronous) -> SqlitePool {
         .unwrap()
 }
 
+/// The key ranges of the rounds of one case.
+fn rounds() -> impl Iterator<Item = Range<u32>> {
+    (0..ROUNDS).map(|r| r * N / ROUNDS..(r + 1) * N / ROUNDS)
+}
+
 /// Requests per second of `n` requests in `elapsed`.
 fn rate(n: u32, elapsed: Duration) -> f64 {
     f64::from(n) / elapsed.as_secs_f64()
 }
 
-async fn store_fresh(store: &SqliteStore, run: u32, writers: u32) -> Duration {
+async fn store_fresh(store: &SqliteStore, run: u32, keys: Range<u32>, writers: u32) -> Duration {
     let fp = Fingerprint::from_bytes([1; 32]);
     let started = Instant::now();
     let tasks: Vec<_> = (0..writers)
         .map(|w| {
-            let store = store.clone();
+            let (store, keys) = (store.clone(), keys.clone());
             tokio::spawn(async move {
-                for i in (w..N).step_by(writers as usize) {
+                for i in keys.skip(w as usize).step_by(writers as usize) {
                     let k = key(run, i);
                     let Claim::Claimed(token) = store.claim(&k, &fp, LEASE).await.unwrap() else {
                         panic!("a fresh key is claimed");
@@ -109,10 +119,10 @@ async fn store_fresh(store: &SqliteStore, run: u32, writers: u32) -> Duration {
     started.elapsed()
 }
 
-async fn store_replay(store: &SqliteStore, run: u32) -> Duration {
+async fn store_replay(store: &SqliteStore, run: u32, keys: Range<u32>) -> Duration {
     let fp = Fingerprint::from_bytes([1; 32]);
     let started = Instant::now();
-    for i in 0..N {
+    for i in keys {
         let found = store.claim(&key(run, i), &fp, LEASE).await.unwrap();
         assert!(matches!(found, Claim::Done { .. }));
     }
@@ -121,11 +131,11 @@ async fn store_replay(store: &SqliteStore, run: u32) -> Duration {
 
 /// The store's statements for a fresh request, sent directly: a read of the live row, then
 /// the claim and the complete, each in a transaction that takes the write lock first.
-async fn direct_fresh(pool: &SqlitePool, run: u32, writers: u32) -> Duration {
+async fn direct_fresh(pool: &SqlitePool, run: u32, keys: Range<u32>, writers: u32) -> Duration {
     let started = Instant::now();
     let tasks: Vec<_> = (0..writers)
         .map(|w| {
-            let pool = pool.clone();
+            let (pool, keys) = (pool.clone(), keys.clone());
             tokio::spawn(async move {
                 let live = format!(
                     "SELECT state, fingerprint, record FROM \"{T}\" WHERE key = ?1 AND expires_at > ?2"
@@ -145,7 +155,7 @@ async fn direct_fresh(pool: &SqlitePool, run: u32, writers: u32) -> Duration {
                      WHERE \"{T}\".expires_at <= ?2 OR (\"{T}\".state = 'P' AND \"{T}\".token = ?3)"
                 );
                 let free = format!("DELETE FROM \"{T}_steps\" WHERE key = ?1");
-                for i in (w..N).step_by(writers as usize) {
+                for i in keys.skip(w as usize).step_by(writers as usize) {
                     let mut k = vec![9u8; 8];
                     k.extend_from_slice(key(run, i).id());
                     let mut conn = pool.acquire().await.unwrap();
@@ -203,11 +213,11 @@ async fn direct_fresh(pool: &SqlitePool, run: u32, writers: u32) -> Duration {
 }
 
 /// A replay's statement sent directly: the read of the live row.
-async fn direct_replay(pool: &SqlitePool, run: u32) -> Duration {
+async fn direct_replay(pool: &SqlitePool, run: u32, keys: Range<u32>) -> Duration {
     let live =
         format!("SELECT state, fingerprint, record FROM \"{T}\" WHERE key = ?1 AND expires_at > ?2");
     let started = Instant::now();
-    for i in 0..N {
+    for i in keys {
         let mut k = vec![9u8; 8];
         k.extend_from_slice(key(run, i).id());
         let row = sqlx::query(sqlx::AssertSqlSafe(live.as_str()))
@@ -233,7 +243,10 @@ fn main() {
         .build()
         .unwrap();
     rt.block_on(async {
-        println!("N = {N} requests per case; rates in requests/s; ratio = store ÷ direct");
+        println!(
+            "N = {N} requests per case, in {ROUNDS} rounds alternating store and direct; \
+             rates in requests/s; ratio = store ÷ direct"
+        );
         println!();
         println!("| synchronous | case | writers | store req/s | direct req/s | store ÷ direct |");
         println!("| --- | --- | ---: | ---: | ---: | ---: |");
@@ -254,8 +267,11 @@ fn main() {
             maker.pool().close().await;
             let direct = direct_pool(&ddir.file(), sync).await;
             for (run, writers) in [(1, 1), (2, 4)] {
-                let s = store_fresh(&store, run, writers).await;
-                let d = direct_fresh(&direct, run, writers).await;
+                let (mut s, mut d) = (Duration::ZERO, Duration::ZERO);
+                for keys in rounds() {
+                    s += store_fresh(&store, run, keys.clone(), writers).await;
+                    d += direct_fresh(&direct, run, keys, writers).await;
+                }
                 println!(
                     "| {name} | fresh: claim + complete | {writers} | {:.0} | {:.0} | {:.2} |",
                     rate(N, s),
@@ -263,8 +279,11 @@ fn main() {
                     rate(N, s) / rate(N, d)
                 );
             }
-            let s = store_replay(&store, 1).await;
-            let d = direct_replay(&direct, 1).await;
+            let (mut s, mut d) = (Duration::ZERO, Duration::ZERO);
+            for keys in rounds() {
+                s += store_replay(&store, 1, keys.clone()).await;
+                d += direct_replay(&direct, 1, keys).await;
+            }
             println!(
                 "| {name} | replay: claim of a completed key | 1 | {:.0} | {:.0} | {:.2} |",
                 rate(N, s),

@@ -48,11 +48,19 @@
 //!
 //! SQLite lets one connection write at a time, over the whole file. Each operation that
 //! writes takes that lock first (`BEGIN IMMEDIATE`), so two processes claiming one key meet on
-//! it: the second finds the first's claim. A connection that finds the lock taken waits for it
-//! up to the store's [timeout](SqliteStoreBuilder::timeout) (SQLite's `busy_timeout`), then
-//! fails with [`Timeout`](crate::store::StoreErrorKind::Timeout). Writes are short: each is a few
-//! statements in process, with no network between them. A claim of a key that a live row holds
-//! (a replay, or an in-flight answer) only reads, and takes no lock.
+//! it: the second finds the first's claim. Writes are short: each is a few statements in
+//! process, with no network between them, and a commit. A claim of a key that a live row
+//! holds (a replay, or an in-flight answer) only reads, and takes no lock.
+//!
+//! The writes of one store and its clones queue in order, in the process, for the lock. A
+//! store in another process, or opened a second time, meets them on SQLite's own wait
+//! (`busy_timeout`), which polls with growing sleeps. Either wait is bounded by the store's
+//! [timeout](SqliteStoreBuilder::timeout), then fails with
+//! [`Timeout`](crate::store::StoreErrorKind::Timeout). Writes therefore add up: with the
+//! default `FULL`, each commit waits for the disk, and the file takes as many writes a second
+//! as the disk takes `fsync`s. Several processes writing one file at that rate wait on each
+//! other, and the one that polls may time out. Open one store per process and share its
+//! clones.
 //!
 //! | step | what it does, in one transaction |
 //! | --- | --- |
@@ -211,6 +219,10 @@ pub struct SqliteStore {
     pub(crate) timeout: Duration,
     pub(crate) lock_timeout: Duration,
     clock: Arc<dyn Clock>,
+    /// The store's writes in this process queue here, in order, for the file's one write
+    /// lock: SQLite's own wait polls with growing sleeps, and a writer can lose the lock to
+    /// newcomers for its whole timeout.
+    writer: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl fmt::Debug for SqliteStore {
@@ -341,6 +353,7 @@ impl SqliteStoreBuilder {
             timeout: self.timeout,
             lock_timeout: self.lock_timeout,
             clock: self.clock,
+            writer: Arc::new(tokio::sync::Mutex::new(())),
         })
     }
 
@@ -455,6 +468,7 @@ impl SqliteStore {
     /// SQLite's error: `Unavailable` for a file that cannot be written.
     pub async fn migrate(&self) -> Result<(), StoreError> {
         let run = async {
+            let _writer = self.writer.lock().await;
             let mut conn = self.pool.acquire().await?;
             let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
             for statement in self
@@ -498,6 +512,7 @@ impl SqliteStore {
         loop {
             let deleted = self
                 .bounded("SQLite purge", async {
+                    let _writer = self.writer.lock().await;
                     Ok(sqlx::query(sql::statement(purge))
                         .bind(self.now())
                         .bind(PURGE_BATCH)
@@ -699,6 +714,9 @@ impl Store for SqliteStore {
                 if let Some(found) = self.live_on(&mut conn, row_key, self.now()).await? {
                     return Ok(found);
                 }
+                drop(conn);
+                let _writer = self.writer.lock().await;
+                let mut conn = self.pool.acquire().await?;
                 let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
                 let claim = self
                     .claim_locked(&mut *tx, row_key, fingerprint, sent, lease)
@@ -733,6 +751,7 @@ impl Store for SqliteStore {
         let record = record.into_bytes();
         let retention = sql::millis(retention);
         self.bounded("SQLite complete", async {
+            let _writer = self.writer.lock().await;
             let mut conn = self.pool.acquire().await?;
             let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
             let written = sqlx::query(sql::statement(&self.sql.complete))
@@ -762,6 +781,7 @@ impl Store for SqliteStore {
     async fn release(&self, key: &StoreKey, token: &Token) -> Result<bool, StoreError> {
         let key = self.row_key(key);
         self.bounded("SQLite release", async {
+            let _writer = self.writer.lock().await;
             let mut conn = self.pool.acquire().await?;
             let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
             let deleted = sqlx::query(sql::statement(&self.sql.release))
@@ -779,6 +799,7 @@ impl Store for SqliteStore {
     async fn forget(&self, key: &StoreKey, pending: bool) -> Result<Forgotten, StoreError> {
         let key = self.row_key(key);
         self.bounded("SQLite forget", async {
+            let _writer = self.writer.lock().await;
             let mut conn = self.pool.acquire().await?;
             let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
             let state: Option<String> = sqlx::query_scalar(sql::statement(&self.sql.state))
@@ -821,6 +842,7 @@ impl Store for SqliteStore {
         let key = self.row_key(key);
         let lease = sql::millis(lease);
         self.bounded("SQLite renew", async {
+            let _writer = self.writer.lock().await;
             let mut conn = self.pool.acquire().await?;
             let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
             let now = self.now();
@@ -857,6 +879,7 @@ impl Store for SqliteStore {
         retention: Duration,
     ) -> Result<StepRecorded, StoreError> {
         self.bounded("SQLite record step", async {
+            let _writer = self.writer.lock().await;
             let mut conn = self.pool.acquire().await?;
             let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
             let recorded = self
