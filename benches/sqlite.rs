@@ -12,14 +12,14 @@
 #![allow(missing_docs, clippy::unwrap_used)]
 
 use bytes::Bytes;
-use tower_idempotency::store::sqlite::sqlx::sqlite::{
-    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
-};
-use tower_idempotency::store::sqlite::sqlx::{self, Connection, Row};
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 use tower_idempotency::Store;
+use tower_idempotency::store::sqlite::sqlx::sqlite::{
+    SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions, SqliteSynchronous,
+};
+use tower_idempotency::store::sqlite::sqlx::{self, Connection, Row};
 use tower_idempotency::store::sqlite::{SqliteStore, Synchronous};
 use tower_idempotency::store::{Claim, Fingerprint, Record, StoreKey};
 
@@ -108,7 +108,12 @@ async fn store_fresh(store: &SqliteStore, run: u32, keys: Range<u32>, writers: u
                         panic!("a fresh key is claimed");
                     };
                     let record = Record::from_bytes(Bytes::from_static(b"201 {\"id\":1}"));
-                    assert!(store.complete(&k, &token, &fp, record, LEASE).await.unwrap());
+                    assert!(
+                        store
+                            .complete(&k, &token, &fp, record, LEASE)
+                            .await
+                            .unwrap()
+                    );
                 }
             })
         })
@@ -214,8 +219,9 @@ async fn direct_fresh(pool: &SqlitePool, run: u32, keys: Range<u32>, writers: u3
 
 /// A replay's statement sent directly: the read of the live row.
 async fn direct_replay(pool: &SqlitePool, run: u32, keys: Range<u32>) -> Duration {
-    let live =
-        format!("SELECT state, fingerprint, record FROM \"{T}\" WHERE key = ?1 AND expires_at > ?2");
+    let live = format!(
+        "SELECT state, fingerprint, record FROM \"{T}\" WHERE key = ?1 AND expires_at > ?2"
+    );
     let started = Instant::now();
     for i in keys {
         let mut k = vec![9u8; 8];

@@ -194,11 +194,11 @@ use crate::engine::{Begin, BoxFuture, Codec, Engine, Fingerprint, StepError, Ste
 use crate::engine::{RecordError, Recorded};
 #[cfg(feature = "postgres")]
 use crate::metrics::{self, Door, Op, Outcome, Settled, Started, StepResult, request, settled};
+use crate::store::StoreError;
 #[cfg(feature = "postgres")]
 use crate::store::StoreKey;
 #[cfg(feature = "postgres")]
 use crate::store::postgres::{OpError, PostgresStore};
-use crate::store::StoreError;
 #[cfg(feature = "postgres")]
 use crate::store::{StepRecorded, StoreErrorKind};
 #[cfg(feature = "postgres")]

@@ -1,7 +1,7 @@
 //! The transactional door on SQLite: the work and its record committed in one SQLite
 //! transaction, with feature `sqlite`.
 //!
-//! ```no_run
+//! ```
 //! use tower_idempotency::IdempotencyKey;
 //! use tower_idempotency::engine::{Engine, Fingerprint, Recorded, Scope};
 //! use tower_idempotency::store::sqlite::SqliteStore;
@@ -10,9 +10,14 @@
 //! use tower_idempotency::transactional::sqlite::within;
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = SqliteStore::open("app.db", "orders").await?;
+//! # let dir = std::env::temp_dir().join(format!("ti-doc-within-{}", std::process::id()));
+//! # std::fs::create_dir_all(&dir)?;
+//! let store = SqliteStore::open(dir.join("app.db"), "orders").await?;
 //! store.migrate().await?;
 //! let pool = store.pool().clone(); // the application's tables live in the same file
+//! sqlx::query("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, sku TEXT NOT NULL)")
+//!     .execute(&pool)
+//!     .await?;
 //! let engine = Engine::new(store);
 //!
 //! let key = engine.store_key("orders", &Scope::principal("alice"), &IdempotencyKey::new("k-1")?);
@@ -35,7 +40,7 @@
 //!     Within::KeyReused => println!("422: this key was used for another request"),
 //!     other => println!("503: {other:?}"),
 //! }
-//! # Ok(()) }
+//! # drop(conn); std::fs::remove_dir_all(&dir)?; Ok(()) }
 //! ```
 //!
 //! [`within`] here is the [transactional door](super) of PostgreSQL on a SQLite file, with the
@@ -279,7 +284,10 @@ fn ended<E>(e: OpError, op: &'static str) -> (Settled, Result<Within, WithinErro
         OpError::Sql(e) if OpError::is_busy_sql(&e) => {
             (Settled::Released, Err(WithinError::conflict(e)))
         }
-        e => (Settled::CompleteFailed, Err(WithinError::store(e.into_store(op)))),
+        e => (
+            Settled::CompleteFailed,
+            Err(WithinError::store(e.into_store(op))),
+        ),
     }
 }
 

@@ -40,8 +40,8 @@ async fn child_sqlite_app() {
     let store = SqliteStore::open(&path, PREFIX).await.unwrap();
     store.migrate().await.unwrap();
     let tag = run_tag();
-    let layer = IdempotencyLayer::new(Engine::new(store))
-        .principal_fn(|_| Some(Scope::principal("alice")));
+    let layer =
+        IdempotencyLayer::new(Engine::new(store)).principal_fn(|_| Some(Scope::principal("alice")));
     let router = Router::new()
         .route(
             "/orders",
@@ -64,7 +64,10 @@ async fn order(app: &AppProcess, key: &str) -> (u16, bool, String) {
         .await
         .unwrap();
     let status = res.status().as_u16();
-    let replayed = res.headers().get(REPLAYED_HEADER).is_some_and(|v| v == "true");
+    let replayed = res
+        .headers()
+        .get(REPLAYED_HEADER)
+        .is_some_and(|v| v == "true");
     (status, replayed, res.text().await.unwrap())
 }
 
@@ -82,7 +85,10 @@ async fn a_process_killed_right_after_its_201_leaves_the_record_for_the_next_pro
     let (status, replayed, again) = order(&second, "k-1").await;
     assert_eq!(status, 201);
     assert!(replayed, "the new process answers from the record");
-    assert_eq!(again, body, "the first process's response, not a second run");
+    assert_eq!(
+        again, body,
+        "the first process's response, not a second run"
+    );
     let (status, replayed, _) = order(&second, "k-2").await;
     assert_eq!((status, replayed), (201, false), "a new key runs");
 }
@@ -147,7 +153,11 @@ async fn a_process_killed_inside_the_transaction_commits_nothing_and_the_retry_r
             .await
             .unwrap()
     };
-    assert_eq!(count().await, 0, "the killed transaction's order is not in the file");
+    assert_eq!(
+        count().await,
+        0,
+        "the killed transaction's order is not in the file"
+    );
     let (key, fp) = request(&engine);
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM tower_idempotency WHERE key = ?1")
         .bind(&engine.store().row_key(&key)[..])

@@ -104,9 +104,15 @@ async fn open_with_the_defaults_keeps_every_acknowledged_record_through_a_power_
         .fetch_one(&mut *conn)
         .await
         .unwrap();
-    assert_eq!(journal, "wal", "write-ahead log: readers never wait for the writer");
+    assert_eq!(
+        journal, "wal",
+        "write-ahead log: readers never wait for the writer"
+    );
     assert_eq!(synchronous, 2, "FULL: an fsync per commit");
-    assert_eq!(busy, 1000, "the write lock is waited for up to the 1 s timeout");
+    assert_eq!(
+        busy, 1000,
+        "the write lock is waited for up to the 1 s timeout"
+    );
     assert_eq!(store.timeout(), Duration::from_secs(1));
     assert_eq!(store.table(), "tower_idempotency");
 }
@@ -210,7 +216,10 @@ async fn two_purges_at_once_delete_each_expired_row_once_in_batches_and_keep_liv
         .await
         .unwrap();
     for _ in 0..EXPIRED {
-        let _ = store.claim(&random_key(), &fingerprint("x"), SHORT).await.unwrap();
+        let _ = store
+            .claim(&random_key(), &fingerprint("x"), SHORT)
+            .await
+            .unwrap();
     }
     clock.advance(2 * SHORT);
     let live: Vec<_> = (0..10).map(|_| random_key()).collect();
@@ -242,7 +251,10 @@ async fn the_purge_never_deletes_a_row_claimed_again_after_it_expired() {
         panic!("an expired claim is taken over");
     };
     assert_eq!(store.purge().await.unwrap(), 0);
-    assert!(store.renew(&key, &token, LONG).await.unwrap(), "the new claim holds");
+    assert!(
+        store.renew(&key, &token, LONG).await.unwrap(),
+        "the new claim holds"
+    );
 }
 
 #[tokio::test]
@@ -303,7 +315,12 @@ async fn a_table_named_by_an_sql_keyword_works() {
     let Claim::Claimed(token) = store.claim(&key, &fp, LONG).await.unwrap() else {
         panic!("claimed");
     };
-    assert!(store.complete(&key, &token, &fp, record("r"), LONG).await.unwrap());
+    assert!(
+        store
+            .complete(&key, &token, &fp, record("r"), LONG)
+            .await
+            .unwrap()
+    );
     assert_eq!(store.purge().await.unwrap(), 0);
     assert_eq!(rows(&store).await, 1);
 }

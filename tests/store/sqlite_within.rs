@@ -21,7 +21,9 @@ use tower_idempotency::transactional::{Within, WithinErrorKind};
 
 /// A store with the default settings on `file`, its tables and an `orders` table made.
 pub(crate) async fn store_with_orders(file: &SqliteFile) -> SqliteStore {
-    let store = SqliteStore::open(file.path(), "transactional").await.unwrap();
+    let store = SqliteStore::open(file.path(), "transactional")
+        .await
+        .unwrap();
     store.migrate().await.unwrap();
     sqlx::query("CREATE TABLE IF NOT EXISTS orders (id INTEGER PRIMARY KEY, sku TEXT NOT NULL)")
         .execute(store.pool())
@@ -120,7 +122,14 @@ async fn with_the_defaults_the_order_and_its_record_commit_together_and_a_repeat
         Claim::Done { .. }
     ));
     // Another request under the key is refused.
-    let other = run(&engine, &mut conn, key, fingerprint("other"), place_order(None, None)).await;
+    let other = run(
+        &engine,
+        &mut conn,
+        key,
+        fingerprint("other"),
+        place_order(None, None),
+    )
+    .await;
     assert!(matches!(other, Within::KeyReused), "{other:?}");
 }
 
@@ -228,7 +237,14 @@ async fn with_the_defaults_a_duplicate_past_the_lock_wait_is_in_flight_then_repl
         let (engine, pool) = (Arc::clone(&engine), pool.clone());
         tokio::spawn(async move {
             let mut conn = pool.acquire().await.unwrap();
-            run(&engine, &mut conn, key, fp, place_order(Some(started), Some(wait))).await
+            run(
+                &engine,
+                &mut conn,
+                key,
+                fp,
+                place_order(Some(started), Some(wait)),
+            )
+            .await
         })
     };
     is_started.await.unwrap();
@@ -271,9 +287,11 @@ async fn a_step_and_its_writes_commit_together_and_a_retry_reads_it_back() {
         let mut conn = pool.acquire().await.unwrap();
         let id: String = step(&engine, &steps, &mut conn, "reserve", Raw, |tx| {
             Box::pin(async move {
-                sqlx::query_scalar("INSERT INTO orders (sku) VALUES ('X') RETURNING CAST(id AS TEXT)")
-                    .fetch_one(&mut *tx)
-                    .await
+                sqlx::query_scalar(
+                    "INSERT INTO orders (sku) VALUES ('X') RETURNING CAST(id AS TEXT)",
+                )
+                .fetch_one(&mut *tx)
+                .await
             })
         })
         .await

@@ -39,9 +39,9 @@ pub(crate) mod raw_http;
 pub(crate) mod redis_sentinel;
 pub(crate) mod redis_server;
 pub(crate) mod servers;
+pub(crate) mod smtp_server;
 #[cfg(feature = "sqlite")]
 pub(crate) mod sqlite_file;
-pub(crate) mod smtp_server;
 pub(crate) mod stores;
 
 #[cfg(feature = "tonic")]

@@ -1,11 +1,15 @@
 //! A SQLite store: records in a file, kept through a restart, for a service on one machine.
 //!
-//! ```no_run
+//! ```
 //! use tower_idempotency::engine::Engine;
 //! use tower_idempotency::store::sqlite::SqliteStore;
 //!
 //! # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = SqliteStore::open("/var/lib/orders/idempotency.db", "orders").await?;
+//! # let dir = std::env::temp_dir().join(format!("ti-doc-module-{}", std::process::id()));
+//! # std::fs::create_dir_all(&dir)?;
+//! # let path = dir.join("idempotency.db");
+//! // A file of its own, such as "/var/lib/orders/idempotency.db".
+//! let store = SqliteStore::open(&path, "orders").await?;
 //! store.migrate().await?; // creates the tables when they do not exist
 //! let engine = Engine::new(store.clone()); // give it to any door
 //!
@@ -19,7 +23,7 @@
 //!         }
 //!     }
 //! });
-//! # let _ = engine; Ok(()) }
+//! # let _ = engine; std::fs::remove_dir_all(&dir)?; Ok(()) }
 //! ```
 //!
 //! [`SqliteStore`] keeps records in a table of a SQLite file. A completed record survives a
@@ -180,6 +184,14 @@ const PURGE_BATCH: i64 = 1000;
 
 /// How much of the last writes a power loss may lose: SQLite's `PRAGMA synchronous` in
 /// write-ahead-log mode. See [what a crash and a power loss keep](self#what-a-crash-and-a-power-loss-keep).
+///
+/// ```
+/// use tower_idempotency::store::sqlite::{SqliteStore, Synchronous};
+///
+/// assert_eq!(Synchronous::default(), Synchronous::Full);
+/// let faster = SqliteStore::builder("orders").synchronous(Synchronous::Normal);
+/// # let _ = faster;
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum Synchronous {
@@ -239,18 +251,22 @@ impl fmt::Debug for SqliteStore {
 /// setting. The store opens its file with [`open`](Self::open), or is built over a pool with
 /// [`build`](Self::build).
 ///
-/// ```no_run
+/// ```
 /// use std::time::Duration;
 /// use tower_idempotency::store::sqlite::{SqliteStore, Synchronous};
 ///
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// # let dir = std::env::temp_dir().join(format!("ti-doc-builder-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir)?;
 /// let store = SqliteStore::builder("orders")
 ///     .table("idempotency")
+///     .timeout(Duration::from_millis(500))
 ///     .synchronous(Synchronous::Normal) // faster; a power loss may lose the last records
-///     .open("idempotency.db")
+///     .open(dir.join("idempotency.db"))
 ///     .await?;
 /// assert_eq!(store.table(), "idempotency");
-/// # Ok(()) }
+/// assert_eq!(store.timeout(), Duration::from_millis(500));
+/// # std::fs::remove_dir_all(&dir)?; Ok(()) }
 /// ```
 #[must_use]
 #[derive(Clone)]
@@ -414,13 +430,14 @@ impl SqliteStore {
     /// A store over an existing pool with the default settings, keeping records under
     /// `prefix`. A shortcut for `SqliteStore::builder(prefix).build(pool)`.
     ///
-    /// ```no_run
+    /// ```
     /// use tower_idempotency::store::sqlite::{SqliteStore, sqlx::SqlitePool};
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let pool = SqlitePool::connect("sqlite://app.db?mode=rwc").await?;
+    /// let pool = SqlitePool::connect("sqlite::memory:").await?; // or "sqlite://app.db?mode=rwc"
     /// let store = SqliteStore::new(pool, "orders")?;
-    /// # let _ = store; Ok(()) }
+    /// store.migrate().await?;
+    /// # Ok(()) }
     /// ```
     ///
     /// # Errors
@@ -670,7 +687,9 @@ impl SqliteStore {
 
 /// A live row `(state, fingerprint, record)` as a claim's answer.
 fn live_claim(row: &SqliteRow) -> Result<Claim, StoreError> {
-    let state: String = row.try_get(0).map_err(|_| protocol("a row without a state"))?;
+    let state: String = row
+        .try_get(0)
+        .map_err(|_| protocol("a row without a state"))?;
     let fingerprint: Vec<u8> = row
         .try_get(1)
         .map_err(|_| protocol("a row without a fingerprint"))?;
@@ -719,7 +738,7 @@ impl Store for SqliteStore {
                 let mut conn = self.pool.acquire().await?;
                 let mut tx = conn.begin_with("BEGIN IMMEDIATE").await?;
                 let claim = self
-                    .claim_locked(&mut *tx, row_key, fingerprint, sent, lease)
+                    .claim_locked(&mut tx, row_key, fingerprint, sent, lease)
                     .await?;
                 tx.commit().await?;
                 Ok(claim)

@@ -186,9 +186,7 @@ impl Statements {
             lease_end: format!(
                 "SELECT expires_at FROM {t} WHERE key = ?1 AND state = 'P' AND expires_at > ?2"
             ),
-            done: format!(
-                "SELECT 1 FROM {t} WHERE key = ?1 AND state = 'D' AND expires_at > ?2"
-            ),
+            done: format!("SELECT 1 FROM {t} WHERE key = ?1 AND state = 'D' AND expires_at > ?2"),
             live_step: format!(
                 "SELECT value FROM {st} WHERE key = ?1 AND step = ?2 AND expires_at > ?3"
             ),
@@ -250,11 +248,24 @@ mod tests {
     fn the_schema_names_only_the_table_quoted() {
         let s = Statements::new("order");
         assert!(s.schema.contains("CREATE TABLE IF NOT EXISTS \"order\" ("));
-        assert!(s.schema.contains("\"order_expires_at\" ON \"order\" (expires_at)"));
+        assert!(
+            s.schema
+                .contains("\"order_expires_at\" ON \"order\" (expires_at)")
+        );
         assert!(!s.schema.contains(DEFAULT_TABLE_NAME));
-        assert!(s.steps_schema.contains("CREATE TABLE IF NOT EXISTS \"order_steps\" ("));
+        assert!(
+            s.steps_schema
+                .contains("CREATE TABLE IF NOT EXISTS \"order_steps\" (")
+        );
         assert!(!s.steps_schema.contains(DEFAULT_TABLE_NAME));
-        for statement in [&s.live, &s.take, &s.complete, &s.release, &s.renew, &s.purge] {
+        for statement in [
+            &s.live,
+            &s.take,
+            &s.complete,
+            &s.release,
+            &s.renew,
+            &s.purge,
+        ] {
             assert!(statement.contains("\"order\""), "{statement}");
         }
         for statement in [&s.free_steps, &s.put_step, &s.steps, &s.purge_steps] {
