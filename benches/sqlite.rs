@@ -243,6 +243,11 @@ fn main() {
     if !std::env::args().any(|a| a == "--bench") {
         return;
     }
+    // `-- --list` names the one benchmark, as libtest and criterion list theirs.
+    if std::env::args().any(|a| a == "--list") {
+        println!("sqlite: benchmark");
+        return;
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
