@@ -1,4 +1,5 @@
-//! Transactional: the work and its record committed in one PostgreSQL transaction.
+//! Transactional: the work and its record committed in one PostgreSQL transaction, or, in
+//! [`sqlite`], in one SQLite transaction (feature `sqlite`).
 //!
 //! ```no_run
 //! use tower_idempotency::IdempotencyKey;
