@@ -324,3 +324,52 @@ async fn a_table_named_by_an_sql_keyword_works() {
     assert_eq!(store.purge().await.unwrap(), 0);
     assert_eq!(rows(&store).await, 1);
 }
+
+#[tokio::test]
+async fn nothing_secret_rests_in_the_file() {
+    use crate::support::http::{TestServer, Work};
+    use crate::support::raw_http::{keyed, post};
+    use tower_idempotency::IdempotencyLayer;
+
+    let file = SqliteFile::new();
+    let store = SqliteStore::open(file.path(), "NAMESPACEMARKER-payments")
+        .await
+        .unwrap();
+    store.migrate().await.unwrap();
+    let layer = IdempotencyLayer::new(store.clone()).namespace("LAYERNSMARKER-refunds");
+    let work = Work::plain();
+    let app = TestServer::start(work.app(layer)).await;
+    let body = br#"{"card":"BODYMARKER-4111"}"#;
+    for i in 0..4 {
+        let key = format!("IDEMKEYMARKER-{i}");
+        let headers = keyed("PRINCIPALMARKER-alice", key.as_bytes());
+        let a = app.one(&post("/work?q=QUERYMARKER", &headers, body)).await;
+        assert_eq!(a.status, 201, "{}", a.describe());
+    }
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM tower_idempotency WHERE state = 'D'")
+        .fetch_one(store.pool())
+        .await
+        .unwrap();
+    assert_eq!(rows, 4, "one record per request");
+    // Every byte SQLite keeps: the database, its log and the log's index.
+    let dir = file.path().parent().unwrap();
+    let mut at_rest = Vec::new();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        at_rest.extend(std::fs::read(entry.unwrap().path()).unwrap());
+    }
+    assert!(!at_rest.is_empty());
+    for m in [
+        &b"LAYERNSMARKER"[..],
+        b"IDEMKEYMARKER",
+        b"PRINCIPALMARKER",
+        b"NAMESPACEMARKER",
+        b"BODYMARKER",
+        b"QUERYMARKER",
+    ] {
+        assert!(
+            !at_rest.windows(m.len()).any(|w| w == m),
+            "{:?} at rest",
+            String::from_utf8_lossy(m)
+        );
+    }
+}
