@@ -19,8 +19,8 @@ pub mod message;
 pub mod outbound;
 pub mod store;
 
-#[cfg(feature = "postgres")]
-#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
+#[cfg(any(feature = "postgres", feature = "sqlite"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
 pub mod transactional;
 
 #[cfg(feature = "test-util")]

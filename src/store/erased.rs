@@ -27,7 +27,7 @@ pub struct DynStore(Arc<dyn ErasedStore>);
 
 impl DynStore {
     /// The store behind the erasure, to tell which records it writes to.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
     pub(crate) fn as_any(&self) -> &dyn std::any::Any {
         self.0.as_any()
     }
@@ -93,7 +93,7 @@ trait ErasedStore: Send + Sync + 'static {
         lease: Duration,
     ) -> BoxFuture<'a, bool>;
     fn name(&self) -> &'static str;
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
     fn as_any(&self) -> &dyn std::any::Any;
 }
 
@@ -173,7 +173,7 @@ impl<St: Store> ErasedStore for St {
     fn name(&self) -> &'static str {
         Store::name(self)
     }
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "sqlite"))]
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
@@ -267,5 +267,25 @@ mod tests {
         let found = PostgresStore::of(&erased).expect("the store behind the erasure");
         assert!(found.same_records(&store));
         assert!(PostgresStore::of(&DynStore::new(crate::MemoryStore::new())).is_none());
+    }
+}
+
+#[cfg(all(test, feature = "sqlite"))]
+mod sqlite_tests {
+    use super::DynStore;
+    use crate::store::sqlite::SqliteStore;
+    use sqlx::sqlite::SqlitePoolOptions;
+
+    // `transactional::sqlite::step` tells a route's store from another the same way.
+    #[tokio::test]
+    async fn the_sqlite_store_behind_the_erasure_is_found() {
+        let pool = SqlitePoolOptions::new()
+            .connect_lazy("sqlite://nowhere.db")
+            .expect("a lazy pool opens nothing yet");
+        let store = SqliteStore::new(pool, "orders").expect("a valid prefix");
+        let erased = DynStore::new(store.clone());
+        let found = SqliteStore::of(&erased).expect("the store behind the erasure");
+        assert!(found.same_records(&store));
+        assert!(SqliteStore::of(&DynStore::new(crate::MemoryStore::new())).is_none());
     }
 }

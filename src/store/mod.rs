@@ -189,6 +189,9 @@ pub mod postgres;
 #[cfg(feature = "redis")]
 #[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
 pub mod redis;
+#[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
+pub mod sqlite;
 
 #[cfg(feature = "macros")]
 pub(crate) mod erased;
@@ -342,7 +345,7 @@ pub trait Store: Send + Sync + 'static {
         tokio::time::sleep(within)
     }
 
-    /// A short fixed name for the store's kind: `memory`, `redis` or `postgres`. It is the
+    /// A short fixed name for the store's kind: `memory`, `redis`, `postgres` or `sqlite`. It is the
     /// `store` label of the operation timings, with feature `metrics`. A store of your own may name
     /// itself. Keep it one fixed word, never a host or other unbounded value.
     fn name(&self) -> &'static str {

@@ -1,4 +1,5 @@
-//! Store faults: lapsed leases, a TCP fault proxy, a Redis restart (through the HTTP layer),
+//! Store faults: lapsed leases, SQLite application processes killed (after a 201, inside a
+//! transaction), a TCP fault proxy, a Redis restart (through the HTTP layer),
 //! Redis failing under a duplicate storm over two application processes (a Sentinel failover,
 //! a partition of one process), a PostgreSQL server killed under such a storm, and steps
 //! finished by the next process after an application process was killed mid-checkout.
@@ -15,4 +16,5 @@ mod lease;
 mod postgres;
 mod proxy;
 mod restart;
+mod sqlite;
 mod steps;

@@ -37,3 +37,7 @@ mod redis_sentinel;
 mod redis_store;
 mod secret_rotation;
 mod security_at_rest;
+#[cfg(feature = "test-util")]
+mod sqlite_store;
+#[cfg(feature = "test-util")]
+mod sqlite_within;

@@ -15,6 +15,7 @@
 //! - [`redis_server`]: `redis-server` (and clusters) spawned on free loopback ports;
 //! - [`redis_sentinel`]: a primary, a replica and three `redis-sentinel` processes on loopback;
 //! - [`postgres_server`]: a PostgreSQL server (`initdb`, `pg_ctl`) on a free loopback port;
+//! - [`sqlite_file`]: a SQLite file in a temporary directory of its own, removed after;
 //! - [`smtp_server`]: an SMTP server (`python3-aiosmtpd`) on a free loopback port;
 //! - [`observed`]: a store wrapper that reports how each claim and complete ended;
 //! - [`proxy`]: a TCP proxy that injects latency, drops and black holes;
@@ -39,6 +40,8 @@ pub(crate) mod redis_sentinel;
 pub(crate) mod redis_server;
 pub(crate) mod servers;
 pub(crate) mod smtp_server;
+#[cfg(feature = "sqlite")]
+pub(crate) mod sqlite_file;
 pub(crate) mod stores;
 
 #[cfg(feature = "tonic")]
