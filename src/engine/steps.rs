@@ -327,7 +327,7 @@ pub(crate) trait StepStore: Send + Sync + 'static {
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
     /// The store itself, to tell which records it writes to.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     fn as_any(&self) -> &dyn std::any::Any;
 }
 
@@ -358,7 +358,7 @@ impl<S: Store> StepStore for S {
         Box::pin(Store::prepare_step(self, key, token, lease))
     }
 
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
@@ -605,7 +605,7 @@ impl Run {
     }
 
     /// The steps' settings and key.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) fn bound(&self) -> &Bound {
         &self.bound
     }
@@ -777,7 +777,7 @@ impl Bound {
 
     /// The first record of a step whose own run was rolled back for it (a step in a
     /// transaction): that record is the step's only result.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) fn taken_over<T, E, C: Codec<T>>(
         &self,
         place: u32,
@@ -807,7 +807,7 @@ impl Bound {
 
     /// The bytes to record for a step's result, or why it cannot be recorded: the codec
     /// refused it, or it is over the record limit.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) fn sealed<T, C: Codec<T>>(
         &self,
         id: &StepId,
@@ -831,14 +831,30 @@ impl Bound {
 
     /// Whether the steps were made by an engine over `store`: the same store, a clone of it, or
     /// a store over the same table of the same database.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) fn is_of<S: Store>(&self, store: &S) -> bool {
         if std::ptr::addr_eq(Arc::as_ptr(&self.store), std::ptr::from_ref(store)) {
             return true;
         }
-        let ours = crate::store::postgres::PostgresStore::of(self.store.as_any());
-        let theirs = crate::store::postgres::PostgresStore::of(store);
-        matches!((ours, theirs), (Some(a), Some(b)) if a.same_records(b))
+        #[cfg(feature = "postgres")]
+        {
+            use crate::store::postgres::PostgresStore;
+            let ours = PostgresStore::of(self.store.as_any());
+            let theirs = PostgresStore::of(store);
+            if matches!((ours, theirs), (Some(a), Some(b)) if a.same_records(b)) {
+                return true;
+            }
+        }
+        #[cfg(feature = "mysql")]
+        {
+            use crate::store::mysql::MySqlStore;
+            let ours = MySqlStore::of(self.store.as_any());
+            let theirs = MySqlStore::of(store);
+            if matches!((ours, theirs), (Some(a), Some(b)) if a.same_records(b)) {
+                return true;
+            }
+        }
+        false
     }
 
     /// Records a step's result, or gives back the first record of an overlapping run.
@@ -949,10 +965,10 @@ enum Repr<E> {
     Work(E),
     Store(StoreError),
     /// A step in a transaction whose record, or commit, failed: it was rolled back.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     NotRecorded(StoreError),
     /// A step in a transaction that PostgreSQL rolled back for a concurrent one.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     Conflict(StoreError),
     Unsupported(StoreError),
     RecordInvalid(Box<dyn StdError + Send + Sync + 'static>),
@@ -963,7 +979,7 @@ enum Repr<E> {
     Moved,
     NotClaimed,
     /// Steps made by an engine over another store.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     OtherStore,
     ClaimLost(Lost),
     KeyReused,
@@ -1054,25 +1070,25 @@ impl<E> StepError<E> {
     }
 
     /// The work's error, as a step's.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) fn work(e: E, place: u32, name: &str) -> Self {
         Self::new(Repr::Work(e), place, name)
     }
 
     /// A step in a transaction that was rolled back because its record or commit failed.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) fn not_recorded(e: StoreError, place: u32, name: &str) -> Self {
         Self::new(Repr::NotRecorded(e), place, name)
     }
 
     /// A step in a transaction given an engine over another store than its steps'.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) fn other_store(place: u32, name: &str) -> Self {
         Self::new(Repr::OtherStore, place, name)
     }
 
     /// A step in a transaction that PostgreSQL rolled back for a concurrent one.
-    #[cfg(feature = "postgres")]
+    #[cfg(any(feature = "postgres", feature = "mysql"))]
     pub(crate) fn conflict(e: StoreError, place: u32, name: &str) -> Self {
         Self::new(Repr::Conflict(e), place, name)
     }
@@ -1083,9 +1099,9 @@ impl<E> StepError<E> {
         match self.repr {
             Repr::Work(_) => StepErrorKind::Work,
             Repr::Store(_) => StepErrorKind::Store,
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "mysql"))]
             Repr::NotRecorded(_) => StepErrorKind::Store,
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "mysql"))]
             Repr::Conflict(_) => StepErrorKind::Conflict,
             Repr::Unsupported(_) => StepErrorKind::Unsupported,
             Repr::RecordInvalid(_) => StepErrorKind::RecordInvalid,
@@ -1093,7 +1109,7 @@ impl<E> StepError<E> {
             Repr::NameReused => StepErrorKind::NameReused,
             Repr::SequenceChanged(_) | Repr::Moved => StepErrorKind::SequenceChanged,
             Repr::NotClaimed => StepErrorKind::NotClaimed,
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "mysql"))]
             Repr::OtherStore => StepErrorKind::NotClaimed,
             Repr::ClaimLost(_) => StepErrorKind::ClaimLost,
             Repr::KeyReused => StepErrorKind::KeyReused,
@@ -1113,9 +1129,9 @@ impl<E> StepError<E> {
     pub fn is_retryable(&self) -> bool {
         match &self.repr {
             Repr::Store(e) => e.is_retryable(),
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "mysql"))]
             Repr::NotRecorded(e) => e.is_retryable(),
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "mysql"))]
             Repr::Conflict(_) => true,
             _ => false,
         }
@@ -1151,7 +1167,7 @@ impl<E> StepError<E> {
     pub fn store_error(&self) -> Option<&StoreError> {
         match &self.repr {
             Repr::Store(e) | Repr::Unsupported(e) => Some(e),
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "mysql"))]
             Repr::NotRecorded(e) | Repr::Conflict(e) => Some(e),
             _ => None,
         }
@@ -1165,7 +1181,7 @@ impl<E: fmt::Debug> fmt::Debug for StepError<E> {
         match &self.repr {
             Repr::Work(e) => d.field("error", e),
             Repr::Store(e) | Repr::Unsupported(e) => d.field("error", e),
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "mysql"))]
             Repr::NotRecorded(e) | Repr::Conflict(e) => d.field("error", e),
             Repr::RecordInvalid(e) => d.field("error", e),
             Repr::SequenceChanged(recorded) => d.field("recorded", recorded),
@@ -1175,7 +1191,7 @@ impl<E: fmt::Debug> fmt::Debug for StepError<E> {
             | Repr::NotClaimed
             | Repr::Moved
             | Repr::KeyReused => &mut d,
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "mysql"))]
             Repr::OtherStore => &mut d,
         };
         d.finish()
@@ -1192,11 +1208,11 @@ impl<E: fmt::Display> fmt::Display for StepError<E> {
                 "step `{name}` did not run: the store could not read the recorded steps or make room for its record: {e}"
             ),
             Repr::Unsupported(e) => write!(f, "steps are not kept by this store: {e}"),
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "mysql"))]
             Repr::NotRecorded(e) => {
                 write!(f, "step `{name}` was rolled back: its record failed: {e}")
             }
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "mysql"))]
             Repr::Conflict(e) => write!(
                 f,
                 "step `{name}` conflicted with a concurrent transaction and was rolled back: {e}"
@@ -1224,7 +1240,7 @@ impl<E: fmt::Display> fmt::Display for StepError<E> {
                 "step {} is `{name}`, which the first run recorded at another place: the steps changed order",
                 place + 1
             ),
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "mysql"))]
             Repr::OtherStore => write!(
                 f,
                 "step `{name}` belongs to steps made by an engine over another store: pass the engine that claimed the key"
@@ -1251,7 +1267,7 @@ impl<E: StdError + 'static> StdError for StepError<E> {
         match &self.repr {
             Repr::Work(e) => Some(e),
             Repr::Store(e) | Repr::Unsupported(e) => Some(e),
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "mysql"))]
             Repr::NotRecorded(e) | Repr::Conflict(e) => Some(e),
             Repr::RecordInvalid(e) => Some(&**e),
             Repr::NameInvalid
@@ -1261,7 +1277,7 @@ impl<E: StdError + 'static> StdError for StepError<E> {
             | Repr::NotClaimed
             | Repr::ClaimLost(_)
             | Repr::KeyReused => None,
-            #[cfg(feature = "postgres")]
+            #[cfg(any(feature = "postgres", feature = "mysql"))]
             Repr::OtherStore => None,
         }
     }

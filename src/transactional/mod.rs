@@ -179,21 +179,35 @@
 //! [`PostgresStoreBuilder::lock_timeout`]: crate::store::postgres::PostgresStoreBuilder::lock_timeout
 //! [`PostgresStore::connect`]: crate::store::postgres::PostgresStore::connect
 
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub mod mysql;
+#[cfg(feature = "postgres")]
 mod postgres;
 
+#[cfg(feature = "postgres")]
 use self::postgres::{Held, Lifted};
+#[cfg(feature = "postgres")]
 use crate::engine::steps::Ready;
-use crate::engine::{
-    Begin, BoxFuture, Codec, Engine, Fingerprint, RecordError, Recorded, StepError, Steps, Ticket,
-};
+#[cfg(feature = "postgres")]
+use crate::engine::{Begin, BoxFuture, Codec, Engine, Fingerprint, StepError, Steps, Ticket};
+use crate::engine::{RecordError, Recorded};
+#[cfg(feature = "postgres")]
 use crate::metrics::{self, Door, Op, Outcome, Settled, Started, StepResult, request, settled};
+#[cfg(feature = "postgres")]
 use crate::store::StoreKey;
+#[cfg(feature = "postgres")]
 use crate::store::postgres::{OpError, PostgresStore};
-use crate::store::{StepRecorded, StoreError, StoreErrorKind};
+#[cfg(feature = "postgres")]
+use crate::store::{StepRecorded, StoreErrorKind};
+use crate::store::StoreError;
+#[cfg(feature = "postgres")]
 use sqlx::postgres::{PgConnection, Postgres};
+#[cfg(feature = "postgres")]
 use sqlx::{Connection, Transaction};
 use std::error::Error as StdError;
 use std::fmt;
+#[cfg(feature = "postgres")]
 use std::future::Future;
 
 /// What [`within`] did.
@@ -393,6 +407,7 @@ impl<E: StdError + 'static> StdError for WithinError<E> {
     }
 }
 
+#[cfg(feature = "postgres")]
 /// Claims `key` inside a transaction on `conn`, runs `work` on that transaction, records its
 /// response and commits, all or nothing. See the [module docs](self).
 ///
@@ -481,6 +496,7 @@ where
     rolled_back(tx, Ok(answer)).await
 }
 
+#[cfg(feature = "postgres")]
 /// Runs the step `name` of a request's work in one PostgreSQL transaction with its record, or
 /// answers it from its record. See [steps in a transaction](self#steps-in-a-transaction).
 ///
@@ -601,6 +617,7 @@ where
     }
 }
 
+#[cfg(feature = "postgres")]
 /// How the commit failed.
 enum Ended {
     /// PostgreSQL rolled the transaction back for a concurrent one.
@@ -609,6 +626,7 @@ enum Ended {
     Failed(StoreError),
 }
 
+#[cfg(feature = "postgres")]
 /// Puts back the store's `statement_timeout` where the caller's transaction goes on, then
 /// commits. On the caller's transaction, committing releases the savepoint.
 async fn finish(
@@ -630,6 +648,7 @@ async fn finish(
         .map_err(|e| ended(OpError::from(e), "PostgreSQL commit"))
 }
 
+#[cfg(feature = "postgres")]
 /// Runs the work and writes its record in the transaction. On an error the caller rolls back.
 /// The error comes with how that ends the key, and the caller counts it.
 async fn ran<F, E>(
@@ -690,6 +709,7 @@ where
     }
 }
 
+#[cfg(feature = "postgres")]
 /// Rolls the transaction or savepoint back, then answers `outcome`. A rollback that fails
 /// leaves the connection broken, which rolls back on the server all the same.
 async fn rolled_back<T>(tx: Transaction<'_, Postgres>, outcome: T) -> T {

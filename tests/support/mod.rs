@@ -28,6 +28,7 @@ pub(crate) mod child;
 pub(crate) mod http;
 #[cfg(feature = "metrics")]
 pub(crate) mod metrics;
+pub(crate) mod mariadb_server;
 pub(crate) mod nats_server;
 pub(crate) mod observed;
 pub(crate) mod ports;
