@@ -1,4 +1,6 @@
-//! Transactional: the work and its record committed in one PostgreSQL transaction.
+//! Transactional: the work and its record committed in one PostgreSQL transaction, and in one
+//! MySQL or MariaDB transaction with `transactional::mysql`
+//! (feature `mysql`).
 //!
 //! ```no_run
 //! use tower_idempotency::IdempotencyKey;
@@ -194,13 +196,13 @@ use crate::engine::{Begin, BoxFuture, Codec, Engine, Fingerprint, StepError, Ste
 use crate::engine::{RecordError, Recorded};
 #[cfg(feature = "postgres")]
 use crate::metrics::{self, Door, Op, Outcome, Settled, Started, StepResult, request, settled};
+use crate::store::StoreError;
 #[cfg(feature = "postgres")]
 use crate::store::StoreKey;
 #[cfg(feature = "postgres")]
 use crate::store::postgres::{OpError, PostgresStore};
 #[cfg(feature = "postgres")]
 use crate::store::{StepRecorded, StoreErrorKind};
-use crate::store::StoreError;
 #[cfg(feature = "postgres")]
 use sqlx::postgres::{PgConnection, Postgres};
 #[cfg(feature = "postgres")]

@@ -89,7 +89,9 @@
 
 use super::{Within, WithinError};
 use crate::engine::steps::Ready;
-use crate::engine::{Begin, BoxFuture, Codec, Engine, Fingerprint, Recorded, StepError, Steps, Ticket};
+use crate::engine::{
+    Begin, BoxFuture, Codec, Engine, Fingerprint, Recorded, StepError, Steps, Ticket,
+};
 use crate::metrics::{self, Door, Op, Outcome, Settled, Started, StepResult, request, settled};
 use crate::store::mysql::sql;
 use crate::store::mysql::{ClaimRow, MySqlStore, OpError};

@@ -232,4 +232,3 @@ async fn mysql_every_step_of_a_store_made_by_connect_is_one_exchange() {
     // No step opened a connection: each took the one the warm-up left.
     assert_eq!(proxy.connections.load(Ordering::SeqCst), connections);
 }
-

@@ -109,7 +109,10 @@ async fn mysql_migrate_creates_both_innodb_tables_once_even_when_replicas_race()
     stores[0].migrate().await.unwrap();
     let key = random_key();
     assert!(matches!(
-        stores[1].claim(&key, &fingerprint("a"), LONG).await.unwrap(),
+        stores[1]
+            .claim(&key, &fingerprint("a"), LONG)
+            .await
+            .unwrap(),
         Claim::Claimed(_)
     ));
 }
@@ -147,14 +150,21 @@ async fn mysql_a_table_named_by_sql_keywords_in_a_database_works_for_every_step(
     let Some(server) = MariaDbServer::shared() else {
         return;
     };
-    server.sql("CREATE DATABASE IF NOT EXISTS `select`").unwrap();
+    server
+        .sql("CREATE DATABASE IF NOT EXISTS `select`")
+        .unwrap();
     let store = store_on(server, "select.order", "keywords").await;
     let (key, fp) = (random_key(), fingerprint("a"));
     let Claim::Claimed(token) = store.claim(&key, &fp, LONG).await.unwrap() else {
         panic!("claimed")
     };
     assert!(store.renew(&key, &token, LONG).await.unwrap());
-    assert!(store.complete(&key, &token, &fp, record("a"), LONG).await.unwrap());
+    assert!(
+        store
+            .complete(&key, &token, &fp, record("a"), LONG)
+            .await
+            .unwrap()
+    );
     assert!(matches!(
         store.claim(&key, &fp, LONG).await.unwrap(),
         Claim::Done { .. }
@@ -249,7 +259,11 @@ async fn mysql_purge_skips_a_row_claimed_again_in_an_open_transaction_and_never_
         "without waiting for the lock"
     );
     tx.commit().await.unwrap();
-    assert_eq!(store.purge().await.unwrap(), 0, "nor deleted once claimed again");
+    assert_eq!(
+        store.purge().await.unwrap(),
+        0,
+        "nor deleted once claimed again"
+    );
     assert_eq!(rows_of(&pool, &table).await, 1);
 }
 
@@ -273,9 +287,17 @@ async fn mysql_only_hashes_rest_in_the_table() {
     .fetch_one(&pool)
     .await
     .unwrap();
-    assert_eq!(k, store.row_key(&key), "the key column is the prefix hash and the store key");
+    assert_eq!(
+        k,
+        store.row_key(&key),
+        "the key column is the prefix hash and the store key"
+    );
     assert_eq!(&k[8..], key.id());
-    assert_eq!(token_col, token.as_bytes(), "the claim's token fences the row");
+    assert_eq!(
+        token_col,
+        token.as_bytes(),
+        "the claim's token fences the row"
+    );
 }
 
 #[tokio::test]
@@ -306,7 +328,10 @@ async fn mysql_a_claim_stuck_behind_a_held_row_times_out_and_the_store_recovers(
     .execute(&mut *tx)
     .await
     .unwrap();
-    let e = store.claim(&key, &fingerprint("a"), LONG).await.unwrap_err();
+    let e = store
+        .claim(&key, &fingerprint("a"), LONG)
+        .await
+        .unwrap_err();
     assert_eq!(e.kind(), StoreErrorKind::Timeout);
     tx.rollback().await.unwrap();
     assert!(matches!(

@@ -99,7 +99,10 @@ fn place_order(
             Ok(Recorded::new(
                 201,
                 vec![],
-                Some(Bytes::from(format!(r#"{{"id":{}}}"#, done.last_insert_id()))),
+                Some(Bytes::from(format!(
+                    r#"{{"id":{}}}"#,
+                    done.last_insert_id()
+                ))),
             ))
         })
     })
@@ -499,7 +502,11 @@ async fn mysql_a_kill_9_inside_the_transaction_commits_nothing_and_the_retry_run
         run(&engine, &mut conn, key, fp, place_order(&table, None, None)).await,
         Within::Replayed(_)
     ));
-    assert_eq!(orders(&pool, &table).await, 1, "the retry placed the order once");
+    assert_eq!(
+        orders(&pool, &table).await,
+        1,
+        "the retry placed the order once"
+    );
 }
 
 fn rand32() -> [u8; 32] {
@@ -570,9 +577,12 @@ async fn mysql_a_step_commits_with_its_writes_and_a_retry_answers_it_from_its_re
             })
         })
     };
-    let failed = step(&engine, &steps, &mut conn, "charge", Raw, charge)
-    .await;
+    let failed = step(&engine, &steps, &mut conn, "charge", Raw, charge).await;
     assert!(failed.is_err());
-    assert_eq!(orders(&pool, &table).await, 1, "the failed step's order rolled back");
+    assert_eq!(
+        orders(&pool, &table).await,
+        1,
+        "the failed step's order rolled back"
+    );
     drop(ticket);
 }

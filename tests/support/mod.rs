@@ -26,9 +26,9 @@
 pub(crate) mod apps;
 pub(crate) mod child;
 pub(crate) mod http;
+pub(crate) mod mariadb_server;
 #[cfg(feature = "metrics")]
 pub(crate) mod metrics;
-pub(crate) mod mariadb_server;
 pub(crate) mod nats_server;
 pub(crate) mod observed;
 pub(crate) mod ports;

@@ -156,9 +156,9 @@
 use super::{Claim, Forgotten, StepId, StepRecorded, Store, StoreError, Token};
 use crate::store::{Fingerprint, Record, StoreKey};
 use bytes::Bytes;
+use sqlx::Row;
 use sqlx::mysql::{MySql, MySqlConnection, MySqlPool, MySqlRow};
 use sqlx::pool::PoolConnection;
-use sqlx::Row;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
@@ -653,8 +653,8 @@ impl Store for MySqlStore {
         let renewed = self
             .bounded("MySQL renew", Repeat::Safe, |fresh| async move {
                 let mut conn = self.take(fresh).await?;
-                let rows = Self::rows(conn.conn(), self.sql.renew(&key, token.as_bytes(), lease))
-                    .await;
+                let rows =
+                    Self::rows(conn.conn(), self.sql.renew(&key, token.as_bytes(), lease)).await;
                 conn.give_back_sql(rows.as_ref().err());
                 count(&rows?)
             })

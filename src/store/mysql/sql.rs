@@ -220,7 +220,14 @@ impl Statements {
         retention_ms: i64,
         writer: &[u8],
     ) -> String {
-        let (t, st, k, f, tk, w) = (&self.t, &self.st, hex(key), hex(fp), hex(token), hex(writer));
+        let (t, st, k, f, tk, w) = (
+            &self.t,
+            &self.st,
+            hex(key),
+            hex(fp),
+            hex(token),
+            hex(writer),
+        );
         let retention = retention_ms.saturating_mul(1000);
         let mut sql = String::with_capacity(record.len() * 2 + 1024);
         sql.push_str("SET @ti_record = ");
