@@ -4,7 +4,7 @@
 //! store's own query texts, with the same connection settings. It prints the ratios.
 //!
 //! ```text
-//! cargo bench -p tower-idempotency --features mysql --bench mysql
+//! cargo bench -p tower-idempotency --features mysql,test-util --bench mysql
 //! ```
 //!
 //! It starts its own MariaDB server (as the tests do: `scripts/test.sh` installs it), or uses
@@ -15,8 +15,10 @@
 // The tests' server support: `mariadb_server` reaches `servers` and `ports` through `super`.
 #[path = "../tests/support/mariadb_server.rs"]
 mod mariadb_server;
+#[allow(dead_code)] // the tests use the rest
 #[path = "../tests/support/ports.rs"]
 mod ports;
+#[allow(dead_code)]
 #[path = "../tests/support/servers.rs"]
 mod servers;
 
