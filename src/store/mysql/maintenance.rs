@@ -77,7 +77,7 @@ impl MySqlStore {
                 })
                 .await?;
             total += deleted;
-            if locked < PURGE_BATCH.unsigned_abs() as usize {
+            if i64::try_from(locked).unwrap_or(i64::MAX) < PURGE_BATCH {
                 return Ok(total);
             }
         }
@@ -111,7 +111,7 @@ impl MySqlStore {
                 })
                 .await?;
             total += deleted;
-            if locked < PURGE_BATCH.unsigned_abs() as usize {
+            if i64::try_from(locked).unwrap_or(i64::MAX) < PURGE_BATCH {
                 return Ok(total);
             }
         }

@@ -76,9 +76,15 @@ pub(crate) fn millis(d: Duration) -> i64 {
     i64::try_from(ms.clamp(1, MAX_MILLIS)).unwrap_or(i64::MAX)
 }
 
-/// A duration as whole seconds, rounded up, at least 1: InnoDB's lock wait is in seconds.
+/// InnoDB's longest lock wait, in seconds.
+const MAX_LOCK_WAIT: u64 = 1_073_741_824;
+
+/// A duration as whole seconds, rounded up, at least 1 and at most InnoDB's longest lock wait:
+/// InnoDB's lock wait is in seconds.
 pub(crate) fn seconds(d: Duration) -> u64 {
-    d.as_nanos().div_ceil(1_000_000_000).max(1) as u64
+    u64::try_from(d.as_nanos().div_ceil(1_000_000_000))
+        .unwrap_or(u64::MAX)
+        .clamp(1, MAX_LOCK_WAIT)
 }
 
 /// Checks a table name: `name` or `database.name`, each part a lowercase identifier.
@@ -462,6 +468,7 @@ mod tests {
         assert_eq!(millis(Duration::MAX), i64::try_from(MAX_MILLIS).unwrap());
         assert_eq!(seconds(Duration::from_millis(1)), 1);
         assert_eq!(seconds(Duration::from_millis(1001)), 2);
+        assert_eq!(seconds(Duration::MAX), MAX_LOCK_WAIT);
     }
 
     #[test]
