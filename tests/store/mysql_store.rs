@@ -252,12 +252,8 @@ async fn mysql_purge_skips_a_row_claimed_again_in_an_open_transaction_and_never_
     .execute(&mut *tx)
     .await
     .unwrap();
-    let started = std::time::Instant::now();
+    // Waiting for the row's lock would outlast the purge's 1 s operation timeout: an error.
     assert_eq!(store.purge().await.unwrap(), 0, "the held row is skipped");
-    assert!(
-        started.elapsed() < Duration::from_secs(1),
-        "without waiting for the lock"
-    );
     tx.commit().await.unwrap();
     assert_eq!(
         store.purge().await.unwrap(),

@@ -349,7 +349,12 @@ async fn mysql_with_the_defaults_a_duplicate_past_the_lock_wait_is_in_flight_and
     let Some(server) = MariaDbServer::shared() else {
         return;
     };
-    let engine = Arc::new(engine(server, None).await);
+    store_on(server, "tower_idempotency", "transactional").await;
+    // Every default: the store's and the engine's.
+    let store = MySqlStore::connect(&server.url(), "transactional")
+        .await
+        .unwrap();
+    let engine = Arc::new(Engine::new(store));
     let pool = server.pool(4).await;
     let table = orders_table(&pool).await;
     let (key, fp) = (random_key(), fingerprint("order"));
