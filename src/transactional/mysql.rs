@@ -71,6 +71,11 @@
 //! `WAIT n`: MySQL 8 has no `WAIT n`, and `NOWAIT` would answer "in flight" to a repeat that
 //! a short wait would have answered with the replay.
 //!
+//! MySQL has no setting that ends with the transaction, as PostgreSQL's `SET LOCAL` does: the
+//! claim puts your session's `innodb_lock_wait_timeout` back with one statement more. If the
+//! future of `within` is dropped while the claim waits, the transaction is rolled back but the
+//! session keeps the store's lock wait until it is set again or closed.
+//!
 //! # Deadlocks
 //!
 //! Two claims of one free key may deadlock in InnoDB's locks on the index. InnoDB then rolls

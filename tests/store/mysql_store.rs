@@ -335,3 +335,51 @@ async fn mysql_a_claim_stuck_behind_a_held_row_times_out_and_the_store_recovers(
         Claim::Claimed(_)
     ));
 }
+
+/// Kills every connection to the `app` database: the server ends the store's sessions, as a
+/// restart, a failover or `wait_timeout` would.
+fn kill_sessions(server: &MariaDbServer) -> usize {
+    let ids = server
+        .sql("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = 'app'")
+        .unwrap();
+    let ids: Vec<&str> = ids.split_whitespace().collect();
+    for id in &ids {
+        let _ = server.sql(&format!("KILL {id}"));
+    }
+    ids.len()
+}
+
+#[tokio::test]
+async fn mysql_sessions_the_server_ended_are_replaced_and_a_fenced_step_is_sent_again() {
+    if !crate::support::mariadb_server::available() {
+        return;
+    }
+    // A server of its own: the test ends every session on it.
+    let server = MariaDbServer::start();
+    let store = store_on(&server, "tower_idempotency", "ended").await;
+    let fp = fingerprint("a");
+    let key = random_key();
+    let Claim::Claimed(token) = store.claim(&key, &fp, LONG).await.unwrap() else {
+        panic!("claimed")
+    };
+    assert!(kill_sessions(&server) >= 1, "the store's session was found");
+    // At once: the connection is not checked (used within 1 s), the complete meets the ended
+    // session, and is sent once more on a new connection.
+    assert!(
+        store
+            .complete(&key, &token, &fp, record("a"), LONG)
+            .await
+            .unwrap()
+    );
+    assert!(matches!(
+        store.claim(&key, &fp, LONG).await.unwrap(),
+        Claim::Done { .. }
+    ));
+    // Idle past the check: the ended connection is checked, replaced, and a claim succeeds.
+    assert!(kill_sessions(&server) >= 1);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(matches!(
+        store.claim(&random_key(), &fp, LONG).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+}

@@ -139,6 +139,12 @@ impl MariaDbServer {
         cmd
     }
 
+    /// `--user=mysql` as root: the program drops to it. Otherwise nothing: it runs as the
+    /// test's own user.
+    fn user(&self) -> Option<String> {
+        self.as_user.then(|| format!("--user={SERVER_USER}"))
+    }
+
     fn spawn(&mut self) -> Result<(), String> {
         std::fs::create_dir_all(&self.dir).map_err(|e| e.to_string())?;
         if self.as_user {
@@ -147,13 +153,12 @@ impl MariaDbServer {
                 .arg(&self.dir))?;
         }
         let data = self.dir.join("data");
-        let user = if self.as_user { SERVER_USER } else { "root" };
         let install = program("mariadb-install-db").ok_or("no mariadb-install-db")?;
         run(self
             .command(&install)
             .arg("--no-defaults")
             .arg(format!("--datadir={}", data.display()))
-            .arg(format!("--user={user}"))
+            .args(self.user())
             .args([
                 "--auth-root-authentication-method=normal",
                 "--skip-test-db",
@@ -165,7 +170,6 @@ impl MariaDbServer {
     /// Starts `mariadbd` on the data directory, waits until it answers, and creates `app`.
     fn run_server(&mut self) -> Result<(), String> {
         let data = self.dir.join("data");
-        let user = if self.as_user { SERVER_USER } else { "root" };
         let mariadbd = program("mariadbd").ok_or("no mariadbd")?;
         let log = self.dir.join("server.log");
         let child = self
@@ -177,7 +181,7 @@ impl MariaDbServer {
             .arg(format!("--socket={}", self.dir.join("sock").display()))
             .arg(format!("--pid-file={}", self.dir.join("pid").display()))
             .arg(format!("--log-error={}", log.display()))
-            .arg(format!("--user={user}"))
+            .args(self.user())
             .args([
                 "--skip-grant-tables",
                 "--skip-name-resolve",
