@@ -146,6 +146,10 @@
 //! answered 503, the work does not run, and the store releases the claim in case it was
 //! applied, so the key is not left pending until its lease lapses.
 //!
+//! A complete sent again finds its first send's write by the 16 bytes that send left in the
+//! row, and answers `true`. A step that timed out may still have been applied by the server: a
+//! claim may leave the key pending until its lease lapses, and a retry gets 409 until then.
+//!
 //! # Bounds
 //!
 //! As with the other shared stores, nothing bounds what one caller writes. Each record stays
