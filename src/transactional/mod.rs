@@ -287,7 +287,8 @@ pub enum WithinErrorKind {
     /// READ` or `SERIALIZABLE`. Or it is a deadlock, `40P01`. Nothing was committed and the key is
     /// free: run the request again, in a new transaction. On your own transaction, roll it back
     /// first. The same failure in the work's own statements is of kind [`Work`](Self::Work), with
-    /// the work's error.
+    /// the work's error. On MySQL and MariaDB (`transactional::mysql`) it is an InnoDB
+    /// deadlock, error 1213.
     Conflict,
 }
 
