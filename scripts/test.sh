@@ -16,6 +16,11 @@
 #                                 when they run as root)
 #      python3 with aiosmtpd     (Debian: python3-aiosmtpd, the SMTP server of
 #                                 the outbound mail tests)
+#      mariadbd, mariadb-install-db, mariadb
+#                                (Debian: mariadb-server, 10.11; the MySQL store's
+#                                 tests; Debian installs mariadbd in /usr/sbin;
+#                                 the tests run the server as the `mysql` user
+#                                 the package creates when they run as root)
 #    Missing ones are installed with apt-get when running as root; otherwise
 #    the script stops and says what to install. Prints nothing when all is
 #    already there.
@@ -63,6 +68,16 @@ if ! have_postgres || { [[ "$(id -u)" -eq 0 ]] && ! id -u postgres >/dev/null 2>
     missing_pkgs+=(postgresql)
 fi
 
+# MariaDB's server programs and client (mariadbd may be in /usr/sbin, off PATH).
+have_mariadb() {
+    { command -v mariadbd >/dev/null 2>&1 || [[ -x /usr/sbin/mariadbd ]]; } &&
+        command -v mariadb-install-db >/dev/null 2>&1 &&
+        command -v mariadb >/dev/null 2>&1
+}
+if ! have_mariadb || { [[ "$(id -u)" -eq 0 ]] && ! id -u mysql >/dev/null 2>&1; }; then
+    missing_pkgs+=(mariadb-server)
+fi
+
 # The SMTP server of the outbound mail tests (tests/support/smtp_server.py runs
 # under the first python3 that can import aiosmtpd, Debian's /usr/bin/python3 first).
 have_aiosmtpd() {
@@ -92,8 +107,9 @@ if ((${#missing_pkgs[@]} > 0)); then
         rm -f "$log"
     }
     trap cleanup EXIT
-    # Do not let the redis-server, postgresql and nats-server packages start
-    # system-wide daemons (on ports 6379, 5432 and 4222): the tests start their own servers.
+    # Do not let the redis-server, postgresql, mariadb-server and nats-server packages start
+    # system-wide daemons (on ports 6379, 5432, 3306 and 4222): the tests start their own
+    # servers, each on a free port with a data directory and socket of its own.
     if [[ ! -e /usr/sbin/policy-rc.d ]]; then
         printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
         chmod 755 /usr/sbin/policy-rc.d
@@ -117,6 +133,10 @@ if ((${#missing_pkgs[@]} > 0)); then
     done
     if ! have_postgres; then
         echo "scripts/test.sh: initdb/pg_ctl are still not found after installing ${missing_pkgs[*]}" >&2
+        exit 1
+    fi
+    if ! have_mariadb; then
+        echo "scripts/test.sh: mariadbd/mariadb-install-db are still not found after installing ${missing_pkgs[*]}" >&2
         exit 1
     fi
     if ! have_aiosmtpd; then

@@ -19,8 +19,11 @@ pub mod message;
 pub mod outbound;
 pub mod store;
 
-#[cfg(any(feature = "postgres", feature = "sqlite"))]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "postgres", feature = "sqlite"))))]
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+#[cfg_attr(
+    docsrs,
+    doc(cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite")))
+)]
 pub mod transactional;
 
 #[cfg(feature = "test-util")]
@@ -43,6 +46,10 @@ pub use crate::engine::steps::Steps;
 pub use crate::error::{ConfigError, ConfigErrorKind};
 #[doc(inline)]
 pub use crate::http::{IdempotencyLayer, Principal, PrincipalMode, ResponseMode};
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+#[doc(inline)]
+pub use crate::store::mysql::MySqlStore;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 #[doc(inline)]

@@ -63,7 +63,7 @@ pub(crate) enum Door {
     #[cfg_attr(not(feature = "axum"), allow(dead_code))]
     Extract,
     /// The transactional door, `transactional::within`.
-    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    #[cfg_attr(not(any(feature = "postgres", feature = "mysql")), allow(dead_code))]
     Within,
     /// The queue consumers' door, `message`.
     Message,

@@ -312,13 +312,13 @@ impl Ticket {
     }
 
     /// The fencing token.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     pub(crate) fn token(&self) -> &Token {
         &self.token
     }
 
     /// The request's fingerprint, as the store keeps it.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     pub(crate) fn fingerprint(&self) -> &Fingerprint {
         &self.fingerprint
     }
@@ -455,7 +455,7 @@ impl<S: Store> Engine<S> {
     }
 
     /// The timer of this engine's store operations, for a door that runs operations of its own.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     pub(crate) fn timer(&self) -> &StoreTimer {
         &self.timer
     }

@@ -338,7 +338,7 @@ pub(crate) trait StepStore: Send + Sync + 'static {
         lease: Duration,
     ) -> BoxFuture<'a, Result<bool, StoreError>>;
     /// The store itself, to tell which records it writes to.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     fn as_any(&self) -> &dyn std::any::Any;
 }
 
@@ -369,7 +369,7 @@ impl<S: Store> StepStore for S {
         Box::pin(Store::prepare_step(self, key, token, lease))
     }
 
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }
@@ -616,7 +616,7 @@ impl Run {
     }
 
     /// The steps' settings and key.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     pub(crate) fn bound(&self) -> &Bound {
         &self.bound
     }
@@ -798,7 +798,7 @@ impl Bound {
 
     /// The first record of a step whose own run was rolled back for it (a step in a
     /// transaction): that record is the step's only result.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     pub(crate) fn taken_over<T, E, C: Codec<T>>(
         &self,
         place: u32,
@@ -828,7 +828,7 @@ impl Bound {
 
     /// The bytes to record for a step's result, or why it cannot be recorded: the codec
     /// refused it, or it is over the record limit.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     pub(crate) fn sealed<T, C: Codec<T>>(
         &self,
         id: &StepId,
@@ -852,7 +852,7 @@ impl Bound {
 
     /// Whether the steps were made by an engine over `store`: the same store, a clone of it, or
     /// a store over the same table of the same database.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     pub(crate) fn is_of<S: Store>(&self, store: &S) -> bool {
         if std::ptr::addr_eq(Arc::as_ptr(&self.store), std::ptr::from_ref(store)) {
             return true;
@@ -869,6 +869,14 @@ impl Bound {
         {
             let ours = crate::store::sqlite::SqliteStore::of(self.store.as_any());
             let theirs = crate::store::sqlite::SqliteStore::of(store);
+            if matches!((ours, theirs), (Some(a), Some(b)) if a.same_records(b)) {
+                return true;
+            }
+        }
+        #[cfg(feature = "mysql")]
+        {
+            let ours = crate::store::mysql::MySqlStore::of(self.store.as_any());
+            let theirs = crate::store::mysql::MySqlStore::of(store);
             if matches!((ours, theirs), (Some(a), Some(b)) if a.same_records(b)) {
                 return true;
             }
@@ -984,10 +992,10 @@ enum Repr<E> {
     Work(E),
     Store(StoreError),
     /// A step in a transaction whose record, or commit, failed: it was rolled back.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     NotRecorded(StoreError),
     /// A step in a transaction that PostgreSQL rolled back for a concurrent one.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     Conflict(StoreError),
     Unsupported(StoreError),
     RecordInvalid(Box<dyn StdError + Send + Sync + 'static>),
@@ -998,7 +1006,7 @@ enum Repr<E> {
     Moved,
     NotClaimed,
     /// Steps made by an engine over another store.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     OtherStore,
     ClaimLost(Lost),
     KeyReused,
@@ -1089,25 +1097,25 @@ impl<E> StepError<E> {
     }
 
     /// The work's error, as a step's.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     pub(crate) fn work(e: E, place: u32, name: &str) -> Self {
         Self::new(Repr::Work(e), place, name)
     }
 
     /// A step in a transaction that was rolled back because its record or commit failed.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     pub(crate) fn not_recorded(e: StoreError, place: u32, name: &str) -> Self {
         Self::new(Repr::NotRecorded(e), place, name)
     }
 
     /// A step in a transaction given an engine over another store than its steps'.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     pub(crate) fn other_store(place: u32, name: &str) -> Self {
         Self::new(Repr::OtherStore, place, name)
     }
 
     /// A step in a transaction that PostgreSQL rolled back for a concurrent one.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     pub(crate) fn conflict(e: StoreError, place: u32, name: &str) -> Self {
         Self::new(Repr::Conflict(e), place, name)
     }
@@ -1118,9 +1126,9 @@ impl<E> StepError<E> {
         match self.repr {
             Repr::Work(_) => StepErrorKind::Work,
             Repr::Store(_) => StepErrorKind::Store,
-            #[cfg(any(feature = "postgres", feature = "sqlite"))]
+            #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
             Repr::NotRecorded(_) => StepErrorKind::Store,
-            #[cfg(any(feature = "postgres", feature = "sqlite"))]
+            #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
             Repr::Conflict(_) => StepErrorKind::Conflict,
             Repr::Unsupported(_) => StepErrorKind::Unsupported,
             Repr::RecordInvalid(_) => StepErrorKind::RecordInvalid,
@@ -1128,7 +1136,7 @@ impl<E> StepError<E> {
             Repr::NameReused => StepErrorKind::NameReused,
             Repr::SequenceChanged(_) | Repr::Moved => StepErrorKind::SequenceChanged,
             Repr::NotClaimed => StepErrorKind::NotClaimed,
-            #[cfg(any(feature = "postgres", feature = "sqlite"))]
+            #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
             Repr::OtherStore => StepErrorKind::NotClaimed,
             Repr::ClaimLost(_) => StepErrorKind::ClaimLost,
             Repr::KeyReused => StepErrorKind::KeyReused,
@@ -1148,9 +1156,9 @@ impl<E> StepError<E> {
     pub fn is_retryable(&self) -> bool {
         match &self.repr {
             Repr::Store(e) => e.is_retryable(),
-            #[cfg(any(feature = "postgres", feature = "sqlite"))]
+            #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
             Repr::NotRecorded(e) => e.is_retryable(),
-            #[cfg(any(feature = "postgres", feature = "sqlite"))]
+            #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
             Repr::Conflict(_) => true,
             _ => false,
         }
@@ -1186,7 +1194,7 @@ impl<E> StepError<E> {
     pub fn store_error(&self) -> Option<&StoreError> {
         match &self.repr {
             Repr::Store(e) | Repr::Unsupported(e) => Some(e),
-            #[cfg(any(feature = "postgres", feature = "sqlite"))]
+            #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
             Repr::NotRecorded(e) | Repr::Conflict(e) => Some(e),
             _ => None,
         }
@@ -1200,7 +1208,7 @@ impl<E: fmt::Debug> fmt::Debug for StepError<E> {
         match &self.repr {
             Repr::Work(e) => d.field("error", e),
             Repr::Store(e) | Repr::Unsupported(e) => d.field("error", e),
-            #[cfg(any(feature = "postgres", feature = "sqlite"))]
+            #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
             Repr::NotRecorded(e) | Repr::Conflict(e) => d.field("error", e),
             Repr::RecordInvalid(e) => d.field("error", e),
             Repr::SequenceChanged(recorded) => d.field("recorded", recorded),
@@ -1210,7 +1218,7 @@ impl<E: fmt::Debug> fmt::Debug for StepError<E> {
             | Repr::NotClaimed
             | Repr::Moved
             | Repr::KeyReused => &mut d,
-            #[cfg(any(feature = "postgres", feature = "sqlite"))]
+            #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
             Repr::OtherStore => &mut d,
         };
         d.finish()
@@ -1227,11 +1235,11 @@ impl<E: fmt::Display> fmt::Display for StepError<E> {
                 "step `{name}` did not run: the store could not read the recorded steps or make room for its record: {e}"
             ),
             Repr::Unsupported(e) => write!(f, "steps are not kept by this store: {e}"),
-            #[cfg(any(feature = "postgres", feature = "sqlite"))]
+            #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
             Repr::NotRecorded(e) => {
                 write!(f, "step `{name}` was rolled back: its record failed: {e}")
             }
-            #[cfg(any(feature = "postgres", feature = "sqlite"))]
+            #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
             Repr::Conflict(e) => write!(
                 f,
                 "step `{name}` conflicted with a concurrent transaction and was rolled back: {e}"
@@ -1259,7 +1267,7 @@ impl<E: fmt::Display> fmt::Display for StepError<E> {
                 "step {} is `{name}`, which the first run recorded at another place: the steps changed order",
                 place + 1
             ),
-            #[cfg(any(feature = "postgres", feature = "sqlite"))]
+            #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
             Repr::OtherStore => write!(
                 f,
                 "step `{name}` belongs to steps made by an engine over another store: pass the engine that claimed the key"
@@ -1286,7 +1294,7 @@ impl<E: StdError + 'static> StdError for StepError<E> {
         match &self.repr {
             Repr::Work(e) => Some(e),
             Repr::Store(e) | Repr::Unsupported(e) => Some(e),
-            #[cfg(any(feature = "postgres", feature = "sqlite"))]
+            #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
             Repr::NotRecorded(e) | Repr::Conflict(e) => Some(e),
             Repr::RecordInvalid(e) => Some(&**e),
             Repr::NameInvalid
@@ -1296,7 +1304,7 @@ impl<E: StdError + 'static> StdError for StepError<E> {
             | Repr::NotClaimed
             | Repr::ClaimLost(_)
             | Repr::KeyReused => None,
-            #[cfg(any(feature = "postgres", feature = "sqlite"))]
+            #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
             Repr::OtherStore => None,
         }
     }

@@ -27,7 +27,7 @@ pub struct DynStore(Arc<dyn ErasedStore>);
 
 impl DynStore {
     /// The store behind the erasure, to tell which records it writes to.
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     pub(crate) fn as_any(&self) -> &dyn std::any::Any {
         self.0.as_any()
     }
@@ -93,7 +93,7 @@ trait ErasedStore: Send + Sync + 'static {
         lease: Duration,
     ) -> BoxFuture<'a, bool>;
     fn name(&self) -> &'static str;
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     fn as_any(&self) -> &dyn std::any::Any;
 }
 
@@ -173,7 +173,7 @@ impl<St: Store> ErasedStore for St {
     fn name(&self) -> &'static str {
         Store::name(self)
     }
-    #[cfg(any(feature = "postgres", feature = "sqlite"))]
+    #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     fn as_any(&self) -> &dyn std::any::Any {
         self
     }

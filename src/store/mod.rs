@@ -15,6 +15,7 @@
 //! | [`MemoryStore`] (default) | this process, bounded | one replica, or tests |
 //! | `RedisStore` (feature `redis`) | a Redis server or cluster | many replicas sharing records |
 //! | `PostgresStore` (feature `postgres`) | a table in PostgreSQL | many replicas, records as durable as your data; the work and its record in one transaction ([`transactional`](crate::transactional)) |
+//! | `MySqlStore` (feature `mysql`) | a table in MySQL 8 or MariaDB 10.11 | the same, on MySQL (`transactional::mysql`) |
 //!
 //! # The contract
 //!
@@ -183,6 +184,9 @@ use std::time::Duration;
 
 pub mod clock;
 pub mod memory;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub mod postgres;
@@ -345,7 +349,7 @@ pub trait Store: Send + Sync + 'static {
         tokio::time::sleep(within)
     }
 
-    /// A short fixed name for the store's kind: `memory`, `redis`, `postgres` or `sqlite`. It is the
+    /// A short fixed name for the store's kind: `memory`, `redis`, `postgres`, `mysql` or `sqlite`. It is the
     /// `store` label of the operation timings, with feature `metrics`. A store of your own may name
     /// itself. Keep it one fixed word, never a host or other unbounded value.
     fn name(&self) -> &'static str {

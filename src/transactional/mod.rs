@@ -1,5 +1,6 @@
-//! Transactional: the work and its record committed in one PostgreSQL transaction, or, in
-//! [`sqlite`], in one SQLite transaction (feature `sqlite`).
+//! Transactional: the work and its record committed in one PostgreSQL transaction; in one
+//! MySQL or MariaDB transaction with [`mysql`] (feature `mysql`); in one SQLite transaction
+//! with [`sqlite`] (feature `sqlite`).
 //!
 //! ```no_run
 //! use tower_idempotency::IdempotencyKey;
@@ -180,6 +181,9 @@
 //! [`PostgresStoreBuilder::lock_timeout`]: crate::store::postgres::PostgresStoreBuilder::lock_timeout
 //! [`PostgresStore::connect`]: crate::store::postgres::PostgresStore::connect
 
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub mod mysql;
 #[cfg(feature = "postgres")]
 mod postgres;
 #[cfg(feature = "sqlite")]
@@ -286,7 +290,8 @@ pub enum WithinErrorKind {
     /// READ` or `SERIALIZABLE`. Or it is a deadlock, `40P01`. Nothing was committed and the key is
     /// free: run the request again, in a new transaction. On your own transaction, roll it back
     /// first. The same failure in the work's own statements is of kind [`Work`](Self::Work), with
-    /// the work's error.
+    /// the work's error. On MySQL and MariaDB (`transactional::mysql`) it is an InnoDB
+    /// deadlock, error 1213.
     Conflict,
 }
 

@@ -131,7 +131,8 @@ where
     F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<Recorded, E>>,
 {
     let store = engine.store();
-    let fingerprint = engine.keyed(fingerprint);
+    let plain = fingerprint;
+    let fingerprint = engine.keyed(plain);
     let own = !conn.is_in_transaction();
     let started = Started::now();
     let failed = |e: OpError| WithinError::store(e.into_store("SQLite claim in a transaction"));
@@ -152,7 +153,7 @@ where
             conn.begin().await
         };
         match begun {
-            Ok(tx) => Ok(held(engine, tx, key, fingerprint, previous, started, work).await),
+            Ok(tx) => Ok(held(engine, tx, key, plain, fingerprint, previous, started, work).await),
             Err(e) => Err(OpError::from(e)),
         }
     };
@@ -185,6 +186,7 @@ async fn held<F, E>(
     engine: &Engine<SqliteStore>,
     mut tx: Transaction<'_, Sqlite>,
     key: StoreKey,
+    plain: Fingerprint,
     fingerprint: Fingerprint,
     previous: i64,
     started: Started,
@@ -211,7 +213,7 @@ where
             return rolled_back(tx, Err(WithinError::store(e))).await;
         }
     };
-    let (outcome, answer) = match engine.judge(key, fingerprint, claim) {
+    let (outcome, answer) = match engine.judge(key, plain, fingerprint, claim) {
         Begin::Run(ticket) => {
             request(Door::Within, Outcome::Ran);
             let response = match work(&mut tx).await {

@@ -18,6 +18,12 @@ mod memory_steps;
 mod memory_store;
 mod model_stores;
 #[cfg(feature = "test-util")]
+mod mysql_exchanges;
+#[cfg(feature = "test-util")]
+mod mysql_store;
+#[cfg(feature = "test-util")]
+mod mysql_within;
+#[cfg(feature = "test-util")]
 mod postgres_connections;
 #[cfg(feature = "test-util")]
 mod postgres_exchanges;

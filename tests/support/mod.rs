@@ -27,6 +27,7 @@
 pub(crate) mod apps;
 pub(crate) mod child;
 pub(crate) mod http;
+pub(crate) mod mariadb_server;
 #[cfg(feature = "metrics")]
 pub(crate) mod metrics;
 pub(crate) mod nats_server;

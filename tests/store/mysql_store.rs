@@ -1,0 +1,385 @@
+//! `MySqlStore` on a real MariaDB server: the conformance suite, the tables `migrate` makes,
+//! the purge beside a second purge, hashes only at rest, and one exchange per step.
+//!
+//! Without MariaDB installed these tests print a notice and pass, unless
+//! `TOWER_IDEMPOTENCY_REQUIRE_SERVERS` is set (as `scripts/test.sh` does), where they fail.
+#![cfg(feature = "mysql")]
+#![allow(clippy::unwrap_used)]
+
+use crate::support::mariadb_server::MariaDbServer;
+use std::future::Future;
+use std::time::Duration;
+use tower_idempotency::conformance::{Harness, LONG, SHORT, fingerprint, random_key, record};
+use tower_idempotency::store::mysql::MySqlStore;
+use tower_idempotency::store::mysql::sqlx::{self, MySqlPool};
+use tower_idempotency::store::{Claim, StoreErrorKind};
+use tower_idempotency::{ConfigErrorKind, Store};
+
+/// A store on `table` (created when missing) of the shared server.
+pub(crate) async fn store_on(server: &MariaDbServer, table: &str, ns: &str) -> MySqlStore {
+    let store = MySqlStore::builder(ns)
+        .table(table)
+        .connect(&server.url())
+        .await
+        .expect("connect");
+    store.migrate().await.expect("migrate");
+    store
+}
+
+/// A fresh table name.
+pub(crate) fn fresh_table(prefix: &str) -> String {
+    let mut b = [0u8; 6];
+    getrandom::fill(&mut b).unwrap();
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!("{prefix}_{hex}")
+}
+
+struct MySqlHarness {
+    store: MySqlStore,
+}
+
+impl Harness for MySqlHarness {
+    type S = MySqlStore;
+
+    fn store(&self) -> &MySqlStore {
+        &self.store
+    }
+
+    // Expiry is the database's (`UTC_TIMESTAMP(6)`), on real time.
+    fn advance(&self, d: Duration) -> impl Future<Output = ()> + Send {
+        tokio::time::sleep(d)
+    }
+}
+
+fn harness() -> Option<impl Future<Output = MySqlHarness>> {
+    let server = MariaDbServer::shared()?;
+    Some(async move {
+        MySqlHarness {
+            store: store_on(server, "tower_idempotency", "conformance").await,
+        }
+    })
+}
+
+tower_idempotency::store_conformance!(match harness() {
+    Some(make) => make,
+    None => return,
+});
+
+// ---- the tables ------------------------------------------------------------------------------
+
+async fn tables_like(pool: &MySqlPool, table: &str) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = DATABASE() \
+         AND TABLE_NAME IN (?, CONCAT(?, '_steps')) AND ENGINE = 'InnoDB'",
+    )
+    .bind(table)
+    .bind(table)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_migrate_creates_both_innodb_tables_once_even_when_replicas_race() {
+    let Some(server) = MariaDbServer::shared() else {
+        return;
+    };
+    let table = fresh_table("migrate");
+    let mut stores = Vec::new();
+    for _ in 0..4 {
+        stores.push(
+            MySqlStore::builder("migrate")
+                .table(&table)
+                .connect(&server.url())
+                .await
+                .unwrap(),
+        );
+    }
+    let racing: Vec<_> = stores
+        .iter()
+        .cloned()
+        .map(|s| tokio::spawn(async move { s.migrate().await }))
+        .collect();
+    for r in racing {
+        r.await.unwrap().unwrap();
+    }
+    let pool = server.pool(1).await;
+    assert_eq!(tables_like(&pool, &table).await, 2);
+    // Again, on tables that exist: nothing changes, nothing fails.
+    stores[0].migrate().await.unwrap();
+    let key = random_key();
+    assert!(matches!(
+        stores[1]
+            .claim(&key, &fingerprint("a"), LONG)
+            .await
+            .unwrap(),
+        Claim::Claimed(_)
+    ));
+}
+
+#[tokio::test]
+async fn mysql_settings_that_would_break_the_sql_are_refused() {
+    let Some(server) = MariaDbServer::shared() else {
+        return;
+    };
+    let pool = server.pool(1).await;
+    for bad in ["Idem", "t; DROP TABLE x", "a.b.c", "`t`", ""] {
+        let e = MySqlStore::builder("p").table(bad).build(pool.clone());
+        assert_eq!(
+            e.map(|_| ()).map_err(|e| e.kind()),
+            Err(ConfigErrorKind::InvalidName),
+            "{bad}"
+        );
+    }
+    assert_eq!(
+        MySqlStore::new(pool.clone(), "")
+            .map(|_| ())
+            .map_err(|e| e.kind()),
+        Err(ConfigErrorKind::InvalidName)
+    );
+    let e = MySqlStore::builder("p")
+        .table("bad name")
+        .connect(&server.url())
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Unavailable);
+}
+
+#[tokio::test]
+async fn mysql_a_table_named_by_sql_keywords_in_a_database_works_for_every_step() {
+    let Some(server) = MariaDbServer::shared() else {
+        return;
+    };
+    server
+        .sql("CREATE DATABASE IF NOT EXISTS `select`")
+        .unwrap();
+    let store = store_on(server, "select.order", "keywords").await;
+    let (key, fp) = (random_key(), fingerprint("a"));
+    let Claim::Claimed(token) = store.claim(&key, &fp, LONG).await.unwrap() else {
+        panic!("claimed")
+    };
+    assert!(store.renew(&key, &token, LONG).await.unwrap());
+    assert!(
+        store
+            .complete(&key, &token, &fp, record("a"), LONG)
+            .await
+            .unwrap()
+    );
+    assert!(matches!(
+        store.claim(&key, &fp, LONG).await.unwrap(),
+        Claim::Done { .. }
+    ));
+    store.purge().await.unwrap();
+}
+
+// ---- the purge ----------------------------------------------------------------------------
+
+async fn rows_of(pool: &MySqlPool, table: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT COUNT(*) FROM {table}")))
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mysql_two_concurrent_purges_delete_every_expired_row_in_batches_and_keep_live_ones() {
+    let Some(server) = MariaDbServer::shared() else {
+        return;
+    };
+    let table = fresh_table("purge");
+    let store = store_on(server, &table, "purge").await;
+    let pool = server.pool(2).await;
+    // 2500 expired rows: three batches of at most 1000 between the two purges. Written
+    // directly, already expired; and 10 live ones through the store.
+    let values: Vec<String> = (0..2500u32)
+        .map(|i| {
+            format!(
+                "(UNHEX(SHA2('{table}{i}', 256)), UTC_TIMESTAMP(6) - INTERVAL 1 SECOND, 'D', \
+                 UNHEX(SHA2('fp', 256)), X'00', X'01')"
+            )
+        })
+        .collect();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {table} (`key`, expires_at, state, fingerprint, token, record) VALUES {}",
+        values.join(",")
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
+    for _ in 0..10 {
+        let key = random_key();
+        let Claim::Claimed(token) = store.claim(&key, &fingerprint("a"), LONG).await.unwrap()
+        else {
+            panic!("claimed")
+        };
+        assert!(
+            store
+                .complete(&key, &token, &fingerprint("a"), record("a"), LONG)
+                .await
+                .unwrap()
+        );
+    }
+    let (a, b) = (store.clone(), store.clone());
+    let (a, b) = tokio::join!(
+        tokio::spawn(async move { a.purge().await }),
+        tokio::spawn(async move { b.purge().await })
+    );
+    let (a, b) = (a.unwrap().unwrap(), b.unwrap().unwrap());
+    assert_eq!(a + b, 2500, "each expired row deleted once: {a} + {b}");
+    assert_eq!(rows_of(&pool, &table).await, 10, "the live rows are kept");
+    assert_eq!(store.purge().await.unwrap(), 0);
+}
+
+#[tokio::test]
+async fn mysql_purge_skips_a_row_claimed_again_in_an_open_transaction_and_never_deletes_it() {
+    let Some(server) = MariaDbServer::shared() else {
+        return;
+    };
+    let table = fresh_table("purge_held");
+    let store = store_on(server, &table, "purge_held").await;
+    let pool = server.pool(2).await;
+    let key = random_key();
+    let Claim::Claimed(_) = store.claim(&key, &fingerprint("a"), SHORT).await.unwrap() else {
+        panic!("claimed")
+    };
+    tokio::time::sleep(SHORT * 2).await;
+    // A transaction takes the expired row over, and holds it uncommitted.
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE {table} SET expires_at = UTC_TIMESTAMP(6) + INTERVAL 60 SECOND WHERE `key` = ?"
+    )))
+    .bind(&store.row_key(&key)[..])
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    // Waiting for the row's lock would outlast the purge's 1 s operation timeout: an error.
+    assert_eq!(store.purge().await.unwrap(), 0, "the held row is skipped");
+    tx.commit().await.unwrap();
+    assert_eq!(
+        store.purge().await.unwrap(),
+        0,
+        "nor deleted once claimed again"
+    );
+    assert_eq!(rows_of(&pool, &table).await, 1);
+}
+
+// ---- what rests in the table, and failures ------------------------------------------------------
+
+#[tokio::test]
+async fn mysql_only_hashes_rest_in_the_table() {
+    let Some(server) = MariaDbServer::shared() else {
+        return;
+    };
+    let table = fresh_table("hashes");
+    let store = store_on(server, &table, "hashes").await;
+    let key = random_key();
+    let Claim::Claimed(token) = store.claim(&key, &fingerprint("a"), LONG).await.unwrap() else {
+        panic!("claimed")
+    };
+    let pool = server.pool(1).await;
+    let (k, token_col): (Vec<u8>, Vec<u8>) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT `key`, token FROM {table}"
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        k,
+        store.row_key(&key),
+        "the key column is the prefix hash and the store key"
+    );
+    assert_eq!(&k[8..], key.id());
+    assert_eq!(
+        token_col,
+        token.as_bytes(),
+        "the claim's token fences the row"
+    );
+}
+
+#[tokio::test]
+async fn mysql_an_unreachable_server_is_unavailable() {
+    let port = crate::support::ports::free_port(false);
+    let e = MySqlStore::connect(&format!("mysql://root@127.0.0.1:{port}/app"), "x")
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Unavailable);
+}
+
+#[tokio::test]
+async fn mysql_a_claim_stuck_behind_a_held_row_times_out_and_the_store_recovers() {
+    let Some(server) = MariaDbServer::shared() else {
+        return;
+    };
+    let table = fresh_table("stuck");
+    let store = store_on(server, &table, "stuck").await;
+    let pool = server.pool(2).await;
+    let key = random_key();
+    // A transaction holds the key's row (as the transactional door's first request does).
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {table} (`key`, expires_at, state, fingerprint, token) \
+         VALUES (?, UTC_TIMESTAMP(6) + INTERVAL 60 SECOND, 'P', UNHEX(SHA2('x', 256)), X'00')"
+    )))
+    .bind(&store.row_key(&key)[..])
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    let e = store
+        .claim(&key, &fingerprint("a"), LONG)
+        .await
+        .unwrap_err();
+    assert_eq!(e.kind(), StoreErrorKind::Timeout);
+    tx.rollback().await.unwrap();
+    assert!(matches!(
+        store.claim(&key, &fingerprint("a"), LONG).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+}
+
+/// Kills every connection to the `app` database: the server ends the store's sessions, as a
+/// restart, a failover or `wait_timeout` would.
+fn kill_sessions(server: &MariaDbServer) -> usize {
+    let ids = server
+        .sql("SELECT ID FROM information_schema.PROCESSLIST WHERE DB = 'app'")
+        .unwrap();
+    let ids: Vec<&str> = ids.split_whitespace().collect();
+    for id in &ids {
+        let _ = server.sql(&format!("KILL {id}"));
+    }
+    ids.len()
+}
+
+#[tokio::test]
+async fn mysql_sessions_the_server_ended_are_replaced_and_a_fenced_step_is_sent_again() {
+    if !crate::support::mariadb_server::available() {
+        return;
+    }
+    // A server of its own: the test ends every session on it.
+    let server = MariaDbServer::start();
+    let store = store_on(&server, "tower_idempotency", "ended").await;
+    let fp = fingerprint("a");
+    let key = random_key();
+    let Claim::Claimed(token) = store.claim(&key, &fp, LONG).await.unwrap() else {
+        panic!("claimed")
+    };
+    assert!(kill_sessions(&server) >= 1, "the store's session was found");
+    // At once: the connection is not checked (used within 1 s), the complete meets the ended
+    // session, and is sent once more on a new connection.
+    assert!(
+        store
+            .complete(&key, &token, &fp, record("a"), LONG)
+            .await
+            .unwrap()
+    );
+    assert!(matches!(
+        store.claim(&key, &fp, LONG).await.unwrap(),
+        Claim::Done { .. }
+    ));
+    // Idle past the check: the ended connection is checked, replaced, and a claim succeeds.
+    assert!(kill_sessions(&server) >= 1);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(matches!(
+        store.claim(&random_key(), &fp, LONG).await.unwrap(),
+        Claim::Claimed(_)
+    ));
+}
