@@ -131,8 +131,6 @@ where
     F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<Recorded, E>>,
 {
     let store = engine.store();
-    let plain = fingerprint;
-    let fingerprint = engine.keyed(plain);
     let own = !conn.is_in_transaction();
     let started = Started::now();
     let failed = |e: OpError| WithinError::store(e.into_store("SQLite claim in a transaction"));
@@ -153,7 +151,7 @@ where
             conn.begin().await
         };
         match begun {
-            Ok(tx) => Ok(held(engine, tx, key, plain, fingerprint, previous, started, work).await),
+            Ok(tx) => Ok(held(engine, tx, key, fingerprint, previous, started, work).await),
             Err(e) => Err(OpError::from(e)),
         }
     };
@@ -187,7 +185,6 @@ async fn held<F, E>(
     mut tx: Transaction<'_, Sqlite>,
     key: StoreKey,
     plain: Fingerprint,
-    fingerprint: Fingerprint,
     previous: i64,
     started: Started,
     work: F,
@@ -196,6 +193,7 @@ where
     F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<Recorded, E>>,
 {
     let store = engine.store();
+    let fingerprint = engine.keyed(plain);
     let held = claim_held(store, &mut tx, &key, &fingerprint, engine.lease()).await;
     let held = match (held, set_busy_timeout(&mut tx, previous).await) {
         (Ok(held), Ok(())) => Ok(held),
