@@ -77,8 +77,8 @@
 //!    [`name`](Sender::name) and the request's path, or the
 //!    [`endpoint`](WebhookLayer::endpoint) set. It is not scoped by a user: two endpoints
 //!    never share ids, and one endpoint's ids are the same whoever delivers. Every delivery
-//!    of one id is the same request, whatever its bytes: a sender may change a field
-//!    between two attempts of one event.
+//!    of one id is the same request, whatever its bytes and its method: a sender may change
+//!    a field between two attempts of one event.
 //! 4. The handler gets the request rebuilt with the verified bytes: `String`, `Bytes`,
 //!    `Json<T>` and every other axum extractor read it as sent. The
 //!    [`IdempotencyKey`] extractor gives the delivery id, and [`Steps`](crate::Steps) work

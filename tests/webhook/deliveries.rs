@@ -348,3 +348,51 @@ async fn a_store_fault_runs_no_event_without_a_claim_and_loses_no_answer() {
     );
     assert_eq!(handler.runs("evt_store"), 1);
 }
+
+/// A captured delivery sent again under another method, to a route that takes any method,
+/// is the same event: answered from the record, not run again. A method the HTTP door would
+/// pass by (an extension method such as `PROPFIND`, or `GET`) must not let a verified
+/// delivery reach the handler without a claim.
+#[tokio::test]
+async fn a_delivery_sent_again_under_another_method_is_not_run_again() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let engine = Engine::new(Arc::new(MemoryStore::new()));
+    let runs = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&runs);
+    let github = tower_idempotency::webhook::GitHub::new(sign::GITHUB_SECRET).unwrap();
+    let app = Router::new().route(
+        "/webhooks/github",
+        axum::routing::any(move |body: String| {
+            let counted = Arc::clone(&counted);
+            async move {
+                let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+                format!("run {n}: {} bytes", body.len())
+            }
+        })
+        .layer(WebhookLayer::new(github, engine)),
+    );
+    let server = TestServer::start(app).await;
+    let delivery = sign::github("d-methods");
+    let first = deliver(&server, &delivery).await;
+    assert_eq!((first.status, first.replayed), (200, false), "{first:?}");
+    for method in ["PROPFIND", "GET", "PUT"] {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut req = server
+            .client()
+            .request(method.clone(), server.url(delivery.path))
+            .body(delivery.body.clone());
+        for (name, value) in &delivery.headers {
+            req = req.header(*name, value);
+        }
+        let res = req.send().await.expect("the server answers");
+        assert_eq!(res.status().as_u16(), 200, "{method}");
+        assert_eq!(
+            res.headers()
+                .get("idempotent-replayed")
+                .and_then(|v| v.to_str().ok()),
+            Some("true"),
+            "{method}: the recorded answer"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the event ran once");
+}
