@@ -396,3 +396,30 @@ async fn a_delivery_sent_again_under_another_method_is_not_run_again() {
     }
     assert_eq!(runs.load(Ordering::SeqCst), 1, "the event ran once");
 }
+
+/// GitHub signs neither the path nor its delivery id's endpoint: a captured delivery sent
+/// again to another path of the same route (a route with a parameter) verifies. Kept by the
+/// concrete path, its id is not found there, and the event runs again; kept by the route's
+/// template it would be the record.
+#[tokio::test]
+#[ignore = "design open: the default endpoint is the concrete path, so a parameterized route lets a captured unsigned-id delivery run again under another path"]
+async fn a_delivery_sent_again_to_another_path_of_its_route_is_not_run_again() {
+    let engine = Engine::new(Arc::new(MemoryStore::new()));
+    let handler = Handler::new();
+    let github = tower_idempotency::webhook::GitHub::new(sign::GITHUB_SECRET).unwrap();
+    let app = Router::new()
+        .route(
+            "/webhooks/github/{hook}",
+            post(crate::app::receive).layer(WebhookLayer::new(github, engine)),
+        )
+        .with_state(Arc::clone(&handler));
+    let server = TestServer::start(app).await;
+    let at = |path: &'static str| Delivery {
+        path,
+        ..sign::github("d-paths")
+    };
+    assert!(!deliver(&server, &at("/webhooks/github/main")).await.replayed);
+    let elsewhere = deliver(&server, &at("/webhooks/github/other")).await;
+    assert!(elsewhere.replayed, "{elsewhere:?}");
+    assert_eq!(handler.runs("d-paths"), 1);
+}
