@@ -418,7 +418,11 @@ async fn a_delivery_sent_again_to_another_path_of_its_route_is_not_run_again() {
         path,
         ..sign::github("d-paths")
     };
-    assert!(!deliver(&server, &at("/webhooks/github/main")).await.replayed);
+    assert!(
+        !deliver(&server, &at("/webhooks/github/main"))
+            .await
+            .replayed
+    );
     let elsewhere = deliver(&server, &at("/webhooks/github/other")).await;
     assert!(elsewhere.replayed, "{elsewhere:?}");
     assert_eq!(handler.runs("d-paths"), 1);
