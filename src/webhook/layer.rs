@@ -359,7 +359,9 @@ fn refuse<B: Body>(config: &crate::http::Config, e: &WebhookError) -> Response<R
         Outcome::KeyInvalid
     };
     config.metrics.request(false, outcome);
-    tracing::info!(door = "webhook", outcome = outcome.as_str(), code = e.code(), error = %e, "webhook delivery refused; nothing stored");
+    // At `DEBUG`, as the HTTP door's refusals: anyone can send unsigned requests, and a line
+    // each would let them flood the logs. The metric counts them.
+    tracing::debug!(door = "webhook", outcome = outcome.as_str(), code = e.code(), error = %e, "webhook delivery refused; nothing stored");
     let mut res = e
         .to_problem_response()
         .map(|b| ResponseBody::buffered(b, None));

@@ -427,3 +427,38 @@ async fn a_delivery_sent_again_to_another_path_of_its_route_is_not_run_again() {
     assert!(elsewhere.replayed, "{elsewhere:?}");
     assert_eq!(handler.runs("d-paths"), 1);
 }
+
+/// Counts the crate's events at `INFO` and above.
+#[derive(Clone, Default)]
+struct Loud(Arc<std::sync::atomic::AtomicU64>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Loud {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let meta = event.metadata();
+        if *meta.level() <= tracing::Level::INFO && meta.target().starts_with("tower_idempotency") {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+/// Anyone can send an endpoint unsigned requests: refusing them writes no line per request at
+/// the levels a service logs by default (the HTTP door logs its refusals at `DEBUG` too), so a
+/// flood of forgeries cannot flood the logs. They are counted as `outcome="unverified"`.
+#[tokio::test(flavor = "current_thread")]
+async fn forged_deliveries_write_no_log_line_each_at_info() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let loud = Loud::default();
+    let _subscriber =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(loud.clone()));
+    let (server, handler, _) = app().await;
+    for n in 0..50 {
+        let forged = sign::github_with("not the secret", "d-flood", &format!(r#"{{"n":{n}}}"#));
+        assert_eq!(deliver(&server, &forged).await.status, 401);
+    }
+    assert_eq!(handler.total(), 0);
+    assert_eq!(
+        loud.0.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "no line at INFO or above for a refused delivery"
+    );
+}
