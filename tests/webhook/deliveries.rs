@@ -462,3 +462,53 @@ async fn forged_deliveries_write_no_log_line_each_at_info() {
         "no line at INFO or above for a refused delivery"
     );
 }
+
+/// A handler that panics gives the sender no answer: the event stays pending for the lease
+/// (60 s by default), a redelivery meanwhile is 409, and the sender's retry after it runs the
+/// event again. Paused clock: the memory store's clock is tokio's.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_handler_that_panics_leaves_its_event_to_the_lease_then_the_retry_runs_it() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tower::ServiceExt;
+    let engine = Engine::new(Arc::new(MemoryStore::new()));
+    let runs = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&runs);
+    let github = tower_idempotency::webhook::GitHub::new(sign::GITHUB_SECRET).unwrap();
+    let app: Router = Router::new().route(
+        "/webhooks/github",
+        post(move || {
+            let counted = Arc::clone(&counted);
+            async move {
+                assert!(
+                    counted.fetch_add(1, Ordering::SeqCst) > 0,
+                    "the first run panics"
+                );
+                "ok"
+            }
+        })
+        .layer(WebhookLayer::new(github, engine)),
+    );
+    let delivery = sign::github("d-panic");
+    let request = || {
+        let mut req = http::Request::post(delivery.path);
+        for (name, value) in &delivery.headers {
+            req = req.header(*name, value);
+        }
+        req.body(axum::body::Body::from(delivery.body.clone()))
+            .unwrap()
+    };
+    let first = tokio::spawn(app.clone().oneshot(request())).await;
+    assert!(first.unwrap_err().is_panic(), "the first run panicked");
+    let during = app.clone().oneshot(request()).await.unwrap();
+    assert_eq!(during.status(), 409, "pending for the lease");
+    tokio::time::sleep(Duration::from_secs(59)).await;
+    let still = app.clone().oneshot(request()).await.unwrap();
+    assert_eq!(still.status(), 409, "still within the lease");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let retry = app.clone().oneshot(request()).await.unwrap();
+    assert_eq!(retry.status(), 200, "the lease lapsed: the retry runs");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    let again = app.oneshot(request()).await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
