@@ -91,7 +91,7 @@
 //! | a redelivery of a completed event | the recorded 2xx, with `idempotent-replayed: true`; the handler does not run |
 //! | a redelivery while the event runs | 409 `idempotency.in_flight` with `Retry-After`; the handler does not run |
 //! | after a handler's 5xx, 4xx or error | released: the sender's retry (GitHub's by hand) runs the handler again |
-//! | after a handler's panic, or a process killed mid-run | no answer; the event is pending until the lease lapses (60 s by default): 409 until then, then the sender's retry runs it |
+//! | after a handler's panic | no answer; the event is pending until the lease lapses (60 s by default): 409 until then, then the sender's retry runs it |
 //! | forged, stale, unsigned | 401 with the error's code; nothing stored |
 //! | verified, without a valid id | 400 with the error's code; nothing stored |
 //! | the store down | 503 `idempotency.store_failed`; the handler does not run |
