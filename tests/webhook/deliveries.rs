@@ -512,3 +512,34 @@ async fn a_handler_that_panics_leaves_its_event_to_the_lease_then_the_retry_runs
     assert_eq!(again.headers()["idempotent-replayed"], "true");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
+
+/// A chunked body, of no declared length, over the limit: refused with 413 while read,
+/// before its signature is checked, though the signature is genuine; nothing run or stored.
+#[tokio::test]
+async fn a_chunked_body_over_the_limit_is_refused_while_read() {
+    use tower::ServiceExt;
+    let engine = Engine::new(Arc::new(MemoryStore::new()));
+    let handler = Handler::new();
+    let app = router(engine.clone(), Arc::clone(&handler));
+    let pad = "x".repeat(1024 * 1024);
+    let big = sign::stripe_at(
+        sign::STRIPE_SECRET,
+        sign::now(),
+        &format!(r#"{{"id":"evt_chunked","pad":"{pad}"}}"#),
+    );
+    let chunks: Vec<Result<axum::body::Bytes, std::io::Error>> = big
+        .body
+        .as_bytes()
+        .chunks(64 * 1024)
+        .map(|c| Ok(axum::body::Bytes::copy_from_slice(c)))
+        .collect();
+    let mut req = http::Request::post(big.path).header("content-type", "application/json");
+    for (name, value) in &big.headers {
+        req = req.header(*name, value);
+    }
+    let body = axum::body::Body::from_stream(tokio_stream::iter(chunks));
+    let res = app.oneshot(req.body(body).unwrap()).await.unwrap();
+    assert_eq!(res.status(), 413);
+    assert_eq!(handler.total(), 0);
+    assert_eq!(engine.store().stats().entries, 0);
+}
