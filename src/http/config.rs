@@ -171,6 +171,10 @@ pub(crate) struct Config {
     pub(crate) principal_fn: Option<PrincipalFn>,
     pub(crate) principal_mode: PrincipalMode,
     pub(crate) methods: Option<Vec<Method>>,
+    /// Acts on every method, extension methods too, whatever `methods` says: for a door
+    /// whose requests were all checked before (the webhook door), a method never lets one
+    /// reach the handler unclaimed.
+    pub(crate) every_method: bool,
     pub(crate) namespace: Arc<str>,
     pub(crate) max_key_len: usize,
     pub(crate) max_request_body: usize,
@@ -203,6 +207,7 @@ impl Default for Config {
             principal_fn: None,
             principal_mode: PrincipalMode::Required,
             methods: None,
+            every_method: false,
             namespace: Arc::from("http"),
             max_key_len: DEFAULT_MAX_KEY_LEN,
             max_request_body: MAX_REQUEST_BODY,
@@ -228,6 +233,7 @@ impl fmt::Debug for Config {
             .field("require_key", &self.require_key)
             .field("principal_mode", &self.principal_mode)
             .field("methods", &self.methods)
+            .field("every_method", &self.every_method)
             .field("namespace", &self.namespace)
             .field("max_key_len", &self.max_key_len)
             .field("max_request_body", &self.max_request_body)
@@ -255,6 +261,9 @@ impl Config {
 
     /// Step 1: does the layer act on this method at all?
     pub(crate) fn applies_to(&self, method: &Method) -> bool {
+        if self.every_method {
+            return true;
+        }
         match &self.methods {
             Some(m) => m.contains(method),
             None => !matches!(

@@ -12,7 +12,7 @@ use crate::http::{
 use crate::metrics::{Door, Outcome};
 use crate::store::{MemoryStore, Store};
 use bytes::Bytes;
-use http::{Method, Request, Response};
+use http::{Request, Response};
 use http_body::Body;
 use std::fmt;
 use std::future::Future;
@@ -35,19 +35,6 @@ const NAMESPACE: &str = "webhook";
 /// Every delivery is one request: the fingerprint is the same for all, so a redelivery whose
 /// bytes differ (a sender may change a field between attempts) is still the same event.
 const FINGERPRINT: &[u8] = b"tower-idempotency/webhook/v1";
-
-/// The methods the inner layer claims: all of them, since every request was verified.
-const METHODS: [Method; 9] = [
-    Method::POST,
-    Method::PUT,
-    Method::PATCH,
-    Method::DELETE,
-    Method::GET,
-    Method::HEAD,
-    Method::OPTIONS,
-    Method::TRACE,
-    Method::CONNECT,
-];
 
 /// What verification found, for the inner layer: the delivery's key and its endpoint's scope.
 /// Private, so no request can carry one that was not verified here.
@@ -130,7 +117,9 @@ impl<Se: Sender, St: Store> WebhookLayer<Se, St> {
                 c.principal_fn = Some(Arc::new(|parts: &http::request::Parts| {
                     parts.extensions.get::<Verified>().map(|v| v.scope.clone())
                 }));
-                c.methods = Some(METHODS.to_vec());
+                // Every method, extension methods too: a verified delivery sent again under
+                // another method is still the same event, never run unclaimed.
+                c.every_method = true;
                 c.namespace = Arc::from(NAMESPACE);
                 c.max_request_body = MAX_REQUEST_BODY;
                 // The sender's id names the event: every delivery of one id is one request.
@@ -370,7 +359,9 @@ fn refuse<B: Body>(config: &crate::http::Config, e: &WebhookError) -> Response<R
         Outcome::KeyInvalid
     };
     config.metrics.request(false, outcome);
-    tracing::info!(door = "webhook", outcome = outcome.as_str(), code = e.code(), error = %e, "webhook delivery refused; nothing stored");
+    // At `DEBUG`, as the HTTP door's refusals: anyone can send unsigned requests, and a line
+    // each would let them flood the logs. The metric counts them.
+    tracing::debug!(door = "webhook", outcome = outcome.as_str(), code = e.code(), error = %e, "webhook delivery refused; nothing stored");
     let mut res = e
         .to_problem_response()
         .map(|b| ResponseBody::buffered(b, None));

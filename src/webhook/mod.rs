@@ -38,8 +38,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! A webhook sender delivers each event at least once: it retries when the answer is slow or
-//! not 2xx. A [`Sender`] checks that a delivery comes from the sender, and gives the
+//! A webhook sender delivers each event at least once: Stripe, Shopify and Standard Webhooks
+//! senders retry when the answer is slow or not 2xx, and GitHub delivers again when asked to
+//! by hand. A [`Sender`] checks that a delivery comes from the sender, and gives the
 //! delivery's [`IdempotencyKey`]: the sender's own id for the event, the same on every
 //! retry. A [`WebhookLayer`] on the sender's route verifies each delivery, then runs its
 //! event once under that key, through the [HTTP door](crate::http)'s claim, replay and
@@ -77,8 +78,8 @@
 //!    [`name`](Sender::name) and the request's path, or the
 //!    [`endpoint`](WebhookLayer::endpoint) set. It is not scoped by a user: two endpoints
 //!    never share ids, and one endpoint's ids are the same whoever delivers. Every delivery
-//!    of one id is the same request, whatever its bytes: a sender may change a field
-//!    between two attempts of one event.
+//!    of one id is the same request, whatever its bytes and its method: a sender may change
+//!    a field between two attempts of one event.
 //! 4. The handler gets the request rebuilt with the verified bytes: `String`, `Bytes`,
 //!    `Json<T>` and every other axum extractor read it as sent. The
 //!    [`IdempotencyKey`] extractor gives the delivery id, and [`Steps`](crate::Steps) work
@@ -89,21 +90,24 @@
 //! | the first of its id | the handler's; a 2xx is recorded |
 //! | a redelivery of a completed event | the recorded 2xx, with `idempotent-replayed: true`; the handler does not run |
 //! | a redelivery while the event runs | 409 `idempotency.in_flight` with `Retry-After`; the handler does not run |
-//! | after a handler's 5xx, 4xx or error | released: the sender's retry runs the handler again |
+//! | after a handler's 5xx, 4xx or error | released: the sender's retry (GitHub's by hand) runs the handler again |
+//! | after a handler's panic | no answer; the event is pending until the lease lapses (60 s by default): 409 until then, then the sender's retry runs it |
 //! | forged, stale, unsigned | 401 with the error's code; nothing stored |
 //! | verified, without a valid id | 400 with the error's code; nothing stored |
 //! | the store down | 503 `idempotency.store_failed`; the handler does not run |
 //!
-//! **In flight: 409.** Every built-in sender retries any answer that is not 2xx, later, on
-//! its own schedule, so the status only has to be not 2xx and not a success a sender might
-//! count. 409 with `Retry-After` is the answer every door of the crate gives a repeat whose
+//! **In flight: 409.** Stripe, Shopify and Standard Webhooks senders retry any answer that
+//! is not 2xx, later, on their own schedule, so the status only has to be not 2xx and not a
+//! success a sender might count. GitHub never delivers again by itself: a delivery it saw
+//! fail is delivered again only by hand, from the hook's recent deliveries or its API. 409 with `Retry-After` is the answer every door of the crate gives a repeat whose
 //! first run has not finished, with its code `idempotency.in_flight`; a 503 would read as the
 //! receiver being down. The first run goes on, and is recorded, even when the sender has
-//! hung up on it. [`wait_in_flight`](WebhookLayer::wait_in_flight) makes the redelivery wait
+//! hung up on it, for up to 5 minutes after, as in the HTTP door (see
+//! [`run_to_completion`](crate::IdempotencyLayer::run_to_completion)). [`wait_in_flight`](WebhookLayer::wait_in_flight) makes the redelivery wait
 //! for it instead.
 //!
 //! **A handler's 4xx is released.** Only a 2xx tells a sender the event was taken; any
-//! other answer it delivers again. Recorded, a 4xx would answer every one of those retries
+//! other answer it delivers again (GitHub, when asked by hand). Recorded, a 4xx would answer every one of those retries
 //! with the same refusal, and a handler fixed meanwhile would never see the event. Released,
 //! each retry runs the handler again, as after a 5xx. A handler that did the event's work and
 //! still answers a 4xx says so with [`declare`](crate::http::declare)`(Verdict::Record)`:

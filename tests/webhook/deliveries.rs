@@ -348,3 +348,198 @@ async fn a_store_fault_runs_no_event_without_a_claim_and_loses_no_answer() {
     );
     assert_eq!(handler.runs("evt_store"), 1);
 }
+
+/// A captured delivery sent again under another method, to a route that takes any method,
+/// is the same event: answered from the record, not run again. A method the HTTP door would
+/// pass by (an extension method such as `PROPFIND`, or `GET`) must not let a verified
+/// delivery reach the handler without a claim.
+#[tokio::test]
+async fn a_delivery_sent_again_under_another_method_is_not_run_again() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let engine = Engine::new(Arc::new(MemoryStore::new()));
+    let runs = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&runs);
+    let github = tower_idempotency::webhook::GitHub::new(sign::GITHUB_SECRET).unwrap();
+    let app = Router::new().route(
+        "/webhooks/github",
+        axum::routing::any(move |body: String| {
+            let counted = Arc::clone(&counted);
+            async move {
+                let n = counted.fetch_add(1, Ordering::SeqCst) + 1;
+                format!("run {n}: {} bytes", body.len())
+            }
+        })
+        .layer(WebhookLayer::new(github, engine)),
+    );
+    let server = TestServer::start(app).await;
+    let delivery = sign::github("d-methods");
+    let first = deliver(&server, &delivery).await;
+    assert_eq!((first.status, first.replayed), (200, false), "{first:?}");
+    for method in ["PROPFIND", "GET", "PUT"] {
+        let method = reqwest::Method::from_bytes(method.as_bytes()).unwrap();
+        let mut req = server
+            .client()
+            .request(method.clone(), server.url(delivery.path))
+            .body(delivery.body.clone());
+        for (name, value) in &delivery.headers {
+            req = req.header(*name, value);
+        }
+        let res = req.send().await.expect("the server answers");
+        assert_eq!(res.status().as_u16(), 200, "{method}");
+        assert_eq!(
+            res.headers()
+                .get("idempotent-replayed")
+                .and_then(|v| v.to_str().ok()),
+            Some("true"),
+            "{method}: the recorded answer"
+        );
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the event ran once");
+}
+
+/// GitHub signs neither the path nor its delivery id's endpoint: a captured delivery sent
+/// again to another path of the same route (a route with a parameter) verifies. Kept by the
+/// concrete path, its id is not found there, and the event runs again; kept by the route's
+/// template it would be the record.
+#[tokio::test]
+#[ignore = "design open: the default endpoint is the concrete path, so a parameterized route lets a captured unsigned-id delivery run again under another path"]
+async fn a_delivery_sent_again_to_another_path_of_its_route_is_not_run_again() {
+    let engine = Engine::new(Arc::new(MemoryStore::new()));
+    let handler = Handler::new();
+    let github = tower_idempotency::webhook::GitHub::new(sign::GITHUB_SECRET).unwrap();
+    let app = Router::new()
+        .route(
+            "/webhooks/github/{hook}",
+            post(crate::app::receive).layer(WebhookLayer::new(github, engine)),
+        )
+        .with_state(Arc::clone(&handler));
+    let server = TestServer::start(app).await;
+    let at = |path: &'static str| Delivery {
+        path,
+        ..sign::github("d-paths")
+    };
+    assert!(
+        !deliver(&server, &at("/webhooks/github/main"))
+            .await
+            .replayed
+    );
+    let elsewhere = deliver(&server, &at("/webhooks/github/other")).await;
+    assert!(elsewhere.replayed, "{elsewhere:?}");
+    assert_eq!(handler.runs("d-paths"), 1);
+}
+
+/// Counts the crate's events at `INFO` and above.
+#[derive(Clone, Default)]
+struct Loud(Arc<std::sync::atomic::AtomicU64>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Loud {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        let meta = event.metadata();
+        if *meta.level() <= tracing::Level::INFO && meta.target().starts_with("tower_idempotency") {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    }
+}
+
+/// Anyone can send an endpoint unsigned requests: refusing them writes no line per request at
+/// the levels a service logs by default (the HTTP door logs its refusals at `DEBUG` too), so a
+/// flood of forgeries cannot flood the logs. They are counted as `outcome="unverified"`.
+#[tokio::test(flavor = "current_thread")]
+async fn forged_deliveries_write_no_log_line_each_at_info() {
+    use tracing_subscriber::layer::SubscriberExt;
+    let loud = Loud::default();
+    let _subscriber =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(loud.clone()));
+    let (server, handler, _) = app().await;
+    for n in 0..50 {
+        let forged = sign::github_with("not the secret", "d-flood", &format!(r#"{{"n":{n}}}"#));
+        assert_eq!(deliver(&server, &forged).await.status, 401);
+    }
+    assert_eq!(handler.total(), 0);
+    assert_eq!(
+        loud.0.load(std::sync::atomic::Ordering::SeqCst),
+        0,
+        "no line at INFO or above for a refused delivery"
+    );
+}
+
+/// A handler that panics gives the sender no answer: the event stays pending for the lease
+/// (60 s by default), a redelivery meanwhile is 409, and the sender's retry after it runs the
+/// event again. Paused clock: the memory store's clock is tokio's.
+#[tokio::test(flavor = "current_thread", start_paused = true)]
+async fn a_handler_that_panics_leaves_its_event_to_the_lease_then_the_retry_runs_it() {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use tower::ServiceExt;
+    let engine = Engine::new(Arc::new(MemoryStore::new()));
+    let runs = Arc::new(AtomicU64::new(0));
+    let counted = Arc::clone(&runs);
+    let github = tower_idempotency::webhook::GitHub::new(sign::GITHUB_SECRET).unwrap();
+    let app: Router = Router::new().route(
+        "/webhooks/github",
+        post(move || {
+            let counted = Arc::clone(&counted);
+            async move {
+                assert!(
+                    counted.fetch_add(1, Ordering::SeqCst) > 0,
+                    "the first run panics"
+                );
+                "ok"
+            }
+        })
+        .layer(WebhookLayer::new(github, engine)),
+    );
+    let delivery = sign::github("d-panic");
+    let request = || {
+        let mut req = http::Request::post(delivery.path);
+        for (name, value) in &delivery.headers {
+            req = req.header(*name, value);
+        }
+        req.body(axum::body::Body::from(delivery.body.clone()))
+            .unwrap()
+    };
+    let first = tokio::spawn(app.clone().oneshot(request())).await;
+    assert!(first.unwrap_err().is_panic(), "the first run panicked");
+    let during = app.clone().oneshot(request()).await.unwrap();
+    assert_eq!(during.status(), 409, "pending for the lease");
+    tokio::time::sleep(Duration::from_secs(59)).await;
+    let still = app.clone().oneshot(request()).await.unwrap();
+    assert_eq!(still.status(), 409, "still within the lease");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let retry = app.clone().oneshot(request()).await.unwrap();
+    assert_eq!(retry.status(), 200, "the lease lapsed: the retry runs");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+    let again = app.oneshot(request()).await.unwrap();
+    assert_eq!(again.headers()["idempotent-replayed"], "true");
+    assert_eq!(runs.load(Ordering::SeqCst), 2);
+}
+
+/// A chunked body, of no declared length, over the limit: refused with 413 while read,
+/// before its signature is checked, though the signature is genuine; nothing run or stored.
+#[tokio::test]
+async fn a_chunked_body_over_the_limit_is_refused_while_read() {
+    use tower::ServiceExt;
+    let engine = Engine::new(Arc::new(MemoryStore::new()));
+    let handler = Handler::new();
+    let app = router(engine.clone(), Arc::clone(&handler));
+    let pad = "x".repeat(1024 * 1024);
+    let big = sign::stripe_at(
+        sign::STRIPE_SECRET,
+        sign::now(),
+        &format!(r#"{{"id":"evt_chunked","pad":"{pad}"}}"#),
+    );
+    let chunks: Vec<Result<axum::body::Bytes, std::io::Error>> = big
+        .body
+        .as_bytes()
+        .chunks(64 * 1024)
+        .map(|c| Ok(axum::body::Bytes::copy_from_slice(c)))
+        .collect();
+    let mut req = http::Request::post(big.path).header("content-type", "application/json");
+    for (name, value) in &big.headers {
+        req = req.header(*name, value);
+    }
+    let body = axum::body::Body::from_stream(tokio_stream::iter(chunks));
+    let res = app.oneshot(req.body(body).unwrap()).await.unwrap();
+    assert_eq!(res.status(), 413);
+    assert_eq!(handler.total(), 0);
+    assert_eq!(engine.store().stats().entries, 0);
+}
