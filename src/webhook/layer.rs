@@ -153,11 +153,13 @@ impl<Se: Sender, St: Store> WebhookLayer<Se, St> {
     }
 
     /// The endpoint the delivery ids are kept for, with the sender's
-    /// [`name`](Sender::name). Default: the request's path, as the route sees it.
+    /// [`name`](Sender::name). Default: the route's template, axum's `MatchedPath`
+    /// (`/webhooks/github/{hook}`), where the layer sits on an axum route; else the request's
+    /// path. So a delivery sent again to another path of its route is replayed, not run again:
+    /// GitHub and Shopify sign the body only, not the path.
     ///
-    /// Two endpoints never share ids: one sender's event delivered to two endpoints runs once
-    /// at each. Set it to keep the ids when a route moves, or to give two paths one set of
-    /// ids.
+    /// Two endpoints never share ids: one sender's event delivered to two routes runs once at
+    /// each. Set it to keep the ids when a route moves, or to give two routes one set of ids.
     ///
     /// ```
     /// use std::time::Duration;
@@ -336,7 +338,7 @@ where
                 Err(e) => return Ok(refuse(&state.config, &e)),
             };
             // 3. The claim, scoped by the sender and the endpoint, in the HTTP door.
-            let endpoint = endpoint.unwrap_or_else(|| Arc::from(parts.uri.path()));
+            let endpoint = endpoint.unwrap_or_else(|| route_of(&parts));
             let scope = Scope::principal(&*endpoint).with_tenant(sender.name());
             parts.extensions.insert(Verified { key, scope });
             inner
@@ -367,4 +369,14 @@ fn refuse<B: Body>(config: &crate::http::Config, e: &WebhookError) -> Response<R
         .map(|b| ResponseBody::buffered(b, None));
     res.extensions_mut().insert(kind);
     res
+}
+
+/// The endpoint of a delivery without a set one: the route's template where axum routed it,
+/// so the values of a path parameter share one set of ids; else the path.
+fn route_of(parts: &http::request::Parts) -> Arc<str> {
+    #[cfg(feature = "axum")]
+    if let Some(route) = parts.extensions.get::<axum::extract::MatchedPath>() {
+        return Arc::from(route.as_str());
+    }
+    Arc::from(parts.uri.path())
 }

@@ -75,8 +75,8 @@
 //!    from the sender (a signature or signed timestamp missing, malformed, forged or stale),
 //!    400 when it is but names no valid delivery id. See [`WebhookErrorKind::status`].
 //! 3. The claim, under the sender's delivery id, in the scope of the endpoint: the sender's
-//!    [`name`](Sender::name) and the request's path, or the
-//!    [`endpoint`](WebhookLayer::endpoint) set. It is not scoped by a user: two endpoints
+//!    [`name`](Sender::name) and the route's template (axum's `MatchedPath`, else the
+//!    request's path), or the [`endpoint`](WebhookLayer::endpoint) set. It is not scoped by a user: two endpoints
 //!    never share ids, and one endpoint's ids are the same whoever delivers. Every delivery
 //!    of one id is the same request, whatever its bytes and its method: a sender may change
 //!    a field between two attempts of one event.

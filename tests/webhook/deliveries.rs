@@ -398,11 +398,9 @@ async fn a_delivery_sent_again_under_another_method_is_not_run_again() {
 }
 
 /// GitHub signs neither the path nor its delivery id's endpoint: a captured delivery sent
-/// again to another path of the same route (a route with a parameter) verifies. Kept by the
-/// concrete path, its id is not found there, and the event runs again; kept by the route's
-/// template it would be the record.
+/// again to another path of the same route (a route with a parameter) verifies. Its id is kept
+/// by the route's template, so it is found there and replayed, not run again.
 #[tokio::test]
-#[ignore = "design open: the default endpoint is the concrete path, so a parameterized route lets a captured unsigned-id delivery run again under another path"]
 async fn a_delivery_sent_again_to_another_path_of_its_route_is_not_run_again() {
     let engine = Engine::new(Arc::new(MemoryStore::new()));
     let handler = Handler::new();
