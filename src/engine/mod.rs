@@ -479,6 +479,20 @@ impl<S: Store> Engine<S> {
         fingerprint: Fingerprint,
         bound: Duration,
     ) -> Result<Begin, StoreError> {
+        self.begin_waiting_seen(key, fingerprint, bound, &mut false)
+            .await
+    }
+
+    /// As [`begin_waiting`](Self::begin_waiting); `in_flight` is set once the store answered
+    /// that the key is in flight, so a door that fails open knows a later failure is no
+    /// outage of a free key.
+    pub(crate) async fn begin_waiting_seen(
+        &self,
+        key: StoreKey,
+        fingerprint: Fingerprint,
+        bound: Duration,
+        in_flight: &mut bool,
+    ) -> Result<Begin, StoreError> {
         const FIRST_POLL: Duration = Duration::from_millis(10);
         const MAX_POLL: Duration = Duration::from_millis(250);
         let deadline = tokio::time::Instant::now() + bound.min(LONGEST);
@@ -489,6 +503,7 @@ impl<S: Store> Engine<S> {
             if !matches!(begin, Begin::InFlight) || now >= deadline {
                 return Ok(begin);
             }
+            *in_flight = true;
             let left = deadline - now;
             let within = if self.store.notifies_settled() {
                 left

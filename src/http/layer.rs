@@ -480,6 +480,9 @@ impl<St: Store> IdempotencyLayer<St> {
     ///
     /// Only an unreachable or silent store fails open. A full store or scope (429, 503), an
     /// answer the store cannot understand, and every record found are answered as without it.
+    /// So is a repeat that [waits](Self::wait_in_flight) for its key in flight and then gets
+    /// no answer: the store said the key is taken, so it is refused (503), never run beside
+    /// the first run.
     /// The handler's [`Steps`](crate::Steps) are not tied to a claim: a step refuses to run
     /// ([`StepErrorKind::NotClaimed`](crate::engine::StepErrorKind::NotClaimed)).
     ///

@@ -365,12 +365,21 @@ where
         let fingerprint = config.fingerprint(&parts, &body);
         let store_key = config.store_key(&scope, &key);
 
+        // Set once the store answered that the key is in flight: a later failure of the wait
+        // is no outage of a free key, and never fails open beside the run in flight.
+        let mut in_flight = false;
         let begun = if config.wait_in_flight.is_zero() {
             engine.begin(store_key, fingerprint).await
         } else {
             // Boxed, as the 409 path's lookup below: rare paths that would otherwise size every
             // keyed request's future.
-            Box::pin(engine.begin_waiting(store_key, fingerprint, config.wait_in_flight)).await
+            Box::pin(engine.begin_waiting_seen(
+                store_key,
+                fingerprint,
+                config.wait_in_flight,
+                &mut in_flight,
+            ))
+            .await
         };
         let ticket = match begun {
             Ok(Begin::Run(ticket)) => ticket,
@@ -416,7 +425,7 @@ where
                 tracing::warn!(outcome = "record_invalid", key = ?store_key, error = %e, "stored record failed validation; not replayed");
                 return Ok(render(&state, record_invalid(), grpc));
             }
-            Err(e) if config.fail_open && store_down(&e) => {
+            Err(e) if config.fail_open && !in_flight && store_down(&e) => {
                 observe(config, grpc, metrics::Outcome::RanUnclaimed);
                 tracing::warn!(outcome = "ran_unclaimed", key = ?store_key, error = %e, "idempotency store down; the handler runs without a claim (fail open): a repeat may run it again, and its response is not recorded");
                 // The key for the extractors; no claim, so a step refuses to run.

@@ -34,6 +34,10 @@ struct Silent {
     claim: AtomicBool,
     complete: AtomicBool,
     steps: AtomicBool,
+    /// Claims answered so far.
+    claims: AtomicUsize,
+    /// When not zero, the claims after this many answered never answer.
+    silent_after: AtomicUsize,
 }
 
 async fn unless<T>(hang: &AtomicBool, f: impl Future<Output = T>) -> T {
@@ -50,6 +54,10 @@ impl Store for Silent {
         fp: &Fingerprint,
         lease: Duration,
     ) -> Result<Claim, StoreError> {
+        let after = self.silent_after.load(SeqCst);
+        if after != 0 && self.claims.fetch_add(1, SeqCst) >= after {
+            std::future::pending::<()>().await;
+        }
         unless(&self.claim, self.inner.claim(key, fp, lease)).await
     }
     async fn complete(
@@ -306,4 +314,58 @@ async fn failing_open_a_claim_that_never_answers_runs_the_handler_at_the_bound()
             == "true"
     );
     assert_eq!(runs.load(SeqCst), 3);
+}
+
+/// Failing open and waiting in flight: a repeat whose claim found the first run in flight, and
+/// whose later look at the key got no answer, never runs the work beside the first run: the
+/// store had said the key is taken. It is answered 503, the handler not run again.
+#[tokio::test(start_paused = true)]
+async fn failing_open_a_repeat_that_found_its_key_in_flight_never_runs_beside_it() {
+    let store = Arc::new(Silent::default());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (r, g) = (Arc::clone(&runs), Arc::clone(&gate));
+    let svc = IdempotencyLayer::new(Engine::from_arc(Arc::clone(&store)))
+        .fail_open(true)
+        .wait_in_flight(Duration::from_secs(120))
+        .layer(service_fn(
+            move |_req: Request<RequestBody<Full<Bytes>>>| {
+                let run = r.fetch_add(1, SeqCst) + 1;
+                let g = Arc::clone(&g);
+                async move {
+                    // The first run goes on until released.
+                    if run == 1 {
+                        let _permit = g.acquire().await.expect("open");
+                    }
+                    Ok::<_, Infallible>(
+                        Response::builder()
+                            .status(201)
+                            .body(Full::new(Bytes::from_static(b"made")))
+                            .expect("response"),
+                    )
+                }
+            },
+        ));
+
+    // The first claim and the repeat's first look answer; every claim after them is silent.
+    store.silent_after.store(2, SeqCst);
+    let first = tokio::spawn(svc.clone().oneshot(request("k-1")));
+    while runs.load(SeqCst) == 0 {
+        tokio::task::yield_now().await;
+    }
+    let res = tokio::time::timeout(STORE_TIMEOUT * 4, svc.clone().oneshot(request("k-1")))
+        .await
+        .expect("answered within the bound")
+        .expect("infallible");
+    assert_eq!(
+        runs.load(SeqCst),
+        1,
+        "the repeat ran beside the first run ({})",
+        res.status()
+    );
+    assert_eq!(res.status(), 503);
+
+    gate.add_permits(1);
+    let first = first.await.expect("joined").expect("infallible");
+    assert_eq!(first.status(), 201);
 }
