@@ -6,7 +6,13 @@
 //!   as the layer's [`require_key`], with the key's length limit;
 //! - the problem+json answers 400, 409 (with `Retry-After`) and 422, each with the codes the
 //!   layer sends under that status (`idempotency.key_missing`, …);
-//! - the replay header, `Idempotent-Replayed`, on every 2xx answer the operation declares.
+//! - the replay header, `Idempotent-Replayed`, on every answer the operation declares that
+//!   the layer records and so replays: 2xx, 3xx but 304, 4xx but 408, 425 and 429 (with
+//!   [`mark_first_runs`], on every 2xx to 5xx answer, as first runs carry it too).
+//!
+//! A route whose method the layer does not act on (GET, HEAD, OPTIONS and TRACE by default,
+//! or those outside its [`methods`]) is passed through without a key: nothing is declared on
+//! it.
 //!
 //! A generated client then knows the route takes a key, and that a retry with the same key
 //! is safe. Read the settings from the layer that serves the routes, so the document says
@@ -42,13 +48,15 @@
 //!
 //! [`header_name`]: crate::IdempotencyLayer::header_name
 //! [`require_key`]: crate::IdempotencyLayer::require_key
+//! [`mark_first_runs`]: crate::IdempotencyLayer::mark_first_runs
+//! [`methods`]: crate::IdempotencyLayer::methods
 
-use super::config::KeySource;
+use super::config::{Config, KeySource};
 use super::headers::{KEY_HEADER, REPLAYED_HEADER};
 use super::layer::IdempotencyLayer;
 use super::rejection::RejectionKind;
 use crate::engine::key::DEFAULT_MAX_KEY_LEN;
-use http::HeaderName;
+use http::{HeaderName, Method};
 use utoipa::openapi::path::{Operation, Parameter, ParameterIn};
 use utoipa::openapi::{
     Content, Header, HttpMethod, ObjectBuilder, OpenApi, RefOr, Required, Response, Schema, Type,
@@ -72,6 +80,8 @@ pub struct IdempotencyDoc {
     required: bool,
     max_key_len: usize,
     marks_first_runs: bool,
+    /// The methods the layer acts on, of those a document names.
+    acted_on: Vec<HttpMethod>,
     routes: Vec<(String, HttpMethod)>,
 }
 
@@ -82,6 +92,10 @@ impl std::fmt::Debug for IdempotencyDoc {
             .field("required", &self.required)
             .field("max_key_len", &self.max_key_len)
             .field("marks_first_runs", &self.marks_first_runs)
+            .field(
+                "acted_on",
+                &self.acted_on.iter().map(method_name).collect::<Vec<_>>(),
+            )
             .field(
                 "routes",
                 &self
@@ -102,6 +116,7 @@ impl Default for IdempotencyDoc {
             required: true,
             max_key_len: DEFAULT_MAX_KEY_LEN,
             marks_first_runs: false,
+            acted_on: acted_on(&Config::default()),
             routes: Vec::new(),
         }
     }
@@ -121,12 +136,14 @@ impl IdempotencyDoc {
             required: config.require_key,
             max_key_len: config.max_key_len,
             marks_first_runs: config.mark_first_runs,
+            acted_on: acted_on(config),
             routes: Vec::new(),
         }
     }
 
     /// Declares the operation of `method` on `path` (as the document writes it, such as
-    /// `/orders/{id}`) when used as a [`utoipa::Modify`].
+    /// `/orders/{id}`) when used as a [`utoipa::Modify`]. A method the layer does not act on
+    /// is skipped: the layer passes its requests through without a key.
     #[must_use]
     pub fn route(mut self, path: impl Into<String>, method: HttpMethod) -> Self {
         self.routes.push((path.into(), method));
@@ -135,7 +152,9 @@ impl IdempotencyDoc {
 
     /// Declares on `operation`: the key header as a parameter (replacing one of the same name),
     /// the 400, 409 and 422 problem answers (added beside the operation's own content for
-    /// those statuses), and the replay header on each 2xx answer it declares.
+    /// those statuses), and the replay header on each answer it declares that the layer
+    /// replays (see the [module docs](self)). It does not know the operation's method: use it
+    /// only on one the layer acts on.
     ///
     /// ```
     /// use tower_idempotency::http::openapi::IdempotencyDoc;
@@ -159,7 +178,7 @@ impl IdempotencyDoc {
         }
         let replayed = self.replayed_header();
         for (status, response) in &mut operation.responses.responses {
-            if status.starts_with('2')
+            if self.carries_replay_header(status)
                 && let RefOr::T(response) = response
             {
                 response
@@ -185,6 +204,27 @@ impl IdempotencyDoc {
                         .or_insert_with(retry_after_header);
                 }
             }
+        }
+    }
+
+    /// Whether an answer of `status` (`201`, or a range such as `2XX`) may carry the replay
+    /// header: one the layer records (so replays), or with first runs marked, any the handler
+    /// answers.
+    fn carries_replay_header(&self, status: &str) -> bool {
+        let bytes = status.as_bytes();
+        let (class, exact) = match bytes {
+            [c @ b'1'..=b'5', b'X' | b'x', b'X' | b'x'] => (c - b'0', None),
+            [c @ b'1'..=b'5', b'0'..=b'9', b'0'..=b'9'] => (c - b'0', status.parse::<u16>().ok()),
+            _ => return false,
+        };
+        if self.marks_first_runs {
+            return (2..=5).contains(&class);
+        }
+        match (class, exact) {
+            (2, _) => true,
+            (3, code) => code != Some(304),
+            (4, code) => !matches!(code, Some(408 | 425 | 429)),
+            _ => false,
         }
     }
 
@@ -264,6 +304,10 @@ impl IdempotencyDoc {
 impl utoipa::Modify for IdempotencyDoc {
     fn modify(&self, openapi: &mut OpenApi) {
         for (path, method) in &self.routes {
+            if !self.acted_on.contains(method) {
+                tracing::warn!(path = %path, method = method_name(method), "the layer does not act on this method: its requests pass through without a key; no idempotency declared");
+                continue;
+            }
             let operation = openapi
                 .paths
                 .paths
@@ -277,6 +321,24 @@ impl utoipa::Modify for IdempotencyDoc {
             }
         }
     }
+}
+
+/// The methods of a document that `config` acts on, as its check order's first step.
+fn acted_on(config: &Config) -> Vec<HttpMethod> {
+    [
+        (HttpMethod::Get, Method::GET),
+        (HttpMethod::Post, Method::POST),
+        (HttpMethod::Put, Method::PUT),
+        (HttpMethod::Delete, Method::DELETE),
+        (HttpMethod::Options, Method::OPTIONS),
+        (HttpMethod::Head, Method::HEAD),
+        (HttpMethod::Patch, Method::PATCH),
+        (HttpMethod::Trace, Method::TRACE),
+    ]
+    .into_iter()
+    .filter(|(_, method)| config.applies_to(method))
+    .map(|(doc, _)| doc)
+    .collect()
 }
 
 fn operation_of<'a>(

@@ -25,9 +25,32 @@ async fn work() {}
 #[allow(dead_code)]
 async fn maybe() {}
 
+/// Reads the work.
+#[utoipa::path(get, path = "/work", responses((status = 200, description = "The work")))]
+#[allow(dead_code)]
+async fn read_work() {}
+
+/// Does the work, answering a redirect or a client error of its own.
+#[utoipa::path(
+    put,
+    path = "/work",
+    responses(
+        (status = 200, description = "Done"),
+        (status = 303, description = "Done before, see there"),
+        (status = 404, description = "No such work"),
+        (status = 500, description = "Failed")
+    )
+)]
+#[allow(dead_code)]
+async fn put_work() {}
+
 #[derive(OpenApi)]
 #[openapi(paths(work, maybe))]
 struct Api;
+
+#[derive(OpenApi)]
+#[openapi(paths(read_work, put_work))]
+struct MoreApi;
 
 fn document(required: &IdempotencyLayer, optional: &IdempotencyLayer) -> Value {
     let mut api = Api::openapi();
@@ -158,4 +181,82 @@ async fn the_documented_codes_are_what_the_layer_answers() {
     );
     let replay = send(server.post("/work", "{}").principal("alice").key("k")).await;
     assert_eq!(replay.header("idempotent-replayed"), Some("true"));
+}
+
+/// A method the layer does not act on (GET, by default) passes through without a key: the
+/// document declares no key header and no problem answers on it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_method_the_layer_passes_through_is_declared_without_a_key() {
+    let layer = IdempotencyLayer::default();
+    let mut api = MoreApi::openapi();
+    IdempotencyDoc::of(&layer)
+        .route("/work", HttpMethod::Get)
+        .route("/work", HttpMethod::Put)
+        .modify(&mut api);
+    let doc: Value = serde_json::from_str(&api.to_json().unwrap()).unwrap();
+
+    let (server, _runs) = server_with(layer).await;
+    let read = send(
+        server
+            .request(reqwest::Method::GET, "/work")
+            .principal("alice"),
+    )
+    .await;
+    assert!(
+        read.status.is_success() && read.code().is_none(),
+        "the handler answered, no key asked: {}",
+        read.describe()
+    );
+
+    let get = &doc["paths"]["/work"]["get"];
+    let declared_key = get["parameters"]
+        .as_array()
+        .is_some_and(|ps| ps.iter().any(|p| p["name"] == "Idempotency-Key"));
+    assert!(!declared_key, "no key declared on GET: {get}");
+    assert!(get["responses"].get("400").is_none(), "{get}");
+    assert_eq!(
+        parameter(&doc["paths"]["/work"]["put"], "Idempotency-Key")["required"],
+        true,
+        "PUT is acted on"
+    );
+}
+
+/// A recorded redirect or client error is replayed with `Idempotent-Replayed` as a 2xx is:
+/// the document declares the header on every answer the layer records and replays, and not
+/// on one it never records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_replay_header_is_declared_on_every_answer_the_layer_replays() {
+    let layer = IdempotencyLayer::default();
+    let mut api = MoreApi::openapi();
+    IdempotencyDoc::of(&layer)
+        .route("/work", HttpMethod::Put)
+        .modify(&mut api);
+    let doc: Value = serde_json::from_str(&api.to_json().unwrap()).unwrap();
+    let put = &doc["paths"]["/work"]["put"];
+
+    let (server, _runs) = server_with(layer).await;
+    for (status, key) in [(303, "k-303"), (404, "k-404")] {
+        let request = || {
+            server
+                .request(reqwest::Method::PUT, "/work")
+                .principal("alice")
+                .key(key)
+                .respond(status)
+        };
+        let first = send(request()).await;
+        assert_eq!(first.status, status, "{}", first.describe());
+        let again = send(request()).await;
+        assert_eq!(again.status, status, "{}", again.describe());
+        assert_eq!(again.header("idempotent-replayed"), Some("true"));
+        assert!(
+            put["responses"][status.to_string()]["headers"]["Idempotent-Replayed"].is_object(),
+            "the replay header on {status}: {put}"
+        );
+    }
+    assert!(
+        put["responses"]["500"]["headers"]
+            .get("Idempotent-Replayed")
+            .is_none(),
+        "a 5xx is never recorded, so never replayed: {put}"
+    );
 }
