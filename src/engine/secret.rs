@@ -58,7 +58,10 @@ pub(crate) const TAG_LEN: usize = 32;
 ///    keys and each verifies the other's records.
 /// 3. **Drop the old secret** once the retention (and a lease) has passed since step 2 ended:
 ///    `first.rotated(new).without_previous()`. Records signed by the old one have expired by
-///    then; one still found is refused, never run again.
+///    then; one still found is refused, never run again. Keep the first secret's material
+///    where the replicas read it: it verifies nothing any more, but it derives the store
+///    keys, and a replica that starts from `Secret::new(new)` instead looks for every record
+///    elsewhere and runs their retries again.
 ///
 /// Skipping step 1 works too, but while step 2 rolls out a replica still on the old ring
 /// refuses the records the new one signs (503 `record_invalid` or 422) until it is updated.
