@@ -56,7 +56,9 @@ pub(crate) const TAG_LEN: usize = 32;
 /// 2. **Sign with it**: `first.rotated(new)`. It signs with the new one and still accepts the
 ///    old one. While this deploy rolls out, replicas of step 1 and step 2 sign with different
 ///    keys and each verifies the other's records.
-/// 3. **Drop the old secret** once the retention (and a lease) has passed since step 2 ended:
+/// 3. **Drop the old secret** once the longest retention of your routes, plus the longest run
+///    (a run renews its lease, and its record is written when it ends), has passed since step 2
+///    ended:
 ///    `first.rotated(new).without_previous()`. Records signed by the old one have expired by
 ///    then; one still found is refused, never run again. Keep the first secret's material
 ///    where the replicas read it: it verifies nothing any more, but it derives the store
