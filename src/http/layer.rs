@@ -478,8 +478,15 @@ impl<St: Store> IdempotencyLayer<St> {
     /// whose duplicates cost less than its refusals during an outage. Each such request is
     /// counted with the outcome `ran_unclaimed` and logged at warn.
     ///
-    /// Only an unreachable or silent store fails open. A full store or scope (429, 503), an
-    /// answer the store cannot understand, and every record found are answered as without it.
+    /// Only a claim that fails with [`StoreErrorKind::Unavailable`] or
+    /// [`StoreErrorKind::Timeout`](crate::store::StoreErrorKind::Timeout) fails open: a store
+    /// that is unreachable or silent, and also one that refuses the connection or the command
+    /// (a wrong password, a missing permission or table: a misconfigured deploy then runs
+    /// every such request unclaimed until it is fixed, so alert on `ran_unclaimed`). A full
+    /// store or scope (429, 503), an answer the store cannot understand, and every record
+    /// found are answered as without it.
+    ///
+    /// [`StoreErrorKind::Unavailable`]: crate::store::StoreErrorKind::Unavailable
     /// So is a repeat that [waits](Self::wait_in_flight) for its key in flight and then gets
     /// no answer: the store said the key is taken, so it is refused (503), never run beside
     /// the first run.
