@@ -383,3 +383,41 @@ async fn mysql_sessions_the_server_ended_are_replaced_and_a_fenced_step_is_sent_
         Claim::Claimed(_)
     ));
 }
+
+#[tokio::test]
+async fn mysql_a_server_whose_sessions_start_without_autocommit_still_shares_each_step() {
+    if !crate::support::mariadb_server::available() {
+        return;
+    }
+    // A server of its own: the setting is the server's, for every new session. Some operators
+    // turn autocommit off server-wide; the store's steps are statements that must commit on
+    // their own, or nothing they write reaches the other replicas.
+    let server = MariaDbServer::start();
+    server.sql("SET GLOBAL autocommit = 0").unwrap();
+    let table = fresh_table("noautocommit");
+    let (first, second) = (
+        store_on(&server, &table, "replicas").await,
+        store_on(&server, &table, "replicas").await,
+    );
+    let (key, fp) = (random_key(), fingerprint("a"));
+    let Claim::Claimed(token) = first.claim(&key, &fp, LONG).await.unwrap() else {
+        panic!("a free key is claimed");
+    };
+    assert!(
+        matches!(
+            second.claim(&key, &fp, LONG).await,
+            Ok(Claim::Pending { .. })
+        ),
+        "another replica finds the claim"
+    );
+    assert!(
+        first
+            .complete(&key, &token, &fp, record("a"), LONG)
+            .await
+            .unwrap()
+    );
+    assert!(
+        matches!(second.claim(&key, &fp, LONG).await, Ok(Claim::Done { .. })),
+        "another replica finds the record"
+    );
+}
