@@ -453,12 +453,20 @@ async fn mysql_a_claim_that_timed_out_behind_a_held_row_leaves_the_key_free_once
         .claim(&key, &fingerprint("a"), LONG)
         .await
         .unwrap_err();
-    assert_eq!(e.kind(), StoreErrorKind::Timeout, "503: the work does not run");
+    assert_eq!(
+        e.kind(),
+        StoreErrorKind::Timeout,
+        "503: the work does not run"
+    );
     // The claim's statement still waits on the server, for its lock wait of 1 s.
     let waiting = server
         .sql("SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'")
         .unwrap();
-    assert_eq!(waiting.trim(), "1", "the claim's statement waits on the server");
+    assert_eq!(
+        waiting.trim(),
+        "1",
+        "the claim's statement waits on the server"
+    );
     // The first request's work fails: its transaction rolls back and the key is free.
     tx.rollback().await.unwrap();
     // Past the server's lock wait, seconds wide.

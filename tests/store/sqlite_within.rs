@@ -315,8 +315,7 @@ async fn a_step_and_its_writes_commit_together_and_a_retry_reads_it_back() {
 }
 
 #[tokio::test]
-async fn a_step_given_the_engine_of_another_prefix_on_the_same_table_is_refused_and_does_not_run()
-{
+async fn a_step_given_the_engine_of_another_prefix_on_the_same_table_is_refused_and_does_not_run() {
     // Two applications share one file and table under prefixes of their own. A step of the
     // first's request handed to the second's engine would record under the second's keys,
     // where the first's retry never looks: the retry would run the step again.
