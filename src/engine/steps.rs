@@ -851,7 +851,7 @@ impl Bound {
     }
 
     /// Whether the steps were made by an engine over `store`: the same store, a clone of it, or
-    /// a store over the same table of the same database.
+    /// a store over the same table of the same database under the same prefix.
     #[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
     pub(crate) fn is_of<S: Store>(&self, store: &S) -> bool {
         if std::ptr::addr_eq(Arc::as_ptr(&self.store), std::ptr::from_ref(store)) {

@@ -313,3 +313,46 @@ async fn a_step_and_its_writes_commit_together_and_a_retry_reads_it_back() {
     assert_eq!(again, id, "the retry reads the step's result back");
     assert_eq!(orders(&pool).await, 1, "one order");
 }
+
+#[tokio::test]
+async fn a_step_given_the_engine_of_another_prefix_on_the_same_table_is_refused_and_does_not_run() {
+    // Two applications share one file and table under prefixes of their own. A step of the
+    // first's request handed to the second's engine would record under the second's keys,
+    // where the first's retry never looks: the retry would run the step again.
+    let file = SqliteFile::new();
+    let first = store_with_orders(&file).await;
+    let pool = first.pool().clone();
+    let second = SqliteStore::open(file.path(), "another-application")
+        .await
+        .unwrap();
+    assert_eq!(first.table(), second.table());
+    let (first, second) = (
+        Engine::builder(first).lease(LONG).build(),
+        Engine::new(second),
+    );
+    let Begin::Run(ticket) = first
+        .begin(random_key(), fingerprint("checkout"))
+        .await
+        .unwrap()
+    else {
+        panic!("a free key runs");
+    };
+    let steps = first.steps(&ticket);
+    let mut conn = pool.acquire().await.unwrap();
+    let refused = step(&second, &steps, &mut conn, "reserve", Raw, |tx| {
+        Box::pin(async move {
+            sqlx::query_scalar::<_, String>(
+                "INSERT INTO orders (sku) VALUES ('X') RETURNING CAST(id AS TEXT)",
+            )
+            .fetch_one(&mut *tx)
+            .await
+        })
+    })
+    .await
+    .expect_err("the steps belong to another engine's store");
+    assert_eq!(
+        refused.kind(),
+        tower_idempotency::engine::StepErrorKind::NotClaimed
+    );
+    assert_eq!(orders(&pool).await, 0, "the step's work did not run");
+}

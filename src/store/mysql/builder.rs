@@ -15,12 +15,13 @@ use std::time::Duration;
 /// Connections of a pool made by [`MySqlStoreBuilder::connect`], and of the steps' own.
 const POOL_SIZE: u32 = 10;
 
-/// The session settings of the store's connections: a lock wait of whole seconds, the
-/// operation timeout rounded up. A step meets a lock only where a transaction of the
-/// transactional door holds its row.
+/// The session settings of the store's connections: autocommit, whatever the server's
+/// default, since each statement of a step commits on its own; and a lock wait of whole
+/// seconds, the operation timeout rounded up. A step meets a lock only where a transaction of
+/// the transactional door holds its row.
 pub(super) fn session_setup(timeout: Duration) -> String {
     format!(
-        "SET SESSION innodb_lock_wait_timeout = {}",
+        "SET SESSION autocommit = 1, SESSION innodb_lock_wait_timeout = {}",
         sql::seconds(timeout)
     )
 }
@@ -105,7 +106,8 @@ impl MySqlStoreBuilder {
         self
     }
 
-    /// The store over an existing pool, whose settings are kept as given.
+    /// The store over an existing pool, whose settings are kept as given. Its sessions must run
+    /// with `autocommit` on, MySQL's default: each statement of a step commits on its own.
     ///
     /// Each step takes a connection from the pool and gives it back. With sqlx's defaults, the
     /// pool checks a connection when it hands it out and when it takes it back: a step is three

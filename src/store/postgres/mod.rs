@@ -289,10 +289,12 @@ impl PostgresStore {
         None
     }
 
-    /// Whether `other` writes to the same table of the same database.
+    /// Whether `other` keeps the same rows: the same prefix, in the same table of the same
+    /// database. Another prefix writes under keys of its own, which this store never reads.
     pub(crate) fn same_records(&self, other: &Self) -> bool {
         let (a, b) = (self.pool.connect_options(), other.pool.connect_options());
-        self.sql.table == other.sql.table
+        self.prefix == other.prefix
+            && self.sql.table == other.sql.table
             && a.get_host() == b.get_host()
             && a.get_port() == b.get_port()
             && a.get_database() == b.get_database()

@@ -566,10 +566,13 @@ impl SqliteStore {
         None
     }
 
-    /// Whether `other` writes to the same table of the same file.
+    /// Whether `other` keeps the same rows: the same prefix, in the same table of the same
+    /// file. Another prefix writes under keys of its own, which this store never reads.
     pub(crate) fn same_records(&self, other: &Self) -> bool {
         let (a, b) = (self.pool.connect_options(), other.pool.connect_options());
-        self.sql.table == other.sql.table && a.get_filename() == b.get_filename()
+        self.prefix == other.prefix
+            && self.sql.table == other.sql.table
+            && a.get_filename() == b.get_filename()
     }
 
     /// Runs one operation under the operation timeout.
