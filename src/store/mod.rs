@@ -30,6 +30,10 @@
 //! | [`renew`](Store::renew) | extend a pending lease, only if the token holds it |
 //! | [`forget`](Store::forget) | delete the key's record and steps so the key can be used again; a live pending claim only when asked |
 //!
+//! A sixth, [`inspect`](Store::inspect), reads what holds a key for an operator, changing
+//! nothing. Its default answers [`StoreErrorKind::Unsupported`]; every store of this crate
+//! implements it, in one round trip.
+//!
 //! Three more keep the [`Steps`](crate::Steps) of a request's work, each one round trip too.
 //! They have defaults: a store without steps answers [`StoreErrorKind::Unsupported`].
 //!
@@ -269,6 +273,24 @@ pub trait Store: Send + Sync + 'static {
         pending: bool,
     ) -> impl Future<Output = Result<Forgotten, StoreError>> + Send;
 
+    /// What holds `key` now, for an operator: nothing, a pending claim and the lease it has
+    /// left, or a completed record and how long it is kept. It reads only. No claim is taken,
+    /// no lease or retention changes, and a bounded store keeps its order of what it drops.
+    /// An expired record or lapsed lease is [`Inspected::Absent`], as a claim would find it.
+    ///
+    /// The default answers [`StoreErrorKind::Unsupported`]: a store of your own implements it
+    /// to let [`Engine::inspect`](crate::engine::Engine::inspect) read keys.
+    fn inspect(
+        &self,
+        key: &StoreKey,
+    ) -> impl Future<Output = Result<Inspected, StoreError>> + Send {
+        let _ = key;
+        std::future::ready(Err(StoreError::new(
+            StoreErrorKind::Unsupported,
+            "this store cannot inspect keys: it does not implement Store::inspect",
+        )))
+    }
+
     /// Records one step of the work under `key`, unless a step is already recorded there
     /// under `step`. The key's steps are then kept at least `retention` from now, and at least `retention`
     /// past the lease of a pending claim on the key; renewing the claim keeps them so, and
@@ -404,6 +426,12 @@ impl<S: Store> Store for Arc<S> {
     ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send {
         (**self).lease_left(key)
     }
+    fn inspect(
+        &self,
+        key: &StoreKey,
+    ) -> impl Future<Output = Result<Inspected, StoreError>> + Send {
+        (**self).inspect(key)
+    }
     fn record_step(
         &self,
         key: &StoreKey,
@@ -474,6 +502,58 @@ pub enum Forgotten {
     Pending,
     /// A pending claim holds the key and was kept. Deleting it was not asked for.
     KeptPending,
+}
+
+/// What [`Store::inspect`] found under a key. The engine reads it as a
+/// [`KeyState`](crate::engine::KeyState).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Inspected {
+    /// No live record holds the key: the next claim takes it. A lapsed lease or an expired
+    /// record reads so.
+    Absent,
+    /// A pending claim holds the key: its work may be running.
+    Pending {
+        /// The fingerprint of the request that holds the key.
+        fingerprint: Fingerprint,
+        /// How long the lease has left, by the store's clock.
+        lease_left: Duration,
+    },
+    /// The key's work finished and this is its record.
+    Done {
+        /// The fingerprint of the request that completed the key.
+        fingerprint: Fingerprint,
+        /// The stored result.
+        record: Record,
+        /// How long the record is kept from now, by the store's clock.
+        expires_in: Duration,
+    },
+}
+
+impl Inspected {
+    /// What a claim's answer `found` says, with `left` the time its record or lease has left:
+    /// for a store that reads a key as its claim does.
+    #[cfg(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite"))]
+    pub(crate) fn of(found: Claim, left: Duration) -> Result<Self, StoreError> {
+        match found {
+            Claim::Pending { fingerprint } => Ok(Self::Pending {
+                fingerprint,
+                lease_left: left,
+            }),
+            Claim::Done {
+                fingerprint,
+                record,
+            } => Ok(Self::Done {
+                fingerprint,
+                record,
+                expires_in: left,
+            }),
+            Claim::Claimed(_) => Err(StoreError::new(
+                StoreErrorKind::Protocol,
+                "an inspection found a claim of its own",
+            )),
+        }
+    }
 }
 
 /// Where one step of a request's work is recorded under its key: 32 bytes the engine derives
