@@ -1423,7 +1423,10 @@ pub async fn inspect_reads_absent_pending_done_and_absent_again<H: Harness>(h: H
             record: stored,
             expires_in,
         } => {
-            assert_eq!(held, fp, "Done must carry the completing request's fingerprint");
+            assert_eq!(
+                held, fp,
+                "Done must carry the completing request's fingerprint"
+            );
             assert_eq!(
                 stored.as_bytes(),
                 record("a").as_bytes(),
@@ -1646,7 +1649,10 @@ impl<H: Harness> Store for HarnessStore<H> {
         self.0.store().lease_left(key)
     }
 
-    fn inspect(&self, key: &StoreKey) -> impl Future<Output = Result<Inspected, StoreError>> + Send {
+    fn inspect(
+        &self,
+        key: &StoreKey,
+    ) -> impl Future<Output = Result<Inspected, StoreError>> + Send {
         self.0.store().inspect(key)
     }
 

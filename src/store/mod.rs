@@ -55,7 +55,7 @@
 //!
 //! # Your own store
 //!
-//! A store for another backend implements the five operations. Everything the [`Store`] trait
+//! A store for another backend implements the five operations, and `inspect` for an operator. Everything the [`Store`] trait
 //! names is in this module. The three for steps are optional: without them, a handler's steps
 //! fail with a clear error, and nothing else changes. This one keeps records in a `HashMap`
 //! behind a mutex, with expiry on the process clock. A database would use its own clock, so that every replica agrees:
@@ -65,7 +65,7 @@
 //! use std::sync::Mutex;
 //! use std::time::{Duration, Instant};
 //! use tower_idempotency::store::{
-//!     Claim, Fingerprint, Forgotten, Record, Store, StoreError, StoreKey, Token,
+//!     Claim, Fingerprint, Forgotten, Inspected, Record, Store, StoreError, StoreKey, Token,
 //! };
 //!
 //! enum Entry {
@@ -150,6 +150,22 @@
 //!         };
 //!         map.remove(key);
 //!         Ok(found)
+//!     }
+//!
+//!     async fn inspect(&self, key: &StoreKey) -> Result<Inspected, StoreError> {
+//!         let now = Instant::now();
+//!         let map = self.0.lock().expect("not poisoned");
+//!         Ok(match map.get(key).filter(|e| e.live(now)) {
+//!             None => Inspected::Absent,
+//!             Some(Entry::Pending { fingerprint, until, .. }) => {
+//!                 Inspected::Pending { fingerprint: *fingerprint, lease_left: *until - now }
+//!             }
+//!             Some(Entry::Done { fingerprint, record, until }) => Inspected::Done {
+//!                 fingerprint: *fingerprint,
+//!                 record: record.clone(),
+//!                 expires_in: *until - now,
+//!             },
+//!         })
 //!     }
 //! }
 //!
@@ -533,7 +549,12 @@ pub enum Inspected {
 impl Inspected {
     /// What a claim's answer `found` says, with `left` the time its record or lease has left:
     /// for a store that reads a key as its claim does.
-    #[cfg(any(feature = "redis", feature = "postgres", feature = "mysql", feature = "sqlite"))]
+    #[cfg(any(
+        feature = "redis",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "sqlite"
+    ))]
     pub(crate) fn of(found: Claim, left: Duration) -> Result<Self, StoreError> {
         match found {
             Claim::Pending { fingerprint } => Ok(Self::Pending {

@@ -10,10 +10,10 @@ use crate::store::Record;
 use crate::store::StoreError;
 use crate::store::StoreKey;
 use crate::store::{Claim, Forgotten, Inspected, Token};
-use std::time::Duration;
 use hashbrown::HashTable;
 use std::hash::BuildHasher;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Why an operation could not get the room it needs in its own shard.
 #[derive(Debug)]
