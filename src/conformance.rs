@@ -41,7 +41,8 @@ use crate::Store;
 use crate::engine::Raw;
 use crate::engine::{Begin, Engine, Fingerprint, Recorded};
 use crate::store::{
-    Claim, Forgotten, Record, StepId, StepRecorded, StoreError, StoreErrorKind, StoreKey, Token,
+    Claim, Forgotten, Inspected, Record, StepId, StepRecorded, StoreError, StoreErrorKind,
+    StoreKey, Token,
 };
 use bytes::Bytes;
 use std::future::Future;
@@ -108,6 +109,9 @@ macro_rules! store_conformance {
             engine_steps_resume_after_a_release,
             engine_completion_frees_the_steps,
             a_step_recorded_after_completion_is_not_kept,
+            inspect_reads_absent_pending_done_and_absent_again,
+            inspect_changes_nothing,
+            engine_inspect_reads_a_key_as_a_repeat_would,
         );
 
         #[::tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1380,6 +1384,207 @@ pub async fn engine_completion_frees_the_steps<H: Harness>(h: H) {
     }
 }
 
+#[doc(hidden)]
+/// `inspect` reads a free key as absent, a claim as pending with its fingerprint and the lease
+/// left (at most the lease), a completed key as done with its fingerprint, exactly its record
+/// and the retention left (at most the retention), and the key as absent again once it is
+/// forgotten, released, or its lease or retention has run out.
+pub async fn inspect_reads_absent_pending_done_and_absent_again<H: Harness>(h: H) {
+    let s = h.store();
+    let key = random_key();
+    let fp = fingerprint("a");
+    assert_eq!(
+        ok(s.inspect(&key).await, "inspect"),
+        Inspected::Absent,
+        "a free key reads absent"
+    );
+    let token = claim_free(s, &key, &fp, LONG).await;
+    match ok(s.inspect(&key).await, "inspect") {
+        Inspected::Pending {
+            fingerprint: held,
+            lease_left,
+        } => {
+            assert_eq!(held, fp, "Pending must carry the holder's fingerprint");
+            // Seconds wide: a loaded machine may take a while between claim and read.
+            assert!(
+                lease_left <= LONG && lease_left >= LONG / 2,
+                "the lease left must be within the lease, got {lease_left:?} of {LONG:?}"
+            );
+        }
+        other => panic!("a claimed key must read pending, got {other:?}"),
+    }
+    assert!(ok(
+        s.complete(&key, &token, &fp, record("a"), LONG).await,
+        "complete"
+    ));
+    match ok(s.inspect(&key).await, "inspect") {
+        Inspected::Done {
+            fingerprint: held,
+            record: stored,
+            expires_in,
+        } => {
+            assert_eq!(
+                held, fp,
+                "Done must carry the completing request's fingerprint"
+            );
+            assert_eq!(
+                stored.as_bytes(),
+                record("a").as_bytes(),
+                "Done must return exactly the record's bytes"
+            );
+            assert!(
+                expires_in <= LONG && expires_in >= LONG / 2,
+                "the retention left must be within the retention, got {expires_in:?} of {LONG:?}"
+            );
+        }
+        other => panic!("a completed key must read done, got {other:?}"),
+    }
+    assert_eq!(ok(s.forget(&key, false).await, "forget"), Forgotten::Record);
+    assert_eq!(
+        ok(s.inspect(&key).await, "inspect"),
+        Inspected::Absent,
+        "a forgotten key reads absent"
+    );
+
+    let released = random_key();
+    let token = claim_free(s, &released, &fp, LONG).await;
+    assert!(ok(s.release(&released, &token).await, "release"));
+    assert_eq!(
+        ok(s.inspect(&released).await, "inspect"),
+        Inspected::Absent,
+        "a released key reads absent"
+    );
+
+    let lapsed = random_key();
+    let expired = random_key();
+    claim_free(s, &lapsed, &fp, SHORT).await;
+    let token = claim_free(s, &expired, &fp, LONG).await;
+    assert!(ok(
+        s.complete(&expired, &token, &fp, record("e"), SHORT).await,
+        "complete"
+    ));
+    h.advance(PAST_SHORT).await;
+    assert_eq!(
+        ok(s.inspect(&lapsed).await, "inspect"),
+        Inspected::Absent,
+        "a key whose lease lapsed reads absent"
+    );
+    assert_eq!(
+        ok(s.inspect(&expired).await, "inspect"),
+        Inspected::Absent,
+        "a key whose record expired reads absent"
+    );
+}
+
+#[doc(hidden)]
+/// `inspect` only reads: it claims no free key, renews no lease, keeps no record past its
+/// retention, and leaves a claim to its holder's token.
+pub async fn inspect_changes_nothing<H: Harness>(h: H) {
+    let s = h.store();
+    let fp = fingerprint("a");
+
+    let free = random_key();
+    for _ in 0..3 {
+        ok(s.inspect(&free).await, "inspect");
+    }
+    claim_free(s, &free, &fp, LONG).await;
+
+    // Inspected through its lease: the lease still lapses when it would have.
+    let pending = random_key();
+    let token = claim_free(s, &pending, &fp, SECONDS_LEASE).await;
+    for _ in 0..3 {
+        ok(s.inspect(&pending).await, "inspect");
+    }
+    assert!(
+        ok(s.renew(&pending, &token, SECONDS_LEASE).await, "renew"),
+        "an inspected claim is still its holder's"
+    );
+    for _ in 0..3 {
+        ok(s.inspect(&pending).await, "inspect");
+    }
+    h.advance(PAST_SECONDS_LEASE).await;
+    match ok(s.claim(&pending, &fp, LONG).await, "claim") {
+        Claim::Claimed(_) => {}
+        other => panic!("inspecting a claim must not renew its lease, got {other:?}"),
+    }
+
+    // Inspected through its retention: the record still expires when it would have.
+    let done = random_key();
+    let token = claim_free(s, &done, &fp, LONG).await;
+    assert!(ok(
+        s.complete(&done, &token, &fp, record("a"), SECONDS_LEASE)
+            .await,
+        "complete"
+    ));
+    for _ in 0..3 {
+        ok(s.inspect(&done).await, "inspect");
+    }
+    assert_eq!(expect_done(s, &done, "after inspect").await.1, record("a"));
+    h.advance(PAST_SECONDS_LEASE).await;
+    match ok(s.claim(&done, &fp, LONG).await, "claim") {
+        Claim::Claimed(_) => {}
+        other => panic!("inspecting a record must not keep it past its retention, got {other:?}"),
+    }
+}
+
+#[doc(hidden)]
+/// [`Engine::inspect`] reads a key as a repeat would find it: absent, in flight, done with the
+/// recorded status, and a record written under another secret as invalid and unauthenticated,
+/// never as done.
+pub async fn engine_inspect_reads_a_key_as_a_repeat_would<H: Harness>(h: H) {
+    use crate::engine::{KeyState, RecordErrorKind};
+    let h = Arc::new(h);
+    let secret = |b: u8| crate::Secret::new([b; 32].to_vec()).unwrap();
+    let engine = Engine::builder(HarnessStore(Arc::clone(&h)))
+        .secret(secret(1))
+        .build();
+    let key = random_key();
+    assert_eq!(ok(engine.inspect(&key).await, "inspect"), KeyState::Absent);
+    let ticket = match ok(engine.begin(key, fingerprint("a")).await, "begin") {
+        Begin::Run(ticket) => ticket,
+        other => panic!("a free key must be run, got {other:?}"),
+    };
+    match ok(engine.inspect(&key).await, "inspect") {
+        KeyState::InFlight { lease_left, .. } => assert!(
+            lease_left <= engine.lease() && lease_left >= engine.lease() / 2,
+            "the lease left must be within the engine's lease, got {lease_left:?}"
+        ),
+        other => panic!("a claimed key must read in flight, got {other:?}"),
+    }
+    let response = Recorded::new(201, vec![], Some(Bytes::from_static(b"{\"id\":7}")));
+    assert!(ok(engine.complete(ticket, &response).await, "complete"));
+    match ok(engine.inspect(&key).await, "inspect") {
+        KeyState::Done {
+            status, expires_in, ..
+        } => {
+            assert_eq!(status, 201, "done must carry the recorded status");
+            assert!(
+                expires_in <= engine.retention() && expires_in >= engine.retention() / 2,
+                "the retention left must be within the engine's retention, got {expires_in:?}"
+            );
+        }
+        other => panic!("a completed key must read done, got {other:?}"),
+    }
+    let stranger = Engine::builder(HarnessStore(Arc::clone(&h)))
+        .secret(secret(2))
+        .build();
+    match ok(stranger.inspect(&key).await, "inspect") {
+        KeyState::Invalid { error, .. } => assert_eq!(
+            error.kind(),
+            RecordErrorKind::Unauthenticated,
+            "a record of another secret fails verification"
+        ),
+        other => panic!("a record of another secret must read invalid, got {other:?}"),
+    }
+    assert!(
+        matches!(
+            ok(stranger.begin(key, fingerprint("a")).await, "begin"),
+            Begin::RecordInvalid(_) | Begin::KeyReused
+        ),
+        "a repeat under another secret is refused too"
+    );
+}
+
 /// A harness's store as an owned [`Store`], for the engine (which owns its store).
 struct HarnessStore<H>(Arc<H>);
 
@@ -1442,6 +1647,13 @@ impl<H: Harness> Store for HarnessStore<H> {
         key: &StoreKey,
     ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send {
         self.0.store().lease_left(key)
+    }
+
+    fn inspect(
+        &self,
+        key: &StoreKey,
+    ) -> impl Future<Output = Result<Inspected, StoreError>> + Send {
+        self.0.store().inspect(key)
     }
 
     fn record_step(

@@ -26,6 +26,7 @@
 
 pub(crate) mod codec;
 pub(crate) mod detach;
+pub(crate) mod inspect;
 pub(crate) mod key;
 pub(crate) mod record;
 pub(crate) mod scope;
@@ -38,6 +39,7 @@ pub(crate) mod verdict;
 pub use crate::engine::codec::Json;
 pub use crate::engine::codec::{BoxFuture, Codec, CodecError, CodecErrorKind, Discard, Raw};
 pub use crate::engine::detach::Drain;
+pub use crate::engine::inspect::KeyState;
 pub use crate::engine::verdict::{Classify, Verdict};
 
 pub use crate::engine::key::{KeyError, KeyErrorKind};

@@ -561,6 +561,36 @@ impl<St: Store> IdempotencyLayer<St> {
         self.state.engine.forget_even_pending(&store_key).await
     }
 
+    /// What holds `key` sent by the caller of `scope` through this layer's namespace: nothing,
+    /// a request in flight and its lease left, or the recorded status and when the record
+    /// expires. It reads only. See [`Engine::inspect`].
+    ///
+    /// ```
+    /// use tower_idempotency::{IdempotencyKey, IdempotencyLayer, Principal};
+    /// use tower_idempotency::engine::KeyState;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")] async fn main() {
+    /// let layer = IdempotencyLayer::default();
+    /// let key = IdempotencyKey::new("order-7").unwrap();
+    /// let state = layer.inspect(&key, Principal::new("alice").scope()).await.unwrap();
+    /// assert_eq!(state, KeyState::Absent);
+    /// # }
+    /// ```
+    ///
+    /// # Errors
+    /// The store's error.
+    pub async fn inspect(
+        &self,
+        key: &crate::IdempotencyKey,
+        scope: &Scope,
+    ) -> Result<crate::engine::KeyState, crate::store::StoreError> {
+        let store_key = self
+            .state
+            .engine
+            .store_key(&self.state.config.namespace, scope, key);
+        self.state.engine.inspect(&store_key).await
+    }
+
     /// The engine the layer uses, with its store, lease and retention.
     #[must_use]
     pub fn engine(&self) -> &Engine<St> {

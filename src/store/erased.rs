@@ -2,7 +2,8 @@
 //! routes keep their configuration over it.
 
 use crate::store::{
-    Claim, Fingerprint, Forgotten, Record, StepId, StepRecorded, Store, StoreError, StoreKey, Token,
+    Claim, Fingerprint, Forgotten, Inspected, Record, StepId, StepRecorded, Store, StoreError,
+    StoreKey, Token,
 };
 use bytes::Bytes;
 use std::fmt;
@@ -72,6 +73,7 @@ trait ErasedStore: Send + Sync + 'static {
     ) -> BoxFuture<'a, bool>;
     fn forget<'a>(&'a self, key: &'a StoreKey, pending: bool) -> BoxFuture<'a, Forgotten>;
     fn lease_left<'a>(&'a self, key: &'a StoreKey) -> BoxFuture<'a, Option<Duration>>;
+    fn inspect<'a>(&'a self, key: &'a StoreKey) -> BoxFuture<'a, Inspected>;
     fn notifies_settled(&self) -> bool;
     fn wait_settled<'a>(
         &'a self,
@@ -139,6 +141,9 @@ impl<St: Store> ErasedStore for St {
     }
     fn lease_left<'a>(&'a self, key: &'a StoreKey) -> BoxFuture<'a, Option<Duration>> {
         Box::pin(Store::lease_left(self, key))
+    }
+    fn inspect<'a>(&'a self, key: &'a StoreKey) -> BoxFuture<'a, Inspected> {
+        Box::pin(Store::inspect(self, key))
     }
     fn notifies_settled(&self) -> bool {
         Store::notifies_settled(self)
@@ -218,6 +223,9 @@ impl Store for DynStore {
     }
     async fn lease_left(&self, key: &StoreKey) -> Result<Option<Duration>, StoreError> {
         self.0.lease_left(key).await
+    }
+    async fn inspect(&self, key: &StoreKey) -> Result<Inspected, StoreError> {
+        self.0.inspect(key).await
     }
     async fn record_step(
         &self,

@@ -30,6 +30,10 @@
 //! | [`renew`](Store::renew) | extend a pending lease, only if the token holds it |
 //! | [`forget`](Store::forget) | delete the key's record and steps so the key can be used again; a live pending claim only when asked |
 //!
+//! A sixth, [`inspect`](Store::inspect), reads what holds a key for an operator, changing
+//! nothing. Its default answers [`StoreErrorKind::Unsupported`]; every store of this crate
+//! implements it, in one round trip.
+//!
 //! Three more keep the [`Steps`](crate::Steps) of a request's work, each one round trip too.
 //! They have defaults: a store without steps answers [`StoreErrorKind::Unsupported`].
 //!
@@ -51,7 +55,7 @@
 //!
 //! # Your own store
 //!
-//! A store for another backend implements the five operations. Everything the [`Store`] trait
+//! A store for another backend implements the five operations, and `inspect` for an operator. Everything the [`Store`] trait
 //! names is in this module. The three for steps are optional: without them, a handler's steps
 //! fail with a clear error, and nothing else changes. This one keeps records in a `HashMap`
 //! behind a mutex, with expiry on the process clock. A database would use its own clock, so that every replica agrees:
@@ -61,7 +65,7 @@
 //! use std::sync::Mutex;
 //! use std::time::{Duration, Instant};
 //! use tower_idempotency::store::{
-//!     Claim, Fingerprint, Forgotten, Record, Store, StoreError, StoreKey, Token,
+//!     Claim, Fingerprint, Forgotten, Inspected, Record, Store, StoreError, StoreKey, Token,
 //! };
 //!
 //! enum Entry {
@@ -146,6 +150,22 @@
 //!         };
 //!         map.remove(key);
 //!         Ok(found)
+//!     }
+//!
+//!     async fn inspect(&self, key: &StoreKey) -> Result<Inspected, StoreError> {
+//!         let now = Instant::now();
+//!         let map = self.0.lock().expect("not poisoned");
+//!         Ok(match map.get(key).filter(|e| e.live(now)) {
+//!             None => Inspected::Absent,
+//!             Some(Entry::Pending { fingerprint, until, .. }) => {
+//!                 Inspected::Pending { fingerprint: *fingerprint, lease_left: *until - now }
+//!             }
+//!             Some(Entry::Done { fingerprint, record, until }) => Inspected::Done {
+//!                 fingerprint: *fingerprint,
+//!                 record: record.clone(),
+//!                 expires_in: *until - now,
+//!             },
+//!         })
 //!     }
 //! }
 //!
@@ -268,6 +288,24 @@ pub trait Store: Send + Sync + 'static {
         key: &StoreKey,
         pending: bool,
     ) -> impl Future<Output = Result<Forgotten, StoreError>> + Send;
+
+    /// What holds `key` now, for an operator: nothing, a pending claim and the lease it has
+    /// left, or a completed record and how long it is kept. It reads only. No claim is taken,
+    /// no lease or retention changes, and a bounded store keeps its order of what it drops.
+    /// An expired record or lapsed lease is [`Inspected::Absent`], as a claim would find it.
+    ///
+    /// The default answers [`StoreErrorKind::Unsupported`]: a store of your own implements it
+    /// to let [`Engine::inspect`](crate::engine::Engine::inspect) read keys.
+    fn inspect(
+        &self,
+        key: &StoreKey,
+    ) -> impl Future<Output = Result<Inspected, StoreError>> + Send {
+        let _ = key;
+        std::future::ready(Err(StoreError::new(
+            StoreErrorKind::Unsupported,
+            "this store cannot inspect keys: it does not implement Store::inspect",
+        )))
+    }
 
     /// Records one step of the work under `key`, unless a step is already recorded there
     /// under `step`. The key's steps are then kept at least `retention` from now, and at least `retention`
@@ -404,6 +442,12 @@ impl<S: Store> Store for Arc<S> {
     ) -> impl Future<Output = Result<Option<Duration>, StoreError>> + Send {
         (**self).lease_left(key)
     }
+    fn inspect(
+        &self,
+        key: &StoreKey,
+    ) -> impl Future<Output = Result<Inspected, StoreError>> + Send {
+        (**self).inspect(key)
+    }
     fn record_step(
         &self,
         key: &StoreKey,
@@ -474,6 +518,63 @@ pub enum Forgotten {
     Pending,
     /// A pending claim holds the key and was kept. Deleting it was not asked for.
     KeptPending,
+}
+
+/// What [`Store::inspect`] found under a key. The engine reads it as a
+/// [`KeyState`](crate::engine::KeyState).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Inspected {
+    /// No live record holds the key: the next claim takes it. A lapsed lease or an expired
+    /// record reads so.
+    Absent,
+    /// A pending claim holds the key: its work may be running.
+    Pending {
+        /// The fingerprint of the request that holds the key.
+        fingerprint: Fingerprint,
+        /// How long the lease has left, by the store's clock.
+        lease_left: Duration,
+    },
+    /// The key's work finished and this is its record.
+    Done {
+        /// The fingerprint of the request that completed the key.
+        fingerprint: Fingerprint,
+        /// The stored result.
+        record: Record,
+        /// How long the record is kept from now, by the store's clock.
+        expires_in: Duration,
+    },
+}
+
+impl Inspected {
+    /// What a claim's answer `found` says, with `left` the time its record or lease has left:
+    /// for a store that reads a key as its claim does.
+    #[cfg(any(
+        feature = "redis",
+        feature = "postgres",
+        feature = "mysql",
+        feature = "sqlite"
+    ))]
+    pub(crate) fn of(found: Claim, left: Duration) -> Result<Self, StoreError> {
+        match found {
+            Claim::Pending { fingerprint } => Ok(Self::Pending {
+                fingerprint,
+                lease_left: left,
+            }),
+            Claim::Done {
+                fingerprint,
+                record,
+            } => Ok(Self::Done {
+                fingerprint,
+                record,
+                expires_in: left,
+            }),
+            Claim::Claimed(_) => Err(StoreError::new(
+                StoreErrorKind::Protocol,
+                "an inspection found a claim of its own",
+            )),
+        }
+    }
 }
 
 /// Where one step of a request's work is recorded under its key: 32 bytes the engine derives

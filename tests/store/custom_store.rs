@@ -6,7 +6,9 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 use tower_idempotency::conformance::Harness;
 use tower_idempotency::engine::Fingerprint;
-use tower_idempotency::store::{Claim, Forgotten, Record, Store, StoreError, StoreKey, Token};
+use tower_idempotency::store::{
+    Claim, Forgotten, Inspected, Record, Store, StoreError, StoreKey, Token,
+};
 
 enum Entry {
     Pending {
@@ -139,6 +141,29 @@ impl Store for HashMapStore {
         };
         map.remove(key);
         Ok(found)
+    }
+
+    async fn inspect(&self, key: &StoreKey) -> Result<Inspected, StoreError> {
+        let now = Instant::now();
+        let map = self.0.lock().expect("not poisoned");
+        Ok(match map.get(key).filter(|e| e.live(now)) {
+            None => Inspected::Absent,
+            Some(Entry::Pending {
+                fingerprint, until, ..
+            }) => Inspected::Pending {
+                fingerprint: *fingerprint,
+                lease_left: *until - now,
+            },
+            Some(Entry::Done {
+                fingerprint,
+                record,
+                until,
+            }) => Inspected::Done {
+                fingerprint: *fingerprint,
+                record: record.clone(),
+                expires_in: *until - now,
+            },
+        })
     }
 }
 

@@ -28,7 +28,7 @@ use bytes::Bytes;
 use std::sync::Arc;
 use std::time::Instant;
 use support::http::{Kind, TestServer, Work, send};
-use tower_idempotency::engine::{Begin, Engine, Fingerprint, Recorded, Scope, Ticket};
+use tower_idempotency::engine::{Begin, Engine, Fingerprint, KeyState, Recorded, Scope, Ticket};
 use tower_idempotency::store::clock::ManualClock;
 use tower_idempotency::store::{StoreErrorKind, StoreKey};
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore};
@@ -554,6 +554,47 @@ async fn a_single_principal_fills_the_whole_store_before_anything_is_dropped() {
         !replays(&engine, key(3, 0), 0).await,
         "its oldest record made room"
     );
+}
+
+/// Inspection reads only: in a full store, inspecting the oldest record keeps it no longer
+/// (it is still the one dropped for room), and inspecting a free key takes no room.
+#[tokio::test(flavor = "current_thread")]
+async fn inspecting_a_record_keeps_the_order_in_which_a_full_store_drops() {
+    let engine = Engine::new(
+        MemoryStore::builder()
+            .max_entries(1_000)
+            .clock(ManualClock::new())
+            .build()
+            .unwrap(),
+    );
+    for n in 0..1_000u64 {
+        store_one(&engine, key(3, n), n, &response(n)).await;
+    }
+    for _ in 0..3 {
+        assert!(matches!(
+            engine.inspect(&key(3, 0)).await.unwrap(),
+            KeyState::Done { status: 201, .. }
+        ));
+        assert_eq!(engine.inspect(&key(4, 0)).await.unwrap(), KeyState::Absent);
+    }
+    let stats = engine.store().stats();
+    assert_eq!(
+        (stats.entries, stats.early_drops),
+        (1_000, 0),
+        "inspection added or dropped nothing: {stats:?}"
+    );
+
+    store_one(&engine, key(3, 1_000), 1_000, &response(1_000)).await;
+    assert_eq!(engine.store().stats().early_drops, 1);
+    assert_eq!(
+        engine.inspect(&key(3, 0)).await.unwrap(),
+        KeyState::Absent,
+        "the oldest record, inspected, still made room"
+    );
+    assert!(matches!(
+        engine.inspect(&key(3, 1)).await.unwrap(),
+        KeyState::Done { .. }
+    ));
 }
 
 #[tokio::test(flavor = "current_thread")]

@@ -17,7 +17,7 @@ use tokio::net::{TcpListener, TcpStream};
 use tower_idempotency::Store;
 use tower_idempotency::conformance::{LONG, fingerprint, random_key, record};
 use tower_idempotency::store::mysql::MySqlStore;
-use tower_idempotency::store::{Claim, StepId, StepRecorded};
+use tower_idempotency::store::{Claim, Inspected, StepId, StepRecorded};
 
 /// A proxy to the server that counts the commands the client sends.
 struct CountingProxy {
@@ -183,6 +183,7 @@ async fn mysql_every_step_of_a_store_made_by_connect_is_one_exchange() {
         .await
         .unwrap();
     store.steps(&warm).await.unwrap();
+    store.inspect(&warm).await.unwrap();
     store.forget(&warm, false).await.unwrap();
     let connections = proxy.connections.load(Ordering::SeqCst);
 
@@ -198,6 +199,8 @@ async fn mysql_every_step_of_a_store_made_by_connect_is_one_exchange() {
     assert!(done.unwrap());
     let (found, replay) = exchanges(&proxy, store.claim(&key, &fingerprint("a"), LONG)).await;
     assert!(matches!(found.unwrap(), Claim::Done { .. }));
+    let (read, inspect) = exchanges(&proxy, store.inspect(&key)).await;
+    assert!(matches!(read.unwrap(), Inspected::Done { .. }));
     let (_, forget) = exchanges(&proxy, store.forget(&key, false)).await;
     let other = random_key();
     let Claim::Claimed(token) = store.claim(&other, &fingerprint("b"), LONG).await.unwrap() else {
@@ -216,13 +219,13 @@ async fn mysql_every_step_of_a_store_made_by_connect_is_one_exchange() {
     assert_eq!(read.unwrap(), vec![(step, value)]);
     eprintln!(
         "exchanges per step: claim (fresh) {fresh}, renew {renew}, complete {complete}, \
-         claim (replay) {replay}, forget {forget}, release {release}, \
+         claim (replay) {replay}, inspect {inspect}, forget {forget}, release {release}, \
          record_step {record_step}, record_step (found) {record_found}, steps {steps}"
     );
     assert_eq!(
-        (fresh, renew, complete, replay, forget, release),
-        (1, 1, 1, 1, 1, 1),
-        "claim fresh, renew, complete, claim replay, forget, release"
+        (fresh, renew, complete, replay, inspect, forget, release),
+        (1, 1, 1, 1, 1, 1, 1),
+        "claim fresh, renew, complete, claim replay, inspect, forget, release"
     );
     assert_eq!(
         (record_step, record_found, steps),

@@ -15,7 +15,7 @@ use crate::support::redis_server::{RedisServer, redis_key};
 use bytes::Bytes;
 use std::time::{Duration, Instant};
 use tower_idempotency::conformance::{fingerprint, random_key};
-use tower_idempotency::engine::{Begin, Engine, Recorded};
+use tower_idempotency::engine::{Begin, Engine, KeyState, Recorded};
 use tower_idempotency::store::StoreErrorKind;
 use tower_idempotency::store::redis::RedisStore;
 
@@ -52,6 +52,10 @@ async fn the_sentinel_store_follows_a_failover() {
     assert!(matches!(
         plain.begin(key, fp).await.unwrap(),
         Begin::Replayed(r) if r == response()
+    ));
+    assert!(matches!(
+        plain.inspect(&key).await.unwrap(),
+        KeyState::Done { status: 201, .. }
     ));
     // Completed with the replica's acknowledgement: it must outlive the primary.
     let kept = random_key();
@@ -111,6 +115,11 @@ async fn the_sentinel_store_follows_a_failover() {
     assert!(matches!(
         plain.begin(kept, fp).await.unwrap(),
         Begin::Replayed(r) if r == response()
+    ));
+    // Inspected through the primary the sentinels name now.
+    assert!(matches!(
+        plain.inspect(&kept).await.unwrap(),
+        KeyState::Done { status: 201, .. }
     ));
     let deadline = Instant::now() + Duration::from_secs(30);
     let ticket = loop {

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use support::redis_server::{self, RedisServer, redis_key};
 use tower_idempotency::conformance::{Harness, fingerprint, random_key, record};
-use tower_idempotency::engine::{Begin, Engine, Recorded, Scope};
+use tower_idempotency::engine::{Begin, Engine, KeyState, Recorded, Scope};
 use tower_idempotency::store::redis::{EvictionCheck, RedisStore, redis};
 use tower_idempotency::{ConfigError, ConfigErrorKind};
 
@@ -233,6 +233,50 @@ async fn script_claims_cost_one_script_call_per_step() {
             "a {what} answer is one script call"
         );
     }
+}
+
+/// Inspection: one `EVALSHA` running `GET` and `PTTL`, and no write, whatever holds the key.
+#[tokio::test]
+async fn inspect_is_one_script_call_that_writes_nothing() {
+    if !redis_server::available() {
+        return;
+    }
+    let server = RedisServer::start();
+    let store = RedisStore::builder("count")
+        .connect(&server.url())
+        .await
+        .expect("connect");
+    let engine = Engine::new(store);
+    let scope = Scope::principal("inspector");
+    let key = |k: &str| StoreKey::derive("count", &scope, &IdempotencyKey::new(k).unwrap());
+    // Warm up: the first EVALSHA meets NOSCRIPT and loads the script.
+    engine.inspect(&key("warm")).await.unwrap();
+    let Begin::Run(t) = engine.begin(key("done"), fingerprint("a")).await.unwrap() else {
+        panic!("first run")
+    };
+    assert!(engine.complete(t, &response()).await.unwrap());
+    let Begin::Run(_held) = engine.begin(key("held"), fingerprint("a")).await.unwrap() else {
+        panic!("held runs")
+    };
+    for (k, what) in [("done", "done"), ("held", "in flight")] {
+        let before = commandstats(&server);
+        let state = engine.inspect(&key(k)).await.unwrap();
+        assert_eq!(
+            delta(&before, &commandstats(&server)),
+            counts(&[("evalsha", 1), ("get", 1), ("pttl", 1)]),
+            "inspecting a {what} key is one script call: {state:?}"
+        );
+    }
+    let before = commandstats(&server);
+    assert_eq!(
+        engine.inspect(&key("free")).await.unwrap(),
+        KeyState::Absent
+    );
+    assert_eq!(
+        delta(&before, &commandstats(&server)),
+        counts(&[("evalsha", 1), ("get", 1)]),
+        "inspecting a free key is one script call"
+    );
 }
 
 /// A real connection that answers `SET … GET` the way Redis before 7.0 does, and says it is

@@ -186,7 +186,9 @@ mod weights;
 pub use builder::MemoryStoreBuilder;
 pub use stats::MemoryStats;
 
-use super::{Claim, Forgotten, StepId, StepRecorded, Store, StoreError, StoreErrorKind, Token};
+use super::{
+    Claim, Forgotten, Inspected, StepId, StepRecorded, Store, StoreError, StoreErrorKind, Token,
+};
 use crate::store::Fingerprint;
 use crate::store::Record;
 use crate::store::StoreKey;
@@ -514,6 +516,13 @@ impl Store for MemoryStore {
         Ok(self
             .at_home(key, |shard| shard.pending_left(key, now))
             .map(Duration::from_nanos))
+    }
+
+    /// One read under the key's shard lock. It neither sweeps nor reorders: a record inspected
+    /// is dropped, when the store is full, no later than if it had not been.
+    async fn inspect(&self, key: &StoreKey) -> Result<Inspected, StoreError> {
+        let now = self.now();
+        Ok(self.at_home(key, |shard| shard.inspect(key, now)))
     }
 
     fn notifies_settled(&self) -> bool {

@@ -9,10 +9,11 @@ use crate::store::Fingerprint;
 use crate::store::Record;
 use crate::store::StoreError;
 use crate::store::StoreKey;
-use crate::store::{Claim, Forgotten, Token};
+use crate::store::{Claim, Forgotten, Inspected, Token};
 use hashbrown::HashTable;
 use std::hash::BuildHasher;
 use std::sync::Arc;
+use std::time::Duration;
 
 /// Why an operation could not get the room it needs in its own shard.
 #[derive(Debug)]
@@ -254,6 +255,32 @@ impl Shard {
         let idx = self.find(self.hasher.hash_one(key.id()), key.id())?;
         let e = &self.entries[at(idx)];
         (e.deadline > now && e.state.is_pending()).then(|| e.deadline - now)
+    }
+
+    /// What holds the key, read without touching it: no entry moves in the order of what is
+    /// dropped, and nothing expired is swept.
+    pub(super) fn inspect(&self, key: &StoreKey, now: u64) -> Inspected {
+        let Some(idx) = self.find(self.hasher.hash_one(key.id()), key.id()) else {
+            return Inspected::Absent;
+        };
+        let e = &self.entries[at(idx)];
+        if e.deadline <= now {
+            return Inspected::Absent;
+        }
+        let left = Duration::from_nanos(e.deadline - now);
+        match &e.state {
+            State::Open(Some(_)) => Inspected::Pending {
+                fingerprint: e.fingerprint,
+                lease_left: left,
+            },
+            State::Done(record) => Inspected::Done {
+                fingerprint: e.fingerprint,
+                record: record.clone(),
+                expires_in: left,
+            },
+            // Kept for its steps alone: the next claim takes the key.
+            State::Open(None) => Inspected::Absent,
+        }
     }
 
     pub(super) fn renew(&mut self, key: &StoreKey, token: &Token, deadline: u64, now: u64) -> bool {

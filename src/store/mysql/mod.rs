@@ -157,7 +157,7 @@
 //!
 //! [`StoreErrorKind`]: crate::store::StoreErrorKind
 
-use super::{Claim, Forgotten, StepId, StepRecorded, Store, StoreError, Token};
+use super::{Claim, Forgotten, Inspected, StepId, StepRecorded, Store, StoreError, Token};
 use crate::store::{Fingerprint, Record, StoreKey};
 use bytes::Bytes;
 use sqlx::Row;
@@ -687,6 +687,33 @@ impl Store for MySqlStore {
             })
             .await?;
         recorded.ok_or_else(|| protocol("recording a step kept racing concurrent records"))
+    }
+
+    /// One `SELECT`: a plain read takes no row lock, so it waits on no claim in progress.
+    async fn inspect(&self, key: &StoreKey) -> Result<Inspected, StoreError> {
+        let key = self.row_key(key);
+        let select = &self.sql.inspect();
+        let found = self
+            .bounded("MySQL inspect", Repeat::Safe, |fresh| async move {
+                let mut conn = self.take(fresh).await?;
+                let row = sqlx::query(sql::statement(select.clone()))
+                    .bind(&key[..])
+                    .fetch_optional(conn.conn())
+                    .await;
+                conn.give_back_sql(row.as_ref().err());
+                match row? {
+                    None => Ok(None),
+                    Some(r) => Ok(Some((ClaimRow::read(&r)?, r.try_get::<i64, _>(3)?))),
+                }
+            })
+            .await?;
+        let Some((row, left)) = found else {
+            return Ok(Inspected::Absent);
+        };
+        let left = Duration::from_micros(u64::try_from(left).unwrap_or(0));
+        // The row is never `CLAIMED`, the answer of a claim that took the key: no token is
+        // asked for.
+        Inspected::of(row.into_claim(Token::from_bytes([0; 16]))?, left)
     }
 
     async fn steps(&self, key: &StoreKey) -> Result<Vec<(StepId, Bytes)>, StoreError> {

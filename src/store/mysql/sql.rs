@@ -363,6 +363,17 @@ impl Statements {
         format!("SELECT step, value FROM {st} WHERE `key` = ? AND expires_at > {NOW}")
     }
 
+    /// The key's live row `(state, fingerprint, record, microseconds left)`, if any, as a
+    /// claim answers it: [`PENDING`] or [`DONE`]. Bind parameter: key.
+    pub(super) fn inspect(&self) -> String {
+        let t = &self.t;
+        format!(
+            "SELECT CAST(IF(state = 'P', {PENDING}, {DONE}) AS SIGNED), fingerprint, record, \
+                CAST(TIMESTAMPDIFF(MICROSECOND, {NOW}, expires_at) AS SIGNED) \
+             FROM {t} WHERE `key` = ? AND expires_at > {NOW}"
+        )
+    }
+
     /// Locks up to `?` expired rows, skipping rows another transaction holds.
     pub(super) fn purge_select(&self) -> String {
         let t = &self.t;

@@ -145,6 +145,8 @@ pub(crate) struct Statements {
     pub(super) record_step: String,
     /// `$1` key → rows `(step, value)` of the key's live steps.
     pub(super) steps: String,
+    /// `$1` key → the live row `(state, fingerprint, record, ms left)`, if any.
+    pub(super) inspect: String,
     /// `$1` batch size → the expired steps deleted.
     pub(super) purge_steps: String,
     /// The DDL of [`SCHEMA`] for this table.
@@ -293,6 +295,11 @@ impl Statements {
         let steps = format!(
             "SELECT step, value FROM {st} WHERE key = $1 AND expires_at > statement_timestamp()"
         );
+        let inspect = format!(
+            "SELECT state, fingerprint, record, \
+                floor(extract(epoch FROM expires_at - statement_timestamp()) * 1000)::int8 \
+            FROM {t} WHERE key = $1 AND expires_at > statement_timestamp()"
+        );
         // Rows a transaction holds (a claim taking over an expired row) are skipped, and the
         // expiry is checked again on the row deleted: a re-claimed row is never purged.
         let purge = format!(
@@ -318,6 +325,7 @@ impl Statements {
             purge,
             record_step,
             steps,
+            inspect,
             purge_steps,
             schema: SCHEMA.replace(DEFAULT_TABLE_NAME, t),
             steps_schema: STEPS_SCHEMA.replace(DEFAULT_STEPS_NAME, st),

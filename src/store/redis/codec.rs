@@ -7,7 +7,7 @@ use crate::error::{ConfigError, ConfigErrorKind};
 use crate::store::Fingerprint;
 use crate::store::Record;
 use crate::store::StoreKey;
-use crate::store::{Claim, StepId, StepRecorded, StoreError, Token};
+use crate::store::{Claim, Inspected, StepId, StepRecorded, StoreError, Token};
 use ::redis::Value;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
@@ -211,6 +211,28 @@ pub(super) fn parse_stored(stored: Vec<u8>) -> Result<Claim, StoreError> {
             })
         }
         _ => Err(protocol("unrecognised value under an idempotency key")),
+    }
+}
+
+/// Reads the inspect script's answer: nil, or the value under the key and its `PTTL`. A
+/// value is parsed as a claim parses it; a key without an expiry (`-1`, never written so by
+/// this store) reads as kept as long as the store keeps anything.
+pub(super) fn parse_inspected(reply: Value) -> Result<Inspected, StoreError> {
+    match reply {
+        Value::Nil => Ok(Inspected::Absent),
+        Value::Array(parts) => match <[Value; 2]>::try_from(parts) {
+            Ok([Value::BulkString(stored), Value::Int(ms)]) => {
+                let left = match u64::try_from(ms) {
+                    Ok(ms) => Duration::from_millis(ms),
+                    // Expired between GET and PTTL cannot happen in a script.
+                    Err(_) if ms == -2 => return Ok(Inspected::Absent),
+                    Err(_) => Duration::from_millis(MAX_EXPIRY_MS),
+                };
+                Inspected::of(parse_stored(stored)?, left)
+            }
+            _ => Err(protocol("unexpected answer to inspect")),
+        },
+        _ => Err(protocol("unexpected answer to inspect")),
     }
 }
 

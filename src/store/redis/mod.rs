@@ -313,7 +313,7 @@
 //! [`ConnectionManager`]: ::redis::aio::ConnectionManager
 //! [`StoreErrorKind`]: crate::store::StoreErrorKind
 
-use super::{Claim, Forgotten, StepId, StepRecorded, Store, StoreError, Token};
+use super::{Claim, Forgotten, Inspected, StepId, StepRecorded, Store, StoreError, Token};
 use crate::store::Fingerprint;
 use crate::store::Record;
 use crate::store::StoreKey;
@@ -883,6 +883,22 @@ where
                 "unexpected answer to lease_left",
             )),
         }
+    }
+
+    /// One script: `GET`, and `PTTL` when something holds the key. It writes nothing, so it
+    /// is never resent or waited on for replicas.
+    async fn inspect(&self, key: &StoreKey) -> Result<Inspected, StoreError> {
+        let deadline = self.deadline();
+        let reply = self
+            .eval(
+                &scripts::INSPECT,
+                &[self.key_bytes(key).as_bytes()],
+                &[],
+                deadline,
+            )
+            .await
+            .map_err(|e| e.into_store("Redis inspect"))?;
+        codec::parse_inspected(reply)
     }
 
     /// One script on the key's steps hash and its record: `HSETNX`, then `HGET` when found, or

@@ -28,6 +28,9 @@ pub(super) static FORGET: LazyLock<Script> =
 /// The lease left on a pending claim (asked only for a request found in flight).
 pub(super) static LEASE_LEFT: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("lease_left.lua")));
+/// Inspect: the key's value and the time it has left, changing nothing.
+pub(super) static INSPECT: LazyLock<Script> =
+    LazyLock::new(|| Script::new(include_str!("inspect.lua")));
 /// Renew: extend the lease if the token holds the key pending.
 pub(super) static RENEW: LazyLock<Script> =
     LazyLock::new(|| Script::new(include_str!("renew.lua")));

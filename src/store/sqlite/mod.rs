@@ -144,7 +144,7 @@
 //! [`StoreErrorKind`]: crate::store::StoreErrorKind
 
 use super::clock::Clock;
-use super::{Claim, Forgotten, StepId, StepRecorded, Store, StoreError, Token};
+use super::{Claim, Forgotten, Inspected, StepId, StepRecorded, Store, StoreError, Token};
 use crate::error::ConfigError;
 use crate::store::{Fingerprint, Record, StoreErrorKind, StoreKey};
 use bytes::Bytes;
@@ -911,6 +911,29 @@ impl Store for SqliteStore {
             Ok(recorded)
         })
         .await
+    }
+
+    /// One `SELECT` on the pool, as [`steps`](Self::steps): no write lock, nothing written.
+    async fn inspect(&self, key: &StoreKey) -> Result<Inspected, StoreError> {
+        let key = self.row_key(key);
+        let now = self.now();
+        let row = self
+            .bounded("SQLite inspect", async {
+                Ok(sqlx::query(sql::statement(&self.sql.inspect))
+                    .bind(&key[..])
+                    .bind(now)
+                    .fetch_optional(&self.pool)
+                    .await?)
+            })
+            .await?;
+        let Some(row) = row else {
+            return Ok(Inspected::Absent);
+        };
+        let left: i64 = row
+            .try_get(3)
+            .map_err(|_| protocol("a row without an expiry"))?;
+        let left = Duration::from_millis(u64::try_from(left).unwrap_or(0));
+        Inspected::of(live_claim(&row)?, left)
     }
 
     async fn steps(&self, key: &StoreKey) -> Result<Vec<(StepId, Bytes)>, StoreError> {

@@ -94,6 +94,8 @@ pub(crate) struct Statements {
     pub(super) table: String,
     /// `?1` key, `?2` now → the live row `(state, fingerprint, record)`, if any.
     pub(crate) live: String,
+    /// `?1` key, `?2` now → the live row `(state, fingerprint, record, ms left)`, if any.
+    pub(super) inspect: String,
     /// `?1` key, `?2` now, `?3` fingerprint, `?4` token, `?5` lease (ms): takes the key, where
     /// the row is absent or expired (the caller holds the write lock and found no live row).
     pub(crate) take: String,
@@ -149,6 +151,10 @@ impl Statements {
             table: table.to_owned(),
             live: format!(
                 "SELECT state, fingerprint, record FROM {t} WHERE key = ?1 AND expires_at > ?2"
+            ),
+            inspect: format!(
+                "SELECT state, fingerprint, record, expires_at - ?2 FROM {t} \
+                 WHERE key = ?1 AND expires_at > ?2"
             ),
             take: format!(
                 "INSERT INTO {t} (key, expires_at, state, fingerprint, token, record) \
