@@ -50,6 +50,8 @@ pub(crate) const TAG_LEN: usize = 32;
 ///   whether a record is for a given key, principal or namespace by deriving its store key.
 ///   Derive keys with [`Engine::store_key`](crate::engine::Engine::store_key) when using the
 ///   engine directly.
+/// - with [`Secret::encrypting`] (feature `encrypt`), each record's content is encrypted too:
+///   who reads the store reads no response, result or receipt.
 ///
 /// Every replica sharing a store must use the same store keys, so the same first secret.
 ///
