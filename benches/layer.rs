@@ -5,6 +5,7 @@
 //! cargo bench --bench layer
 //! cargo bench --bench layer -- fingerprint    # raw vs by-value JSON fingerprints
 //! cargo bench --bench layer --features metrics -- layer_1KiB   # + rows under a Prometheus recorder
+//! cargo bench --bench layer --features encrypt -- encrypt_1KiB  # records encrypted at rest
 //! ```
 //!
 //! With the feature `metrics` and no recorder installed, the `first_run` and `replay` rows
@@ -389,9 +390,66 @@ fn layer_overhead(c: &mut Criterion) {
     g.finish();
 }
 
+/// Answers a 1 KiB JSON body: what an encrypted record seals.
+#[cfg(feature = "encrypt")]
+async fn handler_1k(body: Bytes) -> (http::StatusCode, Bytes) {
+    (http::StatusCode::CREATED, body)
+}
+
+/// What encrypting the record costs (`Secret::encrypting`) against a `Secret` that only tags
+/// it and no secret, for a request and a response of 1 KiB each: a first run and a replay,
+/// in one run.
+#[cfg(feature = "encrypt")]
+fn encrypt_overhead(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("rt");
+    let body = json_body(1024);
+    let router = |secret: Option<Secret>| -> Router {
+        let mut engine = tower_idempotency::engine::Engine::builder(MemoryStore::new())
+            .retention(Duration::from_secs(5));
+        if let Some(s) = secret {
+            engine = engine.secret(s);
+        }
+        Router::new()
+            .route("/orders", post(handler_1k))
+            .layer(IdempotencyLayer::new(engine.build()).principal(PrincipalMode::Required))
+            .with_state(())
+    };
+    let secret = Secret::new([7u8; 32].to_vec()).expect("secret");
+    let plain = router(None);
+    let tagged = router(Some(secret.clone()));
+    let sealed = router(Some(secret.encrypting()));
+    rt.block_on(async {
+        for r in [&plain, &tagged, &sealed] {
+            call(r, Some("replay-key".into()), &body).await;
+        }
+    });
+    let n = Arc::new(AtomicU64::new(0));
+    let mut g = c.benchmark_group("encrypt_1KiB");
+    for (name, r) in [("none", &plain), ("secret", &tagged), ("encrypt", &sealed)] {
+        g.bench_function(format!("first_run/{name}"), |b| {
+            b.to_async(&rt).iter(|| async {
+                let k = n.fetch_add(1, Ordering::Relaxed);
+                call(r, Some(format!("k-{k}")), &body).await;
+            });
+        });
+        g.bench_function(format!("replay/{name}"), |b| {
+            b.to_async(&rt).iter(|| async {
+                call(r, Some("replay-key".into()), &body).await;
+            });
+        });
+    }
+    g.finish();
+}
+
+#[cfg(not(feature = "encrypt"))]
+fn encrypt_overhead(_: &mut Criterion) {}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
-    targets = key, fingerprint, memory_store, layer_overhead
+    targets = key, fingerprint, memory_store, layer_overhead, encrypt_overhead
 }
 criterion_main!(benches);

@@ -684,10 +684,10 @@ impl<S: Store> Engine<S> {
                 record
             }
         };
-        Ok(match &self.secret {
+        match &self.secret {
             Some(s) => record.seal(s, ticket.key.id(), &ticket.fingerprint),
-            None => record,
-        })
+            None => Ok(record),
+        }
     }
 
     /// Runs `work` while renewing the ticket's lease every third of the lease. So work slower than
@@ -742,13 +742,18 @@ impl<S: Store> Engine<S> {
         draft: crate::engine::record::Draft,
     ) -> Result<bool, StoreError> {
         ticket.claim.settle();
-        let record = draft.finish(self.secret.as_ref(), ticket.key.id(), &ticket.fingerprint);
+        let record = draft
+            .finish(self.secret.as_ref(), ticket.key.id(), &ticket.fingerprint)
+            .map_err(|e| {
+                StoreError::with_source(StoreErrorKind::Protocol, "response cannot be recorded", e)
+            })?;
         self.store_record(ticket, record).await
     }
 
-    /// The bytes a record gains when it is stored: its tag, when there is a secret.
+    /// The bytes a record gains when it is stored: its tag, when there is a secret. None when
+    /// it encrypts: the sealed record is written anew.
     pub(crate) fn tag_len(&self) -> usize {
-        if self.secret.is_some() {
+        if self.secret.as_ref().is_some_and(|s| !s.encrypts()) {
             crate::engine::secret::TAG_LEN
         } else {
             0

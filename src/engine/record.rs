@@ -15,6 +15,13 @@
 //! written_at_ms:u64 kept_until_ms:u64                        (present when flags & TIMES; Unix ms)
 //! tag:[u8; 32]                                               (present when flags & MAC)
 //! ```
+//!
+//! A record sealed under an encrypting [`Secret`](crate::Secret) keeps only its first four
+//! bytes in the clear; the rest is a whole record of the layout above, without a tag, encrypted:
+//!
+//! ```text
+//! "TI" 0x01 flags:u8 (SEALED only) nonce:[u8; 24] content tag:[u8; 16]
+//! ```
 
 use crate::store::Record;
 use bytes::{BufMut, Bytes, BytesMut};
@@ -32,6 +39,12 @@ const FLAG_DECLARED: u8 = 0b0000_1000;
 /// When the record was written and until when it is kept follow the trailers.
 const FLAG_TIMES: u8 = 0b0001_0000;
 const KNOWN_FLAGS: u8 = FLAG_BODY | FLAG_TRAILERS | FLAG_MAC | FLAG_DECLARED | FLAG_TIMES;
+/// The content is encrypted: see [`Secret::encrypting`](crate::Secret). Never beside
+/// another flag, never in the content it seals.
+const FLAG_SEALED: u8 = 0b0010_0000;
+/// The clear head of a sealed record, bound to its content.
+#[cfg(feature = "encrypt")]
+const SEALED_HEAD: [u8; 4] = [MAGIC[0], MAGIC[1], VERSION, FLAG_SEALED];
 /// The field that tags a record with the door that wrote it, for doors other than HTTP.
 const DOOR_FIELD: &[u8] = b"tower-idempotency-door";
 
@@ -43,6 +56,11 @@ impl Record {
     /// A [`RecordError`] naming the first thing that is wrong.
     pub fn decode(&self, max_body: usize) -> Result<Recorded, RecordError> {
         let content = match self.as_bytes().get(3) {
+            Some(flags) if flags & FLAG_SEALED != 0 => {
+                return Err(RecordError::unauthenticated(
+                    "record is encrypted; only its secret opens it",
+                ));
+            }
             Some(flags) if flags & FLAG_MAC != 0 => {
                 let end = self
                     .as_bytes()
@@ -68,6 +86,16 @@ impl Record {
             .as_bytes()
             .get(3)
             .ok_or(RecordError::new("truncated record"))?;
+        if flags & FLAG_SEALED != 0 {
+            let content = self.open(secret, key_id, fingerprint)?;
+            if content
+                .get(3)
+                .is_some_and(|f| f & (FLAG_MAC | FLAG_SEALED) != 0)
+            {
+                return Err(RecordError::new("an encrypted record seals another"));
+            }
+            return Self::decode_content(&content, max_body);
+        }
         if flags & FLAG_MAC == 0 {
             return Err(RecordError::unauthenticated("record is not authenticated"));
         }
@@ -87,20 +115,106 @@ impl Record {
         Self::decode_content(&self.as_bytes().slice(..end), max_body)
     }
 
-    /// Appends the tag of `secret` for this key and fingerprint.
-    pub(crate) fn seal(
-        self,
+    /// The content of a sealed record, decrypted under a key of `secret`'s ring.
+    #[cfg(feature = "encrypt")]
+    fn open(
+        &self,
         secret: &crate::Secret,
         key_id: &[u8; 32],
         fingerprint: &crate::store::Fingerprint,
-    ) -> Self {
-        let mut bytes = BytesMut::from(self.into_bytes());
+    ) -> Result<Bytes, RecordError> {
+        use crate::engine::secret::{NONCE_LEN, SEAL_TAG_LEN};
+        let b = self.as_bytes();
+        let start = SEALED_HEAD.len() + NONCE_LEN;
+        let tag_at = b
+            .len()
+            .checked_sub(SEAL_TAG_LEN)
+            .filter(|at| *at >= start)
+            .ok_or(RecordError::new("truncated record"))?;
+        if b[..SEALED_HEAD.len()] != SEALED_HEAD {
+            return Err(RecordError::new("unknown record flags"));
+        }
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce.copy_from_slice(&b[SEALED_HEAD.len()..start]);
+        let mut tag = [0u8; SEAL_TAG_LEN];
+        tag.copy_from_slice(&b[tag_at..]);
+        let mut content = BytesMut::from(&b[start..tag_at]);
+        if !secret.open_content(
+            key_id,
+            fingerprint,
+            &SEALED_HEAD,
+            &nonce,
+            &mut content,
+            &tag,
+        ) {
+            return Err(RecordError::unauthenticated(
+                "record cannot be decrypted by the secret",
+            ));
+        }
+        Ok(content.freeze())
+    }
+
+    /// Without the feature, no secret opens a sealed record: it is refused, never replayed.
+    #[cfg(not(feature = "encrypt"))]
+    fn open(
+        &self,
+        _: &crate::Secret,
+        _: &[u8; 32],
+        _: &crate::store::Fingerprint,
+    ) -> Result<Bytes, RecordError> {
+        Err(RecordError::unauthenticated(
+            "record is encrypted; the `encrypt` feature opens it",
+        ))
+    }
+
+    /// Seals `content`, a whole untagged record, for this key and fingerprint under `secret`:
+    /// encrypted when the secret encrypts, else tagged.
+    fn sealed(
+        content: BytesMut,
+        secret: &crate::Secret,
+        key_id: &[u8; 32],
+        fingerprint: &crate::store::Fingerprint,
+    ) -> Result<Self, RecordError> {
+        #[cfg(feature = "encrypt")]
+        if secret.encrypts() {
+            use crate::engine::secret::{NONCE_LEN, SEAL_TAG_LEN};
+            let start = SEALED_HEAD.len() + NONCE_LEN;
+            let mut out = BytesMut::with_capacity(start + content.len() + SEAL_TAG_LEN);
+            out.put_slice(&SEALED_HEAD);
+            out.put_bytes(0, NONCE_LEN);
+            out.put_slice(&content);
+            let (nonce, tag) =
+                secret.seal_content(key_id, fingerprint, &SEALED_HEAD, &mut out[start..])?;
+            out[SEALED_HEAD.len()..start].copy_from_slice(&nonce);
+            out.put_slice(&tag);
+            return Ok(Self::from_bytes(out.freeze()));
+        }
+        let mut bytes = content;
         if let Some(flags) = bytes.get_mut(3) {
             *flags |= FLAG_MAC;
         }
         let tag = secret.tag(key_id, fingerprint, &bytes);
         bytes.extend_from_slice(&tag);
-        Self::from_bytes(bytes.freeze())
+        Ok(Self::from_bytes(bytes.freeze()))
+    }
+
+    /// Appends the tag of `secret` for this key and fingerprint, or encrypts the record when
+    /// the secret encrypts.
+    ///
+    /// # Errors
+    /// Only when encrypting, with no random bytes for the nonce.
+    pub(crate) fn seal(
+        self,
+        secret: &crate::Secret,
+        key_id: &[u8; 32],
+        fingerprint: &crate::store::Fingerprint,
+    ) -> Result<Self, RecordError> {
+        Self::sealed(
+            BytesMut::from(self.into_bytes()),
+            secret,
+            key_id,
+            fingerprint,
+        )
     }
 
     fn decode_content(buf: &Bytes, max_body: usize) -> Result<Recorded, RecordError> {
@@ -477,19 +591,21 @@ impl Draft {
         &self.dropped
     }
 
-    /// The record, tagged under `secret` for this key and fingerprint when there is one.
+    /// The record, tagged (or encrypted) under `secret` for this key and fingerprint when
+    /// there is one.
+    ///
+    /// # Errors
+    /// Only when encrypting, with no random bytes for the nonce.
     pub(crate) fn finish(
-        mut self,
+        self,
         secret: Option<&crate::Secret>,
         key_id: &[u8; 32],
         fingerprint: &crate::store::Fingerprint,
-    ) -> Record {
-        if let Some(secret) = secret {
-            self.out[3] |= FLAG_MAC;
-            let tag = secret.tag(key_id, fingerprint, &self.out);
-            self.out.extend_from_slice(&tag);
+    ) -> Result<Record, RecordError> {
+        match secret {
+            Some(secret) => Record::sealed(self.out, secret, key_id, fingerprint),
+            None => Ok(Record::from_bytes(self.out.freeze())),
         }
-        Record::from_bytes(self.out.freeze())
     }
 }
 
@@ -854,7 +970,7 @@ mod mac_tests {
         let fp = Fingerprint::builder().field(b"a").finish();
         let other_fp = Fingerprint::builder().field(b"b").finish();
         let r = Recorded::new(201, vec![], Some(Bytes::from_static(b"hi")));
-        let sealed = r.encode().unwrap().seal(&secret(1), &[7; 32], &fp);
+        let sealed = r.encode().unwrap().seal(&secret(1), &[7; 32], &fp).unwrap();
         assert_eq!(
             sealed
                 .decode_verified(1024, &secret(1), &[7; 32], &fp)
@@ -950,13 +1066,13 @@ mod draft_tests {
             sample(false).declared(),
             Recorded::new(204, vec![], None),
         ] {
-            let record = draft(&r, 0).finish(None, &[7; 32], &fp);
+            let record = draft(&r, 0).finish(None, &[7; 32], &fp).unwrap();
             assert_eq!(record, r.encode().expect("encode"));
             assert_eq!(record.decode(1024).expect("decode"), r);
 
             let mut d = draft(&r, 16);
             d.stamp(times);
-            let record = d.finish(None, &[7; 32], &fp);
+            let record = d.finish(None, &[7; 32], &fp).unwrap();
             r.times = Some(times);
             assert_eq!(record, r.encode().expect("encode"));
             assert_eq!(record.as_bytes().len(), record.len());
@@ -968,8 +1084,13 @@ mod draft_tests {
         let secret = Secret::new(vec![1; 32]).expect("secret");
         let fp = Fingerprint::builder().field(b"a").finish();
         let r = sample(true);
-        let record = draft(&r, crate::engine::secret::TAG_LEN).finish(Some(&secret), &[7; 32], &fp);
-        assert_eq!(record, r.encode().unwrap().seal(&secret, &[7; 32], &fp));
+        let record = draft(&r, crate::engine::secret::TAG_LEN)
+            .finish(Some(&secret), &[7; 32], &fp)
+            .unwrap();
+        assert_eq!(
+            record,
+            r.encode().unwrap().seal(&secret, &[7; 32], &fp).unwrap()
+        );
         assert_eq!(
             record
                 .decode_verified(1024, &secret, &[7; 32], &fp)
@@ -1006,7 +1127,11 @@ mod draft_tests {
         );
         let (fitted, _) = r.fitted();
         let fp = Fingerprint::builder().field(b"a").finish();
-        let back = d.finish(None, &[7; 32], &fp).decode(1024).expect("decode");
+        let back = d
+            .finish(None, &[7; 32], &fp)
+            .unwrap()
+            .decode(1024)
+            .expect("decode");
         assert_eq!(back, fitted);
         assert_eq!(back.headers.len(), 1);
     }
@@ -1017,5 +1142,108 @@ mod draft_tests {
         for status in [0, 99, 1000] {
             assert!(Draft::write(status, std::iter::empty, None, none, false, 0).is_err());
         }
+    }
+}
+
+#[cfg(all(test, feature = "encrypt"))]
+mod sealed_tests {
+    use super::*;
+    use crate::engine::secret::Secret;
+    use crate::store::Fingerprint;
+
+    fn contains(hay: &[u8], needle: &[u8]) -> bool {
+        hay.windows(needle.len()).any(|w| w == needle)
+    }
+
+    /// Sealed under an encrypting secret: nothing but the head in the clear, a fresh nonce per
+    /// record, opened by the ring only for its own key and fingerprint, never by plain decoding.
+    #[test]
+    fn an_encrypted_record_opens_only_under_its_ring_key_and_fingerprint() {
+        let fp = Fingerprint::builder().field(b"a").finish();
+        let old = Secret::new(vec![1; 32]).unwrap().encrypting();
+        let r = Recorded::new(
+            201,
+            vec![(
+                Bytes::from_static(b"location"),
+                Bytes::from_static(b"/SECRETMARK"),
+            )],
+            Some(Bytes::from_static(b"{\"pan\":\"SECRETMARK\"}")),
+        );
+        let sealed = r.encode().unwrap().seal(&old, &[7; 32], &fp).unwrap();
+        let again = r.encode().unwrap().seal(&old, &[7; 32], &fp).unwrap();
+        assert_eq!(&sealed.as_bytes()[..4], &SEALED_HEAD);
+        assert_ne!(sealed, again, "a random nonce per record");
+        assert!(!contains(sealed.as_bytes(), b"SECRETMARK"));
+        assert!(!contains(sealed.as_bytes(), b"location"));
+        assert_eq!(sealed.len(), r.encode().unwrap().len() + 4 + 24 + 16);
+
+        assert_eq!(
+            sealed.decode_verified(1024, &old, &[7; 32], &fp).unwrap(),
+            r
+        );
+        let rotated = old.rotated(vec![2; 32]).unwrap();
+        assert_eq!(
+            sealed
+                .decode_verified(1024, &rotated, &[7; 32], &fp)
+                .unwrap(),
+            r
+        );
+        let refused = |s: &Secret, key: &[u8; 32], fp: &Fingerprint| {
+            sealed.decode_verified(1024, s, key, fp).unwrap_err().kind()
+        };
+        let other_fp = Fingerprint::builder().field(b"b").finish();
+        assert_eq!(
+            refused(&rotated.without_previous(), &[7; 32], &fp),
+            RecordErrorKind::Unauthenticated
+        );
+        assert_eq!(
+            refused(&old, &[8; 32], &fp),
+            RecordErrorKind::Unauthenticated
+        );
+        assert_eq!(
+            refused(&old, &[7; 32], &other_fp),
+            RecordErrorKind::Unauthenticated
+        );
+        assert!(
+            sealed.decode(1024).is_err(),
+            "no plain decoding of a sealed record"
+        );
+        // A body over the limit is refused once opened, as for any record.
+        assert!(sealed.decode_verified(3, &old, &[7; 32], &fp).is_err());
+        // Every truncation is refused.
+        for n in 0..sealed.len() {
+            let cut = Record::from_bytes(sealed.as_bytes().slice(..n));
+            assert!(
+                cut.decode_verified(1024, &old, &[7; 32], &fp).is_err(),
+                "prefix {n}"
+            );
+        }
+    }
+
+    /// A sealed record holding a tagged or sealed one is refused, even with a valid seal.
+    #[test]
+    fn a_sealed_record_never_holds_another_seal_or_tag() {
+        let fp = Fingerprint::builder().field(b"a").finish();
+        let tagging = Secret::new(vec![1; 32]).unwrap();
+        let encrypting = tagging.encrypting();
+        let r = Recorded::new(200, vec![], Some(Bytes::from_static(b"x")));
+        let tagged = r.encode().unwrap().seal(&tagging, &[7; 32], &fp).unwrap();
+        let nested = tagged.seal(&encrypting, &[7; 32], &fp).unwrap();
+        assert!(
+            nested
+                .decode_verified(1024, &encrypting, &[7; 32], &fp)
+                .is_err()
+        );
+        let sealed = r
+            .encode()
+            .unwrap()
+            .seal(&encrypting, &[7; 32], &fp)
+            .unwrap();
+        let twice = sealed.seal(&encrypting, &[7; 32], &fp).unwrap();
+        assert!(
+            twice
+                .decode_verified(1024, &encrypting, &[7; 32], &fp)
+                .is_err()
+        );
     }
 }

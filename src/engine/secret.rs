@@ -1,5 +1,7 @@
 //! Optional record authentication, fingerprint and store key keying. See [`Secret`].
 
+#[cfg(feature = "encrypt")]
+use crate::engine::record::RecordError;
 use crate::error::{ConfigError, ConfigErrorKind};
 use crate::store::Fingerprint;
 use crate::store::StoreKey;
@@ -16,6 +18,19 @@ const RECORD_DOMAIN: &[u8] = b"tower-idempotency/record-mac/v1";
 const STORE_KEY_KEY_DOMAIN: &[u8] = b"tower-idempotency/store-key-key/v1";
 const KEYED_SCOPE_DOMAIN: &[u8] = b"tower-idempotency/keyed-scope/v1";
 const KEYED_ID_DOMAIN: &[u8] = b"tower-idempotency/keyed-id/v1";
+/// Derives a key of the ring's encryption key from its material: apart from its MAC key.
+#[cfg(feature = "encrypt")]
+const SEAL_KEY_DOMAIN: &[u8] = b"tower-idempotency/record-seal-key/v1";
+/// Begins the associated data of a sealed record.
+#[cfg(feature = "encrypt")]
+const SEAL_DOMAIN: &[u8] = b"tower-idempotency/record-seal/v1";
+
+/// The length of a sealed record's nonce: XChaCha20's 192 bits, random per record.
+#[cfg(feature = "encrypt")]
+pub(crate) const NONCE_LEN: usize = 24;
+/// The length of a sealed record's Poly1305 tag.
+#[cfg(feature = "encrypt")]
+pub(crate) const SEAL_TAG_LEN: usize = 16;
 
 /// The length of a record's authentication tag.
 pub(crate) const TAG_LEN: usize = 32;
@@ -35,6 +50,8 @@ pub(crate) const TAG_LEN: usize = 32;
 ///   whether a record is for a given key, principal or namespace by deriving its store key.
 ///   Derive keys with [`Engine::store_key`](crate::engine::Engine::store_key) when using the
 ///   engine directly.
+/// - with [`Secret::encrypting`] (feature `encrypt`), each record's content is encrypted too:
+///   who reads the store reads no response, result or receipt.
 ///
 /// Every replica sharing a store must use the same store keys, so the same first secret.
 ///
@@ -95,6 +112,8 @@ pub struct Secret {
     /// The other keys of the ring: records and fingerprints under them are verified, never
     /// written.
     accepted: Arc<[Arc<[u8]>]>,
+    /// New records' content is encrypted, not only tagged: [`Secret::encrypting`].
+    encrypt: bool,
 }
 
 impl Secret {
@@ -125,6 +144,7 @@ impl Secret {
             key: key.into(),
             store_keys,
             accepted: Arc::new([]),
+            encrypt: false,
         })
     }
 
@@ -159,6 +179,7 @@ impl Secret {
         Ok(Self {
             store_keys: self.store_keys,
             accepted,
+            encrypt: self.encrypt,
             ..next
         })
     }
@@ -206,6 +227,53 @@ impl Secret {
             accepted: Arc::new([]),
             ..self.clone()
         }
+    }
+
+    /// This secret, also encrypting the content of every record it writes (feature `encrypt`):
+    /// a response's status, headers, body and trailers, a message's or an outbound send's
+    /// result. Who reads the store sees random bytes where the response was.
+    ///
+    /// The content is sealed with XChaCha20-Poly1305 under a key derived from the ring's current
+    /// key, apart from the keys of the tags and fingerprints, with a random 192-bit nonce per
+    /// record. The store key and the record's fingerprint are bound to it, so a record moved to
+    /// another key does not open. Rotation works as for the tags: a record sealed under any key
+    /// of the ring opens and replays; one sealed under a key dropped from the ring, or read by an
+    /// engine with no secret, is refused with 503 `record_invalid`, never replayed, never run
+    /// again.
+    ///
+    /// What stays visible to who reads the store: the store key, the keyed fingerprint, the
+    /// expiry the store keeps, the record's length (the content's length plus 44 bytes), and
+    /// when it was written and read. The status code is sealed with the rest.
+    ///
+    /// Turning it on or off needs no steps: every secret opens sealed records of its ring (with
+    /// the feature on) and tagged ones alike; this only chooses how new records are written.
+    /// Recorded steps are tagged, not encrypted.
+    ///
+    /// ```
+    /// use tower_idempotency::{MemoryStore, Secret};
+    /// use tower_idempotency::engine::Engine;
+    ///
+    /// let secret = Secret::new([7u8; 32].to_vec())?.encrypting();
+    /// assert!(secret.encrypts());
+    /// assert!(secret.rotated([8u8; 32].to_vec())?.encrypts(), "a rotation keeps it");
+    /// let engine = Engine::builder(MemoryStore::new()).secret(secret).build();
+    /// # let _ = engine;
+    /// # Ok::<(), tower_idempotency::ConfigError>(())
+    /// ```
+    #[cfg(feature = "encrypt")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "encrypt")))]
+    #[must_use]
+    pub fn encrypting(&self) -> Self {
+        Self {
+            encrypt: true,
+            ..self.clone()
+        }
+    }
+
+    /// Whether new records' content is encrypted: [`Secret::encrypting`].
+    #[must_use]
+    pub fn encrypts(&self) -> bool {
+        self.encrypt
     }
 
     /// How many keys verify records: the current one and those accepted.
@@ -270,6 +338,68 @@ impl Secret {
                     .is_ok()
             })
     }
+}
+
+#[cfg(feature = "encrypt")]
+impl Secret {
+    /// Encrypts `content` in place under the current key, bound to `head` (the record's
+    /// unencrypted first bytes), its store key and fingerprint. Returns the nonce and the tag.
+    pub(crate) fn seal_content(
+        &self,
+        key_id: &[u8; 32],
+        fp: &Fingerprint,
+        head: &[u8],
+        content: &mut [u8],
+    ) -> Result<([u8; NONCE_LEN], [u8; SEAL_TAG_LEN]), RecordError> {
+        use chacha20poly1305::AeadInOut;
+        let mut nonce = [0u8; NONCE_LEN];
+        getrandom::fill(&mut nonce)
+            .map_err(|_| RecordError::unencodable("no random bytes for the record's nonce"))?;
+        let tag = seal_cipher(&self.key)
+            .encrypt_inout_detached(&nonce.into(), &seal_ad(key_id, fp, head), content.into())
+            // Only for a content over 256 GiB, which no record holds (4 GiB bodies at most).
+            .map_err(|_| RecordError::unencodable("record too long to encrypt"))?;
+        Ok((nonce, tag.into()))
+    }
+
+    /// Decrypts `content` in place under the first key of the ring whose tag matches. `false`
+    /// when none does: `content` is then left as it was.
+    pub(crate) fn open_content(
+        &self,
+        key_id: &[u8; 32],
+        fp: &Fingerprint,
+        head: &[u8],
+        nonce: &[u8; NONCE_LEN],
+        content: &mut [u8],
+        tag: &[u8; SEAL_TAG_LEN],
+    ) -> bool {
+        use chacha20poly1305::AeadInOut;
+        let ad = seal_ad(key_id, fp, head);
+        let nonce = (*nonce).into();
+        let tag = (*tag).into();
+        std::iter::once(&self.key)
+            .chain(self.accepted.iter())
+            .any(|k| {
+                // On a mismatch the content is left untouched: the tag is checked first.
+                seal_cipher(k)
+                    .decrypt_inout_detached(&nonce, &ad, (&mut *content).into(), &tag)
+                    .is_ok()
+            })
+    }
+}
+
+#[cfg(feature = "encrypt")]
+fn seal_cipher(key: &[u8]) -> chacha20poly1305::XChaCha20Poly1305 {
+    use chacha20poly1305::KeyInit;
+    let mut m = hmac_of(key);
+    m.update(SEAL_KEY_DOMAIN);
+    let derived: [u8; 32] = m.finalize().into_bytes().into();
+    chacha20poly1305::XChaCha20Poly1305::new(&derived.into())
+}
+
+#[cfg(feature = "encrypt")]
+fn seal_ad(key_id: &[u8; 32], fp: &Fingerprint, head: &[u8]) -> Vec<u8> {
+    [SEAL_DOMAIN, key_id, fp.as_bytes(), head].concat()
 }
 
 fn keyed_fingerprint(mut m: HmacSha256, fp: &Fingerprint) -> Fingerprint {

@@ -8,6 +8,7 @@ mod support;
 
 #[cfg(feature = "test-util")]
 mod custom_store;
+mod encrypted_records;
 mod hostile_records;
 mod memory_bound;
 #[cfg(feature = "test-util")]
