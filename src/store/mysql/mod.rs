@@ -164,6 +164,7 @@ use sqlx::Row;
 use sqlx::mysql::{MySql, MySqlConnection, MySqlPool, MySqlRow};
 use sqlx::pool::PoolConnection;
 use std::fmt;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -184,8 +185,12 @@ pub use ::sqlx;
 
 /// The default table.
 pub(crate) const DEFAULT_TABLE: &str = "tower_idempotency";
-/// The default bound on one store operation.
-pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The default bound on one store operation: long enough that the sessions' lock wait of 1 s
+/// ends a claim stuck behind a held row, with the server's answer, before it.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
+/// InnoDB's default `innodb_lock_wait_timeout`, assumed for the sessions of a pool the store
+/// was built over.
+pub(crate) const SERVER_LOCK_WAIT: Duration = Duration::from_secs(50);
 /// The default bound on a transactional claim's wait for a row another transaction holds.
 pub(crate) const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(1);
 /// The bound on making the first connection in [`MySqlStore::connect`].
@@ -197,6 +202,9 @@ pub(crate) const PURGE_BATCH: i64 = 1000;
 pub(crate) const CLAIM_ATTEMPTS: usize = 4;
 /// Times a step is sent at most when InnoDB keeps rolling it back for a deadlock.
 const CONFLICT_ATTEMPTS: usize = 4;
+/// How much longer than its lock waits the answer of a claim that timed out is awaited: the
+/// server's own delays, on a loaded machine.
+const ABANDONED_MARGIN: Duration = Duration::from_secs(5);
 
 /// An idempotency [`Store`] in a MySQL or MariaDB table, over a sqlx [`MySqlPool`].
 ///
@@ -212,6 +220,8 @@ pub struct MySqlStore {
     pub(crate) sql: Arc<sql::Statements>,
     pub(crate) timeout: Duration,
     pub(crate) lock_timeout: Duration,
+    /// The `innodb_lock_wait_timeout` of the sessions the steps run on.
+    session_lock_wait: Duration,
 }
 
 impl fmt::Debug for MySqlStore {
@@ -359,24 +369,63 @@ impl MySqlStore {
             .map_err(|e| e.into_store(op))
     }
 
-    async fn bounded_op<T, F, Fut>(&self, repeat: Repeat, mut send: F) -> Result<T, OpError>
+    async fn bounded_op<T, F, Fut>(&self, repeat: Repeat, send: F) -> Result<T, OpError>
     where
         F: FnMut(bool) -> Fut,
         Fut: Future<Output = Result<T, OpError>>,
     {
-        let tries = async {
-            let (mut sent, mut fresh) = (1, false);
-            loop {
-                match send(fresh).await {
-                    Err(e) if e.is_conflict() && sent < CONFLICT_ATTEMPTS => sent += 1,
-                    Err(e) if !fresh && e.lost_connection() && repeat == Repeat::Safe => {
-                        fresh = true;
-                    }
-                    done => return done,
+        tokio::time::timeout(self.timeout, Self::tries(repeat, send)).await?
+    }
+
+    /// Sends one operation until it is answered, with no time bound: see
+    /// [`bounded_op`](Self::bounded_op).
+    async fn tries<T, F, Fut>(repeat: Repeat, mut send: F) -> Result<T, OpError>
+    where
+        F: FnMut(bool) -> Fut,
+        Fut: Future<Output = Result<T, OpError>>,
+    {
+        let (mut sent, mut fresh) = (1, false);
+        loop {
+            match send(fresh).await {
+                Err(e) if e.is_conflict() && sent < CONFLICT_ATTEMPTS => sent += 1,
+                Err(e) if !fresh && e.lost_connection() && repeat == Repeat::Safe => {
+                    fresh = true;
                 }
+                done => return done,
             }
-        };
-        tokio::time::timeout(self.timeout, tries).await?
+        }
+    }
+
+    /// Takes over a claim whose operation timeout ran out while it was sent: its statements
+    /// may still run on the server, waiting for a row lock, and take the key under `token`
+    /// once the row's holder lets go. Its answer is read in the background, on its connection,
+    /// and a claim it took is released: its caller was answered with a timeout, and its work
+    /// never runs. Reading is bounded by two of the sessions' lock waits (the claim's
+    /// `UPDATE` and `INSERT` may each wait) and a margin; past that the connection is closed
+    /// and the claim released all the same, as when its connection is lost. Only a row still
+    /// pending under `token` is deleted, so a release never touches another claim.
+    fn abandon<F>(&self, sending: Pin<Box<F>>, key: StoreKey, token: Token)
+    where
+        F: Future<Output = Result<Option<ClaimRow>, OpError>> + Send + 'static,
+    {
+        let store = self.clone();
+        let bound = store
+            .session_lock_wait
+            .saturating_mul(2)
+            .saturating_add(ABANDONED_MARGIN);
+        tokio::spawn(async move {
+            let held = match tokio::time::timeout(bound, sending).await {
+                Ok(Ok(Some(row))) => row.state == sql::CLAIMED,
+                Ok(Ok(None)) => false,
+                // No answer: it may have been applied.
+                Ok(Err(e)) => e.lost_connection(),
+                Err(_) => true,
+            };
+            if held {
+                let released = store.release(&key, &token).await;
+                tracing::debug!(?released, "released a claim that timed out");
+            }
+        });
     }
 
     /// Sends `query`, several statements in one exchange, and collects the rows they answer.
@@ -539,15 +588,18 @@ impl Store for MySqlStore {
         lease: Duration,
     ) -> Result<Claim, StoreError> {
         let token = Token::generate()?;
-        let (row_key, sent) = (self.row_key(key), &token);
         let lease = sql::millis(lease);
-        let row = self
-            .bounded_op(Repeat::Unsafe, |fresh| async move {
-                let mut conn = self.take(fresh).await?;
+        // Owned, so that a claim that times out can be read to its end in the background.
+        let (store, row_key, fingerprint, sent) =
+            (self.clone(), self.row_key(key), *fingerprint, token.clone());
+        let mut sending = Box::pin(async move {
+            let (store, row_key, fingerprint, sent) = (&store, &row_key, &fingerprint, &sent);
+            Self::tries(Repeat::Unsafe, |fresh| async move {
+                let mut conn = store.take(fresh).await?;
                 let mut found = Ok(None);
                 for _ in 0..CLAIM_ATTEMPTS {
-                    found = self
-                        .claim_once(conn.conn(), &row_key, fingerprint, sent, lease)
+                    found = store
+                        .claim_once(conn.conn(), row_key, fingerprint, sent, lease)
                         .await;
                     if !matches!(found, Ok(None)) {
                         break;
@@ -556,7 +608,15 @@ impl Store for MySqlStore {
                 conn.give_back(found.as_ref().err());
                 found
             })
-            .await;
+            .await
+        });
+        let row = match tokio::time::timeout(self.timeout, &mut sending).await {
+            Ok(row) => row,
+            Err(elapsed) => {
+                self.abandon(sending, key.clone(), token.clone());
+                Err(elapsed.into())
+            }
+        };
         let row = match row {
             Ok(row) => row,
             Err(e) => {
