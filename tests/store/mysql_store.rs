@@ -252,7 +252,7 @@ async fn mysql_purge_skips_a_row_claimed_again_in_an_open_transaction_and_never_
     .execute(&mut *tx)
     .await
     .unwrap();
-    // Waiting for the row's lock would outlast the purge's 1 s operation timeout: an error.
+    // Waiting for the row's lock would outlast the purge's 3 s operation timeout: an error.
     assert_eq!(store.purge().await.unwrap(), 0, "the held row is skipped");
     tx.commit().await.unwrap();
     assert_eq!(
@@ -506,7 +506,11 @@ async fn mysql_a_claim_that_timed_out_on_a_pool_with_the_servers_lock_wait_leave
         .claim(&key, &fingerprint("a"), LONG)
         .await
         .unwrap_err();
-    assert_eq!(e.kind(), StoreErrorKind::Timeout, "503 after the default 3 s");
+    assert_eq!(
+        e.kind(),
+        StoreErrorKind::Timeout,
+        "503 after the default 3 s"
+    );
     let waiting = server
         .sql(&format!(
             "SELECT COUNT(*) FROM information_schema.INNODB_TRX \

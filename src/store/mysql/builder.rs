@@ -48,7 +48,7 @@ pub(super) fn session_lock_wait(timeout: Duration) -> Duration {
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = MySqlStore::builder("orders")
 ///     .table("app.idempotency")
-///     .timeout(Duration::from_millis(500))
+///     .timeout(Duration::from_secs(2))
 ///     .connect("mysql://app@127.0.0.1/app")
 ///     .await?;
 /// assert_eq!(store.table(), "app.idempotency");
@@ -168,7 +168,9 @@ impl MySqlStoreBuilder {
     /// needs it and kept open. A step takes one, sends its query and gives it back: one
     /// exchange with the server. A connection idle for 1 s or more is checked first, with one
     /// exchange more, in case the server or the network closed it. A connection whose step
-    /// failed on the wire, or timed out, is closed.
+    /// failed on the wire, or timed out, is closed; that of a claim that timed out is first
+    /// read to the claim's answer (see [`timeout`](Self::timeout)), and holds its place among
+    /// the 10 until then.
     ///
     /// [`MySqlStore::pool`] is a sqlx pool of up to 10 more connections, opened when used: by
     /// [`migrate`](MySqlStore::migrate), [`purge`](MySqlStore::purge) and your own statements.

@@ -125,7 +125,7 @@
 //!
 //! # Failures
 //!
-//! Every step is bounded by one operation timeout, waiting for a connection included: 1 s by
+//! Every step is bounded by one operation timeout, waiting for a connection included: 3 s by
 //! default, see [`MySqlStoreBuilder::timeout`]. Errors keep the sqlx error as their source and
 //! map to:
 //!
@@ -147,8 +147,20 @@
 //! applied, so the key is not left pending until its lease lapses.
 //!
 //! A complete sent again finds its first send's write by the 16 bytes that send left in the
-//! row, and answers `true`. A step that timed out may still have been applied by the server: a
-//! claim may leave the key pending until its lease lapses, and a retry gets 409 until then.
+//! row, and answers `true`.
+//!
+//! A claim meets a lock only where a transaction holds the key's row: the transactional door's
+//! first request, still running. The store's own sessions wait for it at most half the
+//! operation timeout in whole seconds (at least 1 s): by default 1 s of a 3 s timeout, so the
+//! server ends the wait and answers (1205, `Timeout`) before the store gives up. A claim that
+//! times out all the same (a timeout under 2 s, a pool of your own with the server's lock
+//! wait) fails, and its work does not run; its statements may still take the key on the server
+//! once the row's holder rolls back. The store keeps reading its answer in the background, on
+//! its connection, and releases the claim if it took the key: a retry then claims it, rather
+//! than getting 409 until the lease lapses. That reading is bounded by two lock waits and 5 s
+//! (with a pool of your own, two of InnoDB's default 50 s); past it the claim is released all
+//! the same. Any other step that timed out may still have been applied by the server; each is
+//! fenced by its claim's token.
 //!
 //! # Bounds
 //!
@@ -244,7 +256,7 @@ impl MySqlStore {
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let store = MySqlStore::builder("orders")
-    ///     .timeout(Duration::from_millis(250))
+    ///     .timeout(Duration::from_secs(2))
     ///     .connect("mysql://app@127.0.0.1/app")
     ///     .await?;
     /// # let _ = store; Ok(()) }
@@ -613,7 +625,7 @@ impl Store for MySqlStore {
         let row = match tokio::time::timeout(self.timeout, &mut sending).await {
             Ok(row) => row,
             Err(elapsed) => {
-                self.abandon(sending, key.clone(), token.clone());
+                self.abandon(sending, *key, token.clone());
                 Err(elapsed.into())
             }
         };
