@@ -216,3 +216,22 @@ impl MySqlStoreBuilder {
         self.build_with(pool, Some(steps)).map_err(invalid)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::session_lock_wait;
+    use std::time::Duration;
+
+    #[test]
+    fn the_sessions_lock_wait_is_half_the_timeout_in_whole_seconds_and_at_least_one() {
+        let secs = |ms| session_lock_wait(Duration::from_millis(ms)).as_secs();
+        // The default 3 s timeout: the server's 1 s lock wait answers first.
+        assert_eq!(secs(3_000), 1);
+        assert_eq!(secs(2_000), 1);
+        assert_eq!(secs(5_000), 2);
+        assert_eq!(secs(10_000), 5);
+        // Under 2 s InnoDB cannot wait less than the timeout: a claim that times out is released.
+        assert_eq!(secs(1_999), 1);
+        assert_eq!(secs(250), 1);
+    }
+}
