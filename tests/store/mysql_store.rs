@@ -252,7 +252,7 @@ async fn mysql_purge_skips_a_row_claimed_again_in_an_open_transaction_and_never_
     .execute(&mut *tx)
     .await
     .unwrap();
-    // Waiting for the row's lock would outlast the purge's 1 s operation timeout: an error.
+    // Waiting for the row's lock would outlast the purge's 3 s operation timeout: an error.
     assert_eq!(store.purge().await.unwrap(), 0, "the held row is skipped");
     tx.commit().await.unwrap();
     assert_eq!(
@@ -315,15 +315,7 @@ async fn mysql_a_claim_stuck_behind_a_held_row_times_out_and_the_store_recovers(
     let pool = server.pool(2).await;
     let key = random_key();
     // A transaction holds the key's row (as the transactional door's first request does).
-    let mut tx = pool.begin().await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {table} (`key`, expires_at, state, fingerprint, token) \
-         VALUES (?, UTC_TIMESTAMP(6) + INTERVAL 60 SECOND, 'P', UNHEX(SHA2('x', 256)), X'00')"
-    )))
-    .bind(&store.row_key(&key)[..])
-    .execute(&mut *tx)
-    .await
-    .unwrap();
+    let tx = hold_row(&pool, &store, &table, &key).await;
     let e = store
         .claim(&key, &fingerprint("a"), LONG)
         .await
@@ -422,8 +414,39 @@ async fn mysql_a_server_whose_sessions_start_without_autocommit_still_shares_eac
     );
 }
 
+/// Writes the key's row in a transaction left open: the transactional door's first request,
+/// still running, holds it.
+async fn hold_row(
+    pool: &MySqlPool,
+    store: &MySqlStore,
+    table: &str,
+    key: &tower_idempotency::store::StoreKey,
+) -> sqlx::Transaction<'static, sqlx::MySql> {
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {table} (`key`, expires_at, state, fingerprint, token) \
+         VALUES (?, UTC_TIMESTAMP(6) + INTERVAL 60 SECOND, 'P', UNHEX(SHA2('x', 256)), X'00')"
+    )))
+    .bind(&store.row_key(key)[..])
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx
+}
+
+/// Claims `key` until it is claimed, for up to 20 s: a claim that timed out is released in
+/// the background once the server answers it.
+async fn claimed_within_seconds(store: &MySqlStore, key: &tower_idempotency::store::StoreKey) {
+    for _ in 0..40 {
+        match store.claim(key, &fingerprint("a"), LONG).await.unwrap() {
+            Claim::Claimed(_) => return,
+            _ => tokio::time::sleep(Duration::from_millis(500)).await,
+        }
+    }
+    panic!("the key stays pending under a claim nobody holds");
+}
+
 #[tokio::test]
-#[ignore = "defect: a claim that timed out in the store still runs on the server and takes the key, pending for its whole lease"]
 async fn mysql_a_claim_that_timed_out_behind_a_held_row_leaves_the_key_free_once_the_row_is() {
     let Some(server) = MariaDbServer::shared() else {
         return;
@@ -439,16 +462,7 @@ async fn mysql_a_claim_that_timed_out_behind_a_held_row_leaves_the_key_free_once
     store.migrate().await.unwrap();
     let pool = server.pool(2).await;
     let key = random_key();
-    // The transactional door's first request holds the key's row.
-    let mut tx = pool.begin().await.unwrap();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {table} (`key`, expires_at, state, fingerprint, token) \
-         VALUES (?, UTC_TIMESTAMP(6) + INTERVAL 60 SECOND, 'P', UNHEX(SHA2('x', 256)), X'00')"
-    )))
-    .bind(&store.row_key(&key)[..])
-    .execute(&mut *tx)
-    .await
-    .unwrap();
+    let tx = hold_row(&pool, &store, &table, &key).await;
     let e = store
         .claim(&key, &fingerprint("a"), LONG)
         .await
@@ -458,16 +472,8 @@ async fn mysql_a_claim_that_timed_out_behind_a_held_row_leaves_the_key_free_once
         StoreErrorKind::Timeout,
         "503: the work does not run"
     );
-    // The claim's statement still waits on the server, for its lock wait of 1 s.
-    let waiting = server
-        .sql("SELECT COUNT(*) FROM information_schema.INNODB_TRX WHERE trx_state = 'LOCK WAIT'")
-        .unwrap();
-    assert_eq!(
-        waiting.trim(),
-        "1",
-        "the claim's statement waits on the server"
-    );
-    // The first request's work fails: its transaction rolls back and the key is free.
+    // The first request's work fails: its transaction rolls back and the key is free. The
+    // claim's statement, still waiting on the server for its lock wait of 1 s, takes it.
     tx.rollback().await.unwrap();
     // Past the server's lock wait, seconds wide.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -478,4 +484,44 @@ async fn mysql_a_claim_that_timed_out_behind_a_held_row_leaves_the_key_free_once
         ),
         "nobody runs the work: the retry claims the key, rather than 409 for the whole lease"
     );
+}
+
+#[tokio::test]
+async fn mysql_a_claim_that_timed_out_on_a_pool_with_the_servers_lock_wait_leaves_the_key_free() {
+    let Some(server) = MariaDbServer::shared() else {
+        return;
+    };
+    let table = fresh_table("orphan_pool");
+    // A pool of one's own: its sessions keep the server's lock wait (50 s), far past the
+    // store's default timeout.
+    let store = MySqlStore::builder("orphan_pool")
+        .table(&table)
+        .build(server.pool(2).await)
+        .unwrap();
+    store.migrate().await.unwrap();
+    let pool = server.pool(2).await;
+    let key = random_key();
+    let tx = hold_row(&pool, &store, &table, &key).await;
+    let e = store
+        .claim(&key, &fingerprint("a"), LONG)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.kind(),
+        StoreErrorKind::Timeout,
+        "503 after the default 3 s"
+    );
+    let waiting = server
+        .sql(&format!(
+            "SELECT COUNT(*) FROM information_schema.INNODB_TRX \
+             WHERE trx_state = 'LOCK WAIT' AND trx_query LIKE '%{table}%'"
+        ))
+        .unwrap();
+    assert_eq!(
+        waiting.trim(),
+        "1",
+        "the claim's statement still waits on the server"
+    );
+    tx.rollback().await.unwrap();
+    claimed_within_seconds(&store, &key).await;
 }

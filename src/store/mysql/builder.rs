@@ -3,7 +3,10 @@
 use super::connections::{CHECK_AFTER_IDLE, Connections};
 use super::error::OpError;
 use super::sql::{self, Statements};
-use super::{CONNECT_TIMEOUT, DEFAULT_LOCK_TIMEOUT, DEFAULT_TABLE, DEFAULT_TIMEOUT, MySqlStore};
+use super::{
+    CONNECT_TIMEOUT, DEFAULT_LOCK_TIMEOUT, DEFAULT_TABLE, DEFAULT_TIMEOUT, MySqlStore,
+    SERVER_LOCK_WAIT,
+};
 use crate::error::ConfigError;
 use crate::store::{StoreError, StoreErrorKind};
 use sqlx::Connection;
@@ -17,13 +20,21 @@ const POOL_SIZE: u32 = 10;
 
 /// The session settings of the store's connections: autocommit, whatever the server's
 /// default, since each statement of a step commits on its own; and a lock wait of whole
-/// seconds, the operation timeout rounded up. A step meets a lock only where a transaction of
-/// the transactional door holds its row.
+/// seconds, [`session_lock_wait`]. A step meets a lock only where a transaction of the
+/// transactional door holds its row.
 pub(super) fn session_setup(timeout: Duration) -> String {
     format!(
         "SET SESSION autocommit = 1, SESSION innodb_lock_wait_timeout = {}",
-        sql::seconds(timeout)
+        session_lock_wait(timeout).as_secs()
     )
+}
+
+/// The lock wait of the store's own sessions: half the operation timeout in whole seconds,
+/// rounded down, at least 1 s (InnoDB's least). From a timeout of 2 s on, the server ends a
+/// statement that waits for a row lock, and answers, before the step gives up on it.
+pub(super) fn session_lock_wait(timeout: Duration) -> Duration {
+    // `seconds` keeps whole seconds as they are, within InnoDB's bounds.
+    Duration::from_secs(sql::seconds(Duration::from_secs((timeout / 2).as_secs())))
 }
 
 /// Builds a [`MySqlStore`]. It is made by [`MySqlStore::builder`], and each setter names its
@@ -37,7 +48,7 @@ pub(super) fn session_setup(timeout: Duration) -> String {
 /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let store = MySqlStore::builder("orders")
 ///     .table("app.idempotency")
-///     .timeout(Duration::from_millis(500))
+///     .timeout(Duration::from_secs(2))
 ///     .connect("mysql://app@127.0.0.1/app")
 ///     .await?;
 /// assert_eq!(store.table(), "app.idempotency");
@@ -82,12 +93,19 @@ impl MySqlStoreBuilder {
     }
 
     /// Bounds every store step to `timeout`, waiting for a connection included. A step that
-    /// takes longer fails with [`StoreErrorKind::Timeout`], and its connection is closed.
-    /// Default: 1 s. At least 1 ms.
+    /// takes longer fails with [`StoreErrorKind::Timeout`]. Default: 3 s. At least 1 ms.
     ///
     /// A store made by [`connect`](Self::connect) also sets InnoDB's `innodb_lock_wait_timeout`
-    /// of its connections to this timeout in whole seconds, rounded up. Keep the timeout well
-    /// below the lease.
+    /// of its connections to half this timeout in whole seconds, rounded down, and at least
+    /// 1 s: 1 s by default. A claim that waits for a row another transaction holds then gets
+    /// the server's lock wait error, answered as a timeout, before the store stops waiting.
+    ///
+    /// A claim whose timeout runs out first (a timeout under 2 s, or a pool of your own whose
+    /// sessions keep the server's lock wait, 50 s by default) may still take the key on the
+    /// server. It fails, its work does not run, and the store keeps reading its answer in the
+    /// background: when it took the key, the store releases it, so a retry can claim the key
+    /// rather than meeting a pending claim until its lease lapses. Keep the timeout well below
+    /// the lease.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout.max(Duration::from_millis(1));
         self
@@ -125,6 +143,7 @@ impl MySqlStoreBuilder {
         pool: MySqlPool,
         steps: Option<Connections>,
     ) -> Result<MySqlStore, ConfigError> {
+        let own = steps.is_some();
         let prefix = self.prefix?;
         sql::check_table(&self.table)?;
         Ok(MySqlStore {
@@ -134,6 +153,11 @@ impl MySqlStoreBuilder {
             sql: Arc::new(Statements::new(&self.table)),
             timeout: self.timeout,
             lock_timeout: self.lock_timeout,
+            session_lock_wait: if own {
+                session_lock_wait(self.timeout)
+            } else {
+                SERVER_LOCK_WAIT
+            },
         })
     }
 
@@ -144,7 +168,9 @@ impl MySqlStoreBuilder {
     /// needs it and kept open. A step takes one, sends its query and gives it back: one
     /// exchange with the server. A connection idle for 1 s or more is checked first, with one
     /// exchange more, in case the server or the network closed it. A connection whose step
-    /// failed on the wire, or timed out, is closed.
+    /// failed on the wire, or timed out, is closed; that of a claim that timed out is first
+    /// read to the claim's answer (see [`timeout`](Self::timeout)), and holds its place among
+    /// the 10 until then.
     ///
     /// [`MySqlStore::pool`] is a sqlx pool of up to 10 more connections, opened when used: by
     /// [`migrate`](MySqlStore::migrate), [`purge`](MySqlStore::purge) and your own statements.
@@ -188,5 +214,24 @@ impl MySqlStoreBuilder {
             .connect_lazy_with(options.clone());
         let steps = Connections::new(options, setup, POOL_SIZE, first);
         self.build_with(pool, Some(steps)).map_err(invalid)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::session_lock_wait;
+    use std::time::Duration;
+
+    #[test]
+    fn the_sessions_lock_wait_is_half_the_timeout_in_whole_seconds_and_at_least_one() {
+        let secs = |ms| session_lock_wait(Duration::from_millis(ms)).as_secs();
+        // The default 3 s timeout: the server's 1 s lock wait answers first.
+        assert_eq!(secs(3_000), 1);
+        assert_eq!(secs(2_000), 1);
+        assert_eq!(secs(5_000), 2);
+        assert_eq!(secs(10_000), 5);
+        // Under 2 s InnoDB cannot wait less than the timeout: a claim that times out is released.
+        assert_eq!(secs(1_999), 1);
+        assert_eq!(secs(250), 1);
     }
 }

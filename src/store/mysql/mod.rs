@@ -125,7 +125,7 @@
 //!
 //! # Failures
 //!
-//! Every step is bounded by one operation timeout, waiting for a connection included: 1 s by
+//! Every step is bounded by one operation timeout, waiting for a connection included: 3 s by
 //! default, see [`MySqlStoreBuilder::timeout`]. Errors keep the sqlx error as their source and
 //! map to:
 //!
@@ -147,8 +147,20 @@
 //! applied, so the key is not left pending until its lease lapses.
 //!
 //! A complete sent again finds its first send's write by the 16 bytes that send left in the
-//! row, and answers `true`. A step that timed out may still have been applied by the server: a
-//! claim may leave the key pending until its lease lapses, and a retry gets 409 until then.
+//! row, and answers `true`.
+//!
+//! A claim meets a lock only where a transaction holds the key's row: the transactional door's
+//! first request, still running. The store's own sessions wait for it at most half the
+//! operation timeout in whole seconds (at least 1 s): by default 1 s of a 3 s timeout, so the
+//! server ends the wait and answers (1205, `Timeout`) before the store gives up. A claim that
+//! times out all the same (a timeout under 2 s, a pool of your own with the server's lock
+//! wait) fails, and its work does not run; its statements may still take the key on the server
+//! once the row's holder rolls back. The store keeps reading its answer in the background, on
+//! its connection, and releases the claim if it took the key: a retry then claims it, rather
+//! than getting 409 until the lease lapses. That reading is bounded by two lock waits and 5 s
+//! (with a pool of your own, two of InnoDB's default 50 s); past it the claim is released all
+//! the same. Any other step that timed out may still have been applied by the server; each is
+//! fenced by its claim's token.
 //!
 //! # Bounds
 //!
@@ -164,6 +176,7 @@ use sqlx::Row;
 use sqlx::mysql::{MySql, MySqlConnection, MySqlPool, MySqlRow};
 use sqlx::pool::PoolConnection;
 use std::fmt;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -184,8 +197,12 @@ pub use ::sqlx;
 
 /// The default table.
 pub(crate) const DEFAULT_TABLE: &str = "tower_idempotency";
-/// The default bound on one store operation.
-pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The default bound on one store operation: long enough that the sessions' lock wait of 1 s
+/// ends a claim stuck behind a held row, with the server's answer, before it.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(3);
+/// InnoDB's default `innodb_lock_wait_timeout`, assumed for the sessions of a pool the store
+/// was built over.
+pub(crate) const SERVER_LOCK_WAIT: Duration = Duration::from_secs(50);
 /// The default bound on a transactional claim's wait for a row another transaction holds.
 pub(crate) const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(1);
 /// The bound on making the first connection in [`MySqlStore::connect`].
@@ -197,6 +214,9 @@ pub(crate) const PURGE_BATCH: i64 = 1000;
 pub(crate) const CLAIM_ATTEMPTS: usize = 4;
 /// Times a step is sent at most when InnoDB keeps rolling it back for a deadlock.
 const CONFLICT_ATTEMPTS: usize = 4;
+/// How much longer than its lock waits the answer of a claim that timed out is awaited: the
+/// server's own delays, on a loaded machine.
+const ABANDONED_MARGIN: Duration = Duration::from_secs(5);
 
 /// An idempotency [`Store`] in a MySQL or MariaDB table, over a sqlx [`MySqlPool`].
 ///
@@ -212,6 +232,8 @@ pub struct MySqlStore {
     pub(crate) sql: Arc<sql::Statements>,
     pub(crate) timeout: Duration,
     pub(crate) lock_timeout: Duration,
+    /// The `innodb_lock_wait_timeout` of the sessions the steps run on.
+    session_lock_wait: Duration,
 }
 
 impl fmt::Debug for MySqlStore {
@@ -234,7 +256,7 @@ impl MySqlStore {
     ///
     /// # #[tokio::main(flavor = "current_thread")] async fn main() -> Result<(), Box<dyn std::error::Error>> {
     /// let store = MySqlStore::builder("orders")
-    ///     .timeout(Duration::from_millis(250))
+    ///     .timeout(Duration::from_secs(2))
     ///     .connect("mysql://app@127.0.0.1/app")
     ///     .await?;
     /// # let _ = store; Ok(()) }
@@ -359,24 +381,63 @@ impl MySqlStore {
             .map_err(|e| e.into_store(op))
     }
 
-    async fn bounded_op<T, F, Fut>(&self, repeat: Repeat, mut send: F) -> Result<T, OpError>
+    async fn bounded_op<T, F, Fut>(&self, repeat: Repeat, send: F) -> Result<T, OpError>
     where
         F: FnMut(bool) -> Fut,
         Fut: Future<Output = Result<T, OpError>>,
     {
-        let tries = async {
-            let (mut sent, mut fresh) = (1, false);
-            loop {
-                match send(fresh).await {
-                    Err(e) if e.is_conflict() && sent < CONFLICT_ATTEMPTS => sent += 1,
-                    Err(e) if !fresh && e.lost_connection() && repeat == Repeat::Safe => {
-                        fresh = true;
-                    }
-                    done => return done,
+        tokio::time::timeout(self.timeout, Self::tries(repeat, send)).await?
+    }
+
+    /// Sends one operation until it is answered, with no time bound: see
+    /// [`bounded_op`](Self::bounded_op).
+    async fn tries<T, F, Fut>(repeat: Repeat, mut send: F) -> Result<T, OpError>
+    where
+        F: FnMut(bool) -> Fut,
+        Fut: Future<Output = Result<T, OpError>>,
+    {
+        let (mut sent, mut fresh) = (1, false);
+        loop {
+            match send(fresh).await {
+                Err(e) if e.is_conflict() && sent < CONFLICT_ATTEMPTS => sent += 1,
+                Err(e) if !fresh && e.lost_connection() && repeat == Repeat::Safe => {
+                    fresh = true;
                 }
+                done => return done,
             }
-        };
-        tokio::time::timeout(self.timeout, tries).await?
+        }
+    }
+
+    /// Takes over a claim whose operation timeout ran out while it was sent: its statements
+    /// may still run on the server, waiting for a row lock, and take the key under `token`
+    /// once the row's holder lets go. Its answer is read in the background, on its connection,
+    /// and a claim it took is released: its caller was answered with a timeout, and its work
+    /// never runs. Reading is bounded by two of the sessions' lock waits (the claim's
+    /// `UPDATE` and `INSERT` may each wait) and a margin; past that the connection is closed
+    /// and the claim released all the same, as when its connection is lost. Only a row still
+    /// pending under `token` is deleted, so a release never touches another claim.
+    fn abandon<F>(&self, sending: Pin<Box<F>>, key: StoreKey, token: Token)
+    where
+        F: Future<Output = Result<Option<ClaimRow>, OpError>> + Send + 'static,
+    {
+        let store = self.clone();
+        let bound = store
+            .session_lock_wait
+            .saturating_mul(2)
+            .saturating_add(ABANDONED_MARGIN);
+        tokio::spawn(async move {
+            let held = match tokio::time::timeout(bound, sending).await {
+                Ok(Ok(Some(row))) => row.state == sql::CLAIMED,
+                Ok(Ok(None)) => false,
+                // No answer: it may have been applied.
+                Ok(Err(e)) => e.lost_connection(),
+                Err(_) => true,
+            };
+            if held {
+                let released = store.release(&key, &token).await;
+                tracing::debug!(?released, "released a claim that timed out");
+            }
+        });
     }
 
     /// Sends `query`, several statements in one exchange, and collects the rows they answer.
@@ -539,15 +600,18 @@ impl Store for MySqlStore {
         lease: Duration,
     ) -> Result<Claim, StoreError> {
         let token = Token::generate()?;
-        let (row_key, sent) = (self.row_key(key), &token);
         let lease = sql::millis(lease);
-        let row = self
-            .bounded_op(Repeat::Unsafe, |fresh| async move {
-                let mut conn = self.take(fresh).await?;
+        // Owned, so that a claim that times out can be read to its end in the background.
+        let (store, row_key, fingerprint, sent) =
+            (self.clone(), self.row_key(key), *fingerprint, token.clone());
+        let mut sending = Box::pin(async move {
+            let (store, row_key, fingerprint, sent) = (&store, &row_key, &fingerprint, &sent);
+            Self::tries(Repeat::Unsafe, |fresh| async move {
+                let mut conn = store.take(fresh).await?;
                 let mut found = Ok(None);
                 for _ in 0..CLAIM_ATTEMPTS {
-                    found = self
-                        .claim_once(conn.conn(), &row_key, fingerprint, sent, lease)
+                    found = store
+                        .claim_once(conn.conn(), row_key, fingerprint, sent, lease)
                         .await;
                     if !matches!(found, Ok(None)) {
                         break;
@@ -556,7 +620,15 @@ impl Store for MySqlStore {
                 conn.give_back(found.as_ref().err());
                 found
             })
-            .await;
+            .await
+        });
+        let row = match tokio::time::timeout(self.timeout, &mut sending).await {
+            Ok(row) => row,
+            Err(elapsed) => {
+                self.abandon(sending, *key, token.clone());
+                Err(elapsed.into())
+            }
+        };
         let row = match row {
             Ok(row) => row,
             Err(e) => {
