@@ -198,7 +198,7 @@ use crate::engine::steps::Ready;
 use crate::engine::{Begin, BoxFuture, Codec, Engine, Fingerprint, StepError, Steps, Ticket};
 use crate::engine::{RecordError, Recorded};
 #[cfg(feature = "postgres")]
-use crate::metrics::{self, Door, Op, Outcome, Settled, Started, StepResult, request, settled};
+use crate::metrics::{self, Door, Op, Outcome, Settled, StepResult, request, settled};
 use crate::store::StoreError;
 #[cfg(feature = "postgres")]
 use crate::store::StoreKey;
@@ -458,7 +458,7 @@ where
             .begin()
             .await
             .map_err(|e| WithinError::store(OpError::from(e).into_store("PostgreSQL begin")))?;
-        let started = Started::now();
+        let started = engine.timer().start(Op::Claim);
         let held = store
             .claim_held(&mut tx, &key, &fingerprint, engine.lease())
             .await;
@@ -589,7 +589,7 @@ where
             Err(e) => return rolled_back(tx, Err(StepError::not_recorded(e, place, &name))).await,
         };
         let op = "PostgreSQL record step in a transaction";
-        let started = Started::now();
+        let started = engine.timer().start(Op::RecordStep);
         let recorded = store
             .record_step_on(&mut tx, &bound.key, &id, &sealed, bound.retention)
             .await;
@@ -680,7 +680,7 @@ where
             return Err((Settled::CompleteFailed, WithinError::store(e)));
         }
     };
-    let started = Started::now();
+    let started = engine.timer().start(Op::Complete);
     let done = engine
         .store()
         .complete_held(

@@ -97,7 +97,7 @@ use crate::engine::steps::Ready;
 use crate::engine::{
     Begin, BoxFuture, Codec, Engine, Fingerprint, Recorded, StepError, Steps, Ticket,
 };
-use crate::metrics::{self, Door, Op, Outcome, Settled, Started, StepResult, request, settled};
+use crate::metrics::{self, Door, Op, Outcome, Settled, StepResult, request, settled};
 use crate::store::mysql::sql;
 use crate::store::mysql::{ClaimRow, MySqlStore, OpError};
 use crate::store::{Claim, Record, StepRecorded, StoreError, StoreErrorKind, StoreKey, Token};
@@ -234,7 +234,7 @@ where
             .begin()
             .await
             .map_err(|e| WithinError::store(OpError::from(e).into_store("MySQL begin")))?;
-        let started = Started::now();
+        let started = engine.timer().start(Op::Claim);
         let held = store
             .claim_held(&mut tx, &key, &fingerprint, engine.lease())
             .await;
@@ -307,7 +307,7 @@ where
             return Err((Settled::CompleteFailed, WithinError::store(e)));
         }
     };
-    let started = Started::now();
+    let started = engine.timer().start(Op::Complete);
     let done = engine
         .store()
         .complete_held(
@@ -422,7 +422,7 @@ where
             Err(e) => return rolled_back(tx, Err(StepError::not_recorded(e, place, &name))).await,
         };
         let op = "MySQL record step in a transaction";
-        let started = Started::now();
+        let started = engine.timer().start(Op::RecordStep);
         let recorded = store
             .record_step_on(&mut tx, &bound.key, &id, &sealed, bound.retention)
             .await;
