@@ -555,7 +555,13 @@ mod on {
 // `request` and `settled` are the one-call API for a door without a layer (the extractors,
 // `within`, and the queue and send-once doors to come).
 #[allow(unused_imports)]
-pub(crate) use on::{DoorCounters, request, settled, step};
+pub(crate) use on::{DoorCounters, settled, step};
+
+/// Counts a request's outcome, and names it on the door's span, the current one.
+pub(crate) fn request(door: Door, outcome: Outcome) {
+    on::request(door, outcome);
+    tracing::Span::current().record("outcome", outcome.as_str());
+}
 
 /// Times an engine's store operations (with feature `metrics`) and traces each in a span of
 /// its own, a child of the door's span, at the engine's span level.

@@ -51,6 +51,12 @@ pub(crate) fn http_span(level: Level, door: &'static str, grpc: bool, method: &s
     )
 }
 
+/// The webhook door's span over a delivery, named `webhook`: it names the sender, and holds
+/// the span of the HTTP door that claims the delivery's key.
+pub(crate) fn webhook_span(level: Level, sender: &str) -> Span {
+    span_at!(level, "webhook", sender)
+}
+
 /// A store operation's span, a child of the current span. Its fields follow OpenTelemetry's
 /// database client conventions: `db.system.name`, `db.operation.name`, and `error.type` when
 /// it fails, with the store error's kind.
@@ -74,7 +80,7 @@ fn db_system(store: &'static str) -> &'static str {
     }
 }
 
-/// Names the key on the current span, as the log lines name it: its store key's short hash.
-pub(crate) fn record_key(key: &crate::store::StoreKey) {
-    Span::current().record("key", tracing::field::debug(key));
+/// Names the key on a door's span as the log lines name it: its store key's short hash.
+pub(crate) fn record_key(span: &Span, key: &crate::store::StoreKey) {
+    span.record("key", tracing::field::debug(key));
 }

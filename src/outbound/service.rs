@@ -18,6 +18,7 @@ use std::time::Duration;
 use std::{fmt, mem};
 use tower_layer::Layer;
 use tower_service::Service;
+use tracing::Instrument;
 
 /// The generic door's key namespace. Each adapter has its own.
 pub(crate) const NAMESPACE: &str = "outbound";
@@ -342,6 +343,7 @@ impl<St: Store, I, C, K> Door<St, I, C, K> {
         K: Codec<R>,
     {
         let key = self.store_key(identity);
+        crate::trace::record_key(&tracing::Span::current(), &key);
         let fingerprint = *identity.fingerprint();
         let begun = if self.settings.wait.is_zero() {
             self.engine.begin(key, fingerprint).await
@@ -638,13 +640,20 @@ where
                 Ok(None) => return door.unkeyed(inner.call(req).await),
                 Ok(Some(identity)) => identity,
             };
-            let ticket = match door.begin(&identity).await {
-                Start::Send(ticket) => ticket,
-                Start::Answered(answer) => return answer,
+            let span = crate::trace::door_span(
+                door.engine.span_level(),
+                metrics::Door::Outbound.as_str(),
+            );
+            let keyed = async move {
+                let ticket = match door.begin(&identity).await {
+                    Start::Send(ticket) => ticket,
+                    Start::Answered(answer) => return answer,
+                };
+                let guard = HoldOnDrop::new(door.keys(), ticket);
+                let result = door.engine.run(guard.ticket(), inner.call(req)).await;
+                door.settle(guard.disarm(), result).await
             };
-            let guard = HoldOnDrop::new(door.keys(), ticket);
-            let result = door.engine.run(guard.ticket(), inner.call(req)).await;
-            door.settle(guard.disarm(), result).await
+            keyed.instrument(span).await
         })
     }
 }

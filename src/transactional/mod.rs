@@ -191,6 +191,7 @@ mod postgres;
 pub mod sqlite;
 
 #[cfg(feature = "postgres")]
+use tracing::Instrument;
 use self::postgres::{Held, Lifted};
 #[cfg(feature = "postgres")]
 use crate::engine::steps::Ready;
@@ -436,6 +437,25 @@ impl<E: StdError + 'static> StdError for WithinError<E> {
 /// A [`WithinError`]: the work's error, a step of the store that failed, or a conflict with a
 /// concurrent transaction. See [`WithinErrorKind`].
 pub async fn within<F, E>(
+    engine: &Engine<PostgresStore>,
+    conn: &mut PgConnection,
+    key: StoreKey,
+    fingerprint: Fingerprint,
+    work: F,
+) -> Result<Within, WithinError<E>>
+where
+    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Recorded, E>>,
+{
+    // The door's span, over the claim, the work and the record.
+    let span = crate::trace::door_span(engine.span_level(), Door::Within.as_str());
+    crate::trace::record_key(&span, &key);
+    within_in_span(engine, conn, key, fingerprint, work)
+        .instrument(span)
+        .await
+}
+
+/// [`within`] in the door's span.
+async fn within_in_span<F, E>(
     engine: &Engine<PostgresStore>,
     conn: &mut PgConnection,
     key: StoreKey,

@@ -92,6 +92,7 @@
 //! its record, as [`transactional::step`](super::step) does on PostgreSQL: a recorded step is
 //! answered from its record, otherwise its writes and its record commit together.
 
+use tracing::Instrument;
 use super::{Within, WithinError};
 use crate::engine::steps::Ready;
 use crate::engine::{
@@ -213,6 +214,25 @@ impl MySqlStore {
 /// A [`WithinError`]: the work's error, a step of the store that failed, or a deadlock with a
 /// concurrent transaction. See [`WithinErrorKind`](super::WithinErrorKind).
 pub async fn within<F, E>(
+    engine: &Engine<MySqlStore>,
+    conn: &mut MySqlConnection,
+    key: StoreKey,
+    fingerprint: Fingerprint,
+    work: F,
+) -> Result<Within, WithinError<E>>
+where
+    F: for<'c> FnOnce(&'c mut MySqlConnection) -> BoxFuture<'c, Result<Recorded, E>>,
+{
+    // The door's span, over the claim, the work and the record.
+    let span = crate::trace::door_span(engine.span_level(), Door::Within.as_str());
+    crate::trace::record_key(&span, &key);
+    within_in_span(engine, conn, key, fingerprint, work)
+        .instrument(span)
+        .await
+}
+
+/// [`within`] in the door's span.
+async fn within_in_span<F, E>(
     engine: &Engine<MySqlStore>,
     conn: &mut MySqlConnection,
     key: StoreKey,

@@ -88,6 +88,7 @@
 //! transaction, as [`transactional::step`](super::step) does on PostgreSQL. The step waits for
 //! the write lock up to your connection's own `busy_timeout`.
 
+use tracing::Instrument;
 use super::{Within, WithinError};
 use crate::engine::steps::Ready;
 use crate::engine::{Begin, BoxFuture, Codec, Engine, Fingerprint, Recorded, StepError, Steps};
@@ -121,6 +122,25 @@ enum Held {
 /// A [`WithinError`]: the work's error, a step of the store that failed, or a conflict of
 /// your own transaction. See [`WithinErrorKind`](super::WithinErrorKind).
 pub async fn within<F, E>(
+    engine: &Engine<SqliteStore>,
+    conn: &mut SqliteConnection,
+    key: StoreKey,
+    fingerprint: Fingerprint,
+    work: F,
+) -> Result<Within, WithinError<E>>
+where
+    F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<Recorded, E>>,
+{
+    // The door's span, over the claim, the work and the record.
+    let span = crate::trace::door_span(engine.span_level(), Door::Within.as_str());
+    crate::trace::record_key(&span, &key);
+    within_in_span(engine, conn, key, fingerprint, work)
+        .instrument(span)
+        .await
+}
+
+/// [`within`] in the door's span.
+async fn within_in_span<F, E>(
     engine: &Engine<SqliteStore>,
     conn: &mut SqliteConnection,
     key: StoreKey,
