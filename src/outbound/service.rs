@@ -520,7 +520,9 @@ impl<St: Store> Keys<St> {
     ) -> impl Future<Output = ()> {
         let run = match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
-                Finish::Task(rt.spawn(async move { self.finish(ticket, verdict, receipt).await }))
+                // In the send's span: its record is a child of it, and its result named on it.
+                let finish = async move { self.finish(ticket, verdict, receipt).await };
+                Finish::Task(rt.spawn(finish.instrument(tracing::Span::current())))
             }
             Err(_) => Finish::Inline(Box::new((self, ticket, verdict, receipt))),
         };
@@ -640,10 +642,8 @@ where
                 Ok(None) => return door.unkeyed(inner.call(req).await),
                 Ok(Some(identity)) => identity,
             };
-            let span = crate::trace::door_span(
-                door.engine.span_level(),
-                metrics::Door::Outbound.as_str(),
-            );
+            let span =
+                crate::trace::door_span(door.engine.span_level(), metrics::Door::Outbound.as_str());
             let keyed = async move {
                 let ticket = match door.begin(&identity).await {
                     Start::Send(ticket) => ticket,

@@ -190,8 +190,6 @@ mod postgres;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
 
-#[cfg(feature = "postgres")]
-use tracing::Instrument;
 use self::postgres::{Held, Lifted};
 #[cfg(feature = "postgres")]
 use crate::engine::steps::Ready;
@@ -215,6 +213,8 @@ use std::error::Error as StdError;
 use std::fmt;
 #[cfg(feature = "postgres")]
 use std::future::Future;
+#[cfg(feature = "postgres")]
+use tracing::Instrument;
 
 /// What [`within`] did.
 #[derive(Debug)]

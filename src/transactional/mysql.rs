@@ -92,7 +92,6 @@
 //! its record, as [`transactional::step`](super::step) does on PostgreSQL: a recorded step is
 //! answered from its record, otherwise its writes and its record commit together.
 
-use tracing::Instrument;
 use super::{Within, WithinError};
 use crate::engine::steps::Ready;
 use crate::engine::{
@@ -106,6 +105,7 @@ use sqlx::mysql::{MySql, MySqlConnection};
 use sqlx::{Connection, Transaction};
 use std::future::Future;
 use std::time::Duration;
+use tracing::Instrument;
 
 /// What a claim inside a transaction found.
 enum Held {

@@ -88,7 +88,6 @@
 //! transaction, as [`transactional::step`](super::step) does on PostgreSQL. The step waits for
 //! the write lock up to your connection's own `busy_timeout`.
 
-use tracing::Instrument;
 use super::{Within, WithinError};
 use crate::engine::steps::Ready;
 use crate::engine::{Begin, BoxFuture, Codec, Engine, Fingerprint, Recorded, StepError, Steps};
@@ -98,6 +97,7 @@ use crate::store::{Claim, StepRecorded, StoreError, StoreErrorKind, StoreKey, To
 use sqlx::sqlite::{Sqlite, SqliteConnection};
 use sqlx::{Connection, Transaction};
 use std::future::Future;
+use tracing::Instrument;
 
 /// How the claim in the transaction ended.
 enum Held {
@@ -173,7 +173,9 @@ where
         };
         match begun {
             Ok(tx) => {
-                let started = started.take().unwrap_or_else(|| engine.timer().start(Op::Claim));
+                let started = started
+                    .take()
+                    .unwrap_or_else(|| engine.timer().start(Op::Claim));
                 Ok(held(engine, tx, key, fingerprint, previous, started, work).await)
             }
             Err(e) => Err(OpError::from(e)),
