@@ -393,6 +393,18 @@ fn layer_overhead(c: &mut Criterion) {
             call(&traced, Some("replay-key".into()), &body).await;
         });
     });
+    // The registry alone, behind the same filter: what storing the spans costs, without the
+    // formatting of their fields.
+    g.bench_function("first_run/info_spans_registry", |b| {
+        use tracing_subscriber::layer::SubscriberExt;
+        let registry =
+            tracing_subscriber::registry().with(tracing_subscriber::filter::LevelFilter::INFO);
+        let _subscriber = tracing::subscriber::set_default(registry);
+        b.to_async(&rt).iter(|| async {
+            let k = n.fetch_add(1, Ordering::Relaxed);
+            call(&traced, Some(format!("k-{k}")), &body).await;
+        });
+    });
     // The default level under the same subscriber: the spans are at debug, so it keeps none.
     g.bench_function("first_run/default_spans", |b| {
         let _subscriber = tracing::subscriber::set_default(info_subscriber());
