@@ -318,10 +318,24 @@ fn layer_overhead(c: &mut Criterion) {
             .principal(PrincipalMode::Required),
         )
         .with_state(());
+    // The same layer with its spans at info, for a subscriber that keeps info spans.
+    let traced: Router = Router::new()
+        .route("/orders", post(handler))
+        .layer(
+            IdempotencyLayer::new(
+                tower_idempotency::engine::Engine::builder(MemoryStore::new())
+                    .retention(Duration::from_secs(5))
+                    .span_level(tracing::Level::INFO)
+                    .build(),
+            )
+            .principal(PrincipalMode::Required),
+        )
+        .with_state(());
     // Warm one key for each replay row.
     rt.block_on(async {
         call(&layered, Some("replay-key".into()), &body).await;
         call(&keyed, Some("replay-key".into()), &body).await;
+        call(&traced, Some("replay-key".into()), &body).await;
     });
     let n = Arc::new(AtomicU64::new(0));
 
@@ -356,6 +370,48 @@ fn layer_overhead(c: &mut Criterion) {
     g.bench_function("replay/secret", |b| {
         b.to_async(&rt).iter(|| async {
             call(&keyed, Some("replay-key".into()), &body).await;
+        });
+    });
+    // A subscriber that keeps info spans, as a pipeline behind an info filter does: the
+    // registry stores each span, and `fmt` formats its fields and writes its events to a sink.
+    // For this thread only (the runtime is current-thread), while these rows run.
+    let info_subscriber = || {
+        use tracing_subscriber::layer::SubscriberExt;
+        tracing_subscriber::registry()
+            .with(tracing_subscriber::filter::LevelFilter::INFO)
+            .with(tracing_subscriber::fmt::layer().with_writer(std::io::sink))
+    };
+    g.bench_function("first_run/info_spans", |b| {
+        let _subscriber = tracing::subscriber::set_default(info_subscriber());
+        b.to_async(&rt).iter(|| async {
+            let k = n.fetch_add(1, Ordering::Relaxed);
+            call(&traced, Some(format!("k-{k}")), &body).await;
+        });
+    });
+    g.bench_function("replay/info_spans", |b| {
+        let _subscriber = tracing::subscriber::set_default(info_subscriber());
+        b.to_async(&rt).iter(|| async {
+            call(&traced, Some("replay-key".into()), &body).await;
+        });
+    });
+    // The registry alone, behind the same filter: what storing the spans costs, without the
+    // formatting of their fields.
+    g.bench_function("first_run/info_spans_registry", |b| {
+        use tracing_subscriber::layer::SubscriberExt;
+        let registry =
+            tracing_subscriber::registry().with(tracing_subscriber::filter::LevelFilter::INFO);
+        let _subscriber = tracing::subscriber::set_default(registry);
+        b.to_async(&rt).iter(|| async {
+            let k = n.fetch_add(1, Ordering::Relaxed);
+            call(&traced, Some(format!("k-{k}")), &body).await;
+        });
+    });
+    // The default level under the same subscriber: the spans are at debug, so it keeps none.
+    g.bench_function("first_run/default_spans", |b| {
+        let _subscriber = tracing::subscriber::set_default(info_subscriber());
+        b.to_async(&rt).iter(|| async {
+            let k = n.fetch_add(1, Ordering::Relaxed);
+            call(&layered, Some(format!("k-{k}")), &body).await;
         });
     });
     #[cfg(feature = "metrics")]

@@ -12,6 +12,7 @@
 mod error;
 mod hex;
 mod metrics;
+mod trace;
 
 pub mod engine;
 pub mod http;

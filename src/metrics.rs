@@ -446,9 +446,9 @@ mod on {
 
     /// Times an engine's store operations, with the store's name. The keys are built once per engine.
     #[derive(Debug, Clone)]
-    pub(crate) struct StoreTimer(Arc<Vec<Key>>);
+    pub(crate) struct Timer(Arc<Vec<Key>>);
 
-    impl StoreTimer {
+    impl Timer {
         pub(crate) fn new(store: &'static str) -> Self {
             let keys = Op::ALL
                 .iter()
@@ -469,7 +469,7 @@ mod on {
             Self(Arc::new(keys))
         }
 
-        pub(crate) fn record<T>(&self, op: Op, started: Started, res: &Result<T, StoreError>) {
+        pub(crate) fn record<T>(&self, op: Op, started: Clock, res: &Result<T, StoreError>) {
             let key = &self.0[op as usize * STORE_RESULTS.len() + store_result(res)];
             let secs = started.0.elapsed().as_secs_f64();
             metrics::with_recorder(|r| r.register_histogram(key, &METADATA).record(secs));
@@ -478,9 +478,9 @@ mod on {
 
     /// When a store operation started.
     #[derive(Debug, Clone, Copy)]
-    pub(crate) struct Started(Instant);
+    pub(crate) struct Clock(Instant);
 
-    impl Started {
+    impl Clock {
         pub(crate) fn now() -> Self {
             Self(Instant::now())
         }
@@ -530,21 +530,21 @@ mod on {
     }
 
     #[derive(Debug, Clone)]
-    pub(crate) struct StoreTimer;
+    pub(crate) struct Timer;
 
-    impl StoreTimer {
+    impl Timer {
         #[inline(always)]
         pub(crate) fn new(_: &'static str) -> Self {
             Self
         }
         #[inline(always)]
-        pub(crate) fn record<T>(&self, _: Op, _: Started, _: &Result<T, StoreError>) {}
+        pub(crate) fn record<T>(&self, _: Op, _: Clock, _: &Result<T, StoreError>) {}
     }
 
     #[derive(Debug, Clone, Copy)]
-    pub(crate) struct Started;
+    pub(crate) struct Clock;
 
-    impl Started {
+    impl Clock {
         #[inline(always)]
         pub(crate) fn now() -> Self {
             Self
@@ -555,7 +555,67 @@ mod on {
 // `request` and `settled` are the one-call API for a door without a layer (the extractors,
 // `within`, and the queue and send-once doors to come).
 #[allow(unused_imports)]
-pub(crate) use on::{DoorCounters, Started, StoreTimer, request, settled, step};
+pub(crate) use on::{DoorCounters, settled, step};
+
+/// Counts a request's outcome, and names it on the door's span, the current one.
+pub(crate) fn request(door: Door, outcome: Outcome) {
+    on::request(door, outcome);
+    tracing::Span::current().record("outcome", outcome.as_str());
+}
+
+/// Times an engine's store operations (with feature `metrics`) and traces each in a span of
+/// its own, a child of the door's span, at the engine's span level.
+#[derive(Debug, Clone)]
+pub(crate) struct StoreTimer {
+    timer: on::Timer,
+    store: &'static str,
+    level: tracing::Level,
+}
+
+impl StoreTimer {
+    pub(crate) fn new(store: &'static str, level: tracing::Level) -> Self {
+        Self {
+            timer: on::Timer::new(store),
+            store,
+            level,
+        }
+    }
+
+    pub(crate) fn level(&self) -> tracing::Level {
+        self.level
+    }
+
+    pub(crate) fn set_level(&mut self, level: tracing::Level) {
+        self.level = level;
+    }
+
+    /// Starts a store operation: its clock and its span. The span is not entered, as it lives
+    /// across awaits; it closes when [`record`](Self::record) takes it, which times it.
+    pub(crate) fn start(&self, op: Op) -> Started {
+        Started {
+            clock: on::Clock::now(),
+            span: crate::trace::store_span(self.level, self.store, op),
+        }
+    }
+
+    /// Ends a store operation: its duration, and its result on its span.
+    pub(crate) fn record<T>(&self, op: Op, started: Started, res: &Result<T, StoreError>) {
+        if res.is_err() {
+            // OpenTelemetry's `error.type`: the store error's kind, the metric's `result`.
+            started
+                .span
+                .record("error.type", STORE_RESULTS[store_result(res)]);
+        }
+        self.timer.record(op, started.clock, res);
+    }
+}
+
+/// A store operation under way: when it started, and its span.
+#[derive(Debug)]
+pub(crate) struct Started {
+    clock: on::Clock,
+    span: tracing::Span,
+}
 
 #[cfg(test)]
 mod tests {

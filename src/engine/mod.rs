@@ -50,7 +50,7 @@ pub use crate::store::fingerprint::{Fingerprint, FingerprintBuilder};
 
 use crate::engine::key::IdempotencyKey;
 use crate::engine::secret::Secret;
-use crate::metrics::{Op, Started, StoreTimer};
+use crate::metrics::{Op, StoreTimer};
 use crate::store::Record;
 use crate::store::StoreKey;
 use crate::store::{
@@ -71,6 +71,8 @@ pub(crate) const DEFAULT_RETENTION: Duration = Duration::from_secs(24 * 60 * 60)
 /// their defaults (1 s per operation, 5 s to connect, and their retries), so it never fires
 /// before them: it is for a store of one's own that never answers.
 pub(crate) const DEFAULT_STORE_TIMEOUT: Duration = Duration::from_secs(30);
+/// The level of the spans every door opens, as before it could be chosen.
+pub(crate) const DEFAULT_SPAN_LEVEL: tracing::Level = tracing::Level::DEBUG;
 
 /// [`Engine::store_key`] with the engine's secret.
 pub(crate) fn store_key(
@@ -174,7 +176,7 @@ impl<S: Store, F: Future> Future for Run<'_, S, F> {
                 .reset(tokio::time::Instant::now() + engine.lease / 3);
             let _ = sleep.as_mut().poll(cx);
             let mut fut: RenewFuture<'_> = Box::pin(async move {
-                let started = Started::now();
+                let started = engine.timer.start(Op::Renew);
                 let renewed = bounded(
                     engine.store_timeout,
                     engine.store.renew(&ticket.key, &ticket.token, engine.lease),
@@ -367,7 +369,7 @@ impl<S: Store> Engine<S> {
     #[must_use]
     pub fn from_arc(store: Arc<S>) -> Self {
         Self {
-            timer: StoreTimer::new(store.name()),
+            timer: StoreTimer::new(store.name(), DEFAULT_SPAN_LEVEL),
             store,
             lease: DEFAULT_LEASE,
             retention: DEFAULT_RETENTION,
@@ -420,6 +422,12 @@ impl<S: Store> Engine<S> {
         self.store_timeout
     }
 
+    /// The level of the spans its doors open. See [`EngineBuilder::span_level`].
+    #[must_use]
+    pub fn span_level(&self) -> tracing::Level {
+        self.timer.level()
+    }
+
     /// The record body limit.
     #[must_use]
     pub fn max_record_body(&self) -> usize {
@@ -445,7 +453,7 @@ impl<S: Store> Engine<S> {
     ) -> impl Future<Output = Result<Begin, StoreError>> + use<'_, S> {
         let keyed = self.keyed(fingerprint);
         async move {
-            let started = Started::now();
+            let started = self.timer.start(Op::Claim);
             let claim = bounded(
                 self.store_timeout,
                 self.store.claim(&key, &keyed, self.lease),
@@ -761,7 +769,7 @@ impl<S: Store> Engine<S> {
     }
 
     async fn store_record(&self, ticket: Ticket, record: Record) -> Result<bool, StoreError> {
-        let started = Started::now();
+        let started = self.timer.start(Op::Complete);
         let done = bounded(
             self.store_timeout,
             self.store.complete(
@@ -790,7 +798,7 @@ impl<S: Store> Engine<S> {
     /// The store's error. The key then stays pending until its current lease lapses.
     pub async fn hold(&self, ticket: Ticket, hold: Duration) -> Result<bool, StoreError> {
         ticket.claim.settle();
-        let started = Started::now();
+        let started = self.timer.start(Op::Renew);
         let held = bounded(
             self.store_timeout,
             self.store.renew(&ticket.key, &ticket.token, hold),
@@ -802,7 +810,7 @@ impl<S: Store> Engine<S> {
         }
         // The lease lapsed before the hold: the work may still have had its effect, so the
         // key is claimed again for the hold time. A repeat that claimed it in the gap keeps it.
-        let started = Started::now();
+        let started = self.timer.start(Op::Claim);
         let claim = bounded(
             self.store_timeout,
             self.store.claim(&ticket.key, &ticket.fingerprint, hold),
@@ -832,7 +840,7 @@ impl<S: Store> Engine<S> {
     /// The store's error. The key then stays pending until its lease lapses.
     pub async fn release(&self, ticket: Ticket) -> Result<bool, StoreError> {
         ticket.claim.settle();
-        let started = Started::now();
+        let started = self.timer.start(Op::Release);
         let released = bounded(
             self.store_timeout,
             self.store.release(&ticket.key, &ticket.token),
@@ -915,6 +923,26 @@ impl<S: Store> EngineBuilder<S> {
     /// ```
     pub fn store_timeout(mut self, limit: Duration) -> Self {
         self.engine.store_timeout = limit.clamp(Duration::from_millis(1), LONGEST);
+        self
+    }
+
+    /// The level of the spans every door over this engine opens: one named `idempotency` per
+    /// request, and one named `idempotency.store` per store operation under it. Their fields
+    /// are listed in the crate docs, under "Tracing". Set `Level::INFO` for a pipeline that
+    /// keeps info spans, such as an OpenTelemetry exporter behind an info filter.
+    /// Default: `Level::DEBUG`.
+    ///
+    /// ```
+    /// use tower_idempotency::MemoryStore;
+    /// use tower_idempotency::engine::Engine;
+    ///
+    /// let engine = Engine::builder(MemoryStore::new())
+    ///     .span_level(tracing::Level::INFO)
+    ///     .build();
+    /// assert_eq!(engine.span_level(), tracing::Level::INFO);
+    /// ```
+    pub fn span_level(mut self, level: tracing::Level) -> Self {
+        self.engine.timer.set_level(level);
         self
     }
 

@@ -3,7 +3,7 @@
 use crate::engine::codec::{BoxFuture, Codec};
 use crate::engine::scope::DerivedKey;
 use crate::engine::secret::{Secret, TAG_LEN};
-use crate::metrics::{self, Op, Started, StepResult, StoreTimer};
+use crate::metrics::{self, Op, StepResult, StoreTimer};
 use crate::store::Fingerprint;
 use crate::store::StoreKey;
 use crate::store::{StepId, StepRecorded, Store, StoreError, StoreErrorKind, Token};
@@ -536,7 +536,7 @@ impl Steps {
             return Err(StepError::new(Repr::Moved, place, name));
         }
         claim.check(place, name)?;
-        let started = Started::now();
+        let started = bound.timer.start(Op::Renew);
         let prepared = crate::engine::bounded(
             bound.store_timeout,
             bound
@@ -571,7 +571,7 @@ impl Steps {
         let read = run
             .recorded
             .get_or_try_init(|| async {
-                let started = Started::now();
+                let started = bound.timer.start(Op::Steps);
                 let read =
                     crate::engine::bounded(bound.store_timeout, bound.store.steps(&bound.key))
                         .await;
@@ -918,7 +918,7 @@ impl Bound {
             self.store_timeout,
         );
         let write = async move {
-            let started = Started::now();
+            let started = timer.start(Op::RecordStep);
             let res =
                 crate::engine::bounded(limit, store.record_step(&key, &step, stored, retention))
                     .await;

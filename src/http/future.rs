@@ -68,7 +68,11 @@ where
                 .expect("ResponseFuture polled after completion"))),
             StateProj::Keyed { fut, span } => {
                 let _entered = span.enter();
-                fut.as_mut().poll(cx)
+                let out = ready!(fut.as_mut().poll(cx));
+                if let Ok(res) = &out {
+                    span.record("http.response.status_code", res.status().as_u16());
+                }
+                Poll::Ready(out)
             }
         }
     }

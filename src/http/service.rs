@@ -140,13 +140,23 @@ impl<S, St> Idempotency<S, St> {
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let state = Arc::clone(&self.state);
-        // One span per keyed request; `outcome` and `result` are filled in as they are known.
-        let span = tracing::debug_span!(
-            "idempotency",
+        // One span per keyed request; `outcome`, `result` and `key` are filled in as they are
+        // known, the status when the response is.
+        let door = if grpc {
+            metrics::Door::Grpc
+        } else {
+            state.config.metrics.door()
+        };
+        let span = crate::trace::http_span(
+            state.engine.span_level(),
+            door.as_str(),
             grpc,
-            outcome = tracing::field::Empty,
-            result = tracing::field::Empty
+            parts.method.as_str(),
         );
+        #[cfg(feature = "axum")]
+        if let Some(route) = parts.extensions.get::<axum::extract::MatchedPath>() {
+            span.record("http.route", route.as_str());
+        }
         // The span is entered around each poll by the response future, not held in the box:
         // the box stays under the allocator's small-size cache (1 KiB), and is written once.
         let fut = keyed(state, inner, parts, body, key, scope, grpc);
@@ -364,6 +374,7 @@ where
         };
         let fingerprint = config.fingerprint(&parts, &body);
         let store_key = config.store_key(&scope, &key);
+        crate::trace::record_key(&tracing::Span::current(), &store_key);
 
         // Set once the store answered that the key is in flight: a later failure of the wait
         // is no outage of a free key, and never fails open beside the run in flight.

@@ -21,6 +21,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 use tower_layer::Layer;
 use tower_service::Service;
+use tracing::Instrument;
 
 /// The header a message record carries, so no other door's record is taken for one.
 const DOOR_VALUE: &[u8] = b"message/v1";
@@ -626,8 +627,10 @@ where
         };
         let store_key = config.store_key(shared.engine.secret(), &key);
         let fingerprint = fingerprint(&message);
+        let span = crate::trace::door_span(shared.engine.span_level(), Door::Message.as_str());
+        crate::trace::record_key(&span, &store_key);
 
-        Box::pin(async move {
+        let fut = async move {
             let engine = &shared.engine;
             let config = &shared.config;
             let wait = config.wait_in_flight;
@@ -687,7 +690,8 @@ where
             } else {
                 drain.counted(work).await
             }
-        })
+        };
+        Box::pin(fut.instrument(span))
     }
 }
 

@@ -18,6 +18,7 @@ use std::time::Duration;
 use std::{fmt, mem};
 use tower_layer::Layer;
 use tower_service::Service;
+use tracing::Instrument;
 
 /// The generic door's key namespace. Each adapter has its own.
 pub(crate) const NAMESPACE: &str = "outbound";
@@ -342,6 +343,7 @@ impl<St: Store, I, C, K> Door<St, I, C, K> {
         K: Codec<R>,
     {
         let key = self.store_key(identity);
+        crate::trace::record_key(&tracing::Span::current(), &key);
         let fingerprint = *identity.fingerprint();
         let begun = if self.settings.wait.is_zero() {
             self.engine.begin(key, fingerprint).await
@@ -518,7 +520,9 @@ impl<St: Store> Keys<St> {
     ) -> impl Future<Output = ()> {
         let run = match tokio::runtime::Handle::try_current() {
             Ok(rt) => {
-                Finish::Task(rt.spawn(async move { self.finish(ticket, verdict, receipt).await }))
+                // In the send's span: its record is a child of it, and its result named on it.
+                let finish = async move { self.finish(ticket, verdict, receipt).await };
+                Finish::Task(rt.spawn(finish.instrument(tracing::Span::current())))
             }
             Err(_) => Finish::Inline(Box::new((self, ticket, verdict, receipt))),
         };
@@ -638,13 +642,18 @@ where
                 Ok(None) => return door.unkeyed(inner.call(req).await),
                 Ok(Some(identity)) => identity,
             };
-            let ticket = match door.begin(&identity).await {
-                Start::Send(ticket) => ticket,
-                Start::Answered(answer) => return answer,
+            let span =
+                crate::trace::door_span(door.engine.span_level(), metrics::Door::Outbound.as_str());
+            let keyed = async move {
+                let ticket = match door.begin(&identity).await {
+                    Start::Send(ticket) => ticket,
+                    Start::Answered(answer) => return answer,
+                };
+                let guard = HoldOnDrop::new(door.keys(), ticket);
+                let result = door.engine.run(guard.ticket(), inner.call(req)).await;
+                door.settle(guard.disarm(), result).await
             };
-            let guard = HoldOnDrop::new(door.keys(), ticket);
-            let result = door.engine.run(guard.ticket(), inner.call(req)).await;
-            door.settle(guard.disarm(), result).await
+            keyed.instrument(span).await
         })
     }
 }

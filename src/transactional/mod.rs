@@ -190,7 +190,6 @@ mod postgres;
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub mod sqlite;
 
-#[cfg(feature = "postgres")]
 use self::postgres::{Held, Lifted};
 #[cfg(feature = "postgres")]
 use crate::engine::steps::Ready;
@@ -198,7 +197,7 @@ use crate::engine::steps::Ready;
 use crate::engine::{Begin, BoxFuture, Codec, Engine, Fingerprint, StepError, Steps, Ticket};
 use crate::engine::{RecordError, Recorded};
 #[cfg(feature = "postgres")]
-use crate::metrics::{self, Door, Op, Outcome, Settled, Started, StepResult, request, settled};
+use crate::metrics::{self, Door, Op, Outcome, Settled, StepResult, request, settled};
 use crate::store::StoreError;
 #[cfg(feature = "postgres")]
 use crate::store::StoreKey;
@@ -214,6 +213,8 @@ use std::error::Error as StdError;
 use std::fmt;
 #[cfg(feature = "postgres")]
 use std::future::Future;
+#[cfg(feature = "postgres")]
+use tracing::Instrument;
 
 /// What [`within`] did.
 #[derive(Debug)]
@@ -445,6 +446,25 @@ pub async fn within<F, E>(
 where
     F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Recorded, E>>,
 {
+    // The door's span, over the claim, the work and the record.
+    let span = crate::trace::door_span(engine.span_level(), Door::Within.as_str());
+    crate::trace::record_key(&span, &key);
+    within_in_span(engine, conn, key, fingerprint, work)
+        .instrument(span)
+        .await
+}
+
+/// [`within`] in the door's span.
+async fn within_in_span<F, E>(
+    engine: &Engine<PostgresStore>,
+    conn: &mut PgConnection,
+    key: StoreKey,
+    fingerprint: Fingerprint,
+    work: F,
+) -> Result<Within, WithinError<E>>
+where
+    F: for<'c> FnOnce(&'c mut PgConnection) -> BoxFuture<'c, Result<Recorded, E>>,
+{
     let store = engine.store();
     let plain = fingerprint;
     let fingerprint = engine.keyed(plain);
@@ -458,7 +478,7 @@ where
             .begin()
             .await
             .map_err(|e| WithinError::store(OpError::from(e).into_store("PostgreSQL begin")))?;
-        let started = Started::now();
+        let started = engine.timer().start(Op::Claim);
         let held = store
             .claim_held(&mut tx, &key, &fingerprint, engine.lease())
             .await;
@@ -589,7 +609,7 @@ where
             Err(e) => return rolled_back(tx, Err(StepError::not_recorded(e, place, &name))).await,
         };
         let op = "PostgreSQL record step in a transaction";
-        let started = Started::now();
+        let started = engine.timer().start(Op::RecordStep);
         let recorded = store
             .record_step_on(&mut tx, &bound.key, &id, &sealed, bound.retention)
             .await;
@@ -680,7 +700,7 @@ where
             return Err((Settled::CompleteFailed, WithinError::store(e)));
         }
     };
-    let started = Started::now();
+    let started = engine.timer().start(Op::Complete);
     let done = engine
         .store()
         .complete_held(

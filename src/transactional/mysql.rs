@@ -97,7 +97,7 @@ use crate::engine::steps::Ready;
 use crate::engine::{
     Begin, BoxFuture, Codec, Engine, Fingerprint, Recorded, StepError, Steps, Ticket,
 };
-use crate::metrics::{self, Door, Op, Outcome, Settled, Started, StepResult, request, settled};
+use crate::metrics::{self, Door, Op, Outcome, Settled, StepResult, request, settled};
 use crate::store::mysql::sql;
 use crate::store::mysql::{ClaimRow, MySqlStore, OpError};
 use crate::store::{Claim, Record, StepRecorded, StoreError, StoreErrorKind, StoreKey, Token};
@@ -105,6 +105,7 @@ use sqlx::mysql::{MySql, MySqlConnection};
 use sqlx::{Connection, Transaction};
 use std::future::Future;
 use std::time::Duration;
+use tracing::Instrument;
 
 /// What a claim inside a transaction found.
 enum Held {
@@ -222,6 +223,25 @@ pub async fn within<F, E>(
 where
     F: for<'c> FnOnce(&'c mut MySqlConnection) -> BoxFuture<'c, Result<Recorded, E>>,
 {
+    // The door's span, over the claim, the work and the record.
+    let span = crate::trace::door_span(engine.span_level(), Door::Within.as_str());
+    crate::trace::record_key(&span, &key);
+    within_in_span(engine, conn, key, fingerprint, work)
+        .instrument(span)
+        .await
+}
+
+/// [`within`] in the door's span.
+async fn within_in_span<F, E>(
+    engine: &Engine<MySqlStore>,
+    conn: &mut MySqlConnection,
+    key: StoreKey,
+    fingerprint: Fingerprint,
+    work: F,
+) -> Result<Within, WithinError<E>>
+where
+    F: for<'c> FnOnce(&'c mut MySqlConnection) -> BoxFuture<'c, Result<Recorded, E>>,
+{
     let store = engine.store();
     let plain = fingerprint;
     let fingerprint = engine.keyed(plain);
@@ -234,7 +254,7 @@ where
             .begin()
             .await
             .map_err(|e| WithinError::store(OpError::from(e).into_store("MySQL begin")))?;
-        let started = Started::now();
+        let started = engine.timer().start(Op::Claim);
         let held = store
             .claim_held(&mut tx, &key, &fingerprint, engine.lease())
             .await;
@@ -307,7 +327,7 @@ where
             return Err((Settled::CompleteFailed, WithinError::store(e)));
         }
     };
-    let started = Started::now();
+    let started = engine.timer().start(Op::Complete);
     let done = engine
         .store()
         .complete_held(
@@ -422,7 +442,7 @@ where
             Err(e) => return rolled_back(tx, Err(StepError::not_recorded(e, place, &name))).await,
         };
         let op = "MySQL record step in a transaction";
-        let started = Started::now();
+        let started = engine.timer().start(Op::RecordStep);
         let recorded = store
             .record_step_on(&mut tx, &bound.key, &id, &sealed, bound.retention)
             .await;

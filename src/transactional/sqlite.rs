@@ -97,6 +97,7 @@ use crate::store::{Claim, StepRecorded, StoreError, StoreErrorKind, StoreKey, To
 use sqlx::sqlite::{Sqlite, SqliteConnection};
 use sqlx::{Connection, Transaction};
 use std::future::Future;
+use tracing::Instrument;
 
 /// How the claim in the transaction ended.
 enum Held {
@@ -130,9 +131,29 @@ pub async fn within<F, E>(
 where
     F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<Recorded, E>>,
 {
+    // The door's span, over the claim, the work and the record.
+    let span = crate::trace::door_span(engine.span_level(), Door::Within.as_str());
+    crate::trace::record_key(&span, &key);
+    within_in_span(engine, conn, key, fingerprint, work)
+        .instrument(span)
+        .await
+}
+
+/// [`within`] in the door's span.
+async fn within_in_span<F, E>(
+    engine: &Engine<SqliteStore>,
+    conn: &mut SqliteConnection,
+    key: StoreKey,
+    fingerprint: Fingerprint,
+    work: F,
+) -> Result<Within, WithinError<E>>
+where
+    F: for<'c> FnOnce(&'c mut SqliteConnection) -> BoxFuture<'c, Result<Recorded, E>>,
+{
     let store = engine.store();
     let own = !conn.is_in_transaction();
-    let started = Started::now();
+    // Taken by the claim once the transaction has begun; else timed here, as a failed claim.
+    let mut started = Some(engine.timer().start(Op::Claim));
     let failed = |e: OpError| WithinError::store(e.into_store("SQLite claim in a transaction"));
     // The lock wait is SQLite's busy timeout, for the begin and the claim only.
     let previous = match busy_timeout(conn).await {
@@ -151,7 +172,12 @@ where
             conn.begin().await
         };
         match begun {
-            Ok(tx) => Ok(held(engine, tx, key, fingerprint, previous, started, work).await),
+            Ok(tx) => {
+                let started = started
+                    .take()
+                    .unwrap_or_else(|| engine.timer().start(Op::Claim));
+                Ok(held(engine, tx, key, fingerprint, previous, started, work).await)
+            }
             Err(e) => Err(OpError::from(e)),
         }
     };
@@ -165,6 +191,7 @@ where
     } else {
         Err(e.into_store("SQLite begin"))
     };
+    let started = started.unwrap_or_else(|| engine.timer().start(Op::Claim));
     engine.timer().record(Op::Claim, started, &held);
     match held {
         Ok(_) => {
@@ -234,7 +261,7 @@ where
                 }
             };
             let op = "SQLite complete in a transaction";
-            let started = Started::now();
+            let started = engine.timer().start(Op::Complete);
             let done = store
                 .complete_held(
                     &mut tx,
@@ -401,7 +428,7 @@ where
             Err(e) => return rolled_back(tx, Err(StepError::not_recorded(e, place, &name))).await,
         };
         let op = "SQLite record step in a transaction";
-        let started = Started::now();
+        let started = engine.timer().start(Op::RecordStep);
         let recorded = store
             .record_step_on(&mut tx, &bound.key, &id, &sealed, bound.retention)
             .await;

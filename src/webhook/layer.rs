@@ -311,7 +311,7 @@ where
         let endpoint = self.endpoint.clone();
         let limit = self.max_request_body;
         // The HTTP door's own span and events nest in this one, which names the sender.
-        let span = tracing::debug_span!("webhook", sender = sender.name());
+        let span = crate::trace::webhook_span(inner.state.engine.span_level(), sender.name());
         let fut = async move {
             let state = Arc::clone(&inner.state);
             let (mut parts, body) = req.into_parts();
