@@ -594,7 +594,7 @@ impl StoreTimer {
     pub(crate) fn start(&self, op: Op) -> Started {
         Started {
             clock: on::Clock::now(),
-            span: crate::trace::store_span(self.level, self.store, op),
+            span: crate::trace::store_span(self.level, self.store, op.as_str()),
         }
     }
 

@@ -5,7 +5,6 @@
 //! Never put a key, principal or signature in a field: a key is named by its store key's short
 //! hash, as the log lines name it.
 
-use crate::metrics::Op;
 use tracing::{Level, Span};
 
 /// A span at a level chosen at run time. `tracing` fixes a span's level where it is written,
@@ -60,14 +59,14 @@ pub(crate) fn webhook_span(level: Level, sender: &str) -> Span {
 /// A store operation's span, a child of the current span. Its fields follow OpenTelemetry's
 /// database client conventions: `db.system.name`, `db.operation.name`, and `error.type` when
 /// it fails, with the store error's kind.
-pub(crate) fn store_span(level: Level, store: &'static str, op: Op) -> Span {
+pub(crate) fn store_span(level: Level, store: &'static str, op: &'static str) -> Span {
     span_at!(
         level,
         "idempotency.store",
         otel.kind = "client",
         db.system.name = db_system(store),
-        db.operation.name = op.as_str(),
-        idempotency.op = op.as_str(),
+        db.operation.name = op,
+        idempotency.op = op,
         "error.type" = tracing::field::Empty,
     )
 }
