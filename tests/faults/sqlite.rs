@@ -1,10 +1,13 @@
 //! Processes on a SQLite file killed with `kill -9`: after the HTTP layer answered 201 the
 //! record is in the file for the next process; inside a transaction of
-//! `transactional::sqlite::within` nothing is committed, and the retry runs once.
+//! `transactional::sqlite::within` nothing is committed, and the retry runs once. Eight
+//! processes racing one key through `within` place one order.
 #![cfg(feature = "sqlite")]
 #![allow(clippy::unwrap_used)]
 
-use crate::support::child::{AppProcess, ChildProcess, START_LIMIT, serve, setting};
+use crate::support::child::{
+    AppProcess, ChildProcess, START_LIMIT, outcome_word, serve, setting, wait_for_file,
+};
 use crate::support::sqlite_file::SqliteFile;
 use axum::Router;
 use axum::http::StatusCode;
@@ -20,6 +23,7 @@ use tower_idempotency::transactional::sqlite::within;
 use tower_idempotency::{IdempotencyKey, IdempotencyLayer};
 
 const PATH: &str = "TI_SQLITE_PATH";
+const START: &str = "TI_SQLITE_START";
 const PREFIX: &str = "app";
 
 /// Each process's own tag, in its answers: a replay carries the first process's.
@@ -187,4 +191,101 @@ async fn a_process_killed_inside_the_transaction_commits_nothing_and_the_retry_r
     }
     assert_eq!(runs, 1, "the retry ran once, the repeat after it replayed");
     assert_eq!(count().await, 1, "one order");
+}
+
+/// A racer: opens the file with the defaults, says `READY`, waits for the start file, runs
+/// `within` once on the shared key (an order, held 100 ms) and prints `OUTCOME <word>`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a child process of the SQLite race test: started by it"]
+async fn child_sqlite_racer() {
+    let (Some(path), Some(start)) = (setting(PATH), setting(START)) else {
+        return;
+    };
+    let store = SqliteStore::open(&path, PREFIX).await.unwrap();
+    let pool = store.pool().clone();
+    let engine = Engine::new(store);
+    let (key, fp) = request(&engine);
+    let mut conn = pool.acquire().await.unwrap();
+    println!("READY");
+    wait_for_file(&start).await;
+    let outcome = within(&engine, &mut conn, key, fp, |tx: &mut SqliteConnection| {
+        Box::pin(async move {
+            sqlx::query("INSERT INTO orders (sku) VALUES ('X')")
+                .execute(&mut *tx)
+                .await?;
+            // Hold the key a while, so the others pile up behind it.
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            Ok::<_, sqlx::Error>(Recorded::new(201, vec![], Some(Bytes::from("placed"))))
+        })
+    })
+    .await;
+    match outcome {
+        Ok(outcome) => println!("OUTCOME {}", outcome_word(&outcome)),
+        Err(e) => println!("OUTCOME error {e}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn eight_processes_racing_one_key_through_within_place_one_order() {
+    const RACERS: usize = 8;
+    let file = SqliteFile::new();
+    let store = SqliteStore::open(file.path(), PREFIX).await.unwrap();
+    store.migrate().await.unwrap();
+    sqlx::query("CREATE TABLE orders (id INTEGER PRIMARY KEY, sku TEXT NOT NULL)")
+        .execute(store.pool())
+        .await
+        .unwrap();
+    let start = format!("{}.start", file.path().display());
+    let env = [
+        (PATH, file.path().display().to_string()),
+        (START, start.clone()),
+    ];
+    let mut racers = Vec::new();
+    for _ in 0..RACERS {
+        let mut racer = ChildProcess::spawn("sqlite::child_sqlite_racer", &env);
+        racer.line_after("READY", START_LIMIT).await;
+        racers.push(racer);
+    }
+    // All eight have the file open: release them together.
+    std::fs::write(&start, b"go").unwrap();
+    let (mut ran, mut replayed, mut in_flight) = (0, 0, 0);
+    for racer in &mut racers {
+        match racer.line_after("OUTCOME ", START_LIMIT).await.as_str() {
+            "ran" => ran += 1,
+            "replayed 201" => replayed += 1,
+            "in-flight" => in_flight += 1,
+            other => panic!("a racer must run, replay or be in flight, got {other:?}"),
+        }
+    }
+    eprintln!("{RACERS} processes: {ran} ran, {replayed} replayed, {in_flight} in flight");
+    assert_eq!(ran, 1, "exactly one of {RACERS} processes runs");
+
+    let engine = Engine::new(store);
+    let pool = engine.store().pool().clone();
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(orders, 1, "one order row");
+    let (key, fp) = request(&engine);
+    let mut conn = pool.acquire().await.unwrap();
+    let repeat = within(&engine, &mut conn, key, fp, |tx: &mut SqliteConnection| {
+        Box::pin(async move {
+            sqlx::query("INSERT INTO orders (sku) VALUES ('X')")
+                .execute(&mut *tx)
+                .await?;
+            Ok::<_, sqlx::Error>(Recorded::new(201, vec![], Some(Bytes::from("again"))))
+        })
+    })
+    .await
+    .unwrap();
+    match repeat {
+        Within::Replayed(r) => assert_eq!(r.body.as_deref(), Some(&b"placed"[..])),
+        other => panic!("a repeat after the race replays, got {other:?}"),
+    }
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM orders")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(orders, 1, "still one order row");
 }

@@ -1,7 +1,7 @@
 //! The transactional door on a real MariaDB server: `transactional::mysql::within` commits an
 //! order and its record together or not at all; repeats wait, replay, or are told the first is
 //! in flight; a `kill -9` of the process inside the transaction, or a rollback, leaves neither
-//! and frees the key.
+//! and frees the key. Eight processes racing one key place one order.
 //!
 //! Without MariaDB installed these tests print a notice and pass, unless
 //! `TOWER_IDEMPOTENCY_REQUIRE_SERVERS` is set (as `scripts/test.sh` does), where they fail.
@@ -9,7 +9,7 @@
 #![allow(clippy::unwrap_used)]
 
 use super::mysql_store::{fresh_table, store_on};
-use crate::support::child::{ChildProcess, START_LIMIT, setting};
+use crate::support::child::{ChildProcess, START_LIMIT, outcome_word, setting, wait_for_file};
 use crate::support::mariadb_server::MariaDbServer;
 use bytes::Bytes;
 use std::sync::Arc;
@@ -455,6 +455,43 @@ async fn mysql_child_holds_a_transaction() {
     let _ = running.await;
 }
 
+/// A racer of the process race: connects with the defaults, says `READY`, waits for the file
+/// of `TI_MYSQL_START`, runs `within` once on the key of `TI_MYSQL_KEY` (an order, held
+/// 100 ms) and prints `OUTCOME <word>`.
+#[tokio::test]
+#[ignore = "a child process of mysql_eight_processes_racing_one_key_place_one_order"]
+async fn mysql_child_races() {
+    let (Some(url), Some(table), Some(key), Some(start)) = (
+        setting("TI_MYSQL_URL"),
+        setting("TI_MYSQL_TABLE"),
+        setting("TI_MYSQL_KEY"),
+        setting("TI_MYSQL_START"),
+    ) else {
+        return;
+    };
+    let store = MySqlStore::builder("transactional")
+        .connect(&url)
+        .await
+        .unwrap();
+    let engine = Engine::new(store);
+    let key = key_from_hex(&key);
+    let mut conn = MySqlConnection::connect(&url).await.unwrap();
+    println!("READY");
+    wait_for_file(&start).await;
+    let work: Work = Box::new(move |tx: &mut MySqlConnection| {
+        Box::pin(async move {
+            let response = place_order(&table, None, None)(&mut *tx).await;
+            // Hold the key a while, so the others pile up behind it.
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            response
+        })
+    });
+    match within(&engine, &mut conn, key, fingerprint("order"), work).await {
+        Ok(outcome) => println!("OUTCOME {}", outcome_word(&outcome)),
+        Err(e) => println!("OUTCOME error {e}"),
+    }
+}
+
 fn key_from_hex(hex: &str) -> StoreKey {
     let bytes: Vec<u8> = (0..hex.len())
         .step_by(2)
@@ -590,4 +627,66 @@ async fn mysql_a_step_commits_with_its_writes_and_a_retry_answers_it_from_its_re
         "the failed step's order rolled back"
     );
     drop(ticket);
+}
+
+#[tokio::test]
+async fn mysql_eight_processes_racing_one_key_place_one_order() {
+    const RACERS: usize = 8;
+    let Some(server) = MariaDbServer::shared() else {
+        return;
+    };
+    let engine = engine(server, None).await;
+    let pool = server.pool(4).await;
+    let table = orders_table(&pool).await;
+    let (scope, id) = (rand32(), rand32());
+    let key = StoreKey::from_parts(scope, id);
+    let hex: String = scope
+        .iter()
+        .chain(id.iter())
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    // The start file: a name of its own, created to release the racers, removed after.
+    let start = crate::support::servers::temp_dir("mysql-race-start", 0)
+        .display()
+        .to_string();
+    let env = [
+        ("TI_MYSQL_URL", server.url()),
+        ("TI_MYSQL_TABLE", table.clone()),
+        ("TI_MYSQL_KEY", hex),
+        ("TI_MYSQL_START", start.clone()),
+    ];
+    let mut racers = Vec::new();
+    for _ in 0..RACERS {
+        let mut racer = ChildProcess::spawn("mysql_within::mysql_child_races", &env);
+        racer.line_after("READY", START_LIMIT).await;
+        racers.push(racer);
+    }
+    // All eight are connected: release them together.
+    std::fs::write(&start, b"go").unwrap();
+    let (mut ran, mut replayed, mut in_flight) = (0, 0, 0);
+    let mut outcomes = Vec::new();
+    for racer in &mut racers {
+        outcomes.push(racer.line_after("OUTCOME ", START_LIMIT).await);
+    }
+    let _ = std::fs::remove_file(&start);
+    for outcome in &outcomes {
+        match outcome.as_str() {
+            "ran" => ran += 1,
+            "replayed 201" => replayed += 1,
+            "in-flight" => in_flight += 1,
+            other => panic!("a racer must run, replay or be in flight, got {other:?}"),
+        }
+    }
+    eprintln!("{RACERS} processes: {ran} ran, {replayed} replayed, {in_flight} in flight");
+    assert_eq!(ran, 1, "exactly one of {RACERS} processes runs");
+    assert_eq!(orders(&pool, &table).await, 1, "one order row");
+
+    let mut conn = pool.acquire().await.unwrap();
+    let fp = fingerprint("order");
+    let repeat = run(&engine, &mut conn, key, fp, place_order(&table, None, None)).await;
+    assert!(
+        matches!(&repeat, Within::Replayed(r) if r.status == 201),
+        "a repeat after the race replays, got {repeat:?}"
+    );
+    assert_eq!(orders(&pool, &table).await, 1, "still one order row");
 }

@@ -134,3 +134,28 @@ impl AppProcess {
         self.process.kill().await;
     }
 }
+
+/// In a child: waits for the file `path` to appear, the parent's signal to start, so that
+/// children started one by one act at once.
+pub(crate) async fn wait_for_file(path: &str) {
+    let deadline = tokio::time::Instant::now() + START_LIMIT;
+    while !std::path::Path::new(path).exists() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no start file {path} within {START_LIMIT:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// In a child: the word a parent reads for an outcome of the transactional door.
+#[cfg(any(feature = "postgres", feature = "mysql", feature = "sqlite"))]
+pub(crate) fn outcome_word(outcome: &tower_idempotency::transactional::Within) -> String {
+    use tower_idempotency::transactional::Within;
+    match outcome {
+        Within::Recorded(_) => "ran".to_owned(),
+        Within::Replayed(r) => format!("replayed {}", r.status),
+        Within::InFlight => "in-flight".to_owned(),
+        other => format!("unexpected {other:?}"),
+    }
+}
