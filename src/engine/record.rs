@@ -55,8 +55,10 @@ impl Record {
     /// # Errors
     /// A [`RecordError`] naming the first thing that is wrong.
     pub fn decode(&self, max_body: usize) -> Result<Recorded, RecordError> {
+        let sealed_head = self.as_bytes().get(..3) == Some(&SEALED_HEAD[..3]);
         let content = match self.as_bytes().get(3) {
-            Some(flags) if flags & FLAG_SEALED != 0 => {
+            // Only a record of this layout is called encrypted; other bytes are invalid.
+            Some(flags) if sealed_head && flags & FLAG_SEALED != 0 => {
                 return Err(RecordError::unauthenticated(
                     "record is encrypted; only its secret opens it",
                 ));
