@@ -52,6 +52,7 @@ pub(crate) fn http_span(level: Level, door: &'static str, grpc: bool, method: &s
 
 /// The webhook door's span over a delivery, named `webhook`: it names the sender, and holds
 /// the span of the HTTP door that claims the delivery's key.
+#[cfg(feature = "webhook")]
 pub(crate) fn webhook_span(level: Level, sender: &str) -> Span {
     span_at!(level, "webhook", sender)
 }

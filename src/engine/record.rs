@@ -55,7 +55,7 @@ impl Record {
     /// # Errors
     /// A [`RecordError`] naming the first thing that is wrong.
     pub fn decode(&self, max_body: usize) -> Result<Recorded, RecordError> {
-        let sealed_head = self.as_bytes().get(..3) == Some(&SEALED_HEAD[..3]);
+        let sealed_head = self.as_bytes().get(..3) == Some(&[MAGIC[0], MAGIC[1], VERSION][..]);
         let content = match self.as_bytes().get(3) {
             // Only a record of this layout is called encrypted; other bytes are invalid.
             Some(flags) if sealed_head && flags & FLAG_SEALED != 0 => {
