@@ -41,10 +41,7 @@ build() {
     echo "==> ${name} ${version}: the packaged tests build"
     local args=()
     mapfile -t args < <(patch "$@")
-    # The workspace's target directory: the dependencies are built once (the packages' own
-    # paths keep their artifacts apart from the workspace's).
-    (cd "${unpacked}/${name}-${version}" &&
-        CARGO_TARGET_DIR="$target" cargo test --all-features --no-run "${args[@]}")
+    (cd "${unpacked}/${name}-${version}" && cargo test --all-features --no-run "${args[@]}")
 }
 build tower-idempotency-macros
 build tower-idempotency tower-idempotency-macros
