@@ -4,7 +4,7 @@
 //! store's own query texts, with the same connection settings. It prints the ratios.
 //!
 //! ```text
-//! cargo bench -p tower-idempotency --features mysql,postgres,test-util --bench mysql
+//! cargo bench -p tower-idempotency --features mysql,test-util --bench mysql
 //! ```
 //!
 //! It starts its own MariaDB server (as the tests do: `scripts/test.sh` installs it), or uses

@@ -6,7 +6,7 @@
 //! rates and ratios.
 //!
 //! ```text
-//! cargo bench -p tower-idempotency --features sqlite,postgres --bench sqlite
+//! cargo bench -p tower-idempotency --features sqlite --bench sqlite
 //! ```
 
 #![allow(missing_docs, clippy::unwrap_used)]

@@ -643,10 +643,13 @@ async fn run_case<B: Backend>(b: &mut B, case: &[Op]) -> Result<Tally, TestCaseE
                         &ctx("release deleted"),
                     )?;
                     m.lapse(key);
-                    // The lease ends now: the steps are kept their retention from here.
+                    // The lease ends now, early: steps recorded under it are kept their retention
+                    // from here at least. A release extends nothing else: a step recorded with no
+                    // claim, or under an earlier claim, keeps the least time it had.
+                    let ended = w.start.saturating_sub(slack);
                     let steps = m.steps.entry(key).or_default();
                     for s in steps.values_mut().filter(|s| s.kept > w.end) {
-                        s.lease = w.start.saturating_sub(slack);
+                        s.lease = s.lease.min(ended);
                         s.settle();
                     }
                 } else {
@@ -1033,6 +1036,58 @@ fn check_real<S: Store + Clone>(name: &str, store: S, rt: &tokio::runtime::Runti
     );
 }
 
+/// A step recorded while no claim holds its key, then a claim taken and released: a release
+/// extends only the steps recorded under the claim it ends, so by the last time step the step
+/// is past its own retention, and kept or gone are both right. Run on every backend.
+fn a_claim_released_over_an_older_step() -> Vec<Op> {
+    vec![
+        Op::RecordStep {
+            key: 0,
+            step: 0,
+            value: 0,
+            retention: 1,
+        },
+        Op::Advance { steps: 1, nudge: 0 },
+        Op::Claim {
+            key: 0,
+            fp: 0,
+            lease: 3,
+        },
+        Op::Release {
+            key: 0,
+            tok: Tok::Latest,
+        },
+        Op::Advance { steps: 1, nudge: 0 },
+        Op::Steps { key: 0 },
+        Op::RecordStep {
+            key: 0,
+            step: 0,
+            value: 1,
+            retention: 1,
+        },
+        Op::Steps { key: 0 },
+    ]
+}
+
+/// Runs one fixed case on `backend`, failing with the model's complaint.
+fn fixed_case<B: Backend>(rt: &tokio::runtime::Runtime, mut backend: B, case: &[Op]) -> Tally {
+    rt.block_on(run_case(&mut backend, case))
+        .unwrap_or_else(|e| panic!("the store disagrees with the model: {e}"))
+}
+
+#[test]
+fn memory_store_a_release_extends_only_the_steps_of_its_claim() {
+    let clock = ManualClock::new();
+    let backend = MemoryBackend {
+        store: MemoryStore::builder().clock(clock.clone()).build().unwrap(),
+        clock,
+        now: 0,
+        scope: random32(),
+    };
+    let t = fixed_case(&runtime(), backend, &a_claim_released_over_an_older_step());
+    assert_eq!(t.ops_checked, 6, "{t:?}");
+}
+
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -1068,6 +1123,21 @@ mod redis_model {
             .unwrap();
         check_real("redis", store, &rt, cases);
     }
+
+    #[test]
+    fn redis_store_a_release_extends_only_the_steps_of_its_claim() {
+        let Some(server) = server() else { return };
+        let rt = runtime();
+        let store = rt
+            .block_on(RedisStore::builder("model-fixed").connect(&server.url()))
+            .unwrap();
+        let t = fixed_case(
+            &rt,
+            RealBackend::new(store),
+            &a_claim_released_over_an_older_step(),
+        );
+        assert_eq!(t.ops_checked, 6, "{t:?}");
+    }
 }
 
 // Two tests of 24 cases each, so libtest runs them side by side (they mostly sleep).
@@ -1098,6 +1168,21 @@ mod postgres_model {
         let ns = format!("model-{}", hex(&random32()[..6]));
         let store = rt.block_on(store_on(server, &fresh_table("model"), &ns));
         check_real("postgres", store, &rt, cases);
+    }
+
+    #[test]
+    fn postgres_store_a_release_extends_only_the_steps_of_its_claim() {
+        let Some(server) = PostgresServer::shared() else {
+            return;
+        };
+        let rt = runtime();
+        let store = rt.block_on(store_on(server, &fresh_table("model_fixed"), "fixed"));
+        let t = fixed_case(
+            &rt,
+            RealBackend::new(store),
+            &a_claim_released_over_an_older_step(),
+        );
+        assert_eq!(t.ops_checked, 6, "{t:?}");
     }
 }
 
