@@ -180,6 +180,10 @@
 //!
 //! [`PostgresStoreBuilder::lock_timeout`]: crate::store::postgres::PostgresStoreBuilder::lock_timeout
 //! [`PostgresStore::connect`]: crate::store::postgres::PostgresStore::connect
+//! [`StoreKey`]: crate::store::StoreKey
+//! [`Engine::store_key`]: crate::engine::Engine::store_key
+//! [`Steps`]: crate::engine::Steps
+//! [`Steps::run`]: crate::engine::Steps::run
 
 #[cfg(feature = "mysql")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
