@@ -30,11 +30,14 @@ pub enum KeyState {
         /// How long the record is kept, after which the key runs its work again.
         expires_in: Duration,
     },
-    /// A record holds the key but fails validation: a repeat is refused (HTTP 503), never
-    /// replayed, until the record expires or is forgotten. A record written under a secret that
-    /// is no longer in the engine's [`Secret`](crate::Secret) ring, or altered in the store,
-    /// reads so, with an error of kind
-    /// [`Unauthenticated`](crate::engine::RecordErrorKind::Unauthenticated).
+    /// A record holds the key but fails validation: a repeat is refused, never replayed,
+    /// never run again, until the record expires or is forgotten. A record altered in the
+    /// store reads so, and a repeat is answered 503 `record_invalid`. A record written under a
+    /// secret that is no longer in the engine's [`Secret`](crate::Secret) ring reads so too,
+    /// with an error of kind
+    /// [`Unauthenticated`](crate::engine::RecordErrorKind::Unauthenticated); a repeat of it is
+    /// answered 422 `key_reused`, as its fingerprint, keyed under the dropped secret, no longer
+    /// matches the repeat's.
     #[non_exhaustive]
     Invalid {
         /// Why the record is refused.
@@ -51,6 +54,9 @@ impl<S: Store> Engine<S> {
     /// renews nothing. A record is read as a repeat would be: verified under the engine's
     /// secret, and checked against the record limit. Derive the key with
     /// [`store_key`](Self::store_key), as the doors do: a raw key is never stored.
+    ///
+    /// What it answers tells whether a caller used a key, and how its request ended: serve it
+    /// to operators only, behind the admin routes' own authentication.
     ///
     /// An admin route that answers JSON:
     ///
