@@ -12,7 +12,9 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum KeyState {
     /// Nothing holds the key: the next request under it runs its work. A lapsed lease or an
-    /// expired record reads so.
+    /// expired record reads so, and so does a released key whose recorded steps are kept for
+    /// its retry: the same request resumes from them, and another request under the key is
+    /// refused as a reused key at its first step.
     Absent,
     /// A request holds the key and its work may be running: a repeat is answered "in flight"
     /// (HTTP 409) until it finishes or the lease lapses.
