@@ -557,10 +557,10 @@ mod on {
 #[allow(unused_imports)]
 pub(crate) use on::{DoorCounters, settled, step};
 
-/// Counts a request's outcome, and names it on the door's span, the current one.
+/// Counts a request's outcome, and names it on the door's span when it runs in one.
 pub(crate) fn request(door: Door, outcome: Outcome) {
     on::request(door, outcome);
-    tracing::Span::current().record("outcome", outcome.as_str());
+    crate::trace::record_on_door("outcome", outcome.as_str());
 }
 
 /// Times an engine's store operations (with feature `metrics`) and traces each in a span of

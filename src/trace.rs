@@ -80,6 +80,19 @@ fn db_system(store: &'static str) -> &'static str {
     }
 }
 
+/// Names `value` in `field` of the current span, only when that span is a door's own: a
+/// request refused or passed on before its claim runs in the caller's span, whose fields,
+/// even of the same name, are the application's.
+pub(crate) fn record_on_door(field: &'static str, value: &'static str) {
+    let span = Span::current();
+    if span
+        .metadata()
+        .is_some_and(|m| m.name() == "idempotency" && m.target() == module_path!())
+    {
+        span.record(field, value);
+    }
+}
+
 /// Names the key on a door's span as the log lines name it: its store key's short hash.
 pub(crate) fn record_key(span: &Span, key: &crate::store::StoreKey) {
     span.record("key", tracing::field::debug(key));

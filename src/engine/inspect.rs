@@ -12,7 +12,9 @@ use std::time::Duration;
 #[non_exhaustive]
 pub enum KeyState {
     /// Nothing holds the key: the next request under it runs its work. A lapsed lease or an
-    /// expired record reads so.
+    /// expired record reads so, and so does a released key whose recorded steps are kept for
+    /// its retry: the same request resumes from them, and another request under the key is
+    /// refused as a reused key at its first step.
     Absent,
     /// A request holds the key and its work may be running: a repeat is answered "in flight"
     /// (HTTP 409) until it finishes or the lease lapses.
@@ -30,11 +32,14 @@ pub enum KeyState {
         /// How long the record is kept, after which the key runs its work again.
         expires_in: Duration,
     },
-    /// A record holds the key but fails validation: a repeat is refused (HTTP 503), never
-    /// replayed, until the record expires or is forgotten. A record written under a secret that
-    /// is no longer in the engine's [`Secret`](crate::Secret) ring, or altered in the store,
-    /// reads so, with an error of kind
-    /// [`Unauthenticated`](crate::engine::RecordErrorKind::Unauthenticated).
+    /// A record holds the key but fails validation: a repeat is refused, never replayed,
+    /// never run again, until the record expires or is forgotten. A record altered in the
+    /// store reads so, and a repeat is answered 503 `record_invalid`. A record written under a
+    /// secret that is no longer in the engine's [`Secret`](crate::Secret) ring reads so too,
+    /// with an error of kind
+    /// [`Unauthenticated`](crate::engine::RecordErrorKind::Unauthenticated); a repeat of it is
+    /// answered 422 `key_reused`, as its fingerprint, keyed under the dropped secret, no longer
+    /// matches the repeat's.
     #[non_exhaustive]
     Invalid {
         /// Why the record is refused.
@@ -51,6 +56,9 @@ impl<S: Store> Engine<S> {
     /// renews nothing. A record is read as a repeat would be: verified under the engine's
     /// secret, and checked against the record limit. Derive the key with
     /// [`store_key`](Self::store_key), as the doors do: a raw key is never stored.
+    ///
+    /// What it answers tells whether a caller used a key, and how its request ended: serve it
+    /// to operators only, behind the admin routes' own authentication.
     ///
     /// An admin route that answers JSON:
     ///

@@ -63,8 +63,8 @@ impl Tally<'_> {
             Self::Door(door) => crate::metrics::settled(door, settled),
             Self::Layer(counters, grpc) => counters.settled(grpc, settled),
         }
-        // The request's span (the HTTP layer's) names it; elsewhere there is no such field.
-        tracing::Span::current().record("result", settled.as_str());
+        // The door's span names it; a span of the caller's is left as it is.
+        crate::trace::record_on_door("result", settled.as_str());
     }
 
     fn door(self) -> &'static str {

@@ -285,7 +285,7 @@ pub(crate) fn render<St, B: Body>(
 /// Counts a request's outcome, and names it on the request's span.
 fn observe(config: &Config, grpc: bool, outcome: metrics::Outcome) {
     config.metrics.request(grpc, outcome);
-    tracing::Span::current().record("outcome", outcome.as_str());
+    crate::trace::record_on_door("outcome", outcome.as_str());
 }
 
 /// Where the layer counts how its keys ended.

@@ -342,3 +342,44 @@ async fn memory_encryption_turned_on_or_off_still_replays_the_other_records() {
     assert!(a.replayed && &a.body[..] == RESPONSE, "{a:?}");
     assert_eq!(runs.load(Ordering::SeqCst), 2);
 }
+
+/// The secret removed (an engine with none): the store keys are no longer keyed, so the sealed
+/// record is not found and a retry runs its work again, as after any new secret; read at its
+/// own store key, the record is refused as unauthenticated, never replayed.
+#[tokio::test]
+async fn memory_an_engine_without_the_secret_never_finds_or_opens_an_encrypted_record() {
+    use tower_idempotency::engine::{KeyState, RecordErrorKind};
+    let store = Arc::new(MemoryStore::new());
+    let runs = Arc::new(AtomicUsize::new(0));
+    let secret = Secret::new(OLD).unwrap().encrypting();
+    assert_eq!(ask(&store, &secret, "k-off", &runs).await.status, 201);
+
+    let bare = Engine::new(Arc::clone(&store));
+    match bare.inspect(&at(&secret, "k-off")).await.unwrap() {
+        KeyState::Invalid { error, .. } => {
+            assert_eq!(error.kind(), RecordErrorKind::Unauthenticated);
+        }
+        other => panic!("a sealed record read without its secret is invalid, got {other:?}"),
+    }
+    let counted = Arc::clone(&runs);
+    let svc = IdempotencyLayer::new(bare).layer(service_fn(
+        move |_req: http::Request<RequestBody<Full<Bytes>>>| {
+            counted.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, Infallible>(http::Response::new(Full::new(Bytes::new()))) }
+        },
+    ));
+    let req = http::Request::post("/work")
+        .header("content-type", "application/json")
+        .header("idempotency-key", "k-off")
+        .extension(Principal::new("alice"))
+        .body(Full::new(Bytes::from_static(BODY)))
+        .unwrap();
+    let res = svc.oneshot(req).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert!(res.headers().get("idempotent-replayed").is_none());
+    assert_eq!(
+        runs.load(Ordering::SeqCst),
+        2,
+        "without the secret the store key moves: the retry runs again"
+    );
+}

@@ -5,8 +5,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use crate::support::http::{RequestExt, TestServer, Work, send, server_with};
-use tower_idempotency::engine::Engine;
-use tower_idempotency::{IdempotencyLayer, MemoryStore, Secret, Store};
+use tower_idempotency::engine::{Engine, KeyState, RecordErrorKind, Scope};
+use tower_idempotency::{IdempotencyKey, IdempotencyLayer, MemoryStore, Secret, Store};
 
 const BODY: &str = r#"{"item":"book"}"#;
 const OLD: [u8; 32] = [1; 32];
@@ -40,7 +40,7 @@ async fn rotation_replays_what_the_ring_signed<S: Store + Clone>(store: S) {
     let (r0, w0) = replica(&store, before).await;
     let (r1, w1) = replica(&store, step_1).await;
     let (r2, w2) = replica(&store, step_2).await;
-    let (r3, w3) = replica(&store, step_3).await;
+    let (r3, w3) = replica(&store, step_3.clone()).await;
 
     // Before: written under the old key, replayed on every replica that still accepts it.
     first_run(&r0, "k-before").await;
@@ -60,9 +60,32 @@ async fn rotation_replays_what_the_ring_signed<S: Store + Clone>(store: S) {
     replays(&r3, "k-after", "step 3").await;
     replays(&r3, "k-new-signed", "step 3").await;
 
-    // The old key dropped: its records are refused, never run again.
+    // The old key dropped: its records are refused, never run again. The repeat's fingerprint,
+    // keyed under the new key only, no longer matches the record's: 422, not 503. Inspected
+    // under the same ring, the record reads invalid: it no longer verifies.
     let dropped = send(r3.post("/work", BODY).principal("alice").key("k-before")).await;
     dropped.assert_problem(422, "idempotency.key_reused");
+    let ops = IdempotencyLayer::new(Engine::builder(store.clone()).secret(step_3).build());
+    let alice = Scope::principal("alice");
+    match ops
+        .inspect(&IdempotencyKey::new("k-before").unwrap(), &alice)
+        .await
+        .unwrap()
+    {
+        KeyState::Invalid { error, .. } => {
+            assert_eq!(error.kind(), RecordErrorKind::Unauthenticated);
+        }
+        other => panic!("a dropped key's record reads invalid, got {other:?}"),
+    }
+    assert!(
+        matches!(
+            ops.inspect(&IdempotencyKey::new("k-after").unwrap(), &alice)
+                .await
+                .unwrap(),
+            KeyState::Done { status: 201, .. }
+        ),
+        "a record of the ring reads done"
+    );
 
     // A key outside the ring (same store keys, another signing key): refused both ways.
     let foreign = Secret::new(OLD).unwrap().rotated([9; 32]).unwrap();

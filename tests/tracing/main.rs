@@ -300,3 +300,73 @@ async fn outbound_spans_at_info_name_the_door_outcome_and_store_operations() {
     assert_eq!(span.field("outcome"), Some("replayed"));
     assert_eq!(ops(&store), ["claim"]);
 }
+
+/// A request the doors only count (no key or one that does not parse, so no claim and no span
+/// of their own) leaves the caller's span as it was: the door's `outcome` is never written into a span of the
+/// application's that happens to have a field of that name.
+#[tokio::test(flavor = "current_thread")]
+async fn an_unkeyed_request_writes_nothing_into_the_callers_span() {
+    use tracing::Instrument;
+    let spans = Spans::default();
+    let _subscriber = tracing::subscriber::set_default(spans.at_info());
+    let caller = || {
+        tracing::info_span!(
+            "caller",
+            outcome = tracing::field::Empty,
+            result = tracing::field::Empty
+        )
+    };
+
+    let mut req = axum::http::Request::post("/orders/17")
+        .body(Body::from("{}"))
+        .unwrap();
+    req.extensions_mut().insert(Principal::new("alice"));
+    let res = app(info_engine())
+        .oneshot(req)
+        .instrument(caller())
+        .await
+        .unwrap();
+    assert_eq!(
+        res.status(),
+        400,
+        "a POST without a key is refused by default"
+    );
+
+    let handled = ServiceBuilder::new()
+        .layer(MessageIdempotencyLayer::new(info_engine(), "billing"))
+        .service(service_fn(|_m: Envelope| async {
+            Ok::<_, String>(String::from("one"))
+        }))
+        // A key that does not parse: refused before any claim.
+        .oneshot(Envelope::new("orders.paid", "order 17").with_header("idempotency-key", "\u{1}"))
+        .instrument(caller())
+        .await;
+    assert!(handled.is_err(), "{handled:?}");
+
+    let identify = |_: &u64| -> Result<Option<Identity>, KeyError> { Ok(None) };
+    let sent = SendOnceLayer::new(info_engine(), identify)
+        .layer(service_fn(|amount: u64| async move {
+            Ok::<_, std::io::Error>(format!("ch_{amount}"))
+        }))
+        .oneshot(500)
+        .instrument(caller())
+        .await
+        .unwrap();
+    assert!(matches!(sent, Delivery::Untracked(_)), "{sent:?}");
+
+    let seen = spans.take();
+    let callers: Vec<_> = seen.iter().filter(|s| s.name == "caller").collect();
+    assert_eq!(callers.len(), 3, "{seen:#?}");
+    for c in callers {
+        assert_eq!(
+            c.field("outcome"),
+            None,
+            "the door wrote into the caller's span: {c:#?}"
+        );
+        assert_eq!(c.field("result"), None, "{c:#?}");
+    }
+    assert!(
+        seen.iter().all(|s| s.name != "idempotency"),
+        "an unkeyed request opens no door span: {seen:#?}"
+    );
+}
