@@ -106,14 +106,44 @@ pub(crate) const TAG_LEN: usize = 32;
 #[derive(Clone)]
 pub struct Secret {
     /// Keys the records' tags and the fingerprints.
-    key: Arc<[u8]>,
+    key: Arc<RingKey>,
     /// Keys the store keys: derived from the first secret, kept by [`Secret::rotated`].
     store_keys: [u8; 32],
+    /// The HMAC state keyed with `store_keys`, made once: cloned for each store key.
+    store_keys_mac: HmacSha256,
     /// The other keys of the ring: records and fingerprints under them are verified, never
     /// written.
-    accepted: Arc<[Arc<[u8]>]>,
+    accepted: Arc<[Arc<RingKey>]>,
     /// New records' content is encrypted, not only tagged: [`Secret::encrypting`].
     encrypt: bool,
+}
+
+/// One key of a ring: its material, with what is derived from it made once, when the secret
+/// is built, and cloned for each use (an HMAC key schedule and the content key cost more than
+/// a record's tag).
+struct RingKey {
+    material: Box<[u8]>,
+    /// The HMAC state keyed with `material`.
+    mac: HmacSha256,
+    /// The cipher under the content key derived from `material`.
+    #[cfg(feature = "encrypt")]
+    cipher: chacha20poly1305::XChaCha20Poly1305,
+}
+
+impl RingKey {
+    fn new(material: Vec<u8>) -> Self {
+        let mac = hmac_of(&material);
+        Self {
+            #[cfg(feature = "encrypt")]
+            cipher: seal_cipher(mac.clone()),
+            mac,
+            material: material.into_boxed_slice(),
+        }
+    }
+
+    fn mac(&self) -> HmacSha256 {
+        self.mac.clone()
+    }
 }
 
 impl Secret {
@@ -137,11 +167,13 @@ impl Secret {
                 ),
             ));
         }
-        let mut m = hmac_of(&key);
+        let key = RingKey::new(key);
+        let mut m = key.mac();
         m.update(STORE_KEY_KEY_DOMAIN);
-        let store_keys = m.finalize().into_bytes().into();
+        let store_keys: [u8; 32] = m.finalize().into_bytes().into();
         Ok(Self {
-            key: key.into(),
+            key: Arc::new(key),
+            store_keys_mac: hmac_of(&store_keys),
             store_keys,
             accepted: Arc::new([]),
             encrypt: false,
@@ -173,11 +205,12 @@ impl Secret {
         let next = Self::new(key)?;
         let accepted = std::iter::once(&self.key)
             .chain(self.accepted.iter())
-            .filter(|k| ***k != *next.key)
+            .filter(|k| k.material != next.key.material)
             .cloned()
             .collect();
         Ok(Self {
             store_keys: self.store_keys,
+            store_keys_mac: self.store_keys_mac.clone(),
             accepted,
             encrypt: self.encrypt,
             ..next
@@ -199,8 +232,10 @@ impl Secret {
     /// # Errors
     /// As [`Secret::new`], for key material shorter than [`Secret::MIN_LEN`] bytes.
     pub fn accepting(&self, key: impl Into<Vec<u8>>) -> Result<Self, ConfigError> {
-        let key: Arc<[u8]> = Self::new(key)?.key;
-        if *key == *self.key || self.accepted.iter().any(|k| **k == *key) {
+        let key = Self::new(key)?.key;
+        if key.material == self.key.material
+            || self.accepted.iter().any(|k| k.material == key.material)
+        {
             return Ok(self.clone());
         }
         let accepted = self.accepted.iter().cloned().chain([key]).collect();
@@ -287,18 +322,18 @@ impl Secret {
     pub(crate) fn accepts_fingerprint(&self, fp: &Fingerprint, held: &Fingerprint) -> bool {
         self.accepted
             .iter()
-            .any(|k| keyed_fingerprint(hmac_of(k), fp) == *held)
+            .any(|k| keyed_fingerprint(k.mac(), fp) == *held)
     }
 
     fn mac(&self) -> HmacSha256 {
-        hmac_of(&self.key)
+        self.key.mac()
     }
 
     /// The store key under this secret: each part of the plain key, HMAC-keyed with the store
     /// keys' key. The scope part stays one per scope, so stores still group a scope's keys.
     pub(crate) fn key_store_key(&self, plain: &StoreKey) -> StoreKey {
         let part = |domain: &[u8], bytes: &[u8; 32]| -> [u8; 32] {
-            let mut m = hmac_of(&self.store_keys);
+            let mut m = self.store_keys_mac.clone();
             m.update(domain);
             m.update(bytes);
             m.finalize().into_bytes().into()
@@ -333,7 +368,7 @@ impl Secret {
         std::iter::once(&self.key)
             .chain(self.accepted.iter())
             .any(|k| {
-                record_mac(hmac_of(k), key_id, fp, content)
+                record_mac(k.mac(), key_id, fp, content)
                     .verify_slice(tag)
                     .is_ok()
             })
@@ -355,8 +390,13 @@ impl Secret {
         let mut nonce = [0u8; NONCE_LEN];
         getrandom::fill(&mut nonce)
             .map_err(|_| RecordError::unencodable("no random bytes for the record's nonce"))?;
-        let tag = seal_cipher(&self.key)
-            .encrypt_inout_detached(&nonce.into(), &seal_ad(key_id, fp, head), content.into())
+        let mut ad = [0u8; AD_MAX];
+        let ad = seal_ad(&mut ad, key_id, fp, head)
+            .ok_or(RecordError::unencodable("a sealed head over its limit"))?;
+        let tag = self
+            .key
+            .cipher
+            .encrypt_inout_detached(&nonce.into(), ad, content.into())
             // Only for a content over 256 GiB, which no record holds (4 GiB bodies at most).
             .map_err(|_| RecordError::unencodable("record too long to encrypt"))?;
         Ok((nonce, tag.into()))
@@ -374,32 +414,56 @@ impl Secret {
         tag: &[u8; SEAL_TAG_LEN],
     ) -> bool {
         use chacha20poly1305::AeadInOut;
-        let ad = seal_ad(key_id, fp, head);
+        let mut ad = [0u8; AD_MAX];
+        let Some(ad) = seal_ad(&mut ad, key_id, fp, head) else {
+            return false;
+        };
         let nonce = (*nonce).into();
         let tag = (*tag).into();
         std::iter::once(&self.key)
             .chain(self.accepted.iter())
             .any(|k| {
                 // On a mismatch the content is left untouched: the tag is checked first.
-                seal_cipher(k)
-                    .decrypt_inout_detached(&nonce, &ad, (&mut *content).into(), &tag)
+                k.cipher
+                    .decrypt_inout_detached(&nonce, ad, (&mut *content).into(), &tag)
                     .is_ok()
             })
     }
 }
 
+/// The cipher of a ring key, from its keyed HMAC state.
 #[cfg(feature = "encrypt")]
-fn seal_cipher(key: &[u8]) -> chacha20poly1305::XChaCha20Poly1305 {
+fn seal_cipher(mut m: HmacSha256) -> chacha20poly1305::XChaCha20Poly1305 {
     use chacha20poly1305::KeyInit;
-    let mut m = hmac_of(key);
     m.update(SEAL_KEY_DOMAIN);
     let derived: [u8; 32] = m.finalize().into_bytes().into();
     chacha20poly1305::XChaCha20Poly1305::new(&derived.into())
 }
 
+/// The longest head a sealed value binds: a step's (see `steps.rs`).
 #[cfg(feature = "encrypt")]
-fn seal_ad(key_id: &[u8; 32], fp: &Fingerprint, head: &[u8]) -> Vec<u8> {
-    [SEAL_DOMAIN, key_id, fp.as_bytes(), head].concat()
+pub(crate) const SEAL_HEAD_MAX: usize = 64;
+#[cfg(feature = "encrypt")]
+const AD_MAX: usize = SEAL_DOMAIN.len() + 32 + 32 + SEAL_HEAD_MAX;
+
+/// The associated data of a sealed value, written into `buf`: no allocation per record.
+/// `None` for a head over [`SEAL_HEAD_MAX`] bytes, which none of the crate's is.
+#[cfg(feature = "encrypt")]
+fn seal_ad<'a>(
+    buf: &'a mut [u8; AD_MAX],
+    key_id: &[u8; 32],
+    fp: &Fingerprint,
+    head: &[u8],
+) -> Option<&'a [u8]> {
+    if head.len() > SEAL_HEAD_MAX {
+        return None;
+    }
+    let mut at = 0;
+    for part in [SEAL_DOMAIN, key_id, fp.as_bytes(), head] {
+        buf[at..at + part.len()].copy_from_slice(part);
+        at += part.len();
+    }
+    Some(&buf[..at])
 }
 
 fn keyed_fingerprint(mut m: HmacSha256, fp: &Fingerprint) -> Fingerprint {
@@ -483,7 +547,7 @@ mod tests {
             keyed.scope_hash()
         );
         // The store keys' key is not the record key: a tag made with one is not the other.
-        assert_ne!(&one.store_keys[..], &one.key[..]);
+        assert_ne!(&one.store_keys[..], &one.key.material[..]);
     }
 
     /// Tags verify under any key of the ring and no other; fingerprints keyed by an accepted
