@@ -50,8 +50,9 @@ pub(crate) const TAG_LEN: usize = 32;
 ///   whether a record is for a given key, principal or namespace by deriving its store key.
 ///   Derive keys with [`Engine::store_key`](crate::engine::Engine::store_key) when using the
 ///   engine directly.
-/// - with [`Secret::encrypting`] (feature `encrypt`), each record's content is encrypted too:
-///   who reads the store reads no response, result or receipt.
+/// - with [`Secret::encrypting`] (feature `encrypt`), each record's content and each recorded
+///   step's value are encrypted too: who reads the store reads no response, result, receipt
+///   or step's value.
 ///
 /// Every replica sharing a store must use the same store keys, so the same first secret.
 ///
@@ -266,23 +267,28 @@ impl Secret {
 
     /// This secret, also encrypting the content of every record it writes (feature `encrypt`):
     /// a response's status, headers, body and trailers, a message's or an outbound send's
-    /// result. Who reads the store sees random bytes where the response was.
+    /// result, and each recorded step's name and value. Who reads the store sees random bytes
+    /// where the response and the steps' results were.
     ///
     /// The content is sealed with XChaCha20-Poly1305 under a key derived from the ring's current
     /// key, apart from the keys of the tags and fingerprints, with a random 192-bit nonce per
-    /// record. The store key and the record's fingerprint are bound to it, so a record moved to
-    /// another key does not open. Rotation works as for the tags: a record sealed under any key
+    /// record and per step. The store key and the writer's fingerprint are bound to it, and a
+    /// step's id (its place) to a step, so a record or a step moved to another key or place
+    /// does not open. Rotation works as for the tags: a record or a step sealed under any key
     /// of the ring opens and replays; one sealed under a key dropped from the ring, or read by an
-    /// engine with no secret, is refused with 503 `record_invalid`, never replayed, never run
-    /// again.
+    /// engine with no secret, is refused (503 `record_invalid` at a door,
+    /// [`StepErrorKind::RecordInvalid`](crate::engine::StepErrorKind::RecordInvalid) for a
+    /// step), never replayed, never run again.
     ///
     /// What stays visible to who reads the store: the store key, the keyed fingerprint, the
-    /// expiry the store keeps, the record's length (the content's length plus 44 bytes), and
-    /// when it was written and read. The status code is sealed with the rest.
+    /// expiry the store keeps, each value's length (a record's content plus 44 bytes; a step's
+    /// name and value plus 75 bytes), how many steps a request recorded, and when each was
+    /// written and read. The status code is sealed with the rest. Timing shows no more than the
+    /// length does: sealing and opening take time by the content's length only.
     ///
-    /// Turning it on or off needs no steps: every secret opens sealed records of its ring (with
-    /// the feature on) and tagged ones alike; this only chooses how new records are written.
-    /// Recorded steps are tagged, not encrypted.
+    /// Turning it on or off needs no steps: every secret opens sealed records and steps of its
+    /// ring (with the feature on) and tagged ones alike; this only chooses how new ones are
+    /// written. Steps tagged before it was turned on replay under it.
     ///
     /// ```
     /// use tower_idempotency::{MemoryStore, Secret};

@@ -95,6 +95,9 @@ const STEP_TAG_DOMAIN: &[u8] = b"tower-idempotency step record v2\0";
 /// - Completing the key deletes its steps, with the record's write: the record answers every
 ///   repeat, and the steps would serve nothing.
 /// - [`Engine::forget`](crate::engine::Engine::forget) deletes them with the record.
+/// - Under a [`Secret`](crate::Secret), each step's record is tagged; under an encrypting one
+///   ([`Secret::encrypting`](crate::Secret::encrypting), feature `encrypt`), its name and value
+///   are sealed, as a record's content is.
 ///
 /// # The rules a run must keep
 ///
@@ -1798,6 +1801,52 @@ mod tests {
         let e = retry.run("charge", Raw, |_| never()).await.unwrap_err();
         assert_eq!(e.kind(), StepErrorKind::RecordInvalid, "{e}");
         assert_eq!(ticket.claim().found(), Some(Found::RecordInvalid));
+    }
+
+    /// A sealed step opens only intact, at its own step id, under its key and fingerprint:
+    /// each byte flipped, each shorter length, another place's id, another store key and a
+    /// bound with no secret are refused, and nothing panics.
+    #[cfg(feature = "encrypt")]
+    #[tokio::test]
+    async fn a_sealed_step_opens_only_intact_at_its_own_place() {
+        let secret = Secret::new(vec![7u8; 32]).unwrap().encrypting();
+        let engine = Engine::builder(MemoryStore::new())
+            .secret(secret.clone())
+            .build();
+        let (steps, _t) = claimed(&engine, key(5), b"a").await;
+        let bound = &steps.claim::<()>(0, "").unwrap().1.bound;
+        let id = bound.step_id(0);
+        let sealed = bound.encode(&id, "charge", b"ch_1 Jane").unwrap();
+        assert_eq!(sealed[0], SEALED);
+        assert!(!sealed.windows(4).any(|w| w == b"Jane" || w == b"char"));
+        let opened = bound.open(&id, sealed.clone()).unwrap();
+        assert_eq!(
+            (&opened.name[..], &opened.payload[..]),
+            (&b"charge"[..], &b"ch_1 Jane"[..])
+        );
+
+        for i in 0..sealed.len() {
+            let mut b = sealed.to_vec();
+            b[i] ^= 0x01;
+            assert!(bound.open(&id, b.into()).is_err(), "byte {i} flipped");
+        }
+        for len in 0..sealed.len() {
+            assert!(bound.open(&id, sealed.slice(..len)).is_err(), "{len} bytes");
+        }
+        assert!(
+            bound.open(&bound.step_id(1), sealed.clone()).is_err(),
+            "another place"
+        );
+        let (other, _t) = claimed(&engine, key(6), b"a").await;
+        let other = &other.claim::<()>(0, "").unwrap().1.bound;
+        assert!(
+            other.open(&id, sealed.clone()).is_err(),
+            "another store key"
+        );
+        let plain = Engine::new(MemoryStore::new());
+        let (unkeyed, _t) = claimed(&plain, key(5), b"a").await;
+        let unkeyed = &unkeyed.claim::<()>(0, "").unwrap().1.bound;
+        assert!(unkeyed.open(&id, sealed).is_err(), "no secret");
     }
 
     #[tokio::test]
