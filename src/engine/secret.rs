@@ -50,8 +50,9 @@ pub(crate) const TAG_LEN: usize = 32;
 ///   whether a record is for a given key, principal or namespace by deriving its store key.
 ///   Derive keys with [`Engine::store_key`](crate::engine::Engine::store_key) when using the
 ///   engine directly.
-/// - with [`Secret::encrypting`] (feature `encrypt`), each record's content is encrypted too:
-///   who reads the store reads no response, result or receipt.
+/// - with [`Secret::encrypting`] (feature `encrypt`), each record's content and each recorded
+///   step's value are encrypted too: who reads the store reads no response, result, receipt
+///   or step's value.
 ///
 /// Every replica sharing a store must use the same store keys, so the same first secret.
 ///
@@ -106,14 +107,44 @@ pub(crate) const TAG_LEN: usize = 32;
 #[derive(Clone)]
 pub struct Secret {
     /// Keys the records' tags and the fingerprints.
-    key: Arc<[u8]>,
+    key: Arc<RingKey>,
     /// Keys the store keys: derived from the first secret, kept by [`Secret::rotated`].
     store_keys: [u8; 32],
+    /// The HMAC state keyed with `store_keys`, made once: cloned for each store key.
+    store_keys_mac: HmacSha256,
     /// The other keys of the ring: records and fingerprints under them are verified, never
     /// written.
-    accepted: Arc<[Arc<[u8]>]>,
+    accepted: Arc<[Arc<RingKey>]>,
     /// New records' content is encrypted, not only tagged: [`Secret::encrypting`].
     encrypt: bool,
+}
+
+/// One key of a ring: its material, with what is derived from it made once, when the secret
+/// is built, and cloned for each use (an HMAC key schedule and the content key cost more than
+/// a record's tag).
+struct RingKey {
+    material: Box<[u8]>,
+    /// The HMAC state keyed with `material`.
+    mac: HmacSha256,
+    /// The cipher under the content key derived from `material`.
+    #[cfg(feature = "encrypt")]
+    cipher: chacha20poly1305::XChaCha20Poly1305,
+}
+
+impl RingKey {
+    fn new(material: Vec<u8>) -> Self {
+        let mac = hmac_of(&material);
+        Self {
+            #[cfg(feature = "encrypt")]
+            cipher: seal_cipher(mac.clone()),
+            mac,
+            material: material.into_boxed_slice(),
+        }
+    }
+
+    fn mac(&self) -> HmacSha256 {
+        self.mac.clone()
+    }
 }
 
 impl Secret {
@@ -137,11 +168,13 @@ impl Secret {
                 ),
             ));
         }
-        let mut m = hmac_of(&key);
+        let key = RingKey::new(key);
+        let mut m = key.mac();
         m.update(STORE_KEY_KEY_DOMAIN);
-        let store_keys = m.finalize().into_bytes().into();
+        let store_keys: [u8; 32] = m.finalize().into_bytes().into();
         Ok(Self {
-            key: key.into(),
+            key: Arc::new(key),
+            store_keys_mac: hmac_of(&store_keys),
             store_keys,
             accepted: Arc::new([]),
             encrypt: false,
@@ -173,11 +206,12 @@ impl Secret {
         let next = Self::new(key)?;
         let accepted = std::iter::once(&self.key)
             .chain(self.accepted.iter())
-            .filter(|k| ***k != *next.key)
+            .filter(|k| k.material != next.key.material)
             .cloned()
             .collect();
         Ok(Self {
             store_keys: self.store_keys,
+            store_keys_mac: self.store_keys_mac.clone(),
             accepted,
             encrypt: self.encrypt,
             ..next
@@ -199,8 +233,10 @@ impl Secret {
     /// # Errors
     /// As [`Secret::new`], for key material shorter than [`Secret::MIN_LEN`] bytes.
     pub fn accepting(&self, key: impl Into<Vec<u8>>) -> Result<Self, ConfigError> {
-        let key: Arc<[u8]> = Self::new(key)?.key;
-        if *key == *self.key || self.accepted.iter().any(|k| **k == *key) {
+        let key = Self::new(key)?.key;
+        if key.material == self.key.material
+            || self.accepted.iter().any(|k| k.material == key.material)
+        {
             return Ok(self.clone());
         }
         let accepted = self.accepted.iter().cloned().chain([key]).collect();
@@ -231,23 +267,32 @@ impl Secret {
 
     /// This secret, also encrypting the content of every record it writes (feature `encrypt`):
     /// a response's status, headers, body and trailers, a message's or an outbound send's
-    /// result. Who reads the store sees random bytes where the response was.
+    /// result, and each recorded step's name and value. Who reads the store sees random bytes
+    /// where the response and the steps' results were.
     ///
     /// The content is sealed with XChaCha20-Poly1305 under a key derived from the ring's current
     /// key, apart from the keys of the tags and fingerprints, with a random 192-bit nonce per
-    /// record. The store key and the record's fingerprint are bound to it, so a record moved to
-    /// another key does not open. Rotation works as for the tags: a record sealed under any key
-    /// of the ring opens and replays; one sealed under a key dropped from the ring, or read by an
-    /// engine with no secret, is refused with 503 `record_invalid`, never replayed, never run
-    /// again.
+    /// record and per step. The store key and the writer's fingerprint are bound to it, and a
+    /// step's id (its place) to a step, so a record or a step moved to another key or place
+    /// does not open. Rotation works as for the tags: a record or a step sealed under any key
+    /// of the ring opens and replays. One the ring cannot open is refused, never replayed, never
+    /// run again: a record or step moved or changed with 503 `record_invalid` at a door
+    /// ([`StepErrorKind::RecordInvalid`](crate::engine::StepErrorKind::RecordInvalid) for a
+    /// step), a step sealed under a key dropped from the ring likewise, and a record sealed
+    /// under a dropped key with 422 `key_reused`, as its fingerprint, keyed under that key, no
+    /// longer matches. An engine with no secret derives other store keys: it never finds what
+    /// an encrypting engine wrote, and a retry runs its work again, as after any
+    /// [new secret](Secret#rotation).
     ///
     /// What stays visible to who reads the store: the store key, the keyed fingerprint, the
-    /// expiry the store keeps, the record's length (the content's length plus 44 bytes), and
-    /// when it was written and read. The status code is sealed with the rest.
+    /// expiry the store keeps, each value's length (a record's content plus 44 bytes; a step's
+    /// name and value plus 75 bytes), how many steps a request recorded, and when each was
+    /// written and read. The status code is sealed with the rest. Timing shows no more than the
+    /// length does: sealing and opening take time by the content's length only.
     ///
-    /// Turning it on or off needs no steps: every secret opens sealed records of its ring (with
-    /// the feature on) and tagged ones alike; this only chooses how new records are written.
-    /// Recorded steps are tagged, not encrypted.
+    /// Turning it on or off needs no steps: every secret opens sealed records and steps of its
+    /// ring (with the feature on) and tagged ones alike; this only chooses how new ones are
+    /// written. Steps tagged before it was turned on replay under it.
     ///
     /// ```
     /// use tower_idempotency::{MemoryStore, Secret};
@@ -287,18 +332,18 @@ impl Secret {
     pub(crate) fn accepts_fingerprint(&self, fp: &Fingerprint, held: &Fingerprint) -> bool {
         self.accepted
             .iter()
-            .any(|k| keyed_fingerprint(hmac_of(k), fp) == *held)
+            .any(|k| keyed_fingerprint(k.mac(), fp) == *held)
     }
 
     fn mac(&self) -> HmacSha256 {
-        hmac_of(&self.key)
+        self.key.mac()
     }
 
     /// The store key under this secret: each part of the plain key, HMAC-keyed with the store
     /// keys' key. The scope part stays one per scope, so stores still group a scope's keys.
     pub(crate) fn key_store_key(&self, plain: &StoreKey) -> StoreKey {
         let part = |domain: &[u8], bytes: &[u8; 32]| -> [u8; 32] {
-            let mut m = hmac_of(&self.store_keys);
+            let mut m = self.store_keys_mac.clone();
             m.update(domain);
             m.update(bytes);
             m.finalize().into_bytes().into()
@@ -333,7 +378,7 @@ impl Secret {
         std::iter::once(&self.key)
             .chain(self.accepted.iter())
             .any(|k| {
-                record_mac(hmac_of(k), key_id, fp, content)
+                record_mac(k.mac(), key_id, fp, content)
                     .verify_slice(tag)
                     .is_ok()
             })
@@ -355,8 +400,13 @@ impl Secret {
         let mut nonce = [0u8; NONCE_LEN];
         getrandom::fill(&mut nonce)
             .map_err(|_| RecordError::unencodable("no random bytes for the record's nonce"))?;
-        let tag = seal_cipher(&self.key)
-            .encrypt_inout_detached(&nonce.into(), &seal_ad(key_id, fp, head), content.into())
+        let mut ad = [0u8; AD_MAX];
+        let ad = seal_ad(&mut ad, key_id, fp, head)
+            .ok_or(RecordError::unencodable("a sealed head over its limit"))?;
+        let tag = self
+            .key
+            .cipher
+            .encrypt_inout_detached(&nonce.into(), ad, content.into())
             // Only for a content over 256 GiB, which no record holds (4 GiB bodies at most).
             .map_err(|_| RecordError::unencodable("record too long to encrypt"))?;
         Ok((nonce, tag.into()))
@@ -374,32 +424,56 @@ impl Secret {
         tag: &[u8; SEAL_TAG_LEN],
     ) -> bool {
         use chacha20poly1305::AeadInOut;
-        let ad = seal_ad(key_id, fp, head);
+        let mut ad = [0u8; AD_MAX];
+        let Some(ad) = seal_ad(&mut ad, key_id, fp, head) else {
+            return false;
+        };
         let nonce = (*nonce).into();
         let tag = (*tag).into();
         std::iter::once(&self.key)
             .chain(self.accepted.iter())
             .any(|k| {
                 // On a mismatch the content is left untouched: the tag is checked first.
-                seal_cipher(k)
-                    .decrypt_inout_detached(&nonce, &ad, (&mut *content).into(), &tag)
+                k.cipher
+                    .decrypt_inout_detached(&nonce, ad, (&mut *content).into(), &tag)
                     .is_ok()
             })
     }
 }
 
+/// The cipher of a ring key, from its keyed HMAC state.
 #[cfg(feature = "encrypt")]
-fn seal_cipher(key: &[u8]) -> chacha20poly1305::XChaCha20Poly1305 {
+fn seal_cipher(mut m: HmacSha256) -> chacha20poly1305::XChaCha20Poly1305 {
     use chacha20poly1305::KeyInit;
-    let mut m = hmac_of(key);
     m.update(SEAL_KEY_DOMAIN);
     let derived: [u8; 32] = m.finalize().into_bytes().into();
     chacha20poly1305::XChaCha20Poly1305::new(&derived.into())
 }
 
+/// The longest head a sealed value binds: a step's (see `steps.rs`).
 #[cfg(feature = "encrypt")]
-fn seal_ad(key_id: &[u8; 32], fp: &Fingerprint, head: &[u8]) -> Vec<u8> {
-    [SEAL_DOMAIN, key_id, fp.as_bytes(), head].concat()
+pub(crate) const SEAL_HEAD_MAX: usize = 64;
+#[cfg(feature = "encrypt")]
+const AD_MAX: usize = SEAL_DOMAIN.len() + 32 + 32 + SEAL_HEAD_MAX;
+
+/// The associated data of a sealed value, written into `buf`: no allocation per record.
+/// `None` for a head over [`SEAL_HEAD_MAX`] bytes, which none of the crate's is.
+#[cfg(feature = "encrypt")]
+fn seal_ad<'a>(
+    buf: &'a mut [u8; AD_MAX],
+    key_id: &[u8; 32],
+    fp: &Fingerprint,
+    head: &[u8],
+) -> Option<&'a [u8]> {
+    if head.len() > SEAL_HEAD_MAX {
+        return None;
+    }
+    let mut at = 0;
+    for part in [SEAL_DOMAIN, key_id, fp.as_bytes(), head] {
+        buf[at..at + part.len()].copy_from_slice(part);
+        at += part.len();
+    }
+    Some(&buf[..at])
 }
 
 fn keyed_fingerprint(mut m: HmacSha256, fp: &Fingerprint) -> Fingerprint {
@@ -483,7 +557,7 @@ mod tests {
             keyed.scope_hash()
         );
         // The store keys' key is not the record key: a tag made with one is not the other.
-        assert_ne!(&one.store_keys[..], &one.key[..]);
+        assert_ne!(&one.store_keys[..], &one.key.material[..]);
     }
 
     /// Tags verify under any key of the ring and no other; fingerprints keyed by an accepted

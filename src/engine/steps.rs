@@ -23,6 +23,10 @@ const MAX_NAME: usize = 255;
 const VERSION: u8 = 2;
 /// What a stored step holds before its name: version, the writer's fingerprint, name length.
 const HEAD: usize = 1 + 32 + 2;
+/// The version byte of a step sealed under an encrypting secret: version, the writer's
+/// fingerprint and a nonce in the clear, then name length, name and payload encrypted, then
+/// the seal's tag. Without the feature, or without a secret, such a record is refused.
+const SEALED: u8 = 3;
 const STEP_ID_DOMAIN: &[u8] = b"tower-idempotency step id v2\0";
 const STEP_KEY_DOMAIN: &[u8] = b"tower-idempotency step key v2\0";
 const STEP_TAG_DOMAIN: &[u8] = b"tower-idempotency step record v2\0";
@@ -91,6 +95,9 @@ const STEP_TAG_DOMAIN: &[u8] = b"tower-idempotency step record v2\0";
 /// - Completing the key deletes its steps, with the record's write: the record answers every
 ///   repeat, and the steps would serve nothing.
 /// - [`Engine::forget`](crate::engine::Engine::forget) deletes them with the record.
+/// - Under a [`Secret`](crate::Secret), each step's record is tagged; under an encrypting one
+///   ([`Secret::encrypting`](crate::Secret::encrypting), feature `encrypt`), its name and value
+///   are sealed, as a record's content is.
 ///
 /// # The rules a run must keep
 ///
@@ -659,8 +666,15 @@ impl Bound {
     }
 
     /// The bytes stored for a step: version, this request's fingerprint, name, payload, and
-    /// the tag under a secret.
-    fn encode(&self, id: &StepId, name: &str, payload: &[u8]) -> Bytes {
+    /// the tag under a secret; or, under an encrypting one, name and payload sealed.
+    ///
+    /// # Errors
+    /// Only when sealing, with no random bytes for the nonce.
+    fn encode(&self, id: &StepId, name: &str, payload: &[u8]) -> Result<Bytes, &'static str> {
+        #[cfg(feature = "encrypt")]
+        if let Some(secret) = self.secret.as_ref().filter(|s| s.encrypts()) {
+            return self.encode_sealed(secret, id, name, payload);
+        }
         let tag = if self.secret.is_some() { TAG_LEN } else { 0 };
         let mut out = BytesMut::with_capacity(HEAD + name.len() + payload.len() + tag);
         out.put_u8(VERSION);
@@ -673,11 +687,110 @@ impl Bound {
             let t = secret.tag(self.key.id(), &self.fingerprint, &tagged(id, &out));
             out.put_slice(&t);
         }
-        out.freeze()
+        Ok(out.freeze())
+    }
+
+    /// A step sealed under `secret`, bound to the store key, this request's fingerprint and the
+    /// step's id.
+    #[cfg(feature = "encrypt")]
+    fn encode_sealed(
+        &self,
+        secret: &Secret,
+        id: &StepId,
+        name: &str,
+        payload: &[u8],
+    ) -> Result<Bytes, &'static str> {
+        use crate::engine::secret::{NONCE_LEN, SEAL_TAG_LEN};
+        let start = 1 + 32 + NONCE_LEN;
+        let mut out =
+            BytesMut::with_capacity(start + 2 + name.len() + payload.len() + SEAL_TAG_LEN);
+        out.put_u8(SEALED);
+        out.put_slice(self.fingerprint.as_bytes());
+        out.put_bytes(0, NONCE_LEN);
+        // At most MAX_NAME bytes: checked when the place was taken.
+        out.put_u16(u16::try_from(name.len()).unwrap_or(u16::MAX));
+        out.put_slice(name.as_bytes());
+        out.put_slice(payload);
+        let (nonce, tag) = secret
+            .seal_content(
+                self.key.id(),
+                &self.fingerprint,
+                &sealed_head(id),
+                &mut out[start..],
+            )
+            .map_err(|e| e.reason())?;
+        out[1 + 32..start].copy_from_slice(&nonce);
+        out.put_slice(&tag);
+        Ok(out.freeze())
+    }
+
+    /// A sealed step's name length, name and payload, decrypted under a key of the ring.
+    #[cfg(feature = "encrypt")]
+    fn open_sealed(
+        &self,
+        id: &StepId,
+        fingerprint: &Fingerprint,
+        value: &[u8],
+    ) -> Result<Bytes, &'static str> {
+        use crate::engine::secret::{NONCE_LEN, SEAL_TAG_LEN};
+        let Some(secret) = &self.secret else {
+            return Err("a step record is encrypted; only its secret opens it");
+        };
+        let start = 1 + 32 + NONCE_LEN;
+        let tag_at = value
+            .len()
+            .checked_sub(SEAL_TAG_LEN)
+            .filter(|at| *at >= start + 2)
+            .ok_or("a step record cut short")?;
+        let mut nonce = [0u8; NONCE_LEN];
+        nonce.copy_from_slice(&value[1 + 32..start]);
+        let mut tag = [0u8; SEAL_TAG_LEN];
+        tag.copy_from_slice(&value[tag_at..]);
+        let mut content = BytesMut::from(&value[start..tag_at]);
+        if !secret.open_content(
+            self.key.id(),
+            fingerprint,
+            &sealed_head(id),
+            &nonce,
+            &mut content,
+            &tag,
+        ) {
+            return Err("a step record that the secret cannot decrypt");
+        }
+        Ok(content.freeze())
+    }
+
+    /// Without the feature, no secret opens a sealed step: it is refused, never replayed.
+    #[cfg(not(feature = "encrypt"))]
+    #[allow(clippy::unused_self)]
+    fn open_sealed(&self, _: &StepId, _: &Fingerprint, _: &[u8]) -> Result<Bytes, &'static str> {
+        Err("a step record is encrypted; the `encrypt` feature opens it")
     }
 
     /// A stored step, its tag verified first, then its layout.
     fn open(&self, id: &StepId, mut value: Bytes) -> Result<Opened, &'static str> {
+        if value.first() == Some(&SEALED) {
+            if value.len() < 1 + 32 {
+                return Err("a step record cut short");
+            }
+            let mut fp = [0u8; 32];
+            fp.copy_from_slice(&value[1..33]);
+            let fingerprint = Fingerprint::from_bytes(fp);
+            let content = self.open_sealed(id, &fingerprint, &value)?;
+            let len = usize::from(u16::from_be_bytes([content[0], content[1]]));
+            if content.len() < 2 + len {
+                return Err("a step record cut short");
+            }
+            let payload = content.slice(2 + len..);
+            if payload.len() > self.max_record_body {
+                return Err("a step record over the record limit");
+            }
+            return Ok(Opened {
+                fingerprint,
+                name: content.slice(2..2 + len),
+                payload,
+            });
+        }
         let tag = if self.secret.is_some() {
             if value.len() < TAG_LEN {
                 return Err("a step record too short for its tag");
@@ -837,7 +950,9 @@ impl Bound {
         value: &T,
     ) -> Result<Bytes, StoreError> {
         match codec.encode(value) {
-            Ok(p) if p.len() <= self.max_record_body => Ok(self.encode(id, name, &p)),
+            Ok(p) if p.len() <= self.max_record_body => self
+                .encode(id, name, &p)
+                .map_err(|reason| StoreError::new(StoreErrorKind::Protocol, reason)),
             Ok(_) => Err(StoreError::new(
                 StoreErrorKind::Protocol,
                 "the step's result is over the record limit",
@@ -906,7 +1021,14 @@ impl Bound {
                 return Ok(value);
             }
         };
-        let stored = self.encode(id, name, &payload);
+        let stored = match self.encode(id, name, &payload) {
+            Ok(stored) => stored,
+            Err(reason) => {
+                metrics::step(StepResult::RecordFailed);
+                tracing::warn!(key = ?self.key, step = %name, error = %reason, "idempotency step result cannot be sealed; not recorded, a retry runs the step again");
+                return Ok(value);
+            }
+        };
         // The work is done: its record is written on a task of its own, so that a caller that
         // stops waiting now does not lose it.
         let (store, timer, key, step, retention, limit) = (
@@ -950,6 +1072,16 @@ impl Bound {
             }
         }
     }
+}
+
+/// What a sealed step binds besides the store key and fingerprint: its layout and its id.
+/// Apart from a sealed record's head ("TI" ...), so neither opens as the other.
+#[cfg(feature = "encrypt")]
+fn sealed_head(id: &StepId) -> [u8; 3 + 32] {
+    let mut head = [0u8; 3 + 32];
+    head[..3].copy_from_slice(&[b'T', b'S', SEALED]);
+    head[3..].copy_from_slice(id.as_bytes());
+    head
 }
 
 /// What a step's tag covers: its domain, its id and its stored bytes.
@@ -1669,6 +1801,52 @@ mod tests {
         let e = retry.run("charge", Raw, |_| never()).await.unwrap_err();
         assert_eq!(e.kind(), StepErrorKind::RecordInvalid, "{e}");
         assert_eq!(ticket.claim().found(), Some(Found::RecordInvalid));
+    }
+
+    /// A sealed step opens only intact, at its own step id, under its key and fingerprint:
+    /// each byte flipped, each shorter length, another place's id, another store key and a
+    /// bound with no secret are refused, and nothing panics.
+    #[cfg(feature = "encrypt")]
+    #[tokio::test]
+    async fn a_sealed_step_opens_only_intact_at_its_own_place() {
+        let secret = Secret::new(vec![7u8; 32]).unwrap().encrypting();
+        let engine = Engine::builder(MemoryStore::new())
+            .secret(secret.clone())
+            .build();
+        let (steps, _t) = claimed(&engine, key(5), b"a").await;
+        let bound = &steps.claim::<()>(0, "").unwrap().1.bound;
+        let id = bound.step_id(0);
+        let sealed = bound.encode(&id, "charge", b"ch_1 Jane").unwrap();
+        assert_eq!(sealed[0], SEALED);
+        assert!(!sealed.windows(4).any(|w| w == b"Jane" || w == b"char"));
+        let opened = bound.open(&id, sealed.clone()).unwrap();
+        assert_eq!(
+            (&opened.name[..], &opened.payload[..]),
+            (&b"charge"[..], &b"ch_1 Jane"[..])
+        );
+
+        for i in 0..sealed.len() {
+            let mut b = sealed.to_vec();
+            b[i] ^= 0x01;
+            assert!(bound.open(&id, b.into()).is_err(), "byte {i} flipped");
+        }
+        for len in 0..sealed.len() {
+            assert!(bound.open(&id, sealed.slice(..len)).is_err(), "{len} bytes");
+        }
+        assert!(
+            bound.open(&bound.step_id(1), sealed.clone()).is_err(),
+            "another place"
+        );
+        let (other, _t) = claimed(&engine, key(6), b"a").await;
+        let other = &other.claim::<()>(0, "").unwrap().1.bound;
+        assert!(
+            other.open(&id, sealed.clone()).is_err(),
+            "another store key"
+        );
+        let plain = Engine::new(MemoryStore::new());
+        let (unkeyed, _t) = claimed(&plain, key(5), b"a").await;
+        let unkeyed = &unkeyed.claim::<()>(0, "").unwrap().1.bound;
+        assert!(unkeyed.open(&id, sealed).is_err(), "no secret");
     }
 
     #[tokio::test]

@@ -9,6 +9,7 @@ mod support;
 #[cfg(feature = "test-util")]
 mod custom_store;
 mod encrypted_records;
+mod encrypted_steps;
 mod hostile_records;
 mod memory_bound;
 #[cfg(feature = "test-util")]
