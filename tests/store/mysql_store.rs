@@ -12,7 +12,7 @@ use std::time::Duration;
 use tower_idempotency::conformance::{Harness, LONG, SHORT, fingerprint, random_key, record};
 use tower_idempotency::store::mysql::MySqlStore;
 use tower_idempotency::store::mysql::sqlx::{self, MySqlPool};
-use tower_idempotency::store::{Claim, StoreErrorKind};
+use tower_idempotency::store::{Claim, Record, StoreErrorKind};
 use tower_idempotency::{ConfigErrorKind, Store};
 
 /// A store on `table` (created when missing) of the shared server.
@@ -524,4 +524,69 @@ async fn mysql_a_claim_that_timed_out_on_a_pool_with_the_servers_lock_wait_leave
     );
     tx.rollback().await.unwrap();
     claimed_within_seconds(&store, &key).await;
+}
+
+// ---- the server's packet limit ---------------------------------------------------------------
+
+#[tokio::test]
+async fn mysql_a_record_within_the_servers_packet_limit_is_kept_and_a_larger_one_refused_clearly() {
+    if !crate::support::mariadb_server::available() {
+        return;
+    }
+    // A server of its own: `max_allowed_packet` is the server's, read by each new session.
+    // 1 MiB, the least of the servers' defaults over the years, keeps the test quick.
+    let server = MariaDbServer::start();
+    server
+        .sql("SET GLOBAL max_allowed_packet = 1048576")
+        .unwrap();
+    let store = store_on(&server, &fresh_table("packet"), "packet").await;
+    let fp = fingerprint("a");
+
+    // 700 KiB: under the packet limit as bytes, over it written out as hex.
+    let bytes = bytes::Bytes::from((0..700 * 1024).map(|i| (i % 251) as u8).collect::<Vec<_>>());
+    let key = random_key();
+    let Claim::Claimed(token) = store.claim(&key, &fp, LONG).await.unwrap() else {
+        panic!("a free key is claimed");
+    };
+    let written = store
+        .complete(&key, &token, &fp, Record::from_bytes(bytes.clone()), LONG)
+        .await;
+    assert!(
+        matches!(written, Ok(true)),
+        "a 700 KiB record is kept: {written:?}"
+    );
+    match store.claim(&key, &fp, LONG).await.unwrap() {
+        Claim::Done { record, .. } => assert_eq!(record.as_bytes(), &bytes, "replayed whole"),
+        other => panic!("the repeat finds the record, not {other:?}"),
+    }
+
+    // 1.5 MiB: no packet of this server carries it. The store says why, and keeps working.
+    let key = random_key();
+    let Claim::Claimed(token) = store.claim(&key, &fp, LONG).await.unwrap() else {
+        panic!("a free key is claimed");
+    };
+    let large = Record::from_bytes(bytes::Bytes::from(vec![7u8; 1536 * 1024]));
+    let err = store
+        .complete(&key, &token, &fp, large, LONG)
+        .await
+        .expect_err("a record over the packet limit is refused");
+    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("max_allowed_packet"), "{err}");
+    assert!(
+        matches!(
+            store.claim(&key, &fp, LONG).await,
+            Ok(Claim::Pending { .. })
+        ),
+        "nothing was written: the claim still holds the key"
+    );
+    let small = random_key();
+    let Claim::Claimed(token) = store.claim(&small, &fp, LONG).await.unwrap() else {
+        panic!("a free key is claimed");
+    };
+    assert!(
+        store
+            .complete(&small, &token, &fp, record("a"), LONG)
+            .await
+            .unwrap()
+    );
 }
