@@ -79,7 +79,9 @@
 //! # One exchange per step
 //!
 //! A store made by [`connect`](MySqlStoreBuilder::connect) sends each step as one query: one
-//! exchange with the server, no check of the connection, no `BEGIN`. MySQL has no
+//! exchange with the server, no check of the connection, no `BEGIN`. A complete of a record
+//! over 256 KiB is the one exception, two exchanges: see [the packet
+//! limit](#the-servers-packet-limit). MySQL has no
 //! `INSERT … RETURNING` (MariaDB's is its own), so a step is a few statements in one text
 //! query (sqlx's connections allow several), each committed on its own, and the last one
 //! reads what they did. Values are written into the text as hex literals and numbers, never
@@ -89,7 +91,7 @@
 //! | step | statements |
 //! | --- | --- |
 //! | claim | `UPDATE` an expired row to pending under the claim's token; `INSERT … ON DUPLICATE KEY UPDATE` of nothing, which inserts an absent key and leaves a live row as it is; `SELECT` the live row: the claim's own token says it claimed |
-//! | complete | the same `UPDATE` and `INSERT` to done, only where the row has expired, is pending under the caller's token, or is absent; the row then carries 16 random bytes of this complete, which the final `SELECT` looks for; when written, `DELETE` the key's steps |
+//! | complete | (a record over 256 KiB: its bytes first, in a prepared statement of their own; see [the packet limit](#the-servers-packet-limit)) the same `UPDATE` and `INSERT` to done, only where the row has expired, is pending under the caller's token, or is absent; the row then carries 16 random bytes of this complete, which the final `SELECT` looks for; when written, `DELETE` the key's steps |
 //! | release | `DELETE` where the row is pending under the caller's token and live (one prepared statement) |
 //! | renew | `UPDATE` the lease where the row is pending under the caller's token and live; `UPDATE` the key's live steps to keep their retention past it; `SELECT` whether the claim holds |
 //! | forget | `DELETE` the live row, done or (when asked) pending, and the key's steps, unless a pending row is kept |
@@ -162,12 +164,35 @@
 //! the same. Any other step that timed out may still have been applied by the server; each is
 //! fenced by its claim's token.
 //!
+//! # The server's packet limit
+//!
+//! The server takes no statement larger than its `max_allowed_packet`: 16 MiB by default on
+//! MariaDB 10.11, 64 MiB on MySQL 8. A complete's record of up to 256 KiB is written into the
+//! step's one query as hex, twice its size. A larger one is sent as it is, the bound parameter
+//! of a prepared statement, in an exchange of its own before the query. So a record is kept up
+//! to the packet limit less 1 KiB.
+//!
+//! A store made by [`connect`](MySqlStoreBuilder::connect) reads `max_allowed_packet` when it
+//! connects, and refuses a larger record before sending it, with `Unavailable`: its message
+//! names `max_allowed_packet`, its source gives both sizes. It is read once: a limit raised
+//! later (`SET GLOBAL`) counts for a store connected after. A store built over a pool does not
+//! read it: the server refuses the statement and ends the session (error 1153), and the
+//! complete, sent once more on a new connection, fails alike.
+//!
+//! A complete that fails is the engine's as any other: the handler's response still goes out,
+//! the key stays pending until its lease lapses, and a retry after that runs the work again.
+//! So keep the engine's record limit ([`max_record_body`], plus the response's headers) under
+//! the packet limit, or raise the limit on the server. The default record limit, 1 MiB, is well
+//! under both servers' defaults. A [step](crate::engine::Steps)'s result is written as hex: it
+//! must fit in half the packet limit.
+//!
 //! # Bounds
 //!
 //! As with the other shared stores, nothing bounds what one caller writes. Each record stays
 //! until its retention ends and the purge runs. Rate-limit per principal in front of the layer.
 //!
 //! [`StoreErrorKind`]: crate::store::StoreErrorKind
+//! [`max_record_body`]: crate::engine::EngineBuilder::max_record_body
 
 use super::{
     Claim, Forgotten, Inspected, StepId, StepRecorded, Store, StoreError, StoreErrorKind, Token,
