@@ -12,7 +12,7 @@ use std::time::Duration;
 use tower_idempotency::conformance::{Harness, LONG, SHORT, fingerprint, random_key, record};
 use tower_idempotency::store::mysql::MySqlStore;
 use tower_idempotency::store::mysql::sqlx::{self, MySqlPool};
-use tower_idempotency::store::{Claim, Record, StoreErrorKind};
+use tower_idempotency::store::{Claim, Record, StepId, StoreErrorKind};
 use tower_idempotency::{ConfigErrorKind, Store};
 
 /// A store on `table` (created when missing) of the shared server.
@@ -579,6 +579,13 @@ async fn mysql_a_record_within_the_servers_packet_limit_is_kept_and_a_larger_one
         ),
         "nothing was written: the claim still holds the key"
     );
+    // A step's result is written as hex: 600 KiB is over the limit, refused the same way.
+    let step = StepId::from_bytes([1; 32]);
+    let err = store
+        .record_step(&key, &step, bytes.slice(..600 * 1024), LONG)
+        .await
+        .expect_err("a step's result over the packet limit is refused");
+    assert!(err.to_string().contains("max_allowed_packet"), "{err}");
     let small = random_key();
     let Claim::Claimed(token) = store.claim(&small, &fp, LONG).await.unwrap() else {
         panic!("a free key is claimed");

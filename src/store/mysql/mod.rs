@@ -618,6 +618,16 @@ impl ClaimRow {
     }
 }
 
+/// A value refused before it is sent: the server would refuse the statement and end the
+/// session for it.
+fn over_packet(message: &'static str, bytes: usize, max: usize) -> StoreError {
+    StoreError::with_source(
+        StoreErrorKind::Unavailable,
+        message,
+        format!("{bytes} bytes; the server's max_allowed_packet is {max} bytes"),
+    )
+}
+
 /// The one number a step's last statement answers.
 fn count(rows: &[MySqlRow]) -> Result<i64, OpError> {
     let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
@@ -719,14 +729,10 @@ impl Store for MySqlStore {
                 text_len
             };
             if needed > max {
-                // Refused before it is sent: the server would end the session for it.
-                return Err(StoreError::with_source(
-                    StoreErrorKind::Unavailable,
+                return Err(over_packet(
                     "MySQL complete: the record is larger than the server's max_allowed_packet",
-                    format!(
-                        "a record of {} bytes; max_allowed_packet is {max} bytes",
-                        record.len()
-                    ),
+                    record.len(),
+                    max,
                 ));
             }
         }
@@ -825,6 +831,24 @@ impl Store for MySqlStore {
         value: Bytes,
         retention: Duration,
     ) -> Result<StepRecorded, StoreError> {
+        if let Some(max) = self.max_packet {
+            // Written as hex, as the statement's other values.
+            let rest = self.sql.record_step(
+                &self.row_key(key),
+                step.as_bytes(),
+                &[],
+                sql::millis(retention),
+                &[0; 16],
+            );
+            if rest.len().saturating_add(value.len().saturating_mul(2)) > max {
+                return Err(over_packet(
+                    "MySQL record step: the step's result is larger than the server's \
+                     max_allowed_packet allows",
+                    value.len(),
+                    max,
+                ));
+            }
+        }
         let value = &value;
         let recorded = self
             .bounded("MySQL record step", Repeat::Unsafe, |fresh| async move {
