@@ -184,7 +184,8 @@
 //! So keep the engine's record limit ([`max_record_body`], plus the response's headers) under
 //! the packet limit, or raise the limit on the server. The default record limit, 1 MiB, is well
 //! under both servers' defaults. A [step](crate::engine::Steps)'s result is written as hex: it
-//! must fit in half the packet limit.
+//! must fit in half the packet limit, and a store made by `connect` refuses a larger one the
+//! same way, before it is sent.
 //!
 //! # Bounds
 //!
