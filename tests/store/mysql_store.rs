@@ -597,3 +597,67 @@ async fn mysql_a_record_within_the_servers_packet_limit_is_kept_and_a_larger_one
             .unwrap()
     );
 }
+
+/// The HTTP layer with every default over a store on a server whose packet limit is 1 MiB: a
+/// 700 KiB response, within the engine's 1 MiB record limit, is recorded, and its repeat is
+/// replayed rather than left in flight until the lease lapses and then run again.
+#[tokio::test]
+async fn mysql_with_the_defaults_a_large_response_under_a_small_packet_limit_is_replayed() {
+    use http_body_util::{BodyExt, Full};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::{Layer, ServiceExt, service_fn};
+    use tower_idempotency::engine::Engine;
+    use tower_idempotency::http::RequestBody;
+    use tower_idempotency::{IdempotencyLayer, Principal};
+
+    if !crate::support::mariadb_server::available() {
+        return;
+    }
+    let server = MariaDbServer::start();
+    server
+        .sql("SET GLOBAL max_allowed_packet = 1048576")
+        .unwrap();
+    let store = MySqlStore::connect(&server.url(), "orders").await.unwrap();
+    store.migrate().await.unwrap();
+    let layer = IdempotencyLayer::new(Engine::new(store));
+    let body = bytes::Bytes::from(vec![b'x'; 700 * 1024]);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let ask = || {
+        let (runs, body) = (Arc::clone(&runs), body.clone());
+        let svc =
+            layer.layer(service_fn(
+                move |_req: http::Request<RequestBody<Full<bytes::Bytes>>>| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let body = body.clone();
+                    async move {
+                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(body)))
+                    }
+                },
+            ));
+        let req = http::Request::post("/orders")
+            .header("idempotency-key", "order-1")
+            .extension(Principal::new("alice"))
+            .body(Full::new(bytes::Bytes::from_static(b"{}")))
+            .unwrap();
+        async move {
+            let res = svc.oneshot(req).await.unwrap();
+            let (status, replayed) = (
+                res.status().as_u16(),
+                res.headers().contains_key("idempotent-replayed"),
+            );
+            (
+                status,
+                replayed,
+                res.into_body().collect().await.unwrap().to_bytes(),
+            )
+        }
+    };
+    let (status, replayed, first) = ask().await;
+    assert_eq!((status, replayed), (200, false));
+    assert_eq!(first, body, "the handler's response goes out");
+    let (status, replayed, again) = ask().await;
+    assert_eq!((status, replayed), (200, true), "the repeat is replayed");
+    assert_eq!(again, body);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the work ran once");
+}
