@@ -126,8 +126,8 @@
 //! [no timestamp](#the-senders).
 //!
 //! The door counts and logs as the others, under `door="webhook"`: a refused delivery is
-//! `outcome="unverified"`, or `key_missing`, `key_invalid` for a verified one without a
-//! valid id; the rest are the HTTP door's outcomes and results. See the
+//! `outcome="unverified"` (a Standard Webhooks delivery without its signed id included), or
+//! `key_missing`, `key_invalid` for a verified one without a valid id; the rest are the HTTP door's outcomes and results. See the
 //! [metrics](crate#metrics).
 //!
 //! # The check order
