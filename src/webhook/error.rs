@@ -26,10 +26,18 @@ pub enum WebhookErrorKind {
     TimestampMissing,
     /// The signed timestamp is not a number of seconds since the Unix epoch.
     TimestampMalformed,
+    /// The sender signs its delivery id with the body (Standard Webhooks), and the request has
+    /// none: nothing can verify it, so it is refused as unverified, not as a missing key.
+    SignedIdMissing,
+    /// The signed delivery id's header is sent more than once, or is not visible ASCII: no one
+    /// line of it can be the signed id.
+    SignedIdMalformed,
     /// The signature verifies, but its timestamp is further from now than the sender's
     /// tolerance (for Stripe, older than it): a replay of a real delivery, or a clock off.
     TimestampOutsideTolerance,
-    /// The verified request carries no delivery id where the sender puts it.
+    /// The verified request carries no delivery id where the sender puts it. A sender that
+    /// signs its id refuses a request without one before it is verified:
+    /// [`SignedIdMissing`](Self::SignedIdMissing).
     KeyMissing,
     /// The delivery id is not a valid idempotency key (its [`source`](StdError::source) says
     /// why), or it is not one string.
@@ -48,6 +56,8 @@ impl WebhookErrorKind {
             Self::SignatureMismatch => "idempotency.signature_mismatch",
             Self::TimestampMissing => "idempotency.timestamp_missing",
             Self::TimestampMalformed => "idempotency.timestamp_malformed",
+            Self::SignedIdMissing => "idempotency.signed_id_missing",
+            Self::SignedIdMalformed => "idempotency.signed_id_malformed",
             Self::TimestampOutsideTolerance => "idempotency.timestamp_outside_tolerance",
             Self::KeyMissing => "idempotency.key_missing",
             Self::KeyInvalid => "idempotency.key_invalid",
@@ -57,8 +67,9 @@ impl WebhookErrorKind {
 
     /// The HTTP status the [`WebhookLayer`](super::WebhookLayer) answers with.
     ///
-    /// `401 Unauthorized` when the delivery is not shown to come from the sender: a signature
-    /// or a signed timestamp missing, malformed, forged or stale. `400 Bad Request` when it
+    /// `401 Unauthorized` when the delivery is not shown to come from the sender: a signature,
+    /// a signed timestamp or a signed delivery id missing or malformed, a signature forged, a
+    /// timestamp stale. `400 Bad Request` when it
     /// is, but it names no valid delivery id. Either way the sender is told the delivery was
     /// not taken, and nothing is stored.
     ///
@@ -76,6 +87,8 @@ impl WebhookErrorKind {
             | Self::SignatureMismatch
             | Self::TimestampMissing
             | Self::TimestampMalformed
+            | Self::SignedIdMissing
+            | Self::SignedIdMalformed
             | Self::TimestampOutsideTolerance => StatusCode::UNAUTHORIZED,
             Self::KeyMissing | Self::KeyInvalid | Self::BodyNotJson => StatusCode::BAD_REQUEST,
         }
@@ -90,6 +103,8 @@ impl WebhookErrorKind {
             Self::SignatureMismatch => "Webhook signature does not verify",
             Self::TimestampMissing => "Webhook timestamp missing",
             Self::TimestampMalformed => "Webhook timestamp malformed",
+            Self::SignedIdMissing => "Webhook signed delivery id missing",
+            Self::SignedIdMalformed => "Webhook signed delivery id malformed",
             Self::TimestampOutsideTolerance => "Webhook timestamp outside the tolerance",
             Self::KeyMissing => "Webhook delivery id missing",
             Self::KeyInvalid => "Webhook delivery id invalid",
@@ -116,6 +131,8 @@ impl WebhookErrorKind {
             Self::SignatureMismatch => doc_page!("SignatureMismatch"),
             Self::TimestampMissing => doc_page!("TimestampMissing"),
             Self::TimestampMalformed => doc_page!("TimestampMalformed"),
+            Self::SignedIdMissing => doc_page!("SignedIdMissing"),
+            Self::SignedIdMalformed => doc_page!("SignedIdMalformed"),
             Self::TimestampOutsideTolerance => doc_page!("TimestampOutsideTolerance"),
             Self::KeyMissing => doc_page!("KeyMissing"),
             Self::KeyInvalid => doc_page!("KeyInvalid"),

@@ -72,8 +72,9 @@
 //! 2. The sender verifies the delivery, in the [order](#the-check-order) below. A delivery
 //!    that fails is refused with a problem document carrying the
 //!    [`WebhookError`]'s code, and never reaches the store: 401 when it is not shown to come
-//!    from the sender (a signature or signed timestamp missing, malformed, forged or stale),
-//!    400 when it is but names no valid delivery id. See [`WebhookErrorKind::status`].
+//!    from the sender (a signature, a signed timestamp or a signed delivery id missing or
+//!    malformed, a signature forged, a timestamp stale), 400 when it is but names no valid
+//!    delivery id. See [`WebhookErrorKind::status`].
 //! 3. The claim, under the sender's delivery id, in the scope of the endpoint: the sender's
 //!    [`name`](Sender::name) and the route's template (axum's `MatchedPath`, else the
 //!    request's path), or the [`endpoint`](WebhookLayer::endpoint) set. It is not scoped by a user: two endpoints
@@ -92,7 +93,7 @@
 //! | a redelivery while the event runs | 409 `idempotency.in_flight` with `Retry-After`; the handler does not run |
 //! | after a handler's 5xx, 4xx or error | released: the sender's retry (GitHub's by hand) runs the handler again |
 //! | after a handler's panic | no answer; the event is pending until the lease lapses (60 s by default): 409 until then, then the sender's retry runs it |
-//! | forged, stale, unsigned | 401 with the error's code; nothing stored |
+//! | forged, stale, unsigned, or without the signed id (Standard Webhooks) | 401 with the error's code; nothing stored |
 //! | verified, without a valid id | 400 with the error's code; nothing stored |
 //! | the store down | 503 `idempotency.store_failed`; the handler does not run |
 //!
@@ -125,8 +126,8 @@
 //! [no timestamp](#the-senders).
 //!
 //! The door counts and logs as the others, under `door="webhook"`: a refused delivery is
-//! `outcome="unverified"`, or `key_missing`, `key_invalid` for a verified one without a
-//! valid id; the rest are the HTTP door's outcomes and results. See the
+//! `outcome="unverified"` (a Standard Webhooks delivery without its signed id included), or
+//! `key_missing`, `key_invalid` for a verified one without a valid id; the rest are the HTTP door's outcomes and results. See the
 //! [metrics](crate#metrics).
 //!
 //! # The check order
@@ -135,9 +136,12 @@
 //!
 //! 1. The signature header: [`SignatureMissing`](WebhookErrorKind::SignatureMissing),
 //!    [`SignatureMalformed`](WebhookErrorKind::SignatureMalformed).
-//! 2. Where the sender signs a timestamp, its header or field:
+//! 2. What the sender signs beside the body. A timestamp, its header or field:
 //!    [`TimestampMissing`](WebhookErrorKind::TimestampMissing),
-//!    [`TimestampMalformed`](WebhookErrorKind::TimestampMalformed).
+//!    [`TimestampMalformed`](WebhookErrorKind::TimestampMalformed). The delivery id, where it
+//!    is signed (Standard Webhooks):
+//!    [`SignedIdMissing`](WebhookErrorKind::SignedIdMissing),
+//!    [`SignedIdMalformed`](WebhookErrorKind::SignedIdMalformed).
 //! 3. The signature over the raw body, in constant time, under each of the endpoint's
 //!    secrets: [`SignatureMismatch`](WebhookErrorKind::SignatureMismatch).
 //! 4. The signed timestamp within the sender's tolerance:
@@ -173,8 +177,11 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
-//! Standard Webhooks signs its id with the body, so there a request without one is refused
-//! at step 2, with [`KeyMissing`](WebhookErrorKind::KeyMissing).
+//! Standard Webhooks signs its id with the body, so there a request without one cannot be
+//! verified: it is refused at step 2, 401 [`SignedIdMissing`](WebhookErrorKind::SignedIdMissing),
+//! and counted `unverified`, never as a missing key, whether it is genuine or forged. The
+//! other senders sign the body alone: their id is read at step 5, once the body verified, so
+//! a forged request without an id is refused for its signature.
 //!
 //! Verification needs no store: a request that fails it cannot take a real event's key.
 //! Each header is read from its one line; a header sent twice is refused.

@@ -151,12 +151,13 @@ impl Sender for StandardWebhooks {
         }
         let signatures =
             secrets::collect(v1.into_iter().map(secrets::decode_base64), names.signature)?;
-        // The id is signed: without it nothing can verify.
+        // The id is signed: without it nothing can verify, so the request is unverified, not
+        // a verified one short of its key.
         let id = secrets::required(
             request,
             names.id,
-            WebhookErrorKind::KeyMissing,
-            WebhookErrorKind::KeyInvalid,
+            WebhookErrorKind::SignedIdMissing,
+            WebhookErrorKind::SignedIdMalformed,
         )?;
         let timestamp = secrets::required(
             request,

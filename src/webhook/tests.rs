@@ -125,7 +125,7 @@ fn standard_webhooks_reads_svix_names_as_one_set() {
     ]);
     assert_eq!(
         kind(sender.verify(&mixed, SW_BODY, at(SW_TS))),
-        WebhookErrorKind::KeyMissing
+        WebhookErrorKind::SignedIdMissing
     );
     // Both sets: the specification's is read.
     let mut both = sw_request(SW_ID, &ts, SW_SIG);
@@ -259,7 +259,7 @@ fn standard_webhooks_refuses_missing_and_malformed_headers() {
             ("webhook-timestamp", ts.as_bytes()),
             ("webhook-signature", SW_SIG.as_bytes()),
         ],
-        KeyMissing,
+        SignedIdMissing,
     );
     check(
         &[
@@ -327,7 +327,7 @@ fn standard_webhooks_refuses_missing_and_malformed_headers() {
     parts
         .headers
         .append("webhook-id", "msg_other".parse().unwrap());
-    assert_eq!(kind(sender.verify(&parts, SW_BODY, now)), KeyInvalid);
+    assert_eq!(kind(sender.verify(&parts, SW_BODY, now)), SignedIdMalformed);
     let mut parts = sw_request(SW_ID, &ts, SW_SIG);
     parts
         .headers
@@ -898,6 +898,8 @@ fn error_kinds_have_distinct_codes() {
         TimestampMissing,
         TimestampMalformed,
         TimestampOutsideTolerance,
+        SignedIdMissing,
+        SignedIdMalformed,
         KeyMissing,
         KeyInvalid,
         BodyNotJson,

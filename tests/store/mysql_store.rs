@@ -12,7 +12,7 @@ use std::time::Duration;
 use tower_idempotency::conformance::{Harness, LONG, SHORT, fingerprint, random_key, record};
 use tower_idempotency::store::mysql::MySqlStore;
 use tower_idempotency::store::mysql::sqlx::{self, MySqlPool};
-use tower_idempotency::store::{Claim, StoreErrorKind};
+use tower_idempotency::store::{Claim, Record, StepId, StoreErrorKind};
 use tower_idempotency::{ConfigErrorKind, Store};
 
 /// A store on `table` (created when missing) of the shared server.
@@ -524,4 +524,140 @@ async fn mysql_a_claim_that_timed_out_on_a_pool_with_the_servers_lock_wait_leave
     );
     tx.rollback().await.unwrap();
     claimed_within_seconds(&store, &key).await;
+}
+
+// ---- the server's packet limit ---------------------------------------------------------------
+
+#[tokio::test]
+async fn mysql_a_record_within_the_servers_packet_limit_is_kept_and_a_larger_one_refused_clearly() {
+    if !crate::support::mariadb_server::available() {
+        return;
+    }
+    // A server of its own: `max_allowed_packet` is the server's, read by each new session.
+    // 1 MiB, the least of the servers' defaults over the years, keeps the test quick.
+    let server = MariaDbServer::start();
+    server
+        .sql("SET GLOBAL max_allowed_packet = 1048576")
+        .unwrap();
+    let store = store_on(&server, &fresh_table("packet"), "packet").await;
+    let fp = fingerprint("a");
+
+    // 700 KiB: under the packet limit as bytes, over it written out as hex.
+    let bytes = bytes::Bytes::from((0..700 * 1024).map(|i| (i % 251) as u8).collect::<Vec<_>>());
+    let key = random_key();
+    let Claim::Claimed(token) = store.claim(&key, &fp, LONG).await.unwrap() else {
+        panic!("a free key is claimed");
+    };
+    let written = store
+        .complete(&key, &token, &fp, Record::from_bytes(bytes.clone()), LONG)
+        .await;
+    assert!(
+        matches!(written, Ok(true)),
+        "a 700 KiB record is kept: {written:?}"
+    );
+    match store.claim(&key, &fp, LONG).await.unwrap() {
+        Claim::Done { record, .. } => assert_eq!(record.as_bytes(), &bytes, "replayed whole"),
+        other => panic!("the repeat finds the record, not {other:?}"),
+    }
+
+    // 1.5 MiB: no packet of this server carries it. The store says why, and keeps working.
+    let key = random_key();
+    let Claim::Claimed(token) = store.claim(&key, &fp, LONG).await.unwrap() else {
+        panic!("a free key is claimed");
+    };
+    let large = Record::from_bytes(bytes::Bytes::from(vec![7u8; 1536 * 1024]));
+    let err = store
+        .complete(&key, &token, &fp, large, LONG)
+        .await
+        .expect_err("a record over the packet limit is refused");
+    assert_eq!(err.kind(), StoreErrorKind::Unavailable, "{err}");
+    assert!(err.to_string().contains("max_allowed_packet"), "{err}");
+    assert!(
+        matches!(
+            store.claim(&key, &fp, LONG).await,
+            Ok(Claim::Pending { .. })
+        ),
+        "nothing was written: the claim still holds the key"
+    );
+    // A step's result is written as hex: 600 KiB is over the limit, refused the same way.
+    let step = StepId::from_bytes([1; 32]);
+    let err = store
+        .record_step(&key, &step, bytes.slice(..600 * 1024), LONG)
+        .await
+        .expect_err("a step's result over the packet limit is refused");
+    assert!(err.to_string().contains("max_allowed_packet"), "{err}");
+    let small = random_key();
+    let Claim::Claimed(token) = store.claim(&small, &fp, LONG).await.unwrap() else {
+        panic!("a free key is claimed");
+    };
+    assert!(
+        store
+            .complete(&small, &token, &fp, record("a"), LONG)
+            .await
+            .unwrap()
+    );
+}
+
+/// The HTTP layer with every default over a store on a server whose packet limit is 1 MiB: a
+/// 700 KiB response, within the engine's 1 MiB record limit, is recorded, and its repeat is
+/// replayed rather than left in flight until the lease lapses and then run again.
+#[tokio::test]
+async fn mysql_with_the_defaults_a_large_response_under_a_small_packet_limit_is_replayed() {
+    use http_body_util::{BodyExt, Full};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tower::{Layer, ServiceExt, service_fn};
+    use tower_idempotency::engine::Engine;
+    use tower_idempotency::http::RequestBody;
+    use tower_idempotency::{IdempotencyLayer, Principal};
+
+    if !crate::support::mariadb_server::available() {
+        return;
+    }
+    let server = MariaDbServer::start();
+    server
+        .sql("SET GLOBAL max_allowed_packet = 1048576")
+        .unwrap();
+    let store = MySqlStore::connect(&server.url(), "orders").await.unwrap();
+    store.migrate().await.unwrap();
+    let layer = IdempotencyLayer::new(Engine::new(store));
+    let body = bytes::Bytes::from(vec![b'x'; 700 * 1024]);
+    let runs = Arc::new(AtomicUsize::new(0));
+    let ask = || {
+        let (runs, body) = (Arc::clone(&runs), body.clone());
+        let svc =
+            layer.layer(service_fn(
+                move |_req: http::Request<RequestBody<Full<bytes::Bytes>>>| {
+                    runs.fetch_add(1, Ordering::SeqCst);
+                    let body = body.clone();
+                    async move {
+                        Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(body)))
+                    }
+                },
+            ));
+        let req = http::Request::post("/orders")
+            .header("idempotency-key", "order-1")
+            .extension(Principal::new("alice"))
+            .body(Full::new(bytes::Bytes::from_static(b"{}")))
+            .unwrap();
+        async move {
+            let res = svc.oneshot(req).await.unwrap();
+            let (status, replayed) = (
+                res.status().as_u16(),
+                res.headers().contains_key("idempotent-replayed"),
+            );
+            (
+                status,
+                replayed,
+                res.into_body().collect().await.unwrap().to_bytes(),
+            )
+        }
+    };
+    let (status, replayed, first) = ask().await;
+    assert_eq!((status, replayed), (200, false));
+    assert_eq!(first, body, "the handler's response goes out");
+    let (status, replayed, again) = ask().await;
+    assert_eq!((status, replayed), (200, true), "the repeat is replayed");
+    assert_eq!(again, body);
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "the work ran once");
 }

@@ -143,6 +143,102 @@ async fn forged_and_stale_deliveries_are_refused_and_store_nothing() {
     assert_eq!(handler.total(), 4);
 }
 
+fn without(mut delivery: Delivery, header: &str) -> Delivery {
+    delivery.headers.retain(|(name, _)| *name != header);
+    delivery
+}
+
+/// A delivery that cannot be verified is refused as unverified, 401, whatever is missing.
+/// Standard Webhooks signs its id with the body: without it, or with two, nothing can verify
+/// the delivery, genuine or forged. The other senders sign the body alone and verify it first:
+/// a forged delivery without an id is a forgery, a genuine one a missing id (400).
+#[tokio::test]
+async fn a_delivery_that_cannot_be_verified_for_want_of_its_signed_id_is_unverified() {
+    let (server, handler, engine) = app().await;
+    let mut twice = sign::standard("msg_noid");
+    twice.headers.push(("webhook-id", "msg_other".to_owned()));
+    let mut svix = sign::standard("msg_noid");
+    for (name, _) in &mut svix.headers {
+        *name = match *name {
+            "webhook-timestamp" => "svix-timestamp",
+            "webhook-signature" => "svix-signature",
+            other => other,
+        };
+    }
+    let forged = "whsec_AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA";
+    let refused: Vec<(&str, Delivery, &str)> = vec![
+        (
+            "standard, genuine, no id",
+            without(sign::standard("msg_noid"), "webhook-id"),
+            "idempotency.signed_id_missing",
+        ),
+        (
+            "standard, forged, no id",
+            without(
+                sign::standard_at(forged, "msg_noid", sign::now(), "{}"),
+                "webhook-id",
+            ),
+            "idempotency.signed_id_missing",
+        ),
+        (
+            "standard under Svix's names, no svix-id",
+            without(svix, "webhook-id"),
+            "idempotency.signed_id_missing",
+        ),
+        (
+            "standard, id twice",
+            twice,
+            "idempotency.signed_id_malformed",
+        ),
+        (
+            "github, forged, no id",
+            without(
+                sign::github_with("not the secret", "d-noid", "{}"),
+                "x-github-delivery",
+            ),
+            "idempotency.signature_mismatch",
+        ),
+        (
+            "shopify, forged, no id",
+            without(
+                sign::shopify_with("not the secret", "e-noid"),
+                "x-shopify-event-id",
+            ),
+            "idempotency.signature_mismatch",
+        ),
+        (
+            "stripe, forged, no id",
+            sign::stripe_at("whsec_not_the_secret", sign::now(), r#"{"object":"event"}"#),
+            "idempotency.signature_mismatch",
+        ),
+    ];
+    for (what, delivery, code) in &refused {
+        let answer = deliver(&server, delivery).await;
+        assert_eq!(answer.status, 401, "{what}: {answer:?}");
+        assert_eq!(answer.code.as_deref(), Some(*code), "{what}");
+    }
+    for (what, delivery) in [
+        (
+            "github",
+            without(sign::github("d-noid"), "x-github-delivery"),
+        ),
+        (
+            "shopify",
+            without(sign::shopify("e-noid"), "x-shopify-event-id"),
+        ),
+    ] {
+        let answer = deliver(&server, &delivery).await;
+        assert_eq!(answer.status, 400, "{what}: {answer:?}");
+        assert_eq!(
+            answer.code.as_deref(),
+            Some("idempotency.key_missing"),
+            "{what}"
+        );
+    }
+    assert_eq!(handler.total(), 0, "nothing ran");
+    assert_eq!(engine.store().stats().entries, 0, "nothing was stored");
+}
+
 /// One event delivered from eight connections at once while its first run is held: it runs
 /// once, every other delivery is told to come back later (409 with `Retry-After`) or, once
 /// the run ended, gets the recorded 2xx.

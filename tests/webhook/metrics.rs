@@ -46,4 +46,12 @@ async fn a_webhook_delivery_is_counted_under_its_own_door() {
     let no_id = sign::stripe_at(sign::STRIPE_SECRET, sign::now(), "{}");
     assert_eq!(deliver(&server, &no_id).await.status, 400);
     assert_eq!(moved_once(&snap), ["door=webhook,outcome=key_missing"]);
+
+    // Standard Webhooks signs its id: a delivery without one cannot be verified.
+    let mut no_signed_id = sign::standard("msg_counted");
+    no_signed_id
+        .headers
+        .retain(|(name, _)| *name != "webhook-id");
+    assert_eq!(deliver(&server, &no_signed_id).await.status, 401);
+    assert_eq!(moved_once(&snap), ["door=webhook,outcome=unverified"]);
 }

@@ -158,6 +158,7 @@ impl MySqlStoreBuilder {
             } else {
                 SERVER_LOCK_WAIT
             },
+            max_packet: None,
         })
     }
 
@@ -199,6 +200,13 @@ impl MySqlStoreBuilder {
             .execute(&mut first)
             .await
             .map_err(|e| OpError::from(e).into_store("setting up a MySQL connection failed"))?;
+        // The largest statement the server takes: a complete checks its record against it.
+        let max_packet: u64 = sqlx::query_scalar("SELECT CAST(@@max_allowed_packet AS UNSIGNED)")
+            .fetch_one(&mut first)
+            .await
+            .map_err(|e| {
+                OpError::from(e).into_store("reading MySQL's max_allowed_packet failed")
+            })?;
         let pool = MySqlPoolOptions::new()
             .max_connections(POOL_SIZE)
             .acquire_timeout(self.timeout.max(CONNECT_TIMEOUT))
@@ -213,7 +221,9 @@ impl MySqlStoreBuilder {
             })
             .connect_lazy_with(options.clone());
         let steps = Connections::new(options, setup, POOL_SIZE, first);
-        self.build_with(pool, Some(steps)).map_err(invalid)
+        let mut store = self.build_with(pool, Some(steps)).map_err(invalid)?;
+        store.max_packet = Some(usize::try_from(max_packet).unwrap_or(usize::MAX));
+        Ok(store)
     }
 }
 

@@ -79,7 +79,9 @@
 //! # One exchange per step
 //!
 //! A store made by [`connect`](MySqlStoreBuilder::connect) sends each step as one query: one
-//! exchange with the server, no check of the connection, no `BEGIN`. MySQL has no
+//! exchange with the server, no check of the connection, no `BEGIN`. A complete of a record
+//! over 256 KiB is the one exception, two exchanges: see [the packet
+//! limit](#the-servers-packet-limit). MySQL has no
 //! `INSERT … RETURNING` (MariaDB's is its own), so a step is a few statements in one text
 //! query (sqlx's connections allow several), each committed on its own, and the last one
 //! reads what they did. Values are written into the text as hex literals and numbers, never
@@ -89,7 +91,7 @@
 //! | step | statements |
 //! | --- | --- |
 //! | claim | `UPDATE` an expired row to pending under the claim's token; `INSERT … ON DUPLICATE KEY UPDATE` of nothing, which inserts an absent key and leaves a live row as it is; `SELECT` the live row: the claim's own token says it claimed |
-//! | complete | the same `UPDATE` and `INSERT` to done, only where the row has expired, is pending under the caller's token, or is absent; the row then carries 16 random bytes of this complete, which the final `SELECT` looks for; when written, `DELETE` the key's steps |
+//! | complete | (a record over 256 KiB: its bytes first, in a prepared statement of their own; see [the packet limit](#the-servers-packet-limit)) the same `UPDATE` and `INSERT` to done, only where the row has expired, is pending under the caller's token, or is absent; the row then carries 16 random bytes of this complete, which the final `SELECT` looks for; when written, `DELETE` the key's steps |
 //! | release | `DELETE` where the row is pending under the caller's token and live (one prepared statement) |
 //! | renew | `UPDATE` the lease where the row is pending under the caller's token and live; `UPDATE` the key's live steps to keep their retention past it; `SELECT` whether the claim holds |
 //! | forget | `DELETE` the live row, done or (when asked) pending, and the key's steps, unless a pending row is kept |
@@ -162,14 +164,40 @@
 //! the same. Any other step that timed out may still have been applied by the server; each is
 //! fenced by its claim's token.
 //!
+//! # The server's packet limit
+//!
+//! The server takes no statement larger than its `max_allowed_packet`: 16 MiB by default on
+//! MariaDB 10.11, 64 MiB on MySQL 8. A complete's record of up to 256 KiB is written into the
+//! step's one query as hex, twice its size. A larger one is sent as it is, the bound parameter
+//! of a prepared statement, in an exchange of its own before the query. So a record is kept up
+//! to the packet limit less 1 KiB.
+//!
+//! A store made by [`connect`](MySqlStoreBuilder::connect) reads `max_allowed_packet` when it
+//! connects, and refuses a larger record before sending it, with `Unavailable`: its message
+//! names `max_allowed_packet`, its source gives both sizes. It is read once: a limit raised
+//! later (`SET GLOBAL`) counts for a store connected after. A store built over a pool does not
+//! read it: the server refuses the statement and ends the session (error 1153), and the
+//! complete, sent once more on a new connection, fails alike.
+//!
+//! A complete that fails is the engine's as any other: the handler's response still goes out,
+//! the key stays pending until its lease lapses, and a retry after that runs the work again.
+//! So keep the engine's record limit ([`max_record_body`], plus the response's headers) under
+//! the packet limit, or raise the limit on the server. The default record limit, 1 MiB, is well
+//! under both servers' defaults. A [step](crate::engine::Steps)'s result is written as hex: it
+//! must fit in half the packet limit, and a store made by `connect` refuses a larger one the
+//! same way, before it is sent.
+//!
 //! # Bounds
 //!
 //! As with the other shared stores, nothing bounds what one caller writes. Each record stays
 //! until its retention ends and the purge runs. Rate-limit per principal in front of the layer.
 //!
 //! [`StoreErrorKind`]: crate::store::StoreErrorKind
+//! [`max_record_body`]: crate::engine::EngineBuilder::max_record_body
 
-use super::{Claim, Forgotten, Inspected, StepId, StepRecorded, Store, StoreError, Token};
+use super::{
+    Claim, Forgotten, Inspected, StepId, StepRecorded, Store, StoreError, StoreErrorKind, Token,
+};
 use crate::store::{Fingerprint, Record, StoreKey};
 use bytes::Bytes;
 use sqlx::Row;
@@ -214,6 +242,12 @@ pub(crate) const PURGE_BATCH: i64 = 1000;
 pub(crate) const CLAIM_ATTEMPTS: usize = 4;
 /// Times a step is sent at most when InnoDB keeps rolling it back for a deadlock.
 const CONFLICT_ATTEMPTS: usize = 4;
+/// Records larger than this are sent as a bound parameter, in an exchange of their own, rather
+/// than as hex in the step's text: at this size the bytes on the wire, halved, cost more than
+/// the exchange.
+const BIND_RECORD_FROM: usize = 256 * 1024;
+/// What a prepared statement's execution adds to its one bound value, with room to spare.
+const PACKET_OVERHEAD: usize = 1024;
 /// How much longer than its lock waits the answer of a claim that timed out is awaited: the
 /// server's own delays, on a loaded machine.
 const ABANDONED_MARGIN: Duration = Duration::from_secs(5);
@@ -234,6 +268,9 @@ pub struct MySqlStore {
     pub(crate) lock_timeout: Duration,
     /// The `innodb_lock_wait_timeout` of the sessions the steps run on.
     session_lock_wait: Duration,
+    /// The server's `max_allowed_packet`, read when connecting: no statement may be larger.
+    /// Unknown for a store built over a pool.
+    pub(crate) max_packet: Option<usize>,
 }
 
 impl fmt::Debug for MySqlStore {
@@ -582,6 +619,16 @@ impl ClaimRow {
     }
 }
 
+/// A value refused before it is sent: the server would refuse the statement and end the
+/// session for it.
+fn over_packet(message: &'static str, bytes: usize, max: usize) -> StoreError {
+    StoreError::with_source(
+        StoreErrorKind::Unavailable,
+        message,
+        format!("{bytes} bytes; the server's max_allowed_packet is {max} bytes"),
+    )
+}
+
 /// The one number a step's last statement answers.
 fn count(rows: &[MySqlRow]) -> Result<i64, OpError> {
     let row = rows.last().ok_or(sqlx::Error::RowNotFound)?;
@@ -659,17 +706,55 @@ impl Store for MySqlStore {
         let retention = sql::millis(retention);
         // Sent again after a lost connection, the same bytes find the first send's write.
         let writer = &Token::generate()?;
+        let statement = |record| {
+            self.sql.complete(
+                &key,
+                token.as_bytes(),
+                fingerprint.as_bytes(),
+                record,
+                retention,
+                writer.as_bytes(),
+            )
+        };
+        let statement = &statement;
+        // A large record goes as bytes, where hex would double it, and so does one whose hex
+        // the server's packet limit would refuse.
+        let rest = statement(None);
+        let text_len = rest.len().saturating_add(sql::hex_len(record.len()));
+        let bind =
+            record.len() > BIND_RECORD_FROM || self.max_packet.is_some_and(|max| text_len > max);
+        if let Some(max) = self.max_packet {
+            let needed = if bind {
+                record.len().saturating_add(PACKET_OVERHEAD)
+            } else {
+                text_len
+            };
+            if needed > max {
+                return Err(over_packet(
+                    "MySQL complete: the record is larger than the server's max_allowed_packet",
+                    record.len(),
+                    max,
+                ));
+            }
+        }
+        let (rest, record_text) = (&rest, (!bind).then_some(&record[..]));
         let written = self
             .bounded("MySQL complete", Repeat::Safe, |fresh| async move {
-                let query = self.sql.complete(
-                    &key,
-                    token.as_bytes(),
-                    fingerprint.as_bytes(),
-                    record,
-                    retention,
-                    writer.as_bytes(),
-                );
+                let query = match record_text {
+                    Some(record) => statement(Some(record)),
+                    None => rest.clone(),
+                };
                 let mut conn = self.take(fresh).await?;
+                if bind {
+                    let set = sqlx::query(sql::SET_RECORD)
+                        .bind(&record[..])
+                        .execute(conn.conn())
+                        .await;
+                    if let Err(e) = set {
+                        conn.give_back_sql(Some(&e));
+                        return Err(e.into());
+                    }
+                }
                 let rows = Self::rows(conn.conn(), query).await;
                 conn.give_back_sql(rows.as_ref().err());
                 count(&rows?)
@@ -747,6 +832,24 @@ impl Store for MySqlStore {
         value: Bytes,
         retention: Duration,
     ) -> Result<StepRecorded, StoreError> {
+        if let Some(max) = self.max_packet {
+            // Written as hex, as the statement's other values.
+            let rest = self.sql.record_step(
+                &self.row_key(key),
+                step.as_bytes(),
+                &[],
+                sql::millis(retention),
+                &[0; 16],
+            );
+            if rest.len().saturating_add(value.len().saturating_mul(2)) > max {
+                return Err(over_packet(
+                    "MySQL record step: the step's result is larger than the server's \
+                     max_allowed_packet allows",
+                    value.len(),
+                    max,
+                ));
+            }
+        }
         let value = &value;
         let recorded = self
             .bounded("MySQL record step", Repeat::Unsafe, |fresh| async move {

@@ -131,6 +131,16 @@ pub(super) fn hex(bytes: &[u8]) -> String {
     out
 }
 
+/// Sets the record a [`Statements::complete`] without one reads: a prepared statement, whose
+/// bound parameter carries the record's bytes as they are, where a hex literal doubles them.
+pub(super) const SET_RECORD: &str = "SET @ti_record = ?";
+
+/// The bytes a statement of `record_len` record bytes takes beside them when it is sent as
+/// the text of a complete: `SET @ti_record = X'…';` and the hex digits.
+pub(super) fn hex_len(record_len: usize) -> usize {
+    "SET @ti_record = X'';".len() + record_len.saturating_mul(2)
+}
+
 /// A statement to send. Its only text from outside is the table name, checked and quoted, and
 /// values written by [`hex`] or as numbers.
 pub(crate) fn statement(sql: String) -> sqlx::AssertSqlSafe<String> {
@@ -216,13 +226,14 @@ impl Statements {
     ///
     /// A written row carries `writer`, 16 bytes of this call's own: that is how the answer
     /// tells this write from an earlier one. The record is sent once, in a session variable
-    /// both statements read, and cleared after.
+    /// both statements read, and cleared after: set by the statement itself from `record`, or,
+    /// when `record` is `None`, by [`SET_RECORD`] sent just before on the same connection.
     pub(super) fn complete(
         &self,
         key: &KeyBytes,
         token: &[u8],
         fp: &[u8],
-        record: &[u8],
+        record: Option<&[u8]>,
         retention_ms: i64,
         writer: &[u8],
     ) -> String {
@@ -235,12 +246,15 @@ impl Statements {
             hex(writer),
         );
         let retention = retention_ms.saturating_mul(1000);
-        let mut sql = String::with_capacity(record.len() * 2 + 1024);
-        sql.push_str("SET @ti_record = ");
-        sql.push_str(&hex(record));
+        let mut sql = String::with_capacity(record.map_or(0, <[u8]>::len) * 2 + 1024);
+        if let Some(record) = record {
+            sql.push_str("SET @ti_record = ");
+            sql.push_str(&hex(record));
+            sql.push(';');
+        }
         let _ = write!(
             sql,
-            ";UPDATE {t} SET state = 'D', fingerprint = {f}, token = {w}, record = @ti_record, \
+            "UPDATE {t} SET state = 'D', fingerprint = {f}, token = {w}, record = @ti_record, \
                 expires_at = {NOW} + INTERVAL {retention} MICROSECOND \
              WHERE `key` = {k} AND (expires_at <= {NOW} OR (state = 'P' AND token = {tk}));\
              INSERT INTO {t} (`key`, expires_at, state, fingerprint, token, record) \
@@ -456,7 +470,7 @@ mod tests {
         let key = [7u8; 40];
         for statement in [
             s.claim(&key, &[1; 32], &[2; 16], 5),
-            s.complete(&key, &[2; 16], &[1; 32], b"r", 5, &[3; 16]),
+            s.complete(&key, &[2; 16], &[1; 32], Some(b"r"), 5, &[3; 16]),
             s.renew(&key, &[2; 16], 5),
             s.forget(&key, true),
             s.release(),
