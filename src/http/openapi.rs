@@ -407,18 +407,6 @@ impl IdempotencyDoc {
             _ => false,
         }
     }
-
-    pub(crate) fn header(&self) -> Option<&HeaderName> {
-        self.header.as_ref()
-    }
-
-    pub(crate) fn required(&self) -> bool {
-        self.required
-    }
-
-    pub(crate) fn max_key_len(&self) -> usize {
-        self.max_key_len
-    }
 }
 
 #[cfg(feature = "utoipa")]

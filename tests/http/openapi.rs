@@ -310,7 +310,9 @@ fn a_case_the_settings_rule_out_is_not_declared() {
         "{work}"
     );
 
-    let open = declared(IdempotencyDoc::of(&IdempotencyLayer::default().fail_open(true)));
+    let open = declared(IdempotencyDoc::of(
+        &IdempotencyLayer::default().fail_open(true),
+    ));
     assert!(
         codes(&open, "503").contains(&"idempotency.store_failed".to_owned()),
         "a fault other than an outage is still answered 503 when failing open"
@@ -362,7 +364,12 @@ async fn the_documented_statuses_are_those_the_layer_answers() {
     let work = declared(IdempotencyDoc::of(&layer));
     let (server, runs) = server_with(layer).await;
     let documented = |a: &crate::support::http::Answer, expected: RejectionKind| {
-        assert_eq!(a.code(), Some(expected.code().to_owned()), "{}", a.describe());
+        assert_eq!(
+            a.code(),
+            Some(expected.code().to_owned()),
+            "{}",
+            a.describe()
+        );
         let status = a.status.as_u16().to_string();
         assert!(
             codes(&work, &status).contains(&expected.code().to_owned()),

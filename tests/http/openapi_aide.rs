@@ -26,8 +26,10 @@ fn generated(doc: &IdempotencyDoc) -> Value {
     let _router: axum::Router = ApiRouter::new()
         .api_route(
             "/orders",
-            post_with(create_order, |op| doc.transform(op.description("Creates an order.")))
-                .get_with(read_order, |op| op),
+            post_with(create_order, |op| {
+                doc.transform(op.description("Creates an order."))
+            })
+            .get_with(read_order, |op| op),
         )
         .api_route("/health", get_with(read_order, |op| op))
         .finish_api(&mut api);
@@ -99,7 +101,12 @@ fn aide_and_utoipa_declare_the_same_answers() {
     doc.operation(&mut op);
     let utoipa = serde_json::to_value(&op).unwrap();
     let statuses = |op: &Value| -> Vec<String> {
-        let mut s: Vec<String> = op["responses"].as_object().unwrap().keys().cloned().collect();
+        let mut s: Vec<String> = op["responses"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
         s.sort();
         s
     };

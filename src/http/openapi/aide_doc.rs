@@ -38,7 +38,7 @@ impl IdempotencyDoc {
     /// that the layer replays. Responses given as references are left as they are.
     #[cfg_attr(docsrs, doc(cfg(feature = "aide")))]
     pub fn aide_operation(&self, operation: &mut Operation) {
-        if let Some(header) = self.header() {
+        if let Some(header) = self.header.as_ref() {
             let name = display_name(header);
             operation.parameters.retain(|p| match p {
                 ReferenceOr::Item(Parameter::Header { parameter_data, .. }) => {
@@ -49,9 +49,9 @@ impl IdempotencyDoc {
             let parameter = json!({
                 "in": "header",
                 "name": name,
-                "required": self.required(),
+                "required": self.required,
                 "description": self.key_description(),
-                "schema": {"type": "string", "minLength": 1, "maxLength": self.max_key_len()},
+                "schema": {"type": "string", "minLength": 1, "maxLength": self.max_key_len},
             });
             if let Some(p) = from_json::<Parameter>(parameter) {
                 operation.parameters.push(ReferenceOr::Item(p));
