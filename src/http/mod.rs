@@ -182,8 +182,8 @@ pub mod extract;
 
 mod headers;
 mod layer;
-#[cfg(feature = "utoipa")]
-#[cfg_attr(docsrs, doc(cfg(feature = "utoipa")))]
+#[cfg(any(feature = "utoipa", feature = "aide"))]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "utoipa", feature = "aide"))))]
 pub mod openapi;
 mod rejection;
 mod replay;

@@ -12,6 +12,29 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// Declares the enum and [`RejectionKind::ALL`] from one list, so that no kind is left out of
+/// `ALL` (the OpenAPI declarations are derived from it).
+macro_rules! rejection_kinds {
+    ($(#[$meta:meta])* pub enum $name:ident { $($(#[$vmeta:meta])* $variant:ident,)* }) => {
+        $(#[$meta])*
+        pub enum $name {
+            $($(#[$vmeta])* $variant,)*
+        }
+
+        impl $name {
+            /// Every case, in the order declared.
+            ///
+            /// ```
+            /// use tower_idempotency::http::RejectionKind;
+            ///
+            /// assert!(RejectionKind::ALL.contains(&RejectionKind::KeyReused));
+            /// ```
+            pub const ALL: &'static [Self] = &[$(Self::$variant),*];
+        }
+    };
+}
+
+rejection_kinds! {
 /// The cases in which the layer answers by itself.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -38,6 +61,7 @@ pub enum RejectionKind {
     StoreFull,
     /// The stored record failed re-validation and was not replayed: 503.
     RecordInvalid,
+}
 }
 
 impl RejectionKind {
@@ -464,20 +488,7 @@ mod tests {
 
     #[test]
     fn every_problem_document_has_one_type_per_code() {
-        use RejectionKind::*;
-        let kinds = [
-            KeyMissing,
-            KeyInvalid,
-            PrincipalMissing,
-            InFlight,
-            KeyReused,
-            BodyTooLarge,
-            BodyUnreadable,
-            Store,
-            ScopeFull,
-            StoreFull,
-            RecordInvalid,
-        ];
+        let kinds = RejectionKind::ALL.iter().copied();
         let mut seen = std::collections::HashSet::new();
         for kind in kinds {
             let res = Rejection::new(kind, "d").to_problem_response();

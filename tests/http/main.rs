@@ -25,6 +25,7 @@ mod layer;
 #[cfg(feature = "metrics")]
 mod metrics;
 mod openapi;
+mod openapi_aide;
 mod rejections;
 mod replay;
 mod steps;

@@ -3,11 +3,12 @@
 #![cfg(feature = "utoipa")]
 #![allow(clippy::unwrap_used)]
 
-use crate::support::http::{RequestExt, eventually, send, server_with};
+use crate::support::http::{RequestExt, SpyStore, eventually, send, server_with};
 use serde_json::Value;
 use std::time::Duration;
-use tower_idempotency::IdempotencyLayer;
 use tower_idempotency::http::openapi::IdempotencyDoc;
+use tower_idempotency::http::{PrincipalMode, RejectionKind};
+use tower_idempotency::{IdempotencyLayer, MemoryStore};
 use utoipa::openapi::HttpMethod;
 use utoipa::{Modify, OpenApi};
 
@@ -258,5 +259,154 @@ async fn the_replay_header_is_declared_on_every_answer_the_layer_replays() {
             .get("Idempotent-Replayed")
             .is_none(),
         "a 5xx is never recorded, so never replayed: {put}"
+    );
+}
+
+/// The document of `doc` on the POST `/work` operation, as JSON.
+fn declared(doc: IdempotencyDoc) -> Value {
+    let mut api = Api::openapi();
+    doc.route("/work", HttpMethod::Post).modify(&mut api);
+    let json: Value = serde_json::from_str(&api.to_json().unwrap()).unwrap();
+    json["paths"]["/work"]["post"].clone()
+}
+
+/// Every case the layer answers by itself is in the document of a layer with the defaults, its
+/// code under its status: a new case is declared without touching the document's code.
+#[test]
+fn every_case_the_layer_answers_is_declared_under_its_status() {
+    let work = declared(IdempotencyDoc::of(&IdempotencyLayer::default()));
+    for &kind in RejectionKind::ALL {
+        let status = kind.status().as_str().to_owned();
+        assert!(
+            codes(&work, &status).contains(&kind.code().to_owned()),
+            "{kind} under {status}: {work}"
+        );
+        if kind.is_retryable() {
+            assert!(
+                work["responses"][&status]["headers"]["Retry-After"].is_object(),
+                "{kind}: Retry-After on {status}"
+            );
+        }
+    }
+    let statuses: Vec<&String> = work["responses"].as_object().unwrap().keys().collect();
+    assert_eq!(
+        statuses,
+        ["201", "400", "401", "409", "413", "422", "429", "503"],
+        "the handler's answer and the layer's, no other"
+    );
+}
+
+/// A case the layer cannot send under its settings is not declared: no `key_missing` where the
+/// key is optional, no 401 where the principal is.
+#[test]
+fn a_case_the_settings_rule_out_is_not_declared() {
+    let layer = IdempotencyLayer::default()
+        .require_key(false)
+        .principal(PrincipalMode::Optional);
+    let work = declared(IdempotencyDoc::of(&layer));
+    assert!(work["responses"].get("401").is_none(), "{work}");
+    assert!(
+        !codes(&work, "400").contains(&"idempotency.key_missing".to_owned()),
+        "{work}"
+    );
+
+    let open = declared(IdempotencyDoc::of(
+        &IdempotencyLayer::default().fail_open(true),
+    ));
+    assert!(
+        codes(&open, "503").contains(&"idempotency.store_failed".to_owned()),
+        "a fault other than an outage is still answered 503 when failing open"
+    );
+    let said = open["responses"]["503"]["description"].as_str().unwrap();
+    assert!(said.contains("without a claim"), "{said}");
+}
+
+/// A route's own settings, given to the doc, declare what a layer with those settings
+/// declares: the attribute's options and the layer's setters mean the same.
+#[test]
+fn a_route_of_its_own_is_declared_as_a_layer_with_its_settings() {
+    let shared = IdempotencyLayer::default();
+    let header = http::HeaderName::from_static("x-request-key");
+    let routed = IdempotencyDoc::of(&shared)
+        .require_key(false)
+        .header_name(header.clone())
+        .principal(PrincipalMode::Optional)
+        .max_request_body(64)
+        .mark_first_runs(true);
+    let layer = IdempotencyLayer::default()
+        .require_key(false)
+        .header_name(header)
+        .principal(PrincipalMode::Optional)
+        .max_request_body(64)
+        .mark_first_runs(true);
+    let work = declared(routed);
+    assert_eq!(work, declared(IdempotencyDoc::of(&layer)));
+    assert_ne!(
+        work,
+        declared(IdempotencyDoc::of(&shared)),
+        "the route's settings changed the document"
+    );
+    assert_eq!(parameter(&work, "X-Request-Key")["required"], false);
+    let said = work["responses"]["413"]["description"].as_str().unwrap();
+    assert!(said.contains("over 64 bytes"), "{said}");
+}
+
+/// What the layer answers a request without a principal, with a body over its limit, with its
+/// caller's scope full and with its store failing is declared under the status it came with.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_documented_statuses_are_those_the_layer_answers() {
+    let memory = MemoryStore::builder()
+        .max_pending_per_scope(1)
+        .build()
+        .unwrap();
+    let store = SpyStore::over(memory);
+    let layer = IdempotencyLayer::new(store.clone()).max_request_body(64);
+    let work = declared(IdempotencyDoc::of(&layer));
+    let (server, runs) = server_with(layer).await;
+    let documented = |a: &crate::support::http::Answer, expected: RejectionKind| {
+        assert_eq!(
+            a.code(),
+            Some(expected.code().to_owned()),
+            "{}",
+            a.describe()
+        );
+        let status = a.status.as_u16().to_string();
+        assert!(
+            codes(&work, &status).contains(&expected.code().to_owned()),
+            "{expected} under {status} is documented: {work}"
+        );
+    };
+
+    documented(
+        &send(server.post("/work", "{}").key("no-principal")).await,
+        RejectionKind::PrincipalMissing,
+    );
+    documented(
+        &send(
+            server
+                .post("/work", &"x".repeat(100))
+                .principal("alice")
+                .key("large"),
+        )
+        .await,
+        RejectionKind::BodyTooLarge,
+    );
+    let first = tokio::spawn(send(
+        server
+            .post("/work", "{}")
+            .principal("alice")
+            .key("held")
+            .delay_ms(5_000),
+    ));
+    assert!(eventually(Duration::from_secs(10), || runs.executions() == 1).await);
+    documented(
+        &send(server.post("/work", "{}").principal("alice").key("other")).await,
+        RejectionKind::ScopeFull,
+    );
+    assert_eq!(first.await.unwrap().status, 201);
+    store.fail_claims(true);
+    documented(
+        &send(server.post("/work", "{}").principal("bob").key("down")).await,
+        RejectionKind::Store,
     );
 }
